@@ -1,0 +1,738 @@
+//! The store seam: the one place that knows SQL or Redis.
+//!
+//! Everything above this module (keep-alive loops, worker pools, backoff,
+//! cron arithmetic, shutdown) is written once against [`Backend`]. Each
+//! backend implements every operation natively and atomically — one SQL
+//! statement (or one short `BEGIN IMMEDIATE` transaction on SQLite) or one Lua
+//! script per call — and makes every time comparison with the store's own
+//! clock (DESIGN.md C1). A backend is done when the shared conformance suite
+//! in `crates/baton/tests/` passes on it.
+//!
+//! [`Store::connect`] picks the backend from the URL scheme:
+//! `sqlite://PATH`, `postgres://…` / `postgresql://…`, `redis://…`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+
+pub mod postgres;
+pub mod redis;
+pub mod sqlite;
+
+/// The default store URL: an embedded SQLite file in the working directory.
+pub const DEFAULT_STORE_URL: &str = "sqlite://baton.db";
+
+/// A fencing token: strictly greater than every earlier grant's for the same
+/// lock name (DESIGN.md L2). Pass it to whatever the lock protects so the
+/// protected resource can refuse writes from a holder whose lease lapsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FencingToken(pub u64);
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What the store knows about one lock name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The lock's name.
+    pub name: String,
+    /// Who holds (or last held) it: `host:pid:acquisition-id`.
+    pub holder: String,
+    /// The token of the latest grant.
+    pub token: FencingToken,
+    /// When the latest grant was made, in store time.
+    pub locked_at: DateTime<Utc>,
+    /// When the lease ends unless extended, in store time.
+    pub lock_until: DateTime<Utc>,
+    /// Whether the lease is still in force at `now`.
+    pub held: bool,
+    /// The store's clock when this was read.
+    pub now: DateTime<Utc>,
+}
+
+/// A request to take a lease on a lock name.
+#[derive(Debug, Clone)]
+pub struct LockRequest<'a> {
+    /// Lock name, already validated.
+    pub name: &'a str,
+    /// Holder identity for this acquisition (unique per acquisition).
+    pub holder: &'a str,
+    /// Lease length: the lease lapses by itself this long after the grant.
+    pub at_most: Duration,
+}
+
+/// The store's answer to a [`LockRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// The lease is ours.
+    Granted {
+        /// The new, strictly higher fencing token.
+        token: FencingToken,
+        /// Grant time in store time.
+        locked_at: DateTime<Utc>,
+        /// Expiry in store time.
+        lock_until: DateTime<Utc>,
+    },
+    /// Someone else holds an unexpired lease.
+    Busy(LockInfo),
+}
+
+/// States a task moves through. `Pending` covers both "available" and
+/// "scheduled for later" (`run_at` in the future).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Waiting for `run_at` and a worker.
+    Pending,
+    /// Leased to a worker.
+    Running,
+    /// Finished successfully (terminal).
+    Succeeded,
+    /// Out of attempts or failed for good; the dead letter (terminal).
+    Failed,
+    /// Cancelled, or skipped by the scheduler's overlap rule (terminal).
+    Cancelled,
+}
+
+impl TaskState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [TaskState; 5] = [
+        TaskState::Pending,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Cancelled,
+    ];
+
+    /// The lowercase name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether no further transition happens without an explicit retry.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TaskState {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown task state {s:?}")))
+    }
+}
+
+/// When a new task becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunAt {
+    /// As soon as a worker is free.
+    #[default]
+    Now,
+    /// This long after the store's `now()` at enqueue.
+    Delay(Duration),
+    /// At this instant.
+    At(DateTime<Utc>),
+}
+
+/// A task to insert. Built by `queue::TaskBuilder`; fields are validated there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Lower runs first.
+    pub priority: i32,
+    /// When it becomes due.
+    pub run_at: RunAt,
+    /// Attempts allowed in total (≥ 1).
+    pub max_attempts: u32,
+    /// Handler timeout per attempt.
+    pub timeout: Option<Duration>,
+    /// Idempotency key: while a task with this key is unfinished (or ever,
+    /// with `unique_forever`), enqueueing the key again returns that task.
+    pub unique_key: Option<String>,
+    /// Keep the key unique after the task finished (until it is pruned).
+    pub unique_forever: bool,
+    /// The schedule job this task runs for, if any.
+    pub job: Option<String>,
+    /// The schedule slot this task runs for, if any.
+    pub slot: Option<DateTime<Utc>>,
+}
+
+/// The result of enqueueing one [`NewTask`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enqueued {
+    /// The task's id (the existing task's id when the key was taken).
+    pub id: i64,
+    /// False when a task with the same unique key already existed.
+    pub inserted: bool,
+}
+
+/// A claim request: lease up to `limit` due tasks of one queue.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Queue to claim from.
+    pub queue: &'a str,
+    /// Worker identity recorded on the task.
+    pub worker: &'a str,
+    /// At most this many tasks.
+    pub limit: u32,
+    /// Lease length from the store's `now()`.
+    pub lease: Duration,
+}
+
+/// A task leased to a worker by a claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Task id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Priority (lower first).
+    pub priority: i32,
+    /// This attempt's number, starting at 1.
+    pub attempt: u32,
+    /// Attempts allowed in total.
+    pub max_attempts: u32,
+    /// Handler timeout per attempt.
+    pub timeout: Option<Duration>,
+    /// When it was due.
+    pub run_at: DateTime<Utc>,
+    /// When the lease ends unless a heartbeat extends it (store time).
+    pub lease_until: DateTime<Utc>,
+    /// The schedule job, for scheduled tasks.
+    pub job: Option<String>,
+    /// The schedule slot, for scheduled tasks.
+    pub slot: Option<DateTime<Utc>>,
+}
+
+/// Identifies one attempt of one task: the key of every compare-and-set a
+/// worker makes (DESIGN.md T2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Claim {
+    /// Task id.
+    pub id: i64,
+    /// Attempt number the worker holds.
+    pub attempt: u32,
+}
+
+/// What a heartbeat found for one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    /// The lease was extended.
+    Extended,
+    /// The lease was extended, and someone asked to cancel the task.
+    CancelRequested,
+    /// The claim is no longer ours (rescued, finished or deleted).
+    Lost,
+}
+
+/// How a worker ends an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    /// The handler succeeded.
+    Succeeded,
+    /// The handler failed. With `retry_in` and attempts left, the task goes
+    /// back to pending that long after the store's now; otherwise `failed`.
+    Failed {
+        /// The error text kept on the task.
+        error: String,
+        /// Backoff before the next attempt, if one is allowed.
+        retry_in: Option<Duration>,
+    },
+    /// The handler stopped because cancellation was requested.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// Shutdown: back to pending now, and the attempt is not counted.
+    HandBack,
+}
+
+/// What `cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// The task was pending and is now cancelled.
+    Cancelled,
+    /// The task is running; its worker stops it at its next heartbeat.
+    Requested,
+    /// The task had already finished in this state.
+    AlreadyFinished(TaskState),
+    /// No such task.
+    NotFound,
+}
+
+/// One failed attempt in a task's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// When it failed (store time).
+    pub at: DateTime<Utc>,
+    /// The error text.
+    pub error: String,
+}
+
+/// Everything the store keeps about a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    /// Task id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Current state.
+    pub state: TaskState,
+    /// Priority (lower first).
+    pub priority: i32,
+    /// Attempts started so far.
+    pub attempt: u32,
+    /// Attempts allowed in total.
+    pub max_attempts: u32,
+    /// Handler timeout per attempt.
+    #[serde(with = "opt_duration_ms")]
+    pub timeout: Option<Duration>,
+    /// When it is (or was) due.
+    pub run_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When the latest attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Lease end while running.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The worker holding or last holding it.
+    pub worker: Option<String>,
+    /// Its idempotency key.
+    pub unique_key: Option<String>,
+    /// Whether cancellation was requested while it ran.
+    pub cancel_requested: bool,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+    /// Every failed attempt, oldest first.
+    pub errors: Vec<AttemptError>,
+    /// The handler's latest progress report.
+    pub progress: Option<serde_json::Value>,
+    /// Schedule job, for scheduled tasks.
+    pub job: Option<String>,
+    /// Schedule slot, for scheduled tasks.
+    pub slot: Option<DateTime<Utc>>,
+}
+
+mod opt_duration_ms {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| d.as_millis() as u64).serialize(s)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+/// Filter and page for listing tasks. Results are ordered by id descending;
+/// `before_id` pages to older tasks.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this state.
+    pub state: Option<TaskState>,
+    /// Only this job's tasks.
+    pub job: Option<String>,
+    /// Only ids below this one (the previous page's last id).
+    pub before_id: Option<i64>,
+    /// Page size (0 means 100).
+    pub limit: u32,
+}
+
+/// Counts for one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// Queue name.
+    pub queue: String,
+    /// Pending tasks (due now or later).
+    pub pending: u64,
+    /// Running tasks.
+    pub running: u64,
+    /// Succeeded tasks not yet pruned.
+    pub succeeded: u64,
+    /// Failed tasks (dead letter).
+    pub failed: u64,
+    /// Cancelled tasks not yet pruned.
+    pub cancelled: u64,
+    /// Age of the oldest due pending task, in milliseconds, by store time.
+    pub oldest_pending_ms: Option<u64>,
+}
+
+/// What one rescue pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rescued {
+    /// Expired leases returned to pending.
+    pub requeued: u64,
+    /// Expired leases of tasks out of attempts, now failed ("lease expired").
+    pub failed: u64,
+    /// Expired leases of tasks whose cancellation was requested, now cancelled.
+    pub cancelled: u64,
+}
+
+/// The error recorded on a task whose lease expired.
+pub const LEASE_EXPIRED: &str = "lease expired";
+
+/// How the scheduler treats a slot when the job's previous run is unfinished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// Record the slot as skipped (a `cancelled` task saying why).
+    #[default]
+    Forbid,
+    /// Enqueue it anyway.
+    Allow,
+}
+
+/// The reason kept on a slot skipped by [`Overlap::Forbid`].
+pub const OVERLAP_SKIPPED: &str = "skipped: previous run still pending or running";
+
+/// A request to move a job's cursor from `expected` to `slot` and enqueue
+/// `task` for that slot, atomically (DESIGN.md S1).
+#[derive(Debug, Clone)]
+pub struct SlotAdvance<'a> {
+    /// Job name.
+    pub job: &'a str,
+    /// The cursor value the caller read. The advance happens only if the
+    /// cursor still has exactly this value.
+    pub expected: Option<DateTime<Utc>>,
+    /// The slot to enqueue; must be later than `expected`.
+    pub slot: DateTime<Utc>,
+    /// The task to enqueue. Its `unique_key` is `job|slot` (unique forever)
+    /// so a trigger for the same slot and this advance run it once.
+    pub task: &'a NewTask,
+    /// Overlap rule.
+    pub overlap: Overlap,
+}
+
+/// The store's answer to a [`SlotAdvance`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Advanced {
+    /// The cursor moved and the slot's task exists (`inserted` false when a
+    /// trigger had made it already).
+    Enqueued(Enqueued),
+    /// The cursor moved; the slot was recorded as skipped (overlap).
+    Skipped(Enqueued),
+    /// The cursor was not `expected` (another instance moved it): here is
+    /// the current one.
+    Moved(Option<DateTime<Utc>>),
+    /// The job is paused; nothing changed.
+    Paused,
+    /// No such job (call `job_register` first).
+    UnknownJob,
+}
+
+/// The scheduler's per-job state in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobState {
+    /// Job name.
+    pub name: String,
+    /// The last slot enqueued (or skipped) by the scheduler.
+    pub last_slot: Option<DateTime<Utc>>,
+    /// Whether the job is paused cluster-wide.
+    pub paused: bool,
+}
+
+/// One backend's operations. Implemented by `sqlite`, `postgres` and `redis`.
+///
+/// Every method is atomic on its own and uses store time for every
+/// comparison. Durations are relative to the store's `now()` at the moment
+/// the operation runs.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for messages: `sqlite`, `postgres`, `redis`.
+    fn kind(&self) -> &'static str;
+
+    /// Create or upgrade the schema, idempotently; safe when many processes
+    /// call it at once.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// The store's clock.
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
+
+    /// Warnings about the store's configuration (e.g. Redis without AOF).
+    async fn warnings(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    // ---- locks -------------------------------------------------------------
+
+    /// Grant a lease if the name is free or its lease has lapsed; the token
+    /// rises by at least one with every grant, forever.
+    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError>;
+
+    /// Extend a lease we hold to `now + at_most`. `None` when the token is
+    /// no longer the current one or the lease already lapsed.
+    async fn lock_extend(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_most: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Release a lease we hold: it ends at `max(now, locked_at + at_least)`.
+    /// False when the token is no longer current or the lease lapsed.
+    async fn lock_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_least: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// One lock's record.
+    async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError>;
+
+    /// Every lock record, by name.
+    async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError>;
+
+    // ---- tasks -------------------------------------------------------------
+
+    /// Insert tasks (idempotently per unique key), in order; one result each.
+    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError>;
+
+    /// Lease up to `limit` due pending tasks, ordered by priority, run_at,
+    /// id; each claimed task's attempt goes up by one.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError>;
+
+    /// Extend the leases of running claims to `now + lease`, in one round
+    /// trip; one answer per claim, in order.
+    async fn heartbeat(
+        &self,
+        claims: &[Claim],
+        lease: Duration,
+    ) -> Result<Vec<Heartbeat>, StoreError>;
+
+    /// End an attempt. A compare-and-set on (id, attempt, running): false
+    /// means the claim was lost and nothing changed.
+    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
+
+    /// Store a progress report on a running claim. False if the claim is lost.
+    async fn progress(
+        &self,
+        claim: Claim,
+        progress: &serde_json::Value,
+    ) -> Result<bool, StoreError>;
+
+    /// Return every running task whose lease lapsed to pending (or to failed
+    /// with [`LEASE_EXPIRED`] when out of attempts, or to cancelled when
+    /// cancellation was requested). Any instance may call it any time.
+    async fn rescue(&self) -> Result<Rescued, StoreError>;
+
+    /// Cancel a task (see [`CancelOutcome`]).
+    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError>;
+
+    /// Move a failed or cancelled task back to pending now, allowing at least
+    /// one more attempt. False when the task is not failed or cancelled.
+    async fn retry(&self, id: i64) -> Result<bool, StoreError>;
+
+    /// One task.
+    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError>;
+
+    /// A page of tasks (see [`TaskFilter`]).
+    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError>;
+
+    /// Counts per queue and state, sorted by queue.
+    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError>;
+
+    /// Delete terminal tasks that finished more than `older_than` ago.
+    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError>;
+
+    /// A stream of queue names that got new due work. A hint only: it may
+    /// miss some, so workers poll as well.
+    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<String>, StoreError>;
+
+    // ---- schedules ---------------------------------------------------------
+
+    /// Create the job's cursor if absent, at the store's now; return its state.
+    async fn job_register(&self, job: &str) -> Result<JobState, StoreError>;
+
+    /// Move the cursor and enqueue the slot's task, atomically.
+    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError>;
+
+    /// Pause or resume a job cluster-wide. False if the job is unknown.
+    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError>;
+
+    /// Every job's state, by name.
+    async fn job_list(&self) -> Result<Vec<JobState>, StoreError>;
+}
+
+/// Options for [`Store::connect_with`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Prefix for table names (SQL) or keys (Redis). Default `baton_` for
+    /// SQL tables and empty for Redis keys (so locks live at `lock:<name>`).
+    pub prefix: Option<String>,
+    /// Maximum connections in the pool (SQL backends).
+    pub max_connections: u32,
+    /// Run migrations on connect (default true).
+    pub migrate: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            prefix: None,
+            max_connections: 16,
+            migrate: true,
+        }
+    }
+}
+
+/// A connected store: a cheap, cloneable handle to one backend.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), baton::Error> {
+/// let store = baton::Store::connect("sqlite://baton.db").await?;
+/// println!("store time is {}", store.now().await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    url: Arc<str>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.backend.kind())
+            .field("url", &redact(&self.url))
+            .finish()
+    }
+}
+
+impl Store {
+    /// Connect with default options, creating or migrating the schema.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        Store::connect_with(url, StoreOptions::default()).await
+    }
+
+    /// Connect with explicit options.
+    pub async fn connect_with(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
+        if let Some(p) = &opts.prefix {
+            validate_prefix(p)?;
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        let backend: Arc<dyn Backend> = match scheme {
+            "sqlite" => sqlite::connect(url, &opts).await?,
+            "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
+            "redis" | "rediss" => redis::connect(url, &opts).await?,
+            _ => {
+                return Err(StoreError::Config(format!(
+                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://… or redis://…",
+                    redact(url)
+                )))
+            }
+        };
+        if opts.migrate {
+            backend.migrate().await?;
+        }
+        Ok(Store {
+            backend,
+            url: url.into(),
+        })
+    }
+
+    /// Wrap a backend built by hand (for new backends and tests).
+    pub fn from_backend(backend: Arc<dyn Backend>, url: &str) -> Store {
+        Store {
+            backend,
+            url: url.into(),
+        }
+    }
+
+    /// The backend, for the layers above and for tests.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// The URL, with any password hidden.
+    pub fn url(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// The store's clock.
+    pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        self.backend.now().await
+    }
+}
+
+fn validate_prefix(p: &str) -> Result<(), StoreError> {
+    if p.len() > 32
+        || !p
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-')
+    {
+        return Err(StoreError::Config(format!(
+            "prefix {p:?}: use at most 32 ASCII letters, digits, '_', ':' or '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// Hide the password in a URL for messages.
+pub fn redact(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_string()
+}
+
+/// Duration to whole milliseconds as i64, saturating.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Milliseconds since the epoch to a timestamp.
+pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} ms out of range")))
+}
