@@ -16,6 +16,7 @@
 
 mod harness;
 mod locks;
+mod queue;
 
 pub use harness::TestStore;
 
@@ -46,4 +47,19 @@ conformance! {
     locks::client_clock_skew_changes_nothing,
     locks::list_and_get,
     locks::bad_input_is_refused,
+    queue::claim_order_priority_run_at_id,
+    queue::unique_key_race_gives_one_task,
+    queue::batch_enqueue_is_idempotent_per_key,
+    queue::finish_is_compare_and_set,
+    queue::rescue_out_of_attempts_fails_with_reason,
+    queue::retries_with_backoff_then_succeeds,
+    queue::out_of_attempts_is_dead_lettered_and_retryable,
+    queue::cancel_pending_and_running,
+    queue::shutdown_hands_back_without_burning_an_attempt,
+    queue::shutdown_lets_short_handlers_finish,
+    queue::heartbeats_keep_a_long_task_alive,
+    queue::timeout_fails_the_attempt,
+    queue::wake_up_without_waiting_for_a_poll,
+    queue::many_tasks_four_workers_all_succeed,
+    queue::inspect_list_stats_prune,
 }
