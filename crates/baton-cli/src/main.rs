@@ -2,7 +2,9 @@
 //! leaderless scheduler, on SQLite, PostgreSQL or Redis.
 
 mod child;
+mod command_task;
 mod lock_cmd;
+mod queue_cmd;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -45,6 +47,13 @@ enum Command {
     Lock(lock_cmd::LockArgs),
     /// List locks: name, holder, token, locked_at, lock_until, held/expired.
     Locks(lock_cmd::LocksArgs),
+    /// Enqueue a command as a durable task; prints its id.
+    Enqueue(queue_cmd::EnqueueArgs),
+    /// Run command tasks from the queue(s) as child processes.
+    Work(queue_cmd::WorkArgs),
+    /// Inspect and manage tasks.
+    #[command(subcommand)]
+    Tasks(queue_cmd::TasksCmd),
     /// Create or upgrade the store's schema.
     Migrate {
         #[command(flatten)]
@@ -104,6 +113,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Lock(a) => lock_cmd::lock(a).await,
             Command::Locks(a) => lock_cmd::locks(a).await,
+            Command::Enqueue(a) => queue_cmd::enqueue(a).await,
+            Command::Work(a) => queue_cmd::work(a).await,
+            Command::Tasks(c) => queue_cmd::tasks(c).await,
             Command::Migrate { store } => {
                 let s = connect(&store).await.context("migrate")?;
                 println!("schema is up to date on {}", s.url());
