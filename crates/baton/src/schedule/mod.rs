@@ -8,4 +8,10 @@
 //! cursor compare-and-set (DESIGN.md S1) is all that is needed to run each
 //! slot once.
 
+pub mod scheduler;
 pub mod spec;
+
+pub use scheduler::{
+    job_statuses, latest_slot, set_paused, slot_key, trigger, Job, JobMode, JobStatus, Scheduler,
+    SlotRun, StoreClock,
+};
