@@ -70,7 +70,7 @@ use crate::error::InvalidInput;
 
 /// The shortest [`Schedule::Every`] interval. Each slot is a compare-and-set
 /// on the store; a faster cadence would be a busy loop against it.
-pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The default number of missed slots [`Misfire::All`] runs after a downtime.
 pub const DEFAULT_MAX_CATCH_UP: usize = 100;
@@ -250,14 +250,14 @@ impl Schedule {
     }
 
     /// A fixed-rate schedule: slots at every multiple of `interval` since
-    /// the Unix epoch. The interval must be at least [`MIN_INTERVAL`] (1 s)
+    /// the Unix epoch. The interval must be at least [`MIN_INTERVAL`] (100 ms)
     /// and a whole number of milliseconds.
     pub fn every(interval: Duration) -> Result<Schedule, InvalidInput> {
         let shown = crate::duration::format_duration(interval);
         if interval < MIN_INTERVAL {
             return Err(InvalidInput::new(
                 "every",
-                format!("{shown} is too short; use at least 1s (e.g. \"1s\", \"30s\", \"15m\")"),
+                format!("{shown} is too short; use at least 100ms (e.g. \"1s\", \"30s\", \"15m\")"),
             ));
         }
         if interval.subsec_nanos() % 1_000_000 != 0 {

@@ -17,6 +17,7 @@
 mod harness;
 mod locks;
 mod queue;
+mod schedule;
 
 pub use harness::TestStore;
 
@@ -62,4 +63,11 @@ conformance! {
     queue::wake_up_without_waiting_for_a_poll,
     queue::many_tasks_four_workers_all_succeed,
     queue::inspect_list_stats_prune,
+    schedule::cursor_is_compare_and_set,
+    schedule::overlap_forbid_records_a_skip,
+    schedule::trigger_and_scheduler_share_a_slot,
+    schedule::five_schedulers_run_each_slot_once,
+    schedule::catch_up_all_runs_every_missed_slot_once,
+    schedule::catch_up_latest_runs_one_missed_slot,
+    schedule::lock_mode_runs_each_slot_on_one_instance,
 }
