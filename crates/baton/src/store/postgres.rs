@@ -346,6 +346,7 @@ async fn insert_tasks(
                 }
             }
         }
+        todo.clear();
         if conflicted.is_empty() {
             break;
         }
@@ -365,7 +366,6 @@ async fn insert_tasks(
         for row in rows {
             holders.insert(row.try_get(0)?, row.try_get(1)?);
         }
-        todo.clear();
         for i in conflicted {
             match tasks[i].unique_key.as_deref().and_then(|k| holders.get(k)) {
                 Some(&id) => {
@@ -1246,24 +1246,47 @@ impl Backend for PgBackend {
     }
 }
 
-/// Run the claim's `EXPLAIN` (for tests and diagnostics): the plan text of
-/// the claim statement for `queue` and `limit` as the server would run it
-/// now. Not part of the stable API.
+/// The plan of the claim statement for `queue` and `limit`, as `EXPLAIN`
+/// prints it, prepared and then explained under `plan_cache_mode =
+/// force_generic_plan` (`generic`) or `force_custom_plan`. For tests and
+/// diagnostics (a claim must stay an index walk); not a stable API. Runs in
+/// a transaction that is rolled back.
 #[doc(hidden)]
 pub async fn explain_claim(
     conn: &mut PgConnection,
     prefix: Option<&str>,
     queue: &str,
     limit: u32,
+    generic: bool,
 ) -> Result<String, StoreError> {
     let n = Names::new(prefix);
     let mut tx = conn.begin().await?;
-    let rows: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", claim_sql(&n, limit)))
-        .bind(queue)
-        .bind("explain")
-        .bind(1000_i64)
-        .fetch_all(&mut *tx)
-        .await?;
+    let mode = if generic {
+        "force_generic_plan"
+    } else {
+        "force_custom_plan"
+    };
+    sqlx::Executor::execute(
+        &mut *tx,
+        format!("SET LOCAL plan_cache_mode = {mode}").as_str(),
+    )
+    .await?;
+    sqlx::Executor::execute(
+        &mut *tx,
+        format!(
+            "PREPARE baton_explain_claim(text, text, int8) AS {}",
+            claim_sql(&n, limit)
+        )
+        .as_str(),
+    )
+    .await?;
+    let q = queue.replace('\'', "''");
+    let rows: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN EXECUTE baton_explain_claim('{q}', 'explain', 1000)"
+    ))
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::Executor::execute(&mut *tx, "DEALLOCATE baton_explain_claim").await?;
     tx.rollback().await?;
     Ok(rows.join("\n"))
 }
