@@ -51,7 +51,7 @@ fn worker(e: &Env, extra: &[&str]) -> std::process::Child {
         "500ms",
     ];
     args.extend_from_slice(extra);
-    e.spawn(&args)
+    e.spawn_logged(&args)
 }
 
 fn wait_state(e: &Env, id: i64, state: &str, secs: u64) -> serde_json::Value {

@@ -53,6 +53,21 @@ impl Env {
     }
 }
 
+impl Drop for Env {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(dir) = std::fs::read_dir(self.dir.path()) {
+                for f in dir.flatten() {
+                    let name = f.file_name().to_string_lossy().into_owned();
+                    if name.ends_with(".log") {
+                        eprintln!("---- {name}\n{}", read(&f.path()));
+                    }
+                }
+            }
+        }
+    }
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

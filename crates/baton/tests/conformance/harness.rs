@@ -35,6 +35,9 @@ impl TestStore {
 fn options(prefix: &str) -> StoreOptions {
     StoreOptions {
         prefix: Some(prefix.to_string()),
+        // Many tests run at once, each with several handles: stay well
+        // under PostgreSQL's default 100 connections.
+        max_connections: 5,
         ..StoreOptions::default()
     }
 }
