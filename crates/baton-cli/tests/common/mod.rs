@@ -51,6 +51,19 @@ impl Env {
             .spawn()
             .expect("baton starts")
     }
+    /// Spawn with stderr going to a log file that is printed if the test fails.
+    pub fn spawn_logged(&self, args: &[&str]) -> Child {
+        let n = std::fs::read_dir(self.dir.path())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let log = std::fs::File::create(self.path(&format!("baton-{n}.log"))).unwrap();
+        self.cmd(args)
+            .env("BATON_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("baton starts")
+    }
 }
 
 impl Drop for Env {

@@ -291,14 +291,26 @@ pub async fn catch_up_all_runs_every_missed_slot_once(ts: TestStore) {
 }
 
 pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
-    let c0 = ts.store.backend().job_register("latest").await.unwrap().last_slot.unwrap();
+    let c0 = ts
+        .store
+        .backend()
+        .job_register("latest")
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let back = ts.store.now().await.unwrap();
-    let job = Job::new("latest", every(1_000)).misfire(Misfire::Latest).overlap(Overlap::Allow);
+    let job = Job::new("latest", every(1_000))
+        .misfire(Misfire::Latest)
+        .overlap(Overlap::Allow);
     let ledger = run_cluster(&ts, 3, job, Duration::from_millis(600)).await;
     let missed: Vec<_> = ledger.keys().filter(|s| **s <= back).collect();
     assert_eq!(missed.len(), 1, "only the latest missed slot: {ledger:?}");
-    assert!(*missed[0] > secs(c0, 1), "and it is the latest one: {ledger:?}");
+    assert!(
+        *missed[0] > secs(c0, 1),
+        "and it is the latest one: {ledger:?}"
+    );
     assert!(ledger.values().all(|n| *n == 1));
 }
 
