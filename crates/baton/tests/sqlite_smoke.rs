@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use baton::store::sqlite::{enqueue_in, SqliteBackend};
 use baton::store::{
-    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Finish, Heartbeat, LockRequest,
-    NewTask, Overlap, RunAt, SlotAdvance, TaskFilter, TaskState, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
+    LockRequest, NewTask, Overlap, RunAt, SlotAdvance, TaskFilter, TaskState, LEASE_EXPIRED,
+    OVERLAP_SKIPPED,
 };
 use baton::{FencingToken, Store, StoreOptions};
 use tempfile::TempDir;
@@ -470,9 +471,9 @@ async fn cancel_outcomes_and_retry() {
         unique_key: Some("k1".into()),
         ..task("u")
     };
-    let a = b.enqueue(&[keyed.clone()]).await.unwrap()[0].id;
+    let a = b.enqueue(std::slice::from_ref(&keyed)).await.unwrap()[0].id;
     assert_eq!(b.cancel(a).await.unwrap(), CancelOutcome::Cancelled);
-    let second = b.enqueue(&[keyed.clone()]).await.unwrap()[0];
+    let second = b.enqueue(std::slice::from_ref(&keyed)).await.unwrap()[0];
     assert!(second.inserted && second.id != a);
     let err = b.retry(a).await.unwrap_err();
     assert!(matches!(err, baton::StoreError::Conflict(_)), "{err}");
@@ -519,9 +520,9 @@ async fn unique_keys() {
         unique_forever: true,
         ..keyed("f")
     };
-    let f = b.enqueue(&[forever.clone()]).await.unwrap()[0];
+    let f = b.enqueue(std::slice::from_ref(&forever)).await.unwrap()[0];
     assert_eq!(b.cancel(f.id).await.unwrap(), CancelOutcome::Cancelled);
-    let f2 = b.enqueue(&[forever.clone()]).await.unwrap()[0];
+    let f2 = b.enqueue(std::slice::from_ref(&forever)).await.unwrap()[0];
     assert_eq!((f2.id, f2.inserted), (f.id, false));
     // ...until pruned.
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -737,8 +738,6 @@ async fn jobs_register_and_advance() {
         Advanced::UnknownJob
     );
 }
-
-use baton::store::Enqueued;
 
 // ---- SQLite specifics ----------------------------------------------------------
 
