@@ -927,3 +927,57 @@ async fn bulk_100k_enqueue_and_claim_timing() {
         n as f64 / e3.as_secs_f64()
     );
 }
+
+/// Measures (prints, does not assert) 8 concurrent workers on one handle,
+/// each claiming 10 at a time and finishing every task on its own: the shape
+/// of a worker pool, where in-process writers contend for SQLite's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn concurrent_workers_timing() {
+    let db = db().await;
+    let n = 20_000;
+    let ts: Vec<NewTask> = (0..n).map(|_| task("cw")).collect();
+    db.b().enqueue(&ts).await.unwrap();
+    let t0 = Instant::now();
+    let mut handles = Vec::new();
+    for w in 0..8 {
+        let s = db.store.clone();
+        handles.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let mut done = 0usize;
+            loop {
+                let got = s
+                    .backend()
+                    .claim(&ClaimRequest {
+                        queue: "cw",
+                        worker: &worker,
+                        limit: 10,
+                        lease: LONG,
+                    })
+                    .await
+                    .unwrap();
+                if got.is_empty() {
+                    return done;
+                }
+                for t in got {
+                    let c = Claim {
+                        id: t.id,
+                        attempt: t.attempt,
+                    };
+                    assert!(s.backend().finish(c, &Finish::Succeeded).await.unwrap());
+                    done += 1;
+                }
+            }
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    let el = t0.elapsed();
+    assert_eq!(total, n);
+    println!(
+        "sqlite 8 workers: {n} tasks claimed (by 10) and finished one by one in {:.3}s ({:.0}/s)",
+        el.as_secs_f64(),
+        n as f64 / el.as_secs_f64()
+    );
+}
