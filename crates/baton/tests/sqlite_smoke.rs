@@ -815,12 +815,8 @@ async fn concurrent_first_connects_migrate_once() {
     for h in handles {
         h.await.unwrap().unwrap();
     }
-    let s = Store::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("fresh.db").display()
-    ))
-    .await
-    .unwrap();
+    // `sqlite:PATH` works through Store::connect too.
+    let s = Store::connect(&url).await.unwrap();
     assert_eq!(s.backend().stats().await.unwrap()[0].pending, 12);
 }
 
