@@ -1075,6 +1075,84 @@ mod tests {
         }
     }
 
+    /// `next_after` against a brute-force reading of the documented rules,
+    /// minute by minute, two days either side of each transition.
+    #[test]
+    fn next_after_matches_the_rules_brute_force() {
+        use std::collections::BTreeSet;
+        for (tz_name, day) in [
+            ("Europe/Berlin", utc(2025, 3, 30, 0, 0, 0)),
+            ("Europe/Berlin", utc(2025, 10, 26, 0, 0, 0)),
+            ("America/New_York", utc(2025, 3, 9, 0, 0, 0)),
+            ("America/New_York", utc(2025, 11, 2, 0, 0, 0)),
+            ("Australia/Lord_Howe", utc(2025, 4, 5, 12, 0, 0)),
+            ("Australia/Lord_Howe", utc(2025, 10, 4, 12, 0, 0)),
+            ("Asia/Seoul", utc(2025, 3, 30, 0, 0, 0)),
+        ] {
+            let tz: Tz = tz_name.parse().unwrap();
+            for expr in [
+                "*/15 * * * *",
+                "0 * * * *",
+                "30 2 * * *",
+                "0 2 * * *",
+                "30 1 * * *",
+                "15,45 1-3 * * *",
+                "* 2 * * *",
+                "5-55/10 * * * *",
+                "0 */6 * * *",
+                "10 0-4 * * *",
+            ] {
+                let s = cron(expr, tz_name);
+                let Schedule::Cron { pattern, .. } = &s else {
+                    unreachable!()
+                };
+                let from = day - chrono::Duration::days(2);
+                let to = day + chrono::Duration::days(2);
+                // Instants whose wall clock matches; a repeated wall time
+                // counts twice only for interval-like expressions.
+                let mut want = BTreeSet::new();
+                let mut u = from + chrono::Duration::minutes(1);
+                while u <= to {
+                    let local = u.with_timezone(&tz).naive_local();
+                    let matches = pattern.cron.is_time_matching(&local.and_utc()).unwrap();
+                    let earliest = tz.from_local_datetime(&local).earliest().unwrap();
+                    if matches && (pattern.interval_like || earliest.with_timezone(&Utc) == u) {
+                        want.insert(u);
+                    }
+                    u += chrono::Duration::minutes(1);
+                }
+                // Matching wall times in a gap run once at the gap's end.
+                let mut n = from.naive_utc() - chrono::Duration::days(1);
+                while n <= to.naive_utc() + chrono::Duration::days(1) {
+                    if tz.from_local_datetime(&n) == LocalResult::None
+                        && pattern.cron.is_time_matching(&n.and_utc()).unwrap()
+                    {
+                        let end = gap_end(&tz, n).unwrap();
+                        if end > from && end <= to {
+                            want.insert(end);
+                        }
+                    }
+                    n += chrono::Duration::minutes(1);
+                }
+                let mut got = BTreeSet::new();
+                let mut t = from;
+                loop {
+                    let next = s.next_after(t).unwrap();
+                    if next > to {
+                        break;
+                    }
+                    got.insert(next);
+                    t = next;
+                }
+                let diff: Vec<_> = got.symmetric_difference(&want).collect();
+                assert!(
+                    diff.is_empty(),
+                    "{expr} in {tz_name} around {day}: only in one of got/want: {diff:?}"
+                );
+            }
+        }
+    }
+
     // ---- every --------------------------------------------------------------
 
     #[test]
