@@ -3,6 +3,8 @@
 
 mod child;
 mod command_task;
+#[allow(dead_code)]
+mod config;
 mod lock_cmd;
 mod queue_cmd;
 
