@@ -426,7 +426,7 @@ fn cron_next_after(p: &CronPattern, tz: &Tz, t: DateTime<Utc>) -> Option<DateTim
                 if let Some(m) = naive_next(&p.cron, fold_start, true) {
                     if m < fold_end {
                         let b = (m - chrono::Duration::seconds(off_new)).and_utc();
-                        if b > t && best.map_or(true, |x| b < x) {
+                        if b > t && best.is_none_or(|x| b < x) {
                             best = Some(b);
                         }
                     }
