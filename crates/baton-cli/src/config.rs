@@ -180,11 +180,6 @@ pub enum ConfigErrorKind {
 }
 
 impl ConfigError {
-    /// The kind of error.
-    pub fn kind(&self) -> &ConfigErrorKind {
-        &self.kind
-    }
-
     fn invalid(owner: &str, field: Option<&str>, problem: impl Into<String>) -> Self {
         ConfigError {
             path: None,
@@ -318,11 +313,6 @@ impl Config {
             kind: ConfigErrorKind::Syntax(e.to_string()),
         })?;
         validate(raw)
-    }
-
-    /// The queue a job's tasks go to.
-    pub fn queue(&self, name: &str) -> Option<&QueueConfig> {
-        self.queues.iter().find(|q| q.name == name)
     }
 }
 

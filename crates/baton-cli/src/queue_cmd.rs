@@ -49,7 +49,7 @@ pub struct EnqueueArgs {
     pub command: Vec<String>,
 }
 
-fn rfc3339_arg(s: &str) -> Result<DateTime<Utc>, String> {
+pub fn rfc3339_arg(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
