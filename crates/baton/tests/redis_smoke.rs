@@ -6,9 +6,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use baton::store::{
-    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Finish, Heartbeat,
-    LockRequest, NewTask, Overlap, RunAt, SlotAdvance, TaskFilter, TaskState, LEASE_EXPIRED,
-    OVERLAP_SKIPPED,
+    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Finish, Heartbeat, LockRequest,
+    NewTask, Overlap, RunAt, SlotAdvance, TaskFilter, TaskState, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use baton::{FencingToken, Store, StoreOptions};
 use chrono::Utc;
@@ -103,7 +102,9 @@ fn granted(a: Acquire) -> FencingToken {
 #[tokio::test]
 async fn locks() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let t1 = granted(b.lock_acquire(&lreq("job", "a", 10_000)).await.unwrap());
     match b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap() {
@@ -144,16 +145,24 @@ async fn locks() {
         .lock_release("job", FencingToken(t1.0 - 1), Duration::ZERO)
         .await
         .unwrap());
-    // at_least keeps it 300 ms after the grant.
+    // at_least keeps it until 1.5 s after the grant.
+    let granted_at = b.lock_get("job").await.unwrap().unwrap().locked_at;
     assert!(b
-        .lock_release("job", t1, Duration::from_millis(300))
+        .lock_release("job", t1, Duration::from_millis(1500))
         .await
         .unwrap());
-    assert!(matches!(
-        b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap(),
-        Acquire::Busy(_)
-    ));
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    let info = b.lock_get("job").await.unwrap().unwrap();
+    assert_eq!(
+        info.lock_until,
+        granted_at + chrono::Duration::milliseconds(1500)
+    );
+    if info.held {
+        assert!(matches!(
+            b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap(),
+            Acquire::Busy(_)
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     let t2 = granted(b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap());
     assert!(t2 > t1);
     // A lapsed holder cannot extend or release.
@@ -216,7 +225,9 @@ async fn default_prefix_lock_key() {
 #[tokio::test]
 async fn claim_order_heartbeat_finish() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let now = b.now().await.unwrap();
     let past = |ms: i64| RunAt::At(now - chrono::Duration::milliseconds(ms));
@@ -277,12 +288,12 @@ async fn claim_order_heartbeat_finish() {
         ]
     );
     assert!(!b.finish(stale, &Finish::Succeeded).await.unwrap());
-    assert!(b
-        .progress(c0, &json!({"done": 50}))
-        .await
-        .unwrap());
+    assert!(b.progress(c0, &json!({"done": 50})).await.unwrap());
     assert!(b.finish(c0, &Finish::Succeeded).await.unwrap());
-    assert!(!b.finish(c0, &Finish::Succeeded).await.unwrap(), "finish is a CAS");
+    assert!(
+        !b.finish(c0, &Finish::Succeeded).await.unwrap(),
+        "finish is a CAS"
+    );
     assert_eq!(
         b.heartbeat(&[c0], Duration::from_secs(1)).await.unwrap(),
         vec![Heartbeat::Lost]
@@ -363,7 +374,9 @@ async fn claim_order_heartbeat_finish() {
 #[tokio::test]
 async fn rescue_cancel_retry() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let mut t = nt("r");
     t.max_attempts = 2;
@@ -432,7 +445,9 @@ async fn rescue_cancel_retry() {
 #[tokio::test]
 async fn unique_keys_race() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let mut handles = Vec::new();
     for _ in 0..16 {
         let st = open(Some(&p)).await.unwrap();
@@ -487,7 +502,9 @@ async fn unique_keys_race() {
 #[tokio::test]
 async fn stats_list_prune() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let now = b.now().await.unwrap();
     let mut old = nt("a");
@@ -557,7 +574,9 @@ async fn stats_list_prune() {
 #[tokio::test]
 async fn jobs() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let j = b.job_register("nightly").await.unwrap();
     let cur = j.last_slot.expect("cursor set at registration");
@@ -654,7 +673,9 @@ async fn jobs() {
 #[tokio::test]
 async fn subscribe_wakes_and_warnings() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let mut rx = b.subscribe().await.unwrap();
     b.enqueue(&[nt("wq")]).await.unwrap();
@@ -697,7 +718,9 @@ async fn subscribe_wakes_and_warnings() {
 #[tokio::test]
 async fn bulk_enqueue_and_claim_timing() {
     let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else { return };
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
     let b = s.backend();
     let n = 100_000;
     let tasks: Vec<NewTask> = (0..n)
@@ -840,8 +863,15 @@ async fn private_server_restart() {
     let s = Store::connect(&url).await.unwrap();
     let b = s.backend();
     assert!(b.warnings().await.unwrap().is_empty(), "AOF is on");
-    let t1 = granted(b.lock_acquire(&lreq("daemon-runner", "a", 60_000)).await.unwrap());
-    assert!(b.lock_release("daemon-runner", t1, Duration::ZERO).await.unwrap());
+    let t1 = granted(
+        b.lock_acquire(&lreq("daemon-runner", "a", 60_000))
+            .await
+            .unwrap(),
+    );
+    assert!(b
+        .lock_release("daemon-runner", t1, Duration::ZERO)
+        .await
+        .unwrap());
     let id = b.enqueue(&[nt("q")]).await.unwrap()[0].id;
     // Give AOF its fsync (everysec) before the shutdown.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -877,7 +907,10 @@ async fn private_server_restart() {
         .await,
     );
     assert!(t2 > t1, "{t2} > {t1}");
-    assert!(b.lock_release("daemon-runner", t2, Duration::ZERO).await.unwrap());
+    assert!(b
+        .lock_release("daemon-runner", t2, Duration::ZERO)
+        .await
+        .unwrap());
     let got = b.claim(&creq("q", 10, 10_000)).await.unwrap();
     assert_eq!(got[0].id, id);
 
