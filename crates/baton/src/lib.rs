@@ -15,6 +15,9 @@
 
 pub mod duration;
 pub mod error;
+pub mod lock;
+pub mod queue;
+pub mod schedule;
 pub mod store;
 
 pub use duration::{format_duration, parse_duration, parse_positive_duration};

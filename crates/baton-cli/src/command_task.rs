@@ -1,0 +1,117 @@
+//! Command tasks: a task of kind `command` whose payload is
+//! `{"argv": [...]}`, run as a child process. Exit 0 is success; anything
+//! else fails the attempt with the tail of the child's stderr.
+
+use std::time::Duration;
+
+use baton::queue::{TaskContext, TaskError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::child;
+
+/// The task kind of command tasks.
+pub const KIND: &str = "command";
+/// How much of a failed command's stderr is kept as the task's error.
+const TAIL: usize = 2000;
+
+/// The payload of a command task.
+pub fn payload(argv: &[String]) -> serde_json::Value {
+    serde_json::json!({ "argv": argv })
+}
+
+fn argv_of(ctx: &TaskContext) -> Result<Vec<String>, TaskError> {
+    let v = ctx.task().payload.get("argv").cloned().unwrap_or_default();
+    let argv: Vec<String> = serde_json::from_value(v).map_err(|_| {
+        TaskError::permanent("payload has no \"argv\": [string, ...]; not a command task")
+    })?;
+    if argv.is_empty() {
+        return Err(TaskError::permanent("payload \"argv\" is empty"));
+    }
+    Ok(argv)
+}
+
+/// Run a command task (argv from its payload) to completion.
+pub async fn run(ctx: TaskContext, grace: Duration) -> Result<(), TaskError> {
+    let argv = argv_of(&ctx)?;
+    run_argv(ctx, argv, grace).await
+}
+
+/// Run `argv` for a task to completion, with `BATON_TASK_ID`,
+/// `BATON_ATTEMPT`, `BATON_QUEUE` (and `BATON_JOB`, `BATON_SLOT` for a
+/// job's run) in its environment. On a stop signal (lease lost, cancel,
+/// shutdown, timeout) the child gets SIGTERM, then SIGKILL after `grace`.
+pub async fn run_argv(
+    ctx: TaskContext,
+    argv: Vec<String>,
+    grace: Duration,
+) -> Result<(), TaskError> {
+    let t = ctx.task();
+    let mut env = vec![
+        ("BATON_TASK_ID", t.id.to_string()),
+        ("BATON_ATTEMPT", t.attempt.to_string()),
+        ("BATON_QUEUE", t.queue.clone()),
+    ];
+    if let Some(job) = &t.job {
+        env.push(("BATON_JOB", job.clone()));
+    }
+    if let Some(slot) = t.slot {
+        env.push((
+            "BATON_SLOT",
+            slot.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        ));
+    }
+    let mut proc =
+        child::spawn(&argv, &env, true).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+    let tail = tee_stderr(&mut proc);
+    let status = tokio::select! {
+        st = proc.wait() => st,
+        _ = ctx.stopped() => {
+            tracing::info!(task = t.id, reason = ?ctx.stop_reason(), "stopping the command");
+            child::stop(&mut proc, grace).await
+        }
+    }
+    .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
+    outcome(status, tail.await.unwrap_or_default())
+}
+
+/// Copy the child's stderr to ours, keeping its tail for the error message.
+pub fn tee_stderr(proc: &mut tokio::process::Child) -> tokio::task::JoinHandle<Vec<u8>> {
+    let mut stderr = proc.stderr.take();
+    tokio::spawn(async move {
+        let mut kept: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut out = tokio::io::stderr();
+        if let Some(err) = stderr.as_mut() {
+            while let Ok(n) = err.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let _ = out.write_all(&buf[..n]).await;
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > 2 * TAIL {
+                    kept.drain(..kept.len() - TAIL);
+                }
+            }
+        }
+        kept
+    })
+}
+
+/// Exit 0 is success; otherwise an error with the code and stderr's tail.
+pub fn outcome(status: std::process::ExitStatus, kept: Vec<u8>) -> Result<(), TaskError> {
+    if status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&kept);
+    let text = text.trim_end();
+    let start = text.len().saturating_sub(TAIL);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(text.len());
+    let code = child::code_of(status);
+    Err(TaskError::retryable(if text.is_empty() {
+        format!("exit {code}")
+    } else {
+        format!("exit {code}: {}", &text[start..])
+    }))
+}

@@ -1,0 +1,160 @@
+//! `baton lock NAME -- CMD` and `baton locks`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use baton::lock::{LockOptions, Locker};
+use baton::Error;
+
+use crate::child::{self, Signals};
+use crate::{connect, duration_arg, StoreArg, EXIT_BUSY, EXIT_LEASE_LOST};
+
+/// Arguments of `baton lock`.
+#[derive(clap::Args, Debug)]
+pub struct LockArgs {
+    /// Lock name (1-255 bytes, no control characters).
+    pub name: String,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// The lease lapses this long after its last extension if baton dies.
+    #[arg(long, default_value = "15m", value_parser = duration_arg)]
+    pub at_most: Duration,
+    /// Keep the lock at least this long after it was taken, even if CMD ends sooner.
+    #[arg(long, default_value = "0s", value_parser = duration_arg)]
+    pub at_least: Duration,
+    /// Wait up to this long for the lock instead of giving up at once.
+    #[arg(long, value_parser = duration_arg)]
+    pub wait: Option<Duration>,
+    /// After SIGTERM, how long CMD has before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub grace: Duration,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// `baton lock`.
+pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
+    baton::lock::validate_name("lock name", &a.name).map_err(Error::from)?;
+    if a.at_most.is_zero() {
+        return Err(Error::from(baton::InvalidInput::new(
+            "--at-most",
+            "must be greater than 0 (e.g. 30s, 15m, PT15M)",
+        ))
+        .into());
+    }
+    let opts = LockOptions::new(a.at_most)
+        .and_then(|o| o.at_least(a.at_least))
+        .map_err(|mut e| {
+            e.field = format!("--{}", e.field.replace('_', "-"));
+            Error::from(e)
+        })?;
+    let store = connect(&a.store)
+        .await
+        .with_context(|| format!("store {}", baton::store::redact(&a.store.store)))?;
+    let locker = Locker::new(store);
+    let lease = match locker
+        .lock(&a.name, &opts, a.wait.unwrap_or(Duration::ZERO))
+        .await
+    {
+        Ok(lease) => lease,
+        Err(Error::Busy {
+            name,
+            holder,
+            until,
+            token,
+        }) => {
+            eprintln!("baton: lock {name:?} is held by {holder} until {} (token {token}); not running the command", until.to_rfc3339());
+            return Ok(EXIT_BUSY);
+        }
+        Err(e) => return Err(anyhow::Error::from(e).context(format!("lock {:?}", a.name))),
+    };
+    tracing::info!(lock = %a.name, token = %lease.token(), "lock acquired");
+    let mut signals = Signals::new()?;
+    let env = [
+        ("BATON_LOCK_NAME", a.name.clone()),
+        ("BATON_FENCING_TOKEN", lease.token().to_string()),
+        ("BATON_LOCK_HOLDER", lease.holder().to_string()),
+    ];
+    let mut cmd = match child::spawn(&a.command, &env, false) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = lease.release().await;
+            return Err(e);
+        }
+    };
+    let handle = lease.handle();
+    let status = loop {
+        tokio::select! {
+            st = cmd.wait() => break st.context("waiting for the command")?,
+            sig = signals.recv() => child::send(&cmd, sig),
+            _ = handle.lost() => {
+                eprintln!("baton: lease on {:?} (token {}) was lost while the command ran; stopping it", a.name, handle.token());
+                let _ = child::stop(&mut cmd, a.grace).await;
+                return Ok(EXIT_LEASE_LOST);
+            }
+        }
+    };
+    let code = child::code_of(status);
+    match lease.release().await {
+        Ok(()) => Ok(code),
+        Err(Error::LeaseLost(_)) => {
+            eprintln!("baton: lease on {:?} had lapsed before the command finished (exit {code}); another holder may have run meanwhile", a.name);
+            Ok(EXIT_LEASE_LOST)
+        }
+        Err(e) => {
+            // The command finished; the lease lapses by itself at at_most.
+            eprintln!(
+                "baton: could not release lock {:?}: {e}; it lapses by itself at its at_most",
+                a.name
+            );
+            Ok(code)
+        }
+    }
+}
+
+/// Arguments of `baton locks`.
+#[derive(clap::Args, Debug)]
+pub struct LocksArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `baton locks`.
+pub async fn locks(a: LocksArgs) -> anyhow::Result<u8> {
+    let store = connect(&a.store).await.context("connecting to the store")?;
+    let list = store.backend().lock_list().await.map_err(Error::from)?;
+    if a.json {
+        let rows: Vec<_> = list
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "name": l.name, "holder": l.holder, "token": l.token.0,
+                    "locked_at": l.locked_at.to_rfc3339(), "lock_until": l.lock_until.to_rfc3339(),
+                    "state": if l.held { "held" } else { "expired" },
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<24} {:<40} {:>18} {:<32} {:<32} STATE",
+        "NAME", "HOLDER", "TOKEN", "LOCKED_AT", "LOCK_UNTIL"
+    );
+    for l in list {
+        println!(
+            "{:<24} {:<40} {:>18} {:<32} {:<32} {}",
+            l.name,
+            l.holder,
+            l.token.0,
+            l.locked_at.to_rfc3339(),
+            l.lock_until.to_rfc3339(),
+            if l.held { "held" } else { "expired" }
+        );
+    }
+    Ok(0)
+}

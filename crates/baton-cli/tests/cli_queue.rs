@@ -1,0 +1,209 @@
+//! `baton enqueue`, `baton work` and `baton tasks`, as a user runs them:
+//! real processes on every backend, including a worker killed with -9.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{signal, stderr, stdout, wait_for, Env};
+
+per_backend! {
+    two_hundred_tasks_survive_a_kill_9,
+    repeated_key_gives_one_id,
+    fails_twice_then_succeeds_on_attempt_3,
+    always_failing_ends_failed_with_stderr,
+    delay_is_not_started_early,
+    sigterm_hands_running_tasks_back,
+}
+
+fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
+    let mut args = vec!["enqueue"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    let out = e.run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stdout(&out).trim().parse().expect("enqueue prints the id")
+}
+
+fn stats(e: &Env) -> serde_json::Value {
+    let out = e.run(&["tasks", "stats", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+fn show(e: &Env, id: i64) -> serde_json::Value {
+    let out = e.run(&["tasks", "show", &id.to_string(), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+fn worker(e: &Env, extra: &[&str]) -> std::process::Child {
+    let mut args = vec![
+        "work",
+        "--lease",
+        "2s",
+        "--poll",
+        "200ms",
+        "--shutdown-grace",
+        "500ms",
+        "--grace",
+        "500ms",
+    ];
+    args.extend_from_slice(extra);
+    e.spawn_logged(&args)
+}
+
+fn wait_state(e: &Env, id: i64, state: &str, secs: u64) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    wait_for(secs, &format!("task {id} to be {state}"), || {
+        last = show(e, id);
+        last["state"] == state
+    });
+    last
+}
+
+async fn two_hundred_tasks_survive_a_kill_9(e: Env) {
+    // Batch-enqueue through the library for speed; the commands are real.
+    let q = baton::queue::Queue::new(e.ts.store.clone());
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            baton::queue::TaskBuilder::new("command", serde_json::json!({"argv": ["sh", "-c", format!("sleep 0.0{}; echo $BATON_TASK_ID >> done-ids", i % 10)]}))
+        })
+        .collect();
+    q.enqueue_many(tasks).await.unwrap();
+    let mut w1 = worker(&e, &["--concurrency", "4"]);
+    let mut w2 = worker(&e, &["--concurrency", "4"]);
+    let mut w3 = worker(&e, &["--concurrency", "4"]);
+    // Kill one worker -9 while it is mid-task.
+    wait_for(20, "some progress", || {
+        common::read(&e.path("done-ids")).lines().count() >= 30
+    });
+    signal(&w2, libc::SIGKILL);
+    w2.wait().unwrap();
+    let t0 = Instant::now();
+    wait_for(60, "all 200 tasks to succeed", || {
+        stats(&e)["default"]["succeeded"] == 200
+    });
+    eprintln!(
+        "{:?}: drained after the kill in {:?}",
+        e.ts.kind,
+        t0.elapsed()
+    );
+    let s = stats(&e);
+    assert_eq!(s["default"]["failed"], 0);
+    assert_eq!(s["default"]["pending"], 0);
+    assert_eq!(s["default"]["running"], 0);
+    for w in [&mut w1, &mut w3] {
+        signal(w, libc::SIGTERM);
+        assert!(
+            w.wait().unwrap().success(),
+            "workers exit cleanly on SIGTERM"
+        );
+    }
+}
+
+async fn repeated_key_gives_one_id(e: Env) {
+    let a = enqueue(&e, &["--key", "report-7"], &["true"]);
+    let b = enqueue(&e, &["--key", "report-7"], &["true"]);
+    assert_eq!(a, b);
+    let out = e.run(&["enqueue", "--key", "report-7", "--json", "--", "true"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["id"], a);
+    assert_eq!(v["inserted"], false);
+    assert_ne!(enqueue(&e, &["--key", "report-8"], &["true"]), a);
+}
+
+async fn fails_twice_then_succeeds_on_attempt_3(e: Env) {
+    let id = enqueue(
+        &e,
+        &["--max-attempts", "5"],
+        &[
+            "sh",
+            "-c",
+            "test \"$BATON_ATTEMPT\" -ge 3 || { echo attempt $BATON_ATTEMPT failed >&2; exit 1; }",
+        ],
+    );
+    let mut w = worker(&e, &[]);
+    let t = wait_state(&e, id, "succeeded", 30);
+    assert_eq!(t["attempt"], 3);
+    assert_eq!(t["errors"].as_array().unwrap().len(), 2);
+    assert!(t["errors"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("attempt 1 failed"));
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
+}
+
+async fn always_failing_ends_failed_with_stderr(e: Env) {
+    let id = enqueue(
+        &e,
+        &["--max-attempts", "2"],
+        &["sh", "-c", "echo 'disk full on /exports' >&2; exit 4"],
+    );
+    let mut w = worker(&e, &[]);
+    let t = wait_state(&e, id, "failed", 30);
+    assert_eq!(t["attempt"], 2);
+    let err = t["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("disk full on /exports") && err.contains("exit 4"),
+        "{err}"
+    );
+    // The dead letter can be retried.
+    let out = e.run(&["tasks", "retry", &id.to_string()]);
+    assert_eq!(out.status.code(), Some(0));
+    let t = wait_state(&e, id, "failed", 30);
+    assert_eq!(t["attempt"], 3);
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
+    let out = e.run(&["tasks", "list", "--state", "failed"]);
+    assert!(stdout(&out).contains(&id.to_string()));
+}
+
+async fn delay_is_not_started_early(e: Env) {
+    let mut w = worker(&e, &[]);
+    let t0 = Instant::now();
+    let id = enqueue(
+        &e,
+        &["--delay", "2s"],
+        &["sh", "-c", "date +%s%N > started-at"],
+    );
+    let t = wait_state(&e, id, "succeeded", 30);
+    let started_ns: u128 = common::read(&e.path("started-at")).trim().parse().unwrap();
+    let enq_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        - t0.elapsed().as_nanos();
+    assert!(
+        started_ns >= enq_ns + 1_900_000_000,
+        "started {} ms after enqueue",
+        (started_ns - enq_ns) / 1_000_000
+    );
+    assert_eq!(t["attempt"], 1);
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
+}
+
+async fn sigterm_hands_running_tasks_back(e: Env) {
+    let id = enqueue(&e, &["--max-attempts", "1"], &["sh", "-c", "touch started-$BATON_ATTEMPT; if [ -e resume-ok ]; then exit 0; fi; trap 'exit 1' TERM; while true; do sleep 0.05; done"]);
+    let mut w1 = worker(&e, &[]);
+    wait_for(20, "the task to start", || e.path("started-1").exists());
+    std::fs::write(e.path("resume-ok"), "").unwrap();
+    let t0 = Instant::now();
+    signal(&w1, libc::SIGTERM);
+    assert!(w1.wait().unwrap().success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "shutdown within the grace period"
+    );
+    let t = show(&e, id);
+    assert_eq!(t["state"], "pending", "handed back");
+    assert_eq!(t["attempt"], 0, "without burning its only attempt");
+    let mut w2 = worker(&e, &[]);
+    let t = wait_state(&e, id, "succeeded", 20);
+    assert_eq!(t["attempt"], 1);
+    signal(&w2, libc::SIGTERM);
+    w2.wait().unwrap();
+}

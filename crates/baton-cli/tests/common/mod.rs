@@ -1,0 +1,124 @@
+//! Shared helpers for the CLI tests: run the real `baton` binary against an
+//! isolated store of each backend.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "../../../baton/tests/conformance/harness.rs"]
+pub mod harness;
+
+pub use harness::{Kind, TestStore};
+
+pub const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
+/// An isolated store plus a scratch directory for ledgers.
+pub struct Env {
+    pub ts: TestStore,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub async fn new(kind: Kind) -> Option<Env> {
+        let ts = harness::connect(kind).await?;
+        Some(Env {
+            ts,
+            dir: tempfile::tempdir().unwrap(),
+        })
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    /// `baton ARGS` with this store in the environment.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BATON);
+        c.args(args)
+            .env("BATON_STORE", &self.ts.url)
+            .env("BATON_PREFIX", &self.ts.prefix)
+            .env("BATON_LOG", "warn")
+            .current_dir(self.dir.path());
+        c
+    }
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("baton runs")
+    }
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("baton starts")
+    }
+    /// Spawn with stderr going to a log file that is printed if the test fails.
+    pub fn spawn_logged(&self, args: &[&str]) -> Child {
+        let n = std::fs::read_dir(self.dir.path())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let log = std::fs::File::create(self.path(&format!("baton-{n}.log"))).unwrap();
+        self.cmd(args)
+            .env("BATON_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("baton starts")
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(dir) = std::fs::read_dir(self.dir.path()) {
+                for f in dir.flatten() {
+                    let name = f.file_name().to_string_lossy().into_owned();
+                    if name.ends_with(".log") {
+                        eprintln!("---- {name}\n{}", read(&f.path()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Wait until `f` is true, or panic with `what` after `secs`.
+pub fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Send a signal to a child process.
+pub fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on a pid we spawned.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// Instantiate `async fn NAME(Env)` tests for every backend.
+#[macro_export]
+macro_rules! per_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { crate::$name(e).await } } )* }
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Postgres).await { crate::$name(e).await } } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Redis).await { crate::$name(e).await } } )* }
+    };
+}

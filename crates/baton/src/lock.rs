@@ -1,0 +1,518 @@
+//! Lease locks: one holder per name at a time, fenced, kept alive while the
+//! work runs, and lost loudly.
+//!
+//! A [`Locker`] grants [`Lease`]s on names. A lease lapses by itself
+//! `at_most` after it was granted or last extended (so a dead holder frees
+//! the name), and [`Lease::release`] keeps it until `granted_at + at_least`
+//! (ShedLock's `lockAtLeastFor`) so a fast job on one instance is not re-run
+//! by another whose timer fires a moment later. Every grant carries a
+//! [`FencingToken`] greater than all earlier ones for that name.
+//!
+//! By default a lease keeps itself alive: it extends every `at_most / 3`.
+//! When an extension is refused, or the store cannot be reached before the
+//! lease would lapse, the lease is *lost*: [`Lease::lost`] resolves, and
+//! [`Locker::run`] drops (cancels) the work. Logging the failure while the
+//! work goes on is how two holders end up running at once; baton stops the
+//! work instead.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), baton::Error> {
+//! use std::time::Duration;
+//! use baton::lock::{LockOptions, Locker};
+//!
+//! let store = baton::Store::connect("sqlite://baton.db").await?;
+//! let locker = Locker::new(store);
+//! let opts = LockOptions::new(Duration::from_secs(15 * 60))?
+//!     .at_least(Duration::from_secs(30))?;
+//! // Run only if no other instance holds "daemon-runner"; skip otherwise.
+//! let ran = locker
+//!     .run("daemon-runner", &opts, |lease| async move {
+//!         println!("running with fencing token {}", lease.token());
+//!     })
+//!     .await?;
+//! if ran.is_none() {
+//!     println!("another instance holds the lock; skipped");
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, InvalidInput};
+use crate::store::{Acquire, FencingToken, LockInfo, LockRequest, Store};
+
+/// The longest accepted lock name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Check a name (lock, queue, job): 1 to 255 bytes, no control characters.
+/// `what` names the field in the error.
+pub fn validate_name(what: &str, name: &str) -> Result<(), InvalidInput> {
+    if name.is_empty() {
+        return Err(InvalidInput::new(
+            what,
+            "is empty; give 1 to 255 bytes of text",
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(InvalidInput::new(
+            what,
+            format!(
+                "is {} bytes long; at most {MAX_NAME_LEN} bytes are accepted",
+                name.len()
+            ),
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(InvalidInput::new(
+            what,
+            format!("contains the control character {c:?}; use printable text"),
+        ));
+    }
+    Ok(())
+}
+
+/// How long a lease lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    at_most: Duration,
+    at_least: Duration,
+    keep_alive: bool,
+}
+
+impl LockOptions {
+    /// A lease that lapses `at_most` after its grant or last extension.
+    /// `at_most` must be at least 1 ms. Keep-alive is on, `at_least` is 0.
+    pub fn new(at_most: Duration) -> Result<LockOptions, InvalidInput> {
+        if at_most < Duration::from_millis(1) {
+            return Err(InvalidInput::new(
+                "at_most",
+                "must be greater than 0 (e.g. 30s, 15m, PT15M)",
+            ));
+        }
+        Ok(LockOptions {
+            at_most,
+            at_least: Duration::ZERO,
+            keep_alive: true,
+        })
+    }
+
+    /// Keep the lease at least this long after its grant, even when released
+    /// earlier. Must not exceed `at_most`.
+    pub fn at_least(mut self, at_least: Duration) -> Result<LockOptions, InvalidInput> {
+        if at_least > self.at_most {
+            return Err(InvalidInput::new(
+                "at_least",
+                format!(
+                    "{} is longer than at_most {}; at_least must be at most at_most",
+                    crate::format_duration(at_least),
+                    crate::format_duration(self.at_most)
+                ),
+            ));
+        }
+        self.at_least = at_least;
+        Ok(self)
+    }
+
+    /// Turn the automatic keep-alive on (default) or off. Without it the
+    /// lease lapses `at_most` after the grant however long the work runs
+    /// (ShedLock's plain behaviour), and [`Lease::lost`] fires then.
+    pub fn keep_alive(mut self, on: bool) -> LockOptions {
+        self.keep_alive = on;
+        self
+    }
+
+    /// The lease length.
+    pub fn at_most_duration(&self) -> Duration {
+        self.at_most
+    }
+
+    /// The minimum hold after the grant.
+    pub fn at_least_duration(&self) -> Duration {
+        self.at_least
+    }
+}
+
+/// Grants leases on lock names from one store.
+#[derive(Debug, Clone)]
+pub struct Locker {
+    store: Store,
+    node: Arc<str>,
+}
+
+impl Locker {
+    /// A locker whose holders are named `host:pid:<unique id>`.
+    pub fn new(store: Store) -> Locker {
+        Locker {
+            store,
+            node: node_id().into(),
+        }
+    }
+
+    /// The store it locks in.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Take the lease if the name is free; `Ok(None)` when someone else
+    /// holds it (skip).
+    pub async fn try_lock(&self, name: &str, opts: &LockOptions) -> Result<Option<Lease>, Error> {
+        match self.attempt(name, opts).await? {
+            Ok(lease) => Ok(Some(lease)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Take the lease, waiting up to `wait` for the holder to release it or
+    /// for its lease to lapse. After the wait, [`Error::Busy`] says who holds
+    /// it and until when. Store errors during the wait are retried until the
+    /// wait runs out.
+    pub async fn lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        wait: Duration,
+    ) -> Result<Lease, Error> {
+        let deadline = Instant::now() + wait;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let busy = match self.attempt(name, opts).await {
+                Ok(Ok(lease)) => return Ok(lease),
+                Ok(Err(info)) => Some(info),
+                Err(Error::Store(e)) if e.is_retryable() && Instant::now() < deadline => {
+                    tracing::warn!(lock = name, error = %e, "store unavailable while waiting for lock; retrying");
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(match busy {
+                    Some(info) => busy_error(info),
+                    None => Error::Store(crate::StoreError::Unavailable(format!(
+                        "the wait for lock {name:?} ran out while the store was unreachable"
+                    ))),
+                });
+            }
+            // Sleep until the lease would lapse (store-relative), but poll
+            // often enough to notice an early release.
+            let until_free = busy
+                .as_ref()
+                .map(|i| (i.lock_until - i.now).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(backoff);
+            let jitter = Duration::from_millis(fastrand::u64(0..=backoff.as_millis() as u64 / 2));
+            let nap = until_free.min(backoff).max(Duration::from_millis(1)) + jitter;
+            tokio::time::sleep(nap.min(deadline - now)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Run `work` under the lock, skipping it (`Ok(None)`) when the lock is
+    /// busy. The lease is passed in; if it is lost while `work` runs, `work`
+    /// is dropped at its next await point and [`Error::LeaseLost`] returned.
+    /// Afterwards the lease is released (honouring `at_least`).
+    pub async fn run<F, Fut, T>(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        work: F,
+    ) -> Result<Option<T>, Error>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let Some(lease) = self.try_lock(name, opts).await? else {
+            return Ok(None);
+        };
+        lease.run(work).await.map(Some)
+    }
+
+    async fn attempt(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<Result<Lease, LockInfo>, Error> {
+        validate_name("lock name", name)?;
+        let holder = format!("{}:{}", self.node, short_id());
+        let sent = Instant::now();
+        let answer = self
+            .store
+            .backend()
+            .lock_acquire(&LockRequest {
+                name,
+                holder: &holder,
+                at_most: opts.at_most,
+            })
+            .await?;
+        match answer {
+            Acquire::Granted {
+                token,
+                locked_at,
+                lock_until,
+            } => {
+                tracing::debug!(lock = name, %token, %holder, "lock acquired");
+                Ok(Ok(Lease::start(
+                    self.store.clone(),
+                    LeaseHandle {
+                        shared: Arc::new(Shared {
+                            name: name.to_string(),
+                            holder,
+                            token,
+                            locked_at,
+                            lock_until: Mutex::new(lock_until),
+                            lost: CancellationToken::new(),
+                        }),
+                    },
+                    *opts,
+                    sent,
+                )))
+            }
+            Acquire::Busy(info) => Ok(Err(info)),
+        }
+    }
+}
+
+fn busy_error(info: LockInfo) -> Error {
+    Error::Busy {
+        name: info.name,
+        holder: info.holder,
+        until: info.lock_until,
+        token: info.token.0,
+    }
+}
+
+/// `host:pid`, the stable part of every holder id from this process.
+pub fn node_id() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{host}:{}", std::process::id())
+}
+
+/// A short random id, unique per acquisition.
+pub(crate) fn short_id() -> String {
+    let u = uuid::Uuid::new_v4().simple().to_string();
+    u[..12].to_string()
+}
+
+#[derive(Debug)]
+struct Shared {
+    name: String,
+    holder: String,
+    token: FencingToken,
+    locked_at: DateTime<Utc>,
+    lock_until: Mutex<DateTime<Utc>>,
+    lost: CancellationToken,
+}
+
+/// A cheap, cloneable view of a lease for the work it protects: its
+/// identity and its lost signal.
+#[derive(Debug, Clone)]
+pub struct LeaseHandle {
+    shared: Arc<Shared>,
+}
+
+impl LeaseHandle {
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+    /// The holder id (`host:pid:unique`).
+    pub fn holder(&self) -> &str {
+        &self.shared.holder
+    }
+    /// The fencing token of this grant.
+    pub fn token(&self) -> FencingToken {
+        self.shared.token
+    }
+    /// When the lease was granted, in store time.
+    pub fn locked_at(&self) -> DateTime<Utc> {
+        self.shared.locked_at
+    }
+    /// When the lease ends unless extended, in store time.
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        match self.shared.lock_until.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        }
+    }
+    /// Whether the lease has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.is_cancelled()
+    }
+    /// Resolves when the lease is lost (an extension was refused, or the
+    /// store stayed unreachable until the lease would have lapsed).
+    pub async fn lost(&self) {
+        self.shared.lost.cancelled().await
+    }
+    fn set_until(&self, t: DateTime<Utc>) {
+        match self.shared.lock_until.lock() {
+            Ok(mut g) => *g = t,
+            Err(p) => *p.into_inner() = t,
+        }
+    }
+}
+
+/// A granted lease. Release it with [`Lease::release`]; dropping it stops
+/// the keep-alive, and the lease then lapses `at_most` after its last
+/// extension.
+#[derive(Debug)]
+pub struct Lease {
+    handle: LeaseHandle,
+    store: Store,
+    opts: LockOptions,
+    keeper: Option<JoinHandle<()>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+impl std::ops::Deref for Lease {
+    type Target = LeaseHandle;
+    fn deref(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+impl Lease {
+    fn start(store: Store, handle: LeaseHandle, opts: LockOptions, sent: Instant) -> Lease {
+        // The grant happened after `sent`, so `sent + at_most` is a safe
+        // local (monotonic) bound on the lease's end.
+        let deadline = sent + opts.at_most;
+        let keeper = tokio::spawn(keep_alive(store.clone(), handle.clone(), opts, deadline));
+        Lease {
+            handle,
+            store,
+            opts,
+            keeper: Some(keeper),
+        }
+    }
+
+    /// A cloneable view for the protected work.
+    pub fn handle(&self) -> LeaseHandle {
+        self.handle.clone()
+    }
+
+    /// Extend the lease to `at_most` from now (store time). Fails with
+    /// [`Error::LeaseLost`] if the lease lapsed or was taken over.
+    pub async fn extend(&self) -> Result<DateTime<Utc>, Error> {
+        if self.is_lost() {
+            return Err(Error::LeaseLost(self.name().to_string()));
+        }
+        match self
+            .store
+            .backend()
+            .lock_extend(self.name(), self.token(), self.opts.at_most)
+            .await?
+        {
+            Some(until) => {
+                self.handle.set_until(until);
+                Ok(until)
+            }
+            None => {
+                self.handle.shared.lost.cancel();
+                Err(Error::LeaseLost(self.name().to_string()))
+            }
+        }
+    }
+
+    /// Release the lease. It stays held until `granted_at + at_least`.
+    /// Fails with [`Error::LeaseLost`] if the lease had already lapsed or
+    /// been taken over (then nothing is changed).
+    pub async fn release(mut self) -> Result<(), Error> {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+        let ok = self
+            .store
+            .backend()
+            .lock_release(self.name(), self.token(), self.opts.at_least)
+            .await?;
+        if ok {
+            tracing::debug!(lock = self.name(), token = %self.token(), "lock released");
+            Ok(())
+        } else {
+            self.handle.shared.lost.cancel();
+            Err(Error::LeaseLost(self.name().to_string()))
+        }
+    }
+
+    /// Run `work` under this lease, then release it. If the lease is lost
+    /// first, `work` is dropped and [`Error::LeaseLost`] returned.
+    pub async fn run<F, Fut, T>(self, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let handle = self.handle();
+        let out = tokio::select! {
+            out = work(handle.clone()) => out,
+            _ = handle.lost() => {
+                tracing::warn!(lock = handle.name(), token = %handle.token(), "lease lost; work cancelled");
+                return Err(Error::LeaseLost(handle.name().to_string()));
+            }
+        };
+        self.release().await?;
+        Ok(out)
+    }
+}
+
+async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut deadline: Instant) {
+    let lost = |why: &str| {
+        tracing::warn!(lock = handle.name(), token = %handle.token(), "lease lost: {why}");
+        handle.shared.lost.cancel();
+    };
+    if !opts.keep_alive {
+        tokio::time::sleep_until(deadline).await;
+        lost("at_most elapsed without keep-alive");
+        return;
+    }
+    let period = opts.at_most / 3;
+    let mut next = Instant::now() + period;
+    loop {
+        tokio::time::sleep_until(next.min(deadline)).await;
+        if Instant::now() >= deadline {
+            lost("could not extend before it lapsed");
+            return;
+        }
+        let sent = Instant::now();
+        let attempt = tokio::time::timeout(
+            deadline.saturating_duration_since(sent),
+            store
+                .backend()
+                .lock_extend(handle.name(), handle.token(), opts.at_most),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(Some(until))) => {
+                handle.set_until(until);
+                deadline = sent + opts.at_most;
+                next = sent + period;
+            }
+            Ok(Ok(None)) => {
+                lost("the store refused the extension (lapsed or taken over)");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lock = handle.name(), error = %e, "lease extension failed; retrying");
+                // Retry soon, but no later than the deadline allows.
+                let left = deadline.saturating_duration_since(Instant::now());
+                next = Instant::now()
+                    + (left / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
+            }
+            Err(_) => {
+                lost("the store did not answer before the lease lapsed");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! A durable task queue: enqueue with unique keys, priorities and delays;
+//! workers that lease, heartbeat, retry with backoff and hand work back on
+//! shutdown; inspection and pruning.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), baton::Error> {
+//! use baton::queue::{Queue, TaskBuilder};
+//! let store = baton::Store::connect("sqlite://baton.db").await?;
+//! let queue = Queue::new(store);
+//! let t = queue
+//!     .enqueue(TaskBuilder::new("export", serde_json::json!({"report": 42})).unique_key("report-42"))
+//!     .await?;
+//! println!("task {} (new: {})", t.id, t.inserted);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::{Error, InvalidInput};
+use crate::lock::validate_name;
+use crate::store::{
+    CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
+};
+
+mod backoff;
+pub mod worker;
+
+pub use backoff::Backoff;
+pub use worker::{TaskContext, TaskError, Worker, WorkerConfig};
+
+/// The queue tasks go to when none is named.
+pub const DEFAULT_QUEUE: &str = "default";
+/// Accepted priorities (lower runs first).
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -100..=100;
+/// The longest accepted unique key, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+/// Attempts when none are given.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// Builds a [`NewTask`], validating every field.
+#[derive(Debug, Clone)]
+pub struct TaskBuilder {
+    task: NewTask,
+}
+
+impl TaskBuilder {
+    /// A task of `kind` with a JSON payload, on the default queue, due now,
+    /// priority 0, 3 attempts.
+    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> TaskBuilder {
+        TaskBuilder {
+            task: NewTask {
+                queue: DEFAULT_QUEUE.into(),
+                kind: kind.into(),
+                payload,
+                priority: 0,
+                run_at: RunAt::Now,
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                timeout: None,
+                unique_key: None,
+                unique_forever: false,
+                job: None,
+                slot: None,
+            },
+        }
+    }
+    /// The queue.
+    pub fn queue(mut self, q: impl Into<String>) -> Self {
+        self.task.queue = q.into();
+        self
+    }
+    /// Priority in -100..=100; lower runs first.
+    pub fn priority(mut self, p: i32) -> Self {
+        self.task.priority = p;
+        self
+    }
+    /// Due this long after the store's now.
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.task.run_at = RunAt::Delay(d);
+        self
+    }
+    /// Due at this instant.
+    pub fn run_at(mut self, t: DateTime<Utc>) -> Self {
+        self.task.run_at = RunAt::At(t);
+        self
+    }
+    /// Attempts allowed in total (at least 1).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.task.max_attempts = n;
+        self
+    }
+    /// Handler timeout per attempt.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.task.timeout = Some(d);
+        self
+    }
+    /// Idempotency key: enqueueing it again while the task is unfinished
+    /// returns the same task.
+    pub fn unique_key(mut self, k: impl Into<String>) -> Self {
+        self.task.unique_key = Some(k.into());
+        self
+    }
+    /// Keep the key taken after the task finished (until it is pruned).
+    pub fn unique_forever(mut self, on: bool) -> Self {
+        self.task.unique_forever = on;
+        self
+    }
+    /// Mark the task as the run of a schedule job's slot.
+    pub fn slot(mut self, job: impl Into<String>, slot: DateTime<Utc>) -> Self {
+        self.task.job = Some(job.into());
+        self.task.slot = Some(slot);
+        self
+    }
+
+    /// Validate and return the task (for the outbox helpers
+    /// `store::postgres::enqueue_in` / `store::sqlite::enqueue_in`).
+    pub fn build(self) -> Result<NewTask, InvalidInput> {
+        let t = self.task;
+        validate_name("queue", &t.queue)?;
+        validate_name("kind", &t.kind)?;
+        if !PRIORITY_RANGE.contains(&t.priority) {
+            return Err(InvalidInput::new(
+                "priority",
+                format!(
+                    "{} is out of range; use an integer from -100 to 100 (lower runs first)",
+                    t.priority
+                ),
+            ));
+        }
+        if t.max_attempts == 0 || t.max_attempts > 10_000 {
+            return Err(InvalidInput::new(
+                "max_attempts",
+                format!("{} is out of range; use 1 to 10000", t.max_attempts),
+            ));
+        }
+        if t.timeout.is_some_and(|d| d.is_zero()) {
+            return Err(InvalidInput::new(
+                "timeout",
+                "must be greater than 0 (e.g. 30s, 5m)",
+            ));
+        }
+        if let Some(k) = &t.unique_key {
+            if k.is_empty() || k.len() > MAX_KEY_LEN {
+                return Err(InvalidInput::new(
+                    "unique key",
+                    format!("is {} bytes; use 1 to {MAX_KEY_LEN} bytes", k.len()),
+                ));
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// The client side of the queue: enqueue, inspect, cancel, retry, prune.
+#[derive(Debug, Clone)]
+pub struct Queue {
+    store: Store,
+}
+
+impl Queue {
+    /// A queue client on `store`.
+    pub fn new(store: Store) -> Queue {
+        Queue { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Enqueue one task. With a unique key that is taken, returns the
+    /// existing task (`inserted == false`).
+    pub async fn enqueue(&self, task: TaskBuilder) -> Result<Enqueued, Error> {
+        let t = task.build()?;
+        let mut out = self
+            .store
+            .backend()
+            .enqueue(std::slice::from_ref(&t))
+            .await?;
+        out.pop().ok_or_else(|| {
+            Error::Store(crate::StoreError::Corrupt(
+                "enqueue returned nothing".into(),
+            ))
+        })
+    }
+
+    /// Enqueue many tasks in one call (batched inside the store). Every task
+    /// is validated before anything is written.
+    pub async fn enqueue_many(&self, tasks: Vec<TaskBuilder>) -> Result<Vec<Enqueued>, Error> {
+        let built = tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.build().map_err(|mut e| {
+                    e.field = format!("task {i}: {}", e.field);
+                    e
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.store.backend().enqueue(&built).await?)
+    }
+
+    /// Cancel a task: a pending one at once, a running one at its worker's
+    /// next heartbeat.
+    pub async fn cancel(&self, id: i64) -> Result<CancelOutcome, Error> {
+        Ok(self.store.backend().cancel(id).await?)
+    }
+
+    /// Put a failed or cancelled task back to pending, with at least one
+    /// more attempt. False if it is not failed or cancelled.
+    pub async fn retry(&self, id: i64) -> Result<bool, Error> {
+        Ok(self.store.backend().retry(id).await?)
+    }
+
+    /// One task, with its attempt history.
+    pub async fn task(&self, id: i64) -> Result<Option<TaskInfo>, Error> {
+        Ok(self.store.backend().task(id).await?)
+    }
+
+    /// A page of tasks, newest first.
+    pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, Error> {
+        Ok(self.store.backend().tasks(filter).await?)
+    }
+
+    /// Counts per queue and state.
+    pub async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
+        Ok(self.store.backend().stats().await?)
+    }
+
+    /// Delete finished tasks older than `retention` (default 7 days).
+    pub async fn prune(&self, retention: Duration) -> Result<u64, Error> {
+        Ok(self.store.backend().prune(retention).await?)
+    }
+}
+
+/// The default retention for finished tasks.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

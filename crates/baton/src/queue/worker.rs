@@ -1,0 +1,683 @@
+//! Workers: claim due tasks, run their handlers, heartbeat their leases,
+//! finish them with a compare-and-set, rescue other workers' expired leases,
+//! and shut down without losing or double-running anything.
+//!
+//! One [`Worker`] serves several queues, each with its own concurrency.
+//! Its store traffic when idle is one query per `poll_interval` (claims for
+//! each queue in turn, and a rescue every fifth tick); new work normally
+//! arrives sooner through the store's wake-up channel.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), baton::Error> {
+//! use baton::queue::{Worker, WorkerConfig, TaskError};
+//! let store = baton::Store::connect("sqlite://baton.db").await?;
+//! let mut worker = Worker::new(store, WorkerConfig::default().queue("default", 2));
+//! worker.handle("export", |ctx| async move {
+//!     println!("task {} attempt {}", ctx.task().id, ctx.task().attempt);
+//!     Ok::<_, TaskError>(())
+//! });
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! worker.run(shutdown).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Backoff;
+use crate::error::{Error, InvalidInput};
+use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task};
+
+/// Why a handler is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The lease was lost: another worker may run (or has run) this attempt's
+    /// task. The result will be refused.
+    LeaseLost,
+    /// Someone cancelled the task.
+    Cancelled,
+    /// The worker is shutting down; the task is handed back.
+    Shutdown,
+    /// The attempt's timeout elapsed.
+    TimedOut,
+}
+
+/// An error from a handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskError {
+    /// The message kept on the task.
+    pub message: String,
+    /// False: fail the task now without further attempts.
+    pub retry: bool,
+}
+
+impl TaskError {
+    /// A failure that is retried (while attempts are left).
+    pub fn retryable(msg: impl Into<String>) -> TaskError {
+        TaskError {
+            message: msg.into(),
+            retry: true,
+        }
+    }
+    /// A failure that ends the task as `failed` at once.
+    pub fn permanent(msg: impl Into<String>) -> TaskError {
+        TaskError {
+            message: msg.into(),
+            retry: false,
+        }
+    }
+}
+
+impl<E: std::fmt::Display> From<E> for TaskError {
+    fn from(e: E) -> Self {
+        TaskError::retryable(e.to_string())
+    }
+}
+
+/// What a handler gets: the task, a stop signal, progress reporting.
+#[derive(Clone)]
+pub struct TaskContext {
+    task: Arc<Task>,
+    stop: CancellationToken,
+    reason: Arc<Mutex<Option<StopReason>>>,
+    store: Store,
+}
+
+impl TaskContext {
+    /// The task (id, attempt, payload, job and slot for scheduled runs…).
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+    /// The claim this attempt holds.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            id: self.task.id,
+            attempt: self.task.attempt,
+        }
+    }
+    /// Resolves when the handler should stop (lease lost, cancelled,
+    /// shutdown after the grace period, timeout). After it fires the handler
+    /// has the worker's grace period to return before it is dropped.
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await
+    }
+    /// Whether the handler was asked to stop.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+    /// Why the handler was asked to stop, if it was.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        lock(&self.reason).as_ref().copied()
+    }
+    /// Record progress on the task (any JSON). Fails with
+    /// [`Error::LeaseLost`] when the claim is no longer this worker's.
+    pub async fn progress(&self, value: serde_json::Value) -> Result<(), Error> {
+        if self.store.backend().progress(self.claim(), &value).await? {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost(format!("task {}", self.task.id)))
+        }
+    }
+    fn stop_with(&self, why: StopReason) {
+        let mut r = lock(&self.reason);
+        if r.is_none() {
+            *r = Some(why);
+        }
+        drop(r);
+        self.stop.cancel();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
+type HandlerFn = Arc<dyn Fn(TaskContext) -> BoxFut + Send + Sync>;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Queues and their concurrency on this worker.
+    pub queues: Vec<(String, usize)>,
+    /// Lease length; heartbeats every third of it.
+    pub lease: Duration,
+    /// Idle poll period (also the fallback when a wake-up is lost).
+    pub poll_interval: Duration,
+    /// On shutdown, how long running handlers may finish before they are
+    /// stopped and their tasks handed back.
+    pub shutdown_grace: Duration,
+    /// After a stop signal, how long a handler has to return before it is
+    /// dropped.
+    pub stop_grace: Duration,
+    /// Retry delays.
+    pub backoff: Backoff,
+    /// Run rescue passes (return expired leases of dead workers).
+    pub rescue: bool,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            queues: Vec::new(),
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(10),
+            stop_grace: Duration::from_secs(5),
+            backoff: Backoff::default(),
+            rescue: true,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Serve `queue` with `concurrency` handlers at a time.
+    pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
+        self.queues.push((queue.into(), concurrency));
+        self
+    }
+    /// Set the lease length.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+    fn validate(&self) -> Result<(), InvalidInput> {
+        if self.queues.is_empty() {
+            return Err(InvalidInput::new(
+                "queues",
+                "name at least one queue to work on",
+            ));
+        }
+        for (q, c) in &self.queues {
+            crate::lock::validate_name("queue", q)?;
+            if *c == 0 {
+                return Err(InvalidInput::new(
+                    "concurrency",
+                    format!("queue {q:?}: must be at least 1"),
+                ));
+            }
+        }
+        if self.lease < Duration::from_millis(30) {
+            return Err(InvalidInput::new(
+                "lease",
+                "must be at least 30ms (e.g. 30s)",
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(InvalidInput::new("poll_interval", "must be greater than 0"));
+        }
+        Ok(())
+    }
+}
+
+/// A running attempt, as the heartbeat loop sees it.
+struct Running {
+    ctx: TaskContext,
+    /// Local monotonic bound on the lease: last heartbeat's send time + lease.
+    deadline: Instant,
+}
+
+/// Claims and runs tasks. See the module docs.
+pub struct Worker {
+    store: Store,
+    config: WorkerConfig,
+    id: String,
+    handlers: HashMap<String, HandlerFn>,
+    fallback: Option<HandlerFn>,
+}
+
+impl Worker {
+    /// A worker on `store`; add handlers, then [`Worker::run`].
+    pub fn new(store: Store, config: WorkerConfig) -> Worker {
+        Worker {
+            store,
+            config,
+            id: format!("{}:{}", crate::lock::node_id(), crate::lock::short_id()),
+            handlers: HashMap::new(),
+            fallback: None,
+        }
+    }
+
+    /// This worker's id, recorded on the tasks it claims.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Handle tasks of `kind` with an async function.
+    pub fn handle<F, Fut>(&mut self, kind: impl Into<String>, f: F) -> &mut Self
+    where
+        F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
+    {
+        self.handlers
+            .insert(kind.into(), Arc::new(move |c| Box::pin(f(c)) as BoxFut));
+        self
+    }
+
+    /// Handle every kind that has no handler of its own.
+    pub fn handle_any<F, Fut>(&mut self, f: F) -> &mut Self
+    where
+        F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
+    {
+        self.fallback = Some(Arc::new(move |c| Box::pin(f(c)) as BoxFut));
+        self
+    }
+
+    /// Run until `shutdown` fires, then stop claiming, let running handlers
+    /// finish for `shutdown_grace`, stop the rest and hand their tasks back
+    /// (without counting the attempt), and return.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        self.config.validate()?;
+        let shared = Arc::new(Shared {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            id: self.id.clone(),
+            handlers: self.handlers,
+            fallback: self.fallback,
+            running: Mutex::new(HashMap::new()),
+            stop_claiming: CancellationToken::new(),
+            drained: Notify::new(),
+        });
+        let mut wake = match self.store.backend().subscribe().await {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(error = %e, "no wake-up channel; polling only");
+                None
+            }
+        };
+        let pokes: Vec<Arc<Notify>> = self
+            .config
+            .queues
+            .iter()
+            .map(|_| Arc::new(Notify::new()))
+            .collect();
+        let mut tasks = JoinSet::new();
+        for (i, (queue, conc)) in self.config.queues.iter().enumerate() {
+            tasks.spawn(claim_loop(
+                shared.clone(),
+                queue.clone(),
+                *conc,
+                pokes[i].clone(),
+            ));
+        }
+        let heart = tokio::spawn(heartbeat_loop(shared.clone()));
+        tracing::info!(worker = %self.id, queues = ?self.config.queues, "worker started");
+
+        // The ticker: one store query per tick when idle, and wake-ups.
+        let mut tick = tokio::time::interval(self.config.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut k: usize = 0;
+        let n = self.config.queues.len();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {
+                    if self.config.rescue && k % 5 == 4 {
+                        match shared.store.backend().rescue().await {
+                            Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
+                                tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
+                                pokes.iter().for_each(|p| p.notify_one());
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(error = %e, "rescue failed"),
+                        }
+                    } else {
+                        pokes[(k - k / 5) % n].notify_one();
+                    }
+                    k = k.wrapping_add(1);
+                }
+                msg = recv_wake(&mut wake) => match msg {
+                    Some(q) => {
+                        for (i, (queue, _)) in self.config.queues.iter().enumerate() {
+                            if *queue == q { pokes[i].notify_one(); }
+                        }
+                    }
+                    None => wake = None,
+                },
+            }
+        }
+
+        // Shutdown: stop claiming, give running handlers the grace period.
+        tracing::info!(worker = %self.id, "shutting down: no new claims");
+        shared.stop_claiming.cancel();
+        while tasks.join_next().await.is_some() {}
+        let grace_end = Instant::now() + self.config.shutdown_grace;
+        loop {
+            let notified = shared.drained.notified();
+            if lock(&shared.running).is_empty() || Instant::now() >= grace_end {
+                break;
+            }
+            let _ = tokio::time::timeout_at(grace_end, notified).await;
+        }
+        let left: Vec<TaskContext> = lock(&shared.running)
+            .values()
+            .map(|r| r.ctx.clone())
+            .collect();
+        if !left.is_empty() {
+            tracing::info!(
+                count = left.len(),
+                "grace over: stopping handlers and handing their tasks back"
+            );
+        }
+        for ctx in &left {
+            ctx.stop_with(StopReason::Shutdown);
+        }
+        loop {
+            let notified = shared.drained.notified();
+            if lock(&shared.running).is_empty() {
+                break;
+            }
+            notified.await;
+        }
+        heart.abort();
+        tracing::info!(worker = %self.id, "worker stopped");
+        Ok(())
+    }
+}
+
+async fn recv_wake(rx: &mut Option<tokio::sync::broadcast::Receiver<String>>) -> Option<String> {
+    use tokio::sync::broadcast::error::RecvError;
+    match rx {
+        None => std::future::pending().await,
+        Some(r) => loop {
+            match r.recv().await {
+                Ok(q) => return Some(q),
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return None,
+            }
+        },
+    }
+}
+
+struct Shared {
+    store: Store,
+    config: WorkerConfig,
+    id: String,
+    handlers: HashMap<String, HandlerFn>,
+    fallback: Option<HandlerFn>,
+    running: Mutex<HashMap<Claim, Running>>,
+    stop_claiming: CancellationToken,
+    drained: Notify,
+}
+
+async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
+    let slots = Arc::new(Semaphore::new(concurrency));
+    let freed = Arc::new(Notify::new());
+    let mut more = true; // the last claim filled every free slot: there may be more
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if shared.stop_claiming.is_cancelled() {
+            return;
+        }
+        let free = slots.available_permits();
+        if free > 0 && more {
+            let req = ClaimRequest {
+                queue: &queue,
+                worker: &shared.id,
+                limit: free as u32,
+                lease: shared.config.lease,
+            };
+            let sent = Instant::now();
+            match shared.store.backend().claim(&req).await {
+                Ok(batch) => {
+                    backoff = Duration::from_millis(50);
+                    more = batch.len() == free;
+                    for task in batch {
+                        let Ok(permit) = slots.clone().try_acquire_owned() else {
+                            // Cannot happen (we asked for `free`); hand it back.
+                            let claim = Claim {
+                                id: task.id,
+                                attempt: task.attempt,
+                            };
+                            let _ = shared
+                                .store
+                                .backend()
+                                .finish(claim, &Finish::HandBack)
+                                .await;
+                            continue;
+                        };
+                        start_task(shared.clone(), task, sent, permit, freed.clone());
+                    }
+                    if more {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %queue, error = %e, "claim failed; backing off");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shared.stop_claiming.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        // Wait for a reason to claim again: a wake-up or poll tick (there may
+        // be new work), or a freed slot when the last claim was full.
+        tokio::select! {
+            _ = poke.notified() => more = true,
+            _ = freed.notified(), if more => {}
+            _ = shared.stop_claiming.cancelled() => return,
+        }
+    }
+}
+
+fn start_task(
+    shared: Arc<Shared>,
+    task: Task,
+    sent: Instant,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    freed: Arc<Notify>,
+) {
+    let claim = Claim {
+        id: task.id,
+        attempt: task.attempt,
+    };
+    let ctx = TaskContext {
+        task: Arc::new(task),
+        stop: CancellationToken::new(),
+        reason: Arc::default(),
+        store: shared.store.clone(),
+    };
+    lock(&shared.running).insert(
+        claim,
+        Running {
+            ctx: ctx.clone(),
+            deadline: sent + shared.config.lease,
+        },
+    );
+    tokio::spawn(async move {
+        let finish = execute(&shared, ctx.clone()).await;
+        if let Some(finish) = finish {
+            finish_with_retries(&shared, claim, &finish).await;
+        }
+        lock(&shared.running).remove(&claim);
+        drop(permit);
+        freed.notify_one();
+        shared.drained.notify_waiters();
+    });
+}
+
+/// Run the handler to an outcome; `None` when the lease was lost (nothing
+/// may be written for this attempt any more).
+async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
+    let task = ctx.task().clone();
+    let handler = shared
+        .handlers
+        .get(&task.kind)
+        .or(shared.fallback.as_ref())
+        .cloned();
+    let Some(handler) = handler else {
+        return Some(Finish::Failed {
+            error: format!("no handler for kind {:?} on this worker", task.kind),
+            retry_in: Some(shared.config.backoff.delay(task.attempt)),
+        });
+    };
+    tracing::debug!(task = task.id, attempt = task.attempt, kind = %task.kind, "task started");
+    // The handler runs in its own task so a panic is caught as a failure.
+    let mut join = tokio::spawn(handler(ctx.clone()));
+    let timeout = async {
+        match task.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = tokio::select! {
+        r = &mut join => Some(r),
+        _ = ctx.stopped() => None,
+        _ = timeout => { ctx.stop_with(StopReason::TimedOut); None }
+    };
+    let result = match result {
+        Some(r) => r,
+        None => {
+            // Asked to stop: give the handler its grace to return.
+            match tokio::time::timeout(shared.config.stop_grace, &mut join).await {
+                Ok(r) => r,
+                Err(_) => {
+                    join.abort();
+                    Ok(Err(TaskError::retryable(
+                        "handler did not stop within the grace period",
+                    )))
+                }
+            }
+        }
+    };
+    let reason = ctx.stop_reason();
+    let attempt_error = |msg: String, retry: bool| Finish::Failed {
+        retry_in: retry.then(|| shared.config.backoff.delay(task.attempt)),
+        error: msg,
+    };
+    match (reason, result) {
+        (Some(StopReason::LeaseLost), _) => {
+            tracing::warn!(
+                task = task.id,
+                attempt = task.attempt,
+                "lease lost; result discarded"
+            );
+            None
+        }
+        // Work that completed is recorded as done, whatever stop came late.
+        (_, Ok(Ok(()))) => Some(Finish::Succeeded),
+        (Some(StopReason::Shutdown), _) => Some(Finish::HandBack),
+        (Some(StopReason::Cancelled), _) => Some(Finish::Cancelled {
+            reason: "cancelled".into(),
+        }),
+        (Some(StopReason::TimedOut), _) => Some(attempt_error(
+            format!(
+                "timed out after {}",
+                crate::format_duration(task.timeout.unwrap_or_default())
+            ),
+            true,
+        )),
+        (None, Ok(Err(e))) => Some(attempt_error(e.message, e.retry)),
+        (None, Err(join_err)) if join_err.is_panic() => {
+            let msg = join_err
+                .into_panic()
+                .downcast::<String>()
+                .map(|s| *s)
+                .or_else(|p| p.downcast::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|_| "panic".into());
+            Some(attempt_error(format!("handler panicked: {msg}"), true))
+        }
+        (None, Err(_)) => Some(attempt_error("handler was aborted".into(), true)),
+    }
+}
+
+async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match shared.store.backend().finish(claim, finish).await {
+            Ok(true) => {
+                tracing::debug!(
+                    task = claim.id,
+                    attempt = claim.attempt,
+                    ?finish,
+                    "task finished"
+                );
+                return;
+            }
+            Ok(false) => {
+                tracing::warn!(
+                    task = claim.id,
+                    attempt = claim.attempt,
+                    "result refused: the claim was lost"
+                );
+                return;
+            }
+            Err(e) => {
+                let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
+                if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
+                    tracing::warn!(task = claim.id, error = %e, "could not record the result before the lease ends; the task will be rescued and run again");
+                    return;
+                }
+                tracing::warn!(task = claim.id, error = %e, "finish failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+async fn heartbeat_loop(shared: Arc<Shared>) {
+    let period = shared.config.lease / 3;
+    let mut wait = period;
+    loop {
+        tokio::time::sleep(wait).await;
+        wait = period;
+        let claims: Vec<Claim> = lock(&shared.running).keys().copied().collect();
+        if claims.is_empty() {
+            continue;
+        }
+        let sent = Instant::now();
+        match shared
+            .store
+            .backend()
+            .heartbeat(&claims, shared.config.lease)
+            .await
+        {
+            Ok(answers) => {
+                let running = lock(&shared.running);
+                for (claim, answer) in claims.iter().zip(answers) {
+                    let Some(r) = running.get(claim) else {
+                        continue;
+                    };
+                    match answer {
+                        Heartbeat::Extended => {}
+                        Heartbeat::CancelRequested => r.ctx.stop_with(StopReason::Cancelled),
+                        Heartbeat::Lost => r.ctx.stop_with(StopReason::LeaseLost),
+                    }
+                }
+                drop(running);
+                let mut running = lock(&shared.running);
+                for claim in &claims {
+                    if let Some(r) = running.get_mut(claim) {
+                        r.deadline = sent + shared.config.lease;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed; retrying soon");
+                wait = period.min(Duration::from_millis(250));
+                let now = Instant::now();
+                for r in lock(&shared.running).values() {
+                    if now >= r.deadline {
+                        r.ctx.stop_with(StopReason::LeaseLost);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Schedules: cron and interval jobs that run once per slot across any
+//! number of instances, with no leader.
+//!
+//! [`spec`] is the pure arithmetic: which instants are a job's slots
+//! ([`spec::Schedule::next_after`]) and which of them are due after a
+//! downtime ([`spec::due_slots`], with the [`spec::Misfire`] policy). Every
+//! instance computes the same slots from the same inputs, so the store's
+//! cursor compare-and-set (DESIGN.md S1) is all that is needed to run each
+//! slot once.
+
+pub mod scheduler;
+pub mod spec;
+
+pub use scheduler::{
+    job_statuses, latest_slot, set_paused, slot_key, trigger, Job, JobMode, JobStatus, Scheduler,
+    SlotRun, StoreClock,
+};

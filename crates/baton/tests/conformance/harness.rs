@@ -1,0 +1,113 @@
+//! Finding the servers and giving each test its own isolated store.
+
+use std::future::Future;
+
+use baton::{Store, StoreOptions};
+
+/// The backends under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sqlite,
+    Postgres,
+    Redis,
+}
+
+/// An isolated store for one test: its own SQLite file, Postgres table
+/// prefix or Redis key prefix. `open()` makes another independent handle
+/// (another "instance") on the same data.
+pub struct TestStore {
+    pub kind: Kind,
+    pub url: String,
+    pub prefix: String,
+    pub store: Store,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestStore {
+    /// Another client of the same store, with its own connections.
+    pub async fn open(&self) -> Store {
+        Store::connect_with(&self.url, options(&self.prefix))
+            .await
+            .expect("second handle connects")
+    }
+}
+
+fn options(prefix: &str) -> StoreOptions {
+    StoreOptions {
+        prefix: Some(prefix.to_string()),
+        // Many tests run at once, each with several handles: stay well
+        // under PostgreSQL's default 100 connections.
+        max_connections: 5,
+        ..StoreOptions::default()
+    }
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("BATON_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("BATON_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn required() -> bool {
+    std::env::var("BATON_REQUIRE_BACKENDS").is_ok_and(|v| v == "1")
+}
+
+/// Connect an isolated store of `kind`, or `None` (after printing SKIPPED)
+/// when its server is not running and backends are not required.
+pub async fn connect(kind: Kind) -> Option<TestStore> {
+    let tag = format!("t{}", &uuid_like()[..10]);
+    let (url, prefix, dir) = match kind {
+        Kind::Sqlite => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let url = format!("sqlite://{}", dir.path().join("baton.db").display());
+            (url, format!("{tag}_"), Some(dir))
+        }
+        Kind::Postgres => (postgres_url(), format!("{tag}_"), None),
+        Kind::Redis => (redis_url(), format!("{tag}:"), None),
+    };
+    match Store::connect_with(&url, options(&prefix)).await {
+        Ok(store) => Some(TestStore {
+            kind,
+            url,
+            prefix,
+            store,
+            _dir: dir,
+        }),
+        Err(e) if !required() && e.is_retryable() => {
+            eprintln!("SKIPPED {kind:?}: {url} does not answer ({e}); set BATON_REQUIRE_BACKENDS=1 to fail instead");
+            None
+        }
+        Err(e) => panic!("{kind:?} store at {url}: {e}"),
+    }
+}
+
+/// Run one conformance test against one backend.
+pub async fn run<F, Fut>(kind: Kind, test: F)
+where
+    F: FnOnce(TestStore) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if let Some(ts) = connect(kind).await {
+        test(ts).await;
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{:016x}{:016x}", fastrand_u64(), fastrand_u64())
+}
+
+fn fastrand_u64() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}

@@ -1,0 +1,406 @@
+//! L1 mutual exclusion, L2 fencing, L3 at_most / at_least, and the lock API.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton::lock::{LockOptions, Locker};
+use baton::{Error, FencingToken};
+
+use crate::TestStore;
+
+fn opts(at_most_ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(at_most_ms)).unwrap()
+}
+
+pub async fn grant_busy_release(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let b = Locker::new(ts.open().await);
+    let lease = a
+        .try_lock("job", &opts(10_000))
+        .await
+        .unwrap()
+        .expect("free lock is granted");
+    assert_eq!(lease.name(), "job");
+    assert!(lease.holder().starts_with(&baton::lock::node_id()));
+    assert!(lease.expires_at() > lease.locked_at());
+    assert!(
+        b.try_lock("job", &opts(10_000)).await.unwrap().is_none(),
+        "busy lock is skipped"
+    );
+    match b.lock("job", &opts(10_000), Duration::ZERO).await {
+        Err(Error::Busy { holder, token, .. }) => {
+            assert_eq!(holder, lease.holder());
+            assert_eq!(token, lease.token().0);
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    lease.release().await.unwrap();
+    let again = b
+        .try_lock("job", &opts(10_000))
+        .await
+        .unwrap()
+        .expect("released lock is free");
+    assert_ne!(again.holder(), "", "holder recorded");
+    again.release().await.unwrap();
+}
+
+pub async fn tokens_strictly_increase(ts: TestStore) {
+    let lockers = [Locker::new(ts.store.clone()), Locker::new(ts.open().await)];
+    let mut last = FencingToken(0);
+    for i in 0..40 {
+        let lease = lockers[i % 2]
+            .try_lock("fence", &opts(10_000))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(
+            lease.token() > last,
+            "token {} after {}",
+            lease.token(),
+            last
+        );
+        last = lease.token();
+        lease.release().await.unwrap();
+    }
+    // A different name has its own sequence but also never repeats itself.
+    let other = lockers[0]
+        .try_lock("fence-2", &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    other.release().await.unwrap();
+    let again = lockers[1]
+        .try_lock("fence", &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(again.token() > last);
+}
+
+/// One grant as seen by its holder: (token, start, end) on one monotonic clock.
+type Ledger = Arc<Mutex<Vec<(FencingToken, Instant, Instant)>>>;
+
+/// Sort by start; every grant must end before the next starts, and tokens
+/// must rise in that order.
+pub fn assert_no_overlap(ledger: &[(FencingToken, Instant, Instant)]) {
+    let mut v = ledger.to_vec();
+    v.sort_by_key(|e| e.1);
+    for w in v.windows(2) {
+        assert!(
+            w[0].2 <= w[1].1,
+            "two holders at once: {:?} overlaps {:?}",
+            w[0].0,
+            w[1].0
+        );
+        assert!(
+            w[0].0 < w[1].0,
+            "token did not rise: {:?} then {:?}",
+            w[0].0,
+            w[1].0
+        );
+    }
+}
+
+pub async fn mutual_exclusion_16_contenders(ts: TestStore) {
+    const CONTENDERS: usize = 16;
+    const ROUNDS: usize = 200;
+    let ledger: Ledger = Arc::default();
+    let mut handles = Vec::new();
+    let mut stores = vec![ts.store.clone()];
+    for _ in 0..3 {
+        stores.push(ts.open().await);
+    }
+    for c in 0..CONTENDERS {
+        let locker = Locker::new(stores[c % stores.len()].clone());
+        let ledger = ledger.clone();
+        handles.push(tokio::spawn(async move {
+            let mut won = 0;
+            while won < ROUNDS {
+                match locker.try_lock("contended", &opts(30_000)).await {
+                    Ok(Some(lease)) => {
+                        let start = Instant::now();
+                        tokio::task::yield_now().await;
+                        let end = Instant::now();
+                        ledger.lock().unwrap().push((lease.token(), start, end));
+                        lease.release().await.unwrap();
+                        won += 1;
+                    }
+                    Ok(None) => {
+                        tokio::time::sleep(Duration::from_micros(200 + fastrand_like(c) % 800))
+                            .await
+                    }
+                    Err(e) if matches!(&e, Error::Store(s) if s.is_retryable()) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
+                    Err(e) => panic!("contender {c}: {e}"),
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let ledger = ledger.lock().unwrap();
+    assert_eq!(ledger.len(), CONTENDERS * ROUNDS);
+    assert_no_overlap(&ledger);
+}
+
+fn fastrand_like(seed: usize) -> u64 {
+    (seed as u64).wrapping_mul(2654435761) ^ (Instant::now().elapsed().subsec_nanos() as u64)
+}
+
+pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let b = Locker::new(ts.open().await);
+    let old = a
+        .try_lock("lapse", &opts(300).keep_alive(false))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(
+        old.is_lost(),
+        "a lease without keep-alive is lost after at_most"
+    );
+    let new = b
+        .try_lock("lapse", &opts(10_000))
+        .await
+        .unwrap()
+        .expect("lapsed lease is free");
+    assert!(new.token() > old.token());
+    // The old holder can neither extend nor release the new lease.
+    assert!(matches!(old.extend().await, Err(Error::LeaseLost(_))));
+    let backend = ts.store.backend();
+    assert_eq!(
+        backend
+            .lock_extend("lapse", old.token(), Duration::from_secs(60))
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(!backend
+        .lock_release("lapse", old.token(), Duration::ZERO)
+        .await
+        .unwrap());
+    assert!(matches!(old.release().await, Err(Error::LeaseLost(_))));
+    let info = backend.lock_get("lapse").await.unwrap().unwrap();
+    assert_eq!(info.token, new.token(), "the new lease is untouched");
+    assert_eq!(info.holder, new.holder());
+    assert!(info.held);
+    assert!(
+        b.try_lock("lapse", &opts(10_000)).await.unwrap().is_none(),
+        "still held by the new holder"
+    );
+    new.release().await.unwrap();
+}
+
+pub async fn at_least_is_honoured(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let b = Locker::new(ts.open().await);
+    let o = opts(10_000).at_least(Duration::from_millis(1_000)).unwrap();
+    let lease = a.try_lock("least", &o).await.unwrap().unwrap();
+    let granted = Instant::now();
+    let locked_at = lease.locked_at();
+    lease.release().await.unwrap();
+    let info = ts.store.backend().lock_get("least").await.unwrap().unwrap();
+    assert_eq!(
+        info.lock_until - locked_at,
+        chrono::Duration::milliseconds(1_000),
+        "held until granted_at + at_least"
+    );
+    assert!(
+        b.try_lock("least", &opts(10_000)).await.unwrap().is_none(),
+        "at_least keeps a second caller off"
+    );
+    // Poll until free; it must not be free before ~1 s after the grant.
+    let lease = loop {
+        if let Some(l) = b.try_lock("least", &opts(10_000)).await.unwrap() {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let waited = granted.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "free after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(3_000),
+        "free only after {waited:?}"
+    );
+    // A release after at_least has passed frees the lock at once.
+    let o2 = opts(10_000).at_least(Duration::from_millis(100)).unwrap();
+    lease.release().await.unwrap();
+    let l2 = a.try_lock("least2", &o2).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    l2.release().await.unwrap();
+    assert!(b.try_lock("least2", &opts(10_000)).await.unwrap().is_some());
+}
+
+pub async fn at_most_lapses_a_dropped_lease(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let b = Locker::new(ts.open().await);
+    let lease = a.try_lock("dropped", &opts(600)).await.unwrap().unwrap();
+    let t0 = Instant::now();
+    drop(lease); // crashed holder: no release, and the keep-alive stops
+    assert!(b
+        .try_lock("dropped", &opts(10_000))
+        .await
+        .unwrap()
+        .is_none());
+    let got = loop {
+        if let Some(l) = b.try_lock("dropped", &opts(10_000)).await.unwrap() {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_millis(2_500),
+        "free after {waited:?}"
+    );
+    got.release().await.unwrap();
+}
+
+pub async fn keep_alive_extends_and_signals_loss(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let b = Locker::new(ts.open().await);
+    let lease = a.try_lock("alive", &opts(300)).await.unwrap().unwrap();
+    let first_until = lease.expires_at();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!lease.is_lost());
+    assert!(
+        lease.expires_at() > first_until,
+        "keep-alive moved the expiry"
+    );
+    assert!(
+        b.try_lock("alive", &opts(10_000)).await.unwrap().is_none(),
+        "kept alive past at_most"
+    );
+
+    // The lease is taken away (an operator releases it; another takes it):
+    // the keep-alive's next extension is refused and the work is cancelled.
+    let handle = lease.handle();
+    let work = tokio::spawn(async move {
+        lease
+            .run(|_l| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(ts
+        .store
+        .backend()
+        .lock_release("alive", handle.token(), Duration::ZERO)
+        .await
+        .unwrap());
+    let thief = b
+        .try_lock("alive", &opts(10_000))
+        .await
+        .unwrap()
+        .expect("free after forced release");
+    let t0 = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(3), work)
+        .await
+        .expect("work cancelled in time")
+        .unwrap();
+    assert!(matches!(out, Err(Error::LeaseLost(_))), "{out:?}");
+    assert!(handle.is_lost());
+    assert!(t0.elapsed() < Duration::from_millis(1_000));
+    let info = ts.store.backend().lock_get("alive").await.unwrap().unwrap();
+    assert_eq!(
+        info.token,
+        thief.token(),
+        "the loser did not disturb the new holder"
+    );
+    thief.release().await.unwrap();
+}
+
+pub async fn wait_gets_the_lock_when_released(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let b = Locker::new(ts.open().await);
+    let lease = a.try_lock("wait", &opts(10_000)).await.unwrap().unwrap();
+    match b
+        .lock("wait", &opts(10_000), Duration::from_millis(200))
+        .await
+    {
+        Err(Error::Busy { holder, until, .. }) => {
+            assert_eq!(holder, lease.holder());
+            assert_eq!(until, lease.expires_at());
+        }
+        other => panic!("expected Busy after the wait, got {other:?}"),
+    }
+    let waiter = tokio::spawn(async move {
+        let t0 = Instant::now();
+        let l = b.lock("wait", &opts(10_000), Duration::from_secs(5)).await;
+        (l, t0.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lease.release().await.unwrap();
+    let (l, waited) = waiter.await.unwrap();
+    let l = l.expect("waiter gets the lock");
+    assert!(waited < Duration::from_millis(1_500), "waited {waited:?}");
+    l.release().await.unwrap();
+}
+
+pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
+    // Expiry is decided by the store's clock alone: the lease length seen in
+    // the store equals at_most exactly, whatever the client's clock says.
+    let a = Locker::new(ts.store.clone());
+    let lease = a.try_lock("skew", &opts(700)).await.unwrap().unwrap();
+    assert_eq!(
+        lease.expires_at() - lease.locked_at(),
+        chrono::Duration::milliseconds(700)
+    );
+    let store_now = ts.store.now().await.unwrap();
+    let drift = (store_now - lease.locked_at()).num_milliseconds().abs();
+    assert!(drift < 5_000, "grant time is store time ({drift} ms away)");
+    drop(lease);
+}
+
+pub async fn list_and_get(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let x = a.try_lock("list-a", &opts(10_000)).await.unwrap().unwrap();
+    let y = a.try_lock("list-b", &opts(10_000)).await.unwrap().unwrap();
+    y.release().await.unwrap();
+    let all = ts.store.backend().lock_list().await.unwrap();
+    let names: Vec<_> = all.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["list-a", "list-b"]);
+    assert!(all[0].held && !all[1].held);
+    assert_eq!(all[0].token, x.token());
+    assert_eq!(all[0].holder, x.holder());
+    assert!(ts.store.backend().lock_get("nope").await.unwrap().is_none());
+    x.release().await.unwrap();
+}
+
+pub async fn bad_input_is_refused(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let long = "x".repeat(256);
+    for (name, what) in [
+        ("", "empty"),
+        (long.as_str(), "256 bytes"),
+        ("a\nb", "control"),
+        ("a\0b", "control"),
+    ] {
+        match a.try_lock(name, &opts(1_000)).await {
+            Err(Error::Invalid(e)) => assert_eq!(e.field, "lock name", "{what}"),
+            other => panic!("{what}: expected an input error, got {other:?}"),
+        }
+    }
+    assert!(
+        a.try_lock(&"y".repeat(255), &opts(1_000))
+            .await
+            .unwrap()
+            .is_some(),
+        "255 bytes is fine"
+    );
+    assert!(LockOptions::new(Duration::ZERO).is_err());
+    let e = opts(1_000).at_least(Duration::from_secs(2)).unwrap_err();
+    assert_eq!(e.field, "at_least");
+    assert_eq!(
+        ts.store.backend().lock_list().await.unwrap().len(),
+        1,
+        "nothing half-written"
+    );
+}

@@ -1,0 +1,73 @@
+//! The conformance suite: one set of tests, run against every backend.
+//!
+//! Each test is an `async fn(TestStore)` in one of the modules below; the
+//! `conformance!` macro instantiates it once per backend, as
+//! `sqlite::NAME`, `postgres::NAME` and `redis::NAME`. Run one backend with
+//! `cargo test -p baton --test conformance -- sqlite::`.
+//!
+//! A backend is done when this suite passes on it. Adding a backend is one
+//! file in `src/store/` and one line in `backends!` below.
+//!
+//! Backends find their servers through `BATON_TEST_POSTGRES` (default
+//! `postgres://postgres@127.0.0.1:5432/test`) and `BATON_TEST_REDIS`
+//! (default `redis://127.0.0.1:6379`). A server that does not answer makes
+//! its tests print one `SKIPPED` line and pass, unless
+//! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
+
+mod harness;
+mod locks;
+mod queue;
+mod schedule;
+
+pub use harness::TestStore;
+
+/// Instantiate every listed test for every backend.
+macro_rules! conformance {
+    ($($module:ident :: $name:ident),* $(,)?) => {
+        backends! { $($module :: $name),* }
+    };
+}
+
+macro_rules! backends {
+    ($($module:ident :: $name:ident),*) => {
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Sqlite, crate::$module::$name).await } )* }
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Postgres, crate::$module::$name).await } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Redis, crate::$module::$name).await } )* }
+    };
+}
+
+conformance! {
+    locks::grant_busy_release,
+    locks::tokens_strictly_increase,
+    locks::mutual_exclusion_16_contenders,
+    locks::lapsed_holder_cannot_extend_or_release,
+    locks::at_least_is_honoured,
+    locks::at_most_lapses_a_dropped_lease,
+    locks::keep_alive_extends_and_signals_loss,
+    locks::wait_gets_the_lock_when_released,
+    locks::client_clock_skew_changes_nothing,
+    locks::list_and_get,
+    locks::bad_input_is_refused,
+    queue::claim_order_priority_run_at_id,
+    queue::unique_key_race_gives_one_task,
+    queue::batch_enqueue_is_idempotent_per_key,
+    queue::finish_is_compare_and_set,
+    queue::rescue_out_of_attempts_fails_with_reason,
+    queue::retries_with_backoff_then_succeeds,
+    queue::out_of_attempts_is_dead_lettered_and_retryable,
+    queue::cancel_pending_and_running,
+    queue::shutdown_hands_back_without_burning_an_attempt,
+    queue::shutdown_lets_short_handlers_finish,
+    queue::heartbeats_keep_a_long_task_alive,
+    queue::timeout_fails_the_attempt,
+    queue::wake_up_without_waiting_for_a_poll,
+    queue::many_tasks_four_workers_all_succeed,
+    queue::inspect_list_stats_prune,
+    schedule::cursor_is_compare_and_set,
+    schedule::overlap_forbid_records_a_skip,
+    schedule::trigger_and_scheduler_share_a_slot,
+    schedule::five_schedulers_run_each_slot_once,
+    schedule::catch_up_all_runs_every_missed_slot_once,
+    schedule::catch_up_latest_runs_one_missed_slot,
+    schedule::lock_mode_runs_each_slot_on_one_instance,
+}

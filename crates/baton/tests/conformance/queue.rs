@@ -1,0 +1,686 @@
+//! T1 no loss, T2 one attempt at a time, T3 bounded retries, T4 idempotent
+//! enqueue, and the queue API around them.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton::queue::{Backoff, Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
+use baton::store::{
+    CancelOutcome, Claim, ClaimRequest, Finish, Heartbeat, TaskFilter, TaskState, LEASE_EXPIRED,
+};
+use baton::Store;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::TestStore;
+
+fn task(kind: &str) -> TaskBuilder {
+    TaskBuilder::new(kind, json!({"k": kind}))
+}
+
+async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::store::Task> {
+    store
+        .backend()
+        .claim(&ClaimRequest {
+            queue,
+            worker: "test-worker",
+            limit: n,
+            lease: Duration::from_millis(lease_ms),
+        })
+        .await
+        .unwrap()
+}
+
+fn fast_config(queue: &str, concurrency: usize) -> WorkerConfig {
+    let mut c = WorkerConfig::default()
+        .queue(queue, concurrency)
+        .lease(Duration::from_millis(600));
+    c.poll_interval = Duration::from_millis(100);
+    c.shutdown_grace = Duration::from_millis(300);
+    c.stop_grace = Duration::from_millis(300);
+    c.backoff = Backoff {
+        base: Duration::from_millis(50),
+        factor: 2.0,
+        max: Duration::from_millis(200),
+        jitter: 0.0,
+    };
+    c
+}
+
+/// Wait until the task reaches `state` (or panic after `secs`).
+async fn wait_state(q: &Queue, id: i64, state: TaskState, secs: u64) -> baton::store::TaskInfo {
+    let t0 = Instant::now();
+    loop {
+        let t = q.task(id).await.unwrap().expect("task exists");
+        if t.state == state {
+            return t;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "task {id} is {:?}, expected {state:?}: {t:?}",
+            t.state
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn claim_order_priority_run_at_id(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let low = q.enqueue(task("a").priority(5)).await.unwrap().id;
+    let high1 = q.enqueue(task("b").priority(-5)).await.unwrap().id;
+    let high2 = q.enqueue(task("c").priority(-5)).await.unwrap().id;
+    let later = q
+        .enqueue(task("d").priority(-50).delay(Duration::from_millis(700)))
+        .await
+        .unwrap()
+        .id;
+    let other_queue = q.enqueue(task("e").queue("other")).await.unwrap().id;
+    let got: Vec<i64> = claim(&ts.store, "default", 10, 10_000)
+        .await
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(
+        got,
+        [high1, high2, low],
+        "priority, then run_at, then id; delayed and other-queue tasks not claimed"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let got = claim(&ts.store, "default", 10, 10_000).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, later);
+    assert_eq!(got[0].attempt, 1);
+    assert!(got[0].lease_until > got[0].run_at);
+    assert_eq!(
+        claim(&ts.store, "other", 10, 10_000).await[0].id,
+        other_queue
+    );
+    assert!(claim(&ts.store, "default", 10, 10_000).await.is_empty());
+}
+
+pub async fn unique_key_race_gives_one_task(ts: TestStore) {
+    let mut stores = vec![ts.store.clone()];
+    for _ in 0..3 {
+        stores.push(ts.open().await);
+    }
+    let mut hs = Vec::new();
+    for i in 0..16 {
+        let q = Queue::new(stores[i % 4].clone());
+        hs.push(tokio::spawn(async move {
+            q.enqueue(task("u").unique_key("report-42")).await.unwrap()
+        }));
+    }
+    let mut ids = Vec::new();
+    let mut inserted = 0;
+    for h in hs {
+        let e = h.await.unwrap();
+        ids.push(e.id);
+        inserted += e.inserted as usize;
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "one task for one key: {ids:?}");
+    assert_eq!(inserted, 1);
+    let q = Queue::new(ts.store.clone());
+    let stats = q.stats().await.unwrap();
+    assert_eq!(stats[0].pending, 1);
+    // Once that task finished, the key is free again (not unique_forever)...
+    let c = claim(&ts.store, "default", 1, 10_000).await;
+    assert!(ts
+        .store
+        .backend()
+        .finish(
+            Claim {
+                id: c[0].id,
+                attempt: 1
+            },
+            &Finish::Succeeded
+        )
+        .await
+        .unwrap());
+    let again = q.enqueue(task("u").unique_key("report-42")).await.unwrap();
+    assert!(again.inserted && again.id != ids[0]);
+    // ...but a unique_forever key stays taken after it finished.
+    let f1 = q
+        .enqueue(task("f").unique_key("once").unique_forever(true))
+        .await
+        .unwrap();
+    let c = claim(&ts.store, "default", 5, 10_000).await;
+    for t in &c {
+        ts.store
+            .backend()
+            .finish(
+                Claim {
+                    id: t.id,
+                    attempt: t.attempt,
+                },
+                &Finish::Succeeded,
+            )
+            .await
+            .unwrap();
+    }
+    let f2 = q
+        .enqueue(task("f").unique_key("once").unique_forever(true))
+        .await
+        .unwrap();
+    assert_eq!(
+        f2,
+        baton::store::Enqueued {
+            id: f1.id,
+            inserted: false
+        }
+    );
+}
+
+pub async fn batch_enqueue_is_idempotent_per_key(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let batch: Vec<_> = (0..1_000)
+        .map(|i| task("b").unique_key(format!("k{}", i % 500)))
+        .collect();
+    let out = q.enqueue_many(batch).await.unwrap();
+    assert_eq!(out.len(), 1_000);
+    assert_eq!(out.iter().filter(|e| e.inserted).count(), 500);
+    for i in 0..500 {
+        assert_eq!(out[i].id, out[i + 500].id, "same key, same task");
+    }
+    let stats = q.stats().await.unwrap();
+    assert_eq!(stats[0].pending, 500);
+    // A bad task anywhere in the batch writes nothing.
+    let bad = vec![task("ok"), task("bad").priority(1_000)];
+    let err = q.enqueue_many(bad).await.unwrap_err().to_string();
+    assert!(err.contains("task 1: priority"), "{err}");
+    assert_eq!(q.stats().await.unwrap()[0].pending, 500);
+}
+
+pub async fn finish_is_compare_and_set(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("cas").max_attempts(3)).await.unwrap().id;
+    let t = claim(&ts.store, "default", 1, 150).await.remove(0);
+    let first = Claim {
+        id,
+        attempt: t.attempt,
+    };
+    assert_eq!(
+        b.heartbeat(&[first], Duration::from_millis(150))
+            .await
+            .unwrap(),
+        [Heartbeat::Extended]
+    );
+    // The worker freezes past its lease; any instance rescues it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = b.rescue().await.unwrap();
+    assert_eq!(r.requeued, 1);
+    let info = q.task(id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Pending);
+    assert_eq!(info.attempt, 1, "the lost attempt counts");
+    assert_eq!(info.errors.len(), 1);
+    assert_eq!(info.errors[0].error, LEASE_EXPIRED);
+    let t2 = claim(&ts.store, "default", 1, 10_000).await.remove(0);
+    assert_eq!(t2.attempt, 2);
+    let second = Claim { id, attempt: 2 };
+    // The frozen worker wakes up: its heartbeat and its result are refused.
+    assert_eq!(
+        b.heartbeat(&[first, second], Duration::from_secs(10))
+            .await
+            .unwrap(),
+        [Heartbeat::Lost, Heartbeat::Extended]
+    );
+    assert!(
+        !b.finish(first, &Finish::Succeeded).await.unwrap(),
+        "stale result refused"
+    );
+    assert!(!b.progress(first, &json!({"p": 1})).await.unwrap());
+    assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Running);
+    assert!(b.progress(second, &json!({"done": 50})).await.unwrap());
+    assert!(b.finish(second, &Finish::Succeeded).await.unwrap());
+    assert!(
+        !b.finish(second, &Finish::Succeeded).await.unwrap(),
+        "finishing twice is refused"
+    );
+    let info = q.task(id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Succeeded);
+    assert_eq!(info.progress, Some(json!({"done": 50})));
+    assert!(info.finished_at.is_some() && info.lease_until.is_none());
+}
+
+pub async fn rescue_out_of_attempts_fails_with_reason(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("x").max_attempts(1)).await.unwrap().id;
+    claim(&ts.store, "default", 1, 50).await;
+    let cancel_me = q.enqueue(task("y")).await.unwrap().id;
+    claim(&ts.store, "default", 1, 50).await;
+    assert_eq!(q.cancel(cancel_me).await.unwrap(), CancelOutcome::Requested);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = b.rescue().await.unwrap();
+    assert_eq!((r.requeued, r.failed, r.cancelled), (0, 1, 1));
+    let info = q.task(id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Failed);
+    assert_eq!(info.last_error.as_deref(), Some(LEASE_EXPIRED));
+    assert_eq!(
+        q.task(cancel_me).await.unwrap().unwrap().state,
+        TaskState::Cancelled
+    );
+    assert_eq!(
+        b.rescue().await.unwrap(),
+        Default::default(),
+        "rescue is idempotent"
+    );
+}
+
+pub async fn retries_with_backoff_then_succeeds(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("flaky").max_attempts(5)).await.unwrap().id;
+    let calls = Arc::new(AtomicU32::new(0));
+    let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2));
+    let (c2, s2) = (calls.clone(), starts.clone());
+    w.handle("flaky", move |ctx| {
+        let (c, s) = (c2.clone(), s2.clone());
+        async move {
+            s.lock().unwrap().push(Instant::now());
+            let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+            assert_eq!(ctx.task().attempt, n);
+            if n < 3 {
+                Err(TaskError::retryable(format!("boom {n}")))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let info = wait_state(&q, id, TaskState::Succeeded, 10).await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(info.attempt, 3);
+    assert_eq!(
+        info.errors
+            .iter()
+            .map(|e| e.error.as_str())
+            .collect::<Vec<_>>(),
+        ["boom 1", "boom 2"]
+    );
+    let s = starts.lock().unwrap();
+    assert!(
+        s[1] - s[0] >= Duration::from_millis(45),
+        "backoff before attempt 2: {:?}",
+        s[1] - s[0]
+    );
+    assert!(
+        s[2] - s[1] >= Duration::from_millis(90),
+        "longer backoff before attempt 3: {:?}",
+        s[2] - s[1]
+    );
+}
+
+pub async fn out_of_attempts_is_dead_lettered_and_retryable(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("bad").max_attempts(2)).await.unwrap().id;
+    let perm = q.enqueue(task("fatal").max_attempts(5)).await.unwrap().id;
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2));
+    w.handle("bad", |ctx| async move {
+        Err(TaskError::retryable(format!(
+            "always fails (attempt {})",
+            ctx.task().attempt
+        )))
+    });
+    w.handle("fatal", |_| async move {
+        Err(TaskError::permanent("no point retrying"))
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let info = wait_state(&q, id, TaskState::Failed, 10).await;
+    assert_eq!(info.attempt, 2, "attempts never exceed max_attempts");
+    assert_eq!(info.last_error.as_deref(), Some("always fails (attempt 2)"));
+    assert_eq!(info.errors.len(), 2);
+    let p = wait_state(&q, perm, TaskState::Failed, 10).await;
+    assert_eq!(p.attempt, 1, "a permanent error is not retried");
+    // Retry from the dead letter: one more attempt.
+    assert!(q.retry(id).await.unwrap());
+    let info = wait_state(&q, id, TaskState::Failed, 10).await;
+    assert_eq!(info.attempt, 3);
+    assert_eq!(info.errors.len(), 3);
+    assert!(!q.retry(id + 1_000_000).await.unwrap());
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+pub async fn cancel_pending_and_running(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let later = q
+        .enqueue(task("slow").delay(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .id;
+    assert_eq!(q.cancel(later).await.unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(
+        q.task(later).await.unwrap().unwrap().state,
+        TaskState::Cancelled
+    );
+    assert_eq!(
+        q.cancel(later).await.unwrap(),
+        CancelOutcome::AlreadyFinished(TaskState::Cancelled)
+    );
+    assert_eq!(q.cancel(9_999_999).await.unwrap(), CancelOutcome::NotFound);
+
+    let id = q.enqueue(task("slow")).await.unwrap().id;
+    let saw_stop = Arc::new(AtomicU32::new(0));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1));
+    let s2 = saw_stop.clone();
+    w.handle("slow", move |ctx| {
+        let s = s2.clone();
+        async move {
+            ctx.stopped().await;
+            s.fetch_add(1, Ordering::SeqCst);
+            Err(TaskError::retryable("stopped"))
+        }
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    wait_state(&q, id, TaskState::Running, 5).await;
+    let t0 = Instant::now();
+    assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
+    let info = wait_state(&q, id, TaskState::Cancelled, 5).await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(1_500),
+        "cancelled at the next heartbeat"
+    );
+    assert_eq!(
+        saw_stop.load(Ordering::SeqCst),
+        1,
+        "the handler got the signal"
+    );
+    assert_eq!(info.attempt, 1);
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+pub async fn shutdown_hands_back_without_burning_an_attempt(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("long").max_attempts(1)).await.unwrap().id;
+    let mut a = Worker::new(ts.store.clone(), fast_config("default", 1));
+    a.handle("long", |ctx| async move {
+        ctx.stopped().await;
+        Err(TaskError::retryable("interrupted"))
+    });
+    let stop_a = CancellationToken::new();
+    let run_a = tokio::spawn(a.run(stop_a.clone()));
+    wait_state(&q, id, TaskState::Running, 5).await;
+    stop_a.cancel();
+    tokio::time::timeout(Duration::from_secs(5), run_a)
+        .await
+        .expect("shutdown within grace")
+        .unwrap()
+        .unwrap();
+    let info = q.task(id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Pending, "handed back");
+    assert_eq!(info.attempt, 0, "the interrupted attempt does not count");
+    // Another instance resumes it at once, with its single attempt intact.
+    let mut b = Worker::new(ts.open().await, fast_config("default", 1));
+    b.handle("long", |_| async move { Ok(()) });
+    let stop_b = CancellationToken::new();
+    let run_b = tokio::spawn(b.run(stop_b.clone()));
+    let info = wait_state(&q, id, TaskState::Succeeded, 5).await;
+    assert_eq!(info.attempt, 1);
+    stop_b.cancel();
+    run_b.await.unwrap().unwrap();
+}
+
+pub async fn shutdown_lets_short_handlers_finish(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("short")).await.unwrap().id;
+    let mut a = Worker::new(ts.store.clone(), fast_config("default", 1));
+    a.handle("short", |_| async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Ok(())
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(a.run(stop.clone()));
+    wait_state(&q, id, TaskState::Running, 5).await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        q.task(id).await.unwrap().unwrap().state,
+        TaskState::Succeeded
+    );
+}
+
+pub async fn heartbeats_keep_a_long_task_alive(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("long")).await.unwrap().id;
+    let mut cfg = fast_config("default", 1);
+    cfg.lease = Duration::from_millis(300);
+    let mut w = Worker::new(ts.store.clone(), cfg);
+    w.handle("long", |_| async move {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        Ok(())
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    // Another instance rescues aggressively meanwhile.
+    let other = ts.open().await;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1_200) {
+        assert_eq!(
+            other.backend().rescue().await.unwrap().requeued,
+            0,
+            "a live worker's task is never rescued"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let info = wait_state(&q, id, TaskState::Succeeded, 5).await;
+    assert_eq!(info.attempt, 1);
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+pub async fn timeout_fails_the_attempt(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let id = q
+        .enqueue(
+            task("hang")
+                .timeout(Duration::from_millis(100))
+                .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .id;
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1));
+    w.handle("hang", |_| async move {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok(())
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let info = wait_state(&q, id, TaskState::Failed, 5).await;
+    assert!(info.last_error.unwrap().contains("timed out"));
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+pub async fn wake_up_without_waiting_for_a_poll(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let mut cfg = fast_config("default", 1);
+    cfg.poll_interval = Duration::from_secs(30);
+    let started = Arc::new(std::sync::Mutex::new(None));
+    let mut w = Worker::new(ts.store.clone(), cfg);
+    let s2 = started.clone();
+    w.handle("ping", move |_| {
+        let s = s2.clone();
+        async move {
+            *s.lock().unwrap() = Some(Instant::now());
+            Ok(())
+        }
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await; // let it go idle (the first tick has passed)
+    let t0 = Instant::now();
+    let id = q.enqueue(task("ping")).await.unwrap().id;
+    wait_state(&q, id, TaskState::Succeeded, 5).await;
+    let latency = started.lock().unwrap().unwrap() - t0;
+    assert!(
+        latency < Duration::from_secs(2),
+        "woken in {latency:?}, not at the 30 s poll"
+    );
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
+    const N: usize = 20_000;
+    let q = Queue::new(ts.store.clone());
+    let batch: Vec<_> = (0..N).map(|i| TaskBuilder::new("n", json!(i))).collect();
+    let ids = q.enqueue_many(batch).await.unwrap();
+    assert_eq!(ids.len(), N);
+    let done = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let mut cfg = fast_config("default", 16);
+        cfg.lease = Duration::from_secs(30);
+        let mut w = Worker::new(ts.open().await, cfg);
+        let (d, s) = (done.clone(), seen.clone());
+        w.handle("n", move |ctx| {
+            let (d, s) = (d.clone(), s.clone());
+            async move {
+                if s.lock().unwrap().insert(ctx.task().id) {
+                    d.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    d.fetch_add(N * 10, Ordering::SeqCst); // ran twice: make the count wrong
+                }
+                Ok(())
+            }
+        });
+        runs.push(tokio::spawn(w.run(stop.clone())));
+    }
+    let t0 = Instant::now();
+    loop {
+        let st = q.stats().await.unwrap();
+        if st[0].succeeded as usize == N {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "stuck: {st:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), N, "each task ran exactly once");
+    let st = &q.stats().await.unwrap()[0];
+    assert_eq!((st.pending, st.running, st.failed), (0, 0, 0));
+    eprintln!(
+        "{:?}: {N} tasks by 4 workers in {:?}",
+        ts.kind,
+        t0.elapsed()
+    );
+}
+
+pub async fn inspect_list_stats_prune(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            q.enqueue(task("i").queue(if i < 3 { "qa" } else { "qb" }))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let c = claim(&ts.store, "qa", 2, 10_000).await;
+    b.finish(
+        Claim {
+            id: c[0].id,
+            attempt: 1,
+        },
+        &Finish::Succeeded,
+    )
+    .await
+    .unwrap();
+    b.finish(
+        Claim {
+            id: c[1].id,
+            attempt: 1,
+        },
+        &Finish::Failed {
+            error: "e".into(),
+            retry_in: None,
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let st = q.stats().await.unwrap();
+    assert_eq!(st.len(), 2);
+    assert_eq!(
+        (
+            st[0].queue.as_str(),
+            st[0].pending,
+            st[0].succeeded,
+            st[0].failed
+        ),
+        ("qa", 1, 1, 1)
+    );
+    assert_eq!((st[1].queue.as_str(), st[1].pending), ("qb", 2));
+    assert!(st[1].oldest_pending_ms.is_some_and(|ms| ms >= 20));
+    let page1 = q
+        .tasks(&TaskFilter {
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page1.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [ids[4], ids[3]]
+    );
+    let page2 = q
+        .tasks(&TaskFilter {
+            limit: 2,
+            before_id: Some(ids[3]),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page2.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [ids[2], ids[1]]
+    );
+    let failed = q
+        .tasks(&TaskFilter {
+            state: Some(TaskState::Failed),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].last_error.as_deref(), Some("e"));
+    let qb = q
+        .tasks(&TaskFilter {
+            queue: Some("qb".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(qb.len(), 2);
+    assert_eq!(
+        q.prune(Duration::from_secs(3600)).await.unwrap(),
+        0,
+        "recent tasks are kept"
+    );
+    assert_eq!(
+        q.prune(Duration::ZERO).await.unwrap(),
+        2,
+        "finished tasks pruned"
+    );
+    assert_eq!(
+        q.tasks(&TaskFilter::default()).await.unwrap().len(),
+        3,
+        "unfinished tasks kept"
+    );
+}

@@ -1,0 +1,347 @@
+//! S1 once per slot: the cursor compare-and-set, triggers, overlap, and
+//! several schedulers racing on one store.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton::queue::{Worker, WorkerConfig};
+use baton::schedule::spec::{Misfire, Schedule};
+use baton::schedule::{trigger, Job, Scheduler};
+use baton::store::{Advanced, Overlap, SlotAdvance, TaskState, OVERLAP_SKIPPED};
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::TestStore;
+
+fn every(ms: u64) -> Schedule {
+    Schedule::every(Duration::from_millis(ms)).unwrap()
+}
+
+fn secs(t: DateTime<Utc>, n: i64) -> DateTime<Utc> {
+    t + chrono::Duration::seconds(n)
+}
+
+pub async fn cursor_is_compare_and_set(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("cas", every(1_000));
+    let st = b.job_register("cas").await.unwrap();
+    let c0 = st.last_slot.expect("cursor starts at the store's now");
+    assert!(!st.paused);
+    assert_eq!(
+        b.job_register("cas").await.unwrap(),
+        st,
+        "register is idempotent"
+    );
+    let s1 = secs(c0, 1);
+    let t1 = job.task(s1, false).unwrap();
+    let adv = |expected, slot, task| SlotAdvance {
+        job: "cas",
+        expected,
+        slot,
+        task,
+        overlap: Overlap::Allow,
+    };
+    let Advanced::Enqueued(e1) = b.job_advance(&adv(Some(c0), s1, &t1)).await.unwrap() else {
+        panic!("first advance enqueues")
+    };
+    assert!(e1.inserted);
+    // A second instance that read the old cursor loses, and learns the new one.
+    let s2 = secs(c0, 2);
+    let t2 = job.task(s2, false).unwrap();
+    assert_eq!(
+        b.job_advance(&adv(Some(c0), s1, &t1)).await.unwrap(),
+        Advanced::Moved(Some(s1))
+    );
+    assert_eq!(
+        b.job_advance(&adv(Some(c0), s2, &t2)).await.unwrap(),
+        Advanced::Moved(Some(s1))
+    );
+    assert!(matches!(
+        b.job_advance(&adv(Some(s1), s2, &t2)).await.unwrap(),
+        Advanced::Enqueued(_)
+    ));
+    // Pause holds the cursor cluster-wide.
+    assert!(baton::schedule::set_paused(&ts.store, "cas", true)
+        .await
+        .unwrap());
+    let s3 = secs(c0, 3);
+    let t3 = job.task(s3, false).unwrap();
+    assert_eq!(
+        b.job_advance(&adv(Some(s2), s3, &t3)).await.unwrap(),
+        Advanced::Paused
+    );
+    assert!(baton::schedule::set_paused(&ts.store, "cas", false)
+        .await
+        .unwrap());
+    assert!(matches!(
+        b.job_advance(&adv(Some(s2), s3, &t3)).await.unwrap(),
+        Advanced::Enqueued(_)
+    ));
+    assert!(!baton::schedule::set_paused(&ts.store, "nope", true)
+        .await
+        .unwrap());
+    let other = SlotAdvance {
+        job: "nope",
+        expected: None,
+        slot: s1,
+        task: &t1,
+        overlap: Overlap::Allow,
+    };
+    assert_eq!(b.job_advance(&other).await.unwrap(), Advanced::UnknownJob);
+    let jobs = b.job_list().await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].last_slot, Some(s3));
+    let tasks = b
+        .tasks(&baton::store::TaskFilter {
+            job: Some("cas".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(tasks.len(), 3, "one task per slot");
+    assert_eq!(tasks[0].slot, Some(s3));
+}
+
+pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("ov", every(1_000));
+    let c0 = b.job_register("ov").await.unwrap().last_slot.unwrap();
+    let (s1, s2, s3) = (secs(c0, 1), secs(c0, 2), secs(c0, 3));
+    let (t1, t2, t3) = (
+        job.task(s1, false).unwrap(),
+        job.task(s2, false).unwrap(),
+        job.task(s3, false).unwrap(),
+    );
+    let adv = |expected, slot, task, overlap| SlotAdvance {
+        job: "ov",
+        expected,
+        slot,
+        task,
+        overlap,
+    };
+    let Advanced::Enqueued(first) = b
+        .job_advance(&adv(Some(c0), s1, &t1, Overlap::Forbid))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let Advanced::Skipped(skip) = b
+        .job_advance(&adv(Some(s1), s2, &t2, Overlap::Forbid))
+        .await
+        .unwrap()
+    else {
+        panic!("previous run still pending: skipped")
+    };
+    let info = b.task(skip.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.last_error.as_deref(), Some(OVERLAP_SKIPPED));
+    assert_eq!(info.slot, Some(s2));
+    assert!(matches!(
+        b.job_advance(&adv(Some(s2), s3, &t3, Overlap::Allow))
+            .await
+            .unwrap(),
+        Advanced::Enqueued(_)
+    ));
+    assert_eq!(
+        b.task(first.id).await.unwrap().unwrap().state,
+        TaskState::Pending
+    );
+}
+
+pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("trig", every(1_000));
+    let c0 = b.job_register("trig").await.unwrap().last_slot.unwrap();
+    let slot = secs(c0, 1);
+    let a = trigger(&ts.store, &job, slot).await.unwrap();
+    let again = trigger(&ts.open().await, &job, slot).await.unwrap();
+    assert!(a.inserted);
+    assert_eq!(again.id, a.id, "a retried trigger returns the same run");
+    assert!(!again.inserted);
+    // A trigger for a future slot does not hold the cursor back.
+    let future = secs(c0, 5);
+    trigger(&ts.store, &job, future).await.unwrap();
+    assert_eq!(b.job_register("trig").await.unwrap().last_slot, Some(c0));
+    // The scheduler reaching the triggered slot finds the same task.
+    let t = job.task(slot, false).unwrap();
+    let adv = SlotAdvance {
+        job: "trig",
+        expected: Some(c0),
+        slot,
+        task: &t,
+        overlap: Overlap::Allow,
+    };
+    assert_eq!(
+        b.job_advance(&adv).await.unwrap(),
+        Advanced::Enqueued(baton::store::Enqueued {
+            id: a.id,
+            inserted: false
+        })
+    );
+    // Even after the run finished.
+    let c = b
+        .claim(&baton::store::ClaimRequest {
+            queue: "default",
+            worker: "w",
+            limit: 1,
+            lease: Duration::from_secs(5),
+        })
+        .await
+        .unwrap();
+    b.finish(
+        baton::store::Claim {
+            id: c[0].id,
+            attempt: 1,
+        },
+        &baton::store::Finish::Succeeded,
+    )
+    .await
+    .unwrap();
+    assert_eq!(trigger(&ts.store, &job, slot).await.unwrap().id, a.id);
+    let ledger = b
+        .tasks(&baton::store::TaskFilter {
+            job: Some("trig".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ledger.len(), 2, "slot 1 once, the future slot once");
+}
+
+/// Run `n` schedulers and one worker per scheduler for `run_for`, and
+/// return slot → number of runs.
+async fn run_cluster(
+    ts: &TestStore,
+    n: usize,
+    job: Job,
+    run_for: Duration,
+) -> BTreeMap<DateTime<Utc>, usize> {
+    let ledger: Arc<Mutex<BTreeMap<DateTime<Utc>, usize>>> = Arc::default();
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..n {
+        let store = ts.open().await;
+        let mut s = Scheduler::new(store.clone());
+        s.add(job.clone()).unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+        let mut cfg = WorkerConfig::default().queue("default", 4);
+        cfg.poll_interval = Duration::from_millis(200);
+        let mut w = Worker::new(store, cfg);
+        let l = ledger.clone();
+        w.handle(job.kind.clone(), move |ctx| {
+            let l = l.clone();
+            async move {
+                *l.lock()
+                    .unwrap()
+                    .entry(ctx.task().slot.expect("slot"))
+                    .or_default() += 1;
+                Ok(())
+            }
+        });
+        let stop2 = stop.clone();
+        runs.push(tokio::spawn(async move { w.run(stop2).await }));
+    }
+    tokio::time::sleep(run_for).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let l = ledger.lock().unwrap().clone();
+    l
+}
+
+fn assert_each_slot_once(ledger: &BTreeMap<DateTime<Utc>, usize>, step_ms: i64, min_slots: usize) {
+    assert!(
+        ledger.len() >= min_slots,
+        "only {} slots ran: {ledger:?}",
+        ledger.len()
+    );
+    for (slot, n) in ledger {
+        assert_eq!(*n, 1, "slot {slot} ran {n} times");
+    }
+    let slots: Vec<_> = ledger.keys().collect();
+    for w in slots.windows(2) {
+        assert_eq!(
+            (*w[1] - *w[0]).num_milliseconds(),
+            step_ms,
+            "gap between {} and {}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+pub async fn five_schedulers_run_each_slot_once(ts: TestStore) {
+    let job = Job::new("tick", every(500)).overlap(Overlap::Allow);
+    let ledger = run_cluster(&ts, 5, job, Duration::from_millis(4_200)).await;
+    assert_each_slot_once(&ledger, 500, 6);
+}
+
+pub async fn catch_up_all_runs_every_missed_slot_once(ts: TestStore) {
+    // Registered, then every instance is down for 3 s.
+    ts.store.backend().job_register("catchup").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let job = Job::new("catchup", every(250))
+        .misfire(Misfire::All)
+        .overlap(Overlap::Allow);
+    let ledger = run_cluster(&ts, 3, job, Duration::from_millis(1_500)).await;
+    assert_each_slot_once(&ledger, 250, 15);
+}
+
+pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
+    let c0 = ts
+        .store
+        .backend()
+        .job_register("latest")
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let back = ts.store.now().await.unwrap();
+    let job = Job::new("latest", every(1_000))
+        .misfire(Misfire::Latest)
+        .overlap(Overlap::Allow);
+    let ledger = run_cluster(&ts, 3, job, Duration::from_millis(600)).await;
+    let missed: Vec<_> = ledger.keys().filter(|s| **s <= back).collect();
+    assert_eq!(missed.len(), 1, "only the latest missed slot: {ledger:?}");
+    assert!(
+        *missed[0] > secs(c0, 1),
+        "and it is the latest one: {ledger:?}"
+    );
+    assert!(ledger.values().all(|n| *n == 1));
+}
+
+pub async fn lock_mode_runs_each_slot_on_one_instance(ts: TestStore) {
+    let ledger: Arc<Mutex<Vec<(DateTime<Utc>, usize)>>> = Arc::default();
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let mut s = Scheduler::new(ts.open().await);
+        let job = Job::new("daemon-runner", every(500))
+            .lock_mode(Duration::from_secs(10), Duration::from_millis(300));
+        let l = ledger.clone();
+        s.add_locked(job, move |run| {
+            let l = l.clone();
+            async move {
+                l.lock().unwrap().push((run.slot, i));
+                Ok(())
+            }
+        })
+        .unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let l = ledger.lock().unwrap();
+    let mut per_slot: BTreeMap<DateTime<Utc>, usize> = BTreeMap::new();
+    for (slot, _) in l.iter() {
+        *per_slot.entry(*slot).or_default() += 1;
+    }
+    assert_each_slot_once(&per_slot, 500, 5);
+}
