@@ -156,6 +156,9 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         .map(|q| (q.clone(), a.concurrency))
         .collect();
     let store = connect(&a.store).await.context("connecting to the store")?;
+    for w in store.backend().warnings().await.unwrap_or_default() {
+        eprintln!("baton: warning: {w}");
+    }
     let mut w = Worker::new(
         store,
         worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace),
