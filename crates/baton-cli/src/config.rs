@@ -481,7 +481,7 @@ fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigError> {
 
     let action = match (j.command, j.http) {
         (Some(command), None) => {
-            if command.first().map_or(true, |p| p.trim().is_empty()) {
+            if command.first().is_none_or(|p| p.trim().is_empty()) {
                 return Err(ConfigError::invalid(
                     owner,
                     Some("command"),
@@ -641,7 +641,7 @@ fn validate_http(owner: &str, http: RawHttp) -> Result<Action, ConfigError> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
-    if rest.map_or(true, |r| r.is_empty()) || url.chars().any(|c| c.is_control() || c == ' ') {
+    if rest.is_none_or(|r| r.is_empty()) || url.chars().any(|c| c.is_control() || c == ' ') {
         return Err(ConfigError::invalid(
             owner,
             Some("http.url"),
@@ -866,7 +866,10 @@ command = ["true"]
         .unwrap();
         assert_eq!(c.jobs[0].fixed_delay, Some(Duration::from_secs(30)));
         let e = err("[[job]]\nname = \"d\"\nfixed_delay = \"30s\"\ncommand = [\"true\"]\n");
-        assert!(e.starts_with("job \"d\": fixed_delay: only with mode = \"lock\""), "{e}");
+        assert!(
+            e.starts_with("job \"d\": fixed_delay: only with mode = \"lock\""),
+            "{e}"
+        );
         let e = err("[[job]]\nname = \"d\"\nfixed_delay = \"30s\"\nevery = \"1s\"\nmode = \"lock\"\nat_most = \"1m\"\ncommand = [\"true\"]\n");
         assert!(e.contains("exactly one of cron or every"), "{e}");
     }

@@ -115,6 +115,7 @@ pub fn signal(child: &Child, sig: i32) {
 
 /// Instantiate `async fn NAME(Env)` tests for every backend.
 #[macro_export]
+#[allow(clippy::crate_in_macro_def)] // the tests live in the calling crate
 macro_rules! per_backend {
     ($($name:ident),* $(,)?) => {
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { crate::$name(e).await } } )* }

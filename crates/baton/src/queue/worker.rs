@@ -4,7 +4,8 @@
 //!
 //! One [`Worker`] serves several queues, each with its own concurrency.
 //! Its store traffic when idle is one query per `poll_interval` (claims for
-//! each queue in turn, and a rescue every fifth tick); new work normally
+//! each queue in turn, a rescue every fifth tick, a prune of finished tasks
+//! past the retention every 300th); new work normally
 //! arrives sooner through the store's wake-up channel.
 //!
 //! ```no_run
@@ -165,6 +166,10 @@ pub struct WorkerConfig {
     pub backoff: Backoff,
     /// Run rescue passes (return expired leases of dead workers).
     pub rescue: bool,
+    /// Delete finished tasks older than this, every 300th poll tick (5 min
+    /// at the default poll; `None`:
+    /// never; default 7 days).
+    pub retention: Option<Duration>,
 }
 
 impl Default for WorkerConfig {
@@ -177,6 +182,7 @@ impl Default for WorkerConfig {
             stop_grace: Duration::from_secs(5),
             backoff: Backoff::default(),
             rescue: true,
+            retention: Some(super::DEFAULT_RETENTION),
         }
     }
 }
@@ -324,7 +330,16 @@ impl Worker {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    if self.config.rescue && k % 5 == 4 {
+                    if k % 300 == 299 {
+                        // About once every five minutes of ticks: prune.
+                        if let Some(keep) = self.config.retention {
+                            match shared.store.backend().prune(keep).await {
+                                Ok(0) => {}
+                                Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
+                                Err(e) => tracing::warn!(error = %e, "prune failed"),
+                            }
+                        }
+                    } else if self.config.rescue && k % 5 == 4 {
                         match shared.store.backend().rescue().await {
                             Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
                                 tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");

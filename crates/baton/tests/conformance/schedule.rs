@@ -315,7 +315,8 @@ pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
 }
 
 pub async fn lock_mode_runs_each_slot_on_one_instance(ts: TestStore) {
-    let ledger: Arc<Mutex<Vec<(DateTime<Utc>, usize)>>> = Arc::default();
+    type Runs = Arc<Mutex<Vec<(DateTime<Utc>, usize)>>>;
+    let ledger: Runs = Arc::default();
     let stop = CancellationToken::new();
     let mut runs = Vec::new();
     for i in 0..3 {
