@@ -10,7 +10,7 @@
 //!
 //! By default a lease keeps itself alive: it extends every `at_most / 3`.
 //! When an extension is refused, or the store cannot be reached before the
-//! lease would lapse, the lease is *lost*: [`Lease::lost`] resolves, and
+//! lease would lapse, the lease is *lost*: [`LeaseHandle::lost`] resolves, and
 //! [`Locker::run`] drops (cancels) the work. Logging the failure while the
 //! work goes on is how two holders end up running at once; baton stops the
 //! work instead.
@@ -122,7 +122,7 @@ impl LockOptions {
 
     /// Turn the automatic keep-alive on (default) or off. Without it the
     /// lease lapses `at_most` after the grant however long the work runs
-    /// (ShedLock's plain behaviour), and [`Lease::lost`] fires then.
+    /// (ShedLock's plain behaviour), and [`LeaseHandle::lost`] fires then.
     pub fn keep_alive(mut self, on: bool) -> LockOptions {
         self.keep_alive = on;
         self
