@@ -14,6 +14,7 @@ per_backend! {
     always_failing_ends_failed_with_stderr,
     delay_is_not_started_early,
     sigterm_hands_running_tasks_back,
+    frozen_worker_cannot_finish_its_rescued_task,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -204,6 +205,56 @@ async fn sigterm_hands_running_tasks_back(e: Env) {
     let mut w2 = worker(&e, &[]);
     let t = wait_state(&e, id, "succeeded", 20);
     assert_eq!(t["attempt"], 1);
+    signal(&w2, libc::SIGTERM);
+    w2.wait().unwrap();
+}
+
+async fn frozen_worker_cannot_finish_its_rescued_task(e: Env) {
+    let id = enqueue(
+        &e,
+        &["--max-attempts", "3"],
+        &[
+            "sh",
+            "-c",
+            "echo $BATON_ATTEMPT >> started; sleep 2; echo $BATON_ATTEMPT >> finished",
+        ],
+    );
+    let w1 = e.spawn_logged(&["work", "--lease", "1s", "--poll", "200ms"]);
+    wait_for(20, "attempt 1 to start", || {
+        common::read(&e.path("started")).lines().count() == 1
+    });
+    // Freeze the worker (its command keeps running in its own process group).
+    signal(&w1, libc::SIGSTOP);
+    let mut w2 = e.spawn_logged(&["work", "--lease", "1s", "--poll", "200ms"]);
+    let t = wait_state(&e, id, "succeeded", 30);
+    assert_eq!(
+        t["attempt"], 2,
+        "rescued and run again by the live worker: {t}"
+    );
+    assert_eq!(t["errors"][0]["error"], "lease expired");
+    // The frozen worker wakes up: its heartbeat is refused, its result too.
+    signal(&w1, libc::SIGCONT);
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    let after = show(&e, id);
+    assert_eq!(after["state"], "succeeded");
+    assert_eq!(
+        after["attempt"], 2,
+        "the late attempt-1 result changed nothing: {after}"
+    );
+    assert_eq!(after["finished_at"], t["finished_at"]);
+    let mut w1 = w1;
+    signal(&w1, libc::SIGTERM);
+    w1.wait().unwrap();
+    let log: String = std::fs::read_dir(e.dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".log"))
+        .map(|f| common::read(&f.path()))
+        .collect();
+    assert!(
+        log.contains("lease lost") || log.contains("refused"),
+        "the frozen worker learned it lost the claim:\n{log}"
+    );
     signal(&w2, libc::SIGTERM);
     w2.wait().unwrap();
 }
