@@ -836,7 +836,7 @@ impl Backend for PgBackend {
             .iter()
             .map(claimed_task)
             .collect::<Result<Vec<_>, _>>()?;
-        tasks.sort_by(|a, b| (a.priority, a.run_at, a.id).cmp(&(b.priority, b.run_at, b.id)));
+        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
         Ok(tasks)
     }
 
