@@ -196,11 +196,7 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(connect.clone())
-        .await
-        .map_err(|e| match StoreError::from(e) {
-            StoreError::Backend(m) => StoreError::Unavailable(m),
-            other => other,
-        })?;
+        .await?;
     let (wake, _) = broadcast::channel(1024);
     Ok(Arc::new(PgBackend {
         pool,
