@@ -133,3 +133,75 @@ async fn postgres_skewed_clients_agree() {
 async fn redis_skewed_clients_agree() {
     skewed_clients_agree(Kind::Redis).await
 }
+
+/// Three `baton serve` instances, two of them with clocks 7 minutes off,
+/// run a 1-second job: every slot once, no gaps, and the slots are the
+/// store's (not 7 minutes early or late).
+async fn skewed_schedulers_agree(kind: Kind) {
+    let Some(_) = faketime() else { return };
+    let Some(e) = Env::new(kind).await else {
+        return;
+    };
+    std::fs::write(
+        e.path("baton.toml"),
+        r#"
+[[queue]]
+name = "default"
+concurrency = 4
+lease = "3s"
+[[job]]
+name = "tick"
+every = "1s"
+overlap = "allow"
+command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
+"#,
+    )
+    .unwrap();
+    let mut kids = Vec::new();
+    for offset in ["+7m", "-7m", "+0"] {
+        let mut c = skewed_cmd(
+            &e,
+            offset,
+            &["serve", "--config", "baton.toml", "--shutdown-grace", "1s"],
+        );
+        c.stderr(std::process::Stdio::null());
+        kids.push(c.spawn().unwrap());
+    }
+    let t0 = chrono::Utc::now();
+    std::thread::sleep(Duration::from_secs(7));
+    for k in &kids {
+        common::signal(k, libc::SIGTERM);
+    }
+    for mut k in kids {
+        k.wait().unwrap();
+    }
+    let t1 = chrono::Utc::now();
+    let mut slots: Vec<chrono::DateTime<chrono::Utc>> = common::read(&e.path("ledger"))
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    slots.sort();
+    let n = slots.len();
+    slots.dedup();
+    assert_eq!(n, slots.len(), "a slot ran twice");
+    assert!(slots.len() >= 5, "{slots:?}");
+    for w in slots.windows(2) {
+        assert_eq!((w[1] - w[0]).num_seconds(), 1, "gap: {} .. {}", w[0], w[1]);
+    }
+    for s in &slots {
+        assert!(
+            *s >= t0 - chrono::Duration::seconds(2) && *s <= t1,
+            "slot {s} is not in store time ({t0}..{t1})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_skewed_schedulers_agree() {
+    skewed_schedulers_agree(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_skewed_schedulers_agree() {
+    skewed_schedulers_agree(Kind::Redis).await
+}
