@@ -118,6 +118,9 @@ pub struct JobConfig {
     pub jitter: Duration,
     /// Task priority, -100..=100, lower first (durable mode).
     pub priority: i32,
+    /// Lock mode only: run, then wait this long (ShedLock's `fixedDelay`)
+    /// instead of firing at the schedule's slots.
+    pub fixed_delay: Option<Duration>,
 }
 
 /// What a job runs.
@@ -261,6 +264,7 @@ struct RawJob {
     cron: Option<String>,
     tz: Option<String>,
     every: Option<String>,
+    fixed_delay: Option<String>,
     command: Option<Vec<String>>,
     http: Option<RawHttp>,
     queue: Option<String>,
@@ -441,9 +445,23 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
 fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigError> {
     let input = |e: InvalidInput| ConfigError::from_input(owner, e);
 
-    let schedule = match (&j.cron, &j.every) {
-        (Some(expr), None) => Schedule::cron(expr, j.tz.as_deref()).map_err(input)?,
-        (None, Some(every)) => {
+    let mut fixed_delay = None;
+    let schedule = match (&j.cron, &j.every, &j.fixed_delay) {
+        (Some(expr), None, None) => Schedule::cron(expr, j.tz.as_deref()).map_err(input)?,
+        (None, None, Some(delay)) => {
+            if j.mode != Some(RawMode::Lock) {
+                return Err(ConfigError::invalid(
+                    owner,
+                    Some("fixed_delay"),
+                    "only with mode = \"lock\" (each instance waits this long after a run, \
+                     like ShedLock's fixedDelay); durable jobs use every or cron",
+                ));
+            }
+            let d = parse_positive_duration("fixed_delay", delay).map_err(input)?;
+            fixed_delay = Some(d);
+            Schedule::every(d.max(baton::schedule::spec::MIN_INTERVAL)).map_err(input)?
+        }
+        (None, Some(every), None) => {
             if j.tz.is_some() {
                 return Err(ConfigError::invalid(
                     owner,
@@ -456,7 +474,8 @@ fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigError> {
         _ => return Err(ConfigError::invalid(
             owner,
             None,
-            "give exactly one of cron or every (e.g. cron = \"0 */6 * * *\" or every = \"30s\")",
+            "give exactly one of cron or every (e.g. cron = \"0 */6 * * *\" or every = \"30s\"; \
+             lock-mode jobs may give fixed_delay instead)",
         )),
     };
 
@@ -601,6 +620,7 @@ fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigError> {
         timeout,
         jitter,
         priority,
+        fixed_delay,
     })
 }
 
@@ -836,6 +856,19 @@ command = ["true"]
         // From a file, errors and all.
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/baton.toml");
         assert_eq!(Config::from_file(path).unwrap(), c);
+    }
+
+    #[test]
+    fn fixed_delay_is_a_lock_mode_schedule() {
+        let c = Config::parse(
+            "[[job]]\nname = \"d\"\nfixed_delay = \"PT30S\"\nmode = \"lock\"\nat_most = \"PT15M\"\ncommand = [\"true\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.jobs[0].fixed_delay, Some(Duration::from_secs(30)));
+        let e = err("[[job]]\nname = \"d\"\nfixed_delay = \"30s\"\ncommand = [\"true\"]\n");
+        assert!(e.starts_with("job \"d\": fixed_delay: only with mode = \"lock\""), "{e}");
+        let e = err("[[job]]\nname = \"d\"\nfixed_delay = \"30s\"\nevery = \"1s\"\nmode = \"lock\"\nat_most = \"1m\"\ncommand = [\"true\"]\n");
+        assert!(e.contains("exactly one of cron or every"), "{e}");
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub fn job_of(j: &JobConfig) -> Job {
     job.timeout = j.timeout;
     if let Mode::Lock { at_most, at_least } = j.mode {
         job.mode = JobMode::Lock { at_most, at_least };
+        job.fixed_delay = j.fixed_delay;
     }
     job
 }

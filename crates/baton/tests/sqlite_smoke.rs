@@ -118,14 +118,14 @@ async fn locks_acquire_busy_extend_release() {
 
     // Release with at_least: the lease stays until locked_at + at_least.
     assert!(b
-        .lock_release("job-a", t1, Duration::from_millis(300))
+        .lock_release("job-a", t1, Duration::from_millis(1000))
         .await
         .unwrap());
     assert!(matches!(
         b.lock_acquire(&req("h2", LONG)).await.unwrap(),
         Acquire::Busy(_)
     ));
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(1050)).await;
     let Acquire::Granted { token: t2, .. } = b.lock_acquire(&req("h2", LONG)).await.unwrap() else {
         panic!("granted after at_least")
     };
@@ -320,7 +320,7 @@ async fn failures_retries_and_handback() {
             Claim { id, attempt: 1 },
             &Finish::Failed {
                 error: "boom 1".into(),
-                retry_in: Some(Duration::from_millis(100)),
+                retry_in: Some(Duration::from_millis(500)),
             }
         )
         .await
@@ -329,7 +329,7 @@ async fn failures_retries_and_handback() {
     assert_eq!(info.state, TaskState::Pending);
     assert!(info.finished_at.is_none() && info.lease_until.is_none());
     assert!(b.claim(&claim_req("q", 1, LONG)).await.unwrap().is_empty());
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    tokio::time::sleep(Duration::from_millis(550)).await;
 
     // Hand back: the attempt does not count.
     let got = b.claim(&claim_req("q", 1, LONG)).await.unwrap();
@@ -410,7 +410,7 @@ async fn rescue_expired_leases() {
         .map(|e| e.id)
         .collect();
     let got = b
-        .claim(&claim_req("q", 3, Duration::from_millis(50)))
+        .claim(&claim_req("q", 3, Duration::from_millis(300)))
         .await
         .unwrap();
     assert_eq!(got.len(), 3);
@@ -418,7 +418,7 @@ async fn rescue_expired_leases() {
     // Nothing expired yet.
     assert_eq!(b.rescue().await.unwrap(), Default::default());
     let mut rx = b.subscribe().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
     let r = b.rescue().await.unwrap();
     assert_eq!((r.requeued, r.failed, r.cancelled), (1, 1, 1));
     assert_eq!(rx.try_recv().ok().as_deref(), Some("q"));
@@ -815,12 +815,8 @@ async fn concurrent_first_connects_migrate_once() {
     for h in handles {
         h.await.unwrap().unwrap();
     }
-    let s = Store::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("fresh.db").display()
-    ))
-    .await
-    .unwrap();
+    // `sqlite:PATH` works through Store::connect too.
+    let s = Store::connect(&url).await.unwrap();
     assert_eq!(s.backend().stats().await.unwrap()[0].pending, 12);
 }
 

@@ -656,7 +656,12 @@ impl Store {
         if let Some(p) = &opts.prefix {
             validate_prefix(p)?;
         }
-        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        let scheme = match url.split_once("://") {
+            Some((s, _)) => s,
+            // `sqlite:PATH` (no slashes) is accepted too.
+            None if url.starts_with("sqlite:") => "sqlite",
+            None => "",
+        };
         let backend: Arc<dyn Backend> = match scheme {
             "sqlite" => sqlite::connect(url, &opts).await?,
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,

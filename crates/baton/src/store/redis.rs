@@ -40,6 +40,16 @@
 //! within a few seconds while the manager reconnects in the background;
 //! the layer above retries. Idempotent reads are retried once here.
 //!
+//! An enqueue of more than 500 tasks is several scripts, pipelined 8 at a
+//! time: each script (500 tasks) is atomic, the whole batch is not. If the
+//! connection breaks mid-batch the call fails although earlier chunks may
+//! be stored; a retry is safe for tasks with a unique key.
+//!
+//! A claim moves at most 10 000 due tasks from `sched` to `ready` per call,
+//! oldest first, so after a very large backlog falls due at once the
+//! priority order holds across the moved part and settles within a few
+//! claims.
+//!
 //! The lock, queue and schedule guarantees hold only as far as Redis keeps
 //! its data; [`Backend::warnings`] says so when AOF is off.
 
@@ -94,7 +104,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Tasks per enqueue script call.
 const ENQUEUE_CHUNK: usize = 500;
 /// Enqueue script calls per pipelined round trip.
-const ENQUEUE_PIPELINE: usize = 20;
+const ENQUEUE_PIPELINE: usize = 8;
 /// Tasks handled per rescue / prune script call (they loop until done).
 const BATCH: usize = 1000;
 /// Ids examined per listing script call.
@@ -294,7 +304,9 @@ local now = now_ms()
 local queue = ARGV[2]
 local sched = qkey(queue, 'sched')
 local ready = qkey(queue, 'ready')
-while true do
+-- Move due scheduled tasks into ready, oldest first; at most 10000 per
+-- claim so one call stays short (a larger backlog moves over a few claims).
+for _ = 1, 20 do
   local due = redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, 500)
   if #due == 0 then break end
   local add = {}

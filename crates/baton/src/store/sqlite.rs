@@ -580,6 +580,20 @@ async fn insert_tasks(
 /// writes). `prefix` must match the store's table prefix (`None` for the
 /// default `baton_`). Semantics are those of [`Backend::enqueue`], except
 /// that no wake-up is sent: workers pick the tasks up at their next poll.
+///
+/// ```no_run
+/// # async fn demo(tasks: Vec<baton::store::NewTask>) -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::store::sqlite::{enqueue_in, SqliteBackend};
+///
+/// let backend = SqliteBackend::connect("sqlite://app.db", &Default::default()).await?;
+/// let mut tx = backend.pool().begin_with("BEGIN IMMEDIATE").await?;
+/// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
+///     .execute(&mut *tx)
+///     .await?;
+/// enqueue_in(&mut tx, None, &tasks).await?; // same transaction
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
 pub async fn enqueue_in(
     conn: &mut SqliteConnection,
     prefix: Option<&str>,
