@@ -861,3 +861,40 @@ async fn claim_plan_and_throughput() {
     );
     f.drop_tables().await;
 }
+
+#[tokio::test]
+async fn listener_reconnects_after_its_connection_is_killed() {
+    let Some(f) = setup().await else { return };
+    let b = f.b();
+    let mut rx = b.subscribe().await.unwrap();
+    let mut admin = sqlx::PgConnection::connect(&url()).await.unwrap();
+    let listening = format!("LISTEN \"{}tasks\"", f.prefix);
+    let find = format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = '{listening}'"
+    );
+    // Wait for the LISTEN session, then kill it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let killed: Vec<bool> = sqlx::query_scalar(&find)
+            .fetch_all(&mut admin)
+            .await
+            .unwrap();
+        if !killed.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no LISTEN session found");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Notifications sent while it reconnects may be lost: keep enqueueing
+    // until one arrives.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        b.enqueue(&[task("again")]).await.unwrap();
+        if let Ok(Ok(q)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            assert_eq!(q, "again");
+            break;
+        }
+        assert!(Instant::now() < deadline, "listener did not come back");
+    }
+    f.drop_tables().await;
+}

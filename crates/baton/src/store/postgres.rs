@@ -51,7 +51,7 @@ const SCHEMA_VERSION: i32 = 1;
 const DEFAULT_PREFIX: &str = "baton_";
 
 /// Rows per `INSERT … SELECT FROM UNNEST(…)` statement when enqueueing.
-const INSERT_CHUNK: usize = 5_000;
+const INSERT_CHUNK: usize = 10_000;
 
 /// Durations are clamped to this (about 100 years) so `now() + d` never
 /// leaves the timestamp range.
@@ -156,7 +156,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS "{p}tasks_unique" ON {tasks} (unique_key)
     WHERE {UNIQUE_PRED};
 CREATE INDEX IF NOT EXISTS "{p}tasks_prune" ON {tasks} (finished_at)
     WHERE state IN ('succeeded', 'failed', 'cancelled');
-CREATE INDEX IF NOT EXISTS "{p}tasks_job" ON {tasks} (job, slot);
+CREATE INDEX IF NOT EXISTS "{p}tasks_job" ON {tasks} (job, slot)
+    WHERE job IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {jobs} (
     name      text PRIMARY KEY,
     last_slot timestamptz,
@@ -195,11 +196,7 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(connect.clone())
-        .await
-        .map_err(|e| match StoreError::from(e) {
-            StoreError::Backend(m) => StoreError::Unavailable(m),
-            other => other,
-        })?;
+        .await?;
     let (wake, _) = broadcast::channel(1024);
     Ok(Arc::new(PgBackend {
         pool,
@@ -258,7 +255,8 @@ async fn insert_tasks(
     // Indices still to insert; a second round only happens when a key's
     // holder finished between our conflict and our look-up.
     let mut todo: Vec<usize> = (0..tasks.len()).collect();
-    let sql = insert_sql(n);
+    let sql_keyed = insert_sql(n, true);
+    let sql_plain = insert_sql(n, false);
     let lookup = format!(
         "SELECT unique_key, id FROM {} WHERE unique_key = ANY($1) AND {UNIQUE_PRED}",
         n.tasks
@@ -308,7 +306,14 @@ async fn insert_tasks(
                 job.push(t.job.as_deref());
                 slot.push(t.slot);
             }
-            let rows = sqlx::query(&sql)
+            // Speculative insertion (ON CONFLICT) costs, so chunks without
+            // keys use a plain INSERT.
+            let sql = if unique_key.iter().any(Option::is_some) {
+                &sql_keyed
+            } else {
+                &sql_plain
+            };
+            let rows = sqlx::query(sql)
                 .bind(&queue)
                 .bind(&kind)
                 .bind(&payload)
@@ -393,8 +398,13 @@ async fn insert_tasks(
 /// The chunked insert: ids are drawn from the sequence in input order inside
 /// a materialized CTE, so each result row maps back to its input by
 /// ordinality whether it was inserted or met a unique key.
-fn insert_sql(n: &Names) -> String {
+fn insert_sql(n: &Names, keyed: bool) -> String {
     let (tasks, seq) = (&n.tasks, &n.seq_lit);
+    let on_conflict = if keyed {
+        format!("ON CONFLICT (unique_key) WHERE {UNIQUE_PRED} DO NOTHING")
+    } else {
+        String::new()
+    };
     format!(
         r#"WITH input AS MATERIALIZED (
     SELECT nextval({seq}) AS id, t.*
@@ -418,7 +428,7 @@ ins AS (
            CASE WHEN $13::bool THEN now() END
     FROM input
     ORDER BY ord
-    ON CONFLICT (unique_key) WHERE {UNIQUE_PRED} DO NOTHING
+    {on_conflict}
     RETURNING id, (state = 'pending' AND run_at <= now()) AS due
 )
 SELECT input.id, ins.id IS NOT NULL AS inserted, coalesce(ins.due, false) AS due
