@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use common::{read, signal, stderr, stdout, Env};
 
 per_backend! {
-    three_instances_run_each_slot_once,
+    five_instances_run_each_slot_once,
+    all_instances_down_then_catch_up_all,
     instances_killed_at_random_still_once_per_slot,
     lock_mode_job_runs_once_per_slot_with_at_least,
     trigger_twice_runs_once,
@@ -97,13 +98,13 @@ fn assert_once_no_gaps(m: &BTreeMap<String, usize>, min: usize) {
     }
 }
 
-async fn three_instances_run_each_slot_once(e: Env) {
-    let kids: Vec<_> = (0..3).map(|_| serve(&e, TICK, &[])).collect();
-    std::thread::sleep(Duration::from_secs(8));
+async fn five_instances_run_each_slot_once(e: Env) {
+    let kids: Vec<_> = (0..5).map(|_| serve(&e, TICK, &[])).collect();
+    std::thread::sleep(Duration::from_secs(12));
     stop(kids);
     std::thread::sleep(Duration::from_millis(300));
     let m = ledger(&e);
-    assert_once_no_gaps(&m, 6);
+    assert_once_no_gaps(&m, 10);
     // `baton jobs` shows the job, its last slot and its last run.
     let out = e.run(&["jobs", "--json", "--config", "baton.toml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -242,4 +243,19 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
     let out = e.run(&["trigger", "batch"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--slot"));
+}
+
+async fn all_instances_down_then_catch_up_all(e: Env) {
+    let kids: Vec<_> = (0..3).map(|_| serve(&e, TICK, &[])).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    stop(kids);
+    let before = ledger(&e).len();
+    // Every instance is down for 4 s; then two come back with misfire = "all".
+    std::thread::sleep(Duration::from_secs(4));
+    let kids: Vec<_> = (0..2).map(|_| serve(&e, TICK, &[])).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    stop(kids);
+    let m = ledger(&e);
+    assert!(m.len() >= before + 6, "the missed slots ran too: {m:?}");
+    assert_once_no_gaps(&m, 8);
 }
