@@ -223,15 +223,7 @@ pub async fn enqueue_in(
     tasks: &[NewTask],
 ) -> Result<Vec<Enqueued>, StoreError> {
     if let Some(p) = prefix {
-        if p.len() > 32
-            || !p
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-')
-        {
-            return Err(StoreError::Config(format!(
-                "prefix {p:?}: use at most 32 ASCII letters, digits, '_', ':' or '-'"
-            )));
-        }
+        super::validate_prefix(p)?;
     }
     let names = Names::new(prefix);
     let (out, due) = insert_tasks(conn, &names, tasks, None).await?;
