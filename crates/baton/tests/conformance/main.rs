@@ -15,6 +15,7 @@
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
 mod harness;
+mod idle;
 mod locks;
 mod queue;
 mod schedule;
@@ -37,6 +38,7 @@ macro_rules! backends {
 }
 
 conformance! {
+    idle::idle_worker_makes_about_one_query_per_second,
     locks::grant_busy_release,
     locks::tokens_strictly_increase,
     locks::mutual_exclusion_16_contenders,
