@@ -259,3 +259,64 @@ async fn all_instances_down_then_catch_up_all(e: Env) {
     assert!(m.len() >= before + 6, "the missed slots ran too: {m:?}");
     assert_once_no_gaps(&m, 8);
 }
+
+/// A durable job whose action is an HTTP request: each slot is one POST
+/// carrying the job and slot in headers; a 2xx answer is success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_job_posts_once_per_slot() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(e) = Env::new(common::Kind::Sqlite).await else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut r = BufReader::new(stream);
+            let mut slot = String::new();
+            let mut first = String::new();
+            r.read_line(&mut first).unwrap_or(0);
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) <= 2 {
+                    break;
+                }
+                if let Some(v) = h.strip_prefix("Baton-Slot: ") {
+                    slot = v.trim().to_string();
+                }
+            }
+            s2.lock().unwrap().push(format!("{} {slot}", first.trim()));
+            let _ = r
+                .get_mut()
+                .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let cfg = format!(
+        r#"
+[[job]]
+name = "hook"
+every = "1s"
+overlap = "allow"
+http = {{ method = "POST", url = "http://127.0.0.1:{port}/run", headers = {{ Authorization = "Bearer x" }}, body = "{{}}" }}
+"#
+    );
+    let kids: Vec<_> = (0..2).map(|_| serve(&e, &cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(4));
+    stop(kids);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 3, "{seen:?}");
+    let mut slots: Vec<&str> = seen.iter().map(|l| l.rsplit(' ').next().unwrap()).collect();
+    assert!(
+        seen.iter().all(|l| l.starts_with("POST /run HTTP/1.1")),
+        "{seen:?}"
+    );
+    let n = slots.len();
+    slots.sort();
+    slots.dedup();
+    assert_eq!(n, slots.len(), "each slot posted once: {seen:?}");
+    let out = e.run(&["tasks", "stats", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["default"]["failed"], 0);
+}
