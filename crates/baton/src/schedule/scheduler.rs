@@ -250,11 +250,15 @@ type SlotFn = Arc<dyn Fn(SlotRun) -> SlotFut + Send + Sync>;
 
 /// An estimate of the store's clock: calibrated with the store's `now()`,
 /// advanced on this machine's monotonic clock. The local wall clock is
-/// never read, so a skewed node fires at the same instants as the rest.
+/// never used for time, so a skewed node fires at the same instants as the
+/// rest. (It is compared with the monotonic clock only to notice a
+/// suspended machine, whose monotonic clock stood still: then the estimate
+/// is recalibrated at once.)
 #[derive(Debug, Clone)]
 pub struct StoreClock {
     store: Store,
     base: Arc<std::sync::Mutex<(DateTime<Utc>, Instant)>>,
+    wall: Arc<std::sync::Mutex<(std::time::SystemTime, Instant)>>,
 }
 
 impl StoreClock {
@@ -266,7 +270,27 @@ impl StoreClock {
         Ok(StoreClock {
             store,
             base: Arc::new(std::sync::Mutex::new((now, mid))),
+            wall: Arc::new(std::sync::Mutex::new((
+                std::time::SystemTime::now(),
+                Instant::now(),
+            ))),
         })
+    }
+
+    /// Recalibrate if the machine was suspended (or the process stopped)
+    /// long enough that the monotonic clock fell behind the wall clock.
+    pub async fn recalibrate_if_suspended(&self) {
+        let (sys, mono) = match self.wall.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        };
+        let wall_elapsed = std::time::SystemTime::now()
+            .duration_since(sys)
+            .unwrap_or_default();
+        if wall_elapsed.saturating_sub(mono.elapsed()) > Duration::from_secs(1) {
+            tracing::info!("the machine was suspended; recalibrating the store clock");
+            self.recalibrate().await;
+        }
     }
     /// The estimated store time now.
     pub fn now(&self) -> DateTime<Utc> {
@@ -284,6 +308,11 @@ impl StoreClock {
             match self.base.lock() {
                 Ok(mut g) => *g = (now, mid),
                 Err(p) => *p.into_inner() = (now, mid),
+            }
+            let w = (std::time::SystemTime::now(), Instant::now());
+            match self.wall.lock() {
+                Ok(mut g) => *g = w,
+                Err(p) => *p.into_inner() = w,
             }
         }
     }
@@ -395,6 +424,7 @@ async fn durable_loop(store: Store, clock: StoreClock, job: Job, stop: Cancellat
                 }
             }
         }
+        clock.recalibrate_if_suspended().await;
         let now = clock.now();
         let from = cursor.unwrap_or(now);
         let due = due_slots(
@@ -489,6 +519,7 @@ async fn lock_loop(store: Store, clock: StoreClock, job: Job, f: SlotFn, stop: C
                 let Some(slot) = next else { return };
                 // Sleep (in short steps, to notice shutdown) until the slot.
                 while clock.now() < slot {
+                    clock.recalibrate_if_suspended().await;
                     tokio::select! {
                         _ = clock.sleep_until(slot, Duration::from_secs(1)) => {}
                         _ = stop.cancelled() => return,
