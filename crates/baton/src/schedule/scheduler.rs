@@ -277,8 +277,9 @@ impl StoreClock {
         })
     }
 
-    /// Recalibrate if the machine was suspended (or the process stopped)
-    /// long enough that the monotonic clock fell behind the wall clock.
+    /// Recalibrate if the machine was suspended long enough that the
+    /// monotonic clock (which stands still during suspend) fell behind the
+    /// wall clock.
     pub async fn recalibrate_if_suspended(&self) {
         let (sys, mono) = match self.wall.lock() {
             Ok(g) => *g,
