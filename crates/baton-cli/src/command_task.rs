@@ -30,10 +30,21 @@ fn argv_of(ctx: &TaskContext) -> Result<Vec<String>, TaskError> {
     Ok(argv)
 }
 
-/// Run a command task to completion. On a stop signal (lease lost, cancel,
-/// shutdown, timeout) the child gets SIGTERM, then SIGKILL after `grace`.
+/// Run a command task (argv from its payload) to completion.
 pub async fn run(ctx: TaskContext, grace: Duration) -> Result<(), TaskError> {
     let argv = argv_of(&ctx)?;
+    run_argv(ctx, argv, grace).await
+}
+
+/// Run `argv` for a task to completion, with `BATON_TASK_ID`,
+/// `BATON_ATTEMPT`, `BATON_QUEUE` (and `BATON_JOB`, `BATON_SLOT` for a
+/// job's run) in its environment. On a stop signal (lease lost, cancel,
+/// shutdown, timeout) the child gets SIGTERM, then SIGKILL after `grace`.
+pub async fn run_argv(
+    ctx: TaskContext,
+    argv: Vec<String>,
+    grace: Duration,
+) -> Result<(), TaskError> {
     let t = ctx.task();
     let mut env = vec![
         ("BATON_TASK_ID", t.id.to_string()),
@@ -51,8 +62,22 @@ pub async fn run(ctx: TaskContext, grace: Duration) -> Result<(), TaskError> {
     }
     let mut proc =
         child::spawn(&argv, &env, true).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+    let tail = tee_stderr(&mut proc);
+    let status = tokio::select! {
+        st = proc.wait() => st,
+        _ = ctx.stopped() => {
+            tracing::info!(task = t.id, reason = ?ctx.stop_reason(), "stopping the command");
+            child::stop(&mut proc, grace).await
+        }
+    }
+    .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
+    outcome(status, tail.await.unwrap_or_default())
+}
+
+/// Copy the child's stderr to ours, keeping its tail for the error message.
+pub fn tee_stderr(proc: &mut tokio::process::Child) -> tokio::task::JoinHandle<Vec<u8>> {
     let mut stderr = proc.stderr.take();
-    let tail = tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut kept: Vec<u8> = Vec::new();
         let mut buf = [0u8; 4096];
         let mut out = tokio::io::stderr();
@@ -69,16 +94,11 @@ pub async fn run(ctx: TaskContext, grace: Duration) -> Result<(), TaskError> {
             }
         }
         kept
-    });
-    let status = tokio::select! {
-        st = proc.wait() => st,
-        _ = ctx.stopped() => {
-            tracing::info!(task = t.id, reason = ?ctx.stop_reason(), "stopping the command");
-            child::stop(&mut proc, grace).await
-        }
-    }
-    .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
-    let kept = tail.await.unwrap_or_default();
+    })
+}
+
+/// Exit 0 is success; otherwise an error with the code and stderr's tail.
+pub fn outcome(status: std::process::ExitStatus, kept: Vec<u8>) -> Result<(), TaskError> {
     if status.success() {
         return Ok(());
     }

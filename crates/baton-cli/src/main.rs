@@ -3,8 +3,11 @@
 
 mod child;
 mod command_task;
+mod config;
+mod http;
 mod lock_cmd;
 mod queue_cmd;
+mod serve;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -54,6 +57,12 @@ enum Command {
     /// Inspect and manage tasks.
     #[command(subcommand)]
     Tasks(queue_cmd::TasksCmd),
+    /// Run the scheduler and workers for a config file's jobs and queues.
+    Serve(serve::ServeArgs),
+    /// Run a durable job now for a slot (idempotent per job and slot).
+    Trigger(serve::TriggerArgs),
+    /// List jobs (last slot, next fire, last run); pause or resume one.
+    Jobs(serve::JobsArgs),
     /// Create or upgrade the store's schema.
     Migrate {
         #[command(flatten)]
@@ -116,6 +125,9 @@ fn main() -> ExitCode {
             Command::Enqueue(a) => queue_cmd::enqueue(a).await,
             Command::Work(a) => queue_cmd::work(a).await,
             Command::Tasks(c) => queue_cmd::tasks(c).await,
+            Command::Serve(a) => serve::serve(a).await,
+            Command::Trigger(a) => serve::trigger(a).await,
+            Command::Jobs(a) => serve::jobs(a).await,
             Command::Migrate { store } => {
                 let s = connect(&store).await.context("migrate")?;
                 println!("schema is up to date on {}", s.url());

@@ -49,7 +49,7 @@ pub struct EnqueueArgs {
     pub command: Vec<String>,
 }
 
-fn rfc3339_arg(s: &str) -> Result<DateTime<Utc>, String> {
+pub fn rfc3339_arg(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
@@ -156,6 +156,9 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         .map(|q| (q.clone(), a.concurrency))
         .collect();
     let store = connect(&a.store).await.context("connecting to the store")?;
+    for w in store.backend().warnings().await.unwrap_or_default() {
+        eprintln!("baton: warning: {w}");
+    }
     let mut w = Worker::new(
         store,
         worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace),

@@ -71,7 +71,7 @@ fn parse_human(t: &str) -> Option<u128> {
             _ => return None,
         };
         let v = num * mult;
-        if !v.is_finite() || v < 0.0 || v > 1e15 {
+        if !v.is_finite() || !(0.0..=1e15).contains(&v) {
             return None;
         }
         total += v.round() as u128;
@@ -108,7 +108,7 @@ fn parse_iso(rest: &str) -> Option<u128> {
             let pos = units[unit_idx..].iter().position(|(c, _)| *c == u)? + unit_idx;
             unit_idx = pos + 1;
             let v = num * units[pos].1;
-            if !v.is_finite() || v < 0.0 || v > 1e15 {
+            if !v.is_finite() || !(0.0..=1e15).contains(&v) {
                 return None;
             }
             total += v.round() as u128;

@@ -145,16 +145,24 @@ async fn locks() {
         .lock_release("job", FencingToken(t1.0 - 1), Duration::ZERO)
         .await
         .unwrap());
-    // at_least keeps it 300 ms after the grant.
+    // at_least keeps it until 1.5 s after the grant.
+    let granted_at = b.lock_get("job").await.unwrap().unwrap().locked_at;
     assert!(b
-        .lock_release("job", t1, Duration::from_millis(300))
+        .lock_release("job", t1, Duration::from_millis(1500))
         .await
         .unwrap());
-    assert!(matches!(
-        b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap(),
-        Acquire::Busy(_)
-    ));
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    let info = b.lock_get("job").await.unwrap().unwrap();
+    assert_eq!(
+        info.lock_until,
+        granted_at + chrono::Duration::milliseconds(1500)
+    );
+    if info.held {
+        assert!(matches!(
+            b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap(),
+            Acquire::Busy(_)
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     let t2 = granted(b.lock_acquire(&lreq("job", "b", 10_000)).await.unwrap());
     assert!(t2 > t1);
     // A lapsed holder cannot extend or release.

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use baton::store::sqlite::{enqueue_in, SqliteBackend};
 use baton::store::{
-    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Finish, Heartbeat, LockRequest,
-    NewTask, Overlap, RunAt, SlotAdvance, TaskFilter, TaskState, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
+    LockRequest, NewTask, Overlap, RunAt, SlotAdvance, TaskFilter, TaskState, LEASE_EXPIRED,
+    OVERLAP_SKIPPED,
 };
 use baton::{FencingToken, Store, StoreOptions};
 use tempfile::TempDir;
@@ -470,9 +471,9 @@ async fn cancel_outcomes_and_retry() {
         unique_key: Some("k1".into()),
         ..task("u")
     };
-    let a = b.enqueue(&[keyed.clone()]).await.unwrap()[0].id;
+    let a = b.enqueue(std::slice::from_ref(&keyed)).await.unwrap()[0].id;
     assert_eq!(b.cancel(a).await.unwrap(), CancelOutcome::Cancelled);
-    let second = b.enqueue(&[keyed.clone()]).await.unwrap()[0];
+    let second = b.enqueue(std::slice::from_ref(&keyed)).await.unwrap()[0];
     assert!(second.inserted && second.id != a);
     let err = b.retry(a).await.unwrap_err();
     assert!(matches!(err, baton::StoreError::Conflict(_)), "{err}");
@@ -519,9 +520,9 @@ async fn unique_keys() {
         unique_forever: true,
         ..keyed("f")
     };
-    let f = b.enqueue(&[forever.clone()]).await.unwrap()[0];
+    let f = b.enqueue(std::slice::from_ref(&forever)).await.unwrap()[0];
     assert_eq!(b.cancel(f.id).await.unwrap(), CancelOutcome::Cancelled);
-    let f2 = b.enqueue(&[forever.clone()]).await.unwrap()[0];
+    let f2 = b.enqueue(std::slice::from_ref(&forever)).await.unwrap()[0];
     assert_eq!((f2.id, f2.inserted), (f.id, false));
     // ...until pruned.
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -738,8 +739,6 @@ async fn jobs_register_and_advance() {
     );
 }
 
-use baton::store::Enqueued;
-
 // ---- SQLite specifics ----------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -926,5 +925,59 @@ async fn bulk_100k_enqueue_and_claim_timing() {
         n as f64 / e2.as_secs_f64(),
         e3.as_secs_f64(),
         n as f64 / e3.as_secs_f64()
+    );
+}
+
+/// Measures (prints, does not assert) 8 concurrent workers on one handle,
+/// each claiming 10 at a time and finishing every task on its own: the shape
+/// of a worker pool, where in-process writers contend for SQLite's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn concurrent_workers_timing() {
+    let db = db().await;
+    let n = 20_000;
+    let ts: Vec<NewTask> = (0..n).map(|_| task("cw")).collect();
+    db.b().enqueue(&ts).await.unwrap();
+    let t0 = Instant::now();
+    let mut handles = Vec::new();
+    for w in 0..8 {
+        let s = db.store.clone();
+        handles.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let mut done = 0usize;
+            loop {
+                let got = s
+                    .backend()
+                    .claim(&ClaimRequest {
+                        queue: "cw",
+                        worker: &worker,
+                        limit: 10,
+                        lease: LONG,
+                    })
+                    .await
+                    .unwrap();
+                if got.is_empty() {
+                    return done;
+                }
+                for t in got {
+                    let c = Claim {
+                        id: t.id,
+                        attempt: t.attempt,
+                    };
+                    assert!(s.backend().finish(c, &Finish::Succeeded).await.unwrap());
+                    done += 1;
+                }
+            }
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    let el = t0.elapsed();
+    assert_eq!(total, n);
+    println!(
+        "sqlite 8 workers: {n} tasks claimed (by 10) and finished one by one in {:.3}s ({:.0}/s)",
+        el.as_secs_f64(),
+        n as f64 / el.as_secs_f64()
     );
 }

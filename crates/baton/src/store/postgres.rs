@@ -682,30 +682,58 @@ impl Backend for PgBackend {
 
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
         let l = &self.names.locks;
-        let grant = format!(
-            "INSERT INTO {l} AS l (name, holder, token, locked_at, lock_until) \
-             VALUES ($1, $2, 1, now(), now() + $3 * interval '1 millisecond') \
-             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = l.token + 1, \
-                 locked_at = now(), lock_until = excluded.lock_until \
-             WHERE l.lock_until <= now() \
-             RETURNING token, locked_at, lock_until"
+        // A live lease in the statement's snapshot answers Busy with a pure
+        // read. Otherwise the grant is an UPDATE of a row we could lock
+        // without waiting (`FOR UPDATE SKIP LOCKED`, rechecked on the latest
+        // version under that lock: that is what makes it exclusive), or the
+        // `INSERT … ON CONFLICT DO NOTHING` of a new name. Contenders never
+        // queue behind each other's row locks (and commits).
+        let sql = format!(
+            "WITH cur AS ( \
+                 SELECT name, holder, token, locked_at, lock_until FROM {l} WHERE name = $1), \
+             up AS ( \
+                 UPDATE {l} AS l SET holder = $2, token = l.token + 1, locked_at = now(), \
+                     lock_until = now() + $3 * interval '1 millisecond' \
+                 WHERE l.name = $1 AND l.name IN ( \
+                     SELECT name FROM {l} WHERE name = $1 AND lock_until <= now() \
+                     FOR UPDATE SKIP LOCKED) \
+                 RETURNING name, holder, token, locked_at, lock_until), \
+             ins AS ( \
+                 INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
+                 SELECT $1, $2, 1, now(), now() + $3 * interval '1 millisecond' \
+                 WHERE NOT EXISTS (SELECT 1 FROM cur) \
+                 ON CONFLICT (name) DO NOTHING \
+                 RETURNING name, holder, token, locked_at, lock_until), \
+             g AS (SELECT * FROM up UNION ALL SELECT * FROM ins) \
+             SELECT true AS granted, name, holder, token, locked_at, lock_until, \
+                 true AS held, now() AS now FROM g \
+             UNION ALL \
+             SELECT false, name, holder, token, locked_at, lock_until, lock_until > now(), now() \
+                 FROM cur WHERE NOT EXISTS (SELECT 1 FROM g)"
         );
-        // The lease we lost to may lapse between the two statements; then
-        // try again (bounded) rather than report a lapsed holder as busy.
+        // When our snapshot and the latest version disagree (a concurrent
+        // grant or release), try again (bounded) rather than report a lapsed
+        // holder as busy.
         let mut last = None;
         for _ in 0..3 {
-            let row = sqlx::query(&grant)
+            let row = sqlx::query(&sql)
                 .bind(req.name)
                 .bind(req.holder)
                 .bind(dur(req.at_most))
                 .fetch_optional(&self.pool)
                 .await?;
             if let Some(row) = row {
-                return Ok(Acquire::Granted {
-                    token: token_of(row.try_get("token")?)?,
-                    locked_at: row.try_get("locked_at")?,
-                    lock_until: row.try_get("lock_until")?,
-                });
+                if row.try_get::<bool, _>("granted")? {
+                    return Ok(Acquire::Granted {
+                        token: token_of(row.try_get("token")?)?,
+                        locked_at: row.try_get("locked_at")?,
+                        lock_until: row.try_get("lock_until")?,
+                    });
+                }
+                let info = lock_info(&row)?;
+                if info.held {
+                    return Ok(Acquire::Busy(info));
+                }
             }
             match self.lock_get(req.name).await? {
                 Some(info) if info.held => return Ok(Acquire::Busy(info)),

@@ -153,6 +153,36 @@ local function place(sid, queue, prio, run_at, now)
   redis.call('ZADD', qkey(queue, 'sched'), run_at, pad(sid))
   return 0
 end
+-- Batched writes: many tasks' index updates become one call per key.
+local acc_z, acc_c, acc_q = {}, {}, {}
+local function zacc(key, score, member)
+  local t = acc_z[key]
+  if not t then t = {}; acc_z[key] = t end
+  t[#t + 1] = score
+  t[#t + 1] = member
+end
+local function cacc(queue, state, d)
+  local k = B .. 'counts:' .. queue
+  local t = acc_c[k]
+  if not t then t = {}; acc_c[k] = t end
+  t[state] = (t[state] or 0) + d
+end
+local function flush()
+  for k, t in pairs(acc_z) do
+    for j = 1, #t, 1000 do
+      redis.call('ZADD', k, unpack(t, j, math.min(j + 999, #t)))
+    end
+  end
+  for k, t in pairs(acc_c) do
+    for st, n in pairs(t) do
+      if n ~= 0 then redis.call('HINCRBY', k, st, n) end
+    end
+  end
+  local qs = {}
+  for q, _ in pairs(acc_q) do qs[#qs + 1] = q end
+  if #qs > 0 then redis.call('SADD', B .. 'queues', unpack(qs)) end
+  acc_z, acc_c, acc_q = {}, {}, {}
+end
 local function release_uniq(sid, uk, forever)
   if uk and forever ~= '1' then
     local k = B .. 'uniq:' .. uk
@@ -216,15 +246,20 @@ local function insert(now, i, skipped)
   add('state', state)
   redis.call('HSET', tkey(sid), unpack(f))
   local p = pad(sid)
-  redis.call('ZADD', B .. 'ids', id, p)
-  redis.call('SADD', B .. 'queues', queue)
-  count(queue, state, 1)
+  zacc(B .. 'ids', id, p)
+  acc_q[queue] = true
+  cacc(queue, state, 1)
   local due = 0
   if skipped then
-    redis.call('ZADD', B .. 'done', now, p)
+    zacc(B .. 'done', now, p)
     if uk and forever == '1' then redis.call('SET', B .. 'uniq:' .. uk, sid, 'NX') end
   else
-    due = place(sid, queue, prio, run_at, now)
+    if run_at <= now then
+      zacc(qkey(queue, 'ready'), rscore(prio, run_at), p)
+      due = 1
+    else
+      zacc(qkey(queue, 'sched'), run_at, p)
+    end
     if job then redis.call('SADD', B .. 'jobactive:' .. job, sid) end
     if uk then redis.call('SET', B .. 'uniq:' .. uk, sid) end
   end
@@ -246,6 +281,7 @@ while i + NF - 1 <= #ARGV do
   if ins == 1 and due == 1 then wake[ARGV[i]] = true end
   i = i + NF
 end
+flush()
 if ARGV[2] == '1' then
   for q, _ in pairs(wake) do redis.call('PUBLISH', B .. 'wake', q) end
 end
@@ -261,12 +297,15 @@ local ready = qkey(queue, 'ready')
 while true do
   local due = redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, 500)
   if #due == 0 then break end
+  local add = {}
   for _, p in ipairs(due) do
     local h = redis.call('HMGET', tkey(fmt(tonumber(p))), 'priority', 'run_at', 'state')
     if h[3] == 'pending' then
-      redis.call('ZADD', ready, rscore(tonumber(h[1]), tonumber(h[2])), p)
+      add[#add + 1] = rscore(tonumber(h[1]), tonumber(h[2]))
+      add[#add + 1] = p
     end
   end
+  if #add > 0 then redis.call('ZADD', ready, unpack(add)) end
   redis.call('ZREM', sched, unpack(due))
 end
 local out = {}
@@ -279,17 +318,30 @@ while #out < limit do
     local p = popped[j]
     local sid = fmt(tonumber(p))
     local k = tkey(sid)
-    local h = redis.call('HMGET', k, 'state', 'attempt')
-    if h[1] == 'pending' then
-      redis.call('HSET', k, 'state', 'running', 'attempt', fmt(tonumber(h[2]) + 1),
-        'started_at', fmt(now), 'lease_until', fmt(lu), 'worker', ARGV[3])
-      redis.call('ZADD', B .. 'running', lu, p)
-      count(queue, 'pending', -1)
-      count(queue, 'running', 1)
-      out[#out + 1] = redis.call('HGETALL', k)
+    local h = redis.call('HGETALL', k)
+    local st, att
+    for j = 1, #h - 1, 2 do
+      if h[j] == 'state' then st = h[j + 1] elseif h[j] == 'attempt' then att = h[j + 1] end
+    end
+    if st == 'pending' then
+      local set = {state = 'running', attempt = fmt(tonumber(att) + 1), started_at = fmt(now),
+        lease_until = fmt(lu), worker = ARGV[3]}
+      redis.call('HSET', k, 'state', set.state, 'attempt', set.attempt,
+        'started_at', set.started_at, 'lease_until', set.lease_until, 'worker', set.worker)
+      -- Answer with the updated record without reading it again.
+      for j = 1, #h - 1, 2 do
+        local v = set[h[j]]
+        if v then h[j + 1] = v; set[h[j]] = nil end
+      end
+      for f, v in pairs(set) do h[#h + 1] = f; h[#h + 1] = v end
+      zacc(B .. 'running', lu, p)
+      cacc(queue, 'pending', -1)
+      cacc(queue, 'running', 1)
+      out[#out + 1] = h
     end
   end
 end
+flush()
 return out
 "#;
 
@@ -553,10 +605,12 @@ if ARGV[5] == 'f' then
   end
   if busy then
     local id = insert(now, 7, ARGV[6])
+    flush()
     return {'skipped', fmt(id), 1}
   end
 end
 local id, ins, due = insert(now, 7, nil)
+flush()
 if ins == 1 and due == 1 then redis.call('PUBLISH', B .. 'wake', ARGV[7]) end
 return {'enqueued', fmt(id), ins}
 "#;

@@ -449,8 +449,12 @@ async fn insert_tasks(
 ) -> Result<Inserted, StoreError> {
     let mut results = Vec::with_capacity(tasks.len());
     let mut due_queues = Vec::new();
+    let mut taken: Vec<(usize, &str)> = Vec::new();
+    // Who holds each of a list of taken keys (a JSON array), in one query.
     let lookup_sql = format!(
-        "SELECT id FROM {tasks} WHERE unique_key = ?1 AND {KEY_TAKEN}",
+        "SELECT unique_key, id FROM {tasks} \
+         WHERE unique_key IN (SELECT value FROM json_each(?1)) \
+           AND unique_key IS NOT NULL AND {KEY_TAKEN}",
         tasks = t.tasks
     );
     for (chunk_no, chunk) in tasks.chunks(INSERT_CHUNK).enumerate() {
@@ -523,21 +527,37 @@ async fn insert_tasks(
                 results.push(Enqueued { id, inserted: true });
             } else {
                 // The key is taken: by an existing task, or by an earlier
-                // task of this very batch.
-                let id: Option<i64> = sqlx::query_scalar(&lookup_sql)
-                    .bind(task.unique_key.as_deref())
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                let id = id.ok_or_else(|| {
-                    StoreError::Backend(format!(
-                        "unique key {:?} conflicted but no unfinished task holds it",
-                        task.unique_key
-                    ))
-                })?;
+                // task of this very batch. Look the holders up below.
+                taken.push((
+                    results.len(),
+                    task.unique_key.as_deref().unwrap_or_default(),
+                ));
                 results.push(Enqueued {
-                    id,
+                    id: 0,
                     inserted: false,
                 });
+            }
+        }
+        if !taken.is_empty() {
+            let keys = serde_json::Value::Array(
+                taken
+                    .iter()
+                    .map(|(_, k)| serde_json::Value::from(*k))
+                    .collect(),
+            );
+            let holders: HashMap<String, i64> = sqlx::query_as(&lookup_sql)
+                .bind(json_text(&keys)?)
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .collect();
+            for (at, key) in taken.drain(..) {
+                let id = holders.get(key).copied().ok_or_else(|| {
+                    StoreError::Backend(format!(
+                        "unique key {key:?} conflicted but no unfinished task holds it"
+                    ))
+                })?;
+                results[at].id = id;
             }
         }
         if next.next().is_some() {

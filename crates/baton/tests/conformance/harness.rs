@@ -26,9 +26,18 @@ pub struct TestStore {
 impl TestStore {
     /// Another client of the same store, with its own connections.
     pub async fn open(&self) -> Store {
-        Store::connect_with(&self.url, options(&self.prefix))
-            .await
-            .expect("second handle connects")
+        // Retry briefly: a shared server may be at its connection limit.
+        let mut tries = 0;
+        loop {
+            match Store::connect_with(&self.url, options(&self.prefix)).await {
+                Ok(s) => return s,
+                Err(e) if e.is_retryable() && tries < 20 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                Err(e) => panic!("another handle on {}: {e}", self.url),
+            }
+        }
     }
 }
 

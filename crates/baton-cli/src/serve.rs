@@ -1,0 +1,482 @@
+//! `baton serve --config FILE`: the scheduler and the workers for a config
+//! file's jobs and queues, plus a small admin endpoint; and `baton trigger`,
+//! `baton jobs`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton::queue::{TaskContext, TaskError, Worker};
+use baton::schedule::{self, Job, JobMode, Scheduler, SlotRun};
+use baton::{Error, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Action, Config, JobConfig, Mode};
+use crate::{child, command_task, http, queue_cmd};
+
+/// Arguments of `baton serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// The config file (TOML): store, queues, jobs.
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: PathBuf,
+    /// Store URL; overrides the file's `store`.
+    #[arg(long, env = "BATON_STORE")]
+    pub store: Option<String>,
+    /// Table or key prefix.
+    #[arg(long, env = "BATON_PREFIX")]
+    pub prefix: Option<String>,
+    /// Admin HTTP address (`/health`, `/jobs`, `/stats`), e.g. 127.0.0.1:0.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// On SIGTERM, how long running tasks may finish before they are handed back.
+    #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
+    pub shutdown_grace: Duration,
+    /// After SIGTERM to a command, how long before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = crate::duration_arg)]
+    pub grace: Duration,
+}
+
+fn load(path: &PathBuf) -> anyhow::Result<Config> {
+    Config::from_file(path)
+        .map_err(|e| Error::Invalid(baton::InvalidInput::new("config", e.to_string())).into())
+}
+
+async fn open(
+    store: Option<String>,
+    cfg: &Config,
+    prefix: Option<String>,
+) -> anyhow::Result<Store> {
+    let url = store
+        .or_else(|| cfg.store.clone())
+        .unwrap_or_else(|| baton::DEFAULT_STORE_URL.into());
+    crate::connect(&crate::StoreArg { store: url, prefix })
+        .await
+        .context("connecting to the store")
+}
+
+/// The library job for a config job.
+pub fn job_of(j: &JobConfig) -> Job {
+    let mut job = Job::new(j.name.clone(), j.schedule.clone());
+    job.misfire = j.misfire;
+    job.max_catch_up = j.max_catch_up;
+    job.misfire_grace = j.grace;
+    job.overlap = j.overlap;
+    job.jitter = j.jitter;
+    job.queue = j.queue.clone();
+    job.priority = j.priority;
+    job.max_attempts = j.max_attempts;
+    job.timeout = j.timeout;
+    if let Mode::Lock { at_most, at_least } = j.mode {
+        job.mode = JobMode::Lock { at_most, at_least };
+    }
+    job
+}
+
+fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
+/// rest; `stop` asks a command to end (SIGTERM, SIGKILL after `grace`).
+async fn run_action(
+    action: &Action,
+    env: Vec<(&'static str, String)>,
+    stop: impl std::future::Future<Output = ()>,
+    grace: Duration,
+    timeout: Option<Duration>,
+) -> Result<(), TaskError> {
+    match action {
+        Action::Command(argv) => {
+            let mut proc = child::spawn(argv, &env, true)
+                .map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+            let tail = command_task::tee_stderr(&mut proc);
+            let status = tokio::select! {
+                st = proc.wait() => st,
+                _ = stop => child::stop(&mut proc, grace).await,
+            }
+            .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
+            command_task::outcome(status, tail.await.unwrap_or_default())
+        }
+        Action::Http {
+            method,
+            url,
+            headers,
+            body,
+        } => {
+            let extra: Vec<(&str, String)> = env
+                .iter()
+                .map(|(k, v)| (header_name(k), v.clone()))
+                .collect();
+            let t = timeout.unwrap_or(Duration::from_secs(60));
+            tokio::select! {
+                r = http::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
+                _ = stop => Err(TaskError::retryable("stopped")),
+            }
+        }
+    }
+}
+
+fn header_name(env: &str) -> &'static str {
+    match env {
+        "BATON_JOB" => "Baton-Job",
+        "BATON_SLOT" => "Baton-Slot",
+        "BATON_TASK_ID" => "Baton-Task-Id",
+        "BATON_ATTEMPT" => "Baton-Attempt",
+        "BATON_FENCING_TOKEN" => "Baton-Fencing-Token",
+        "BATON_QUEUE" => "Baton-Queue",
+        _ => "Baton-Other",
+    }
+}
+
+fn durable_handler(
+    j: JobConfig,
+    grace: Duration,
+) -> impl Fn(
+    TaskContext,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TaskError>> + Send>>
+       + Send
+       + Sync
+       + 'static {
+    move |ctx: TaskContext| {
+        let j = j.clone();
+        Box::pin(async move {
+            let t = ctx.task();
+            if let Action::Command(argv) = &j.action {
+                return command_task::run_argv(ctx.clone(), argv.clone(), grace).await;
+            }
+            let mut env = vec![
+                ("BATON_JOB", j.name.clone()),
+                ("BATON_TASK_ID", t.id.to_string()),
+                ("BATON_ATTEMPT", t.attempt.to_string()),
+            ];
+            if let Some(s) = t.slot {
+                env.push(("BATON_SLOT", slot_text(s)));
+            }
+            let c2 = ctx.clone();
+            run_action(
+                &j.action,
+                env,
+                async move { c2.stopped().await },
+                grace,
+                j.timeout,
+            )
+            .await
+        })
+    }
+}
+
+/// `baton serve`.
+pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
+    let cfg = load(&a.config)?;
+    let store = open(a.store.clone(), &cfg, a.prefix.clone()).await?;
+    for w in store.backend().warnings().await.unwrap_or_default() {
+        eprintln!("baton: warning: {w}");
+    }
+    let stop = CancellationToken::new();
+    queue_cmd::shutdown_on_signals(stop.clone())?;
+
+    let mut scheduler = Scheduler::new(store.clone());
+    for j in &cfg.jobs {
+        let job = job_of(j);
+        match j.mode {
+            Mode::Durable => {
+                scheduler.add(job).map_err(Error::from)?;
+            }
+            Mode::Lock { .. } => {
+                let (action, grace, timeout) = (j.action.clone(), a.grace, j.timeout);
+                scheduler
+                    .add_locked(job, move |run: SlotRun| {
+                        let action = action.clone();
+                        async move {
+                            let env = vec![
+                                ("BATON_JOB", run.job.clone()),
+                                ("BATON_SLOT", slot_text(run.slot)),
+                                ("BATON_FENCING_TOKEN", run.lease.token().to_string()),
+                            ];
+                            let lease = run.lease.clone();
+                            let stop = async move {
+                                match timeout {
+                                    Some(t) => {
+                                        let _ = tokio::time::timeout(t, lease.lost()).await;
+                                    }
+                                    None => lease.lost().await,
+                                }
+                            };
+                            run_action(&action, env, stop, grace, timeout)
+                                .await
+                                .map_err(|e| e.message)
+                        }
+                    })
+                    .map_err(Error::from)?;
+            }
+        }
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for q in &cfg.queues {
+        let cfg_w = queue_cmd::worker_config(
+            &[(q.name.clone(), q.concurrency as usize)],
+            q.lease,
+            Duration::from_secs(1),
+            a.shutdown_grace,
+            a.grace,
+        );
+        let mut w = Worker::new(store.clone(), cfg_w);
+        queue_cmd::handle_commands(&mut w, a.grace);
+        for j in cfg
+            .jobs
+            .iter()
+            .filter(|j| j.mode == Mode::Durable && j.queue == q.name)
+        {
+            w.handle(j.name.clone(), durable_handler(j.clone(), a.grace));
+        }
+        let s = stop.clone();
+        tasks.spawn(async move { w.run(s).await.map_err(anyhow::Error::from) });
+    }
+    {
+        let s = stop.clone();
+        tasks.spawn(async move { scheduler.run(s).await.map_err(anyhow::Error::from) });
+    }
+    if let Some(addr) = &a.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--listen {addr}"))?;
+        eprintln!("baton: admin on http://{}", listener.local_addr()?);
+        let st = store.clone();
+        tokio::spawn(http::serve(listener, move |path| {
+            let st = st.clone();
+            async move { admin(&st, &path).await }
+        }));
+    }
+    eprintln!(
+        "baton: serving {} job(s) and {} queue(s) on {}",
+        cfg.jobs.len(),
+        cfg.queues.len(),
+        store.url()
+    );
+    let mut code = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("baton: {e:#}");
+                code = 1;
+                stop.cancel();
+            }
+            Err(e) => {
+                eprintln!("baton: internal error: {e}");
+                code = 1;
+                stop.cancel();
+            }
+        }
+    }
+    Ok(code)
+}
+
+async fn admin(store: &Store, path: &str) -> (u16, String) {
+    let result = match path {
+        "/health" => Ok(serde_json::json!({"status": "ok"})),
+        "/jobs" => schedule::job_statuses(store)
+            .await
+            .map(|j| serde_json::to_value(j).unwrap_or_default()),
+        "/stats" => baton::queue::Queue::new(store.clone())
+            .stats()
+            .await
+            .map(|s| serde_json::to_value(s).unwrap_or_default()),
+        _ => {
+            return (
+                404,
+                "{\"error\":\"not found; try /health, /jobs, /stats\"}".into(),
+            )
+        }
+    };
+    match result {
+        Ok(v) => (200, v.to_string()),
+        Err(e) => (503, serde_json::json!({"error": e.to_string()}).to_string()),
+    }
+}
+
+/// Arguments of `baton trigger`.
+#[derive(clap::Args, Debug)]
+pub struct TriggerArgs {
+    /// The job to run now.
+    pub job: String,
+    #[command(flatten)]
+    pub store: crate::StoreArg,
+    /// The slot this run stands for (RFC 3339); the same slot always gives
+    /// the same run. Default: the job's latest due slot (needs --config).
+    #[arg(long, value_parser = crate::queue_cmd::rfc3339_arg)]
+    pub slot: Option<chrono::DateTime<chrono::Utc>>,
+    /// The config file defining the job (its queue and schedule).
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Queue for the run when no config is given.
+    #[arg(long, default_value = baton::queue::DEFAULT_QUEUE)]
+    pub queue: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `baton trigger`.
+pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
+    baton::lock::validate_name("job name", &a.job).map_err(Error::from)?;
+    let job = match &a.config {
+        Some(path) => {
+            let cfg = load(path)?;
+            let j = cfg.jobs.iter().find(|j| j.name == a.job).ok_or_else(|| {
+                Error::from(baton::InvalidInput::new(
+                    "JOB",
+                    format!("{:?} is not a job in {}", a.job, path.display()),
+                ))
+            })?;
+            job_of(j)
+        }
+        None => {
+            let placeholder = baton::schedule::spec::Schedule::every(Duration::from_secs(60))
+                .map_err(Error::from)?;
+            Job::new(a.job.clone(), placeholder).queue(a.queue.clone())
+        }
+    };
+    if a.config.is_none() && a.slot.is_none() {
+        return Err(Error::from(baton::InvalidInput::new(
+            "--slot",
+            "give --slot RFC3339 (or --config FILE to default to the job's latest due slot)",
+        ))
+        .into());
+    }
+    let store = crate::connect(&a.store)
+        .await
+        .context("connecting to the store")?;
+    let slot = match a.slot {
+        Some(s) => s,
+        None => {
+            let now = store.now().await.map_err(Error::from)?;
+            schedule::latest_slot(&job.schedule, now).ok_or_else(|| {
+                Error::from(baton::InvalidInput::new(
+                    "--slot",
+                    "the job has no slot in the past year; give --slot",
+                ))
+            })?
+        }
+    };
+    let e = schedule::trigger(&store, &job, slot).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"id": e.id, "inserted": e.inserted, "job": a.job, "slot": slot_text(slot)})
+        );
+    } else {
+        println!("{}", e.id);
+        if !e.inserted {
+            eprintln!(
+                "baton: {} @ {} was already triggered or scheduled: task {}",
+                a.job,
+                slot_text(slot),
+                e.id
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// Arguments of `baton jobs`.
+#[derive(clap::Args, Debug)]
+pub struct JobsArgs {
+    #[command(subcommand)]
+    pub cmd: Option<JobsCmd>,
+    #[command(flatten)]
+    pub store: crate::StoreArg,
+    /// The config file, to show each job's next fire time.
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `baton jobs pause|resume`.
+#[derive(clap::Subcommand, Debug)]
+pub enum JobsCmd {
+    /// Stop enqueueing a job's slots, cluster-wide.
+    Pause { job: String },
+    /// Resume a paused job (missed slots follow its misfire policy).
+    Resume { job: String },
+}
+
+/// `baton jobs`.
+pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
+    let cfg = match &a.config {
+        Some(p) => Some(load(p)?),
+        None => None,
+    };
+    let store = crate::connect(&a.store)
+        .await
+        .context("connecting to the store")?;
+    if let Some(cmd) = a.cmd {
+        let (job, paused) = match cmd {
+            JobsCmd::Pause { job } => (job, true),
+            JobsCmd::Resume { job } => (job, false),
+        };
+        if schedule::set_paused(&store, &job, paused).await? {
+            println!("job {job} {}", if paused { "paused" } else { "resumed" });
+            return Ok(0);
+        }
+        eprintln!("baton: no job {job:?} in this store (it appears once a scheduler has run it)");
+        return Ok(1);
+    }
+    let now = store.now().await.map_err(Error::from)?;
+    let statuses = schedule::job_statuses(&store).await?;
+    let next_of = |name: &str| {
+        cfg.as_ref()
+            .and_then(|c| c.jobs.iter().find(|j| j.name == name))
+            .and_then(|j| j.schedule.next_after(now))
+    };
+    if a.json {
+        let rows: Vec<_> = statuses
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "name": s.state.name,
+                    "paused": s.state.paused,
+                    "last_slot": s.state.last_slot.map(slot_text),
+                    "next_fire": next_of(&s.state.name).map(slot_text),
+                    "last_run": s.last_run.as_ref().map(|t| serde_json::json!({
+                        "task": t.id, "slot": t.slot.map(slot_text), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
+                    })),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<24} {:<7} {:<26} {:<26} LAST RUN",
+        "JOB", "PAUSED", "LAST SLOT", "NEXT FIRE"
+    );
+    for s in statuses {
+        let last = s
+            .last_run
+            .map(|t| format!("task {} {} (attempt {})", t.id, t.state, t.attempt))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<24} {:<7} {:<26} {:<26} {}",
+            s.state.name,
+            s.state.paused,
+            s.state
+                .last_slot
+                .map(slot_text)
+                .unwrap_or_else(|| "-".into()),
+            next_of(&s.state.name)
+                .map(slot_text)
+                .unwrap_or_else(|| if cfg.is_some() {
+                    "-".into()
+                } else {
+                    "(give --config)".into()
+                }),
+            last
+        );
+    }
+    Ok(0)
+}
