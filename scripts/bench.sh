@@ -26,6 +26,7 @@ GW_DIR=${GW_DIR:-/tmp/gw}
 GW_VERSION=${GW_VERSION:-0.16.6} # 0.17+/0.18 need Node >= 22
 SECTIONS=${SECTIONS:-"ceilings lock latency throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)   # absolute: graphile runs from $GW_DIR
 TMP=${TMPDIR:-/tmp}
 BIN=target/release/baton-bench
 
