@@ -1,0 +1,795 @@
+//! `baton-bench`: the benchmark harness for baton.
+//!
+//! Every subcommand takes `--store URL` and `--prefix` (default: a fresh
+//! random one, so runs never collide), runs one measurement and prints one
+//! JSON line (starting with `{`) followed by one human line (starting with
+//! `#`). Repetition, medians and side-by-side comparisons with the stores'
+//! own ceilings live in `scripts/bench.sh`; results are in
+//! `docs/BENCHMARKS.md`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use baton::lock::{LockOptions, Locker};
+use baton::queue::{Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
+use baton::store::{Acquire, Claim, ClaimRequest, Finish, LockRequest};
+use baton::{Store, StoreOptions};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+use sqlx::Connection;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "baton-bench", about = "Benchmarks for baton's locks and queue")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Acquire + release loops on distinct (uncontended) lock names.
+    Lock(LockArgs),
+    /// Pre-insert jobs, then drain them with several workers (graphile-worker's perfTest shape).
+    QueueThroughput(ThroughputArgs),
+    /// Enqueue one job at a time; measure enqueue -> handler start.
+    Latency(LatencyArgs),
+    /// Claim rate (batches of --batch, --claimers at once) over a pending backlog.
+    ClaimScale(ClaimArgs),
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Store URL: sqlite://PATH, postgres://…, redis://…
+    #[arg(long)]
+    store: String,
+    /// Table / key prefix (default: bench_<random>_).
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Connections per store handle (SQL pools).
+    #[arg(long, default_value_t = 16)]
+    pool: u32,
+    /// Keep the PostgreSQL tables afterwards (default: drop them).
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum LockApi {
+    /// `Locker::try_lock` (keep-alive off) + `Lease::release`.
+    Locker,
+    /// `backend().lock_acquire` + `backend().lock_release` directly.
+    Raw,
+}
+
+#[derive(Args)]
+struct LockArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Concurrent loops, each on its own lock name.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Seconds to measure (after a short warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Which API to drive.
+    #[arg(long, value_enum, default_value_t = LockApi::Locker)]
+    api: LockApi,
+}
+
+#[derive(Args)]
+struct ThroughputArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 200_000)]
+    jobs: u64,
+    /// Worker instances, each with its own store handle (own pool).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Concurrency per worker.
+    #[arg(long, default_value_t = 24)]
+    concurrency: usize,
+    /// Tasks per `enqueue_many` call while pre-inserting.
+    #[arg(long, default_value_t = 10_000)]
+    insert_batch: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct LatencyArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 1000)]
+    jobs: usize,
+    /// Unmeasured jobs first (connections, prepared statements).
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Worker poll interval in ms (wake-ups normally arrive sooner).
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum FinishMode {
+    /// Finish each claimed task with HandBack: it returns to pending, so the
+    /// backlog stays at exactly --pending for the whole run.
+    Handback,
+    /// Finish each claimed task as succeeded (the backlog shrinks).
+    Succeed,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum AnalyzeMode {
+    None,
+    Fresh,
+    Both,
+}
+
+#[derive(Args)]
+struct ClaimArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Pending tasks to insert before measuring.
+    #[arg(long, default_value_t = 10_000)]
+    pending: u64,
+    #[arg(long, default_value_t = 4)]
+    claimers: usize,
+    /// Tasks per claim.
+    #[arg(long, default_value_t = 10)]
+    batch: u32,
+    /// Seconds per measurement round.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// How each claimed task is finished.
+    #[arg(long, value_enum, default_value_t = FinishMode::Handback)]
+    finish: FinishMode,
+    /// PostgreSQL: measure with no statistics (`none`), right after an
+    /// ANALYZE (`fresh`), or first without and then with (`both`).
+    #[arg(long, value_enum, default_value_t = AnalyzeMode::Both)]
+    analyze: AnalyzeMode,
+    /// Measurement rounds per phase (after one bulk insert).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// PostgreSQL: print EXPLAIN (ANALYZE, BUFFERS) of one claim (rolled back) to stderr.
+    #[arg(long)]
+    explain: bool,
+    #[arg(long, default_value_t = 10_000)]
+    insert_batch: u64,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Lock(a) => lock_bench(a).await,
+            Cmd::QueueThroughput(a) => throughput_bench(a).await,
+            Cmd::Latency(a) => latency_bench(a).await,
+            Cmd::ClaimScale(a) => claim_bench(a).await,
+        }
+    })
+}
+
+// ---- helpers -----------------------------------------------------------------
+
+fn random_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mixed = (nanos as u64) ^ (u64::from(std::process::id()) << 40);
+    // splitmix64 finaliser, so close timestamps give unrelated prefixes
+    let mut z = mixed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    format!("bench_{:08x}_", z as u32)
+}
+
+struct Ctx {
+    url: String,
+    prefix: String,
+    pool: u32,
+    keep: bool,
+}
+
+impl Ctx {
+    fn new(c: &Common) -> Ctx {
+        Ctx {
+            url: c.store.clone(),
+            prefix: c.prefix.clone().unwrap_or_else(random_prefix),
+            pool: c.pool,
+            keep: c.keep,
+        }
+    }
+
+    async fn connect(&self) -> Result<Store> {
+        Store::connect_with(
+            &self.url,
+            StoreOptions {
+                prefix: Some(self.prefix.clone()),
+                max_connections: self.pool,
+                migrate: true,
+            },
+        )
+        .await
+        .with_context(|| format!("connecting to {}", baton::store::redact(&self.url)))
+    }
+
+    fn is_postgres(&self) -> bool {
+        self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")
+    }
+
+    fn tasks_table(&self) -> String {
+        format!("{}tasks", self.prefix)
+    }
+
+    async fn pg(&self) -> Result<sqlx::PgConnection> {
+        sqlx::PgConnection::connect(&self.url)
+            .await
+            .context("opening a diagnostic PostgreSQL connection")
+    }
+
+    /// Drop this run's PostgreSQL objects (SQLite files and Redis keys are
+    /// removed by scripts/bench.sh).
+    async fn cleanup(&self) -> Result<()> {
+        if self.keep || !self.is_postgres() {
+            return Ok(());
+        }
+        let mut c = self.pg().await?;
+        let p = &self.prefix;
+        for t in ["meta", "locks", "tasks", "jobs"] {
+            sqlx::query(&format!("DROP TABLE IF EXISTS \"{p}{t}\""))
+                .execute(&mut c)
+                .await?;
+        }
+        sqlx::query(&format!("DROP SEQUENCE IF EXISTS \"{p}tasks_id_seq\""))
+            .execute(&mut c)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Latency samples in nanoseconds.
+struct Samples(Vec<u64>);
+
+impl Samples {
+    fn new() -> Samples {
+        Samples(Vec::new())
+    }
+    fn push(&mut self, d: Duration) {
+        self.0.push(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+    fn merge(&mut self, other: Samples) {
+        self.0.extend(other.0);
+    }
+    fn finish(mut self) -> Sorted {
+        self.0.sort_unstable();
+        Sorted(self.0)
+    }
+}
+
+struct Sorted(Vec<u64>);
+
+impl Sorted {
+    /// Nearest-rank percentile, in milliseconds.
+    fn ms(&self, p: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * self.0.len() as f64).ceil() as usize;
+        let i = rank.clamp(1, self.0.len()) - 1;
+        self.0[i] as f64 / 1e6
+    }
+    fn json(&self) -> Value {
+        json!({
+            "n": self.0.len(),
+            "p50_ms": round3(self.ms(50.0)),
+            "p90_ms": round3(self.ms(90.0)),
+            "p99_ms": round3(self.ms(99.0)),
+            "max_ms": round3(self.ms(100.0)),
+        })
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn emit(v: Value, human: String) {
+    println!("{v}");
+    println!("# {human}");
+}
+
+async fn insert_jobs(q: &Queue, queue: &str, n: u64, batch: u64) -> Result<f64> {
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let k = batch.min(n - done);
+        let tasks: Vec<TaskBuilder> = (done..done + k)
+            .map(|i| TaskBuilder::new("noop", json!({ "id": i })).queue(queue))
+            .collect();
+        let out = q.enqueue_many(tasks).await.context("enqueue_many")?;
+        if out.len() as u64 != k {
+            bail!("enqueue_many returned {} results for {k} tasks", out.len());
+        }
+        done += k;
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+// ---- lock ------------------------------------------------------------------------
+
+async fn lock_bench(a: LockArgs) -> Result<()> {
+    let ctx = Ctx::new(&a.common);
+    let store = ctx.connect().await?;
+    let kind = store.backend().kind();
+    let locker = Locker::new(store.clone());
+    let opts = LockOptions::new(Duration::from_secs(30))?.keep_alive(false);
+    let measure = Duration::from_secs_f64(a.duration);
+    let warmup = Duration::from_millis(500);
+    let start = Instant::now() + warmup;
+    let end = start + measure;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..a.concurrency {
+        let locker = locker.clone();
+        let store = store.clone();
+        let api = a.api;
+        set.spawn(async move {
+            let name = format!("bench-lock-{i}");
+            let holder = format!("bench:{i}");
+            let mut s = Samples::new();
+            loop {
+                let t0 = Instant::now();
+                if t0 >= end {
+                    break;
+                }
+                match api {
+                    LockApi::Locker => {
+                        let lease = locker
+                            .try_lock(&name, &opts)
+                            .await?
+                            .ok_or_else(|| anyhow!("lock {name} unexpectedly busy"))?;
+                        lease.release().await?;
+                    }
+                    LockApi::Raw => {
+                        let b = store.backend();
+                        let req = LockRequest {
+                            name: &name,
+                            holder: &holder,
+                            at_most: Duration::from_secs(30),
+                        };
+                        let token = match b.lock_acquire(&req).await? {
+                            Acquire::Granted { token, .. } => token,
+                            Acquire::Busy(_) => bail!("lock {name} unexpectedly busy"),
+                        };
+                        if !b.lock_release(&name, token, Duration::ZERO).await? {
+                            bail!("release of {name} refused");
+                        }
+                    }
+                }
+                if t0 >= start {
+                    s.push(t0.elapsed());
+                }
+            }
+            Ok::<_, anyhow::Error>(s)
+        });
+    }
+    let mut all = Samples::new();
+    while let Some(r) = set.join_next().await {
+        all.merge(r.context("lock loop panicked")??);
+    }
+    let lat = all.finish();
+    let ops = lat.0.len() as f64 / measure.as_secs_f64();
+    emit(
+        json!({
+            "bench": "lock", "store": kind, "api": match a.api { LockApi::Locker => "locker", LockApi::Raw => "raw" },
+            "concurrency": a.concurrency, "duration_s": a.duration,
+            "ops_per_s": round1(ops), "latency": lat.json(), "prefix": ctx.prefix,
+        }),
+        format!(
+            "lock {kind} c={} : {:.0} acquire+release/s, p50 {:.3} ms, p99 {:.3} ms",
+            a.concurrency,
+            ops,
+            lat.ms(50.0),
+            lat.ms(99.0)
+        ),
+    );
+    ctx.cleanup().await
+}
+
+// ---- queue throughput ----------------------------------------------------------
+
+async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
+    let ctx = Ctx::new(&a.common);
+    let store = ctx.connect().await?;
+    let kind = store.backend().kind();
+    let queue = "bench";
+    let q = Queue::new(store.clone());
+    let insert_s = insert_jobs(&q, queue, a.jobs, a.insert_batch).await?;
+
+    let started = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..a.workers {
+        let s = ctx.connect().await?;
+        let mut w = Worker::new(s, WorkerConfig::default().queue(queue, a.concurrency));
+        let c = started.clone();
+        w.handle("noop", move |_ctx| {
+            c.fetch_add(1, Ordering::Relaxed);
+            async { Ok::<(), TaskError>(()) }
+        });
+        workers.push(w);
+    }
+    let shutdown = CancellationToken::new();
+    let t0 = Instant::now();
+    let handles: Vec<_> = workers
+        .into_iter()
+        .map(|w| tokio::spawn(w.run(shutdown.clone())))
+        .collect();
+    let deadline = t0 + Duration::from_secs(a.timeout);
+    while started.load(Ordering::Relaxed) < a.jobs {
+        if Instant::now() > deadline {
+            shutdown.cancel();
+            bail!(
+                "timed out: {} of {} handlers started",
+                started.load(Ordering::Relaxed),
+                a.jobs
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let handlers_done = t0.elapsed().as_secs_f64();
+    loop {
+        let st = q.stats().await?;
+        let succeeded = st
+            .iter()
+            .find(|s| s.queue == queue)
+            .map(|s| s.succeeded)
+            .unwrap_or(0);
+        if succeeded >= a.jobs {
+            break;
+        }
+        if Instant::now() > deadline {
+            shutdown.cancel();
+            bail!("timed out: {succeeded} of {} succeeded", a.jobs);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let drain_s = t0.elapsed().as_secs_f64();
+    shutdown.cancel();
+    for h in handles {
+        h.await.context("worker panicked")??;
+    }
+    let jobs_per_s = a.jobs as f64 / drain_s;
+    let insert_per_s = a.jobs as f64 / insert_s;
+    emit(
+        json!({
+            "bench": "queue-throughput", "store": kind, "jobs": a.jobs, "workers": a.workers,
+            "concurrency": a.concurrency, "pool": ctx.pool,
+            "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
+            "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
+            "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
+        }),
+        format!(
+            "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{}",
+            insert_per_s, jobs_per_s, a.workers, a.concurrency
+        ),
+    );
+    ctx.cleanup().await
+}
+
+// ---- latency -------------------------------------------------------------------
+
+async fn latency_bench(a: LatencyArgs) -> Result<()> {
+    let ctx = Ctx::new(&a.common);
+    let store = ctx.connect().await?;
+    let kind = store.backend().kind();
+    let queue = "latency";
+    let q = Queue::new(store.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant)>();
+    let mut cfg = WorkerConfig::default().queue(queue, 4);
+    cfg.poll_interval = Duration::from_millis(a.poll_ms);
+    let mut w = Worker::new(ctx.connect().await?, cfg);
+    w.handle("ping", move |tctx| {
+        let at = Instant::now();
+        let seq = tctx.task().payload["seq"].as_u64().unwrap_or(u64::MAX);
+        let _ = tx.send((seq, at));
+        async { Ok::<(), TaskError>(()) }
+    });
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(w.run(shutdown.clone()));
+    // Let the worker subscribe and go idle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut lat = Samples::new();
+    let mut enq = Samples::new();
+    for i in 0..(a.warmup + a.jobs) as u64 {
+        let t0 = Instant::now();
+        q.enqueue(TaskBuilder::new("ping", json!({ "seq": i })).queue(queue))
+            .await?;
+        let t1 = Instant::now();
+        let at = loop {
+            let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .map_err(|_| anyhow!("job {i}: handler did not start within 30 s"))?
+                .ok_or_else(|| anyhow!("worker stopped"))?;
+            if got.0 == i {
+                break got.1;
+            }
+        };
+        if i >= a.warmup as u64 {
+            lat.push(at.saturating_duration_since(t0));
+            enq.push(t1 - t0);
+        }
+        // Let the handler's finish land so the worker is idle again.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    shutdown.cancel();
+    handle.await.context("worker panicked")??;
+    let lat = lat.finish();
+    let enq = enq.finish();
+    emit(
+        json!({
+            "bench": "latency", "store": kind, "jobs": a.jobs, "poll_ms": a.poll_ms,
+            "enqueue_to_start": lat.json(), "enqueue_call": enq.json(), "prefix": ctx.prefix,
+        }),
+        format!(
+            "latency {kind}: enqueue->start p50 {:.3} ms, p99 {:.3} ms (enqueue call p50 {:.3} ms)",
+            lat.ms(50.0),
+            lat.ms(99.0),
+            enq.ms(50.0)
+        ),
+    );
+    ctx.cleanup().await
+}
+
+// ---- claim scale ---------------------------------------------------------------
+
+async fn pg_stats_state(ctx: &Ctx) -> Result<Value> {
+    let mut c = ctx.pg().await?;
+    let row: Option<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT n_live_tup, analyze_count, autoanalyze_count FROM pg_stat_user_tables \
+         WHERE relname = $1",
+    )
+    .bind(ctx.tasks_table())
+    .fetch_optional(&mut c)
+    .await?;
+    let stats_rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stats WHERE schemaname = current_schema() AND tablename = $1",
+    )
+    .bind(ctx.tasks_table())
+    .fetch_one(&mut c)
+    .await?;
+    let reltuples: Option<f32> =
+        sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(format!("\"{}\"", ctx.tasks_table()))
+            .fetch_optional(&mut c)
+            .await?;
+    Ok(match row {
+        Some((live, an, auto)) => json!({
+            "n_live_tup": live, "analyze_count": an, "autoanalyze_count": auto,
+            "pg_stats_columns": stats_rows, "reltuples": reltuples,
+        }),
+        None => json!(null),
+    })
+}
+
+/// EXPLAIN (ANALYZE, BUFFERS) of one claim, in a transaction that is rolled
+/// back. The statement text mirrors `claim_sql` in
+/// crates/baton/src/store/postgres.rs (LIMIT as a literal).
+async fn pg_explain_claim(ctx: &Ctx, queue: &str, limit: u32) -> Result<String> {
+    let mut c = ctx.pg().await?;
+    let t = format!("\"{}\"", ctx.tasks_table());
+    let sql = format!(
+        "EXPLAIN (ANALYZE, BUFFERS) UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+             started_at = now(), lease_until = now() + 60000 * interval '1 millisecond', \
+             worker = 'explain' \
+         WHERE id IN ( \
+             SELECT id FROM {t} \
+             WHERE state = 'pending' AND queue = '{queue}' AND run_at <= now() \
+             ORDER BY priority, run_at, id \
+             LIMIT {limit} \
+             FOR UPDATE SKIP LOCKED) \
+         RETURNING id"
+    );
+    let mut tx = c.begin().await?;
+    let lines: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&mut *tx).await?;
+    tx.rollback().await?;
+    let generic =
+        baton::store::postgres::explain_claim(&mut c, Some(&ctx.prefix), queue, limit, true)
+            .await?;
+    Ok(format!(
+        "EXPLAIN ANALYZE (custom):\n{}\nEXPLAIN (generic plan):\n{generic}",
+        lines.join("\n")
+    ))
+}
+
+struct Round {
+    rate: f64,
+    claims_per_s: f64,
+    empty: u64,
+    claim_lat: Sorted,
+    finish_lat: Sorted,
+}
+
+async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Result<Round> {
+    let measure = Duration::from_secs_f64(a.duration);
+    let claimed = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let end = t0 + measure;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..a.claimers {
+        let store = store.clone();
+        let claimed = claimed.clone();
+        let (batch, mode) = (a.batch, a.finish);
+        set.spawn(async move {
+            let worker = format!("bench-claimer-{i}");
+            let b = store.backend();
+            let mut claim_lat = Samples::new();
+            let mut finish_lat = Samples::new();
+            let mut empty = 0u64;
+            let finish = match mode {
+                FinishMode::Handback => Finish::HandBack,
+                FinishMode::Succeed => Finish::Succeeded,
+            };
+            while Instant::now() < end {
+                let c0 = Instant::now();
+                let got = b
+                    .claim(&ClaimRequest {
+                        queue,
+                        worker: &worker,
+                        limit: batch,
+                        lease: Duration::from_secs(60),
+                    })
+                    .await?;
+                claim_lat.push(c0.elapsed());
+                if got.is_empty() {
+                    empty += 1;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                claimed.fetch_add(got.len() as u64, Ordering::Relaxed);
+                for t in got {
+                    let f0 = Instant::now();
+                    let ok = b
+                        .finish(
+                            Claim {
+                                id: t.id,
+                                attempt: t.attempt,
+                            },
+                            &finish,
+                        )
+                        .await?;
+                    finish_lat.push(f0.elapsed());
+                    if !ok {
+                        bail!("finish of task {} refused", t.id);
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>((claim_lat, finish_lat, empty))
+        });
+    }
+    let mut claim_lat = Samples::new();
+    let mut finish_lat = Samples::new();
+    let mut empty = 0;
+    while let Some(r) = set.join_next().await {
+        let (c, f, e) = r.context("claimer panicked")??;
+        claim_lat.merge(c);
+        finish_lat.merge(f);
+        empty += e;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let n = claimed.load(Ordering::Relaxed);
+    let claim_lat = claim_lat.finish();
+    Ok(Round {
+        rate: n as f64 / elapsed,
+        claims_per_s: claim_lat.0.len() as f64 / elapsed,
+        empty,
+        claim_lat,
+        finish_lat: finish_lat.finish(),
+    })
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        f64::NAN
+    } else {
+        s[s.len() / 2]
+    }
+}
+
+async fn claim_bench(a: ClaimArgs) -> Result<()> {
+    let ctx = Ctx::new(&a.common);
+    let store = ctx.connect().await?;
+    let kind = store.backend().kind();
+    let queue = "claims";
+    let q = Queue::new(store.clone());
+    let insert_s = insert_jobs(&q, queue, a.pending, a.insert_batch).await?;
+    let pg = ctx.is_postgres();
+    // Phases: PostgreSQL runs with no statistics (fresh table; the shared
+    // server has autovacuum off, and we record whether anything analyzed it)
+    // and/or right after an ANALYZE.
+    let phases: Vec<&str> = match (pg, a.analyze) {
+        (false, _) => vec!["-"],
+        (true, AnalyzeMode::None) => vec!["no-stats"],
+        (true, AnalyzeMode::Fresh) => vec!["analyzed"],
+        (true, AnalyzeMode::Both) => vec!["no-stats", "analyzed"],
+    };
+    for phase in phases {
+        let mut stats_before = Value::Null;
+        if pg {
+            if phase == "analyzed" {
+                let mut c = ctx.pg().await?;
+                sqlx::query(&format!("ANALYZE \"{}\"", ctx.tasks_table()))
+                    .execute(&mut c)
+                    .await?;
+            }
+            stats_before = pg_stats_state(&ctx).await?;
+            if a.explain {
+                eprintln!(
+                    "== {kind} pending={} {phase}\n{}",
+                    a.pending,
+                    pg_explain_claim(&ctx, queue, a.batch).await?
+                );
+            }
+        }
+        let mut rounds = Vec::new();
+        for _ in 0..a.rounds {
+            rounds.push(claim_round(&store, queue, &a).await?);
+        }
+        let stats_after = if pg {
+            pg_stats_state(&ctx).await?
+        } else {
+            Value::Null
+        };
+        let rates: Vec<f64> = rounds.iter().map(|r| r.rate).collect();
+        let med = median(&rates);
+        let p50s: Vec<f64> = rounds.iter().map(|r| r.claim_lat.ms(50.0)).collect();
+        let pending_after = q
+            .stats()
+            .await?
+            .iter()
+            .find(|s| s.queue == queue)
+            .map(|s| s.pending)
+            .unwrap_or(0);
+        emit(
+            json!({
+                "bench": "claim-scale", "store": kind, "pending": a.pending, "claimers": a.claimers,
+                "batch": a.batch, "phase": phase,
+                "finish": match a.finish { FinishMode::Handback => "handback", FinishMode::Succeed => "succeed" },
+                "insert_s": round3(insert_s), "insert_per_s": round1(a.pending as f64 / insert_s),
+                "round_s": a.duration,
+                "claimed_per_s_median": round1(med),
+                "rounds": rounds.iter().map(|r| json!({
+                    "claimed_per_s": round1(r.rate), "claims_per_s": round1(r.claims_per_s),
+                    "empty_claims": r.empty, "claim_latency": r.claim_lat.json(),
+                    "finish_latency": r.finish_lat.json(),
+                })).collect::<Vec<_>>(),
+                "pending_after": pending_after, "pg_stats_before": stats_before,
+                "pg_stats_after": stats_after, "prefix": ctx.prefix,
+            }),
+            format!(
+                "claim-scale {kind} pending={} {phase}: median {:.0} tasks claimed+finished/s over {} rounds {:?}, claim p50 {:?} ms (insert {:.0}/s)",
+                a.pending,
+                med,
+                rounds.len(),
+                rates.iter().map(|r| r.round() as i64).collect::<Vec<_>>(),
+                p50s.iter().map(|x| round3(*x)).collect::<Vec<_>>(),
+                a.pending as f64 / insert_s
+            ),
+        );
+    }
+    ctx.cleanup().await
+}
