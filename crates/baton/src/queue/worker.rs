@@ -286,7 +286,10 @@ impl Worker {
     /// (without counting the attempt), and return.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         self.config.validate()?;
+        let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
+        let completer = tokio::spawn(complete_loop(self.store.clone(), completion_rx));
         let shared = Arc::new(Shared {
+            completions,
             store: self.store.clone(),
             config: self.config.clone(),
             id: self.id.clone(),
@@ -397,6 +400,7 @@ impl Worker {
             notified.await;
         }
         heart.abort();
+        completer.abort();
         tracing::info!(worker = %self.id, "worker stopped");
         Ok(())
     }
@@ -416,7 +420,15 @@ async fn recv_wake(rx: &mut Option<tokio::sync::broadcast::Receiver<String>>) ->
     }
 }
 
+/// A finished attempt waiting to be written, with where to send the answer.
+struct Completion {
+    claim: Claim,
+    finish: Finish,
+    reply: tokio::sync::oneshot::Sender<Result<bool, crate::StoreError>>,
+}
+
 struct Shared {
+    completions: tokio::sync::mpsc::UnboundedSender<Completion>,
     store: Store,
     config: WorkerConfig,
     id: String,
@@ -611,10 +623,76 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
     }
 }
 
+/// Write finished attempts in batches: whatever queued up while the last
+/// batch was being written goes in the next one (one transaction or round
+/// trip where the backend can), so a busy worker does not pay one commit per
+/// task and an idle one adds no delay.
+async fn complete_loop(store: Store, mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>) {
+    const MAX_BATCH: usize = 256;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(c) => batch.push(c),
+                Err(_) => break,
+            }
+        }
+        let items: Vec<(Claim, Finish)> =
+            batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
+        match store.backend().finish_many(&items).await {
+            Ok(answers) if answers.len() == batch.len() => {
+                for (c, ok) in batch.into_iter().zip(answers) {
+                    let _ = c.reply.send(Ok(ok));
+                }
+            }
+            Ok(_) => {
+                for c in batch {
+                    let _ = c.reply.send(Err(crate::StoreError::Corrupt(
+                        "finish_many answered the wrong number of items".into(),
+                    )));
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let retryable = e.is_retryable();
+                for c in batch {
+                    let err = if retryable {
+                        crate::StoreError::Unavailable(msg.clone())
+                    } else {
+                        crate::StoreError::Backend(msg.clone())
+                    };
+                    let _ = c.reply.send(Err(err));
+                }
+            }
+        }
+    }
+}
+
+async fn finish_once(
+    shared: &Shared,
+    claim: Claim,
+    finish: &Finish,
+) -> Result<bool, crate::StoreError> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let sent = shared.completions.send(Completion {
+        claim,
+        finish: finish.clone(),
+        reply,
+    });
+    if sent.is_err() {
+        // The completer is gone (shutdown): write directly.
+        return shared.store.backend().finish(claim, finish).await;
+    }
+    match answer.await {
+        Ok(r) => r,
+        Err(_) => shared.store.backend().finish(claim, finish).await,
+    }
+}
+
 async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) {
     let mut backoff = Duration::from_millis(20);
     loop {
-        match shared.store.backend().finish(claim, finish).await {
+        match finish_once(shared, claim, finish).await {
             Ok(true) => {
                 tracing::debug!(
                     task = claim.id,

@@ -550,6 +550,18 @@ pub trait Backend: Send + Sync + 'static {
     /// means the claim was lost and nothing changed.
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
 
+    /// End many attempts at once: one answer per item, in order, each as
+    /// [`Backend::finish`] would give it. Backends that can do it in one
+    /// transaction or round trip override this (workers batch their
+    /// completions through it); the default calls `finish` for each.
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        for (claim, finish) in items {
+            out.push(self.finish(*claim, finish).await?);
+        }
+        Ok(out)
+    }
+
     /// Store a progress report on a running claim. False if the claim is lost.
     async fn progress(
         &self,

@@ -882,6 +882,45 @@ impl Backend for PgBackend {
             .collect())
     }
 
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        // Successes (the common case) in one statement and one commit; the
+        // rest one by one.
+        let t = &self.names.tasks;
+        let mut out = vec![false; items.len()];
+        let mut ids = Vec::new();
+        let mut attempts = Vec::new();
+        for (claim, finish) in items {
+            if let (Finish::Succeeded, Ok(a)) = (finish, i32::try_from(claim.attempt)) {
+                ids.push(claim.id);
+                attempts.push(a);
+            }
+        }
+        if !ids.is_empty() {
+            let done: Vec<i64> = sqlx::query_scalar(&format!(
+                "UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), lease_until = NULL \
+                 FROM UNNEST($1::int8[], $2::int4[]) AS c(id, attempt) \
+                 WHERE t.id = c.id AND t.attempt = c.attempt AND t.state = 'running' \
+                 RETURNING t.id"
+            ))
+            .bind(&ids)
+            .bind(&attempts)
+            .fetch_all(&self.pool)
+            .await?;
+            let done: std::collections::HashSet<i64> = done.into_iter().collect();
+            for (i, (claim, finish)) in items.iter().enumerate() {
+                if matches!(finish, Finish::Succeeded) {
+                    out[i] = done.contains(&claim.id);
+                }
+            }
+        }
+        for (i, (claim, finish)) in items.iter().enumerate() {
+            if !matches!(finish, Finish::Succeeded) {
+                out[i] = self.finish(*claim, finish).await?;
+            }
+        }
+        Ok(out)
+    }
+
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
         let t = &self.names.tasks;
         let Ok(attempt) = i32::try_from(claim.attempt) else {

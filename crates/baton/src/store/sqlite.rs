@@ -175,6 +175,50 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 }
 
 impl SqliteBackend {
+    /// The compare-and-set UPDATE that ends an attempt, and its `?3`/`?4`
+    /// arguments (error text, retry delay in ms); `?1`/`?2` are id and attempt.
+    fn finish_sql<'f>(&self, finish: &'f Finish) -> (String, Option<&'f str>, Option<i64>) {
+        let tasks = &self.t.tasks;
+        let (set, text, retry_in): (String, Option<&str>, Option<i64>) = match finish {
+            Finish::Succeeded => (
+                format!("state = 'succeeded', finished_at = {NOW}"),
+                None,
+                None,
+            ),
+            Finish::Failed { error, retry_in } => {
+                let again = "?4 IS NOT NULL AND attempt < max_attempts";
+                (
+                    format!(
+                        "errors = json_insert(errors, '$[#]', \
+                             json_object('attempt', attempt, 'at', {NOW}, 'error', ?3)), \
+                         last_error = ?3, \
+                         state = CASE WHEN {again} THEN 'pending' ELSE 'failed' END, \
+                         run_at = CASE WHEN {again} THEN {NOW} + ?4 ELSE run_at END, \
+                         finished_at = CASE WHEN {again} THEN NULL ELSE {NOW} END"
+                    ),
+                    Some(error.as_str()),
+                    retry_in.map(ms),
+                )
+            }
+            Finish::Cancelled { reason } => (
+                format!("state = 'cancelled', last_error = ?3, finished_at = {NOW}"),
+                Some(reason.as_str()),
+                None,
+            ),
+            Finish::HandBack => (
+                format!("state = 'pending', attempt = attempt - 1, run_at = {NOW}"),
+                None,
+                None,
+            ),
+        };
+        // Every transition out of `running` clears the lease.
+        let sql = format!(
+            "UPDATE {tasks} SET {set}, lease_until = NULL \
+             WHERE id = ?1 AND attempt = ?2 AND state = 'running' RETURNING queue"
+        );
+        (sql, text, retry_in)
+    }
+
     /// Connect without boxing (see [`connect`]).
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<SqliteBackend, StoreError> {
         let t = Tables::new(opts.prefix.as_deref())?;
@@ -837,44 +881,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let tasks = &self.t.tasks;
-        let (set, text, retry_in): (String, Option<&str>, Option<i64>) = match finish {
-            Finish::Succeeded => (
-                format!("state = 'succeeded', finished_at = {NOW}"),
-                None,
-                None,
-            ),
-            Finish::Failed { error, retry_in } => {
-                let again = "?4 IS NOT NULL AND attempt < max_attempts";
-                (
-                    format!(
-                        "errors = json_insert(errors, '$[#]', \
-                             json_object('attempt', attempt, 'at', {NOW}, 'error', ?3)), \
-                         last_error = ?3, \
-                         state = CASE WHEN {again} THEN 'pending' ELSE 'failed' END, \
-                         run_at = CASE WHEN {again} THEN {NOW} + ?4 ELSE run_at END, \
-                         finished_at = CASE WHEN {again} THEN NULL ELSE {NOW} END"
-                    ),
-                    Some(error.as_str()),
-                    retry_in.map(ms),
-                )
-            }
-            Finish::Cancelled { reason } => (
-                format!("state = 'cancelled', last_error = ?3, finished_at = {NOW}"),
-                Some(reason.as_str()),
-                None,
-            ),
-            Finish::HandBack => (
-                format!("state = 'pending', attempt = attempt - 1, run_at = {NOW}"),
-                None,
-                None,
-            ),
-        };
-        // Every transition out of `running` clears the lease.
-        let sql = format!(
-            "UPDATE {tasks} SET {set}, lease_until = NULL \
-             WHERE id = ?1 AND attempt = ?2 AND state = 'running' RETURNING queue"
-        );
+        let (sql, text, retry_in) = self.finish_sql(finish);
         let q = sqlx::query(&sql)
             .bind(claim.id)
             .bind(i64::from(claim.attempt))
@@ -888,6 +895,31 @@ impl Backend for SqliteBackend {
             self.wake([queue.as_str()]);
         }
         Ok(true)
+    }
+
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        // One IMMEDIATE transaction for the batch: one write-lock hand-off
+        // and one commit instead of one per task.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut woken: Vec<String> = Vec::new();
+        for (claim, finish) in items {
+            let (sql, text, retry_in) = self.finish_sql(finish);
+            let row = sqlx::query(&sql)
+                .bind(claim.id)
+                .bind(i64::from(claim.attempt))
+                .bind(text)
+                .bind(retry_in)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let (Some(row), Finish::HandBack) = (&row, finish) {
+                woken.push(row.try_get("queue")?);
+            }
+            out.push(row.is_some());
+        }
+        tx.commit().await?;
+        self.wake(woken.iter().map(String::as_str));
+        Ok(out)
     }
 
     async fn progress(

@@ -54,6 +54,7 @@ conformance! {
     queue::unique_key_race_gives_one_task,
     queue::batch_enqueue_is_idempotent_per_key,
     queue::finish_is_compare_and_set,
+    queue::finish_many_is_per_item_compare_and_set,
     queue::rescue_out_of_attempts_fails_with_reason,
     queue::retries_with_backoff_then_succeeds,
     queue::out_of_attempts_is_dead_lettered_and_retryable,

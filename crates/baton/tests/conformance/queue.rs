@@ -684,3 +684,57 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
         "unfinished tasks kept"
     );
 }
+
+pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(q.enqueue(task("m").priority(i)).await.unwrap().id);
+    }
+    let c = claim(&ts.store, "default", 5, 10_000).await;
+    assert_eq!(c.len(), 5);
+    let cl = |t: &baton::store::Task| Claim {
+        id: t.id,
+        attempt: t.attempt,
+    };
+    // A claim that is already finished, and one with a stale attempt.
+    assert!(b.finish(cl(&c[4]), &Finish::Succeeded).await.unwrap());
+    let stale = Claim {
+        id: c[3].id,
+        attempt: 99,
+    };
+    let items = vec![
+        (cl(&c[0]), Finish::Succeeded),
+        (
+            cl(&c[1]),
+            Finish::Failed {
+                error: "boom".into(),
+                retry_in: Some(Duration::from_secs(60)),
+            },
+        ),
+        (cl(&c[2]), Finish::HandBack),
+        (stale, Finish::Succeeded),
+        (cl(&c[4]), Finish::Succeeded),
+    ];
+    assert_eq!(
+        b.finish_many(&items).await.unwrap(),
+        [true, true, true, false, false]
+    );
+    let q = &q;
+    let state = |id| async move { q.task(id).await.unwrap().unwrap() };
+    assert_eq!(state(c[0].id).await.state, TaskState::Succeeded);
+    let failed = state(c[1].id).await;
+    assert_eq!(
+        (failed.state, failed.last_error.as_deref()),
+        (TaskState::Pending, Some("boom"))
+    );
+    let back = state(c[2].id).await;
+    assert_eq!((back.state, back.attempt), (TaskState::Pending, 0));
+    assert_eq!(
+        state(c[3].id).await.state,
+        TaskState::Running,
+        "stale attempt changed nothing"
+    );
+    assert!(b.finish_many(&[]).await.unwrap().is_empty());
+}
