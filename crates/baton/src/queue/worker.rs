@@ -496,7 +496,13 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         // be new work), or a freed slot when the last claim was full.
         tokio::select! {
             _ = poke.notified() => more = true,
-            _ = freed.notified(), if more => {}
+            _ = freed.notified(), if more => {
+                // Slots free in bursts (completions are written in batches):
+                // let the burst land so the next claim takes them together.
+                if slots.available_permits() < concurrency.div_ceil(4) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
             _ = shared.stop_claiming.cancelled() => return,
         }
     }

@@ -127,9 +127,28 @@ fn shared_for(path: &Path, prefix: &str) -> Arc<Shared> {
         .clone()
 }
 
+/// One connection pool per database file in this process, shared by every
+/// handle on it: SQLite has one writer at a time, and writers of one pool
+/// wait for each other in the pool rather than in SQLite's busy handler
+/// (which sleeps in steps of up to 100 ms). Weak, so a file's pool closes
+/// with its last handle.
+type Pools = Mutex<HashMap<PathBuf, std::sync::Weak<SqlitePool>>>;
+
+fn pools() -> &'static Pools {
+    static POOLS: OnceLock<Pools> = OnceLock::new();
+    POOLS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn live_pool(key: &Path) -> Option<Arc<SqlitePool>> {
+    let map = pools().lock().unwrap_or_else(|p| p.into_inner());
+    map.get(key)
+        .and_then(std::sync::Weak::upgrade)
+        .filter(|p| !p.is_closed())
+}
+
 /// The SQLite backend. Build it with [`connect`].
 pub struct SqliteBackend {
-    pool: SqlitePool,
+    pool: Arc<SqlitePool>,
     t: Tables,
     shared: Arc<Shared>,
 }
@@ -140,6 +159,13 @@ impl std::fmt::Debug for SqliteBackend {
             .field("prefix", &self.t.prefix)
             .finish()
     }
+}
+
+/// The canonical path of an existing file (or its absolute path).
+fn canonical_of(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// The file path of a `sqlite://PATH` or `sqlite:PATH` URL.
@@ -223,6 +249,11 @@ impl SqliteBackend {
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<SqliteBackend, StoreError> {
         let t = Tables::new(opts.prefix.as_deref())?;
         let path = parse_url(url)?;
+        let key = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
+        if let Some(pool) = live_pool(&key) {
+            let shared = shared_for(&canonical_of(&path), &t.prefix);
+            return Ok(SqliteBackend { pool, t, shared });
+        }
         let options = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
@@ -230,17 +261,20 @@ impl SqliteBackend {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(false);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(opts.max_connections.max(1))
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await?;
+        let pool = Arc::new(
+            SqlitePoolOptions::new()
+                .max_connections(opts.max_connections.max(1))
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await?,
+        );
+        pools()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Arc::downgrade(&pool));
         // The file exists now; key the shared state by its canonical path so
         // that `./a.db` and `/abs/a.db` share one wake-up channel.
-        let canonical = std::fs::canonicalize(&path)
-            .or_else(|_| std::path::absolute(&path))
-            .unwrap_or(path);
-        let shared = shared_for(&canonical, &t.prefix);
+        let shared = shared_for(&canonical_of(&path), &t.prefix);
         Ok(SqliteBackend { pool, t, shared })
     }
 
@@ -681,7 +715,7 @@ impl Backend for SqliteBackend {
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
-            .fetch_one(&self.pool)
+            .fetch_one(&*self.pool)
             .await?;
         from_ms(now)
     }
@@ -746,7 +780,7 @@ impl Backend for SqliteBackend {
         .bind(name)
         .bind(token_i64(token)?)
         .bind(ms(at_most))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&*self.pool)
         .await?;
         opt_time(until)
     }
@@ -765,7 +799,7 @@ impl Backend for SqliteBackend {
         .bind(name)
         .bind(token_i64(token)?)
         .bind(ms(at_least))
-        .execute(&self.pool)
+        .execute(&*self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
     }
@@ -777,7 +811,7 @@ impl Backend for SqliteBackend {
             locks = self.t.locks
         ))
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&*self.pool)
         .await?
         .as_ref()
         .map(lock_info)
@@ -790,7 +824,7 @@ impl Backend for SqliteBackend {
              FROM {locks} ORDER BY name",
             locks = self.t.locks
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?
         .iter()
         .map(lock_info)
@@ -828,7 +862,7 @@ impl Backend for SqliteBackend {
         .bind(req.worker)
         .bind(ms(req.lease))
         .bind(i64::from(req.limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?;
         let mut claimed = rows
             .iter()
@@ -861,7 +895,7 @@ impl Backend for SqliteBackend {
         ))
         .bind(json_text(&list)?)
         .bind(ms(lease))
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?;
         let mut found = HashMap::with_capacity(rows.len());
         for row in &rows {
@@ -887,7 +921,7 @@ impl Backend for SqliteBackend {
             .bind(i64::from(claim.attempt))
             .bind(text)
             .bind(retry_in);
-        let Some(row) = q.fetch_optional(&self.pool).await? else {
+        let Some(row) = q.fetch_optional(&*self.pool).await? else {
             return Ok(false);
         };
         if matches!(finish, Finish::HandBack) {
@@ -935,7 +969,7 @@ impl Backend for SqliteBackend {
         .bind(claim.id)
         .bind(i64::from(claim.attempt))
         .bind(json_text(progress)?)
-        .execute(&self.pool)
+        .execute(&*self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
     }
@@ -958,7 +992,7 @@ impl Backend for SqliteBackend {
              RETURNING queue, state"
         ))
         .bind(LEASE_EXPIRED)
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?;
         let mut out = Rescued::default();
         let mut requeued = Vec::new();
@@ -1021,7 +1055,7 @@ impl Backend for SqliteBackend {
             tasks = self.t.tasks
         ))
         .bind(id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&*self.pool)
         .await;
         match res {
             Ok(Some(queue)) => {
@@ -1044,7 +1078,7 @@ impl Backend for SqliteBackend {
             tasks = self.t.tasks
         ))
         .bind(id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&*self.pool)
         .await?
         .as_ref()
         .map(task_info)
@@ -1082,7 +1116,7 @@ impl Backend for SqliteBackend {
         .bind(filter.state.map(TaskState::as_str))
         .bind(filter.job.as_deref())
         .bind(filter.before_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?
         .iter()
         .map(task_info)
@@ -1098,7 +1132,7 @@ impl Backend for SqliteBackend {
              FROM {tasks}, n GROUP BY queue, state ORDER BY queue",
             tasks = self.t.tasks
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?;
         let mut out: Vec<QueueStats> = Vec::new();
         for row in &rows {
@@ -1137,7 +1171,7 @@ impl Backend for SqliteBackend {
             tasks = self.t.tasks
         ))
         .bind(ms(older_than))
-        .execute(&self.pool)
+        .execute(&*self.pool)
         .await?;
         Ok(done.rows_affected())
     }
@@ -1157,7 +1191,7 @@ impl Backend for SqliteBackend {
              RETURNING name, last_slot, paused"
         ))
         .bind(job)
-        .fetch_one(&self.pool)
+        .fetch_one(&*self.pool)
         .await?;
         job_state(&row)
     }
@@ -1231,7 +1265,7 @@ impl Backend for SqliteBackend {
         ))
         .bind(job)
         .bind(paused)
-        .execute(&self.pool)
+        .execute(&*self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
     }
@@ -1241,7 +1275,7 @@ impl Backend for SqliteBackend {
             "SELECT name, last_slot, paused FROM {jobs} ORDER BY name",
             jobs = self.t.jobs
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&*self.pool)
         .await?
         .iter()
         .map(job_state)

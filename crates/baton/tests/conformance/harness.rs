@@ -31,7 +31,7 @@ impl TestStore {
         loop {
             match Store::connect_with(&self.url, options(&self.prefix)).await {
                 Ok(s) => return s,
-                Err(e) if e.is_retryable() && tries < 20 => {
+                Err(e) if e.is_retryable() && tries < 60 => {
                     tries += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(250)).await;
                 }
