@@ -608,6 +608,14 @@ if h[2] == '1' then return {'paused', '', 0} end
 local cur = h[1] or ''
 if cur ~= ARGV[3] then return {'moved', cur, 0} end
 redis.call('HSET', k, 'last_slot', ARGV[4])
+-- The slot's own run may exist already (a trigger made it): that run is
+-- this slot's, not a previous one, so it is returned, never "skipped".
+local uk = opt(ARGV[7 + 8])
+local held = uk and redis.call('GET', B .. 'uniq:' .. uk)
+if held and redis.call('EXISTS', tkey(held)) == 1 then
+  flush()
+  return {'enqueued', held, 0}
+end
 if ARGV[5] == 'f' then
   local akey = B .. 'jobactive:' .. job
   local busy = false
