@@ -45,7 +45,7 @@ struct Common {
     /// Store URL: sqlite://PATH, postgres://…, redis://…
     #[arg(long)]
     store: String,
-    /// Table / key prefix (default: bench_<random>_).
+    /// Table / key prefix (default: `bench_<random>_`).
     #[arg(long)]
     prefix: Option<String>,
     /// Connections per store handle (SQL pools).
