@@ -530,7 +530,7 @@ pub async fn wake_up_without_waiting_for_a_poll(ts: TestStore) {
 }
 
 pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
-    const N: usize = 20_000;
+    const N: usize = 50_000;
     let q = Queue::new(ts.store.clone());
     let batch: Vec<_> = (0..N).map(|i| TaskBuilder::new("n", json!(i))).collect();
     let ids = q.enqueue_many(batch).await.unwrap();
