@@ -216,6 +216,11 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     assert_eq!(info.attempt, 1, "the lost attempt counts");
     assert_eq!(info.errors.len(), 1);
     assert_eq!(info.errors[0].error, LEASE_EXPIRED);
+    assert_eq!(
+        info.last_error.as_deref(),
+        Some(LEASE_EXPIRED),
+        "the last error says why it was requeued"
+    );
     let t2 = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!(t2.attempt, 2);
     let second = Claim { id, attempt: 2 };
