@@ -112,6 +112,10 @@ pub struct WorkArgs {
     /// Idle poll period.
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
     pub poll: Duration,
+    /// A `baton serve` config file: also run its durable jobs' tasks (for
+    /// workers that run apart from the schedulers).
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
 }
 
 /// The worker config for command tasks.
@@ -164,6 +168,20 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace),
     );
     handle_commands(&mut w, a.grace);
+    if let Some(path) = &a.config {
+        let cfg = crate::config::Config::from_file(path)
+            .map_err(|e| Error::Invalid(baton::InvalidInput::new("--config", e.to_string())))?;
+        for j in cfg
+            .jobs
+            .iter()
+            .filter(|j| j.mode == crate::config::Mode::Durable)
+        {
+            w.handle(
+                j.name.clone(),
+                crate::serve::durable_handler(j.clone(), a.grace),
+            );
+        }
+    }
     let token = CancellationToken::new();
     shutdown_on_signals(token.clone())?;
     eprintln!("baton: worker {} on {:?}", w.id(), a.queues);

@@ -130,7 +130,8 @@ fn header_name(env: &str) -> &'static str {
     }
 }
 
-fn durable_handler(
+/// The handler that runs a durable job's action for its tasks.
+pub fn durable_handler(
     j: JobConfig,
     grace: Duration,
 ) -> impl Fn(
@@ -428,7 +429,23 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         return Ok(1);
     }
     let now = store.now().await.map_err(Error::from)?;
-    let statuses = schedule::job_statuses(&store).await?;
+    let mut statuses = schedule::job_statuses(&store).await?;
+    // Jobs of the config that the store has not seen yet (lock-mode jobs
+    // keep no cursor; durable ones appear once a scheduler has run them).
+    if let Some(c) = &cfg {
+        for j in &c.jobs {
+            if !statuses.iter().any(|s| s.state.name == j.name) {
+                statuses.push(schedule::JobStatus {
+                    state: baton::store::JobState {
+                        name: j.name.clone(),
+                        last_slot: None,
+                        paused: false,
+                    },
+                    last_run: None,
+                });
+            }
+        }
+    }
     let next_of = |name: &str| {
         cfg.as_ref()
             .and_then(|c| c.jobs.iter().find(|j| j.name == name))

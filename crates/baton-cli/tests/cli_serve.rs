@@ -383,3 +383,32 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
         slots.len()
     );
 }
+
+/// Workers apart from schedulers: `baton work --config` runs a job's
+/// triggered run without any `baton serve`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_with_config_runs_job_tasks() {
+    let Some(e) = Env::new(common::Kind::Sqlite).await else {
+        return;
+    };
+    std::fs::write(
+        e.path("baton.toml"),
+        "[[job]]\nname = \"report\"\ncron = \"0 6 * * *\"\ntz = \"Asia/Seoul\"\ncommand = [\"sh\", \"-c\", \"echo $BATON_JOB $BATON_SLOT >> ledger\"]\n",
+    )
+    .unwrap();
+    let out = e.run(&["trigger", "report", "--config", "baton.toml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut w = e.spawn_logged(&["work", "--config", "baton.toml", "--poll", "200ms"]);
+    common::wait_for(20, "the job's run", || !read(&e.path("ledger")).is_empty());
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
+    let line = read(&e.path("ledger"));
+    let mut f = line.split_whitespace();
+    assert_eq!(f.next(), Some("report"));
+    let slot: chrono::DateTime<chrono::Utc> = f.next().unwrap().parse().unwrap();
+    assert_eq!(
+        slot.format("%H:%M").to_string(),
+        "21:00",
+        "06:00 in Seoul is 21:00 UTC: {line}"
+    );
+}
