@@ -699,8 +699,9 @@ local h = redis.call('HMGET', KEYS[1], 'token', 'locked_at', 'lock_until')
 if h[1] ~= ARGV[1] or (not h[3]) or tonumber(h[3]) <= now then return 0 end
 local lu = tonumber(h[2]) + tonumber(ARGV[2])
 if lu < now then lu = now end
+-- The key's TTL (set at grant or extension to lock_until + a day) already
+-- outlasts this earlier lock_until: no PEXPIRE needed.
 redis.call('HSET', KEYS[1], 'lock_until', fmt(lu))
-redis.call('PEXPIRE', KEYS[1], lu - now + DAY)
 return 1
 "#;
 
