@@ -641,6 +641,21 @@ impl Backend for PgBackend {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         let n = &*self.names;
+        // Fast path: a schema already at this version needs no DDL. (Running
+        // `CREATE INDEX IF NOT EXISTS` anyway takes table locks that can
+        // deadlock with live workers' transactions.) A missing meta table is
+        // an error here and falls through to the full migration.
+        let current: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE key = 'schema_version'",
+            n.meta
+        ))
+        .fetch_optional(&self.pool)
+        .await;
+        if let Ok(Some(v)) = &current {
+            if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
+                return Ok(());
+            }
+        }
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
             .bind(format!("baton-migrate:{}", n.prefix))
