@@ -69,26 +69,67 @@ async fn two_hundred_tasks_survive_a_kill_9(e: Env) {
     let q = baton::queue::Queue::new(e.ts.store.clone());
     let tasks: Vec<_> = (0..200)
         .map(|i| {
-            baton::queue::TaskBuilder::new("command", serde_json::json!({"argv": ["sh", "-c", format!("sleep 0.0{}; echo $BATON_TASK_ID >> done-ids", i % 10)]}))
+            baton::queue::TaskBuilder::new("command", serde_json::json!({"argv": ["sh", "-c", format!("sleep 0.{}; echo $BATON_TASK_ID >> done-ids", i % 10)]}))
         })
         .collect();
     q.enqueue_many(tasks).await.unwrap();
     let mut w1 = worker(&e, &["--concurrency", "4"]);
     let mut w2 = worker(&e, &["--concurrency", "4"]);
     let mut w3 = worker(&e, &["--concurrency", "4"]);
-    // Kill one worker -9 while it is mid-task.
+    // Kill one worker -9 while it is mid-task (it holds running tasks).
     wait_for(20, "some progress", || {
         common::read(&e.path("done-ids")).lines().count() >= 30
+    });
+    let mine = format!(":{}:", w2.id());
+    let running = baton::store::TaskFilter {
+        state: Some(baton::store::TaskState::Running),
+        limit: 1000,
+        ..Default::default()
+    };
+    let mut held: Vec<i64> = Vec::new();
+    wait_for(20, "the victim to hold a task", || {
+        held = futures_lite_block(q.tasks(&running))
+            .into_iter()
+            .filter(|t| t.worker.as_deref().is_some_and(|w| w.contains(&mine)))
+            .map(|t| t.id)
+            .collect();
+        !held.is_empty()
     });
     signal(&w2, libc::SIGKILL);
     w2.wait().unwrap();
     let t0 = Instant::now();
+    // Its tasks complete elsewhere within lease (2 s) + one rescue interval
+    // (5 polls of 200 ms) + their run time, with a margin for a busy machine.
+    wait_for(20, "the killed worker's tasks to succeed elsewhere", || {
+        held.iter().all(|id| show(&e, *id)["state"] == "succeeded")
+    });
+    let resumed = t0.elapsed();
+    assert!(
+        resumed < Duration::from_secs(8),
+        "the killed worker's tasks took {resumed:?} to finish elsewhere"
+    );
+    // (One may have finished in the moment before the kill.)
+    let mut rescued = 0;
+    for id in &held {
+        let t = show(&e, *id);
+        if t["attempt"] == 2 {
+            assert_eq!(t["errors"][0]["error"], "lease expired", "{t}");
+            rescued += 1;
+        } else {
+            assert_eq!(t["attempt"], 1, "{t}");
+        }
+    }
+    assert!(
+        rescued > 0,
+        "at least one task was taken from the killed worker"
+    );
     wait_for(60, "all 200 tasks to succeed", || {
         stats(&e)["default"]["succeeded"] == 200
     });
     eprintln!(
-        "{:?}: drained after the kill in {:?}",
+        "{:?}: killed worker's {} task(s) done elsewhere after {resumed:?}; all drained after {:?}",
         e.ts.kind,
+        held.len(),
         t0.elapsed()
     );
     let s = stats(&e);
@@ -257,4 +298,9 @@ async fn frozen_worker_cannot_finish_its_rescued_task(e: Env) {
     );
     signal(&w2, libc::SIGTERM);
     w2.wait().unwrap();
+}
+
+/// Run a future to completion from a synchronous `wait_for` closure.
+fn futures_lite_block<T>(f: impl std::future::Future<Output = Result<T, baton::Error>>) -> T {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f)).unwrap()
 }

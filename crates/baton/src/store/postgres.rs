@@ -985,7 +985,7 @@ impl Backend for PgBackend {
             Finish::HandBack => {
                 sqlx::query_scalar::<_, i64>(&format!(
                     "WITH u AS (UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
-                     run_at = now(), lease_until = NULL {cas} RETURNING id, queue) \
+                     lease_until = NULL {cas} RETURNING id, queue) \
                  SELECT id FROM u, LATERAL (SELECT pg_notify($3, u.queue)) AS n"
                 ))
                 .bind(claim.id)
@@ -1028,7 +1028,6 @@ impl Backend for PgBackend {
                                   WHEN attempt >= max_attempts THEN 'failed' \
                                   ELSE 'pending' END, \
                      finished_at = CASE WHEN {gone} THEN now() END, \
-                     run_at = CASE WHEN {gone} THEN run_at ELSE now() END, \
                      lease_until = NULL, \
                      last_error = $1, \
                      errors = {errs} \

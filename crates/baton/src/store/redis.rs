@@ -382,7 +382,7 @@ const FINISH: &str = r#"
 local now = now_ms()
 local sid = ARGV[2]
 local k = tkey(sid)
-local h = redis.call('HMGET', k, 'state', 'attempt', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority')
+local h = redis.call('HMGET', k, 'state', 'attempt', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority', 'run_at')
 if h[1] ~= 'running' or h[2] ~= ARGV[3] then return 0 end
 local queue = h[3]
 local uk = h[4]
@@ -403,7 +403,8 @@ elseif kind == 'c' then
   redis.call('HSET', k, 'last_error', ARGV[5])
   terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
 else
-  running_to_pending(sid, queue, tonumber(h[8]), now, now, {'attempt', fmt(attempt - 1)})
+  -- Handed back: keep its place in line (its run_at), resume at once.
+  running_to_pending(sid, queue, tonumber(h[8]), tonumber(h[9] or '') or now, now, {'attempt', fmt(attempt - 1)})
   redis.call('PUBLISH', B .. 'wake', queue)
 end
 return 1
@@ -427,7 +428,7 @@ local wake = {}
 for _, p in ipairs(exp) do
   local sid = fmt(tonumber(p))
   local h = redis.call('HMGET', tkey(sid), 'state', 'attempt', 'max_attempts', 'cancel_requested',
-    'queue', 'unique_key', 'unique_forever', 'job', 'priority', 'lease_until')
+    'queue', 'unique_key', 'unique_forever', 'job', 'priority', 'lease_until', 'run_at')
   if h[1] ~= 'running' then
     redis.call('ZREM', B .. 'running', p)
   elseif tonumber(h[10] or '0') < now then
@@ -441,7 +442,8 @@ for _, p in ipairs(exp) do
       terminal(sid, queue, 'running', 'failed', now, h[6], h[7], h[8])
       fl = fl + 1
     else
-      running_to_pending(sid, queue, tonumber(h[9]), now, now, nil)
+      -- Keep its place in line (its run_at): a rescued task resumes first.
+      running_to_pending(sid, queue, tonumber(h[9]), tonumber(h[11] or '') or now, now, nil)
       rq = rq + 1
       wake[queue] = true
     end

@@ -232,7 +232,8 @@ impl SqliteBackend {
                 None,
             ),
             Finish::HandBack => (
-                format!("state = 'pending', attempt = attempt - 1, run_at = {NOW}"),
+                // Keep run_at: a handed-back task keeps its place in line.
+                "state = 'pending', attempt = attempt - 1".to_string(),
                 None,
                 None,
             ),
@@ -982,7 +983,6 @@ impl Backend for SqliteBackend {
                  state = CASE WHEN cancel_requested THEN 'cancelled' \
                               WHEN attempt >= max_attempts THEN 'failed' \
                               ELSE 'pending' END, \
-                 run_at = CASE WHEN {ends} THEN run_at ELSE {NOW} END, \
                  finished_at = CASE WHEN {ends} THEN {NOW} ELSE NULL END, \
                  errors = json_insert(errors, '$[#]', \
                      json_object('attempt', attempt, 'at', {NOW}, 'error', ?1)), \

@@ -196,6 +196,7 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let b = ts.store.backend();
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("cas").max_attempts(3)).await.unwrap().id;
+    let queued_at = q.task(id).await.unwrap().unwrap().run_at;
     let t = claim(&ts.store, "default", 1, 150).await.remove(0);
     let first = Claim {
         id,
@@ -214,6 +215,10 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Pending);
     assert_eq!(info.attempt, 1, "the lost attempt counts");
+    assert_eq!(
+        info.run_at, queued_at,
+        "a rescued task keeps its place in line"
+    );
     assert_eq!(info.errors.len(), 1);
     assert_eq!(info.errors[0].error, LEASE_EXPIRED);
     assert_eq!(
@@ -736,6 +741,10 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     );
     let back = state(c[2].id).await;
     assert_eq!((back.state, back.attempt), (TaskState::Pending, 0));
+    assert_eq!(
+        back.run_at, c[2].run_at,
+        "a handed-back task keeps its place in line"
+    );
     assert_eq!(
         state(c[3].id).await.state,
         TaskState::Running,
