@@ -60,22 +60,37 @@ pub async fn run_argv(
             slot.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
         ));
     }
+    let id = t.id;
+    let stop = async {
+        ctx.stopped().await;
+        tracing::info!(task = id, reason = ?ctx.stop_reason(), "stopping the command");
+    };
+    run_command(&argv, &env, stop, grace).await
+}
+
+/// Run `argv` with `env` until it exits, or until `stop` resolves: then
+/// SIGTERM, SIGKILL after `grace`. Exit 0 is success; otherwise an error
+/// with the exit code and the tail of its stderr (which is also passed
+/// through). Shared by command tasks and job actions.
+pub async fn run_command(
+    argv: &[String],
+    env: &[(&str, String)],
+    stop: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) -> Result<(), TaskError> {
     let mut proc =
-        child::spawn(&argv, &env, true).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+        child::spawn(argv, env, true).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
     let tail = tee_stderr(&mut proc);
     let status = tokio::select! {
         st = proc.wait() => st,
-        _ = ctx.stopped() => {
-            tracing::info!(task = t.id, reason = ?ctx.stop_reason(), "stopping the command");
-            child::stop(&mut proc, grace).await
-        }
+        _ = stop => child::stop(&mut proc, grace).await,
     }
     .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
     outcome(status, tail.await.unwrap_or_default())
 }
 
 /// Copy the child's stderr to ours, keeping its tail for the error message.
-pub fn tee_stderr(proc: &mut tokio::process::Child) -> tokio::task::JoinHandle<Vec<u8>> {
+fn tee_stderr(proc: &mut tokio::process::Child) -> tokio::task::JoinHandle<Vec<u8>> {
     let mut stderr = proc.stderr.take();
     tokio::spawn(async move {
         let mut kept: Vec<u8> = Vec::new();
@@ -98,7 +113,7 @@ pub fn tee_stderr(proc: &mut tokio::process::Child) -> tokio::task::JoinHandle<V
 }
 
 /// Exit 0 is success; otherwise an error with the code and stderr's tail.
-pub fn outcome(status: std::process::ExitStatus, kept: Vec<u8>) -> Result<(), TaskError> {
+fn outcome(status: std::process::ExitStatus, kept: Vec<u8>) -> Result<(), TaskError> {
     if status.success() {
         return Ok(());
     }

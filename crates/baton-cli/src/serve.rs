@@ -12,7 +12,7 @@ use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Action, Config, JobConfig, Mode};
-use crate::{child, command_task, http, queue_cmd};
+use crate::{command_task, http, queue_cmd};
 
 /// Arguments of `baton serve`.
 #[derive(clap::Args, Debug)]
@@ -88,17 +88,7 @@ async fn run_action(
     timeout: Option<Duration>,
 ) -> Result<(), TaskError> {
     match action {
-        Action::Command(argv) => {
-            let mut proc = child::spawn(argv, &env, true)
-                .map_err(|e| TaskError::retryable(format!("{e:#}")))?;
-            let tail = command_task::tee_stderr(&mut proc);
-            let status = tokio::select! {
-                st = proc.wait() => st,
-                _ = stop => child::stop(&mut proc, grace).await,
-            }
-            .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
-            command_task::outcome(status, tail.await.unwrap_or_default())
-        }
+        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace).await,
         Action::Http {
             method,
             url,
