@@ -349,19 +349,21 @@ async fn lock_bench(a: LockArgs) -> Result<()> {
         set.spawn(async move {
             let name = format!("bench-lock-{i}");
             let holder = format!("bench:{i}");
-            let mut s = Samples::new();
+            let (mut cycle, mut acq, mut rel) = (Samples::new(), Samples::new(), Samples::new());
             loop {
                 let t0 = Instant::now();
                 if t0 >= end {
                     break;
                 }
-                match api {
+                let t1 = match api {
                     LockApi::Locker => {
                         let lease = locker
                             .try_lock(&name, &opts)
                             .await?
                             .ok_or_else(|| anyhow!("lock {name} unexpectedly busy"))?;
+                        let t1 = Instant::now();
                         lease.release().await?;
+                        t1
                     }
                     LockApi::Raw => {
                         let b = store.backend();
@@ -374,36 +376,47 @@ async fn lock_bench(a: LockArgs) -> Result<()> {
                             Acquire::Granted { token, .. } => token,
                             Acquire::Busy(_) => bail!("lock {name} unexpectedly busy"),
                         };
+                        let t1 = Instant::now();
                         if !b.lock_release(&name, token, Duration::ZERO).await? {
                             bail!("release of {name} refused");
                         }
+                        t1
                     }
-                }
+                };
                 if t0 >= start {
-                    s.push(t0.elapsed());
+                    let t2 = Instant::now();
+                    cycle.push(t2 - t0);
+                    acq.push(t1 - t0);
+                    rel.push(t2 - t1);
                 }
             }
-            Ok::<_, anyhow::Error>(s)
+            Ok::<_, anyhow::Error>((cycle, acq, rel))
         });
     }
-    let mut all = Samples::new();
+    let (mut all, mut acq, mut rel) = (Samples::new(), Samples::new(), Samples::new());
     while let Some(r) = set.join_next().await {
-        all.merge(r.context("lock loop panicked")??);
+        let (c, a, r) = r.context("lock loop panicked")??;
+        all.merge(c);
+        acq.merge(a);
+        rel.merge(r);
     }
-    let lat = all.finish();
+    let (lat, acq, rel) = (all.finish(), acq.finish(), rel.finish());
     let ops = lat.0.len() as f64 / measure.as_secs_f64();
     emit(
         json!({
             "bench": "lock", "store": kind, "api": match a.api { LockApi::Locker => "locker", LockApi::Raw => "raw" },
             "concurrency": a.concurrency, "duration_s": a.duration,
-            "ops_per_s": round1(ops), "latency": lat.json(), "prefix": ctx.prefix,
+            "ops_per_s": round1(ops), "latency": lat.json(),
+            "acquire_latency": acq.json(), "release_latency": rel.json(), "prefix": ctx.prefix,
         }),
         format!(
-            "lock {kind} c={} : {:.0} acquire+release/s, p50 {:.3} ms, p99 {:.3} ms",
+            "lock {kind} c={} : {:.0} acquire+release/s, cycle p50 {:.3} ms p99 {:.3} ms; acquire p50 {:.3} ms, release p50 {:.3} ms",
             a.concurrency,
             ops,
             lat.ms(50.0),
-            lat.ms(99.0)
+            lat.ms(99.0),
+            acq.ms(50.0),
+            rel.ms(50.0),
         ),
     );
     ctx.cleanup().await

@@ -128,7 +128,7 @@ impl Private {
             Kind::Postgres => {
                 let ok = as_postgres(
                     &format!(
-                        "pg_ctl -D {} -o '-p {} -k /tmp -c listen_addresses=127.0.0.1' -l {}/log -w start >/dev/null",
+                        "pg_ctl -D {} -o '-p {} -k /tmp -c listen_addresses=127.0.0.1 -c wal_writer_delay=10s' -l {}/log -w start >/dev/null",
                         self.data().display(),
                         self.port,
                         self.dir.path().display()
@@ -264,6 +264,71 @@ async fn locks_survive_a_restart(kind: Kind) {
         "tokens keep rising across the restart"
     );
     again.release().await.unwrap();
+}
+
+/// PostgreSQL commits a release without waiting for its WAL flush (a lost
+/// release only keeps the lease until its `lock_until`), but grants and
+/// extensions must survive a crash: otherwise a second holder could get in,
+/// or a token be issued twice, after the server comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_grants_and_extensions_survive_a_crash() {
+    let Some(mut srv) = Private::new(Kind::Postgres) else {
+        return;
+    };
+    srv.start();
+    let store = connect(&srv.url()).await;
+    let locker = Locker::new(store.clone());
+    let opts = LockOptions::new(Duration::from_secs(60))
+        .unwrap()
+        .keep_alive(false);
+    // A released lease first, so the grant below is not the row's first.
+    let first = locker.try_lock("crash", &opts).await.unwrap().unwrap();
+    let first_token = first.token();
+    first.release().await.unwrap();
+
+    // 1. A grant is the last commit before the crash.
+    let lease = locker.try_lock("crash", &opts).await.unwrap().unwrap();
+    let info = crash_and_get(&mut srv, &store, "crash").await;
+    assert!(
+        info.held && info.token == lease.token() && info.token > first_token,
+        "grant lost in the crash: {info:?}"
+    );
+    assert!(
+        locker.try_lock("crash", &opts).await.unwrap().is_none(),
+        "a second holder got in after the crash"
+    );
+
+    // 2. An extension is the last commit before the crash.
+    let until = store
+        .backend()
+        .lock_extend("crash", lease.token(), Duration::from_secs(120))
+        .await
+        .unwrap()
+        .expect("extended");
+    let info = crash_and_get(&mut srv, &store, "crash").await;
+    assert_eq!(info.lock_until, until, "extension lost in the crash");
+}
+
+/// Crash the private PostgreSQL at once (`pg_ctl -m immediate`; its WAL
+/// writer sleeps 10 s, so only a commit that waited for its flush
+/// survives), start it again and read the lock record.
+async fn crash_and_get(srv: &mut Private, store: &Store, name: &str) -> baton::store::LockInfo {
+    srv.stop();
+    srv.start();
+    let t0 = Instant::now();
+    loop {
+        match store.backend().lock_get(name).await {
+            Ok(Some(info)) => return info,
+            Ok(None) => panic!("lock record {name} vanished in the crash"),
+            Err(e) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "store did not return: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 async fn no_task_lost_across_a_restart(kind: Kind) {

@@ -61,6 +61,13 @@ const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
 /// the store counts as unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A pooled connection idle at least this long is pinged before it is
+/// handed out. Busier connections are not: sqlx's default pings on every
+/// checkout, one extra round trip in front of every statement. A connection
+/// that broke while busy fails its next statement once (the caller sees
+/// [`StoreError::Unavailable`]) and is then dropped from the pool.
+const IDLE_PING: Duration = Duration::from_secs(1);
+
 /// Columns read into a [`TaskInfo`].
 const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, max_attempts, \
      timeout_ms, run_at, created_at, started_at, finished_at, lease_until, worker, unique_key, \
@@ -195,6 +202,15 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
     let pool = PgPoolOptions::new()
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(CONNECT_TIMEOUT)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= IDLE_PING {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(connect.clone())
         .await?;
     let (wake, _) = broadcast::channel(1024);
@@ -790,9 +806,20 @@ impl Backend for PgBackend {
         token: FencingToken,
         at_least: Duration,
     ) -> Result<bool, StoreError> {
+        // The release commits without waiting for its WAL flush
+        // (`synchronous_commit = off` for this one transaction). That is
+        // safe: a release lost in a server crash leaves the row as granted
+        // or last extended, whose `lock_until` is never earlier than the
+        // release's, so the lease just lasts until then, as if the holder
+        // had died. It never shortens a lease and never touches the token,
+        // and the next durable commit (any grant) flushes it anyway. Grants
+        // and extensions stay synchronous: losing one would let a second
+        // holder in (or reissue a token) after a crash.
         let r = sqlx::query(&format!(
-            "UPDATE {} SET lock_until = greatest(now(), locked_at + $3 * interval '1 millisecond') \
-             WHERE name = $1 AND token = $2 AND lock_until > now()",
+            "UPDATE {} AS l \
+             SET lock_until = greatest(now(), l.locked_at + $3 * interval '1 millisecond') \
+             FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+             WHERE l.name = $1 AND l.token = $2 AND l.lock_until > now()",
             self.names.locks
         ))
         .bind(name)
