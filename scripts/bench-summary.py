@@ -39,19 +39,25 @@ def main():
             by[("claim", r["store"], r["pending"], r["phase"])].append(r)
 
     print("### Store ceilings\n")
-    print("| tool | concurrency | ops/s median (min–max) |")
-    print("|---|---|---|")
+    print("| tool | concurrency | ops/s median (min–max) | latency ms (redis-benchmark p50, pgbench average) |")
+    print("|---|---|---|---|")
     for k in sorted(k for k in by if k[0] == "ceiling"):
-        print(f"| {k[1]} | {k[2]} | {fmt([r['ops_per_s'] for r in by[k]])} |")
+        lat = [r.get("p50_ms", r.get("avg_ms")) for r in by[k]]
+        print(f"| {k[1]} | {k[2]} | {fmt([r['ops_per_s'] for r in by[k]])} | {fmt(lat, 3)} |")
 
     print("\n### Locks (acquire+release on distinct names, Locker, keep-alive off)\n")
-    print("| store | concurrency | acquire+release/s | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|")
+    print("| store | concurrency | acquire+release/s | cycle p50 ms | cycle p99 ms | acquire p50 ms | release p50 ms |")
+    print("|---|---|---|---|---|---|---|")
     for k in sorted(k for k in by if k[0] == "lock"):
         rs = by[k]
+
+        def op(r, what):
+            return r.get(what, {}).get("p50_ms")
         print(f"| {k[1]} | {k[2]} | {fmt([r['ops_per_s'] for r in rs])} | "
               f"{fmt([r['latency']['p50_ms'] for r in rs], 3)} | "
-              f"{fmt([r['latency']['p99_ms'] for r in rs], 3)} |")
+              f"{fmt([r['latency']['p99_ms'] for r in rs], 3)} | "
+              f"{fmt([op(r, 'acquire_latency') for r in rs], 3)} | "
+              f"{fmt([op(r, 'release_latency') for r in rs], 3)} |")
 
     print("\n### Lock vs store ceiling, per repetition (same run)\n")
     print("| store | c | cycles / ceiling op | round trips (2 per cycle) / ceiling op |")

@@ -242,24 +242,22 @@ pub async fn enqueue_in(
         super::validate_prefix(p)?;
     }
     let names = Names::new(prefix);
-    let (out, due) = insert_tasks(conn, &names, tasks, None).await?;
-    notify(conn, &names, &due).await?;
-    Ok(out)
+    insert_tasks(conn, &names, tasks, None).await
 }
 
 /// Insert tasks in order on `conn` (the shared code of [`enqueue_in`],
 /// [`Backend::enqueue`] and [`Backend::job_advance`]). With `skipped`, the
 /// tasks are inserted directly as `cancelled` with that reason.
 ///
-/// Returns one [`Enqueued`] per task and the queues that got new due work.
+/// Returns one [`Enqueued`] per task. Due work is announced by the insert
+/// statement itself.
 async fn insert_tasks(
     conn: &mut PgConnection,
     n: &Names,
     tasks: &[NewTask],
     skipped: Option<&str>,
-) -> Result<(Vec<Enqueued>, BTreeSet<String>), StoreError> {
+) -> Result<Vec<Enqueued>, StoreError> {
     let mut out: Vec<Option<Enqueued>> = vec![None; tasks.len()];
-    let mut due = BTreeSet::new();
     // Indices still to insert; a second round only happens when a key's
     // holder finished between our conflict and our look-up.
     let mut todo: Vec<usize> = (0..tasks.len()).collect();
@@ -336,6 +334,7 @@ async fn insert_tasks(
                 .bind(&slot)
                 .bind(skipped.is_some())
                 .bind(skipped)
+                .bind(&n.chan)
                 .fetch_all(&mut *conn)
                 .await?;
             if rows.len() != chunk.len() {
@@ -348,12 +347,8 @@ async fn insert_tasks(
             for (row, &i) in rows.iter().zip(chunk) {
                 let id: i64 = row.try_get(0)?;
                 let inserted: bool = row.try_get(1)?;
-                let is_due: bool = row.try_get(2)?;
                 if inserted {
                     out[i] = Some(Enqueued { id, inserted: true });
-                    if is_due {
-                        due.insert(tasks[i].queue.clone());
-                    }
                 } else {
                     conflicted.push(i);
                 }
@@ -400,12 +395,14 @@ async fn insert_tasks(
         .into_iter()
         .map(|e| e.ok_or_else(|| StoreError::Corrupt("enqueue: task without result".into())))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((out, due))
+    Ok(out)
 }
 
 /// The chunked insert: ids are drawn from the sequence in input order inside
 /// a materialized CTE, so each result row maps back to its input by
-/// ordinality whether it was inserted or met a unique key.
+/// ordinality whether it was inserted or met a unique key. The same
+/// statement announces new due work with `pg_notify` once per queue (sent
+/// at commit, so inside a caller's transaction it waits for that commit).
 fn insert_sql(n: &Names, keyed: bool) -> String {
     let (tasks, seq) = (&n.tasks, &n.seq_lit);
     let on_conflict = if keyed {
@@ -437,30 +434,16 @@ ins AS (
     FROM input
     ORDER BY ord
     {on_conflict}
-    RETURNING id, (state = 'pending' AND run_at <= now()) AS due
+    RETURNING id, queue, (state = 'pending' AND run_at <= now()) AS due
+),
+woke AS (
+    SELECT count(pg_notify($15::text, q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins WHERE due) AS q
 )
-SELECT input.id, ins.id IS NOT NULL AS inserted, coalesce(ins.due, false) AS due
-FROM input LEFT JOIN ins ON ins.id = input.id
+SELECT input.id, ins.id IS NOT NULL AS inserted
+FROM input LEFT JOIN ins ON ins.id = input.id CROSS JOIN woke
 ORDER BY input.ord"#
     )
-}
-
-/// `pg_notify` once per queue (inside the caller's transaction, if any).
-async fn notify(
-    conn: &mut PgConnection,
-    n: &Names,
-    queues: &BTreeSet<String>,
-) -> Result<(), StoreError> {
-    if queues.is_empty() {
-        return Ok(());
-    }
-    let queues: Vec<&str> = queues.iter().map(String::as_str).collect();
-    sqlx::query("SELECT count(pg_notify($1, q)::text) FROM unnest($2::text[]) AS q")
-        .bind(&n.chan)
-        .bind(&queues)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -859,9 +842,17 @@ impl Backend for PgBackend {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
+        // One statement is atomic on its own: a single task, or one chunk
+        // of tasks without unique keys (no conflict, so no second round),
+        // needs no transaction around it, which saves two round trips.
+        if tasks.len() == 1
+            || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none()))
+        {
+            let mut conn = self.pool.acquire().await?;
+            return insert_tasks(&mut conn, &self.names, tasks, None).await;
+        }
         let mut tx = self.pool.begin().await?;
-        let (out, due) = insert_tasks(&mut tx, &self.names, tasks, None).await?;
-        notify(&mut tx, &self.names, &due).await?;
+        let out = insert_tasks(&mut tx, &self.names, tasks, None).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -1300,7 +1291,7 @@ impl Backend for PgBackend {
         };
         let task = std::slice::from_ref(adv.task);
         let result = if busy {
-            let (out, _) = insert_tasks(&mut tx, n, task, Some(OVERLAP_SKIPPED)).await?;
+            let out = insert_tasks(&mut tx, n, task, Some(OVERLAP_SKIPPED)).await?;
             let e = out
                 .first()
                 .copied()
@@ -1313,8 +1304,7 @@ impl Backend for PgBackend {
                 Advanced::Enqueued(e)
             }
         } else {
-            let (out, due) = insert_tasks(&mut tx, n, task, None).await?;
-            notify(&mut tx, n, &due).await?;
+            let out = insert_tasks(&mut tx, n, task, None).await?;
             let e = out
                 .first()
                 .copied()
