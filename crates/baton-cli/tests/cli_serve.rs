@@ -2,6 +2,8 @@
 //! instances on one store run each slot once, with no gaps, through kills
 //! and skewed clocks.
 
+#[path = "../../baton/tests/support/certs.rs"]
+mod certs;
 mod common;
 
 use std::collections::BTreeMap;
@@ -319,6 +321,102 @@ http = {{ method = "POST", url = "http://127.0.0.1:{port}/run", headers = {{ Aut
     let out = e.run(&["tasks", "stats", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["default"]["failed"], 0);
+}
+
+/// An `https://` job action verifies the server: trusted through
+/// `SSL_CERT_FILE` it succeeds; with only another CA trusted, the attempt
+/// fails and says why. The server is `openssl s_server -www`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_job_verifies_the_server() {
+    use std::process::{Command, Stdio};
+    if Command::new("openssl").arg("version").output().is_err() {
+        assert!(
+            std::env::var("BATON_REQUIRE_BACKENDS").map_or(true, |v| v != "1"),
+            "openssl is not installed"
+        );
+        eprintln!("SKIPPED: openssl is not installed");
+        return;
+    }
+    let Some(e) = Env::new(common::Kind::Sqlite).await else {
+        return;
+    };
+    let tls = e.path("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    certs::make(&tls);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept", &port.to_string()])
+        .arg("-cert")
+        .arg(tls.join("server.pem"))
+        .arg("-key")
+        .arg(tls.join("server.key"))
+        .stdin(Stdio::piped()) // s_server stops when its stdin closes
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "s_server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let job = |name: &str| {
+        format!(
+            r#"
+[[job]]
+name = "{name}"
+every = "1s"
+overlap = "allow"
+max_attempts = 1
+http = {{ method = "GET", url = "https://localhost:{port}/" }}
+"#
+        )
+    };
+    let ca = tls.join("ca.pem").display().to_string();
+    let kid = serve(&e, &job("trusted"), &[("SSL_CERT_FILE", ca.as_str())]);
+    std::thread::sleep(Duration::from_secs(3));
+    stop(vec![kid]);
+    let other = tls.join("other-ca.pem").display().to_string();
+    let kid = serve(&e, &job("untrusted"), &[("SSL_CERT_FILE", other.as_str())]);
+    std::thread::sleep(Duration::from_secs(3));
+    stop(vec![kid]);
+    let _ = server.kill();
+    let _ = server.wait();
+
+    let list = |job: &str, state: &str| -> Vec<serde_json::Value> {
+        let out = e.run(&["tasks", "list", "--job", job, "--state", state, "--json"]);
+        serde_json::from_str(&stdout(&out)).unwrap()
+    };
+    assert!(
+        !list("trusted", "succeeded").is_empty(),
+        "no https call succeeded"
+    );
+    assert!(
+        list("trusted", "failed").is_empty(),
+        "{:?}",
+        list("trusted", "failed")
+    );
+    assert!(
+        list("untrusted", "succeeded").is_empty(),
+        "an untrusted server was accepted"
+    );
+    let failed = list("untrusted", "failed");
+    assert!(!failed.is_empty(), "the untrusted calls did not fail");
+    let err = failed[0]["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        err.contains("certificate"),
+        "the failure should say why: {err}"
+    );
 }
 
 /// All instances down for 10 minutes, then back with `misfire = "all"`:

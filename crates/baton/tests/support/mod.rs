@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod certs;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -79,7 +81,7 @@ impl Private {
             tls,
         };
         if tls {
-            p.make_certs();
+            certs::make(p.dir.path());
         }
         if kind == Kind::Postgres {
             // initdb refuses to run as root: run the server as `postgres`.
@@ -126,28 +128,6 @@ impl Private {
     /// A CA that signed nothing here: trusting only it must fail.
     pub fn other_ca(&self) -> PathBuf {
         self.dir.path().join("other-ca.pem")
-    }
-
-    fn make_certs(&self) {
-        let d = self.dir.path().display();
-        let script = format!(
-            "set -e; cd {d}
-             openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=baton-test-ca \
-               -keyout ca.key -out ca.pem 2>/dev/null
-             openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=baton-other-ca \
-               -keyout other-ca.key -out other-ca.pem 2>/dev/null
-             openssl req -newkey rsa:2048 -nodes -subj /CN=localhost \
-               -keyout server.key -out server.csr 2>/dev/null
-             printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > ext.cnf
-             openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-               -days 2 -extfile ext.cnf -out server.pem 2>/dev/null
-             chmod 600 server.key"
-        );
-        let ok = Command::new("sh")
-            .args(["-c", &script])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "openssl could not make the test certificates");
     }
 
     /// The URL to reach the server (`rediss://` for a TLS Redis; a TLS
