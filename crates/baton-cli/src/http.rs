@@ -171,11 +171,30 @@ mod tls {
     }
 }
 
-/// Serve GET requests with `route(path) -> (status, json)` until the task is dropped.
+/// Serve GET requests with `route(path) -> Reply` until the task is
+/// dropped (the path without its query string).
+/// An answer of [`serve`]'s router.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    /// A JSON answer.
+    pub fn json(status: u16, body: String) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            body,
+        }
+    }
+}
+
 pub async fn serve<F, Fut>(listener: TcpListener, route: F)
 where
     F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = (u16, String)> + Send,
+    Fut: std::future::Future<Output = Reply> + Send,
 {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -194,14 +213,17 @@ where
                 h.clear();
             }
             let mut parts = line.split_whitespace();
-            let (method, path) = (
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or("/").to_string(),
-            );
-            let (code, body) = if method == "GET" {
+            let method = parts.next().unwrap_or("");
+            let target = parts.next().unwrap_or("/");
+            let path = target.split('?').next().unwrap_or("/").to_string();
+            let Reply {
+                status: code,
+                content_type,
+                body,
+            } = if method == "GET" {
                 route(path).await
             } else {
-                (405, "{\"error\":\"GET only\"}".into())
+                Reply::json(405, "{\"error\":\"GET only\"}".into())
             };
             let reason = match code {
                 200 => "OK",
@@ -209,7 +231,7 @@ where
                 405 => "Method Not Allowed",
                 _ => "Error",
             };
-            let resp = format!("HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let resp = format!("HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
             let _ = r.into_inner().write_all(resp.as_bytes()).await;
         });
     }

@@ -6,6 +6,7 @@ mod command_task;
 mod config;
 mod http;
 mod lock_cmd;
+mod metrics;
 mod queue_cmd;
 mod serve;
 

@@ -12,7 +12,8 @@ use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Action, Config, JobConfig, Mode};
-use crate::{command_task, http, queue_cmd};
+use crate::http::{self, Reply};
+use crate::{command_task, queue_cmd};
 
 /// Arguments of `baton serve`.
 #[derive(clap::Args, Debug)]
@@ -26,7 +27,8 @@ pub struct ServeArgs {
     /// Table or key prefix.
     #[arg(long, env = "BATON_PREFIX")]
     pub prefix: Option<String>,
-    /// Admin HTTP address (`/health`, `/jobs`, `/stats`), e.g. 127.0.0.1:0.
+    /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
+    /// Prometheus), e.g. 127.0.0.1:9090.
     #[arg(long)]
     pub listen: Option<String>,
     /// On SIGTERM, how long running tasks may finish before they are handed back.
@@ -266,7 +268,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-async fn admin(store: &Store, path: &str) -> (u16, String) {
+async fn admin(store: &Store, path: &str) -> Reply {
     let result = match path {
         "/health" => Ok(serde_json::json!({"status": "ok"})),
         "/jobs" => schedule::job_statuses(store)
@@ -276,16 +278,26 @@ async fn admin(store: &Store, path: &str) -> (u16, String) {
             .stats()
             .await
             .map(|s| serde_json::to_value(s).unwrap_or_default()),
+        "/metrics" => {
+            return match crate::metrics::render(store).await {
+                Ok(body) => Reply {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body,
+                },
+                Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
+            };
+        }
         _ => {
-            return (
+            return Reply::json(
                 404,
-                "{\"error\":\"not found; try /health, /jobs, /stats\"}".into(),
+                "{\"error\":\"not found; try /health, /jobs, /stats, /metrics\"}".into(),
             )
         }
     };
     match result {
-        Ok(v) => (200, v.to_string()),
-        Err(e) => (503, serde_json::json!({"error": e.to_string()}).to_string()),
+        Ok(v) => Reply::json(200, v.to_string()),
+        Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
     }
 }
 

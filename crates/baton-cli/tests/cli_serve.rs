@@ -18,6 +18,7 @@ per_backend! {
     instances_killed_at_random_still_once_per_slot,
     lock_mode_job_runs_once_per_slot_with_at_least,
     trigger_twice_runs_once,
+    admin_endpoints_and_prometheus_metrics,
 }
 
 const TICK: &str = r#"
@@ -321,6 +322,93 @@ http = {{ method = "POST", url = "http://127.0.0.1:{port}/run", headers = {{ Aut
     let out = e.run(&["tasks", "stats", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["default"]["failed"], 0);
+}
+
+/// GET `path` from the admin listener of a `serve` started in `e`;
+/// returns (status, content type, body).
+fn admin_get(e: &Env, path: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let t0 = Instant::now();
+    let addr = loop {
+        let found = std::fs::read_dir(e.dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|f| f.file_name().to_string_lossy().starts_with("serve-"))
+            .find_map(|f| {
+                let log = std::fs::read_to_string(f.path()).unwrap_or_default();
+                log.lines()
+                    .find_map(|l| l.split("admin on http://").nth(1))
+                    .map(|a| a.trim().to_string())
+            });
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no admin address logged"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let ctype = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Type: "))
+        .unwrap_or_default()
+        .to_string();
+    (status, ctype, body.to_string())
+}
+
+/// `serve --listen`: /health, /jobs, /stats as JSON and /metrics in
+/// Prometheus' text format, all read from the store.
+async fn admin_endpoints_and_prometheus_metrics(e: Env) {
+    let out = e.run(&["lock", "metrics-lock", "--at-least", "30s", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let kid = serve(&e, TICK, &[]);
+    // Wait for a succeeded slot.
+    let t0 = Instant::now();
+    while ledger(&e).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(15), "no slot ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+
+    let (code, ctype, body) = admin_get(&e, "/health");
+    assert_eq!((code, ctype.as_str()), (200, "application/json"), "{body}");
+    let (code, _, body) = admin_get(&e, "/jobs");
+    assert_eq!(code, 200);
+    let jobs: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(jobs[0]["name"], "tick", "{body}");
+    let (code, _, body) = admin_get(&e, "/stats");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"queue\":\"default\""), "{body}");
+    let (code, _, _) = admin_get(&e, "/nope");
+    assert_eq!(code, 404);
+
+    let (code, ctype, m) = admin_get(&e, "/metrics?debug=1");
+    stop(vec![kid]);
+    assert_eq!(code, 200, "{m}");
+    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    let value = |series: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {series} in:\n{m}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(m.contains("# TYPE baton_tasks gauge"), "{m}");
+    assert!(value(r#"baton_tasks{queue="default",state="succeeded"}"#) >= 1.0);
+    assert_eq!(value(r#"baton_tasks{queue="default",state="failed"}"#), 0.0);
+    assert_eq!(value(r#"baton_job_paused{job="tick"}"#), 0.0);
+    let slot = value(r#"baton_job_last_slot_timestamp_seconds{job="tick"}"#);
+    let now = value("baton_store_time_seconds");
+    assert!(slot > now - 30.0 && slot <= now, "slot {slot}, now {now}");
+    assert_eq!(value(r#"baton_lock_held{name="metrics-lock"}"#), 1.0);
+    assert!(value(r#"baton_lock_fencing_token{name="metrics-lock"}"#) >= 1.0);
 }
 
 /// An `https://` job action verifies the server: trusted through
