@@ -933,26 +933,71 @@ impl Backend for SqliteBackend {
     }
 
     async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-        // One IMMEDIATE transaction for the batch: one write-lock hand-off
-        // and one commit instead of one per task.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut out = Vec::with_capacity(items.len());
+        // Successes (the common case) in one statement; the rest one by one.
+        // Each statement is a hand-off to the connection's thread, so a
+        // batch of successes is one hand-off, one write lock, one commit.
+        let mut out = vec![false; items.len()];
+        let ok: Vec<serde_json::Value> = items
+            .iter()
+            .filter(|(_, f)| matches!(f, Finish::Succeeded))
+            .map(|(c, _)| serde_json::json!([c.id, c.attempt]))
+            .collect();
+        let rest = items.len() - ok.len();
+        let tasks = &self.t.tasks;
+        let succeed = format!(
+            "UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
+             FROM (SELECT value ->> 0 AS cid, value ->> 1 AS catt FROM json_each(?1)) AS c \
+             WHERE {tasks}.id = c.cid AND {tasks}.attempt = c.catt AND {tasks}.state = 'running' \
+             RETURNING {tasks}.id"
+        );
+        let list = json_text(&serde_json::Value::Array(ok))?;
         let mut woken: Vec<String> = Vec::new();
-        for (claim, finish) in items {
-            let (sql, text, retry_in) = self.finish_sql(finish);
-            let row = sqlx::query(&sql)
-                .bind(claim.id)
-                .bind(i64::from(claim.attempt))
-                .bind(text)
-                .bind(retry_in)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if let (Some(row), Finish::HandBack) = (&row, finish) {
-                woken.push(row.try_get("queue")?);
+        let done: HashSet<i64> = if rest == 0 {
+            // One statement is atomic on its own.
+            sqlx::query_scalar(&succeed)
+                .bind(&list)
+                .fetch_all(&*self.pool)
+                .await?
+                .into_iter()
+                .collect()
+        } else {
+            // Mixed outcomes: one IMMEDIATE transaction, one commit.
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let done: HashSet<i64> = if rest < items.len() {
+                sqlx::query_scalar(&succeed)
+                    .bind(&list)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect()
+            } else {
+                HashSet::new()
+            };
+            for (i, (claim, finish)) in items.iter().enumerate() {
+                if matches!(finish, Finish::Succeeded) {
+                    continue;
+                }
+                let (sql, text, retry_in) = self.finish_sql(finish);
+                let row = sqlx::query(&sql)
+                    .bind(claim.id)
+                    .bind(i64::from(claim.attempt))
+                    .bind(text)
+                    .bind(retry_in)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if let (Some(row), Finish::HandBack) = (&row, finish) {
+                    woken.push(row.try_get("queue")?);
+                }
+                out[i] = row.is_some();
             }
-            out.push(row.is_some());
+            tx.commit().await?;
+            done
+        };
+        for (i, (claim, finish)) in items.iter().enumerate() {
+            if matches!(finish, Finish::Succeeded) {
+                out[i] = done.contains(&claim.id);
+            }
         }
-        tx.commit().await?;
         self.wake(woken.iter().map(String::as_str));
         Ok(out)
     }

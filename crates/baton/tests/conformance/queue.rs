@@ -751,4 +751,25 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
         "stale attempt changed nothing"
     );
     assert!(b.finish_many(&[]).await.unwrap().is_empty());
+
+    // Only successes (the batched fast path): still per item.
+    let again = claim(&ts.store, "default", 5, 10_000).await;
+    let fresh = again
+        .iter()
+        .find(|t| t.id != c[3].id)
+        .expect("a re-claimed task");
+    let items = vec![
+        (cl(fresh), Finish::Succeeded),
+        (
+            Claim {
+                id: c[3].id,
+                attempt: 98,
+            },
+            Finish::Succeeded,
+        ),
+        (cl(&c[0]), Finish::Succeeded),
+    ];
+    assert_eq!(b.finish_many(&items).await.unwrap(), [true, false, false]);
+    assert_eq!(state(fresh.id).await.state, TaskState::Succeeded);
+    assert_eq!(state(c[3].id).await.state, TaskState::Running);
 }
