@@ -127,28 +127,37 @@ fn shared_for(path: &Path, prefix: &str) -> Arc<Shared> {
         .clone()
 }
 
-/// One connection pool per database file in this process, shared by every
-/// handle on it: SQLite has one writer at a time, and writers of one pool
-/// wait for each other in the pool rather than in SQLite's busy handler
-/// (which sleeps in steps of up to 100 ms). Weak, so a file's pool closes
-/// with its last handle.
-type Pools = Mutex<HashMap<PathBuf, std::sync::Weak<SqlitePool>>>;
+/// Connections that write, per database file in this process. SQLite runs
+/// one writer at a time: more writer connections only meet in its busy
+/// handler (which sleeps in steps of up to 100 ms); writers of one process
+/// wait for each other in the pool instead. Two, not one, so that one
+/// connection's statement runs while the other's result is being handled.
+const WRITERS: u32 = 2;
+
+/// One writer pool and one reader pool per database file in this process,
+/// shared by every handle on it. Weak, so a file's pools close with its
+/// last handle.
+type Pools = Mutex<HashMap<PathBuf, (std::sync::Weak<SqlitePool>, std::sync::Weak<SqlitePool>)>>;
 
 fn pools() -> &'static Pools {
     static POOLS: OnceLock<Pools> = OnceLock::new();
     POOLS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn live_pool(key: &Path) -> Option<Arc<SqlitePool>> {
+fn live_pools(key: &Path) -> Option<(Arc<SqlitePool>, Arc<SqlitePool>)> {
     let map = pools().lock().unwrap_or_else(|p| p.into_inner());
-    map.get(key)
-        .and_then(std::sync::Weak::upgrade)
-        .filter(|p| !p.is_closed())
+    let (w, r) = map.get(key)?;
+    let (w, r) = (w.upgrade()?, r.upgrade()?);
+    (!w.is_closed() && !r.is_closed()).then_some((w, r))
 }
 
 /// The SQLite backend. Build it with [`connect`].
 pub struct SqliteBackend {
+    /// Every statement that writes (and every transaction).
     pool: Arc<SqlitePool>,
+    /// Pure reads (listings, stats, the clock): they never wait behind
+    /// writers for a connection.
+    reader: Arc<SqlitePool>,
     t: Tables,
     shared: Arc<Shared>,
 }
@@ -251,9 +260,14 @@ impl SqliteBackend {
         let t = Tables::new(opts.prefix.as_deref())?;
         let path = parse_url(url)?;
         let key = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
-        if let Some(pool) = live_pool(&key) {
+        if let Some((pool, reader)) = live_pools(&key) {
             let shared = shared_for(&canonical_of(&path), &t.prefix);
-            return Ok(SqliteBackend { pool, t, shared });
+            return Ok(SqliteBackend {
+                pool,
+                reader,
+                t,
+                shared,
+            });
         }
         let options = SqliteConnectOptions::new()
             .filename(&path)
@@ -264,6 +278,13 @@ impl SqliteBackend {
             .foreign_keys(false);
         let pool = Arc::new(
             SqlitePoolOptions::new()
+                .max_connections(WRITERS.min(opts.max_connections.max(1)))
+                .test_before_acquire(false)
+                .connect_with(options.clone())
+                .await?,
+        );
+        let reader = Arc::new(
+            SqlitePoolOptions::new()
                 .max_connections(opts.max_connections.max(1))
                 .test_before_acquire(false)
                 .connect_with(options)
@@ -272,15 +293,22 @@ impl SqliteBackend {
         pools()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Arc::downgrade(&pool));
+            .insert(key, (Arc::downgrade(&pool), Arc::downgrade(&reader)));
         // The file exists now; key the shared state by its canonical path so
         // that `./a.db` and `/abs/a.db` share one wake-up channel.
         let shared = shared_for(&canonical_of(&path), &t.prefix);
-        Ok(SqliteBackend { pool, t, shared })
+        Ok(SqliteBackend {
+            pool,
+            reader,
+            t,
+            shared,
+        })
     }
 
-    /// The connection pool, for applications that want to run their own
-    /// transactions with [`enqueue_in`].
+    /// The writer pool (two connections per file and process), for
+    /// applications that want to run their own transactions with
+    /// [`enqueue_in`]. Keep such transactions short: baton's own writes in
+    /// this process share these connections.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
@@ -716,7 +744,7 @@ impl Backend for SqliteBackend {
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW}"))
-            .fetch_one(&*self.pool)
+            .fetch_one(&*self.reader)
             .await?;
         from_ms(now)
     }
@@ -812,7 +840,7 @@ impl Backend for SqliteBackend {
             locks = self.t.locks
         ))
         .bind(name)
-        .fetch_optional(&*self.pool)
+        .fetch_optional(&*self.reader)
         .await?
         .as_ref()
         .map(lock_info)
@@ -825,7 +853,7 @@ impl Backend for SqliteBackend {
              FROM {locks} ORDER BY name",
             locks = self.t.locks
         ))
-        .fetch_all(&*self.pool)
+        .fetch_all(&*self.reader)
         .await?
         .iter()
         .map(lock_info)
@@ -1123,7 +1151,7 @@ impl Backend for SqliteBackend {
             tasks = self.t.tasks
         ))
         .bind(id)
-        .fetch_optional(&*self.pool)
+        .fetch_optional(&*self.reader)
         .await?
         .as_ref()
         .map(task_info)
@@ -1161,7 +1189,7 @@ impl Backend for SqliteBackend {
         .bind(filter.state.map(TaskState::as_str))
         .bind(filter.job.as_deref())
         .bind(filter.before_id)
-        .fetch_all(&*self.pool)
+        .fetch_all(&*self.reader)
         .await?
         .iter()
         .map(task_info)
@@ -1177,7 +1205,7 @@ impl Backend for SqliteBackend {
              FROM {tasks}, n GROUP BY queue, state ORDER BY queue",
             tasks = self.t.tasks
         ))
-        .fetch_all(&*self.pool)
+        .fetch_all(&*self.reader)
         .await?;
         let mut out: Vec<QueueStats> = Vec::new();
         for row in &rows {
@@ -1320,7 +1348,7 @@ impl Backend for SqliteBackend {
             "SELECT name, last_slot, paused FROM {jobs} ORDER BY name",
             jobs = self.t.jobs
         ))
-        .fetch_all(&*self.pool)
+        .fetch_all(&*self.reader)
         .await?
         .iter()
         .map(job_state)
