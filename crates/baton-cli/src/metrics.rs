@@ -9,145 +9,115 @@ use baton::queue::Queue;
 use baton::schedule;
 use baton::Store;
 
+/// One labelled sample: label pairs and a value.
+type Sample<'a> = (Vec<(&'static str, &'a str)>, f64);
+
 /// Render every metric, or the store's error.
 pub async fn render(store: &Store) -> Result<String, baton::Error> {
-    let mut out = String::new();
+    use baton::store::TaskState;
     let stats = Queue::new(store.clone()).stats().await?;
+    let jobs = schedule::job_statuses(store).await?;
+    let locks = store.backend().lock_list().await?;
     let now = store.backend().now().await?;
-    family(
+    let secs = |t: chrono::DateTime<chrono::Utc>| t.timestamp_millis() as f64 / 1000.0;
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+
+    let mut out = String::new();
+    gauge(
         &mut out,
         "baton_tasks",
-        "gauge",
         "Tasks by queue and state (succeeded and cancelled until pruned).",
+        stats.iter().flat_map(|s| {
+            [
+                ("pending", s.pending),
+                ("running", s.running),
+                ("succeeded", s.succeeded),
+                ("failed", s.failed),
+                ("cancelled", s.cancelled),
+            ]
+            .map(|(state, n)| {
+                (
+                    vec![("queue", s.queue.as_str()), ("state", state)],
+                    n as f64,
+                )
+            })
+        }),
     );
-    for s in &stats {
-        for (state, n) in [
-            ("pending", s.pending),
-            ("running", s.running),
-            ("succeeded", s.succeeded),
-            ("failed", s.failed),
-            ("cancelled", s.cancelled),
-        ] {
-            sample(
-                &mut out,
-                "baton_tasks",
-                &[("queue", &s.queue), ("state", state)],
-                n as f64,
-            );
-        }
-    }
-    family(
+    gauge(
         &mut out,
         "baton_queue_oldest_pending_seconds",
-        "gauge",
         "Age of the oldest due pending task (0 when none waits), by store time.",
+        stats.iter().map(|s| {
+            let age = s.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0;
+            (vec![("queue", s.queue.as_str())], age)
+        }),
     );
-    for s in &stats {
-        let age = s.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0;
-        sample(
-            &mut out,
-            "baton_queue_oldest_pending_seconds",
-            &[("queue", &s.queue)],
-            age,
-        );
-    }
-
-    let jobs = schedule::job_statuses(store).await?;
-    family(
+    gauge(
         &mut out,
         "baton_job_last_slot_timestamp_seconds",
-        "gauge",
         "The last slot the scheduler enqueued or skipped, as a Unix time.",
+        jobs.iter().filter_map(|j| {
+            let slot = j.state.last_slot?;
+            Some((vec![("job", j.state.name.as_str())], secs(slot)))
+        }),
     );
-    for j in &jobs {
-        if let Some(slot) = j.state.last_slot {
-            let t = slot.timestamp_millis() as f64 / 1000.0;
-            sample(
-                &mut out,
-                "baton_job_last_slot_timestamp_seconds",
-                &[("job", &j.state.name)],
-                t,
-            );
-        }
-    }
-    family(
+    gauge(
         &mut out,
         "baton_job_paused",
-        "gauge",
         "1 if the job is paused cluster-wide.",
+        jobs.iter()
+            .map(|j| (vec![("job", j.state.name.as_str())], flag(j.state.paused))),
     );
-    for j in &jobs {
-        let v = if j.state.paused { 1.0 } else { 0.0 };
-        sample(&mut out, "baton_job_paused", &[("job", &j.state.name)], v);
-    }
-    family(
+    gauge(
         &mut out,
         "baton_job_last_run_succeeded",
-        "gauge",
         "1 if the job's newest run succeeded, 0 if it failed or was cancelled (absent while pending or running).",
+        jobs.iter().filter_map(|j| {
+            let ok = match j.last_run.as_ref()?.state {
+                TaskState::Succeeded => true,
+                TaskState::Failed | TaskState::Cancelled => false,
+                TaskState::Pending | TaskState::Running => return None,
+            };
+            Some((vec![("job", j.state.name.as_str())], flag(ok)))
+        }),
     );
-    for j in &jobs {
-        let Some(run) = &j.last_run else { continue };
-        let v = match run.state {
-            baton::store::TaskState::Succeeded => 1.0,
-            baton::store::TaskState::Failed | baton::store::TaskState::Cancelled => 0.0,
-            _ => continue,
-        };
-        sample(
-            &mut out,
-            "baton_job_last_run_succeeded",
-            &[("job", &j.state.name)],
-            v,
-        );
-    }
-
-    let locks = store.backend().lock_list().await?;
-    family(
+    gauge(
         &mut out,
         "baton_lock_held",
-        "gauge",
         "1 while the lock's lease is in force.",
+        locks
+            .iter()
+            .map(|l| (vec![("name", l.name.as_str())], flag(l.held))),
     );
-    for l in &locks {
-        sample(
-            &mut out,
-            "baton_lock_held",
-            &[("name", &l.name)],
-            if l.held { 1.0 } else { 0.0 },
-        );
-    }
-    family(
+    gauge(
         &mut out,
         "baton_lock_fencing_token",
-        "gauge",
         "The fencing token of the lock's latest grant.",
+        locks
+            .iter()
+            .map(|l| (vec![("name", l.name.as_str())], l.token.0 as f64)),
     );
-    for l in &locks {
-        sample(
-            &mut out,
-            "baton_lock_fencing_token",
-            &[("name", &l.name)],
-            l.token.0 as f64,
-        );
-    }
-    family(
+    gauge(
         &mut out,
         "baton_store_time_seconds",
-        "gauge",
         "The store's clock when these metrics were read, as a Unix time.",
-    );
-    sample(
-        &mut out,
-        "baton_store_time_seconds",
-        &[],
-        now.timestamp_millis() as f64 / 1000.0,
+        [(vec![], secs(now))],
     );
     Ok(out)
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+/// One gauge family: its `# HELP` and `# TYPE` lines, then its samples.
+fn gauge<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = Sample<'a>>,
+) {
     let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (labels, value) in samples {
+        sample(out, name, &labels, value);
+    }
 }
 
 fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {

@@ -417,12 +417,10 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_job_verifies_the_server() {
     use std::process::{Command, Stdio};
-    if Command::new("openssl").arg("version").output().is_err() {
-        assert!(
-            std::env::var("BATON_REQUIRE_BACKENDS").map_or(true, |v| v != "1"),
-            "openssl is not installed"
-        );
-        eprintln!("SKIPPED: openssl is not installed");
+    if !common::have(
+        "openssl",
+        Command::new("openssl").arg("version").output().is_ok(),
+    ) {
         return;
     }
     let Some(e) = Env::new(common::Kind::Sqlite).await else {
@@ -513,13 +511,8 @@ http = {{ method = "GET", url = "https://localhost:{port}/" }}
 /// to the scheduler that is exactly 10 minutes of downtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_ten_minutes_down_then_catch_up_all() {
-    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-    if !std::path::Path::new(LIBFAKETIME).exists() {
-        assert!(
-            std::env::var("BATON_REQUIRE_BACKENDS").map_or(true, |v| v != "1"),
-            "faketime is not installed"
-        );
-        eprintln!("SKIPPED: faketime is not installed");
+    const LIBFAKETIME: &str = common::LIBFAKETIME;
+    if !common::have("faketime", std::path::Path::new(LIBFAKETIME).exists()) {
         return;
     }
     let Some(e) = Env::new(common::Kind::Sqlite).await else {

@@ -11,19 +11,11 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{stderr, Env, Kind};
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+use common::{stderr, Env, Kind, LIBFAKETIME};
 
 fn faketime() -> Option<&'static str> {
-    if std::path::Path::new(LIBFAKETIME).exists() {
-        Some(LIBFAKETIME)
-    } else if std::env::var("BATON_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
-        panic!("faketime is not installed (apt-get install faketime)");
-    } else {
-        eprintln!("SKIPPED clock-skew tests: faketime is not installed");
-        None
-    }
+    let present = std::path::Path::new(LIBFAKETIME).exists();
+    common::have("faketime (apt-get install faketime)", present).then_some(LIBFAKETIME)
 }
 
 /// `baton ARGS` with its wall clock shifted by `offset` (e.g. `+10m`).

@@ -38,58 +38,48 @@ async fn works_over(url: &str) {
     assert!(q.task(id).await.unwrap().is_some());
 }
 
-fn pg_url(srv: &Private, params: &str) -> String {
-    format!("{}?{params}", srv.url())
+/// Against a TLS-only private server: trusting its CA works, trusting
+/// another CA is refused with a reason, and plain text gets no service (so
+/// the working connection did speak TLS).
+async fn tls_only(
+    kind: Kind,
+    url_trusting: impl Fn(&Private, &str) -> String,
+    plain: impl Fn(&Private) -> String,
+) {
+    let Some(mut srv) = Private::with_tls(kind) else {
+        return;
+    };
+    srv.start();
+    works_over(&url_trusting(&srv, &srv.ca().display().to_string())).await;
+    let other = url_trusting(&srv, &srv.other_ca().display().to_string());
+    let e = connect(&other)
+        .await
+        .expect_err("an untrusted server certificate must be refused");
+    assert!(e.to_string().contains("certificate"), "a clear reason: {e}");
+    assert!(
+        connect(&plain(&srv)).await.is_err(),
+        "plain text reached a TLS-only server"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_verify_full_with_own_ca() {
-    let Some(mut srv) = Private::with_tls(Kind::Postgres) else {
-        return;
-    };
-    srv.start();
-    let ca = srv.ca().display().to_string();
-    works_over(&pg_url(
-        &srv,
-        &format!("sslmode=verify-full&sslrootcert={ca}"),
-    ))
-    .await;
-    // A CA that did not sign the server's certificate: refused.
-    let other = srv.other_ca().display().to_string();
-    let e = connect(&pg_url(
-        &srv,
-        &format!("sslmode=verify-full&sslrootcert={other}"),
-    ))
+    tls_only(
+        Kind::Postgres,
+        |s, ca| format!("{}?sslmode=verify-full&sslrootcert={ca}", s.url()),
+        |s| format!("{}?sslmode=disable", s.url()),
+    )
     .await
-    .expect_err("an untrusted server certificate must be refused");
-    assert!(e.to_string().contains("certificate"), "a clear reason: {e}");
-    // The server accepts TLS only (hostssl): plain text gets no service, so
-    // the connection above did speak TLS.
-    assert!(
-        connect(&pg_url(&srv, "sslmode=disable")).await.is_err(),
-        "plain text reached a TLS-only server"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_rediss_with_own_ca() {
-    let Some(mut srv) = Private::with_tls(Kind::Redis) else {
-        return;
-    };
-    srv.start();
-    let ca = srv.ca().display().to_string();
-    works_over(&format!("{}/?sslrootcert={ca}", srv.url())).await;
-    let other = srv.other_ca().display().to_string();
-    let e = connect(&format!("{}/?sslrootcert={other}", srv.url()))
-        .await
-        .expect_err("an untrusted server certificate must be refused");
-    assert!(e.to_string().contains("certificate"), "a clear reason: {e}");
-    // The server speaks TLS only: a plain redis:// URL gets no service.
-    let plain = format!("redis://127.0.0.1:{}", srv.port);
-    assert!(
-        connect(&plain).await.is_err(),
-        "plain text reached a TLS-only server"
-    );
+    tls_only(
+        Kind::Redis,
+        |s, ca| format!("{}/?sslrootcert={ca}", s.url()),
+        |s| format!("redis://127.0.0.1:{}", s.port),
+    )
+    .await
 }
 
 #[tokio::test]

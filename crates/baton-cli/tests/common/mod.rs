@@ -14,6 +14,19 @@ pub use harness::{Kind, TestStore};
 
 pub const BATON: &str = env!("CARGO_BIN_EXE_baton");
 
+/// libfaketime's preload library (`.ci/run` installs the `faketime` package).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Whether a tool a test needs is `present`: when it is not, the test is
+/// skipped, or fails when `BATON_REQUIRE_BACKENDS=1` (as in CI).
+pub fn have(what: &str, present: bool) -> bool {
+    if !present {
+        assert!(!harness::required(), "{what} is not installed");
+        eprintln!("SKIPPED: {what} is not installed");
+    }
+    present
+}
+
 /// An isolated store plus a scratch directory for ledgers.
 pub struct Env {
     pub ts: TestStore,

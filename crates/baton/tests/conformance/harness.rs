@@ -60,7 +60,8 @@ pub fn redis_url() -> String {
     std::env::var("BATON_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
-fn required() -> bool {
+/// Whether a missing backend or tool fails the run (CI) instead of skipping.
+pub fn required() -> bool {
     std::env::var("BATON_REQUIRE_BACKENDS").is_ok_and(|v| v == "1")
 }
 
