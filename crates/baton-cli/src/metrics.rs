@@ -1,19 +1,21 @@
 //! Prometheus metrics for `baton serve --listen` (`GET /metrics`, text
-//! exposition format 0.0.4): the store's view of queues, jobs and locks,
-//! read when scraped, so every instance reports the same cluster-wide
-//! numbers (scrape one, or aggregate with `max`).
+//! exposition format 0.0.4). `baton_tasks…`, `baton_queue…`, `baton_job…`
+//! and `baton_lock…` are the store's view, read when scraped, so every
+//! instance reports the same cluster-wide numbers (scrape one, or aggregate
+//! with `max`); `baton_worker…` are this process's own workers (sum them).
 
 use std::fmt::Write;
 
-use baton::queue::Queue;
+use baton::queue::{Outcome, Queue, WorkerCounters};
 use baton::schedule;
 use baton::Store;
 
 /// One labelled sample: label pairs and a value.
 type Sample<'a> = (Vec<(&'static str, &'a str)>, f64);
 
-/// Render every metric, or the store's error.
-pub async fn render(store: &Store) -> Result<String, baton::Error> {
+/// Render every metric, or the store's error. `workers` are this process's
+/// workers.
+pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String, baton::Error> {
     use baton::store::TaskState;
     let stats = Queue::new(store.clone()).stats().await?;
     let jobs = schedule::job_statuses(store).await?;
@@ -103,18 +105,73 @@ pub async fn render(store: &Store) -> Result<String, baton::Error> {
         "The store's clock when these metrics were read, as a Unix time.",
         [(vec![], secs(now))],
     );
+
+    // This process's workers, summed per queue.
+    let mut mine: std::collections::BTreeMap<String, baton::queue::QueueCounters> =
+        Default::default();
+    for w in workers {
+        for (queue, c) in w.snapshot() {
+            let m = mine.entry(queue).or_default();
+            m.running += c.running;
+            m.busy += c.busy;
+            for (o, n) in c.ended {
+                *m.ended.entry(o).or_default() += n;
+            }
+        }
+    }
+    family(
+        &mut out,
+        "baton_worker_attempts_total",
+        "counter",
+        "Attempts this process's workers ended, by queue and outcome.",
+        mine.iter().flat_map(|(q, c)| {
+            Outcome::ALL.map(|o| {
+                let n = c.ended.get(&o).copied().unwrap_or(0);
+                (
+                    vec![("queue", q.as_str()), ("outcome", o.as_str())],
+                    n as f64,
+                )
+            })
+        }),
+    );
+    gauge(
+        &mut out,
+        "baton_worker_running",
+        "Attempts running in this process now.",
+        mine.iter()
+            .map(|(q, c)| (vec![("queue", q.as_str())], c.running as f64)),
+    );
+    family(
+        &mut out,
+        "baton_worker_busy_seconds_total",
+        "counter",
+        "Time this process's ended attempts took, from claim to outcome.",
+        mine.iter()
+            .map(|(q, c)| (vec![("queue", q.as_str())], c.busy.as_secs_f64())),
+    );
     Ok(out)
 }
 
-/// One gauge family: its `# HELP` and `# TYPE` lines, then its samples.
+/// One gauge family (see [`family`]).
 fn gauge<'a>(
     out: &mut String,
     name: &str,
     help: &str,
     samples: impl IntoIterator<Item = Sample<'a>>,
 ) {
+    family(out, name, "gauge", help, samples)
+}
+
+/// One metric family: its `# HELP` and `# TYPE` lines, then its samples.
+fn family<'a>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = Sample<'a>>,
+) {
     let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
     for (labels, value) in samples {
         sample(out, name, &labels, value);
     }

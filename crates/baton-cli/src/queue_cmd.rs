@@ -116,6 +116,10 @@ pub struct WorkArgs {
     /// workers that run apart from the schedulers).
     #[arg(long, env = "BATON_CONFIG")]
     pub config: Option<std::path::PathBuf>,
+    /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
+    /// Prometheus), e.g. 127.0.0.1:9090.
+    #[arg(long)]
+    pub listen: Option<String>,
 }
 
 /// The worker config for command tasks.
@@ -164,7 +168,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         eprintln!("baton: warning: {w}");
     }
     let mut w = Worker::new(
-        store,
+        store.clone(),
         worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace),
     );
     handle_commands(&mut w, a.grace);
@@ -181,6 +185,9 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
                 crate::serve::durable_handler(j.clone(), a.grace),
             );
         }
+    }
+    if let Some(addr) = &a.listen {
+        crate::serve::spawn_admin(addr, &store, vec![w.counters()]).await?;
     }
     let token = CancellationToken::new();
     shutdown_on_signals(token.clone())?;

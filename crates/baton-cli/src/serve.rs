@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton::queue::{TaskContext, TaskError, Worker};
+use baton::queue::{TaskContext, TaskError, Worker, WorkerCounters};
 use baton::schedule::{self, Job, JobMode, Scheduler, SlotRun};
 use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
@@ -208,6 +208,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     }
 
     let mut tasks = tokio::task::JoinSet::new();
+    let mut counters = Vec::new();
     for q in &cfg.queues {
         let cfg_w = queue_cmd::worker_config(
             &[(q.name.clone(), q.concurrency as usize)],
@@ -225,6 +226,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         {
             w.handle(j.name.clone(), durable_handler(j.clone(), a.grace));
         }
+        counters.push(w.counters());
         let s = stop.clone();
         tasks.spawn(async move { w.run(s).await.map_err(anyhow::Error::from) });
     }
@@ -233,15 +235,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         tasks.spawn(async move { scheduler.run(s).await.map_err(anyhow::Error::from) });
     }
     if let Some(addr) = &a.listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("--listen {addr}"))?;
-        eprintln!("baton: admin on http://{}", listener.local_addr()?);
-        let st = store.clone();
-        tokio::spawn(http::serve(listener, move |path| {
-            let st = st.clone();
-            async move { admin(&st, &path).await }
-        }));
+        spawn_admin(addr, &store, counters).await?;
     }
     eprintln!(
         "baton: serving {} job(s) and {} queue(s) on {}",
@@ -268,7 +262,27 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-async fn admin(store: &Store, path: &str) -> Reply {
+/// Serve the admin endpoints on `addr` in the background (for `serve` and
+/// `work`); logs the bound address.
+pub async fn spawn_admin(
+    addr: &str,
+    store: &Store,
+    workers: Vec<WorkerCounters>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--listen {addr}"))?;
+    eprintln!("baton: admin on http://{}", listener.local_addr()?);
+    let store = store.clone();
+    let workers = std::sync::Arc::new(workers);
+    tokio::spawn(http::serve(listener, move |path| {
+        let (store, workers) = (store.clone(), workers.clone());
+        async move { admin(&store, &workers, &path).await }
+    }));
+    Ok(())
+}
+
+async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
     let result = match path {
         "/health" => Ok(serde_json::json!({"status": "ok"})),
         "/jobs" => schedule::job_statuses(store)
@@ -279,7 +293,7 @@ async fn admin(store: &Store, path: &str) -> Reply {
             .await
             .map(|s| serde_json::to_value(s).unwrap_or_default()),
         "/metrics" => {
-            return match crate::metrics::render(store).await {
+            return match crate::metrics::render(store, workers).await {
                 Ok(body) => Reply {
                     status: 200,
                     content_type: "text/plain; version=0.0.4; charset=utf-8",

@@ -409,6 +409,18 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     assert!(slot > now - 30.0 && slot <= now, "slot {slot}, now {now}");
     assert_eq!(value(r#"baton_lock_held{name="metrics-lock"}"#), 1.0);
     assert!(value(r#"baton_lock_fencing_token{name="metrics-lock"}"#) >= 1.0);
+    // This process's own workers ran the slots it scraped above.
+    assert!(
+        m.contains("# TYPE baton_worker_attempts_total counter"),
+        "{m}"
+    );
+    assert!(value(r#"baton_worker_attempts_total{queue="default",outcome="succeeded"}"#) >= 1.0);
+    assert_eq!(
+        value(r#"baton_worker_attempts_total{queue="default",outcome="lost"}"#),
+        0.0
+    );
+    assert!(value(r#"baton_worker_busy_seconds_total{queue="default"}"#) > 0.0);
+    value(r#"baton_worker_running{queue="default"}"#);
 }
 
 /// An `https://` job action verifies the server: trusted through

@@ -25,9 +25,11 @@ use crate::store::{
 };
 
 mod backoff;
+pub mod counters;
 pub mod worker;
 
 pub use backoff::Backoff;
+pub use counters::{Outcome, QueueCounters, WorkerCounters};
 pub use worker::{TaskContext, TaskError, Worker, WorkerConfig};
 
 /// The queue tasks go to when none is named.

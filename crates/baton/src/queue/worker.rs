@@ -33,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::counters::{Outcome, WorkerCounters};
 use super::Backoff;
 use crate::error::{Error, InvalidInput};
 use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task};
@@ -241,6 +242,7 @@ pub struct Worker {
     id: String,
     handlers: HashMap<String, HandlerFn>,
     fallback: Option<HandlerFn>,
+    counters: WorkerCounters,
 }
 
 impl Worker {
@@ -252,7 +254,14 @@ impl Worker {
             id: format!("{}:{}", crate::lock::node_id(), crate::lock::short_id()),
             handlers: HashMap::new(),
             fallback: None,
+            counters: WorkerCounters::default(),
         }
+    }
+
+    /// A handle on this worker's counters (attempts by queue and outcome),
+    /// readable while it runs.
+    pub fn counters(&self) -> WorkerCounters {
+        self.counters.clone()
     }
 
     /// This worker's id, recorded on the tasks it claims.
@@ -298,7 +307,11 @@ impl Worker {
             running: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
             drained: Notify::new(),
+            counters: self.counters.clone(),
         });
+        shared
+            .counters
+            .serve(self.config.queues.iter().map(|(q, _)| q.clone()));
         let mut wake = match self.store.backend().subscribe().await {
             Ok(rx) => Some(rx),
             Err(e) => {
@@ -437,6 +450,7 @@ struct Shared {
     running: Mutex<HashMap<Claim, Running>>,
     stop_claiming: CancellationToken,
     drained: Notify,
+    counters: WorkerCounters,
 }
 
 async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
@@ -519,6 +533,8 @@ fn start_task(
         id: task.id,
         attempt: task.attempt,
     };
+    let queue = task.queue.clone();
+    shared.counters.started(&queue);
     let ctx = TaskContext {
         task: Arc::new(task),
         stop: CancellationToken::new(),
@@ -533,10 +549,16 @@ fn start_task(
         },
     );
     tokio::spawn(async move {
-        let finish = execute(&shared, ctx.clone()).await;
-        if let Some(finish) = finish {
-            finish_with_retries(&shared, claim, &finish).await;
-        }
+        let outcome = match execute(&shared, ctx.clone()).await {
+            Some(finish) if finish_with_retries(&shared, claim, &finish).await => match finish {
+                Finish::Succeeded => Outcome::Succeeded,
+                Finish::Failed { .. } => Outcome::Failed,
+                Finish::Cancelled { .. } => Outcome::Cancelled,
+                Finish::HandBack => Outcome::HandedBack,
+            },
+            _ => Outcome::Lost,
+        };
+        shared.counters.ended(&queue, outcome, sent.elapsed());
         lock(&shared.running).remove(&claim);
         drop(permit);
         freed.notify_one();
@@ -695,7 +717,9 @@ async fn finish_once(
     }
 }
 
-async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) {
+/// Record the attempt's result, retrying store errors while the lease
+/// lasts; whether it was recorded.
+async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> bool {
     let mut backoff = Duration::from_millis(20);
     loop {
         match finish_once(shared, claim, finish).await {
@@ -706,7 +730,7 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) {
                     ?finish,
                     "task finished"
                 );
-                return;
+                return true;
             }
             Ok(false) => {
                 tracing::warn!(
@@ -714,13 +738,13 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) {
                     attempt = claim.attempt,
                     "result refused: the claim was lost"
                 );
-                return;
+                return false;
             }
             Err(e) => {
                 let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
                 if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
                     tracing::warn!(task = claim.id, error = %e, "could not record the result before the lease ends; the task will be rescued and run again");
-                    return;
+                    return false;
                 }
                 tracing::warn!(task = claim.id, error = %e, "finish failed; retrying");
                 tokio::time::sleep(backoff).await;

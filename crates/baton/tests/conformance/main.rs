@@ -66,6 +66,7 @@ conformance! {
     queue::wake_up_without_waiting_for_a_poll,
     queue::many_tasks_four_workers_all_succeed,
     queue::inspect_list_stats_prune,
+    queue::worker_counters_count_outcomes,
     schedule::cursor_is_compare_and_set,
     schedule::overlap_forbid_records_a_skip,
     schedule::trigger_and_scheduler_share_a_slot,

@@ -773,3 +773,45 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     assert_eq!(state(fresh.id).await.state, TaskState::Succeeded);
     assert_eq!(state(c[3].id).await.state, TaskState::Running);
 }
+
+/// A worker's own counters: attempts by queue and outcome, running now,
+/// time spent; only recorded results count as succeeded or failed.
+pub async fn worker_counters_count_outcomes(ts: TestStore) {
+    use baton::queue::Outcome;
+    let q = Queue::new(ts.store.clone());
+    let ok = q.enqueue(task("ok")).await.unwrap().id;
+    let bad = q.enqueue(task("bad").max_attempts(1)).await.unwrap().id;
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2));
+    w.handle("ok", |_| async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok(())
+    });
+    w.handle("bad", |_| async { Err(TaskError::permanent("no")) });
+    let counters = w.counters();
+    let before = counters.snapshot();
+    assert_eq!(before.len(), 0, "nothing before the worker runs");
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    wait_state(&q, ok, TaskState::Succeeded, 10).await;
+    wait_state(&q, bad, TaskState::Failed, 10).await;
+    // The counter is bumped right after the result is recorded.
+    let t0 = Instant::now();
+    let c = loop {
+        let c = counters
+            .snapshot()
+            .remove("default")
+            .expect("queue registered");
+        if c.ended[&Outcome::Succeeded] + c.ended[&Outcome::Failed] == 2 {
+            break c;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{c:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(c.ended[&Outcome::Succeeded], 1, "{c:?}");
+    assert_eq!(c.ended[&Outcome::Failed], 1, "{c:?}");
+    assert_eq!(c.ended[&Outcome::Lost], 0, "{c:?}");
+    assert_eq!(c.running, 0, "{c:?}");
+    assert!(c.busy >= Duration::from_millis(50), "{c:?}");
+}
