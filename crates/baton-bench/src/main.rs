@@ -663,6 +663,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                         worker: &worker,
                         limit: batch,
                         lease: Duration::from_secs(60),
+                        max_running: None,
                     })
                     .await?;
                 claim_lat.push(c0.elapsed());

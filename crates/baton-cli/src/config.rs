@@ -7,6 +7,7 @@
 //! name = "default"
 //! concurrency = 2                    # default 1
 //! lease = "30s"                      # default 30s
+//! # max_running = 5                  # cluster-wide cap, all instances together
 //!
 //! [[job]]
 //! name = "tick"
@@ -87,6 +88,9 @@ pub struct QueueConfig {
     pub concurrency: u32,
     /// Lease per claim, renewed by heartbeats.
     pub lease: Duration,
+    /// At most this many of the queue's tasks run at once across every
+    /// instance (`None`: no cluster-wide cap).
+    pub max_running: Option<u32>,
 }
 
 /// One `[[job]]`.
@@ -248,6 +252,7 @@ struct RawQueue {
     name: String,
     concurrency: Option<i64>,
     lease: Option<String>,
+    max_running: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -389,10 +394,15 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 .map_err(|e| ConfigError::from_input(&owner, e))?,
             None => DEFAULT_LEASE,
         };
+        let max_running = q
+            .max_running
+            .map(|m| ranged(&owner, "max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32))
+            .transpose()?;
         queues.push(QueueConfig {
             name: q.name,
             concurrency,
             lease,
+            max_running,
         });
     }
 
@@ -421,6 +431,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 name: DEFAULT_QUEUE.to_string(),
                 concurrency: 1,
                 lease: DEFAULT_LEASE,
+                max_running: None,
             });
         } else {
             return Err(ConfigError::invalid(
@@ -690,6 +701,7 @@ lease = "30s"
 
 [[queue]]
 name = "slow"
+max_running = 3
 
 [[job]]
 name = "tick"
@@ -750,12 +762,14 @@ command = ["true"]
                 QueueConfig {
                     name: "default".into(),
                     concurrency: 2,
-                    lease: Duration::from_secs(30)
+                    lease: Duration::from_secs(30),
+                    max_running: None,
                 },
                 QueueConfig {
                     name: "slow".into(),
                     concurrency: 1,
-                    lease: DEFAULT_LEASE
+                    lease: DEFAULT_LEASE,
+                    max_running: Some(3),
                 },
             ]
         );
@@ -914,7 +928,8 @@ command = ["true"]
             [QueueConfig {
                 name: "default".into(),
                 concurrency: 1,
-                lease: DEFAULT_LEASE
+                lease: DEFAULT_LEASE,
+                max_running: None,
             }]
         );
         // ...and not added for lock-mode jobs.
@@ -1067,6 +1082,11 @@ command = ["true"]
         }
         Config::parse(&job("priority = -100")).unwrap();
         Config::parse(&job("priority = 100")).unwrap();
+        let e = err("[[queue]]\nname = \"q\"\nmax_running = 0\n");
+        assert_eq!(
+            e.to_string(),
+            "queue \"q\": max_running: 0 is out of range; use 1..=10000"
+        );
         let e = err("[[queue]]\nname = \"q\"\nconcurrency = 0\n");
         assert_eq!(
             e,

@@ -99,6 +99,10 @@ pub struct WorkArgs {
     /// Commands run at once, per queue.
     #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
+    /// Cluster-wide cap per queue: at most N of its tasks run at once
+    /// across every `baton work`/`serve` that passes it (default: no cap).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_running: Option<u32>,
     /// Lease per attempt; heartbeats renew it every third of it.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     pub lease: Duration,
@@ -167,24 +171,36 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     for w in store.backend().warnings().await.unwrap_or_default() {
         eprintln!("baton: warning: {w}");
     }
-    let mut w = Worker::new(
-        store.clone(),
-        worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace),
-    );
-    handle_commands(&mut w, a.grace);
-    if let Some(path) = &a.config {
-        let cfg = crate::config::Config::from_file(path)
-            .map_err(|e| Error::Invalid(baton::InvalidInput::new("--config", e.to_string())))?;
-        for j in cfg
-            .jobs
+    let config = match &a.config {
+        Some(path) => Some(
+            crate::config::Config::from_file(path)
+                .map_err(|e| Error::Invalid(baton::InvalidInput::new("--config", e.to_string())))?,
+        ),
+        None => None,
+    };
+    let mut cfg = worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace);
+    // Caps: --max-running for every queue served, else the config's.
+    for q in &a.queues {
+        let from_config = config
             .iter()
-            .filter(|j| j.mode == crate::config::Mode::Durable)
-        {
-            w.handle(
-                j.name.clone(),
-                crate::serve::durable_handler(j.clone(), a.grace),
-            );
+            .flat_map(|c| &c.queues)
+            .find(|c| &c.name == q)
+            .and_then(|c| c.max_running);
+        if let Some(m) = a.max_running.or(from_config) {
+            cfg = cfg.max_running(q.clone(), m);
         }
+    }
+    let mut w = Worker::new(store.clone(), cfg);
+    handle_commands(&mut w, a.grace);
+    for j in config
+        .iter()
+        .flat_map(|c| &c.jobs)
+        .filter(|j| j.mode == crate::config::Mode::Durable)
+    {
+        w.handle(
+            j.name.clone(),
+            crate::serve::durable_handler(j.clone(), a.grace),
+        );
     }
     if let Some(addr) = &a.listen {
         crate::serve::spawn_admin(addr, &store, vec![w.counters()]).await?;

@@ -210,13 +210,16 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let mut tasks = tokio::task::JoinSet::new();
     let mut counters = Vec::new();
     for q in &cfg.queues {
-        let cfg_w = queue_cmd::worker_config(
+        let mut cfg_w = queue_cmd::worker_config(
             &[(q.name.clone(), q.concurrency as usize)],
             q.lease,
             Duration::from_secs(1),
             a.shutdown_grace,
             a.grace,
         );
+        if let Some(m) = q.max_running {
+            cfg_w = cfg_w.max_running(q.name.clone(), m);
+        }
         let mut w = Worker::new(store.clone(), cfg_w);
         queue_cmd::handle_commands(&mut w, a.grace);
         for j in cfg

@@ -15,6 +15,7 @@ per_backend! {
     delay_is_not_started_early,
     sigterm_hands_running_tasks_back,
     frozen_worker_cannot_finish_its_rescued_task,
+    max_running_caps_two_worker_processes,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -303,4 +304,43 @@ async fn frozen_worker_cannot_finish_its_rescued_task(e: Env) {
 /// Run a future to completion from a synchronous `wait_for` closure.
 fn futures_lite_block<T>(f: impl std::future::Future<Output = Result<T, baton::Error>>) -> T {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f)).unwrap()
+}
+
+/// Two `baton work --concurrency 3 --max-running 2` processes: the
+/// commands' own start/end times never show more than 2 running at once,
+/// and 2 did run together.
+async fn max_running_caps_two_worker_processes(e: Env) {
+    const N: usize = 6;
+    let script =
+        "echo $(date +%s%N) > s-$BATON_TASK_ID; sleep 0.4; echo $(date +%s%N) > e-$BATON_TASK_ID";
+    let ids: Vec<i64> = (0..N)
+        .map(|_| enqueue(&e, &[], &["sh", "-c", script]))
+        .collect();
+    let cap = ["--concurrency", "3", "--max-running", "2"];
+    let mut ws = [worker(&e, &cap), worker(&e, &cap)];
+    for id in &ids {
+        wait_state(&e, *id, "succeeded", 60);
+    }
+    for w in &mut ws {
+        signal(w, libc::SIGTERM);
+        w.wait().unwrap();
+    }
+    let t = |p: &str, id: i64| -> u128 {
+        common::read(&e.path(&format!("{p}-{id}")))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // Sweep the start (+1) and end (-1) events in time order.
+    let mut events: Vec<(u128, i32)> = ids
+        .iter()
+        .flat_map(|id| [(t("s", *id), 1), (t("e", *id), -1)])
+        .collect();
+    events.sort();
+    let (mut now, mut peak) = (0, 0);
+    for (_, d) in events {
+        now += d;
+        peak = peak.max(now);
+    }
+    assert_eq!(peak, 2, "never more than 2 at once, and 2 together");
 }

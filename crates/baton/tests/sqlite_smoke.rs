@@ -68,6 +68,7 @@ fn claim_req(queue: &str, limit: u32, lease: Duration) -> ClaimRequest<'_> {
         worker: "w1",
         limit,
         lease,
+        max_running: None,
     }
 }
 
@@ -948,6 +949,7 @@ async fn concurrent_workers_timing() {
                         worker: &worker,
                         limit: 10,
                         lease: LONG,
+                        max_running: None,
                     })
                     .await
                     .unwrap();

@@ -22,7 +22,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -171,6 +171,11 @@ pub struct WorkerConfig {
     /// at the default poll; `None`:
     /// never; default 7 days).
     pub retention: Option<Duration>,
+    /// Cluster-wide caps on running tasks, per queue: however many workers
+    /// serve the queue, at most this many of its tasks run at once. A
+    /// worker that finds the queue at its cap checks again on its next poll
+    /// tick.
+    pub max_running: BTreeMap<String, u32>,
 }
 
 impl Default for WorkerConfig {
@@ -184,6 +189,7 @@ impl Default for WorkerConfig {
             backoff: Backoff::default(),
             rescue: true,
             retention: Some(super::DEFAULT_RETENTION),
+            max_running: BTreeMap::new(),
         }
     }
 }
@@ -199,6 +205,19 @@ impl WorkerConfig {
         self.lease = lease;
         self
     }
+    /// Cap `queue` at `max` running tasks across every worker of the
+    /// cluster (see [`WorkerConfig::max_running`](Self#structfield.max_running)).
+    ///
+    /// ```
+    /// use baton::queue::WorkerConfig;
+    /// // Each worker runs up to 8 exports, but the cluster at most 3 at once.
+    /// let cfg = WorkerConfig::default().queue("exports", 8).max_running("exports", 3);
+    /// assert_eq!(cfg.max_running["exports"], 3);
+    /// ```
+    pub fn max_running(mut self, queue: impl Into<String>, max: u32) -> Self {
+        self.max_running.insert(queue.into(), max);
+        self
+    }
     fn validate(&self) -> Result<(), InvalidInput> {
         if self.queues.is_empty() {
             return Err(InvalidInput::new(
@@ -212,6 +231,14 @@ impl WorkerConfig {
                 return Err(InvalidInput::new(
                     "concurrency",
                     format!("queue {q:?}: must be at least 1"),
+                ));
+            }
+        }
+        for (q, m) in &self.max_running {
+            if *m == 0 {
+                return Err(InvalidInput::new(
+                    "max_running",
+                    format!("queue {q:?}: must be at least 1 (or no cap at all)"),
                 ));
             }
         }
@@ -457,6 +484,9 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
     let slots = Arc::new(Semaphore::new(concurrency));
     let freed = Arc::new(Notify::new());
     let mut more = true; // the last claim filled every free slot: there may be more
+                         // Under a cluster-wide cap a claim can come back short while work
+                         // waits; a slot freed here is then a reason to look again.
+    let capped = shared.config.max_running.contains_key(&queue);
     let mut backoff = Duration::from_millis(50);
     loop {
         if shared.stop_claiming.is_cancelled() {
@@ -469,6 +499,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                 worker: &shared.id,
                 limit: free as u32,
                 lease: shared.config.lease,
+                max_running: shared.config.max_running.get(&queue).copied(),
             };
             let sent = Instant::now();
             match shared.store.backend().claim(&req).await {
@@ -510,7 +541,8 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         // be new work), or a freed slot when the last claim was full.
         tokio::select! {
             _ = poke.notified() => more = true,
-            _ = freed.notified(), if more => {
+            _ = freed.notified(), if more || capped => {
+                more = true;
                 // Slots free in bursts (completions are written in batches):
                 // let the burst land so the next claim takes them together.
                 if slots.available_permits() < concurrency.div_ceil(4) {

@@ -208,6 +208,11 @@ pub struct ClaimRequest<'a> {
     pub limit: u32,
     /// Lease length from the store's `now()`.
     pub lease: Duration,
+    /// A cluster-wide cap on the queue's running tasks: the claim takes at
+    /// most `max_running` minus the tasks of this queue running anywhere
+    /// (none when that is zero or less), decided atomically with the claim
+    /// so that concurrent claimers never overshoot. `None`: no cap.
+    pub max_running: Option<u32>,
 }
 
 /// A task leased to a worker by a claim.

@@ -554,8 +554,18 @@ fn append_error(e: &str) -> String {
 /// The claim statement. `LIMIT` is a literal: with a `$n` there, a generic
 /// plan assumes it fetches 10% of the table and can prefer a sequential scan
 /// plus sort over the index walk.
-fn claim_sql(n: &Names, limit: u32) -> String {
+/// The claim. With `capped`, `$4` is the queue's cluster-wide cap on
+/// running tasks (the caller holds the queue's advisory lock).
+fn claim_sql(n: &Names, limit: u32, capped: bool) -> String {
     let t = &n.tasks;
+    let limit = if capped {
+        format!(
+            "greatest(0, least({limit}, $4 - ( \
+                 SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
+        )
+    } else {
+        limit.to_string()
+    };
     format!(
         "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = now(), \
              lease_until = now() + $3 * interval '1 millisecond', worker = $2 \
@@ -861,12 +871,35 @@ impl Backend for PgBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(&claim_sql(&self.names, req.limit))
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(dur(req.lease))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = match req.max_running {
+            None => {
+                sqlx::query(&claim_sql(&self.names, req.limit, false))
+                    .bind(req.queue)
+                    .bind(req.worker)
+                    .bind(dur(req.lease))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            Some(max) => {
+                // Claimers of a capped queue take turns (a transaction-scoped
+                // advisory lock per queue), so each one counts the running
+                // tasks after the previous one committed.
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                    .bind(format!("{}:{}", self.names.chan, req.queue))
+                    .execute(&mut *tx)
+                    .await?;
+                let rows = sqlx::query(&claim_sql(&self.names, req.limit, true))
+                    .bind(req.queue)
+                    .bind(req.worker)
+                    .bind(dur(req.lease))
+                    .bind(i64::from(max))
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                rows
+            }
+        };
         let mut tasks = rows
             .iter()
             .map(claimed_task)
@@ -1375,7 +1408,7 @@ pub async fn explain_claim(
         &mut *tx,
         format!(
             "PREPARE baton_explain_claim(text, text, int8) AS {}",
-            claim_sql(&n, limit)
+            claim_sql(&n, limit, false)
         )
         .as_str(),
     )

@@ -298,7 +298,7 @@ end
 return out
 "#;
 
-/// ARGV: B, queue, worker, limit, lease ms.
+/// ARGV: B, queue, worker, limit, lease ms, cluster-wide cap on running (or '').
 const CLAIM: &str = r#"
 local now = now_ms()
 local queue = ARGV[2]
@@ -323,6 +323,12 @@ end
 local out = {}
 local limit = tonumber(ARGV[4])
 local lu = now + tonumber(ARGV[5])
+-- A cluster-wide cap on the queue's running tasks (ARGV[6], '' for none).
+if ARGV[6] ~= '' then
+  local running = tonumber(redis.call('HGET', B .. 'counts:' .. queue, 'running') or '0')
+  local room = tonumber(ARGV[6]) - running
+  if room < limit then limit = room end
+end
 while #out < limit do
   local popped = redis.call('ZPOPMIN', ready, limit - #out)
   if #popped == 0 then break end
@@ -1252,7 +1258,13 @@ impl Backend for RedisBackend {
         let maps: Vec<HashMap<String, String>> = self
             .q(
                 &self.scripts.claim,
-                sargs![req.queue, req.worker, req.limit, ms(req.lease)],
+                sargs![
+                    req.queue,
+                    req.worker,
+                    req.limit,
+                    ms(req.lease),
+                    req.max_running.map(|m| m.to_string()).unwrap_or_default()
+                ],
             )
             .await?;
         maps.iter().map(task).collect()

@@ -883,7 +883,9 @@ impl Backend for SqliteBackend {
                  lease_until = {NOW} + ?3, worker = ?2 \
              WHERE id IN (SELECT id FROM {tasks} \
                  WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
-                 ORDER BY priority, run_at, id LIMIT ?4) \
+                 ORDER BY priority, run_at, id \
+                 LIMIT CASE WHEN ?5 IS NULL THEN ?4 ELSE max(0, min(?4, ?5 - ( \
+                     SELECT count(*) FROM {tasks} WHERE state = 'running' AND queue = ?1))) END) \
              RETURNING id, queue, kind, payload, priority, attempt, max_attempts, timeout_ms, \
                  run_at, lease_until, job, slot"
         ))
@@ -891,6 +893,7 @@ impl Backend for SqliteBackend {
         .bind(req.worker)
         .bind(ms(req.lease))
         .bind(i64::from(req.limit))
+        .bind(req.max_running.map(i64::from))
         .fetch_all(&*self.pool)
         .await?;
         let mut claimed = rows

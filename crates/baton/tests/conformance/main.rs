@@ -67,6 +67,7 @@ conformance! {
     queue::many_tasks_four_workers_all_succeed,
     queue::inspect_list_stats_prune,
     queue::worker_counters_count_outcomes,
+    queue::max_running_caps_the_whole_cluster,
     schedule::cursor_is_compare_and_set,
     schedule::overlap_forbid_records_a_skip,
     schedule::trigger_and_scheduler_share_a_slot,

@@ -27,6 +27,7 @@ async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::
             worker: "test-worker",
             limit: n,
             lease: Duration::from_millis(lease_ms),
+            max_running: None,
         })
         .await
         .unwrap()
@@ -814,4 +815,55 @@ pub async fn worker_counters_count_outcomes(ts: TestStore) {
     assert_eq!(c.ended[&Outcome::Lost], 0, "{c:?}");
     assert_eq!(c.running, 0, "{c:?}");
     assert!(c.busy >= Duration::from_millis(50), "{c:?}");
+}
+
+/// `max_running`: three workers with room for 3 each, a cluster-wide cap
+/// of 2 — never more than 2 handlers at once, and 2 do run together.
+pub async fn max_running_caps_the_whole_cluster(ts: TestStore) {
+    const N: usize = 12;
+    let q = Queue::new(ts.store.clone());
+    let batch: Vec<_> = (0..N).map(|i| TaskBuilder::new("cap", json!(i))).collect();
+    let ids = q.enqueue_many(batch).await.unwrap();
+    let now = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let cfg = fast_config("default", 3).max_running("default", 2);
+        let mut w = Worker::new(ts.open().await, cfg);
+        let (now, peak, done) = (now.clone(), peak.clone(), done.clone());
+        w.handle("cap", move |_| {
+            let (now, peak, done) = (now.clone(), peak.clone(), done.clone());
+            async move {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(120)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        runs.push(tokio::spawn(w.run(stop.clone())));
+    }
+    for id in &ids {
+        wait_state(&q, id.id, TaskState::Succeeded, 30).await;
+    }
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), N);
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        2,
+        "at most 2 at once across the cluster, and 2 in parallel"
+    );
+    // A cap of zero is refused with the field's name.
+    let bad = fast_config("default", 1).max_running("default", 0);
+    let e = Worker::new(ts.store.clone(), bad)
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("max_running"), "{e}");
 }

@@ -189,6 +189,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
             worker: "w",
             limit: 1,
             lease: Duration::from_secs(5),
+            max_running: None,
         })
         .await
         .unwrap();
