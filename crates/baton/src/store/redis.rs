@@ -105,6 +105,8 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const ENQUEUE_CHUNK: usize = 500;
 /// Enqueue script calls per pipelined round trip.
 const ENQUEUE_PIPELINE: usize = 8;
+/// Finished attempts per finish script call.
+const FINISH_CHUNK: usize = 256;
 /// Tasks handled per rescue / prune script call (they loop until done).
 const BATCH: usize = 1000;
 /// Ids examined per listing script call.
@@ -383,37 +385,43 @@ end
 return out
 "#;
 
-/// ARGV: B, id, attempt, kind (s/f/c/h), text, retry ms or ''.
+/// ARGV: B, then per item: id, attempt, kind (s/f/c/h), text, retry ms or
+/// ''. Returns 1 or 0 per item (0: the claim is no longer current).
 const FINISH: &str = r#"
 local now = now_ms()
-local sid = ARGV[2]
-local k = tkey(sid)
-local h = redis.call('HMGET', k, 'state', 'attempt', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority', 'run_at')
-if h[1] ~= 'running' or h[2] ~= ARGV[3] then return 0 end
-local queue = h[3]
-local uk = h[4]
-local forever = h[5]
-local job = h[6]
-local attempt = tonumber(h[2])
-local kind = ARGV[4]
-if kind == 's' then
-  terminal(sid, queue, 'running', 'succeeded', now, uk, forever, job)
-elseif kind == 'f' then
-  append_error(sid, attempt, now, ARGV[5])
-  if ARGV[6] ~= '' and attempt < tonumber(h[7]) then
-    running_to_pending(sid, queue, tonumber(h[8]), now + tonumber(ARGV[6]), now, nil)
+local function finish_one(sid, att, kind, text, retry)
+  local k = tkey(sid)
+  local h = redis.call('HMGET', k, 'state', 'attempt', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority', 'run_at')
+  if h[1] ~= 'running' or h[2] ~= att then return 0 end
+  local queue = h[3]
+  local uk = h[4]
+  local forever = h[5]
+  local job = h[6]
+  local attempt = tonumber(h[2])
+  if kind == 's' then
+    terminal(sid, queue, 'running', 'succeeded', now, uk, forever, job)
+  elseif kind == 'f' then
+    append_error(sid, attempt, now, text)
+    if retry ~= '' and attempt < tonumber(h[7]) then
+      running_to_pending(sid, queue, tonumber(h[8]), now + tonumber(retry), now, nil)
+    else
+      terminal(sid, queue, 'running', 'failed', now, uk, forever, job)
+    end
+  elseif kind == 'c' then
+    redis.call('HSET', k, 'last_error', text)
+    terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
   else
-    terminal(sid, queue, 'running', 'failed', now, uk, forever, job)
+    -- Handed back: keep its place in line (its run_at), resume at once.
+    running_to_pending(sid, queue, tonumber(h[8]), tonumber(h[9] or '') or now, now, {'attempt', fmt(attempt - 1)})
+    redis.call('PUBLISH', B .. 'wake', queue)
   end
-elseif kind == 'c' then
-  redis.call('HSET', k, 'last_error', ARGV[5])
-  terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
-else
-  -- Handed back: keep its place in line (its run_at), resume at once.
-  running_to_pending(sid, queue, tonumber(h[8]), tonumber(h[9] or '') or now, now, {'attempt', fmt(attempt - 1)})
-  redis.call('PUBLISH', B .. 'wake', queue)
+  return 1
 end
-return 1
+local out = {}
+for i = 2, #ARGV - 4, 5 do
+  out[#out + 1] = finish_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
+end
+return out
 "#;
 
 /// ARGV: B, id, attempt, progress JSON.
@@ -1302,23 +1310,38 @@ impl Backend for RedisBackend {
     }
 
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let (kind, text, retry) = match finish {
-            Finish::Succeeded => ("s", "", String::new()),
-            Finish::Failed { error, retry_in } => (
-                "f",
-                error.as_str(),
-                retry_in.map(|d| ms(d).to_string()).unwrap_or_default(),
-            ),
-            Finish::Cancelled { reason } => ("c", reason.as_str(), String::new()),
-            Finish::HandBack => ("h", "", String::new()),
-        };
-        let v: i64 = self
-            .q(
-                &self.scripts.finish,
-                sargs![claim.id, claim.attempt, kind, text, retry],
-            )
-            .await?;
-        Ok(v == 1)
+        Ok(self.finish_many(&[(claim, finish.clone())]).await?.first() == Some(&true))
+    }
+
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        // One script call per chunk: every item is its own compare-and-set.
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(FINISH_CHUNK) {
+            let mut args = Vec::with_capacity(chunk.len() * 5);
+            for (claim, finish) in chunk {
+                let (kind, text, retry) = match finish {
+                    Finish::Succeeded => ("s", "", String::new()),
+                    Finish::Failed { error, retry_in } => (
+                        "f",
+                        error.as_str(),
+                        retry_in.map(|d| ms(d).to_string()).unwrap_or_default(),
+                    ),
+                    Finish::Cancelled { reason } => ("c", reason.as_str(), String::new()),
+                    Finish::HandBack => ("h", "", String::new()),
+                };
+                args.extend(sargs![claim.id, claim.attempt, kind, text, retry]);
+            }
+            let done: Vec<i64> = self.q(&self.scripts.finish, args).await?;
+            if done.len() != chunk.len() {
+                return Err(StoreError::Corrupt(format!(
+                    "finish: {} answers for {} items",
+                    done.len(),
+                    chunk.len()
+                )));
+            }
+            out.extend(done.into_iter().map(|v| v == 1));
+        }
+        Ok(out)
     }
 
     async fn progress(
