@@ -556,9 +556,10 @@ pub trait Backend: Send + Sync + 'static {
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
 
     /// End many attempts at once: one answer per item, in order, each as
-    /// [`Backend::finish`] would give it. Backends that can do it in one
-    /// transaction or round trip override this (workers batch their
-    /// completions through it); the default calls `finish` for each.
+    /// [`Backend::finish`] would give it. Workers send every completion
+    /// through this, so a backend should do a batch in one transaction or
+    /// round trip; the default (one `finish` after another) is correct but
+    /// serializes the worker's completions.
     async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
         for (claim, finish) in items {
