@@ -22,6 +22,13 @@ def fmt(xs, digits=0):
     return f"{f.format(m)} ({f.format(min(xs))}–{f.format(max(xs))})"
 
 
+def per_rep_ratios(by, key_a, key_b, field):
+    """a/b for each repetition that has both measurements."""
+    a = {r["rep"]: r[field] for r in by.get(key_a, [])}
+    b = {r["rep"]: r[field] for r in by.get(key_b, [])}
+    return [a[i] / b[i] for i in a if i in b and b[i]]
+
+
 def main():
     rows = load(sys.argv[1])
     by = defaultdict(list)
@@ -64,9 +71,7 @@ def main():
     print("|---|---|---|---|")
     for store, tool in (("redis", "redis-benchmark"), ("postgres", "pgbench")):
         for c in (1, 32):
-            lk = {r["rep"]: r["ops_per_s"] for r in by.get(("lock", store, c), [])}
-            ce = {r["rep"]: r["ops_per_s"] for r in by.get(("ceiling", tool, c), [])}
-            ratios = [lk[i] / ce[i] for i in lk if i in ce and ce[i]]
+            ratios = per_rep_ratios(by, ("lock", store, c), ("ceiling", tool, c), "ops_per_s")
             print(f"| {store} vs {tool} | {c} | {fmt([x * 100 for x in ratios], 1)} % | "
                   f"{fmt([x * 200 for x in ratios], 1)} % |")
 
@@ -85,9 +90,7 @@ def main():
     for k in sorted(k for k in by if k[0] == "tp"):
         rs = by[k]
         print(f"| {k[1]} | {fmt([r['jobs_per_s'] for r in rs])} | {fmt([r['insert_per_s'] for r in rs])} |")
-    b = {r["rep"]: r["jobs_per_s"] for r in by.get(("tp", "postgres"), [])}
-    g = {r["rep"]: r["jobs_per_s"] for r in by.get(("tp", "graphile-worker"), [])}
-    ratios = [b[i] / g[i] for i in b if i in g and g[i]]
+    ratios = per_rep_ratios(by, ("tp", "postgres"), ("tp", "graphile-worker"), "jobs_per_s")
     print(f"\nbaton PostgreSQL / graphile-worker, per repetition: {[round(x, 2) for x in ratios]}, "
           f"median {fmt(ratios, 2)}")
 

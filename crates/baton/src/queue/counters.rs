@@ -90,20 +90,24 @@ impl WorkerCounters {
     }
 
     pub(crate) fn started(&self, queue: &str) {
-        self.with(|m| Self::queue(m, queue).running += 1);
+        self.update(queue, |q| q.running += 1);
     }
 
     pub(crate) fn ended(&self, queue: &str, outcome: Outcome, took: Duration) {
-        self.with(|m| {
-            let q = Self::queue(m, queue);
+        self.update(queue, |q| {
             q.running = q.running.saturating_sub(1);
             *q.ended.entry(outcome).or_default() += 1;
             q.busy += took;
         });
     }
 
-    fn queue<'a>(m: &'a mut BTreeMap<String, QueueCounters>, queue: &str) -> &'a mut QueueCounters {
-        m.entry(queue.to_string()).or_default()
+    /// Change one queue's counters; the name is copied only the first
+    /// time (this runs twice per task).
+    fn update(&self, queue: &str, f: impl FnOnce(&mut QueueCounters)) {
+        self.with(|m| match m.get_mut(queue) {
+            Some(q) => f(q),
+            None => f(m.entry(queue.to_string()).or_default()),
+        });
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<String, QueueCounters>) -> T) -> T {
