@@ -100,10 +100,7 @@ impl TaskContext {
     }
     /// The claim this attempt holds.
     pub fn claim(&self) -> Claim {
-        Claim {
-            id: self.task.id,
-            attempt: self.task.attempt,
-        }
+        self.task.claim()
     }
     /// Resolves when the handler should stop (lease lost, cancelled,
     /// shutdown after the grace period, timeout). After it fires the handler
@@ -509,10 +506,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     for task in batch {
                         let Ok(permit) = slots.clone().try_acquire_owned() else {
                             // Cannot happen (we asked for `free`); hand it back.
-                            let claim = Claim {
-                                id: task.id,
-                                attempt: task.attempt,
-                            };
+                            let claim = task.claim();
                             let _ = shared
                                 .store
                                 .backend()
@@ -561,10 +555,7 @@ fn start_task(
     permit: tokio::sync::OwnedSemaphorePermit,
     freed: Arc<Notify>,
 ) {
-    let claim = Claim {
-        id: task.id,
-        attempt: task.attempt,
-    };
+    let claim = task.claim();
     let queue = task.queue.clone();
     shared.counters.started(&queue);
     let ctx = TaskContext {

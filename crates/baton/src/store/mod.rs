@@ -228,8 +228,12 @@ pub struct Task {
     pub payload: serde_json::Value,
     /// Priority (lower first).
     pub priority: i32,
-    /// This attempt's number, starting at 1.
+    /// This attempt's number, starting at 1 (a handed-back attempt is not
+    /// counted, so the next claim has the same number).
     pub attempt: u32,
+    /// This claim's fencing token: strictly greater than every earlier
+    /// claim's of this task, never reissued (see [`Claim`]).
+    pub token: FencingToken,
     /// Attempts allowed in total.
     pub max_attempts: u32,
     /// Handler timeout per attempt.
@@ -244,14 +248,34 @@ pub struct Task {
     pub slot: Option<DateTime<Utc>>,
 }
 
-/// Identifies one attempt of one task: the key of every compare-and-set a
-/// worker makes (DESIGN.md T2).
+impl Task {
+    /// The claim this task was leased under: the key of the worker's
+    /// heartbeats, progress reports and finish.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            id: self.id,
+            attempt: self.attempt,
+            token: self.token,
+        }
+    }
+}
+
+/// Identifies one claim of one task: every compare-and-set a worker makes
+/// (heartbeat, progress, finish) matches `(id, token)` on a running task
+/// (DESIGN.md T2).
+///
+/// The token is set by each claim to `max(previous + 1, store clock in µs)`
+/// and never lowered or reused, so a claim that was handed back, rescued or
+/// retried can never match a later one, even where `attempt` repeats (a
+/// hand-back does not count the attempt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Claim {
     /// Task id.
     pub id: i64,
-    /// Attempt number the worker holds.
+    /// Attempt number the worker holds (informational; not compared).
     pub attempt: u32,
+    /// The claim's fencing token: what the store compares.
+    pub token: FencingToken,
 }
 
 /// What a heartbeat found for one claim.
@@ -283,7 +307,8 @@ pub enum Finish {
         /// Why.
         reason: String,
     },
-    /// Shutdown: back to pending now, and the attempt is not counted.
+    /// Shutdown: back to pending now, and the attempt is not counted (or
+    /// `cancelled` when cancellation was requested meanwhile).
     HandBack,
 }
 
@@ -422,6 +447,11 @@ pub struct Rescued {
 /// The error recorded on a task whose lease expired.
 pub const LEASE_EXPIRED: &str = "lease expired";
 
+/// The `last_error` of a task cancelled at a hand-back because its
+/// cancellation was requested; a failed attempt that would have been
+/// retried keeps `"cancel requested: <its error>"` instead.
+pub const CANCEL_REQUESTED: &str = "cancel requested";
+
 /// How the scheduler treats a slot when the job's previous run is unfinished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -507,7 +537,8 @@ pub trait Backend: Send + Sync + 'static {
     // ---- locks -------------------------------------------------------------
 
     /// Grant a lease if the name is free or its lease has lapsed; the token
-    /// rises by at least one with every grant, forever.
+    /// is `max(previous + 1, store clock in µs)`, so it rises with every
+    /// grant, forever, even after the record was lost.
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError>;
 
     /// Extend a lease we hold to `now + at_most`. `None` when the token is
@@ -539,8 +570,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Insert tasks (idempotently per unique key), in order; one result each.
     async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError>;
 
-    /// Lease up to `limit` due pending tasks, ordered by priority, run_at,
-    /// id; each claimed task's attempt goes up by one.
+    /// Lease up to `limit` due pending tasks whose cancellation was not
+    /// requested, ordered by priority, run_at, id; each claimed task's
+    /// attempt goes up by one and its token to `max(previous + 1, store
+    /// clock in µs)`.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError>;
 
     /// Extend the leases of running claims to `now + lease`, in one round
@@ -551,8 +584,9 @@ pub trait Backend: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<Vec<Heartbeat>, StoreError>;
 
-    /// End an attempt. A compare-and-set on (id, attempt, running): false
-    /// means the claim was lost and nothing changed.
+    /// End an attempt. A compare-and-set on (id, token, running): false
+    /// means the claim was lost and nothing changed. The transitions are the
+    /// table in DESIGN.md ("Task states").
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
 
     /// End many attempts at once: one answer per item, in order, each as

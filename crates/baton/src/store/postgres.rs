@@ -40,12 +40,45 @@ use super::{
     ms, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
     Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter, TaskInfo, TaskState,
-    LEASE_EXPIRED, OVERLAP_SKIPPED,
+    CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use crate::error::StoreError;
 
-/// The schema version this build creates and understands.
-const SCHEMA_VERSION: i32 = 1;
+/// The version [`Names::schema_sql`] creates; [`UPGRADES`] take it from there.
+const BASE_VERSION: i32 = 1;
+
+/// The schema version this build creates and understands: the base plus
+/// one per upgrade step.
+const SCHEMA_VERSION: i32 = BASE_VERSION + UPGRADES.len() as i32;
+
+/// One schema upgrade step: SQL (one or more idempotent statements) taking
+/// the schema from version `n` to `n + 1`, where `n - BASE_VERSION` is the
+/// step's index in [`UPGRADES`].
+type Upgrade = fn(&Names) -> String;
+
+/// The upgrade steps, in order. Each runs once per prefix, in the
+/// migration's transaction under its advisory lock, together with the
+/// version bump. Add a step at the end (and nothing else:
+/// [`SCHEMA_VERSION`] follows).
+const UPGRADES: &[Upgrade] = &[
+    // 1 → 2: per-task claim tokens; a pending task whose cancel was
+    // requested (possible before 2) is cancelled.
+    upgrade_claim_token,
+];
+
+fn upgrade_claim_token(n: &Names) -> String {
+    let t = &n.tasks;
+    format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_token bigint NOT NULL DEFAULT 0; \
+         UPDATE {t} SET state = 'cancelled', finished_at = now(), \
+             last_error = COALESCE(last_error, '{CANCEL_REQUESTED}') \
+         WHERE state = 'pending' AND cancel_requested;"
+    )
+}
+
+/// The store's clock in microseconds since the epoch: the floor of every
+/// fencing token.
+const NOW_US: &str = "floor(extract(epoch FROM now()) * 1000000)::bigint";
 
 /// The default table prefix.
 const DEFAULT_PREFIX: &str = "baton_";
@@ -525,6 +558,7 @@ fn claimed_task(row: &PgRow) -> Result<Task, StoreError> {
         payload: row.try_get("payload")?,
         priority: row.try_get("priority")?,
         attempt: to_u32(row.try_get("attempt")?, "attempt")?,
+        token: token_of(row.try_get("claim_token")?)?,
         max_attempts: to_u32(row.try_get("max_attempts")?, "max_attempts")?,
         timeout: to_dur(row.try_get("timeout_ms")?)?,
         run_at: row.try_get("run_at")?,
@@ -568,15 +602,17 @@ fn claim_sql(n: &Names, limit: u32, capped: bool) -> String {
     };
     format!(
         "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = now(), \
-             lease_until = now() + $3 * interval '1 millisecond', worker = $2 \
+             lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
+             claim_token = greatest(claim_token + 1, {NOW_US}) \
          WHERE id IN ( \
              SELECT id FROM {t} \
              WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+                 AND NOT cancel_requested \
              ORDER BY priority, run_at, id \
              LIMIT {limit} \
              FOR UPDATE SKIP LOCKED) \
-         RETURNING id, queue, kind, payload, priority, attempt, max_attempts, timeout_ms, \
-             run_at, lease_until, job, slot"
+         RETURNING id, queue, kind, payload, priority, attempt, claim_token, max_attempts, \
+             timeout_ms, run_at, lease_until, job, slot"
     )
 }
 
@@ -676,7 +712,7 @@ impl Backend for PgBackend {
             "INSERT INTO {} (key, value) VALUES ('schema_version', $1) ON CONFLICT (key) DO NOTHING",
             n.meta
         ))
-        .bind(SCHEMA_VERSION.to_string())
+        .bind(BASE_VERSION.to_string())
         .execute(&mut *tx)
         .await?;
         let v: String = sqlx::query_scalar(&format!(
@@ -693,6 +729,25 @@ impl Backend for PgBackend {
                 "tables with prefix {:?} have schema version {v}, newer than this build's {SCHEMA_VERSION}; upgrade baton",
                 n.prefix
             )));
+        }
+        for from in v.max(BASE_VERSION)..SCHEMA_VERSION {
+            let step = usize::try_from(from - BASE_VERSION)
+                .ok()
+                .and_then(|i| UPGRADES.get(i))
+                .ok_or_else(|| corrupt("schema version", from))?;
+            sqlx::Executor::execute(&mut *tx, step(n).as_str()).await?;
+            sqlx::query(&format!(
+                "UPDATE {} SET value = $1 WHERE key = 'schema_version'",
+                n.meta
+            ))
+            .bind((from + 1).to_string())
+            .execute(&mut *tx)
+            .await?;
+            tracing::info!(
+                prefix = %n.prefix,
+                "postgres: upgraded the baton schema from version {from} to {}",
+                from + 1
+            );
         }
         tx.commit().await?;
         Ok(())
@@ -718,7 +773,8 @@ impl Backend for PgBackend {
             "WITH cur AS ( \
                  SELECT name, holder, token, locked_at, lock_until FROM {l} WHERE name = $1), \
              up AS ( \
-                 UPDATE {l} AS l SET holder = $2, token = l.token + 1, locked_at = now(), \
+                 UPDATE {l} AS l SET holder = $2, token = greatest(l.token + 1, {NOW_US}), \
+                     locked_at = now(), \
                      lock_until = now() + $3 * interval '1 millisecond' \
                  WHERE l.name = $1 AND l.name IN ( \
                      SELECT name FROM {l} WHERE name = $1 AND lock_until <= now() \
@@ -726,7 +782,7 @@ impl Backend for PgBackend {
                  RETURNING name, holder, token, locked_at, lock_until), \
              ins AS ( \
                  INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
-                 SELECT $1, $2, 1, now(), now() + $3 * interval '1 millisecond' \
+                 SELECT $1, $2, {NOW_US}, now(), now() + $3 * interval '1 millisecond' \
                  WHERE NOT EXISTS (SELECT 1 FROM cur) \
                  ON CONFLICT (name) DO NOTHING \
                  RETURNING name, holder, token, locked_at, lock_until), \
@@ -917,29 +973,26 @@ impl Backend for PgBackend {
             return Ok(Vec::new());
         }
         let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
-        let attempts: Vec<i32> = claims
-            .iter()
-            .map(|c| i32::try_from(c.attempt).unwrap_or(-1))
-            .collect();
+        let tokens: Vec<i64> = claims.iter().map(|c| token_arg(c.token)).collect();
         let rows = sqlx::query(&format!(
             "UPDATE {} AS t SET lease_until = now() + $3 * interval '1 millisecond' \
-             FROM (SELECT DISTINCT id, attempt FROM UNNEST($1::int8[], $2::int4[]) AS u(id, attempt)) AS c \
-             WHERE t.id = c.id AND t.attempt = c.attempt AND t.state = 'running' \
-             RETURNING t.id, t.attempt, t.cancel_requested",
+             FROM (SELECT DISTINCT id, token FROM UNNEST($1::int8[], $2::int8[]) AS u(id, token)) AS c \
+             WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+             RETURNING t.id, t.claim_token, t.cancel_requested",
             self.names.tasks
         ))
         .bind(&ids)
-        .bind(&attempts)
+        .bind(&tokens)
         .bind(dur(lease))
         .fetch_all(&self.pool)
         .await?;
-        let mut found: HashMap<(i64, i32), bool> = HashMap::with_capacity(rows.len());
+        let mut found: HashMap<(i64, i64), bool> = HashMap::with_capacity(rows.len());
         for row in rows {
             found.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
         }
         Ok(ids
             .iter()
-            .zip(&attempts)
+            .zip(&tokens)
             .map(|(&id, &a)| match found.get(&(id, a)) {
                 Some(true) => Heartbeat::CancelRequested,
                 Some(false) => Heartbeat::Extended,
@@ -954,22 +1007,22 @@ impl Backend for PgBackend {
         let t = &self.names.tasks;
         let mut out = vec![false; items.len()];
         let mut ids = Vec::new();
-        let mut attempts = Vec::new();
+        let mut tokens = Vec::new();
         for (claim, finish) in items {
-            if let (Finish::Succeeded, Ok(a)) = (finish, i32::try_from(claim.attempt)) {
+            if matches!(finish, Finish::Succeeded) {
                 ids.push(claim.id);
-                attempts.push(a);
+                tokens.push(token_arg(claim.token));
             }
         }
         if !ids.is_empty() {
             let done: Vec<i64> = sqlx::query_scalar(&format!(
                 "UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), lease_until = NULL \
-                 FROM UNNEST($1::int8[], $2::int4[]) AS c(id, attempt) \
-                 WHERE t.id = c.id AND t.attempt = c.attempt AND t.state = 'running' \
+                 FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token) \
+                 WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
                  RETURNING t.id"
             ))
             .bind(&ids)
-            .bind(&attempts)
+            .bind(&tokens)
             .fetch_all(&self.pool)
             .await?;
             let done: std::collections::HashSet<i64> = done.into_iter().collect();
@@ -989,10 +1042,8 @@ impl Backend for PgBackend {
 
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
         let t = &self.names.tasks;
-        let Ok(attempt) = i32::try_from(claim.attempt) else {
-            return Ok(false);
-        };
-        let cas = "WHERE id = $1 AND attempt = $2 AND state = 'running'";
+        let token = token_arg(claim.token);
+        let cas = "WHERE id = $1 AND claim_token = $2 AND state = 'running'";
         let q = match finish {
             Finish::Succeeded => {
                 sqlx::query_scalar::<_, i64>(&format!(
@@ -1000,15 +1051,21 @@ impl Backend for PgBackend {
                  {cas} RETURNING id"
                 ))
                 .bind(claim.id)
-                .bind(attempt)
+                .bind(token)
                 .fetch_optional(&self.pool)
                 .await?
             }
             Finish::Failed { error, retry_in } => {
-                let again = "($4::int8 IS NOT NULL AND attempt < max_attempts)";
+                // A retry whose cancellation was requested is not retried.
+                let again = "($4::int8 IS NOT NULL AND attempt < max_attempts \
+                     AND NOT cancel_requested)";
+                let stop = "($4::int8 IS NOT NULL AND attempt < max_attempts AND cancel_requested)";
                 sqlx::query_scalar::<_, i64>(&format!(
-                    "UPDATE {t} SET errors = {errs}, last_error = $3, lease_until = NULL, \
-                         state = CASE WHEN {again} THEN 'pending' ELSE 'failed' END, \
+                    "UPDATE {t} SET errors = {errs}, lease_until = NULL, \
+                         last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || $3::text \
+                             ELSE $3::text END, \
+                         state = CASE WHEN {again} THEN 'pending' \
+                             WHEN {stop} THEN 'cancelled' ELSE 'failed' END, \
                          run_at = CASE WHEN {again} \
                              THEN now() + $4 * interval '1 millisecond' ELSE run_at END, \
                          finished_at = CASE WHEN {again} THEN NULL ELSE now() END \
@@ -1016,7 +1073,7 @@ impl Backend for PgBackend {
                     errs = append_error("$3::text")
                 ))
                 .bind(claim.id)
-                .bind(attempt)
+                .bind(token)
                 .bind(error)
                 .bind(retry_in.map(dur))
                 .fetch_optional(&self.pool)
@@ -1028,20 +1085,27 @@ impl Backend for PgBackend {
                      lease_until = NULL {cas} RETURNING id"
                 ))
                 .bind(claim.id)
-                .bind(attempt)
+                .bind(token)
                 .bind(reason)
                 .fetch_optional(&self.pool)
                 .await?
             }
             Finish::HandBack => {
+                // The attempt is not counted; a requested cancel ends it.
                 sqlx::query_scalar::<_, i64>(&format!(
-                    "WITH u AS (UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
-                     lease_until = NULL {cas} RETURNING id, queue) \
-                 SELECT id FROM u, LATERAL (SELECT pg_notify($3, u.queue)) AS n"
+                    "WITH u AS (UPDATE {t} SET \
+                         state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END, \
+                         attempt = attempt - 1, lease_until = NULL, \
+                         last_error = CASE WHEN cancel_requested THEN $4 ELSE last_error END, \
+                         finished_at = CASE WHEN cancel_requested THEN now() END \
+                     {cas} RETURNING id, queue, state) \
+                 SELECT id FROM u LEFT JOIN LATERAL (SELECT pg_notify($3, u.queue) \
+                     WHERE u.state = 'pending') AS n ON true"
                 ))
                 .bind(claim.id)
-                .bind(attempt)
+                .bind(token)
                 .bind(&self.names.chan)
+                .bind(CANCEL_REQUESTED)
                 .fetch_optional(&self.pool)
                 .await?
             }
@@ -1054,15 +1118,12 @@ impl Backend for PgBackend {
         claim: Claim,
         progress: &serde_json::Value,
     ) -> Result<bool, StoreError> {
-        let Ok(attempt) = i32::try_from(claim.attempt) else {
-            return Ok(false);
-        };
         let r = sqlx::query(&format!(
-            "UPDATE {} SET progress = $3 WHERE id = $1 AND attempt = $2 AND state = 'running'",
+            "UPDATE {} SET progress = $3 WHERE id = $1 AND claim_token = $2 AND state = 'running'",
             self.names.tasks
         ))
         .bind(claim.id)
-        .bind(attempt)
+        .bind(token_arg(claim.token))
         .bind(progress)
         .execute(&self.pool)
         .await?;

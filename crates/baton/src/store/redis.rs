@@ -10,11 +10,13 @@
 //! With `P` the configured prefix (default empty) and `B = P{baton}:`:
 //!
 //! - `P lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
-//!   (ms). Never deleted by release; it carries a `PEXPIRE` one day past
-//!   `lock_until` for cleanup. A new token is `max(previous + 1, TIME in µs)`
-//!   so tokens keep rising even after a restart that lost data.
+//!   (ms). Never deleted by release and never expires (schema 2; before, it
+//!   had a TTL a day past `lock_until`), so it keeps the last token. A new
+//!   token is `max(previous + 1, TIME in µs)` so tokens keep rising even
+//!   after a restart that lost data.
 //! - `B task:<id>` — hash with every task field (timestamps in ms since the
-//!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`).
+//!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
+//!   `claim_token`, absent before the first claim of schema 2, counts as 0).
 //! - `B seq` — the id counter (`INCR`).
 //! - `B q:<queue>:sched` — zset of pending tasks not yet due, score `run_at`.
 //! - `B q:<queue>:ready` — zset of due pending tasks, score
@@ -70,7 +72,7 @@ use super::{
     from_ms, ms, redact, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim,
     ClaimRequest, Enqueued, FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest,
     NewTask, Overlap, QueueStats, Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter,
-    TaskInfo, TaskState, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    TaskInfo, TaskState, CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use crate::error::StoreError;
 
@@ -94,8 +96,31 @@ macro_rules! read_retry {
     };
 }
 
-/// The schema version recorded by [`Backend::migrate`].
-pub const SCHEMA_VERSION: i64 = 1;
+/// The version a store without a recorded version is taken to have: the
+/// first one (it had no keys needing conversion).
+const BASE_VERSION: i64 = 1;
+
+/// The schema version recorded by [`Backend::migrate`]: the base plus one
+/// per upgrade step.
+pub const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
+
+/// One schema upgrade step, taking the keys from version `n` to `n + 1`,
+/// where `n - BASE_VERSION` is the step's index in [`UPGRADES`]. Redis has
+/// no migration lock: a step must be idempotent and safe while other
+/// processes (of either version) use the keys; what cannot be converted
+/// at once is converted lazily by the scripts.
+#[derive(Debug, Clone, Copy)]
+enum Upgrade {
+    /// 1 → 2: lock hashes lose their TTL (they keep the last fencing
+    /// token forever). Claim tokens need no conversion: a task hash
+    /// without `claim_token` counts as 0, and a pending task whose cancel
+    /// was requested is cancelled by the next claim that meets it.
+    PersistLocks,
+}
+
+/// The upgrade steps, in order. Add a variant and an entry at the end (and
+/// nothing else: [`SCHEMA_VERSION`] follows).
+const UPGRADES: &[Upgrade] = &[Upgrade::PersistLocks];
 
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -131,6 +156,10 @@ local function qkey(queue, what) return B .. 'q:' .. queue .. ':' .. what end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function rscore(prio, run_at)
   local r = run_at
@@ -300,7 +329,8 @@ end
 return out
 "#;
 
-/// ARGV: B, queue, worker, limit, lease ms, cluster-wide cap on running (or '').
+/// ARGV: B, queue, worker, limit, lease ms, cluster-wide cap on running (or
+/// ''), the `last_error` of a pending task found with its cancel requested.
 const CLAIM: &str = r#"
 local now = now_ms()
 local queue = ARGV[2]
@@ -323,6 +353,8 @@ for _ = 1, 20 do
   redis.call('ZREM', sched, unpack(due))
 end
 local out = {}
+local us = now_us()
+local CANCEL_REQUESTED = ARGV[7]
 local limit = tonumber(ARGV[4])
 local lu = now + tonumber(ARGV[5])
 -- A cluster-wide cap on the queue's running tasks (ARGV[6], '' for none).
@@ -339,15 +371,21 @@ while #out < limit do
     local sid = fmt(tonumber(p))
     local k = tkey(sid)
     local h = redis.call('HGETALL', k)
-    local st, att
-    for j = 1, #h - 1, 2 do
-      if h[j] == 'state' then st = h[j + 1] elseif h[j] == 'attempt' then att = h[j + 1] end
-    end
-    if st == 'pending' then
-      local set = {state = 'running', attempt = fmt(tonumber(att) + 1), started_at = fmt(now),
-        lease_until = fmt(lu), worker = ARGV[3]}
+    local f = {}
+    for j = 1, #h - 1, 2 do f[h[j]] = h[j + 1] end
+    if f.state == 'pending' and f.cancel_requested == '1' then
+      -- Its cancel was requested while it ran: never claim it again.
+      redis.call('HSET', k, 'last_error', f.last_error or CANCEL_REQUESTED)
+      terminal(sid, queue, 'pending', 'cancelled', now, f.unique_key, f.unique_forever, f.job)
+    elseif f.state == 'pending' then
+      -- The claim token only rises: max(previous + 1, store clock in µs).
+      local tok = tonumber(f.claim_token or '0') + 1
+      if us > tok then tok = us end
+      local set = {state = 'running', attempt = fmt(tonumber(f.attempt) + 1), started_at = fmt(now),
+        lease_until = fmt(lu), worker = ARGV[3], claim_token = fmt(tok)}
       redis.call('HSET', k, 'state', set.state, 'attempt', set.attempt,
-        'started_at', set.started_at, 'lease_until', set.lease_until, 'worker', set.worker)
+        'started_at', set.started_at, 'lease_until', set.lease_until, 'worker', set.worker,
+        'claim_token', set.claim_token)
       -- Answer with the updated record without reading it again.
       for j = 1, #h - 1, 2 do
         local v = set[h[j]]
@@ -365,7 +403,7 @@ flush()
 return out
 "#;
 
-/// ARGV: B, lease ms, then (id, attempt) pairs. 0 lost, 1 extended, 2 cancel requested.
+/// ARGV: B, lease ms, then (id, claim token) pairs. 0 lost, 1 extended, 2 cancel requested.
 const HEARTBEAT: &str = r#"
 local now = now_ms()
 local lu = now + tonumber(ARGV[2])
@@ -373,7 +411,7 @@ local out = {}
 for i = 3, #ARGV - 1, 2 do
   local sid = ARGV[i]
   local k = tkey(sid)
-  local h = redis.call('HMGET', k, 'state', 'attempt', 'cancel_requested')
+  local h = redis.call('HMGET', k, 'state', 'claim_token', 'cancel_requested')
   if h[1] == 'running' and h[2] == ARGV[i + 1] then
     redis.call('HSET', k, 'lease_until', fmt(lu))
     redis.call('ZADD', B .. 'running', lu, pad(sid))
@@ -385,30 +423,40 @@ end
 return out
 "#;
 
-/// ARGV: B, then per item: id, attempt, kind (s/f/c/h), text, retry ms or
-/// ''. Returns 1 or 0 per item (0: the claim is no longer current).
+/// ARGV: B, the cancel-requested text, then per item: id, claim token,
+/// kind (s/f/c/h), text, retry ms or ''. Returns 1 or 0 per item (0: the
+/// claim is no longer current). Transitions: DESIGN.md's task state table.
 const FINISH: &str = r#"
 local now = now_ms()
-local function finish_one(sid, att, kind, text, retry)
+local CANCEL_REQUESTED = ARGV[2]
+local function finish_one(sid, tok, kind, text, retry)
   local k = tkey(sid)
-  local h = redis.call('HMGET', k, 'state', 'attempt', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority', 'run_at')
-  if h[1] ~= 'running' or h[2] ~= att then return 0 end
+  local h = redis.call('HMGET', k, 'state', 'claim_token', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority', 'run_at', 'attempt', 'cancel_requested')
+  if h[1] ~= 'running' or h[2] ~= tok then return 0 end
   local queue = h[3]
   local uk = h[4]
   local forever = h[5]
   local job = h[6]
-  local attempt = tonumber(h[2])
+  local attempt = tonumber(h[10])
+  local cancel = h[11] == '1'
   if kind == 's' then
     terminal(sid, queue, 'running', 'succeeded', now, uk, forever, job)
   elseif kind == 'f' then
     append_error(sid, attempt, now, text)
-    if retry ~= '' and attempt < tonumber(h[7]) then
+    if retry ~= '' and attempt < tonumber(h[7]) and cancel then
+      redis.call('HSET', k, 'last_error', CANCEL_REQUESTED .. ': ' .. text)
+      terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
+    elseif retry ~= '' and attempt < tonumber(h[7]) then
       running_to_pending(sid, queue, tonumber(h[8]), now + tonumber(retry), now, nil)
     else
       terminal(sid, queue, 'running', 'failed', now, uk, forever, job)
     end
   elseif kind == 'c' then
     redis.call('HSET', k, 'last_error', text)
+    terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
+  elseif cancel then
+    -- Handed back after its cancel was requested: cancelled, uncounted.
+    redis.call('HSET', k, 'attempt', fmt(attempt - 1), 'last_error', CANCEL_REQUESTED)
     terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
   else
     -- Handed back: keep its place in line (its run_at), resume at once.
@@ -418,16 +466,16 @@ local function finish_one(sid, att, kind, text, retry)
   return 1
 end
 local out = {}
-for i = 2, #ARGV - 4, 5 do
+for i = 3, #ARGV - 4, 5 do
   out[#out + 1] = finish_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
 end
 return out
 "#;
 
-/// ARGV: B, id, attempt, progress JSON.
+/// ARGV: B, id, claim token, progress JSON.
 const PROGRESS: &str = r#"
 local k = tkey(ARGV[2])
-local h = redis.call('HMGET', k, 'state', 'attempt')
+local h = redis.call('HMGET', k, 'state', 'claim_token')
 if h[1] ~= 'running' or h[2] ~= ARGV[3] then return 0 end
 redis.call('HSET', k, 'progress', ARGV[4])
 return 1
@@ -669,10 +717,12 @@ end
 return out
 "#;
 
-/// ARGV: B, version. Returns the version found before (0 when none).
+/// ARGV: B, version or ''. Records the version if it is higher than the
+/// recorded one (none: only reads). Returns the version found before (0
+/// when none).
 const MIGRATE: &str = r#"
 local cur = tonumber(redis.call('GET', B .. 'schema') or '0')
-if cur < tonumber(ARGV[2]) then redis.call('SET', B .. 'schema', ARGV[2]) end
+if ARGV[2] ~= '' and cur < tonumber(ARGV[2]) then redis.call('SET', B .. 'schema', ARGV[2]) end
 return cur
 "#;
 
@@ -682,7 +732,6 @@ local function fmt(n) return string.format('%d', n) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local DAY = 86400000
 "#;
 
 /// KEYS: lock. ARGV: holder, at_most ms.
@@ -695,7 +744,8 @@ local token = tonumber(h[2] or '0') + 1
 if now_us > token then token = now_us end
 local lu = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', fmt(token), 'locked_at', fmt(now), 'lock_until', fmt(lu))
-redis.call('PEXPIRE', KEYS[1], lu - now + DAY)
+-- The record keeps the last token forever: no TTL (a key of schema 1 had one).
+redis.call('PERSIST', KEYS[1])
 return {'1', fmt(token), fmt(now), fmt(lu)}
 "#;
 
@@ -705,7 +755,6 @@ local h = redis.call('HMGET', KEYS[1], 'token', 'lock_until')
 if h[1] ~= ARGV[1] or (not h[2]) or tonumber(h[2]) <= now then return '' end
 local lu = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'lock_until', fmt(lu))
-redis.call('PEXPIRE', KEYS[1], lu - now + DAY)
 return fmt(lu)
 "#;
 
@@ -715,8 +764,6 @@ local h = redis.call('HMGET', KEYS[1], 'token', 'locked_at', 'lock_until')
 if h[1] ~= ARGV[1] or (not h[3]) or tonumber(h[3]) <= now then return 0 end
 local lu = tonumber(h[2]) + tonumber(ARGV[2])
 if lu < now then lu = now end
--- The key's TTL (set at grant or extension to lock_until + a day) already
--- outlasts this earlier lock_until: no PEXPIRE needed.
 redis.call('HSET', KEYS[1], 'lock_until', fmt(lu))
 return 1
 "#;
@@ -987,6 +1034,24 @@ impl RedisBackend {
         Ok(out)
     }
 
+    /// Run one upgrade step (idempotent).
+    async fn upgrade(&self, step: Upgrade) -> Result<(), StoreError> {
+        match step {
+            Upgrade::PersistLocks => {
+                let names = self.lock_names().await?;
+                let mut conn = self.conn.clone();
+                for chunk in names.chunks(500) {
+                    let mut pipe = redis::pipe();
+                    for n in chunk {
+                        pipe.cmd("PERSIST").arg(self.lock_key(n)).ignore();
+                    }
+                    pipe.query_async::<()>(&mut conn).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn lock_names(&self) -> Result<Vec<String>, StoreError> {
         let head = format!("{}lock:", self.prefix);
         let pattern = format!("{head}*");
@@ -1049,13 +1114,36 @@ impl Backend for RedisBackend {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        let found: i64 = self
-            .q(&self.scripts.migrate, sargs![SCHEMA_VERSION])
-            .await?;
+        let found: i64 = self.q(&self.scripts.migrate, sargs![""]).await?;
         if found > SCHEMA_VERSION {
             return Err(StoreError::Config(format!(
                 "redis schema version {found} is newer than this baton's ({SCHEMA_VERSION})"
             )));
+        }
+        if found == SCHEMA_VERSION {
+            return Ok(());
+        }
+        if found == 0 {
+            // Nothing recorded: a new store (every version records itself
+            // at connect), with nothing to convert.
+            self.q::<i64>(&self.scripts.migrate, sargs![SCHEMA_VERSION])
+                .await?;
+            return Ok(());
+        }
+        for from in found.max(BASE_VERSION)..SCHEMA_VERSION {
+            let step = usize::try_from(from - BASE_VERSION)
+                .ok()
+                .and_then(|i| UPGRADES.get(i))
+                .ok_or_else(|| StoreError::Corrupt(format!("redis schema version {from}")))?;
+            self.upgrade(*step).await?;
+            // Recorded step by step, so an interrupted upgrade resumes.
+            self.q::<i64>(&self.scripts.migrate, sargs![from + 1])
+                .await?;
+            tracing::info!(
+                prefix = %self.prefix,
+                "redis: upgraded the baton schema from version {from} to {}",
+                from + 1
+            );
         }
         Ok(())
     }
@@ -1271,7 +1359,8 @@ impl Backend for RedisBackend {
                     req.worker,
                     req.limit,
                     ms(req.lease),
-                    req.max_running.map(|m| m.to_string()).unwrap_or_default()
+                    req.max_running.map(|m| m.to_string()).unwrap_or_default(),
+                    CANCEL_REQUESTED
                 ],
             )
             .await?;
@@ -1289,7 +1378,7 @@ impl Backend for RedisBackend {
         let mut inv = self.scripts.heartbeat.key(self.key("seq"));
         inv.arg(&self.base).arg(ms(lease));
         for c in claims {
-            inv.arg(c.id).arg(c.attempt);
+            inv.arg(c.id).arg(c.token.0);
         }
         let mut conn = self.conn.clone();
         let v: Vec<i64> = inv.invoke_async(&mut conn).await?;
@@ -1317,7 +1406,8 @@ impl Backend for RedisBackend {
         // One script call per chunk: every item is its own compare-and-set.
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(FINISH_CHUNK) {
-            let mut args = Vec::with_capacity(chunk.len() * 5);
+            let mut args = Vec::with_capacity(chunk.len() * 5 + 1);
+            args.push(CANCEL_REQUESTED.to_string());
             for (claim, finish) in chunk {
                 let (kind, text, retry) = match finish {
                     Finish::Succeeded => ("s", "", String::new()),
@@ -1329,7 +1419,7 @@ impl Backend for RedisBackend {
                     Finish::Cancelled { reason } => ("c", reason.as_str(), String::new()),
                     Finish::HandBack => ("h", "", String::new()),
                 };
-                args.extend(sargs![claim.id, claim.attempt, kind, text, retry]);
+                args.extend(sargs![claim.id, claim.token.0, kind, text, retry]);
             }
             let done: Vec<i64> = self.q(&self.scripts.finish, args).await?;
             if done.len() != chunk.len() {
@@ -1354,7 +1444,7 @@ impl Backend for RedisBackend {
         let v: i64 = self
             .q(
                 &self.scripts.progress,
-                sargs![claim.id, claim.attempt, json],
+                sargs![claim.id, claim.token.0, json],
             )
             .await?;
         Ok(v == 1)
@@ -1740,6 +1830,7 @@ fn task(m: &HashMap<String, String>) -> Result<Task, StoreError> {
         payload: f.json("payload")?,
         priority: f.i32("priority")?,
         attempt: f.u32("attempt")?,
+        token: FencingToken(parse_u64(f.str("claim_token")?, "claim_token")?),
         max_attempts: f.u32("max_attempts")?,
         timeout: f.opt_duration("timeout_ms")?,
         run_at: f.ts("run_at")?,

@@ -38,8 +38,8 @@ use tokio::sync::broadcast;
 use super::{
     from_ms, ms, Acquire, Advanced, AttemptError, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
-    Rescued, RunAt, SlotAdvance, Task, TaskFilter, TaskInfo, TaskState, LEASE_EXPIRED,
-    OVERLAP_SKIPPED,
+    Rescued, RunAt, SlotAdvance, Task, TaskFilter, TaskInfo, TaskState, CANCEL_REQUESTED,
+    LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use super::{Backend, StoreOptions};
 use crate::error::StoreError;
@@ -47,8 +47,16 @@ use crate::error::StoreError;
 /// The store's clock in milliseconds since the epoch, evaluated by SQLite.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-/// The schema version this code writes and reads.
-const SCHEMA_VERSION: i64 = 1;
+/// The store's clock in microseconds since the epoch (millisecond
+/// resolution): the floor of every fencing token.
+const NOW_US: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000";
+
+/// The version [`schema_sql`] creates; [`UPGRADES`] take it from there.
+const BASE_VERSION: i64 = 1;
+
+/// The schema version this code writes and reads: the base plus one per
+/// upgrade step.
+const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
 
 /// How long a connection waits for another writer before failing with
 /// `SQLITE_BUSY` (mapped to the retryable [`StoreError::Unavailable`]).
@@ -211,7 +219,8 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 
 impl SqliteBackend {
     /// The compare-and-set UPDATE that ends an attempt, and its `?3`/`?4`
-    /// arguments (error text, retry delay in ms); `?1`/`?2` are id and attempt.
+    /// arguments (error text, retry delay in ms); `?1`/`?2` are id and claim
+    /// token. The transitions are DESIGN.md's task state table.
     fn finish_sql<'f>(&self, finish: &'f Finish) -> (String, Option<&'f str>, Option<i64>) {
         let tasks = &self.t.tasks;
         let (set, text, retry_in): (String, Option<&str>, Option<i64>) = match finish {
@@ -221,13 +230,17 @@ impl SqliteBackend {
                 None,
             ),
             Finish::Failed { error, retry_in } => {
-                let again = "?4 IS NOT NULL AND attempt < max_attempts";
+                // A retry whose cancellation was requested is not retried.
+                let again = "?4 IS NOT NULL AND attempt < max_attempts AND NOT cancel_requested";
+                let stop = "?4 IS NOT NULL AND attempt < max_attempts AND cancel_requested";
                 (
                     format!(
                         "errors = json_insert(errors, '$[#]', \
                              json_object('attempt', attempt, 'at', {NOW}, 'error', ?3)), \
-                         last_error = ?3, \
-                         state = CASE WHEN {again} THEN 'pending' ELSE 'failed' END, \
+                         last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || ?3 \
+                             ELSE ?3 END, \
+                         state = CASE WHEN {again} THEN 'pending' \
+                             WHEN {stop} THEN 'cancelled' ELSE 'failed' END, \
                          run_at = CASE WHEN {again} THEN {NOW} + ?4 ELSE run_at END, \
                          finished_at = CASE WHEN {again} THEN NULL ELSE {NOW} END"
                     ),
@@ -242,15 +255,21 @@ impl SqliteBackend {
             ),
             Finish::HandBack => (
                 // Keep run_at: a handed-back task keeps its place in line.
-                "state = 'pending', attempt = attempt - 1".to_string(),
-                None,
+                // The attempt is not counted; a requested cancel ends it.
+                format!(
+                    "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END, \
+                     attempt = attempt - 1, \
+                     last_error = CASE WHEN cancel_requested THEN ?3 ELSE last_error END, \
+                     finished_at = CASE WHEN cancel_requested THEN {NOW} ELSE NULL END"
+                ),
+                Some(CANCEL_REQUESTED),
                 None,
             ),
         };
         // Every transition out of `running` clears the lease.
         let sql = format!(
             "UPDATE {tasks} SET {set}, lease_until = NULL \
-             WHERE id = ?1 AND attempt = ?2 AND state = 'running' RETURNING queue"
+             WHERE id = ?1 AND claim_token = ?2 AND state = 'running' RETURNING queue, state"
         );
         (sql, text, retry_in)
     }
@@ -425,6 +444,7 @@ fn claimed_task(row: &SqliteRow) -> Result<Task, StoreError> {
         payload: json_of(&payload, "task payload")?,
         priority: to_i32(row.try_get("priority")?, "priority")?,
         attempt: to_u32(row.try_get("attempt")?, "attempt")?,
+        token: token_of(row.try_get("claim_token")?, "claim token")?,
         max_attempts: to_u32(row.try_get("max_attempts")?, "max_attempts")?,
         timeout: to_duration(row.try_get("timeout_ms")?, "timeout")?,
         run_at: from_ms(row.try_get("run_at")?)?,
@@ -441,7 +461,7 @@ fn lock_info(row: &SqliteRow) -> Result<LockInfo, StoreError> {
     Ok(LockInfo {
         name: row.try_get("name")?,
         holder: row.try_get("holder")?,
-        token: FencingToken(u64::try_from(token).map_err(|_| corrupt("lock token", token))?),
+        token: token_of(token, "lock token")?,
         locked_at: from_ms(row.try_get("locked_at")?)?,
         lock_until: from_ms(lock_until)?,
         held: lock_until > now,
@@ -526,7 +546,7 @@ CREATE TABLE IF NOT EXISTS {jobs} (
     last_slot INTEGER,
     paused    INTEGER NOT NULL DEFAULT 0
 );
-INSERT INTO {meta} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
+INSERT INTO {meta} (key, value) VALUES ('schema_version', '{BASE_VERSION}')
     ON CONFLICT (key) DO NOTHING;
 "#
     )
@@ -535,6 +555,81 @@ INSERT INTO {meta} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
     .filter(|s| !s.is_empty())
     .map(str::to_string)
     .collect()
+}
+
+/// One statement of an upgrade step.
+enum Ddl {
+    /// Run as is; must be idempotent.
+    Sql(String),
+    /// `ALTER TABLE … ADD COLUMN`, skipped when the column exists (SQLite
+    /// has no `ADD COLUMN IF NOT EXISTS`).
+    AddColumn {
+        /// The unquoted table name.
+        table: String,
+        column: &'static str,
+        /// The column's type and constraints.
+        decl: &'static str,
+    },
+}
+
+/// One schema upgrade step: its statements take the schema from version
+/// `n` to `n + 1`, where `n - BASE_VERSION` is the step's index in
+/// [`UPGRADES`].
+type Upgrade = fn(&Tables) -> Vec<Ddl>;
+
+/// The upgrade steps, in order. Each runs once per database, inside the
+/// migration's `BEGIN IMMEDIATE` transaction together with the version
+/// bump, and each statement is idempotent. Add a step at the end (and
+/// nothing else: [`SCHEMA_VERSION`] follows).
+const UPGRADES: &[Upgrade] = &[
+    // 1 → 2: per-task claim tokens; a pending task whose cancel was
+    // requested (possible before 2) is cancelled.
+    upgrade_claim_token,
+];
+
+fn upgrade_claim_token(t: &Tables) -> Vec<Ddl> {
+    let tasks = &t.tasks;
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}tasks", t.prefix),
+            column: "claim_token",
+            decl: "INTEGER NOT NULL DEFAULT 0",
+        },
+        Ddl::Sql(format!(
+            "UPDATE {tasks} SET state = 'cancelled', finished_at = {NOW}, \
+                 last_error = COALESCE(last_error, '{CANCEL_REQUESTED}') \
+             WHERE state = 'pending' AND cancel_requested"
+        )),
+    ]
+}
+
+/// Run one upgrade statement on `conn`.
+async fn run_ddl(conn: &mut SqliteConnection, ddl: &Ddl) -> Result<(), StoreError> {
+    match ddl {
+        Ddl::Sql(sql) => {
+            sqlx::query(sql).execute(&mut *conn).await?;
+        }
+        Ddl::AddColumn {
+            table,
+            column,
+            decl,
+        } => {
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")
+                    .bind(table)
+                    .bind(column)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if exists.is_none() {
+                sqlx::query(&format!(
+                    "ALTER TABLE \"{table}\" ADD COLUMN {column} {decl}"
+                ))
+                .execute(&mut *conn)
+                .await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 // ---- the shared insert (enqueue, enqueue_in, job_advance) ---------------------
@@ -738,6 +833,27 @@ impl Backend for SqliteBackend {
                  {SCHEMA_VERSION}; upgrade baton"
             )));
         }
+        for from in version.max(BASE_VERSION)..SCHEMA_VERSION {
+            let step = usize::try_from(from - BASE_VERSION)
+                .ok()
+                .and_then(|i| UPGRADES.get(i))
+                .ok_or_else(|| corrupt("schema_version", from))?;
+            for ddl in step(&self.t) {
+                run_ddl(&mut tx, &ddl).await?;
+            }
+            sqlx::query(&format!(
+                "UPDATE {} SET value = ?1 WHERE key = 'schema_version'",
+                self.t.meta
+            ))
+            .bind((from + 1).to_string())
+            .execute(&mut *tx)
+            .await?;
+            tracing::info!(
+                prefix = %self.t.prefix,
+                "sqlite: upgraded the baton schema from version {from} to {}",
+                from + 1
+            );
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -756,9 +872,10 @@ impl Backend for SqliteBackend {
         let mut tx = self.immediate().await?;
         let granted = sqlx::query(&format!(
             "INSERT INTO {locks} (name, holder, token, locked_at, lock_until) \
-             VALUES (?1, ?2, 1, {NOW}, {NOW} + ?3) \
+             VALUES (?1, ?2, {NOW_US}, {NOW}, {NOW} + ?3) \
              ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
-                 token = {locks}.token + 1, locked_at = excluded.locked_at, \
+                 token = MAX({locks}.token + 1, excluded.token), \
+                 locked_at = excluded.locked_at, \
                  lock_until = excluded.lock_until \
              WHERE {locks}.lock_until <= excluded.locked_at \
              RETURNING token, locked_at, lock_until"
@@ -770,11 +887,8 @@ impl Backend for SqliteBackend {
         .await?;
         let answer = match granted {
             Some(row) => {
-                let token: i64 = row.try_get("token")?;
                 Acquire::Granted {
-                    token: FencingToken(
-                        u64::try_from(token).map_err(|_| corrupt("lock token", token))?,
-                    ),
+                    token: token_of(row.try_get("token")?, "lock token")?,
                     locked_at: from_ms(row.try_get("locked_at")?)?,
                     lock_until: from_ms(row.try_get("lock_until")?)?,
                 }
@@ -807,7 +921,7 @@ impl Backend for SqliteBackend {
             locks = self.t.locks
         ))
         .bind(name)
-        .bind(token_i64(token)?)
+        .bind(token_i64(token))
         .bind(ms(at_most))
         .fetch_optional(&*self.pool)
         .await?;
@@ -826,7 +940,7 @@ impl Backend for SqliteBackend {
             locks = self.t.locks
         ))
         .bind(name)
-        .bind(token_i64(token)?)
+        .bind(token_i64(token))
         .bind(ms(at_least))
         .execute(&*self.pool)
         .await?;
@@ -880,14 +994,16 @@ impl Backend for SqliteBackend {
         let tasks = &self.t.tasks;
         let rows = sqlx::query(&format!(
             "UPDATE {tasks} SET state = 'running', attempt = attempt + 1, started_at = {NOW}, \
-                 lease_until = {NOW} + ?3, worker = ?2 \
+                 lease_until = {NOW} + ?3, worker = ?2, \
+                 claim_token = MAX(claim_token + 1, {NOW_US}) \
              WHERE id IN (SELECT id FROM {tasks} \
                  WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
+                     AND NOT cancel_requested \
                  ORDER BY priority, run_at, id \
                  LIMIT CASE WHEN ?5 IS NULL THEN ?4 ELSE max(0, min(?4, ?5 - ( \
                      SELECT count(*) FROM {tasks} WHERE state = 'running' AND queue = ?1))) END) \
-             RETURNING id, queue, kind, payload, priority, attempt, max_attempts, timeout_ms, \
-                 run_at, lease_until, job, slot"
+             RETURNING id, queue, kind, payload, priority, attempt, claim_token, max_attempts, \
+                 timeout_ms, run_at, lease_until, job, slot"
         ))
         .bind(req.queue)
         .bind(req.worker)
@@ -915,15 +1031,16 @@ impl Backend for SqliteBackend {
         let list = serde_json::Value::Array(
             claims
                 .iter()
-                .map(|c| serde_json::json!([c.id, c.attempt]))
+                .map(|c| serde_json::json!([c.id, token_i64(c.token)]))
                 .collect(),
         );
         let tasks = &self.t.tasks;
         let rows = sqlx::query(&format!(
             "UPDATE {tasks} SET lease_until = {NOW} + ?2 \
-             FROM (SELECT value ->> 0 AS cid, value ->> 1 AS catt FROM json_each(?1)) AS c \
-             WHERE {tasks}.id = c.cid AND {tasks}.attempt = c.catt AND {tasks}.state = 'running' \
-             RETURNING {tasks}.id, {tasks}.attempt, {tasks}.cancel_requested"
+             FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
+             WHERE {tasks}.id = c.cid AND {tasks}.claim_token = c.ctok \
+                 AND {tasks}.state = 'running' \
+             RETURNING {tasks}.id, {tasks}.claim_token, {tasks}.cancel_requested"
         ))
         .bind(json_text(&list)?)
         .bind(ms(lease))
@@ -932,13 +1049,13 @@ impl Backend for SqliteBackend {
         let mut found = HashMap::with_capacity(rows.len());
         for row in &rows {
             let id: i64 = row.try_get(0)?;
-            let attempt = to_u32(row.try_get(1)?, "attempt")?;
+            let token: i64 = row.try_get(1)?;
             let cancel: i64 = row.try_get(2)?;
-            found.insert((id, attempt), cancel != 0);
+            found.insert((id, token), cancel != 0);
         }
         Ok(claims
             .iter()
-            .map(|c| match found.get(&(c.id, c.attempt)) {
+            .map(|c| match found.get(&(c.id, token_i64(c.token))) {
                 Some(true) => Heartbeat::CancelRequested,
                 Some(false) => Heartbeat::Extended,
                 None => Heartbeat::Lost,
@@ -950,13 +1067,13 @@ impl Backend for SqliteBackend {
         let (sql, text, retry_in) = self.finish_sql(finish);
         let q = sqlx::query(&sql)
             .bind(claim.id)
-            .bind(i64::from(claim.attempt))
+            .bind(token_i64(claim.token))
             .bind(text)
             .bind(retry_in);
         let Some(row) = q.fetch_optional(&*self.pool).await? else {
             return Ok(false);
         };
-        if matches!(finish, Finish::HandBack) {
+        if matches!(finish, Finish::HandBack) && row.try_get::<String, _>("state")? == "pending" {
             let queue: String = row.try_get("queue")?;
             self.wake([queue.as_str()]);
         }
@@ -971,14 +1088,15 @@ impl Backend for SqliteBackend {
         let ok: Vec<serde_json::Value> = items
             .iter()
             .filter(|(_, f)| matches!(f, Finish::Succeeded))
-            .map(|(c, _)| serde_json::json!([c.id, c.attempt]))
+            .map(|(c, _)| serde_json::json!([c.id, token_i64(c.token)]))
             .collect();
         let rest = items.len() - ok.len();
         let tasks = &self.t.tasks;
         let succeed = format!(
             "UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
-             FROM (SELECT value ->> 0 AS cid, value ->> 1 AS catt FROM json_each(?1)) AS c \
-             WHERE {tasks}.id = c.cid AND {tasks}.attempt = c.catt AND {tasks}.state = 'running' \
+             FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
+             WHERE {tasks}.id = c.cid AND {tasks}.claim_token = c.ctok \
+                 AND {tasks}.state = 'running' \
              RETURNING {tasks}.id"
         );
         let list = json_text(&serde_json::Value::Array(ok))?;
@@ -1011,13 +1129,15 @@ impl Backend for SqliteBackend {
                 let (sql, text, retry_in) = self.finish_sql(finish);
                 let row = sqlx::query(&sql)
                     .bind(claim.id)
-                    .bind(i64::from(claim.attempt))
+                    .bind(token_i64(claim.token))
                     .bind(text)
                     .bind(retry_in)
                     .fetch_optional(&mut *tx)
                     .await?;
                 if let (Some(row), Finish::HandBack) = (&row, finish) {
-                    woken.push(row.try_get("queue")?);
+                    if row.try_get::<String, _>("state")? == "pending" {
+                        woken.push(row.try_get("queue")?);
+                    }
                 }
                 out[i] = row.is_some();
             }
@@ -1040,11 +1160,11 @@ impl Backend for SqliteBackend {
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(&format!(
             "UPDATE {tasks} SET progress = ?3 \
-             WHERE id = ?1 AND attempt = ?2 AND state = 'running'",
+             WHERE id = ?1 AND claim_token = ?2 AND state = 'running'",
             tasks = self.t.tasks
         ))
         .bind(claim.id)
-        .bind(i64::from(claim.attempt))
+        .bind(token_i64(claim.token))
         .bind(json_text(progress)?)
         .execute(&*self.pool)
         .await?;
@@ -1359,7 +1479,13 @@ impl Backend for SqliteBackend {
     }
 }
 
-fn token_i64(token: FencingToken) -> Result<i64, StoreError> {
+fn token_i64(token: FencingToken) -> i64 {
     // A token beyond i64 was never granted by this store: no row matches.
-    Ok(i64::try_from(token.0).unwrap_or(-1))
+    i64::try_from(token.0).unwrap_or(-1)
+}
+
+fn token_of(v: i64, what: &str) -> Result<FencingToken, StoreError> {
+    u64::try_from(v)
+        .map(FencingToken)
+        .map_err(|_| corrupt(what, v))
 }
