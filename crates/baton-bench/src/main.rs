@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use baton::lock::{LockOptions, Locker};
 use baton::queue::{Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
-use baton::store::{Acquire, Claim, ClaimRequest, Finish, LockRequest};
+use baton::store::{Acquire, ClaimRequest, Finish, LockRequest};
 use baton::{Store, StoreOptions};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -677,10 +677,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                     let f0 = Instant::now();
                     let ok = b
                         .finish(
-                            Claim {
-                                id: t.id,
-                                attempt: t.attempt,
-                            },
+                            t.claim(),
                             &finish,
                         )
                         .await?;

@@ -37,7 +37,7 @@ pub async fn run(ctx: TaskContext, grace: Duration) -> Result<(), TaskError> {
 }
 
 /// Run `argv` for a task to completion, with `BATON_TASK_ID`,
-/// `BATON_ATTEMPT`, `BATON_QUEUE` (and `BATON_JOB`, `BATON_SLOT` for a
+/// `BATON_ATTEMPT`, `BATON_FENCING_TOKEN` (the claim's token), `BATON_QUEUE` (and `BATON_JOB`, `BATON_SLOT` for a
 /// job's run) in its environment. On a stop signal (lease lost, cancel,
 /// shutdown, timeout) the child gets SIGTERM, then SIGKILL after `grace`.
 pub async fn run_argv(
@@ -49,6 +49,7 @@ pub async fn run_argv(
     let mut env = vec![
         ("BATON_TASK_ID", t.id.to_string()),
         ("BATON_ATTEMPT", t.attempt.to_string()),
+        ("BATON_FENCING_TOKEN", t.token.to_string()),
         ("BATON_QUEUE", t.queue.clone()),
     ];
     if let Some(job) = &t.job {

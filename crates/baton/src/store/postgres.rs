@@ -71,7 +71,7 @@ fn upgrade_claim_token(n: &Names) -> String {
     format!(
         "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_token bigint NOT NULL DEFAULT 0; \
          UPDATE {t} SET state = 'cancelled', finished_at = now(), \
-             last_error = COALESCE(last_error, '{CANCEL_REQUESTED}') \
+             last_error = '{CANCEL_REQUESTED}' \
          WHERE state = 'pending' AND cancel_requested;"
     )
 }

@@ -375,7 +375,7 @@ while #out < limit do
     for j = 1, #h - 1, 2 do f[h[j]] = h[j + 1] end
     if f.state == 'pending' and f.cancel_requested == '1' then
       -- Its cancel was requested while it ran: never claim it again.
-      redis.call('HSET', k, 'last_error', f.last_error or CANCEL_REQUESTED)
+      redis.call('HSET', k, 'last_error', CANCEL_REQUESTED)
       terminal(sid, queue, 'pending', 'cancelled', now, f.unique_key, f.unique_forever, f.job)
     elseif f.state == 'pending' then
       -- The claim token only rises: max(previous + 1, store clock in µs).

@@ -597,7 +597,7 @@ fn upgrade_claim_token(t: &Tables) -> Vec<Ddl> {
         },
         Ddl::Sql(format!(
             "UPDATE {tasks} SET state = 'cancelled', finished_at = {NOW}, \
-                 last_error = COALESCE(last_error, '{CANCEL_REQUESTED}') \
+                 last_error = '{CANCEL_REQUESTED}' \
              WHERE state = 'pending' AND cancel_requested"
         )),
     ]

@@ -404,3 +404,50 @@ pub async fn bad_input_is_refused(ts: TestStore) {
         "nothing half-written"
     );
 }
+
+/// Lock tokens are floored at the store's clock in µs: after the lock's
+/// record was lost (deleted here, as restoring a backup taken before the
+/// lock existed would), the next grant's token is still above every
+/// earlier one. On Redis the record has no TTL, so it is never lost by
+/// expiry (a clock step back could then lower the floor).
+pub async fn tokens_rise_after_the_record_is_lost(ts: TestStore) {
+    let locker = Locker::new(ts.store.clone());
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let floor = ts.store.now().await.unwrap().timestamp_micros();
+        let lease = locker
+            .try_lock("restored", &opts(10_000))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(
+            i64::try_from(lease.token().0).unwrap() >= floor,
+            "token {} below the store clock {floor} µs",
+            lease.token()
+        );
+        tokens.push(lease.token());
+        lease.release().await.unwrap();
+    }
+    if let crate::harness::Kind::Redis = ts.kind {
+        let mut c = crate::upgrade::redis_conn(&ts).await;
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("{}lock:restored", ts.prefix))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "the record holding the token never expires");
+    }
+    crate::upgrade::delete_lock_record(&ts, "restored").await;
+    assert!(ts.store.backend().lock_get("restored").await.unwrap().is_none());
+    let lease = locker
+        .try_lock("restored", &opts(10_000))
+        .await
+        .unwrap()
+        .expect("free");
+    tokens.push(lease.token());
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must rise even after the record was lost: {tokens:?}"
+    );
+    lease.release().await.unwrap();
+}

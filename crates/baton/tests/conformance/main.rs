@@ -19,6 +19,7 @@ mod idle;
 mod locks;
 mod queue;
 mod schedule;
+mod upgrade;
 
 pub use harness::TestStore;
 
@@ -50,6 +51,7 @@ conformance! {
     locks::client_clock_skew_changes_nothing,
     locks::list_and_get,
     locks::bad_input_is_refused,
+    locks::tokens_rise_after_the_record_is_lost,
     queue::claim_order_priority_run_at_id,
     queue::unique_key_race_gives_one_task,
     queue::batch_enqueue_is_idempotent_per_key,
@@ -68,6 +70,11 @@ conformance! {
     queue::inspect_list_stats_prune,
     queue::worker_counters_count_outcomes,
     queue::max_running_caps_the_whole_cluster,
+    queue::stale_claim_after_hand_back_is_refused,
+    queue::resent_finish_many_changes_nothing,
+    queue::cancel_requested_then_retryable_failure_cancels,
+    queue::cancel_requested_then_hand_back_cancels,
+    queue::claim_tokens_rise_across_hand_back_rescue_and_retry,
     schedule::cursor_is_compare_and_set,
     schedule::overlap_forbid_records_a_skip,
     schedule::trigger_and_scheduler_share_a_slot,
@@ -75,4 +82,5 @@ conformance! {
     schedule::catch_up_all_runs_every_missed_slot_once,
     schedule::catch_up_latest_runs_one_missed_slot,
     schedule::lock_mode_runs_each_slot_on_one_instance,
+    upgrade::v1_store_upgrades_in_place,
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use baton::queue::{Backoff, Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
 use baton::store::{
-    CancelOutcome, Claim, ClaimRequest, Finish, Heartbeat, TaskFilter, TaskState, LEASE_EXPIRED,
+    CancelOutcome, Claim, ClaimRequest, FencingToken, Finish, Heartbeat, TaskFilter, TaskState,
+    CANCEL_REQUESTED, LEASE_EXPIRED,
 };
 use baton::Store;
 use serde_json::json;
@@ -130,13 +131,7 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     assert!(ts
         .store
         .backend()
-        .finish(
-            Claim {
-                id: c[0].id,
-                attempt: 1
-            },
-            &Finish::Succeeded
-        )
+        .finish(c[0].claim(), &Finish::Succeeded)
         .await
         .unwrap());
     let again = q.enqueue(task("u").unique_key("report-42")).await.unwrap();
@@ -150,13 +145,7 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     for t in &c {
         ts.store
             .backend()
-            .finish(
-                Claim {
-                    id: t.id,
-                    attempt: t.attempt,
-                },
-                &Finish::Succeeded,
-            )
+            .finish(t.claim(), &Finish::Succeeded)
             .await
             .unwrap();
     }
@@ -199,10 +188,7 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let id = q.enqueue(task("cas").max_attempts(3)).await.unwrap().id;
     let queued_at = q.task(id).await.unwrap().unwrap().run_at;
     let t = claim(&ts.store, "default", 1, 150).await.remove(0);
-    let first = Claim {
-        id,
-        attempt: t.attempt,
-    };
+    let first = t.claim();
     assert_eq!(
         b.heartbeat(&[first], Duration::from_millis(150))
             .await
@@ -229,7 +215,7 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     );
     let t2 = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!(t2.attempt, 2);
-    let second = Claim { id, attempt: 2 };
+    let second = t2.claim();
     // The frozen worker wakes up: its heartbeat and its result are refused.
     assert_eq!(
         b.heartbeat(&[first, second], Duration::from_secs(10))
@@ -604,20 +590,11 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
         );
     }
     let c = claim(&ts.store, "qa", 2, 10_000).await;
-    b.finish(
-        Claim {
-            id: c[0].id,
-            attempt: 1,
-        },
-        &Finish::Succeeded,
-    )
+    b.finish(c[0].claim(), &Finish::Succeeded)
     .await
     .unwrap();
     b.finish(
-        Claim {
-            id: c[1].id,
-            attempt: 1,
-        },
+        c[1].claim(),
         &Finish::Failed {
             error: "e".into(),
             retry_in: None,
@@ -705,15 +682,12 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     }
     let c = claim(&ts.store, "default", 5, 10_000).await;
     assert_eq!(c.len(), 5);
-    let cl = |t: &baton::store::Task| Claim {
-        id: t.id,
-        attempt: t.attempt,
-    };
+    let cl = |t: &baton::store::Task| t.claim();
     // A claim that is already finished, and one with a stale attempt.
     assert!(b.finish(cl(&c[4]), &Finish::Succeeded).await.unwrap());
     let stale = Claim {
-        id: c[3].id,
-        attempt: 99,
+        token: FencingToken(c[3].token.0 - 1),
+        ..c[3].claim()
     };
     let items = vec![
         (cl(&c[0]), Finish::Succeeded),
@@ -763,8 +737,8 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
         (cl(fresh), Finish::Succeeded),
         (
             Claim {
-                id: c[3].id,
-                attempt: 98,
+                token: FencingToken(c[3].token.0 + 1),
+                ..c[3].claim()
             },
             Finish::Succeeded,
         ),
@@ -866,4 +840,250 @@ pub async fn max_running_caps_the_whole_cluster(ts: TestStore) {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("max_running"), "{e}");
+}
+
+/// A claim handed back and claimed again carries a new, higher token: a
+/// late heartbeat, progress report, result or resent hand-back of the first
+/// claim is refused and changes nothing, although both claims have the
+/// same attempt number (a hand-back does not count the attempt).
+pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("hb").max_attempts(3)).await.unwrap().id;
+    let first = claim(&ts.store, "default", 1, 10_000).await.remove(0);
+    assert!(b.finish(first.claim(), &Finish::HandBack).await.unwrap());
+    let second = claim(&ts.store, "default", 1, 10_000).await.remove(0);
+    assert_eq!((second.id, second.attempt), (id, first.attempt));
+    assert!(second.token > first.token, "a new claim, a higher token");
+    assert!(b.progress(second.claim(), &json!({"at": 2})).await.unwrap());
+    let before = q.task(id).await.unwrap().unwrap();
+    let stale = first.claim();
+    assert_eq!(
+        b.heartbeat(&[stale], Duration::from_secs(60)).await.unwrap(),
+        [Heartbeat::Lost]
+    );
+    assert!(!b.progress(stale, &json!({"at": 1})).await.unwrap());
+    for f in [
+        Finish::HandBack,
+        Finish::Succeeded,
+        Finish::Failed {
+            error: "late".into(),
+            retry_in: Some(Duration::ZERO),
+        },
+        Finish::Cancelled {
+            reason: "late".into(),
+        },
+    ] {
+        assert!(!b.finish(stale, &f).await.unwrap(), "stale {f:?} refused");
+        assert!(!b
+            .finish_many(&[(stale, f.clone())])
+            .await
+            .unwrap()
+            .contains(&true));
+    }
+    assert_eq!(
+        q.task(id).await.unwrap().unwrap(),
+        before,
+        "stale calls changed nothing"
+    );
+    assert_eq!(
+        b.heartbeat(&[second.claim()], Duration::from_secs(10))
+            .await
+            .unwrap(),
+        [Heartbeat::Extended]
+    );
+    assert!(b.finish(second.claim(), &Finish::Succeeded).await.unwrap());
+}
+
+/// A `finish_many` batch sent twice (its reply was lost, or part of it
+/// committed before an error and the whole batch was retried): the second
+/// time every item is refused and nothing changes, even for tasks that
+/// were claimed again in between.
+pub async fn resent_finish_many_changes_nothing(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    for i in 0..4 {
+        q.enqueue(task("rs").priority(i).max_attempts(3))
+            .await
+            .unwrap();
+    }
+    let c = claim(&ts.store, "default", 4, 10_000).await;
+    assert_eq!(c.len(), 4);
+    let items = vec![
+        (c[0].claim(), Finish::Succeeded),
+        (
+            c[1].claim(),
+            Finish::Failed {
+                error: "boom".into(),
+                retry_in: Some(Duration::ZERO),
+            },
+        ),
+        (c[2].claim(), Finish::HandBack),
+        (
+            c[3].claim(),
+            Finish::Failed {
+                error: "fatal".into(),
+                retry_in: None,
+            },
+        ),
+    ];
+    assert_eq!(b.finish_many(&items).await.unwrap(), [true; 4]);
+    // The retried and the handed-back task are claimed again.
+    let again = claim(&ts.store, "default", 4, 10_000).await;
+    let mut again_ids: Vec<i64> = again.iter().map(|t| t.id).collect();
+    again_ids.sort_unstable();
+    assert_eq!(again_ids, [c[1].id, c[2].id]);
+    let mut before = Vec::new();
+    for t in &c {
+        before.push(q.task(t.id).await.unwrap().unwrap());
+    }
+    assert_eq!(b.finish_many(&items).await.unwrap(), [false; 4]);
+    for (t, was) in c.iter().zip(&before) {
+        assert_eq!(
+            &q.task(t.id).await.unwrap().unwrap(),
+            was,
+            "task {} changed by a resent batch",
+            t.id
+        );
+    }
+    // The current claims still work.
+    let now: Vec<(Claim, Finish)> = again
+        .iter()
+        .map(|t| (t.claim(), Finish::Succeeded))
+        .collect();
+    assert_eq!(b.finish_many(&now).await.unwrap(), [true, true]);
+}
+
+/// A failure that would be retried, after a cancel was requested, cancels
+/// the task: the error is kept, and no claim takes it again until an
+/// explicit retry (which clears the request).
+pub async fn cancel_requested_then_retryable_failure_cancels(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let id = q
+        .enqueue(task("cf").max_attempts(5).unique_key("cf-1"))
+        .await
+        .unwrap()
+        .id;
+    let t = claim(&ts.store, "default", 1, 10_000).await.remove(0);
+    assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
+    assert!(b
+        .finish(
+            t.claim(),
+            &Finish::Failed {
+                error: "boom".into(),
+                retry_in: Some(Duration::ZERO),
+            },
+        )
+        .await
+        .unwrap());
+    let info = q.task(id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.errors.len(), 1);
+    assert_eq!(info.errors[0].error, "boom");
+    assert_eq!(
+        info.last_error.as_deref(),
+        Some(format!("{CANCEL_REQUESTED}: boom").as_str())
+    );
+    assert!(info.finished_at.is_some() && info.lease_until.is_none());
+    assert!(claim(&ts.store, "default", 5, 10_000).await.is_empty());
+    // The key is free again.
+    let other = q.enqueue(task("cf").unique_key("cf-1")).await.unwrap();
+    assert!(other.inserted);
+    q.cancel(other.id).await.unwrap();
+    // An explicit retry runs it again, with a higher token.
+    assert!(q.retry(id).await.unwrap());
+    let info = q.task(id).await.unwrap().unwrap();
+    assert!(!info.cancel_requested);
+    let t2 = claim(&ts.store, "default", 1, 10_000).await.remove(0);
+    assert_eq!(t2.id, id);
+    assert!(t2.token > t.token);
+}
+
+/// A hand-back (shutdown) after a cancel was requested cancels the task
+/// instead of putting it back in line.
+pub async fn cancel_requested_then_hand_back_cancels(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let id = q
+        .enqueue(task("ch").max_attempts(3).unique_key("ch-1"))
+        .await
+        .unwrap()
+        .id;
+    let t = claim(&ts.store, "default", 1, 10_000).await.remove(0);
+    assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
+    assert!(b.finish(t.claim(), &Finish::HandBack).await.unwrap());
+    let info = q.task(id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.attempt, 0, "a handed-back attempt is not counted");
+    assert_eq!(info.last_error.as_deref(), Some(CANCEL_REQUESTED));
+    assert!(info.errors.is_empty());
+    assert!(info.finished_at.is_some() && info.lease_until.is_none());
+    assert!(claim(&ts.store, "default", 5, 10_000).await.is_empty());
+    assert!(
+        q.enqueue(task("ch").unique_key("ch-1"))
+            .await
+            .unwrap()
+            .inserted,
+        "the key is free again"
+    );
+    assert!(
+        !b.finish(t.claim(), &Finish::HandBack).await.unwrap(),
+        "a resent hand-back is refused"
+    );
+}
+
+/// Every claim's token is above every earlier claim's of the task and at
+/// least the store's clock in µs when the claim was made: across a
+/// hand-back, a rescue and an explicit retry.
+pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    let id = q.enqueue(task("tok").max_attempts(2)).await.unwrap().id;
+    let mut tokens: Vec<FencingToken> = Vec::new();
+    let next = |lease_ms: u64| {
+        let store = ts.store.clone();
+        async move {
+            let floor = store.now().await.unwrap().timestamp_micros();
+            let t = claim(&store, "default", 1, lease_ms).await.remove(0);
+            assert_eq!(t.id, id);
+            assert!(
+                i64::try_from(t.token.0).unwrap() >= floor,
+                "token {} below the store clock {floor} µs",
+                t.token
+            );
+            t
+        }
+    };
+    // Hand-back.
+    let t = next(10_000).await;
+    tokens.push(t.token);
+    assert!(b.finish(t.claim(), &Finish::HandBack).await.unwrap());
+    // Rescue.
+    let t = next(150).await;
+    tokens.push(t.token);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(b.rescue().await.unwrap().requeued, 1);
+    // Out of attempts, then an explicit retry.
+    let t = next(10_000).await;
+    tokens.push(t.token);
+    assert!(b
+        .finish(
+            t.claim(),
+            &Finish::Failed {
+                error: "no".into(),
+                retry_in: Some(Duration::ZERO),
+            },
+        )
+        .await
+        .unwrap());
+    assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Failed);
+    assert!(q.retry(id).await.unwrap());
+    let t = next(10_000).await;
+    tokens.push(t.token);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must rise: {tokens:?}"
+    );
+    assert!(b.finish(t.claim(), &Finish::Succeeded).await.unwrap());
 }

@@ -193,13 +193,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         })
         .await
         .unwrap();
-    b.finish(
-        baton::store::Claim {
-            id: c[0].id,
-            attempt: 1,
-        },
-        &baton::store::Finish::Succeeded,
-    )
+    b.finish(c[0].claim(), &baton::store::Finish::Succeeded)
     .await
     .unwrap();
     assert_eq!(trigger(&ts.store, &job, slot).await.unwrap().id, a.id);

@@ -1,0 +1,489 @@
+//! Schema upgrades: a store written by schema version 1 (its DDL and key
+//! layout copied here as they were) is upgraded in place on connect, keeps
+//! its data, and then behaves as the current version does.
+
+use std::time::Duration;
+
+use baton::store::{ClaimRequest, Finish, TaskFilter, TaskState, CANCEL_REQUESTED};
+use baton::{Store, StoreOptions};
+
+use crate::harness::Kind;
+use crate::TestStore;
+
+/// The SQLite schema of version 1, as `sqlite.rs` created it.
+fn sqlite_v1_ddl(p: &str) -> String {
+    format!(
+        r#"
+CREATE TABLE IF NOT EXISTS "{p}meta" (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS "{p}locks" (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    locked_at  INTEGER NOT NULL,
+    lock_until INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS "{p}tasks" (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue            TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    payload          TEXT NOT NULL,
+    state            TEXT NOT NULL,
+    priority         INTEGER NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    timeout_ms       INTEGER,
+    run_at           INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    started_at       INTEGER,
+    finished_at      INTEGER,
+    lease_until      INTEGER,
+    worker           TEXT,
+    unique_key       TEXT,
+    unique_forever   INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    errors           TEXT NOT NULL DEFAULT '[]',
+    progress         TEXT,
+    job              TEXT,
+    slot             INTEGER
+);
+CREATE INDEX IF NOT EXISTS "{p}tasks_claim" ON "{p}tasks" (queue, priority, run_at, id)
+    WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS "{p}tasks_lease" ON "{p}tasks" (lease_until)
+    WHERE state = 'running';
+CREATE UNIQUE INDEX IF NOT EXISTS "{p}tasks_unique" ON "{p}tasks" (unique_key)
+    WHERE unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'));
+CREATE INDEX IF NOT EXISTS "{p}tasks_finished" ON "{p}tasks" (finished_at)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "{p}tasks_job" ON "{p}tasks" (job, slot)
+    WHERE job IS NOT NULL;
+CREATE TABLE IF NOT EXISTS "{p}jobs" (
+    name      TEXT PRIMARY KEY,
+    last_slot INTEGER,
+    paused    INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO "{p}meta" (key, value) VALUES ('schema_version', '1')
+    ON CONFLICT (key) DO NOTHING;
+"#
+    )
+}
+
+/// The PostgreSQL schema of version 1, as `postgres.rs` created it.
+fn postgres_v1_ddl(p: &str) -> String {
+    format!(
+        r#"
+CREATE TABLE IF NOT EXISTS "{p}meta" (
+    key   text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS "{p}locks" (
+    name       text PRIMARY KEY,
+    holder     text NOT NULL,
+    token      bigint NOT NULL,
+    locked_at  timestamptz NOT NULL,
+    lock_until timestamptz NOT NULL
+);
+CREATE SEQUENCE IF NOT EXISTS "{p}tasks_id_seq";
+CREATE TABLE IF NOT EXISTS "{p}tasks" (
+    id               bigint PRIMARY KEY DEFAULT nextval('"{p}tasks_id_seq"'),
+    queue            text NOT NULL,
+    kind             text NOT NULL,
+    payload          jsonb NOT NULL,
+    state            text NOT NULL DEFAULT 'pending'
+        CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+    priority         integer NOT NULL DEFAULT 0,
+    attempt          integer NOT NULL DEFAULT 0,
+    max_attempts     integer NOT NULL DEFAULT 1,
+    timeout_ms       bigint,
+    run_at           timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    lease_until      timestamptz,
+    worker           text,
+    unique_key       text,
+    unique_forever   boolean NOT NULL DEFAULT false,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    last_error       text,
+    errors           jsonb NOT NULL DEFAULT '[]'::jsonb,
+    progress         jsonb,
+    job              text,
+    slot             timestamptz
+);
+ALTER SEQUENCE "{p}tasks_id_seq" OWNED BY "{p}tasks".id;
+CREATE INDEX IF NOT EXISTS "{p}tasks_claim" ON "{p}tasks" (queue, priority, run_at, id)
+    WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS "{p}tasks_lease" ON "{p}tasks" (lease_until)
+    WHERE state = 'running';
+CREATE UNIQUE INDEX IF NOT EXISTS "{p}tasks_unique" ON "{p}tasks" (unique_key)
+    WHERE unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'));
+CREATE INDEX IF NOT EXISTS "{p}tasks_prune" ON "{p}tasks" (finished_at)
+    WHERE state IN ('succeeded', 'failed', 'cancelled');
+CREATE INDEX IF NOT EXISTS "{p}tasks_job" ON "{p}tasks" (job, slot)
+    WHERE job IS NOT NULL;
+CREATE TABLE IF NOT EXISTS "{p}jobs" (
+    name      text PRIMARY KEY,
+    last_slot timestamptz,
+    paused    boolean NOT NULL DEFAULT false
+);
+INSERT INTO "{p}meta" (key, value) VALUES ('schema_version', '1')
+    ON CONFLICT (key) DO NOTHING;
+"#
+    )
+}
+
+/// The v1 data every backend gets, in ms since the epoch relative to `now`:
+/// lock `L` (token 5, lapsed), task A pending, task B pending with its
+/// cancel requested (possible in v1 after a retry), task C running with a
+/// lapsed lease, job `J`.
+const SLOT_MS: i64 = 1_600_000_000_000;
+
+async fn write_v1_sql(ts: &TestStore, p: &str, now_ms: i64) {
+    let past = now_ms - 60_000;
+    match ts.kind {
+        Kind::Sqlite => {
+            use sqlx::Executor;
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            pool.execute(sqlite_v1_ddl(p).as_str()).await.unwrap();
+            pool.execute(
+                format!(
+                    r#"
+INSERT INTO "{p}locks" VALUES ('L', 'old-holder', 5, {past}, {past});
+INSERT INTO "{p}tasks" (queue, kind, payload, state, priority, attempt, max_attempts,
+    run_at, created_at) VALUES ('up', 'a', '{{"v":1}}', 'pending', 0, 0, 3, {past}, {past});
+INSERT INTO "{p}tasks" (queue, kind, payload, state, priority, attempt, max_attempts,
+    run_at, created_at, cancel_requested, last_error)
+    VALUES ('up', 'b', '{{"v":2}}', 'pending', 0, 1, 3, {past}, {past}, 1, 'e1');
+INSERT INTO "{p}tasks" (queue, kind, payload, state, priority, attempt, max_attempts,
+    run_at, created_at, started_at, lease_until, worker)
+    VALUES ('up', 'c', '{{"v":3}}', 'running', 0, 1, 3, {past}, {past}, {past}, {past}, 'w');
+INSERT INTO "{p}jobs" VALUES ('J', {SLOT_MS}, 0);
+"#
+                )
+                .as_str(),
+            )
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        Kind::Postgres => {
+            use sqlx::Executor;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            pool.execute(postgres_v1_ddl(p).as_str()).await.unwrap();
+            pool.execute(
+                format!(
+                    r#"
+INSERT INTO "{p}locks" VALUES ('L', 'old-holder', 5, now() - interval '1 minute',
+    now() - interval '1 minute');
+INSERT INTO "{p}tasks" (queue, kind, payload, state, attempt, max_attempts, run_at)
+    VALUES ('up', 'a', '{{"v":1}}', 'pending', 0, 3, now() - interval '1 minute');
+INSERT INTO "{p}tasks" (queue, kind, payload, state, attempt, max_attempts, run_at,
+    cancel_requested, last_error)
+    VALUES ('up', 'b', '{{"v":2}}', 'pending', 1, 3, now() - interval '1 minute', true, 'e1');
+INSERT INTO "{p}tasks" (queue, kind, payload, state, attempt, max_attempts, run_at,
+    started_at, lease_until, worker)
+    VALUES ('up', 'c', '{{"v":3}}', 'running', 1, 3, now() - interval '1 minute',
+        now() - interval '1 minute', now() - interval '1 minute', 'w');
+INSERT INTO "{p}jobs" VALUES ('J', to_timestamp({SLOT_MS} / 1000.0), false);
+"#
+                )
+                .as_str(),
+            )
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        Kind::Redis => unreachable!(),
+    }
+}
+
+/// The Redis keys of version 1, written as its scripts wrote them.
+async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
+    let past = now_ms - 60_000;
+    let b = format!("{p}{{baton}}:");
+    let client = redis::Client::open(ts.url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let shift: i64 = 8_796_093_022_208;
+    let pad = |id: i64| format!("{id:016}");
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg(format!("{p}lock:L"))
+        .arg(&["holder", "old-holder", "token", "5"])
+        .arg(&["locked_at", &past.to_string(), "lock_until", &past.to_string()])
+        .ignore();
+    pipe.cmd("PEXPIRE")
+        .arg(format!("{p}lock:L"))
+        .arg(86_400_000)
+        .ignore();
+    for (id, kind, state, attempt, cancel) in [
+        (1, "a", "pending", "0", "0"),
+        (2, "b", "pending", "1", "1"),
+        (3, "c", "running", "1", "0"),
+    ] {
+        let k = format!("{b}task:{id}");
+        pipe.cmd("HSET")
+            .arg(&k)
+            .arg(&["id", &id.to_string(), "queue", "up", "kind", kind])
+            .arg(&["payload", &format!("{{\"v\":{id}}}"), "priority", "0"])
+            .arg(&["attempt", attempt, "max_attempts", "3"])
+            .arg(&["run_at", &past.to_string(), "created_at", &past.to_string()])
+            .arg(&["cancel_requested", cancel, "state", state])
+            .ignore();
+        pipe.cmd("ZADD").arg(format!("{b}ids")).arg(id).arg(pad(id)).ignore();
+        pipe.cmd("HINCRBY")
+            .arg(format!("{b}counts:up"))
+            .arg(state)
+            .arg(1)
+            .ignore();
+        if state == "pending" {
+            pipe.cmd("ZADD")
+                .arg(format!("{b}q:up:ready"))
+                .arg(128 * shift + past)
+                .arg(pad(id))
+                .ignore();
+        } else {
+            pipe.cmd("HSET")
+                .arg(&k)
+                .arg(&["started_at", &past.to_string(), "lease_until", &past.to_string()])
+                .arg(&["worker", "w"])
+                .ignore();
+            pipe.cmd("ZADD")
+                .arg(format!("{b}running"))
+                .arg(past)
+                .arg(pad(id))
+                .ignore();
+        }
+    }
+    pipe.cmd("SET").arg(format!("{b}seq")).arg(3).ignore();
+    pipe.cmd("SADD").arg(format!("{b}queues")).arg("up").ignore();
+    pipe.cmd("HSET")
+        .arg(format!("{b}job:J"))
+        .arg(&["last_slot", &SLOT_MS.to_string(), "paused", "0"])
+        .ignore();
+    pipe.cmd("SADD").arg(format!("{b}jobs")).arg("J").ignore();
+    pipe.cmd("SET").arg(format!("{b}schema")).arg(1).ignore();
+    pipe.query_async::<()>(&mut c).await.unwrap();
+}
+
+/// The schema version the store records (SQL: the meta row; Redis: the key).
+async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
+    match ts.kind {
+        Kind::Sqlite => {
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            let v: String = sqlx::query_scalar(&format!(
+                "SELECT value FROM \"{p}meta\" WHERE key = 'schema_version'"
+            ))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            v.parse().unwrap()
+        }
+        Kind::Postgres => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            let v: String = sqlx::query_scalar(&format!(
+                "SELECT value FROM \"{p}meta\" WHERE key = 'schema_version'"
+            ))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            v.parse().unwrap()
+        }
+        Kind::Redis => {
+            let client = redis::Client::open(ts.url.as_str()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            redis::cmd("GET")
+                .arg(format!("{p}{{baton}}:schema"))
+                .query_async(&mut c)
+                .await
+                .unwrap()
+        }
+    }
+}
+
+/// Delete a lock's record behind the store's back, as restoring a backup
+/// taken before the lock was ever granted would.
+pub async fn delete_lock_record(ts: &TestStore, name: &str) {
+    match ts.kind {
+        Kind::Sqlite => {
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            sqlx::query(&format!("DELETE FROM \"{}locks\" WHERE name = ?1", ts.prefix))
+                .bind(name)
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+        Kind::Postgres => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            sqlx::query(&format!("DELETE FROM \"{}locks\" WHERE name = $1", ts.prefix))
+                .bind(name)
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+        Kind::Redis => {
+            let mut c = redis_conn(ts).await;
+            let n: i64 = redis::cmd("DEL")
+                .arg(format!("{}lock:{name}", ts.prefix))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "the lock key existed");
+        }
+    }
+}
+
+/// A plain connection to the test's Redis.
+pub async fn redis_conn(ts: &TestStore) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(ts.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+pub async fn v1_store_upgrades_in_place(ts: TestStore) {
+    let p = match ts.kind {
+        Kind::Redis => format!("{}v1:", ts.prefix),
+        _ => format!("{}v1_", ts.prefix),
+    };
+    let now_ms = ts.store.now().await.unwrap().timestamp_millis();
+    match ts.kind {
+        Kind::Redis => write_v1_redis(&ts, &p, now_ms).await,
+        _ => write_v1_sql(&ts, &p, now_ms).await,
+    }
+    assert_eq!(recorded_version(&ts, &p).await, 1);
+    let opts = StoreOptions {
+        prefix: Some(p.clone()),
+        max_connections: 2,
+        ..StoreOptions::default()
+    };
+    let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
+    assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
+    let b = store.backend();
+
+    // The data survived.
+    let lock = b.lock_get("L").await.unwrap().expect("lock kept");
+    assert_eq!((lock.holder.as_str(), lock.token.0), ("old-holder", 5));
+    let jobs = b.job_list().await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].name, "J");
+    assert_eq!(
+        jobs[0].last_slot.map(|s| s.timestamp_millis()),
+        Some(SLOT_MS)
+    );
+    let all = b.tasks(&TaskFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 3);
+    let by_kind = |k: &str| all.iter().find(|t| t.kind == k).unwrap().clone();
+    let (a, bt, c) = (by_kind("a"), by_kind("b"), by_kind("c"));
+    assert_eq!(a.state, TaskState::Pending);
+    assert_eq!(a.payload, serde_json::json!({"v": 1}));
+    assert_eq!((c.state, c.attempt), (TaskState::Running, 1));
+
+    // The new behaviour: lock tokens floored at the store clock.
+    if let Kind::Redis = ts.kind {
+        let mut conn = redis_conn(&ts).await;
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("{p}lock:L"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "the upgrade removed the lock key's TTL");
+    }
+    let floor = store.now().await.unwrap().timestamp_micros();
+    let g = b
+        .lock_acquire(&baton::store::LockRequest {
+            name: "L",
+            holder: "new-holder",
+            at_most: Duration::from_secs(10),
+        })
+        .await
+        .unwrap();
+    match g {
+        baton::store::Acquire::Granted { token, .. } => {
+            assert!(token.0 > 5 && i64::try_from(token.0).unwrap() >= floor)
+        }
+        other => panic!("lapsed v1 lock not granted: {other:?}"),
+    }
+    // The v1 running task with a lapsed lease is rescued; the claim takes
+    // it and A with fresh tokens, and never the cancel-requested B.
+    assert_eq!(b.rescue().await.unwrap().requeued, 1);
+    let req = ClaimRequest {
+        queue: "up",
+        worker: "w2",
+        limit: 5,
+        lease: Duration::from_secs(30),
+        max_running: None,
+    };
+    let got = b.claim(&req).await.unwrap();
+    let mut ids: Vec<i64> = got.iter().map(|t| t.id).collect();
+    ids.sort_unstable();
+    let mut want = vec![a.id, c.id];
+    want.sort_unstable();
+    assert_eq!(ids, want, "claimed A and C only");
+    for t in &got {
+        assert!(i64::try_from(t.token.0).unwrap() >= floor);
+        assert!(b.finish(t.claim(), &Finish::HandBack).await.unwrap());
+    }
+    let b_now = b.task(bt.id).await.unwrap().unwrap();
+    assert_eq!(b_now.state, TaskState::Cancelled, "B's cancel is honoured");
+    assert_eq!(b_now.last_error.as_deref(), Some(CANCEL_REQUESTED));
+    let again = b.claim(&req).await.unwrap();
+    assert_eq!(again.len(), 2);
+    for t in &again {
+        let old = got.iter().find(|o| o.id == t.id).unwrap();
+        assert!(t.token > old.token);
+        assert!(
+            !b.finish(old.claim(), &Finish::HandBack).await.unwrap(),
+            "a stale hand-back is refused"
+        );
+        assert!(b.finish(t.claim(), &Finish::Succeeded).await.unwrap());
+    }
+    // New tasks work, and connecting again changes nothing.
+    let q = baton::queue::Queue::new(store.clone());
+    q.enqueue(baton::queue::TaskBuilder::new("d", serde_json::json!({})).queue("up"))
+        .await
+        .unwrap();
+    let before = recorded_version(&ts, &p).await;
+    let second = Store::connect_with(&ts.url, opts).await.unwrap();
+    assert_eq!(recorded_version(&ts, &p).await, before);
+    assert_eq!(
+        second
+            .backend()
+            .tasks(&TaskFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+}
