@@ -101,7 +101,7 @@ async fn locks() {
     let Acquire::Granted { token: t1, .. } = b.lock_acquire(&req("a", MIN)).await.unwrap() else {
         panic!("first acquire must be granted")
     };
-    assert_eq!(t1, FencingToken(1));
+    assert!(t1.0 > 1_000_000_000_000_000, "floored at the store clock in µs");
     match b.lock_acquire(&req("b", MIN)).await.unwrap() {
         Acquire::Busy(info) => {
             assert_eq!(info.holder, "a");
@@ -208,13 +208,10 @@ async fn enqueue_claim_heartbeat_finish() {
     assert_eq!(claimed[0].timeout, Some(Duration::from_secs(30)));
     assert!(b.claim(&claim_req("q", 10, MIN)).await.unwrap().is_empty());
 
-    let c0 = Claim {
-        id: claimed[0].id,
-        attempt: 1,
-    };
+    let c0 = claimed[0].claim();
     let stale = Claim {
-        id: c0.id,
-        attempt: 2,
+        token: FencingToken(c0.token.0 + 1),
+        ..c0
     };
     let hb = b.heartbeat(&[c0, stale], MIN).await.unwrap();
     assert_eq!(hb, vec![Heartbeat::Extended, Heartbeat::Lost]);
@@ -235,10 +232,7 @@ async fn enqueue_claim_heartbeat_finish() {
     assert_eq!(info.progress, Some(serde_json::json!({"pct": 50})));
 
     // HandBack: back to pending, the attempt does not count.
-    let c1 = Claim {
-        id: claimed[1].id,
-        attempt: 1,
-    };
+    let c1 = claimed[1].claim();
     assert!(b.finish(c1, &Finish::HandBack).await.unwrap());
     let info = b.task(c1.id).await.unwrap().unwrap();
     assert_eq!((info.state, info.attempt), (TaskState::Pending, 0));
@@ -293,10 +287,7 @@ async fn failure_retry_and_errors() {
     t.max_attempts = 2;
     let id = b.enqueue(&[t]).await.unwrap()[0].id;
     let c = b.claim(&claim_req("q", 1, MIN)).await.unwrap();
-    let c1 = Claim {
-        id,
-        attempt: c[0].attempt,
-    };
+    let c1 = c[0].claim();
     let fail = |retry| Finish::Failed {
         error: "boom".into(),
         retry_in: retry,
@@ -315,7 +306,7 @@ async fn failure_retry_and_errors() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     let c = b.claim(&claim_req("q", 1, MIN)).await.unwrap();
     assert_eq!(c[0].attempt, 2);
-    let c2 = Claim { id, attempt: 2 };
+    let c2 = c[0].claim();
     // Out of attempts: failed, whatever retry_in says.
     assert!(b
         .finish(c2, &fail(Some(Duration::from_millis(1))))
@@ -346,12 +337,13 @@ async fn rescue_and_cancel() {
     let mut t = task("q");
     t.max_attempts = 2;
     let id = b.enqueue(&[t]).await.unwrap()[0].id;
-    b.claim(&claim_req("q", 1, short)).await.unwrap();
+    let first = b.claim(&claim_req("q", 1, short)).await.unwrap();
     assert_eq!(b.rescue().await.unwrap().requeued, 0);
     tokio::time::sleep(Duration::from_millis(120)).await;
     let r = b.rescue().await.unwrap();
     assert_eq!((r.requeued, r.failed, r.cancelled), (1, 0, 0));
-    let old = Claim { id, attempt: 1 };
+    let old = first[0].claim();
+    assert_eq!(old.id, id);
     assert!(!b.finish(old, &Finish::Succeeded).await.unwrap());
     assert_eq!(
         b.heartbeat(&[old], MIN).await.unwrap(),
@@ -380,10 +372,7 @@ async fn rescue_and_cancel() {
     assert_eq!(b.cancel(-1).await.unwrap(), CancelOutcome::NotFound);
     let c = b.claim(&claim_req("c", 5, short)).await.unwrap();
     assert_eq!(c.len(), 1);
-    let cl = Claim {
-        id: c[0].id,
-        attempt: 1,
-    };
+    let cl = c[0].claim();
     assert_eq!(b.cancel(cl.id).await.unwrap(), CancelOutcome::Requested);
     assert_eq!(
         b.heartbeat(&[cl], short).await.unwrap(),
@@ -398,11 +387,11 @@ async fn rescue_and_cancel() {
     );
     // A worker that stops on request finishes as cancelled.
     let id = b.enqueue(&[task("c")]).await.unwrap()[0].id;
-    b.claim(&claim_req("c", 1, MIN)).await.unwrap();
+    let got = b.claim(&claim_req("c", 1, MIN)).await.unwrap();
     b.cancel(id).await.unwrap();
     assert!(b
         .finish(
-            Claim { id, attempt: 1 },
+            got[0].claim(),
             &Finish::Cancelled {
                 reason: "asked".into()
             }
@@ -453,10 +442,7 @@ async fn unique_keys() {
     let c = b.claim(&claim_req("u", 10, MIN)).await.unwrap();
     for t in &c {
         b.finish(
-            Claim {
-                id: t.id,
-                attempt: t.attempt,
-            },
+            t.claim(),
             &Finish::Failed {
                 error: "x".into(),
                 retry_in: None,
@@ -481,10 +467,7 @@ async fn unique_keys() {
     let c = b.claim(&claim_req("u", 10, MIN)).await.unwrap();
     for t in &c {
         b.finish(
-            Claim {
-                id: t.id,
-                attempt: t.attempt,
-            },
+            t.claim(),
             &Finish::Succeeded,
         )
         .await
@@ -504,10 +487,7 @@ async fn prune_and_stats() {
     let c = b.claim(&claim_req("p", 2, MIN)).await.unwrap();
     for t in &c {
         b.finish(
-            Claim {
-                id: t.id,
-                attempt: 1,
-            },
+            t.claim(),
             &Finish::Succeeded,
         )
         .await

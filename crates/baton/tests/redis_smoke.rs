@@ -130,7 +130,7 @@ async fn locks() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert!(ttl > 86_000_000, "cleanup TTL well past lock_until: {ttl}");
+    assert_eq!(ttl, -1, "the record keeps the last token: no TTL");
 
     assert!(b
         .lock_extend("job", FencingToken(t1.0 + 1), Duration::from_secs(5))
@@ -263,17 +263,11 @@ async fn claim_order_heartbeat_finish() {
     assert!(got.iter().all(|t| t.attempt == 1));
     assert!(b.claim(&creq("q", 10, 30_000)).await.unwrap().is_empty());
 
-    let c0 = Claim {
-        id: got[0].id,
-        attempt: 1,
-    };
-    let c1 = Claim {
-        id: got[1].id,
-        attempt: 1,
-    };
+    let c0 = got[0].claim();
+    let c1 = got[1].claim();
     let stale = Claim {
-        id: got[2].id,
-        attempt: 7,
+        token: FencingToken(got[2].token.0 + 7),
+        ..got[2].claim()
     };
     assert_eq!(b.cancel(c1.id).await.unwrap(), CancelOutcome::Requested);
     let hb = b
@@ -320,10 +314,7 @@ async fn claim_order_heartbeat_finish() {
     );
 
     // Failed with retry goes back to pending later; HandBack does not count.
-    let c2 = Claim {
-        id: got[2].id,
-        attempt: 1,
-    };
+    let c2 = got[2].claim();
     assert!(b
         .finish(
             c2,
@@ -334,10 +325,7 @@ async fn claim_order_heartbeat_finish() {
         )
         .await
         .unwrap());
-    let c3 = Claim {
-        id: got[3].id,
-        attempt: 1,
-    };
+    let c3 = got[3].claim();
     assert!(b.finish(c3, &Finish::HandBack).await.unwrap());
     let again = b.claim(&creq("q", 10, 30_000)).await.unwrap();
     assert_eq!(again.len(), 1);
@@ -354,10 +342,7 @@ async fn claim_order_heartbeat_finish() {
     // Failing without retry is terminal.
     assert!(b
         .finish(
-            Claim {
-                id: c2.id,
-                attempt: 2
-            },
+            again[0].claim(),
             &Finish::Failed {
                 error: "again".into(),
                 retry_in: None
@@ -383,12 +368,12 @@ async fn rescue_cancel_retry() {
     t.max_attempts = 2;
     let id = b.enqueue(&[t.clone()]).await.unwrap()[0].id;
     let c = b.claim(&creq("r", 1, 50)).await.unwrap();
-    assert_eq!(c.len(), 1);
+    assert_eq!((c.len(), c[0].id), (1, id));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let r = b.rescue().await.unwrap();
     assert_eq!((r.requeued, r.failed, r.cancelled), (1, 0, 0));
     assert!(!b
-        .finish(Claim { id, attempt: 1 }, &Finish::Succeeded)
+        .finish(c[0].claim(), &Finish::Succeeded)
         .await
         .unwrap());
     let c = b.claim(&creq("r", 1, 50)).await.unwrap();
@@ -481,10 +466,7 @@ async fn unique_keys_race() {
     let claimed = b.claim(&creq("u2", 1, 10_000)).await.unwrap();
     assert!(b
         .finish(
-            Claim {
-                id: claimed[0].id,
-                attempt: 1
-            },
+            claimed[0].claim(),
             &Finish::Succeeded
         )
         .await
@@ -517,10 +499,7 @@ async fn stats_list_prune() {
         .unwrap();
     let c = b.claim(&creq("b", 1, 10_000)).await.unwrap();
     b.finish(
-        Claim {
-            id: c[0].id,
-            attempt: 1,
-        },
+        c[0].claim(),
         &Finish::Succeeded,
     )
     .await

@@ -93,7 +93,8 @@ async fn locks_acquire_busy_extend_release() {
     else {
         panic!("first acquire must be granted")
     };
-    assert_eq!(t1, FencingToken(1));
+    // The first token is the store clock in µs (the floor of every grant).
+    assert_eq!(t1.0 / 1000, locked_at.timestamp_millis() as u64);
     assert_eq!(lock_until - locked_at, chrono::Duration::seconds(60));
 
     match b.lock_acquire(&req("h2", LONG)).await.unwrap() {
@@ -248,17 +249,11 @@ async fn heartbeat_finish_and_cas() {
     let b = db.b();
     b.enqueue(&[task("q"), task("q")]).await.unwrap();
     let got = b.claim(&claim_req("q", 2, LONG)).await.unwrap();
-    let c0 = Claim {
-        id: got[0].id,
-        attempt: 1,
-    };
-    let c1 = Claim {
-        id: got[1].id,
-        attempt: 1,
-    };
+    let c0 = got[0].claim();
+    let c1 = got[1].claim();
     let stale = Claim {
-        id: got[1].id,
-        attempt: 2,
+        token: FencingToken(c1.token.0 + 1),
+        ..c1
     };
     assert_eq!(b.cancel(c1.id).await.unwrap(), CancelOutcome::Requested);
     let hb = b.heartbeat(&[c0, c1, stale], LONG).await.unwrap();
@@ -315,10 +310,10 @@ async fn failures_retries_and_handback() {
         .unwrap()[0]
         .id;
     // Attempt 1 fails with a retry: pending again, later.
-    b.claim(&claim_req("q", 1, LONG)).await.unwrap();
+    let got = b.claim(&claim_req("q", 1, LONG)).await.unwrap();
     assert!(b
         .finish(
-            Claim { id, attempt: 1 },
+            got[0].claim(),
             &Finish::Failed {
                 error: "boom 1".into(),
                 retry_in: Some(Duration::from_millis(500)),
@@ -335,10 +330,7 @@ async fn failures_retries_and_handback() {
     // Hand back: the attempt does not count.
     let got = b.claim(&claim_req("q", 1, LONG)).await.unwrap();
     assert_eq!(got[0].attempt, 2);
-    assert!(b
-        .finish(Claim { id, attempt: 2 }, &Finish::HandBack)
-        .await
-        .unwrap());
+    assert!(b.finish(got[0].claim(), &Finish::HandBack).await.unwrap());
     let info = b.task(id).await.unwrap().unwrap();
     assert_eq!((info.state, info.attempt), (TaskState::Pending, 1));
     assert_eq!(info.errors.len(), 1);
@@ -348,7 +340,7 @@ async fn failures_retries_and_handback() {
     assert_eq!(got[0].attempt, 2);
     assert!(b
         .finish(
-            Claim { id, attempt: 2 },
+            got[0].claim(),
             &Finish::Failed {
                 error: "boom 2".into(),
                 retry_in: Some(Duration::from_millis(1)),
@@ -381,7 +373,7 @@ async fn failures_retries_and_handback() {
     // A failure without retry_in is final.
     assert!(b
         .finish(
-            Claim { id, attempt: 3 },
+            got[0].claim(),
             &Finish::Failed {
                 error: "boom 3".into(),
                 retry_in: None,
@@ -438,10 +430,7 @@ async fn rescue_expired_leases() {
     );
 
     // The rescued worker's late result is refused; the next attempt is 2.
-    let late = Claim {
-        id: ids[0],
-        attempt: 1,
-    };
+    let late = got.iter().find(|t| t.id == ids[0]).unwrap().claim();
     assert!(!b.finish(late, &Finish::Succeeded).await.unwrap());
     assert_eq!(b.heartbeat(&[late], LONG).await.unwrap(), [Heartbeat::Lost]);
     let got = b.claim(&claim_req("q", 3, LONG)).await.unwrap();
@@ -505,10 +494,7 @@ async fn unique_keys() {
     assert_eq!(got[0].id, r[0].id);
     assert_eq!(b.enqueue(&[keyed("a")]).await.unwrap()[0].id, r[0].id);
     b.finish(
-        Claim {
-            id: r[0].id,
-            attempt: 1,
-        },
+        got[0].claim(),
         &Finish::Succeeded,
     )
     .await
@@ -578,10 +564,7 @@ async fn stats_tasks_and_prune() {
     tokio::time::sleep(Duration::from_millis(30)).await;
     let got = b.claim(&claim_req("a", 1, LONG)).await.unwrap();
     b.finish(
-        Claim {
-            id: got[0].id,
-            attempt: 1,
-        },
+        got[0].claim(),
         &Finish::Succeeded,
     )
     .await
@@ -957,10 +940,7 @@ async fn concurrent_workers_timing() {
                     return done;
                 }
                 for t in got {
-                    let c = Claim {
-                        id: t.id,
-                        attempt: t.attempt,
-                    };
+                    let c = t.claim();
                     assert!(s.backend().finish(c, &Finish::Succeeded).await.unwrap());
                     done += 1;
                 }
