@@ -675,12 +675,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                 claimed.fetch_add(got.len() as u64, Ordering::Relaxed);
                 for t in got {
                     let f0 = Instant::now();
-                    let ok = b
-                        .finish(
-                            t.claim(),
-                            &finish,
-                        )
-                        .await?;
+                    let ok = b.finish(t.claim(), &finish).await?;
                     finish_lat.push(f0.elapsed());
                     if !ok {
                         bail!("finish of task {} refused", t.id);

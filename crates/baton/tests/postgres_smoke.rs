@@ -101,7 +101,10 @@ async fn locks() {
     let Acquire::Granted { token: t1, .. } = b.lock_acquire(&req("a", MIN)).await.unwrap() else {
         panic!("first acquire must be granted")
     };
-    assert!(t1.0 > 1_000_000_000_000_000, "floored at the store clock in µs");
+    assert!(
+        t1.0 > 1_000_000_000_000_000,
+        "floored at the store clock in µs"
+    );
     match b.lock_acquire(&req("b", MIN)).await.unwrap() {
         Acquire::Busy(info) => {
             assert_eq!(info.holder, "a");
@@ -466,12 +469,7 @@ async fn unique_keys() {
     let first = b.enqueue(&[fv.clone()]).await.unwrap()[0];
     let c = b.claim(&claim_req("u", 10, MIN)).await.unwrap();
     for t in &c {
-        b.finish(
-            t.claim(),
-            &Finish::Succeeded,
-        )
-        .await
-        .unwrap();
+        b.finish(t.claim(), &Finish::Succeeded).await.unwrap();
     }
     let second = b.enqueue(&[fv]).await.unwrap()[0];
     assert_eq!(second.id, first.id);
@@ -486,12 +484,7 @@ async fn prune_and_stats() {
     let ids = b.enqueue(&[task("p"), task("p"), task("p")]).await.unwrap();
     let c = b.claim(&claim_req("p", 2, MIN)).await.unwrap();
     for t in &c {
-        b.finish(
-            t.claim(),
-            &Finish::Succeeded,
-        )
-        .await
-        .unwrap();
+        b.finish(t.claim(), &Finish::Succeeded).await.unwrap();
     }
     assert_eq!(b.prune(Duration::from_secs(3600)).await.unwrap(), 0);
     tokio::time::sleep(Duration::from_millis(30)).await;

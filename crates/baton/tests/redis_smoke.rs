@@ -372,10 +372,7 @@ async fn rescue_cancel_retry() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let r = b.rescue().await.unwrap();
     assert_eq!((r.requeued, r.failed, r.cancelled), (1, 0, 0));
-    assert!(!b
-        .finish(c[0].claim(), &Finish::Succeeded)
-        .await
-        .unwrap());
+    assert!(!b.finish(c[0].claim(), &Finish::Succeeded).await.unwrap());
     let c = b.claim(&creq("r", 1, 50)).await.unwrap();
     assert_eq!(c[0].attempt, 2);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -465,10 +462,7 @@ async fn unique_keys_race() {
     let fid = b.enqueue(&[f.clone()]).await.unwrap()[0].id;
     let claimed = b.claim(&creq("u2", 1, 10_000)).await.unwrap();
     assert!(b
-        .finish(
-            claimed[0].claim(),
-            &Finish::Succeeded
-        )
+        .finish(claimed[0].claim(), &Finish::Succeeded)
         .await
         .unwrap());
     let again = b.enqueue(&[f.clone()]).await.unwrap()[0];
@@ -498,12 +492,7 @@ async fn stats_list_prune() {
         .await
         .unwrap();
     let c = b.claim(&creq("b", 1, 10_000)).await.unwrap();
-    b.finish(
-        c[0].claim(),
-        &Finish::Succeeded,
-    )
-    .await
-    .unwrap();
+    b.finish(c[0].claim(), &Finish::Succeeded).await.unwrap();
     let st = b.stats().await.unwrap();
     assert_eq!(st.len(), 2);
     assert_eq!((st[0].queue.as_str(), st[0].pending), ("a", 3));

@@ -493,12 +493,7 @@ async fn unique_keys() {
     let got = b.claim(&claim_req("q", 1, LONG)).await.unwrap();
     assert_eq!(got[0].id, r[0].id);
     assert_eq!(b.enqueue(&[keyed("a")]).await.unwrap()[0].id, r[0].id);
-    b.finish(
-        got[0].claim(),
-        &Finish::Succeeded,
-    )
-    .await
-    .unwrap();
+    b.finish(got[0].claim(), &Finish::Succeeded).await.unwrap();
     let fresh = b.enqueue(&[keyed("a")]).await.unwrap()[0];
     assert!(fresh.inserted && fresh.id != r[0].id);
 
@@ -563,12 +558,7 @@ async fn stats_tasks_and_prune() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
     let got = b.claim(&claim_req("a", 1, LONG)).await.unwrap();
-    b.finish(
-        got[0].claim(),
-        &Finish::Succeeded,
-    )
-    .await
-    .unwrap();
+    b.finish(got[0].claim(), &Finish::Succeeded).await.unwrap();
     b.claim(&claim_req("a", 1, LONG)).await.unwrap();
     b.cancel(r[4].id).await.unwrap();
     let stats = b.stats().await.unwrap();

@@ -886,13 +886,11 @@ impl Backend for SqliteBackend {
         .fetch_optional(&mut *tx)
         .await?;
         let answer = match granted {
-            Some(row) => {
-                Acquire::Granted {
-                    token: token_of(row.try_get("token")?, "lock token")?,
-                    locked_at: from_ms(row.try_get("locked_at")?)?,
-                    lock_until: from_ms(row.try_get("lock_until")?)?,
-                }
-            }
+            Some(row) => Acquire::Granted {
+                token: token_of(row.try_get("token")?, "lock token")?,
+                locked_at: from_ms(row.try_get("locked_at")?)?,
+                lock_until: from_ms(row.try_get("lock_until")?)?,
+            },
             None => {
                 let row = sqlx::query(&format!(
                     "SELECT name, holder, token, locked_at, lock_until, {NOW} AS now \

@@ -438,7 +438,13 @@ pub async fn tokens_rise_after_the_record_is_lost(ts: TestStore) {
         assert_eq!(ttl, -1, "the record holding the token never expires");
     }
     crate::upgrade::delete_lock_record(&ts, "restored").await;
-    assert!(ts.store.backend().lock_get("restored").await.unwrap().is_none());
+    assert!(ts
+        .store
+        .backend()
+        .lock_get("restored")
+        .await
+        .unwrap()
+        .is_none());
     let lease = locker
         .try_lock("restored", &opts(10_000))
         .await

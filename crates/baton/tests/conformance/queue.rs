@@ -590,9 +590,7 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
         );
     }
     let c = claim(&ts.store, "qa", 2, 10_000).await;
-    b.finish(c[0].claim(), &Finish::Succeeded)
-    .await
-    .unwrap();
+    b.finish(c[0].claim(), &Finish::Succeeded).await.unwrap();
     b.finish(
         c[1].claim(),
         &Finish::Failed {
@@ -859,7 +857,9 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
     let before = q.task(id).await.unwrap().unwrap();
     let stale = first.claim();
     assert_eq!(
-        b.heartbeat(&[stale], Duration::from_secs(60)).await.unwrap(),
+        b.heartbeat(&[stale], Duration::from_secs(60))
+            .await
+            .unwrap(),
         [Heartbeat::Lost]
     );
     assert!(!b.progress(stale, &json!({"at": 1})).await.unwrap());

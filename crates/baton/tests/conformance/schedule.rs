@@ -194,8 +194,8 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         .await
         .unwrap();
     b.finish(c[0].claim(), &baton::store::Finish::Succeeded)
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     assert_eq!(trigger(&ts.store, &job, slot).await.unwrap().id, a.id);
     let ledger = b
         .tasks(&baton::store::TaskFilter {

@@ -220,7 +220,12 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
     pipe.cmd("HSET")
         .arg(format!("{p}lock:L"))
         .arg(&["holder", "old-holder", "token", "5"])
-        .arg(&["locked_at", &past.to_string(), "lock_until", &past.to_string()])
+        .arg(&[
+            "locked_at",
+            &past.to_string(),
+            "lock_until",
+            &past.to_string(),
+        ])
         .ignore();
     pipe.cmd("PEXPIRE")
         .arg(format!("{p}lock:L"))
@@ -240,7 +245,11 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
             .arg(&["run_at", &past.to_string(), "created_at", &past.to_string()])
             .arg(&["cancel_requested", cancel, "state", state])
             .ignore();
-        pipe.cmd("ZADD").arg(format!("{b}ids")).arg(id).arg(pad(id)).ignore();
+        pipe.cmd("ZADD")
+            .arg(format!("{b}ids"))
+            .arg(id)
+            .arg(pad(id))
+            .ignore();
         pipe.cmd("HINCRBY")
             .arg(format!("{b}counts:up"))
             .arg(state)
@@ -255,7 +264,12 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
         } else {
             pipe.cmd("HSET")
                 .arg(&k)
-                .arg(&["started_at", &past.to_string(), "lease_until", &past.to_string()])
+                .arg(&[
+                    "started_at",
+                    &past.to_string(),
+                    "lease_until",
+                    &past.to_string(),
+                ])
                 .arg(&["worker", "w"])
                 .ignore();
             pipe.cmd("ZADD")
@@ -266,7 +280,10 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
         }
     }
     pipe.cmd("SET").arg(format!("{b}seq")).arg(3).ignore();
-    pipe.cmd("SADD").arg(format!("{b}queues")).arg("up").ignore();
+    pipe.cmd("SADD")
+        .arg(format!("{b}queues"))
+        .arg("up")
+        .ignore();
     pipe.cmd("HSET")
         .arg(format!("{b}job:J"))
         .arg(&["last_slot", &SLOT_MS.to_string(), "paused", "0"])
@@ -331,11 +348,14 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
                 .connect(&ts.url)
                 .await
                 .unwrap();
-            sqlx::query(&format!("DELETE FROM \"{}locks\" WHERE name = ?1", ts.prefix))
-                .bind(name)
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::query(&format!(
+                "DELETE FROM \"{}locks\" WHERE name = ?1",
+                ts.prefix
+            ))
+            .bind(name)
+            .execute(&pool)
+            .await
+            .unwrap();
             pool.close().await;
         }
         Kind::Postgres => {
@@ -344,11 +364,14 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
                 .connect(&ts.url)
                 .await
                 .unwrap();
-            sqlx::query(&format!("DELETE FROM \"{}locks\" WHERE name = $1", ts.prefix))
-                .bind(name)
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::query(&format!(
+                "DELETE FROM \"{}locks\" WHERE name = $1",
+                ts.prefix
+            ))
+            .bind(name)
+            .execute(&pool)
+            .await
+            .unwrap();
             pool.close().await;
         }
         Kind::Redis => {
