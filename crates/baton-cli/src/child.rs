@@ -280,9 +280,22 @@ fn supervise(args: &[OsString]) -> Result<u8, String> {
         libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
     }
     let me = std::process::id() as libc::pid_t;
-    // std resets the signal mask (and SIGPIPE) in the child; our handlers
-    // reset to the default on exec.
-    let child = match std::process::Command::new(prog).args(rest).spawn() {
+    // Our handlers reset to the default on exec; the blocked mask would
+    // not, so the command gets an empty one.
+    let mut command = std::process::Command::new(prog);
+    command.args(rest);
+    // SAFETY: sigprocmask is async-signal-safe and touches only the child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             let code = match e.kind() {
