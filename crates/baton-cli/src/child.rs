@@ -334,7 +334,9 @@ fn supervise(args: &[OsString]) -> Result<u8, String> {
         }
         let now = Instant::now();
         if now >= give_up {
-            eprintln!("baton: supervisor: some processes of the command would not die; leaving them");
+            eprintln!(
+                "baton: supervisor: some processes of the command would not die; leaving them"
+            );
             break;
         }
         if now >= term_until {

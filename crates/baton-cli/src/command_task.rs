@@ -82,8 +82,8 @@ pub async fn run_command(
     stop: impl std::future::Future<Output = ()>,
     grace: Duration,
 ) -> Result<(), TaskError> {
-    let mut proc = child::spawn(argv, env, true, grace)
-        .map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+    let mut proc =
+        child::spawn(argv, env, true, grace).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
     let kept = Arc::new(Mutex::new(Vec::new()));
     let mut tee = tee_stderr(proc.take_stderr(), kept.clone());
     let status = tokio::select! {

@@ -20,7 +20,8 @@ per_backend! {
 
 /// A wrapper whose grandchild writes its pid to `gc.pid` and appends to
 /// `F` every 100 ms; the wrapper itself waits for it.
-const WRAPPER: &str = r#"(exec sh -c 'echo $$ > gc.pid; while :; do echo tick >> F; sleep 0.1; done') ; :"#;
+const WRAPPER: &str =
+    r#"(exec sh -c 'echo $$ > gc.pid; while :; do echo tick >> F; sleep 0.1; done') ; :"#;
 
 fn alive(pid: i32) -> bool {
     // SAFETY: kill(2) with signal 0 only checks the pid.
@@ -28,7 +29,13 @@ fn alive(pid: i32) -> bool {
     // A zombie has stopped running; it only waits to be reaped.
     exists
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true)
 }
 
@@ -170,7 +177,12 @@ fn lock_stops_the_command_before_the_lease_can_lapse() {
     });
     std::thread::sleep(Duration::from_secs(1)); // a few extensions
     let pid = srv.redis_pid().unwrap() as i32;
-    let now_ns = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let now_ns = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
     let dark = now_ns();
     // SAFETY: signals to the private server we started.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -179,7 +191,13 @@ fn lock_stops_the_command_before_the_lease_can_lapse() {
     std::thread::sleep(Duration::from_millis(3_300));
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let b = baton(&[
-        "lock", "dark", "--wait", "30s", "--", "sh", "-c",
+        "lock",
+        "dark",
+        "--wait",
+        "30s",
+        "--",
+        "sh",
+        "-c",
         "echo b-start $(date +%s%N) >> ledger",
     ])
     .output()
@@ -190,7 +208,10 @@ fn lock_stops_the_command_before_the_lease_can_lapse() {
         if let Some(st) = a.try_wait().unwrap() {
             break st;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the first baton lock exits");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the first baton lock exits"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut err = String::new();
