@@ -79,7 +79,9 @@ pub fn spawn(
         std::env::current_exe().context("finding the baton executable")?
     };
     let mut cmd = Command::new(exe);
-    cmd.arg(SUPERVISE)
+    // Shown by ps as `baton __supervise …`, not `/proc/self/exe …`.
+    cmd.arg0("baton")
+        .arg(SUPERVISE)
         .arg(read.as_raw_fd().to_string())
         .arg(grace.as_millis().to_string())
         .arg("--")
