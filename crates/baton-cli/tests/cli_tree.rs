@@ -282,3 +282,34 @@ async fn work_kill_9_stops_the_whole_tree(e: Env) {
     w.wait().unwrap();
     assert_tree_gone(e.dir.path(), gc, 3.0, "kill -9 of baton work");
 }
+
+/// A command that ignores SIGTERM: a second SIGTERM to `baton lock` kills
+/// its tree, releases the lock and exits 128+15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_second_sigterm_kills_the_tree_and_releases() {
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let mut c = e.spawn_logged(&[
+        "lock",
+        "tree-twice",
+        "--grace",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        &format!("trap '' TERM; {WRAPPER}"),
+    ]);
+    let gc = grandchild(e.dir.path());
+    signal(&c, libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(alive(gc), "the tree ignores SIGTERM");
+    signal(&c, libc::SIGTERM);
+    assert_tree_gone(e.dir.path(), gc, 3.0, "a second SIGTERM to baton lock");
+    assert_eq!(c.wait().unwrap().code(), Some(128 + libc::SIGTERM));
+    assert_eq!(
+        e.run(&["lock", "tree-twice", "--", "true"]).status.code(),
+        Some(0),
+        "released"
+    );
+}
