@@ -1,69 +1,183 @@
-//! Running a user's command as a child process: environment, signal
-//! forwarding, and stopping it with SIGTERM then SIGKILL after a grace.
+//! Running a user's command as a process tree: environment, signals to the
+//! whole tree, stopping it with SIGTERM then SIGKILL after a grace, and
+//! never leaving any of it behind.
+//!
+//! A command (a task, `baton lock`'s command, a job's action) is often a
+//! wrapper — `sh -c '(work) ; :'`, a script that starts processes — so
+//! signalling only the direct child, or `PR_SET_PDEATHSIG` on it, leaves
+//! grandchildren running after the lease is lost or baton is killed. So
+//! baton runs every command under a tiny **supervisor**: baton re-executes
+//! itself (`/proc/self/exe`, which still works after the binary was
+//! replaced on disk) as `baton __supervise FD GRACE_MS -- CMD…`, handled at
+//! the very top of `main` before clap and tokio. The supervisor
+//!
+//! - leads a new process group (baton spawns it with `process_group(0)`),
+//!   which the command and its descendants inherit: baton signals the
+//!   *group* (`kill(-pgid, sig)`), and [`Proc`]'s drop guard SIGKILLs it;
+//! - is a child subreaper (`PR_SET_CHILD_SUBREAPER`): orphaned descendants
+//!   re-parent to it, so it reaps them and knows when the tree is empty;
+//! - watches a pipe whose only write end is held by baton (`O_CLOEXEC`, so
+//!   no other child inherits it): EOF means baton died, even by `kill -9`,
+//!   and it then SIGTERMs the tree and SIGKILLs it after the grace;
+//! - when the command exits, SIGTERMs what remains of the tree, SIGKILLs it
+//!   after the grace, reaps it, and exits with the command's status (its
+//!   code, or 128+signal) — so a command ends when it exits, whatever its
+//!   children hold open; a command that cannot be executed exits 127 (not
+//!   found) or 126 (not executable) with a message naming the program.
+//!
+//! Its handlers for SIGTERM/SIGINT/SIGHUP (it gets the group's signals too)
+//! are real functions, reset to the default by `exec`; an ignored
+//! disposition would have leaked into the command. Those signals are
+//! blocked from the fork on, so one sent before the handlers exist waits.
+//!
+//! This needs no privileges and works in containers. Known limit: a
+//! descendant that leaves the group (`setsid`, `setpgid`) is missed by
+//! group signals; the supervisor still kills it when it is its child or
+//! becomes an orphan, but not if baton SIGKILLs the whole group first.
 
-use std::process::Stdio;
-use std::time::Duration;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStderr, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
-/// Spawn `argv` with extra environment. The child gets SIGKILL if baton
-/// dies (so it never outlives the lease or the task claim that covers it).
+/// The hidden subcommand that runs the supervisor.
+pub const SUPERVISE: &str = "__supervise";
+
+/// A running command: its supervisor and its process group.
+pub struct Proc {
+    child: Child,
+    pgid: libc::pid_t,
+    /// The write end of the supervisor's lifeline; closing it (baton dies)
+    /// makes the supervisor stop the tree.
+    _lifeline: OwnedFd,
+}
+
+/// Spawn `argv` with extra environment under a supervisor (see the module
+/// docs). After the command exits, leftovers of its tree get SIGTERM, then
+/// SIGKILL after `grace`; the same happens if baton dies.
 pub fn spawn(
     argv: &[String],
     env: &[(&str, String)],
     capture_stderr: bool,
-) -> anyhow::Result<Child> {
-    let (prog, args) = argv.split_first().context("no command given after --")?;
-    let mut cmd = Command::new(prog);
-    cmd.args(args).kill_on_drop(true);
+    grace: Duration,
+) -> anyhow::Result<Proc> {
+    let (prog, _) = argv.split_first().context("no command given after --")?;
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("creating the supervisor's pipe");
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let exe = if std::path::Path::new("/proc/self/exe").exists() {
+        std::path::PathBuf::from("/proc/self/exe")
+    } else {
+        std::env::current_exe().context("finding the baton executable")?
+    };
+    let mut cmd = Command::new(exe);
+    // Shown by ps as `baton __supervise …`, not `/proc/self/exe …`.
+    cmd.arg0("baton")
+        .arg(SUPERVISE)
+        .arg(read.as_raw_fd().to_string())
+        .arg(grace.as_millis().to_string())
+        .arg("--")
+        .args(argv);
     for (k, v) in env {
         cmd.env(k, v);
     }
     if capture_stderr {
         cmd.stderr(Stdio::piped());
     }
-    // Own process group, so a terminal's Ctrl-C reaches only baton, which
-    // forwards it once; and die with baton.
+    // A group of its own: a terminal's Ctrl-C reaches only baton, which
+    // forwards it once, and the tree can be signalled as one.
     cmd.process_group(0);
-    // SAFETY: prctl is async-signal-safe and touches only this process.
+    let rfd = read.as_raw_fd();
+    // SAFETY: only async-signal-safe calls (fcntl, sigprocmask) on this
+    // process's own state between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        cmd.pre_exec(move || {
+            // The read end survives the exec (the write end does not).
+            if libc::fcntl(rfd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Held until the supervisor has its handlers (see module docs).
+            let set = stop_signals();
+            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    cmd.spawn().with_context(|| format!("cannot run {prog:?}"))
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start the supervisor for {prog:?}"))?;
+    drop(read);
+    let pgid = child
+        .id()
+        .context("the supervisor exited before it was seen")? as libc::pid_t;
+    Ok(Proc {
+        child,
+        pgid,
+        _lifeline: write,
+    })
 }
 
-/// Send a signal to the child (if it still runs).
-pub fn send(child: &Child, sig: libc::c_int) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) with a pid we spawned; failure (already gone) is harmless.
-        unsafe {
-            libc::kill(pid as libc::pid_t, sig);
+impl Proc {
+    /// Send `sig` to the command's whole process group (while it runs).
+    pub fn signal(&self, sig: libc::c_int) {
+        if self.child.id().is_some() {
+            // SAFETY: kill(2) on the group we created; failure (already
+            // gone) is harmless.
+            unsafe {
+                libc::kill(-self.pgid, sig);
+            }
+        }
+    }
+
+    /// The captured stderr, if requested (once).
+    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    /// Wait until the command and its whole tree are gone; its status.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// SIGKILL the group and wait for it.
+    pub async fn kill(&mut self) -> std::io::Result<ExitStatus> {
+        self.signal(libc::SIGKILL);
+        self.child.wait().await
+    }
+
+    /// SIGTERM the group, then SIGKILL if it has not ended after `grace`.
+    pub async fn stop(&mut self, grace: Duration) -> std::io::Result<ExitStatus> {
+        self.signal(libc::SIGTERM);
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                tracing::warn!("command did not exit within {grace:?} of SIGTERM; sending SIGKILL");
+                self.kill().await
+            }
         }
     }
 }
 
-/// SIGTERM, then SIGKILL if it has not exited after `grace`. Returns the exit status.
-pub async fn stop(child: &mut Child, grace: Duration) -> std::io::Result<std::process::ExitStatus> {
-    send(child, libc::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            tracing::warn!("child did not exit within {grace:?} of SIGTERM; sending SIGKILL");
-            send(child, libc::SIGKILL);
-            child.wait().await
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // Not yet reaped: the group is ours; kill it (tokio reaps later).
+        if self.child.id().is_some() {
+            self.signal(libc::SIGKILL);
         }
     }
 }
 
 /// A shell-style exit code for a status: the code, or 128 + signal.
-pub fn code_of(status: std::process::ExitStatus) -> u8 {
+pub fn code_of(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(c), _) => c.clamp(0, 255) as u8,
@@ -95,6 +209,241 @@ impl Signals {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,
             _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+// ---- the supervisor process (synchronous, no tokio) ----
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+extern "C" fn wake(_: libc::c_int) {}
+
+/// If this process was started as the supervisor (`baton __supervise …`),
+/// run it and return its exit code; `None` for a normal `baton` run.
+pub fn supervise_if_asked() -> Option<u8> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).map(OsString::as_os_str) != Some(OsStr::new(SUPERVISE)) {
+        return None;
+    }
+    Some(match supervise(&args[2..]) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("baton: supervisor: {e}");
+            1
+        }
+    })
+}
+
+fn supervise(args: &[OsString]) -> Result<u8, String> {
+    const USAGE: &str = "internal use: baton __supervise FD GRACE_MS -- CMD...";
+    let fd: RawFd = args
+        .first()
+        .and_then(|a| a.to_str()?.parse().ok())
+        .ok_or(USAGE)?;
+    let grace = args
+        .get(1)
+        .and_then(|a| a.to_str()?.parse().ok())
+        .map(Duration::from_millis)
+        .ok_or(USAGE)?;
+    if args.get(2).map(OsString::as_os_str) != Some(OsStr::new("--")) || args.len() < 4 {
+        return Err(USAGE.into());
+    }
+    let (prog, rest) = (&args[3], &args[4..]);
+    // SAFETY: process-wide setup of this single-threaded process: signal
+    // handlers (a no-op function: it only interrupts ppoll), the
+    // subreaper flag, close-on-exec on the lifeline.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = wake as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+            libc::sigaction(s, &sa, std::ptr::null_mut());
+        }
+        let mut set = stop_signals();
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+            return Err(format!(
+                "PR_SET_CHILD_SUBREAPER: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    let me = std::process::id() as libc::pid_t;
+    // Our handlers reset to the default on exec; the blocked mask would
+    // not, so the command gets an empty one.
+    let mut command = std::process::Command::new(prog);
+    command.args(rest);
+    // SAFETY: sigprocmask is async-signal-safe and touches only the child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                _ => 126,
+            };
+            eprintln!("baton: cannot run {:?}: {e}", prog.to_string_lossy());
+            return Ok(code);
+        }
+    };
+    let pid = child.id() as libc::pid_t;
+    let mut status: Option<libc::c_int> = None;
+    // Wait for the command, or for baton's death.
+    loop {
+        if reap(pid, &mut status) == Children::None || status.is_some() {
+            break;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if wait_for_event(Some(&mut p), None) && p.revents != 0 && lifeline_closed(fd) {
+            break;
+        }
+    }
+    // Whatever remains of the tree: SIGTERM, SIGKILL after the grace.
+    // SAFETY: kill(2) on our own group (we ignore our own SIGTERM).
+    unsafe { libc::kill(-me, libc::SIGTERM) };
+    sweep(me, libc::SIGTERM);
+    let term_until = Instant::now() + grace;
+    let give_up = term_until + Duration::from_secs(5);
+    loop {
+        if reap(pid, &mut status) == Children::None {
+            break;
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            eprintln!(
+                "baton: supervisor: some processes of the command would not die; leaving them"
+            );
+            break;
+        }
+        if now >= term_until {
+            sweep(me, libc::SIGKILL);
+            wait_for_event(None, Some(Duration::from_millis(20)));
+        } else {
+            wait_for_event(None, Some(term_until - now));
+        }
+    }
+    Ok(match status {
+        Some(s) if libc::WIFEXITED(s) => libc::WEXITSTATUS(s) as u8,
+        Some(s) if libc::WIFSIGNALED(s) => (128 + libc::WTERMSIG(s)).clamp(0, 255) as u8,
+        _ => 1,
+    })
+}
+
+#[derive(PartialEq)]
+enum Children {
+    Some,
+    None,
+}
+
+/// Reap every exited child (the command and adopted orphans), recording
+/// the command's status.
+fn reap(cmd: libc::pid_t, status: &mut Option<libc::c_int>) -> Children {
+    loop {
+        let mut st: libc::c_int = 0;
+        // SAFETY: waitpid on our own children.
+        let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+        if r == cmd {
+            *status = Some(st);
+        } else if r == 0 {
+            return Children::Some;
+        } else if r < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => {}
+                _ => return Children::None, // ECHILD
+            }
+        }
+    }
+}
+
+/// Sleep in ppoll with all signals open (a SIGCHLD or a stop signal
+/// interrupts it). True if `fd` became ready.
+fn wait_for_event(fd: Option<&mut libc::pollfd>, timeout: Option<Duration>) -> bool {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    // SAFETY: a local empty mask, an optional pollfd and timespec that
+    // outlive the call.
+    unsafe {
+        let mut open: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut open);
+        let (ptr, n) = match fd {
+            Some(p) => (p as *mut libc::pollfd, 1),
+            None => (std::ptr::null_mut(), 0),
+        };
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        libc::ppoll(ptr, n, tsp, &open) > 0
+    }
+}
+
+/// Whether baton closed its end of the lifeline (it died).
+fn lifeline_closed(fd: RawFd) -> bool {
+    let mut b = [0u8; 64];
+    // SAFETY: reading into a local buffer.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
+    n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+}
+
+/// Send `sig` to every process of our group and every child of ours
+/// (adopted orphans that left the group), except ourselves.
+fn sweep(me: libc::pid_t, sig: libc::c_int) {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp …"; comm may hold spaces and parens.
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let f: Vec<&str> = after.split_whitespace().take(3).collect();
+        let (ppid, pgrp) = match (f.get(1), f.get(2)) {
+            (Some(a), Some(b)) => (a.parse().unwrap_or(0), b.parse().unwrap_or(0)),
+            _ => continue,
+        };
+        if ppid == me || pgrp == me {
+            // SAFETY: kill(2) on a process of our tree.
+            unsafe { libc::kill(pid, sig) };
         }
     }
 }

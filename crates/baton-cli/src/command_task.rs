@@ -2,6 +2,7 @@
 //! `{"argv": [...]}`, run as a child process. Exit 0 is success; anything
 //! else fails the attempt with the tail of the child's stderr.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton::queue::{TaskContext, TaskError};
@@ -70,9 +71,12 @@ pub async fn run_argv(
 }
 
 /// Run `argv` with `env` until it exits, or until `stop` resolves: then
-/// SIGTERM, SIGKILL after `grace`. Exit 0 is success; otherwise an error
-/// with the exit code and the tail of its stderr (which is also passed
-/// through). Shared by command tasks and job actions.
+/// SIGTERM to its whole process tree, SIGKILL after `grace`. Exit 0 is
+/// success; otherwise an error with the exit code and the tail of its
+/// stderr (which is also passed through). The command ends when it exits:
+/// what remains of its tree is stopped the same way (see `child`), and
+/// stderr is drained for at most [`DRAIN`] after that, however long a
+/// stray process holds it open. Shared by command tasks and job actions.
 pub async fn run_command(
     argv: &[String],
     env: &[(&str, String)],
@@ -80,36 +84,53 @@ pub async fn run_command(
     grace: Duration,
 ) -> Result<(), TaskError> {
     let mut proc =
-        child::spawn(argv, env, true).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
-    let tail = tee_stderr(&mut proc);
+        child::spawn(argv, env, true, grace).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let mut tee = tee_stderr(proc.take_stderr(), kept.clone());
     let status = tokio::select! {
         st = proc.wait() => st,
-        _ = stop => child::stop(&mut proc, grace).await,
+        _ = stop => proc.stop(grace).await,
     }
     .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
-    outcome(status, tail.await.unwrap_or_default())
+    if tokio::time::timeout(DRAIN, &mut tee).await.is_err() {
+        tee.abort();
+    }
+    let kept = match kept.lock() {
+        Ok(g) => g.clone(),
+        Err(p) => p.into_inner().clone(),
+    };
+    outcome(status, kept)
 }
 
-/// Copy the child's stderr to ours, keeping its tail for the error message.
-fn tee_stderr(proc: &mut tokio::process::Child) -> tokio::task::JoinHandle<Vec<u8>> {
-    let mut stderr = proc.stderr.take();
+/// How long stderr is still copied after the command's tree is gone.
+const DRAIN: Duration = Duration::from_millis(500);
+
+/// Copy the child's stderr to ours, keeping its tail (in `kept`) for the
+/// error message.
+fn tee_stderr(
+    stderr: Option<tokio::process::ChildStderr>,
+    kept: Arc<Mutex<Vec<u8>>>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut kept: Vec<u8> = Vec::new();
         let mut buf = [0u8; 4096];
         let mut out = tokio::io::stderr();
-        if let Some(err) = stderr.as_mut() {
+        if let Some(mut err) = stderr {
             while let Ok(n) = err.read(&mut buf).await {
                 if n == 0 {
                     break;
                 }
                 let _ = out.write_all(&buf[..n]).await;
-                kept.extend_from_slice(&buf[..n]);
-                if kept.len() > 2 * TAIL {
-                    kept.drain(..kept.len() - TAIL);
+                let mut k = match kept.lock() {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                };
+                k.extend_from_slice(&buf[..n]);
+                if k.len() > 2 * TAIL {
+                    let cut = k.len() - TAIL;
+                    k.drain(..cut);
                 }
             }
         }
-        kept
     })
 }
 

@@ -25,13 +25,19 @@ pub struct LockArgs {
     /// Wait up to this long for the lock instead of giving up at once.
     #[arg(long, value_parser = duration_arg)]
     pub wait: Option<Duration>,
-    /// After SIGTERM, how long CMD has before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
-    pub grace: Duration,
+    /// How long CMD gets between SIGTERM and SIGKILL. When the lease cannot
+    /// be extended, CMD gets SIGTERM this long before the lease could lapse
+    /// and SIGKILL at the lapse. Must be shorter than --at-most [default:
+    /// 10s, or a third of --at-most if that is shorter].
+    #[arg(long, value_parser = duration_arg)]
+    pub grace: Option<Duration>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
 }
+
+/// The default `--grace`.
+const GRACE: Duration = Duration::from_secs(10);
 
 /// `baton lock`.
 pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
@@ -43,8 +49,24 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         ))
         .into());
     }
+    let grace = match a.grace {
+        Some(g) if g >= a.at_most => {
+            return Err(Error::from(baton::InvalidInput::new(
+                "--grace",
+                format!(
+                    "{} is not shorter than --at-most {}; the command is stopped --grace before the lease can lapse, so give a --grace shorter than --at-most (e.g. --at-most 15m --grace 10s)",
+                    baton::format_duration(g),
+                    baton::format_duration(a.at_most)
+                ),
+            ))
+            .into());
+        }
+        Some(g) => g,
+        None => GRACE.min(a.at_most / 3),
+    };
     let opts = LockOptions::new(a.at_most)
         .and_then(|o| o.at_least(a.at_least))
+        .and_then(|o| o.renew_margin(grace))
         .map_err(|mut e| {
             e.field = format!("--{}", e.field.replace('_', "-"));
             Error::from(e)
@@ -76,7 +98,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         ("BATON_FENCING_TOKEN", lease.token().to_string()),
         ("BATON_LOCK_HOLDER", lease.holder().to_string()),
     ];
-    let mut cmd = match child::spawn(&a.command, &env, false) {
+    let mut cmd = match child::spawn(&a.command, &env, false, grace) {
         Ok(c) => c,
         Err(e) => {
             let _ = lease.release().await;
@@ -84,19 +106,63 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         }
     };
     let handle = lease.handle();
+    // SIGTERM sent because the lease could not be extended in time.
+    let mut at_risk = false;
+    // A SIGTERM/SIGINT already forwarded: the next one kills.
+    let mut stopping = false;
     let status = loop {
+        // Re-read on every turn: each extension moves it forward.
+        let deadline = handle.deadline();
+        let term_at = deadline.checked_sub(grace).unwrap_or(deadline);
         tokio::select! {
             st = cmd.wait() => break st.context("waiting for the command")?,
-            sig = signals.recv() => child::send(&cmd, sig),
+            sig = signals.recv() => {
+                if stopping && sig != libc::SIGHUP {
+                    eprintln!("baton: signal {sig} again: killing the command");
+                    let _ = cmd.kill().await;
+                    release_quietly(lease, &a.name).await;
+                    return Ok(128 + sig as u8);
+                }
+                stopping |= sig != libc::SIGHUP;
+                cmd.signal(sig);
+            }
+            _ = tokio::time::sleep_until(term_at), if !at_risk => {
+                if handle.deadline() > deadline {
+                    continue; // extended meanwhile
+                }
+                eprintln!("baton: could not extend the lease on {:?} (token {}); stopping the command {} before it could lapse", a.name, handle.token(), baton::format_duration(grace));
+                at_risk = true;
+                cmd.signal(libc::SIGTERM);
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                if handle.deadline() > deadline {
+                    continue;
+                }
+                eprintln!("baton: the lease on {:?} (token {}) may have lapsed; killing the command", a.name, handle.token());
+                let _ = cmd.kill().await;
+                return Ok(EXIT_LEASE_LOST);
+            }
             _ = handle.lost() => {
-                eprintln!("baton: lease on {:?} (token {}) was lost while the command ran; stopping it", a.name, handle.token());
-                let _ = child::stop(&mut cmd, a.grace).await;
+                eprintln!("baton: lease on {:?} (token {}) was lost while the command ran; killing it", a.name, handle.token());
+                let _ = cmd.kill().await;
                 return Ok(EXIT_LEASE_LOST);
             }
         }
     };
     let code = child::code_of(status);
-    match lease.release().await {
+    // Bounded: when the store is dark the lease lapses by itself anyway.
+    let bound = handle
+        .deadline()
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(Duration::from_secs(1));
+    let released = match tokio::time::timeout(bound, lease.release()).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Store(baton::StoreError::Unavailable(
+            "no answer".into(),
+        ))),
+    };
+    match released {
+        Ok(()) if at_risk => Ok(EXIT_LEASE_LOST),
         Ok(()) => Ok(code),
         Err(Error::LeaseLost(_)) => {
             eprintln!("baton: lease on {:?} had lapsed before the command finished (exit {code}); another holder may have run meanwhile", a.name);
@@ -108,8 +174,17 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
                 "baton: could not release lock {:?}: {e}; it lapses by itself at its at_most",
                 a.name
             );
-            Ok(code)
+            Ok(if at_risk { EXIT_LEASE_LOST } else { code })
         }
+    }
+}
+
+/// Release after a forced stop; failures only logged.
+async fn release_quietly(lease: baton::lock::Lease, name: &str) {
+    match tokio::time::timeout(Duration::from_secs(5), lease.release()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("baton: could not release lock {name:?}: {e}"),
+        Err(_) => eprintln!("baton: could not release lock {name:?}: the store did not answer"),
     }
 }
 

@@ -107,6 +107,10 @@ fn init_tracing() {
 }
 
 fn main() -> ExitCode {
+    // A command's supervisor: before clap and tokio (see `child`).
+    if let Some(code) = child::supervise_if_asked() {
+        return ExitCode::from(code);
+    }
     let cli = Cli::parse();
     init_tracing();
     let rt = match tokio::runtime::Builder::new_multi_thread()

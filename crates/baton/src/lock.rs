@@ -8,7 +8,8 @@
 //! by another whose timer fires a moment later. Every grant carries a
 //! [`FencingToken`] greater than all earlier ones for that name.
 //!
-//! By default a lease keeps itself alive: it extends every `at_most / 3`.
+//! By default a lease keeps itself alive: it extends every `at_most / 3`
+//! (more often with [`LockOptions::renew_margin`]).
 //! When an extension is refused, or the store cannot be reached before the
 //! lease would lapse, the lease is *lost*: [`LeaseHandle::lost`] resolves, and
 //! [`Locker::run`] drops (cancels) the work. Logging the failure while the
@@ -84,6 +85,7 @@ pub struct LockOptions {
     at_most: Duration,
     at_least: Duration,
     keep_alive: bool,
+    margin: Duration,
 }
 
 impl LockOptions {
@@ -100,6 +102,7 @@ impl LockOptions {
             at_most,
             at_least: Duration::ZERO,
             keep_alive: true,
+            margin: Duration::ZERO,
         })
     }
 
@@ -126,6 +129,45 @@ impl LockOptions {
     pub fn keep_alive(mut self, on: bool) -> LockOptions {
         self.keep_alive = on;
         self
+    }
+
+    /// Keep the lease's local deadline ([`LeaseHandle::deadline`]) more
+    /// than `margin` ahead while the store answers: the keep-alive extends
+    /// every `min(at_most / 3, (at_most - margin) / 2)`. For work that needs
+    /// `margin` to shut down once the store stops answering (stop it at
+    /// `deadline() - margin`). Must be shorter than `at_most`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use baton::lock::LockOptions;
+    ///
+    /// // A command that needs up to 2 s to stop, under a 3 s lease:
+    /// // extensions every 500 ms, so `deadline() - 2s` is never reached
+    /// // while they succeed.
+    /// let opts = LockOptions::new(Duration::from_secs(3))?
+    ///     .renew_margin(Duration::from_secs(2))?;
+    /// assert_eq!(opts.renew_period(), Duration::from_millis(500));
+    /// # Ok::<(), baton::InvalidInput>(())
+    /// ```
+    pub fn renew_margin(mut self, margin: Duration) -> Result<LockOptions, InvalidInput> {
+        if margin >= self.at_most {
+            return Err(InvalidInput::new(
+                "margin",
+                format!(
+                    "{} is not shorter than at_most {}; the margin must be shorter than the lease",
+                    crate::format_duration(margin),
+                    crate::format_duration(self.at_most)
+                ),
+            ));
+        }
+        self.margin = margin;
+        Ok(self)
+    }
+
+    /// How often the keep-alive extends the lease:
+    /// `min(at_most / 3, (at_most - margin) / 2)`.
+    pub fn renew_period(&self) -> Duration {
+        (self.at_most / 3).min((self.at_most - self.margin) / 2)
     }
 
     /// The lease length.
@@ -266,11 +308,11 @@ impl Locker {
                             token,
                             locked_at,
                             lock_until: Mutex::new(lock_until),
+                            deadline: Mutex::new(sent + opts.at_most),
                             lost: CancellationToken::new(),
                         }),
                     },
                     *opts,
-                    sent,
                 )))
             }
             Acquire::Busy(info) => Ok(Err(info)),
@@ -306,6 +348,7 @@ struct Shared {
     token: FencingToken,
     locked_at: DateTime<Utc>,
     lock_until: Mutex<DateTime<Utc>>,
+    deadline: Mutex<Instant>,
     lost: CancellationToken,
 }
 
@@ -340,6 +383,33 @@ impl LeaseHandle {
             Err(p) => *p.into_inner(),
         }
     }
+    /// A local, monotonic bound on the lease's end: the lease cannot last
+    /// past it unless extended again. It is the send time of the request
+    /// that granted or last extended the lease plus `at_most` (the store
+    /// set its expiry after that), so it holds whatever the clocks say.
+    /// It moves forward with every extension.
+    ///
+    /// Work that must be over before anyone else can hold the lock stops at
+    /// `deadline() - its_shutdown_time` (see [`LockOptions::renew_margin`]);
+    /// `baton lock` SIGTERMs its command `--grace` before it.
+    ///
+    /// ```no_run
+    /// # async fn demo(lease: baton::lock::Lease) {
+    /// use std::time::Duration;
+    /// let grace = Duration::from_secs(2);
+    /// let h = lease.handle();
+    /// tokio::select! {
+    ///     _ = tokio::time::sleep_until(h.deadline() - grace) => { /* start stopping */ }
+    ///     _ = h.lost() => { /* refused: stop at once */ }
+    /// }
+    /// # }
+    /// ```
+    pub fn deadline(&self) -> Instant {
+        match self.shared.deadline.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        }
+    }
     /// Whether the lease has been lost.
     pub fn is_lost(&self) -> bool {
         self.shared.lost.is_cancelled()
@@ -349,10 +419,17 @@ impl LeaseHandle {
     pub async fn lost(&self) {
         self.shared.lost.cancelled().await
     }
-    fn set_until(&self, t: DateTime<Utc>) {
+    fn set_until(&self, t: DateTime<Utc>, deadline: Instant) {
         match self.shared.lock_until.lock() {
             Ok(mut g) => *g = t,
             Err(p) => *p.into_inner() = t,
+        }
+        match self.shared.deadline.lock() {
+            Ok(mut g) => *g = (*g).max(deadline),
+            Err(p) => {
+                let mut g = p.into_inner();
+                *g = (*g).max(deadline)
+            }
         }
     }
 }
@@ -384,10 +461,11 @@ impl std::ops::Deref for Lease {
 }
 
 impl Lease {
-    fn start(store: Store, handle: LeaseHandle, opts: LockOptions, sent: Instant) -> Lease {
-        // The grant happened after `sent`, so `sent + at_most` is a safe
-        // local (monotonic) bound on the lease's end.
-        let deadline = sent + opts.at_most;
+    fn start(store: Store, handle: LeaseHandle, opts: LockOptions) -> Lease {
+        // The grant happened after the request was sent, so its send time
+        // + at_most (the handle's deadline) is a safe local (monotonic)
+        // bound on the lease's end.
+        let deadline = handle.deadline();
         let keeper = tokio::spawn(keep_alive(store.clone(), handle.clone(), opts, deadline));
         Lease {
             handle,
@@ -408,6 +486,7 @@ impl Lease {
         if self.is_lost() {
             return Err(Error::LeaseLost(self.name().to_string()));
         }
+        let sent = Instant::now();
         match self
             .store
             .backend()
@@ -415,7 +494,7 @@ impl Lease {
             .await?
         {
             Some(until) => {
-                self.handle.set_until(until);
+                self.handle.set_until(until, sent + self.opts.at_most);
                 Ok(until)
             }
             None => {
@@ -476,9 +555,11 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
         lost("at_most elapsed without keep-alive");
         return;
     }
-    let period = opts.at_most / 3;
+    let period = opts.renew_period();
     let mut next = Instant::now() + period;
     loop {
+        // A manual `Lease::extend` may have moved it.
+        deadline = deadline.max(handle.deadline());
         tokio::time::sleep_until(next.min(deadline)).await;
         if Instant::now() >= deadline {
             lost("could not extend before it lapsed");
@@ -494,8 +575,8 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
         .await;
         match attempt {
             Ok(Ok(Some(until))) => {
-                handle.set_until(until);
                 deadline = sent + opts.at_most;
+                handle.set_until(until, deadline);
                 next = sent + period;
             }
             Ok(Ok(None)) => {

@@ -202,6 +202,11 @@ impl Private {
         }
     }
 
+    /// The pid of a private `redis-server` while it runs (to SIGSTOP it).
+    pub fn redis_pid(&self) -> Option<u32> {
+        self.redis.as_ref().map(|c| c.id())
+    }
+
     /// Stop like a crash: SIGKILL for Redis (the AOF, fsync always, keeps
     /// the data), `pg_ctl -m immediate` for PostgreSQL.
     pub fn stop(&mut self) {
