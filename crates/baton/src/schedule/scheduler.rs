@@ -475,7 +475,8 @@ impl Scheduler {
 
 /// The reason kept on a lock-mode slot whose lock was held (by a run of an
 /// earlier slot still going, or within its `at_least`).
-pub const LOCK_BUSY: &str = "skipped: the job's lock is held (previous run still running or within at_least)";
+pub const LOCK_BUSY: &str =
+    "skipped: the job's lock is held (previous run still running or within at_least)";
 
 /// What a lock-mode loop needs to run a slot itself.
 struct LockRun {
@@ -698,15 +699,25 @@ async fn slot_loop(
 /// Run a lock-mode slot whose record (task `id`, attempt 1, `running`) this
 /// instance just created: take the lease lock, run, and finish the record
 /// with the outcome; heartbeat the record meanwhile.
-async fn run_locked(b: &dyn crate::store::Backend, l: &LockRun, job: &Job, slot: DateTime<Utc>, id: i64) {
+async fn run_locked(
+    b: &dyn crate::store::Backend,
+    l: &LockRun,
+    job: &Job,
+    slot: DateTime<Utc>,
+    id: i64,
+) {
     let claim = Claim { id, attempt: 1 };
     tokio::time::sleep(random_upto(job.jitter)).await;
     let lease = l.opts.at_most_duration();
     let name = job.name.clone();
     let f = l.f.clone();
-    let run = l
-        .locker
-        .run(&job.name, &l.opts, move |lease| f(SlotRun { job: name, slot, lease }));
+    let run = l.locker.run(&job.name, &l.opts, move |lease| {
+        f(SlotRun {
+            job: name,
+            slot,
+            lease,
+        })
+    });
     let beat = async {
         loop {
             tokio::time::sleep((lease / 3).max(Duration::from_millis(100))).await;
@@ -716,7 +727,9 @@ async fn run_locked(b: &dyn crate::store::Backend, l: &LockRun, job: &Job, slot:
                     std::future::pending::<()>().await;
                 }
                 Ok(_) => {}
-                Err(e) => tracing::debug!(job = %job.name, error = %e, "run record heartbeat failed"),
+                Err(e) => {
+                    tracing::debug!(job = %job.name, error = %e, "run record heartbeat failed")
+                }
             }
         }
     };
@@ -731,15 +744,23 @@ async fn run_locked(b: &dyn crate::store::Backend, l: &LockRun, job: &Job, slot:
         }
         Ok(Some(Err(e))) => {
             tracing::warn!(job = %job.name, %slot, error = %e, "run failed");
-            Finish::Failed { error: e, retry_in: None }
+            Finish::Failed {
+                error: e,
+                retry_in: None,
+            }
         }
         Ok(None) => {
             tracing::info!(job = %job.name, %slot, "lock held elsewhere; slot recorded as skipped");
-            Finish::Cancelled { reason: LOCK_BUSY.into() }
+            Finish::Cancelled {
+                reason: LOCK_BUSY.into(),
+            }
         }
         Err(e) => {
             tracing::warn!(job = %job.name, %slot, error = %e, "lock-mode run ended with an error");
-            Finish::Failed { error: e.to_string(), retry_in: None }
+            Finish::Failed {
+                error: e.to_string(),
+                retry_in: None,
+            }
         }
     };
     // A store blip must not leave the record running; if every try fails,
@@ -831,7 +852,10 @@ async fn fixed_delay_loop(
                     // The delay counts from the run's end: move the cursor there.
                     if let Ok(end) = store.now().await {
                         if end > target {
-                            match b.job_advance(&SlotAdvance::new(&job.name, Some(target), end, None)).await {
+                            match b
+                                .job_advance(&SlotAdvance::new(&job.name, Some(target), end, None))
+                                .await
+                            {
                                 Ok(Advanced::Enqueued(_)) => cursor = Some(end),
                                 _ => fresh = false,
                             }

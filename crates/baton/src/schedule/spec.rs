@@ -624,8 +624,9 @@ pub fn due_slots(
                 // The latest skipped slot is the last one before the first
                 // slot to run (or the last due one when none runs).
                 let before = match slots.first() {
-                    Some(f) => cron_tail(schedule, cursor, *f - chrono::Duration::nanoseconds(1), 1)
-                        .pop(),
+                    Some(f) => {
+                        cron_tail(schedule, cursor, *f - chrono::Duration::nanoseconds(1), 1).pop()
+                    }
                     None => last_due,
                 };
                 (schedule.next_after(cursor), before)
@@ -732,13 +733,23 @@ mod tests {
         assert_eq!(due.skipped_first, Some(utc(2025, 1, 1, 0, 0, 1)));
         assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 0, 4)));
         let due = due_slots(&ev, cursor, now, Misfire::All, 2, Duration::ZERO);
-        assert_eq!(due.slots, [utc(2025, 1, 1, 0, 0, 4), utc(2025, 1, 1, 0, 0, 5)]);
+        assert_eq!(
+            due.slots,
+            [utc(2025, 1, 1, 0, 0, 4), utc(2025, 1, 1, 0, 0, 5)]
+        );
         assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 0, 3)));
         let due = due_slots(&ev, cursor, now, Misfire::All, 100, Duration::ZERO);
         assert_eq!(due.skipped, 0);
         assert_eq!((due.skipped_first, due.skipped_last), (None, None));
         // None with no slot inside the grace: all skipped, up to the last due.
-        let due = due_slots(&ev, cursor, now, Misfire::None, 100, Duration::from_millis(100));
+        let due = due_slots(
+            &ev,
+            cursor,
+            now,
+            Misfire::None,
+            100,
+            Duration::from_millis(100),
+        );
         assert!(due.slots.is_empty());
         assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 0, 5)));
         // Cron: the same, by scanning.

@@ -36,13 +36,13 @@ use sqlx::{Connection, PgConnection, Row};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use super::SlotRecord;
 use super::{
     ms, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
     Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter, TaskInfo, TaskState,
     LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
-use super::SlotRecord;
 use crate::error::StoreError;
 
 /// The schema version this build creates and understands.

@@ -66,13 +66,13 @@ use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::SlotRecord;
 use super::{
     from_ms, ms, redact, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim,
     ClaimRequest, Enqueued, FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest,
     NewTask, Overlap, QueueStats, Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter,
     TaskInfo, TaskState, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
-use super::SlotRecord;
 use crate::error::StoreError;
 
 /// Script arguments as strings.

@@ -35,6 +35,7 @@ use sqlx::sqlite::{
 use sqlx::Row;
 use tokio::sync::broadcast;
 
+use super::SlotRecord;
 use super::{
     from_ms, ms, Acquire, Advanced, AttemptError, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
@@ -42,7 +43,6 @@ use super::{
     OVERLAP_SKIPPED,
 };
 use super::{Backend, StoreOptions};
-use super::SlotRecord;
 use crate::error::StoreError;
 
 /// The store's clock in milliseconds since the epoch, evaluated by SQLite.

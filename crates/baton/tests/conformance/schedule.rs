@@ -388,7 +388,10 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
     let Advanced::NotDue { now } = b.job_advance(&adv).await.unwrap() else {
         panic!("a slot 30 s ahead of the store is refused")
     };
-    assert!(now < ahead && now >= c0, "the store's now is returned: {now}");
+    assert!(
+        now < ahead && now >= c0,
+        "the store's now is returned: {now}"
+    );
     assert_eq!(b.job_register("due").await.unwrap().last_slot, Some(c0));
     // A slot that is due, but whose `until` has passed (a stale plan).
     let past = secs(c0, -5);
@@ -407,7 +410,10 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         due_only: true,
         ..SlotAdvance::new("due", Some(secs(c0, -60)), ahead, Some(&t))
     };
-    assert_eq!(b.job_advance(&lost).await.unwrap(), Advanced::Moved(Some(c0)));
+    assert_eq!(
+        b.job_advance(&lost).await.unwrap(),
+        Advanced::Moved(Some(c0))
+    );
     let none = b
         .tasks(&baton::store::TaskFilter {
             job: Some("due".into()),
@@ -440,8 +446,7 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
 /// a cancelled task with its reason.
 pub async fn run_and_skip_records(ts: TestStore) {
     let b = ts.store.backend();
-    let job = Job::new("lockjob", every(1_000))
-        .lock_mode(Duration::from_secs(10), Duration::ZERO);
+    let job = Job::new("lockjob", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
     let c0 = b.job_register("lockjob").await.unwrap().last_slot.unwrap();
     let s1 = secs(c0, -3);
     let t1 = job.task(s1, false).unwrap();
@@ -492,7 +497,9 @@ pub async fn run_and_skip_records(ts: TestStore) {
         attempt: 1,
     };
     assert_eq!(
-        b.heartbeat(&[claim], Duration::from_secs(10)).await.unwrap(),
+        b.heartbeat(&[claim], Duration::from_secs(10))
+            .await
+            .unwrap(),
         vec![baton::store::Heartbeat::Extended]
     );
     assert!(b
@@ -544,10 +551,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
         info.last_error.as_deref(),
         Some("skipped by misfire = latest: 7 missed slot(s)")
     );
-    assert_eq!(
-        b.job_register("lockjob").await.unwrap().last_slot,
-        Some(s3)
-    );
+    assert_eq!(b.job_register("lockjob").await.unwrap().last_slot, Some(s3));
 }
 
 /// With `batch_after`, tasks of the same catch-up (slots after it) are not
