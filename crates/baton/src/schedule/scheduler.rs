@@ -37,7 +37,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::spec::{due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
+use super::spec::{catch_up_window_start, due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use crate::error::{Error, InvalidInput};
 use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
 use crate::queue::TaskBuilder;
@@ -594,8 +594,13 @@ async fn slot_loop(
             }
         }
         steps.extend(due.slots.iter().map(|s| (*s, None)));
-        // Tasks of one catch-up are not each other's previous run.
-        let batch_after = (due.slots.len() > 1).then_some(from);
+        // Tasks of one catch-up are not each other's previous run: the
+        // window is fixed by the latest due slot, so every instance (whatever
+        // cursor it read mid-catch-up) draws the same line.
+        let batch_after = match (due.slots.len() > 1, due.slots.last()) {
+            (true, Some(latest)) => catch_up_window_start(&job.schedule, *latest, job.max_catch_up),
+            _ => None,
+        };
         for (slot, skip) in steps {
             let task = match job.task(slot, false) {
                 Ok(t) => t,

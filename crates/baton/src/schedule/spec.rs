@@ -643,6 +643,32 @@ pub fn due_slots(
     }
 }
 
+/// The start (exclusive) of the catch-up window that ends at slot `latest`:
+/// the slot just before the latest `keep` slots up to `latest`. Every
+/// instance that sees the same latest due slot computes the same window,
+/// whatever cursor it read, so the tasks of one catch-up can be told apart
+/// from earlier runs (see `SlotAdvance::batch_after`). `None` when there
+/// is no such slot within a year before `latest`.
+pub fn catch_up_window_start(
+    schedule: &Schedule,
+    latest: DateTime<Utc>,
+    keep: usize,
+) -> Option<DateTime<Utc>> {
+    let keep = keep.max(1);
+    match schedule {
+        Schedule::Every { interval } => {
+            let i = every_ms(*interval)?;
+            let k = latest.timestamp_millis().div_euclid(i) - keep as i64;
+            DateTime::from_timestamp_millis(k.checked_mul(i)?)
+        }
+        Schedule::Cron { .. } => {
+            let lo = latest.checked_sub_signed(chrono::Duration::days(366))?;
+            let tail = cron_tail(schedule, lo, latest, keep + 1);
+            (tail.len() == keep + 1).then(|| tail[0])
+        }
+    }
+}
+
 /// The latest `k` slots in `(lo, now]`, oldest first, scanning a window
 /// before `now` that grows until it holds `k` slots or reaches `lo`.
 fn cron_tail(s: &Schedule, lo: DateTime<Utc>, now: DateTime<Utc>, k: usize) -> Vec<DateTime<Utc>> {
@@ -696,6 +722,25 @@ fn count_slots(s: &Schedule, cursor: DateTime<Utc>, now: DateTime<Utc>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn catch_up_window_is_the_same_from_any_cursor() {
+        let ev = Schedule::every(Duration::from_secs(1)).unwrap();
+        let latest = utc(2025, 1, 1, 0, 1, 40);
+        assert_eq!(
+            catch_up_window_start(&ev, latest, 100),
+            Some(utc(2025, 1, 1, 0, 0, 0))
+        );
+        assert_eq!(
+            catch_up_window_start(&ev, latest, 1),
+            Some(utc(2025, 1, 1, 0, 1, 39))
+        );
+        let c = cron("0 */6 * * *", "UTC");
+        assert_eq!(
+            catch_up_window_start(&c, utc(2025, 1, 2, 12, 0, 0), 3),
+            Some(utc(2025, 1, 1, 18, 0, 0))
+        );
+    }
 
     #[test]
     fn truncate_and_is_slot() {
