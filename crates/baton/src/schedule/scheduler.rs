@@ -8,10 +8,14 @@
 //!   retries), run by whichever worker claims it and resumed elsewhere if
 //!   that worker dies. The task's kind is the job's name (unless set), and
 //!   it carries its `job` and `slot`.
-//! - **lock**: ShedLock's behaviour. Every instance's timer fires at each
-//!   slot; a lease lock named after the job, with `at_most` / `at_least`,
-//!   lets one of them run the job's function in-process. Nothing is queued;
-//!   a crash loses that slot's run. Fixed-delay loops are supported.
+//! - **lock**: ShedLock's behaviour, once per slot. Every instance's timer
+//!   fires at each slot; the one that wins the cursor compare-and-set (which
+//!   the store refuses before the slot by its clock) records the run as a
+//!   `running` task and runs the job's function in-process under a lease
+//!   lock named after the job (`at_most` / `at_least`, mutual exclusion with
+//!   a run still going). The record ends with the outcome; a crash loses
+//!   that slot's run (rescue fails the record). Fixed-delay loops are
+//!   supported: the cursor holds when the last run ended.
 //!
 //! Time is the store's: each instance keeps an estimate of the store clock
 //! (calibrated with `now()` and advanced on the monotonic clock), so a node
@@ -298,7 +302,8 @@ pub fn latest_slot(schedule: &Schedule, now: DateTime<Utc>) -> Option<DateTime<U
 pub struct SlotRun {
     /// Job name.
     pub job: String,
-    /// The slot (for fixed-delay jobs, the store time of the firing).
+    /// The slot (for fixed-delay jobs, the instant the run became allowed:
+    /// the previous run's end plus the delay).
     pub slot: DateTime<Utc>,
     /// The lease that makes this run exclusive.
     pub lease: LeaseHandle,
