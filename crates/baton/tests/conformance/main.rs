@@ -80,4 +80,5 @@ conformance! {
     schedule::catch_up_batch_is_not_its_own_previous_run,
     schedule::lock_mode_without_at_least_runs_each_slot_once,
     schedule::catch_up_all_with_overlap_forbid,
+    schedule::fixed_delay_counts_from_the_previous_end,
 }

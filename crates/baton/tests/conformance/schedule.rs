@@ -664,3 +664,49 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
     }
     assert!(ledger.values().all(|n| *n == 1), "{ledger:?}");
 }
+
+/// A fixed-delay lock-mode job on two instances: runs never overlap, and
+/// each starts at least `fixed_delay` after the previous one ended (store
+/// time), whichever instance ran it.
+pub async fn fixed_delay_counts_from_the_previous_end(ts: TestStore) {
+    type Runs = Arc<Mutex<Vec<(DateTime<Utc>, DateTime<Utc>)>>>;
+    let ledger: Runs = Arc::default();
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let store = ts.open().await;
+        let mut s = Scheduler::new(store.clone());
+        let mut job =
+            Job::new("delayed", every(60_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
+        job.fixed_delay = Some(Duration::from_millis(300));
+        let l = ledger.clone();
+        s.add_locked(job, move |_run| {
+            let (l, store) = (l.clone(), store.clone());
+            async move {
+                let start = store.now().await.map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let end = store.now().await.map_err(|e| e.to_string())?;
+                l.lock().unwrap().push((start, end));
+                Ok(())
+            }
+        })
+        .unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let mut l = ledger.lock().unwrap().clone();
+    l.sort();
+    assert!(l.len() >= 3, "too few runs: {l:?}");
+    for w in l.windows(2) {
+        let gap = w[1].0 - w[0].1;
+        assert!(
+            gap >= chrono::Duration::milliseconds(300),
+            "run at {} started {gap} after the previous end: {l:?}",
+            w[1].0
+        );
+    }
+}
