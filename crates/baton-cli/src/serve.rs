@@ -335,6 +335,11 @@ pub struct TriggerArgs {
     /// Queue for the run when no config is given.
     #[arg(long, default_value = baton::queue::DEFAULT_QUEUE)]
     pub queue: String,
+    /// Accept a --slot that is not one of the job's slots (it is still
+    /// truncated to the schedule's precision). Needed without --config,
+    /// where the job's schedule is unknown.
+    #[arg(long)]
+    pub any_slot: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -367,11 +372,34 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
         ))
         .into());
     }
+    if a.config.is_none() && !a.any_slot {
+        return Err(Error::from(baton::InvalidInput::new(
+            "--slot",
+            "without --config the job's schedule is unknown, so the slot cannot be checked; \
+             give --config FILE, or --any-slot to accept the slot as given",
+        ))
+        .into());
+    }
     let store = crate::connect(&a.store)
         .await
         .context("connecting to the store")?;
+    if a.config.is_none() {
+        // The store knows every job a scheduler registered.
+        let known = store.backend().job_list().await.map_err(Error::from)?;
+        if !known.iter().any(|j| j.name == a.job) {
+            return Err(Error::from(baton::InvalidInput::new(
+                "JOB",
+                format!(
+                    "{:?} is not a job in this store (a job appears once `baton serve` has \
+                     scheduled it); check the name, or give --config FILE",
+                    a.job
+                ),
+            ))
+            .into());
+        }
+    }
     let slot = match a.slot {
-        Some(s) => s,
+        Some(s) => schedule::trigger_slot(&job, s, a.any_slot).map_err(Error::from)?,
         None => {
             let now = store.now().await.map_err(Error::from)?;
             schedule::latest_slot(&job.schedule, now).ok_or_else(|| {
@@ -382,7 +410,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
             })?
         }
     };
-    let e = schedule::trigger(&store, &job, slot).await?;
+    let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
     if a.json {
         println!(
             "{}",
@@ -449,8 +477,8 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     }
     let now = store.now().await.map_err(Error::from)?;
     let mut statuses = schedule::job_statuses(&store).await?;
-    // Jobs of the config that the store has not seen yet (lock-mode jobs
-    // keep no cursor; durable ones appear once a scheduler has run them).
+    // Jobs of the config that the store has not seen yet (they appear once
+    // a scheduler has registered them).
     if let Some(c) = &cfg {
         for j in &c.jobs {
             if !statuses.iter().any(|s| s.state.name == j.name) {
@@ -465,10 +493,19 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             }
         }
     }
+    // Next fire in the job's own zone (with its offset) for cron jobs.
     let next_of = |name: &str| {
         cfg.as_ref()
             .and_then(|c| c.jobs.iter().find(|j| j.name == name))
-            .and_then(|j| j.schedule.next_after(now))
+            .and_then(|j| {
+                let t = j.schedule.next_after(now)?;
+                Some(match &j.schedule {
+                    baton::schedule::spec::Schedule::Cron { tz, .. } => t
+                        .with_timezone(tz)
+                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                    _ => slot_text(t),
+                })
+            })
     };
     if a.json {
         let rows: Vec<_> = statuses
@@ -478,9 +515,10 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                     "name": s.state.name,
                     "paused": s.state.paused,
                     "last_slot": s.state.last_slot.map(slot_text),
-                    "next_fire": next_of(&s.state.name).map(slot_text),
+                    "next_fire": next_of(&s.state.name),
                     "last_run": s.last_run.as_ref().map(|t| serde_json::json!({
                         "task": t.id, "slot": t.slot.map(slot_text), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
+                        "started_at": t.started_at.map(slot_text), "finished_at": t.finished_at.map(slot_text),
                     })),
                 })
             })
@@ -495,7 +533,22 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     for s in statuses {
         let last = s
             .last_run
-            .map(|t| format!("task {} {} (attempt {})", t.id, t.state, t.attempt))
+            .map(|t| {
+                let why = match (&t.state, &t.last_error) {
+                    (
+                        baton::store::TaskState::Failed | baton::store::TaskState::Cancelled,
+                        Some(e),
+                    ) => format!(": {e}"),
+                    _ => String::new(),
+                };
+                format!(
+                    "task {} {} {} (attempt {}){why}",
+                    t.id,
+                    t.slot.map(slot_text).unwrap_or_else(|| "-".into()),
+                    t.state,
+                    t.attempt
+                )
+            })
             .unwrap_or_else(|| "-".into());
         println!(
             "{:<24} {:<7} {:<26} {:<26} {}",
@@ -505,13 +558,11 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 .last_slot
                 .map(slot_text)
                 .unwrap_or_else(|| "-".into()),
-            next_of(&s.state.name)
-                .map(slot_text)
-                .unwrap_or_else(|| if cfg.is_some() {
-                    "-".into()
-                } else {
-                    "(give --config)".into()
-                }),
+            next_of(&s.state.name).unwrap_or_else(|| if cfg.is_some() {
+                "-".into()
+            } else {
+                "(give --config)".into()
+            }),
             last
         );
     }

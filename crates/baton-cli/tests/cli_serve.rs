@@ -19,6 +19,10 @@ per_backend! {
     lock_mode_job_runs_once_per_slot_with_at_least,
     trigger_twice_runs_once,
     admin_endpoints_and_prometheus_metrics,
+    lock_mode_without_at_least_once_per_slot_never_early,
+    misfire_all_with_default_overlap_runs_every_missed_slot,
+    lock_mode_job_is_listed_and_pausable,
+    trigger_slots_are_the_schedules,
 }
 
 const TICK: &str = r#"
@@ -200,26 +204,7 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger; echo $BATON_FENCING_TOKEN >>
     assert_eq!(v[0]["name"], "daemon-runner");
 }
 
-async fn trigger_twice_runs_once(e: Env) {
-    let slot = "2026-01-01T06:00:00Z";
-    let a = e.run(&["trigger", "batch", "--slot", slot]);
-    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
-    let b = e.run(&["trigger", "batch", "--slot", "2026-01-01T15:00:00+09:00"]);
-    assert_eq!(
-        stdout(&a),
-        stdout(&b),
-        "the same (job, slot) gives the same run"
-    );
-    let c = e.run(&[
-        "trigger",
-        "batch",
-        "--slot",
-        "2026-01-01T12:00:00Z",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&c)).unwrap();
-    assert_eq!(v["inserted"], true);
-    let cfg = r#"
+const BATCH: &str = r#"
 [[queue]]
 name = "default"
 concurrency = 2
@@ -231,21 +216,259 @@ tz = "Asia/Seoul"
 max_attempts = 3
 command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
 "#;
-    let kids = vec![serve(&e, cfg, &[])];
+
+async fn trigger_twice_runs_once(e: Env) {
+    std::fs::write(e.path("baton.toml"), BATCH).unwrap();
+    // 18:00 KST and 12:00 KST: slots of "0 */6 * * *" in Asia/Seoul.
+    let slot = "2026-01-01T09:00:00Z";
+    let a = e.run(&["trigger", "batch", "--config", "baton.toml", "--slot", slot]);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let b = e.run(&[
+        "trigger",
+        "batch",
+        "--config",
+        "baton.toml",
+        "--slot",
+        "2026-01-01T18:00:00+09:00",
+    ]);
+    assert_eq!(
+        stdout(&a),
+        stdout(&b),
+        "the same (job, slot) gives the same run"
+    );
+    let c = e.run(&[
+        "trigger",
+        "batch",
+        "--config",
+        "baton.toml",
+        "--slot",
+        "2026-01-01T03:00:00Z",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&c)).unwrap();
+    assert_eq!(v["inserted"], true, "{}", stderr(&c));
+    let kids = vec![serve(&e, BATCH, &[])];
     common::wait_for(20, "both triggered runs", || ledger(&e).len() == 2);
-    // Triggering again after the run finished still does not run it twice.
-    let d = e.run(&["trigger", "batch", "--slot", slot]);
-    assert_eq!(stdout(&d), stdout(&a));
+    // Triggering again after the run finished still does not run it twice
+    // (now without --config: the store knows the job).
+    let d = e.run(&["trigger", "batch", "--any-slot", "--slot", slot]);
+    assert_eq!(stdout(&d), stdout(&a), "{}", stderr(&d));
     std::thread::sleep(Duration::from_millis(1_500));
     stop(kids);
     let m = ledger(&e);
-    assert_eq!(m.get("2026-01-01T06:00:00Z"), Some(&1), "{m:?}");
-    assert_eq!(m.get("2026-01-01T12:00:00Z"), Some(&1), "{m:?}");
+    assert_eq!(m.get("2026-01-01T09:00:00Z"), Some(&1), "{m:?}");
+    assert_eq!(m.get("2026-01-01T03:00:00Z"), Some(&1), "{m:?}");
     assert_eq!(m.len(), 2);
     // Without --slot or --config: a usage error.
     let out = e.run(&["trigger", "batch"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--slot"));
+}
+
+/// `--slot` is normalised to the schedule's precision and must be a slot
+/// of the job (unless --any-slot); unknown jobs are refused with or
+/// without --config; `enqueue --key` refuses the scheduler's key form.
+async fn trigger_slots_are_the_schedules(e: Env) {
+    std::fs::write(e.path("baton.toml"), BATCH).unwrap();
+    let trig = |extra: &[&str]| {
+        let mut args = vec!["trigger", "batch", "--config", "baton.toml", "--json"];
+        args.extend_from_slice(extra);
+        e.run(&args)
+    };
+    let a = trig(&["--slot", "2026-01-01T09:00:00Z"]);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    // One microsecond off: the same slot, the same task.
+    let b = trig(&["--slot", "2026-01-01T09:00:00.000001Z"]);
+    assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));
+    let (va, vb): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&stdout(&a)).unwrap(),
+        serde_json::from_str(&stdout(&b)).unwrap(),
+    );
+    assert_eq!(va["id"], vb["id"], "a slot 1 µs off is the same slot");
+    assert_eq!(vb["inserted"], false);
+    assert_eq!(vb["slot"], "2026-01-01T09:00:00Z");
+    // Not a slot of the job: refused, naming the field and the next slot.
+    let c = trig(&["--slot", "2026-01-01T10:00:00Z"]);
+    assert_eq!(c.status.code(), Some(2), "{}", stdout(&c));
+    assert!(
+        stderr(&c).contains("--slot") && stderr(&c).contains("--any-slot"),
+        "{}",
+        stderr(&c)
+    );
+    // ...unless --any-slot.
+    let d = trig(&["--slot", "2026-01-01T10:00:00Z", "--any-slot"]);
+    assert_eq!(d.status.code(), Some(0), "{}", stderr(&d));
+    // An unknown job: refused with --config ...
+    let u = e.run(&[
+        "trigger",
+        "nope",
+        "--config",
+        "baton.toml",
+        "--slot",
+        "2026-01-01T09:00:00Z",
+    ]);
+    assert_eq!(u.status.code(), Some(2), "{}", stdout(&u));
+    // ... and without (the store has never seen it).
+    let u = e.run(&[
+        "trigger",
+        "nope",
+        "--any-slot",
+        "--slot",
+        "2026-01-01T09:00:00Z",
+    ]);
+    assert_eq!(u.status.code(), Some(2), "{}", stdout(&u));
+    assert!(stderr(&u).contains("not a job"), "{}", stderr(&u));
+    // The scheduler's key form is reserved.
+    let k = e.run(&[
+        "enqueue",
+        "--key",
+        "batch|2026-01-01T15:00:00Z",
+        "--",
+        "true",
+    ]);
+    assert_eq!(k.status.code(), Some(2), "{}", stdout(&k));
+    assert!(stderr(&k).contains("reserved"), "{}", stderr(&k));
+    let tasks = e.run(&["tasks", "list", "--job", "batch", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&tasks)).unwrap();
+    assert_eq!(v.as_array().map(|a| a.len()), Some(2), "{v}");
+}
+
+/// Lock mode with `at_least` unset: three instances, a 1-second job; every
+/// slot runs at most once and never before its slot (by the host clock,
+/// which is also the loopback store's).
+async fn lock_mode_without_at_least_once_per_slot_never_early(e: Env) {
+    let cfg = r#"
+[[job]]
+name = "daemon"
+every = "1s"
+mode = "lock"
+at_most = "10s"
+command = ["sh", "-c", "echo $BATON_SLOT $(date +%s.%N) >> runs"]
+"#;
+    let kids: Vec<_> = (0..3).map(|_| serve(&e, cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(10));
+    stop(kids);
+    let mut per_slot: BTreeMap<String, usize> = BTreeMap::new();
+    for l in read(&e.path("runs")).lines() {
+        let (slot, started) = l.split_once(' ').expect("slot and start time");
+        let t: chrono::DateTime<chrono::Utc> = slot.parse().expect("RFC 3339");
+        let started: f64 = started.trim().parse().expect("seconds");
+        let slot_s = t.timestamp() as f64 + f64::from(t.timestamp_subsec_nanos()) / 1e9;
+        assert!(started >= slot_s, "slot {slot} started early, at {started}");
+        *per_slot.entry(slot.to_string()).or_default() += 1;
+    }
+    assert!(per_slot.len() >= 6, "too few runs: {per_slot:?}");
+    assert!(
+        per_slot.values().all(|n| *n == 1),
+        "a slot ran twice: {per_slot:?}"
+    );
+}
+
+/// `misfire = "all"` with the default overlap ("forbid"): after every
+/// instance was down for ~5 s, each missed slot runs once.
+async fn misfire_all_with_default_overlap_runs_every_missed_slot(e: Env) {
+    let cfg = r#"
+[[queue]]
+name = "default"
+concurrency = 4
+lease = "3s"
+
+[[job]]
+name = "tick"
+every = "1s"
+misfire = "all"
+command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
+"#;
+    let kids: Vec<_> = (0..3).map(|_| serve(&e, cfg, &[])).collect();
+    common::wait_for(20, "two runs", || ledger(&e).len() >= 2);
+    // Stop right after a run, so no slot's task is left pending.
+    let n = ledger(&e).len();
+    common::wait_for(10, "the next run", || ledger(&e).len() > n);
+    stop(kids);
+    let last_before: chrono::DateTime<chrono::Utc> =
+        ledger(&e).keys().last().unwrap().parse().unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let back = chrono::Utc::now();
+    let kids: Vec<_> = (0..2).map(|_| serve(&e, cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(4));
+    stop(kids);
+    let m = ledger(&e);
+    assert!(m.values().all(|n| *n == 1), "a slot ran twice: {m:?}");
+    // Every slot missed while all were down (those due a second before the
+    // restart; the one due as they start is a regular slot that overlap =
+    // forbid may skip while the catch-up runs) ran exactly once.
+    let mut t = last_before;
+    let mut missed = 0;
+    while t + chrono::Duration::seconds(2) <= back {
+        t += chrono::Duration::seconds(1);
+        let key = t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        assert_eq!(m.get(&key), Some(&1), "missed slot {key}: {m:?}");
+        missed += 1;
+    }
+    assert!(missed >= 4, "{missed} missed slots: {m:?}");
+    // None of them was recorded as skipped.
+    let out = e.run(&[
+        "tasks",
+        "list",
+        "--job",
+        "tick",
+        "--state",
+        "cancelled",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    for c in v.as_array().unwrap() {
+        let slot: chrono::DateTime<chrono::Utc> = c["slot"].as_str().unwrap().parse().unwrap();
+        assert!(slot > t, "missed slot {slot} recorded skipped: {c}");
+    }
+}
+
+/// A lock-mode job is listed by `baton jobs` without --config, with its
+/// last slot and last run, and `baton jobs pause` stops it everywhere.
+async fn lock_mode_job_is_listed_and_pausable(e: Env) {
+    let cfg = r#"
+[[job]]
+name = "daemon"
+every = "1s"
+mode = "lock"
+at_most = "10s"
+command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
+"#;
+    let kids: Vec<_> = (0..2).map(|_| serve(&e, cfg, &[])).collect();
+    common::wait_for(20, "three runs", || ledger(&e).len() >= 3);
+    let out = e.run(&["jobs", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v[0]["name"], "daemon", "{v}");
+    assert!(v[0]["last_slot"].is_string(), "{v}");
+    assert!(v[0]["last_run"]["slot"].is_string(), "{v}");
+    assert!(v[0]["last_run"]["state"].is_string(), "{v}");
+    // Next fire (with --config) is shown.
+    let out = e.run(&["jobs", "--json", "--config", "baton.toml"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(v[0]["next_fire"].is_string(), "{v}");
+    let p = e.run(&["jobs", "pause", "daemon"]);
+    assert_eq!(p.status.code(), Some(0), "{}", stderr(&p));
+    // Let a run in flight finish, then nothing more runs while paused.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let n = ledger(&e).len();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(ledger(&e).len(), n, "no run while paused");
+    let r = e.run(&["jobs", "resume", "daemon"]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    common::wait_for(10, "a run after resume", || ledger(&e).len() > n);
+    stop(kids);
+    let out = e.run(&[
+        "tasks",
+        "list",
+        "--job",
+        "daemon",
+        "--state",
+        "succeeded",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(v.as_array().is_some_and(|a| a.len() >= 3), "{v}");
 }
 
 async fn all_instances_down_then_catch_up_all(e: Env) {

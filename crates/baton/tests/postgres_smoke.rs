@@ -519,8 +519,12 @@ async fn jobs() {
         job: "nightly",
         expected,
         slot,
-        task,
+        task: Some(task),
         overlap,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     let r = b
         .job_advance(&adv(Some(start), s1, &t1, Overlap::Forbid))
@@ -587,8 +591,12 @@ async fn jobs() {
             job: "nope",
             expected: None,
             slot: s5,
-            task: &t1,
+            task: Some(&t1),
             overlap: Overlap::Allow,
+            record: baton::store::SlotRecord::Enqueue,
+            batch_after: None,
+            due_only: false,
+            until: None,
         })
         .await
         .unwrap();
@@ -628,8 +636,12 @@ async fn job_advance_races_once_per_slot() {
                     job: "race",
                     expected: start,
                     slot,
-                    task: &t,
+                    task: Some(&t),
                     overlap: Overlap::Forbid,
+                    record: baton::store::SlotRecord::Enqueue,
+                    batch_after: None,
+                    due_only: false,
+                    until: None,
                 })
                 .await
                 .unwrap()

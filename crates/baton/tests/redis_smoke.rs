@@ -561,8 +561,12 @@ async fn jobs() {
         job: "nightly",
         expected,
         slot,
-        task,
+        task: Some(task),
         overlap,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     // Wrong expectation → Moved(current).
     let r = b

@@ -631,8 +631,12 @@ async fn jobs_register_and_advance() {
         job: "nightly",
         expected,
         slot,
-        task,
+        task: Some(task),
         overlap,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     let t1: &'static NewTask = Box::leak(Box::new(t1));
     let a1 = b

@@ -149,6 +149,22 @@ impl TaskBuilder {
                     format!("is {} bytes; use 1 to {MAX_KEY_LEN} bytes", k.len()),
                 ));
             }
+            // `JOB|RFC3339` is the scheduler's key for a job's slot; a task
+            // that took it would take that slot's place.
+            let own = match (&t.job, t.slot) {
+                (Some(j), Some(s)) => *k == crate::schedule::slot_key(j, s),
+                _ => false,
+            };
+            if !own && crate::schedule::is_slot_key(k) {
+                return Err(InvalidInput::new(
+                    "unique key",
+                    format!(
+                        "{k:?} has the form JOB|RFC3339, which is reserved for scheduled \
+                         slots; use another key (e.g. without the '|'), or `baton trigger` \
+                         to run a job's slot"
+                    ),
+                ));
+            }
         }
         Ok(t)
     }

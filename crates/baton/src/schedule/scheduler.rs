@@ -8,10 +8,14 @@
 //!   retries), run by whichever worker claims it and resumed elsewhere if
 //!   that worker dies. The task's kind is the job's name (unless set), and
 //!   it carries its `job` and `slot`.
-//! - **lock**: ShedLock's behaviour. Every instance's timer fires at each
-//!   slot; a lease lock named after the job, with `at_most` / `at_least`,
-//!   lets one of them run the job's function in-process. Nothing is queued;
-//!   a crash loses that slot's run. Fixed-delay loops are supported.
+//! - **lock**: ShedLock's behaviour, once per slot. Every instance's timer
+//!   fires at each slot; the one that wins the cursor compare-and-set (which
+//!   the store refuses before the slot by its clock) records the run as a
+//!   `running` task and runs the job's function in-process under a lease
+//!   lock named after the job (`at_most` / `at_least`, mutual exclusion with
+//!   a run still going). The record ends with the outcome; a crash loses
+//!   that slot's run (rescue fails the record). Fixed-delay loops are
+//!   supported: the cursor holds when the last run ended.
 //!
 //! Time is the store's: each instance keeps an estimate of the store clock
 //! (calibrated with `now()` and advanced on the monotonic clock), so a node
@@ -37,11 +41,13 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::spec::{due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
+use super::spec::{catch_up_window_start, due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use crate::error::{Error, InvalidInput};
 use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
 use crate::queue::TaskBuilder;
-use crate::store::{Advanced, Enqueued, NewTask, Overlap, SlotAdvance, Store};
+use crate::store::{
+    Advanced, Claim, Enqueued, Finish, Heartbeat, NewTask, Overlap, SlotAdvance, SlotRecord, Store,
+};
 
 /// How a job's slots are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,7 +177,12 @@ impl Job {
         let mut t = TaskBuilder::new(self.kind.clone(), self.payload.clone())
             .queue(self.queue.clone())
             .priority(self.priority)
-            .max_attempts(self.max_attempts)
+            // A lock-mode run is its instance's one attempt: if that
+            // instance dies, rescue fails it ("lease expired").
+            .max_attempts(match self.mode {
+                JobMode::Durable => self.max_attempts,
+                JobMode::Lock { .. } => 1,
+            })
             .unique_key(self.slot_key(slot))
             .unique_forever(true)
             .slot(self.name.clone(), slot);
@@ -194,6 +205,14 @@ pub fn slot_key(job: &str, slot: DateTime<Utc>) -> String {
     )
 }
 
+/// Whether `key` has the form of a slot key (`JOB|RFC3339`), which is
+/// reserved for the scheduler and triggers: a task enqueued with such a key
+/// would take that slot's place.
+pub fn is_slot_key(key: &str) -> bool {
+    key.rsplit_once('|')
+        .is_some_and(|(job, t)| !job.is_empty() && DateTime::parse_from_rfc3339(t).is_ok())
+}
+
 fn random_upto(d: Duration) -> Duration {
     if d.is_zero() {
         Duration::ZERO
@@ -207,7 +226,21 @@ fn random_upto(d: Duration) -> Duration {
 /// and a slot the scheduler also reaches still runs once. The job's cursor
 /// is not moved, so a trigger for a future slot does not hold back the
 /// regular schedule.
+///
+/// `slot` is truncated to the schedule's precision ([`Schedule::truncate`])
+/// and must be one of the job's slots ([`Schedule::is_slot`]).
 pub async fn trigger(store: &Store, job: &Job, slot: DateTime<Utc>) -> Result<Enqueued, Error> {
+    trigger_with(store, job, slot, false).await
+}
+
+/// [`trigger`], with `any_slot` to accept an instant that is not one of
+/// the job's slots (it is still truncated to the schedule's precision).
+pub async fn trigger_with(
+    store: &Store,
+    job: &Job,
+    slot: DateTime<Utc>,
+    any_slot: bool,
+) -> Result<Enqueued, Error> {
     if let JobMode::Lock { .. } = job.mode {
         return Err(InvalidInput::new(
             format!("job {:?}", job.name),
@@ -215,6 +248,7 @@ pub async fn trigger(store: &Store, job: &Job, slot: DateTime<Utc>) -> Result<En
         )
         .into());
     }
+    let slot = trigger_slot(job, slot, any_slot)?;
     let t = job.task(slot, true)?;
     let mut out = store.backend().enqueue(std::slice::from_ref(&t)).await?;
     out.pop().ok_or_else(|| {
@@ -222,6 +256,35 @@ pub async fn trigger(store: &Store, job: &Job, slot: DateTime<Utc>) -> Result<En
             "enqueue returned nothing".into(),
         ))
     })
+}
+
+/// The slot a trigger for `slot` stands for: truncated to the schedule's
+/// precision, and refused when it is not one of the job's slots (unless
+/// `any_slot`).
+pub fn trigger_slot(
+    job: &Job,
+    slot: DateTime<Utc>,
+    any_slot: bool,
+) -> Result<DateTime<Utc>, InvalidInput> {
+    let t = job.schedule.truncate(slot);
+    if any_slot || job.schedule.is_slot(t) {
+        return Ok(t);
+    }
+    let text = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+    let near = job
+        .schedule
+        .next_after(t)
+        .map(|n| format!(" (the next one is {})", text(n)))
+        .unwrap_or_default();
+    Err(InvalidInput::new(
+        "--slot",
+        format!(
+            "{} is not a slot of job {:?} ({}){near}; give one of its slots, or --any-slot",
+            text(slot),
+            job.name,
+            job.schedule
+        ),
+    ))
 }
 
 /// The latest slot of `schedule` at or before store time `now` (the default
@@ -239,7 +302,8 @@ pub fn latest_slot(schedule: &Schedule, now: DateTime<Utc>) -> Option<DateTime<U
 pub struct SlotRun {
     /// Job name.
     pub job: String,
-    /// The slot (for fixed-delay jobs, the store time of the firing).
+    /// The slot (for fixed-delay jobs, the instant the run became allowed:
+    /// the previous run's end plus the delay).
     pub slot: DateTime<Utc>,
     /// The lease that makes this run exclusive.
     pub lease: LeaseHandle,
@@ -385,9 +449,19 @@ impl Scheduler {
         for (job, f) in self.jobs {
             let (store, clock, stop) = (self.store.clone(), clock.clone(), shutdown.clone());
             match f {
-                None => set.spawn(durable_loop(store, clock, job, stop)),
-                Some(f) => set.spawn(lock_loop(store, clock, job, f, stop)),
-            };
+                None => {
+                    set.spawn(slot_loop(store, clock, job, None, stop));
+                }
+                Some(f) => {
+                    let Some(l) = LockRun::new(&store, &job, f) else {
+                        continue;
+                    };
+                    match job.fixed_delay {
+                        Some(d) => set.spawn(fixed_delay_loop(store, clock, job, l, d, stop)),
+                        None => set.spawn(slot_loop(store, clock, job, Some(l), stop)),
+                    };
+                }
+            }
         }
         let calib = {
             let clock = clock.clone();
@@ -404,42 +478,135 @@ impl Scheduler {
     }
 }
 
-async fn durable_loop(store: Store, clock: StoreClock, job: Job, stop: CancellationToken) {
+/// The reason kept on a lock-mode slot whose lock was held (by a run of an
+/// earlier slot still going, or within its `at_least`).
+pub const LOCK_BUSY: &str =
+    "skipped: the job's lock is held (previous run still running or within at_least)";
+
+/// What a lock-mode loop needs to run a slot itself.
+struct LockRun {
+    f: SlotFn,
+    opts: LockOptions,
+    locker: Locker,
+    worker: String,
+}
+
+impl LockRun {
+    fn new(store: &Store, job: &Job, f: SlotFn) -> Option<LockRun> {
+        let JobMode::Lock { at_most, at_least } = job.mode else {
+            return None;
+        };
+        match LockOptions::new(at_most).and_then(|o| o.at_least(at_least)) {
+            Ok(opts) => Some(LockRun {
+                f,
+                opts,
+                locker: Locker::new(store.clone()),
+                worker: format!("scheduler:{}", crate::lock::node_id()),
+            }),
+            Err(e) => {
+                tracing::error!(job = %job.name, error = %e, "bad lock options");
+                None
+            }
+        }
+    }
+}
+
+/// The reason kept on the record of slots a misfire policy did not run.
+fn misfire_reason(misfire: Misfire, due: &super::spec::Due) -> String {
+    let text = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+    let range = match (due.skipped_first, due.skipped_last) {
+        (Some(a), Some(b)) if a != b => format!(" ({} to {})", text(a), text(b)),
+        _ => String::new(),
+    };
+    format!(
+        "skipped by misfire = {misfire}: {} missed slot(s){range}",
+        due.skipped
+    )
+}
+
+/// The loop of a durable job, or of a lock-mode job on a cron/interval
+/// schedule (`lock` set). Each round re-plans from the cursor and the
+/// store-clock estimate; every advance is checked against the store's own
+/// clock (`due_only`, and `until` the next slot when only the latest slot
+/// may run), so a stale plan is refused and re-made, never acted on.
+async fn slot_loop(
+    store: Store,
+    clock: StoreClock,
+    job: Job,
+    lock: Option<LockRun>,
+    stop: CancellationToken,
+) {
     const MAX_WAIT: Duration = Duration::from_secs(1);
     let b = store.backend();
     let mut backoff = Duration::from_millis(100);
     let mut cursor: Option<DateTime<Utc>> = None;
-    let mut registered = false;
+    // The cursor was read from the store since the last error.
+    let mut fresh = false;
+    let mut recalibrate = false;
+    // Lock mode runs slots from its start on (no catch-up, like ShedLock),
+    // only the latest when it is late.
+    let floor = lock.as_ref().map(|_| clock.now());
+    let misfire = if lock.is_some() {
+        Misfire::Latest
+    } else {
+        job.misfire
+    };
+    let mut last_rescue: Option<Instant> = None;
     'outer: while !stop.is_cancelled() {
-        if !registered {
+        if !fresh {
             match b.job_register(&job.name).await {
                 Ok(st) => {
                     cursor = st.last_slot;
-                    registered = true;
+                    fresh = true;
                     backoff = Duration::from_millis(100);
                 }
                 Err(e) => {
-                    tracing::warn!(job = %job.name, error = %e, "cannot register the job; retrying");
+                    tracing::warn!(job = %job.name, error = %e, "cannot read the job's cursor; retrying");
                     pause(&stop, &mut backoff).await;
                     continue;
                 }
             }
         }
+        if std::mem::take(&mut recalibrate) {
+            clock.recalibrate().await;
+        }
         clock.recalibrate_if_suspended().await;
+        if lock.is_some() && last_rescue.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+            // A lock-mode run whose instance died is failed ("lease
+            // expired") by rescue; without a worker nobody else may run it.
+            last_rescue = Some(Instant::now());
+            if let Err(e) = b.rescue().await {
+                tracing::debug!(job = %job.name, error = %e, "rescue failed");
+            }
+        }
         let now = clock.now();
-        let from = cursor.unwrap_or(now);
+        let base = cursor.unwrap_or(now);
+        let from = floor.map_or(base, |f| base.max(f));
         let due = due_slots(
             &job.schedule,
             from,
             now,
-            job.misfire,
+            misfire,
             job.max_catch_up,
             job.misfire_grace,
         );
+        // First a record of the slots the policy skips (one cancelled task,
+        // at the latest of them, saying how many), then the slots to run.
+        let mut steps: Vec<(DateTime<Utc>, Option<String>)> = Vec::new();
         if due.skipped > 0 {
-            tracing::info!(job = %job.name, skipped = due.skipped, misfire = %job.misfire, "missed slots skipped by the misfire policy");
+            if let Some(last) = due.skipped_last {
+                steps.push((last, Some(misfire_reason(misfire, &due))));
+            }
         }
-        for slot in due.slots {
+        steps.extend(due.slots.iter().map(|s| (*s, None)));
+        // Tasks of one catch-up are not each other's previous run: the
+        // window is fixed by the latest due slot, so every instance (whatever
+        // cursor it read mid-catch-up) draws the same line.
+        let batch_after = match (due.slots.len() > 1, due.slots.last()) {
+            (true, Some(latest)) => catch_up_window_start(&job.schedule, *latest, job.max_catch_up),
+            _ => None,
+        };
+        for (slot, skip) in steps {
             let task = match job.task(slot, false) {
                 Ok(t) => t,
                 Err(e) => {
@@ -447,17 +614,43 @@ async fn durable_loop(store: Store, clock: StoreClock, job: Job, stop: Cancellat
                     return;
                 }
             };
+            let until = match (skip.is_some(), misfire) {
+                (true, _) | (false, Misfire::All) => None,
+                (false, Misfire::Latest) => job.schedule.next_after(slot),
+                (false, Misfire::None) => chrono::Duration::from_std(job.misfire_grace)
+                    .ok()
+                    .and_then(|g| slot.checked_add_signed(g + chrono::Duration::milliseconds(1))),
+            };
+            let record = match (&skip, &lock) {
+                (Some(reason), _) => SlotRecord::Skip { reason },
+                (None, Some(l)) => SlotRecord::Run {
+                    worker: &l.worker,
+                    lease: l.opts.at_most_duration(),
+                },
+                (None, None) => SlotRecord::Enqueue,
+            };
             let adv = SlotAdvance {
-                job: &job.name,
-                expected: cursor,
-                slot,
-                task: &task,
+                record,
                 overlap: job.overlap,
+                batch_after,
+                due_only: true,
+                until,
+                ..SlotAdvance::new(&job.name, cursor, slot, Some(&task))
             };
             match b.job_advance(&adv).await {
                 Ok(Advanced::Enqueued(e)) => {
-                    tracing::info!(job = %job.name, %slot, task = e.id, new = e.inserted, "slot enqueued");
                     cursor = Some(slot);
+                    if let Some(reason) = &skip {
+                        tracing::info!(job = %job.name, %slot, task = e.id, %reason, "missed slots recorded as skipped");
+                    } else if let Some(l) = &lock {
+                        if e.inserted {
+                            run_locked(b, l, &job, slot, e.id).await;
+                        } else {
+                            tracing::debug!(job = %job.name, %slot, "the slot already has a run");
+                        }
+                    } else {
+                        tracing::info!(job = %job.name, %slot, task = e.id, new = e.inserted, "slot enqueued");
+                    }
                 }
                 Ok(Advanced::Skipped(e)) => {
                     tracing::info!(job = %job.name, %slot, task = e.id, "slot skipped: previous run unfinished (overlap = forbid)");
@@ -468,26 +661,129 @@ async fn durable_loop(store: Store, clock: StoreClock, job: Job, stop: Cancellat
                     cursor = c;
                     continue 'outer;
                 }
+                Ok(Advanced::NotDue { now }) => {
+                    // The clock estimate is ahead, or the plan went stale
+                    // (the store passed the next slot): re-read the clock
+                    // and plan again.
+                    tracing::debug!(job = %job.name, %slot, store_now = %now, "slot not due by store time; re-planning");
+                    let wait = (slot - now).to_std().unwrap_or(Duration::ZERO);
+                    recalibrate = true;
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait.min(MAX_WAIT)) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    continue 'outer;
+                }
                 Ok(Advanced::Paused) => {
                     tracing::debug!(job = %job.name, "paused");
                     break;
                 }
                 Ok(Advanced::UnknownJob) => {
-                    registered = false;
+                    fresh = false;
                     continue 'outer;
                 }
                 Err(e) => {
+                    // The call may or may not have happened: re-read the
+                    // cursor and the store's clock before planning again.
                     tracing::warn!(job = %job.name, error = %e, "cannot advance the job; retrying");
+                    fresh = false;
+                    recalibrate = true;
                     pause(&stop, &mut backoff).await;
                     continue 'outer;
                 }
             }
         }
         backoff = Duration::from_millis(100);
-        let next = due.next.unwrap_or(now + chrono::Duration::seconds(60));
+        let now = clock.now();
+        let next = job
+            .schedule
+            .next_after(now.max(cursor.unwrap_or(now)))
+            .unwrap_or(now + chrono::Duration::seconds(60));
         tokio::select! {
             _ = clock.sleep_until(next, MAX_WAIT) => {}
             _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Run a lock-mode slot whose record (task `id`, attempt 1, `running`) this
+/// instance just created: take the lease lock, run, and finish the record
+/// with the outcome; heartbeat the record meanwhile.
+async fn run_locked(
+    b: &dyn crate::store::Backend,
+    l: &LockRun,
+    job: &Job,
+    slot: DateTime<Utc>,
+    id: i64,
+) {
+    let claim = Claim { id, attempt: 1 };
+    tokio::time::sleep(random_upto(job.jitter)).await;
+    let lease = l.opts.at_most_duration();
+    let name = job.name.clone();
+    let f = l.f.clone();
+    let run = l.locker.run(&job.name, &l.opts, move |lease| {
+        f(SlotRun {
+            job: name,
+            slot,
+            lease,
+        })
+    });
+    let beat = async {
+        loop {
+            tokio::time::sleep((lease / 3).max(Duration::from_millis(100))).await;
+            match b.heartbeat(&[claim], lease).await {
+                Ok(h) if h.first() == Some(&Heartbeat::Lost) => {
+                    tracing::warn!(job = %job.name, %slot, task = id, "the run's record was rescued (its lease lapsed); the lock still guards the run");
+                    std::future::pending::<()>().await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(job = %job.name, error = %e, "run record heartbeat failed")
+                }
+            }
+        }
+    };
+    let r = tokio::select! {
+        r = run => r,
+        _ = beat => return,
+    };
+    let finish = match r {
+        Ok(Some(Ok(()))) => {
+            tracing::info!(job = %job.name, %slot, "ran under lock");
+            Finish::Succeeded
+        }
+        Ok(Some(Err(e))) => {
+            tracing::warn!(job = %job.name, %slot, error = %e, "run failed");
+            Finish::Failed {
+                error: e,
+                retry_in: None,
+            }
+        }
+        Ok(None) => {
+            tracing::info!(job = %job.name, %slot, "lock held elsewhere; slot recorded as skipped");
+            Finish::Cancelled {
+                reason: LOCK_BUSY.into(),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(job = %job.name, %slot, error = %e, "lock-mode run ended with an error");
+            Finish::Failed {
+                error: e.to_string(),
+                retry_in: None,
+            }
+        }
+    };
+    // A store blip must not leave the record running; if every try fails,
+    // rescue fails it with "lease expired" once its lease lapses.
+    let mut backoff = Duration::from_millis(100);
+    for _ in 0..5 {
+        match b.finish(claim, &finish).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(job = %job.name, %slot, error = %e, "cannot record the run's outcome; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
         }
     }
 }
@@ -500,66 +796,106 @@ async fn pause(stop: &CancellationToken, backoff: &mut Duration) {
     *backoff = (*backoff * 2).min(Duration::from_secs(5));
 }
 
-async fn lock_loop(store: Store, clock: StoreClock, job: Job, f: SlotFn, stop: CancellationToken) {
-    let JobMode::Lock { at_most, at_least } = job.mode else {
-        return;
-    };
-    let opts = match LockOptions::new(at_most).and_then(|o| o.at_least(at_least)) {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!(job = %job.name, error = %e, "bad lock options");
-            return;
-        }
-    };
-    let locker = Locker::new(store);
-    let mut next = job.schedule.next_after(clock.now());
-    loop {
-        let slot = match job.fixed_delay {
-            Some(_) => clock.now(),
-            None => {
-                let Some(slot) = next else { return };
-                // Sleep (in short steps, to notice shutdown) until the slot.
-                while clock.now() < slot {
-                    clock.recalibrate_if_suspended().await;
-                    tokio::select! {
-                        _ = clock.sleep_until(slot, Duration::from_secs(1)) => {}
-                        _ = stop.cancelled() => return,
-                    }
+/// A fixed-delay lock-mode job: the cursor holds when the last run ended
+/// (or started, while it runs); a run is taken with a compare-and-set to
+/// `cursor + delay`, refused by the store before that instant.
+async fn fixed_delay_loop(
+    store: Store,
+    clock: StoreClock,
+    job: Job,
+    l: LockRun,
+    delay: Duration,
+    stop: CancellationToken,
+) {
+    const MAX_WAIT: Duration = Duration::from_secs(1);
+    let b = store.backend();
+    let mut backoff = Duration::from_millis(100);
+    let mut cursor: Option<DateTime<Utc>> = None;
+    let mut fresh = false;
+    let delay_c = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+    while !stop.is_cancelled() {
+        if !fresh {
+            match b.job_register(&job.name).await {
+                Ok(st) => {
+                    cursor = st.last_slot;
+                    fresh = true;
+                    backoff = Duration::from_millis(100);
                 }
-                slot
+                Err(e) => {
+                    tracing::warn!(job = %job.name, error = %e, "cannot read the job's cursor; retrying");
+                    pause(&stop, &mut backoff).await;
+                    continue;
+                }
+            }
+        }
+        let target = match cursor.and_then(|c| c.checked_add_signed(delay_c)) {
+            Some(t) => t,
+            None => clock.now(),
+        };
+        while clock.now() < target {
+            clock.recalibrate_if_suspended().await;
+            tokio::select! {
+                _ = clock.sleep_until(target, MAX_WAIT) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+        let task = match job.task(target, false) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(job = %job.name, error = %e, "cannot build the run's task");
+                return;
             }
         };
-        if stop.is_cancelled() {
-            return;
-        }
-        tokio::time::sleep(random_upto(job.jitter)).await;
-        let name = job.name.clone();
-        let f2 = f.clone();
-        match locker
-            .run(&job.name, &opts, move |lease| {
-                f2(SlotRun {
-                    job: name,
-                    slot,
-                    lease,
-                })
-            })
-            .await
-        {
-            Ok(Some(Ok(()))) => tracing::info!(job = %job.name, %slot, "ran under lock"),
-            Ok(Some(Err(e))) => tracing::warn!(job = %job.name, %slot, error = %e, "run failed"),
-            Ok(None) => tracing::debug!(job = %job.name, %slot, "lock held elsewhere; skipped"),
-            Err(e) => {
-                tracing::warn!(job = %job.name, %slot, error = %e, "lock-mode run ended with an error")
+        let adv = SlotAdvance {
+            record: SlotRecord::Run {
+                worker: &l.worker,
+                lease: l.opts.at_most_duration(),
+            },
+            due_only: true,
+            ..SlotAdvance::new(&job.name, cursor, target, Some(&task))
+        };
+        match b.job_advance(&adv).await {
+            Ok(Advanced::Enqueued(e)) | Ok(Advanced::Skipped(e)) => {
+                cursor = Some(target);
+                if e.inserted {
+                    run_locked(b, &l, &job, target, e.id).await;
+                    // The delay counts from the run's end: move the cursor there.
+                    if let Ok(end) = store.now().await {
+                        if end > target {
+                            match b
+                                .job_advance(&SlotAdvance::new(&job.name, Some(target), end, None))
+                                .await
+                            {
+                                Ok(Advanced::Enqueued(_)) => cursor = Some(end),
+                                _ => fresh = false,
+                            }
+                        }
+                    }
+                }
             }
-        }
-        match job.fixed_delay {
-            Some(d) => {
+            Ok(Advanced::Moved(c)) => cursor = c,
+            Ok(Advanced::NotDue { now }) => {
+                clock.recalibrate().await;
+                let wait = (target - now).to_std().unwrap_or(Duration::ZERO);
                 tokio::select! {
-                    _ = tokio::time::sleep(d) => {}
+                    _ = tokio::time::sleep(wait.clamp(Duration::from_millis(2), MAX_WAIT)) => {}
                     _ = stop.cancelled() => return,
                 }
             }
-            None => next = job.schedule.next_after(slot.max(clock.now())),
+            Ok(Advanced::Paused) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(MAX_WAIT) => {}
+                    _ = stop.cancelled() => return,
+                }
+                fresh = false;
+            }
+            Ok(Advanced::UnknownJob) => fresh = false,
+            Err(e) => {
+                tracing::warn!(job = %job.name, error = %e, "cannot advance the job; retrying");
+                fresh = false;
+                pause(&stop, &mut backoff).await;
+                clock.recalibrate().await;
+            }
         }
     }
 }

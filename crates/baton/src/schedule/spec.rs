@@ -286,6 +286,29 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// `t` truncated to the schedule's precision: whole seconds for cron,
+    /// whole milliseconds for `Every`. Every slot is already at that
+    /// precision, and so is the slot a store keeps (milliseconds or finer),
+    /// so a slot given from outside (a trigger) names the same stored slot
+    /// and the same unique key as the scheduler's.
+    pub fn truncate(&self, t: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            Schedule::Cron { .. } => floor_to_second(t),
+            Schedule::Every { .. } => {
+                DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
+            }
+        }
+    }
+
+    /// Whether `t` is exactly one of the schedule's slots.
+    pub fn is_slot(&self, t: DateTime<Utc>) -> bool {
+        t.checked_sub_signed(chrono::Duration::nanoseconds(1))
+            .and_then(|b| self.next_after(b))
+            == Some(t)
+    }
+}
+
 /// Cronie's rule: the minute or hour field starts with `*` (`?` is `*`).
 fn interval_like(expr: &str) -> bool {
     let fields: Vec<&str> = expr.split_whitespace().collect();
@@ -475,6 +498,11 @@ pub struct Due {
     /// may move once `slots` are enqueued (or right away when `slots` is
     /// empty and `skipped` is not 0).
     pub last_due: Option<DateTime<Utc>>,
+    /// The oldest slot the policy skipped (when `skipped > 0`).
+    pub skipped_first: Option<DateTime<Utc>>,
+    /// The latest slot the policy skipped (when `skipped > 0`): every
+    /// skipped slot is at or before it, every slot to run after it.
+    pub skipped_last: Option<DateTime<Utc>>,
 }
 
 /// The slots of `schedule` that are due at `now`, given that every slot up
@@ -567,11 +595,15 @@ pub fn due_slots(
             let slots: Vec<DateTime<Utc>> = (run_from..=last)
                 .filter_map(|k| DateTime::from_timestamp_millis(k.checked_mul(i)?))
                 .collect();
+            let skipped = total - slots.len() as u64;
+            let at = |k: i64| DateTime::from_timestamp_millis(k.checked_mul(i)?);
             Due {
-                skipped: total - slots.len() as u64,
+                skipped,
+                skipped_first: if skipped > 0 { at(first) } else { None },
+                skipped_last: if skipped > 0 { at(run_from - 1) } else { None },
                 slots,
                 next,
-                last_due: DateTime::from_timestamp_millis(last.saturating_mul(i)),
+                last_due: at(last),
             }
         }
         Schedule::Cron { .. } => {
@@ -585,12 +617,54 @@ pub fn due_slots(
                 None => 0,
                 Some(_) => count_slots(schedule, cursor, now),
             };
+            let skipped = total.saturating_sub(slots.len() as u64);
+            let (skipped_first, skipped_last) = if skipped == 0 {
+                (None, None)
+            } else {
+                // The latest skipped slot is the last one before the first
+                // slot to run (or the last due one when none runs).
+                let before = match slots.first() {
+                    Some(f) => {
+                        cron_tail(schedule, cursor, *f - chrono::Duration::nanoseconds(1), 1).pop()
+                    }
+                    None => last_due,
+                };
+                (schedule.next_after(cursor), before)
+            };
             Due {
-                skipped: total.saturating_sub(slots.len() as u64),
+                skipped,
+                skipped_first,
+                skipped_last,
                 slots,
                 next,
                 last_due,
             }
+        }
+    }
+}
+
+/// The start (exclusive) of the catch-up window that ends at slot `latest`:
+/// the slot just before the latest `keep` slots up to `latest`. Every
+/// instance that sees the same latest due slot computes the same window,
+/// whatever cursor it read, so the tasks of one catch-up can be told apart
+/// from earlier runs (see `SlotAdvance::batch_after`). `None` when there
+/// is no such slot within a year before `latest`.
+pub fn catch_up_window_start(
+    schedule: &Schedule,
+    latest: DateTime<Utc>,
+    keep: usize,
+) -> Option<DateTime<Utc>> {
+    let keep = keep.max(1);
+    match schedule {
+        Schedule::Every { interval } => {
+            let i = every_ms(*interval)?;
+            let k = latest.timestamp_millis().div_euclid(i) - keep as i64;
+            DateTime::from_timestamp_millis(k.checked_mul(i)?)
+        }
+        Schedule::Cron { .. } => {
+            let lo = latest.checked_sub_signed(chrono::Duration::days(366))?;
+            let tail = cron_tail(schedule, lo, latest, keep + 1);
+            (tail.len() == keep + 1).then(|| tail[0])
         }
     }
 }
@@ -648,6 +722,90 @@ fn count_slots(s: &Schedule, cursor: DateTime<Utc>, now: DateTime<Utc>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn catch_up_window_is_the_same_from_any_cursor() {
+        let ev = Schedule::every(Duration::from_secs(1)).unwrap();
+        let latest = utc(2025, 1, 1, 0, 1, 40);
+        assert_eq!(
+            catch_up_window_start(&ev, latest, 100),
+            Some(utc(2025, 1, 1, 0, 0, 0))
+        );
+        assert_eq!(
+            catch_up_window_start(&ev, latest, 1),
+            Some(utc(2025, 1, 1, 0, 1, 39))
+        );
+        let c = cron("0 */6 * * *", "UTC");
+        assert_eq!(
+            catch_up_window_start(&c, utc(2025, 1, 2, 12, 0, 0), 3),
+            Some(utc(2025, 1, 1, 18, 0, 0))
+        );
+    }
+
+    #[test]
+    fn truncate_and_is_slot() {
+        let ev = Schedule::every(Duration::from_secs(1)).unwrap();
+        let t = utc(2025, 1, 1, 0, 0, 5);
+        let off = t + chrono::Duration::microseconds(1);
+        assert_eq!(ev.truncate(off), t, "a microsecond off is the same slot");
+        assert_eq!(ev.truncate(t + chrono::Duration::nanoseconds(100)), t);
+        assert!(ev.is_slot(t));
+        assert!(!ev.is_slot(t + chrono::Duration::milliseconds(500)));
+        assert!(!ev.is_slot(off));
+        let ms = Schedule::every(Duration::from_millis(250)).unwrap();
+        assert!(ms.is_slot(t + chrono::Duration::milliseconds(750)));
+        assert_eq!(
+            ms.truncate(t + chrono::Duration::microseconds(750_400)),
+            t + chrono::Duration::milliseconds(750)
+        );
+        let c = cron("0 */6 * * *", "Asia/Seoul");
+        // 06:00 KST is 21:00Z the day before.
+        let six = utc(2024, 12, 31, 21, 0, 0);
+        assert!(c.is_slot(six));
+        assert!(!c.is_slot(six + chrono::Duration::hours(1)));
+        assert_eq!(c.truncate(six + chrono::Duration::milliseconds(999)), six);
+        assert!(c.is_slot(c.truncate(six + chrono::Duration::microseconds(3))));
+    }
+
+    #[test]
+    fn skipped_range_is_reported() {
+        let ev = Schedule::every(Duration::from_secs(1)).unwrap();
+        let cursor = utc(2025, 1, 1, 0, 0, 0);
+        let now = cursor + chrono::Duration::milliseconds(5_500);
+        let due = due_slots(&ev, cursor, now, Misfire::Latest, 100, Duration::ZERO);
+        assert_eq!(due.slots, [utc(2025, 1, 1, 0, 0, 5)]);
+        assert_eq!(due.skipped, 4);
+        assert_eq!(due.skipped_first, Some(utc(2025, 1, 1, 0, 0, 1)));
+        assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 0, 4)));
+        let due = due_slots(&ev, cursor, now, Misfire::All, 2, Duration::ZERO);
+        assert_eq!(
+            due.slots,
+            [utc(2025, 1, 1, 0, 0, 4), utc(2025, 1, 1, 0, 0, 5)]
+        );
+        assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 0, 3)));
+        let due = due_slots(&ev, cursor, now, Misfire::All, 100, Duration::ZERO);
+        assert_eq!(due.skipped, 0);
+        assert_eq!((due.skipped_first, due.skipped_last), (None, None));
+        // None with no slot inside the grace: all skipped, up to the last due.
+        let due = due_slots(
+            &ev,
+            cursor,
+            now,
+            Misfire::None,
+            100,
+            Duration::from_millis(100),
+        );
+        assert!(due.slots.is_empty());
+        assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 0, 5)));
+        // Cron: the same, by scanning.
+        let c = cron("* * * * *", "UTC");
+        let now = cursor + chrono::Duration::seconds(5 * 60 + 30);
+        let due = due_slots(&c, cursor, now, Misfire::Latest, 100, Duration::ZERO);
+        assert_eq!(due.slots, [utc(2025, 1, 1, 0, 5, 0)]);
+        assert_eq!(due.skipped, 4);
+        assert_eq!(due.skipped_first, Some(utc(2025, 1, 1, 0, 1, 0)));
+        assert_eq!(due.skipped_last, Some(utc(2025, 1, 1, 0, 4, 0)));
+    }
 
     fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()

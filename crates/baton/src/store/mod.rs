@@ -466,8 +466,8 @@ pub enum Overlap {
 /// The reason kept on a slot skipped by [`Overlap::Forbid`].
 pub const OVERLAP_SKIPPED: &str = "skipped: previous run still pending or running";
 
-/// A request to move a job's cursor from `expected` to `slot` and enqueue
-/// `task` for that slot, atomically (DESIGN.md S1).
+/// A request to move a job's cursor from `expected` to `slot` and record
+/// the slot's run (`task`), atomically (DESIGN.md S1).
 #[derive(Debug, Clone)]
 pub struct SlotAdvance<'a> {
     /// Job name.
@@ -475,26 +475,91 @@ pub struct SlotAdvance<'a> {
     /// The cursor value the caller read. The advance happens only if the
     /// cursor still has exactly this value.
     pub expected: Option<DateTime<Utc>>,
-    /// The slot to enqueue; must be later than `expected`.
+    /// The slot to take; must be later than `expected`.
     pub slot: DateTime<Utc>,
-    /// The task to enqueue. Its `unique_key` is `job|slot` (unique forever)
-    /// so a trigger for the same slot and this advance run it once.
-    pub task: &'a NewTask,
-    /// Overlap rule.
+    /// The slot's task. Its `unique_key` is `job|slot` (unique forever)
+    /// so a trigger for the same slot and this advance run it once. `None`
+    /// moves the cursor only (a fixed-delay job recording when its run
+    /// ended).
+    pub task: Option<&'a NewTask>,
+    /// How the task is recorded.
+    pub record: SlotRecord<'a>,
+    /// Overlap rule (for [`SlotRecord::Enqueue`] only).
     pub overlap: Overlap,
+    /// A catch-up batch: this job's tasks whose slot is later than this
+    /// instant belong to the same catch-up and are not a "previous run"
+    /// for the overlap rule. `None`: every pending or running task of the
+    /// job is.
+    pub batch_after: Option<DateTime<Utc>>,
+    /// Refuse ([`Advanced::NotDue`]) a slot later than the store's now.
+    pub due_only: bool,
+    /// Refuse ([`Advanced::NotDue`]) once the store's now has reached this
+    /// instant (the next slot, for a policy that runs only the latest).
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl<'a> SlotAdvance<'a> {
+    /// An advance that enqueues `task` for `slot`, overlap allowed, no
+    /// catch-up batch and no store-time bounds.
+    pub fn new(
+        job: &'a str,
+        expected: Option<DateTime<Utc>>,
+        slot: DateTime<Utc>,
+        task: Option<&'a NewTask>,
+    ) -> SlotAdvance<'a> {
+        SlotAdvance {
+            job,
+            expected,
+            slot,
+            task,
+            record: SlotRecord::Enqueue,
+            overlap: Overlap::Allow,
+            batch_after: None,
+            due_only: false,
+            until: None,
+        }
+    }
+}
+
+/// How [`SlotAdvance`] records the slot's task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotRecord<'a> {
+    /// Enqueue it like `enqueue` (durable mode), subject to the overlap rule.
+    Enqueue,
+    /// Insert it directly as `running`, attempt 1, leased to `worker` for
+    /// `lease` (lock mode: the caller runs the slot itself and finishes
+    /// the task with the outcome, heartbeating it meanwhile).
+    Run {
+        /// Worker identity recorded on the task.
+        worker: &'a str,
+        /// Lease from the store's now.
+        lease: Duration,
+    },
+    /// Insert it directly as `cancelled` with this reason (a slot the
+    /// scheduler decided not to run, e.g. by its misfire policy).
+    Skip {
+        /// Why, kept in `last_error`.
+        reason: &'a str,
+    },
 }
 
 /// The store's answer to a [`SlotAdvance`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Advanced {
     /// The cursor moved and the slot's task exists (`inserted` false when a
-    /// trigger had made it already).
+    /// trigger had made it already; `id` 0 when no task was given).
     Enqueued(Enqueued),
     /// The cursor moved; the slot was recorded as skipped (overlap).
     Skipped(Enqueued),
     /// The cursor was not `expected` (another instance moved it): here is
     /// the current one.
     Moved(Option<DateTime<Utc>>),
+    /// The slot is not due by store time (`due_only`) or no longer the one
+    /// to take (`until` reached): nothing changed. `now` is the store's.
+    NotDue {
+        /// The store's clock when it refused.
+        now: DateTime<Utc>,
+    },
     /// The job is paused; nothing changed.
     Paused,
     /// No such job (call `job_register` first).
@@ -642,7 +707,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Create the job's cursor if absent, at the store's now; return its state.
     async fn job_register(&self, job: &str) -> Result<JobState, StoreError>;
 
-    /// Move the cursor and enqueue the slot's task, atomically.
+    /// Move the cursor and record the slot's task, atomically (see
+    /// [`SlotAdvance`] and docs/STORE.md).
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError>;
 
     /// Pause or resume a job cluster-wide. False if the job is unknown.

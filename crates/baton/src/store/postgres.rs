@@ -36,6 +36,7 @@ use sqlx::{Connection, PgConnection, Row};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use super::SlotRecord;
 use super::{
     ms, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
@@ -1352,8 +1353,8 @@ impl Backend for PgBackend {
         let n = &*self.names;
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
-            "SELECT last_slot, paused, last_slot IS NOT DISTINCT FROM $2 AS matches \
-             FROM {} WHERE name = $1 FOR UPDATE",
+            "SELECT last_slot, paused, last_slot IS NOT DISTINCT FROM $2 AS matches, \
+             now() AS now FROM {} WHERE name = $1 FOR UPDATE",
             n.jobs
         ))
         .bind(adv.job)
@@ -1370,41 +1371,10 @@ impl Backend for PgBackend {
         if !row.try_get::<bool, _>("matches")? {
             return Ok(Advanced::Moved(row.try_get("last_slot")?));
         }
-        let busy = match adv.overlap {
-            Overlap::Allow => false,
-            Overlap::Forbid => {
-                sqlx::query_scalar(&format!(
-                    "SELECT EXISTS (SELECT 1 FROM {} WHERE job = $1 \
-                 AND state IN ('pending', 'running'))",
-                    n.tasks
-                ))
-                .bind(adv.job)
-                .fetch_one(&mut *tx)
-                .await?
-            }
-        };
-        let task = std::slice::from_ref(adv.task);
-        let result = if busy {
-            let out = insert_tasks(&mut tx, n, task, Some(OVERLAP_SKIPPED)).await?;
-            let e = out
-                .first()
-                .copied()
-                .ok_or_else(|| StoreError::Corrupt("job_advance: no insert result".into()))?;
-            if e.inserted {
-                Advanced::Skipped(e)
-            } else {
-                // The slot's task exists already (a trigger made it): the
-                // slot is not skipped, it runs as that task.
-                Advanced::Enqueued(e)
-            }
-        } else {
-            let out = insert_tasks(&mut tx, n, task, None).await?;
-            let e = out
-                .first()
-                .copied()
-                .ok_or_else(|| StoreError::Corrupt("job_advance: no insert result".into()))?;
-            Advanced::Enqueued(e)
-        };
+        let now: DateTime<Utc> = row.try_get("now")?;
+        if (adv.due_only && adv.slot > now) || adv.until.is_some_and(|u| now >= u) {
+            return Ok(Advanced::NotDue { now });
+        }
         sqlx::query(&format!(
             "UPDATE {} SET last_slot = $2 WHERE name = $1",
             n.jobs
@@ -1413,6 +1383,60 @@ impl Backend for PgBackend {
         .bind(adv.slot)
         .execute(&mut *tx)
         .await?;
+        let Some(task) = adv.task else {
+            tx.commit().await?;
+            return Ok(Advanced::Enqueued(Enqueued {
+                id: 0,
+                inserted: false,
+            }));
+        };
+        let busy = match (adv.record, adv.overlap) {
+            (SlotRecord::Enqueue, Overlap::Forbid) => {
+                sqlx::query_scalar(&format!(
+                    "SELECT EXISTS (SELECT 1 FROM {} WHERE job = $1 \
+                     AND state IN ('pending', 'running') \
+                     AND ($2::timestamptz IS NULL OR slot IS NULL OR slot <= $2))",
+                    n.tasks
+                ))
+                .bind(adv.job)
+                .bind(adv.batch_after)
+                .fetch_one(&mut *tx)
+                .await?
+            }
+            _ => false,
+        };
+        let skip = match adv.record {
+            SlotRecord::Skip { reason } => Some(reason),
+            _ if busy => Some(OVERLAP_SKIPPED),
+            _ => None,
+        };
+        let out = insert_tasks(&mut tx, n, std::slice::from_ref(task), skip).await?;
+        let e = out
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::Corrupt("job_advance: no insert result".into()))?;
+        let result = if !e.inserted {
+            // The slot's task exists already (a trigger made it): the slot
+            // is not skipped, it runs as that task.
+            Advanced::Enqueued(e)
+        } else if skip.is_some() {
+            Advanced::Skipped(e)
+        } else {
+            if let SlotRecord::Run { worker, lease } = adv.record {
+                sqlx::query(&format!(
+                    "UPDATE {} SET state = 'running', attempt = 1, started_at = now(), \
+                     lease_until = now() + $2 * interval '1 millisecond', worker = $3 \
+                     WHERE id = $1",
+                    n.tasks
+                ))
+                .bind(e.id)
+                .bind(dur(lease))
+                .bind(worker)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Advanced::Enqueued(e)
+        };
         tx.commit().await?;
         Ok(result)
     }

@@ -68,6 +68,7 @@ use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::SlotRecord;
 use super::{
     from_ms, ms, redact, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim,
     ClaimRequest, Enqueued, FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest,
@@ -661,7 +662,9 @@ local h = redis.call('HMGET', k, 'last_slot', 'paused')
 return {h[1] or '', h[2] or '0'}
 "#;
 
-/// ARGV: B, job, expected or '', slot, overlap (f/a), skipped reason, then NF task args.
+/// ARGV: B, job, expected or '', slot, overlap (f/a), skip reason, record
+/// (e enqueue / r run / s skip), lease ms, worker, batch_after or '',
+/// due_only (0/1), until or '', has task (0/1), then NF task args.
 const JOB_ADVANCE: &str = r#"
 local now = now_ms()
 local job = ARGV[2]
@@ -671,31 +674,56 @@ local h = redis.call('HMGET', k, 'last_slot', 'paused')
 if h[2] == '1' then return {'paused', '', 0} end
 local cur = h[1] or ''
 if cur ~= ARGV[3] then return {'moved', cur, 0} end
+if (ARGV[11] == '1' and tonumber(ARGV[4]) > now) or (ARGV[12] ~= '' and now >= tonumber(ARGV[12])) then
+  return {'notdue', fmt(now), 0}
+end
 redis.call('HSET', k, 'last_slot', ARGV[4])
+if ARGV[13] ~= '1' then return {'enqueued', '0', 0} end
+local T = 14
 -- The slot's own run may exist already (a trigger made it): that run is
 -- this slot's, not a previous one, so it is returned, never "skipped".
-local uk = opt(ARGV[7 + 8])
+local uk = opt(ARGV[T + 8])
 local held = uk and redis.call('GET', B .. 'uniq:' .. uk)
 if held and redis.call('EXISTS', tkey(held)) == 1 then
-  flush()
   return {'enqueued', held, 0}
 end
-if ARGV[5] == 'f' then
+local rec = ARGV[7]
+local skip = rec == 's'
+if rec == 'e' and ARGV[5] == 'f' then
   local akey = B .. 'jobactive:' .. job
-  local busy = false
+  local after = tonumber(ARGV[10])
   for _, sid in ipairs(redis.call('SMEMBERS', akey)) do
-    local st = redis.call('HGET', tkey(sid), 'state')
-    if st == 'pending' or st == 'running' then busy = true else redis.call('SREM', akey, sid) end
-  end
-  if busy then
-    local id = insert(now, 7, ARGV[6])
-    flush()
-    return {'skipped', fmt(id), 1}
+    local t = redis.call('HMGET', tkey(sid), 'state', 'slot')
+    if t[1] == 'pending' or t[1] == 'running' then
+      -- Tasks of the same catch-up batch (slot after ARGV[10]) do not count.
+      if (not after) or (not t[2]) or tonumber(t[2]) <= after then skip = true end
+    else
+      redis.call('SREM', akey, sid)
+    end
   end
 end
-local id, ins, due = insert(now, 7, nil)
+if skip then
+  local id = insert(now, T, ARGV[6])
+  flush()
+  return {'skipped', fmt(id), 1}
+end
+local id, ins, due = insert(now, T, nil)
 flush()
-if ins == 1 and due == 1 then redis.call('PUBLISH', B .. 'wake', ARGV[7]) end
+if rec == 'r' then
+  local sid = fmt(id)
+  local p = pad(sid)
+  local queue = ARGV[T]
+  local lu = now + tonumber(ARGV[8])
+  redis.call('ZREM', qkey(queue, 'ready'), p)
+  redis.call('ZREM', qkey(queue, 'sched'), p)
+  redis.call('HSET', tkey(sid), 'state', 'running', 'attempt', '1', 'started_at', fmt(now),
+    'lease_until', fmt(lu), 'worker', ARGV[9])
+  redis.call('ZADD', B .. 'running', lu, p)
+  count(queue, 'pending', -1)
+  count(queue, 'running', 1)
+  return {'enqueued', sid, 1}
+end
+if ins == 1 and due == 1 then redis.call('PUBLISH', B .. 'wake', ARGV[T]) end
 return {'enqueued', fmt(id), ins}
 "#;
 
@@ -1591,22 +1619,36 @@ impl Backend for RedisBackend {
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+        let opt_ms = |t: Option<DateTime<Utc>>| {
+            t.map(|t| t.timestamp_millis().to_string())
+                .unwrap_or_default()
+        };
+        let (record, lease, worker, reason) = match adv.record {
+            SlotRecord::Enqueue => ("e", 0, "", OVERLAP_SKIPPED),
+            SlotRecord::Run { worker, lease } => ("r", ms(lease), worker, OVERLAP_SKIPPED),
+            SlotRecord::Skip { reason } => ("s", 0, "", reason),
+        };
         let mut inv = self.scripts.job_advance.key(self.key("seq"));
         inv.arg(&self.base)
             .arg(adv.job)
-            .arg(
-                adv.expected
-                    .map(|t| t.timestamp_millis().to_string())
-                    .unwrap_or_default(),
-            )
+            .arg(opt_ms(adv.expected))
             .arg(adv.slot.timestamp_millis())
             .arg(match adv.overlap {
                 Overlap::Forbid => "f",
                 Overlap::Allow => "a",
             })
-            .arg(OVERLAP_SKIPPED);
-        for a in task_args(adv.task)? {
-            inv.arg(a);
+            .arg(reason)
+            .arg(record)
+            .arg(lease)
+            .arg(worker)
+            .arg(opt_ms(adv.batch_after))
+            .arg(if adv.due_only { "1" } else { "0" })
+            .arg(opt_ms(adv.until))
+            .arg(if adv.task.is_some() { "1" } else { "0" });
+        if let Some(task) = adv.task {
+            for a in task_args(task)? {
+                inv.arg(a);
+            }
         }
         let mut conn = self.conn.clone();
         let (what, val, ins): (String, String, i64) = inv.invoke_async(&mut conn).await?;
@@ -1614,6 +1656,10 @@ impl Backend for RedisBackend {
             "unknown" => Ok(Advanced::UnknownJob),
             "paused" => Ok(Advanced::Paused),
             "moved" => Ok(Advanced::Moved(opt_ts(&val, "last_slot")?)),
+            "notdue" => Ok(Advanced::NotDue {
+                now: opt_ts(&val, "now")?
+                    .ok_or_else(|| StoreError::Corrupt("job advance: no store time".into()))?,
+            }),
             "skipped" => Ok(Advanced::Skipped(Enqueued {
                 id: parse_i64(&val, "id")?,
                 inserted: true,

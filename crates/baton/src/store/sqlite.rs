@@ -35,6 +35,7 @@ use sqlx::sqlite::{
 use sqlx::Row;
 use tokio::sync::broadcast;
 
+use super::SlotRecord;
 use super::{
     from_ms, ms, Acquire, Advanced, AttemptError, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
@@ -1394,7 +1395,7 @@ impl Backend for SqliteBackend {
         let Tables { tasks, jobs, .. } = &self.t;
         let mut tx = self.immediate().await?;
         let row = sqlx::query(&format!(
-            "SELECT last_slot, paused FROM {jobs} WHERE name = ?1"
+            "SELECT last_slot, paused, {NOW} AS now FROM {jobs} WHERE name = ?1"
         ))
         .bind(adv.job)
         .fetch_optional(&mut *tx)
@@ -1409,45 +1410,81 @@ impl Backend for SqliteBackend {
         if current != adv.expected.map(|e| e.timestamp_millis()) {
             return Ok(Advanced::Moved(opt_time(current)?));
         }
+        let now: i64 = row.try_get("now")?;
+        if (adv.due_only && adv.slot.timestamp_millis() > now)
+            || adv.until.is_some_and(|u| now >= u.timestamp_millis())
+        {
+            return Ok(Advanced::NotDue { now: from_ms(now)? });
+        }
         sqlx::query(&format!("UPDATE {jobs} SET last_slot = ?2 WHERE name = ?1"))
             .bind(adv.job)
             .bind(adv.slot.timestamp_millis())
             .execute(&mut *tx)
             .await?;
-        let overlapping = match adv.overlap {
-            Overlap::Allow => false,
-            Overlap::Forbid => sqlx::query_scalar::<_, i64>(&format!(
-                "SELECT 1 FROM {tasks} WHERE job = ?1 AND state IN ('pending', 'running') LIMIT 1"
+        let Some(task) = adv.task else {
+            tx.commit().await?;
+            return Ok(Advanced::Enqueued(Enqueued {
+                id: 0,
+                inserted: false,
+            }));
+        };
+        let overlapping = match (adv.record, adv.overlap) {
+            (SlotRecord::Enqueue, Overlap::Forbid) => sqlx::query_scalar::<_, i64>(&format!(
+                "SELECT 1 FROM {tasks} WHERE job = ?1 AND state IN ('pending', 'running') \
+                 AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) LIMIT 1"
             ))
             .bind(adv.job)
+            .bind(adv.batch_after.map(|t| t.timestamp_millis()))
             .fetch_optional(&mut *tx)
             .await?
             .is_some(),
+            _ => false,
         };
-        let inserted = insert_tasks(&mut tx, &self.t, std::slice::from_ref(adv.task)).await?;
+        let inserted = insert_tasks(&mut tx, &self.t, std::slice::from_ref(task)).await?;
         let enq = inserted
             .results
             .first()
             .copied()
             .ok_or_else(|| StoreError::Backend("insert returned no result".into()))?;
-        let answer = if overlapping && enq.inserted {
+        let skip_reason = match adv.record {
+            SlotRecord::Skip { reason } => Some(reason),
+            _ if overlapping => Some(OVERLAP_SKIPPED),
+            _ => None,
+        };
+        let answer = if !enq.inserted {
+            // The slot's task already exists (made by a trigger): the slot
+            // has its task.
+            Advanced::Enqueued(enq)
+        } else if let Some(reason) = skip_reason {
             sqlx::query(&format!(
                 "UPDATE {tasks} SET state = 'cancelled', last_error = ?2, finished_at = {NOW} \
                  WHERE id = ?1"
             ))
             .bind(enq.id)
-            .bind(OVERLAP_SKIPPED)
+            .bind(reason)
             .execute(&mut *tx)
             .await?;
             Advanced::Skipped(enq)
+        } else if let SlotRecord::Run { worker, lease } = adv.record {
+            sqlx::query(&format!(
+                "UPDATE {tasks} SET state = 'running', attempt = 1, started_at = {NOW}, \
+                 lease_until = {NOW} + ?2, worker = ?3 WHERE id = ?1"
+            ))
+            .bind(enq.id)
+            .bind(ms(lease))
+            .bind(worker)
+            .execute(&mut *tx)
+            .await?;
+            Advanced::Enqueued(enq)
         } else {
-            // Without overlap, or when the slot's task already exists (made
-            // by a trigger): the slot has its task.
             Advanced::Enqueued(enq)
         };
         tx.commit().await?;
-        if matches!(answer, Advanced::Enqueued(_)) && !inserted.due_queues.is_empty() {
-            self.wake([adv.task.queue.as_str()]);
+        if adv.record == SlotRecord::Enqueue
+            && matches!(answer, Advanced::Enqueued(_))
+            && !inserted.due_queues.is_empty()
+        {
+            self.wake([task.queue.as_str()]);
         }
         Ok(answer)
     }

@@ -82,5 +82,11 @@ conformance! {
     schedule::catch_up_all_runs_every_missed_slot_once,
     schedule::catch_up_latest_runs_one_missed_slot,
     schedule::lock_mode_runs_each_slot_on_one_instance,
+    schedule::advance_is_checked_against_store_time,
+    schedule::run_and_skip_records,
+    schedule::catch_up_batch_is_not_its_own_previous_run,
+    schedule::lock_mode_without_at_least_runs_each_slot_once,
+    schedule::catch_up_all_with_overlap_forbid,
+    schedule::fixed_delay_counts_from_the_previous_end,
     upgrade::v1_store_upgrades_in_place,
 }

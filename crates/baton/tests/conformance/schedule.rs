@@ -39,8 +39,12 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
         job: "cas",
         expected,
         slot,
-        task,
+        task: Some(task),
         overlap: Overlap::Allow,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     let Advanced::Enqueued(e1) = b.job_advance(&adv(Some(c0), s1, &t1)).await.unwrap() else {
         panic!("first advance enqueues")
@@ -85,8 +89,12 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
         job: "nope",
         expected: None,
         slot: s1,
-        task: &t1,
+        task: Some(&t1),
         overlap: Overlap::Allow,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     assert_eq!(b.job_advance(&other).await.unwrap(), Advanced::UnknownJob);
     let jobs = b.job_list().await.unwrap();
@@ -117,8 +125,12 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
         job: "ov",
         expected,
         slot,
-        task,
+        task: Some(task),
         overlap,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     let Advanced::Enqueued(first) = b
         .job_advance(&adv(Some(c0), s1, &t1, Overlap::Forbid))
@@ -154,14 +166,14 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("trig", every(1_000));
     let c0 = b.job_register("trig").await.unwrap().last_slot.unwrap();
-    let slot = secs(c0, 1);
+    let slot = job.schedule.next_after(c0).unwrap();
     let a = trigger(&ts.store, &job, slot).await.unwrap();
     let again = trigger(&ts.open().await, &job, slot).await.unwrap();
     assert!(a.inserted);
     assert_eq!(again.id, a.id, "a retried trigger returns the same run");
     assert!(!again.inserted);
     // A trigger for a future slot does not hold the cursor back.
-    let future = secs(c0, 5);
+    let future = secs(slot, 4);
     trigger(&ts.store, &job, future).await.unwrap();
     assert_eq!(b.job_register("trig").await.unwrap().last_slot, Some(c0));
     // The scheduler reaching the triggered slot finds the same task — also
@@ -172,8 +184,12 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         job: "trig",
         expected: Some(c0),
         slot,
-        task: &t,
+        task: Some(&t),
         overlap: Overlap::Forbid,
+        record: baton::store::SlotRecord::Enqueue,
+        batch_after: None,
+        due_only: false,
+        until: None,
     };
     assert_eq!(
         b.job_advance(&adv).await.unwrap(),
@@ -348,4 +364,343 @@ pub async fn lock_mode_runs_each_slot_on_one_instance(ts: TestStore) {
         *per_slot.entry(*slot).or_default() += 1;
     }
     assert_each_slot_once(&per_slot, 500, 5);
+}
+
+/// Advances checked against the store's clock: a slot later than the
+/// store's now (`due_only`) and a slot whose `until` passed are refused with
+/// the store's now and change nothing; `task: None` moves the cursor only.
+pub async fn advance_is_checked_against_store_time(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("due", every(1_000));
+    let c0 = b.job_register("due").await.unwrap().last_slot.unwrap();
+    let ahead = secs(c0, 30);
+    let t = job.task(ahead, false).unwrap();
+    let adv = SlotAdvance {
+        due_only: true,
+        ..SlotAdvance::new("due", Some(c0), ahead, Some(&t))
+    };
+    let Advanced::NotDue { now } = b.job_advance(&adv).await.unwrap() else {
+        panic!("a slot 30 s ahead of the store is refused")
+    };
+    assert!(
+        now < ahead && now >= c0,
+        "the store's now is returned: {now}"
+    );
+    assert_eq!(b.job_register("due").await.unwrap().last_slot, Some(c0));
+    // A slot that is due, but whose `until` has passed (a stale plan).
+    let past = secs(c0, -5);
+    let tp = job.task(past, false).unwrap();
+    let stale = SlotAdvance {
+        due_only: true,
+        until: Some(secs(c0, -4)),
+        ..SlotAdvance::new("due", Some(c0), past, Some(&tp))
+    };
+    assert!(matches!(
+        b.job_advance(&stale).await.unwrap(),
+        Advanced::NotDue { .. }
+    ));
+    // The CAS is checked first: a loser learns the cursor.
+    let lost = SlotAdvance {
+        due_only: true,
+        ..SlotAdvance::new("due", Some(secs(c0, -60)), ahead, Some(&t))
+    };
+    assert_eq!(
+        b.job_advance(&lost).await.unwrap(),
+        Advanced::Moved(Some(c0))
+    );
+    let none = b
+        .tasks(&baton::store::TaskFilter {
+            job: Some("due".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "refused advances insert nothing: {none:?}");
+    // Due, within until: taken.
+    let ok = SlotAdvance {
+        due_only: true,
+        until: Some(secs(c0, 60)),
+        ..SlotAdvance::new("due", Some(c0), secs(c0, -1), None)
+    };
+    assert!(matches!(
+        b.job_advance(&ok).await.unwrap(),
+        Advanced::Enqueued(_)
+    ));
+    assert_eq!(
+        b.job_register("due").await.unwrap().last_slot,
+        Some(secs(c0, -1)),
+        "task: None moves the cursor only"
+    );
+}
+
+/// `SlotRecord::Run` inserts the slot's task as running (attempt 1) in the
+/// same step as the cursor move; the runner heartbeats and finishes it; a
+/// dead runner's record is failed by rescue (max_attempts 1). A second
+/// advance to the same slot (a stale cursor) is refused, and `Skip` records
+/// a cancelled task with its reason.
+pub async fn run_and_skip_records(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("lockjob", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
+    let c0 = b.job_register("lockjob").await.unwrap().last_slot.unwrap();
+    let s1 = secs(c0, -3);
+    let t1 = job.task(s1, false).unwrap();
+    assert_eq!(t1.max_attempts, 1, "a lock-mode run has one attempt");
+    let run = |expected, slot, task, lease| SlotAdvance {
+        record: baton::store::SlotRecord::Run {
+            worker: "inst-a",
+            lease,
+        },
+        due_only: true,
+        ..SlotAdvance::new("lockjob", expected, slot, task)
+    };
+    let Advanced::Enqueued(e1) = b
+        .job_advance(&run(Some(c0), s1, Some(&t1), Duration::from_secs(10)))
+        .await
+        .unwrap()
+    else {
+        panic!("the run is taken")
+    };
+    assert!(e1.inserted);
+    let info = b.task(e1.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Running);
+    assert_eq!(info.attempt, 1);
+    assert_eq!(info.worker.as_deref(), Some("inst-a"));
+    assert_eq!(info.slot, Some(s1));
+    assert!(info.lease_until.is_some());
+    // Nobody else gets the slot: the cursor has moved.
+    assert_eq!(
+        b.job_advance(&run(Some(c0), s1, Some(&t1), Duration::from_secs(10)))
+            .await
+            .unwrap(),
+        Advanced::Moved(Some(s1))
+    );
+    // Not claimable by a worker.
+    let claimed = b
+        .claim(&baton::store::ClaimRequest {
+            queue: "default",
+            worker: "w",
+            limit: 10,
+            lease: Duration::from_secs(5),
+            max_running: None,
+        })
+        .await
+        .unwrap();
+    assert!(claimed.is_empty(), "a running record is never claimed");
+    let claim = baton::store::Claim {
+        id: e1.id,
+        attempt: 1,
+    };
+    assert_eq!(
+        b.heartbeat(&[claim], Duration::from_secs(10))
+            .await
+            .unwrap(),
+        vec![baton::store::Heartbeat::Extended]
+    );
+    assert!(b
+        .finish(
+            claim,
+            &baton::store::Finish::Failed {
+                error: "exit 3".into(),
+                retry_in: None
+            }
+        )
+        .await
+        .unwrap());
+    let info = b.task(e1.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Failed);
+    assert_eq!(info.last_error.as_deref(), Some("exit 3"));
+    // A runner that dies: its record's lease lapses and rescue fails it.
+    let s2 = secs(c0, -2);
+    let t2 = job.task(s2, false).unwrap();
+    let Advanced::Enqueued(e2) = b
+        .job_advance(&run(Some(s1), s2, Some(&t2), Duration::from_millis(300)))
+        .await
+        .unwrap()
+    else {
+        panic!("the second run is taken")
+    };
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    b.rescue().await.unwrap();
+    let info = b.task(e2.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Failed);
+    assert_eq!(
+        info.last_error.as_deref(),
+        Some(baton::store::LEASE_EXPIRED)
+    );
+    // A skip record.
+    let s3 = secs(c0, -1);
+    let t3 = job.task(s3, false).unwrap();
+    let skip = SlotAdvance {
+        record: baton::store::SlotRecord::Skip {
+            reason: "skipped by misfire = latest: 7 missed slot(s)",
+        },
+        ..SlotAdvance::new("lockjob", Some(s2), s3, Some(&t3))
+    };
+    let Advanced::Skipped(e3) = b.job_advance(&skip).await.unwrap() else {
+        panic!("a skip record")
+    };
+    let info = b.task(e3.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(
+        info.last_error.as_deref(),
+        Some("skipped by misfire = latest: 7 missed slot(s)")
+    );
+    assert_eq!(b.job_register("lockjob").await.unwrap().last_slot, Some(s3));
+}
+
+/// With `batch_after`, tasks of the same catch-up (slots after it) are not
+/// a previous run for overlap = forbid; a task of an earlier slot still is.
+pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("batch", every(1_000));
+    let c0 = b.job_register("batch").await.unwrap().last_slot.unwrap();
+    let slots: Vec<_> = (1..=3).map(|i| secs(c0, i)).collect();
+    let tasks: Vec<_> = slots.iter().map(|s| job.task(*s, false).unwrap()).collect();
+    let mut cur = Some(c0);
+    for (s, t) in slots.iter().zip(&tasks) {
+        let adv = SlotAdvance {
+            overlap: Overlap::Forbid,
+            batch_after: Some(c0),
+            ..SlotAdvance::new("batch", cur, *s, Some(t))
+        };
+        let r = b.job_advance(&adv).await.unwrap();
+        assert!(
+            matches!(r, Advanced::Enqueued(e) if e.inserted),
+            "slot {s}: {r:?}"
+        );
+        cur = Some(*s);
+    }
+    // A later batch whose start is after those pending tasks' slots sees
+    // them as a previous run.
+    let s4 = secs(c0, 4);
+    let t4 = job.task(s4, false).unwrap();
+    let adv = SlotAdvance {
+        overlap: Overlap::Forbid,
+        batch_after: Some(slots[2]),
+        ..SlotAdvance::new("batch", cur, s4, Some(&t4))
+    };
+    assert!(matches!(
+        b.job_advance(&adv).await.unwrap(),
+        Advanced::Skipped(_)
+    ));
+}
+
+/// Lock mode with `at_least` 0: a fast run on one instance does not let
+/// another run the same slot a moment later, and no run starts before its
+/// slot by the store's clock. Each run leaves a record (`job_statuses`).
+pub async fn lock_mode_without_at_least_runs_each_slot_once(ts: TestStore) {
+    type Runs = Arc<Mutex<Vec<(DateTime<Utc>, DateTime<Utc>)>>>;
+    let ledger: Runs = Arc::default();
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let store = ts.open().await;
+        let mut s = Scheduler::new(store.clone());
+        let job = Job::new("fast", every(500)).lock_mode(Duration::from_secs(10), Duration::ZERO);
+        let l = ledger.clone();
+        s.add_locked(job, move |run| {
+            let (l, store) = (l.clone(), store.clone());
+            async move {
+                let now = store.now().await.map_err(|e| e.to_string())?;
+                l.lock().unwrap().push((run.slot, now));
+                Ok(())
+            }
+        })
+        .unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let l = ledger.lock().unwrap().clone();
+    let mut per_slot: BTreeMap<DateTime<Utc>, usize> = BTreeMap::new();
+    for (slot, started) in &l {
+        *per_slot.entry(*slot).or_default() += 1;
+        assert!(started >= slot, "slot {slot} started early, at {started}");
+    }
+    assert_each_slot_once(&per_slot, 500, 4);
+    let st = baton::schedule::job_statuses(&ts.store).await.unwrap();
+    let fast = st.iter().find(|j| j.state.name == "fast").expect("listed");
+    let last = fast.last_run.as_ref().expect("a last run");
+    assert_eq!(last.state, TaskState::Succeeded);
+    assert_eq!(last.slot, per_slot.keys().last().copied());
+}
+
+/// `misfire = all` with the default overlap (forbid): every missed slot
+/// runs once (the catch-up's tasks are not each other's previous run).
+pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
+    let c0 = ts
+        .store
+        .backend()
+        .job_register("cu-forbid")
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let back = ts.store.now().await.unwrap();
+    let job = Job::new("cu-forbid", every(250)).misfire(Misfire::All);
+    assert_eq!(job.overlap, Overlap::Forbid);
+    let ledger = run_cluster(&ts, 3, job.clone(), Duration::from_millis(1_500)).await;
+    // Every slot missed while all were down ran exactly once. (Slots after
+    // the catch-up may be skipped while its tasks are still running.)
+    let mut missed = Vec::new();
+    let mut t = c0;
+    while let Some(n) = job.schedule.next_after(t).filter(|n| *n <= back) {
+        missed.push(n);
+        t = n;
+    }
+    assert!(missed.len() >= 9, "{missed:?}");
+    for s in &missed {
+        assert_eq!(ledger.get(s), Some(&1), "missed slot {s}: {ledger:?}");
+    }
+    assert!(ledger.values().all(|n| *n == 1), "{ledger:?}");
+}
+
+/// A fixed-delay lock-mode job on two instances: runs never overlap, and
+/// each starts at least `fixed_delay` after the previous one ended (store
+/// time), whichever instance ran it.
+pub async fn fixed_delay_counts_from_the_previous_end(ts: TestStore) {
+    type Runs = Arc<Mutex<Vec<(DateTime<Utc>, DateTime<Utc>)>>>;
+    let ledger: Runs = Arc::default();
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let store = ts.open().await;
+        let mut s = Scheduler::new(store.clone());
+        let mut job =
+            Job::new("delayed", every(60_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
+        job.fixed_delay = Some(Duration::from_millis(300));
+        let l = ledger.clone();
+        s.add_locked(job, move |_run| {
+            let (l, store) = (l.clone(), store.clone());
+            async move {
+                let start = store.now().await.map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let end = store.now().await.map_err(|e| e.to_string())?;
+                l.lock().unwrap().push((start, end));
+                Ok(())
+            }
+        })
+        .unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let mut l = ledger.lock().unwrap().clone();
+    l.sort();
+    assert!(l.len() >= 3, "too few runs: {l:?}");
+    for w in l.windows(2) {
+        let gap = w[1].0 - w[0].1;
+        assert!(
+            gap >= chrono::Duration::milliseconds(300),
+            "run at {} started {gap} after the previous end: {l:?}",
+            w[1].0
+        );
+    }
 }
