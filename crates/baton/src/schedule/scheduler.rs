@@ -716,7 +716,11 @@ async fn run_locked(
     slot: DateTime<Utc>,
     id: i64,
 ) {
-    let claim = Claim { id, attempt: 1 };
+    let claim = Claim {
+        id,
+        attempt: 1,
+        token: crate::store::RUN_RECORD_TOKEN,
+    };
     tokio::time::sleep(random_upto(job.jitter)).await;
     let lease = l.opts.at_most_duration();
     let name = job.name.clone();

@@ -521,6 +521,11 @@ impl<'a> SlotAdvance<'a> {
     }
 }
 
+/// The claim token of a task inserted by [`SlotRecord::Run`]: the first
+/// claim of a new task (any later claim, after a `retry`, is floored at the
+/// store clock in µs, so this value is never reissued for the task).
+pub const RUN_RECORD_TOKEN: FencingToken = FencingToken(1);
+
 /// How [`SlotAdvance`] records the slot's task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotRecord<'a> {
@@ -529,6 +534,7 @@ pub enum SlotRecord<'a> {
     /// Insert it directly as `running`, attempt 1, leased to `worker` for
     /// `lease` (lock mode: the caller runs the slot itself and finishes
     /// the task with the outcome, heartbeating it meanwhile).
+    /// The task's claim token is [`RUN_RECORD_TOKEN`] (it was never claimed).
     Run {
         /// Worker identity recorded on the task.
         worker: &'a str,

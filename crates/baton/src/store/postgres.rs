@@ -1425,7 +1425,7 @@ impl Backend for PgBackend {
             if let SlotRecord::Run { worker, lease } = adv.record {
                 sqlx::query(&format!(
                     "UPDATE {} SET state = 'running', attempt = 1, started_at = now(), \
-                     lease_until = now() + $2 * interval '1 millisecond', worker = $3 \
+                     lease_until = now() + $2 * interval '1 millisecond', worker = $3, claim_token = 1 \
                      WHERE id = $1",
                     n.tasks
                 ))

@@ -709,7 +709,7 @@ if skip then
 end
 local id, ins, due = insert(now, T, nil)
 flush()
-if rec == 'r' then
+if rec == 'r' and ins == 1 then
   local sid = fmt(id)
   local p = pad(sid)
   local queue = ARGV[T]
@@ -717,7 +717,7 @@ if rec == 'r' then
   redis.call('ZREM', qkey(queue, 'ready'), p)
   redis.call('ZREM', qkey(queue, 'sched'), p)
   redis.call('HSET', tkey(sid), 'state', 'running', 'attempt', '1', 'started_at', fmt(now),
-    'lease_until', fmt(lu), 'worker', ARGV[9])
+    'lease_until', fmt(lu), 'worker', ARGV[9], 'claim_token', '1')
   redis.call('ZADD', B .. 'running', lu, p)
   count(queue, 'pending', -1)
   count(queue, 'running', 1)

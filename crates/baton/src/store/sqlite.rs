@@ -1468,7 +1468,7 @@ impl Backend for SqliteBackend {
         } else if let SlotRecord::Run { worker, lease } = adv.record {
             sqlx::query(&format!(
                 "UPDATE {tasks} SET state = 'running', attempt = 1, started_at = {NOW}, \
-                 lease_until = {NOW} + ?2, worker = ?3 WHERE id = ?1"
+                 lease_until = {NOW} + ?2, worker = ?3, claim_token = 1 WHERE id = ?1"
             ))
             .bind(enq.id)
             .bind(ms(lease))

@@ -489,6 +489,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
     let claim = baton::store::Claim {
         id: e1.id,
         attempt: 1,
+        token: baton::store::RUN_RECORD_TOKEN,
     };
     assert_eq!(
         b.heartbeat(&[claim], Duration::from_secs(10))
