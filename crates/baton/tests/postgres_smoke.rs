@@ -743,6 +743,7 @@ async fn migrations_concurrent_and_idempotent() {
                     prefix: Some(p),
                     max_connections: 2,
                     migrate: true,
+                    ..Default::default()
                 },
             )
             .await
