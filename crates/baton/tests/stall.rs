@@ -249,3 +249,52 @@ async fn postgres_stalled_store_stops_the_handler_before_the_lease_lapses() {
 async fn redis_stalled_store_stops_the_handler_before_the_lease_lapses() {
     stalled_store_stops_the_handler_before_the_lease_lapses(Kind::Redis).await
 }
+
+/// A call on a connection gone dark ends, within a bound, as a retryable
+/// `Unavailable` that says it timed out (Redis: its response timeout;
+/// PostgreSQL: the client-side bound, as the server's statement_timeout
+/// cannot reach a client that hears nothing).
+async fn dark_call_times_out_as_unavailable(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let proxy = Proxy::start(&host_port(&ts.url));
+    let opts = StoreOptions {
+        prefix: Some(ts.prefix.clone()),
+        max_connections: 2,
+        connect_timeout: Duration::from_secs(1),
+        statement_timeout: Duration::from_secs(1),
+        ..StoreOptions::default()
+    };
+    let store = Store::connect_with(&proxy.url(&ts.url), opts)
+        .await
+        .unwrap();
+    store.now().await.unwrap();
+    proxy.set(Mode::Dark);
+    let t0 = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(15), store.now())
+        .await
+        .expect("the call ends within 15 s while dark")
+        .expect_err("no answer while dark");
+    let took = t0.elapsed();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    // Bad values are refused, naming the field.
+    let bad = StoreOptions {
+        statement_timeout: Duration::ZERO,
+        ..StoreOptions::default()
+    };
+    let err = Store::connect_with(&ts.url, bad).await.unwrap_err();
+    assert!(err.to_string().contains("statement_timeout"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_dark_call_times_out_as_unavailable() {
+    dark_call_times_out_as_unavailable(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_dark_call_times_out_as_unavailable() {
+    dark_call_times_out_as_unavailable(Kind::Redis).await
+}
