@@ -864,7 +864,7 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
         tracing::warn!(
             task = task.id,
             attempt = task.attempt,
-            "lease expired unconfirmed; nothing recorded, the task will be rescued"
+            "lease lost: it ended unconfirmed; nothing recorded, the task will be rescued"
         );
         return None;
     }
@@ -990,6 +990,14 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
         let Some(deadline) = shared.deadline(claim) else {
             return false;
         };
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                task = claim.id,
+                attempt = claim.attempt,
+                "lease lost: it ended before the result was recorded; the task will be rescued"
+            );
+            return false;
+        }
         let answer = match tokio::time::timeout_at(deadline, finish_once(shared, claim, finish))
             .await
         {
@@ -998,7 +1006,7 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
                 tracing::warn!(
                     task = claim.id,
                     attempt = claim.attempt,
-                    "the store did not answer before the lease ended; result not recorded, the task will be rescued"
+                    "lease lost: the store did not answer before it ended; result not recorded, the task will be rescued"
                 );
                 return false;
             }
