@@ -3,7 +3,6 @@
 //! store (PostgreSQL, Redis), command tasks that write timestamps.
 
 mod common;
-#[allow(dead_code)]
 #[path = "../../baton/tests/support/proxy.rs"]
 mod proxy;
 
