@@ -217,6 +217,7 @@ impl Ctx {
                 prefix: Some(self.prefix.clone()),
                 max_connections: self.pool,
                 migrate: true,
+                ..Default::default()
             },
         )
         .await

@@ -1,5 +1,7 @@
 //! `baton enqueue`, `baton work` and `baton tasks …`.
 
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -147,17 +149,53 @@ pub fn handle_commands(w: &mut Worker, grace: Duration) {
     w.handle(command_task::KIND, move |ctx| command_task::run(ctx, grace));
 }
 
-/// Cancel `token` on the first SIGINT/SIGTERM; exit at once on the second.
-pub fn shutdown_on_signals(token: CancellationToken) -> anyhow::Result<()> {
+/// A shutdown driven by signals (see [`shutdown_on_signals`]).
+pub struct SignalShutdown {
+    /// Cancelled on the second signal: stop handlers now and hand their
+    /// tasks back (`Worker::run_with`'s urgent token).
+    pub urgent: CancellationToken,
+    first: Arc<AtomicI32>,
+}
+
+impl SignalShutdown {
+    /// 128 + the first signal received (143 for SIGTERM, 130 for SIGINT),
+    /// when a signal started the shutdown.
+    pub fn exit_code(&self) -> Option<u8> {
+        match self.first.load(Ordering::SeqCst) {
+            0 => None,
+            sig => Some((128 + sig).clamp(0, 255) as u8),
+        }
+    }
+}
+
+/// Cancel `graceful` on the first SIGINT/SIGTERM/SIGHUP (finish running
+/// tasks within the shutdown grace), and the returned urgent token on the
+/// second (stop them now and hand their tasks back). The process never
+/// exits from here: tasks are always handed back or left to rescue by the
+/// worker, within its bounds.
+pub fn shutdown_on_signals(graceful: CancellationToken) -> anyhow::Result<SignalShutdown> {
     let mut signals = Signals::new()?;
+    let out = SignalShutdown {
+        urgent: CancellationToken::new(),
+        first: Arc::new(AtomicI32::new(0)),
+    };
+    let (urgent, first) = (out.urgent.clone(), out.first.clone());
     tokio::spawn(async move {
         let sig = signals.recv().await;
-        eprintln!("baton: signal {sig}: shutting down (again to exit at once)");
-        token.cancel();
-        signals.recv().await;
-        std::process::exit(130);
+        first.store(sig, Ordering::SeqCst);
+        eprintln!(
+            "baton: signal {sig}: shutting down (again to stop tasks now and hand them back)"
+        );
+        graceful.cancel();
+        let sig = signals.recv().await;
+        eprintln!("baton: signal {sig}: stopping tasks now and handing them back");
+        urgent.cancel();
+        loop {
+            let sig = signals.recv().await;
+            eprintln!("baton: signal {sig}: already stopping");
+        }
     });
-    Ok(())
+    Ok(out)
 }
 
 /// `baton work`.
@@ -206,10 +244,10 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         crate::serve::spawn_admin(addr, &store, vec![w.counters()]).await?;
     }
     let token = CancellationToken::new();
-    shutdown_on_signals(token.clone())?;
+    let signals = shutdown_on_signals(token.clone())?;
     eprintln!("baton: worker {} on {:?}", w.id(), a.queues);
-    w.run(token).await?;
-    Ok(0)
+    w.run_with(token, signals.urgent.clone()).await?;
+    Ok(signals.exit_code().unwrap_or(0))
 }
 
 /// `baton tasks …`.

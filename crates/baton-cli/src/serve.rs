@@ -168,7 +168,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         eprintln!("baton: warning: {w}");
     }
     let stop = CancellationToken::new();
-    queue_cmd::shutdown_on_signals(stop.clone())?;
+    let signals = queue_cmd::shutdown_on_signals(stop.clone())?;
 
     let mut scheduler = Scheduler::new(store.clone());
     for j in &cfg.jobs {
@@ -230,8 +230,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
             w.handle(j.name.clone(), durable_handler(j.clone(), a.grace));
         }
         counters.push(w.counters());
-        let s = stop.clone();
-        tasks.spawn(async move { w.run(s).await.map_err(anyhow::Error::from) });
+        let (s, u) = (stop.clone(), signals.urgent.clone());
+        tasks.spawn(async move { w.run_with(s, u).await.map_err(anyhow::Error::from) });
     }
     {
         let s = stop.clone();
@@ -261,6 +261,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                 stop.cancel();
             }
         }
+    }
+    // A signal-initiated shutdown exits 128 + the signal.
+    if code == 0 {
+        code = signals.exit_code().unwrap_or(0);
     }
     Ok(code)
 }

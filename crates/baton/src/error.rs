@@ -40,6 +40,13 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Database(ref db) => {
                 // SQLITE_BUSY / SQLITE_LOCKED, PG admin shutdown / cannot connect now.
                 let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+                // PG query_canceled (statement_timeout) and an idle
+                // transaction ended by idle_in_transaction_session_timeout.
+                if matches!(code.as_str(), "57014" | "25P03") {
+                    return StoreError::Unavailable(format!(
+                        "timed out (the store's statement timeout): {e}"
+                    ));
+                }
                 if matches!(
                     code.as_str(),
                     "5" | "6" | "517" | "57P01" | "57P02" | "57P03" | "53300"
@@ -60,6 +67,9 @@ impl From<sqlx::Error> for StoreError {
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
+        if e.is_timeout() {
+            return StoreError::Unavailable(format!("timed out waiting for redis: {e}"));
+        }
         if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()

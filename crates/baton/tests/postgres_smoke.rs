@@ -50,6 +50,7 @@ async fn setup() -> Option<Fixture> {
         prefix: Some(prefix.clone()),
         max_connections: 20,
         migrate: true,
+        ..Default::default()
     };
     match Store::connect_with(&url(), opts).await {
         Ok(store) => Some(Fixture { store, prefix }),
@@ -728,6 +729,7 @@ async fn migrations_concurrent_and_idempotent() {
                     prefix: Some(p),
                     max_connections: 2,
                     migrate: true,
+                    ..Default::default()
                 },
             )
             .await

@@ -50,6 +50,11 @@ pub enum StopReason {
     Shutdown,
     /// The attempt's timeout elapsed.
     TimedOut,
+    /// No heartbeat confirmed the lease in time (the store is slow or
+    /// unreachable): the handler is stopped before the lease can lapse, and
+    /// dropped when it would. Treated like [`StopReason::LeaseLost`]:
+    /// nothing is written, and the task is rescued after its lease.
+    LeaseExpiring,
 }
 
 /// An error from a handler.
@@ -150,7 +155,12 @@ type HandlerFn = Arc<dyn Fn(TaskContext) -> BoxFut + Send + Sync>;
 pub struct WorkerConfig {
     /// Queues and their concurrency on this worker.
     pub queues: Vec<(String, usize)>,
-    /// Lease length; heartbeats every third of it.
+    /// Lease length. Heartbeats renew it every third of `lease - guard`,
+    /// where the guard is `min(stop_grace, lease / 3)`: a handler whose
+    /// lease no heartbeat has confirmed by `deadline - guard` is stopped
+    /// ([`StopReason::LeaseExpiring`]), and dropped at the deadline (the
+    /// send time of the last confirmed heartbeat, or of the claim, plus the
+    /// lease). A stalled store can delay work, never overlap it.
     pub lease: Duration,
     /// Idle poll period (also the fallback when a wake-up is lost).
     pub poll_interval: Duration,
@@ -158,7 +168,8 @@ pub struct WorkerConfig {
     /// stopped and their tasks handed back.
     pub shutdown_grace: Duration,
     /// After a stop signal, how long a handler has to return before it is
-    /// dropped.
+    /// dropped; never past its lease's end. When the lease is at stake the
+    /// stop comes `min(stop_grace, lease / 3)` before the lease's end.
     pub stop_grace: Duration,
     /// Retry delays.
     pub backoff: Backoff,
@@ -316,11 +327,51 @@ impl Worker {
 
     /// Run until `shutdown` fires, then stop claiming, let running handlers
     /// finish for `shutdown_grace`, stop the rest and hand their tasks back
-    /// (without counting the attempt), and return.
+    /// (without counting the attempt), and return. Same as
+    /// [`Worker::run_with`] without an urgent signal.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        self.run_with(shutdown, CancellationToken::new()).await
+    }
+
+    /// Run until `shutdown` (graceful) or `urgent` fires.
+    ///
+    /// Graceful: stop claiming, let running handlers finish for
+    /// `shutdown_grace`, then stop the rest ([`StopReason::Shutdown`]), give
+    /// them `stop_grace` to return, and hand their tasks back without
+    /// counting the attempt. Urgent (at any time, e.g. a second SIGTERM):
+    /// skip what is left of the grace, stop every handler now, drop those
+    /// that have not returned within 1 s, and hand their tasks back within
+    /// 3 s more. Either way the return is bounded even when the store does
+    /// not answer: a claim in flight is not waited for past the grace, and a
+    /// task that cannot be handed back in time is left to be rescued after
+    /// its lease (and logged).
+    ///
+    /// ```no_run
+    /// # async fn demo(worker: baton::queue::Worker) -> Result<(), baton::Error> {
+    /// use tokio_util::sync::CancellationToken;
+    /// let (graceful, urgent) = (CancellationToken::new(), CancellationToken::new());
+    /// let (g, u) = (graceful.clone(), urgent.clone());
+    /// tokio::spawn(async move {
+    ///     tokio::signal::ctrl_c().await.ok();
+    ///     g.cancel(); // first Ctrl-C: finish what runs, within the grace
+    ///     tokio::signal::ctrl_c().await.ok();
+    ///     u.cancel(); // second: stop now, hand the tasks back
+    /// });
+    /// worker.run_with(graceful, urgent).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_with(
+        self,
+        shutdown: CancellationToken,
+        urgent: CancellationToken,
+    ) -> Result<(), Error> {
         self.config.validate()?;
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
-        let completer = tokio::spawn(complete_loop(self.store.clone(), completion_rx));
+        let completer = tokio::spawn(complete_loop(
+            self.store.clone(),
+            self.config.lease,
+            completion_rx,
+        ));
         let shared = Arc::new(Shared {
             completions,
             store: self.store.clone(),
@@ -332,7 +383,18 @@ impl Worker {
             stop_claiming: CancellationToken::new(),
             drained: Notify::new(),
             counters: self.counters.clone(),
+            urgent: urgent.clone(),
+            abandon: CancellationToken::new(),
         });
+        // Either signal ends the ticker below; `urgent` also cuts the grace.
+        let shutdown = shutdown.child_token();
+        let either = {
+            let (s, u) = (shutdown.clone(), urgent.clone());
+            tokio::spawn(async move {
+                u.cancelled().await;
+                s.cancel();
+            })
+        };
         shared
             .counters
             .serve(self.config.queues.iter().map(|(q, _)| q.clone()));
@@ -373,14 +435,14 @@ impl Worker {
                     if k % 300 == 299 {
                         // About once every five minutes of ticks: prune.
                         if let Some(keep) = self.config.retention {
-                            match shared.store.backend().prune(keep).await {
+                            match until_shutdown(&shutdown, shared.store.backend().prune(keep)).await {
                                 Ok(0) => {}
                                 Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                                 Err(e) => tracing::warn!(error = %e, "prune failed"),
                             }
                         }
                     } else if self.config.rescue && k % 5 == 4 {
-                        match shared.store.backend().rescue().await {
+                        match until_shutdown(&shutdown, shared.store.backend().rescue()).await {
                             Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
                                 tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
                                 pokes.iter().for_each(|p| p.notify_one());
@@ -407,14 +469,30 @@ impl Worker {
         // Shutdown: stop claiming, give running handlers the grace period.
         tracing::info!(worker = %self.id, "shutting down: no new claims");
         shared.stop_claiming.cancel();
-        while tasks.join_next().await.is_some() {}
         let grace_end = Instant::now() + self.config.shutdown_grace;
+        // A claim in flight on a store that does not answer is not waited
+        // for past the grace (1 s after an urgent request).
+        tokio::select! {
+            _ = async { while tasks.join_next().await.is_some() {} } => {}
+            _ = tokio::time::sleep_until(grace_end) => {}
+            _ = after(&urgent, URGENT_STOP) => {}
+        }
+        if !tasks.is_empty() {
+            tracing::warn!("a claim got no answer from the store; abandoning it (anything it claimed is rescued after its lease)");
+            tasks.abort_all();
+        }
         loop {
             let notified = shared.drained.notified();
-            if lock(&shared.running).is_empty() || Instant::now() >= grace_end {
+            if lock(&shared.running).is_empty()
+                || Instant::now() >= grace_end
+                || urgent.is_cancelled()
+            {
                 break;
             }
-            let _ = tokio::time::timeout_at(grace_end, notified).await;
+            tokio::select! {
+                _ = tokio::time::timeout_at(grace_end, notified) => {}
+                _ = urgent.cancelled() => {}
+            }
         }
         let left: Vec<TaskContext> = lock(&shared.running)
             .values()
@@ -423,23 +501,85 @@ impl Worker {
         if !left.is_empty() {
             tracing::info!(
                 count = left.len(),
-                "grace over: stopping handlers and handing their tasks back"
+                urgent = urgent.is_cancelled(),
+                "stopping handlers and handing their tasks back"
             );
         }
         for ctx in &left {
             ctx.stop_with(StopReason::Shutdown);
         }
+        // Every attempt ends by itself within stop_grace + its lease (the
+        // handler is dropped at its lease's end, and writes stop there); the
+        // bound below is the backstop, much shorter after an urgent request.
+        let drain_end = Instant::now() + self.config.stop_grace + self.config.lease;
+        let mut urgent_end: Option<Instant> = None;
         loop {
             let notified = shared.drained.notified();
             if lock(&shared.running).is_empty() {
                 break;
             }
-            notified.await;
+            if urgent.is_cancelled() && urgent_end.is_none() {
+                urgent_end = Some(Instant::now() + URGENT_STOP + URGENT_HAND_BACK);
+            }
+            let end = urgent_end.map_or(drain_end, |u| u.min(drain_end));
+            if Instant::now() >= end {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::timeout_at(end, notified) => {}
+                _ = urgent.cancelled(), if urgent_end.is_none() => {}
+            }
+        }
+        let stuck = lock(&shared.running).len();
+        if stuck > 0 {
+            tracing::warn!(
+                count = stuck,
+                "tasks could not be handed back in time (the store does not answer); they are rescued after their lease"
+            );
+            shared.abandon.cancel();
+            // Let the abandoned attempts unwind (their handlers are dropped).
+            let unwound = async {
+                loop {
+                    let notified = shared.drained.notified();
+                    if lock(&shared.running).is_empty() {
+                        break;
+                    }
+                    notified.await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), unwound).await;
         }
         heart.abort();
         completer.abort();
+        either.abort();
         tracing::info!(worker = %self.id, "worker stopped");
         Ok(())
+    }
+}
+
+/// After an urgent shutdown request, how long a stopped handler may take to
+/// return before it is dropped.
+const URGENT_STOP: Duration = Duration::from_secs(1);
+/// After an urgent shutdown request and [`URGENT_STOP`], how long hand-backs
+/// may take before their tasks are left to rescue.
+const URGENT_HAND_BACK: Duration = Duration::from_secs(3);
+
+/// Resolves `wait` after `token` fires.
+async fn after(token: &CancellationToken, wait: Duration) {
+    token.cancelled().await;
+    tokio::time::sleep(wait).await;
+}
+
+/// A store call that gives up (as unavailable) when the worker shuts down.
+async fn until_shutdown<T>(
+    shutdown: &CancellationToken,
+    call: impl Future<Output = Result<T, crate::StoreError>>,
+) -> Result<T, crate::StoreError> {
+    tokio::select! {
+        r = call => r,
+        _ = shutdown.cancelled() => Err(crate::StoreError::Unavailable(
+            "abandoned: the worker is shutting down".into(),
+        )),
     }
 }
 
@@ -475,6 +615,47 @@ struct Shared {
     stop_claiming: CancellationToken,
     drained: Notify,
     counters: WorkerCounters,
+    /// The urgent shutdown request.
+    urgent: CancellationToken,
+    /// Fired when shutdown gives up on attempts that could not finish in
+    /// time: their handlers are dropped and nothing more is written.
+    abandon: CancellationToken,
+}
+
+impl Shared {
+    /// The local bound on a running attempt's lease, if it still runs.
+    fn deadline(&self, claim: Claim) -> Option<Instant> {
+        lock(&self.running).get(&claim).map(|r| r.deadline)
+    }
+
+    /// How long before its lease's end an unconfirmed attempt is stopped.
+    fn guard(&self) -> Duration {
+        self.config.stop_grace.min(self.config.lease / 3)
+    }
+
+    /// Resolves `before` the attempt's lease ends (its deadline, moved on by
+    /// every confirmed heartbeat).
+    async fn lease_end(&self, claim: Claim, before: Duration) {
+        loop {
+            let Some(deadline) = self.deadline(claim) else {
+                return std::future::pending().await;
+            };
+            let at = deadline.checked_sub(before).unwrap_or(deadline);
+            if Instant::now() >= at {
+                return;
+            }
+            tokio::time::sleep_until(at).await;
+        }
+    }
+}
+
+/// Aborts the handler's task when the attempt is dropped (e.g. abandoned).
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), TaskError>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
@@ -572,14 +753,22 @@ fn start_task(
         },
     );
     tokio::spawn(async move {
-        let outcome = match execute(&shared, ctx.clone()).await {
-            Some(finish) if finish_with_retries(&shared, claim, &finish).await => match finish {
-                Finish::Succeeded => Outcome::Succeeded,
-                Finish::Failed { .. } => Outcome::Failed,
-                Finish::Cancelled { .. } => Outcome::Cancelled,
-                Finish::HandBack => Outcome::HandedBack,
-            },
-            _ => Outcome::Lost,
+        let attempt = async {
+            match execute(&shared, ctx.clone()).await {
+                Some(finish) if finish_with_retries(&shared, claim, &finish).await => {
+                    match finish {
+                        Finish::Succeeded => Outcome::Succeeded,
+                        Finish::Failed { .. } => Outcome::Failed,
+                        Finish::Cancelled { .. } => Outcome::Cancelled,
+                        Finish::HandBack => Outcome::HandedBack,
+                    }
+                }
+                _ => Outcome::Lost,
+            }
+        };
+        let outcome = tokio::select! {
+            o = attempt => o,
+            _ = shared.abandon.cancelled() => Outcome::Lost,
         };
         shared.counters.ended(&queue, outcome, sent.elapsed());
         lock(&shared.running).remove(&claim);
@@ -606,7 +795,8 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
     };
     tracing::debug!(task = task.id, attempt = task.attempt, kind = %task.kind, "task started");
     // The handler runs in its own task so a panic is caught as a failure.
-    let mut join = tokio::spawn(handler(ctx.clone()));
+    let mut join = AbortOnDrop(tokio::spawn(handler(ctx.clone())));
+    let claim = ctx.claim();
     let timeout = async {
         match task.timeout {
             Some(t) => tokio::time::sleep(t).await,
@@ -614,32 +804,68 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
         }
     };
     let result = tokio::select! {
-        r = &mut join => Some(r),
+        r = &mut join.0 => Some(r),
         _ = ctx.stopped() => None,
         _ = timeout => { ctx.stop_with(StopReason::TimedOut); None }
+        _ = shared.lease_end(claim, shared.guard()) => {
+            tracing::warn!(task = task.id, attempt = task.attempt, "no heartbeat confirmed the lease in time; stopping the handler before the lease can lapse");
+            ctx.stop_with(StopReason::LeaseExpiring);
+            None
+        }
     };
+    let mut expired = false;
     let result = match result {
         Some(r) => r,
         None => {
-            // Asked to stop: give the handler its grace to return.
-            match tokio::time::timeout(shared.config.stop_grace, &mut join).await {
+            // Asked to stop: give the handler its grace to return, but never
+            // past its lease's end (nor long after an urgent shutdown).
+            let why = tokio::select! {
+                r = &mut join.0 => Ok(r),
+                _ = tokio::time::sleep(shared.config.stop_grace) => Err("the grace period"),
+                _ = shared.lease_end(claim, Duration::ZERO) => {
+                    expired = true;
+                    Err("its lease's end")
+                }
+                _ = after(&shared.urgent, URGENT_STOP) => Err("the urgent shutdown"),
+            };
+            match why {
                 Ok(r) => r,
-                Err(_) => {
-                    join.abort();
-                    Ok(Err(TaskError::retryable(
-                        "handler did not stop within the grace period",
-                    )))
+                Err(when) => {
+                    join.0.abort();
+                    // Wait until it is really dropped (a command's child is
+                    // killed on drop), briefly: a handler that blocks its
+                    // thread cannot be stopped anyway.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), &mut join.0).await;
+                    tracing::warn!(
+                        task = task.id,
+                        attempt = task.attempt,
+                        "handler did not stop before {when}; dropped"
+                    );
+                    Ok(Err(TaskError::retryable(format!(
+                        "handler did not stop before {when}"
+                    ))))
                 }
             }
         }
     };
+    if expired {
+        // The lease may have lapsed (no heartbeat confirmed it): write
+        // nothing; the task is rescued and run again.
+        ctx.stop_with(StopReason::LeaseExpiring);
+        tracing::warn!(
+            task = task.id,
+            attempt = task.attempt,
+            "lease lost: it ended unconfirmed; nothing recorded, the task will be rescued"
+        );
+        return None;
+    }
     let reason = ctx.stop_reason();
     let attempt_error = |msg: String, retry: bool| Finish::Failed {
         retry_in: retry.then(|| shared.config.backoff.delay(task.attempt)),
         error: msg,
     };
     match (reason, result) {
-        (Some(StopReason::LeaseLost), _) => {
+        (Some(StopReason::LeaseLost | StopReason::LeaseExpiring), _) => {
             tracing::warn!(
                 task = task.id,
                 attempt = task.attempt,
@@ -678,7 +904,11 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
 /// batch was being written goes in the next one (one transaction or round
 /// trip where the backend can), so a busy worker does not pay one commit per
 /// task and an idle one adds no delay.
-async fn complete_loop(store: Store, mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>) {
+async fn complete_loop(
+    store: Store,
+    lease: Duration,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>,
+) {
     const MAX_BATCH: usize = 256;
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -690,7 +920,9 @@ async fn complete_loop(store: Store, mut rx: tokio::sync::mpsc::UnboundedReceive
         }
         let items: Vec<(Claim, Finish)> =
             batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
-        match store.backend().finish_many(&items).await {
+        // No batch waits past a lease: its waiters have given up by then.
+        let call = crate::store::bounded(lease, "finish", store.backend().finish_many(&items));
+        match call.await {
             Ok(answers) if answers.len() == batch.len() => {
                 for (c, ok) in batch.into_iter().zip(answers) {
                     let _ = c.reply.send(Ok(ok));
@@ -741,11 +973,36 @@ async fn finish_once(
 }
 
 /// Record the attempt's result, retrying store errors while the lease
-/// lasts; whether it was recorded.
+/// lasts; whether it was recorded. No call outlives the lease: past it the
+/// result is unknown or refused, and the task is rescued.
 async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> bool {
     let mut backoff = Duration::from_millis(20);
     loop {
-        match finish_once(shared, claim, finish).await {
+        let Some(deadline) = shared.deadline(claim) else {
+            return false;
+        };
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                task = claim.id,
+                attempt = claim.attempt,
+                "lease lost: it ended before the result was recorded; the task will be rescued"
+            );
+            return false;
+        }
+        let answer = match tokio::time::timeout_at(deadline, finish_once(shared, claim, finish))
+            .await
+        {
+            Ok(a) => a,
+            Err(_) => {
+                tracing::warn!(
+                    task = claim.id,
+                    attempt = claim.attempt,
+                    "lease lost: the store did not answer before it ended; result not recorded, the task will be rescued"
+                );
+                return false;
+            }
+        };
+        match answer {
             Ok(true) => {
                 tracing::debug!(
                     task = claim.id,
@@ -777,8 +1034,12 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
     }
 }
 
+/// Renew the leases of every running attempt, often enough that one slow
+/// answer does not stop a handler: every third of `lease - guard`, each
+/// call bounded by that period, and again soon after an error.
 async fn heartbeat_loop(shared: Arc<Shared>) {
-    let period = shared.config.lease / 3;
+    let lease = shared.config.lease;
+    let period = ((lease - shared.guard()) / 3).max(Duration::from_millis(5));
     let mut wait = period;
     loop {
         tokio::time::sleep(wait).await;
@@ -788,41 +1049,29 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
             continue;
         }
         let sent = Instant::now();
-        match shared
-            .store
-            .backend()
-            .heartbeat(&claims, shared.config.lease)
-            .await
-        {
+        let call = shared.store.backend().heartbeat(&claims, lease);
+        match crate::store::bounded(period, "heartbeat", call).await {
             Ok(answers) => {
-                let running = lock(&shared.running);
+                let mut running = lock(&shared.running);
                 for (claim, answer) in claims.iter().zip(answers) {
-                    let Some(r) = running.get(claim) else {
+                    let Some(r) = running.get_mut(claim) else {
                         continue;
                     };
                     match answer {
-                        Heartbeat::Extended => {}
-                        Heartbeat::CancelRequested => r.ctx.stop_with(StopReason::Cancelled),
+                        Heartbeat::Extended => r.deadline = sent + lease,
+                        Heartbeat::CancelRequested => {
+                            r.deadline = sent + lease;
+                            r.ctx.stop_with(StopReason::Cancelled)
+                        }
                         Heartbeat::Lost => r.ctx.stop_with(StopReason::LeaseLost),
-                    }
-                }
-                drop(running);
-                let mut running = lock(&shared.running);
-                for claim in &claims {
-                    if let Some(r) = running.get_mut(claim) {
-                        r.deadline = sent + shared.config.lease;
                     }
                 }
             }
             Err(e) => {
+                // Each attempt's own watch stops its handler before its
+                // lease can lapse; here we only try again soon.
                 tracing::warn!(error = %e, "heartbeat failed; retrying soon");
                 wait = period.min(Duration::from_millis(250));
-                let now = Instant::now();
-                for r in lock(&shared.running).values() {
-                    if now >= r.deadline {
-                        r.ctx.stop_with(StopReason::LeaseLost);
-                    }
-                }
             }
         }
     }

@@ -734,6 +734,19 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// Run migrations on connect (default true).
     pub migrate: bool,
+    /// How long connecting, or waiting for a pooled connection, may take
+    /// (default 5 s). PostgreSQL: connect and pool-acquire timeout; Redis:
+    /// connection timeout.
+    pub connect_timeout: Duration,
+    /// How long one store call may take (default 30 s). PostgreSQL:
+    /// `statement_timeout` and `idle_in_transaction_session_timeout` on every
+    /// connection; Redis: the response timeout; SQLite: the busy timeout.
+    /// Every call is also bounded on the client, at `connect_timeout +
+    /// statement_timeout + 1 s`, so a connection that went dark (no reply,
+    /// no close) still ends in [`StoreError::Unavailable`] saying it timed
+    /// out. Workers and lock keep-alives bound their calls further by the
+    /// lease at stake.
+    pub statement_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -742,7 +755,31 @@ impl Default for StoreOptions {
             prefix: None,
             max_connections: 16,
             migrate: true,
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
         }
+    }
+}
+
+impl StoreOptions {
+    fn validate(&self) -> Result<(), StoreError> {
+        for (field, d) in [
+            ("connect_timeout", self.connect_timeout),
+            ("statement_timeout", self.statement_timeout),
+        ] {
+            if d < Duration::from_millis(10) || d > Duration::from_secs(24 * 3600) {
+                return Err(StoreError::Config(format!(
+                    "{field}: {} is out of range; use 10ms to 24h (e.g. 5s, 30s)",
+                    crate::format_duration(d)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The client-side bound on one store call.
+    fn call_deadline(&self) -> Duration {
+        self.connect_timeout + self.statement_timeout + Duration::from_secs(1)
     }
 }
 
@@ -780,6 +817,7 @@ impl Store {
         if let Some(p) = &opts.prefix {
             validate_prefix(p)?;
         }
+        opts.validate()?;
         let scheme = match url.split_once("://") {
             Some((s, _)) => s,
             // `sqlite:PATH` (no slashes) is accepted too.
@@ -797,6 +835,10 @@ impl Store {
                 )))
             }
         };
+        let backend: Arc<dyn Backend> = Arc::new(Bounded {
+            inner: backend,
+            limit: opts.call_deadline(),
+        });
         if opts.migrate {
             backend.migrate().await?;
         }
@@ -864,4 +906,80 @@ pub(crate) fn ms(d: Duration) -> i64 {
 pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} ms out of range")))
+}
+
+/// Run a store call with a client-side deadline: a call that gets no answer
+/// within `limit` (a connection gone dark: no reply, no close) fails with
+/// the retryable [`StoreError::Unavailable`], saying it timed out.
+pub async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "{what} timed out after {} (no answer from the store)",
+            crate::format_duration(limit)
+        ))),
+    }
+}
+
+/// A backend whose every call has a client-side deadline (see
+/// [`StoreOptions::statement_timeout`]). [`Store::connect_with`] wraps each
+/// backend in one.
+struct Bounded {
+    inner: Arc<dyn Backend>,
+    limit: Duration,
+}
+
+// The impl is generated whole so that `#[async_trait]` sees the methods.
+macro_rules! bounded_backend {
+    ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $out:ty;)*) => {
+        #[async_trait]
+        impl Backend for Bounded {
+            fn kind(&self) -> &'static str {
+                self.inner.kind()
+            }
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+                    bounded(
+                        self.limit,
+                        concat!("store call ", stringify!($name)),
+                        self.inner.$name($($arg),*),
+                    )
+                    .await
+                }
+            )*
+        }
+    };
+}
+
+bounded_backend! {
+    migrate() -> ();
+    now() -> DateTime<Utc>;
+    warnings() -> Vec<String>;
+    lock_acquire(req: &LockRequest<'_>) -> Acquire;
+    lock_extend(name: &str, token: FencingToken, at_most: Duration) -> Option<DateTime<Utc>>;
+    lock_release(name: &str, token: FencingToken, at_least: Duration) -> bool;
+    lock_get(name: &str) -> Option<LockInfo>;
+    lock_list() -> Vec<LockInfo>;
+    enqueue(tasks: &[NewTask]) -> Vec<Enqueued>;
+    claim(req: &ClaimRequest<'_>) -> Vec<Task>;
+    heartbeat(claims: &[Claim], lease: Duration) -> Vec<Heartbeat>;
+    finish(claim: Claim, finish: &Finish) -> bool;
+    finish_many(items: &[(Claim, Finish)]) -> Vec<bool>;
+    progress(claim: Claim, progress: &serde_json::Value) -> bool;
+    rescue() -> Rescued;
+    cancel(id: i64) -> CancelOutcome;
+    retry(id: i64) -> bool;
+    task(id: i64) -> Option<TaskInfo>;
+    tasks(filter: &TaskFilter) -> Vec<TaskInfo>;
+    stats() -> Vec<QueueStats>;
+    prune(older_than: Duration) -> u64;
+    subscribe() -> tokio::sync::broadcast::Receiver<String>;
+    job_register(job: &str) -> JobState;
+    job_advance(adv: &SlotAdvance<'_>) -> Advanced;
+    job_set_paused(job: &str, paused: bool) -> bool;
+    job_list() -> Vec<JobState>;
 }

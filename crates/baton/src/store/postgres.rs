@@ -227,15 +227,24 @@ impl Drop for PgBackend {
 }
 
 /// Connect to PostgreSQL and return the backend. The pool holds at most
-/// `opts.max_connections` connections; an unreachable server fails within a
-/// few seconds with [`StoreError::Unavailable`]. Migrations are not run here
+/// `opts.max_connections` connections; an unreachable server fails within
+/// `opts.connect_timeout` with [`StoreError::Unavailable`], and every session
+/// runs with `statement_timeout` and `idle_in_transaction_session_timeout`
+/// set to `opts.statement_timeout`. Migrations are not run here
 /// (the caller runs [`Backend::migrate`] when `opts.migrate` is set).
 pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
+    let statement_ms = opts.statement_timeout.as_millis().max(1);
+    // Server-side bounds on every session: a statement, and a transaction
+    // left idle by a client that went away, end after `statement_timeout`.
     let connect = PgConnectOptions::from_str(url)
-        .map_err(|e| StoreError::Config(format!("store URL {:?}: {e}", super::redact(url))))?;
+        .map_err(|e| StoreError::Config(format!("store URL {:?}: {e}", super::redact(url))))?
+        .options([
+            ("statement_timeout", statement_ms),
+            ("idle_in_transaction_session_timeout", statement_ms),
+        ]);
     let pool = PgPoolOptions::new()
         .max_connections(opts.max_connections.max(1))
-        .acquire_timeout(CONNECT_TIMEOUT)
+        .acquire_timeout(opts.connect_timeout)
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {

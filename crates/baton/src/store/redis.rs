@@ -123,10 +123,9 @@ enum Upgrade {
 /// nothing else: [`SCHEMA_VERSION`] follows).
 const UPGRADES: &[Upgrade] = &[Upgrade::PersistLocks];
 
-/// How long one connection attempt may take.
+/// How long one connection attempt of the wake-up (pub/sub) connection may
+/// take; the command connection uses `StoreOptions::connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one command (or pipeline) may wait for its reply.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Tasks per enqueue script call.
 const ENQUEUE_CHUNK: usize = 500;
 /// Enqueue script calls per pipelined round trip.
@@ -890,7 +889,9 @@ pub struct RedisBackend {
 /// Connect to Redis and return the backend.
 ///
 /// The connection is checked before returning; a server that does not
-/// answer gives [`StoreError::Unavailable`] within a few seconds.
+/// answer gives [`StoreError::Unavailable`] within a few
+/// `opts.connect_timeout`s. A command waits `opts.statement_timeout` for its
+/// reply, then fails with [`StoreError::Unavailable`] (timed out).
 pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
     Ok(Arc::new(RedisBackend::connect(url, opts).await?))
 }
@@ -964,13 +965,13 @@ impl RedisBackend {
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
         let client = open_client(url)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(CONNECT_TIMEOUT)
-            .set_response_timeout(RESPONSE_TIMEOUT)
+            .set_connection_timeout(opts.connect_timeout)
+            .set_response_timeout(opts.statement_timeout)
             .set_number_of_retries(1)
             .set_factor(2)
             .set_max_delay(200);
         let conn = tokio::time::timeout(
-            CONNECT_TIMEOUT * 3,
+            opts.connect_timeout * 3,
             ConnectionManager::new_with_config(client.clone(), config),
         )
         .await

@@ -59,10 +59,6 @@ const BASE_VERSION: i64 = 1;
 /// upgrade step.
 const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
 
-/// How long a connection waits for another writer before failing with
-/// `SQLITE_BUSY` (mapped to the retryable [`StoreError::Unavailable`]).
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Rows per multi-row `INSERT` (12 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
 const INSERT_CHUNK: usize = 1000;
@@ -210,8 +206,10 @@ fn parse_url(url: &str) -> Result<PathBuf, StoreError> {
 /// Connect to the SQLite file named by `url` (`sqlite://PATH` or
 /// `sqlite:PATH`), creating it if absent, and return the backend.
 ///
-/// The file is opened in WAL mode with `synchronous=NORMAL` and a 10 s busy
-/// timeout, through a pool of `opts.max_connections` connections. Migrations
+/// The file is opened in WAL mode with `synchronous=NORMAL` and a busy
+/// timeout of `opts.statement_timeout` (how long a connection waits for
+/// another writer before failing with `SQLITE_BUSY`, mapped to the retryable
+/// [`StoreError::Unavailable`]), through a pool of `opts.max_connections` connections. Migrations
 /// are not run here; [`Backend::migrate`] does that (and
 /// [`crate::Store::connect_with`] calls it unless `opts.migrate` is false).
 pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
@@ -294,7 +292,7 @@ impl SqliteBackend {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(BUSY_TIMEOUT)
+            .busy_timeout(opts.statement_timeout)
             .foreign_keys(false);
         let pool = Arc::new(
             SqlitePoolOptions::new()

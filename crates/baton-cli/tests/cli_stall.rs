@@ -1,0 +1,199 @@
+//! `baton work` when the store goes dark, and on a second SIGTERM, as a
+//! user runs it: real processes, a fault proxy between a worker and its
+//! store (PostgreSQL, Redis), command tasks that write timestamps.
+
+mod common;
+#[path = "../../baton/tests/support/proxy.rs"]
+mod proxy;
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::{read, signal, stderr, stdout, wait_for, Env, Kind};
+use proxy::{host_port, Mode, Proxy};
+
+per_backend! {
+    second_sigterm_hands_the_task_back_now,
+}
+
+mod dark {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        if let Some(e) = crate::common::Env::new(crate::Kind::Postgres).await {
+            crate::dark_store_never_overlaps(e).await
+        }
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis() {
+        if let Some(e) = crate::common::Env::new(crate::Kind::Redis).await {
+            crate::dark_store_never_overlaps(e).await
+        }
+    }
+}
+
+fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
+    let mut args = vec!["enqueue"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    let out = e.run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stdout(&out).trim().parse().expect("enqueue prints the id")
+}
+
+fn show(e: &Env, id: i64) -> serde_json::Value {
+    let out = e.run(&["tasks", "show", &id.to_string(), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+/// Wait up to `secs` for the child to exit; its exit code (None: a signal).
+fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        if t0.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("{what}: still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wall-clock seconds written by bash's `$EPOCHREALTIME`, one per line.
+fn stamps(e: &Env, file: &str) -> Vec<f64> {
+    read(&e.path(file))
+        .lines()
+        .filter_map(|l| l.trim().replace(',', ".").parse().ok())
+        .collect()
+}
+
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn have_bash() -> bool {
+    common::have(
+        "bash",
+        std::process::Command::new("bash")
+            .args(["-c", "[ -n \"$EPOCHREALTIME\" ]"])
+            .status()
+            .is_ok_and(|s| s.success()),
+    )
+}
+
+const APPEND: &str =
+    r#"while :; do echo "$EPOCHREALTIME" >> "ledger-$BATON_ATTEMPT"; sleep 0.05; done"#;
+
+async fn dark_store_never_overlaps(e: Env) {
+    if !have_bash() {
+        return;
+    }
+    let proxy = Proxy::start(&host_port(&e.ts.url));
+    let via_proxy = proxy.url(&e.ts.url);
+    let id = enqueue(&e, &["--max-attempts", "5"], &["bash", "-c", APPEND]);
+    let opts = [
+        "--lease",
+        "3s",
+        "--poll",
+        "200ms",
+        "--shutdown-grace",
+        "2s",
+        "--grace",
+        "500ms",
+    ];
+    let mut args = vec!["work", "--store", &via_proxy];
+    args.extend_from_slice(&opts);
+    let mut w1 = e.spawn_logged(&args);
+    wait_for(20, "attempt 1 to start", || {
+        !stamps(&e, "ledger-1").is_empty()
+    });
+    // Heartbeats through the proxy renew the lease a few times; then dark.
+    std::thread::sleep(Duration::from_millis(1500));
+    proxy.set(Mode::Dark);
+    let dark = epoch_now();
+    let mut args = vec!["work"];
+    args.extend_from_slice(&opts);
+    let mut w2 = e.spawn_logged(&args);
+    wait_for(30, "attempt 2 to start on the healthy path", || {
+        !stamps(&e, "ledger-2").is_empty()
+    });
+
+    // SIGTERM to the worker whose store is still dark: it exits in time.
+    let t0 = Instant::now();
+    signal(&w1, libc::SIGTERM);
+    let code = exit_within(&mut w1, 15, "baton work on a dark store after SIGTERM");
+    let took = t0.elapsed();
+
+    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
+    let first2 = stamps(&e, "ledger-2")
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        last1 < first2,
+        "attempt 1 wrote {:.3} s after attempt 2's first write: overlap",
+        last1 - first2
+    );
+    assert!(
+        last1 < dark + 3.3,
+        "attempt 1 wrote {:.3} s after the store went dark, past its 3 s lease",
+        last1 - dark
+    );
+    assert!(took < Duration::from_secs(10), "exit took {took:?}");
+    assert_eq!(code, Some(143), "exit 128 + SIGTERM");
+    assert_eq!(show(&e, id)["attempt"], 2);
+    signal(&w2, libc::SIGTERM);
+    assert_eq!(exit_within(&mut w2, 15, "the healthy worker"), Some(143));
+}
+
+/// Whether a process is gone (or a zombie nobody has reaped yet).
+fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+async fn second_sigterm_hands_the_task_back_now(e: Env) {
+    if !have_bash() {
+        return;
+    }
+    // A command that ignores SIGTERM and would run for a long time.
+    let script = r#"echo $$ > pid; trap 'echo TERM >> terms' TERM; while :; do sleep 0.1; done"#;
+    let id = enqueue(&e, &["--max-attempts", "3"], &["bash", "-c", script]);
+    let mut w = e.spawn_logged(&[
+        "work",
+        "--poll",
+        "200ms",
+        "--shutdown-grace",
+        "60s",
+        "--grace",
+        "30s",
+    ]);
+    wait_for(20, "the task to start", || !read(&e.path("pid")).is_empty());
+    let pid = read(&e.path("pid")).trim().to_string();
+    signal(&w, libc::SIGTERM);
+    // The first SIGTERM waits for the task (60 s grace); the second stops it now.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(w.try_wait().unwrap().is_none(), "one SIGTERM is graceful");
+    let t0 = Instant::now();
+    signal(&w, libc::SIGTERM);
+    let code = exit_within(&mut w, 15, "baton work after a second SIGTERM");
+    assert_eq!(code, Some(143), "exit 128 + SIGTERM");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    let t = show(&e, id);
+    assert_eq!(t["state"], "pending", "handed back: {t}");
+    assert_eq!(t["attempt"], 0, "the attempt is not counted: {t}");
+    assert!(
+        read(&e.path("terms")).contains("TERM"),
+        "the command was asked to stop first"
+    );
+    wait_for(5, "the command to be stopped", || dead(&pid));
+}

@@ -1,0 +1,300 @@
+//! The lease bounds the work, not the store (DESIGN.md T2, E1): a worker
+//! whose path to the store goes dark mid-task — PostgreSQL and Redis behind
+//! a fault proxy that drops every byte, SQLite behind a second connection
+//! holding `BEGIN EXCLUSIVE` — stops its handler before its lease can lapse
+//! and drops it at the lease's end, so the attempt another worker starts
+//! after rescuing the task never overlaps it; and `Worker::run` returns
+//! within a bound after shutdown while the store is still dark.
+
+#[allow(dead_code)]
+#[path = "conformance/harness.rs"]
+mod harness;
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton::queue::worker::StopReason;
+use baton::queue::{Queue, TaskBuilder, Worker, WorkerConfig};
+use baton::{Store, StoreOptions};
+use harness::Kind;
+use support::proxy::{host_port, Mode, Proxy};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const LEASE: Duration = Duration::from_secs(3);
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// What the handlers saw: every tick (attempt, time) and, per attempt, when
+/// a stop was first seen and why.
+#[derive(Default)]
+struct Ledger {
+    ticks: Vec<(u32, Instant)>,
+    stops: Vec<(u32, Instant, Option<StopReason>)>,
+}
+
+impl Ledger {
+    fn first(&self, attempt: u32) -> Option<Instant> {
+        self.ticks.iter().find(|t| t.0 == attempt).map(|t| t.1)
+    }
+    fn last(&self, attempt: u32) -> Option<Instant> {
+        self.ticks
+            .iter()
+            .rev()
+            .find(|t| t.0 == attempt)
+            .map(|t| t.1)
+    }
+}
+
+fn worker(store: Store, ledger: Arc<Mutex<Ledger>>) -> Worker {
+    let mut cfg = WorkerConfig::default().queue("default", 1).lease(LEASE);
+    cfg.poll_interval = Duration::from_millis(200);
+    cfg.stop_grace = STOP_GRACE;
+    cfg.shutdown_grace = Duration::from_secs(2);
+    let mut w = Worker::new(store, cfg);
+    // An uncooperative handler: it notes the stop but keeps working, so
+    // only dropping it ends its ticks.
+    w.handle("long", move |ctx| {
+        let ledger = ledger.clone();
+        async move {
+            let attempt = ctx.task().attempt;
+            let mut noted = false;
+            loop {
+                {
+                    let now = Instant::now();
+                    let mut l = ledger.lock().unwrap();
+                    l.ticks.push((attempt, now));
+                    if ctx.is_stopped() && !noted {
+                        noted = true;
+                        l.stops.push((attempt, now, ctx.stop_reason()));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    w
+}
+
+async fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How the test makes worker A's store path go dark.
+enum Stall {
+    Proxy(Proxy),
+    /// A second connection holding the SQLite file's write lock.
+    Sqlite(String, Option<sqlx::SqliteConnection>),
+}
+
+impl Stall {
+    async fn dark(&mut self) {
+        match self {
+            Stall::Proxy(p) => p.set(Mode::Dark),
+            Stall::Sqlite(url, conn) => {
+                use sqlx::Connection;
+                let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+                sqlx::query("BEGIN EXCLUSIVE")
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+                *conn = Some(c);
+            }
+        }
+    }
+    async fn light(&mut self) {
+        match self {
+            Stall::Proxy(p) => p.set(Mode::Pass),
+            Stall::Sqlite(_, conn) => {
+                if let Some(mut c) = conn.take() {
+                    sqlx::query("COMMIT").execute(&mut c).await.unwrap();
+                }
+            }
+        }
+    }
+}
+
+async fn stalled_store_stops_the_handler_before_the_lease_lapses(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let (store_a, mut stall) = match kind {
+        Kind::Sqlite => (ts.open().await, Stall::Sqlite(ts.url.clone(), None)),
+        Kind::Postgres | Kind::Redis => {
+            let proxy = Proxy::start(&host_port(&ts.url));
+            let opts = StoreOptions {
+                prefix: Some(ts.prefix.clone()),
+                max_connections: 4,
+                ..StoreOptions::default()
+            };
+            let s = Store::connect_with(&proxy.url(&ts.url), opts)
+                .await
+                .unwrap();
+            (s, Stall::Proxy(proxy))
+        }
+    };
+    let q = Queue::new(ts.store.clone());
+    let id = q
+        .enqueue(TaskBuilder::new("long", serde_json::json!({})).max_attempts(5))
+        .await
+        .unwrap()
+        .id;
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let stop_a = CancellationToken::new();
+    let run_a = tokio::spawn(worker(store_a, ledger.clone()).run(stop_a.clone()));
+    wait_for(20, "attempt 1 to start", || {
+        ledger.lock().unwrap().first(1).is_some()
+    })
+    .await;
+    // Let heartbeats confirm the lease a few times, then go dark.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let dark = Instant::now();
+    stall.dark().await;
+
+    // The handler is stopped `guard` before the lease's local bound (at
+    // the latest dark + lease) and dropped at it.
+    let lease_end = dark + LEASE;
+    wait_for(20, "attempt 1 to be dropped", || {
+        ledger
+            .lock()
+            .unwrap()
+            .last(1)
+            .is_some_and(|t| t.elapsed() > Duration::from_millis(500))
+    })
+    .await;
+    {
+        let l = ledger.lock().unwrap();
+        let (_, seen, why) = *l
+            .stops
+            .iter()
+            .find(|s| s.0 == 1)
+            .expect("attempt 1 was asked to stop");
+        assert_eq!(why, Some(StopReason::LeaseExpiring));
+        // Scheduling slack on a loaded machine: 500 ms.
+        assert!(
+            seen <= lease_end - STOP_GRACE + Duration::from_millis(500),
+            "stop seen {:?} after going dark; the lease ends {:?} after",
+            seen - dark,
+            LEASE
+        );
+        let last = l.last(1).unwrap();
+        assert!(
+            last <= lease_end + Duration::from_millis(300),
+            "attempt 1 ran {:?} after going dark, past its lease ({LEASE:?})",
+            last - dark
+        );
+    }
+
+    // Shutdown while the store is still dark returns within a bound
+    // (shutdown_grace 2 s for the claim in flight, then nothing to wait for).
+    let t0 = Instant::now();
+    stop_a.cancel();
+    tokio::time::timeout(Duration::from_secs(10), run_a)
+        .await
+        .expect("Worker::run returns within 10 s of shutdown while the store is dark")
+        .unwrap()
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(8), "shutdown took {took:?}");
+
+    // Another worker on a healthy path rescues the task and runs attempt 2
+    // (SQLite has one path: the lock is released first).
+    if kind == Kind::Sqlite {
+        stall.light().await;
+    }
+    let stop_b = CancellationToken::new();
+    let run_b = tokio::spawn(worker(ts.store.clone(), ledger.clone()).run(stop_b.clone()));
+    wait_for(30, "attempt 2 to start", || {
+        ledger.lock().unwrap().first(2).is_some()
+    })
+    .await;
+    {
+        let l = ledger.lock().unwrap();
+        let (last1, first2) = (l.last(1).unwrap(), l.first(2).unwrap());
+        assert!(
+            last1 < first2,
+            "attempt 1 ran until {:?} after attempt 2 started: overlap",
+            last1 - first2
+        );
+    }
+    stall.light().await;
+    stop_b.cancel();
+    tokio::time::timeout(Duration::from_secs(15), run_b)
+        .await
+        .expect("worker B stops")
+        .unwrap()
+        .unwrap();
+    let t = q.task(id).await.unwrap().unwrap();
+    assert_eq!(t.state, baton::store::TaskState::Pending, "handed back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_stalled_store_stops_the_handler_before_the_lease_lapses() {
+    stalled_store_stops_the_handler_before_the_lease_lapses(Kind::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_stalled_store_stops_the_handler_before_the_lease_lapses() {
+    stalled_store_stops_the_handler_before_the_lease_lapses(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_stalled_store_stops_the_handler_before_the_lease_lapses() {
+    stalled_store_stops_the_handler_before_the_lease_lapses(Kind::Redis).await
+}
+
+/// A call on a connection gone dark ends, within a bound, as a retryable
+/// `Unavailable` that says it timed out (Redis: its response timeout;
+/// PostgreSQL: the client-side bound, as the server's statement_timeout
+/// cannot reach a client that hears nothing).
+async fn dark_call_times_out_as_unavailable(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let proxy = Proxy::start(&host_port(&ts.url));
+    let opts = StoreOptions {
+        prefix: Some(ts.prefix.clone()),
+        max_connections: 2,
+        connect_timeout: Duration::from_secs(1),
+        statement_timeout: Duration::from_secs(1),
+        ..StoreOptions::default()
+    };
+    let store = Store::connect_with(&proxy.url(&ts.url), opts)
+        .await
+        .unwrap();
+    store.now().await.unwrap();
+    proxy.set(Mode::Dark);
+    let t0 = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(15), store.now())
+        .await
+        .expect("the call ends within 15 s while dark")
+        .expect_err("no answer while dark");
+    let took = t0.elapsed();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    // Bad values are refused, naming the field.
+    let bad = StoreOptions {
+        statement_timeout: Duration::ZERO,
+        ..StoreOptions::default()
+    };
+    let err = Store::connect_with(&ts.url, bad).await.unwrap_err();
+    assert!(err.to_string().contains("statement_timeout"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_dark_call_times_out_as_unavailable() {
+    dark_call_times_out_as_unavailable(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_dark_call_times_out_as_unavailable() {
+    dark_call_times_out_as_unavailable(Kind::Redis).await
+}

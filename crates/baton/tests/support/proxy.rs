@@ -1,0 +1,214 @@
+//! A TCP fault proxy for tests: put it in front of a store and make the
+//! path between a client and the store pass, go *dark* (connections stay
+//! open but every byte in both directions is dropped: a stall, not a
+//! close), be *cut* (every connection closed, new ones refused), or slow
+//! (latency added to every chunk).
+//!
+//! It runs on a thread of its own with its own runtime, so a test can use
+//! it from sync or async code, and a `baton` child process can connect to
+//! [`Proxy::url`] while the test flips the mode.
+//!
+//! ```ignore
+//! let proxy = Proxy::start("127.0.0.1:5432");
+//! let url = proxy.url("postgres://postgres@127.0.0.1:5432/test");
+//! proxy.set(Mode::Dark);
+//! ```
+
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward everything.
+    Pass,
+    /// Keep connections open, drop every byte both ways (and accept new
+    /// connections into the same silence).
+    Dark,
+    /// Close every connection; accept and close new ones at once.
+    Cut,
+}
+
+struct State {
+    mode: Mode,
+    latency: Duration,
+}
+
+/// A running proxy. Dropping it stops it and closes every connection.
+pub struct Proxy {
+    addr: SocketAddr,
+    upstream: String,
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Listen on a free loopback port and forward to `upstream` (`host:port`).
+    pub fn start(upstream: &str) -> Proxy {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            mode: Mode::Pass,
+            latency: Duration::ZERO,
+        }));
+        let (changed, rx) = watch::channel(0u64);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel();
+        let (st, up) = (state.clone(), upstream.to_string());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(std_listener).unwrap();
+                tokio::select! {
+                    _ = accept_loop(listener, up, st, rx) => {}
+                    _ = stop_rx => {}
+                }
+            });
+            // Dropping the runtime drops every connection task (and socket).
+            rt.shutdown_background();
+        });
+        Proxy {
+            addr,
+            upstream: upstream.to_string(),
+            state,
+            changed,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `url` with its `host:port` (the upstream given to [`Proxy::start`])
+    /// replaced by the proxy's.
+    pub fn url(&self, url: &str) -> String {
+        assert!(
+            url.contains(&self.upstream),
+            "{url} does not name {}",
+            self.upstream
+        );
+        url.replacen(&self.upstream, &self.addr.to_string(), 1)
+    }
+
+    /// Switch the mode; takes effect on every open connection.
+    pub fn set(&self, mode: Mode) {
+        self.state.lock().unwrap().mode = mode;
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Delay every forwarded chunk by `latency`.
+    pub fn latency(&self, latency: Duration) {
+        self.state.lock().unwrap().latency = latency;
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `host:port` of a store URL (`scheme://[user[:pw]@]host:port[/…]`).
+pub fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: String,
+    state: Arc<Mutex<State>>,
+    changed: watch::Receiver<u64>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        if state.lock().unwrap().mode == Mode::Cut {
+            drop(client);
+            continue;
+        }
+        let (up, st, ch) = (upstream.clone(), state.clone(), changed.clone());
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(&up).await else {
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            // Either direction ending (or a cut) ends both.
+            tokio::select! {
+                _ = pump(cr, sw, st.clone(), ch.clone()) => {}
+                _ = pump(sr, cw, st, ch) => {}
+            }
+        });
+    }
+}
+
+/// Copy `from` to `to` chunk by chunk, as the mode says; returns on EOF,
+/// an error or a cut.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: Arc<Mutex<State>>,
+    mut changed: watch::Receiver<u64>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if state.lock().unwrap().mode == Mode::Cut {
+            return;
+        }
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            r = changed.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                continue; // re-check for a cut
+            }
+        };
+        let (mode, latency) = {
+            let s = state.lock().unwrap();
+            (s.mode, s.latency)
+        };
+        match mode {
+            Mode::Cut => return,
+            Mode::Dark => continue, // dropped
+            Mode::Pass => {
+                if !latency.is_zero() {
+                    tokio::time::sleep(latency).await;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
