@@ -17,6 +17,7 @@
 mod harness;
 mod idle;
 mod locks;
+mod model;
 mod queue;
 mod schedule;
 
@@ -75,4 +76,5 @@ conformance! {
     schedule::catch_up_all_runs_every_missed_slot_once,
     schedule::catch_up_latest_runs_one_missed_slot,
     schedule::lock_mode_runs_each_slot_on_one_instance,
+    model::store_agrees_with_the_model,
 }
