@@ -164,7 +164,74 @@ fn gen_ops(rng: &mut fastrand::Rng, n: usize) -> Vec<Op> {
         }
     }
     let mut ops = Vec::with_capacity(n);
-    for _ in 0..n {
+    while ops.len() < n {
+        // Now and then a short scenario that random ops rarely line up;
+        // its ops are ordinary ops, so shrinking treats them one by one.
+        if rng.u32(0..100) < 7 {
+            let fresh = Op::Enqueue(vec![Spec {
+                queue: 0,
+                prio: -1,
+                later: false,
+                max_attempts: rng.u32(1..4),
+                key: Some(rng.usize(0..KEYS.len())),
+                forever: false,
+            }]);
+            let take = Op::Claim {
+                queue: 0,
+                limit: 1,
+                cap: None,
+            };
+            let stale = match rng.u32(0..3) {
+                0 => Op::Heartbeat(vec![ClaimRef::Latest(1)]),
+                1 => Op::Finish(ClaimRef::Latest(1), fin(rng)),
+                _ => Op::Progress(ClaimRef::Latest(1)),
+            };
+            let snippet = match rng.u32(0..4) {
+                // A running task is cancelled, then its worker goes on.
+                0 => vec![
+                    fresh,
+                    take,
+                    Op::Cancel(TaskRef::OfClaim(0)),
+                    if rng.bool() {
+                        Op::Lapse(ClaimRef::Latest(0))
+                    } else {
+                        Op::Heartbeat(vec![ClaimRef::Latest(0)])
+                    },
+                    if rng.bool() {
+                        Op::Rescue
+                    } else {
+                        Op::Finish(ClaimRef::Latest(0), fin(rng))
+                    },
+                ],
+                // A lease lapses and is rescued, then the old claim speaks.
+                1 => vec![
+                    fresh,
+                    take.clone(),
+                    Op::Lapse(ClaimRef::Latest(0)),
+                    Op::Rescue,
+                    take,
+                    stale,
+                ],
+                // Hand-back, re-claim, then the first claim speaks.
+                2 => vec![
+                    fresh,
+                    take.clone(),
+                    Op::Finish(ClaimRef::Latest(0), Fin::HandBack),
+                    take,
+                    stale,
+                ],
+                // A finished task's key is taken again, then it is retried.
+                _ => vec![
+                    fresh.clone(),
+                    take,
+                    Op::Finish(ClaimRef::Latest(0), Fin::Failed(None)),
+                    fresh,
+                    Op::Retry(TaskRef::Latest(1)),
+                ],
+            };
+            ops.extend(snippet);
+            continue;
+        }
         let op = match rng.u32(0..100) {
             0..=14 => {
                 let count = if rng.u32(0..4) == 0 {
@@ -218,6 +285,7 @@ fn gen_ops(rng: &mut fastrand::Rng, n: usize) -> Vec<Op> {
         };
         ops.push(op);
     }
+    ops.truncate(n);
     ops
 }
 
@@ -283,29 +351,26 @@ struct Rules {
     /// A requested cancel is dropped by a retryable failure or a hand-back
     /// (back to pending), and a claim may take a cancel-requested task.
     old_cancel: bool,
+    /// `finish_many` batches may hold two outcomes for one task
+    /// (`BATON_MODEL_DUP_BATCH=1`).
+    dup_batch: bool,
 }
 
 impl Rules {
     fn from_env() -> Rules {
+        let dup_batch = std::env::var("BATON_MODEL_DUP_BATCH").is_ok_and(|v| v == "1");
         let v = std::env::var("BATON_MODEL_LEGACY").unwrap_or_default();
-        match v.trim() {
-            "" | "0" => Rules {
-                old_fencing: false,
-                old_cancel: false,
-            },
-            "1" => Rules {
-                old_fencing: true,
-                old_cancel: true,
-            },
-            "fencing" => Rules {
-                old_fencing: true,
-                old_cancel: false,
-            },
-            "cancel" => Rules {
-                old_fencing: false,
-                old_cancel: true,
-            },
+        let (old_fencing, old_cancel) = match v.trim() {
+            "" | "0" => (false, false),
+            "1" => (true, true),
+            "fencing" => (true, false),
+            "cancel" => (false, true),
             other => panic!("BATON_MODEL_LEGACY={other:?}: expected 0, 1, fencing or cancel"),
+        };
+        Rules {
+            old_fencing,
+            old_cancel,
+            dup_batch,
         }
     }
 }
@@ -411,8 +476,10 @@ impl Model {
             }
             Op::Finish(r, f) => c(*r).map_or(Step::Noop, |i| Step::Finish(i, f.clone())),
             Op::FinishMany(items) => {
-                // One item per task: a worker never sends two outcomes of
-                // one task in a batch (the backends apply successes first).
+                // One item per task unless BATON_MODEL_DUP_BATCH=1: a
+                // worker never sends two outcomes of one task in a batch,
+                // and SQLite and PostgreSQL apply a batch's successes
+                // before its other outcomes, not in order.
                 // At most one item may set run_at = now: PostgreSQL ends
                 // the other outcomes one transaction each (each its own
                 // now), SQLite and Redis in one (one now), so two such
@@ -422,7 +489,7 @@ impl Model {
                 let v: Vec<(usize, Fin)> = items
                     .iter()
                     .filter_map(|(r, f)| c(*r).map(|i| (i, f.clone())))
-                    .filter(|(i, _)| seen.insert(self.claims[*i].task))
+                    .filter(|(i, _)| seen.insert(self.claims[*i].task) || self.rules.dup_batch)
                     .map(|(i, f)| match f {
                         Fin::Failed(Some(false)) if std::mem::replace(&mut due_now, true) => {
                             (i, Fin::Failed(Some(true)))
