@@ -14,7 +14,10 @@
 //! from a handed-back claim is refused) and a requested cancel sticks
 //! through a retryable failure or a hand-back. `BATON_MODEL_LEGACY=1`
 //! switches those two rules to the older behaviour (hand-back reuses
-//! `(id, attempt)`; both go back to pending).
+//! `(id, attempt)`; both go back to pending), `=fencing` or `=cancel` only
+//! one of them. `BATON_MODEL_DUP_BATCH=1` lets a `finish_many` batch carry
+//! two outcomes for one task (which SQLite and PostgreSQL do not answer in
+//! order today).
 //!
 //! Time is made predictable: every lease is 10 minutes except a deliberate
 //! lapse (a heartbeat or extension of 1 ms, then a short sleep), and every
@@ -559,13 +562,15 @@ impl Model {
                 t.errors += 1;
                 t.last_error = true;
                 let again = retry.is_some() && t.attempt < t.max_attempts;
-                if again && !(t.cancel_requested && !old_cancel) {
-                    Self::leave_running(t, TaskState::Pending);
-                    t.run_at = if *retry == Some(true) { LATER } else { now };
-                } else if again {
+                // Intended: a requested cancel sticks instead of a retry.
+                let sticks = t.cancel_requested && !old_cancel;
+                if !again {
+                    Self::leave_running(t, TaskState::Failed);
+                } else if sticks {
                     Self::leave_running(t, TaskState::Cancelled);
                 } else {
-                    Self::leave_running(t, TaskState::Failed);
+                    Self::leave_running(t, TaskState::Pending);
+                    t.run_at = if *retry == Some(true) { LATER } else { now };
                 }
             }
             Fin::Cancelled => {
