@@ -17,6 +17,7 @@
 mod harness;
 mod idle;
 mod locks;
+mod model;
 mod queue;
 mod schedule;
 mod upgrade;
@@ -89,4 +90,5 @@ conformance! {
     schedule::catch_up_all_with_overlap_forbid,
     schedule::fixed_delay_counts_from_the_previous_end,
     upgrade::v1_store_upgrades_in_place,
+    model::store_agrees_with_the_model,
 }
