@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::spec::{due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
@@ -248,81 +247,7 @@ pub struct SlotRun {
 type SlotFut = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type SlotFn = Arc<dyn Fn(SlotRun) -> SlotFut + Send + Sync>;
 
-/// An estimate of the store's clock: calibrated with the store's `now()`,
-/// advanced on this machine's monotonic clock. The local wall clock is
-/// never used for time, so a skewed node fires at the same instants as the
-/// rest. (It is compared with the monotonic clock only to notice a
-/// suspended machine, whose monotonic clock stood still: then the estimate
-/// is recalibrated at once.)
-#[derive(Debug, Clone)]
-pub struct StoreClock {
-    store: Store,
-    base: Arc<std::sync::Mutex<(DateTime<Utc>, Instant)>>,
-    wall: Arc<std::sync::Mutex<(std::time::SystemTime, Instant)>>,
-}
-
-impl StoreClock {
-    /// Calibrate against the store.
-    pub async fn new(store: Store) -> Result<StoreClock, Error> {
-        let t0 = Instant::now();
-        let now = store.now().await?;
-        let mid = t0 + t0.elapsed() / 2;
-        Ok(StoreClock {
-            store,
-            base: Arc::new(std::sync::Mutex::new((now, mid))),
-            wall: Arc::new(std::sync::Mutex::new((
-                std::time::SystemTime::now(),
-                Instant::now(),
-            ))),
-        })
-    }
-
-    /// Recalibrate if the machine was suspended long enough that the
-    /// monotonic clock (which stands still during suspend) fell behind the
-    /// wall clock.
-    pub async fn recalibrate_if_suspended(&self) {
-        let (sys, mono) = match self.wall.lock() {
-            Ok(g) => *g,
-            Err(p) => *p.into_inner(),
-        };
-        let wall_elapsed = std::time::SystemTime::now()
-            .duration_since(sys)
-            .unwrap_or_default();
-        if wall_elapsed.saturating_sub(mono.elapsed()) > Duration::from_secs(1) {
-            tracing::info!("the machine was suspended; recalibrating the store clock");
-            self.recalibrate().await;
-        }
-    }
-    /// The estimated store time now.
-    pub fn now(&self) -> DateTime<Utc> {
-        let (t, at) = match self.base.lock() {
-            Ok(g) => *g,
-            Err(p) => *p.into_inner(),
-        };
-        t + chrono::Duration::from_std(at.elapsed()).unwrap_or_default()
-    }
-    /// Re-read the store's clock (errors keep the old estimate).
-    pub async fn recalibrate(&self) {
-        let t0 = Instant::now();
-        if let Ok(now) = self.store.now().await {
-            let mid = t0 + t0.elapsed() / 2;
-            match self.base.lock() {
-                Ok(mut g) => *g = (now, mid),
-                Err(p) => *p.into_inner() = (now, mid),
-            }
-            let w = (std::time::SystemTime::now(), Instant::now());
-            match self.wall.lock() {
-                Ok(mut g) => *g = w,
-                Err(p) => *p.into_inner() = w,
-            }
-        }
-    }
-    /// Sleep until the store's clock reaches `t` (or `max`, whichever first).
-    pub async fn sleep_until(&self, t: DateTime<Utc>, max: Duration) {
-        let wait = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
-        tokio::time::sleep(wait.min(max).max(Duration::from_millis(2))).await;
-    }
-}
+pub use crate::clock::StoreClock;
 
 /// Runs jobs' slots. See the module docs.
 pub struct Scheduler {
