@@ -19,6 +19,7 @@ mod idle;
 mod locks;
 mod queue;
 mod schedule;
+mod timing;
 
 pub use harness::TestStore;
 
@@ -75,4 +76,7 @@ conformance! {
     schedule::catch_up_all_runs_every_missed_slot_once,
     schedule::catch_up_latest_runs_one_missed_slot,
     schedule::lock_mode_runs_each_slot_on_one_instance,
+    timing::delayed_task_starts_at_its_run_at,
+    timing::retry_written_elsewhere_starts_when_its_backoff_ends,
+    timing::own_retry_starts_when_its_backoff_ends,
 }
