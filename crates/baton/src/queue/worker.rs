@@ -6,11 +6,11 @@
 //! Its store traffic when idle is one claim per `poll_interval` (each queue
 //! in turn), plus a rescue every `rescue_interval` (default five polls) and
 //! a prune of finished tasks past the retention every 300 polls, each on a
-//! timer of its own, and a reading of the store's clock once a minute. New
-//! work normally arrives sooner through the store's wake-up channel: a
-//! wake-up for work due later (a delayed task, a scheduled slot, a retry
-//! after its backoff) arms a timer, so the task is claimed when its
-//! `run_at` comes, not at the next poll.
+//! timer of its own, and three readings of the store's clock (the best one
+//! is kept) once a minute. New work normally arrives sooner through the
+//! store's wake-up channel: a wake-up for work due later (a delayed task, a
+//! scheduled slot, a retry after its backoff) arms a timer, so the task is
+//! claimed when its `run_at` comes, not at the next poll.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), baton::Error> {
