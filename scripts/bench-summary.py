@@ -44,6 +44,8 @@ def main():
             by[("tp", r["store"])].append(r)
         elif b == "claim-scale":
             by[("claim", r["store"], r["pending"], r["phase"])].append(r)
+        elif b == "schedule_precision":
+            by[("precision", r["store"])].append(r)
 
     print("### Store ceilings\n")
     print("| tool | concurrency | ops/s median (min–max) | latency ms (redis-benchmark p50, pgbench average) |")
@@ -110,6 +112,17 @@ def main():
     for (store, pending, phase), v in sorted(med.items()):
         if pending == 1000000 and (store, 10000, phase) in med:
             print(f"- {store} {phase}: 1M / 10k = {v / med[(store, 10000, phase)] * 100:.0f} %")
+
+    print("\n### Schedule precision (instances x 1 s durable job)\n")
+    print("| store | slots | slot->start p50 ms | p99 ms | skipped | missed | doubled |")
+    print("|---|---|---|---|---|---|---|")
+    for k in sorted(k for k in by if k[0] == "precision"):
+        rs = by[k]
+        print(f"| {k[1]} | {sum(r['slots'] for r in rs)} | "
+              f"{fmt([r['slot_to_start']['p50_ms'] for r in rs], 3)} | "
+              f"{fmt([r['slot_to_start']['p99_ms'] for r in rs], 3)} | "
+              f"{sum(r['skipped'] for r in rs)} | {sum(r['missed'] for r in rs)} | "
+              f"{sum(r['doubled'] for r in rs)} |")
 
 
 if __name__ == "__main__":

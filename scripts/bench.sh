@@ -24,7 +24,8 @@ CEIL_SECS=${CEIL_SECS:-10}
 POOL=${POOL:-20}                 # per worker process/handle; 4 x 20 fits max_connections=100
 GW_DIR=${GW_DIR:-/tmp/gw}
 GW_VERSION=${GW_VERSION:-0.16.6} # 0.17+/0.18 need Node >= 22
-SECTIONS=${SECTIONS:-"ceilings lock latency throughput claim"}
+PRECISION_SECS=${PRECISION_SECS:-60}
+SECTIONS=${SECTIONS:-"ceilings lock latency precision throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)   # absolute: graphile runs from $GW_DIR
 TMP=${TMPDIR:-/tmp}
@@ -160,6 +161,12 @@ for rep in $(seq 1 "$REPS"); do
   if has latency; then
     for st in sqlite postgres redis; do
       on_store "$rep" "$st" latency --jobs 1000
+    done
+  fi
+  if has precision; then
+    # 3 instances (scheduler + worker each), a 1 s durable job for 60 s.
+    for st in sqlite postgres redis; do
+      on_store "$rep" "$st" schedule-precision --instances 3 --seconds "$PRECISION_SECS" --pool 4
     done
   fi
   if has throughput; then

@@ -38,6 +38,28 @@ enum Cmd {
     Latency(LatencyArgs),
     /// Claim rate (batches of --batch, --claimers at once) over a pending backlog.
     ClaimScale(ClaimArgs),
+    /// Scheduling precision: N instances (scheduler + worker, each on its own
+    /// store handle) run a durable `every` job; slot -> handler start latency
+    /// and skipped / missed / doubled slots.
+    SchedulePrecision(PrecisionArgs),
+}
+
+#[derive(Args)]
+struct PrecisionArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Instances, each a scheduler and a worker on its own store handle.
+    #[arg(long, default_value_t = 3)]
+    instances: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// The job's interval in ms.
+    #[arg(long, default_value_t = 1000)]
+    every_ms: u64,
+    /// Worker poll interval in ms (the default 1 s, as in production).
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
 }
 
 #[derive(Args, Clone)]
@@ -173,6 +195,7 @@ fn main() -> Result<()> {
             Cmd::QueueThroughput(a) => throughput_bench(a).await,
             Cmd::Latency(a) => latency_bench(a).await,
             Cmd::ClaimScale(a) => claim_bench(a).await,
+            Cmd::SchedulePrecision(a) => precision_bench(a).await,
         }
     })
 }
@@ -798,5 +821,143 @@ async fn claim_bench(a: ClaimArgs) -> Result<()> {
             ),
         );
     }
+    ctx.cleanup().await
+}
+
+// ---- schedule precision ----------------------------------------------------------
+
+async fn precision_bench(a: PrecisionArgs) -> Result<()> {
+    use baton::clock::StoreClock;
+    use baton::schedule::{spec::Schedule, Job, Scheduler};
+    use baton::store::{TaskFilter, TaskState, OVERLAP_SKIPPED};
+    use std::collections::BTreeMap;
+
+    if a.instances == 0 || a.seconds < 5 || a.every_ms == 0 {
+        bail!("--instances must be at least 1, --seconds at least 5, --every-ms at least 1");
+    }
+    let ctx = Ctx::new(&a.common);
+    let store = ctx.connect().await?;
+    let kind = store.backend().kind();
+    let queue = "precision";
+    let every = Duration::from_millis(a.every_ms);
+    let job = Job::new("tick", Schedule::every(every)?).queue(queue);
+    // (slot, start in the instance's estimate of store time) per handler start.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(
+        chrono::DateTime<chrono::Utc>,
+        chrono::DateTime<chrono::Utc>,
+    )>();
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..a.instances {
+        let handle = ctx.connect().await?;
+        let clock = StoreClock::new(handle.clone()).await?;
+        clock.recalibrate_best_of(5).await;
+        let mut cfg = WorkerConfig::default().queue(queue, 4);
+        cfg.poll_interval = Duration::from_millis(a.poll_ms);
+        let mut w = Worker::new(handle.clone(), cfg);
+        let tx = tx.clone();
+        w.handle("tick", move |tctx| {
+            let at = clock.now();
+            if let Some(slot) = tctx.task().slot {
+                let _ = tx.send((slot, at));
+            }
+            async { Ok::<(), TaskError>(()) }
+        });
+        let mut sched = Scheduler::new(handle);
+        sched.add(job.clone())?;
+        runs.push(tokio::spawn(w.run(stop.clone())));
+        runs.push(tokio::spawn(sched.run(stop.clone())));
+    }
+    drop(tx);
+    let started = store.now().await?;
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let ended = store.now().await?;
+    // Let the last slot's run finish, then stop everyone.
+    tokio::time::sleep(every.min(Duration::from_secs(2))).await;
+    stop.cancel();
+    for r in runs {
+        r.await.context("instance panicked")??;
+    }
+    let mut starts: BTreeMap<chrono::DateTime<chrono::Utc>, Vec<chrono::DateTime<chrono::Utc>>> =
+        BTreeMap::new();
+    while let Some((slot, at)) = rx.recv().await {
+        starts.entry(slot).or_default().push(at);
+    }
+    // Every task the job made (skipped slots are cancelled tasks).
+    let mut tasks = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store
+            .backend()
+            .tasks(&TaskFilter {
+                job: Some("tick".into()),
+                before_id: before,
+                limit: 1000,
+                ..Default::default()
+            })
+            .await?;
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        tasks.extend(page);
+    }
+    let skipped = tasks
+        .iter()
+        .filter(|t| {
+            t.state == TaskState::Cancelled && t.last_error.as_deref() == Some(OVERLAP_SKIPPED)
+        })
+        .count();
+    // The slots the run covered: after the first second (registration) up
+    // to the end; each should have run exactly once.
+    let step = chrono::Duration::from_std(every)?;
+    let first = starts
+        .keys()
+        .next()
+        .copied()
+        .ok_or_else(|| anyhow!("no slot ran at all"))?;
+    let mut expected = 0usize;
+    let mut missed = 0usize;
+    let mut doubled = 0usize;
+    let mut lat = Samples::new();
+    let mut early = 0usize;
+    let mut slot = first;
+    while slot <= ended {
+        expected += 1;
+        match starts.get(&slot) {
+            None => missed += 1,
+            Some(v) => {
+                if v.len() > 1 {
+                    doubled += 1;
+                }
+                let d = v[0] - slot;
+                match d.to_std() {
+                    Ok(d) => lat.push(d),
+                    Err(_) => {
+                        early += 1;
+                        lat.push(Duration::ZERO);
+                    }
+                }
+            }
+        }
+        slot += step;
+    }
+    let lat = lat.finish();
+    emit(
+        json!({
+            "bench": "schedule_precision", "store": kind, "instances": a.instances,
+            "seconds": a.seconds, "every_ms": a.every_ms, "poll_ms": a.poll_ms,
+            "slots": expected, "slot_to_start": lat.json(), "skipped": skipped,
+            "missed": missed, "doubled": doubled, "early": early,
+            "first_slot_after_start_ms": (first - started).num_milliseconds(),
+            "prefix": ctx.prefix,
+        }),
+        format!(
+            "schedule precision {kind}: {} instances, {expected} slots of {} ms: slot->start p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; skipped {skipped}, missed {missed}, doubled {doubled}",
+            a.instances,
+            a.every_ms,
+            lat.ms(50.0),
+            lat.ms(99.0),
+            lat.ms(100.0)
+        ),
+    );
     ctx.cleanup().await
 }

@@ -13,6 +13,7 @@
 //! of time and truth.
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod duration;
 pub mod error;
 pub mod lock;

@@ -690,7 +690,7 @@ async fn outbox_rolled_back_leaves_nothing() {
         .await
         .expect("notification within 5s")
         .unwrap();
-    assert_eq!(q, "o");
+    assert_eq!(q, baton::store::Wake::now("o"));
     f.drop_tables().await;
 }
 
@@ -706,12 +706,25 @@ async fn subscribe_gets_due_queues_once_per_batch() {
     b.enqueue(&[task("a"), task("a"), later, task("b")])
         .await
         .unwrap();
+    let before = b.now().await.unwrap();
     let mut got = Vec::new();
-    while let Ok(Ok(q)) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
-        got.push(q);
+    let mut later = Vec::new();
+    while let Ok(Ok(w)) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+        match w.due {
+            None => got.push(w.queue),
+            Some(due) => later.push((w.queue, due)),
+        }
     }
     got.sort();
     assert_eq!(got, vec!["a", "b"]);
+    // The delayed task is announced once, with its due time.
+    assert_eq!(later.len(), 1, "{later:?}");
+    assert_eq!(later[0].0, "later");
+    let due = later[0].1 - before;
+    assert!(
+        (58_000..61_000).contains(&due.num_milliseconds()),
+        "due in {due}"
+    );
     assert!(rx2.try_recv().is_ok());
     f.drop_tables().await;
 }
@@ -879,7 +892,7 @@ async fn listener_reconnects_after_its_connection_is_killed() {
     loop {
         b.enqueue(&[task("again")]).await.unwrap();
         if let Ok(Ok(q)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
-            assert_eq!(q, "again");
+            assert_eq!(q.queue, "again");
             break;
         }
         assert!(Instant::now() < deadline, "listener did not come back");

@@ -656,11 +656,22 @@ async fn subscribe_wakes_and_warnings() {
         .await
         .expect("wake-up arrives")
         .unwrap();
-    assert_eq!(got, "wq");
-    // A delayed task does not wake anyone.
+    assert_eq!(got, baton::store::Wake::now("wq"));
+    // A delayed task is announced with its due time.
     let mut d = nt("later");
     d.run_at = RunAt::Delay(Duration::from_secs(60));
+    let before = b.now().await.unwrap();
     b.enqueue(&[d]).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+        .await
+        .expect("wake-up arrives")
+        .unwrap();
+    assert_eq!(got.queue, "later");
+    let due = got.due.expect("a due time") - before;
+    assert!(
+        (59_000..61_000).contains(&due.num_milliseconds()),
+        "due in {due}"
+    );
     // Multi-chunk batch: one wake-up per queue.
     let many: Vec<NewTask> = (0..1200).map(|_| nt("big")).collect();
     b.enqueue(&many).await.unwrap();
@@ -668,7 +679,7 @@ async fn subscribe_wakes_and_warnings() {
         .await
         .expect("wake-up arrives")
         .unwrap();
-    assert_eq!(got, "big");
+    assert_eq!(got, baton::store::Wake::now("big"));
     assert!(tokio::time::timeout(Duration::from_millis(200), rx.recv())
         .await
         .is_err());

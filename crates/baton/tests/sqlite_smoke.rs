@@ -414,7 +414,7 @@ async fn rescue_expired_leases() {
     tokio::time::sleep(Duration::from_millis(350)).await;
     let r = b.rescue().await.unwrap();
     assert_eq!((r.requeued, r.failed, r.cancelled), (1, 1, 1));
-    assert_eq!(rx.try_recv().ok().as_deref(), Some("q"));
+    assert_eq!(rx.try_recv().ok().map(|w| w.queue).as_deref(), Some("q"));
 
     let i0 = b.task(ids[0]).await.unwrap().unwrap();
     assert_eq!((i0.state, i0.attempt), (TaskState::Pending, 1));
@@ -729,8 +729,9 @@ async fn subscribe_is_shared_by_handles_on_one_file() {
         .await
         .expect("woken")
         .unwrap();
-    assert_eq!(got, "mail");
-    // Delayed tasks do not wake anyone.
+    assert_eq!(got, baton::store::Wake::now("mail"));
+    // Delayed tasks are announced with their due time.
+    let before = other.backend().now().await.unwrap();
     other
         .backend()
         .enqueue(&[NewTask {
@@ -739,6 +740,14 @@ async fn subscribe_is_shared_by_handles_on_one_file() {
         }])
         .await
         .unwrap();
+    let got = rx.try_recv().expect("a wake-up for the delayed task");
+    assert_eq!(got.queue, "later");
+    let due = got.due.expect("a due time") - before;
+    let long = chrono::Duration::from_std(LONG).unwrap();
+    assert!(
+        due >= long && due < long + chrono::Duration::seconds(2),
+        "due in {due}"
+    );
     assert!(rx.try_recv().is_err());
 }
 

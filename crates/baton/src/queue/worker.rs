@@ -3,10 +3,14 @@
 //! and shut down without losing or double-running anything.
 //!
 //! One [`Worker`] serves several queues, each with its own concurrency.
-//! Its store traffic when idle is one query per `poll_interval` (claims for
-//! each queue in turn, a rescue every fifth tick, a prune of finished tasks
-//! past the retention every 300th); new work normally
-//! arrives sooner through the store's wake-up channel.
+//! Its store traffic when idle is one claim per `poll_interval` (each queue
+//! in turn), plus a rescue every `rescue_interval` (default five polls) and
+//! a prune of finished tasks past the retention every 300 polls, each on a
+//! timer of its own, and three readings of the store's clock (the best one
+//! is kept) once a minute. New work normally arrives sooner through the
+//! store's wake-up channel: a wake-up for work due later (a delayed task, a
+//! scheduled slot, a retry after its backoff) arms a timer, so the task is
+//! claimed when its `run_at` comes, not at the next poll.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), baton::Error> {
@@ -22,7 +26,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -35,8 +39,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::counters::{Outcome, WorkerCounters};
 use super::Backoff;
+use crate::clock::StoreClock;
 use crate::error::{Error, InvalidInput};
-use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task};
+use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake};
 
 /// Why a handler is asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,8 +167,12 @@ pub struct WorkerConfig {
     /// send time of the last confirmed heartbeat, or of the claim, plus the
     /// lease). A stalled store can delay work, never overlap it.
     pub lease: Duration,
-    /// Idle poll period (also the fallback when a wake-up is lost).
+    /// Idle poll period (also the fallback when a wake-up is lost): each
+    /// tick claims for one queue, in turn.
     pub poll_interval: Duration,
+    /// How often to rescue expired leases (when `rescue` is on), on a timer
+    /// of its own; `None`: every five poll intervals.
+    pub rescue_interval: Option<Duration>,
     /// On shutdown, how long running handlers may finish before they are
     /// stopped and their tasks handed back.
     pub shutdown_grace: Duration,
@@ -175,9 +184,9 @@ pub struct WorkerConfig {
     pub backoff: Backoff,
     /// Run rescue passes (return expired leases of dead workers).
     pub rescue: bool,
-    /// Delete finished tasks older than this, every 300th poll tick (5 min
-    /// at the default poll; `None`:
-    /// never; default 7 days).
+    /// Delete finished tasks older than this, every 300 poll intervals (5
+    /// min at the default poll), on a timer of its own; `None`: never;
+    /// default 7 days.
     pub retention: Option<Duration>,
     /// Cluster-wide caps on running tasks, per queue: however many workers
     /// serve the queue, at most this many of its tasks run at once. A
@@ -192,6 +201,7 @@ impl Default for WorkerConfig {
             queues: Vec::new(),
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
+            rescue_interval: None,
             shutdown_grace: Duration::from_secs(10),
             stop_grace: Duration::from_secs(5),
             backoff: Backoff::default(),
@@ -258,6 +268,12 @@ impl WorkerConfig {
         }
         if self.poll_interval.is_zero() {
             return Err(InvalidInput::new("poll_interval", "must be greater than 0"));
+        }
+        if self.rescue_interval.is_some_and(|r| r.is_zero()) {
+            return Err(InvalidInput::new(
+                "rescue_interval",
+                "must be greater than 0 (e.g. 5s)",
+            ));
         }
         Ok(())
     }
@@ -367,6 +383,7 @@ impl Worker {
     ) -> Result<(), Error> {
         self.config.validate()?;
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (due, due_rx) = tokio::sync::mpsc::unbounded_channel();
         let completer = tokio::spawn(complete_loop(
             self.store.clone(),
             self.config.lease,
@@ -385,6 +402,7 @@ impl Worker {
             counters: self.counters.clone(),
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
+            due,
         });
         // Either signal ends the ticker below; `urgent` also cuts the grace.
         let shutdown = shutdown.child_token();
@@ -421,50 +439,60 @@ impl Worker {
             ));
         }
         let heart = tokio::spawn(heartbeat_loop(shared.clone()));
+        // Rescue, prune and the store clock run on timers of their own, so
+        // they never take a claim's turn nor hold up a wake-up.
+        let clock: Arc<std::sync::OnceLock<StoreClock>> = Arc::default();
+        let upkeep = tokio::spawn(upkeep_loop(shared.clone(), pokes.clone(), clock.clone()));
         tracing::info!(worker = %self.id, queues = ?self.config.queues, "worker started");
 
-        // The ticker: one store query per tick when idle, and wake-ups.
+        // The ticker: one claim per tick (queues in turn) when idle, claims
+        // on wake-ups, and timers for work announced as due later.
         let mut tick = tokio::time::interval(self.config.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut k: usize = 0;
         let n = self.config.queues.len();
+        let mut timers = Timers::default();
+        let mut due_rx = due_rx;
         loop {
+            let next_timer = timers.next();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    if k % 300 == 299 {
-                        // About once every five minutes of ticks: prune.
-                        if let Some(keep) = self.config.retention {
-                            match until_shutdown(&shutdown, shared.store.backend().prune(keep)).await {
-                                Ok(0) => {}
-                                Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
-                                Err(e) => tracing::warn!(error = %e, "prune failed"),
-                            }
-                        }
-                    } else if self.config.rescue && k % 5 == 4 {
-                        match until_shutdown(&shutdown, shared.store.backend().rescue()).await {
-                            Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
-                                tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
-                                pokes.iter().for_each(|p| p.notify_one());
-                            }
-                            Ok(_) => {}
-                            Err(e) => tracing::warn!(error = %e, "rescue failed"),
-                        }
-                    } else {
-                        pokes[(k - k / 5) % n].notify_one();
-                    }
+                    pokes[k % n].notify_one();
                     k = k.wrapping_add(1);
                 }
+                _ = sleep_until_opt(next_timer) => {
+                    for i in timers.take_due(Instant::now()) {
+                        pokes[i].notify_one();
+                    }
+                }
                 msg = recv_wake(&mut wake) => match msg {
-                    Some(q) => {
+                    Some(w) => {
                         for (i, (queue, _)) in self.config.queues.iter().enumerate() {
-                            if *queue == q { pokes[i].notify_one(); }
+                            if *queue != w.queue {
+                                continue;
+                            }
+                            // Work due later: claim when the store's clock
+                            // reaches its run_at. Without a calibrated clock,
+                            // look now (and rely on the poll).
+                            let at = w.due.zip(clock.get()).map(|(t, c)| c.instant_at(t));
+                            match at {
+                                Some(at) if at > Instant::now() => timers.arm(at, i),
+                                _ => pokes[i].notify_one(),
+                            }
                         }
                     }
                     None => wake = None,
                 },
+                Some((queue, at)) = due_rx.recv() => {
+                    // An attempt of ours ended in a retry: we know when it is due.
+                    if let Some(i) = self.config.queues.iter().position(|(q, _)| *q == queue) {
+                        timers.arm(at, i);
+                    }
+                }
             }
         }
+        upkeep.abort();
 
         // Shutdown: stop claiming, give running handlers the grace period.
         tracing::info!(worker = %self.id, "shutting down: no new claims");
@@ -570,20 +598,106 @@ async fn after(token: &CancellationToken, wait: Duration) {
     tokio::time::sleep(wait).await;
 }
 
-/// A store call that gives up (as unavailable) when the worker shuts down.
-async fn until_shutdown<T>(
-    shutdown: &CancellationToken,
-    call: impl Future<Output = Result<T, crate::StoreError>>,
-) -> Result<T, crate::StoreError> {
-    tokio::select! {
-        r = call => r,
-        _ = shutdown.cancelled() => Err(crate::StoreError::Unavailable(
-            "abandoned: the worker is shutting down".into(),
-        )),
+/// How many future due times a worker remembers; beyond that the latest
+/// are dropped (the poll finds their tasks).
+const MAX_TIMERS: usize = 4096;
+
+/// How often a worker re-reads the store's clock for its timers.
+const CLOCK_RECALIBRATION: Duration = Duration::from_secs(60);
+
+/// Local instants at which a queue's announced work falls due.
+#[derive(Default)]
+struct Timers(std::collections::BTreeSet<(Instant, usize)>);
+
+impl Timers {
+    fn arm(&mut self, at: Instant, queue: usize) {
+        self.0.insert((at, queue));
+        if self.0.len() > MAX_TIMERS {
+            self.0.pop_last();
+        }
+    }
+    fn next(&self) -> Option<Instant> {
+        self.0.first().map(|(at, _)| *at)
+    }
+    /// The queues whose timers have fired by `now` (each once).
+    fn take_due(&mut self, now: Instant) -> BTreeSet<usize> {
+        let mut out = BTreeSet::new();
+        while let Some(&(at, q)) = self.0.first() {
+            if at > now {
+                break;
+            }
+            self.0.pop_first();
+            out.insert(q);
+        }
+        out
     }
 }
 
-async fn recv_wake(rx: &mut Option<tokio::sync::broadcast::Receiver<String>>) -> Option<String> {
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Rescue, prune and the store clock, each on its own timer. A rescue that
+/// requeues tasks pokes every queue.
+async fn upkeep_loop(
+    shared: Arc<Shared>,
+    pokes: Vec<Arc<Notify>>,
+    clock: Arc<std::sync::OnceLock<StoreClock>>,
+) {
+    let cfg = &shared.config;
+    let rescue_every = cfg.rescue_interval.unwrap_or(cfg.poll_interval * 5);
+    let prune_every = cfg.poll_interval * 300;
+    let start = Instant::now();
+    let mut rescue = tokio::time::interval_at(start + rescue_every, rescue_every);
+    rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut prune = tokio::time::interval_at(start + prune_every, prune_every);
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first reading at once; until one succeeds, retry each second.
+    let mut recal = tokio::time::interval(CLOCK_RECALIBRATION);
+    recal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = recal.tick() => match clock.get() {
+                Some(c) => {
+                    c.recalibrate_if_suspended().await;
+                    c.recalibrate_best_of(3).await;
+                }
+                None => match StoreClock::new(shared.store.clone()).await {
+                    Ok(c) => {
+                        c.recalibrate_best_of(2).await;
+                        let _ = clock.set(c);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the store's clock failed; retrying");
+                        recal.reset_after(Duration::from_secs(1));
+                    }
+                },
+            },
+            _ = rescue.tick(), if cfg.rescue => match shared.store.backend().rescue().await {
+                Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
+                    tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
+                    pokes.iter().for_each(|p| p.notify_one());
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "rescue failed"),
+            },
+            _ = prune.tick(), if cfg.retention.is_some() => {
+                if let Some(keep) = cfg.retention {
+                    match shared.store.backend().prune(keep).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
+                        Err(e) => tracing::warn!(error = %e, "prune failed"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn recv_wake(rx: &mut Option<tokio::sync::broadcast::Receiver<Wake>>) -> Option<Wake> {
     use tokio::sync::broadcast::error::RecvError;
     match rx {
         None => std::future::pending().await,
@@ -615,6 +729,8 @@ struct Shared {
     stop_claiming: CancellationToken,
     drained: Notify,
     counters: WorkerCounters,
+    /// Retries this worker wrote, with the local instant they fall due.
+    due: tokio::sync::mpsc::UnboundedSender<(String, Instant)>,
     /// The urgent shutdown request.
     urgent: CancellationToken,
     /// Fired when shutdown gives up on attempts that could not finish in
@@ -754,7 +870,16 @@ fn start_task(
     );
     tokio::spawn(async move {
         let attempt = async {
-            match execute(&shared, ctx.clone()).await {
+            let result = execute(&shared, ctx.clone()).await;
+            // A retry we write falls due `retry_in` after the store's now at
+            // the write, which is no later than our now when the write returns.
+            let retry_in = match &result {
+                Some(Finish::Failed {
+                    retry_in: Some(d), ..
+                }) if ctx.task().attempt < ctx.task().max_attempts => Some(*d),
+                _ => None,
+            };
+            let outcome = match result {
                 Some(finish) if finish_with_retries(&shared, claim, &finish).await => {
                     match finish {
                         Finish::Succeeded => Outcome::Succeeded,
@@ -764,12 +889,16 @@ fn start_task(
                     }
                 }
                 _ => Outcome::Lost,
-            }
+            };
+            (outcome, retry_in)
         };
-        let outcome = tokio::select! {
+        let (outcome, retry_in) = tokio::select! {
             o = attempt => o,
-            _ = shared.abandon.cancelled() => Outcome::Lost,
+            _ = shared.abandon.cancelled() => (Outcome::Lost, None),
         };
+        if let (Some(d), Outcome::Failed) = (retry_in, &outcome) {
+            let _ = shared.due.send((queue.clone(), Instant::now() + d));
+        }
         shared.counters.ended(&queue, outcome, sent.elapsed());
         lock(&shared.running).remove(&claim);
         drop(permit);

@@ -704,9 +704,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Delete terminal tasks that finished more than `older_than` ago.
     async fn prune(&self, older_than: Duration) -> Result<u64, StoreError>;
 
-    /// A stream of queue names that got new due work. A hint only: it may
-    /// miss some, so workers poll as well.
-    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<String>, StoreError>;
+    /// A stream of [`Wake`]s: queues that got new pending work, due now or
+    /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,
+    /// [`Backend::retry`]). A hint only: it may miss some, so workers poll
+    /// as well.
+    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError>;
 
     // ---- schedules ---------------------------------------------------------
 
@@ -722,6 +724,45 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Every job's state, by name.
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError>;
+}
+
+/// A wake-up: `queue` has new pending work, due now (`due: None`) or at
+/// `due` (store time). Workers claim at once, or arm a timer for `due`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    /// The queue with new work.
+    pub queue: String,
+    /// When the earliest announced task becomes due, in store time; `None`
+    /// when it is due already.
+    pub due: Option<DateTime<Utc>>,
+}
+
+impl Wake {
+    /// Work in `queue` due now.
+    pub fn now(queue: impl Into<String>) -> Wake {
+        Wake {
+            queue: queue.into(),
+            due: None,
+        }
+    }
+
+    /// Parse a wake-up message as the PostgreSQL and Redis backends send it:
+    /// `queue` (due now) or `queue\n<run_at in µs since the epoch>`. Queue
+    /// names hold no control characters, so the newline is unambiguous; a
+    /// malformed time reads as "due now" (a wake-up is only a hint).
+    pub(crate) fn parse(payload: &str) -> Wake {
+        match payload.split_once('\n') {
+            None => Wake::now(payload),
+            Some((queue, at)) => Wake {
+                queue: queue.to_string(),
+                due: at
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(DateTime::from_timestamp_micros),
+            },
+        }
+    }
 }
 
 /// Options for [`Store::connect_with`].
@@ -977,7 +1018,7 @@ bounded_backend! {
     tasks(filter: &TaskFilter) -> Vec<TaskInfo>;
     stats() -> Vec<QueueStats>;
     prune(older_than: Duration) -> u64;
-    subscribe() -> tokio::sync::broadcast::Receiver<String>;
+    subscribe() -> tokio::sync::broadcast::Receiver<Wake>;
     job_register(job: &str) -> JobState;
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(job: &str, paused: bool) -> bool;

@@ -15,8 +15,9 @@
 //!   a sequential scan.
 //! - `<p>jobs`: one cursor row per schedule job.
 //!
-//! New due work is announced with `pg_notify('<p>tasks', queue)` inside the
-//! enqueueing transaction; [`Backend::subscribe`] listens on that channel
+//! New pending work is announced with `pg_notify('<p>tasks', queue)` inside
+//! the enqueueing transaction (`queue\n<µs>` for work due later: see
+//! [`Wake`]); [`Backend::subscribe`] listens on that channel
 //! with a [`PgListener`] that reconnects with backoff. Notifications are a
 //! hint only; workers poll as well.
 //!
@@ -40,7 +41,7 @@ use super::SlotRecord;
 use super::{
     ms, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
-    Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter, TaskInfo, TaskState,
+    Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter, TaskInfo, TaskState, Wake,
     CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use crate::error::StoreError;
@@ -215,7 +216,7 @@ struct PgBackend {
     pool: PgPool,
     connect: PgConnectOptions,
     names: Arc<Names>,
-    wake: broadcast::Sender<String>,
+    wake: broadcast::Sender<Wake>,
     listener: OnceLock<()>,
     shutdown: CancellationToken,
 }
@@ -441,11 +442,17 @@ async fn insert_tasks(
     Ok(out)
 }
 
+/// A wake-up's due time for a row's `run_at` (see [`super::Wake::parse`]):
+/// microseconds since the epoch, rounded up so a timer armed for it never
+/// fires before the row is due.
+const WAKE_AT: &str = "ceil(extract(epoch FROM run_at) * 1000000)::int8";
+
 /// The chunked insert: ids are drawn from the sequence in input order inside
 /// a materialized CTE, so each result row maps back to its input by
 /// ordinality whether it was inserted or met a unique key. The same
-/// statement announces new due work with `pg_notify` once per queue (sent
-/// at commit, so inside a caller's transaction it waits for that commit).
+/// statement announces new pending work with `pg_notify` (sent at commit, so
+/// inside a caller's transaction it waits for that commit): per queue once
+/// for rows due now, and once with the earliest `run_at` of rows due later.
 fn insert_sql(n: &Names, keyed: bool) -> String {
     let (tasks, seq) = (&n.tasks, &n.seq_lit);
     let on_conflict = if keyed {
@@ -477,11 +484,16 @@ ins AS (
     FROM input
     ORDER BY ord
     {on_conflict}
-    RETURNING id, queue, (state = 'pending' AND run_at <= now()) AS due
+    RETURNING id, queue, state = 'pending' AS pending, run_at,
+              (state = 'pending' AND run_at <= now()) AS due
 ),
 woke AS (
-    SELECT count(pg_notify($15::text, q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM ins WHERE due) AS q
+    SELECT count(pg_notify($15::text, q.msg)) AS n
+    FROM (SELECT queue AS msg FROM ins WHERE due GROUP BY queue
+          UNION ALL
+          SELECT queue || chr(10) || {WAKE_AT}
+          FROM (SELECT queue, min(run_at) AS run_at FROM ins
+                WHERE pending AND NOT due GROUP BY queue) AS f) AS q
 )
 SELECT input.id, ins.id IS NOT NULL AS inserted
 FROM input LEFT JOIN ins ON ins.id = input.id CROSS JOIN woke
@@ -629,7 +641,7 @@ fn claim_sql(n: &Names, limit: u32, capped: bool) -> String {
 async fn listen_loop(
     pool: PgPool,
     chan: String,
-    wake: broadcast::Sender<String>,
+    wake: broadcast::Sender<Wake>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -666,7 +678,7 @@ async fn listen_loop(
             match r {
                 Ok(Some(note)) => {
                     // No receivers is fine: nobody is waiting right now.
-                    let _ = wake.send(note.payload().to_string());
+                    let _ = wake.send(Wake::parse(note.payload()));
                 }
                 Ok(None) => {
                     tracing::warn!(channel = %chan,
@@ -1070,8 +1082,10 @@ impl Backend for PgBackend {
                 let again = "($4::int8 IS NOT NULL AND attempt < max_attempts \
                      AND NOT cancel_requested)";
                 let stop = "($4::int8 IS NOT NULL AND attempt < max_attempts AND cancel_requested)";
+                // A retry is announced with its due time, so a worker starts
+                // it when the backoff ends rather than at a later poll.
                 sqlx::query_scalar::<_, i64>(&format!(
-                    "UPDATE {t} SET errors = {errs}, lease_until = NULL, \
+                    "WITH u AS (UPDATE {t} SET errors = {errs}, lease_until = NULL, \
                          last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || $3::text \
                              ELSE $3::text END, \
                          state = CASE WHEN {again} THEN 'pending' \
@@ -1079,13 +1093,16 @@ impl Backend for PgBackend {
                          run_at = CASE WHEN {again} \
                              THEN now() + $4 * interval '1 millisecond' ELSE run_at END, \
                          finished_at = CASE WHEN {again} THEN NULL ELSE now() END \
-                     {cas} RETURNING id",
+                     {cas} RETURNING id, queue, state, run_at) \
+                     SELECT id FROM u LEFT JOIN LATERAL (SELECT pg_notify($5, \
+                         u.queue || chr(10) || {WAKE_AT}) WHERE u.state = 'pending') AS n ON true",
                     errs = append_error("$3::text")
                 ))
                 .bind(claim.id)
                 .bind(token)
                 .bind(error)
                 .bind(retry_in.map(dur))
+                .bind(&self.names.chan)
                 .fetch_optional(&self.pool)
                 .await?
             }
@@ -1316,7 +1333,7 @@ impl Backend for PgBackend {
         Ok(r.rows_affected())
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<String>, StoreError> {
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         let rx = self.wake.subscribe();
         self.listener.get_or_init(|| {
             // Its own one-connection pool, so the long-lived LISTEN session

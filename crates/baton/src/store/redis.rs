@@ -29,7 +29,8 @@
 //! - `B counts:<queue>` — hash state → count (stats); `B queues` — set.
 //! - `B jobactive:<job>` — set of the job's pending/running task ids.
 //! - `B job:<name>` — hash `last_slot` (ms), `paused`; `B jobs` — set.
-//! - `B wake` — the pub/sub channel carrying queue names with new due work.
+//! - `B wake` — the pub/sub channel announcing new pending work: the queue
+//!   name (due now), or `queue\n<run_at in µs>` for work due later.
 //! - `B schema` — the schema version.
 //!
 //! All queue and job keys share the `{baton}` hash tag, so a Redis Cluster
@@ -73,7 +74,7 @@ use super::{
     from_ms, ms, redact, Acquire, Advanced, AttemptError, Backend, CancelOutcome, Claim,
     ClaimRequest, Enqueued, FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest,
     NewTask, Overlap, QueueStats, Rescued, RunAt, SlotAdvance, StoreOptions, Task, TaskFilter,
-    TaskInfo, TaskState, CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use crate::error::StoreError;
 
@@ -304,7 +305,15 @@ local function insert(now, i, skipped)
     if job then redis.call('SADD', B .. 'jobactive:' .. job, sid) end
     if uk then redis.call('SET', B .. 'uniq:' .. uk, sid) end
   end
-  return id, 1, due
+  return id, 1, due, run_at
+end
+-- Announce work due later: `queue\n<run_at in µs>` (see Wake::parse).
+local function wake_at(queue, run_at)
+  redis.call('PUBLISH', B .. 'wake', queue .. '\n' .. fmt(run_at * 1000))
+end
+-- Keep the earliest future run_at per queue in `t`.
+local function keep_min(t, queue, run_at)
+  if (not t[queue]) or run_at < t[queue] then t[queue] = run_at end
 end
 "#;
 
@@ -313,19 +322,24 @@ const ENQUEUE: &str = r#"
 local now = now_ms()
 local out = {}
 local wake = {}
+local later = {}
 local i = 3
 while i + NF - 1 <= #ARGV do
-  local id, ins, due = insert(now, i, nil)
+  local id, ins, due, run_at = insert(now, i, nil)
   out[#out + 1] = id
   out[#out + 1] = ins
   out[#out + 1] = due
   if ins == 1 and due == 1 then wake[ARGV[i]] = true end
+  if ins == 1 and due == 0 then keep_min(later, ARGV[i], run_at) end
   i = i + NF
 end
 flush()
 if ARGV[2] == '1' then
   for q, _ in pairs(wake) do redis.call('PUBLISH', B .. 'wake', q) end
 end
+-- Work due later is announced by every chunk (the caller publishes only
+-- the due queues of a multi-chunk batch).
+for q, at in pairs(later) do wake_at(q, at) end
 return out
 "#;
 
@@ -429,6 +443,7 @@ return out
 const FINISH: &str = r#"
 local now = now_ms()
 local CANCEL_REQUESTED = ARGV[2]
+local later = {}
 local function finish_one(sid, tok, kind, text, retry)
   local k = tkey(sid)
   local h = redis.call('HMGET', k, 'state', 'claim_token', 'queue', 'unique_key', 'unique_forever', 'job', 'max_attempts', 'priority', 'run_at', 'attempt', 'cancel_requested')
@@ -447,7 +462,12 @@ local function finish_one(sid, tok, kind, text, retry)
       redis.call('HSET', k, 'last_error', CANCEL_REQUESTED .. ': ' .. text)
       terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
     elseif retry ~= '' and attempt < tonumber(h[7]) then
-      running_to_pending(sid, queue, tonumber(h[8]), now + tonumber(retry), now, nil)
+      local at = now + tonumber(retry)
+      if running_to_pending(sid, queue, tonumber(h[8]), at, now, nil) == 1 then
+        redis.call('PUBLISH', B .. 'wake', queue)
+      else
+        keep_min(later, queue, at)
+      end
     else
       terminal(sid, queue, 'running', 'failed', now, uk, forever, job)
     end
@@ -469,6 +489,7 @@ local out = {}
 for i = 3, #ARGV - 4, 5 do
   out[#out + 1] = finish_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
 end
+for q, at in pairs(later) do wake_at(q, at) end
 return out
 "#;
 
@@ -706,7 +727,7 @@ if skip then
   flush()
   return {'skipped', fmt(id), 1}
 end
-local id, ins, due = insert(now, T, nil)
+local id, ins, due, run_at = insert(now, T, nil)
 flush()
 if rec == 'r' and ins == 1 then
   local sid = fmt(id)
@@ -723,6 +744,7 @@ if rec == 'r' and ins == 1 then
   return {'enqueued', sid, 1}
 end
 if ins == 1 and due == 1 then redis.call('PUBLISH', B .. 'wake', ARGV[T]) end
+if ins == 1 and due == 0 then wake_at(ARGV[T], run_at) end
 return {'enqueued', fmt(id), ins}
 "#;
 
@@ -868,8 +890,8 @@ impl Scripts {
 // ---------------------------------------------------------------------------
 
 /// The wake-up listener, started by the first `subscribe()`.
-struct Wake {
-    tx: broadcast::Sender<String>,
+struct Listener {
+    tx: broadcast::Sender<Wake>,
     /// Stops the listener task when the backend is dropped.
     _stop: DropGuard,
 }
@@ -883,7 +905,7 @@ pub struct RedisBackend {
     /// `P{baton}:`, the base of every queue and job key.
     base: String,
     scripts: Scripts,
-    wake: tokio::sync::Mutex<Option<Wake>>,
+    wake: tokio::sync::Mutex<Option<Listener>>,
 }
 
 /// Connect to Redis and return the backend.
@@ -1581,7 +1603,7 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<String>, StoreError> {
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         let mut guard = self.wake.lock().await;
         if let Some(w) = guard.as_ref() {
             return Ok(w.tx.subscribe());
@@ -1596,7 +1618,7 @@ impl Backend for RedisBackend {
             stop.clone(),
             ready_tx,
         ));
-        *guard = Some(Wake {
+        *guard = Some(Listener {
             tx,
             _stop: stop.drop_guard(),
         });
@@ -1712,7 +1734,7 @@ impl Backend for RedisBackend {
 async fn listen(
     client: redis::Client,
     channel: String,
-    tx: broadcast::Sender<String>,
+    tx: broadcast::Sender<Wake>,
     stop: CancellationToken,
     ready: watch::Sender<bool>,
 ) {
@@ -1740,7 +1762,7 @@ async fn listen(
 async fn listen_once(
     client: &redis::Client,
     channel: &str,
-    tx: &broadcast::Sender<String>,
+    tx: &broadcast::Sender<Wake>,
     ready: &watch::Sender<bool>,
     backoff: &mut Duration,
 ) -> Result<(), redis::RedisError> {
@@ -1754,9 +1776,9 @@ async fn listen_once(
     *backoff = Duration::from_millis(100);
     let mut stream = pubsub.on_message();
     while let Some(msg) = stream.next().await {
-        if let Ok(queue) = msg.get_payload::<String>() {
+        if let Ok(payload) = msg.get_payload::<String>() {
             // No receivers is fine: nobody is waiting right now.
-            let _ = tx.send(queue);
+            let _ = tx.send(Wake::parse(&payload));
         }
     }
     Ok(())

@@ -15,7 +15,8 @@
 //!
 //! SQLite has no cross-process notification: [`Backend::subscribe`] is an
 //! in-process broadcast shared by every handle on the same file and prefix in
-//! this process. Workers in other processes find new work by polling.
+//! this process (work due later is announced with its `run_at`). Workers in
+//! other processes find new work by polling.
 //!
 //! [`enqueue_in`] lets applications enqueue tasks inside their own
 //! transaction (the transactional outbox pattern).
@@ -39,7 +40,7 @@ use super::SlotRecord;
 use super::{
     from_ms, ms, Acquire, Advanced, AttemptError, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
-    Rescued, RunAt, SlotAdvance, Task, TaskFilter, TaskInfo, TaskState, CANCEL_REQUESTED,
+    Rescued, RunAt, SlotAdvance, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED,
     LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 use super::{Backend, StoreOptions};
@@ -108,7 +109,7 @@ impl Tables {
 /// State shared by every handle on the same database file and prefix in this
 /// process.
 struct Shared {
-    wake: broadcast::Sender<String>,
+    wake: broadcast::Sender<Wake>,
 }
 
 type Registry = Mutex<HashMap<(PathBuf, String), Arc<Shared>>>;
@@ -268,7 +269,7 @@ impl SqliteBackend {
         // Every transition out of `running` clears the lease.
         let sql = format!(
             "UPDATE {tasks} SET {set}, lease_until = NULL \
-             WHERE id = ?1 AND claim_token = ?2 AND state = 'running' RETURNING queue, state"
+             WHERE id = ?1 AND claim_token = ?2 AND state = 'running' RETURNING queue, state, run_at"
         );
         (sql, text, retry_in)
     }
@@ -336,7 +337,24 @@ impl SqliteBackend {
         for q in queues {
             if seen.insert(q) {
                 // No receivers is fine: the wake-up is only a hint.
-                let _ = self.shared.wake.send(q.to_string());
+                let _ = self.shared.wake.send(Wake::now(q));
+            }
+        }
+    }
+
+    /// Announce work due later: per queue, the earliest `run_at` (ms).
+    fn wake_later<'a>(&self, items: impl IntoIterator<Item = (&'a str, i64)>) {
+        let mut first: HashMap<&str, i64> = HashMap::new();
+        for (q, at) in items {
+            let e = first.entry(q).or_insert(at);
+            *e = (*e).min(at);
+        }
+        for (q, at) in first {
+            if let Ok(due) = from_ms(at) {
+                let _ = self.shared.wake.send(Wake {
+                    queue: q.to_string(),
+                    due: Some(due),
+                });
             }
         }
     }
@@ -633,11 +651,12 @@ async fn run_ddl(conn: &mut SqliteConnection, ddl: &Ddl) -> Result<(), StoreErro
 
 // ---- the shared insert (enqueue, enqueue_in, job_advance) ---------------------
 
-/// What inserting tasks produced: one result per task, plus the queues of
-/// inserted tasks already due (for wake-ups).
+/// What inserting tasks produced: one result per task, plus the inserted
+/// tasks already due and those due later with their `run_at` (for wake-ups).
 struct Inserted {
     results: Vec<Enqueued>,
     due_queues: Vec<usize>,
+    later: Vec<(usize, i64)>,
 }
 
 /// Insert `tasks` in order on `conn`, which the caller has put inside a
@@ -650,6 +669,7 @@ async fn insert_tasks(
 ) -> Result<Inserted, StoreError> {
     let mut results = Vec::with_capacity(tasks.len());
     let mut due_queues = Vec::new();
+    let mut later = Vec::new();
     let mut taken: Vec<(usize, &str)> = Vec::new();
     // Who holds each of a list of taken keys (a JSON array), in one query.
     let lookup_sql = format!(
@@ -674,7 +694,7 @@ async fn insert_tasks(
             sql.push_str(&row);
         }
         sql.push_str(&format!(
-            " ON CONFLICT DO NOTHING RETURNING id, unique_key, run_at <= {NOW} AS due"
+            " ON CONFLICT DO NOTHING RETURNING id, unique_key, run_at <= {NOW} AS due, run_at"
         ));
         let mut q = sqlx::query(&sql);
         for task in chunk {
@@ -697,11 +717,11 @@ async fn insert_tasks(
                 .bind(task.job.as_deref())
                 .bind(task.slot.map(|s| s.timestamp_millis()));
         }
-        let mut rows: Vec<(i64, Option<String>, bool)> = q
+        let mut rows: Vec<(i64, Option<String>, bool, i64)> = q
             .fetch_all(&mut *conn)
             .await?
             .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
             .collect::<Result<_, StoreError>>()?;
         // Rows are inserted in VALUES order with rising ids; RETURNING's own
         // order is unspecified, so sort by id and walk both lists together.
@@ -715,15 +735,17 @@ async fn insert_tasks(
                         "insert returned fewer rows than tasks without a unique key".into(),
                     ))
                 }
-                (Some(key), Some((_, Some(got), _))) => got == key,
+                (Some(key), Some((_, Some(got), _, _))) => got == key,
                 (Some(_), _) => false,
             };
             if inserted {
-                let Some((id, _, due)) = next.next() else {
+                let Some((id, _, due, run_at)) = next.next() else {
                     return Err(StoreError::Backend("insert result vanished".into()));
                 };
                 if due {
                     due_queues.push(base + i);
+                } else {
+                    later.push((base + i, run_at));
                 }
                 results.push(Enqueued { id, inserted: true });
             } else {
@@ -770,6 +792,7 @@ async fn insert_tasks(
     Ok(Inserted {
         results,
         due_queues,
+        later,
     })
 }
 
@@ -981,6 +1004,12 @@ impl Backend for SqliteBackend {
         let inserted = insert_tasks(&mut tx, &self.t, tasks).await?;
         tx.commit().await?;
         self.wake(inserted.due_queues.iter().map(|&i| tasks[i].queue.as_str()));
+        self.wake_later(
+            inserted
+                .later
+                .iter()
+                .map(|&(i, at)| (tasks[i].queue.as_str(), at)),
+        );
         Ok(inserted.results)
     }
 
@@ -1070,9 +1099,17 @@ impl Backend for SqliteBackend {
         let Some(row) = q.fetch_optional(&*self.pool).await? else {
             return Ok(false);
         };
-        if matches!(finish, Finish::HandBack) && row.try_get::<String, _>("state")? == "pending" {
-            let queue: String = row.try_get("queue")?;
-            self.wake([queue.as_str()]);
+        match finish {
+            Finish::HandBack if row.try_get::<String, _>("state")? == "pending" => {
+                let queue: String = row.try_get("queue")?;
+                self.wake([queue.as_str()]);
+            }
+            Finish::Failed { .. } if row.try_get::<String, _>("state")? == "pending" => {
+                // A retry: announce when its backoff ends.
+                let queue: String = row.try_get("queue")?;
+                self.wake_later([(queue.as_str(), row.try_get::<i64, _>("run_at")?)]);
+            }
+            _ => {}
         }
         Ok(true)
     }
@@ -1098,6 +1135,7 @@ impl Backend for SqliteBackend {
         );
         let list = json_text(&serde_json::Value::Array(ok))?;
         let mut woken: Vec<String> = Vec::new();
+        let mut retried: Vec<(String, i64)> = Vec::new();
         let done: HashSet<i64> = if rest == 0 {
             // One statement is atomic on its own.
             sqlx::query_scalar(&succeed)
@@ -1131,10 +1169,18 @@ impl Backend for SqliteBackend {
                     .bind(retry_in)
                     .fetch_optional(&mut *tx)
                     .await?;
-                if let (Some(row), Finish::HandBack) = (&row, finish) {
-                    if row.try_get::<String, _>("state")? == "pending" {
-                        woken.push(row.try_get("queue")?);
+                match (&row, finish) {
+                    (Some(row), Finish::HandBack)
+                        if row.try_get::<String, _>("state")? == "pending" =>
+                    {
+                        woken.push(row.try_get("queue")?)
                     }
+                    (Some(row), Finish::Failed { .. })
+                        if row.try_get::<String, _>("state")? == "pending" =>
+                    {
+                        retried.push((row.try_get("queue")?, row.try_get("run_at")?));
+                    }
+                    _ => {}
                 }
                 out[i] = row.is_some();
             }
@@ -1147,6 +1193,7 @@ impl Backend for SqliteBackend {
             }
         }
         self.wake(woken.iter().map(String::as_str));
+        self.wake_later(retried.iter().map(|(q, at)| (q.as_str(), *at)));
         Ok(out)
     }
 
@@ -1369,7 +1416,7 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected())
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<String>, StoreError> {
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(self.shared.wake.subscribe())
     }
 
@@ -1483,6 +1530,14 @@ impl Backend for SqliteBackend {
             && !inserted.due_queues.is_empty()
         {
             self.wake([task.queue.as_str()]);
+        }
+        if adv.record == SlotRecord::Enqueue && matches!(answer, Advanced::Enqueued(_)) {
+            self.wake_later(
+                inserted
+                    .later
+                    .iter()
+                    .map(|&(_, at)| (task.queue.as_str(), at)),
+            );
         }
         Ok(answer)
     }

@@ -1,9 +1,10 @@
-//! An idle worker's store traffic: at most about one query per second
-//! (claims in turn, a rescue every fifth tick), measured by wrapping the
+//! An idle worker's store traffic: about one claim per second (queues in
+//! turn), plus a rescue every five seconds and a reading of the store's
+//! clock once a minute, each on a timer of its own; measured by wrapping the
 //! real backend in a counting one — the seam makes that one small type.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,15 +16,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::TestStore;
 
-/// Counts every call, then forwards it.
+/// Counts every call by method, then forwards it.
 struct Counting {
     inner: Store,
-    calls: Arc<AtomicUsize>,
+    calls: Arc<Mutex<BTreeMap<&'static str, usize>>>,
 }
 
 impl Counting {
-    fn b(&self) -> &dyn Backend {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+    fn count(&self, method: &'static str) -> &dyn Backend {
+        *self.calls.lock().unwrap().entry(method).or_default() += 1;
         self.inner.backend()
     }
 }
@@ -34,13 +35,13 @@ impl Backend for Counting {
         self.inner.backend().kind()
     }
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.b().migrate().await
+        self.count("migrate").migrate().await
     }
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        self.b().now().await
+        self.count("now").now().await
     }
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
-        self.b().lock_acquire(req).await
+        self.count("lock_acquire").lock_acquire(req).await
     }
     async fn lock_extend(
         &self,
@@ -48,7 +49,9 @@ impl Backend for Counting {
         token: FencingToken,
         at_most: Duration,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        self.b().lock_extend(name, token, at_most).await
+        self.count("lock_extend")
+            .lock_extend(name, token, at_most)
+            .await
     }
     async fn lock_release(
         &self,
@@ -56,78 +59,82 @@ impl Backend for Counting {
         token: FencingToken,
         at_least: Duration,
     ) -> Result<bool, StoreError> {
-        self.b().lock_release(name, token, at_least).await
+        self.count("lock_release")
+            .lock_release(name, token, at_least)
+            .await
     }
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
-        self.b().lock_get(name).await
+        self.count("lock_get").lock_get(name).await
     }
     async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
-        self.b().lock_list().await
+        self.count("lock_list").lock_list().await
     }
     async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
-        self.b().enqueue(tasks).await
+        self.count("enqueue").enqueue(tasks).await
     }
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
-        self.b().claim(req).await
+        self.count("claim").claim(req).await
     }
     async fn heartbeat(
         &self,
         claims: &[Claim],
         lease: Duration,
     ) -> Result<Vec<Heartbeat>, StoreError> {
-        self.b().heartbeat(claims, lease).await
+        self.count("heartbeat").heartbeat(claims, lease).await
     }
     async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        self.b().finish(claim, finish).await
+        self.count("finish").finish(claim, finish).await
     }
     async fn progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
     ) -> Result<bool, StoreError> {
-        self.b().progress(claim, progress).await
+        self.count("progress").progress(claim, progress).await
     }
     async fn rescue(&self) -> Result<Rescued, StoreError> {
-        self.b().rescue().await
+        self.count("rescue").rescue().await
     }
     async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        self.b().cancel(id).await
+        self.count("cancel").cancel(id).await
     }
     async fn retry(&self, id: i64) -> Result<bool, StoreError> {
-        self.b().retry(id).await
+        self.count("retry").retry(id).await
     }
     async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
-        self.b().task(id).await
+        self.count("task").task(id).await
     }
     async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
-        self.b().tasks(filter).await
+        self.count("tasks").tasks(filter).await
     }
     async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        self.b().stats().await
+        self.count("stats").stats().await
     }
     async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.b().prune(older_than).await
+        self.count("prune").prune(older_than).await
     }
-    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<String>, StoreError> {
+    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError> {
         // Setting up the wake-up channel is not a per-second query.
         self.inner.backend().subscribe().await
     }
     async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
-        self.b().job_register(job).await
+        self.count("job_register").job_register(job).await
     }
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
-        self.b().job_advance(adv).await
+        self.count("job_advance").job_advance(adv).await
     }
     async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
-        self.b().job_set_paused(job, paused).await
+        self.count("job_set_paused")
+            .job_set_paused(job, paused)
+            .await
     }
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
-        self.b().job_list().await
+        self.count("job_list").job_list().await
     }
 }
 
 pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
-    let calls = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(Mutex::new(BTreeMap::new()));
     let counted = Store::from_backend(
         Arc::new(Counting {
             inner: ts.store.clone(),
@@ -135,20 +142,37 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
         }),
         &ts.url,
     );
-    // Two queues, default 1 s poll: still one query per tick in all.
+    // Two queues, default 1 s poll: still one claim per tick in all.
     let cfg = WorkerConfig::default().queue("a", 4).queue("b", 4);
     let mut w = Worker::new(counted, cfg);
     w.handle_any(|_| async { Ok(()) });
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let start = calls.load(Ordering::SeqCst);
+    let start = calls.lock().unwrap().clone();
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let n = calls.load(Ordering::SeqCst) - start;
+    let end = calls.lock().unwrap().clone();
     stop.cancel();
     run.await.unwrap().unwrap();
+    let n = |m: &str| end.get(m).copied().unwrap_or(0) - start.get(m).copied().unwrap_or(0);
+    let total: usize = end.values().sum::<usize>() - start.values().sum::<usize>();
+    // One claim per tick, however many queues: 6 ticks in the window.
     assert!(
-        (4..=7).contains(&n),
-        "{n} store calls in 6 idle seconds (expected about 6)"
+        (4..=7).contains(&n("claim")),
+        "{} claims in 6 idle seconds (expected about 6): {end:?}",
+        n("claim")
+    );
+    // Rescue on its own timer, every five poll intervals: once (at 5 s).
+    assert!(
+        (1..=2).contains(&n("rescue")),
+        "{} rescues in 6 idle seconds (expected 1): {end:?}",
+        n("rescue")
+    );
+    // Nothing else: no prune (every 5 min), no clock reading (once a
+    // minute; the first ones happen at start, before the window).
+    assert_eq!(
+        total,
+        n("claim") + n("rescue"),
+        "unexpected store calls: {start:?} -> {end:?}"
     );
 }

@@ -20,6 +20,7 @@ mod locks;
 mod model;
 mod queue;
 mod schedule;
+mod timing;
 mod upgrade;
 
 pub use harness::TestStore;
@@ -91,4 +92,7 @@ conformance! {
     schedule::fixed_delay_counts_from_the_previous_end,
     upgrade::v1_store_upgrades_in_place,
     model::store_agrees_with_the_model,
+    timing::delayed_task_starts_at_its_run_at,
+    timing::retry_written_elsewhere_starts_when_its_backoff_ends,
+    timing::own_retry_starts_when_its_backoff_ends,
 }
