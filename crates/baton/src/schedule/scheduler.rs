@@ -469,6 +469,10 @@ async fn slot_loop(
     // The cursor was read from the store since the last error.
     let mut fresh = false;
     let mut recalibrate = false;
+    // The catch-up in progress, as (batch_after, its latest slot): a plan
+    // made after losing a race mid-catch-up may hold only its last slot,
+    // which still belongs to the same catch-up.
+    let mut catch_up: Option<(Option<DateTime<Utc>>, DateTime<Utc>)> = None;
     // Lock mode runs slots from its start on (no catch-up, like ShedLock),
     // only the latest when it is late.
     let floor = lock.as_ref().map(|_| clock.now());
@@ -529,7 +533,18 @@ async fn slot_loop(
         // window is fixed by the latest due slot, so every instance (whatever
         // cursor it read mid-catch-up) draws the same line.
         let batch_after = match (due.slots.len() > 1, due.slots.last()) {
-            (true, Some(latest)) => catch_up_window_start(&job.schedule, *latest, job.max_catch_up),
+            (true, Some(latest)) => {
+                let after = catch_up_window_start(&job.schedule, *latest, job.max_catch_up);
+                catch_up = Some((after, *latest));
+                after
+            }
+            (false, Some(only)) => match catch_up {
+                Some((after, latest)) if *only <= latest => after,
+                _ => {
+                    catch_up = None;
+                    None
+                }
+            },
             _ => None,
         };
         for (slot, skip) in steps {
