@@ -982,6 +982,32 @@ macro_rules! bounded_backend {
             fn kind(&self) -> &'static str {
                 self.inner.kind()
             }
+            /// Backends write a batch grouped by kind of finish (all
+            /// successes in one statement), so two items for one task in
+            /// one batch would not be answered in order. A batch that
+            /// repeats a task goes as runs of distinct tasks, one after
+            /// another: each item then gets exactly `finish`'s answer.
+            async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+                let mut out = Vec::with_capacity(items.len());
+                let mut start = 0;
+                while start < items.len() {
+                    let mut seen = std::collections::HashSet::new();
+                    let end = start
+                        + items[start..]
+                            .iter()
+                            .take_while(|(c, _)| seen.insert(c.id))
+                            .count();
+                    let part = bounded(
+                        self.limit,
+                        "store call finish_many",
+                        self.inner.finish_many(&items[start..end]),
+                    )
+                    .await?;
+                    out.extend(part);
+                    start = end;
+                }
+                Ok(out)
+            }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
                     bounded(
@@ -1009,7 +1035,6 @@ bounded_backend! {
     claim(req: &ClaimRequest<'_>) -> Vec<Task>;
     heartbeat(claims: &[Claim], lease: Duration) -> Vec<Heartbeat>;
     finish(claim: Claim, finish: &Finish) -> bool;
-    finish_many(items: &[(Claim, Finish)]) -> Vec<bool>;
     progress(claim: Claim, progress: &serde_json::Value) -> bool;
     rescue() -> Rescued;
     cancel(id: i64) -> CancelOutcome;

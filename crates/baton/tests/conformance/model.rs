@@ -15,9 +15,9 @@
 //! through a retryable failure or a hand-back. `BATON_MODEL_LEGACY=1`
 //! switches those two rules to the older behaviour (hand-back reuses
 //! `(id, attempt)`; both go back to pending), `=fencing` or `=cancel` only
-//! one of them. `BATON_MODEL_DUP_BATCH=1` lets a `finish_many` batch carry
-//! two outcomes for one task (which SQLite and PostgreSQL do not answer in
-//! order today).
+//! one of them. A `finish_many` batch may carry two outcomes for one task
+//! (each must get `finish`'s answer, in order); `BATON_MODEL_DUP_BATCH=0`
+//! keeps batches to one item per task.
 //!
 //! Time is made predictable: every lease is 10 minutes except a deliberate
 //! lapse (a heartbeat or extension of 1 ms, then a short sleep), and every
@@ -351,14 +351,14 @@ struct Rules {
     /// A requested cancel is dropped by a retryable failure or a hand-back
     /// (back to pending), and a claim may take a cancel-requested task.
     old_cancel: bool,
-    /// `finish_many` batches may hold two outcomes for one task
-    /// (`BATON_MODEL_DUP_BATCH=1`).
+    /// `finish_many` batches may hold two outcomes for one task (unless
+    /// `BATON_MODEL_DUP_BATCH=0`).
     dup_batch: bool,
 }
 
 impl Rules {
     fn from_env() -> Rules {
-        let dup_batch = std::env::var("BATON_MODEL_DUP_BATCH").is_ok_and(|v| v == "1");
+        let dup_batch = std::env::var("BATON_MODEL_DUP_BATCH").map_or(true, |v| v != "0");
         let v = std::env::var("BATON_MODEL_LEGACY").unwrap_or_default();
         let (old_fencing, old_cancel) = match v.trim() {
             "" | "0" => (false, false),
@@ -476,10 +476,9 @@ impl Model {
             }
             Op::Finish(r, f) => c(*r).map_or(Step::Noop, |i| Step::Finish(i, f.clone())),
             Op::FinishMany(items) => {
-                // One item per task unless BATON_MODEL_DUP_BATCH=1: a
-                // worker never sends two outcomes of one task in a batch,
-                // and SQLite and PostgreSQL apply a batch's successes
-                // before its other outcomes, not in order.
+                // Two outcomes of one task in a batch (a worker never
+                // sends that, a resent batch might) unless
+                // BATON_MODEL_DUP_BATCH=0.
                 // At most one item may set run_at = now: PostgreSQL ends
                 // the other outcomes one transaction each (each its own
                 // now), SQLite and Redis in one (one now), so two such
