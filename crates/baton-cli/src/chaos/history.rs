@@ -166,9 +166,10 @@ pub async fn effect(a: EffectArgs) -> anyhow::Result<u8> {
         slot,
         ..Default::default()
     };
-    let register = match (a.kind.as_str(), task) {
-        ("task", Some(id)) => format!("task-{id}"),
-        (kind, _) => format!("{kind}-{}", a.name),
+    // A task's attempts share its register; lock holders share the lock's.
+    let register = match task {
+        Some(id) => format!("task-{id}"),
+        None => format!("{}-{}", a.kind, a.name),
     };
     h.append(&Record {
         op: "begin".into(),

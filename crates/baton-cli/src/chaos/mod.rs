@@ -368,10 +368,12 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         loops.spawn(async move { produce(run, store, seed, stop).await });
     }
     let private_shared = Arc::new(Mutex::new(private.take()));
+    // Kept here until the end: the instances reach the store through it.
+    let proxy = proxy.map(Arc::new);
     let nemesis = {
         let (run, stop, ps) = (run.clone(), stop.clone(), private_shared.clone());
         let seed = rng.next();
-        let proxy = proxy.map(Arc::new);
+        let proxy = proxy.clone();
         tokio::spawn(async move { nemesis(run, proxy, ps, enabled, seed, stop).await })
     };
     tokio::time::sleep(a.duration).await;
