@@ -1,7 +1,7 @@
 //! A TCP fault proxy, used by `baton chaos` and by the tests (which
 //! include this file by `#[path]`, so there is one copy): put it in front of a store and make the
 //! path between a client and the store pass, go *dark* (connections stay
-//! open but every byte in both directions is dropped: a stall, not a
+//! open but no byte passes either way until it heals: a stall, not a
 //! close), be *cut* (every connection closed, new ones refused), or slow
 //! (latency added to every chunk).
 //!
@@ -30,8 +30,9 @@ use tokio::sync::watch;
 pub enum Mode {
     /// Forward everything.
     Pass,
-    /// Keep connections open, drop every byte both ways (and accept new
-    /// connections into the same silence).
+    /// Keep connections open and pass no byte either way (a stall: what
+    /// was sent is delivered when the path heals); new connections are
+    /// accepted into the same silence.
     Dark,
     /// Close every connection; accept and close new ones at once.
     Cut,
@@ -193,8 +194,20 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if lock(&state).mode == Mode::Cut {
-            return;
+        let mode = lock(&state).mode;
+        match mode {
+            Mode::Cut => return,
+            // Dark: read nothing (bytes wait in the kernel's buffers, as
+            // unacknowledged TCP segments would) until the mode changes.
+            // Dropping bytes mid-stream would corrupt the protocol's
+            // framing after the path heals, which no real network does.
+            Mode::Dark => {
+                if changed.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Mode::Pass => {}
         }
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
@@ -214,8 +227,8 @@ async fn pump(
         };
         match mode {
             Mode::Cut => return,
-            Mode::Dark => continue, // dropped
-            Mode::Pass => {
+            // Read just before the path went dark: deliver it late.
+            Mode::Dark | Mode::Pass => {
                 if !latency.is_zero() {
                     tokio::time::sleep(latency).await;
                 }
