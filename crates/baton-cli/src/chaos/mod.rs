@@ -106,6 +106,9 @@ impl Rng {
     }
 }
 
+/// An instance: its label, `baton` arguments and extra environment.
+type Instance = (String, Vec<String>, Vec<(&'static str, String)>);
+
 /// Everything the run's tasks share.
 struct Run {
     exe: PathBuf,
@@ -290,7 +293,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     let cfg = config.display().to_string();
 
     // The instances: workers and schedulers, restarted when killed.
-    let mut instances: Vec<(String, Vec<String>, Vec<(&str, String)>)> = Vec::new();
+    let mut instances: Vec<Instance> = Vec::new();
     for i in 1..=a.workers {
         let args = [
             "work",
@@ -483,11 +486,7 @@ command = ["sh", "-c", {lockjob}]
 
 /// Keep every instance running (restart one the nemesis killed) until
 /// `drained`; then SIGTERM them all and wait (SIGKILL after 20 s).
-async fn supervise(
-    run: Arc<Run>,
-    instances: Vec<(String, Vec<String>, Vec<(&'static str, String)>)>,
-    drained: CancellationToken,
-) {
+async fn supervise(run: Arc<Run>, instances: Vec<Instance>, drained: CancellationToken) {
     let mut kids: Vec<(String, u32, Option<tokio::process::Child>)> = instances
         .iter()
         .map(|(l, _, _)| (l.clone(), 0, None))
