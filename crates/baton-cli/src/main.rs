@@ -1,6 +1,7 @@
 //! `baton`: cluster-exclusive commands, a durable task queue and a
 //! leaderless scheduler, on SQLite, PostgreSQL or Redis.
 
+mod chaos;
 mod child;
 mod command_task;
 mod config;
@@ -64,6 +65,8 @@ enum Command {
     Trigger(serve::TriggerArgs),
     /// List jobs (last slot, next fire, last run); pause or resume one.
     Jobs(serve::JobsArgs),
+    /// Check a store Jepsen-style: a workload, a nemesis, a history, a checker.
+    Chaos(chaos::ChaosArgs),
     /// Create or upgrade the store's schema.
     Migrate {
         #[command(flatten)]
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
             Command::Serve(a) => serve::serve(a).await,
             Command::Trigger(a) => serve::trigger(a).await,
             Command::Jobs(a) => serve::jobs(a).await,
+            Command::Chaos(a) => chaos::chaos(a).await,
             Command::Migrate { store } => {
                 let s = connect(&store).await.context("migrate")?;
                 println!("schema is up to date on {}", s.url());

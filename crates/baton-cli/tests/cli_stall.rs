@@ -3,7 +3,7 @@
 //! store (PostgreSQL, Redis), command tasks that write timestamps.
 
 mod common;
-#[path = "../../baton/tests/support/proxy.rs"]
+#[path = "../src/chaos/proxy.rs"]
 mod proxy;
 
 use std::process::Child;

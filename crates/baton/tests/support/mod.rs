@@ -6,6 +6,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 pub mod certs;
+#[path = "../../../baton-cli/src/chaos/proxy.rs"]
 pub mod proxy;
 
 use std::net::TcpListener;

@@ -1,6 +1,7 @@
-//! A TCP fault proxy for tests: put it in front of a store and make the
+//! A TCP fault proxy, used by `baton chaos` and by the tests (which
+//! include this file by `#[path]`, so there is one copy): put it in front of a store and make the
 //! path between a client and the store pass, go *dark* (connections stay
-//! open but every byte in both directions is dropped: a stall, not a
+//! open but no byte passes either way until it heals: a stall, not a
 //! close), be *cut* (every connection closed, new ones refused), or slow
 //! (latency added to every chunk).
 //!
@@ -29,8 +30,9 @@ use tokio::sync::watch;
 pub enum Mode {
     /// Forward everything.
     Pass,
-    /// Keep connections open, drop every byte both ways (and accept new
-    /// connections into the same silence).
+    /// Keep connections open and pass no byte either way (a stall: what
+    /// was sent is delivered when the path heals); new connections are
+    /// accepted into the same silence.
     Dark,
     /// Close every connection; accept and close new ones at once.
     Cut,
@@ -52,11 +54,21 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Listen on a free loopback port and forward to `upstream` (`host:port`).
+    /// Listen on a free loopback port and forward to `upstream` (`host:port`);
+    /// panics if it cannot (for tests: see [`Proxy::try_start`]).
     pub fn start(upstream: &str) -> Proxy {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        std_listener.set_nonblocking(true).unwrap();
-        let addr = std_listener.local_addr().unwrap();
+        Self::try_start(upstream).expect("start the fault proxy")
+    }
+
+    /// Listen on a free loopback port and forward to `upstream` (`host:port`).
+    pub fn try_start(upstream: &str) -> std::io::Result<Proxy> {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        // The runtime is built here, so a failure is an error, not a panic.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let state = Arc::new(Mutex::new(State {
             mode: Mode::Pass,
             latency: Duration::ZERO,
@@ -65,12 +77,10 @@ impl Proxy {
         let (stop, stop_rx) = tokio::sync::oneshot::channel();
         let (st, up) = (state.clone(), upstream.to_string());
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
             rt.block_on(async move {
-                let listener = TcpListener::from_std(std_listener).unwrap();
+                let Ok(listener) = TcpListener::from_std(std_listener) else {
+                    return;
+                };
                 tokio::select! {
                     _ = accept_loop(listener, up, st, rx) => {}
                     _ = stop_rx => {}
@@ -79,14 +89,14 @@ impl Proxy {
             // Dropping the runtime drops every connection task (and socket).
             rt.shutdown_background();
         });
-        Proxy {
+        Ok(Proxy {
             addr,
             upstream: upstream.to_string(),
             state,
             changed,
             stop: Some(stop),
             thread: Some(thread),
-        }
+        })
     }
 
     /// The proxy's address.
@@ -107,13 +117,13 @@ impl Proxy {
 
     /// Switch the mode; takes effect on every open connection.
     pub fn set(&self, mode: Mode) {
-        self.state.lock().unwrap().mode = mode;
+        lock(&self.state).mode = mode;
         self.changed.send_modify(|n| *n += 1);
     }
 
     /// Delay every forwarded chunk by `latency`.
     pub fn latency(&self, latency: Duration) {
-        self.state.lock().unwrap().latency = latency;
+        lock(&self.state).latency = latency;
         self.changed.send_modify(|n| *n += 1);
     }
 }
@@ -127,6 +137,11 @@ impl Drop for Proxy {
             let _ = t.join();
         }
     }
+}
+
+/// The state, also after a panic elsewhere poisoned its mutex.
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `host:port` of a store URL (`scheme://[user[:pw]@]host:port[/…]`).
@@ -147,7 +162,7 @@ async fn accept_loop(
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        if state.lock().unwrap().mode == Mode::Cut {
+        if lock(&state).mode == Mode::Cut {
             drop(client);
             continue;
         }
@@ -179,8 +194,20 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if state.lock().unwrap().mode == Mode::Cut {
-            return;
+        let mode = lock(&state).mode;
+        match mode {
+            Mode::Cut => return,
+            // Dark: read nothing (bytes wait in the kernel's buffers, as
+            // unacknowledged TCP segments would) until the mode changes.
+            // Dropping bytes mid-stream would corrupt the protocol's
+            // framing after the path heals, which no real network does.
+            Mode::Dark => {
+                if changed.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Mode::Pass => {}
         }
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
@@ -195,13 +222,13 @@ async fn pump(
             }
         };
         let (mode, latency) = {
-            let s = state.lock().unwrap();
+            let s = lock(&state);
             (s.mode, s.latency)
         };
         match mode {
             Mode::Cut => return,
-            Mode::Dark => continue, // dropped
-            Mode::Pass => {
+            // Read just before the path went dark: deliver it late.
+            Mode::Dark | Mode::Pass => {
                 if !latency.is_zero() {
                     tokio::time::sleep(latency).await;
                 }

@@ -1,0 +1,500 @@
+//! The checker: reads a run's history and the store's tasks and checks the
+//! invariants of docs/DESIGN.md against what the processes observed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use baton::store::TaskInfo;
+
+use super::history::Record;
+
+/// The invariants checked, in report order.
+pub const INVARIANTS: [&str; 7] = ["L1", "L2", "T1", "T2", "T3", "T4", "S1"];
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Operations by kind (effects, enqueues, register writes).
+    pub ops: BTreeMap<String, u64>,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Violations by invariant: (count, up to 3 examples).
+    pub violations: BTreeMap<&'static str, (u64, Vec<String>)>,
+}
+
+impl Report {
+    fn violation(&mut self, inv: &'static str, example: String) {
+        let e = self.violations.entry(inv).or_default();
+        e.0 += 1;
+        if e.1.len() < 3 {
+            e.1.push(example);
+        }
+    }
+
+    fn op(&mut self, what: &str, n: u64) {
+        *self.ops.entry(what.to_string()).or_default() += n;
+    }
+
+    /// Violations in total.
+    pub fn total(&self) -> u64 {
+        self.violations.values().map(|v| v.0).sum()
+    }
+
+    /// The table printed at the end of a run.
+    pub fn table(&self) -> String {
+        let mut s = String::from("OPERATIONS\n");
+        for (k, v) in &self.ops {
+            s += &format!("  {k:<34} {v:>7}\n");
+        }
+        s += "FAULTS\n";
+        if self.faults.is_empty() {
+            s += "  (none)\n";
+        }
+        for (k, v) in &self.faults {
+            s += &format!("  {k:<34} {v:>7}\n");
+        }
+        s += "INVARIANT  VIOLATIONS  EXAMPLE\n";
+        for inv in INVARIANTS {
+            match self.violations.get(inv) {
+                None => s += &format!("  {inv:<8} {:>10}\n", 0),
+                Some((n, ex)) => {
+                    s += &format!("  {inv:<8} {n:>10}  {}\n", ex[0]);
+                    for e in &ex[1..] {
+                        s += &format!("  {:<8} {:>10}  {e}\n", "", "");
+                    }
+                }
+            }
+        }
+        s += &format!("TOTAL VIOLATIONS {}\n", self.total());
+        s
+    }
+}
+
+/// One effect: its begin, end (if recorded) and identity.
+#[derive(Debug, Clone)]
+struct Effect {
+    id: String,
+    kind: String,
+    proc: String,
+    name: String,
+    token: Option<i64>,
+    task: Option<i64>,
+    attempt: Option<u32>,
+    slot: String,
+    begin: i64,
+    end: Option<i64>,
+}
+
+impl Effect {
+    fn describe(&self) -> String {
+        let mut s = format!("{} by {}", self.id, self.proc);
+        if let Some(t) = self.task {
+            s += &format!(" task {t}");
+        }
+        if let Some(a) = self.attempt {
+            s += &format!(" attempt {a}");
+        }
+        if let Some(t) = self.token {
+            s += &format!(" token {t}");
+        }
+        s
+    }
+}
+
+/// Check `history` (every record of the run) against `tasks` (every task
+/// in the run's store, after the drain).
+pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
+    let mut r = Report::default();
+    let mut effects: BTreeMap<String, Effect> = BTreeMap::new();
+    // Pauses and kills per instance: (from, to).
+    let mut pauses: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
+    let mut kills: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut writes: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
+    let mut enqueued: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    for rec in history {
+        match rec.op.as_str() {
+            "begin" => {
+                effects.insert(
+                    rec.effect.clone(),
+                    Effect {
+                        id: rec.effect.clone(),
+                        kind: rec.kind.clone(),
+                        proc: rec.proc.clone(),
+                        name: rec.name.clone(),
+                        token: rec.token,
+                        task: rec.task,
+                        attempt: rec.attempt,
+                        slot: rec.slot.clone(),
+                        begin: rec.t,
+                        end: None,
+                    },
+                );
+            }
+            "end" => {
+                if let Some(e) = effects.get_mut(&rec.effect) {
+                    e.end = Some(rec.t);
+                }
+            }
+            "write" => writes.entry(rec.name.clone()).or_default().push(rec),
+            "enqueue" => {
+                r.op("enqueue calls", 1);
+                if let Some(id) = rec.task {
+                    enqueued.entry(rec.name.clone()).or_default().insert(id);
+                }
+            }
+            "fault" => {
+                *r.faults.entry(rec.kind.clone()).or_default() += 1;
+                let until = rec.until.unwrap_or(rec.t);
+                match rec.kind.as_str() {
+                    "pause" => pauses
+                        .entry(rec.proc.clone())
+                        .or_default()
+                        .push((rec.t, until)),
+                    "kill-9" => kills.entry(rec.proc.clone()).or_default().push(rec.t),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    // An effect whose end was not recorded was killed (SIGKILL of its
+    // instance): it ended by that kill at the latest, else count its begin.
+    let mut effects: Vec<Effect> = effects.into_values().collect();
+    for e in &mut effects {
+        if e.end.is_none() {
+            let killed = kills
+                .get(&e.proc)
+                .and_then(|k| k.iter().copied().filter(|&t| t >= e.begin).min());
+            e.end = Some(killed.unwrap_or(e.begin));
+        }
+    }
+    let paused = |e: &Effect| {
+        let end = e.end.unwrap_or(e.begin);
+        pauses
+            .get(&e.proc)
+            .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && e.begin <= b))
+    };
+    for e in &effects {
+        r.op(&format!("effects: {}", e.kind), 1);
+        if paused(e) {
+            r.op("effects frozen by a pause (fenced)", 1);
+        }
+    }
+
+    // L1: lock holders' effects (and lock-mode job runs) never overlap,
+    // except an instance frozen past its lease: fencing (L2) covers it.
+    let mut by_lock: BTreeMap<String, Vec<&Effect>> = BTreeMap::new();
+    for e in effects
+        .iter()
+        .filter(|e| e.kind == "lock" || e.kind == "lockjob")
+    {
+        by_lock
+            .entry(format!("{} {}", e.kind, e.name))
+            .or_default()
+            .push(e);
+    }
+    for (lock, list) in by_lock {
+        for (a, b) in overlaps(list) {
+            if !paused(a) && !paused(b) {
+                r.violation(
+                    "L1",
+                    format!("{lock}: {} overlaps {}", a.describe(), b.describe()),
+                );
+            }
+        }
+    }
+
+    // L2: a register never accepts a token below one it accepted, and one
+    // token belongs to one effect.
+    for (reg, list) in &writes {
+        let mut high: Option<(i64, &str)> = None;
+        let mut owner: HashMap<i64, &str> = HashMap::new();
+        for w in list {
+            r.op(
+                if w.accepted == Some(true) {
+                    "register writes accepted"
+                } else {
+                    "register writes refused (stale token)"
+                },
+                1,
+            );
+            let (Some(tok), Some(true)) = (w.token, w.accepted) else {
+                continue;
+            };
+            if let Some((h, by)) = high {
+                if tok < h {
+                    r.violation(
+                        "L2",
+                        format!(
+                            "{reg} accepted token {tok} from {} after {h} from {by}",
+                            w.effect
+                        ),
+                    );
+                }
+            }
+            if let Some(o) = owner.get(&tok) {
+                if *o != w.effect.as_str() {
+                    r.violation(
+                        "L2",
+                        format!(
+                            "{reg}: token {tok} accepted from two effects, {o} and {}",
+                            w.effect
+                        ),
+                    );
+                }
+            }
+            owner.insert(tok, &w.effect);
+            if high.is_none_or(|(h, _)| tok > h) {
+                high = Some((tok, &w.effect));
+            }
+        }
+    }
+
+    // T1: every enqueued task (and every job run) is terminal in the store.
+    let by_id: HashMap<i64, &TaskInfo> = tasks.iter().map(|t| (t.id, t)).collect();
+    let mut expected: BTreeSet<i64> = enqueued.values().flatten().copied().collect();
+    expected.extend(tasks.iter().filter(|t| t.job.is_some()).map(|t| t.id));
+    r.op(
+        "tasks checked (enqueued and job runs)",
+        expected.len() as u64,
+    );
+    for id in &expected {
+        match by_id.get(id) {
+            None => r.violation(
+                "T1",
+                format!("task {id} was enqueued and is gone from the store"),
+            ),
+            Some(t) if !t.state.is_terminal() => r.violation(
+                "T1",
+                format!(
+                    "task {id} is still {} after the drain (attempt {})",
+                    t.state, t.attempt
+                ),
+            ),
+            Some(t) => r.op(&format!("tasks ended {}", t.state), 1),
+        }
+    }
+
+    // T2: no two attempts (effects) of one task overlap, except an
+    // instance frozen past its lease (its late writes are fenced).
+    let mut by_task: BTreeMap<i64, Vec<&Effect>> = BTreeMap::new();
+    for e in &effects {
+        if let Some(t) = e.task {
+            by_task.entry(t).or_default().push(e);
+        }
+    }
+    for (task, list) in &by_task {
+        for (a, b) in overlaps(list.clone()) {
+            if !paused(a) && !paused(b) {
+                r.violation(
+                    "T2",
+                    format!("task {task}: {} overlaps {}", a.describe(), b.describe()),
+                );
+            }
+        }
+    }
+
+    // T3: attempts ≤ max_attempts, in the store and as the commands saw them.
+    for t in tasks {
+        let seen = by_task
+            .get(&t.id)
+            .and_then(|l| l.iter().filter_map(|e| e.attempt).max())
+            .unwrap_or(0);
+        let attempt = t.attempt.max(seen);
+        if attempt > t.max_attempts {
+            r.violation(
+                "T3",
+                format!(
+                    "task {} ran attempt {attempt} of max {}",
+                    t.id, t.max_attempts
+                ),
+            );
+        }
+    }
+
+    // T4: one task per unique key, by what enqueue returned and in the store.
+    for (key, ids) in &enqueued {
+        if ids.len() > 1 {
+            r.violation("T4", format!("key {key:?} gave tasks {ids:?}"));
+        }
+    }
+    let mut by_key: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for t in tasks {
+        if let (Some(k), None) = (&t.unique_key, &t.job) {
+            by_key.entry(k).or_default().push(t.id);
+        }
+    }
+    for (key, ids) in by_key {
+        if ids.len() > 1 {
+            r.violation(
+                "T4",
+                format!("the store holds tasks {ids:?} for key {key:?}"),
+            );
+        }
+    }
+
+    // S1: each (job, slot) is enqueued at most once (one task; lock mode:
+    // one run record), and runs as one task / one lock-mode run.
+    let mut slots: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
+    for t in tasks {
+        if let (Some(j), Some(s)) = (&t.job, t.slot) {
+            slots
+                .entry((j.clone(), s.to_rfc3339()))
+                .or_default()
+                .push(t.id);
+        }
+    }
+    for ((job, slot), ids) in &slots {
+        if ids.len() > 1 {
+            r.violation(
+                "S1",
+                format!("{job} slot {slot}: tasks {ids:?} in the store"),
+            );
+        }
+    }
+    let mut ran: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for e in effects
+        .iter()
+        .filter(|e| e.kind == "job" || e.kind == "lockjob")
+    {
+        // A durable slot's task may run again after a lost attempt (T2
+        // covers overlap); a second task for one slot is the violation.
+        let who = match (e.kind.as_str(), e.task) {
+            ("job", Some(t)) => format!("task {t}"),
+            _ => e.id.clone(),
+        };
+        ran.entry((e.name.clone(), e.slot.clone()))
+            .or_default()
+            .insert(who);
+    }
+    for ((job, slot), who) in &ran {
+        r.op("job slots run", 1);
+        if who.len() > 1 {
+            r.violation("S1", format!("{job} slot {slot} ran as {who:?}"));
+        }
+    }
+    r
+}
+
+/// Pairs of effects whose [begin, end] intervals overlap (sweep by begin).
+fn overlaps(mut list: Vec<&Effect>) -> Vec<(&Effect, &Effect)> {
+    list.sort_by_key(|e| e.begin);
+    let mut out = Vec::new();
+    for (i, a) in list.iter().enumerate() {
+        let a_end = a.end.unwrap_or(a.begin);
+        for b in &list[i + 1..] {
+            if b.begin >= a_end {
+                break;
+            }
+            if a.id != b.id {
+                out.push((*a, *b));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn begin(effect: &str, kind: &str, task: Option<i64>, t: i64) -> Record {
+        Record {
+            op: "begin".into(),
+            kind: kind.into(),
+            proc: "w1.0".into(),
+            effect: effect.into(),
+            name: "x".into(),
+            task,
+            attempt: task.map(|_| 1),
+            t,
+            ..Default::default()
+        }
+    }
+
+    fn end(effect: &str, t: i64) -> Record {
+        Record {
+            op: "end".into(),
+            effect: effect.into(),
+            t,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn overlapping_lock_effects_are_an_l1_violation_unless_paused() {
+        let h = vec![
+            begin("a", "lock", None, 0),
+            begin("b", "lock", None, 50),
+            end("a", 100),
+            end("b", 150),
+            begin("c", "lock", None, 200),
+            end("c", 300),
+        ];
+        let r = check(&h, &[]);
+        assert_eq!(
+            r.violations.get("L1").map(|v| v.0),
+            Some(1),
+            "{}",
+            r.table()
+        );
+        let mut h2 = h.clone();
+        h2.push(Record {
+            op: "fault".into(),
+            kind: "pause".into(),
+            proc: "w1.0".into(),
+            t: 60,
+            until: Some(90),
+            ..Default::default()
+        });
+        assert_eq!(check(&h2, &[]).total(), 0);
+    }
+
+    #[test]
+    fn a_lower_token_accepted_after_a_higher_one_is_an_l2_violation() {
+        let w = |effect: &str, token, accepted| Record {
+            op: "write".into(),
+            name: "lock-x".into(),
+            effect: effect.into(),
+            token: Some(token),
+            accepted: Some(accepted),
+            ..Default::default()
+        };
+        let ok = vec![
+            w("a", 5, true),
+            w("a", 5, true),
+            w("b", 4, false),
+            w("c", 6, true),
+        ];
+        assert_eq!(check(&ok, &[]).total(), 0);
+        let bad = vec![w("a", 5, true), w("b", 4, true)];
+        assert_eq!(check(&bad, &[]).violations.get("L2").map(|v| v.0), Some(1));
+        let shared = vec![w("a", 5, true), w("b", 5, true)];
+        assert_eq!(
+            check(&shared, &[]).violations.get("L2").map(|v| v.0),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn two_tasks_for_one_key_and_overlapping_attempts_are_caught() {
+        let enq = |key: &str, id| Record {
+            op: "enqueue".into(),
+            name: key.into(),
+            task: Some(id),
+            ..Default::default()
+        };
+        let h = vec![
+            enq("k1", 1),
+            enq("k1", 2),
+            begin("a", "task", Some(1), 0),
+            begin("b", "task", Some(1), 10),
+            end("a", 20),
+            end("b", 30),
+        ];
+        let r = check(&h, &[]);
+        assert_eq!(r.violations.get("T4").map(|v| v.0), Some(1));
+        assert_eq!(r.violations.get("T2").map(|v| v.0), Some(1));
+        // Both tasks are missing from the (empty) store: T1.
+        assert_eq!(r.violations.get("T1").map(|v| v.0), Some(2));
+    }
+}

@@ -1,0 +1,214 @@
+//! Private store servers for `baton chaos --private`: a SQLite file, or a
+//! `redis-server` / `postgres` of the run's own on a free port in the run
+//! directory, which the nemesis may crash and restart.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// The kind of a private store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A SQLite file in the run directory.
+    Sqlite,
+    /// A private `postgres` (initdb, pg_ctl).
+    Postgres,
+    /// A private `redis-server` with `appendonly yes`, `appendfsync always`.
+    Redis,
+}
+
+/// Parse `--private`.
+pub fn kind_arg(s: &str) -> Result<Kind, String> {
+    match s {
+        "sqlite" => Ok(Kind::Sqlite),
+        "postgres" => Ok(Kind::Postgres),
+        "redis" => Ok(Kind::Redis),
+        _ => Err(format!("{s:?}: use sqlite, postgres or redis")),
+    }
+}
+
+/// A private store the run started.
+pub struct Private {
+    kind: Kind,
+    port: u16,
+    dir: PathBuf,
+    redis: Option<std::process::Child>,
+}
+
+/// Whether `bin` is on PATH (or in PostgreSQL's usual bin directory).
+pub fn installed(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .env("PATH", path())
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn path() -> String {
+    let pg = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| format!("{}/bin:", d.path().display()))
+        .collect::<String>();
+    format!("{pg}{}", std::env::var("PATH").unwrap_or_default())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Run a shell command (as the `postgres` user when we are root, since
+/// initdb refuses root).
+fn sh(cmd: &str, as_postgres: bool) -> bool {
+    let mut c = if as_postgres && is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", "sh", "-c", cmd]);
+        c
+    } else {
+        let mut c = Command::new("sh");
+        c.args(["-c", cmd]);
+        c
+    };
+    c.env("PATH", path())
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Private {
+    /// Prepare (not start) a private server of `kind` under `dir`.
+    pub fn new(kind: Kind, dir: &Path) -> anyhow::Result<Private> {
+        let dir = dir.join("store");
+        std::fs::create_dir_all(&dir)?;
+        let need = match kind {
+            Kind::Sqlite => None,
+            Kind::Redis => Some("redis-server"),
+            Kind::Postgres => Some("initdb"),
+        };
+        if let Some(b) = need {
+            if !installed(b) {
+                bail!("--private: {b} is not installed");
+            }
+        }
+        let p = Private {
+            kind,
+            port: free_port()?,
+            dir,
+            redis: None,
+        };
+        if kind == Kind::Postgres {
+            if is_root() {
+                use std::os::unix::fs::PermissionsExt;
+                for d in p.dir.ancestors().skip(1).take(1).chain([p.dir.as_path()]) {
+                    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777))?;
+                }
+                sh(&format!("chown -R postgres {}", p.dir.display()), false);
+            }
+            let ok = sh(
+                &format!(
+                    "initdb -A trust -U postgres -D {}/data >/dev/null",
+                    p.dir.display()
+                ),
+                true,
+            );
+            if !ok {
+                bail!("--private postgres: initdb failed in {}", p.dir.display());
+            }
+        }
+        Ok(p)
+    }
+
+    /// The store URL.
+    pub fn url(&self) -> String {
+        match self.kind {
+            Kind::Sqlite => format!("sqlite://{}/chaos.db", self.dir.display()),
+            Kind::Redis => format!("redis://127.0.0.1:{}", self.port),
+            Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", self.port),
+        }
+    }
+
+    /// Whether it is a server that can be restarted.
+    pub fn restartable(&self) -> bool {
+        self.kind != Kind::Sqlite
+    }
+
+    /// Start the server and wait until it accepts connections.
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        match self.kind {
+            Kind::Sqlite => return Ok(()),
+            Kind::Redis => {
+                let child = Command::new("redis-server")
+                    .args(["--bind", "127.0.0.1", "--save", ""])
+                    .args(["--appendonly", "yes", "--appendfsync", "always"])
+                    .args(["--port", &self.port.to_string()])
+                    .arg("--dir")
+                    .arg(&self.dir)
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .context("starting redis-server")?;
+                self.redis = Some(child);
+            }
+            Kind::Postgres => {
+                let ok = sh(
+                    &format!(
+                        "pg_ctl -D {d}/data -o '-p {p} -k /tmp -c listen_addresses=127.0.0.1' -l {d}/log -w start >/dev/null",
+                        d = self.dir.display(),
+                        p = self.port
+                    ),
+                    true,
+                );
+                if !ok {
+                    bail!("pg_ctl start failed (see {}/log)", self.dir.display());
+                }
+            }
+        }
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                bail!("the private {:?} server did not start in 30 s", self.kind);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Stop like a crash: SIGKILL for Redis (the AOF keeps the data),
+    /// `pg_ctl -m immediate` for PostgreSQL.
+    pub fn stop(&mut self) {
+        match self.kind {
+            Kind::Sqlite => {}
+            Kind::Redis => {
+                if let Some(mut c) = self.redis.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            Kind::Postgres => {
+                sh(
+                    &format!(
+                        "pg_ctl -D {}/data -m immediate -w stop >/dev/null 2>&1",
+                        self.dir.display()
+                    ),
+                    true,
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

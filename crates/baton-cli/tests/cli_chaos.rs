@@ -1,0 +1,123 @@
+//! `baton chaos` end to end: a safe workload under faults on each store
+//! exits 0 with zero violations and a faults table; the `--unsafe`
+//! workload (no fencing, no lock, tasks run twice, keys not unique) must
+//! make the checker report violations and exit non-zero.
+
+mod common;
+
+use common::{stdout, BATON};
+use std::process::{Command, Output};
+
+fn chaos(args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BATON)
+        .arg("chaos")
+        .args(args)
+        .arg("--dir")
+        .arg(dir.path())
+        .env("BATON_LOG", "warn")
+        .output()
+        .expect("baton chaos runs");
+    eprintln!("{}\n{}", stdout(&out), common::stderr(&out));
+    out
+}
+
+/// The VIOLATIONS count of an invariant's row in the table.
+fn violations(out: &str, inv: &str) -> u64 {
+    out.lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(inv)).then(|| w.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {inv} row in:\n{out}"))
+}
+
+fn assert_clean(out: &Output, faults: &[&str]) {
+    let text = stdout(out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "violations or an error:\n{text}"
+    );
+    for inv in ["L1", "L2", "T1", "T2", "T3", "T4", "S1"] {
+        assert_eq!(violations(&text, inv), 0, "{inv}:\n{text}");
+    }
+    assert!(text.contains("TOTAL VIOLATIONS 0"), "{text}");
+    for f in faults {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(f)),
+            "no {f} fault in the table:\n{text}"
+        );
+    }
+    // The workload did run: every kind of effect is in the table.
+    for e in [
+        "effects: lock",
+        "effects: task",
+        "effects: job",
+        "effects: lockjob",
+    ] {
+        assert!(text.contains(e), "no {e:?}:\n{text}");
+    }
+}
+
+#[test]
+fn sqlite_safe_workload_has_no_violations() {
+    let out = chaos(&["--private", "sqlite", "--duration", "20s", "--seed", "1"]);
+    assert_clean(&out, &["kill-9", "pause"]);
+}
+
+#[test]
+fn sqlite_unsafe_workload_is_caught() {
+    let out = chaos(&[
+        "--private",
+        "sqlite",
+        "--duration",
+        "10s",
+        "--seed",
+        "1",
+        "--unsafe",
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("VIOLATIONS FOUND"), "{text}");
+    // Each hole the unsafe workload opens is seen by its own check.
+    for inv in ["L1", "L2", "T2", "T4", "S1"] {
+        assert!(violations(&text, inv) > 0, "{inv} not caught:\n{text}");
+    }
+}
+
+#[test]
+fn postgres_safe_workload_has_no_violations() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The shared server, under a prefix of the test's own.
+    let Some(ts) = rt.block_on(common::harness::connect(common::Kind::Postgres)) else {
+        return;
+    };
+    let out = chaos(&[
+        "--store",
+        &ts.url,
+        "--prefix",
+        &ts.prefix,
+        "--duration",
+        "20s",
+        "--seed",
+        "2",
+    ]);
+    assert_clean(&out, &["kill-9", "pause"]);
+}
+
+#[test]
+fn redis_private_safe_workload_has_no_violations() {
+    if !common::have("redis-server", which("redis-server")) {
+        return;
+    }
+    let out = chaos(&["--private", "redis", "--duration", "20s", "--seed", "3"]);
+    assert_clean(&out, &["kill-9", "pause"]);
+}
+
+fn which(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
