@@ -16,6 +16,8 @@ use common::{read, signal, stderr, wait_for, Env, Kind};
 
 per_backend! {
     work_kill_9_stops_the_whole_tree,
+    work_sigterm_stops_the_whole_tree,
+    work_lost_lease_stops_the_whole_tree,
 }
 
 /// A wrapper whose grandchild writes its pid to `gc.pid` and appends to
@@ -281,6 +283,72 @@ async fn work_kill_9_stops_the_whole_tree(e: Env) {
     w.kill().unwrap();
     w.wait().unwrap();
     assert_tree_gone(e.dir.path(), gc, 3.0, "kill -9 of baton work");
+}
+
+/// SIGTERM to `baton work` running the wrapper: after the shutdown grace
+/// the command's whole tree is stopped and the task handed back.
+async fn work_sigterm_stops_the_whole_tree(e: Env) {
+    let out = e.run(&["enqueue", "--", "sh", "-c", WRAPPER]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let id = common::stdout(&out).trim().to_string();
+    let mut w = e.spawn_logged(&[
+        "work",
+        "--poll",
+        "200ms",
+        "--shutdown-grace",
+        "500ms",
+        "--grace",
+        "1s",
+    ]);
+    let gc = grandchild(e.dir.path());
+    signal(&w, libc::SIGTERM);
+    assert_tree_gone(e.dir.path(), gc, 4.0, "SIGTERM to baton work");
+    let st = w.wait().unwrap();
+    assert_eq!(st.code(), Some(128 + libc::SIGTERM), "baton work's status");
+    let o = e.run(&["tasks", "show", &id, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(v["state"], "pending", "handed back: {v}");
+}
+
+/// The wrapper writes per attempt: `gc<ATTEMPT>.pid`, `F<ATTEMPT>`.
+const WRAPPER_PER_ATTEMPT: &str = r#"(exec sh -c 'echo $$ > gc$BATON_ATTEMPT.pid; while :; do echo tick >> F$BATON_ATTEMPT; sleep 0.1; done') ; :"#;
+
+/// A worker frozen past its lease (SIGSTOP) whose task is rescued meanwhile:
+/// once it runs again its claim is lost, and attempt 1's whole tree is
+/// stopped (attempt 2 may start; it writes files of its own).
+async fn work_lost_lease_stops_the_whole_tree(e: Env) {
+    let out = e.run(&["enqueue", "--", "sh", "-c", WRAPPER_PER_ATTEMPT]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut w = e.spawn_logged(&["work", "--poll", "200ms", "--lease", "2s", "--grace", "1s"]);
+    let dir = e.dir.path();
+    wait_for(20, "attempt 1's grandchild to start", || {
+        read(&dir.join("gc1.pid")).trim().parse::<i32>().is_ok() && read(&dir.join("F1")).len() > 10
+    });
+    let gc: i32 = read(&dir.join("gc1.pid")).trim().parse().unwrap();
+    signal(&w, libc::SIGSTOP);
+    // Past the lease, then rescued by "another instance" (this test).
+    std::thread::sleep(Duration::from_millis(2_600));
+    let r = e.ts.store.backend().rescue().await.unwrap();
+    assert_eq!(r.requeued, 1, "the frozen worker's task is rescued");
+    assert!(alive(gc), "attempt 1 still runs while its worker is frozen");
+    signal(&w, libc::SIGCONT);
+    let t0 = Instant::now();
+    while alive(gc) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "attempt 1's grandchild {gc} still runs 3 s after its worker resumed with a lost lease"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = read(&dir.join("F1")).len();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        read(&dir.join("F1")).len(),
+        before,
+        "nothing writes F1 any more"
+    );
+    signal(&w, libc::SIGKILL);
+    let _ = w.wait();
 }
 
 /// A command that ignores SIGTERM: a second SIGTERM to `baton lock` kills
