@@ -18,71 +18,114 @@ pub enum StoreError {
     /// The request conflicts with the stored state (e.g. a unique key).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The driver (sqlx, redis) failed; its error is kept whole as the
+    /// [`source`](std::error::Error::source), so `{:#}` and error chains show
+    /// the cause. Reads `store unavailable: …` when `retryable` (the store
+    /// could not be reached, the connection broke, a call timed out: what
+    /// [`StoreError::Unavailable`] means), else `store error: …` (what
+    /// [`StoreError::Backend`] means).
+    #[error("{}: {message}", driver_kind(*.retryable))]
+    Driver {
+        /// Whether retrying later can succeed.
+        retryable: bool,
+        /// What failed, in words (the driver's message, with context).
+        message: String,
+        /// The driver's own error.
+        #[source]
+        source: DriverError,
+    },
+}
+
+/// A driver's error, boxed, as kept by [`StoreError::Driver`].
+pub type DriverError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+fn driver_kind(retryable: bool) -> &'static str {
+    if retryable {
+        "store unavailable"
+    } else {
+        "store error"
+    }
 }
 
 impl StoreError {
     /// Whether retrying the operation later can succeed (the store was down
     /// or the connection broke).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_)
+                | StoreError::Driver {
+                    retryable: true,
+                    ..
+                }
+        )
+    }
+
+    /// A driver failure kept as the source: retryable (`store unavailable`)
+    /// or not (`store error`), `message` in front of it.
+    fn driver(
+        retryable: bool,
+        message: String,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Driver {
+            retryable,
+            message,
+            source: Box::new(source),
+        }
     }
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        match e {
+        let retryable = match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
-            | sqlx::Error::Protocol(_) => StoreError::Unavailable(e.to_string()),
-            sqlx::Error::Database(ref db) => {
+            | sqlx::Error::Protocol(_) => true,
+            sqlx::Error::Database(db) => {
                 // SQLITE_BUSY / SQLITE_LOCKED, PG admin shutdown / cannot connect now.
                 let code = db.code().map(|c| c.to_string()).unwrap_or_default();
                 // PG query_canceled (statement_timeout) and an idle
                 // transaction ended by idle_in_transaction_session_timeout.
                 if matches!(code.as_str(), "57014" | "25P03") {
-                    return StoreError::Unavailable(format!(
-                        "timed out (the store's statement timeout): {e}"
-                    ));
+                    let message = format!("timed out (the store's statement timeout): {e}");
+                    return StoreError::driver(true, message, e);
                 }
-                if matches!(
+                let unavailable = matches!(
                     code.as_str(),
                     "5" | "6" | "517" | "57P01" | "57P02" | "57P03" | "53300"
-                ) || code.starts_with("08")
-                {
-                    StoreError::Unavailable(e.to_string())
-                } else if db.is_unique_violation() {
-                    StoreError::Conflict(e.to_string())
-                } else {
-                    StoreError::Backend(e.to_string())
+                ) || code.starts_with("08");
+                if !unavailable && db.is_unique_violation() {
+                    // An outcome callers match on, not a failure.
+                    return StoreError::Conflict(e.to_string());
                 }
+                unavailable
             }
-            sqlx::Error::Configuration(_) => StoreError::Config(e.to_string()),
-            other => StoreError::Backend(other.to_string()),
-        }
+            // The URL or options: the user's input, said in full.
+            sqlx::Error::Configuration(_) => return StoreError::Config(e.to_string()),
+            _ => false,
+        };
+        StoreError::driver(retryable, e.to_string(), e)
     }
 }
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
-            return StoreError::Unavailable(format!("timed out waiting for redis: {e}"));
+            let message = format!("timed out waiting for redis: {e}");
+            return StoreError::driver(true, message, e);
         }
-        if e.is_io_error()
+        let retryable = e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
-            || e.is_timeout()
             || matches!(
                 e.kind(),
                 redis::ErrorKind::BusyLoadingError | redis::ErrorKind::TryAgain
-            )
-        {
-            StoreError::Unavailable(e.to_string())
-        } else {
-            StoreError::Backend(e.to_string())
-        }
+            );
+        StoreError::driver(retryable, e.to_string(), e)
     }
 }
 
@@ -134,3 +177,50 @@ pub enum Error {
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_driver_error_is_kept_as_the_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused here");
+        let e = StoreError::from(sqlx::Error::Io(io));
+        assert!(e.is_retryable());
+        // The message reads as before ...
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: error communicating with database: refused here"
+        );
+        // ... and the cause is there to walk to.
+        let source = e.source().expect("the sqlx error is the source");
+        assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
+        assert!(
+            source
+                .source()
+                .is_some_and(|s| s.to_string() == "refused here"),
+            "the chain goes on to the io error"
+        );
+
+        let e = StoreError::from(sqlx::Error::RowNotFound);
+        assert!(!e.is_retryable());
+        assert!(e.to_string().starts_with("store error: "), "{e}");
+        assert!(e.source().is_some());
+
+        let e = StoreError::from(redis::RedisError::from((
+            redis::ErrorKind::IoError,
+            "connection gone",
+        )));
+        assert!(e.is_retryable());
+        assert!(e.to_string().starts_with("store unavailable: "), "{e}");
+        let source = e.source().expect("the redis error is the source");
+        assert!(source.downcast_ref::<redis::RedisError>().is_some());
+    }
+
+    #[test]
+    fn outcomes_callers_match_on_stay_plain() {
+        let e = StoreError::from(sqlx::Error::Configuration("bad option".into()));
+        assert!(matches!(e, StoreError::Config(_)), "{e:?}");
+    }
+}

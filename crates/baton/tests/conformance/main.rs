@@ -77,6 +77,7 @@ conformance! {
     queue::cancel_requested_then_retryable_failure_cancels,
     queue::cancel_requested_then_hand_back_cancels,
     queue::claim_tokens_rise_across_hand_back_rescue_and_retry,
+    queue::run_at_and_retry_onto_a_taken_key,
     schedule::cursor_is_compare_and_set,
     schedule::overlap_forbid_records_a_skip,
     schedule::trigger_and_scheduler_share_a_slot,

@@ -1087,3 +1087,76 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
     );
     assert!(b.finish(t.claim(), &Finish::Succeeded).await.unwrap());
 }
+
+/// A task enqueued for a moment (`RunAt::At`) is due from that moment in
+/// store time: in the past means now, in the future means not yet. And a
+/// retry of a task whose unique key another unfinished task has taken since
+/// is refused as a conflict (T4: one unfinished task per key).
+pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
+    let b = ts.store.backend();
+    let now = ts.store.now().await.unwrap();
+    let at = |at| baton::store::NewTask {
+        run_at: baton::store::RunAt::At(at),
+        ..new_task("at")
+    };
+    let past = b
+        .enqueue(&[at(now - chrono::Duration::seconds(5))])
+        .await
+        .unwrap()[0];
+    let future = b
+        .enqueue(&[at(now + chrono::Duration::seconds(3600))])
+        .await
+        .unwrap()[0];
+    let got = claim(&ts.store, "at", 10, 10_000).await;
+    assert_eq!(
+        got.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [past.id],
+        "the past moment is due, the future one is not"
+    );
+    let info = b.task(future.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Pending);
+    assert_eq!(
+        info.run_at.timestamp_millis(),
+        (now + chrono::Duration::seconds(3600)).timestamp_millis()
+    );
+
+    let keyed = || baton::store::NewTask {
+        unique_key: Some("rk".into()),
+        ..new_task("keys")
+    };
+    let first = b.enqueue(&[keyed()]).await.unwrap()[0];
+    assert_eq!(b.cancel(first.id).await.unwrap(), CancelOutcome::Cancelled);
+    let second = b.enqueue(&[keyed()]).await.unwrap()[0];
+    assert!(
+        second.inserted && second.id != first.id,
+        "the cancel freed the key"
+    );
+    let err = b.retry(first.id).await.unwrap_err();
+    assert!(
+        matches!(err, baton::StoreError::Conflict(_)),
+        "retrying onto a taken key: {err:?}"
+    );
+    assert_eq!(
+        b.task(first.id).await.unwrap().unwrap().state,
+        TaskState::Cancelled,
+        "a refused retry changes nothing"
+    );
+    assert_eq!(b.cancel(second.id).await.unwrap(), CancelOutcome::Cancelled);
+    assert!(b.retry(first.id).await.unwrap(), "with the key free again");
+}
+
+fn new_task(queue: &str) -> baton::store::NewTask {
+    baton::store::NewTask {
+        queue: queue.into(),
+        kind: "k".into(),
+        payload: json!({}),
+        priority: 0,
+        run_at: baton::store::RunAt::Now,
+        max_attempts: 3,
+        timeout: None,
+        unique_key: None,
+        unique_forever: false,
+        job: None,
+        slot: None,
+    }
+}

@@ -1,0 +1,548 @@
+//! The [`Backend`] impl of the PostgreSQL backend: binds arguments to the
+//! statements of [`super::sql`] and reads the rows back.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use tokio::sync::broadcast;
+
+use super::outbox::{insert_tasks, INSERT_CHUNK};
+use super::{dur, listener, schema, PgBackend};
+use crate::error::StoreError;
+use crate::store::sql_row::{
+    claimed_task, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
+};
+use crate::store::{
+    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, FencingToken, Finish,
+    Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats, Rescued, SlotAdvance,
+    SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
+    OVERLAP_SKIPPED,
+};
+
+#[async_trait]
+impl Backend for PgBackend {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        schema::migrate(self).await
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    // ---- locks -------------------------------------------------------------
+
+    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+        // When our snapshot and the latest version disagree (a concurrent
+        // grant or release), try again (bounded) rather than report a lapsed
+        // holder as busy.
+        let mut last = None;
+        for _ in 0..3 {
+            let row = sqlx::query(&self.sql.lock_acquire)
+                .bind(req.name)
+                .bind(req.holder)
+                .bind(dur(req.at_most))
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                if row.try_get::<bool, _>("granted")? {
+                    return Ok(Acquire::Granted {
+                        token: token_of(row.big("token")?, "lock token")?,
+                        locked_at: row.time("locked_at")?,
+                        lock_until: row.time("lock_until")?,
+                    });
+                }
+                let info = lock_info(&row)?;
+                if info.held {
+                    return Ok(Acquire::Busy(info));
+                }
+            }
+            match self.lock_get(req.name).await? {
+                Some(info) if info.held => return Ok(Acquire::Busy(info)),
+                other => last = other,
+            }
+        }
+        match last {
+            Some(info) => Ok(Acquire::Busy(info)),
+            None => Err(StoreError::Backend(format!(
+                "lock {:?}: neither granted nor found",
+                req.name
+            ))),
+        }
+    }
+
+    async fn lock_extend(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_most: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(sqlx::query_scalar(&self.sql.lock_extend)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(dur(at_most))
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn lock_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_least: Duration,
+    ) -> Result<bool, StoreError> {
+        // The release commits without waiting for its WAL flush
+        // (`synchronous_commit = off` for this one transaction). That is
+        // safe: a release lost in a server crash leaves the row as granted
+        // or last extended, whose `lock_until` is never earlier than the
+        // release's, so the lease just lasts until then, as if the holder
+        // had died. It never shortens a lease and never touches the token,
+        // and the next durable commit (any grant) flushes it anyway. Grants
+        // and extensions stay synchronous: losing one would let a second
+        // holder in (or reissue a token) after a crash.
+        let r = sqlx::query(&self.sql.lock_release)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(dur(at_least))
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
+        let row = sqlx::query(&self.sql.lock_get)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(lock_info).transpose()
+    }
+
+    async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
+        let rows = sqlx::query(&self.sql.lock_list)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(lock_info).collect()
+    }
+
+    // ---- tasks -------------------------------------------------------------
+
+    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One statement is atomic on its own: a single task, or one chunk
+        // of tasks without unique keys (no conflict, so no second round),
+        // needs no transaction around it, which saves two round trips.
+        if tasks.len() == 1
+            || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none()))
+        {
+            let mut conn = self.pool.acquire().await?;
+            return insert_tasks(&mut conn, &self.sql.insert, &self.names.chan, tasks, None).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let out = insert_tasks(&mut tx, &self.sql.insert, &self.names.chan, tasks, None).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = match req.max_running {
+            None => {
+                sqlx::query(&self.sql.claim(req.limit, false))
+                    .bind(req.queue)
+                    .bind(req.worker)
+                    .bind(dur(req.lease))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            Some(max) => {
+                // Claimers of a capped queue take turns (a transaction-scoped
+                // advisory lock per queue), so each one counts the running
+                // tasks after the previous one committed.
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                    .bind(format!("{}:{}", self.names.chan, req.queue))
+                    .execute(&mut *tx)
+                    .await?;
+                let rows = sqlx::query(&self.sql.claim(req.limit, true))
+                    .bind(req.queue)
+                    .bind(req.worker)
+                    .bind(dur(req.lease))
+                    .bind(i64::from(max))
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                rows
+            }
+        };
+        let mut tasks = rows
+            .iter()
+            .map(claimed_task)
+            .collect::<Result<Vec<_>, _>>()?;
+        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+        Ok(tasks)
+    }
+
+    async fn heartbeat(
+        &self,
+        claims: &[Claim],
+        lease: Duration,
+    ) -> Result<Vec<Heartbeat>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+        let tokens: Vec<i64> = claims.iter().map(|c| token_arg(c.token)).collect();
+        let rows = sqlx::query(&self.sql.heartbeat)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(dur(lease))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut found: HashMap<(i64, i64), bool> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            found.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
+        }
+        Ok(ids
+            .iter()
+            .zip(&tokens)
+            .map(|(&id, &a)| match found.get(&(id, a)) {
+                Some(true) => Heartbeat::CancelRequested,
+                Some(false) => Heartbeat::Extended,
+                None => Heartbeat::Lost,
+            })
+            .collect())
+    }
+
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        // Successes (the common case) in one statement and one commit; the
+        // rest one by one.
+        let mut out = vec![false; items.len()];
+        let mut ids = Vec::new();
+        let mut tokens = Vec::new();
+        for (claim, finish) in items {
+            if matches!(finish, Finish::Succeeded) {
+                ids.push(claim.id);
+                tokens.push(token_arg(claim.token));
+            }
+        }
+        if !ids.is_empty() {
+            let done: Vec<i64> = sqlx::query_scalar(&self.sql.succeed_many)
+                .bind(&ids)
+                .bind(&tokens)
+                .fetch_all(&self.pool)
+                .await?;
+            let done: std::collections::HashSet<i64> = done.into_iter().collect();
+            for (i, (claim, finish)) in items.iter().enumerate() {
+                if matches!(finish, Finish::Succeeded) {
+                    out[i] = done.contains(&claim.id);
+                }
+            }
+        }
+        for (i, (claim, finish)) in items.iter().enumerate() {
+            if !matches!(finish, Finish::Succeeded) {
+                out[i] = self.finish(*claim, finish).await?;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        let token = token_arg(claim.token);
+        let q = match finish {
+            Finish::Succeeded => {
+                sqlx::query_scalar::<_, i64>(&self.sql.succeed)
+                    .bind(claim.id)
+                    .bind(token)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            Finish::Failed { error, retry_in } => {
+                sqlx::query_scalar::<_, i64>(&self.sql.fail)
+                    .bind(claim.id)
+                    .bind(token)
+                    .bind(error)
+                    .bind(retry_in.map(dur))
+                    .bind(&self.names.chan)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            Finish::Cancelled { reason } => {
+                sqlx::query_scalar::<_, i64>(&self.sql.cancel_claimed)
+                    .bind(claim.id)
+                    .bind(token)
+                    .bind(reason)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            Finish::HandBack => {
+                sqlx::query_scalar::<_, i64>(&self.sql.hand_back)
+                    .bind(claim.id)
+                    .bind(token)
+                    .bind(&self.names.chan)
+                    .bind(CANCEL_REQUESTED)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+        };
+        Ok(q.is_some())
+    }
+
+    async fn progress(
+        &self,
+        claim: Claim,
+        progress: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let r = sqlx::query(&self.sql.progress)
+            .bind(claim.id)
+            .bind(token_arg(claim.token))
+            .bind(progress)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn rescue(&self) -> Result<Rescued, StoreError> {
+        let row = sqlx::query(&self.sql.rescue)
+            .bind(LEASE_EXPIRED)
+            .bind(&self.names.chan)
+            .fetch_one(&self.pool)
+            .await?;
+        let get = |c: &str| -> Result<u64, StoreError> {
+            let v: i64 = row.try_get(c)?;
+            Ok(u64::try_from(v).unwrap_or(0))
+        };
+        Ok(Rescued {
+            requeued: get("requeued")?,
+            failed: get("failed")?,
+            cancelled: get("cancelled")?,
+        })
+    }
+
+    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let state: Option<String> = sqlx::query_scalar(&self.sql.task_state)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(state) = state else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let outcome = match TaskState::from_str(&state)? {
+            TaskState::Pending => {
+                sqlx::query(&self.sql.cancel_pending)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                CancelOutcome::Cancelled
+            }
+            TaskState::Running => {
+                sqlx::query(&self.sql.cancel_running)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                CancelOutcome::Requested
+            }
+            s => CancelOutcome::AlreadyFinished(s),
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+        let row = sqlx::query(&self.sql.retry)
+            .bind(id)
+            .bind(&self.names.chan)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| match StoreError::from(e) {
+                StoreError::Conflict(_) => StoreError::Conflict(format!(
+                    "task {id}: its unique key is taken by another unfinished task"
+                )),
+                other => other,
+            })?;
+        Ok(row.is_some())
+    }
+
+    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+        let row = sqlx::query(&self.sql.task)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(task_info).transpose()
+    }
+
+    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        let rows = sqlx::query(&self.sql.tasks)
+            .bind(filter.queue.as_deref())
+            .bind(filter.state.map(TaskState::as_str))
+            .bind(filter.job.as_deref())
+            .bind(filter.before_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(task_info).collect()
+    }
+
+    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let rows = sqlx::query(&self.sql.stats).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| {
+                let c = |name: &str| -> Result<u64, StoreError> {
+                    let v: i64 = row.try_get(name)?;
+                    Ok(u64::try_from(v).unwrap_or(0))
+                };
+                let oldest: Option<i64> = row.try_get("oldest_ms")?;
+                Ok(QueueStats {
+                    queue: row.try_get("queue")?,
+                    pending: c("pending")?,
+                    running: c("running")?,
+                    succeeded: c("succeeded")?,
+                    failed: c("failed")?,
+                    cancelled: c("cancelled")?,
+                    oldest_pending_ms: oldest.map(|v| u64::try_from(v).unwrap_or(0)),
+                })
+            })
+            .collect()
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let r = sqlx::query(&self.sql.prune)
+            .bind(dur(older_than))
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+        Ok(listener::subscribe(self))
+    }
+
+    // ---- schedules ---------------------------------------------------------
+
+    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+        let row = sqlx::query(&self.sql.job_insert)
+            .bind(job)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = row {
+            return job_state(&row);
+        }
+        let row = sqlx::query(&self.sql.job_get)
+            .bind(job)
+            .fetch_one(&self.pool)
+            .await?;
+        job_state(&row)
+    }
+
+    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+        let n = &*self.names;
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&self.sql.job_lock)
+            .bind(adv.job)
+            .bind(adv.expected)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Advanced::UnknownJob);
+        };
+        let paused: bool = row.try_get("paused")?;
+        if paused {
+            return Ok(Advanced::Paused);
+        }
+        if !row.try_get::<bool, _>("matches")? {
+            return Ok(Advanced::Moved(row.try_get("last_slot")?));
+        }
+        let now: DateTime<Utc> = row.try_get("now")?;
+        if (adv.due_only && adv.slot > now) || adv.until.is_some_and(|u| now >= u) {
+            return Ok(Advanced::NotDue { now });
+        }
+        sqlx::query(&self.sql.job_set_slot)
+            .bind(adv.job)
+            .bind(adv.slot)
+            .execute(&mut *tx)
+            .await?;
+        let Some(task) = adv.task else {
+            tx.commit().await?;
+            return Ok(Advanced::Enqueued(Enqueued {
+                id: 0,
+                inserted: false,
+            }));
+        };
+        let busy = match (adv.record, adv.overlap) {
+            (SlotRecord::Enqueue, Overlap::Forbid) => {
+                sqlx::query_scalar(&self.sql.job_overlapping)
+                    .bind(adv.job)
+                    .bind(adv.batch_after)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            _ => false,
+        };
+        let skip = match adv.record {
+            SlotRecord::Skip { reason } => Some(reason),
+            _ if busy => Some(OVERLAP_SKIPPED),
+            _ => None,
+        };
+        let out = insert_tasks(
+            &mut tx,
+            &self.sql.insert,
+            &n.chan,
+            std::slice::from_ref(task),
+            skip,
+        )
+        .await?;
+        let e = out
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::Corrupt("job_advance: no insert result".into()))?;
+        let result = if !e.inserted {
+            // The slot's task exists already (a trigger made it): the slot
+            // is not skipped, it runs as that task.
+            Advanced::Enqueued(e)
+        } else if skip.is_some() {
+            Advanced::Skipped(e)
+        } else {
+            if let SlotRecord::Run { worker, lease } = adv.record {
+                sqlx::query(&self.sql.job_run)
+                    .bind(e.id)
+                    .bind(dur(lease))
+                    .bind(worker)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Advanced::Enqueued(e)
+        };
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+        let r = sqlx::query(&self.sql.job_set_paused)
+            .bind(job)
+            .bind(paused)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
+        let rows = sqlx::query(&self.sql.job_list)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_state).collect()
+    }
+}

@@ -1,0 +1,184 @@
+//! The one insert of tasks (enqueue, a schedule slot's task, and
+//! [`enqueue_in`], the transactional outbox).
+
+use std::collections::{BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::sql::InsertSql;
+use super::{dur, Names};
+use crate::error::StoreError;
+use crate::store::{Enqueued, NewTask, RunAt};
+
+/// Rows per `INSERT … SELECT FROM UNNEST(…)` statement when enqueueing.
+pub(super) const INSERT_CHUNK: usize = 10_000;
+
+/// Enqueue tasks on the caller's connection, typically inside the caller's
+/// own transaction (the transactional outbox): the tasks, and the
+/// notification that wakes workers, become visible at the caller's commit
+/// and vanish with a rollback.
+///
+/// `prefix` must be the table prefix the store was opened with (`None` for
+/// the default `baton_`). Unique keys behave as in [`crate::store::Backend::enqueue`].
+/// Under `REPEATABLE READ` or `SERIALIZABLE` a key taken by a concurrent
+/// transaction may surface as [`StoreError::Conflict`].
+pub async fn enqueue_in(
+    conn: &mut PgConnection,
+    prefix: Option<&str>,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, StoreError> {
+    if let Some(p) = prefix {
+        crate::store::validate_prefix(p)?;
+    }
+    let names = Names::new(prefix);
+    insert_tasks(conn, &InsertSql::new(&names), &names.chan, tasks, None).await
+}
+
+/// Insert tasks in order on `conn` (the shared code of [`enqueue_in`],
+/// [`crate::store::Backend::enqueue`] and [`crate::store::Backend::job_advance`]). With `skipped`, the
+/// tasks are inserted directly as `cancelled` with that reason.
+///
+/// Returns one [`Enqueued`] per task. Due work is announced by the insert
+/// statement itself.
+pub(super) async fn insert_tasks(
+    conn: &mut PgConnection,
+    sql: &InsertSql,
+    chan: &str,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<Vec<Enqueued>, StoreError> {
+    let mut out: Vec<Option<Enqueued>> = vec![None; tasks.len()];
+    // Indices still to insert; a second round only happens when a key's
+    // holder finished between our conflict and our look-up.
+    let mut todo: Vec<usize> = (0..tasks.len()).collect();
+    for _round in 0..8 {
+        if todo.is_empty() {
+            break;
+        }
+        let mut conflicted: Vec<usize> = Vec::new();
+        for chunk in todo.chunks(INSERT_CHUNK) {
+            let mut queue = Vec::with_capacity(chunk.len());
+            let mut kind = Vec::with_capacity(chunk.len());
+            let mut payload = Vec::with_capacity(chunk.len());
+            let mut priority = Vec::with_capacity(chunk.len());
+            let mut run_at_abs: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(chunk.len());
+            let mut delay_ms: Vec<Option<i64>> = Vec::with_capacity(chunk.len());
+            let mut max_attempts = Vec::with_capacity(chunk.len());
+            let mut timeout_ms: Vec<Option<i64>> = Vec::with_capacity(chunk.len());
+            let mut unique_key: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
+            let mut unique_forever = Vec::with_capacity(chunk.len());
+            let mut job: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
+            let mut slot: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(chunk.len());
+            for &i in chunk {
+                let t = &tasks[i];
+                queue.push(t.queue.as_str());
+                kind.push(t.kind.as_str());
+                payload.push(&t.payload);
+                priority.push(t.priority);
+                match t.run_at {
+                    RunAt::Now => {
+                        run_at_abs.push(None);
+                        delay_ms.push(None);
+                    }
+                    RunAt::Delay(d) => {
+                        run_at_abs.push(None);
+                        delay_ms.push(Some(dur(d)));
+                    }
+                    RunAt::At(at) => {
+                        run_at_abs.push(Some(at));
+                        delay_ms.push(None);
+                    }
+                }
+                max_attempts.push(i32::try_from(t.max_attempts).unwrap_or(i32::MAX).max(1));
+                timeout_ms.push(t.timeout.map(dur));
+                unique_key.push(t.unique_key.as_deref());
+                unique_forever.push(t.unique_forever);
+                job.push(t.job.as_deref());
+                slot.push(t.slot);
+            }
+            // Speculative insertion (ON CONFLICT) costs, so chunks without
+            // keys use a plain INSERT.
+            let text = if unique_key.iter().any(Option::is_some) {
+                &sql.keyed
+            } else {
+                &sql.plain
+            };
+            let rows = sqlx::query(text)
+                .bind(&queue)
+                .bind(&kind)
+                .bind(&payload)
+                .bind(&priority)
+                .bind(&run_at_abs)
+                .bind(&delay_ms)
+                .bind(&max_attempts)
+                .bind(&timeout_ms)
+                .bind(&unique_key)
+                .bind(&unique_forever)
+                .bind(&job)
+                .bind(&slot)
+                .bind(skipped.is_some())
+                .bind(skipped)
+                .bind(chan)
+                .fetch_all(&mut *conn)
+                .await?;
+            if rows.len() != chunk.len() {
+                return Err(StoreError::Corrupt(format!(
+                    "enqueue: {} rows back for {} tasks",
+                    rows.len(),
+                    chunk.len()
+                )));
+            }
+            for (row, &i) in rows.iter().zip(chunk) {
+                let id: i64 = row.try_get(0)?;
+                let inserted: bool = row.try_get(1)?;
+                if inserted {
+                    out[i] = Some(Enqueued { id, inserted: true });
+                } else {
+                    conflicted.push(i);
+                }
+            }
+        }
+        todo.clear();
+        if conflicted.is_empty() {
+            break;
+        }
+        // Conflicts: find the tasks that hold the keys (a new statement, so a
+        // new snapshot that sees the committed holder under READ COMMITTED).
+        let keys: Vec<&str> = conflicted
+            .iter()
+            .filter_map(|&i| tasks[i].unique_key.as_deref())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let rows = sqlx::query(&sql.key_holders)
+            .bind(&keys)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut holders: HashMap<String, i64> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            holders.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+        for i in conflicted {
+            match tasks[i].unique_key.as_deref().and_then(|k| holders.get(k)) {
+                Some(&id) => {
+                    out[i] = Some(Enqueued {
+                        id,
+                        inserted: false,
+                    })
+                }
+                None => todo.push(i),
+            }
+        }
+    }
+    if !todo.is_empty() {
+        return Err(StoreError::Conflict(
+            "enqueue: unique keys kept changing hands; try again".into(),
+        ));
+    }
+    let out = out
+        .into_iter()
+        .map(|e| e.ok_or_else(|| StoreError::Corrupt("enqueue: task without result".into())))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(out)
+}

@@ -1,0 +1,171 @@
+//! The PostgreSQL schema: the base DDL (version 1), the numbered upgrade
+//! steps ([`UPGRADES`]) and the migration that runs them.
+
+use super::sql::UNIQUE_PRED;
+use super::{Names, PgBackend};
+use crate::error::StoreError;
+use crate::store::sql_row::corrupt;
+use crate::store::CANCEL_REQUESTED;
+
+/// The version [`schema_sql`] creates; [`UPGRADES`] take it from there.
+const BASE_VERSION: i32 = 1;
+
+/// The schema version this build creates and understands: the base plus
+/// one per upgrade step.
+const SCHEMA_VERSION: i32 = BASE_VERSION + UPGRADES.len() as i32;
+
+/// One schema upgrade step: SQL (one or more idempotent statements) taking
+/// the schema from version `n` to `n + 1`, where `n - BASE_VERSION` is the
+/// step's index in [`UPGRADES`].
+type Upgrade = fn(&Names) -> String;
+
+/// The upgrade steps, in order. Each runs once per prefix, in the
+/// migration's transaction under its advisory lock, together with the
+/// version bump. Add a step at the end (and nothing else:
+/// [`SCHEMA_VERSION`] follows).
+const UPGRADES: &[Upgrade] = &[
+    // 1 → 2: per-task claim tokens; a pending task whose cancel was
+    // requested (possible before 2) is cancelled.
+    upgrade_claim_token,
+];
+
+fn upgrade_claim_token(n: &Names) -> String {
+    let t = &n.tasks;
+    format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_token bigint NOT NULL DEFAULT 0; \
+         UPDATE {t} SET state = 'cancelled', finished_at = now(), \
+             last_error = '{CANCEL_REQUESTED}' \
+         WHERE state = 'pending' AND cancel_requested;"
+    )
+}
+
+/// The base schema (version 1), every statement idempotent.
+fn schema_sql(n: &Names) -> String {
+    let p = &n.prefix;
+    let (meta, locks, tasks, jobs) = (&n.meta, &n.locks, &n.tasks, &n.jobs);
+    format!(
+        r#"
+CREATE TABLE IF NOT EXISTS {meta} (
+key   text PRIMARY KEY,
+value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {locks} (
+name       text PRIMARY KEY,
+holder     text NOT NULL,
+token      bigint NOT NULL,
+locked_at  timestamptz NOT NULL,
+lock_until timestamptz NOT NULL
+);
+CREATE SEQUENCE IF NOT EXISTS "{p}tasks_id_seq";
+CREATE TABLE IF NOT EXISTS {tasks} (
+id               bigint PRIMARY KEY DEFAULT nextval('"{p}tasks_id_seq"'),
+queue            text NOT NULL,
+kind             text NOT NULL,
+payload          jsonb NOT NULL,
+state            text NOT NULL DEFAULT 'pending'
+    CHECK (state IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+priority         integer NOT NULL DEFAULT 0,
+attempt          integer NOT NULL DEFAULT 0,
+max_attempts     integer NOT NULL DEFAULT 1,
+timeout_ms       bigint,
+run_at           timestamptz NOT NULL DEFAULT now(),
+created_at       timestamptz NOT NULL DEFAULT now(),
+started_at       timestamptz,
+finished_at      timestamptz,
+lease_until      timestamptz,
+worker           text,
+unique_key       text,
+unique_forever   boolean NOT NULL DEFAULT false,
+cancel_requested boolean NOT NULL DEFAULT false,
+last_error       text,
+errors           jsonb NOT NULL DEFAULT '[]'::jsonb,
+progress         jsonb,
+job              text,
+slot             timestamptz
+);
+ALTER SEQUENCE "{p}tasks_id_seq" OWNED BY {tasks}.id;
+CREATE INDEX IF NOT EXISTS "{p}tasks_claim" ON {tasks} (queue, priority, run_at, id)
+WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS "{p}tasks_lease" ON {tasks} (lease_until)
+WHERE state = 'running';
+CREATE UNIQUE INDEX IF NOT EXISTS "{p}tasks_unique" ON {tasks} (unique_key)
+WHERE {UNIQUE_PRED};
+CREATE INDEX IF NOT EXISTS "{p}tasks_prune" ON {tasks} (finished_at)
+WHERE state IN ('succeeded', 'failed', 'cancelled');
+CREATE INDEX IF NOT EXISTS "{p}tasks_job" ON {tasks} (job, slot)
+WHERE job IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {jobs} (
+name      text PRIMARY KEY,
+last_slot timestamptz,
+paused    boolean NOT NULL DEFAULT false
+);
+"#
+    )
+}
+
+/// Create the schema if absent and run the upgrade steps from the recorded
+/// version, in one transaction under an advisory lock per prefix (so
+/// processes that connect at once take turns).
+pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
+    let n = &*b.names;
+    // Fast path: a schema already at this version needs no DDL. (Running
+    // `CREATE INDEX IF NOT EXISTS` anyway takes table locks that can
+    // deadlock with live workers' transactions.) A missing meta table is
+    // an error here and falls through to the full migration.
+    let current: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(&b.sql.schema_version)
+        .fetch_optional(&b.pool)
+        .await;
+    if let Ok(Some(v)) = &current {
+        if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
+            return Ok(());
+        }
+    }
+    let mut tx = b.pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("baton-migrate:{}", n.prefix))
+        .execute(&mut *tx)
+        .await?;
+    let schema = schema_sql(n);
+    sqlx::Executor::execute(&mut *tx, schema.as_str()).await?;
+    sqlx::query(&format!(
+        "INSERT INTO {} (key, value) VALUES ('schema_version', $1) ON CONFLICT (key) DO NOTHING",
+        n.meta
+    ))
+    .bind(BASE_VERSION.to_string())
+    .execute(&mut *tx)
+    .await?;
+    let v: String = sqlx::query_scalar(&format!(
+        "SELECT value FROM {} WHERE key = 'schema_version'",
+        n.meta
+    ))
+    .fetch_one(&mut *tx)
+    .await?;
+    let v: i32 = v.parse().map_err(|_| corrupt("schema version", &v))?;
+    if v > SCHEMA_VERSION {
+        return Err(StoreError::Config(format!(
+            "tables with prefix {:?} have schema version {v}, newer than this build's {SCHEMA_VERSION}; upgrade baton",
+            n.prefix
+        )));
+    }
+    for from in v.max(BASE_VERSION)..SCHEMA_VERSION {
+        let step = usize::try_from(from - BASE_VERSION)
+            .ok()
+            .and_then(|i| UPGRADES.get(i))
+            .ok_or_else(|| corrupt("schema version", from))?;
+        sqlx::Executor::execute(&mut *tx, step(n).as_str()).await?;
+        sqlx::query(&format!(
+            "UPDATE {} SET value = $1 WHERE key = 'schema_version'",
+            n.meta
+        ))
+        .bind((from + 1).to_string())
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(
+            prefix = %n.prefix,
+            "postgres: upgraded the baton schema from version {from} to {}",
+            from + 1
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}

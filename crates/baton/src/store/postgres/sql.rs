@@ -1,0 +1,407 @@
+//! Every statement of the PostgreSQL backend, formatted once with the
+//! table names when the backend is built (not on every call).
+//!
+//! Parameters are `$1`, `$2`, …; each statement's comment says what they
+//! are. Durations travel as milliseconds (`$n * interval '1 millisecond'`).
+
+use super::{Names, NOW_US};
+use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
+use crate::store::CANCEL_REQUESTED;
+
+/// The partial-index predicate under which a unique key is taken.
+pub(super) const UNIQUE_PRED: &str =
+    "unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'))";
+
+/// A wake-up's due time for a row's `run_at` (see [`crate::store::Wake`]):
+/// microseconds since the epoch, rounded up so a timer armed for it never
+/// fires before the row is due.
+const WAKE_AT: &str = "ceil(extract(epoch FROM run_at) * 1000000)::int8";
+
+/// The lock columns with `now` (see [`crate::store::sql_row::lock_info`]).
+const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, now() AS now";
+
+/// The statements of one table prefix.
+#[derive(Debug)]
+pub(super) struct Sql {
+    /// `$1` name, `$2` holder, `$3` at_most ms → granted + the lock row.
+    pub lock_acquire: String,
+    /// `$1` name, `$2` token, `$3` at_most ms → lock_until.
+    pub lock_extend: String,
+    /// `$1` name, `$2` token, `$3` at_least ms (committed asynchronously).
+    pub lock_release: String,
+    /// `$1` name → the lock row.
+    pub lock_get: String,
+    /// Every lock row, by name.
+    pub lock_list: String,
+    /// The inserts of tasks (shared with [`super::enqueue_in`]).
+    pub insert: InsertSql,
+    /// The claim, around its literal `LIMIT` (see [`Sql::claim`]).
+    claim_parts: [String; 2],
+    /// The capped claim's limit, around the requested limit.
+    cap_parts: [String; 2],
+    /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
+    /// cancel_requested.
+    pub heartbeat: String,
+    /// `$1` ids, `$2` tokens → the ids that succeeded.
+    pub succeed_many: String,
+    /// `$1` id, `$2` token → id.
+    pub succeed: String,
+    /// `$1` id, `$2` token, `$3` error, `$4` retry delay ms, `$5` channel.
+    pub fail: String,
+    /// `$1` id, `$2` token, `$3` reason.
+    pub cancel_claimed: String,
+    /// `$1` id, `$2` token, `$3` channel, `$4` the cancel reason.
+    pub hand_back: String,
+    /// `$1` id, `$2` token, `$3` progress.
+    pub progress: String,
+    /// `$1` error text, `$2` channel → requeued, failed, cancelled.
+    pub rescue: String,
+    /// `$1` id → state, row locked.
+    pub task_state: String,
+    /// `$1` id.
+    pub cancel_pending: String,
+    /// `$1` id.
+    pub cancel_running: String,
+    /// `$1` id, `$2` channel.
+    pub retry: String,
+    /// `$1` id → [`TASK_COLS`].
+    pub task: String,
+    /// `$1` queue, `$2` state, `$3` job, `$4` before id, `$5` limit.
+    pub tasks: String,
+    /// Per queue: counts per state and the oldest due pending age.
+    pub stats: String,
+    /// `$1` older_than ms.
+    pub prune: String,
+    /// `$1` job → the new job row, if it was new.
+    pub job_insert: String,
+    /// `$1` job → the job row.
+    pub job_get: String,
+    /// `$1` job, `$2` expected → last_slot, paused, matches, now; locked.
+    pub job_lock: String,
+    /// `$1` job, `$2` slot.
+    pub job_set_slot: String,
+    /// `$1` job, `$2` batch_after → whether an earlier run is unfinished.
+    pub job_overlapping: String,
+    /// `$1` id, `$2` lease ms, `$3` worker: the caller's run record.
+    pub job_run: String,
+    /// `$1` job, `$2` paused.
+    pub job_set_paused: String,
+    /// Every job row, by name.
+    pub job_list: String,
+    /// The schema version in the meta table.
+    pub schema_version: String,
+}
+
+/// The two inserts of tasks: with and without `ON CONFLICT` on the unique
+/// key (speculative insertion costs, so chunks without keys use the plain
+/// one), and the look-up of the tasks holding keys.
+#[derive(Debug)]
+pub(super) struct InsertSql {
+    pub keyed: String,
+    pub plain: String,
+    /// `$1` keys → unique_key, id.
+    pub key_holders: String,
+}
+
+impl InsertSql {
+    pub(super) fn new(n: &Names) -> InsertSql {
+        InsertSql {
+            keyed: insert_sql(n, true),
+            plain: insert_sql(n, false),
+            key_holders: format!(
+                "SELECT unique_key, id FROM {} WHERE unique_key = ANY($1) AND {UNIQUE_PRED}",
+                n.tasks
+            ),
+        }
+    }
+}
+
+/// The SQL fragment that appends `{attempt, at, error}` (error text in `$e`)
+/// to `errors`, with `at` as RFC 3339 UTC.
+fn append_error(e: &str) -> String {
+    format!(
+        "errors || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', \
+         to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), 'error', {e}))"
+    )
+}
+
+impl Sql {
+    pub(super) fn new(n: &Names) -> Sql {
+        let (l, t, j) = (&n.locks, &n.tasks, &n.jobs);
+        let cas = "WHERE id = $1 AND claim_token = $2 AND state = 'running'";
+        // A retry whose cancellation was requested is not retried.
+        let again = "($4::int8 IS NOT NULL AND attempt < max_attempts AND NOT cancel_requested)";
+        let stop = "($4::int8 IS NOT NULL AND attempt < max_attempts AND cancel_requested)";
+        let gone = "(cancel_requested OR attempt >= max_attempts)";
+        Sql {
+            // A live lease in the statement's snapshot answers Busy with a
+            // pure read. Otherwise the grant is an UPDATE of a row we could
+            // lock without waiting (`FOR UPDATE SKIP LOCKED`, rechecked on
+            // the latest version under that lock: that is what makes it
+            // exclusive), or the `INSERT … ON CONFLICT DO NOTHING` of a new
+            // name. Contenders never queue behind each other's row locks.
+            lock_acquire: format!(
+                "WITH cur AS ( \
+                     SELECT name, holder, token, locked_at, lock_until FROM {l} WHERE name = $1), \
+                 up AS ( \
+                     UPDATE {l} AS l SET holder = $2, token = greatest(l.token + 1, {NOW_US}), \
+                         locked_at = now(), \
+                         lock_until = now() + $3 * interval '1 millisecond' \
+                     WHERE l.name = $1 AND l.name IN ( \
+                         SELECT name FROM {l} WHERE name = $1 AND lock_until <= now() \
+                         FOR UPDATE SKIP LOCKED) \
+                     RETURNING name, holder, token, locked_at, lock_until), \
+                 ins AS ( \
+                     INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
+                     SELECT $1, $2, {NOW_US}, now(), now() + $3 * interval '1 millisecond' \
+                     WHERE NOT EXISTS (SELECT 1 FROM cur) \
+                     ON CONFLICT (name) DO NOTHING \
+                     RETURNING name, holder, token, locked_at, lock_until), \
+                 g AS (SELECT * FROM up UNION ALL SELECT * FROM ins) \
+                 SELECT true AS granted, name, holder, token, locked_at, lock_until, \
+                     now() AS now FROM g \
+                 UNION ALL \
+                 SELECT false, name, holder, token, locked_at, lock_until, now() \
+                     FROM cur WHERE NOT EXISTS (SELECT 1 FROM g)"
+            ),
+            lock_extend: format!(
+                "UPDATE {l} SET lock_until = now() + $3 * interval '1 millisecond' \
+                 WHERE name = $1 AND token = $2 AND lock_until > now() RETURNING lock_until"
+            ),
+            // Committed with `synchronous_commit = off` for this one
+            // transaction: see `lock_release` for why that is safe.
+            lock_release: format!(
+                "UPDATE {l} AS l \
+                 SET lock_until = greatest(now(), l.locked_at + $3 * interval '1 millisecond') \
+                 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+                 WHERE l.name = $1 AND l.token = $2 AND l.lock_until > now()"
+            ),
+            lock_get: format!("SELECT {LOCK_COLS} FROM {l} WHERE name = $1"),
+            lock_list: format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"),
+            insert: InsertSql::new(n),
+            claim_parts: [
+                format!(
+                    "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+                         started_at = now(), \
+                         lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
+                         claim_token = greatest(claim_token + 1, {NOW_US}) \
+                     WHERE id IN ( \
+                         SELECT id FROM {t} \
+                         WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+                             AND NOT cancel_requested \
+                         ORDER BY priority, run_at, id \
+                         LIMIT "
+                ),
+                format!(" FOR UPDATE SKIP LOCKED) RETURNING {CLAIM_COLS}"),
+            ],
+            cap_parts: [
+                "greatest(0, least(".to_string(),
+                format!(
+                    ", $4 - (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
+                ),
+            ],
+            heartbeat: format!(
+                "UPDATE {t} AS t SET lease_until = now() + $3 * interval '1 millisecond' \
+                 FROM (SELECT DISTINCT id, token \
+                       FROM UNNEST($1::int8[], $2::int8[]) AS u(id, token)) AS c \
+                 WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+                 RETURNING t.id, t.claim_token, t.cancel_requested"
+            ),
+            succeed_many: format!(
+                "UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), lease_until = NULL \
+                 FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token) \
+                 WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+                 RETURNING t.id"
+            ),
+            succeed: format!(
+                "UPDATE {t} SET state = 'succeeded', finished_at = now(), lease_until = NULL \
+                 {cas} RETURNING id"
+            ),
+            // A retry is announced with its due time, so a worker starts it
+            // when the backoff ends rather than at a later poll.
+            fail: format!(
+                "WITH u AS (UPDATE {t} SET errors = {errs}, lease_until = NULL, \
+                     last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || $3::text \
+                         ELSE $3::text END, \
+                     state = CASE WHEN {again} THEN 'pending' \
+                         WHEN {stop} THEN 'cancelled' ELSE 'failed' END, \
+                     run_at = CASE WHEN {again} \
+                         THEN now() + $4 * interval '1 millisecond' ELSE run_at END, \
+                     finished_at = CASE WHEN {again} THEN NULL ELSE now() END \
+                 {cas} RETURNING id, queue, state, run_at) \
+                 SELECT id FROM u LEFT JOIN LATERAL (SELECT pg_notify($5, \
+                     u.queue || chr(10) || {WAKE_AT}) WHERE u.state = 'pending') AS n ON true",
+                errs = append_error("$3::text")
+            ),
+            cancel_claimed: format!(
+                "UPDATE {t} SET state = 'cancelled', last_error = $3, finished_at = now(), \
+                 lease_until = NULL {cas} RETURNING id"
+            ),
+            // The attempt is not counted; a requested cancel ends it.
+            hand_back: format!(
+                "WITH u AS (UPDATE {t} SET \
+                     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END, \
+                     attempt = attempt - 1, lease_until = NULL, \
+                     last_error = CASE WHEN cancel_requested THEN $4 ELSE last_error END, \
+                     finished_at = CASE WHEN cancel_requested THEN now() END \
+                 {cas} RETURNING id, queue, state) \
+                 SELECT id FROM u LEFT JOIN LATERAL (SELECT pg_notify($3, u.queue) \
+                     WHERE u.state = 'pending') AS n ON true"
+            ),
+            progress: format!(
+                "UPDATE {t} SET progress = $3 \
+                 WHERE id = $1 AND claim_token = $2 AND state = 'running'"
+            ),
+            rescue: format!(
+                "WITH r AS ( \
+                     UPDATE {t} SET \
+                         state = CASE WHEN cancel_requested THEN 'cancelled' \
+                                      WHEN attempt >= max_attempts THEN 'failed' \
+                                      ELSE 'pending' END, \
+                         finished_at = CASE WHEN {gone} THEN now() END, \
+                         lease_until = NULL, \
+                         last_error = $1, \
+                         errors = {errs} \
+                     WHERE state = 'running' AND lease_until < now() \
+                     RETURNING state, queue), \
+                 n AS (SELECT pg_notify($2, q.queue) FROM (SELECT DISTINCT queue FROM r \
+                       WHERE state = 'pending') AS q) \
+                 SELECT count(*) FILTER (WHERE state = 'pending') AS requeued, \
+                        count(*) FILTER (WHERE state = 'failed') AS failed, \
+                        count(*) FILTER (WHERE state = 'cancelled') AS cancelled, \
+                        (SELECT count(*) FROM n) AS notified \
+                 FROM r",
+                errs = append_error("$1::text")
+            ),
+            task_state: format!("SELECT state FROM {t} WHERE id = $1 FOR UPDATE"),
+            cancel_pending: format!(
+                "UPDATE {t} SET state = 'cancelled', finished_at = now(), lease_until = NULL \
+                 WHERE id = $1"
+            ),
+            cancel_running: format!("UPDATE {t} SET cancel_requested = true WHERE id = $1"),
+            retry: format!(
+                "WITH u AS (UPDATE {t} SET state = 'pending', run_at = now(), \
+                     finished_at = NULL, lease_until = NULL, cancel_requested = false, \
+                     max_attempts = greatest(max_attempts, attempt + 1) \
+                 WHERE id = $1 AND state IN ('failed', 'cancelled') RETURNING id, queue) \
+                 SELECT id FROM u, LATERAL (SELECT pg_notify($2, u.queue)) AS n"
+            ),
+            task: format!("SELECT {TASK_COLS} FROM {t} WHERE id = $1"),
+            tasks: format!(
+                "SELECT {TASK_COLS} FROM {t} \
+                 WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
+                   AND ($3::text IS NULL OR job = $3) AND ($4::int8 IS NULL OR id < $4) \
+                 ORDER BY id DESC LIMIT $5"
+            ),
+            stats: format!(
+                "SELECT queue, \
+                     count(*) FILTER (WHERE state = 'pending') AS pending, \
+                     count(*) FILTER (WHERE state = 'running') AS running, \
+                     count(*) FILTER (WHERE state = 'succeeded') AS succeeded, \
+                     count(*) FILTER (WHERE state = 'failed') AS failed, \
+                     count(*) FILTER (WHERE state = 'cancelled') AS cancelled, \
+                     floor(extract(epoch FROM now() - min(run_at) \
+                         FILTER (WHERE state = 'pending' AND run_at <= now())) * 1000)::int8 \
+                         AS oldest_ms \
+                 FROM {t} GROUP BY queue ORDER BY queue"
+            ),
+            prune: format!(
+                "DELETE FROM {t} WHERE state IN ('succeeded', 'failed', 'cancelled') \
+                 AND finished_at < now() - $1 * interval '1 millisecond'"
+            ),
+            job_insert: format!(
+                "INSERT INTO {j} (name, last_slot, paused) VALUES ($1, now(), false) \
+                 ON CONFLICT (name) DO NOTHING RETURNING name, last_slot, paused"
+            ),
+            job_get: format!("SELECT name, last_slot, paused FROM {j} WHERE name = $1"),
+            job_lock: format!(
+                "SELECT last_slot, paused, last_slot IS NOT DISTINCT FROM $2 AS matches, \
+                 now() AS now FROM {j} WHERE name = $1 FOR UPDATE"
+            ),
+            job_set_slot: format!("UPDATE {j} SET last_slot = $2 WHERE name = $1"),
+            job_overlapping: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} WHERE job = $1 \
+                 AND state IN ('pending', 'running') \
+                 AND ($2::timestamptz IS NULL OR slot IS NULL OR slot <= $2))"
+            ),
+            job_run: format!(
+                "UPDATE {t} SET state = 'running', attempt = 1, started_at = now(), \
+                 lease_until = now() + $2 * interval '1 millisecond', worker = $3, \
+                 claim_token = 1 WHERE id = $1"
+            ),
+            job_set_paused: format!("UPDATE {j} SET paused = $2 WHERE name = $1"),
+            job_list: format!("SELECT name, last_slot, paused FROM {j} ORDER BY name"),
+            schema_version: format!("SELECT value FROM {} WHERE key = 'schema_version'", n.meta),
+        }
+    }
+
+    /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, and with
+    /// `capped`, `$4` the queue's cluster-wide cap on running tasks (the
+    /// caller holds the queue's advisory lock). `LIMIT` is a literal, the
+    /// one part spliced in per call: with a `$n` there, a generic plan
+    /// assumes it fetches 10% of the table and can prefer a sequential scan
+    /// plus sort over the index walk.
+    pub(super) fn claim(&self, limit: u32, capped: bool) -> String {
+        let [head, tail] = &self.claim_parts;
+        if capped {
+            let [ch, ct] = &self.cap_parts;
+            format!("{head}{ch}{limit}{ct}{tail}")
+        } else {
+            format!("{head}{limit}{tail}")
+        }
+    }
+}
+
+/// The chunked insert: ids are drawn from the sequence in input order inside
+/// a materialized CTE, so each result row maps back to its input by
+/// ordinality whether it was inserted or met a unique key. The same
+/// statement announces new pending work with `pg_notify` (sent at commit, so
+/// inside a caller's transaction it waits for that commit): per queue once
+/// for rows due now, and once with the earliest `run_at` of rows due later.
+fn insert_sql(n: &Names, keyed: bool) -> String {
+    let (tasks, seq) = (&n.tasks, &n.seq_lit);
+    let on_conflict = if keyed {
+        format!("ON CONFLICT (unique_key) WHERE {UNIQUE_PRED} DO NOTHING")
+    } else {
+        String::new()
+    };
+    format!(
+        r#"WITH input AS MATERIALIZED (
+    SELECT nextval({seq}) AS id, t.*
+    FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
+                $6::int8[], $7::int4[], $8::int8[], $9::text[], $10::bool[], $11::text[],
+                $12::timestamptz[])
+         WITH ORDINALITY AS t(queue, kind, payload, priority, run_at_abs, delay_ms,
+                              max_attempts, timeout_ms, unique_key, unique_forever, job,
+                              slot, ord)
+),
+ins AS (
+    INSERT INTO {tasks} (id, queue, kind, payload, state, priority, run_at, max_attempts,
+                         timeout_ms, unique_key, unique_forever, job, slot, last_error,
+                         finished_at)
+    SELECT id, queue, kind, payload,
+           CASE WHEN $13::bool THEN 'cancelled' ELSE 'pending' END,
+           priority,
+           coalesce(run_at_abs, now() + coalesce(delay_ms, 0) * interval '1 millisecond'),
+           max_attempts, timeout_ms, unique_key, unique_forever, job, slot,
+           CASE WHEN $13::bool THEN $14::text END,
+           CASE WHEN $13::bool THEN now() END
+    FROM input
+    ORDER BY ord
+    {on_conflict}
+    RETURNING id, queue, state = 'pending' AS pending, run_at,
+              (state = 'pending' AND run_at <= now()) AS due
+),
+woke AS (
+    SELECT count(pg_notify($15::text, q.msg)) AS n
+    FROM (SELECT queue AS msg FROM ins WHERE due GROUP BY queue
+          UNION ALL
+          SELECT queue || chr(10) || {WAKE_AT}
+          FROM (SELECT queue, min(run_at) AS run_at FROM ins
+                WHERE pending AND NOT due GROUP BY queue) AS f) AS q
+)
+SELECT input.id, ins.id IS NOT NULL AS inserted
+FROM input LEFT JOIN ins ON ins.id = input.id CROSS JOIN woke
+ORDER BY input.ord"#
+    )
+}

@@ -1,0 +1,71 @@
+-- ARGV: B, queue, worker, limit, lease ms, cluster-wide cap on running (or
+-- ''), the `last_error` of a pending task found with its cancel requested.
+local now = now_ms()
+local queue = ARGV[2]
+local sched = qkey(queue, 'sched')
+local ready = qkey(queue, 'ready')
+-- Move due scheduled tasks into ready, oldest first; at most 10000 per
+-- claim so one call stays short (a larger backlog moves over a few claims).
+for _ = 1, 20 do
+  local due = redis.call('ZRANGEBYSCORE', sched, '-inf', now, 'LIMIT', 0, 500)
+  if #due == 0 then break end
+  local add = {}
+  for _, p in ipairs(due) do
+    local h = redis.call('HMGET', tkey(fmt(tonumber(p))), 'priority', 'run_at', 'state')
+    if h[3] == 'pending' then
+      add[#add + 1] = rscore(tonumber(h[1]), tonumber(h[2]))
+      add[#add + 1] = p
+    end
+  end
+  if #add > 0 then redis.call('ZADD', ready, unpack(add)) end
+  redis.call('ZREM', sched, unpack(due))
+end
+local out = {}
+local us = now_us()
+local CANCEL_REQUESTED = ARGV[7]
+local limit = tonumber(ARGV[4])
+local lu = now + tonumber(ARGV[5])
+-- A cluster-wide cap on the queue's running tasks (ARGV[6], '' for none).
+if ARGV[6] ~= '' then
+  local running = tonumber(redis.call('HGET', B .. 'counts:' .. queue, 'running') or '0')
+  local room = tonumber(ARGV[6]) - running
+  if room < limit then limit = room end
+end
+while #out < limit do
+  local popped = redis.call('ZPOPMIN', ready, limit - #out)
+  if #popped == 0 then break end
+  for j = 1, #popped, 2 do
+    local p = popped[j]
+    local sid = fmt(tonumber(p))
+    local k = tkey(sid)
+    local h = redis.call('HGETALL', k)
+    local f = {}
+    for j = 1, #h - 1, 2 do f[h[j]] = h[j + 1] end
+    if f.state == 'pending' and f.cancel_requested == '1' then
+      -- Its cancel was requested while it ran: never claim it again.
+      redis.call('HSET', k, 'last_error', CANCEL_REQUESTED)
+      terminal(sid, queue, 'pending', 'cancelled', now, f.unique_key, f.unique_forever, f.job)
+    elseif f.state == 'pending' then
+      -- The claim token only rises: max(previous + 1, store clock in µs).
+      local tok = tonumber(f.claim_token or '0') + 1
+      if us > tok then tok = us end
+      local set = {state = 'running', attempt = fmt(tonumber(f.attempt) + 1), started_at = fmt(now),
+        lease_until = fmt(lu), worker = ARGV[3], claim_token = fmt(tok)}
+      redis.call('HSET', k, 'state', set.state, 'attempt', set.attempt,
+        'started_at', set.started_at, 'lease_until', set.lease_until, 'worker', set.worker,
+        'claim_token', set.claim_token)
+      -- Answer with the updated record without reading it again.
+      for j = 1, #h - 1, 2 do
+        local v = set[h[j]]
+        if v then h[j + 1] = v; set[h[j]] = nil end
+      end
+      for f, v in pairs(set) do h[#h + 1] = f; h[#h + 1] = v end
+      zacc(B .. 'running', lu, p)
+      cacc(queue, 'pending', -1)
+      cacc(queue, 'running', 1)
+      out[#out + 1] = h
+    end
+  end
+end
+flush()
+return out

@@ -1,0 +1,6 @@
+-- KEYS: lock. ARGV: token, at_most ms. Returns the new lock_until or ''.
+local h = redis.call('HMGET', KEYS[1], 'token', 'lock_until')
+if h[1] ~= ARGV[1] or (not h[2]) or tonumber(h[2]) <= now then return '' end
+local lu = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lock_until', fmt(lu))
+return fmt(lu)

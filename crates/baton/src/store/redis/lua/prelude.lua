@@ -1,0 +1,170 @@
+-- Shared helpers for the queue and job scripts. `ARGV[1]` is always the
+-- key base `P{baton}:`; `KEYS[1]` is a key in the same slot for routing.
+local B = ARGV[1]
+local SHIFT = 8796093022208
+local NF = 12
+local function fmt(n) return string.format('%d', n) end
+local function pad(id) return string.format('%016d', tonumber(id)) end
+local function tkey(sid) return B .. 'task:' .. sid end
+local function qkey(queue, what) return B .. 'q:' .. queue .. ':' .. what end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function rscore(prio, run_at)
+  local r = run_at
+  if r < 0 then r = 0 end
+  if r >= SHIFT then r = SHIFT - 1 end
+  return (prio + 128) * SHIFT + r
+end
+local function count(queue, state, d)
+  redis.call('HINCRBY', B .. 'counts:' .. queue, state, d)
+end
+local function opt(s)
+  if s == nil or s == false or s == '' then return nil end
+  return string.sub(s, 2)
+end
+local function append_error(sid, attempt, now, err)
+  local item = '{"attempt":' .. fmt(attempt) .. ',"at":' .. fmt(now) .. ',"error":' .. cjson.encode(err) .. '}'
+  local k = tkey(sid)
+  local cur = redis.call('HGET', k, 'errors')
+  local v
+  if (not cur) or cur == '' or cur == '[]' then
+    v = '[' .. item .. ']'
+  else
+    v = string.sub(cur, 1, -2) .. ',' .. item .. ']'
+  end
+  redis.call('HSET', k, 'errors', v, 'last_error', err)
+end
+local function place(sid, queue, prio, run_at, now)
+  if run_at <= now then
+    redis.call('ZADD', qkey(queue, 'ready'), rscore(prio, run_at), pad(sid))
+    return 1
+  end
+  redis.call('ZADD', qkey(queue, 'sched'), run_at, pad(sid))
+  return 0
+end
+-- Batched writes: many tasks' index updates become one call per key.
+local acc_z, acc_c, acc_q = {}, {}, {}
+local function zacc(key, score, member)
+  local t = acc_z[key]
+  if not t then t = {}; acc_z[key] = t end
+  t[#t + 1] = score
+  t[#t + 1] = member
+end
+local function cacc(queue, state, d)
+  local k = B .. 'counts:' .. queue
+  local t = acc_c[k]
+  if not t then t = {}; acc_c[k] = t end
+  t[state] = (t[state] or 0) + d
+end
+local function flush()
+  for k, t in pairs(acc_z) do
+    for j = 1, #t, 1000 do
+      redis.call('ZADD', k, unpack(t, j, math.min(j + 999, #t)))
+    end
+  end
+  for k, t in pairs(acc_c) do
+    for st, n in pairs(t) do
+      if n ~= 0 then redis.call('HINCRBY', k, st, n) end
+    end
+  end
+  local qs = {}
+  for q, _ in pairs(acc_q) do qs[#qs + 1] = q end
+  if #qs > 0 then redis.call('SADD', B .. 'queues', unpack(qs)) end
+  acc_z, acc_c, acc_q = {}, {}, {}
+end
+local function release_uniq(sid, uk, forever)
+  if uk and forever ~= '1' then
+    local k = B .. 'uniq:' .. uk
+    if redis.call('GET', k) == sid then redis.call('DEL', k) end
+  end
+end
+local function terminal(sid, queue, from, state, now, uk, forever, job)
+  local k = tkey(sid)
+  local p = pad(sid)
+  redis.call('HSET', k, 'state', state, 'finished_at', fmt(now))
+  redis.call('HDEL', k, 'lease_until')
+  redis.call('ZREM', B .. 'running', p)
+  redis.call('ZADD', B .. 'done', now, p)
+  count(queue, from, -1)
+  count(queue, state, 1)
+  release_uniq(sid, uk, forever)
+  if job then redis.call('SREM', B .. 'jobactive:' .. job, sid) end
+end
+local function running_to_pending(sid, queue, prio, run_at, now, extra)
+  local k = tkey(sid)
+  redis.call('HSET', k, 'state', 'pending', 'run_at', fmt(run_at))
+  if extra then redis.call('HSET', k, unpack(extra)) end
+  redis.call('HDEL', k, 'lease_until')
+  redis.call('ZREM', B .. 'running', pad(sid))
+  count(queue, 'running', -1)
+  count(queue, 'pending', 1)
+  return place(sid, queue, prio, run_at, now)
+end
+-- Insert the task whose NF arguments start at ARGV[i]. With skipped set,
+-- insert it directly as cancelled with that reason.
+local function insert(now, i, skipped)
+  local queue = ARGV[i]
+  local prio = tonumber(ARGV[i + 3])
+  local mode = ARGV[i + 4]
+  local run_at = now
+  if mode == 'd' then run_at = now + tonumber(ARGV[i + 5])
+  elseif mode == 'a' then run_at = tonumber(ARGV[i + 5]) end
+  local uk = opt(ARGV[i + 8])
+  local forever = ARGV[i + 9]
+  local job = opt(ARGV[i + 10])
+  if uk and not skipped then
+    local ex = redis.call('GET', B .. 'uniq:' .. uk)
+    if ex and redis.call('EXISTS', tkey(ex)) == 1 then return tonumber(ex), 0, 0 end
+  end
+  local id = redis.call('INCR', B .. 'seq')
+  local sid = fmt(id)
+  local f = {'id', sid, 'queue', queue, 'kind', ARGV[i + 1], 'payload', ARGV[i + 2],
+    'priority', ARGV[i + 3], 'attempt', '0', 'max_attempts', ARGV[i + 6],
+    'run_at', fmt(run_at), 'created_at', fmt(now), 'cancel_requested', '0'}
+  local function add(k, v) f[#f + 1] = k; f[#f + 1] = v end
+  if ARGV[i + 7] ~= '' then add('timeout_ms', ARGV[i + 7]) end
+  if uk then add('unique_key', uk); add('unique_forever', forever) end
+  if job then add('job', job) end
+  if ARGV[i + 11] ~= '' then add('slot', ARGV[i + 11]) end
+  local state = 'pending'
+  if skipped then
+    state = 'cancelled'
+    add('finished_at', fmt(now))
+    add('last_error', skipped)
+  end
+  add('state', state)
+  redis.call('HSET', tkey(sid), unpack(f))
+  local p = pad(sid)
+  zacc(B .. 'ids', id, p)
+  acc_q[queue] = true
+  cacc(queue, state, 1)
+  local due = 0
+  if skipped then
+    zacc(B .. 'done', now, p)
+    if uk and forever == '1' then redis.call('SET', B .. 'uniq:' .. uk, sid, 'NX') end
+  else
+    if run_at <= now then
+      zacc(qkey(queue, 'ready'), rscore(prio, run_at), p)
+      due = 1
+    else
+      zacc(qkey(queue, 'sched'), run_at, p)
+    end
+    if job then redis.call('SADD', B .. 'jobactive:' .. job, sid) end
+    if uk then redis.call('SET', B .. 'uniq:' .. uk, sid) end
+  end
+  return id, 1, due, run_at
+end
+-- Announce work due later: `queue\n<run_at in µs>` (see Wake::parse).
+local function wake_at(queue, run_at)
+  redis.call('PUBLISH', B .. 'wake', queue .. '\n' .. fmt(run_at * 1000))
+end
+-- Keep the earliest future run_at per queue in `t`.
+local function keep_min(t, queue, run_at)
+  if (not t[queue]) or run_at < t[queue] then t[queue] = run_at end
+end

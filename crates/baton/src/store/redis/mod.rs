@@ -1,0 +1,282 @@
+//! The Redis backend.
+//!
+//! Every operation is one Lua script (`redis::Script`; `EVALSHA` with a
+//! fallback on `NOSCRIPT`), so each is atomic on the server, and every "now"
+//! is `redis.call('TIME')` inside the script — the client clock is never
+//! read for an expiry or due-time decision (DESIGN.md C1).
+//!
+//! # Keys
+//!
+//! With `P` the configured prefix (default empty) and `B = P{baton}:`:
+//!
+//! - `P lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
+//!   (ms). Never deleted by release and never expires (schema 2; before, it
+//!   had a TTL a day past `lock_until`), so it keeps the last token. A new
+//!   token is `max(previous + 1, TIME in µs)` so tokens keep rising even
+//!   after a restart that lost data.
+//! - `B task:<id>` — hash with every task field (timestamps in ms since the
+//!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
+//!   `claim_token`, absent before the first claim of schema 2, counts as 0).
+//! - `B seq` — the id counter (`INCR`).
+//! - `B q:<queue>:sched` — zset of pending tasks not yet due, score `run_at`.
+//! - `B q:<queue>:ready` — zset of due pending tasks, score
+//!   `(priority + 128) · 2⁴³ + run_at` (exact in a double: < 2⁵¹), members
+//!   zero-padded ids so equal scores order by id.
+//! - `B running` — zset of running tasks, score `lease_until` (rescue).
+//! - `B done` — zset of terminal tasks, score `finished_at` (prune).
+//! - `B ids` — zset of every task id (listing, newest first).
+//! - `B uniq:<key>` — the id holding a unique key.
+//! - `B counts:<queue>` — hash state → count (stats); `B queues` — set.
+//! - `B jobactive:<job>` — set of the job's pending/running task ids.
+//! - `B job:<name>` — hash `last_slot` (ms), `paused`; `B jobs` — set.
+//! - `B wake` — the pub/sub channel announcing new pending work: the queue
+//!   name (due now), or `queue\n<run_at in µs>` for work due later.
+//! - `B schema` — the schema version.
+//!
+//! All queue and job keys share the `{baton}` hash tag, so a Redis Cluster
+//! could run every script on one slot; the lock keys are independent.
+//!
+//! # Faults
+//!
+//! Commands go through a [`ConnectionManager`] with short connection and
+//! response timeouts: a dead server yields [`StoreError::Unavailable`]
+//! within a few seconds while the manager reconnects in the background;
+//! the layer above retries. Idempotent reads are retried once here.
+//!
+//! An enqueue of more than 500 tasks is several scripts, pipelined 8 at a
+//! time: each script (500 tasks) is atomic, the whole batch is not. If the
+//! connection breaks mid-batch the call fails although earlier chunks may
+//! be stored; a retry is safe for tasks with a unique key.
+//!
+//! A claim moves at most 10 000 due tasks from `sched` to `ready` per call,
+//! oldest first, so after a very large backlog falls due at once the
+//! priority order holds across the moved part and settles within a few
+//! claims.
+//!
+//! The lock, queue and schedule guarantees hold only as far as Redis keeps
+//! its data; [`Backend::warnings`] says so when AOF is off.
+//!
+//! Files: `scripts.rs` with `lua/*.lua` (one file per script), `schema.rs`
+//! (version and `UPGRADES`), `tls.rs` (opening the client), `listener.rs`
+//! (pub/sub wake-ups), `decode.rs` (arguments and replies), `backend.rs` (the
+//! [`Backend`] impl).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, Script};
+use tokio::sync::broadcast;
+use tokio_util::sync::DropGuard;
+
+use super::{
+    from_ms, redact, Backend, FencingToken, LockInfo, StoreOptions, TaskFilter, TaskInfo, Wake,
+};
+use crate::error::StoreError;
+
+/// Script arguments as strings.
+macro_rules! sargs {
+    ($($a:expr),* $(,)?) => {
+        vec![$($a.to_string()),*]
+    };
+}
+
+/// Retry an idempotent read once when the connection was broken.
+macro_rules! read_retry {
+    ($e:expr) => {
+        match $e {
+            Err(e) if e.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                $e
+            }
+            other => other,
+        }
+    };
+}
+
+mod backend;
+mod decode;
+mod listener;
+mod schema;
+mod scripts;
+mod tls;
+
+use decode::{opt_arg, parse_i64, parse_u64, task_info};
+pub use schema::SCHEMA_VERSION;
+use scripts::Scripts;
+
+/// How long one connection attempt of the wake-up (pub/sub) connection may
+/// take; the command connection uses `StoreOptions::connect_timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Tasks per enqueue script call.
+const ENQUEUE_CHUNK: usize = 500;
+/// Enqueue script calls per pipelined round trip.
+const ENQUEUE_PIPELINE: usize = 8;
+/// Finished attempts per finish script call.
+const FINISH_CHUNK: usize = 256;
+/// Tasks handled per rescue / prune script call (they loop until done).
+const BATCH: usize = 1000;
+/// Ids examined per listing script call.
+const LIST_SCAN: usize = 2000;
+/// Fields per task in the flattened enqueue arguments.
+const TASK_ARGS: usize = 12;
+
+/// The wake-up listener, started by the first `subscribe()`.
+struct Listener {
+    tx: broadcast::Sender<Wake>,
+    /// Stops the listener task when the backend is dropped.
+    _stop: DropGuard,
+}
+
+/// The Redis implementation of [`Backend`]. Build it with [`connect`].
+pub struct RedisBackend {
+    client: redis::Client,
+    conn: ConnectionManager,
+    /// The configured key prefix `P`.
+    prefix: String,
+    /// `P{baton}:`, the base of every queue and job key.
+    base: String,
+    scripts: Scripts,
+    wake: tokio::sync::Mutex<Option<Listener>>,
+}
+
+/// Connect to Redis and return the backend.
+///
+/// The connection is checked before returning; a server that does not
+/// answer gives [`StoreError::Unavailable`] within a few
+/// `opts.connect_timeout`s. A command waits `opts.statement_timeout` for its
+/// reply, then fails with [`StoreError::Unavailable`] (timed out).
+pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
+    Ok(Arc::new(RedisBackend::connect(url, opts).await?))
+}
+
+impl RedisBackend {
+    /// Connect to Redis (see [`connect`]).
+    pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
+        let client = tls::open_client(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(opts.connect_timeout)
+            .set_response_timeout(opts.statement_timeout)
+            .set_number_of_retries(1)
+            .set_factor(2)
+            .set_max_delay(200);
+        let conn = tokio::time::timeout(
+            opts.connect_timeout * 3,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!("redis {}: connect timed out", redact(url)))
+        })??;
+        let prefix = opts.prefix.clone().unwrap_or_default();
+        Ok(RedisBackend {
+            client,
+            conn,
+            base: format!("{prefix}{{baton}}:"),
+            prefix,
+            scripts: Scripts::new(),
+            wake: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn key(&self, what: &str) -> String {
+        format!("{}{what}", self.base)
+    }
+
+    fn lock_key(&self, name: &str) -> String {
+        format!("{}lock:{name}", self.prefix)
+    }
+
+    fn wake_channel(&self) -> String {
+        self.key("wake")
+    }
+
+    /// Run a queue/job script: `KEYS[1]` routes to the `{baton}` slot and
+    /// `ARGV[1]` is the key base.
+    async fn q<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        args: Vec<String>,
+    ) -> Result<T, StoreError> {
+        let mut inv = script.key(self.key("seq"));
+        inv.arg(&self.base);
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Run a lock script on one lock key.
+    async fn l<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        name: &str,
+        args: Vec<String>,
+    ) -> Result<T, StoreError> {
+        let mut inv = script.key(self.lock_key(name));
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    async fn lock_records(&self, names: &[String]) -> Result<Vec<LockInfo>, StoreError> {
+        let mut inv = self.scripts.lock_get.prepare_invoke();
+        for n in names {
+            inv.key(self.lock_key(n));
+        }
+        let mut conn = self.conn.clone();
+        let v: Vec<String> = inv.invoke_async(&mut conn).await?;
+        let now_ms = v
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("lock read: empty reply".into()))
+            .and_then(|s| parse_i64(s, "now"))?;
+        let now = from_ms(now_ms)?;
+        let mut out = Vec::new();
+        for (name, rec) in names.iter().zip(v[1..].chunks(4)) {
+            if rec.len() < 4 || rec[3].is_empty() {
+                continue;
+            }
+            let until = parse_i64(&rec[3], "lock_until")?;
+            out.push(LockInfo {
+                name: name.clone(),
+                holder: rec[0].clone(),
+                token: FencingToken(parse_u64(&rec[1], "token")?),
+                locked_at: from_ms(parse_i64(&rec[2], "locked_at")?)?,
+                lock_until: from_ms(until)?,
+                held: until > now_ms,
+                now,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn list_page(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+        let limit = if filter.limit == 0 { 100 } else { filter.limit } as usize;
+        let state = filter.state.map(|s| s.as_str()).unwrap_or("");
+        let queue = opt_arg(filter.queue.as_deref());
+        let job = opt_arg(filter.job.as_deref());
+        let mut before = filter.before_id.map(|b| b.to_string()).unwrap_or_default();
+        let mut out = Vec::new();
+        loop {
+            let want = (limit - out.len()).to_string();
+            let (maps, last, exhausted): (Vec<HashMap<String, String>>, String, i64) = self
+                .q(
+                    &self.scripts.list,
+                    sargs![before, want, state, queue, job, LIST_SCAN],
+                )
+                .await?;
+            for m in &maps {
+                out.push(task_info(m)?);
+            }
+            if out.len() >= limit || exhausted == 1 || last.is_empty() {
+                break;
+            }
+            before = last;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,116 @@
+//! The Redis "schema": no DDL, but a recorded version (`B schema`) and the
+//! numbered upgrade steps ([`UPGRADES`]) that convert keys from one version
+//! to the next.
+
+use std::collections::BTreeSet;
+
+use super::RedisBackend;
+use crate::error::StoreError;
+
+/// The version a store without a recorded version is taken to have: the
+/// first one (it had no keys needing conversion).
+const BASE_VERSION: i64 = 1;
+
+/// The schema version recorded by [`crate::store::Backend::migrate`]: the base plus one
+/// per upgrade step.
+pub const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
+
+/// One schema upgrade step, taking the keys from version `n` to `n + 1`,
+/// where `n - BASE_VERSION` is the step's index in [`UPGRADES`]. Redis has
+/// no migration lock: a step must be idempotent and safe while other
+/// processes (of either version) use the keys; what cannot be converted
+/// at once is converted lazily by the scripts.
+#[derive(Debug, Clone, Copy)]
+enum Upgrade {
+    /// 1 → 2: lock hashes lose their TTL (they keep the last fencing
+    /// token forever). Claim tokens need no conversion: a task hash
+    /// without `claim_token` counts as 0, and a pending task whose cancel
+    /// was requested is cancelled by the next claim that meets it.
+    PersistLocks,
+}
+
+/// The upgrade steps, in order. Add a variant and an entry at the end (and
+/// nothing else: [`SCHEMA_VERSION`] follows).
+const UPGRADES: &[Upgrade] = &[Upgrade::PersistLocks];
+
+/// Record the schema version of a new store, or run the upgrade steps from
+/// the recorded one, recording each as it completes.
+pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
+    let found: i64 = b.q(&b.scripts.migrate, sargs![""]).await?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::Config(format!(
+            "redis schema version {found} is newer than this baton's ({SCHEMA_VERSION})"
+        )));
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    if found == 0 {
+        // Nothing recorded: a new store (every version records itself
+        // at connect), with nothing to convert.
+        b.q::<i64>(&b.scripts.migrate, sargs![SCHEMA_VERSION])
+            .await?;
+        return Ok(());
+    }
+    for from in found.max(BASE_VERSION)..SCHEMA_VERSION {
+        let step = usize::try_from(from - BASE_VERSION)
+            .ok()
+            .and_then(|i| UPGRADES.get(i))
+            .ok_or_else(|| StoreError::Corrupt(format!("redis schema version {from}")))?;
+        upgrade(b, *step).await?;
+        // Recorded step by step, so an interrupted upgrade resumes.
+        b.q::<i64>(&b.scripts.migrate, sargs![from + 1]).await?;
+        tracing::info!(
+            prefix = %b.prefix,
+            "redis: upgraded the baton schema from version {from} to {}",
+            from + 1
+        );
+    }
+    Ok(())
+}
+
+/// Run one upgrade step (idempotent).
+async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
+    match step {
+        Upgrade::PersistLocks => {
+            let names = lock_names(b).await?;
+            let mut conn = b.conn.clone();
+            for chunk in names.chunks(500) {
+                let mut pipe = redis::pipe();
+                for n in chunk {
+                    pipe.cmd("PERSIST").arg(b.lock_key(n)).ignore();
+                }
+                pipe.query_async::<()>(&mut conn).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreError> {
+    let head = format!("{}lock:", b.prefix);
+    let pattern = format!("{head}*");
+    let mut conn = b.conn.clone();
+    let mut cursor: u64 = 0;
+    let mut names = BTreeSet::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        for k in keys {
+            if let Some(n) = k.strip_prefix(&head) {
+                names.insert(n.to_string());
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    Ok(names.into_iter().collect())
+}

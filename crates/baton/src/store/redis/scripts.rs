@@ -1,0 +1,87 @@
+//! The Lua scripts, one file each under `lua/` (comments at the head say
+//! their `KEYS`, `ARGV` and reply). The queue and job scripts start with
+//! `prelude.lua` (key helpers, the clock, task encoding), the lock scripts
+//! with `lock_prelude.lua`. Each runs with `EVALSHA` (falling back to
+//! `EVAL` on `NOSCRIPT`), so it is atomic on the server.
+
+use redis::Script;
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const ENQUEUE: &str = include_str!("lua/enqueue.lua");
+const CLAIM: &str = include_str!("lua/claim.lua");
+const HEARTBEAT: &str = include_str!("lua/heartbeat.lua");
+const FINISH: &str = include_str!("lua/finish.lua");
+const PROGRESS: &str = include_str!("lua/progress.lua");
+const RESCUE: &str = include_str!("lua/rescue.lua");
+const CANCEL: &str = include_str!("lua/cancel.lua");
+const RETRY: &str = include_str!("lua/retry.lua");
+const LIST: &str = include_str!("lua/list.lua");
+const STATS: &str = include_str!("lua/stats.lua");
+const PRUNE: &str = include_str!("lua/prune.lua");
+const JOB_REGISTER: &str = include_str!("lua/job_register.lua");
+const JOB_ADVANCE: &str = include_str!("lua/job_advance.lua");
+const JOB_SET_PAUSED: &str = include_str!("lua/job_set_paused.lua");
+const JOB_LIST: &str = include_str!("lua/job_list.lua");
+const MIGRATE: &str = include_str!("lua/migrate.lua");
+const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
+const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
+const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
+const LOCK_RELEASE: &str = include_str!("lua/lock_release.lua");
+const LOCK_GET: &str = include_str!("lua/lock_get.lua");
+
+/// Every script, each the queue prelude or the lock prelude followed by its
+/// body.
+pub(super) struct Scripts {
+    pub enqueue_code: String,
+    pub enqueue: Script,
+    pub claim: Script,
+    pub heartbeat: Script,
+    pub finish: Script,
+    pub progress: Script,
+    pub rescue: Script,
+    pub cancel: Script,
+    pub retry: Script,
+    pub list: Script,
+    pub stats: Script,
+    pub prune: Script,
+    pub job_register: Script,
+    pub job_advance: Script,
+    pub job_set_paused: Script,
+    pub job_list: Script,
+    pub migrate: Script,
+    pub lock_acquire: Script,
+    pub lock_extend: Script,
+    pub lock_release: Script,
+    pub lock_get: Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Scripts {
+        let q = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let l = |body: &str| Script::new(&format!("{LOCK_PRELUDE}{body}"));
+        let enqueue_code = format!("{PRELUDE}{ENQUEUE}");
+        Scripts {
+            enqueue: Script::new(&enqueue_code),
+            enqueue_code,
+            claim: q(CLAIM),
+            heartbeat: q(HEARTBEAT),
+            finish: q(FINISH),
+            progress: q(PROGRESS),
+            rescue: q(RESCUE),
+            cancel: q(CANCEL),
+            retry: q(RETRY),
+            list: q(LIST),
+            stats: q(STATS),
+            prune: q(PRUNE),
+            job_register: q(JOB_REGISTER),
+            job_advance: q(JOB_ADVANCE),
+            job_set_paused: q(JOB_SET_PAUSED),
+            job_list: q(JOB_LIST),
+            migrate: q(MIGRATE),
+            lock_acquire: l(LOCK_ACQUIRE),
+            lock_extend: l(LOCK_EXTEND),
+            lock_release: l(LOCK_RELEASE),
+            lock_get: l(LOCK_GET),
+        }
+    }
+}

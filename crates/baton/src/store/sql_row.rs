@@ -1,0 +1,166 @@
+//! Reading rows back, shared by the SQL backends (SQLite and PostgreSQL).
+//!
+//! The two stores keep the same columns in different types (SQLite:
+//! INTEGER milliseconds, TEXT JSON, INTEGER flags; PostgreSQL:
+//! `timestamptz`, `jsonb`, `boolean`, `int4`/`int8`). Each backend says how
+//! to read one column of each kind ([`SqlRow`]); how a row becomes a
+//! [`TaskInfo`], [`Task`], [`LockInfo`] or [`JobState`], and which stored
+//! values count as corrupt, is written once here.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{AttemptError, FencingToken, JobState, LockInfo, Task, TaskInfo, TaskState};
+use crate::error::StoreError;
+
+/// The columns of the tasks table read into a [`TaskInfo`], in the order
+/// [`task_info`] reads them (the same names on every SQL backend).
+pub(crate) const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, \
+     max_attempts, timeout_ms, run_at, created_at, started_at, finished_at, lease_until, \
+     worker, unique_key, cancel_requested, last_error, errors, progress, job, slot";
+
+/// The columns a claim returns, read into a [`Task`] by [`claimed_task`].
+pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
+     max_attempts, timeout_ms, run_at, lease_until, job, slot";
+
+/// One column of each kind, as a backend stores it.
+pub(crate) trait SqlRow {
+    /// A text column.
+    fn text(&self, col: &str) -> Result<String, StoreError>;
+    /// A nullable text column.
+    fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError>;
+    /// A 32-bit integer column (priority, attempt counts).
+    fn int(&self, col: &str) -> Result<i64, StoreError>;
+    /// A 64-bit integer column (ids, tokens).
+    fn big(&self, col: &str) -> Result<i64, StoreError>;
+    /// A nullable 64-bit integer column (milliseconds).
+    fn opt_big(&self, col: &str) -> Result<Option<i64>, StoreError>;
+    /// A boolean column.
+    fn flag(&self, col: &str) -> Result<bool, StoreError>;
+    /// A timestamp column.
+    fn time(&self, col: &str) -> Result<DateTime<Utc>, StoreError>;
+    /// A nullable timestamp column.
+    fn opt_time(&self, col: &str) -> Result<Option<DateTime<Utc>>, StoreError>;
+    /// A JSON column.
+    fn json(&self, col: &str) -> Result<serde_json::Value, StoreError>;
+    /// A nullable JSON column.
+    fn opt_json(&self, col: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    /// The `errors` column: every failed attempt, oldest first.
+    fn errors(&self, col: &str) -> Result<Vec<AttemptError>, StoreError>;
+}
+
+/// A stored value that does not fit its field.
+pub(crate) fn corrupt(what: &str, v: impl std::fmt::Debug) -> StoreError {
+    StoreError::Corrupt(format!("{what}: unexpected value {v:?}"))
+}
+
+/// A stored count (attempts) that must not be negative.
+pub(crate) fn to_u32(v: i64, what: &str) -> Result<u32, StoreError> {
+    u32::try_from(v).map_err(|_| corrupt(what, v))
+}
+
+/// A stored priority.
+pub(crate) fn to_i32(v: i64, what: &str) -> Result<i32, StoreError> {
+    i32::try_from(v).map_err(|_| corrupt(what, v))
+}
+
+/// Stored milliseconds (a timeout) as a duration.
+pub(crate) fn to_duration(v: Option<i64>, what: &str) -> Result<Option<Duration>, StoreError> {
+    v.map(|v| {
+        u64::try_from(v)
+            .map(Duration::from_millis)
+            .map_err(|_| corrupt(what, v))
+    })
+    .transpose()
+}
+
+/// A stored token (lock or claim).
+pub(crate) fn token_of(v: i64, what: &str) -> Result<FencingToken, StoreError> {
+    u64::try_from(v)
+        .map(FencingToken)
+        .map_err(|_| corrupt(what, v))
+}
+
+/// A token as the SQL stores bind it. A token beyond `i64` was never
+/// granted by an SQL store, so `-1` (which matches no row) stands for it.
+pub(crate) fn token_arg(token: FencingToken) -> i64 {
+    i64::try_from(token.0).unwrap_or(-1)
+}
+
+/// A stored count (`count(*)`), never negative in practice.
+pub(crate) fn count_of(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| corrupt(what, v))
+}
+
+/// A row of [`TASK_COLS`].
+pub(crate) fn task_info(row: &impl SqlRow) -> Result<TaskInfo, StoreError> {
+    Ok(TaskInfo {
+        id: row.big("id")?,
+        queue: row.text("queue")?,
+        kind: row.text("kind")?,
+        payload: row.json("payload")?,
+        state: row.text("state")?.parse::<TaskState>()?,
+        priority: to_i32(row.int("priority")?, "priority")?,
+        attempt: to_u32(row.int("attempt")?, "attempt")?,
+        max_attempts: to_u32(row.int("max_attempts")?, "max_attempts")?,
+        timeout: to_duration(row.opt_big("timeout_ms")?, "timeout")?,
+        run_at: row.time("run_at")?,
+        created_at: row.time("created_at")?,
+        started_at: row.opt_time("started_at")?,
+        finished_at: row.opt_time("finished_at")?,
+        lease_until: row.opt_time("lease_until")?,
+        worker: row.opt_text("worker")?,
+        unique_key: row.opt_text("unique_key")?,
+        cancel_requested: row.flag("cancel_requested")?,
+        last_error: row.opt_text("last_error")?,
+        errors: row.errors("errors")?,
+        progress: row.opt_json("progress")?,
+        job: row.opt_text("job")?,
+        slot: row.opt_time("slot")?,
+    })
+}
+
+/// A row of [`CLAIM_COLS`]: a task just claimed.
+pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<Task, StoreError> {
+    Ok(Task {
+        id: row.big("id")?,
+        queue: row.text("queue")?,
+        kind: row.text("kind")?,
+        payload: row.json("payload")?,
+        priority: to_i32(row.int("priority")?, "priority")?,
+        attempt: to_u32(row.int("attempt")?, "attempt")?,
+        token: token_of(row.big("claim_token")?, "claim token")?,
+        max_attempts: to_u32(row.int("max_attempts")?, "max_attempts")?,
+        timeout: to_duration(row.opt_big("timeout_ms")?, "timeout")?,
+        run_at: row.time("run_at")?,
+        lease_until: row.time("lease_until")?,
+        job: row.opt_text("job")?,
+        slot: row.opt_time("slot")?,
+    })
+}
+
+/// A lock row with the store's `now`: `name, holder, token, locked_at,
+/// lock_until, now`. Held while `lock_until > now`.
+pub(crate) fn lock_info(row: &impl SqlRow) -> Result<LockInfo, StoreError> {
+    let lock_until = row.time("lock_until")?;
+    let now = row.time("now")?;
+    Ok(LockInfo {
+        name: row.text("name")?,
+        holder: row.text("holder")?,
+        token: token_of(row.big("token")?, "lock token")?,
+        locked_at: row.time("locked_at")?,
+        lock_until,
+        held: lock_until > now,
+        now,
+    })
+}
+
+/// A job row: `name, last_slot, paused`.
+pub(crate) fn job_state(row: &impl SqlRow) -> Result<JobState, StoreError> {
+    Ok(JobState {
+        name: row.text("name")?,
+        last_slot: row.opt_time("last_slot")?,
+        paused: row.flag("paused")?,
+    })
+}

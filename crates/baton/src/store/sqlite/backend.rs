@@ -1,0 +1,615 @@
+//! The [`Backend`] impl of the SQLite backend: binds arguments to the
+//! statements of [`super::sql`], reads the rows back, and sends wake-ups.
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use tokio::sync::broadcast;
+
+use super::outbox::insert_tasks;
+use super::rows::{json_text, opt_time};
+use super::{schema, SqliteBackend};
+use crate::error::StoreError;
+use crate::store::sql_row::{
+    claimed_task, corrupt, count_of, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
+};
+use crate::store::{
+    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
+    FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
+    Rescued, SlotAdvance, SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake,
+    CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
+};
+
+impl SqliteBackend {
+    /// The compare-and-set UPDATE that ends an attempt, and its `?3`/`?4`
+    /// arguments (error text, retry delay in ms); `?1`/`?2` are id and claim
+    /// token. The transitions are DESIGN.md's task state table.
+    fn finish_sql<'f>(&self, finish: &'f Finish) -> (&str, Option<&'f str>, Option<i64>) {
+        let f = &self.sql.finish;
+        match finish {
+            Finish::Succeeded => (&f.succeeded, None, None),
+            Finish::Failed { error, retry_in } => {
+                (&f.failed, Some(error.as_str()), retry_in.map(ms))
+            }
+            Finish::Cancelled { reason } => (&f.cancelled, Some(reason.as_str()), None),
+            Finish::HandBack => (&f.hand_back, Some(CANCEL_REQUESTED), None),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        schema::migrate(self).await
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        let now: i64 = sqlx::query_scalar(&self.sql.now)
+            .fetch_one(&*self.reader)
+            .await?;
+        from_ms(now)
+    }
+
+    // ---- locks ---------------------------------------------------------------
+
+    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+        let mut tx = self.immediate().await?;
+        let granted = sqlx::query(&self.sql.lock_acquire)
+            .bind(req.name)
+            .bind(req.holder)
+            .bind(ms(req.at_most))
+            .fetch_optional(&mut *tx)
+            .await?;
+        let answer = match granted {
+            Some(row) => Acquire::Granted {
+                token: token_of(row.big("token")?, "lock token")?,
+                locked_at: row.time("locked_at")?,
+                lock_until: row.time("lock_until")?,
+            },
+            None => {
+                let row = sqlx::query(&self.sql.lock_get)
+                    .bind(req.name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                Acquire::Busy(lock_info(&row)?)
+            }
+        };
+        tx.commit().await?;
+        Ok(answer)
+    }
+
+    async fn lock_extend(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_most: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let until: Option<i64> = sqlx::query_scalar(&self.sql.lock_extend)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(ms(at_most))
+            .fetch_optional(&*self.pool)
+            .await?;
+        opt_time(until)
+    }
+
+    async fn lock_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_least: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql.lock_release)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(ms(at_least))
+            .execute(&*self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
+        sqlx::query(&self.sql.lock_get)
+            .bind(name)
+            .fetch_optional(&*self.reader)
+            .await?
+            .as_ref()
+            .map(lock_info)
+            .transpose()
+    }
+
+    async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
+        sqlx::query(&self.sql.lock_list)
+            .fetch_all(&*self.reader)
+            .await?
+            .iter()
+            .map(lock_info)
+            .collect()
+    }
+
+    // ---- tasks ---------------------------------------------------------------
+
+    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.immediate().await?;
+        let inserted = insert_tasks(&mut tx, &self.sql.insert, tasks).await?;
+        tx.commit().await?;
+        self.wake(inserted.due_queues.iter().map(|&i| tasks[i].queue.as_str()));
+        self.wake_later(
+            inserted
+                .later
+                .iter()
+                .map(|&(i, at)| (tasks[i].queue.as_str(), at)),
+        );
+        Ok(inserted.results)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(&self.sql.claim)
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(ms(req.lease))
+            .bind(i64::from(req.limit))
+            .bind(req.max_running.map(i64::from))
+            .fetch_all(&*self.pool)
+            .await?;
+        let mut claimed = rows
+            .iter()
+            .map(claimed_task)
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.sort_by_key(|t| (t.priority, t.run_at, t.id));
+        Ok(claimed)
+    }
+
+    async fn heartbeat(
+        &self,
+        claims: &[Claim],
+        lease: Duration,
+    ) -> Result<Vec<Heartbeat>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = serde_json::Value::Array(
+            claims
+                .iter()
+                .map(|c| serde_json::json!([c.id, token_arg(c.token)]))
+                .collect(),
+        );
+        let rows = sqlx::query(&self.sql.heartbeat)
+            .bind(json_text(&list)?)
+            .bind(ms(lease))
+            .fetch_all(&*self.pool)
+            .await?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: i64 = row.try_get(0)?;
+            let token: i64 = row.try_get(1)?;
+            let cancel: i64 = row.try_get(2)?;
+            found.insert((id, token), cancel != 0);
+        }
+        Ok(claims
+            .iter()
+            .map(|c| match found.get(&(c.id, token_arg(c.token))) {
+                Some(true) => Heartbeat::CancelRequested,
+                Some(false) => Heartbeat::Extended,
+                None => Heartbeat::Lost,
+            })
+            .collect())
+    }
+
+    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        let (sql, text, retry_in) = self.finish_sql(finish);
+        let q = sqlx::query(sql)
+            .bind(claim.id)
+            .bind(token_arg(claim.token))
+            .bind(text)
+            .bind(retry_in);
+        let Some(row) = q.fetch_optional(&*self.pool).await? else {
+            return Ok(false);
+        };
+        match finish {
+            Finish::HandBack if row.try_get::<String, _>("state")? == "pending" => {
+                let queue: String = row.try_get("queue")?;
+                self.wake([queue.as_str()]);
+            }
+            Finish::Failed { .. } if row.try_get::<String, _>("state")? == "pending" => {
+                // A retry: announce when its backoff ends.
+                let queue: String = row.try_get("queue")?;
+                self.wake_later([(queue.as_str(), row.try_get::<i64, _>("run_at")?)]);
+            }
+            _ => {}
+        }
+        Ok(true)
+    }
+
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        // Successes (the common case) in one statement; the rest one by one.
+        // Each statement is a hand-off to the connection's thread, so a
+        // batch of successes is one hand-off, one write lock, one commit.
+        let mut out = vec![false; items.len()];
+        let ok: Vec<serde_json::Value> = items
+            .iter()
+            .filter(|(_, f)| matches!(f, Finish::Succeeded))
+            .map(|(c, _)| serde_json::json!([c.id, token_arg(c.token)]))
+            .collect();
+        let rest = items.len() - ok.len();
+        let succeed = &self.sql.succeed_many;
+        let list = json_text(&serde_json::Value::Array(ok))?;
+        let mut woken: Vec<String> = Vec::new();
+        let mut retried: Vec<(String, i64)> = Vec::new();
+        let done: HashSet<i64> = if rest == 0 {
+            // One statement is atomic on its own.
+            sqlx::query_scalar(succeed)
+                .bind(&list)
+                .fetch_all(&*self.pool)
+                .await?
+                .into_iter()
+                .collect()
+        } else {
+            // Mixed outcomes: one IMMEDIATE transaction, one commit.
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let done: HashSet<i64> = if rest < items.len() {
+                sqlx::query_scalar(succeed)
+                    .bind(&list)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect()
+            } else {
+                HashSet::new()
+            };
+            for (i, (claim, finish)) in items.iter().enumerate() {
+                if matches!(finish, Finish::Succeeded) {
+                    continue;
+                }
+                let (sql, text, retry_in) = self.finish_sql(finish);
+                let row = sqlx::query(sql)
+                    .bind(claim.id)
+                    .bind(token_arg(claim.token))
+                    .bind(text)
+                    .bind(retry_in)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                match (&row, finish) {
+                    (Some(row), Finish::HandBack)
+                        if row.try_get::<String, _>("state")? == "pending" =>
+                    {
+                        woken.push(row.try_get("queue")?)
+                    }
+                    (Some(row), Finish::Failed { .. })
+                        if row.try_get::<String, _>("state")? == "pending" =>
+                    {
+                        retried.push((row.try_get("queue")?, row.try_get("run_at")?));
+                    }
+                    _ => {}
+                }
+                out[i] = row.is_some();
+            }
+            tx.commit().await?;
+            done
+        };
+        for (i, (claim, finish)) in items.iter().enumerate() {
+            if matches!(finish, Finish::Succeeded) {
+                out[i] = done.contains(&claim.id);
+            }
+        }
+        self.wake(woken.iter().map(String::as_str));
+        self.wake_later(retried.iter().map(|(q, at)| (q.as_str(), *at)));
+        Ok(out)
+    }
+
+    async fn progress(
+        &self,
+        claim: Claim,
+        progress: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql.progress)
+            .bind(claim.id)
+            .bind(token_arg(claim.token))
+            .bind(json_text(progress)?)
+            .execute(&*self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn rescue(&self) -> Result<Rescued, StoreError> {
+        let rows = sqlx::query(&self.sql.rescue)
+            .bind(LEASE_EXPIRED)
+            .fetch_all(&*self.pool)
+            .await?;
+        let mut out = Rescued::default();
+        let mut requeued = Vec::new();
+        for row in &rows {
+            let state: String = row.try_get("state")?;
+            match TaskState::from_str(&state)? {
+                TaskState::Pending => {
+                    out.requeued += 1;
+                    requeued.push(row.try_get::<String, _>("queue")?);
+                }
+                TaskState::Failed => out.failed += 1,
+                TaskState::Cancelled => out.cancelled += 1,
+                other => return Err(corrupt("rescued task state", other)),
+            }
+        }
+        self.wake(requeued.iter().map(String::as_str));
+        Ok(out)
+    }
+
+    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+        let mut tx = self.immediate().await?;
+        let state: Option<String> = sqlx::query_scalar(&self.sql.task_state)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let outcome = match state.as_deref().map(TaskState::from_str).transpose()? {
+            None => CancelOutcome::NotFound,
+            Some(TaskState::Pending) => {
+                sqlx::query(&self.sql.cancel_pending)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                CancelOutcome::Cancelled
+            }
+            Some(TaskState::Running) => {
+                sqlx::query(&self.sql.cancel_running)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                CancelOutcome::Requested
+            }
+            Some(done) => CancelOutcome::AlreadyFinished(done),
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+        let res = sqlx::query_scalar::<_, String>(&self.sql.retry)
+            .bind(id)
+            .fetch_optional(&*self.pool)
+            .await;
+        match res {
+            Ok(Some(queue)) => {
+                self.wake([queue.as_str()]);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+                Err(StoreError::Conflict(format!(
+                    "task {id}: its unique key is taken by another unfinished task"
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+        sqlx::query(&self.sql.task)
+            .bind(id)
+            .fetch_optional(&*self.reader)
+            .await?
+            .as_ref()
+            .map(task_info)
+            .transpose()
+    }
+
+    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+        // Only the conditions asked for, so the planner sees plain terms.
+        let mut conds: Vec<&str> = Vec::new();
+        if filter.queue.is_some() {
+            conds.push("queue = ?1");
+        }
+        if filter.state.is_some() {
+            conds.push("state = ?2");
+        }
+        if filter.job.is_some() {
+            conds.push("job = ?3");
+        }
+        if filter.before_id.is_some() {
+            conds.push("id < ?4");
+        }
+        let where_ = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        };
+        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        // Every parameter is bound (unused ones are harmless) so the numbers
+        // stay fixed; the limit is a literal.
+        sqlx::query(&format!(
+            "{} {where_} ORDER BY id DESC LIMIT {limit}",
+            self.sql.tasks_select
+        ))
+        .bind(filter.queue.as_deref())
+        .bind(filter.state.map(TaskState::as_str))
+        .bind(filter.job.as_deref())
+        .bind(filter.before_id)
+        .fetch_all(&*self.reader)
+        .await?
+        .iter()
+        .map(task_info)
+        .collect()
+    }
+
+    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let rows = sqlx::query(&self.sql.stats)
+            .fetch_all(&*self.reader)
+            .await?;
+        let mut out: Vec<QueueStats> = Vec::new();
+        for row in &rows {
+            let queue: String = row.try_get("queue")?;
+            let state: String = row.try_get("state")?;
+            let count = count_of(row.try_get("count")?, "count")?;
+            let oldest: Option<i64> = row.try_get("oldest")?;
+            if out.last().map(|s| s.queue != queue).unwrap_or(true) {
+                out.push(QueueStats {
+                    queue,
+                    ..QueueStats::default()
+                });
+            }
+            let Some(s) = out.last_mut() else {
+                continue;
+            };
+            match TaskState::from_str(&state)? {
+                TaskState::Pending => {
+                    s.pending = count;
+                    s.oldest_pending_ms = oldest.map(|o| u64::try_from(o).unwrap_or(0));
+                }
+                TaskState::Running => s.running = count,
+                TaskState::Succeeded => s.succeeded = count,
+                TaskState::Failed => s.failed = count,
+                TaskState::Cancelled => s.cancelled = count,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql.prune)
+            .bind(ms(older_than))
+            .execute(&*self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+        Ok(self.shared.wake.subscribe())
+    }
+
+    // ---- schedules -----------------------------------------------------------
+
+    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+        let row = sqlx::query(&self.sql.job_register)
+            .bind(job)
+            .fetch_one(&*self.pool)
+            .await?;
+        job_state(&row)
+    }
+
+    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+        let mut tx = self.immediate().await?;
+        let row = sqlx::query(&self.sql.job_get)
+            .bind(adv.job)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Advanced::UnknownJob);
+        };
+        if row.try_get::<i64, _>("paused")? != 0 {
+            return Ok(Advanced::Paused);
+        }
+        let current: Option<i64> = row.try_get("last_slot")?;
+        if current != adv.expected.map(|e| e.timestamp_millis()) {
+            return Ok(Advanced::Moved(opt_time(current)?));
+        }
+        let now: i64 = row.try_get("now")?;
+        if (adv.due_only && adv.slot.timestamp_millis() > now)
+            || adv.until.is_some_and(|u| now >= u.timestamp_millis())
+        {
+            return Ok(Advanced::NotDue { now: from_ms(now)? });
+        }
+        sqlx::query(&self.sql.job_set_slot)
+            .bind(adv.job)
+            .bind(adv.slot.timestamp_millis())
+            .execute(&mut *tx)
+            .await?;
+        let Some(task) = adv.task else {
+            tx.commit().await?;
+            return Ok(Advanced::Enqueued(Enqueued {
+                id: 0,
+                inserted: false,
+            }));
+        };
+        let overlapping = match (adv.record, adv.overlap) {
+            (SlotRecord::Enqueue, Overlap::Forbid) => {
+                sqlx::query_scalar::<_, i64>(&self.sql.job_overlapping)
+                    .bind(adv.job)
+                    .bind(adv.batch_after.map(|t| t.timestamp_millis()))
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .is_some()
+            }
+            _ => false,
+        };
+        let inserted = insert_tasks(&mut tx, &self.sql.insert, std::slice::from_ref(task)).await?;
+        let enq = inserted
+            .results
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::Backend("insert returned no result".into()))?;
+        let skip_reason = match adv.record {
+            SlotRecord::Skip { reason } => Some(reason),
+            _ if overlapping => Some(OVERLAP_SKIPPED),
+            _ => None,
+        };
+        let answer = if !enq.inserted {
+            // The slot's task already exists (made by a trigger): the slot
+            // has its task.
+            Advanced::Enqueued(enq)
+        } else if let Some(reason) = skip_reason {
+            sqlx::query(&self.sql.job_skip)
+                .bind(enq.id)
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+            Advanced::Skipped(enq)
+        } else if let SlotRecord::Run { worker, lease } = adv.record {
+            sqlx::query(&self.sql.job_run)
+                .bind(enq.id)
+                .bind(ms(lease))
+                .bind(worker)
+                .execute(&mut *tx)
+                .await?;
+            Advanced::Enqueued(enq)
+        } else {
+            Advanced::Enqueued(enq)
+        };
+        tx.commit().await?;
+        if adv.record == SlotRecord::Enqueue
+            && matches!(answer, Advanced::Enqueued(_))
+            && !inserted.due_queues.is_empty()
+        {
+            self.wake([task.queue.as_str()]);
+        }
+        if adv.record == SlotRecord::Enqueue && matches!(answer, Advanced::Enqueued(_)) {
+            self.wake_later(
+                inserted
+                    .later
+                    .iter()
+                    .map(|&(_, at)| (task.queue.as_str(), at)),
+            );
+        }
+        Ok(answer)
+    }
+
+    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql.job_set_paused)
+            .bind(job)
+            .bind(paused)
+            .execute(&*self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
+        sqlx::query(&self.sql.job_list)
+            .fetch_all(&*self.reader)
+            .await?
+            .iter()
+            .map(job_state)
+            .collect()
+    }
+}

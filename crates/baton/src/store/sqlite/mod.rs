@@ -1,0 +1,293 @@
+//! The SQLite backend: baton's embedded store for a single host.
+//!
+//! One database file holds three tables (names prefixed, default `baton_`):
+//! `locks`, `tasks` and `jobs`, plus a `meta` table recording the schema
+//! version. The file runs in WAL mode with `synchronous=NORMAL` and a busy
+//! timeout, so many processes on the same host can share it.
+//!
+//! Every operation is one `INSERT/UPDATE … RETURNING` statement or one short
+//! `BEGIN IMMEDIATE` transaction (never a deferred transaction that reads
+//! then writes: that can fail with `SQLITE_BUSY_SNAPSHOT` whatever the busy
+//! timeout). Every "now" is computed inside the statement with
+//! `unixepoch('subsec')` (the host clock, which is the store clock for an
+//! embedded file), and every timestamp is stored as INTEGER milliseconds
+//! since the Unix epoch.
+//!
+//! SQLite has no cross-process notification: [`Backend::subscribe`] is an
+//! in-process broadcast shared by every handle on the same file and prefix in
+//! this process (work due later is announced with its `run_at`). Workers in
+//! other processes find new work by polling.
+//!
+//! [`enqueue_in`] lets applications enqueue tasks inside their own
+//! transaction (the transactional outbox pattern).
+//!
+//! Files: `sql.rs` (every statement, formatted once per handle), `schema.rs`
+//! (DDL, `UPGRADES`, migration), `outbox.rs` (the insert and [`enqueue_in`]),
+//! `rows.rs` (column decoding), `backend.rs` (the [`Backend`] impl).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use tokio::sync::broadcast;
+
+use super::{from_ms, Backend, StoreOptions, Wake};
+use crate::error::StoreError;
+
+mod backend;
+mod outbox;
+mod rows;
+mod schema;
+mod sql;
+
+pub use outbox::enqueue_in;
+use sql::Sql;
+
+/// The store's clock in milliseconds since the epoch, evaluated by SQLite.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// The store's clock in microseconds since the epoch (millisecond
+/// resolution): the floor of every fencing token.
+const NOW_US: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000";
+
+/// Capacity of the in-process wake-up channel.
+const WAKE_CAPACITY: usize = 1024;
+
+/// Quoted table names for one prefix.
+#[derive(Debug, Clone)]
+struct Tables {
+    prefix: String,
+    locks: String,
+    tasks: String,
+    jobs: String,
+    meta: String,
+}
+
+impl Tables {
+    fn new(prefix: Option<&str>) -> Result<Tables, StoreError> {
+        let prefix = prefix.unwrap_or("baton_");
+        super::validate_prefix(prefix)?;
+        let q = |name: &str| format!("\"{prefix}{name}\"");
+        Ok(Tables {
+            prefix: prefix.to_string(),
+            locks: q("locks"),
+            tasks: q("tasks"),
+            jobs: q("jobs"),
+            meta: q("meta"),
+        })
+    }
+
+    /// A quoted index name (index names share one namespace per database).
+    fn index(&self, name: &str) -> String {
+        format!("\"{}{name}\"", self.prefix)
+    }
+}
+
+/// State shared by every handle on the same database file and prefix in this
+/// process.
+struct Shared {
+    wake: broadcast::Sender<Wake>,
+}
+
+type Registry = Mutex<HashMap<(PathBuf, String), Arc<Shared>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn shared_for(path: &Path, prefix: &str) -> Arc<Shared> {
+    // A poisoned registry only means another thread panicked while holding
+    // the lock; the map itself is still usable.
+    let mut map = registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    map.entry((path.to_path_buf(), prefix.to_string()))
+        .or_insert_with(|| {
+            let (wake, _) = broadcast::channel(WAKE_CAPACITY);
+            Arc::new(Shared { wake })
+        })
+        .clone()
+}
+
+/// Connections that write, per database file in this process. SQLite runs
+/// one writer at a time: more writer connections only meet in its busy
+/// handler (which sleeps in steps of up to 100 ms); writers of one process
+/// wait for each other in the pool instead. Two, not one, so that one
+/// connection's statement runs while the other's result is being handled.
+const WRITERS: u32 = 2;
+
+/// One writer pool and one reader pool per database file in this process,
+/// shared by every handle on it. Weak, so a file's pools close with its
+/// last handle.
+type Pools = Mutex<HashMap<PathBuf, (std::sync::Weak<SqlitePool>, std::sync::Weak<SqlitePool>)>>;
+
+fn pools() -> &'static Pools {
+    static POOLS: OnceLock<Pools> = OnceLock::new();
+    POOLS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn live_pools(key: &Path) -> Option<(Arc<SqlitePool>, Arc<SqlitePool>)> {
+    let map = pools().lock().unwrap_or_else(|p| p.into_inner());
+    let (w, r) = map.get(key)?;
+    let (w, r) = (w.upgrade()?, r.upgrade()?);
+    (!w.is_closed() && !r.is_closed()).then_some((w, r))
+}
+
+/// The SQLite backend. Build it with [`connect`].
+pub struct SqliteBackend {
+    /// Every statement that writes (and every transaction).
+    pool: Arc<SqlitePool>,
+    /// Pure reads (listings, stats, the clock): they never wait behind
+    /// writers for a connection.
+    reader: Arc<SqlitePool>,
+    t: Tables,
+    /// Every statement, formatted once for this prefix.
+    sql: Arc<Sql>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteBackend")
+            .field("prefix", &self.t.prefix)
+            .finish()
+    }
+}
+
+/// The canonical path of an existing file (or its absolute path).
+fn canonical_of(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The file path of a `sqlite://PATH` or `sqlite:PATH` URL.
+fn parse_url(url: &str) -> Result<PathBuf, StoreError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| StoreError::Config(format!("store URL {url:?}: expected sqlite://PATH")))?;
+    let path = rest.split('?').next().unwrap_or("");
+    if path.is_empty() {
+        return Err(StoreError::Config(format!(
+            "store URL {url:?}: no file path; use sqlite://PATH (e.g. sqlite://baton.db)"
+        )));
+    }
+    if path == ":memory:" || path.starts_with("file:") {
+        return Err(StoreError::Config(format!(
+            "store URL {url:?}: in-memory SQLite is not supported (each pooled connection would \
+             see its own database); use a file path"
+        )));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Connect to the SQLite file named by `url` (`sqlite://PATH` or
+/// `sqlite:PATH`), creating it if absent, and return the backend.
+///
+/// The file is opened in WAL mode with `synchronous=NORMAL` and a busy
+/// timeout of `opts.statement_timeout` (how long a connection waits for
+/// another writer before failing with `SQLITE_BUSY`, mapped to the retryable
+/// [`StoreError::Unavailable`]), through a pool of `opts.max_connections` connections. Migrations
+/// are not run here; [`Backend::migrate`] does that (and
+/// [`crate::Store::connect_with`] calls it unless `opts.migrate` is false).
+pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
+    Ok(Arc::new(SqliteBackend::connect(url, opts).await?))
+}
+
+impl SqliteBackend {
+    /// Connect without boxing (see [`connect`]).
+    pub async fn connect(url: &str, opts: &StoreOptions) -> Result<SqliteBackend, StoreError> {
+        let t = Tables::new(opts.prefix.as_deref())?;
+        let path = parse_url(url)?;
+        let key = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
+        if let Some((pool, reader)) = live_pools(&key) {
+            let shared = shared_for(&canonical_of(&path), &t.prefix);
+            return Ok(SqliteBackend {
+                pool,
+                reader,
+                sql: Arc::new(Sql::new(&t)),
+                t,
+                shared,
+            });
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(opts.statement_timeout)
+            .foreign_keys(false);
+        let pool = Arc::new(
+            SqlitePoolOptions::new()
+                .max_connections(WRITERS.min(opts.max_connections.max(1)))
+                .test_before_acquire(false)
+                .connect_with(options.clone())
+                .await?,
+        );
+        let reader = Arc::new(
+            SqlitePoolOptions::new()
+                .max_connections(opts.max_connections.max(1))
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await?,
+        );
+        pools()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (Arc::downgrade(&pool), Arc::downgrade(&reader)));
+        // The file exists now; key the shared state by its canonical path so
+        // that `./a.db` and `/abs/a.db` share one wake-up channel.
+        let shared = shared_for(&canonical_of(&path), &t.prefix);
+        Ok(SqliteBackend {
+            pool,
+            reader,
+            sql: Arc::new(Sql::new(&t)),
+            t,
+            shared,
+        })
+    }
+
+    /// The writer pool (two connections per file and process), for
+    /// applications that want to run their own transactions with
+    /// [`enqueue_in`]. Keep such transactions short: baton's own writes in
+    /// this process share these connections.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    fn wake<'a>(&self, queues: impl IntoIterator<Item = &'a str>) {
+        let mut seen = HashSet::new();
+        for q in queues {
+            if seen.insert(q) {
+                // No receivers is fine: the wake-up is only a hint.
+                let _ = self.shared.wake.send(Wake::now(q));
+            }
+        }
+    }
+
+    /// Announce work due later: per queue, the earliest `run_at` (ms).
+    fn wake_later<'a>(&self, items: impl IntoIterator<Item = (&'a str, i64)>) {
+        let mut first: HashMap<&str, i64> = HashMap::new();
+        for (q, at) in items {
+            let e = first.entry(q).or_insert(at);
+            *e = (*e).min(at);
+        }
+        for (q, at) in first {
+            if let Ok(due) = from_ms(at) {
+                let _ = self.shared.wake.send(Wake {
+                    queue: q.to_string(),
+                    due: Some(due),
+                });
+            }
+        }
+    }
+
+    async fn immediate(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}

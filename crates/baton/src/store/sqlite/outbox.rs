@@ -1,0 +1,183 @@
+//! The one insert of tasks (enqueue, a schedule slot's task, and
+//! [`enqueue_in`], the transactional outbox).
+
+use std::collections::HashMap;
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row;
+
+use super::rows::json_text;
+use super::sql::InsertSql;
+use super::Tables;
+use crate::error::StoreError;
+use crate::store::{ms, Enqueued, NewTask, RunAt};
+
+/// Rows per multi-row `INSERT` (12 bound values each, well inside SQLite's
+/// limit of 32766 variables per statement).
+const INSERT_CHUNK: usize = 1000;
+
+/// What inserting tasks produced: one result per task, plus the inserted
+/// tasks already due and those due later with their `run_at` (for wake-ups).
+pub(super) struct Inserted {
+    pub results: Vec<Enqueued>,
+    pub due_queues: Vec<usize>,
+    pub later: Vec<(usize, i64)>,
+}
+
+/// Insert `tasks` in order on `conn`, which the caller has put inside a
+/// transaction. Tasks without a unique key are always inserted; a task whose
+/// key is taken yields the holder's id with `inserted = false`.
+pub(super) async fn insert_tasks(
+    conn: &mut SqliteConnection,
+    sql: &InsertSql,
+    tasks: &[NewTask],
+) -> Result<Inserted, StoreError> {
+    let mut results = Vec::with_capacity(tasks.len());
+    let mut due_queues = Vec::new();
+    let mut later = Vec::new();
+    let mut taken: Vec<(usize, &str)> = Vec::new();
+    for (chunk_no, chunk) in tasks.chunks(INSERT_CHUNK).enumerate() {
+        let base = chunk_no * INSERT_CHUNK;
+        let mut text = String::with_capacity(
+            sql.head.len() + chunk.len() * (sql.row.len() + 2) + sql.tail.len(),
+        );
+        text.push_str(&sql.head);
+        for i in 0..chunk.len() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(&sql.row);
+        }
+        text.push_str(&sql.tail);
+        let mut q = sqlx::query(&text);
+        for task in chunk {
+            let (abs, rel) = match task.run_at {
+                RunAt::Now => (None, 0),
+                RunAt::Delay(d) => (None, ms(d)),
+                RunAt::At(at) => (Some(at.timestamp_millis()), 0),
+            };
+            q = q
+                .bind(task.queue.as_str())
+                .bind(task.kind.as_str())
+                .bind(json_text(&task.payload)?)
+                .bind(i64::from(task.priority))
+                .bind(i64::from(task.max_attempts))
+                .bind(task.timeout.map(ms))
+                .bind(abs)
+                .bind(rel)
+                .bind(task.unique_key.as_deref())
+                .bind(task.unique_forever)
+                .bind(task.job.as_deref())
+                .bind(task.slot.map(|s| s.timestamp_millis()));
+        }
+        let mut rows: Vec<(i64, Option<String>, bool, i64)> = q
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+            .collect::<Result<_, StoreError>>()?;
+        // Rows are inserted in VALUES order with rising ids; RETURNING's own
+        // order is unspecified, so sort by id and walk both lists together.
+        rows.sort_unstable_by_key(|r| r.0);
+        let mut next = rows.into_iter().peekable();
+        for (i, task) in chunk.iter().enumerate() {
+            let inserted = match (&task.unique_key, next.peek()) {
+                (None, Some(_)) => true,
+                (None, None) => {
+                    return Err(StoreError::Backend(
+                        "insert returned fewer rows than tasks without a unique key".into(),
+                    ))
+                }
+                (Some(key), Some((_, Some(got), _, _))) => got == key,
+                (Some(_), _) => false,
+            };
+            if inserted {
+                let Some((id, _, due, run_at)) = next.next() else {
+                    return Err(StoreError::Backend("insert result vanished".into()));
+                };
+                if due {
+                    due_queues.push(base + i);
+                } else {
+                    later.push((base + i, run_at));
+                }
+                results.push(Enqueued { id, inserted: true });
+            } else {
+                // The key is taken: by an existing task, or by an earlier
+                // task of this very batch. Look the holders up below.
+                taken.push((
+                    results.len(),
+                    task.unique_key.as_deref().unwrap_or_default(),
+                ));
+                results.push(Enqueued {
+                    id: 0,
+                    inserted: false,
+                });
+            }
+        }
+        if !taken.is_empty() {
+            let keys = serde_json::Value::Array(
+                taken
+                    .iter()
+                    .map(|(_, k)| serde_json::Value::from(*k))
+                    .collect(),
+            );
+            let holders: HashMap<String, i64> = sqlx::query_as(&sql.key_holders)
+                .bind(json_text(&keys)?)
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .collect();
+            for (at, key) in taken.drain(..) {
+                let id = holders.get(key).copied().ok_or_else(|| {
+                    StoreError::Backend(format!(
+                        "unique key {key:?} conflicted but no unfinished task holds it"
+                    ))
+                })?;
+                results[at].id = id;
+            }
+        }
+        if next.next().is_some() {
+            return Err(StoreError::Backend(
+                "insert returned more rows than expected".into(),
+            ));
+        }
+    }
+    Ok(Inserted {
+        results,
+        due_queues,
+        later,
+    })
+}
+
+/// Enqueue `tasks` on a connection inside the caller's own transaction (the
+/// transactional outbox): the tasks exist if and only if the caller commits.
+///
+/// The caller owns `BEGIN` / `COMMIT` (use `BEGIN IMMEDIATE`, e.g.
+/// `pool.begin_with("BEGIN IMMEDIATE")`, if the transaction reads before it
+/// writes). `prefix` must match the store's table prefix (`None` for the
+/// default `baton_`). Semantics are those of [`crate::store::Backend::enqueue`], except
+/// that no wake-up is sent: workers pick the tasks up at their next poll.
+///
+/// ```no_run
+/// # async fn demo(tasks: Vec<baton::store::NewTask>) -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::store::sqlite::{enqueue_in, SqliteBackend};
+///
+/// let backend = SqliteBackend::connect("sqlite://app.db", &Default::default()).await?;
+/// let mut tx = backend.pool().begin_with("BEGIN IMMEDIATE").await?;
+/// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
+///     .execute(&mut *tx)
+///     .await?;
+/// enqueue_in(&mut tx, None, &tasks).await?; // same transaction
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn enqueue_in(
+    conn: &mut SqliteConnection,
+    prefix: Option<&str>,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, StoreError> {
+    let t = Tables::new(prefix)?;
+    Ok(insert_tasks(conn, &InsertSql::new(&t), tasks)
+        .await?
+        .results)
+}

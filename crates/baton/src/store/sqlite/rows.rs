@@ -1,0 +1,93 @@
+//! How the SQLite backend stores each kind of column (INTEGER milliseconds
+//! since the epoch, TEXT JSON, INTEGER flags): [`SqlRow`] for its rows.
+//! Turning rows into values is shared with PostgreSQL in
+//! [`crate::store::sql_row`].
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use crate::error::StoreError;
+use crate::store::sql_row::SqlRow;
+use crate::store::{from_ms, AttemptError};
+
+impl SqlRow for SqliteRow {
+    fn text(&self, col: &str) -> Result<String, StoreError> {
+        Ok(self.try_get(col)?)
+    }
+
+    fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.try_get(col)?)
+    }
+
+    fn int(&self, col: &str) -> Result<i64, StoreError> {
+        Ok(self.try_get(col)?)
+    }
+
+    fn big(&self, col: &str) -> Result<i64, StoreError> {
+        Ok(self.try_get(col)?)
+    }
+
+    fn opt_big(&self, col: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.try_get(col)?)
+    }
+
+    fn flag(&self, col: &str) -> Result<bool, StoreError> {
+        Ok(self.try_get::<i64, _>(col)? != 0)
+    }
+
+    fn time(&self, col: &str) -> Result<DateTime<Utc>, StoreError> {
+        from_ms(self.try_get(col)?)
+    }
+
+    fn opt_time(&self, col: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        opt_time(self.try_get(col)?)
+    }
+
+    fn json(&self, col: &str) -> Result<serde_json::Value, StoreError> {
+        json_of(&self.try_get::<String, _>(col)?, col)
+    }
+
+    fn opt_json(&self, col: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        self.try_get::<Option<String>, _>(col)?
+            .map(|text| json_of(&text, col))
+            .transpose()
+    }
+
+    fn errors(&self, col: &str) -> Result<Vec<AttemptError>, StoreError> {
+        let text: String = self.try_get(col)?;
+        let raw: Vec<StoredError> = serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("task errors: {e}")))?;
+        raw.into_iter()
+            .map(|e| {
+                Ok(AttemptError {
+                    attempt: e.attempt,
+                    at: from_ms(e.at)?,
+                    error: e.error,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Optional milliseconds since the epoch.
+pub(super) fn opt_time(v: Option<i64>) -> Result<Option<DateTime<Utc>>, StoreError> {
+    v.map(from_ms).transpose()
+}
+
+fn json_of(text: &str, col: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("task {col}: {e}")))
+}
+
+/// A JSON value as the TEXT SQLite stores.
+pub(super) fn json_text(v: &serde_json::Value) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Backend(format!("cannot encode JSON: {e}")))
+}
+
+/// One entry of the `errors` column as stored: `at` in ms since the epoch.
+#[derive(serde::Deserialize)]
+struct StoredError {
+    attempt: u32,
+    at: i64,
+    error: String,
+}

@@ -1,0 +1,218 @@
+//! The SQLite schema: the base DDL (version 1), the numbered upgrade steps
+//! ([`UPGRADES`]) and the migration that runs them.
+
+use sqlx::sqlite::SqliteConnection;
+
+use super::sql::KEY_TAKEN;
+use super::{SqliteBackend, Tables, NOW};
+use crate::error::StoreError;
+use crate::store::sql_row::corrupt;
+use crate::store::CANCEL_REQUESTED;
+
+/// The version [`schema_sql`] creates; [`UPGRADES`] take it from there.
+const BASE_VERSION: i64 = 1;
+
+/// The schema version this code writes and reads: the base plus one per
+/// upgrade step.
+const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
+
+/// The schema's statements, each idempotent.
+fn schema_sql(t: &Tables) -> Vec<String> {
+    let Tables {
+        locks,
+        tasks,
+        jobs,
+        meta,
+        ..
+    } = t;
+    let claim_idx = t.index("tasks_claim");
+    let lease_idx = t.index("tasks_lease");
+    let unique_idx = t.index("tasks_unique");
+    let finished_idx = t.index("tasks_finished");
+    let job_idx = t.index("tasks_job");
+    format!(
+        r#"
+CREATE TABLE IF NOT EXISTS {meta} (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {locks} (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    locked_at  INTEGER NOT NULL,
+    lock_until INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {tasks} (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue            TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    payload          TEXT NOT NULL,
+    state            TEXT NOT NULL,
+    priority         INTEGER NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    timeout_ms       INTEGER,
+    run_at           INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    started_at       INTEGER,
+    finished_at      INTEGER,
+    lease_until      INTEGER,
+    worker           TEXT,
+    unique_key       TEXT,
+    unique_forever   INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    errors           TEXT NOT NULL DEFAULT '[]',
+    progress         TEXT,
+    job              TEXT,
+    slot             INTEGER
+);
+CREATE INDEX IF NOT EXISTS {claim_idx} ON {tasks} (queue, priority, run_at, id)
+    WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS {lease_idx} ON {tasks} (lease_until)
+    WHERE state = 'running';
+CREATE UNIQUE INDEX IF NOT EXISTS {unique_idx} ON {tasks} (unique_key)
+    WHERE unique_key IS NOT NULL AND {KEY_TAKEN};
+CREATE INDEX IF NOT EXISTS {finished_idx} ON {tasks} (finished_at)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS {job_idx} ON {tasks} (job, slot)
+    WHERE job IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {jobs} (
+    name      TEXT PRIMARY KEY,
+    last_slot INTEGER,
+    paused    INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO {meta} (key, value) VALUES ('schema_version', '{BASE_VERSION}')
+    ON CONFLICT (key) DO NOTHING;
+"#
+    )
+    .split(';')
+    .map(str::trim)
+    .filter(|s| !s.is_empty())
+    .map(str::to_string)
+    .collect()
+}
+
+/// One statement of an upgrade step.
+enum Ddl {
+    /// Run as is; must be idempotent.
+    Sql(String),
+    /// `ALTER TABLE … ADD COLUMN`, skipped when the column exists (SQLite
+    /// has no `ADD COLUMN IF NOT EXISTS`).
+    AddColumn {
+        /// The unquoted table name.
+        table: String,
+        column: &'static str,
+        /// The column's type and constraints.
+        decl: &'static str,
+    },
+}
+
+/// One schema upgrade step: its statements take the schema from version
+/// `n` to `n + 1`, where `n - BASE_VERSION` is the step's index in
+/// [`UPGRADES`].
+type Upgrade = fn(&Tables) -> Vec<Ddl>;
+
+/// The upgrade steps, in order. Each runs once per database, inside the
+/// migration's `BEGIN IMMEDIATE` transaction together with the version
+/// bump, and each statement is idempotent. Add a step at the end (and
+/// nothing else: [`SCHEMA_VERSION`] follows).
+const UPGRADES: &[Upgrade] = &[
+    // 1 → 2: per-task claim tokens; a pending task whose cancel was
+    // requested (possible before 2) is cancelled.
+    upgrade_claim_token,
+];
+
+fn upgrade_claim_token(t: &Tables) -> Vec<Ddl> {
+    let tasks = &t.tasks;
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}tasks", t.prefix),
+            column: "claim_token",
+            decl: "INTEGER NOT NULL DEFAULT 0",
+        },
+        Ddl::Sql(format!(
+            "UPDATE {tasks} SET state = 'cancelled', finished_at = {NOW}, \
+                 last_error = '{CANCEL_REQUESTED}' \
+             WHERE state = 'pending' AND cancel_requested"
+        )),
+    ]
+}
+
+/// Run one upgrade statement on `conn`.
+async fn run_ddl(conn: &mut SqliteConnection, ddl: &Ddl) -> Result<(), StoreError> {
+    match ddl {
+        Ddl::Sql(sql) => {
+            sqlx::query(sql).execute(&mut *conn).await?;
+        }
+        Ddl::AddColumn {
+            table,
+            column,
+            decl,
+        } => {
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")
+                    .bind(table)
+                    .bind(column)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if exists.is_none() {
+                sqlx::query(&format!(
+                    "ALTER TABLE \"{table}\" ADD COLUMN {column} {decl}"
+                ))
+                .execute(&mut *conn)
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Create the schema if absent and run the upgrade steps from the recorded
+/// version, in one `BEGIN IMMEDIATE` transaction (so processes that connect
+/// at once take turns).
+pub(super) async fn migrate(b: &SqliteBackend) -> Result<(), StoreError> {
+    let mut tx = b.immediate().await?;
+    for stmt in schema_sql(&b.t) {
+        sqlx::query(&stmt).execute(&mut *tx).await?;
+    }
+    let version: String = sqlx::query_scalar(&format!(
+        "SELECT value FROM {} WHERE key = 'schema_version'",
+        b.t.meta
+    ))
+    .fetch_one(&mut *tx)
+    .await?;
+    let version: i64 = version
+        .parse()
+        .map_err(|_| corrupt("schema_version", &version))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Config(format!(
+            "the database's baton schema is version {version}, newer than this build's \
+             {SCHEMA_VERSION}; upgrade baton"
+        )));
+    }
+    for from in version.max(BASE_VERSION)..SCHEMA_VERSION {
+        let step = usize::try_from(from - BASE_VERSION)
+            .ok()
+            .and_then(|i| UPGRADES.get(i))
+            .ok_or_else(|| corrupt("schema_version", from))?;
+        for ddl in step(&b.t) {
+            run_ddl(&mut tx, &ddl).await?;
+        }
+        sqlx::query(&format!(
+            "UPDATE {} SET value = ?1 WHERE key = 'schema_version'",
+            b.t.meta
+        ))
+        .bind((from + 1).to_string())
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(
+            prefix = %b.t.prefix,
+            "sqlite: upgraded the baton schema from version {from} to {}",
+            from + 1
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}

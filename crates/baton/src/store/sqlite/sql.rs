@@ -1,0 +1,291 @@
+//! Every statement of the SQLite backend, formatted once with the table
+//! names when a handle is built (not on every call).
+//!
+//! Parameters are numbered (`?1`, `?2`, …); each statement's comment says
+//! what they are. Every "now" is [`NOW`] inside the statement.
+
+use super::{Tables, NOW, NOW_US};
+use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
+use crate::store::CANCEL_REQUESTED;
+
+/// The condition under which a task's unique key is taken; the same text as
+/// the partial unique index's `WHERE`, so lookups use that index.
+pub(super) const KEY_TAKEN: &str = "(unique_forever OR state IN ('pending', 'running'))";
+
+/// The statements of one table prefix.
+#[derive(Debug)]
+pub(super) struct Sql {
+    /// `?1` name, `?2` holder, `?3` at_most ms → token, locked_at, lock_until.
+    pub lock_acquire: String,
+    /// `?1` name → the lock row with `now`.
+    pub lock_get: String,
+    /// Every lock row with `now`, by name.
+    pub lock_list: String,
+    /// `?1` name, `?2` token, `?3` at_most ms → lock_until.
+    pub lock_extend: String,
+    /// `?1` name, `?2` token, `?3` at_least ms.
+    pub lock_release: String,
+    /// The tasks' inserts (shared with [`super::enqueue_in`]).
+    pub insert: InsertSql,
+    /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running.
+    pub claim: String,
+    /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
+    /// cancel_requested.
+    pub heartbeat: String,
+    /// `?1` JSON `[[id, token], …]` → the ids that succeeded.
+    pub succeed_many: String,
+    /// The compare-and-set UPDATEs that end an attempt: `?1` id, `?2` claim
+    /// token, `?3` error text, `?4` retry delay ms → queue, state, run_at.
+    pub finish: FinishSql,
+    /// `?1` id, `?2` claim token, `?3` progress JSON.
+    pub progress: String,
+    /// `?1` the error text → queue, state of each rescued task.
+    pub rescue: String,
+    /// `?1` id → state.
+    pub task_state: String,
+    /// `?1` id: a pending task cancelled now.
+    pub cancel_pending: String,
+    /// `?1` id: a running task asked to stop.
+    pub cancel_running: String,
+    /// `?1` id → queue.
+    pub retry: String,
+    /// `?1` id → [`TASK_COLS`].
+    pub task: String,
+    /// [`TASK_COLS`] from the tasks table; `tasks()` adds its conditions.
+    pub tasks_select: String,
+    /// Per queue and state: count and the oldest due pending `run_at` age.
+    pub stats: String,
+    /// `?1` older_than ms.
+    pub prune: String,
+    /// `?1` job → name, last_slot, paused.
+    pub job_register: String,
+    /// `?1` job → last_slot, paused, now.
+    pub job_get: String,
+    /// `?1` job, `?2` slot ms.
+    pub job_set_slot: String,
+    /// `?1` job, `?2` batch_after ms → 1 if an earlier run is unfinished.
+    pub job_overlapping: String,
+    /// `?1` id, `?2` reason: an inserted slot task recorded as skipped.
+    pub job_skip: String,
+    /// `?1` id, `?2` lease ms, `?3` worker: an inserted slot task made the
+    /// caller's running run record (claim token 1).
+    pub job_run: String,
+    /// `?1` job, `?2` paused.
+    pub job_set_paused: String,
+    /// Every job row, by name.
+    pub job_list: String,
+    /// The store's clock.
+    pub now: String,
+}
+
+/// The statements that end an attempt, one per [`crate::store::Finish`].
+#[derive(Debug)]
+pub(super) struct FinishSql {
+    pub succeeded: String,
+    pub failed: String,
+    pub cancelled: String,
+    pub hand_back: String,
+}
+
+/// The insert, in parts: a multi-row `INSERT` is `head`, then `row` once
+/// per task joined by `, `, then `tail`.
+#[derive(Debug)]
+pub(super) struct InsertSql {
+    pub head: String,
+    pub row: String,
+    pub tail: String,
+    /// `?1` JSON array of keys → unique_key, id of the tasks holding them.
+    pub key_holders: String,
+}
+
+impl InsertSql {
+    pub(super) fn new(t: &Tables) -> InsertSql {
+        let tasks = &t.tasks;
+        InsertSql {
+            head: format!(
+                "INSERT INTO {tasks} (queue, kind, payload, state, priority, attempt, \
+                 max_attempts, timeout_ms, run_at, created_at, unique_key, unique_forever, job, \
+                 slot) VALUES "
+            ),
+            row: format!(
+                "(?, ?, ?, 'pending', ?, 0, ?, ?, COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?)"
+            ),
+            tail: format!(
+                " ON CONFLICT DO NOTHING RETURNING id, unique_key, run_at <= {NOW} AS due, run_at"
+            ),
+            key_holders: format!(
+                "SELECT unique_key, id FROM {tasks} \
+                 WHERE unique_key IN (SELECT value FROM json_each(?1)) \
+                   AND unique_key IS NOT NULL AND {KEY_TAKEN}"
+            ),
+        }
+    }
+}
+
+impl FinishSql {
+    fn new(t: &Tables) -> FinishSql {
+        let tasks = &t.tasks;
+        // Every transition out of `running` clears the lease.
+        let cas = |set: String| {
+            format!(
+                "UPDATE {tasks} SET {set}, lease_until = NULL \
+                 WHERE id = ?1 AND claim_token = ?2 AND state = 'running' \
+                 RETURNING queue, state, run_at"
+            )
+        };
+        // A retry whose cancellation was requested is not retried.
+        let again = "?4 IS NOT NULL AND attempt < max_attempts AND NOT cancel_requested";
+        let stop = "?4 IS NOT NULL AND attempt < max_attempts AND cancel_requested";
+        FinishSql {
+            succeeded: cas(format!("state = 'succeeded', finished_at = {NOW}")),
+            failed: cas(format!(
+                "errors = json_insert(errors, '$[#]', \
+                     json_object('attempt', attempt, 'at', {NOW}, 'error', ?3)), \
+                 last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || ?3 \
+                     ELSE ?3 END, \
+                 state = CASE WHEN {again} THEN 'pending' \
+                     WHEN {stop} THEN 'cancelled' ELSE 'failed' END, \
+                 run_at = CASE WHEN {again} THEN {NOW} + ?4 ELSE run_at END, \
+                 finished_at = CASE WHEN {again} THEN NULL ELSE {NOW} END"
+            )),
+            cancelled: cas(format!(
+                "state = 'cancelled', last_error = ?3, finished_at = {NOW}"
+            )),
+            // Keep run_at: a handed-back task keeps its place in line. The
+            // attempt is not counted; a requested cancel ends it.
+            hand_back: cas(format!(
+                "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END, \
+                 attempt = attempt - 1, \
+                 last_error = CASE WHEN cancel_requested THEN ?3 ELSE last_error END, \
+                 finished_at = CASE WHEN cancel_requested THEN {NOW} ELSE NULL END"
+            )),
+        }
+    }
+}
+
+impl Sql {
+    pub(super) fn new(t: &Tables) -> Sql {
+        let Tables {
+            locks, tasks, jobs, ..
+        } = t;
+        let lock_cols = format!("name, holder, token, locked_at, lock_until, {NOW} AS now");
+        let ends = "cancel_requested OR attempt >= max_attempts";
+        Sql {
+            lock_acquire: format!(
+                "INSERT INTO {locks} (name, holder, token, locked_at, lock_until) \
+                 VALUES (?1, ?2, {NOW_US}, {NOW}, {NOW} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+                     token = MAX({locks}.token + 1, excluded.token), \
+                     locked_at = excluded.locked_at, \
+                     lock_until = excluded.lock_until \
+                 WHERE {locks}.lock_until <= excluded.locked_at \
+                 RETURNING token, locked_at, lock_until"
+            ),
+            lock_get: format!("SELECT {lock_cols} FROM {locks} WHERE name = ?1"),
+            lock_list: format!("SELECT {lock_cols} FROM {locks} ORDER BY name"),
+            lock_extend: format!(
+                "UPDATE {locks} SET lock_until = {NOW} + ?3 \
+                 WHERE name = ?1 AND token = ?2 AND lock_until > {NOW} \
+                 RETURNING lock_until"
+            ),
+            lock_release: format!(
+                "UPDATE {locks} SET lock_until = MAX({NOW}, locked_at + ?3) \
+                 WHERE name = ?1 AND token = ?2 AND lock_until > {NOW}"
+            ),
+            insert: InsertSql::new(t),
+            claim: format!(
+                "UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+                     started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+                     claim_token = MAX(claim_token + 1, {NOW_US}) \
+                 WHERE id IN (SELECT id FROM {tasks} \
+                     WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
+                         AND NOT cancel_requested \
+                     ORDER BY priority, run_at, id \
+                     LIMIT CASE WHEN ?5 IS NULL THEN ?4 ELSE max(0, min(?4, ?5 - ( \
+                         SELECT count(*) FROM {tasks} WHERE state = 'running' AND queue = ?1))) \
+                     END) \
+                 RETURNING {CLAIM_COLS}"
+            ),
+            heartbeat: format!(
+                "UPDATE {tasks} SET lease_until = {NOW} + ?2 \
+                 FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
+                 WHERE {tasks}.id = c.cid AND {tasks}.claim_token = c.ctok \
+                     AND {tasks}.state = 'running' \
+                 RETURNING {tasks}.id, {tasks}.claim_token, {tasks}.cancel_requested"
+            ),
+            succeed_many: format!(
+                "UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
+                 FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
+                 WHERE {tasks}.id = c.cid AND {tasks}.claim_token = c.ctok \
+                     AND {tasks}.state = 'running' \
+                 RETURNING {tasks}.id"
+            ),
+            finish: FinishSql::new(t),
+            progress: format!(
+                "UPDATE {tasks} SET progress = ?3 \
+                 WHERE id = ?1 AND claim_token = ?2 AND state = 'running'"
+            ),
+            rescue: format!(
+                "UPDATE {tasks} SET \
+                     state = CASE WHEN cancel_requested THEN 'cancelled' \
+                                  WHEN attempt >= max_attempts THEN 'failed' \
+                                  ELSE 'pending' END, \
+                     finished_at = CASE WHEN {ends} THEN {NOW} ELSE NULL END, \
+                     errors = json_insert(errors, '$[#]', \
+                         json_object('attempt', attempt, 'at', {NOW}, 'error', ?1)), \
+                     last_error = ?1, \
+                     lease_until = NULL \
+                 WHERE state = 'running' AND lease_until < {NOW} \
+                 RETURNING queue, state"
+            ),
+            task_state: format!("SELECT state FROM {tasks} WHERE id = ?1"),
+            cancel_pending: format!(
+                "UPDATE {tasks} SET state = 'cancelled', finished_at = {NOW} WHERE id = ?1"
+            ),
+            cancel_running: format!("UPDATE {tasks} SET cancel_requested = 1 WHERE id = ?1"),
+            retry: format!(
+                "UPDATE {tasks} SET state = 'pending', run_at = {NOW}, finished_at = NULL, \
+                     cancel_requested = 0, max_attempts = MAX(max_attempts, attempt + 1) \
+                 WHERE id = ?1 AND state IN ('failed', 'cancelled') \
+                 RETURNING queue"
+            ),
+            task: format!("SELECT {TASK_COLS} FROM {tasks} WHERE id = ?1"),
+            tasks_select: format!("SELECT {TASK_COLS} FROM {tasks}"),
+            stats: format!(
+                "WITH n(now) AS (SELECT {NOW}) \
+                 SELECT queue, state, COUNT(*) AS count, \
+                     n.now - MIN(CASE WHEN state = 'pending' AND run_at <= n.now \
+                         THEN run_at END) AS oldest \
+                 FROM {tasks}, n GROUP BY queue, state ORDER BY queue"
+            ),
+            prune: format!(
+                "DELETE FROM {tasks} WHERE finished_at < {NOW} - ?1 \
+                     AND state IN ('succeeded', 'failed', 'cancelled')"
+            ),
+            // The no-op DO UPDATE makes RETURNING answer for an existing row
+            // too.
+            job_register: format!(
+                "INSERT INTO {jobs} (name, last_slot, paused) VALUES (?1, {NOW}, 0) \
+                 ON CONFLICT (name) DO UPDATE SET paused = {jobs}.paused \
+                 RETURNING name, last_slot, paused"
+            ),
+            job_get: format!("SELECT last_slot, paused, {NOW} AS now FROM {jobs} WHERE name = ?1"),
+            job_set_slot: format!("UPDATE {jobs} SET last_slot = ?2 WHERE name = ?1"),
+            job_overlapping: format!(
+                "SELECT 1 FROM {tasks} WHERE job = ?1 AND state IN ('pending', 'running') \
+                 AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) LIMIT 1"
+            ),
+            job_skip: format!(
+                "UPDATE {tasks} SET state = 'cancelled', last_error = ?2, finished_at = {NOW} \
+                 WHERE id = ?1"
+            ),
+            job_run: format!(
+                "UPDATE {tasks} SET state = 'running', attempt = 1, started_at = {NOW}, \
+                 lease_until = {NOW} + ?2, worker = ?3, claim_token = 1 WHERE id = ?1"
+            ),
+            job_set_paused: format!("UPDATE {jobs} SET paused = ?2 WHERE name = ?1"),
+            job_list: format!("SELECT name, last_slot, paused FROM {jobs} ORDER BY name"),
+            now: format!("SELECT {NOW}"),
+        }
+    }
+}

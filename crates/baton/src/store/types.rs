@@ -1,0 +1,605 @@
+//! The values that cross the store seam: lock records and requests, tasks
+//! and claims, schedule cursors and wake-ups. Re-exported from
+//! [`crate::store`], so `baton::store::Task` and the like keep their paths.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+
+/// A fencing token: strictly greater than every earlier grant's for the same
+/// lock name (DESIGN.md L2). Pass it to whatever the lock protects so the
+/// protected resource can refuse writes from a holder whose lease lapsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FencingToken(pub u64);
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What the store knows about one lock name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The lock's name.
+    pub name: String,
+    /// Who holds (or last held) it: `host:pid:acquisition-id`.
+    pub holder: String,
+    /// The token of the latest grant.
+    pub token: FencingToken,
+    /// When the latest grant was made, in store time.
+    pub locked_at: DateTime<Utc>,
+    /// When the lease ends unless extended, in store time.
+    pub lock_until: DateTime<Utc>,
+    /// Whether the lease is still in force at `now`.
+    pub held: bool,
+    /// The store's clock when this was read.
+    pub now: DateTime<Utc>,
+}
+
+/// A request to take a lease on a lock name.
+#[derive(Debug, Clone)]
+pub struct LockRequest<'a> {
+    /// Lock name, already validated.
+    pub name: &'a str,
+    /// Holder identity for this acquisition (unique per acquisition).
+    pub holder: &'a str,
+    /// Lease length: the lease lapses by itself this long after the grant.
+    pub at_most: Duration,
+}
+
+/// The store's answer to a [`LockRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// The lease is ours.
+    Granted {
+        /// The new, strictly higher fencing token.
+        token: FencingToken,
+        /// Grant time in store time.
+        locked_at: DateTime<Utc>,
+        /// Expiry in store time.
+        lock_until: DateTime<Utc>,
+    },
+    /// Someone else holds an unexpired lease.
+    Busy(LockInfo),
+}
+
+/// States a task moves through. `Pending` covers both "available" and
+/// "scheduled for later" (`run_at` in the future).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Waiting for `run_at` and a worker.
+    Pending,
+    /// Leased to a worker.
+    Running,
+    /// Finished successfully (terminal).
+    Succeeded,
+    /// Out of attempts or failed for good; the dead letter (terminal).
+    Failed,
+    /// Cancelled, or skipped by the scheduler's overlap rule (terminal).
+    Cancelled,
+}
+
+impl TaskState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [TaskState; 5] = [
+        TaskState::Pending,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Cancelled,
+    ];
+
+    /// The lowercase name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether no further transition happens without an explicit retry.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TaskState {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown task state {s:?}")))
+    }
+}
+
+/// When a new task becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunAt {
+    /// As soon as a worker is free.
+    #[default]
+    Now,
+    /// This long after the store's `now()` at enqueue.
+    Delay(Duration),
+    /// At this instant.
+    At(DateTime<Utc>),
+}
+
+/// A task to insert. Built by `queue::TaskBuilder`; fields are validated there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Lower runs first.
+    pub priority: i32,
+    /// When it becomes due.
+    pub run_at: RunAt,
+    /// Attempts allowed in total (≥ 1).
+    pub max_attempts: u32,
+    /// Handler timeout per attempt.
+    pub timeout: Option<Duration>,
+    /// Idempotency key: while a task with this key is unfinished (or ever,
+    /// with `unique_forever`), enqueueing the key again returns that task.
+    pub unique_key: Option<String>,
+    /// Keep the key unique after the task finished (until it is pruned).
+    pub unique_forever: bool,
+    /// The schedule job this task runs for, if any.
+    pub job: Option<String>,
+    /// The schedule slot this task runs for, if any.
+    pub slot: Option<DateTime<Utc>>,
+}
+
+/// The result of enqueueing one [`NewTask`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enqueued {
+    /// The task's id (the existing task's id when the key was taken).
+    pub id: i64,
+    /// False when a task with the same unique key already existed.
+    pub inserted: bool,
+}
+
+/// A claim request: lease up to `limit` due tasks of one queue.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Queue to claim from.
+    pub queue: &'a str,
+    /// Worker identity recorded on the task.
+    pub worker: &'a str,
+    /// At most this many tasks.
+    pub limit: u32,
+    /// Lease length from the store's `now()`.
+    pub lease: Duration,
+    /// A cluster-wide cap on the queue's running tasks: the claim takes at
+    /// most `max_running` minus the tasks of this queue running anywhere
+    /// (none when that is zero or less), decided atomically with the claim
+    /// so that concurrent claimers never overshoot. `None`: no cap.
+    pub max_running: Option<u32>,
+}
+
+/// A task leased to a worker by a claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Task id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Priority (lower first).
+    pub priority: i32,
+    /// This attempt's number, starting at 1 (a handed-back attempt is not
+    /// counted, so the next claim has the same number).
+    pub attempt: u32,
+    /// This claim's fencing token: strictly greater than every earlier
+    /// claim's of this task, never reissued (see [`Claim`]).
+    pub token: FencingToken,
+    /// Attempts allowed in total.
+    pub max_attempts: u32,
+    /// Handler timeout per attempt.
+    pub timeout: Option<Duration>,
+    /// When it was due.
+    pub run_at: DateTime<Utc>,
+    /// When the lease ends unless a heartbeat extends it (store time).
+    pub lease_until: DateTime<Utc>,
+    /// The schedule job, for scheduled tasks.
+    pub job: Option<String>,
+    /// The schedule slot, for scheduled tasks.
+    pub slot: Option<DateTime<Utc>>,
+}
+
+impl Task {
+    /// The claim this task was leased under: the key of the worker's
+    /// heartbeats, progress reports and finish.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            id: self.id,
+            attempt: self.attempt,
+            token: self.token,
+        }
+    }
+}
+
+/// Identifies one claim of one task: every compare-and-set a worker makes
+/// (heartbeat, progress, finish) matches `(id, token)` on a running task
+/// (DESIGN.md T2).
+///
+/// The token is set by each claim to `max(previous + 1, store clock in µs)`
+/// and never lowered or reused, so a claim that was handed back, rescued or
+/// retried can never match a later one, even where `attempt` repeats (a
+/// hand-back does not count the attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Claim {
+    /// Task id.
+    pub id: i64,
+    /// Attempt number the worker holds (informational; not compared).
+    pub attempt: u32,
+    /// The claim's fencing token: what the store compares.
+    pub token: FencingToken,
+}
+
+/// What a heartbeat found for one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    /// The lease was extended.
+    Extended,
+    /// The lease was extended, and someone asked to cancel the task.
+    CancelRequested,
+    /// The claim is no longer ours (rescued, finished or deleted).
+    Lost,
+}
+
+/// How a worker ends an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    /// The handler succeeded.
+    Succeeded,
+    /// The handler failed. With `retry_in` and attempts left, the task goes
+    /// back to pending that long after the store's now; otherwise `failed`.
+    Failed {
+        /// The error text kept on the task.
+        error: String,
+        /// Backoff before the next attempt, if one is allowed.
+        retry_in: Option<Duration>,
+    },
+    /// The handler stopped because cancellation was requested.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// Shutdown: back to pending now, and the attempt is not counted (or
+    /// `cancelled` when cancellation was requested meanwhile).
+    HandBack,
+}
+
+/// What `cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// The task was pending and is now cancelled.
+    Cancelled,
+    /// The task is running; its worker stops it at its next heartbeat.
+    Requested,
+    /// The task had already finished in this state.
+    AlreadyFinished(TaskState),
+    /// No such task.
+    NotFound,
+}
+
+/// One failed attempt in a task's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// When it failed (store time).
+    pub at: DateTime<Utc>,
+    /// The error text.
+    pub error: String,
+}
+
+/// Everything the store keeps about a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    /// Task id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// JSON payload.
+    pub payload: serde_json::Value,
+    /// Current state.
+    pub state: TaskState,
+    /// Priority (lower first).
+    pub priority: i32,
+    /// Attempts started so far.
+    pub attempt: u32,
+    /// Attempts allowed in total.
+    pub max_attempts: u32,
+    /// Handler timeout per attempt.
+    #[serde(with = "opt_duration_ms")]
+    pub timeout: Option<Duration>,
+    /// When it is (or was) due.
+    pub run_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When the latest attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Lease end while running.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The worker holding or last holding it.
+    pub worker: Option<String>,
+    /// Its idempotency key.
+    pub unique_key: Option<String>,
+    /// Whether cancellation was requested while it ran.
+    pub cancel_requested: bool,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+    /// Every failed attempt, oldest first.
+    pub errors: Vec<AttemptError>,
+    /// The handler's latest progress report.
+    pub progress: Option<serde_json::Value>,
+    /// Schedule job, for scheduled tasks.
+    pub job: Option<String>,
+    /// Schedule slot, for scheduled tasks.
+    pub slot: Option<DateTime<Utc>>,
+}
+
+mod opt_duration_ms {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| d.as_millis() as u64).serialize(s)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+/// Filter and page for listing tasks. Results are ordered by id descending;
+/// `before_id` pages to older tasks.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this state.
+    pub state: Option<TaskState>,
+    /// Only this job's tasks.
+    pub job: Option<String>,
+    /// Only ids below this one (the previous page's last id).
+    pub before_id: Option<i64>,
+    /// Page size (0 means 100).
+    pub limit: u32,
+}
+
+/// Counts for one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// Queue name.
+    pub queue: String,
+    /// Pending tasks (due now or later).
+    pub pending: u64,
+    /// Running tasks.
+    pub running: u64,
+    /// Succeeded tasks not yet pruned.
+    pub succeeded: u64,
+    /// Failed tasks (dead letter).
+    pub failed: u64,
+    /// Cancelled tasks not yet pruned.
+    pub cancelled: u64,
+    /// Age of the oldest due pending task, in milliseconds, by store time.
+    pub oldest_pending_ms: Option<u64>,
+}
+
+/// What one rescue pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rescued {
+    /// Expired leases returned to pending.
+    pub requeued: u64,
+    /// Expired leases of tasks out of attempts, now failed ("lease expired").
+    pub failed: u64,
+    /// Expired leases of tasks whose cancellation was requested, now cancelled.
+    pub cancelled: u64,
+}
+
+/// The error recorded on a task whose lease expired.
+pub const LEASE_EXPIRED: &str = "lease expired";
+
+/// The `last_error` of a task cancelled at a hand-back because its
+/// cancellation was requested; a failed attempt that would have been
+/// retried keeps `"cancel requested: <its error>"` instead.
+pub const CANCEL_REQUESTED: &str = "cancel requested";
+
+/// How the scheduler treats a slot when the job's previous run is unfinished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// Record the slot as skipped (a `cancelled` task saying why).
+    #[default]
+    Forbid,
+    /// Enqueue it anyway.
+    Allow,
+}
+
+/// The reason kept on a slot skipped by [`Overlap::Forbid`].
+pub const OVERLAP_SKIPPED: &str = "skipped: previous run still pending or running";
+
+/// A request to move a job's cursor from `expected` to `slot` and record
+/// the slot's run (`task`), atomically (DESIGN.md S1).
+#[derive(Debug, Clone)]
+pub struct SlotAdvance<'a> {
+    /// Job name.
+    pub job: &'a str,
+    /// The cursor value the caller read. The advance happens only if the
+    /// cursor still has exactly this value.
+    pub expected: Option<DateTime<Utc>>,
+    /// The slot to take; must be later than `expected`.
+    pub slot: DateTime<Utc>,
+    /// The slot's task. Its `unique_key` is `job|slot` (unique forever)
+    /// so a trigger for the same slot and this advance run it once. `None`
+    /// moves the cursor only (a fixed-delay job recording when its run
+    /// ended).
+    pub task: Option<&'a NewTask>,
+    /// How the task is recorded.
+    pub record: SlotRecord<'a>,
+    /// Overlap rule (for [`SlotRecord::Enqueue`] only).
+    pub overlap: Overlap,
+    /// A catch-up batch: this job's tasks whose slot is later than this
+    /// instant belong to the same catch-up and are not a "previous run"
+    /// for the overlap rule. `None`: every pending or running task of the
+    /// job is.
+    pub batch_after: Option<DateTime<Utc>>,
+    /// Refuse ([`Advanced::NotDue`]) a slot later than the store's now.
+    pub due_only: bool,
+    /// Refuse ([`Advanced::NotDue`]) once the store's now has reached this
+    /// instant (the next slot, for a policy that runs only the latest).
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl<'a> SlotAdvance<'a> {
+    /// An advance that enqueues `task` for `slot`, overlap allowed, no
+    /// catch-up batch and no store-time bounds.
+    pub fn new(
+        job: &'a str,
+        expected: Option<DateTime<Utc>>,
+        slot: DateTime<Utc>,
+        task: Option<&'a NewTask>,
+    ) -> SlotAdvance<'a> {
+        SlotAdvance {
+            job,
+            expected,
+            slot,
+            task,
+            record: SlotRecord::Enqueue,
+            overlap: Overlap::Allow,
+            batch_after: None,
+            due_only: false,
+            until: None,
+        }
+    }
+}
+
+/// The claim token of a task inserted by [`SlotRecord::Run`]: the first
+/// claim of a new task (any later claim, after a `retry`, is floored at the
+/// store clock in µs, so this value is never reissued for the task).
+pub const RUN_RECORD_TOKEN: FencingToken = FencingToken(1);
+
+/// How [`SlotAdvance`] records the slot's task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotRecord<'a> {
+    /// Enqueue it like `enqueue` (durable mode), subject to the overlap rule.
+    Enqueue,
+    /// Insert it directly as `running`, attempt 1, leased to `worker` for
+    /// `lease` (lock mode: the caller runs the slot itself and finishes
+    /// the task with the outcome, heartbeating it meanwhile).
+    /// The task's claim token is [`RUN_RECORD_TOKEN`] (it was never claimed).
+    Run {
+        /// Worker identity recorded on the task.
+        worker: &'a str,
+        /// Lease from the store's now.
+        lease: Duration,
+    },
+    /// Insert it directly as `cancelled` with this reason (a slot the
+    /// scheduler decided not to run, e.g. by its misfire policy).
+    Skip {
+        /// Why, kept in `last_error`.
+        reason: &'a str,
+    },
+}
+
+/// The store's answer to a [`SlotAdvance`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Advanced {
+    /// The cursor moved and the slot's task exists (`inserted` false when a
+    /// trigger had made it already; `id` 0 when no task was given).
+    Enqueued(Enqueued),
+    /// The cursor moved; the slot was recorded as skipped (overlap).
+    Skipped(Enqueued),
+    /// The cursor was not `expected` (another instance moved it): here is
+    /// the current one.
+    Moved(Option<DateTime<Utc>>),
+    /// The slot is not due by store time (`due_only`) or no longer the one
+    /// to take (`until` reached): nothing changed. `now` is the store's.
+    NotDue {
+        /// The store's clock when it refused.
+        now: DateTime<Utc>,
+    },
+    /// The job is paused; nothing changed.
+    Paused,
+    /// No such job (call `job_register` first).
+    UnknownJob,
+}
+
+/// The scheduler's per-job state in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobState {
+    /// Job name.
+    pub name: String,
+    /// The last slot enqueued (or skipped) by the scheduler.
+    pub last_slot: Option<DateTime<Utc>>,
+    /// Whether the job is paused cluster-wide.
+    pub paused: bool,
+}
+
+/// A wake-up: `queue` has new pending work, due now (`due: None`) or at
+/// `due` (store time). Workers claim at once, or arm a timer for `due`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    /// The queue with new work.
+    pub queue: String,
+    /// When the earliest announced task becomes due, in store time; `None`
+    /// when it is due already.
+    pub due: Option<DateTime<Utc>>,
+}
+
+impl Wake {
+    /// Work in `queue` due now.
+    pub fn now(queue: impl Into<String>) -> Wake {
+        Wake {
+            queue: queue.into(),
+            due: None,
+        }
+    }
+
+    /// Parse a wake-up message as the PostgreSQL and Redis backends send it:
+    /// `queue` (due now) or `queue\n<run_at in µs since the epoch>`. Queue
+    /// names hold no control characters, so the newline is unambiguous; a
+    /// malformed time reads as "due now" (a wake-up is only a hint).
+    pub(crate) fn parse(payload: &str) -> Wake {
+        match payload.split_once('\n') {
+            None => Wake::now(payload),
+            Some((queue, at)) => Wake {
+                queue: queue.to_string(),
+                due: at
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(DateTime::from_timestamp_micros),
+            },
+        }
+    }
+}
