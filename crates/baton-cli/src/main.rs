@@ -8,6 +8,7 @@ mod http;
 mod lock_cmd;
 mod metrics;
 mod queue_cmd;
+mod runtime;
 mod serve;
 
 use std::process::ExitCode;
@@ -74,6 +75,13 @@ enum Command {
 /// Parse a duration flag (`500ms`, `30s`, `15m`, `1h30m`, `PT15M`).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     baton::parse_duration("duration", s).map_err(|e| e.problem)
+}
+
+/// Parse an RFC 3339 time flag (`2026-01-31T06:00:00Z`).
+pub fn rfc3339_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
 }
 
 /// Connect to the store named by the flags.

@@ -1,18 +1,16 @@
 //! `baton enqueue`, `baton work` and `baton tasks …`.
 
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton::queue::{Queue, TaskBuilder, Worker, WorkerConfig};
+use baton::queue::{Queue, TaskBuilder, Worker};
 use baton::store::{CancelOutcome, TaskFilter, TaskInfo, TaskState};
 use baton::Error;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use crate::child::Signals;
-use crate::{command_task, connect, duration_arg, StoreArg};
+use crate::runtime::{handle_commands, shutdown_on_signals, worker_config};
+use crate::{command_task, connect, duration_arg, rfc3339_arg, StoreArg};
 
 /// Arguments of `baton enqueue`.
 #[derive(clap::Args, Debug)]
@@ -49,12 +47,6 @@ pub struct EnqueueArgs {
     /// The command to run, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
-}
-
-pub fn rfc3339_arg(s: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
 }
 
 /// `baton enqueue`.
@@ -128,76 +120,6 @@ pub struct WorkArgs {
     pub listen: Option<String>,
 }
 
-/// The worker config for command tasks.
-pub fn worker_config(
-    queues: &[(String, usize)],
-    lease: Duration,
-    poll: Duration,
-    shutdown_grace: Duration,
-    grace: Duration,
-) -> WorkerConfig {
-    let mut cfg = WorkerConfig::default().lease(lease);
-    cfg.queues = queues.to_vec();
-    cfg.poll_interval = poll;
-    cfg.shutdown_grace = shutdown_grace;
-    cfg.stop_grace = grace + Duration::from_secs(1);
-    cfg
-}
-
-/// Register the command handler on a worker.
-pub fn handle_commands(w: &mut Worker, grace: Duration) {
-    w.handle(command_task::KIND, move |ctx| command_task::run(ctx, grace));
-}
-
-/// A shutdown driven by signals (see [`shutdown_on_signals`]).
-pub struct SignalShutdown {
-    /// Cancelled on the second signal: stop handlers now and hand their
-    /// tasks back (`Worker::run_with`'s urgent token).
-    pub urgent: CancellationToken,
-    first: Arc<AtomicI32>,
-}
-
-impl SignalShutdown {
-    /// 128 + the first signal received (143 for SIGTERM, 130 for SIGINT),
-    /// when a signal started the shutdown.
-    pub fn exit_code(&self) -> Option<u8> {
-        match self.first.load(Ordering::SeqCst) {
-            0 => None,
-            sig => Some((128 + sig).clamp(0, 255) as u8),
-        }
-    }
-}
-
-/// Cancel `graceful` on the first SIGINT/SIGTERM/SIGHUP (finish running
-/// tasks within the shutdown grace), and the returned urgent token on the
-/// second (stop them now and hand their tasks back). The process never
-/// exits from here: tasks are always handed back or left to rescue by the
-/// worker, within its bounds.
-pub fn shutdown_on_signals(graceful: CancellationToken) -> anyhow::Result<SignalShutdown> {
-    let mut signals = Signals::new()?;
-    let out = SignalShutdown {
-        urgent: CancellationToken::new(),
-        first: Arc::new(AtomicI32::new(0)),
-    };
-    let (urgent, first) = (out.urgent.clone(), out.first.clone());
-    tokio::spawn(async move {
-        let sig = signals.recv().await;
-        first.store(sig, Ordering::SeqCst);
-        eprintln!(
-            "baton: signal {sig}: shutting down (again to stop tasks now and hand them back)"
-        );
-        graceful.cancel();
-        let sig = signals.recv().await;
-        eprintln!("baton: signal {sig}: stopping tasks now and handing them back");
-        urgent.cancel();
-        loop {
-            let sig = signals.recv().await;
-            eprintln!("baton: signal {sig}: already stopping");
-        }
-    });
-    Ok(out)
-}
-
 /// `baton work`.
 pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     let queues: Vec<(String, usize)> = a
@@ -237,11 +159,11 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     {
         w.handle(
             j.name.clone(),
-            crate::serve::durable_handler(j.clone(), a.grace),
+            crate::runtime::durable_handler(j.clone(), a.grace),
         );
     }
     if let Some(addr) = &a.listen {
-        crate::serve::spawn_admin(addr, &store, vec![w.counters()]).await?;
+        crate::runtime::spawn_admin(addr, &store, vec![w.counters()]).await?;
     }
     let token = CancellationToken::new();
     let signals = shutdown_on_signals(token.clone())?;

@@ -6,14 +6,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton::queue::{TaskContext, TaskError, Worker, WorkerCounters};
+use baton::queue::Worker;
 use baton::schedule::{self, Job, JobMode, Scheduler, SlotRun};
 use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Action, Config, JobConfig, Mode};
-use crate::http::{self, Reply};
-use crate::{command_task, queue_cmd};
+use crate::config::{Config, JobConfig, Mode};
+use crate::runtime::{self, durable_handler, run_action, slot_text};
 
 /// Arguments of `baton serve`.
 #[derive(clap::Args, Debug)]
@@ -76,90 +75,6 @@ pub fn job_of(j: &JobConfig) -> Job {
     job
 }
 
-fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-}
-
-/// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
-/// rest; `stop` asks a command to end (SIGTERM, SIGKILL after `grace`).
-async fn run_action(
-    action: &Action,
-    env: Vec<(&'static str, String)>,
-    stop: impl std::future::Future<Output = ()>,
-    grace: Duration,
-    timeout: Option<Duration>,
-) -> Result<(), TaskError> {
-    match action {
-        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace).await,
-        Action::Http {
-            method,
-            url,
-            headers,
-            body,
-        } => {
-            let extra: Vec<(&str, String)> = env
-                .iter()
-                .map(|(k, v)| (header_name(k), v.clone()))
-                .collect();
-            let t = timeout.unwrap_or(Duration::from_secs(60));
-            tokio::select! {
-                r = http::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
-                _ = stop => Err(TaskError::retryable("stopped")),
-            }
-        }
-    }
-}
-
-fn header_name(env: &str) -> &'static str {
-    match env {
-        "BATON_JOB" => "Baton-Job",
-        "BATON_SLOT" => "Baton-Slot",
-        "BATON_TASK_ID" => "Baton-Task-Id",
-        "BATON_ATTEMPT" => "Baton-Attempt",
-        "BATON_FENCING_TOKEN" => "Baton-Fencing-Token",
-        "BATON_QUEUE" => "Baton-Queue",
-        _ => "Baton-Other",
-    }
-}
-
-/// The handler that runs a durable job's action for its tasks.
-pub fn durable_handler(
-    j: JobConfig,
-    grace: Duration,
-) -> impl Fn(
-    TaskContext,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TaskError>> + Send>>
-       + Send
-       + Sync
-       + 'static {
-    move |ctx: TaskContext| {
-        let j = j.clone();
-        Box::pin(async move {
-            let t = ctx.task();
-            if let Action::Command(argv) = &j.action {
-                return command_task::run_argv(ctx.clone(), argv.clone(), grace).await;
-            }
-            let mut env = vec![
-                ("BATON_JOB", j.name.clone()),
-                ("BATON_TASK_ID", t.id.to_string()),
-                ("BATON_ATTEMPT", t.attempt.to_string()),
-            ];
-            if let Some(s) = t.slot {
-                env.push(("BATON_SLOT", slot_text(s)));
-            }
-            let c2 = ctx.clone();
-            run_action(
-                &j.action,
-                env,
-                async move { c2.stopped().await },
-                grace,
-                j.timeout,
-            )
-            .await
-        })
-    }
-}
-
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let cfg = load(&a.config)?;
@@ -168,7 +83,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         eprintln!("baton: warning: {w}");
     }
     let stop = CancellationToken::new();
-    let signals = queue_cmd::shutdown_on_signals(stop.clone())?;
+    let signals = runtime::shutdown_on_signals(stop.clone())?;
 
     let mut scheduler = Scheduler::new(store.clone());
     for j in &cfg.jobs {
@@ -210,7 +125,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let mut tasks = tokio::task::JoinSet::new();
     let mut counters = Vec::new();
     for q in &cfg.queues {
-        let mut cfg_w = queue_cmd::worker_config(
+        let mut cfg_w = runtime::worker_config(
             &[(q.name.clone(), q.concurrency as usize)],
             q.lease,
             Duration::from_secs(1),
@@ -221,7 +136,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
             cfg_w = cfg_w.max_running(q.name.clone(), m);
         }
         let mut w = Worker::new(store.clone(), cfg_w);
-        queue_cmd::handle_commands(&mut w, a.grace);
+        runtime::handle_commands(&mut w, a.grace);
         for j in cfg
             .jobs
             .iter()
@@ -238,7 +153,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         tasks.spawn(async move { scheduler.run(s).await.map_err(anyhow::Error::from) });
     }
     if let Some(addr) = &a.listen {
-        spawn_admin(addr, &store, counters).await?;
+        runtime::spawn_admin(addr, &store, counters).await?;
     }
     eprintln!(
         "baton: serving {} job(s) and {} queue(s) on {}",
@@ -269,59 +184,6 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-/// Serve the admin endpoints on `addr` in the background (for `serve` and
-/// `work`); logs the bound address.
-pub async fn spawn_admin(
-    addr: &str,
-    store: &Store,
-    workers: Vec<WorkerCounters>,
-) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--listen {addr}"))?;
-    eprintln!("baton: admin on http://{}", listener.local_addr()?);
-    let store = store.clone();
-    let workers = std::sync::Arc::new(workers);
-    tokio::spawn(http::serve(listener, move |path| {
-        let (store, workers) = (store.clone(), workers.clone());
-        async move { admin(&store, &workers, &path).await }
-    }));
-    Ok(())
-}
-
-async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
-    let result = match path {
-        "/health" => Ok(serde_json::json!({"status": "ok"})),
-        "/jobs" => schedule::job_statuses(store)
-            .await
-            .map(|j| serde_json::to_value(j).unwrap_or_default()),
-        "/stats" => baton::queue::Queue::new(store.clone())
-            .stats()
-            .await
-            .map(|s| serde_json::to_value(s).unwrap_or_default()),
-        "/metrics" => {
-            return match crate::metrics::render(store, workers).await {
-                Ok(body) => Reply {
-                    status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body,
-                },
-                Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
-            };
-        }
-        _ => {
-            return Reply::json(
-                404,
-                "{\"error\":\"not found; try /health, /jobs, /stats, /metrics\"}".into(),
-            )
-        }
-    };
-    match result {
-        Ok(v) => Reply::json(200, v.to_string()),
-        Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
-    }
-}
-
 /// Arguments of `baton trigger`.
 #[derive(clap::Args, Debug)]
 pub struct TriggerArgs {
@@ -331,7 +193,7 @@ pub struct TriggerArgs {
     pub store: crate::StoreArg,
     /// The slot this run stands for (RFC 3339); the same slot always gives
     /// the same run. Default: the job's latest due slot (needs --config).
-    #[arg(long, value_parser = crate::queue_cmd::rfc3339_arg)]
+    #[arg(long, value_parser = crate::rfc3339_arg)]
     pub slot: Option<chrono::DateTime<chrono::Utc>>,
     /// The config file defining the job (its queue and schedule).
     #[arg(long, env = "BATON_CONFIG")]
