@@ -73,16 +73,16 @@ pub fn shutdown_on_signals(graceful: CancellationToken) -> anyhow::Result<Signal
     tokio::spawn(async move {
         let sig = signals.recv().await;
         first.store(sig, Ordering::SeqCst);
-        eprintln!(
+        crate::note!(
             "baton: signal {sig}: shutting down (again to stop tasks now and hand them back)"
         );
         graceful.cancel();
         let sig = signals.recv().await;
-        eprintln!("baton: signal {sig}: stopping tasks now and handing them back");
+        crate::note!("baton: signal {sig}: stopping tasks now and handing them back");
         urgent.cancel();
         loop {
             let sig = signals.recv().await;
-            eprintln!("baton: signal {sig}: already stopping");
+            crate::note!("baton: signal {sig}: already stopping");
         }
     });
     Ok(out)
@@ -183,7 +183,7 @@ pub async fn spawn_admin(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--listen {addr}"))?;
-    eprintln!("baton: admin on http://{}", listener.local_addr()?);
+    crate::note!("baton: admin on http://{}", listener.local_addr()?);
     let store = store.clone();
     let workers = std::sync::Arc::new(workers);
     tokio::spawn(http::serve(listener, move |path| {

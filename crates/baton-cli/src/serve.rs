@@ -12,6 +12,7 @@ use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, JobConfig, Mode};
+use crate::output::{self, Align, Table};
 use crate::runtime::{self, durable_handler, run_action, slot_text};
 
 /// Arguments of `baton serve`.
@@ -80,7 +81,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let cfg = load(&a.config)?;
     let store = open(a.store.clone(), &cfg, a.prefix.clone()).await?;
     for w in store.backend().warnings().await.unwrap_or_default() {
-        eprintln!("baton: warning: {w}");
+        crate::note!("baton: warning: {w}");
     }
     let stop = CancellationToken::new();
     let signals = runtime::shutdown_on_signals(stop.clone())?;
@@ -155,7 +156,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     if let Some(addr) = &a.listen {
         runtime::spawn_admin(addr, &store, counters).await?;
     }
-    eprintln!(
+    crate::note!(
         "baton: serving {} job(s) and {} queue(s) on {}",
         cfg.jobs.len(),
         cfg.queues.len(),
@@ -166,12 +167,12 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                eprintln!("baton: {e:#}");
+                crate::note!("baton: {e:#}");
                 code = 1;
                 stop.cancel();
             }
             Err(e) => {
-                eprintln!("baton: internal error: {e}");
+                crate::note!("baton: internal error: {e}");
                 code = 1;
                 stop.cancel();
             }
@@ -278,17 +279,17 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
     };
     let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
     if a.json {
-        println!(
+        crate::outln!(
             "{}",
-            serde_json::json!({"id": e.id, "inserted": e.inserted, "job": a.job, "slot": slot_text(slot)})
+            serde_json::json!({"id": e.id, "inserted": e.inserted, "job": a.job, "slot": output::ts(slot)})
         );
     } else {
-        println!("{}", e.id);
+        crate::outln!("{}", e.id);
         if !e.inserted {
-            eprintln!(
+            crate::note!(
                 "baton: {} @ {} was already triggered or scheduled: task {}",
                 a.job,
-                slot_text(slot),
+                output::ts(slot),
                 e.id
             );
         }
@@ -315,9 +316,15 @@ pub struct JobsArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum JobsCmd {
     /// Stop enqueueing a job's slots, cluster-wide.
-    Pause { job: String },
+    Pause {
+        /// The job's name (as in the config file and `baton jobs`).
+        job: String,
+    },
     /// Resume a paused job (missed slots follow its misfire policy).
-    Resume { job: String },
+    Resume {
+        /// The job's name.
+        job: String,
+    },
 }
 
 /// `baton jobs`.
@@ -326,6 +333,9 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         Some(p) => Some(load(p)?),
         None => None,
     };
+    if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
+        baton::lock::validate_name("JOB", job).map_err(Error::from)?;
+    }
     let store = crate::connect(&a.store)
         .await
         .context("connecting to the store")?;
@@ -335,11 +345,13 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             JobsCmd::Resume { job } => (job, false),
         };
         if schedule::set_paused(&store, &job, paused).await? {
-            println!("job {job} {}", if paused { "paused" } else { "resumed" });
+            crate::outln!("job {job} {}", if paused { "paused" } else { "resumed" });
             return Ok(0);
         }
-        eprintln!("baton: no job {job:?} in this store (it appears once a scheduler has run it)");
-        return Ok(1);
+        crate::note!(
+            "baton: no job {job:?} in this store (it appears once a scheduler has run it)"
+        );
+        return Ok(crate::EXIT_NOT_FOUND);
     }
     let now = store.now().await.map_err(Error::from)?;
     let mut statuses = schedule::job_statuses(&store).await?;
@@ -368,8 +380,8 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 Some(match &j.schedule {
                     baton::schedule::spec::Schedule::Cron { tz, .. } => t
                         .with_timezone(tz)
-                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-                    _ => slot_text(t),
+                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    _ => output::ts(t),
                 })
             })
     };
@@ -380,22 +392,25 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 serde_json::json!({
                     "name": s.state.name,
                     "paused": s.state.paused,
-                    "last_slot": s.state.last_slot.map(slot_text),
+                    "last_slot": s.state.last_slot.map(output::ts),
                     "next_fire": next_of(&s.state.name),
                     "last_run": s.last_run.as_ref().map(|t| serde_json::json!({
-                        "task": t.id, "slot": t.slot.map(slot_text), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
-                        "started_at": t.started_at.map(slot_text), "finished_at": t.finished_at.map(slot_text),
+                        "task": t.id, "slot": t.slot.map(output::ts), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
+                        "started_at": t.started_at.map(output::ts), "finished_at": t.finished_at.map(output::ts),
                     })),
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        output::json(&serde_json::Value::Array(rows))?;
         return Ok(0);
     }
-    println!(
-        "{:<24} {:<7} {:<26} {:<26} LAST RUN",
-        "JOB", "PAUSED", "LAST SLOT", "NEXT FIRE"
-    );
+    let mut table = Table::new(&[
+        ("JOB", Align::Left),
+        ("PAUSED", Align::Left),
+        ("LAST SLOT", Align::Left),
+        ("NEXT FIRE", Align::Left),
+        ("LAST RUN", Align::Left),
+    ]);
     for s in statuses {
         let last = s
             .last_run
@@ -410,27 +425,27 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 format!(
                     "task {} {} {} (attempt {}){why}",
                     t.id,
-                    t.slot.map(slot_text).unwrap_or_else(|| "-".into()),
+                    output::ts_or_dash(t.slot),
                     t.state,
                     t.attempt
                 )
             })
             .unwrap_or_else(|| "-".into());
-        println!(
-            "{:<24} {:<7} {:<26} {:<26} {}",
-            s.state.name,
-            s.state.paused,
-            s.state
-                .last_slot
-                .map(slot_text)
-                .unwrap_or_else(|| "-".into()),
-            next_of(&s.state.name).unwrap_or_else(|| if cfg.is_some() {
+        let next = next_of(&s.state.name).unwrap_or_else(|| {
+            if cfg.is_some() {
                 "-".into()
             } else {
                 "(give --config)".into()
-            }),
-            last
-        );
+            }
+        });
+        table.row(vec![
+            s.state.name,
+            s.state.paused.to_string(),
+            output::ts_or_dash(s.state.last_slot),
+            next,
+            last,
+        ]);
     }
+    table.print()?;
     Ok(0)
 }

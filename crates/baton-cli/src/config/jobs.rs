@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use baton::schedule::spec::{Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use baton::store::Overlap;
-use baton::{parse_duration, parse_positive_duration, InvalidInput};
+use baton::InvalidInput;
 use serde::Deserialize;
 
 use super::actions::{self, Action, RawHttp};
 use super::{
-    check_name, ranged, ConfigError, ConfigErrorKind, DEFAULT_GRACE, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_QUEUE, MAX_ATTEMPTS_LIMIT, MAX_CATCH_UP_LIMIT,
+    check_name, duration, positive_duration, ranged, ConfigError, ConfigErrorKind, DEFAULT_GRACE,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_ATTEMPTS_LIMIT, MAX_CATCH_UP_LIMIT,
 };
 
 /// One `[[job]]`.
@@ -93,12 +93,45 @@ pub(super) struct RawJob {
     priority: Option<i64>,
 }
 
+/// Refuse the Quartz forms that cron would read differently: a 7th (year)
+/// field, and numbered weekdays next to `?` (Quartz counts 1-7 from
+/// Sunday, cron 0-6, so `2` would be Tuesday here but Monday in Quartz).
+fn quartz_hint(owner: &str, expr: &str) -> Result<(), ConfigError> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    if fields.len() == 7 {
+        return Err(ConfigError::invalid(
+            owner,
+            Some("cron"),
+            format!(
+                "{expr:?} has 7 fields (Quartz's year field); use 5 fields, or 6 with \
+                 seconds first, e.g. {:?}",
+                fields[..6].join(" ")
+            ),
+        ));
+    }
+    if fields.len() == 6 && expr.contains('?') && fields[5].contains(|c: char| c.is_ascii_digit()) {
+        return Err(ConfigError::invalid(
+            owner,
+            Some("cron"),
+            format!(
+                "{expr:?} looks like a Quartz expression with numbered weekdays; Quartz \
+                 counts 1-7 from Sunday and cron 0-6, so write the days as names (e.g. \
+                 MON-FRI) to mean the same in both"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigError> {
     let input = |e: InvalidInput| ConfigError::from_input(owner, e);
 
     let mut fixed_delay = None;
     let schedule = match (&j.cron, &j.every, &j.fixed_delay) {
-        (Some(expr), None, None) => Schedule::cron(expr, j.tz.as_deref()).map_err(input)?,
+        (Some(expr), None, None) => {
+            quartz_hint(owner, expr)?;
+            Schedule::cron(expr, j.tz.as_deref()).map_err(input)?
+        }
         (None, None, Some(delay)) => {
             if j.mode != Some(RawMode::Lock) {
                 return Err(ConfigError::invalid(
@@ -108,7 +141,7 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
                      like ShedLock's fixedDelay); durable jobs use every or cron",
                 ));
             }
-            let d = parse_positive_duration("fixed_delay", delay).map_err(input)?;
+            let d = positive_duration("fixed_delay", delay).map_err(input)?;
             fixed_delay = Some(d);
             Schedule::every(d.max(baton::schedule::spec::MIN_INTERVAL)).map_err(input)?
         }
@@ -120,7 +153,7 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
                     "only with cron; every is anchored at the Unix epoch, in no zone",
                 ));
             }
-            Schedule::every(parse_duration("every", every).map_err(input)?).map_err(input)?
+            Schedule::every(duration("every", every).map_err(input)?).map_err(input)?
         }
         _ => return Err(ConfigError::invalid(
             owner,
@@ -165,7 +198,7 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
                 }
             }
             let at_most = match &j.at_most {
-                Some(s) => parse_positive_duration("at_most", s).map_err(input)?,
+                Some(s) => positive_duration("at_most", s).map_err(input)?,
                 None => {
                     return Err(ConfigError::invalid(
                         owner,
@@ -176,7 +209,7 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
                 }
             };
             let at_least = match &j.at_least {
-                Some(s) => parse_duration("at_least", s).map_err(input)?,
+                Some(s) => duration("at_least", s).map_err(input)?,
                 None => Duration::ZERO,
             };
             if at_least > at_most {
@@ -226,15 +259,15 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
     };
     let priority = ranged(owner, "priority", j.priority.unwrap_or(0), -100, 100)? as i32;
     let grace = match &j.grace {
-        Some(s) => parse_duration("grace", s).map_err(input)?,
+        Some(s) => duration("grace", s).map_err(input)?,
         None => DEFAULT_GRACE,
     };
     let timeout = match &j.timeout {
-        Some(s) => Some(parse_positive_duration("timeout", s).map_err(input)?),
+        Some(s) => Some(positive_duration("timeout", s).map_err(input)?),
         None => None,
     };
     let jitter = match &j.jitter {
-        Some(s) => parse_duration("jitter", s).map_err(input)?,
+        Some(s) => duration("jitter", s).map_err(input)?,
         None => Duration::ZERO,
     };
 

@@ -203,6 +203,32 @@ impl Config {
     }
 }
 
+/// The longest duration a config key accepts.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// A duration of at most [`MAX_DURATION`] (10 years).
+fn duration(field: &str, s: &str) -> Result<Duration, InvalidInput> {
+    capped(field, baton::parse_duration(field, s)?)
+}
+
+/// A duration greater than zero and at most [`MAX_DURATION`].
+fn positive_duration(field: &str, s: &str) -> Result<Duration, InvalidInput> {
+    capped(field, baton::parse_positive_duration(field, s)?)
+}
+
+fn capped(field: &str, d: Duration) -> Result<Duration, InvalidInput> {
+    if d > MAX_DURATION {
+        return Err(InvalidInput::new(
+            field,
+            format!(
+                "{} is too long; use at most 10 years (3650d)",
+                baton::format_duration(d)
+            ),
+        ));
+    }
+    Ok(d)
+}
+
 fn check_name(owner: &str, name: &str) -> Result<(), ConfigError> {
     let problem = if name.is_empty() {
         "is empty".to_string()
@@ -288,6 +314,15 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 ),
             ));
         }
+    }
+
+    if queues.is_empty() && jobs.is_empty() {
+        return Err(ConfigError::invalid(
+            "config",
+            None,
+            "has no [[job]] and no [[queue]], so there is nothing to run; add one \
+             (see examples/baton.toml)",
+        ));
     }
 
     Ok(Config {

@@ -3,10 +3,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use baton::parse_positive_duration;
 use serde::Deserialize;
 
-use super::{check_name, owner_of, ranged, ConfigError, DEFAULT_LEASE, MAX_CONCURRENCY};
+use super::{
+    check_name, owner_of, positive_duration, ranged, ConfigError, DEFAULT_LEASE, MAX_CONCURRENCY,
+};
 
 /// One `[[queue]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,8 +54,9 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
             MAX_CONCURRENCY,
         )? as u32;
         let lease = match &q.lease {
-            Some(s) => parse_positive_duration("lease", s)
-                .map_err(|e| ConfigError::from_input(&owner, e))?,
+            Some(s) => {
+                positive_duration("lease", s).map_err(|e| ConfigError::from_input(&owner, e))?
+            }
             None => DEFAULT_LEASE,
         };
         let max_running = q

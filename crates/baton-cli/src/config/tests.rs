@@ -228,15 +228,16 @@ fn from_file_errors_name_the_path() {
 
 #[test]
 fn empty_file_and_jobs_only() {
-    let c = Config::parse("").unwrap();
-    assert_eq!(
-        c,
-        Config {
-            store: None,
-            queues: vec![],
-            jobs: vec![]
-        }
-    );
+    // Nothing to run is refused, not served silently.
+    for text in ["", "store = \"sqlite://x.db\"\n"] {
+        let e = err(text);
+        assert!(
+            e.starts_with("config: has no [[job]] and no [[queue]]"),
+            "{e}"
+        );
+    }
+    // A queue alone is fine (workers only).
+    Config::parse("[[queue]]\nname = \"q\"\n").unwrap();
     // The default queue is implicit for durable jobs...
     let c = Config::parse(&job("")).unwrap();
     assert_eq!(
@@ -483,4 +484,43 @@ fn unknown_keys_are_refused_with_line_and_column() {
     assert!(e.contains("invalid type"), "{e}");
     let e = err("store = \"  \"\n");
     assert!(e.starts_with("store: is empty"), "{e}");
+}
+
+#[test]
+fn durations_are_bounded() {
+    let e = err(&job("every = \"3651d\""));
+    assert_eq!(
+        e,
+        "job \"j\": every: 3651d is too long; use at most 10 years (3650d)"
+    );
+    Config::parse(&job("every = \"3650d\"")).unwrap();
+    let e = err(&job("timeout = \"4000d\""));
+    assert!(
+        e.starts_with("job \"j\": timeout: 4000d is too long"),
+        "{e}"
+    );
+    let e = err(&job("mode = \"lock\"\nat_most = \"4000d\""));
+    assert!(
+        e.starts_with("job \"j\": at_most: 4000d is too long"),
+        "{e}"
+    );
+    let e = err("[[queue]]\nname = \"q\"\nlease = \"4000d\"\n");
+    assert!(
+        e.starts_with("queue \"q\": lease: 4000d is too long"),
+        "{e}"
+    );
+}
+
+#[test]
+fn quartz_forms_get_a_hint() {
+    let e = err(&job("cron = \"0 0 12 * * ? 2026\""));
+    assert!(
+        e.starts_with("job \"j\": cron: \"0 0 12 * * ? 2026\" has 7 fields (Quartz's year field)"),
+        "{e}"
+    );
+    let e = err(&job("cron = \"0 0 12 ? * 2-6\""));
+    assert!(e.contains("Quartz counts 1-7 from Sunday"), "{e}");
+    // `?` with named days, and 6 fields with seconds, are cron as documented.
+    Config::parse(&job("cron = \"0 0 12 ? * MON-FRI\"")).unwrap();
+    Config::parse(&job("cron = \"*/10 * * * * *\"")).unwrap();
 }
