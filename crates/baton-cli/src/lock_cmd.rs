@@ -7,6 +7,7 @@ use baton::lock::{LockOptions, Locker};
 use baton::Error;
 
 use crate::child::{self, Signals};
+use crate::output::{self, Align, Table};
 use crate::{connect, duration_arg, StoreArg, EXIT_BUSY, EXIT_LEASE_LOST};
 
 /// Arguments of `baton lock`.
@@ -75,10 +76,26 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         .await
         .with_context(|| format!("store {}", baton::store::redact(&a.store.store)))?;
     let locker = Locker::new(store);
-    let lease = match locker
-        .lock(&a.name, &opts, a.wait.unwrap_or(Duration::ZERO))
-        .await
-    {
+    let wait = a.wait.unwrap_or(Duration::ZERO);
+    // Try at once; when it is held and we may wait, say so before waiting.
+    let first = match locker.lock(&a.name, &opts, Duration::ZERO).await {
+        Err(Error::Busy {
+            holder,
+            until,
+            token,
+            ..
+        }) if !wait.is_zero() => {
+            crate::note!(
+                "baton: lock {:?} is held by {holder} until {} (token {token}); waiting up to {} for it",
+                a.name,
+                output::ts(until),
+                baton::format_duration(wait)
+            );
+            locker.lock(&a.name, &opts, wait).await
+        }
+        other => other,
+    };
+    let lease = match first {
         Ok(lease) => lease,
         Err(Error::Busy {
             name,
@@ -86,7 +103,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             until,
             token,
         }) => {
-            eprintln!("baton: lock {name:?} is held by {holder} until {} (token {token}); not running the command", until.to_rfc3339());
+            crate::note!("baton: lock {name:?} is held by {holder} until {} (token {token}); not running the command", output::ts(until));
             return Ok(EXIT_BUSY);
         }
         Err(e) => return Err(anyhow::Error::from(e).context(format!("lock {:?}", a.name))),
@@ -118,7 +135,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             st = cmd.wait() => break st.context("waiting for the command")?,
             sig = signals.recv() => {
                 if stopping && sig != libc::SIGHUP {
-                    eprintln!("baton: signal {sig} again: killing the command");
+                    crate::note!("baton: signal {sig} again: killing the command");
                     let _ = cmd.kill().await;
                     release_quietly(lease, &a.name).await;
                     return Ok(128 + sig as u8);
@@ -130,7 +147,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
                 if handle.deadline() > deadline {
                     continue; // extended meanwhile
                 }
-                eprintln!("baton: could not extend the lease on {:?} (token {}); stopping the command {} before it could lapse", a.name, handle.token(), baton::format_duration(grace));
+                crate::note!("baton: could not extend the lease on {:?} (token {}); stopping the command {} before it could lapse", a.name, handle.token(), baton::format_duration(grace));
                 at_risk = true;
                 cmd.signal(libc::SIGTERM);
             }
@@ -138,12 +155,12 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
                 if handle.deadline() > deadline {
                     continue;
                 }
-                eprintln!("baton: the lease on {:?} (token {}) may have lapsed; killing the command", a.name, handle.token());
+                crate::note!("baton: the lease on {:?} (token {}) may have lapsed; killing the command", a.name, handle.token());
                 let _ = cmd.kill().await;
                 return Ok(EXIT_LEASE_LOST);
             }
             _ = handle.lost() => {
-                eprintln!("baton: lease on {:?} (token {}) was lost while the command ran; killing it", a.name, handle.token());
+                crate::note!("baton: lease on {:?} (token {}) was lost while the command ran; killing it", a.name, handle.token());
                 let _ = cmd.kill().await;
                 return Ok(EXIT_LEASE_LOST);
             }
@@ -165,12 +182,12 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         Ok(()) if at_risk => Ok(EXIT_LEASE_LOST),
         Ok(()) => Ok(code),
         Err(Error::LeaseLost(_)) => {
-            eprintln!("baton: lease on {:?} had lapsed before the command finished (exit {code}); another holder may have run meanwhile", a.name);
+            crate::note!("baton: lease on {:?} had lapsed before the command finished (exit {code}); another holder may have run meanwhile", a.name);
             Ok(EXIT_LEASE_LOST)
         }
         Err(e) => {
             // The command finished; the lease lapses by itself at at_most.
-            eprintln!(
+            crate::note!(
                 "baton: could not release lock {:?}: {e}; it lapses by itself at its at_most",
                 a.name
             );
@@ -183,8 +200,8 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
 async fn release_quietly(lease: baton::lock::Lease, name: &str) {
     match tokio::time::timeout(Duration::from_secs(5), lease.release()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("baton: could not release lock {name:?}: {e}"),
-        Err(_) => eprintln!("baton: could not release lock {name:?}: the store did not answer"),
+        Ok(Err(e)) => crate::note!("baton: could not release lock {name:?}: {e}"),
+        Err(_) => crate::note!("baton: could not release lock {name:?}: the store did not answer"),
     }
 }
 
@@ -208,28 +225,32 @@ pub async fn locks(a: LocksArgs) -> anyhow::Result<u8> {
             .map(|l| {
                 serde_json::json!({
                     "name": l.name, "holder": l.holder, "token": l.token.0,
-                    "locked_at": l.locked_at.to_rfc3339(), "lock_until": l.lock_until.to_rfc3339(),
+                    "locked_at": output::ts(l.locked_at), "lock_until": output::ts(l.lock_until),
                     "state": if l.held { "held" } else { "expired" },
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        output::json(&serde_json::Value::Array(rows))?;
         return Ok(0);
     }
-    println!(
-        "{:<24} {:<40} {:>18} {:<32} {:<32} STATE",
-        "NAME", "HOLDER", "TOKEN", "LOCKED_AT", "LOCK_UNTIL"
-    );
+    let mut t = Table::new(&[
+        ("NAME", Align::Left),
+        ("HOLDER", Align::Left),
+        ("TOKEN", Align::Right),
+        ("LOCKED_AT", Align::Left),
+        ("LOCK_UNTIL", Align::Left),
+        ("STATE", Align::Left),
+    ]);
     for l in list {
-        println!(
-            "{:<24} {:<40} {:>18} {:<32} {:<32} {}",
+        t.row(vec![
             l.name,
             l.holder,
-            l.token.0,
-            l.locked_at.to_rfc3339(),
-            l.lock_until.to_rfc3339(),
-            if l.held { "held" } else { "expired" }
-        );
+            l.token.0.to_string(),
+            output::ts(l.locked_at),
+            output::ts(l.lock_until),
+            if l.held { "held" } else { "expired" }.into(),
+        ]);
     }
+    t.print()?;
     Ok(0)
 }

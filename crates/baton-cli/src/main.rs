@@ -8,7 +8,9 @@ mod config;
 mod http;
 mod lock_cmd;
 mod metrics;
+mod output;
 mod queue_cmd;
+mod runtime;
 mod serve;
 
 use std::process::ExitCode;
@@ -23,6 +25,13 @@ pub const EXIT_BUSY: u8 = 75;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code when the lease was lost while the command ran (EX_SOFTWARE).
 pub const EXIT_LEASE_LOST: u8 = 70;
+/// Exit code when the task or job named does not exist (EX_NOINPUT).
+pub const EXIT_NOT_FOUND: u8 = 66;
+
+/// The longest duration any flag accepts.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// The longest `--prefix` (as the stores accept).
+const MAX_PREFIX: usize = 32;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,7 +50,8 @@ pub struct StoreArg {
     /// Store URL: sqlite://PATH, postgres://…, redis://…
     #[arg(long, env = "BATON_STORE", default_value = baton::DEFAULT_STORE_URL, global = true)]
     pub store: String,
-    /// Table prefix (SQL) or key prefix (Redis).
+    /// Table prefix (SQL) or key prefix (Redis): at most 32 ASCII letters,
+    /// digits, '_', ':' or '-'.
     #[arg(long, env = "BATON_PREFIX", global = true)]
     pub prefix: Option<String>,
 }
@@ -72,20 +82,188 @@ enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Print a shell completion script (e.g. `baton completions bash >
+    /// /etc/bash_completion.d/baton`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff; e.g. `baton man | man -l -`).
+    Man,
 }
 
 /// Parse a duration flag (`500ms`, `30s`, `15m`, `1h30m`, `PT15M`).
+/// At most [`MAX_DURATION`] (10 years).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    baton::parse_duration("duration", s).map_err(|e| e.problem)
+    let d = baton::parse_duration("duration", s).map_err(|e| e.problem)?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{} is too long; use at most 10 years (3650d)",
+            baton::format_duration(d)
+        ));
+    }
+    Ok(d)
 }
 
-/// Connect to the store named by the flags.
-pub async fn connect(arg: &StoreArg) -> Result<baton::Store, baton::Error> {
+/// Parse an RFC 3339 time flag (`2026-01-31T06:00:00Z`).
+pub fn rfc3339_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
+}
+
+/// Connect to the store named by the flags. A failure says what went
+/// wrong (refused, timed out, wrong protocol, TLS, authentication, a bad
+/// SQLite path) and names the URL, with any password hidden.
+pub async fn connect(arg: &StoreArg) -> anyhow::Result<baton::Store> {
+    connect_opts(arg, true).await
+}
+
+async fn connect_opts(arg: &StoreArg, migrate: bool) -> anyhow::Result<baton::Store> {
+    if let Some(p) = &arg.prefix {
+        if p.len() > MAX_PREFIX {
+            return Err(baton::Error::from(baton::InvalidInput::new(
+                "--prefix",
+                format!(
+                    "is {} bytes long; use at most {MAX_PREFIX} ASCII letters, digits, '_', ':' or '-'",
+                    p.len()
+                ),
+            ))
+            .into());
+        }
+    }
     let opts = baton::StoreOptions {
         prefix: arg.prefix.clone(),
+        migrate,
         ..Default::default()
     };
-    Ok(baton::Store::connect_with(&arg.store, opts).await?)
+    match baton::Store::connect_with(&arg.store, opts).await {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            let mut why = connect_failure(&arg.store, &e);
+            if why.is_none() {
+                why = probe_tcp(&arg.store).await;
+            }
+            let why = why.unwrap_or_else(|| "cannot connect".into());
+            Err(anyhow::Error::from(baton::Error::from(e))
+                .context(format!("store {}: {why}", baton::store::redact(&arg.store))))
+        }
+    }
+}
+
+/// `host:port` of a network store URL (default ports for postgres and redis).
+fn host_port(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = match scheme {
+        "postgres" | "postgresql" => 5432,
+        "redis" | "rediss" => 6379,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?']).next()?;
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if hostport.is_empty() {
+        return None;
+    }
+    let has_port = match hostport.rfind(']') {
+        Some(close) => hostport[close..].contains(':'),
+        None => hostport.contains(':'),
+    };
+    Some(if has_port {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:{default}")
+    })
+}
+
+/// When the store's own error does not say why (PostgreSQL's pool turns a
+/// refused connection into a pool timeout), try a plain TCP connection.
+async fn probe_tcp(url: &str) -> Option<String> {
+    let addr = host_port(url)?;
+    let attempt = tokio::net::TcpStream::connect(addr.as_str());
+    Some(
+        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => format!(
+                "connection refused at {addr}: nothing accepts connections there (is the server running, on that host and port?)"
+            ),
+            Ok(Err(e)) => format!("cannot reach {addr}: {e}"),
+            Err(_) => format!(
+                "timed out: {addr} does not answer (check the host, port and firewall)"
+            ),
+            Ok(Ok(_)) => format!(
+                "wrong protocol: {addr} accepts connections but did not answer as this store does (check the port, the URL scheme and TLS)"
+            ),
+        },
+    )
+}
+
+/// What a connection failure means, from its message (the stores' errors
+/// carry their cause as text); `None` when the message does not tell.
+fn connect_failure(url: &str, e: &baton::StoreError) -> Option<String> {
+    let msg = e.to_string().to_ascii_lowercase();
+    let has = |needles: &[&str]| needles.iter().any(|n| msg.contains(n));
+    if url.starts_with("sqlite:") && has(&["unable to open", "code: 14", "(code 14)"]) {
+        let path = url
+            .trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:");
+        let path = std::path::Path::new(path.split('?').next().unwrap_or(path));
+        if path.is_dir() {
+            return Some(format!(
+                "{} is a directory; give a file path",
+                path.display()
+            ));
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !parent.is_dir() {
+                return Some(format!(
+                    "the directory {} does not exist; create it first",
+                    parent.display()
+                ));
+            }
+        }
+        return Some(format!(
+            "cannot open {} (check permissions)",
+            path.display()
+        ));
+    }
+    let what = if has(&["connection refused", "os error 111"]) {
+        "connection refused: nothing accepts connections there (is the server running, on that host and port?)"
+    } else if has(&[
+        "password authentication failed",
+        "authentication",
+        "wrongpass",
+        "noauth",
+        "invalid password",
+        "invalid username-password",
+    ]) {
+        "authentication failed: check the user name and password"
+    } else if has(&["certificate", "tls", "ssl", "handshake"]) {
+        "TLS failed: check the certificate, the server's TLS setup and the URL scheme"
+    } else if has(&[
+        "failed to lookup address",
+        "name or service not known",
+        "no address associated",
+        "temporary failure in name resolution",
+    ]) {
+        "host name not found"
+    } else if has(&[
+        "protocol",
+        "unexpected response",
+        "invalid response",
+        "unexpected message",
+        "response was",
+        "parse error",
+        "unexpected end of file",
+        "connection reset",
+        "early eof",
+        "expected to read",
+    ]) {
+        "wrong protocol: the server there does not speak this store's protocol (check the port and the URL scheme)"
+    } else if has(&["does not exist"]) {
+        "the database does not exist; create it first"
+    } else {
+        return None;
+    };
+    Some(what.into())
 }
 
 /// The exit code for a library error: 2 for bad input or configuration.
@@ -100,13 +278,63 @@ pub fn exit_for(e: &anyhow::Error) -> u8 {
 }
 
 fn init_tracing() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    // sqlx's own warnings (slow statements) are noise here: errors only.
+    let filter =
+        EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new("warn,sqlx=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
+}
+
+/// `baton migrate`: create the schema, or say it was already up to date.
+async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
+    // Probe before migrating: SQL tables that are missing make the reads
+    // fail; a Redis prefix without data has nothing to read.
+    let probe = connect_opts(&store, false).await.context("migrate")?;
+    let b = probe.backend();
+    let (locks, jobs, stats) = (b.lock_list().await, b.job_list().await, b.stats().await);
+    let fresh = match (&locks, &jobs, &stats) {
+        (Ok(l), Ok(j), Ok(s)) => {
+            b.kind() == "redis" && l.is_empty() && j.is_empty() && s.is_empty()
+        }
+        _ => true,
+    };
+    let s = connect(&store).await.context("migrate")?;
+    let prefix = store.prefix.as_deref().unwrap_or("(default)");
+    if fresh {
+        outln!("created the baton schema on {} (prefix {prefix})", s.url());
+    } else {
+        outln!("schema already up to date on {} (prefix {prefix})", s.url());
+    }
+    Ok(0)
+}
+
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<u8> {
+    use clap::CommandFactory;
+    let mut buf = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "baton", &mut buf);
+    write_all_stdout(&buf)
+}
+
+fn man() -> anyhow::Result<u8> {
+    use clap::CommandFactory;
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(Cli::command()).render(&mut buf)?;
+    write_all_stdout(&buf)
+}
+
+fn write_all_stdout(buf: &[u8]) -> anyhow::Result<u8> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(buf) {
+        Ok(()) => Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(output::Closed.into()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn main() -> ExitCode {
@@ -122,7 +350,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("baton: cannot start the runtime: {e}");
+            note!("baton: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -137,18 +365,98 @@ fn main() -> ExitCode {
             Command::Trigger(a) => serve::trigger(a).await,
             Command::Jobs(a) => serve::jobs(a).await,
             Command::Chaos(a) => chaos::chaos(a).await,
-            Command::Migrate { store } => {
-                let s = connect(&store).await.context("migrate")?;
-                println!("schema is up to date on {}", s.url());
-                Ok(0)
-            }
+            Command::Migrate { store } => migrate(store).await,
+            Command::Completions { shell } => completions(shell),
+            Command::Man => man(),
         }
     });
     match result {
         Ok(code) => ExitCode::from(code),
+        // The reader of stdout went away (`| head`): it took what it wanted.
+        Err(e) if e.downcast_ref::<output::Closed>().is_some() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("baton: {e:#}");
+            note!("baton: {}", error_chain(&e));
             ExitCode::from(exit_for(&e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `--help` explains every flag and positional of every command.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (no about)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "baton", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+}
+
+/// An error and its causes on one line, `: `-separated, leaving out a
+/// cause whose text the line already holds (a store error carries its
+/// driver's error as its source and repeats its words).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod error_chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug)]
+    struct Driver;
+    impl std::fmt::Display for Driver {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connection refused")
+        }
+    }
+    impl std::error::Error for Driver {}
+
+    #[derive(Debug)]
+    struct Wrapped(Driver);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "store unavailable: {}", self.0)
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_line_is_not_repeated() {
+        let e = anyhow::Error::from(Wrapped(Driver)).context("migrate");
+        assert_eq!(
+            error_chain(&e),
+            "migrate: store unavailable: connection refused"
+        );
     }
 }

@@ -1,18 +1,19 @@
 //! `baton enqueue`, `baton work` and `baton tasks …`.
 
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton::queue::{Queue, TaskBuilder, Worker, WorkerConfig};
+use baton::queue::{Queue, TaskBuilder, Worker};
 use baton::store::{CancelOutcome, TaskFilter, TaskInfo, TaskState};
 use baton::Error;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use crate::child::Signals;
-use crate::{command_task, connect, duration_arg, StoreArg};
+use crate::output::{self, Align, Table};
+use crate::runtime::{handle_commands, shutdown_on_signals, worker_config};
+use crate::{
+    command_task, connect, duration_arg, note, outln, rfc3339_arg, StoreArg, EXIT_NOT_FOUND,
+};
 
 /// Arguments of `baton enqueue`.
 #[derive(clap::Args, Debug)]
@@ -51,12 +52,6 @@ pub struct EnqueueArgs {
     pub command: Vec<String>,
 }
 
-pub fn rfc3339_arg(s: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
-}
-
 /// `baton enqueue`.
 pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     let mut t = TaskBuilder::new(command_task::KIND, command_task::payload(&a.command))
@@ -80,12 +75,19 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     let store = connect(&a.store).await.context("connecting to the store")?;
     let e = Queue::new(store).enqueue(t).await?;
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"id": e.id, "inserted": e.inserted})
         );
     } else {
-        println!("{}", e.id);
+        outln!("{}", e.id);
+    }
+    if !e.inserted {
+        note!(
+            "baton: key {:?} is taken by task {}; nothing was inserted",
+            a.key.as_deref().unwrap_or_default(),
+            e.id
+        );
     }
     Ok(0)
 }
@@ -98,8 +100,8 @@ pub struct WorkArgs {
     /// Queues to work on (repeatable).
     #[arg(long = "queue", default_value = baton::queue::DEFAULT_QUEUE)]
     pub queues: Vec<String>,
-    /// Commands run at once, per queue.
-    #[arg(long, default_value_t = 2)]
+    /// Commands run at once, per queue (1 to 10000).
+    #[arg(long, default_value_t = 2, value_parser = concurrency_arg)]
     pub concurrency: usize,
     /// Cluster-wide cap per queue: at most N of its tasks run at once
     /// across every `baton work`/`serve` that passes it (default: no cap).
@@ -128,74 +130,13 @@ pub struct WorkArgs {
     pub listen: Option<String>,
 }
 
-/// The worker config for command tasks.
-pub fn worker_config(
-    queues: &[(String, usize)],
-    lease: Duration,
-    poll: Duration,
-    shutdown_grace: Duration,
-    grace: Duration,
-) -> WorkerConfig {
-    let mut cfg = WorkerConfig::default().lease(lease);
-    cfg.queues = queues.to_vec();
-    cfg.poll_interval = poll;
-    cfg.shutdown_grace = shutdown_grace;
-    cfg.stop_grace = grace + Duration::from_secs(1);
-    cfg
-}
-
-/// Register the command handler on a worker.
-pub fn handle_commands(w: &mut Worker, grace: Duration) {
-    w.handle(command_task::KIND, move |ctx| command_task::run(ctx, grace));
-}
-
-/// A shutdown driven by signals (see [`shutdown_on_signals`]).
-pub struct SignalShutdown {
-    /// Cancelled on the second signal: stop handlers now and hand their
-    /// tasks back (`Worker::run_with`'s urgent token).
-    pub urgent: CancellationToken,
-    first: Arc<AtomicI32>,
-}
-
-impl SignalShutdown {
-    /// 128 + the first signal received (143 for SIGTERM, 130 for SIGINT),
-    /// when a signal started the shutdown.
-    pub fn exit_code(&self) -> Option<u8> {
-        match self.first.load(Ordering::SeqCst) {
-            0 => None,
-            sig => Some((128 + sig).clamp(0, 255) as u8),
-        }
+fn concurrency_arg(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_CONCURRENCY).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a concurrency; use a whole number from 1 to {MAX_CONCURRENCY}"
+        )),
     }
-}
-
-/// Cancel `graceful` on the first SIGINT/SIGTERM/SIGHUP (finish running
-/// tasks within the shutdown grace), and the returned urgent token on the
-/// second (stop them now and hand their tasks back). The process never
-/// exits from here: tasks are always handed back or left to rescue by the
-/// worker, within its bounds.
-pub fn shutdown_on_signals(graceful: CancellationToken) -> anyhow::Result<SignalShutdown> {
-    let mut signals = Signals::new()?;
-    let out = SignalShutdown {
-        urgent: CancellationToken::new(),
-        first: Arc::new(AtomicI32::new(0)),
-    };
-    let (urgent, first) = (out.urgent.clone(), out.first.clone());
-    tokio::spawn(async move {
-        let sig = signals.recv().await;
-        first.store(sig, Ordering::SeqCst);
-        eprintln!(
-            "baton: signal {sig}: shutting down (again to stop tasks now and hand them back)"
-        );
-        graceful.cancel();
-        let sig = signals.recv().await;
-        eprintln!("baton: signal {sig}: stopping tasks now and handing them back");
-        urgent.cancel();
-        loop {
-            let sig = signals.recv().await;
-            eprintln!("baton: signal {sig}: already stopping");
-        }
-    });
-    Ok(out)
 }
 
 /// `baton work`.
@@ -207,7 +148,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         .collect();
     let store = connect(&a.store).await.context("connecting to the store")?;
     for w in store.backend().warnings().await.unwrap_or_default() {
-        eprintln!("baton: warning: {w}");
+        note!("baton: warning: {w}");
     }
     let config = match &a.config {
         Some(path) => Some(
@@ -237,18 +178,24 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     {
         w.handle(
             j.name.clone(),
-            crate::serve::durable_handler(j.clone(), a.grace),
+            crate::runtime::durable_handler(j.clone(), a.grace),
         );
     }
     if let Some(addr) = &a.listen {
-        crate::serve::spawn_admin(addr, &store, vec![w.counters()]).await?;
+        crate::runtime::spawn_admin(addr, &store, vec![w.counters()]).await?;
     }
     let token = CancellationToken::new();
     let signals = shutdown_on_signals(token.clone())?;
-    eprintln!("baton: worker {} on {:?}", w.id(), a.queues);
+    note!("baton: worker {} on {:?}", w.id(), a.queues);
     w.run_with(token, signals.urgent.clone()).await?;
     Ok(signals.exit_code().unwrap_or(0))
 }
+
+/// The most tasks one `tasks list` page may hold.
+pub const MAX_LIMIT: u32 = 10_000;
+/// The most commands `work` runs at once per queue (as the config's
+/// `concurrency`).
+pub const MAX_CONCURRENCY: usize = 10_000;
 
 /// `baton tasks …`.
 #[derive(clap::Subcommand, Debug)]
@@ -257,18 +204,23 @@ pub enum TasksCmd {
     List {
         #[command(flatten)]
         store: StoreArg,
+        /// Only tasks of this queue.
         #[arg(long)]
         queue: Option<String>,
-        /// pending, running, succeeded, failed or cancelled.
+        /// Only tasks in this state: pending, running, succeeded, failed or
+        /// cancelled.
         #[arg(long, value_parser = state_arg)]
         state: Option<TaskState>,
+        /// Only the runs of this scheduled job.
         #[arg(long)]
         job: Option<String>,
         /// Only tasks with ids below this (the previous page's last id).
-        #[arg(long)]
+        #[arg(long, value_name = "ID")]
         before: Option<i64>,
-        #[arg(long, default_value_t = 50)]
+        /// At most this many tasks (1 to 10000).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=MAX_LIMIT as i64))]
         limit: u32,
+        /// Print a JSON array instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -276,7 +228,9 @@ pub enum TasksCmd {
     Show {
         #[command(flatten)]
         store: StoreArg,
+        /// The task id (as `enqueue` and `tasks list` print it).
         id: i64,
+        /// Print a JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -284,18 +238,21 @@ pub enum TasksCmd {
     Retry {
         #[command(flatten)]
         store: StoreArg,
+        /// The task id.
         id: i64,
     },
     /// Cancel a task (a running one stops at its next heartbeat).
     Cancel {
         #[command(flatten)]
         store: StoreArg,
+        /// The task id.
         id: i64,
     },
     /// Counts per queue and state.
     Stats {
         #[command(flatten)]
         store: StoreArg,
+        /// Print a JSON array (one object per queue, as the admin `/stats`).
         #[arg(long)]
         json: bool,
     },
@@ -303,6 +260,7 @@ pub enum TasksCmd {
     Prune {
         #[command(flatten)]
         store: StoreArg,
+        /// Delete tasks that finished more than this long ago (e.g. 7d, 12h).
         #[arg(long, default_value = "7d", value_parser = duration_arg)]
         older_than: Duration,
     },
@@ -313,56 +271,81 @@ fn state_arg(s: &str) -> Result<TaskState, String> {
         .map_err(|_| format!("{s:?}: use pending, running, succeeded, failed or cancelled"))
 }
 
-fn print_task_line(t: &TaskInfo) {
-    let what = match t.payload.get("argv") {
-        Some(argv) => argv.to_string(),
-        None => t.kind.clone(),
+/// The timestamp fields of a task's JSON.
+const TASK_TIMES: &[&str] = &[
+    "created_at",
+    "run_at",
+    "started_at",
+    "finished_at",
+    "lease_until",
+    "slot",
+    "at",
+];
+
+/// A task (or tasks) as JSON, with every timestamp in [`output::ts`]'s form.
+fn task_json(v: &impl serde::Serialize) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(v)?;
+    let fix = |t: &mut serde_json::Value| {
+        output::normalize_times(t, TASK_TIMES);
+        if let Some(errors) = t.get_mut("errors") {
+            output::normalize_times(errors, TASK_TIMES);
+        }
     };
-    println!(
-        "{:>8}  {:<10} {:<12} {:>3}/{:<3} {:<25} {}",
+    match &mut v {
+        serde_json::Value::Array(items) => items.iter_mut().for_each(fix),
+        other => fix(other),
+    }
+    Ok(v)
+}
+
+fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
+    outln!(
+        "task {} ({}) on queue {:?}, kind {:?}",
         t.id,
         t.state,
         t.queue,
-        t.attempt,
-        t.max_attempts,
-        t.run_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        what
+        t.kind
     );
-}
-
-fn show_task(t: &TaskInfo) {
-    let ts = |d: Option<DateTime<Utc>>| d.map(|d| d.to_rfc3339()).unwrap_or_else(|| "-".into());
-    println!(
-        "task {} ({}) on queue {:?}, kind {:?}",
-        t.id, t.state, t.queue, t.kind
-    );
-    println!("  payload:    {}", t.payload);
-    println!("  attempt:    {} of {}", t.attempt, t.max_attempts);
-    println!("  priority:   {}", t.priority);
-    println!("  created:    {}", t.created_at.to_rfc3339());
-    println!("  run at:     {}", t.run_at.to_rfc3339());
-    println!("  started:    {}", ts(t.started_at));
-    println!("  finished:   {}", ts(t.finished_at));
-    println!("  lease until: {}", ts(t.lease_until));
+    let mut f = vec![
+        ("payload", t.payload.to_string()),
+        ("attempt", format!("{} of {}", t.attempt, t.max_attempts)),
+        ("priority", t.priority.to_string()),
+        ("created", output::ts(t.created_at)),
+        ("run at", output::ts(t.run_at)),
+        ("started", output::ts_or_dash(t.started_at)),
+        ("finished", output::ts_or_dash(t.finished_at)),
+        ("lease until", output::ts_or_dash(t.lease_until)),
+    ];
     if let Some(w) = &t.worker {
-        println!("  worker:     {w}");
+        f.push(("worker", w.clone()));
     }
     if let Some(k) = &t.unique_key {
-        println!("  key:        {k}");
+        f.push(("key", k.clone()));
     }
     if let (Some(j), Some(s)) = (&t.job, t.slot) {
-        println!("  job slot:   {j} @ {}", s.to_rfc3339());
+        f.push(("job slot", format!("{j} @ {}", output::ts(s))));
     }
     if let Some(p) = &t.progress {
-        println!("  progress:   {p}");
+        f.push(("progress", p.to_string()));
     }
+    output::fields(&f)?;
     for e in &t.errors {
-        println!(
+        outln!(
             "  attempt {} failed at {}: {}",
             e.attempt,
-            e.at.to_rfc3339(),
+            output::ts(e.at),
             e.error
         );
+    }
+    Ok(())
+}
+
+/// Refuse a filter name the store could never hold (too long, control
+/// characters), before connecting.
+fn check_filter(what: &str, name: &Option<String>) -> Result<(), Error> {
+    match name {
+        Some(n) => baton::lock::validate_name(what, n).map_err(Error::from),
+        None => Ok(()),
     }
 }
 
@@ -378,6 +361,8 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             limit,
             json,
         } => {
+            check_filter("--queue", &queue)?;
+            check_filter("--job", &job)?;
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             let list = q
                 .tasks(&TaskFilter {
@@ -389,53 +374,81 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 })
                 .await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                println!(
-                    "{:>8}  {:<10} {:<12} {:>7} {:<25} COMMAND/KIND",
-                    "ID", "STATE", "QUEUE", "ATTEMPT", "RUN_AT"
-                );
-                list.iter().for_each(print_task_line);
+                output::json(&task_json(&list)?)?;
+                return Ok(0);
             }
+            let mut t = Table::new(&[
+                ("ID", Align::Right),
+                ("STATE", Align::Left),
+                ("QUEUE", Align::Left),
+                ("ATTEMPT", Align::Right),
+                ("RUN_AT", Align::Left),
+                ("COMMAND/KIND", Align::Left),
+            ]);
+            for task in &list {
+                let what = match task.payload.get("argv") {
+                    Some(argv) => argv.to_string(),
+                    None => task.kind.clone(),
+                };
+                t.row(vec![
+                    task.id.to_string(),
+                    task.state.to_string(),
+                    task.queue.clone(),
+                    format!("{}/{}", task.attempt, task.max_attempts),
+                    output::ts(task.run_at),
+                    what,
+                ]);
+            }
+            t.print()?;
             Ok(0)
         }
         TasksCmd::Show { store, id, json } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             let Some(t) = q.task(id).await? else {
-                eprintln!("baton: no task {id}");
-                return Ok(1);
+                note!("baton: no task {id}");
+                return Ok(EXIT_NOT_FOUND);
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&t)?);
+                output::json(&task_json(&t)?)?;
             } else {
-                show_task(&t);
+                show_task(&t)?;
             }
             Ok(0)
         }
         TasksCmd::Retry { store, id } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             if q.retry(id).await? {
-                println!("task {id} is pending again");
-                Ok(0)
-            } else {
-                eprintln!("baton: task {id} is not failed or cancelled (or does not exist)");
-                Ok(1)
+                outln!("task {id} is pending again");
+                return Ok(0);
+            }
+            match q.task(id).await? {
+                None => {
+                    note!("baton: no task {id}");
+                    Ok(EXIT_NOT_FOUND)
+                }
+                Some(t) => {
+                    note!(
+                        "baton: task {id} is {}; only a failed or cancelled task can be retried",
+                        t.state
+                    );
+                    Ok(1)
+                }
             }
         }
         TasksCmd::Cancel { store, id } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             match q.cancel(id).await? {
-                CancelOutcome::Cancelled => println!("task {id} cancelled"),
+                CancelOutcome::Cancelled => outln!("task {id} cancelled"),
                 CancelOutcome::Requested => {
-                    println!("task {id} is running; its worker stops it at the next heartbeat")
+                    outln!("task {id} is running; its worker stops it at the next heartbeat")
                 }
                 CancelOutcome::AlreadyFinished(s) => {
-                    eprintln!("baton: task {id} already finished ({s})");
+                    note!("baton: task {id} already finished ({s})");
                     return Ok(1);
                 }
                 CancelOutcome::NotFound => {
-                    eprintln!("baton: no task {id}");
-                    return Ok(1);
+                    note!("baton: no task {id}");
+                    return Ok(EXIT_NOT_FOUND);
                 }
             }
             Ok(0)
@@ -444,33 +457,41 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             let stats = q.stats().await?;
             if json {
-                let obj: serde_json::Map<String, serde_json::Value> = stats
-                    .iter()
-                    .map(|s| (s.queue.clone(), serde_json::to_value(s).unwrap_or_default()))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&obj)?);
-            } else {
-                println!(
-                    "{:<16} {:>9} {:>9} {:>10} {:>9} {:>10} {:>12}",
-                    "QUEUE", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "OLDEST_DUE"
-                );
-                for s in stats {
-                    let age = s
-                        .oldest_pending_ms
-                        .map(|ms| baton::format_duration(Duration::from_millis(ms)))
-                        .unwrap_or_else(|| "-".into());
-                    println!(
-                        "{:<16} {:>9} {:>9} {:>10} {:>9} {:>10} {:>12}",
-                        s.queue, s.pending, s.running, s.succeeded, s.failed, s.cancelled, age
-                    );
-                }
+                // The same array as the admin endpoint's /stats.
+                output::json(&serde_json::to_value(&stats)?)?;
+                return Ok(0);
             }
+            let mut t = Table::new(&[
+                ("QUEUE", Align::Left),
+                ("PENDING", Align::Right),
+                ("RUNNING", Align::Right),
+                ("SUCCEEDED", Align::Right),
+                ("FAILED", Align::Right),
+                ("CANCELLED", Align::Right),
+                ("OLDEST_DUE", Align::Right),
+            ]);
+            for s in stats {
+                let age = s
+                    .oldest_pending_ms
+                    .map(|ms| baton::format_duration(Duration::from_millis(ms)))
+                    .unwrap_or_else(|| "-".into());
+                t.row(vec![
+                    s.queue,
+                    s.pending.to_string(),
+                    s.running.to_string(),
+                    s.succeeded.to_string(),
+                    s.failed.to_string(),
+                    s.cancelled.to_string(),
+                    age,
+                ]);
+            }
+            t.print()?;
             Ok(0)
         }
         TasksCmd::Prune { store, older_than } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             let n = q.prune(older_than).await?;
-            println!(
+            outln!(
                 "pruned {n} finished tasks older than {}",
                 baton::format_duration(older_than)
             );

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton::queue::{TaskContext, TaskError, Worker, WorkerCounters};
+use baton::queue::Worker;
 use baton::schedule::{self, Job, JobMode, Scheduler, SlotRun};
 use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Action, Config, JobConfig, Mode};
-use crate::http::{self, Reply};
-use crate::{command_task, queue_cmd};
+use crate::config::{Config, JobConfig, Mode};
+use crate::output::{self, Align, Table};
+use crate::runtime::{self, durable_handler, run_action, slot_text};
 
 /// Arguments of `baton serve`.
 #[derive(clap::Args, Debug)]
@@ -76,99 +76,15 @@ pub fn job_of(j: &JobConfig) -> Job {
     job
 }
 
-fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-}
-
-/// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
-/// rest; `stop` asks a command to end (SIGTERM, SIGKILL after `grace`).
-async fn run_action(
-    action: &Action,
-    env: Vec<(&'static str, String)>,
-    stop: impl std::future::Future<Output = ()>,
-    grace: Duration,
-    timeout: Option<Duration>,
-) -> Result<(), TaskError> {
-    match action {
-        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace).await,
-        Action::Http {
-            method,
-            url,
-            headers,
-            body,
-        } => {
-            let extra: Vec<(&str, String)> = env
-                .iter()
-                .map(|(k, v)| (header_name(k), v.clone()))
-                .collect();
-            let t = timeout.unwrap_or(Duration::from_secs(60));
-            tokio::select! {
-                r = http::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
-                _ = stop => Err(TaskError::retryable("stopped")),
-            }
-        }
-    }
-}
-
-fn header_name(env: &str) -> &'static str {
-    match env {
-        "BATON_JOB" => "Baton-Job",
-        "BATON_SLOT" => "Baton-Slot",
-        "BATON_TASK_ID" => "Baton-Task-Id",
-        "BATON_ATTEMPT" => "Baton-Attempt",
-        "BATON_FENCING_TOKEN" => "Baton-Fencing-Token",
-        "BATON_QUEUE" => "Baton-Queue",
-        _ => "Baton-Other",
-    }
-}
-
-/// The handler that runs a durable job's action for its tasks.
-pub fn durable_handler(
-    j: JobConfig,
-    grace: Duration,
-) -> impl Fn(
-    TaskContext,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TaskError>> + Send>>
-       + Send
-       + Sync
-       + 'static {
-    move |ctx: TaskContext| {
-        let j = j.clone();
-        Box::pin(async move {
-            let t = ctx.task();
-            if let Action::Command(argv) = &j.action {
-                return command_task::run_argv(ctx.clone(), argv.clone(), grace).await;
-            }
-            let mut env = vec![
-                ("BATON_JOB", j.name.clone()),
-                ("BATON_TASK_ID", t.id.to_string()),
-                ("BATON_ATTEMPT", t.attempt.to_string()),
-            ];
-            if let Some(s) = t.slot {
-                env.push(("BATON_SLOT", slot_text(s)));
-            }
-            let c2 = ctx.clone();
-            run_action(
-                &j.action,
-                env,
-                async move { c2.stopped().await },
-                grace,
-                j.timeout,
-            )
-            .await
-        })
-    }
-}
-
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let cfg = load(&a.config)?;
     let store = open(a.store.clone(), &cfg, a.prefix.clone()).await?;
     for w in store.backend().warnings().await.unwrap_or_default() {
-        eprintln!("baton: warning: {w}");
+        crate::note!("baton: warning: {w}");
     }
     let stop = CancellationToken::new();
-    let signals = queue_cmd::shutdown_on_signals(stop.clone())?;
+    let signals = runtime::shutdown_on_signals(stop.clone())?;
 
     let mut scheduler = Scheduler::new(store.clone());
     for j in &cfg.jobs {
@@ -210,7 +126,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let mut tasks = tokio::task::JoinSet::new();
     let mut counters = Vec::new();
     for q in &cfg.queues {
-        let mut cfg_w = queue_cmd::worker_config(
+        let mut cfg_w = runtime::worker_config(
             &[(q.name.clone(), q.concurrency as usize)],
             q.lease,
             Duration::from_secs(1),
@@ -221,7 +137,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
             cfg_w = cfg_w.max_running(q.name.clone(), m);
         }
         let mut w = Worker::new(store.clone(), cfg_w);
-        queue_cmd::handle_commands(&mut w, a.grace);
+        runtime::handle_commands(&mut w, a.grace);
         for j in cfg
             .jobs
             .iter()
@@ -238,9 +154,9 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         tasks.spawn(async move { scheduler.run(s).await.map_err(anyhow::Error::from) });
     }
     if let Some(addr) = &a.listen {
-        spawn_admin(addr, &store, counters).await?;
+        runtime::spawn_admin(addr, &store, counters).await?;
     }
-    eprintln!(
+    crate::note!(
         "baton: serving {} job(s) and {} queue(s) on {}",
         cfg.jobs.len(),
         cfg.queues.len(),
@@ -251,12 +167,12 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                eprintln!("baton: {e:#}");
+                crate::note!("baton: {e:#}");
                 code = 1;
                 stop.cancel();
             }
             Err(e) => {
-                eprintln!("baton: internal error: {e}");
+                crate::note!("baton: internal error: {e}");
                 code = 1;
                 stop.cancel();
             }
@@ -269,59 +185,6 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-/// Serve the admin endpoints on `addr` in the background (for `serve` and
-/// `work`); logs the bound address.
-pub async fn spawn_admin(
-    addr: &str,
-    store: &Store,
-    workers: Vec<WorkerCounters>,
-) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--listen {addr}"))?;
-    eprintln!("baton: admin on http://{}", listener.local_addr()?);
-    let store = store.clone();
-    let workers = std::sync::Arc::new(workers);
-    tokio::spawn(http::serve(listener, move |path| {
-        let (store, workers) = (store.clone(), workers.clone());
-        async move { admin(&store, &workers, &path).await }
-    }));
-    Ok(())
-}
-
-async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
-    let result = match path {
-        "/health" => Ok(serde_json::json!({"status": "ok"})),
-        "/jobs" => schedule::job_statuses(store)
-            .await
-            .map(|j| serde_json::to_value(j).unwrap_or_default()),
-        "/stats" => baton::queue::Queue::new(store.clone())
-            .stats()
-            .await
-            .map(|s| serde_json::to_value(s).unwrap_or_default()),
-        "/metrics" => {
-            return match crate::metrics::render(store, workers).await {
-                Ok(body) => Reply {
-                    status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body,
-                },
-                Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
-            };
-        }
-        _ => {
-            return Reply::json(
-                404,
-                "{\"error\":\"not found; try /health, /jobs, /stats, /metrics\"}".into(),
-            )
-        }
-    };
-    match result {
-        Ok(v) => Reply::json(200, v.to_string()),
-        Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
-    }
-}
-
 /// Arguments of `baton trigger`.
 #[derive(clap::Args, Debug)]
 pub struct TriggerArgs {
@@ -331,7 +194,7 @@ pub struct TriggerArgs {
     pub store: crate::StoreArg,
     /// The slot this run stands for (RFC 3339); the same slot always gives
     /// the same run. Default: the job's latest due slot (needs --config).
-    #[arg(long, value_parser = crate::queue_cmd::rfc3339_arg)]
+    #[arg(long, value_parser = crate::rfc3339_arg)]
     pub slot: Option<chrono::DateTime<chrono::Utc>>,
     /// The config file defining the job (its queue and schedule).
     #[arg(long, env = "BATON_CONFIG")]
@@ -416,17 +279,17 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
     };
     let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
     if a.json {
-        println!(
+        crate::outln!(
             "{}",
-            serde_json::json!({"id": e.id, "inserted": e.inserted, "job": a.job, "slot": slot_text(slot)})
+            serde_json::json!({"id": e.id, "inserted": e.inserted, "job": a.job, "slot": output::ts(slot)})
         );
     } else {
-        println!("{}", e.id);
+        crate::outln!("{}", e.id);
         if !e.inserted {
-            eprintln!(
+            crate::note!(
                 "baton: {} @ {} was already triggered or scheduled: task {}",
                 a.job,
-                slot_text(slot),
+                output::ts(slot),
                 e.id
             );
         }
@@ -453,9 +316,15 @@ pub struct JobsArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum JobsCmd {
     /// Stop enqueueing a job's slots, cluster-wide.
-    Pause { job: String },
+    Pause {
+        /// The job's name (as in the config file and `baton jobs`).
+        job: String,
+    },
     /// Resume a paused job (missed slots follow its misfire policy).
-    Resume { job: String },
+    Resume {
+        /// The job's name.
+        job: String,
+    },
 }
 
 /// `baton jobs`.
@@ -464,6 +333,9 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         Some(p) => Some(load(p)?),
         None => None,
     };
+    if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
+        baton::lock::validate_name("JOB", job).map_err(Error::from)?;
+    }
     let store = crate::connect(&a.store)
         .await
         .context("connecting to the store")?;
@@ -473,11 +345,13 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             JobsCmd::Resume { job } => (job, false),
         };
         if schedule::set_paused(&store, &job, paused).await? {
-            println!("job {job} {}", if paused { "paused" } else { "resumed" });
+            crate::outln!("job {job} {}", if paused { "paused" } else { "resumed" });
             return Ok(0);
         }
-        eprintln!("baton: no job {job:?} in this store (it appears once a scheduler has run it)");
-        return Ok(1);
+        crate::note!(
+            "baton: no job {job:?} in this store (it appears once a scheduler has run it)"
+        );
+        return Ok(crate::EXIT_NOT_FOUND);
     }
     let now = store.now().await.map_err(Error::from)?;
     let mut statuses = schedule::job_statuses(&store).await?;
@@ -506,8 +380,8 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 Some(match &j.schedule {
                     baton::schedule::spec::Schedule::Cron { tz, .. } => t
                         .with_timezone(tz)
-                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-                    _ => slot_text(t),
+                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    _ => output::ts(t),
                 })
             })
     };
@@ -518,22 +392,25 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 serde_json::json!({
                     "name": s.state.name,
                     "paused": s.state.paused,
-                    "last_slot": s.state.last_slot.map(slot_text),
+                    "last_slot": s.state.last_slot.map(output::ts),
                     "next_fire": next_of(&s.state.name),
                     "last_run": s.last_run.as_ref().map(|t| serde_json::json!({
-                        "task": t.id, "slot": t.slot.map(slot_text), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
-                        "started_at": t.started_at.map(slot_text), "finished_at": t.finished_at.map(slot_text),
+                        "task": t.id, "slot": t.slot.map(output::ts), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
+                        "started_at": t.started_at.map(output::ts), "finished_at": t.finished_at.map(output::ts),
                     })),
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        output::json(&serde_json::Value::Array(rows))?;
         return Ok(0);
     }
-    println!(
-        "{:<24} {:<7} {:<26} {:<26} LAST RUN",
-        "JOB", "PAUSED", "LAST SLOT", "NEXT FIRE"
-    );
+    let mut table = Table::new(&[
+        ("JOB", Align::Left),
+        ("PAUSED", Align::Left),
+        ("LAST SLOT", Align::Left),
+        ("NEXT FIRE", Align::Left),
+        ("LAST RUN", Align::Left),
+    ]);
     for s in statuses {
         let last = s
             .last_run
@@ -548,27 +425,27 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 format!(
                     "task {} {} {} (attempt {}){why}",
                     t.id,
-                    t.slot.map(slot_text).unwrap_or_else(|| "-".into()),
+                    output::ts_or_dash(t.slot),
                     t.state,
                     t.attempt
                 )
             })
             .unwrap_or_else(|| "-".into());
-        println!(
-            "{:<24} {:<7} {:<26} {:<26} {}",
-            s.state.name,
-            s.state.paused,
-            s.state
-                .last_slot
-                .map(slot_text)
-                .unwrap_or_else(|| "-".into()),
-            next_of(&s.state.name).unwrap_or_else(|| if cfg.is_some() {
+        let next = next_of(&s.state.name).unwrap_or_else(|| {
+            if cfg.is_some() {
                 "-".into()
             } else {
                 "(give --config)".into()
-            }),
-            last
-        );
+            }
+        });
+        table.row(vec![
+            s.state.name,
+            s.state.paused.to_string(),
+            output::ts_or_dash(s.state.last_slot),
+            next,
+            last,
+        ]);
     }
+    table.print()?;
     Ok(0)
 }

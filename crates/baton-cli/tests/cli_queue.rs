@@ -28,10 +28,18 @@ fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
     stdout(&out).trim().parse().expect("enqueue prints the id")
 }
 
+/// `tasks stats --json` (an array, as `/stats`) keyed by queue.
 fn stats(e: &Env) -> serde_json::Value {
     let out = e.run(&["tasks", "stats", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    serde_json::from_str(&stdout(&out)).unwrap()
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let by_queue: serde_json::Map<String, serde_json::Value> = v
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|q| (q["queue"].as_str().unwrap().to_string(), q.clone()))
+        .collect();
+    serde_json::Value::Object(by_queue)
 }
 
 fn show(e: &Env, id: i64) -> serde_json::Value {

@@ -21,10 +21,22 @@ pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.
 /// skipped, or fails when `BATON_REQUIRE_BACKENDS=1` (as in CI).
 pub fn have(what: &str, present: bool) -> bool {
     if !present {
-        assert!(!harness::required(), "{what} is not installed");
-        eprintln!("SKIPPED: {what} is not installed");
+        assert!(
+            !harness::required(),
+            "{what} is not installed (BATON_REQUIRE_BACKENDS=1)"
+        );
+        skipped(&format!(
+            "{what} is not installed; set BATON_REQUIRE_BACKENDS=1 to fail instead"
+        ));
     }
     present
+}
+
+/// Print `SKIPPED: why` where it is seen: straight to the process's stderr,
+/// past the test harness's capture (which hides `eprintln!` of passing tests).
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {why}");
 }
 
 /// An isolated store plus a scratch directory for ledgers.

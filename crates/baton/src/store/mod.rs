@@ -334,8 +334,14 @@ fn validate_prefix(p: &str) -> Result<(), StoreError> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-')
     {
+        // A long prefix is not echoed whole (it may be 100 KB of junk).
+        let shown = if p.len() > 40 {
+            format!("of {} bytes", p.len())
+        } else {
+            format!("{p:?}")
+        };
         return Err(StoreError::Config(format!(
-            "prefix {p:?}: use at most 32 ASCII letters, digits, '_', ':' or '-'"
+            "prefix {shown}: use at most 32 ASCII letters, digits, '_', ':' or '-'"
         )));
     }
     Ok(())

@@ -1,0 +1,75 @@
+//! `[[queue]]` tables: names, concurrency, lease and the cluster-wide cap.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{
+    check_name, owner_of, positive_duration, ranged, ConfigError, DEFAULT_LEASE, MAX_CONCURRENCY,
+};
+
+/// One `[[queue]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Queue name.
+    pub name: String,
+    /// Tasks this instance runs at once from this queue (≥ 1).
+    pub concurrency: u32,
+    /// Lease per claim, renewed by heartbeats.
+    pub lease: Duration,
+    /// At most this many of the queue's tasks run at once across every
+    /// instance (`None`: no cluster-wide cap).
+    pub max_running: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQueue {
+    name: String,
+    concurrency: Option<i64>,
+    lease: Option<String>,
+    max_running: Option<i64>,
+}
+
+/// Validate the `[[queue]]` tables, in file order.
+pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, ConfigError> {
+    let mut queues = Vec::with_capacity(raw.len() + 1);
+    let mut seen = HashSet::new();
+    for (i, q) in raw.into_iter().enumerate() {
+        let owner = owner_of("queue", i, &q.name);
+        check_name(&owner, &q.name)?;
+        if !seen.insert(q.name.clone()) {
+            return Err(ConfigError::invalid(
+                &owner,
+                Some("name"),
+                "is declared twice; queue names must be unique",
+            ));
+        }
+        let concurrency = ranged(
+            &owner,
+            "concurrency",
+            q.concurrency.unwrap_or(1),
+            1,
+            MAX_CONCURRENCY,
+        )? as u32;
+        let lease = match &q.lease {
+            Some(s) => {
+                positive_duration("lease", s).map_err(|e| ConfigError::from_input(&owner, e))?
+            }
+            None => DEFAULT_LEASE,
+        };
+        let max_running = q
+            .max_running
+            .map(|m| ranged(&owner, "max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32))
+            .transpose()?;
+        queues.push(QueueConfig {
+            name: q.name,
+            concurrency,
+            lease,
+            max_running,
+        });
+    }
+
+    Ok(queues)
+}

@@ -1,0 +1,227 @@
+//! What `baton serve` and `baton work` share: the worker config and
+//! handlers for command tasks and durable jobs, the signal-driven shutdown,
+//! and the admin HTTP server. Command modules import this; it imports no
+//! command module.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton::queue::{TaskContext, TaskError, Worker, WorkerConfig, WorkerCounters};
+use baton::schedule;
+use baton::Store;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::Signals;
+use crate::command_task;
+use crate::config::{Action, JobConfig};
+use crate::http::{self, Reply};
+
+/// The worker config for command tasks.
+pub fn worker_config(
+    queues: &[(String, usize)],
+    lease: Duration,
+    poll: Duration,
+    shutdown_grace: Duration,
+    grace: Duration,
+) -> WorkerConfig {
+    let mut cfg = WorkerConfig::default().lease(lease);
+    cfg.queues = queues.to_vec();
+    cfg.poll_interval = poll;
+    cfg.shutdown_grace = shutdown_grace;
+    cfg.stop_grace = grace + Duration::from_secs(1);
+    cfg
+}
+
+/// Register the command handler on a worker.
+pub fn handle_commands(w: &mut Worker, grace: Duration) {
+    w.handle(command_task::KIND, move |ctx| command_task::run(ctx, grace));
+}
+
+/// A shutdown driven by signals (see [`shutdown_on_signals`]).
+pub struct SignalShutdown {
+    /// Cancelled on the second signal: stop handlers now and hand their
+    /// tasks back (`Worker::run_with`'s urgent token).
+    pub urgent: CancellationToken,
+    first: Arc<AtomicI32>,
+}
+
+impl SignalShutdown {
+    /// 128 + the first signal received (143 for SIGTERM, 130 for SIGINT),
+    /// when a signal started the shutdown.
+    pub fn exit_code(&self) -> Option<u8> {
+        match self.first.load(Ordering::SeqCst) {
+            0 => None,
+            sig => Some((128 + sig).clamp(0, 255) as u8),
+        }
+    }
+}
+
+/// Cancel `graceful` on the first SIGINT/SIGTERM/SIGHUP (finish running
+/// tasks within the shutdown grace), and the returned urgent token on the
+/// second (stop them now and hand their tasks back). The process never
+/// exits from here: tasks are always handed back or left to rescue by the
+/// worker, within its bounds.
+pub fn shutdown_on_signals(graceful: CancellationToken) -> anyhow::Result<SignalShutdown> {
+    let mut signals = Signals::new()?;
+    let out = SignalShutdown {
+        urgent: CancellationToken::new(),
+        first: Arc::new(AtomicI32::new(0)),
+    };
+    let (urgent, first) = (out.urgent.clone(), out.first.clone());
+    tokio::spawn(async move {
+        let sig = signals.recv().await;
+        first.store(sig, Ordering::SeqCst);
+        crate::note!(
+            "baton: signal {sig}: shutting down (again to stop tasks now and hand them back)"
+        );
+        graceful.cancel();
+        let sig = signals.recv().await;
+        crate::note!("baton: signal {sig}: stopping tasks now and handing them back");
+        urgent.cancel();
+        loop {
+            let sig = signals.recv().await;
+            crate::note!("baton: signal {sig}: already stopping");
+        }
+    });
+    Ok(out)
+}
+
+/// A slot or time as the jobs' environment and output show it.
+pub fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
+/// rest; `stop` asks a command to end (SIGTERM, SIGKILL after `grace`).
+pub async fn run_action(
+    action: &Action,
+    env: Vec<(&'static str, String)>,
+    stop: impl std::future::Future<Output = ()>,
+    grace: Duration,
+    timeout: Option<Duration>,
+) -> Result<(), TaskError> {
+    match action {
+        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace).await,
+        Action::Http {
+            method,
+            url,
+            headers,
+            body,
+        } => {
+            let extra: Vec<(&str, String)> = env
+                .iter()
+                .map(|(k, v)| (header_name(k), v.clone()))
+                .collect();
+            let t = timeout.unwrap_or(Duration::from_secs(60));
+            tokio::select! {
+                r = http::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
+                _ = stop => Err(TaskError::retryable("stopped")),
+            }
+        }
+    }
+}
+
+fn header_name(env: &str) -> &'static str {
+    match env {
+        "BATON_JOB" => "Baton-Job",
+        "BATON_SLOT" => "Baton-Slot",
+        "BATON_TASK_ID" => "Baton-Task-Id",
+        "BATON_ATTEMPT" => "Baton-Attempt",
+        "BATON_FENCING_TOKEN" => "Baton-Fencing-Token",
+        "BATON_QUEUE" => "Baton-Queue",
+        _ => "Baton-Other",
+    }
+}
+
+/// The handler that runs a durable job's action for its tasks.
+pub fn durable_handler(
+    j: JobConfig,
+    grace: Duration,
+) -> impl Fn(
+    TaskContext,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TaskError>> + Send>>
+       + Send
+       + Sync
+       + 'static {
+    move |ctx: TaskContext| {
+        let j = j.clone();
+        Box::pin(async move {
+            let t = ctx.task();
+            if let Action::Command(argv) = &j.action {
+                return command_task::run_argv(ctx.clone(), argv.clone(), grace).await;
+            }
+            let mut env = vec![
+                ("BATON_JOB", j.name.clone()),
+                ("BATON_TASK_ID", t.id.to_string()),
+                ("BATON_ATTEMPT", t.attempt.to_string()),
+            ];
+            if let Some(s) = t.slot {
+                env.push(("BATON_SLOT", slot_text(s)));
+            }
+            let c2 = ctx.clone();
+            run_action(
+                &j.action,
+                env,
+                async move { c2.stopped().await },
+                grace,
+                j.timeout,
+            )
+            .await
+        })
+    }
+}
+
+/// Serve the admin endpoints on `addr` in the background (for `serve` and
+/// `work`); logs the bound address.
+pub async fn spawn_admin(
+    addr: &str,
+    store: &Store,
+    workers: Vec<WorkerCounters>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--listen {addr}"))?;
+    crate::note!("baton: admin on http://{}", listener.local_addr()?);
+    let store = store.clone();
+    let workers = std::sync::Arc::new(workers);
+    tokio::spawn(http::serve(listener, move |path| {
+        let (store, workers) = (store.clone(), workers.clone());
+        async move { admin(&store, &workers, &path).await }
+    }));
+    Ok(())
+}
+
+async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
+    let result = match path {
+        "/health" => Ok(serde_json::json!({"status": "ok"})),
+        "/jobs" => schedule::job_statuses(store)
+            .await
+            .map(|j| serde_json::to_value(j).unwrap_or_default()),
+        "/stats" => baton::queue::Queue::new(store.clone())
+            .stats()
+            .await
+            .map(|s| serde_json::to_value(s).unwrap_or_default()),
+        "/metrics" => {
+            return match crate::metrics::render(store, workers).await {
+                Ok(body) => Reply {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body,
+                },
+                Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
+            };
+        }
+        _ => {
+            return Reply::json(
+                404,
+                "{\"error\":\"not found; try /health, /jobs, /stats, /metrics\"}".into(),
+            )
+        }
+    };
+    match result {
+        Ok(v) => Reply::json(200, v.to_string()),
+        Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
+    }
+}
