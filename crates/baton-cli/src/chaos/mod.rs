@@ -256,7 +256,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     let skew = enabled.iter().any(|f| f == "skew");
     let skew_lib = skew && !sqlite && Path::new(LIBFAKETIME).exists();
     if skew && !sqlite && !skew_lib {
-        eprintln!(
+        crate::note!(
             "baton chaos: SKIPPED clock skew: {LIBFAKETIME} not found (apt-get install faketime)"
         );
     }
@@ -277,7 +277,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     } else {
         "postgres"
     };
-    println!(
+    crate::outln!(
         "baton chaos: {kind} store{}, prefix {prefix}, seed {}, {} of faults ({}), {} workers, {} schedulers{}; history in {}",
         if private.is_some() { " (private)" } else { "" },
         a.seed,
@@ -391,7 +391,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         match all_tasks(&q).await {
             Ok(t) if t.iter().all(|t| t.state.is_terminal()) => break t,
             Ok(t) if t0.elapsed() > a.drain => {
-                eprintln!(
+                crate::note!(
                     "baton chaos: the drain took longer than {}",
                     baton::format_duration(a.drain)
                 );
@@ -410,21 +410,21 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     }
     let hist = history::read(&dir)?;
     let report = check::check(&hist, &tasks);
-    print!("{}", report.table());
+    crate::outln!("{}", report.table().trim_end());
     if let Ok(mut p) = private_shared.lock() {
         if let Some(p) = p.as_mut() {
             p.stop();
         }
     }
     if report.total() > 0 {
-        println!(
+        crate::outln!(
             "VIOLATIONS FOUND (seed {}; history in {})",
             a.seed,
             dir.display()
         );
         Ok(1)
     } else {
-        println!("no violations (seed {})", a.seed);
+        crate::outln!("no violations (seed {})", a.seed);
         Ok(0)
     }
 }
@@ -660,8 +660,18 @@ async fn nemesis(
         }
     };
     nap(1500).await;
+    // Faults come in rounds: each round is every enabled kind once, in a
+    // seeded random order, so a short run still meets each kind.
+    let mut round: Vec<String> = Vec::new();
     while !stop.is_cancelled() {
-        let kind = enabled[rng.range(0, enabled.len() as u64) as usize].clone();
+        if round.is_empty() {
+            round = enabled.clone();
+            for i in (1..round.len()).rev() {
+                let j = rng.range(0, i as u64 + 1) as usize;
+                round.swap(i, j);
+            }
+        }
+        let Some(kind) = round.pop() else { return };
         let t = now_us();
         let mut target = String::new();
         match kind.as_str() {
