@@ -239,7 +239,9 @@ async fn delay_is_not_started_early(e: Env) {
 }
 
 async fn sigterm_hands_running_tasks_back(e: Env) {
-    let id = enqueue(&e, &["--max-attempts", "1"], &["sh", "-c", "touch started-$BATON_ATTEMPT; if [ -e resume-ok ]; then exit 0; fi; trap 'exit 1' TERM; while true; do sleep 0.05; done"]);
+    // `started-N` appears only after the resume check and the trap, so
+    // writing `resume-ok` once it exists cannot let attempt 1 succeed.
+    let id = enqueue(&e, &["--max-attempts", "1"], &["sh", "-c", "if [ -e resume-ok ]; then exit 0; fi; trap 'exit 1' TERM; touch started-$BATON_ATTEMPT; while true; do sleep 0.05; done"]);
     let mut w1 = worker(&e, &[]);
     wait_for(20, "the task to start", || e.path("started-1").exists());
     std::fs::write(e.path("resume-ok"), "").unwrap();
