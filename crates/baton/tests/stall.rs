@@ -127,7 +127,7 @@ async fn stalled_store_stops_the_handler_before_the_lease_lapses(kind: Kind) {
     };
     let (store_a, mut stall) = match kind {
         Kind::Sqlite => (ts.open().await, Stall::Sqlite(ts.url.clone(), None)),
-        Kind::Postgres | Kind::Redis => {
+        Kind::Postgres | Kind::Redis | Kind::Mysql => {
             let proxy = Proxy::start(&host_port(&ts.url));
             let opts = StoreOptions {
                 prefix: Some(ts.prefix.clone()),

@@ -9,7 +9,8 @@
 //! in `crates/baton/tests/` passes on it.
 //!
 //! [`Store::connect`] picks the backend from the URL scheme:
-//! `sqlite://PATH`, `postgres://…` / `postgresql://…`, `redis://…`.
+//! `sqlite://PATH`, `postgres://…` / `postgresql://…`, `mysql://…` /
+//! `mariadb://…`, `redis://…`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
 
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod sqlite;
@@ -869,9 +871,10 @@ impl Store {
             "sqlite" => sqlite::connect(url, &opts).await?,
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
             "redis" | "rediss" => redis::connect(url, &opts).await?,
+            "mysql" | "mariadb" => mysql::connect(url, &opts).await?,
             _ => {
                 return Err(StoreError::Config(format!(
-                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://… or redis://…",
+                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://…, mysql://… or redis://…",
                     redact(url)
                 )))
             }
