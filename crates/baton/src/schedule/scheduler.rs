@@ -469,6 +469,8 @@ async fn slot_loop(
     // The cursor was read from the store since the last error.
     let mut fresh = false;
     let mut recalibrate = false;
+    // The latest slot of this instance's last catch-up plan and its line.
+    let mut catch_up: Option<(DateTime<Utc>, Option<DateTime<Utc>>)> = None;
     // Lock mode runs slots from its start on (no catch-up, like ShedLock),
     // only the latest when it is late.
     let floor = lock.as_ref().map(|_| clock.now());
@@ -528,8 +530,17 @@ async fn slot_loop(
         // Tasks of one catch-up are not each other's previous run: the
         // window is fixed by the latest due slot, so every instance (whatever
         // cursor it read mid-catch-up) draws the same line.
+        // A re-plan after another instance moved the cursor mid-catch-up
+        // can leave one slot of that catch-up: it keeps the catch-up's line.
         let batch_after = match (due.slots.len() > 1, due.slots.last()) {
-            (true, Some(latest)) => catch_up_window_start(&job.schedule, *latest, job.max_catch_up),
+            (true, Some(latest)) => {
+                let line = catch_up_window_start(&job.schedule, *latest, job.max_catch_up);
+                catch_up = Some((*latest, line));
+                line
+            }
+            (false, Some(latest)) => catch_up
+                .filter(|(last, _)| latest <= last)
+                .and_then(|(_, line)| line),
             _ => None,
         };
         for (slot, skip) in steps {
