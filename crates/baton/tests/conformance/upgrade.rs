@@ -431,6 +431,10 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
     assert_eq!(recorded_version(&ts, p).await, 2);
+    // The durability check reads the server's settings (the test server
+    // flushes every commit and has no binary log).
+    let warnings = ts.store.backend().warnings().await.unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
     let pool = mysql_pool(&ts).await;
     sqlx::query(&format!(
         "UPDATE `{p}meta` SET value = '99' WHERE `key` = 'schema_version'"
