@@ -298,3 +298,13 @@ async fn postgres_dark_call_times_out_as_unavailable() {
 async fn redis_dark_call_times_out_as_unavailable() {
     dark_call_times_out_as_unavailable(Kind::Redis).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_stalled_store_stops_the_handler_before_the_lease_lapses() {
+    stalled_store_stops_the_handler_before_the_lease_lapses(Kind::Mysql).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_dark_call_times_out_as_unavailable() {
+    dark_call_times_out_as_unavailable(Kind::Mysql).await
+}
