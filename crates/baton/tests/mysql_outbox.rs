@@ -105,3 +105,62 @@ async fn keys_and_names_are_byte_exact() {
     let names: Vec<&str> = stats.iter().map(|s| s.queue.as_str()).collect();
     assert_eq!(names, ["Q", "q"]);
 }
+
+/// Many claimers on separate handles racing for a capped queue never
+/// overshoot the cap (the claimers take turns on the queue's row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_capped_claims_never_overshoot() {
+    let Some(ts) = harness::connect(harness::Kind::Mysql).await else {
+        return;
+    };
+    let tasks: Vec<NewTask> = (0..200).map(|_| task("capped", None)).collect();
+    ts.store.backend().enqueue(&tasks).await.unwrap();
+    for round in 0..5 {
+        let mut stores = Vec::new();
+        for _ in 0..8 {
+            let s = ts.open().await;
+            s.now().await.unwrap(); // a warm connection
+            stores.push(s);
+        }
+        let go = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+        let mut hs = Vec::new();
+        for (i, store) in stores.into_iter().enumerate() {
+            let go = go.clone();
+            hs.push(tokio::spawn(async move {
+                let worker = format!("w{round}-{i}");
+                go.wait().await;
+                store
+                    .backend()
+                    .claim(&ClaimRequest {
+                        queue: "capped",
+                        worker: &worker,
+                        limit: 10,
+                        lease: Duration::from_secs(30),
+                        max_running: Some(3 * (round + 1)),
+                    })
+                    .await
+                    .unwrap()
+                    .len()
+            }));
+        }
+        let mut total = 0;
+        for h in hs {
+            total += h.await.unwrap();
+        }
+        let running = ts
+            .store
+            .backend()
+            .stats()
+            .await
+            .unwrap()
+            .iter()
+            .find(|s| s.queue == "capped")
+            .map(|s| s.running)
+            .unwrap();
+        assert_eq!(
+            running,
+            3 * (round as u64 + 1),
+            "round {round}: claimed {total}"
+        );
+    }
+}
