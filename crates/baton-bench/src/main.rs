@@ -64,7 +64,7 @@ struct PrecisionArgs {
 
 #[derive(Args, Clone)]
 struct Common {
-    /// Store URL: sqlite://PATH, postgres://…, redis://…
+    /// Store URL: sqlite://PATH, postgres://…, mysql://…, redis://…
     #[arg(long)]
     store: String,
     /// Table / key prefix (default: `bench_<random>_`).

@@ -126,6 +126,11 @@ async fn redis_skewed_clients_agree() {
     skewed_clients_agree(Kind::Redis).await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_skewed_clients_agree() {
+    skewed_clients_agree(Kind::Mysql).await
+}
+
 /// Three `baton serve` instances, two of them with clocks 7 minutes off,
 /// run a 1-second job: every slot once, no gaps, and the slots are the
 /// store's (not 7 minutes early or late).
@@ -196,4 +201,9 @@ async fn postgres_skewed_schedulers_agree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_skewed_schedulers_agree() {
     skewed_schedulers_agree(Kind::Redis).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_skewed_schedulers_agree() {
+    skewed_schedulers_agree(Kind::Mysql).await
 }

@@ -87,6 +87,21 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::Protocol(_) => true,
             sqlx::Error::Database(db) => {
                 // SQLITE_BUSY / SQLITE_LOCKED, PG admin shutdown / cannot connect now.
+                // MySQL / MariaDB: lock wait timeout, deadlock victim,
+                // MariaDB max_statement_time, MySQL max_execution_time;
+                // too many connections, server shutting down, connection
+                // killed.
+                if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                    match my.number() {
+                        1205 | 1969 | 3024 => {
+                            return StoreError::Unavailable(format!(
+                                "timed out (the store's lock wait or statement limit): {e}"
+                            ))
+                        }
+                        1213 | 1040 | 1053 | 1927 => return StoreError::Unavailable(e.to_string()),
+                        _ => {}
+                    }
+                }
                 let code = db.code().map(|c| c.to_string()).unwrap_or_default();
                 // PG query_canceled (statement_timeout) and an idle
                 // transaction ended by idle_in_transaction_session_timeout.

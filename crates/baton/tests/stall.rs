@@ -127,7 +127,7 @@ async fn stalled_store_stops_the_handler_before_the_lease_lapses(kind: Kind) {
     };
     let (store_a, mut stall) = match kind {
         Kind::Sqlite => (ts.open().await, Stall::Sqlite(ts.url.clone(), None)),
-        Kind::Postgres | Kind::Redis => {
+        Kind::Postgres | Kind::Redis | Kind::Mysql => {
             let proxy = Proxy::start(&host_port(&ts.url));
             let opts = StoreOptions {
                 prefix: Some(ts.prefix.clone()),
@@ -297,4 +297,14 @@ async fn postgres_dark_call_times_out_as_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_dark_call_times_out_as_unavailable() {
     dark_call_times_out_as_unavailable(Kind::Redis).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_stalled_store_stops_the_handler_before_the_lease_lapses() {
+    stalled_store_stops_the_handler_before_the_lease_lapses(Kind::Mysql).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_dark_call_times_out_as_unavailable() {
+    dark_call_times_out_as_unavailable(Kind::Mysql).await
 }

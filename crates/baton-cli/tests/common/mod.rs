@@ -146,5 +146,6 @@ macro_rules! per_backend {
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { crate::$name(e).await } } )* }
         mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Postgres).await { crate::$name(e).await } } )* }
         mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Redis).await { crate::$name(e).await } } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Mysql).await { crate::$name(e).await } } )* }
     };
 }

@@ -532,6 +532,8 @@ async fn slot_loop(
         // Tasks of one catch-up are not each other's previous run: the
         // window is fixed by the latest due slot, so every instance (whatever
         // cursor it read mid-catch-up) draws the same line.
+        // A re-plan after another instance moved the cursor mid-catch-up
+        // can leave one slot of that catch-up: it keeps the catch-up's line.
         let batch_after = match (due.slots.len() > 1, due.slots.last()) {
             (true, Some(latest)) => {
                 let after = catch_up_window_start(&job.schedule, *latest, job.max_catch_up);

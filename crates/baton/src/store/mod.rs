@@ -9,7 +9,8 @@
 //! in `crates/baton/tests/` passes on it.
 //!
 //! [`Store::connect`] picks the backend from the URL scheme:
-//! `sqlite://PATH`, `postgres://…` / `postgresql://…`, `redis://…`.
+//! `sqlite://PATH`, `postgres://…` / `postgresql://…`, `mysql://…` /
+//! `mariadb://…`, `redis://…`.
 //!
 //! Here: the trait, [`Store`] and [`StoreOptions`]. The values crossing the
 //! seam ([`Task`], [`Claim`], [`TaskInfo`], [`NewTask`], …) are in
@@ -26,6 +27,7 @@ use crate::error::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub(crate) mod sql_row;
@@ -284,9 +286,10 @@ impl Store {
             "sqlite" => sqlite::connect(url, &opts).await?,
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
             "redis" | "rediss" => redis::connect(url, &opts).await?,
+            "mysql" | "mariadb" => mysql::connect(url, &opts).await?,
             _ => {
                 return Err(StoreError::Config(format!(
-                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://… or redis://…",
+                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://…, mysql://… or redis://…",
                     redact(url)
                 )))
             }

@@ -10,10 +10,11 @@ pub enum Kind {
     Sqlite,
     Postgres,
     Redis,
+    Mysql,
 }
 
-/// An isolated store for one test: its own SQLite file, Postgres table
-/// prefix or Redis key prefix. `open()` makes another independent handle
+/// An isolated store for one test: its own SQLite file, Postgres or MySQL
+/// table prefix or Redis key prefix. `open()` makes another independent handle
 /// (another "instance") on the same data.
 pub struct TestStore {
     pub kind: Kind,
@@ -56,6 +57,10 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+pub fn mysql_url() -> String {
+    std::env::var("BATON_TEST_MYSQL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
 pub fn redis_url() -> String {
     std::env::var("BATON_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
@@ -77,6 +82,7 @@ pub async fn connect(kind: Kind) -> Option<TestStore> {
         }
         Kind::Postgres => (postgres_url(), format!("{tag}_"), None),
         Kind::Redis => (redis_url(), format!("{tag}:"), None),
+        Kind::Mysql => (mysql_url(), format!("{tag}_"), None),
     };
     match Store::connect_with(&url, options(&prefix)).await {
         Ok(store) => Some(TestStore {

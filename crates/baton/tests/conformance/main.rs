@@ -2,15 +2,16 @@
 //!
 //! Each test is an `async fn(TestStore)` in one of the modules below; the
 //! `conformance!` macro instantiates it once per backend, as
-//! `sqlite::NAME`, `postgres::NAME` and `redis::NAME`. Run one backend with
+//! `sqlite::NAME`, `postgres::NAME`, `redis::NAME` and `mysql::NAME`. Run one backend with
 //! `cargo test -p baton --test conformance -- sqlite::`.
 //!
 //! A backend is done when this suite passes on it. Adding a backend is one
 //! file in `src/store/` and one line in `backends!` below.
 //!
 //! Backends find their servers through `BATON_TEST_POSTGRES` (default
-//! `postgres://postgres@127.0.0.1:5432/test`) and `BATON_TEST_REDIS`
-//! (default `redis://127.0.0.1:6379`). A server that does not answer makes
+//! `postgres://postgres@127.0.0.1:5432/test`), `BATON_TEST_REDIS`
+//! (default `redis://127.0.0.1:6379`) and `BATON_TEST_MYSQL` (default
+//! `mysql://root@127.0.0.1:3306/test`, MySQL 8+ or MariaDB 10.6+). A server that does not answer makes
 //! its tests print one `SKIPPED` line and pass, unless
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
@@ -37,6 +38,7 @@ macro_rules! backends {
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Sqlite, crate::$module::$name).await } )* }
         mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Postgres, crate::$module::$name).await } )* }
         mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Redis, crate::$module::$name).await } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Mysql, crate::$module::$name).await } )* }
     };
 }
 

@@ -204,7 +204,7 @@ INSERT INTO "{p}jobs" VALUES ('J', to_timestamp({SLOT_MS} / 1000.0), false);
             .unwrap();
             pool.close().await;
         }
-        Kind::Redis => unreachable!(),
+        Kind::Redis | Kind::Mysql => unreachable!(),
     }
 }
 
@@ -326,6 +326,17 @@ async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
             pool.close().await;
             v.parse().unwrap()
         }
+        Kind::Mysql => {
+            let pool = mysql_pool(ts).await;
+            let v: Vec<u8> = sqlx::query_scalar(&format!(
+                "SELECT value FROM `{p}meta` WHERE `key` = 'schema_version'"
+            ))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            String::from_utf8(v).unwrap().parse().unwrap()
+        }
         Kind::Redis => {
             let client = redis::Client::open(ts.url.as_str()).unwrap();
             let mut c = client.get_multiplexed_async_connection().await.unwrap();
@@ -374,6 +385,16 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
             .unwrap();
             pool.close().await;
         }
+        Kind::Mysql => {
+            let pool = mysql_pool(ts).await;
+            let r = sqlx::query(&format!("DELETE FROM `{}locks` WHERE name = ?", ts.prefix))
+                .bind(name)
+                .execute(&pool)
+                .await
+                .unwrap();
+            assert_eq!(r.rows_affected(), 1, "the lock row existed");
+            pool.close().await;
+        }
         Kind::Redis => {
             let mut c = redis_conn(ts).await;
             let n: i64 = redis::cmd("DEL")
@@ -395,7 +416,50 @@ pub async fn redis_conn(ts: &TestStore) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// A plain one-connection pool on the test's MySQL.
+async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&ts.url)
+        .await
+        .unwrap()
+}
+
+/// MySQL's first schema is version 2 (it never had a version 1): a fresh
+/// store records it, and a store recording a newer version than this
+/// build's is refused, untouched.
+async fn mysql_versions(ts: TestStore) {
+    let p = &ts.prefix;
+    assert_eq!(recorded_version(&ts, p).await, 2);
+    // The durability check reads the server's settings (the test server
+    // flushes every commit and has no binary log).
+    let warnings = ts.store.backend().warnings().await.unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let pool = mysql_pool(&ts).await;
+    sqlx::query(&format!(
+        "UPDATE `{p}meta` SET value = '99' WHERE `key` = 'schema_version'"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let opts = StoreOptions {
+        prefix: Some(p.clone()),
+        max_connections: 2,
+        ..StoreOptions::default()
+    };
+    let err = Store::connect_with(&ts.url, opts).await.unwrap_err();
+    assert!(
+        err.to_string().contains("newer than this build"),
+        "a newer schema must be refused: {err}"
+    );
+    assert_eq!(recorded_version(&ts, p).await, 99, "left untouched");
+    pool.close().await;
+}
+
 pub async fn v1_store_upgrades_in_place(ts: TestStore) {
+    if let Kind::Mysql = ts.kind {
+        return mysql_versions(ts).await;
+    }
     let p = match ts.kind {
         Kind::Redis => format!("{}v1:", ts.prefix),
         _ => format!("{}v1_", ts.prefix),

@@ -1,0 +1,275 @@
+//! The queue's maintenance and inspection on MySQL: rescue, cancel, retry,
+//! listing, stats.
+
+use std::str::FromStr;
+
+use sqlx::mysql::MySqlRow;
+use sqlx::Row;
+
+use super::tasks::{attempt_of, to_dur, APPEND_ERROR};
+use super::{json, marks, opt_text, text, MyBackend};
+use crate::error::StoreError;
+use crate::store::{
+    AttemptError, CancelOutcome, QueueStats, Rescued, TaskFilter, TaskInfo, TaskState, Wake,
+    LEASE_EXPIRED,
+};
+
+/// Columns read into a [`TaskInfo`].
+const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, max_attempts, \
+     timeout_ms, run_at, created_at, started_at, finished_at, lease_until, worker, unique_key, \
+     cancel_requested, last_error, errors, progress, job, slot";
+
+/// Expired leases rescued per transaction.
+const RESCUE_BATCH: usize = 1000;
+
+fn task_info(row: &MySqlRow) -> Result<TaskInfo, StoreError> {
+    let errors = text(row, "errors")?;
+    let errors: Vec<AttemptError> =
+        serde_json::from_str(&errors).map_err(|e| super::corrupt("task errors", e))?;
+    Ok(TaskInfo {
+        id: row.try_get("id")?,
+        queue: text(row, "queue")?,
+        kind: text(row, "kind")?,
+        payload: json(row, "payload")?.unwrap_or(serde_json::Value::Null),
+        state: TaskState::from_str(&text(row, "state")?)?,
+        priority: row.try_get("priority")?,
+        attempt: attempt_of(row, "attempt")?,
+        max_attempts: attempt_of(row, "max_attempts")?,
+        timeout: to_dur(row.try_get("timeout_ms")?)?,
+        run_at: row.try_get("run_at")?,
+        created_at: row.try_get("created_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+        lease_until: row.try_get("lease_until")?,
+        worker: opt_text(row, "worker")?,
+        unique_key: opt_text(row, "unique_key")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+        last_error: opt_text(row, "last_error")?,
+        errors,
+        progress: json(row, "progress")?,
+        job: opt_text(row, "job")?,
+        slot: row.try_get("slot")?,
+    })
+}
+
+impl MyBackend {
+    /// Rescue in batches: lock expired running rows (`SKIP LOCKED`: a row
+    /// locked right now is being finished or heartbeated, and the next pass
+    /// sees it), move them on as the state table says, count by outcome.
+    pub(super) async fn rescue_expired(&self) -> Result<Rescued, StoreError> {
+        let t = &self.names.tasks;
+        let mut total = Rescued::default();
+        let mut wakes: Vec<Wake> = Vec::new();
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let rows = sqlx::query(&format!(
+                "SELECT id, queue, cancel_requested, attempt, max_attempts FROM {t} \
+                 WHERE state = 'running' AND lease_until < UTC_TIMESTAMP(6) \
+                 ORDER BY lease_until LIMIT {RESCUE_BATCH} FOR UPDATE SKIP LOCKED"
+            ))
+            .fetch_all(&mut *tx)
+            .await?;
+            if rows.is_empty() {
+                tx.rollback().await?;
+                break;
+            }
+            let mut ids = Vec::with_capacity(rows.len());
+            for row in &rows {
+                ids.push(row.try_get::<i64, _>("id")?);
+                let cancel: bool = row.try_get("cancel_requested")?;
+                if cancel {
+                    total.cancelled += 1;
+                } else if attempt_of(row, "attempt")? >= attempt_of(row, "max_attempts")? {
+                    total.failed += 1;
+                } else {
+                    total.requeued += 1;
+                    let q = text(row, "queue")?;
+                    if !wakes.iter().any(|w| w.queue == q) {
+                        wakes.push(Wake::now(q));
+                    }
+                }
+            }
+            // `state` is assigned last: the other assignments read the row
+            // as it was (MySQL assigns left to right).
+            let sql = format!(
+                "UPDATE {t} SET \
+                     finished_at = CASE WHEN cancel_requested = 1 OR attempt >= max_attempts \
+                         THEN UTC_TIMESTAMP(6) END, \
+                     lease_until = NULL, last_error = ?, errors = {APPEND_ERROR}, \
+                     state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
+                                  WHEN attempt >= max_attempts THEN 'failed' \
+                                  ELSE 'pending' END \
+                 WHERE id IN ({})",
+                marks(ids.len())
+            );
+            let mut u = sqlx::query(&sql).bind(LEASE_EXPIRED).bind(LEASE_EXPIRED);
+            for id in &ids {
+                u = u.bind(id);
+            }
+            u.execute(&mut *tx).await?;
+            tx.commit().await?;
+            if rows.len() < RESCUE_BATCH {
+                break;
+            }
+        }
+        self.announce(wakes);
+        Ok(total)
+    }
+
+    pub(super) async fn cancel_task(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+        let t = &self.names.tasks;
+        let mut tx = self.pool.begin().await?;
+        let state: Option<Vec<u8>> =
+            sqlx::query_scalar(&format!("SELECT state FROM {t} WHERE id = ? FOR UPDATE"))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(state) = state else {
+            tx.rollback().await?;
+            return Ok(CancelOutcome::NotFound);
+        };
+        let state = String::from_utf8(state).map_err(|e| super::corrupt("state", e))?;
+        let outcome = match TaskState::from_str(&state)? {
+            TaskState::Pending => {
+                sqlx::query(&format!(
+                    "UPDATE {t} SET state = 'cancelled', finished_at = UTC_TIMESTAMP(6), \
+                     lease_until = NULL WHERE id = ?"
+                ))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                CancelOutcome::Cancelled
+            }
+            TaskState::Running => {
+                sqlx::query(&format!("UPDATE {t} SET cancel_requested = 1 WHERE id = ?"))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                CancelOutcome::Requested
+            }
+            s => CancelOutcome::AlreadyFinished(s),
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    pub(super) async fn retry_task(&self, id: i64) -> Result<bool, StoreError> {
+        let t = &self.names.tasks;
+        // `state` last: `max_attempts` reads `attempt`, which stays.
+        let r = sqlx::query(&format!(
+            "UPDATE {t} SET run_at = UTC_TIMESTAMP(6), finished_at = NULL, lease_until = NULL, \
+                 cancel_requested = 0, max_attempts = GREATEST(max_attempts, attempt + 1), \
+                 state = 'pending' \
+             WHERE id = ? AND state IN ('failed', 'cancelled')"
+        ))
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| match StoreError::from(e) {
+            StoreError::Conflict(_) => StoreError::Conflict(format!(
+                "task {id}: its unique key is taken by another unfinished task"
+            )),
+            other => other,
+        })?;
+        if r.rows_affected() != 1 {
+            return Ok(false);
+        }
+        let queue: Option<Vec<u8>> =
+            sqlx::query_scalar(&format!("SELECT queue FROM {t} WHERE id = ?"))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        if let Some(q) = queue.and_then(|q| String::from_utf8(q).ok()) {
+            self.announce(vec![Wake::now(q)]);
+        }
+        Ok(true)
+    }
+
+    /// A page of tasks, or (with `id`) the one task.
+    pub(super) async fn list_tasks(
+        &self,
+        filter: &TaskFilter,
+        id: Option<i64>,
+    ) -> Result<Vec<TaskInfo>, StoreError> {
+        let mut conds: Vec<&str> = Vec::new();
+        if id.is_some() {
+            conds.push("id = ?");
+        }
+        if filter.queue.is_some() {
+            conds.push("queue = ?");
+        }
+        if filter.state.is_some() {
+            conds.push("state = ?");
+        }
+        if filter.job.is_some() {
+            conds.push("job = ?");
+        }
+        if filter.before_id.is_some() {
+            conds.push("id < ?");
+        }
+        let wh = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        };
+        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        let sql = format!(
+            "SELECT {TASK_COLS} FROM {} {wh} ORDER BY id DESC LIMIT {limit}",
+            self.names.tasks
+        );
+        let mut q = sqlx::query(&sql);
+        if let Some(id) = id {
+            q = q.bind(id);
+        }
+        if let Some(v) = &filter.queue {
+            q = q.bind(v.as_str());
+        }
+        if let Some(v) = filter.state {
+            q = q.bind(v.as_str());
+        }
+        if let Some(v) = &filter.job {
+            q = q.bind(v.as_str());
+        }
+        if let Some(v) = filter.before_id {
+            q = q.bind(v);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        rows.iter().map(task_info).collect()
+    }
+
+    pub(super) async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT queue, \
+                 CAST(SUM(state = 'pending') AS SIGNED) AS pending, \
+                 CAST(SUM(state = 'running') AS SIGNED) AS running, \
+                 CAST(SUM(state = 'succeeded') AS SIGNED) AS succeeded, \
+                 CAST(SUM(state = 'failed') AS SIGNED) AS failed, \
+                 CAST(SUM(state = 'cancelled') AS SIGNED) AS cancelled, \
+                 CAST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' \
+                     AND run_at <= UTC_TIMESTAMP(6) THEN run_at END), UTC_TIMESTAMP(6)) DIV 1000 \
+                     AS SIGNED) AS oldest_ms \
+             FROM {} GROUP BY queue ORDER BY queue",
+            self.names.tasks
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let c = |name: &str| -> Result<u64, StoreError> {
+                    let v: i64 = row.try_get(name)?;
+                    Ok(u64::try_from(v).unwrap_or(0))
+                };
+                let oldest: Option<i64> = row.try_get("oldest_ms")?;
+                Ok(QueueStats {
+                    queue: text(row, "queue")?,
+                    pending: c("pending")?,
+                    running: c("running")?,
+                    succeeded: c("succeeded")?,
+                    failed: c("failed")?,
+                    cancelled: c("cancelled")?,
+                    oldest_pending_ms: oldest.map(|v| u64::try_from(v).unwrap_or(0)),
+                })
+            })
+            .collect()
+    }
+}

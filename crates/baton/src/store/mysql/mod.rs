@@ -1,0 +1,651 @@
+//! The MySQL / MariaDB backend (`mysql://…`, `mariadb://…`): MySQL 8.0+ or
+//! MariaDB 10.6+, InnoDB.
+//!
+//! MySQL has no `UPDATE … RETURNING` and no partial indexes, so where the
+//! PostgreSQL backend writes one statement this one runs one short
+//! transaction that locks the rows it decides on (`SELECT … FOR UPDATE`,
+//! `SKIP LOCKED` for claims and rescue), changes them, and reads them back.
+//! Every session runs at `READ COMMITTED` (no gap locks, so `SKIP LOCKED`
+//! claimers and inserters do not block each other, and every statement
+//! sees the latest commits), with `time_zone = '+00:00'`, and every "now"
+//! is `UTC_TIMESTAMP(6)` inside the statement (DESIGN.md C1), so the
+//! session time zone never matters. Times are `DATETIME(6)` in UTC.
+//!
+//! Tables (all prefixed by [`StoreOptions::prefix`], default `baton_`):
+//!
+//! - `<p>meta`: the schema version.
+//! - `<p>locks`: one row per lock name; never deleted, so tokens keep rising.
+//! - `<p>tasks`: the queue. The claim walks the index
+//!   `(queue, state, priority, run_at, id)`; a unique key is taken through a
+//!   stored generated column `live_key` (the key while it is taken, else
+//!   NULL) with a unique index, which stands in for PostgreSQL's partial
+//!   unique index.
+//! - `<p>jobs`: one cursor row per schedule job.
+//! - `<p>queues`: one row per capped queue, locked by claimers of that queue
+//!   so that they count its running tasks in turn (`max_running`).
+//!
+//! Names, queues, kinds, jobs and unique keys are `VARBINARY`: compared byte
+//! for byte, with no case folding and no trailing-space padding.
+//!
+//! MySQL has no LISTEN/NOTIFY: [`Backend::subscribe`] is an in-process
+//! broadcast shared by every handle on the same server, database and prefix
+//! in this process (as SQLite's). Workers in other processes find new work
+//! by polling (at most one claim per second per idle worker).
+//!
+//! Durability: grants, extensions, claims and finishes are reported after
+//! their `COMMIT` returns, so they are durable as far as the server makes a
+//! commit durable (`innodb_flush_log_at_trx_commit = 1`, and `sync_binlog
+//! = 1` where the binary log is on; [`Backend::warnings`] says when not).
+//! A release need not be durable, but MySQL has no per-transaction switch
+//! for it, so it commits like the rest.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{Connection, Executor, MySqlConnection, Row};
+use tokio::sync::broadcast;
+
+use super::{
+    ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, FencingToken,
+    Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
+    StoreOptions, Task, TaskFilter, TaskInfo, Wake,
+};
+use crate::error::StoreError;
+
+mod admin;
+mod jobs;
+mod locks;
+mod tasks;
+
+pub use tasks::enqueue_in;
+
+/// The version [`Names::schema_sql`] creates. MySQL's first schema is the
+/// current one of the other backends (with claim tokens), so it starts at 2;
+/// [`UPGRADES`] take it from there.
+const BASE_VERSION: i32 = 2;
+
+/// The schema version this build creates and understands.
+const SCHEMA_VERSION: i32 = BASE_VERSION + UPGRADES.len() as i32;
+
+/// One schema upgrade step: statements (each idempotent) taking the schema
+/// from version `n` to `n + 1`, where `n - BASE_VERSION` is the step's index.
+type Upgrade = fn(&Names) -> Vec<String>;
+
+/// The upgrade steps, in order; each runs once per prefix under the
+/// migration lock, followed by its version bump. Add a step at the end.
+const UPGRADES: &[Upgrade] = &[];
+
+/// The default table prefix.
+const DEFAULT_PREFIX: &str = "baton_";
+
+/// Durations are clamped to this (about 100 years) so `now + d` stays in
+/// the `DATETIME` range.
+const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
+
+/// The store's clock in microseconds since the epoch, independent of the
+/// session time zone: the floor of every fencing and claim token.
+const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
+/// A pooled connection idle at least this long is pinged before use.
+const IDLE_PING: Duration = Duration::from_secs(1);
+
+/// Buffered wake-ups per channel.
+const WAKE_CAPACITY: usize = 1024;
+
+/// A duration as clamped microseconds for `INTERVAL ? MICROSECOND`.
+fn us(d: Duration) -> i64 {
+    ms(d).min(MAX_MS) * 1000
+}
+
+/// Quoted, prefixed table names.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    prefix: String,
+    meta: String,
+    locks: String,
+    tasks: String,
+    jobs: String,
+    queues: String,
+}
+
+impl Names {
+    fn new(prefix: Option<&str>) -> Names {
+        let p = prefix.unwrap_or(DEFAULT_PREFIX).to_string();
+        Names {
+            meta: format!("`{p}meta`"),
+            locks: format!("`{p}locks`"),
+            tasks: format!("`{p}tasks`"),
+            jobs: format!("`{p}jobs`"),
+            queues: format!("`{p}queues`"),
+            prefix: p,
+        }
+    }
+
+    /// The base schema, one statement each (MySQL runs DDL one at a time
+    /// and commits it at once, so each is `IF NOT EXISTS`).
+    fn schema_sql(&self) -> Vec<String> {
+        let (meta, locks, tasks, jobs, queues) = (
+            &self.meta,
+            &self.locks,
+            &self.tasks,
+            &self.jobs,
+            &self.queues,
+        );
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {meta} ( \
+                 `key` VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
+                 value VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL \
+                 ) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {locks} ( \
+                 name VARBINARY(255) PRIMARY KEY, \
+                 holder VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                 token BIGINT NOT NULL, \
+                 locked_at DATETIME(6) NOT NULL, \
+                 lock_until DATETIME(6) NOT NULL \
+                 ) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {tasks} ( \
+                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                 queue VARBINARY(255) NOT NULL, \
+                 kind VARBINARY(255) NOT NULL, \
+                 payload LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                 state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+                 priority INT NOT NULL DEFAULT 0, \
+                 attempt INT NOT NULL DEFAULT 0, \
+                 max_attempts INT NOT NULL DEFAULT 1, \
+                 timeout_ms BIGINT NULL, \
+                 run_at DATETIME(6) NOT NULL, \
+                 created_at DATETIME(6) NOT NULL, \
+                 started_at DATETIME(6) NULL, \
+                 finished_at DATETIME(6) NULL, \
+                 lease_until DATETIME(6) NULL, \
+                 worker VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+                 unique_key VARBINARY(1024) NULL, \
+                 unique_forever TINYINT(1) NOT NULL DEFAULT 0, \
+                 cancel_requested TINYINT(1) NOT NULL DEFAULT 0, \
+                 claim_token BIGINT NOT NULL DEFAULT 0, \
+                 last_error MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+                 errors LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+                 progress LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+                 job VARBINARY(255) NULL, \
+                 slot DATETIME(6) NULL, \
+                 live_key VARBINARY(1024) AS (CASE WHEN unique_forever = 1 \
+                     OR state IN ('pending', 'running') THEN unique_key END) STORED, \
+                 UNIQUE KEY live_key (live_key), \
+                 KEY claim (queue, state, priority, run_at, id), \
+                 KEY lease (state, lease_until), \
+                 KEY prune (state, finished_at), \
+                 KEY job (job, state, slot) \
+                 ) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {jobs} ( \
+                 name VARBINARY(255) PRIMARY KEY, \
+                 last_slot DATETIME(6) NULL, \
+                 paused TINYINT(1) NOT NULL DEFAULT 0 \
+                 ) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {queues} ( \
+                 queue VARBINARY(255) PRIMARY KEY \
+                 ) ENGINE=InnoDB"
+            ),
+        ]
+    }
+}
+
+/// Wake-up channels shared by every handle in this process on the same
+/// server, database and prefix.
+type Registry = Mutex<HashMap<String, broadcast::Sender<Wake>>>;
+
+fn wake_channel(key: String) -> broadcast::Sender<Wake> {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    let map = REGISTRY.get_or_init(|| Mutex::new(HashMap::new()));
+    // A poisoned lock only means another thread panicked holding it.
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(key)
+        .or_insert_with(|| broadcast::channel(WAKE_CAPACITY).0)
+        .clone()
+}
+
+/// The MySQL / MariaDB backend. Build it with [`connect`].
+pub(crate) struct MyBackend {
+    pool: MySqlPool,
+    names: Arc<Names>,
+    wake: broadcast::Sender<Wake>,
+    /// `@@auto_increment_increment`: the step between the ids of one
+    /// multi-row insert.
+    id_step: i64,
+}
+
+/// Connect to MySQL or MariaDB and return the backend. The URL is
+/// `mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (`mariadb://` is the
+/// same). The pool holds at most `opts.max_connections` connections; an
+/// unreachable server fails within `opts.connect_timeout` with
+/// [`StoreError::Unavailable`]. Every session runs at `READ COMMITTED`,
+/// with `time_zone = '+00:00'`, `innodb_lock_wait_timeout` and the
+/// statement limit (`max_statement_time` on MariaDB, `max_execution_time`
+/// for SELECTs on MySQL) from `opts.statement_timeout`.
+pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
+    let bad = |e: &dyn std::fmt::Display| {
+        StoreError::Config(format!(
+            "store URL {:?}: {e}; use mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
+            super::redact(url)
+        ))
+    };
+    let parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
+    let db = parsed.path().trim_start_matches('/').to_string();
+    if db.is_empty() {
+        return Err(bad(&"no database named"));
+    }
+    let my_url = match url.split_once("://") {
+        Some(("mariadb", rest)) => format!("mysql://{rest}"),
+        _ => url.to_string(),
+    };
+    let connect = MySqlConnectOptions::from_str(&my_url)
+        .map_err(|e| bad(&e))?
+        .timezone(Some("+00:00".to_string()));
+    let timeout = opts.statement_timeout;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(opts.max_connections.max(1))
+        .acquire_timeout(opts.connect_timeout)
+        .test_before_acquire(false)
+        .after_connect(move |conn, _| Box::pin(async move { session_setup(conn, timeout).await }))
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= IDLE_PING {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+        .connect_with(connect)
+        .await?;
+    let id_step: i64 = sqlx::query_scalar("SELECT CAST(@@auto_increment_increment AS SIGNED)")
+        .fetch_one(&pool)
+        .await?;
+    let names = Names::new(opts.prefix.as_deref());
+    let key = format!(
+        "{}:{}/{db}|{}",
+        parsed.host_str().unwrap_or(""),
+        parsed.port().unwrap_or(3306),
+        names.prefix
+    );
+    Ok(Arc::new(MyBackend {
+        pool,
+        wake: wake_channel(key),
+        names: Arc::new(names),
+        id_step: id_step.max(1),
+    }))
+}
+
+/// Per-session settings: `READ COMMITTED`, the lock-wait and statement
+/// limits.
+async fn session_setup(conn: &mut MySqlConnection, timeout: Duration) -> Result<(), sqlx::Error> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let limit = if version.contains("MariaDB") {
+        format!("max_statement_time = {:.3}", timeout.as_secs_f64())
+    } else {
+        format!("max_execution_time = {}", timeout.as_millis().max(1))
+    };
+    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .await?;
+    conn.execute(
+        format!(
+            "SET SESSION innodb_lock_wait_timeout = {}, SESSION {limit}",
+            timeout.as_secs().max(1)
+        )
+        .as_str(),
+    )
+    .await?;
+    Ok(())
+}
+
+impl MyBackend {
+    /// Announce work: `None` due now, `Some(at)` due later. Only a hint.
+    fn announce(&self, wakes: Vec<Wake>) {
+        for w in wakes {
+            // No receivers is fine: nobody is waiting right now.
+            let _ = self.wake.send(w);
+        }
+    }
+}
+
+// ---- row helpers ------------------------------------------------------------
+
+/// A text column (binary or not) as a `String`.
+fn text(row: &MySqlRow, col: &str) -> Result<String, StoreError> {
+    let b: Vec<u8> = row.try_get_unchecked(col)?;
+    String::from_utf8(b).map_err(|e| corrupt(col, e))
+}
+
+/// A nullable text column.
+fn opt_text(row: &MySqlRow, col: &str) -> Result<Option<String>, StoreError> {
+    let b: Option<Vec<u8>> = row.try_get_unchecked(col)?;
+    b.map(|b| String::from_utf8(b).map_err(|e| corrupt(col, e)))
+        .transpose()
+}
+
+/// A JSON text column.
+fn json(row: &MySqlRow, col: &str) -> Result<Option<serde_json::Value>, StoreError> {
+    opt_text(row, col)?
+        .map(|s| serde_json::from_str(&s).map_err(|e| corrupt(col, e)))
+        .transpose()
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+fn token_of(v: i64) -> Result<FencingToken, StoreError> {
+    u64::try_from(v)
+        .map(FencingToken)
+        .map_err(|_| StoreError::Corrupt(format!("token {v} is negative")))
+}
+
+fn token_arg(t: FencingToken) -> i64 {
+    // A token above i64::MAX was never granted here, so it matches nothing.
+    i64::try_from(t.0).unwrap_or(-1)
+}
+
+/// `?, ?, …` with `n` placeholders.
+fn marks(n: usize) -> String {
+    let mut s = String::with_capacity(n * 3);
+    for i in 0..n {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push('?');
+    }
+    s
+}
+
+#[async_trait]
+impl Backend for MyBackend {
+    fn kind(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let n = &*self.names;
+        let read_version = format!(
+            "SELECT value FROM {} WHERE `key` = 'schema_version'",
+            n.meta
+        );
+        // Fast path: a schema at this version needs no DDL.
+        let current: Result<Option<Vec<u8>>, sqlx::Error> = sqlx::query_scalar(&read_version)
+            .fetch_optional(&self.pool)
+            .await;
+        if let Ok(Some(v)) = &current {
+            if std::str::from_utf8(v)
+                .ok()
+                .and_then(|v| v.parse::<i32>().ok())
+                == Some(SCHEMA_VERSION)
+            {
+                return Ok(());
+            }
+        }
+        // DDL commits at once in MySQL, so the migration is serialized by a
+        // named lock held by this one connection instead of a transaction.
+        let mut conn = self.pool.acquire().await?;
+        let lock = format!("baton-migrate:{}", n.prefix);
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(&lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(StoreError::Unavailable(format!(
+                "migration of tables with prefix {:?}: could not take the migration lock within 60 s",
+                n.prefix
+            )));
+        }
+        let result = self.migrate_locked(&mut conn).await;
+        let released = sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        result?;
+        released?;
+        Ok(())
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn warnings(&self) -> Result<Vec<String>, StoreError> {
+        let row = sqlx::query(
+            "SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED) AS flush, \
+             CAST(@@log_bin AS SIGNED) AS log_bin, CAST(@@sync_binlog AS SIGNED) AS sync_binlog, \
+             CAST(@@binlog_format AS CHAR) AS binlog_format",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let flush: i64 = row.try_get("flush")?;
+        let log_bin: i64 = row.try_get("log_bin")?;
+        let sync_binlog: i64 = row.try_get("sync_binlog")?;
+        let format = opt_text(&row, "binlog_format")?.unwrap_or_default();
+        let mut out = Vec::new();
+        if flush != 1 {
+            out.push(format!(
+                "innodb_flush_log_at_trx_commit = {flush}: a commit is not flushed to disk when it returns, \
+                 so a server crash can lose lock grants and claims baton already reported (set it to 1)"
+            ));
+        }
+        if log_bin == 1 && sync_binlog != 1 {
+            out.push(format!(
+                "sync_binlog = {sync_binlog}: with the binary log on, a crash can lose commits from the \
+                 binlog that replicas or point-in-time recovery rely on (set it to 1)"
+            ));
+        }
+        if log_bin == 1 && format.eq_ignore_ascii_case("STATEMENT") {
+            out.push(
+                "binlog_format = STATEMENT: baton runs at READ COMMITTED, which needs ROW or MIXED"
+                    .to_string(),
+            );
+        }
+        Ok(out)
+    }
+
+    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+        self.acquire(req).await
+    }
+
+    async fn lock_extend(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_most: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.extend(name, token, at_most).await
+    }
+
+    async fn lock_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+        at_least: Duration,
+    ) -> Result<bool, StoreError> {
+        self.release(name, token, at_least).await
+    }
+
+    async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
+        self.lock_read(Some(name)).await.map(|mut v| v.pop())
+    }
+
+    async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
+        self.lock_read(None).await
+    }
+
+    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+        self.enqueue_tasks(tasks).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+        self.claim_tasks(req).await
+    }
+
+    async fn heartbeat(
+        &self,
+        claims: &[Claim],
+        lease: Duration,
+    ) -> Result<Vec<Heartbeat>, StoreError> {
+        self.heartbeat_claims(claims, lease).await
+    }
+
+    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        let out = self.finish_batch(&[(claim, finish.clone())]).await?;
+        Ok(out.first().copied().unwrap_or(false))
+    }
+
+    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        self.finish_batch(items).await
+    }
+
+    async fn progress(
+        &self,
+        claim: Claim,
+        progress: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let r = sqlx::query(&format!(
+            "UPDATE {} SET progress = ? WHERE id = ? AND claim_token = ? AND state = 'running'",
+            self.names.tasks
+        ))
+        .bind(progress.to_string())
+        .bind(claim.id)
+        .bind(token_arg(claim.token))
+        .execute(&self.pool)
+        .await?;
+        // The pool reports matched rows (CLIENT_FOUND_ROWS), not changed ones.
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn rescue(&self) -> Result<Rescued, StoreError> {
+        self.rescue_expired().await
+    }
+
+    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+        self.cancel_task(id).await
+    }
+
+    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+        self.retry_task(id).await
+    }
+
+    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+        let f = TaskFilter::default();
+        self.list_tasks(&f, Some(id)).await.map(|mut v| v.pop())
+    }
+
+    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+        self.list_tasks(filter, None).await
+    }
+
+    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        self.queue_stats().await
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let r = sqlx::query(&format!(
+            "DELETE FROM {} WHERE state IN ('succeeded', 'failed', 'cancelled') \
+             AND finished_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            self.names.tasks
+        ))
+        .bind(us(older_than))
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+        Ok(self.wake.subscribe())
+    }
+
+    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+        self.register_job(job).await
+    }
+
+    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+        self.advance_job(adv).await
+    }
+
+    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+        let r = sqlx::query(&format!(
+            "UPDATE {} SET paused = ? WHERE name = ?",
+            self.names.jobs
+        ))
+        .bind(paused)
+        .bind(job.as_bytes())
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
+        self.list_jobs().await
+    }
+}
+
+impl MyBackend {
+    /// The migration proper, under the named lock.
+    async fn migrate_locked(&self, conn: &mut MySqlConnection) -> Result<(), StoreError> {
+        let n = &*self.names;
+        for stmt in n.schema_sql() {
+            conn.execute(stmt.as_str()).await?;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {} (`key`, value) VALUES ('schema_version', ?) \
+             ON DUPLICATE KEY UPDATE `key` = `key`",
+            n.meta
+        ))
+        .bind(BASE_VERSION.to_string())
+        .execute(&mut *conn)
+        .await?;
+        let v: Vec<u8> = sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE `key` = 'schema_version'",
+            n.meta
+        ))
+        .fetch_one(&mut *conn)
+        .await?;
+        let v = String::from_utf8_lossy(&v);
+        let v: i32 = v
+            .parse()
+            .map_err(|e| corrupt(&format!("schema version {v:?}"), e))?;
+        if v > SCHEMA_VERSION {
+            return Err(StoreError::Config(format!(
+                "tables with prefix {:?} have schema version {v}, newer than this build's {SCHEMA_VERSION}; upgrade baton",
+                n.prefix
+            )));
+        }
+        for from in v.max(BASE_VERSION)..SCHEMA_VERSION {
+            let step = usize::try_from(from - BASE_VERSION)
+                .ok()
+                .and_then(|i| UPGRADES.get(i))
+                .ok_or_else(|| corrupt("schema version", from))?;
+            for stmt in step(n) {
+                conn.execute(stmt.as_str()).await?;
+            }
+            sqlx::query(&format!(
+                "UPDATE {} SET value = ? WHERE `key` = 'schema_version'",
+                n.meta
+            ))
+            .bind((from + 1).to_string())
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
+}

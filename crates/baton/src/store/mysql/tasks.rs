@@ -1,0 +1,589 @@
+//! The queue's hot path on MySQL: enqueue, claim, heartbeat, finish.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlConnection, Row};
+
+use super::{marks, text, token_arg, token_of, us, MyBackend, Names, NOW_US};
+use crate::error::StoreError;
+use crate::store::{
+    Claim, ClaimRequest, Enqueued, Finish, Heartbeat, NewTask, RunAt, Task, Wake, CANCEL_REQUESTED,
+};
+
+/// Rows per multi-row `INSERT` (16 placeholders each, well under MySQL's
+/// 65,535 per statement).
+const INSERT_CHUNK: usize = 1000;
+
+/// Ids per `IN (…)` list.
+const ID_CHUNK: usize = 1000;
+
+/// The columns a claim returns.
+const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
+     max_attempts, timeout_ms, run_at, lease_until, job, slot";
+
+/// The SQL that appends `{attempt, at, error}` (error text bound to the
+/// one `?`) to `errors`, with `at` as RFC 3339 UTC.
+pub(super) const APPEND_ERROR: &str = "JSON_ARRAY_APPEND(errors, '$', JSON_OBJECT('attempt', \
+     attempt, 'at', DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ'), 'error', ?))";
+
+/// A timestamp cut to the microseconds `DATETIME(6)` keeps.
+fn trunc_us(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
+}
+
+/// Enqueue tasks on the caller's connection, typically inside the caller's
+/// own transaction (the transactional outbox): the tasks appear at the
+/// caller's commit and vanish with a rollback.
+///
+/// `prefix` must be the table prefix the store was opened with (`None` for
+/// the default `baton_`). Unique keys behave as in `Backend::enqueue`.
+/// MySQL has no notification that waits for a commit, so these tasks wake
+/// no worker: workers find them at their next poll (within a second when
+/// idle). Run the transaction at `READ COMMITTED` (as baton's own sessions
+/// do) so that a unique key's holder committed meanwhile is found.
+pub async fn enqueue_in(
+    conn: &mut MySqlConnection,
+    prefix: Option<&str>,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, StoreError> {
+    if let Some(p) = prefix {
+        super::super::validate_prefix(p)?;
+    }
+    let step: i64 = sqlx::query_scalar("SELECT CAST(@@auto_increment_increment AS SIGNED)")
+        .fetch_one(&mut *conn)
+        .await?;
+    let names = Names::new(prefix);
+    Ok(insert_tasks(conn, &names, step.max(1), tasks, None)
+        .await?
+        .0)
+}
+
+/// Insert tasks in order on `conn` (the shared code of [`enqueue_in`],
+/// `enqueue` and `job_advance`); with `skipped`, directly as `cancelled`
+/// with that reason. Returns one [`Enqueued`] per task and the wake-ups to
+/// send once the transaction commits.
+///
+/// Runs of tasks without a unique key go in multi-row `INSERT`s (InnoDB
+/// gives a multi-row insert of known size consecutive ids, `@@auto_increment_increment`
+/// apart, from `LAST_INSERT_ID()`); a task with a key goes in its own
+/// `INSERT`, and a duplicate key error (which rolls back only that
+/// statement) means the key is taken: its holder's id is returned.
+pub(super) async fn insert_tasks(
+    conn: &mut MySqlConnection,
+    n: &Names,
+    id_step: i64,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<(Vec<Enqueued>, Vec<Wake>), StoreError> {
+    let mut out = Vec::with_capacity(tasks.len());
+    if tasks.is_empty() {
+        return Ok((out, Vec::new()));
+    }
+    // Store time, for delays and to tell due from later work.
+    let needs_now = tasks
+        .iter()
+        .any(|t| !matches!(t.run_at, RunAt::Now | RunAt::Delay(Duration::ZERO)));
+    let now: Option<DateTime<Utc>> = if needs_now {
+        Some(
+            sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+                .fetch_one(&mut *conn)
+                .await?,
+        )
+    } else {
+        None
+    };
+    // Per task: the run_at to bind (None = the statement's now) and whether
+    // it is due at once.
+    let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        let at = match (t.run_at, now) {
+            (RunAt::Now, _) | (RunAt::Delay(Duration::ZERO), _) => None,
+            (RunAt::Delay(d), Some(now)) => Some(now + chrono::Duration::microseconds(us(d))),
+            (RunAt::At(at), _) => Some(trunc_us(at)),
+            (RunAt::Delay(_), None) => None,
+        };
+        run_at.push(at);
+    }
+    let cols = "(queue, kind, payload, state, priority, run_at, created_at, max_attempts, \
+         timeout_ms, unique_key, unique_forever, job, slot, last_error, finished_at, errors)";
+    let one = "(?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, \
+         ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
+    let state = if skipped.is_some() {
+        "cancelled"
+    } else {
+        "pending"
+    };
+    let lookup = format!("SELECT id FROM {} WHERE live_key = ?", n.tasks);
+    let mut i = 0;
+    while i < tasks.len() {
+        if tasks[i].unique_key.is_none() {
+            // A run of keyless tasks, in chunks.
+            let mut end = i;
+            while end < tasks.len() && end - i < INSERT_CHUNK && tasks[end].unique_key.is_none() {
+                end += 1;
+            }
+            let values = vec![one; end - i].join(", ");
+            let sql = format!("INSERT INTO {} {cols} VALUES {values}", n.tasks);
+            let mut q = sqlx::query(&sql);
+            for k in i..end {
+                q = bind_task(q, &tasks[k], run_at[k], state, skipped);
+            }
+            let r = q.execute(&mut *conn).await?;
+            let first = i64::try_from(r.last_insert_id())
+                .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
+            if r.rows_affected() != (end - i) as u64 {
+                return Err(StoreError::Corrupt(format!(
+                    "enqueue: {} rows inserted for {} tasks",
+                    r.rows_affected(),
+                    end - i
+                )));
+            }
+            for k in 0..(end - i) {
+                out.push(Enqueued {
+                    id: first + k as i64 * id_step,
+                    inserted: true,
+                });
+            }
+            i = end;
+            continue;
+        }
+        // A task with a unique key: insert it, or find the key's holder.
+        let t = &tasks[i];
+        let key = t.unique_key.as_deref().unwrap_or_default();
+        let mut done = None;
+        for _round in 0..8 {
+            let sql = format!("INSERT INTO {} {cols} VALUES {one}", n.tasks);
+            let r = bind_task(sqlx::query(&sql), t, run_at[i], state, skipped)
+                .execute(&mut *conn)
+                .await;
+            match r.map_err(StoreError::from) {
+                Ok(r) => {
+                    let id = i64::try_from(r.last_insert_id())
+                        .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
+                    done = Some(Enqueued { id, inserted: true });
+                    break;
+                }
+                Err(StoreError::Conflict(_)) => {
+                    // A new statement sees the holder committed meanwhile
+                    // (READ COMMITTED), or our own earlier row.
+                    let holder: Option<i64> = sqlx::query_scalar(&lookup)
+                        .bind(key)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                    if let Some(id) = holder {
+                        done = Some(Enqueued {
+                            id,
+                            inserted: false,
+                        });
+                        break;
+                    }
+                    // The holder finished between the two: insert again.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match done {
+            Some(e) => out.push(e),
+            None => {
+                return Err(StoreError::Conflict(format!(
+                    "enqueue: unique key {key:?} kept changing hands; try again"
+                )))
+            }
+        }
+        i += 1;
+    }
+    // Wake-ups: per queue once for due work, once with the earliest later
+    // run_at.
+    let mut wakes = Vec::new();
+    if skipped.is_none() {
+        let mut due: Vec<&str> = Vec::new();
+        let mut later: HashMap<&str, DateTime<Utc>> = HashMap::new();
+        for ((t, e), at) in tasks.iter().zip(&out).zip(&run_at) {
+            if !e.inserted {
+                continue;
+            }
+            match (at, now) {
+                (Some(at), Some(now)) if *at > now => {
+                    let v = later.entry(t.queue.as_str()).or_insert(*at);
+                    *v = (*v).min(*at);
+                }
+                _ => {
+                    if !due.contains(&t.queue.as_str()) {
+                        due.push(t.queue.as_str());
+                    }
+                }
+            }
+        }
+        wakes.extend(due.into_iter().map(Wake::now));
+        wakes.extend(later.into_iter().map(|(q, at)| Wake {
+            queue: q.to_string(),
+            due: Some(at),
+        }));
+    }
+    Ok((out, wakes))
+}
+
+fn bind_task<'q>(
+    q: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    t: &'q NewTask,
+    run_at: Option<DateTime<Utc>>,
+    state: &'q str,
+    skipped: Option<&'q str>,
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    q.bind(t.queue.as_str())
+        .bind(t.kind.as_str())
+        .bind(t.payload.to_string())
+        .bind(state)
+        .bind(t.priority)
+        .bind(run_at)
+        .bind(i32::try_from(t.max_attempts).unwrap_or(i32::MAX).max(1))
+        .bind(t.timeout.map(|d| us(d) / 1000))
+        .bind(t.unique_key.as_deref())
+        .bind(t.unique_forever)
+        .bind(t.job.as_deref())
+        .bind(t.slot.map(trunc_us))
+        .bind(skipped)
+        .bind(skipped.is_some())
+}
+
+fn to_u32(v: i32, what: &str) -> Result<u32, StoreError> {
+    u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is negative")))
+}
+
+pub(super) fn to_dur(v: Option<i64>) -> Result<Option<Duration>, StoreError> {
+    v.map(|v| {
+        u64::try_from(v)
+            .map(Duration::from_millis)
+            .map_err(|_| StoreError::Corrupt(format!("timeout {v} ms is negative")))
+    })
+    .transpose()
+}
+
+pub(super) fn attempt_of(row: &MySqlRow, col: &str) -> Result<u32, StoreError> {
+    to_u32(row.try_get(col)?, col)
+}
+
+fn claimed_task(row: &MySqlRow) -> Result<Task, StoreError> {
+    let payload = text(row, "payload")?;
+    Ok(Task {
+        id: row.try_get("id")?,
+        queue: text(row, "queue")?,
+        kind: text(row, "kind")?,
+        payload: serde_json::from_str(&payload).map_err(|e| super::corrupt("payload", e))?,
+        priority: row.try_get("priority")?,
+        attempt: attempt_of(row, "attempt")?,
+        token: token_of(row.try_get("claim_token")?)?,
+        max_attempts: attempt_of(row, "max_attempts")?,
+        timeout: to_dur(row.try_get("timeout_ms")?)?,
+        run_at: row.try_get("run_at")?,
+        lease_until: row.try_get("lease_until")?,
+        job: super::opt_text(row, "job")?,
+        slot: row.try_get("slot")?,
+    })
+}
+
+impl MyBackend {
+    pub(super) async fn enqueue_tasks(
+        &self,
+        tasks: &[NewTask],
+    ) -> Result<Vec<Enqueued>, StoreError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        let (out, wakes) = insert_tasks(&mut tx, &self.names, self.id_step, tasks, None).await?;
+        tx.commit().await?;
+        self.announce(wakes);
+        Ok(out)
+    }
+
+    /// One transaction: (with a cap, lock the queue's row in `<p>queues`
+    /// and count its running tasks), lock up to `limit` due pending rows
+    /// with `FOR UPDATE SKIP LOCKED`, claim them, read them back.
+    pub(super) async fn claim_tasks(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let t = &self.names.tasks;
+        let mut tx = self.pool.begin().await?;
+        let mut limit = i64::from(req.limit);
+        if let Some(max) = req.max_running {
+            // Claimers of a capped queue take turns on its row, so each
+            // counts the running tasks after the previous one committed.
+            sqlx::query(&format!(
+                "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
+                self.names.queues
+            ))
+            .bind(req.queue)
+            .execute(&mut *tx)
+            .await?;
+            let running: i64 = sqlx::query_scalar(&format!(
+                "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
+            ))
+            .bind(req.queue)
+            .fetch_one(&mut *tx)
+            .await?;
+            limit = limit.min(i64::from(max) - running);
+            if limit <= 0 {
+                tx.rollback().await?;
+                return Ok(Vec::new());
+            }
+        }
+        let ids: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT id FROM {t} WHERE queue = ? AND state = 'pending' \
+                 AND run_at <= UTC_TIMESTAMP(6) AND cancel_requested = 0 \
+             ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(req.queue)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let list = marks(ids.len());
+        let sql = format!(
+            "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+                 started_at = UTC_TIMESTAMP(6), \
+                 lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, worker = ?, \
+                 claim_token = GREATEST(claim_token + 1, {NOW_US}) \
+             WHERE id IN ({list})"
+        );
+        let mut u = sqlx::query(&sql).bind(us(req.lease)).bind(req.worker);
+        for id in &ids {
+            u = u.bind(id);
+        }
+        u.execute(&mut *tx).await?;
+        let sql = format!(
+            "SELECT {CLAIM_COLS} FROM {t} WHERE id IN ({list}) ORDER BY priority, run_at, id"
+        );
+        let mut s = sqlx::query(&sql);
+        for id in &ids {
+            s = s.bind(id);
+        }
+        let rows = s.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.iter().map(claimed_task).collect()
+    }
+
+    pub(super) async fn heartbeat_claims(
+        &self,
+        claims: &[Claim],
+        lease: Duration,
+    ) -> Result<Vec<Heartbeat>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let t = &self.names.tasks;
+        let mut found: HashMap<(i64, i64), bool> = HashMap::new();
+        let mut tx = self.pool.begin().await?;
+        for chunk in claims.chunks(ID_CHUNK) {
+            let ids = marks(chunk.len());
+            let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+            let cond =
+                format!("id IN ({ids}) AND (id, claim_token) IN ({pairs}) AND state = 'running'");
+            let sql = format!(
+                "UPDATE {t} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE {cond}"
+            );
+            let mut u = sqlx::query(&sql).bind(us(lease));
+            for c in chunk {
+                u = u.bind(c.id);
+            }
+            for c in chunk {
+                u = u.bind(c.id).bind(token_arg(c.token));
+            }
+            u.execute(&mut *tx).await?;
+            let sql = format!("SELECT id, claim_token, cancel_requested FROM {t} WHERE {cond}");
+            let mut s = sqlx::query(&sql);
+            for c in chunk {
+                s = s.bind(c.id);
+            }
+            for c in chunk {
+                s = s.bind(c.id).bind(token_arg(c.token));
+            }
+            for row in s.fetch_all(&mut *tx).await? {
+                found.insert(
+                    (row.try_get("id")?, row.try_get("claim_token")?),
+                    row.try_get("cancel_requested")?,
+                );
+            }
+        }
+        tx.commit().await?;
+        Ok(claims
+            .iter()
+            .map(|c| match found.get(&(c.id, token_arg(c.token))) {
+                Some(true) => Heartbeat::CancelRequested,
+                Some(false) => Heartbeat::Extended,
+                None => Heartbeat::Lost,
+            })
+            .collect())
+    }
+
+    /// Every finish, in one transaction: lock the named running rows, decide
+    /// each item against its locked row (compare-and-set on the claim
+    /// token; a claim already used earlier in the batch is refused), write
+    /// the successes in one statement and the rest one by one.
+    pub(super) async fn finish_batch(
+        &self,
+        items: &[(Claim, Finish)],
+    ) -> Result<Vec<bool>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let t = &self.names.tasks;
+        let mut out = vec![false; items.len()];
+        let mut wakes = Vec::new();
+        let mut tx = self.pool.begin().await?;
+        // id → (token, cancel_requested, attempt, max_attempts, queue)
+        let mut rows: HashMap<i64, (i64, bool, u32, u32, String)> = HashMap::new();
+        let mut ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for chunk in ids.chunks(ID_CHUNK) {
+            let sql = format!(
+                "SELECT id, claim_token, cancel_requested, attempt, max_attempts, queue \
+                 FROM {t} WHERE id IN ({}) AND state = 'running' ORDER BY id FOR UPDATE",
+                marks(chunk.len())
+            );
+            let mut s = sqlx::query(&sql);
+            for id in chunk {
+                s = s.bind(id);
+            }
+            for row in s.fetch_all(&mut *tx).await? {
+                rows.insert(
+                    row.try_get("id")?,
+                    (
+                        row.try_get("claim_token")?,
+                        row.try_get("cancel_requested")?,
+                        attempt_of(&row, "attempt")?,
+                        attempt_of(&row, "max_attempts")?,
+                        text(&row, "queue")?,
+                    ),
+                );
+            }
+        }
+        let mut used: HashSet<i64> = HashSet::new();
+        let mut succeeded: Vec<i64> = Vec::new();
+        let mut retried: Vec<i64> = Vec::new();
+        for (k, (claim, finish)) in items.iter().enumerate() {
+            let Some((token, cancel, attempt, max, queue)) = rows.get(&claim.id) else {
+                continue;
+            };
+            if *token != token_arg(claim.token) || !used.insert(claim.id) {
+                continue;
+            }
+            out[k] = true;
+            match finish {
+                Finish::Succeeded => succeeded.push(claim.id),
+                Finish::Failed { error, retry_in } => {
+                    let allowed = retry_in.is_some() && attempt < max;
+                    let (state, last_error) = if allowed && !cancel {
+                        ("pending", error.clone())
+                    } else if allowed {
+                        ("cancelled", format!("{CANCEL_REQUESTED}: {error}"))
+                    } else {
+                        ("failed", error.clone())
+                    };
+                    let again = state == "pending";
+                    // `errors` first: it reads `attempt`, which stays.
+                    sqlx::query(&format!(
+                        "UPDATE {t} SET errors = {APPEND_ERROR}, last_error = ?, state = ?, \
+                             run_at = IF(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, run_at), \
+                             finished_at = IF(?, NULL, UTC_TIMESTAMP(6)), lease_until = NULL \
+                         WHERE id = ?"
+                    ))
+                    .bind(error)
+                    .bind(last_error)
+                    .bind(state)
+                    .bind(again)
+                    .bind(retry_in.map(us).unwrap_or(0))
+                    .bind(again)
+                    .bind(claim.id)
+                    .execute(&mut *tx)
+                    .await?;
+                    if again {
+                        retried.push(claim.id);
+                    }
+                }
+                Finish::Cancelled { reason } => {
+                    sqlx::query(&format!(
+                        "UPDATE {t} SET state = 'cancelled', last_error = ?, \
+                         finished_at = UTC_TIMESTAMP(6), lease_until = NULL WHERE id = ?"
+                    ))
+                    .bind(reason)
+                    .bind(claim.id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                Finish::HandBack => {
+                    // The attempt is not counted; a requested cancel ends it.
+                    if *cancel {
+                        sqlx::query(&format!(
+                            "UPDATE {t} SET state = 'cancelled', attempt = attempt - 1, \
+                             lease_until = NULL, last_error = ?, \
+                             finished_at = UTC_TIMESTAMP(6) WHERE id = ?"
+                        ))
+                        .bind(CANCEL_REQUESTED)
+                        .bind(claim.id)
+                        .execute(&mut *tx)
+                        .await?;
+                    } else {
+                        sqlx::query(&format!(
+                            "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
+                             lease_until = NULL WHERE id = ?"
+                        ))
+                        .bind(claim.id)
+                        .execute(&mut *tx)
+                        .await?;
+                        if !wakes
+                            .iter()
+                            .any(|w: &Wake| w.queue == *queue && w.due.is_none())
+                        {
+                            wakes.push(Wake::now(queue.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        for chunk in succeeded.chunks(ID_CHUNK) {
+            let sql = format!(
+                "UPDATE {t} SET state = 'succeeded', finished_at = UTC_TIMESTAMP(6), \
+                 lease_until = NULL WHERE id IN ({})",
+                marks(chunk.len())
+            );
+            let mut u = sqlx::query(&sql);
+            for id in chunk {
+                u = u.bind(id);
+            }
+            u.execute(&mut *tx).await?;
+        }
+        // A retry is announced with its due time, so a worker starts it
+        // when the backoff ends rather than at a later poll.
+        for chunk in retried.chunks(ID_CHUNK) {
+            let sql = format!(
+                "SELECT queue, run_at FROM {t} WHERE id IN ({})",
+                marks(chunk.len())
+            );
+            let mut s = sqlx::query(&sql);
+            for id in chunk {
+                s = s.bind(id);
+            }
+            for row in s.fetch_all(&mut *tx).await? {
+                wakes.push(Wake {
+                    queue: text(&row, "queue")?,
+                    due: Some(row.try_get("run_at")?),
+                });
+            }
+        }
+        tx.commit().await?;
+        self.announce(wakes);
+        Ok(out)
+    }
+}

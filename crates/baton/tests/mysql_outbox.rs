@@ -1,0 +1,166 @@
+//! MySQL-only: `store::mysql::enqueue_in`, the transactional outbox, and
+//! the byte-exact comparison of names and keys. The server comes from
+//! `BATON_TEST_MYSQL` (default `mysql://root@127.0.0.1:3306/test`); a server
+//! that does not answer prints SKIPPED (or fails with
+//! `BATON_REQUIRE_BACKENDS=1`).
+
+#[path = "conformance/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::time::Duration;
+
+use baton::store::{mysql, ClaimRequest, NewTask, RunAt, TaskFilter};
+use sqlx::Connection;
+
+fn task(queue: &str, key: Option<&str>) -> NewTask {
+    NewTask {
+        queue: queue.into(),
+        kind: "k".into(),
+        payload: serde_json::json!({"n": 1}),
+        priority: 0,
+        run_at: RunAt::Now,
+        max_attempts: 1,
+        timeout: None,
+        unique_key: key.map(Into::into),
+        unique_forever: false,
+        job: None,
+        slot: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_commits_with_the_callers_transaction() {
+    let Some(ts) = harness::connect(harness::Kind::Mysql).await else {
+        return;
+    };
+    let b = ts.store.backend();
+    let mut conn = sqlx::MySqlConnection::connect(&ts.url).await.unwrap();
+    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    // Rolled back: nothing is left, not even the key.
+    let mut tx = conn.begin().await.unwrap();
+    let r = mysql::enqueue_in(
+        &mut tx,
+        Some(&ts.prefix),
+        &[task("o", Some("K")), task("o", Some("K")), task("o", None)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.len(), 3);
+    assert!(r[0].inserted && !r[1].inserted && r[2].inserted);
+    assert_eq!(r[0].id, r[1].id, "the same key gives the same task");
+    tx.rollback().await.unwrap();
+    assert!(b.task(r[0].id).await.unwrap().is_none());
+    assert!(b.tasks(&TaskFilter::default()).await.unwrap().is_empty());
+
+    // Committed: the tasks are there and claimable; the key is taken.
+    let mut tx = conn.begin().await.unwrap();
+    let r = mysql::enqueue_in(&mut tx, Some(&ts.prefix), &[task("o", Some("K"))])
+        .await
+        .unwrap();
+    assert!(r[0].inserted);
+    // Not visible to others before the commit.
+    assert!(b.task(r[0].id).await.unwrap().is_none());
+    tx.commit().await.unwrap();
+    let again = b.enqueue(&[task("o", Some("K"))]).await.unwrap();
+    assert_eq!((again[0].id, again[0].inserted), (r[0].id, false));
+    let claimed = b
+        .claim(&ClaimRequest {
+            queue: "o",
+            worker: "w",
+            limit: 10,
+            lease: Duration::from_secs(30),
+            max_running: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), [r[0].id]);
+}
+
+/// Keys and queue names compare byte for byte: no case folding, no
+/// trailing-space padding (MySQL's default collations do both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_names_are_byte_exact() {
+    let Some(ts) = harness::connect(harness::Kind::Mysql).await else {
+        return;
+    };
+    let b = ts.store.backend();
+    let r = b
+        .enqueue(&[
+            task("q", Some("key")),
+            task("q", Some("KEY")),
+            task("q", Some("key ")),
+            task("Q", None),
+        ])
+        .await
+        .unwrap();
+    assert!(r.iter().all(|e| e.inserted), "{r:?}");
+    let ids: std::collections::BTreeSet<i64> = r.iter().map(|e| e.id).collect();
+    assert_eq!(ids.len(), 4);
+    let stats = b.stats().await.unwrap();
+    let names: Vec<&str> = stats.iter().map(|s| s.queue.as_str()).collect();
+    assert_eq!(names, ["Q", "q"]);
+}
+
+/// Many claimers on separate handles racing for a capped queue never
+/// overshoot the cap (the claimers take turns on the queue's row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_capped_claims_never_overshoot() {
+    let Some(ts) = harness::connect(harness::Kind::Mysql).await else {
+        return;
+    };
+    let tasks: Vec<NewTask> = (0..200).map(|_| task("capped", None)).collect();
+    ts.store.backend().enqueue(&tasks).await.unwrap();
+    for round in 0..5 {
+        let mut stores = Vec::new();
+        for _ in 0..8 {
+            let s = ts.open().await;
+            s.now().await.unwrap(); // a warm connection
+            stores.push(s);
+        }
+        let go = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+        let mut hs = Vec::new();
+        for (i, store) in stores.into_iter().enumerate() {
+            let go = go.clone();
+            hs.push(tokio::spawn(async move {
+                let worker = format!("w{round}-{i}");
+                go.wait().await;
+                store
+                    .backend()
+                    .claim(&ClaimRequest {
+                        queue: "capped",
+                        worker: &worker,
+                        limit: 10,
+                        lease: Duration::from_secs(30),
+                        max_running: Some(3 * (round + 1)),
+                    })
+                    .await
+                    .unwrap()
+                    .len()
+            }));
+        }
+        let mut total = 0;
+        for h in hs {
+            total += h.await.unwrap();
+        }
+        let running = ts
+            .store
+            .backend()
+            .stats()
+            .await
+            .unwrap()
+            .iter()
+            .find(|s| s.queue == "capped")
+            .map(|s| s.running)
+            .unwrap();
+        assert_eq!(
+            running,
+            3 * (round as u64 + 1),
+            "round {round}: claimed {total}"
+        );
+    }
+}
