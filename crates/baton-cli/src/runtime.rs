@@ -156,6 +156,7 @@ pub fn durable_handler(
                 ("BATON_JOB", j.name.clone()),
                 ("BATON_TASK_ID", t.id.to_string()),
                 ("BATON_ATTEMPT", t.attempt.to_string()),
+                ("BATON_FENCING_TOKEN", t.token.to_string()),
             ];
             if let Some(s) = t.slot {
                 env.push(("BATON_SLOT", slot_text(s)));

@@ -503,6 +503,7 @@ async fn http_job_posts_once_per_slot() {
         for stream in listener.incoming().flatten() {
             let mut r = BufReader::new(stream);
             let mut slot = String::new();
+            let mut token = String::from("-");
             let mut first = String::new();
             r.read_line(&mut first).unwrap_or(0);
             loop {
@@ -513,8 +514,13 @@ async fn http_job_posts_once_per_slot() {
                 if let Some(v) = h.strip_prefix("Baton-Slot: ") {
                     slot = v.trim().to_string();
                 }
+                if let Some(v) = h.strip_prefix("Baton-Fencing-Token: ") {
+                    token = v.trim().to_string();
+                }
             }
-            s2.lock().unwrap().push(format!("{} {slot}", first.trim()));
+            s2.lock()
+                .unwrap()
+                .push(format!("{} {token} {slot}", first.trim()));
             let _ = r
                 .get_mut()
                 .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
@@ -538,6 +544,15 @@ http = {{ method = "POST", url = "http://127.0.0.1:{port}/run", headers = {{ Aut
     assert!(
         seen.iter().all(|l| l.starts_with("POST /run HTTP/1.1")),
         "{seen:?}"
+    );
+    // Each request carries its claim's fencing token.
+    assert!(
+        seen.iter().all(|l| l
+            .split(' ')
+            .nth(3)
+            .and_then(|t| t.parse::<u64>().ok())
+            .is_some_and(|t| t > 0)),
+        "a Baton-Fencing-Token on every request: {seen:?}"
     );
     let n = slots.len();
     slots.sort();
