@@ -60,7 +60,11 @@ async fn three_instances_start_each_slot_on_time(e: Env) {
     }
     for k in &mut kids {
         let st = k.wait().unwrap();
-        assert!(st.success() || st.code().is_none(), "serve exits: {st:?}");
+        // 143: shut down by the SIGTERM; 0: had already ended.
+        assert!(
+            st.success() || st.code() == Some(143) || st.code().is_none(),
+            "serve exits: {st:?}"
+        );
     }
     // slot -> start times (store and host clocks are the same machine's).
     let mut runs: BTreeMap<chrono::DateTime<chrono::Utc>, Vec<f64>> = BTreeMap::new();
