@@ -60,6 +60,10 @@ struct PrecisionArgs {
     /// Worker poll interval in ms (the default 1 s, as in production).
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
+    /// The job's lead in ms (`Job::lead`: how long before its slot an
+    /// on-time slot is taken); default the library's, 0 takes it at the slot.
+    #[arg(long)]
+    lead_ms: Option<u64>,
 }
 
 #[derive(Args, Clone)]
@@ -840,7 +844,10 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
     let kind = store.backend().kind();
     let queue = "precision";
     let every = Duration::from_millis(a.every_ms);
-    let job = Job::new("tick", Schedule::every(every)?).queue(queue);
+    let mut job = Job::new("tick", Schedule::every(every)?).queue(queue);
+    if let Some(ms) = a.lead_ms {
+        job.lead = Duration::from_millis(ms);
+    }
     // (slot, start in the instance's estimate of store time) per handler start.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(
         chrono::DateTime<chrono::Utc>,
@@ -945,15 +952,17 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
         json!({
             "bench": "schedule_precision", "store": kind, "instances": a.instances,
             "seconds": a.seconds, "every_ms": a.every_ms, "poll_ms": a.poll_ms,
+            "lead_ms": job.lead.as_millis() as u64,
             "slots": expected, "slot_to_start": lat.json(), "skipped": skipped,
             "missed": missed, "doubled": doubled, "early": early,
             "first_slot_after_start_ms": (first - started).num_milliseconds(),
             "prefix": ctx.prefix,
         }),
         format!(
-            "schedule precision {kind}: {} instances, {expected} slots of {} ms: slot->start p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; skipped {skipped}, missed {missed}, doubled {doubled}",
+            "schedule precision {kind}: {} instances, {expected} slots of {} ms, lead {} ms: slot->start p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; skipped {skipped}, missed {missed}, doubled {doubled}",
             a.instances,
             a.every_ms,
+            job.lead.as_millis(),
             lat.ms(50.0),
             lat.ms(99.0),
             lat.ms(100.0)

@@ -774,6 +774,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// How long after a failed claim a queue is polled every [`RECOVERY_POLL`]
+/// (longer than a wake-up channel's longest reconnect backoff plus a claim's).
+const RECOVERY_WINDOW: Duration = Duration::from_secs(15);
+/// The claim period while recovering from a store error.
+const RECOVERY_POLL: Duration = Duration::from_millis(100);
+
 async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
     let slots = Arc::new(Semaphore::new(concurrency));
     let freed = Arc::new(Notify::new());
@@ -782,6 +788,11 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                          // waits; a slot freed here is then a reason to look again.
     let capped = shared.config.max_running.contains_key(&queue);
     let mut backoff = Duration::from_millis(50);
+    // After a failed claim the store may have restarted, and the wake-ups
+    // sent while the wake-up channel reconnects (with a backoff of its own,
+    // up to 5 s) are lost: look often until that window has passed, so work
+    // due meanwhile is not left for the next poll.
+    let mut recovering_until: Option<Instant> = None;
     loop {
         if shared.stop_claiming.is_cancelled() {
             return;
@@ -800,6 +811,24 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                 Ok(batch) => {
                     backoff = Duration::from_millis(50);
                     more = batch.len() == free;
+                    // A claim that came back so late (a store that was just
+                    // restarted, a pool waiting for connections) that its
+                    // lease, counted from the send, is already inside the
+                    // stop guard would be stopped as it starts — while a
+                    // command may still finish and then be discarded and run
+                    // again. Hand such tasks back unstarted instead.
+                    if sent.elapsed() + shared.guard() >= shared.config.lease {
+                        tracing::warn!(queue = %queue, tasks = batch.len(), took = ?sent.elapsed(), "claim answered too late to run within its lease; handing the tasks back");
+                        for task in batch {
+                            let _ = shared
+                                .store
+                                .backend()
+                                .finish(task.claim(), &Finish::HandBack)
+                                .await;
+                        }
+                        more = true;
+                        continue;
+                    }
                     for task in batch {
                         let Ok(permit) = slots.clone().try_acquire_owned() else {
                             // Cannot happen (we asked for `free`); hand it back.
@@ -819,6 +848,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                 }
                 Err(e) => {
                     tracing::warn!(queue = %queue, error = %e, "claim failed; backing off");
+                    recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = shared.stop_claiming.cancelled() => return,
@@ -830,8 +860,10 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         }
         // Wait for a reason to claim again: a wake-up or poll tick (there may
         // be new work), or a freed slot when the last claim was full.
+        let recovering = recovering_until.filter(|t| *t > Instant::now());
         tokio::select! {
             _ = poke.notified() => more = true,
+            _ = tokio::time::sleep(RECOVERY_POLL), if recovering.is_some() => more = true,
             _ = freed.notified(), if more || capped => {
                 more = true;
                 // Slots free in bursts (completions are written in batches):

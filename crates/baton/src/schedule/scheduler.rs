@@ -97,7 +97,17 @@ pub struct Job {
     pub max_attempts: u32,
     /// Timeout per attempt.
     pub timeout: Option<Duration>,
+    /// Durable mode: take each on-time slot this long before it (by store
+    /// time), so its task, due at the slot, is queued and announced ahead
+    /// and a worker claims it as the slot comes (at most a quarter of the
+    /// gap to the following slot). `overlap = forbid` and pause are judged
+    /// that much earlier; missed slots (misfire, catch-up) are taken only
+    /// once due. Lock mode ignores it: its run starts at once.
+    pub lead: Duration,
 }
+
+/// The default [`Job::lead`].
+pub const DEFAULT_LEAD: Duration = Duration::from_millis(150);
 
 impl Job {
     /// A durable job on the default queue, misfire `latest`, overlap
@@ -120,6 +130,7 @@ impl Job {
             priority: 0,
             max_attempts: crate::queue::DEFAULT_MAX_ATTEMPTS,
             timeout: None,
+            lead: DEFAULT_LEAD,
         }
     }
     /// Lock mode with these lease bounds.
@@ -482,6 +493,17 @@ async fn slot_loop(
         job.misfire
     };
     let mut last_rescue: Option<Instant> = None;
+    let lead = match lock {
+        Some(_) => chrono::Duration::zero(),
+        None => chrono::Duration::from_std(job.lead).unwrap_or_default(),
+    };
+    // The lead for `slot`: at most a quarter of the gap to the next one, so
+    // a fast schedule is never taken more than one slot ahead.
+    let lead_for = |slot: DateTime<Utc>| -> chrono::Duration {
+        job.schedule
+            .next_after(slot)
+            .map_or(lead, |n| lead.min((n - slot) / 4))
+    };
     'outer: while !stop.is_cancelled() {
         if !fresh {
             match b.job_register(&job.name).await {
@@ -529,6 +551,37 @@ async fn slot_loop(
             }
         }
         steps.extend(due.slots.iter().map(|s| (*s, None)));
+        // On time (nothing due): take the next slot within its lead, once
+        // the store's clock has reached `slot - lead`.
+        let mut early = false;
+        if steps.is_empty() && lead > chrono::Duration::zero() {
+            if let Some(next) = job.schedule.next_after(from) {
+                let at = next - lead_for(next);
+                if at <= now {
+                    match b.now().await {
+                        Ok(t) if t >= at => {
+                            steps.push((next, None));
+                            early = true;
+                        }
+                        Ok(t) => {
+                            let wait = (at - t).to_std().unwrap_or(Duration::ZERO);
+                            recalibrate = true;
+                            tokio::select! {
+                                _ = tokio::time::sleep(wait.min(MAX_WAIT)) => {}
+                                _ = stop.cancelled() => return,
+                            }
+                            continue 'outer;
+                        }
+                        Err(e) => {
+                            tracing::warn!(job = %job.name, error = %e, "cannot read the store's clock; retrying");
+                            recalibrate = true;
+                            pause(&stop, &mut backoff).await;
+                            continue 'outer;
+                        }
+                    }
+                }
+            }
+        }
         // Tasks of one catch-up are not each other's previous run: the
         // window is fixed by the latest due slot, so every instance (whatever
         // cursor it read mid-catch-up) draws the same line.
@@ -576,7 +629,9 @@ async fn slot_loop(
                 record,
                 overlap: job.overlap,
                 batch_after,
-                due_only: true,
+                // An early slot was checked against the store's clock
+                // (`slot - lead`) just before; `until` still bounds it.
+                due_only: !early,
                 until,
                 ..SlotAdvance::new(&job.name, cursor, slot, Some(&task))
             };
@@ -641,6 +696,7 @@ async fn slot_loop(
         let next = job
             .schedule
             .next_after(now.max(cursor.unwrap_or(now)))
+            .map(|n| n - lead_for(n))
             .unwrap_or(now + chrono::Duration::seconds(60));
         tokio::select! {
             _ = clock.sleep_until(next, MAX_WAIT) => {}

@@ -725,3 +725,45 @@ pub async fn fixed_delay_counts_from_the_previous_end(ts: TestStore) {
         );
     }
 }
+
+/// A durable job's on-time slot is taken within its lead before the slot,
+/// never earlier (store time: the task's `created_at` is the store's clock
+/// at the insert, after the scheduler saw it reach `slot - lead`), and its
+/// task is due at the slot itself.
+pub async fn on_time_slot_is_taken_within_its_lead(ts: TestStore) {
+    let store = ts.open().await;
+    let mut s = Scheduler::new(store.clone());
+    let mut job = Job::new("lead", every(1_000));
+    job.lead = Duration::from_millis(200);
+    s.add(job).unwrap();
+    let stop = CancellationToken::new();
+    let h = tokio::spawn(s.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    stop.cancel();
+    h.await.unwrap().unwrap();
+    let tasks = store
+        .backend()
+        .tasks(&baton::store::TaskFilter {
+            job: Some("lead".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(tasks.len() >= 3, "{tasks:?}");
+    let mut ahead = 0;
+    for t in &tasks {
+        let slot = t.slot.unwrap();
+        assert_eq!(t.run_at, slot, "due at its slot: {t:?}");
+        let lead = slot - t.created_at;
+        // 1 ms: created_at is kept to the millisecond on some stores.
+        assert!(
+            lead <= chrono::Duration::milliseconds(201),
+            "slot {slot} taken {lead} before it (lead 200 ms)"
+        );
+        if lead > chrono::Duration::zero() {
+            ahead += 1;
+        }
+    }
+    assert!(ahead >= 2, "on-time slots are taken ahead: {tasks:?}");
+}
