@@ -642,7 +642,7 @@ async fn slot_loop(
                         tracing::info!(job = %job.name, %slot, task = e.id, %reason, "missed slots recorded as skipped");
                     } else if let Some(l) = &lock {
                         if e.inserted {
-                            run_locked(b, l, &job, slot, e.id).await;
+                            run_locked(b, l, &job, slot, e.id, None).await;
                         } else {
                             tracing::debug!(job = %job.name, %slot, "the slot already has a run");
                         }
@@ -714,6 +714,7 @@ async fn run_locked(
     job: &Job,
     slot: DateTime<Utc>,
     id: i64,
+    end_cursor: Option<&std::sync::Mutex<Option<DateTime<Utc>>>>,
 ) {
     let claim = Claim {
         id,
@@ -724,12 +725,23 @@ async fn run_locked(
     let lease = l.opts.at_most_duration();
     let name = job.name.clone();
     let f = l.f.clone();
-    let run = l.locker.run(&job.name, &l.opts, move |lease| {
-        f(SlotRun {
+    let run = l.locker.run(&job.name, &l.opts, move |lease| async move {
+        let out = f(SlotRun {
             job: name,
             slot,
             lease,
         })
+        .await;
+        // Fixed delay: the next run counts from this one's end, so move the
+        // cursor there while the lock is still held (once it is released,
+        // another instance may otherwise take `slot + delay`).
+        if let Some(cell) = end_cursor {
+            let moved = cursor_to_end(b, &job.name, slot).await;
+            if let Ok(mut c) = cell.lock() {
+                *c = moved;
+            }
+        }
+        out
     });
     let beat = async {
         loop {
@@ -789,6 +801,33 @@ async fn run_locked(
             }
         }
     }
+}
+
+/// Move a fixed-delay job's cursor from `from` (its run's start) to the
+/// store's now (the run's end); if another instance moved it meanwhile to
+/// an earlier instant, move it on from there. The cursor it leaves, if
+/// this instance moved it.
+async fn cursor_to_end(
+    b: &dyn crate::store::Backend,
+    job: &str,
+    from: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let end = b.now().await.ok()?;
+    let mut expected = Some(from);
+    for _ in 0..3 {
+        if expected.is_some_and(|c| c >= end) {
+            return None;
+        }
+        match b
+            .job_advance(&SlotAdvance::new(job, expected, end, None))
+            .await
+        {
+            Ok(Advanced::Enqueued(_)) => return Some(end),
+            Ok(Advanced::Moved(c)) => expected = c,
+            _ => return None,
+        }
+    }
+    None
 }
 
 async fn pause(stop: &CancellationToken, backoff: &mut Duration) {
@@ -861,18 +900,13 @@ async fn fixed_delay_loop(
             Ok(Advanced::Enqueued(e)) | Ok(Advanced::Skipped(e)) => {
                 cursor = Some(target);
                 if e.inserted {
-                    run_locked(b, &l, &job, target, e.id).await;
-                    // The delay counts from the run's end: move the cursor there.
-                    if let Ok(end) = store.now().await {
-                        if end > target {
-                            match b
-                                .job_advance(&SlotAdvance::new(&job.name, Some(target), end, None))
-                                .await
-                            {
-                                Ok(Advanced::Enqueued(_)) => cursor = Some(end),
-                                _ => fresh = false,
-                            }
-                        }
+                    // The delay counts from the run's end: run_locked moves
+                    // the cursor there before it releases the lock.
+                    let end = std::sync::Mutex::new(None);
+                    run_locked(b, &l, &job, target, e.id, Some(&end)).await;
+                    match end.into_inner().ok().flatten() {
+                        Some(end) => cursor = Some(end),
+                        None => fresh = false,
                     }
                 }
             }
