@@ -72,9 +72,8 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             e.field = format!("--{}", e.field.replace('_', "-"));
             Error::from(e)
         })?;
-    let store = connect(&a.store)
-        .await
-        .with_context(|| format!("store {}", baton::store::redact(&a.store.store)))?;
+    // `connect` names the store in its errors.
+    let store = connect(&a.store).await?;
     let locker = Locker::new(store);
     let wait = a.wait.unwrap_or(Duration::ZERO);
     // Try at once; when it is held and we may wait, say so before waiting.

@@ -139,6 +139,8 @@ async fn connect_opts(arg: &StoreArg, migrate: bool) -> anyhow::Result<baton::St
     };
     match baton::Store::connect_with(&arg.store, opts).await {
         Ok(s) => Ok(s),
+        // A bad URL or option already says what and where.
+        Err(e @ baton::StoreError::Config(_)) => Err(baton::Error::from(e).into()),
         Err(e) => {
             let mut why = connect_failure(&arg.store, &e);
             if why.is_none() {

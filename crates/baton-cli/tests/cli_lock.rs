@@ -363,7 +363,7 @@ fn bad_input_exits_2() {
             "--grace: 5s is not shorter than --at-most 5s",
         ),
         (
-            vec!["lock", "x", "--store", "mysql://x", "--", "true"],
+            vec!["lock", "x", "--store", "mongodb://x", "--", "true"],
             "unknown scheme",
         ),
         (vec!["lock", "x"], "required"),
