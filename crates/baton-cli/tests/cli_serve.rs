@@ -40,7 +40,11 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
 "#;
 
 fn serve(e: &Env, config: &str, extra_env: &[(&str, &str)]) -> Child {
-    std::fs::write(e.path("baton.toml"), config).unwrap();
+    // Written whole and renamed into place: an instance starting while the
+    // next one is spawned must never read a half-written (empty) file.
+    let tmp = e.path(&format!("baton.toml.{}", fastrand::u64(..)));
+    std::fs::write(&tmp, config).unwrap();
+    std::fs::rename(&tmp, e.path("baton.toml")).unwrap();
     let mut c = e.cmd(&[
         "serve",
         "--config",

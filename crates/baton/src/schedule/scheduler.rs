@@ -557,6 +557,16 @@ async fn slot_loop(
         if steps.is_empty() && lead > chrono::Duration::zero() {
             if let Some(next) = job.schedule.next_after(from) {
                 let at = next - lead_for(next);
+                if at <= now && job.overlap == Overlap::Forbid && unfinished_run(b, &job.name).await
+                {
+                    // The previous run is unfinished: judge the slot by the
+                    // overlap rule at the slot itself, not `lead` before it.
+                    tokio::select! {
+                        _ = clock.sleep_until(next, MAX_WAIT) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    continue 'outer;
+                }
                 if at <= now {
                     match b.now().await {
                         Ok(t) if t >= at => {
@@ -800,6 +810,25 @@ async fn run_locked(
                 backoff *= 2;
             }
         }
+    }
+}
+
+/// Whether the job's newest task is pending or running (a store error
+/// counts as yes: then the slot is simply taken at its time).
+async fn unfinished_run(b: &dyn crate::store::Backend, job: &str) -> bool {
+    let filter = crate::store::TaskFilter {
+        job: Some(job.to_string()),
+        limit: 1,
+        ..Default::default()
+    };
+    match b.tasks(&filter).await {
+        Ok(v) => v.first().is_some_and(|t| {
+            matches!(
+                t.state,
+                crate::store::TaskState::Pending | crate::store::TaskState::Running
+            )
+        }),
+        Err(_) => true,
     }
 }
 
