@@ -89,6 +89,7 @@ conformance! {
     schedule::lock_mode_runs_each_slot_on_one_instance,
     schedule::advance_is_checked_against_store_time,
     schedule::run_and_skip_records,
+    schedule::run_record_leaves_an_existing_slot_task_alone,
     schedule::catch_up_batch_is_not_its_own_previous_run,
     schedule::lock_mode_without_at_least_runs_each_slot_once,
     schedule::catch_up_all_with_overlap_forbid,

@@ -767,3 +767,34 @@ pub async fn on_time_slot_is_taken_within_its_lead(ts: TestStore) {
     }
     assert!(ahead >= 2, "on-time slots are taken ahead: {tasks:?}");
 }
+
+/// `SlotRecord::Run` for a slot whose task already exists (made by a
+/// trigger or an earlier enqueue with the slot's key) moves the cursor and
+/// answers that task, not inserted, and leaves it as it was: the existing
+/// task is the slot's run, never turned into a run record.
+pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("lockjob2", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
+    let c0 = b.job_register("lockjob2").await.unwrap().last_slot.unwrap();
+    let s1 = secs(c0, -2);
+    let t1 = job.task(s1, false).unwrap();
+    let existing = b.enqueue(std::slice::from_ref(&t1)).await.unwrap()[0];
+    assert!(existing.inserted);
+    let adv = SlotAdvance {
+        record: baton::store::SlotRecord::Run {
+            worker: "inst-a",
+            lease: Duration::from_secs(10),
+        },
+        due_only: true,
+        ..SlotAdvance::new("lockjob2", Some(c0), s1, Some(&t1))
+    };
+    let Advanced::Enqueued(e) = b.job_advance(&adv).await.unwrap() else {
+        panic!("the slot is advanced")
+    };
+    assert_eq!(e.id, existing.id, "the slot's existing task is answered");
+    assert!(!e.inserted);
+    let info = b.task(existing.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Pending, "{info:?}");
+    assert_eq!(info.attempt, 0);
+    assert_eq!(info.worker, None);
+}
