@@ -506,17 +506,12 @@ async fn slot_loop(
     };
     'outer: while !stop.is_cancelled() {
         if !fresh {
-            match b.job_register(&job.name).await {
-                Ok(st) => {
-                    cursor = st.last_slot;
+            match read_cursor(b, &job.name, &stop, &mut backoff).await {
+                Some(c) => {
+                    cursor = c;
                     fresh = true;
-                    backoff = Duration::from_millis(100);
                 }
-                Err(e) => {
-                    tracing::warn!(job = %job.name, error = %e, "cannot read the job's cursor; retrying");
-                    pause(&stop, &mut backoff).await;
-                    continue;
-                }
+                None => continue,
             }
         }
         if std::mem::take(&mut recalibrate) {
@@ -859,6 +854,27 @@ async fn cursor_to_end(
     None
 }
 
+/// Register the job (if new) and read its cursor; `None` after a store
+/// error (logged, and `backoff` waited), so the caller tries again.
+async fn read_cursor(
+    b: &dyn crate::store::Backend,
+    job: &str,
+    stop: &CancellationToken,
+    backoff: &mut Duration,
+) -> Option<Option<DateTime<Utc>>> {
+    match b.job_register(job).await {
+        Ok(st) => {
+            *backoff = Duration::from_millis(100);
+            Some(st.last_slot)
+        }
+        Err(e) => {
+            tracing::warn!(job, error = %e, "cannot read the job's cursor; retrying");
+            pause(stop, backoff).await;
+            None
+        }
+    }
+}
+
 async fn pause(stop: &CancellationToken, backoff: &mut Duration) {
     tokio::select! {
         _ = tokio::time::sleep(*backoff) => {}
@@ -886,17 +902,12 @@ async fn fixed_delay_loop(
     let delay_c = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
     while !stop.is_cancelled() {
         if !fresh {
-            match b.job_register(&job.name).await {
-                Ok(st) => {
-                    cursor = st.last_slot;
+            match read_cursor(b, &job.name, &stop, &mut backoff).await {
+                Some(c) => {
+                    cursor = c;
                     fresh = true;
-                    backoff = Duration::from_millis(100);
                 }
-                Err(e) => {
-                    tracing::warn!(job = %job.name, error = %e, "cannot read the job's cursor; retrying");
-                    pause(&stop, &mut backoff).await;
-                    continue;
-                }
+                None => continue,
             }
         }
         let target = match cursor.and_then(|c| c.checked_add_signed(delay_c)) {
