@@ -686,7 +686,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
             while Instant::now() < end {
                 let c0 = Instant::now();
                 let got = b
-                    .claim(&ClaimRequest {
+                    .task_claim(&ClaimRequest {
                         queue,
                         worker: &worker,
                         limit: batch,
@@ -703,7 +703,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                 claimed.fetch_add(got.len() as u64, Ordering::Relaxed);
                 for t in got {
                     let f0 = Instant::now();
-                    let ok = b.finish(t.claim(), &finish).await?;
+                    let ok = b.task_finish(t.claim(), &finish).await?;
                     finish_lat.push(f0.elapsed());
                     if !ok {
                         bail!("finish of task {} refused", t.id);
@@ -896,7 +896,7 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
     loop {
         let page = store
             .backend()
-            .tasks(&TaskFilter {
+            .task_list(&TaskFilter {
                 job: Some("tick".into()),
                 before_id: before,
                 limit: 1000,

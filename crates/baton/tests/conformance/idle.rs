@@ -69,53 +69,53 @@ impl Backend for Counting {
     async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
         self.count("lock_list").lock_list().await
     }
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
-        self.count("enqueue").enqueue(tasks).await
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+        self.count("enqueue").task_insert_many(tasks).await
     }
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
-        self.count("claim").claim(req).await
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+        self.count("claim").task_claim(req).await
     }
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
     ) -> Result<Vec<Heartbeat>, StoreError> {
-        self.count("heartbeat").heartbeat(claims, lease).await
+        self.count("heartbeat").task_heartbeat_many(claims, lease).await
     }
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        self.count("finish").finish(claim, finish).await
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        self.count("finish").task_finish(claim, finish).await
     }
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
     ) -> Result<bool, StoreError> {
-        self.count("progress").progress(claim, progress).await
+        self.count("progress").task_set_progress(claim, progress).await
     }
-    async fn rescue(&self) -> Result<Rescued, StoreError> {
-        self.count("rescue").rescue().await
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
+        self.count("rescue").task_rescue_many().await
     }
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        self.count("cancel").cancel(id).await
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+        self.count("cancel").task_cancel(id).await
     }
-    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
-        self.count("retry").retry(id).await
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
+        self.count("retry").task_retry(id).await
     }
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
-        self.count("task").task(id).await
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+        self.count("task").task_get(id).await
     }
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
-        self.count("tasks").tasks(filter).await
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+        self.count("tasks").task_list(filter).await
     }
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        self.count("stats").stats().await
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        self.count("stats").queue_stats().await
     }
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.count("prune").prune(older_than).await
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.count("prune").task_prune(older_than).await
     }
-    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError> {
+    async fn wake_subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError> {
         // Setting up the wake-up channel is not a per-second query.
-        self.inner.backend().subscribe().await
+        self.inner.backend().wake_subscribe().await
     }
     async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
         self.count("job_register").job_register(job).await

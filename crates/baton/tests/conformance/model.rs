@@ -856,7 +856,7 @@ impl Real<'_> {
                         slot: None,
                     })
                     .collect();
-                let got = b.enqueue(&tasks).await.map_err(|e| err("enqueue", e))?;
+                let got = b.task_insert_many(&tasks).await.map_err(|e| err("enqueue", e))?;
                 tokio::time::sleep(TICK).await;
                 let mut out = Vec::new();
                 for e in got {
@@ -874,7 +874,7 @@ impl Real<'_> {
             }
             Step::Claim { queue, limit, cap } => {
                 let got = b
-                    .claim(&ClaimRequest {
+                    .task_claim(&ClaimRequest {
                         queue: QUEUES[*queue],
                         worker: "model",
                         limit: *limit,
@@ -897,14 +897,14 @@ impl Real<'_> {
             Step::Heartbeat(cs) => {
                 let claims: Vec<Claim> = cs.iter().map(|&c| self.claims[c]).collect();
                 Ans::Beats(
-                    b.heartbeat(&claims, LONG)
+                    b.task_heartbeat_many(&claims, LONG)
                         .await
                         .map_err(|e| err("heartbeat", e))?,
                 )
             }
             Step::Lapse(c) => {
                 let got = b
-                    .heartbeat(&[self.claims[*c]], TINY)
+                    .task_heartbeat_many(&[self.claims[*c]], TINY)
                     .await
                     .map_err(|e| err("heartbeat", e))?;
                 tokio::time::sleep(LAPSE).await;
@@ -912,7 +912,7 @@ impl Real<'_> {
             }
             Step::Finish(c, f) => {
                 let ok = b
-                    .finish(self.claims[*c], &f.finish())
+                    .task_finish(self.claims[*c], &f.finish())
                     .await
                     .map_err(|e| err("finish", e))?;
                 tokio::time::sleep(TICK).await;
@@ -924,25 +924,25 @@ impl Real<'_> {
                     .map(|(c, f)| (self.claims[*c], f.finish()))
                     .collect();
                 let ok = b
-                    .finish_many(&items)
+                    .task_finish_many(&items)
                     .await
                     .map_err(|e| err("finish_many", e))?;
                 tokio::time::sleep(TICK).await;
                 Ans::Done(ok)
             }
             Step::Progress(c) => Ans::Done(vec![b
-                .progress(self.claims[*c], &json!(now))
+                .task_set_progress(self.claims[*c], &json!(now))
                 .await
                 .map_err(|e| err("progress", e))?]),
             Step::Rescue => {
-                let r = b.rescue().await.map_err(|e| err("rescue", e))?;
+                let r = b.task_rescue_many().await.map_err(|e| err("rescue", e))?;
                 Ans::Rescued(r.requeued, r.failed, r.cancelled)
             }
             Step::Cancel(i) => {
-                Ans::Cancel(b.cancel(self.ids[*i]).await.map_err(|e| err("cancel", e))?)
+                Ans::Cancel(b.task_cancel(self.ids[*i]).await.map_err(|e| err("cancel", e))?)
             }
             Step::Retry(i) => {
-                let r = match b.retry(self.ids[*i]).await {
+                let r = match b.task_retry(self.ids[*i]).await {
                     Ok(ok) => Some(ok),
                     Err(StoreError::Conflict(_)) => None,
                     Err(e) => return Err(err("retry", e)),
@@ -952,7 +952,7 @@ impl Real<'_> {
             }
             Step::Prune => {
                 tokio::time::sleep(LAPSE).await;
-                Ans::Pruned(b.prune(Duration::ZERO).await.map_err(|e| err("prune", e))?)
+                Ans::Pruned(b.task_prune(Duration::ZERO).await.map_err(|e| err("prune", e))?)
             }
             Step::LockAcquire(l) => {
                 self.holders += 1;
@@ -1019,7 +1019,7 @@ impl Real<'_> {
         let b = self.b;
         let now = b.now().await.map_err(|e| err("now", e))?;
         let all = b
-            .tasks(&TaskFilter {
+            .task_list(&TaskFilter {
                 limit: 10_000,
                 ..TaskFilter::default()
             })
@@ -1103,7 +1103,7 @@ impl Real<'_> {
                 .unwrap_or(0)] += 1;
         }
         let seen: BTreeMap<String, [u64; 5]> = b
-            .stats()
+            .queue_stats()
             .await
             .map_err(|e| err("stats", e))?
             .into_iter()

@@ -113,7 +113,7 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
     let got = ts
         .store
         .backend()
-        .claim(&ClaimRequest {
+        .task_claim(&ClaimRequest {
             queue: "default",
             worker: "elsewhere",
             limit: 1,
@@ -127,7 +127,7 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
     let ok = ts
         .store
         .backend()
-        .finish(
+        .task_finish(
             got[0].claim(),
             &Finish::Failed {
                 error: "boom".into(),
