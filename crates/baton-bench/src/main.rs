@@ -405,7 +405,14 @@ async fn lock_bench(a: LockArgs) -> Result<()> {
                             Acquire::Busy(_) => bail!("lock {name} unexpectedly busy"),
                         };
                         let t1 = Instant::now();
-                        if !b.lock_release(&name, token, Duration::ZERO).await? {
+                        if !b
+                            .lock_release(&baton::store::LockRelease {
+                                name: &name,
+                                token,
+                                at_least: Duration::ZERO,
+                            })
+                            .await?
+                        {
                             bail!("release of {name} refused");
                         }
                         t1
@@ -703,7 +710,10 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                 claimed.fetch_add(got.len() as u64, Ordering::Relaxed);
                 for t in got {
                     let f0 = Instant::now();
-                    let ok = b.task_finish(t.claim(), &finish).await?;
+                    let ok = b
+                        .task_finish_many(&[(t.claim(), finish.clone())])
+                        .await
+                        .map(|r| r == [true])?;
                     finish_lat.push(f0.elapsed());
                     if !ok {
                         bail!("finish of task {} refused", t.id);

@@ -120,7 +120,11 @@ async fn lock_lost_lease_kills_the_whole_tree_at_once() {
     let b = e.ts.store.backend();
     let info = b.lock_get("tree-lost").await.unwrap().unwrap();
     assert!(b
-        .lock_release("tree-lost", info.token, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "tree-lost",
+            token: info.token,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     let locker = baton::lock::Locker::new(e.ts.store.clone());

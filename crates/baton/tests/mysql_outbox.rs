@@ -55,7 +55,11 @@ async fn outbox_commits_with_the_callers_transaction() {
     assert_eq!(r[0].id, r[1].id, "the same key gives the same task");
     tx.rollback().await.unwrap();
     assert!(b.task_get(r[0].id).await.unwrap().is_none());
-    assert!(b.task_list(&TaskFilter::default()).await.unwrap().is_empty());
+    assert!(b
+        .task_list(&TaskFilter::default())
+        .await
+        .unwrap()
+        .is_empty());
 
     // Committed: the tasks are there and claimable; the key is taken.
     let mut tx = conn.begin().await.unwrap();

@@ -388,7 +388,11 @@ async fn private_server_restart() {
             .unwrap(),
     );
     assert!(b
-        .lock_release("daemon-runner", t1, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "daemon-runner",
+            token: t1,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     let id = b.task_insert_many(&[nt("q")]).await.unwrap()[0].id;
@@ -427,7 +431,11 @@ async fn private_server_restart() {
     );
     assert!(t2 > t1, "{t2} > {t1}");
     assert!(b
-        .lock_release("daemon-runner", t2, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "daemon-runner",
+            token: t2,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     let got = b.task_claim(&creq("q", 10, 10_000)).await.unwrap();

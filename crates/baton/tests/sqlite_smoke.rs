@@ -84,7 +84,11 @@ async fn subscribe_is_shared_by_handles_on_one_file() {
     let db = db().await;
     let other = db.open().await;
     let mut rx = db.b().wake_subscribe().await.unwrap();
-    other.backend().task_insert_many(&[task("mail")]).await.unwrap();
+    other
+        .backend()
+        .task_insert_many(&[task("mail")])
+        .await
+        .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(1), rx.recv())
         .await
         .expect("woken")
@@ -141,7 +145,11 @@ async fn outbox_enqueue_in_caller_transaction() {
         .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
-        backend.task_claim(&claim_req("q", 5, LONG)).await.unwrap().len(),
+        backend
+            .task_claim(&claim_req("q", 5, LONG))
+            .await
+            .unwrap()
+            .len(),
         1
     );
 }
@@ -304,7 +312,12 @@ async fn concurrent_workers_timing() {
                 }
                 for t in got {
                     let c = t.claim();
-                    assert!(s.backend().task_finish(c, &Finish::Succeeded).await.unwrap());
+                    assert!(s
+                        .backend()
+                        .task_finish_many(&[(c, Finish::Succeeded)])
+                        .await
+                        .map(|r| r == [true])
+                        .unwrap());
                     done += 1;
                 }
             }

@@ -129,7 +129,15 @@ impl TaskContext {
     /// Record progress on the task (any JSON). Fails with
     /// [`Error::LeaseLost`] when the claim is no longer this worker's.
     pub async fn progress(&self, value: serde_json::Value) -> Result<(), Error> {
-        if self.store.backend().task_set_progress(self.claim(), &value).await? {
+        if self
+            .store
+            .backend()
+            .task_set_progress(&crate::store::TaskSetProgress {
+                claim: self.claim(),
+                progress: &value,
+            })
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::LeaseLost(format!("task {}", self.task.id)))
@@ -823,8 +831,9 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                             let _ = shared
                                 .store
                                 .backend()
-                                .task_finish(task.claim(), &Finish::HandBack)
-                                .await;
+                                .task_finish_many(&[(task.claim(), Finish::HandBack)])
+                                .await
+                                .map(|r| r == [true]);
                         }
                         more = true;
                         continue;
@@ -836,8 +845,9 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                             let _ = shared
                                 .store
                                 .backend()
-                                .task_finish(claim, &Finish::HandBack)
-                                .await;
+                                .task_finish_many(&[(claim, Finish::HandBack)])
+                                .await
+                                .map(|r| r == [true]);
                             continue;
                         };
                         start_task(shared.clone(), task, sent, permit, freed.clone());
@@ -1125,11 +1135,21 @@ async fn finish_once(
     });
     if sent.is_err() {
         // The completer is gone (shutdown): write directly.
-        return shared.store.backend().task_finish(claim, finish).await;
+        return shared
+            .store
+            .backend()
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true]);
     }
     match answer.await {
         Ok(r) => r,
-        Err(_) => shared.store.backend().task_finish(claim, finish).await,
+        Err(_) => shared
+            .store
+            .backend()
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true]),
     }
 }
 
@@ -1210,7 +1230,11 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
             continue;
         }
         let sent = Instant::now();
-        let call = shared.store.backend().task_heartbeat_many(&claims, lease);
+        let params = crate::store::TaskHeartbeatMany {
+            claims: &claims,
+            lease,
+        };
+        let call = shared.store.backend().task_heartbeat_many(&params);
         match crate::store::bounded(period, "heartbeat", call).await {
             Ok(answers) => {
                 let mut running = lock(&shared.running);

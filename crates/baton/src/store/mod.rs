@@ -28,12 +28,16 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub mod mysql;
+mod params;
 pub mod postgres;
 pub mod redis;
 pub(crate) mod sql_row;
 pub mod sqlite;
+pub mod state;
 mod types;
 
+pub use params::*;
+pub use state::{Transition, TRANSITIONS};
 pub use types::*;
 
 /// The default store URL: an embedded SQLite file in the working directory.
@@ -72,19 +76,12 @@ pub trait Backend: Send + Sync + 'static {
     /// no longer the current one or the lease already lapsed.
     async fn lock_extend(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
+        params: &LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError>;
 
     /// Release a lease we hold: it ends at `max(now, locked_at + at_least)`.
     /// False when the token is no longer current or the lease lapsed.
-    async fn lock_release(
-        &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
-    ) -> Result<bool, StoreError>;
+    async fn lock_release(&self, params: &LockRelease<'_>) -> Result<bool, StoreError>;
 
     /// One lock's record.
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError>;
@@ -107,34 +104,19 @@ pub trait Backend: Send + Sync + 'static {
     /// trip; one answer per claim, in order.
     async fn task_heartbeat_many(
         &self,
-        claims: &[Claim],
-        lease: Duration,
+        params: &TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError>;
 
-    /// End an attempt. A compare-and-set on (id, token, running): false
-    /// means the claim was lost and nothing changed. The transitions are the
-    /// table in DESIGN.md ("Task states").
-    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
-
-    /// End many attempts at once: one answer per item, in order, each as
-    /// [`Backend::task_finish`] would give it. Workers send every completion
-    /// through this, so a backend should do a batch in one transaction or
-    /// round trip; the default (one `finish` after another) is correct but
-    /// serializes the worker's completions.
-    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-        let mut out = Vec::with_capacity(items.len());
-        for (claim, finish) in items {
-            out.push(self.task_finish(*claim, finish).await?);
-        }
-        Ok(out)
-    }
+    /// End attempts: one answer per item, in order. Each is a
+    /// compare-and-set on (id, token, running): false means the claim was
+    /// lost and nothing changed for that item. The transitions are the table
+    /// in `state.rs` ([`TRANSITIONS`]; DESIGN.md "Task states"). Workers send
+    /// every completion through this, so a backend does a batch in one
+    /// transaction or round trip; a single finish is a batch of one.
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError>;
 
     /// Store a progress report on a running claim. False if the claim is lost.
-    async fn task_set_progress(
-        &self,
-        claim: Claim,
-        progress: &serde_json::Value,
-    ) -> Result<bool, StoreError>;
+    async fn task_set_progress(&self, params: &TaskSetProgress<'_>) -> Result<bool, StoreError>;
 
     /// Return every running task whose lease lapsed to pending (or to failed
     /// with [`LEASE_EXPIRED`] when out of attempts, or to cancelled when
@@ -176,7 +158,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError>;
 
     /// Pause or resume a job cluster-wide. False if the job is unknown.
-    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError>;
+    async fn job_set_paused(&self, params: &JobSetPaused<'_>) -> Result<bool, StoreError>;
 
     /// Every job's state, by name.
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError>;
@@ -410,7 +392,7 @@ macro_rules! bounded_backend {
             /// successes in one statement), so two items for one task in
             /// one batch would not be answered in order. A batch that
             /// repeats a task goes as runs of distinct tasks, one after
-            /// another: each item then gets exactly `finish`'s answer.
+            /// another: each item then gets the answer it would get alone.
             async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
                 let mut out = Vec::with_capacity(items.len());
                 let mut start = 0;
@@ -451,15 +433,14 @@ bounded_backend! {
     now() -> DateTime<Utc>;
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
-    lock_extend(name: &str, token: FencingToken, at_most: Duration) -> Option<DateTime<Utc>>;
-    lock_release(name: &str, token: FencingToken, at_least: Duration) -> bool;
+    lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;
+    lock_release(params: &LockRelease<'_>) -> bool;
     lock_get(name: &str) -> Option<LockInfo>;
     lock_list() -> Vec<LockInfo>;
     task_insert_many(tasks: &[NewTask]) -> Vec<Enqueued>;
     task_claim(req: &ClaimRequest<'_>) -> Vec<Task>;
-    task_heartbeat_many(claims: &[Claim], lease: Duration) -> Vec<Heartbeat>;
-    task_finish(claim: Claim, finish: &Finish) -> bool;
-    task_set_progress(claim: Claim, progress: &serde_json::Value) -> bool;
+    task_heartbeat_many(params: &TaskHeartbeatMany<'_>) -> Vec<Heartbeat>;
+    task_set_progress(params: &TaskSetProgress<'_>) -> bool;
     task_rescue_many() -> Rescued;
     task_cancel(id: i64) -> CancelOutcome;
     task_retry(id: i64) -> bool;
@@ -470,6 +451,6 @@ bounded_backend! {
     wake_subscribe() -> tokio::sync::broadcast::Receiver<Wake>;
     job_register(job: &str) -> JobState;
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
-    job_set_paused(job: &str, paused: bool) -> bool;
+    job_set_paused(params: &JobSetPaused<'_>) -> bool;
     job_list() -> Vec<JobState>;
 }

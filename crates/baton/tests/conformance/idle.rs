@@ -45,23 +45,15 @@ impl Backend for Counting {
     }
     async fn lock_extend(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
+        params: &baton::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        self.count("lock_extend")
-            .lock_extend(name, token, at_most)
-            .await
+        self.count("lock_extend").lock_extend(params).await
     }
     async fn lock_release(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
+        params: &baton::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
-        self.count("lock_release")
-            .lock_release(name, token, at_least)
-            .await
+        self.count("lock_release").lock_release(params).await
     }
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
         self.count("lock_get").lock_get(name).await
@@ -77,20 +69,18 @@ impl Backend for Counting {
     }
     async fn task_heartbeat_many(
         &self,
-        claims: &[Claim],
-        lease: Duration,
+        params: &baton::store::TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError> {
-        self.count("heartbeat").task_heartbeat_many(claims, lease).await
+        self.count("heartbeat").task_heartbeat_many(params).await
     }
-    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        self.count("finish").task_finish(claim, finish).await
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+        self.count("finish").task_finish_many(items).await
     }
     async fn task_set_progress(
         &self,
-        claim: Claim,
-        progress: &serde_json::Value,
+        params: &baton::store::TaskSetProgress<'_>,
     ) -> Result<bool, StoreError> {
-        self.count("progress").task_set_progress(claim, progress).await
+        self.count("progress").task_set_progress(params).await
     }
     async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
         self.count("rescue").task_rescue_many().await
@@ -123,10 +113,11 @@ impl Backend for Counting {
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
         self.count("job_advance").job_advance(adv).await
     }
-    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
-        self.count("job_set_paused")
-            .job_set_paused(job, paused)
-            .await
+    async fn job_set_paused(
+        &self,
+        params: &baton::store::JobSetPaused<'_>,
+    ) -> Result<bool, StoreError> {
+        self.count("job_set_paused").job_set_paused(params).await
     }
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
         self.count("job_list").job_list().await

@@ -856,7 +856,10 @@ impl Real<'_> {
                         slot: None,
                     })
                     .collect();
-                let got = b.task_insert_many(&tasks).await.map_err(|e| err("enqueue", e))?;
+                let got = b
+                    .task_insert_many(&tasks)
+                    .await
+                    .map_err(|e| err("enqueue", e))?;
                 tokio::time::sleep(TICK).await;
                 let mut out = Vec::new();
                 for e in got {
@@ -897,14 +900,20 @@ impl Real<'_> {
             Step::Heartbeat(cs) => {
                 let claims: Vec<Claim> = cs.iter().map(|&c| self.claims[c]).collect();
                 Ans::Beats(
-                    b.task_heartbeat_many(&claims, LONG)
-                        .await
-                        .map_err(|e| err("heartbeat", e))?,
+                    b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+                        claims: &claims,
+                        lease: LONG,
+                    })
+                    .await
+                    .map_err(|e| err("heartbeat", e))?,
                 )
             }
             Step::Lapse(c) => {
                 let got = b
-                    .task_heartbeat_many(&[self.claims[*c]], TINY)
+                    .task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+                        claims: &[self.claims[*c]],
+                        lease: TINY,
+                    })
                     .await
                     .map_err(|e| err("heartbeat", e))?;
                 tokio::time::sleep(LAPSE).await;
@@ -912,8 +921,9 @@ impl Real<'_> {
             }
             Step::Finish(c, f) => {
                 let ok = b
-                    .task_finish(self.claims[*c], &f.finish())
+                    .task_finish_many(&[(self.claims[*c], f.finish())])
                     .await
+                    .map(|r| r == [true])
                     .map_err(|e| err("finish", e))?;
                 tokio::time::sleep(TICK).await;
                 Ans::Done(vec![ok])
@@ -931,16 +941,21 @@ impl Real<'_> {
                 Ans::Done(ok)
             }
             Step::Progress(c) => Ans::Done(vec![b
-                .task_set_progress(self.claims[*c], &json!(now))
+                .task_set_progress(&baton::store::TaskSetProgress {
+                    claim: self.claims[*c],
+                    progress: &json!(now),
+                })
                 .await
                 .map_err(|e| err("progress", e))?]),
             Step::Rescue => {
                 let r = b.task_rescue_many().await.map_err(|e| err("rescue", e))?;
                 Ans::Rescued(r.requeued, r.failed, r.cancelled)
             }
-            Step::Cancel(i) => {
-                Ans::Cancel(b.task_cancel(self.ids[*i]).await.map_err(|e| err("cancel", e))?)
-            }
+            Step::Cancel(i) => Ans::Cancel(
+                b.task_cancel(self.ids[*i])
+                    .await
+                    .map_err(|e| err("cancel", e))?,
+            ),
             Step::Retry(i) => {
                 let r = match b.task_retry(self.ids[*i]).await {
                     Ok(ok) => Some(ok),
@@ -952,7 +967,11 @@ impl Real<'_> {
             }
             Step::Prune => {
                 tokio::time::sleep(LAPSE).await;
-                Ans::Pruned(b.task_prune(Duration::ZERO).await.map_err(|e| err("prune", e))?)
+                Ans::Pruned(
+                    b.task_prune(Duration::ZERO)
+                        .await
+                        .map_err(|e| err("prune", e))?,
+                )
             }
             Step::LockAcquire(l) => {
                 self.holders += 1;
@@ -987,22 +1006,30 @@ impl Real<'_> {
                 }
             }
             Step::LockExtend(l, g) => Ans::Done(vec![b
-                .lock_extend(LOCKS[*l], self.grants[*l][*g].0, LONG)
+                .lock_extend(&baton::store::LockExtend {
+                    name: LOCKS[*l],
+                    token: self.grants[*l][*g].0,
+                    at_most: LONG,
+                })
                 .await
                 .map_err(|e| err("lock_extend", e))?
                 .is_some()]),
             Step::LockRelease(l, g, keep) => Ans::Done(vec![b
-                .lock_release(
-                    LOCKS[*l],
-                    self.grants[*l][*g].0,
-                    if *keep { LONG } else { Duration::ZERO },
-                )
+                .lock_release(&baton::store::LockRelease {
+                    name: LOCKS[*l],
+                    token: self.grants[*l][*g].0,
+                    at_least: if *keep { LONG } else { Duration::ZERO },
+                })
                 .await
                 .map_err(|e| err("lock_release", e))?]),
             Step::LockLapse(l) => {
                 let ok = match self.grants[*l].last() {
                     Some((t, _)) => b
-                        .lock_extend(LOCKS[*l], *t, TINY)
+                        .lock_extend(&baton::store::LockExtend {
+                            name: LOCKS[*l],
+                            token: *t,
+                            at_most: TINY,
+                        })
                         .await
                         .map_err(|e| err("lock_extend", e))?
                         .is_some(),

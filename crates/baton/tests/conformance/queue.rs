@@ -131,8 +131,9 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     assert!(ts
         .store
         .backend()
-        .task_finish(c[0].claim(), &Finish::Succeeded)
+        .task_finish_many(&[(c[0].claim(), Finish::Succeeded)])
         .await
+        .map(|r| r == [true])
         .unwrap());
     let again = q.enqueue(task("u").unique_key("report-42")).await.unwrap();
     assert!(again.inserted && again.id != ids[0]);
@@ -145,8 +146,9 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     for t in &c {
         ts.store
             .backend()
-            .task_finish(t.claim(), &Finish::Succeeded)
+            .task_finish_many(&[(t.claim(), Finish::Succeeded)])
             .await
+            .map(|r| r == [true])
             .unwrap();
     }
     let f2 = q
@@ -190,9 +192,12 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let t = claim(&ts.store, "default", 1, 150).await.remove(0);
     let first = t.claim();
     assert_eq!(
-        b.task_heartbeat_many(&[first], Duration::from_millis(150))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[first],
+            lease: Duration::from_millis(150)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Extended]
     );
     // The worker freezes past its lease; any instance rescues it.
@@ -218,21 +223,46 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let second = t2.claim();
     // The frozen worker wakes up: its heartbeat and its result are refused.
     assert_eq!(
-        b.task_heartbeat_many(&[first, second], Duration::from_secs(10))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[first, second],
+            lease: Duration::from_secs(10)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Lost, Heartbeat::Extended]
     );
     assert!(
-        !b.task_finish(first, &Finish::Succeeded).await.unwrap(),
+        !b.task_finish_many(&[(first, Finish::Succeeded)])
+            .await
+            .map(|r| r == [true])
+            .unwrap(),
         "stale result refused"
     );
-    assert!(!b.task_set_progress(first, &json!({"p": 1})).await.unwrap());
+    assert!(!b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: first,
+            progress: &json!({"p": 1})
+        })
+        .await
+        .unwrap());
     assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Running);
-    assert!(b.task_set_progress(second, &json!({"done": 50})).await.unwrap());
-    assert!(b.task_finish(second, &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: second,
+            progress: &json!({"done": 50})
+        })
+        .await
+        .unwrap());
+    assert!(b
+        .task_finish_many(&[(second, Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     assert!(
-        !b.task_finish(second, &Finish::Succeeded).await.unwrap(),
+        !b.task_finish_many(&[(second, Finish::Succeeded)])
+            .await
+            .map(|r| r == [true])
+            .unwrap(),
         "finishing twice is refused"
     );
     let info = q.task(id).await.unwrap().unwrap();
@@ -590,15 +620,19 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
         );
     }
     let c = claim(&ts.store, "qa", 2, 10_000).await;
-    b.task_finish(c[0].claim(), &Finish::Succeeded).await.unwrap();
-    b.task_finish(
+    b.task_finish_many(&[(c[0].claim(), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap();
+    b.task_finish_many(&[(
         c[1].claim(),
-        &Finish::Failed {
+        Finish::Failed {
             error: "e".into(),
             retry_in: None,
         },
-    )
+    )])
     .await
+    .map(|r| r == [true])
     .unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
     let st = q.stats().await.unwrap();
@@ -682,7 +716,11 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     assert_eq!(c.len(), 5);
     let cl = |t: &baton::store::Task| t.claim();
     // A claim that is already finished, and one with a stale attempt.
-    assert!(b.task_finish(cl(&c[4]), &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(cl(&c[4]), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     let stale = Claim {
         token: FencingToken(c[3].token.0 - 1),
         ..c[3].claim()
@@ -742,7 +780,10 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
         ),
         (cl(&c[0]), Finish::Succeeded),
     ];
-    assert_eq!(b.task_finish_many(&items).await.unwrap(), [true, false, false]);
+    assert_eq!(
+        b.task_finish_many(&items).await.unwrap(),
+        [true, false, false]
+    );
     assert_eq!(state(fresh.id).await.state, TaskState::Succeeded);
     assert_eq!(state(c[3].id).await.state, TaskState::Running);
 }
@@ -849,20 +890,39 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("hb").max_attempts(3)).await.unwrap().id;
     let first = claim(&ts.store, "default", 1, 10_000).await.remove(0);
-    assert!(b.task_finish(first.claim(), &Finish::HandBack).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(first.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     let second = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!((second.id, second.attempt), (id, first.attempt));
     assert!(second.token > first.token, "a new claim, a higher token");
-    assert!(b.task_set_progress(second.claim(), &json!({"at": 2})).await.unwrap());
+    assert!(b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: second.claim(),
+            progress: &json!({"at": 2})
+        })
+        .await
+        .unwrap());
     let before = q.task(id).await.unwrap().unwrap();
     let stale = first.claim();
     assert_eq!(
-        b.task_heartbeat_many(&[stale], Duration::from_secs(60))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[stale],
+            lease: Duration::from_secs(60)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Lost]
     );
-    assert!(!b.task_set_progress(stale, &json!({"at": 1})).await.unwrap());
+    assert!(!b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: stale,
+            progress: &json!({"at": 1})
+        })
+        .await
+        .unwrap());
     for f in [
         Finish::HandBack,
         Finish::Succeeded,
@@ -874,7 +934,13 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
             reason: "late".into(),
         },
     ] {
-        assert!(!b.task_finish(stale, &f).await.unwrap(), "stale {f:?} refused");
+        assert!(
+            !b.task_finish_many(&[(stale, f.clone())])
+                .await
+                .map(|r| r == [true])
+                .unwrap(),
+            "stale {f:?} refused"
+        );
         assert!(!b
             .task_finish_many(&[(stale, f.clone())])
             .await
@@ -887,12 +953,19 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
         "stale calls changed nothing"
     );
     assert_eq!(
-        b.task_heartbeat_many(&[second.claim()], Duration::from_secs(10))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[second.claim()],
+            lease: Duration::from_secs(10)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Extended]
     );
-    assert!(b.task_finish(second.claim(), &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(second.claim(), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
 }
 
 /// A `finish_many` batch sent twice (its reply was lost, or part of it
@@ -968,14 +1041,15 @@ pub async fn cancel_requested_then_retryable_failure_cancels(ts: TestStore) {
     let t = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
     assert!(b
-        .task_finish(
+        .task_finish_many(&[(
             t.claim(),
-            &Finish::Failed {
+            Finish::Failed {
                 error: "boom".into(),
                 retry_in: Some(Duration::ZERO),
-            },
-        )
+            }
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap());
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
@@ -1012,7 +1086,11 @@ pub async fn cancel_requested_then_hand_back_cancels(ts: TestStore) {
         .id;
     let t = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
-    assert!(b.task_finish(t.claim(), &Finish::HandBack).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(t.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.attempt, 0, "a handed-back attempt is not counted");
@@ -1028,7 +1106,10 @@ pub async fn cancel_requested_then_hand_back_cancels(ts: TestStore) {
         "the key is free again"
     );
     assert!(
-        !b.task_finish(t.claim(), &Finish::HandBack).await.unwrap(),
+        !b.task_finish_many(&[(t.claim(), Finish::HandBack)])
+            .await
+            .map(|r| r == [true])
+            .unwrap(),
         "a resent hand-back is refused"
     );
 }
@@ -1058,7 +1139,11 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
     // Hand-back.
     let t = next(10_000).await;
     tokens.push(t.token);
-    assert!(b.task_finish(t.claim(), &Finish::HandBack).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(t.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     // Rescue.
     let t = next(150).await;
     tokens.push(t.token);
@@ -1068,14 +1153,15 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
     let t = next(10_000).await;
     tokens.push(t.token);
     assert!(b
-        .task_finish(
+        .task_finish_many(&[(
             t.claim(),
-            &Finish::Failed {
+            Finish::Failed {
                 error: "no".into(),
                 retry_in: Some(Duration::ZERO),
-            },
-        )
+            }
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap());
     assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Failed);
     assert!(q.retry(id).await.unwrap());
@@ -1085,7 +1171,11 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens must rise: {tokens:?}"
     );
-    assert!(b.task_finish(t.claim(), &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(t.claim(), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
 }
 
 /// A task enqueued for a moment (`RunAt::At`) is due from that moment in
@@ -1125,7 +1215,10 @@ pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
         ..new_task("keys")
     };
     let first = b.task_insert_many(&[keyed()]).await.unwrap()[0];
-    assert_eq!(b.task_cancel(first.id).await.unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(
+        b.task_cancel(first.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
     let second = b.task_insert_many(&[keyed()]).await.unwrap()[0];
     assert!(
         second.inserted && second.id != first.id,
@@ -1141,8 +1234,14 @@ pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
         TaskState::Cancelled,
         "a refused retry changes nothing"
     );
-    assert_eq!(b.task_cancel(second.id).await.unwrap(), CancelOutcome::Cancelled);
-    assert!(b.task_retry(first.id).await.unwrap(), "with the key free again");
+    assert_eq!(
+        b.task_cancel(second.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert!(
+        b.task_retry(first.id).await.unwrap(),
+        "with the key free again"
+    );
 }
 
 fn new_task(queue: &str) -> baton::store::NewTask {

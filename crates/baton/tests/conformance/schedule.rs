@@ -209,8 +209,9 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         })
         .await
         .unwrap();
-    b.task_finish(c[0].claim(), &baton::store::Finish::Succeeded)
+    b.task_finish_many(&[(c[0].claim(), baton::store::Finish::Succeeded)])
         .await
+        .map(|r| r == [true])
         .unwrap();
     assert_eq!(trigger(&ts.store, &job, slot).await.unwrap().id, a.id);
     let ledger = b
@@ -492,20 +493,24 @@ pub async fn run_and_skip_records(ts: TestStore) {
         token: baton::store::RUN_RECORD_TOKEN,
     };
     assert_eq!(
-        b.task_heartbeat_many(&[claim], Duration::from_secs(10))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[claim],
+            lease: Duration::from_secs(10)
+        })
+        .await
+        .unwrap(),
         vec![baton::store::Heartbeat::Extended]
     );
     assert!(b
-        .task_finish(
+        .task_finish_many(&[(
             claim,
-            &baton::store::Finish::Failed {
+            baton::store::Finish::Failed {
                 error: "exit 3".into(),
                 retry_in: None
             }
-        )
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap());
     let info = b.task_get(e1.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);

@@ -540,7 +540,11 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert_eq!(ids, want, "claimed A and C only");
     for t in &got {
         assert!(i64::try_from(t.token.0).unwrap() >= floor);
-        assert!(b.task_finish(t.claim(), &Finish::HandBack).await.unwrap());
+        assert!(b
+            .task_finish_many(&[(t.claim(), Finish::HandBack)])
+            .await
+            .map(|r| r == [true])
+            .unwrap());
     }
     let b_now = b.task_get(bt.id).await.unwrap().unwrap();
     assert_eq!(b_now.state, TaskState::Cancelled, "B's cancel is honoured");
@@ -551,10 +555,17 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         let old = got.iter().find(|o| o.id == t.id).unwrap();
         assert!(t.token > old.token);
         assert!(
-            !b.task_finish(old.claim(), &Finish::HandBack).await.unwrap(),
+            !b.task_finish_many(&[(old.claim(), Finish::HandBack)])
+                .await
+                .map(|r| r == [true])
+                .unwrap(),
             "a stale hand-back is refused"
         );
-        assert!(b.task_finish(t.claim(), &Finish::Succeeded).await.unwrap());
+        assert!(b
+            .task_finish_many(&[(t.claim(), Finish::Succeeded)])
+            .await
+            .map(|r| r == [true])
+            .unwrap());
     }
     // New tasks work, and connecting again changes nothing.
     let q = baton::queue::Queue::new(store.clone());

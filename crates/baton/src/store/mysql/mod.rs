@@ -466,19 +466,25 @@ impl Backend for MyBackend {
 
     async fn lock_extend(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
+        params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockExtend {
+            name,
+            token,
+            at_most,
+        } = *params;
         self.extend(name, token, at_most).await
     }
 
     async fn lock_release(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
+        params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::LockRelease {
+            name,
+            token,
+            at_least,
+        } = *params;
         self.release(name, token, at_least).await
     }
 
@@ -500,15 +506,10 @@ impl Backend for MyBackend {
 
     async fn task_heartbeat_many(
         &self,
-        claims: &[Claim],
-        lease: Duration,
+        params: &crate::store::TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError> {
+        let crate::store::TaskHeartbeatMany { claims, lease } = *params;
         self.heartbeat_claims(claims, lease).await
-    }
-
-    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let out = self.finish_batch(&[(claim, finish.clone())]).await?;
-        Ok(out.first().copied().unwrap_or(false))
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
@@ -517,9 +518,9 @@ impl Backend for MyBackend {
 
     async fn task_set_progress(
         &self,
-        claim: Claim,
-        progress: &serde_json::Value,
+        params: &crate::store::TaskSetProgress<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::TaskSetProgress { claim, progress } = *params;
         let r = sqlx::query(&format!(
             "UPDATE {} SET progress = ? WHERE id = ? AND claim_token = ? AND state = 'running'",
             self.names.tasks
@@ -582,7 +583,11 @@ impl Backend for MyBackend {
         self.advance_job(adv).await
     }
 
-    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+    async fn job_set_paused(
+        &self,
+        params: &crate::store::JobSetPaused<'_>,
+    ) -> Result<bool, StoreError> {
+        let crate::store::JobSetPaused { job, paused } = *params;
         let r = sqlx::query(&format!(
             "UPDATE {} SET paused = ? WHERE name = ?",
             self.names.jobs

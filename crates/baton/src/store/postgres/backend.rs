@@ -17,8 +17,8 @@ use crate::store::sql_row::{
     claimed_task, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
 };
 use crate::store::{
-    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, FencingToken, Finish,
-    Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats, Rescued, SlotAdvance,
+    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
+    JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats, Rescued, SlotAdvance,
     SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
     OVERLAP_SKIPPED,
 };
@@ -82,10 +82,13 @@ impl Backend for PgBackend {
 
     async fn lock_extend(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
+        params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockExtend {
+            name,
+            token,
+            at_most,
+        } = *params;
         Ok(sqlx::query_scalar(&self.sql.lock_extend)
             .bind(name)
             .bind(token_arg(token))
@@ -96,10 +99,13 @@ impl Backend for PgBackend {
 
     async fn lock_release(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
+        params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::LockRelease {
+            name,
+            token,
+            at_least,
+        } = *params;
         // The release commits without waiting for its WAL flush
         // (`synchronous_commit = off` for this one transaction). That is
         // safe: a release lost in a server crash leaves the row as granted
@@ -197,9 +203,9 @@ impl Backend for PgBackend {
 
     async fn task_heartbeat_many(
         &self,
-        claims: &[Claim],
-        lease: Duration,
+        params: &crate::store::TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError> {
+        let crate::store::TaskHeartbeatMany { claims, lease } = *params;
         if claims.is_empty() {
             return Ok(Vec::new());
         }
@@ -253,58 +259,17 @@ impl Backend for PgBackend {
         }
         for (i, (claim, finish)) in items.iter().enumerate() {
             if !matches!(finish, Finish::Succeeded) {
-                out[i] = self.task_finish(*claim, finish).await?;
+                out[i] = self.finish_one(*claim, finish).await?;
             }
         }
         Ok(out)
     }
 
-    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let token = token_arg(claim.token);
-        let q = match finish {
-            Finish::Succeeded => {
-                sqlx::query_scalar::<_, i64>(&self.sql.succeed)
-                    .bind(claim.id)
-                    .bind(token)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            Finish::Failed { error, retry_in } => {
-                sqlx::query_scalar::<_, i64>(&self.sql.fail)
-                    .bind(claim.id)
-                    .bind(token)
-                    .bind(error)
-                    .bind(retry_in.map(dur))
-                    .bind(&self.names.chan)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            Finish::Cancelled { reason } => {
-                sqlx::query_scalar::<_, i64>(&self.sql.cancel_claimed)
-                    .bind(claim.id)
-                    .bind(token)
-                    .bind(reason)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            Finish::HandBack => {
-                sqlx::query_scalar::<_, i64>(&self.sql.hand_back)
-                    .bind(claim.id)
-                    .bind(token)
-                    .bind(&self.names.chan)
-                    .bind(CANCEL_REQUESTED)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-        };
-        Ok(q.is_some())
-    }
-
     async fn task_set_progress(
         &self,
-        claim: Claim,
-        progress: &serde_json::Value,
+        params: &crate::store::TaskSetProgress<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::TaskSetProgress { claim, progress } = *params;
         let r = sqlx::query(&self.sql.progress)
             .bind(claim.id)
             .bind(token_arg(claim.token))
@@ -530,7 +495,11 @@ impl Backend for PgBackend {
         Ok(result)
     }
 
-    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+    async fn job_set_paused(
+        &self,
+        params: &crate::store::JobSetPaused<'_>,
+    ) -> Result<bool, StoreError> {
+        let crate::store::JobSetPaused { job, paused } = *params;
         let r = sqlx::query(&self.sql.job_set_paused)
             .bind(job)
             .bind(paused)
@@ -544,5 +513,49 @@ impl Backend for PgBackend {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(job_state).collect()
+    }
+}
+
+impl PgBackend {
+    /// One finish of any kind, as its own statement.
+    async fn finish_one(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        let token = token_arg(claim.token);
+        let q = match finish {
+            Finish::Succeeded => {
+                sqlx::query_scalar::<_, i64>(&self.sql.succeed)
+                    .bind(claim.id)
+                    .bind(token)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            Finish::Failed { error, retry_in } => {
+                sqlx::query_scalar::<_, i64>(&self.sql.fail)
+                    .bind(claim.id)
+                    .bind(token)
+                    .bind(error)
+                    .bind(retry_in.map(dur))
+                    .bind(&self.names.chan)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            Finish::Cancelled { reason } => {
+                sqlx::query_scalar::<_, i64>(&self.sql.cancel_claimed)
+                    .bind(claim.id)
+                    .bind(token)
+                    .bind(reason)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            Finish::HandBack => {
+                sqlx::query_scalar::<_, i64>(&self.sql.hand_back)
+                    .bind(claim.id)
+                    .bind(token)
+                    .bind(&self.names.chan)
+                    .bind(CANCEL_REQUESTED)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+        };
+        Ok(q.is_some())
     }
 }

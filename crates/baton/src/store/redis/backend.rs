@@ -109,10 +109,13 @@ impl Backend for RedisBackend {
 
     async fn lock_extend(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
+        params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockExtend {
+            name,
+            token,
+            at_most,
+        } = *params;
         let v: String = self
             .l(
                 &self.scripts.lock_extend,
@@ -128,10 +131,13 @@ impl Backend for RedisBackend {
 
     async fn lock_release(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
+        params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::LockRelease {
+            name,
+            token,
+            at_least,
+        } = *params;
         let v: i64 = self
             .l(
                 &self.scripts.lock_release,
@@ -250,9 +256,9 @@ impl Backend for RedisBackend {
 
     async fn task_heartbeat_many(
         &self,
-        claims: &[Claim],
-        lease: Duration,
+        params: &crate::store::TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError> {
+        let crate::store::TaskHeartbeatMany { claims, lease } = *params;
         if claims.is_empty() {
             return Ok(Vec::new());
         }
@@ -277,10 +283,6 @@ impl Backend for RedisBackend {
                 _ => Heartbeat::Lost,
             })
             .collect())
-    }
-
-    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        Ok(self.task_finish_many(&[(claim, finish.clone())]).await?.first() == Some(&true))
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
@@ -317,9 +319,9 @@ impl Backend for RedisBackend {
 
     async fn task_set_progress(
         &self,
-        claim: Claim,
-        progress: &serde_json::Value,
+        params: &crate::store::TaskSetProgress<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::TaskSetProgress { claim, progress } = *params;
         let json = serde_json::to_string(progress)
             .map_err(|e| StoreError::Backend(format!("progress to JSON: {e}")))?;
         let v: i64 = self
@@ -505,7 +507,11 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+    async fn job_set_paused(
+        &self,
+        params: &crate::store::JobSetPaused<'_>,
+    ) -> Result<bool, StoreError> {
+        let crate::store::JobSetPaused { job, paused } = *params;
         let v: i64 = self
             .q(
                 &self.scripts.job_set_paused,

@@ -18,10 +18,10 @@ use crate::store::sql_row::{
     claimed_task, corrupt, count_of, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
 };
 use crate::store::{
-    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
-    FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
-    Rescued, SlotAdvance, SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake,
-    CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
+    Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats, Rescued, SlotAdvance,
+    SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
+    OVERLAP_SKIPPED,
 };
 
 impl SqliteBackend {
@@ -88,10 +88,13 @@ impl Backend for SqliteBackend {
 
     async fn lock_extend(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
+        params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockExtend {
+            name,
+            token,
+            at_most,
+        } = *params;
         let until: Option<i64> = sqlx::query_scalar(&self.sql.lock_extend)
             .bind(name)
             .bind(token_arg(token))
@@ -103,10 +106,13 @@ impl Backend for SqliteBackend {
 
     async fn lock_release(
         &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
+        params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::LockRelease {
+            name,
+            token,
+            at_least,
+        } = *params;
         let done = sqlx::query(&self.sql.lock_release)
             .bind(name)
             .bind(token_arg(token))
@@ -176,9 +182,9 @@ impl Backend for SqliteBackend {
 
     async fn task_heartbeat_many(
         &self,
-        claims: &[Claim],
-        lease: Duration,
+        params: &crate::store::TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError> {
+        let crate::store::TaskHeartbeatMany { claims, lease } = *params;
         if claims.is_empty() {
             return Ok(Vec::new());
         }
@@ -208,31 +214,6 @@ impl Backend for SqliteBackend {
                 None => Heartbeat::Lost,
             })
             .collect())
-    }
-
-    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let (sql, text, retry_in) = self.finish_sql(finish);
-        let q = sqlx::query(sql)
-            .bind(claim.id)
-            .bind(token_arg(claim.token))
-            .bind(text)
-            .bind(retry_in);
-        let Some(row) = q.fetch_optional(&*self.pool).await? else {
-            return Ok(false);
-        };
-        match finish {
-            Finish::HandBack if row.try_get::<String, _>("state")? == "pending" => {
-                let queue: String = row.try_get("queue")?;
-                self.wake([queue.as_str()]);
-            }
-            Finish::Failed { .. } if row.try_get::<String, _>("state")? == "pending" => {
-                // A retry: announce when its backoff ends.
-                let queue: String = row.try_get("queue")?;
-                self.wake_later([(queue.as_str(), row.try_get::<i64, _>("run_at")?)]);
-            }
-            _ => {}
-        }
-        Ok(true)
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
@@ -313,9 +294,9 @@ impl Backend for SqliteBackend {
 
     async fn task_set_progress(
         &self,
-        claim: Claim,
-        progress: &serde_json::Value,
+        params: &crate::store::TaskSetProgress<'_>,
     ) -> Result<bool, StoreError> {
+        let crate::store::TaskSetProgress { claim, progress } = *params;
         let done = sqlx::query(&self.sql.progress)
             .bind(claim.id)
             .bind(token_arg(claim.token))
@@ -595,7 +576,11 @@ impl Backend for SqliteBackend {
         Ok(answer)
     }
 
-    async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
+    async fn job_set_paused(
+        &self,
+        params: &crate::store::JobSetPaused<'_>,
+    ) -> Result<bool, StoreError> {
+        let crate::store::JobSetPaused { job, paused } = *params;
         let done = sqlx::query(&self.sql.job_set_paused)
             .bind(job)
             .bind(paused)

@@ -1,0 +1,65 @@
+//! Params structs for the [`Backend`](super::Backend) calls that take more
+//! than one value (the seam's rule: entity, verb, one params struct). The
+//! older ones live with the values they describe in `types.rs`
+//! ([`LockRequest`](super::LockRequest) for `lock_acquire`,
+//! [`ClaimRequest`](super::ClaimRequest) for `task_claim`,
+//! [`SlotAdvance`](super::SlotAdvance) for `job_advance`,
+//! [`TaskFilter`](super::TaskFilter) for `task_list`).
+
+use std::time::Duration;
+
+use super::{Claim, FencingToken};
+
+/// Params of [`Backend::lock_extend`](super::Backend::lock_extend): extend
+/// the lease `token` holds on `name` to the store's `now + at_most`.
+#[derive(Debug, Clone, Copy)]
+pub struct LockExtend<'a> {
+    /// Lock name, already validated.
+    pub name: &'a str,
+    /// The token the caller was granted.
+    pub token: FencingToken,
+    /// New lease length from the store's `now()`.
+    pub at_most: Duration,
+}
+
+/// Params of [`Backend::lock_release`](super::Backend::lock_release): end
+/// the lease `token` holds on `name` at `max(now, locked_at + at_least)`.
+#[derive(Debug, Clone, Copy)]
+pub struct LockRelease<'a> {
+    /// Lock name, already validated.
+    pub name: &'a str,
+    /// The token the caller was granted.
+    pub token: FencingToken,
+    /// The lease is held at least this long after the grant.
+    pub at_least: Duration,
+}
+
+/// Params of [`Backend::task_heartbeat_many`](super::Backend::task_heartbeat_many):
+/// extend every claim's lease to the store's `now + lease`.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskHeartbeatMany<'a> {
+    /// The running claims, answered in this order.
+    pub claims: &'a [Claim],
+    /// New lease length from the store's `now()`.
+    pub lease: Duration,
+}
+
+/// Params of [`Backend::task_set_progress`](super::Backend::task_set_progress):
+/// store a progress report on a running claim.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskSetProgress<'a> {
+    /// The running claim.
+    pub claim: Claim,
+    /// Any JSON; it replaces the previous report.
+    pub progress: &'a serde_json::Value,
+}
+
+/// Params of [`Backend::job_set_paused`](super::Backend::job_set_paused):
+/// pause or resume a job cluster-wide.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSetPaused<'a> {
+    /// Job name, already validated.
+    pub job: &'a str,
+    /// True to pause, false to resume.
+    pub paused: bool,
+}

@@ -1,0 +1,258 @@
+//! The task state machine as one table: from state, operation and condition
+//! to the next state. Every backend makes exactly these transitions (each
+//! atomic, each operation on a running task a compare-and-set on its claim
+//! token); anything not in the table is refused and leaves the task as it
+//! was. The conformance suite drives every row on every store
+//! (`tests/conformance/states.rs`) and its model checker decides with
+//! [`next`]. DESIGN.md ("Task states") lists the same rows with what each
+//! one changes besides the state.
+//!
+//! Inserting a task (`task_insert_many`) creates it `pending`; it is not a
+//! transition of an existing task and is not in the table.
+
+use super::TaskState;
+use TaskState::{Cancelled, Failed, Pending, Running, Succeeded};
+
+/// An operation on one existing task, as the seam names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `task_claim` picks the task (it is due and first in order).
+    Claim,
+    /// `task_heartbeat_many` with the task's current claim.
+    Heartbeat,
+    /// `task_set_progress` with the task's current claim.
+    SetProgress,
+    /// `task_finish_many` with [`Finish::Succeeded`](super::Finish::Succeeded).
+    FinishSucceeded,
+    /// `task_finish_many` with [`Finish::Failed`](super::Finish::Failed) and
+    /// a `retry_in`.
+    FinishFailedRetry,
+    /// `task_finish_many` with [`Finish::Failed`](super::Finish::Failed) and
+    /// no `retry_in`.
+    FinishFailedFinal,
+    /// `task_finish_many` with [`Finish::Cancelled`](super::Finish::Cancelled).
+    FinishCancelled,
+    /// `task_finish_many` with [`Finish::HandBack`](super::Finish::HandBack).
+    FinishHandBack,
+    /// `task_rescue_many` after the task's lease lapsed.
+    Rescue,
+    /// `task_cancel`.
+    Cancel,
+    /// `task_retry` (with the unique key free; else it answers Conflict).
+    Retry,
+    /// `task_prune` once the task finished longer ago than `older_than`.
+    Prune,
+}
+
+impl Op {
+    /// Every operation, for tests that try each one in each state.
+    pub const ALL: [Op; 12] = [
+        Op::Claim,
+        Op::Heartbeat,
+        Op::SetProgress,
+        Op::FinishSucceeded,
+        Op::FinishFailedRetry,
+        Op::FinishFailedFinal,
+        Op::FinishCancelled,
+        Op::FinishHandBack,
+        Op::Rescue,
+        Op::Cancel,
+        Op::Retry,
+        Op::Prune,
+    ];
+}
+
+/// What is true of the task when the operation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Facts {
+    /// `cancel_requested` is set (a cancel reached it while running).
+    pub cancel_requested: bool,
+    /// `attempt < max_attempts`: another attempt is allowed.
+    pub attempts_left: bool,
+}
+
+/// A condition on [`Facts`]: `None` means either value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Guard {
+    /// Required value of [`Facts::cancel_requested`].
+    pub cancel_requested: Option<bool>,
+    /// Required value of [`Facts::attempts_left`].
+    pub attempts_left: Option<bool>,
+}
+
+impl Guard {
+    /// No condition.
+    pub const ANY: Guard = Guard {
+        cancel_requested: None,
+        attempts_left: None,
+    };
+
+    /// Whether `facts` satisfy the guard.
+    pub fn admits(&self, facts: Facts) -> bool {
+        self.cancel_requested
+            .is_none_or(|c| c == facts.cancel_requested)
+            && self.attempts_left.is_none_or(|a| a == facts.attempts_left)
+    }
+}
+
+/// Where a transition leaves the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The task is in this state.
+    State(TaskState),
+    /// The task is gone (pruned).
+    Deleted,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// The state the task is in.
+    pub from: TaskState,
+    /// What is done to it.
+    pub op: Op,
+    /// When the row applies.
+    pub guard: Guard,
+    /// Where it ends.
+    pub to: Target,
+}
+
+const fn row(
+    from: TaskState,
+    op: Op,
+    cancel: Option<bool>,
+    left: Option<bool>,
+    to: Target,
+) -> Transition {
+    Transition {
+        from,
+        op,
+        guard: Guard {
+            cancel_requested: cancel,
+            attempts_left: left,
+        },
+        to,
+    }
+}
+
+const fn to(s: TaskState) -> Target {
+    Target::State(s)
+}
+
+/// Every transition of an existing task. For one `(from, op)` the guards do
+/// not overlap, so at most one row applies.
+pub const TRANSITIONS: &[Transition] = &[
+    row(Pending, Op::Claim, None, None, to(Running)),
+    row(Pending, Op::Cancel, None, None, to(Cancelled)),
+    row(Running, Op::Heartbeat, None, None, to(Running)),
+    row(Running, Op::SetProgress, None, None, to(Running)),
+    row(Running, Op::FinishSucceeded, None, None, to(Succeeded)),
+    row(
+        Running,
+        Op::FinishFailedRetry,
+        Some(false),
+        Some(true),
+        to(Pending),
+    ),
+    row(
+        Running,
+        Op::FinishFailedRetry,
+        Some(true),
+        Some(true),
+        to(Cancelled),
+    ),
+    row(
+        Running,
+        Op::FinishFailedRetry,
+        None,
+        Some(false),
+        to(Failed),
+    ),
+    row(Running, Op::FinishFailedFinal, None, None, to(Failed)),
+    row(Running, Op::FinishCancelled, None, None, to(Cancelled)),
+    row(Running, Op::FinishHandBack, Some(false), None, to(Pending)),
+    row(Running, Op::FinishHandBack, Some(true), None, to(Cancelled)),
+    row(Running, Op::Rescue, Some(true), None, to(Cancelled)),
+    row(Running, Op::Rescue, Some(false), Some(false), to(Failed)),
+    row(Running, Op::Rescue, Some(false), Some(true), to(Pending)),
+    row(Running, Op::Cancel, None, None, to(Running)),
+    row(Failed, Op::Retry, None, None, to(Pending)),
+    row(Cancelled, Op::Retry, None, None, to(Pending)),
+    row(Succeeded, Op::Prune, None, None, Target::Deleted),
+    row(Failed, Op::Prune, None, None, Target::Deleted),
+    row(Cancelled, Op::Prune, None, None, Target::Deleted),
+];
+
+/// The row that applies, if any.
+pub fn transition(from: TaskState, op: Op, facts: Facts) -> Option<&'static Transition> {
+    TRANSITIONS
+        .iter()
+        .find(|t| t.from == from && t.op == op && t.guard.admits(facts))
+}
+
+/// Where `op` takes a task in `from` given `facts`; `None` when the table
+/// has no such row (the store refuses the operation and the task stays as
+/// it was).
+pub fn next(from: TaskState, op: Op, facts: Facts) -> Option<Target> {
+    transition(from, op, facts).map(|t| t.to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATES: [TaskState; 5] = [Pending, Running, Succeeded, Failed, Cancelled];
+
+    fn all_facts() -> Vec<Facts> {
+        let mut out = Vec::new();
+        for cancel_requested in [false, true] {
+            for attempts_left in [false, true] {
+                out.push(Facts {
+                    cancel_requested,
+                    attempts_left,
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn at_most_one_row_applies() {
+        for from in STATES {
+            for op in Op::ALL {
+                for f in all_facts() {
+                    let n = TRANSITIONS
+                        .iter()
+                        .filter(|t| t.from == from && t.op == op && t.guard.admits(f))
+                        .count();
+                    assert!(n <= 1, "{from:?} {op:?} {f:?}: {n} rows");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_that_applies_to_some_facts_applies_to_all_for_unguarded_ops() {
+        // Failed retries, hand-backs and rescues depend on the facts; every
+        // (from, op) pair in the table covers all four combinations.
+        for t in TRANSITIONS {
+            for f in all_facts() {
+                assert!(
+                    next(t.from, t.op, f).is_some(),
+                    "{:?} {:?} {f:?} has no row",
+                    t.from,
+                    t.op
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn terminal_states_only_retry_or_prune() {
+        for from in [Succeeded, Failed, Cancelled] {
+            for t in TRANSITIONS.iter().filter(|t| t.from == from) {
+                assert!(matches!(t.op, Op::Retry | Op::Prune), "{t:?}");
+            }
+        }
+    }
+}
