@@ -211,7 +211,10 @@ async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     body,
                 },
-                Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
+                Err(e) => Reply::json(
+                    503,
+                    serde_json::json!({"error": baton::error::chain(&e)}).to_string(),
+                ),
             };
         }
         _ => {
@@ -223,6 +226,9 @@ async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
     };
     match result {
         Ok(v) => Reply::json(200, v.to_string()),
-        Err(e) => Reply::json(503, serde_json::json!({"error": e.to_string()}).to_string()),
+        Err(e) => Reply::json(
+            503,
+            serde_json::json!({"error": baton::error::chain(&e)}).to_string(),
+        ),
     }
 }

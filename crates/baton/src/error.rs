@@ -19,17 +19,19 @@ pub enum StoreError {
     #[error("conflict: {0}")]
     Conflict(String),
     /// The driver (sqlx, redis) failed; its error is kept whole as the
-    /// [`source`](std::error::Error::source), so `{:#}` and error chains show
-    /// the cause. Reads `store unavailable: …` when `retryable` (the store
+    /// [`source`](std::error::Error::source) and is not repeated in this
+    /// error's own message, so `{:#}` and error chains ([`chain`]) show the
+    /// cause once. Reads `store unavailable` when `retryable` (the store
     /// could not be reached, the connection broke, a call timed out: what
-    /// [`StoreError::Unavailable`] means), else `store error: …` (what
-    /// [`StoreError::Backend`] means).
-    #[error("{}: {message}", driver_kind(*.retryable))]
+    /// [`StoreError::Unavailable`] means), else `store error` (what
+    /// [`StoreError::Backend`] means), then `: context` when there is some.
+    #[error("{}", driver_text(*.retryable, .context))]
     Driver {
         /// Whether retrying later can succeed.
         retryable: bool,
-        /// What failed, in words (the driver's message, with context).
-        message: String,
+        /// What the driver's error means here, in words (may be empty);
+        /// never the driver's own text, which is the source.
+        context: String,
         /// The driver's own error.
         #[source]
         source: DriverError,
@@ -39,12 +41,34 @@ pub enum StoreError {
 /// A driver's error, boxed, as kept by [`StoreError::Driver`].
 pub type DriverError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-fn driver_kind(retryable: bool) -> &'static str {
-    if retryable {
+fn driver_text(retryable: bool, context: &str) -> String {
+    let kind = if retryable {
         "store unavailable"
     } else {
         "store error"
+    };
+    if context.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}: {context}")
     }
+}
+
+/// An error and its sources on one line, `outer: cause: root`, each text
+/// once (a cause whose text the line already holds is skipped). For logs:
+/// `tracing::warn!(error = %baton::error::chain(&e), …)`.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        next = cause.source();
+    }
+    line
 }
 
 impl StoreError {
@@ -62,15 +86,15 @@ impl StoreError {
     }
 
     /// A driver failure kept as the source: retryable (`store unavailable`)
-    /// or not (`store error`), `message` in front of it.
+    /// or not (`store error`), `context` (may be empty) after it.
     fn driver(
         retryable: bool,
-        message: String,
+        context: &str,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> StoreError {
         StoreError::Driver {
             retryable,
-            message,
+            context: context.to_string(),
             source: Box::new(source),
         }
     }
@@ -106,8 +130,8 @@ impl From<sqlx::Error> for StoreError {
                 // PG query_canceled (statement_timeout) and an idle
                 // transaction ended by idle_in_transaction_session_timeout.
                 if matches!(code.as_str(), "57014" | "25P03") {
-                    let message = format!("timed out (the store's statement timeout): {e}");
-                    return StoreError::driver(true, message, e);
+                    let context = "timed out (the store's statement timeout)";
+                    return StoreError::driver(true, context, e);
                 }
                 let unavailable = matches!(
                     code.as_str(),
@@ -123,15 +147,14 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Configuration(_) => return StoreError::Config(e.to_string()),
             _ => false,
         };
-        StoreError::driver(retryable, e.to_string(), e)
+        StoreError::driver(retryable, "", e)
     }
 }
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
-            let message = format!("timed out waiting for redis: {e}");
-            return StoreError::driver(true, message, e);
+            return StoreError::driver(true, "timed out waiting for redis", e);
         }
         let retryable = e.is_io_error()
             || e.is_connection_dropped()
@@ -140,7 +163,7 @@ impl From<redis::RedisError> for StoreError {
                 e.kind(),
                 redis::ErrorKind::BusyLoadingError | redis::ErrorKind::TryAgain
             );
-        StoreError::driver(retryable, e.to_string(), e)
+        StoreError::driver(retryable, "", e)
     }
 }
 
@@ -203,9 +226,15 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused here");
         let e = StoreError::from(sqlx::Error::Io(io));
         assert!(e.is_retryable());
-        // The message reads as before ...
+        // The message says what it means, without the driver's text ...
+        assert_eq!(e.to_string(), "store unavailable");
+        // ... which the chain adds once.
         assert_eq!(
-            e.to_string(),
+            chain(&e),
+            "store unavailable: error communicating with database: refused here"
+        );
+        assert_eq!(
+            format!("{:#}", anyhow_like(&e)),
             "store unavailable: error communicating with database: refused here"
         );
         // ... and the cause is there to walk to.
@@ -231,6 +260,37 @@ mod tests {
         assert!(e.to_string().starts_with("store unavailable: "), "{e}");
         let source = e.source().expect("the redis error is the source");
         assert!(source.downcast_ref::<redis::RedisError>().is_some());
+    }
+
+    /// `{:#}` as anyhow prints it: each error of the chain, joined by ": ".
+    fn anyhow_like<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl std::fmt::Display + 'a {
+        struct Alt<'a>(&'a (dyn std::error::Error + 'static));
+        impl std::fmt::Display for Alt<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}", self.0)?;
+                let mut next = self.0.source();
+                while let Some(c) = next {
+                    write!(f, ": {c}")?;
+                    next = c.source();
+                }
+                Ok(())
+            }
+        }
+        Alt(e)
+    }
+
+    #[test]
+    fn a_timeout_says_so_and_keeps_the_cause_once() {
+        let e = StoreError::from(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "slow",
+        )));
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: timed out waiting for redis"
+        );
+        assert_eq!(chain(&e).matches("slow").count(), 1, "{}", chain(&e));
     }
 
     #[test]

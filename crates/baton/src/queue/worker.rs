@@ -427,7 +427,7 @@ impl Worker {
         let mut wake = match self.store.backend().wake_subscribe().await {
             Ok(rx) => Some(rx),
             Err(e) => {
-                tracing::warn!(error = %e, "no wake-up channel; polling only");
+                tracing::warn!(error = %crate::error::chain(&e), "no wake-up channel; polling only");
                 None
             }
         };
@@ -679,7 +679,7 @@ async fn upkeep_loop(
                         let _ = clock.set(c);
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "reading the store's clock failed; retrying");
+                        tracing::warn!(error = %crate::error::chain(&e), "reading the store's clock failed; retrying");
                         recal.reset_after(Duration::from_secs(1));
                     }
                 },
@@ -690,14 +690,14 @@ async fn upkeep_loop(
                     pokes.iter().for_each(|p| p.notify_one());
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "rescue failed"),
+                Err(e) => tracing::warn!(error = %crate::error::chain(&e), "rescue failed"),
             },
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
                     match shared.store.backend().task_prune(keep).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
-                        Err(e) => tracing::warn!(error = %e, "prune failed"),
+                        Err(e) => tracing::warn!(error = %crate::error::chain(&e), "prune failed"),
                     }
                 }
             }
@@ -857,7 +857,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(queue = %queue, error = %e, "claim failed; backing off");
+                    tracing::warn!(queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
                     recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
@@ -1204,10 +1204,10 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
             Err(e) => {
                 let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
                 if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
-                    tracing::warn!(task = claim.id, error = %e, "could not record the result before the lease ends; the task will be rescued and run again");
+                    tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
                     return false;
                 }
-                tracing::warn!(task = claim.id, error = %e, "finish failed; retrying");
+                tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
@@ -1255,7 +1255,7 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
             Err(e) => {
                 // Each attempt's own watch stops its handler before its
                 // lease can lapse; here we only try again soon.
-                tracing::warn!(error = %e, "heartbeat failed; retrying soon");
+                tracing::warn!(error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
                 wait = period.min(Duration::from_millis(250));
             }
         }

@@ -444,7 +444,7 @@ impl LockRun {
                 worker: format!("scheduler:{}", crate::lock::node_id()),
             }),
             Err(e) => {
-                tracing::error!(job = %job.name, error = %e, "bad lock options");
+                tracing::error!(job = %job.name, error = %crate::error::chain(&e), "bad lock options");
                 None
             }
         }
@@ -526,7 +526,7 @@ async fn slot_loop(
             // expired") by rescue; without a worker nobody else may run it.
             last_rescue = Some(Instant::now());
             if let Err(e) = b.task_rescue_many().await {
-                tracing::debug!(job = %job.name, error = %e, "rescue failed");
+                tracing::debug!(job = %job.name, error = %crate::error::chain(&e), "rescue failed");
             }
         }
         let now = clock.now();
@@ -581,7 +581,7 @@ async fn slot_loop(
                             continue 'outer;
                         }
                         Err(e) => {
-                            tracing::warn!(job = %job.name, error = %e, "cannot read the store's clock; retrying");
+                            tracing::warn!(job = %job.name, error = %crate::error::chain(&e), "cannot read the store's clock; retrying");
                             recalibrate = true;
                             pause(&stop, &mut backoff).await;
                             continue 'outer;
@@ -614,7 +614,7 @@ async fn slot_loop(
             let task = match job.task(slot, false) {
                 Ok(t) => t,
                 Err(e) => {
-                    tracing::error!(job = %job.name, error = %e, "cannot build the slot's task");
+                    tracing::error!(job = %job.name, error = %crate::error::chain(&e), "cannot build the slot's task");
                     return;
                 }
             };
@@ -691,7 +691,7 @@ async fn slot_loop(
                 Err(e) => {
                     // The call may or may not have happened: re-read the
                     // cursor and the store's clock before planning again.
-                    tracing::warn!(job = %job.name, error = %e, "cannot advance the job; retrying");
+                    tracing::warn!(job = %job.name, error = %crate::error::chain(&e), "cannot advance the job; retrying");
                     fresh = false;
                     recalibrate = true;
                     pause(&stop, &mut backoff).await;
@@ -767,7 +767,7 @@ async fn run_locked(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::debug!(job = %job.name, error = %e, "run record heartbeat failed")
+                    tracing::debug!(job = %job.name, error = %crate::error::chain(&e), "run record heartbeat failed")
                 }
             }
         }
@@ -795,7 +795,7 @@ async fn run_locked(
             }
         }
         Err(e) => {
-            tracing::warn!(job = %job.name, %slot, error = %e, "lock-mode run ended with an error");
+            tracing::warn!(job = %job.name, %slot, error = %crate::error::chain(&e), "lock-mode run ended with an error");
             Finish::Failed {
                 error: e.to_string(),
                 retry_in: None,
@@ -813,7 +813,7 @@ async fn run_locked(
         {
             Ok(_) => return,
             Err(e) => {
-                tracing::warn!(job = %job.name, %slot, error = %e, "cannot record the run's outcome; retrying");
+                tracing::warn!(job = %job.name, %slot, error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff *= 2;
             }
@@ -881,7 +881,7 @@ async fn read_cursor(
             Some(st.last_slot)
         }
         Err(e) => {
-            tracing::warn!(job, error = %e, "cannot read the job's cursor; retrying");
+            tracing::warn!(job, error = %crate::error::chain(&e), "cannot read the job's cursor; retrying");
             pause(stop, backoff).await;
             None
         }
@@ -937,7 +937,7 @@ async fn fixed_delay_loop(
         let task = match job.task(target, false) {
             Ok(t) => t,
             Err(e) => {
-                tracing::error!(job = %job.name, error = %e, "cannot build the run's task");
+                tracing::error!(job = %job.name, error = %crate::error::chain(&e), "cannot build the run's task");
                 return;
             }
         };
@@ -981,7 +981,7 @@ async fn fixed_delay_loop(
             }
             Ok(Advanced::UnknownJob) => fresh = false,
             Err(e) => {
-                tracing::warn!(job = %job.name, error = %e, "cannot advance the job; retrying");
+                tracing::warn!(job = %job.name, error = %crate::error::chain(&e), "cannot advance the job; retrying");
                 fresh = false;
                 pause(&stop, &mut backoff).await;
                 clock.recalibrate().await;

@@ -51,7 +51,7 @@ async fn listen_loop(
             r = attempt => match r {
                 Ok(l) => l,
                 Err(e) => {
-                    tracing::warn!(channel = %chan, error = %e, retry_in = ?backoff,
+                    tracing::warn!(channel = %chan, error = %crate::error::chain(&e), retry_in = ?backoff,
                         "postgres LISTEN failed; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
@@ -79,7 +79,7 @@ async fn listen_loop(
                         "postgres LISTEN connection lost; reconnected (notifications may have been missed)");
                 }
                 Err(e) => {
-                    tracing::warn!(channel = %chan, error = %e, retry_in = ?backoff,
+                    tracing::warn!(channel = %chan, error = %crate::error::chain(&e), retry_in = ?backoff,
                         "postgres LISTEN connection failed; reconnecting");
                     break;
                 }
