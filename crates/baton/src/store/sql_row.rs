@@ -1,8 +1,10 @@
-//! Reading rows back, shared by the SQL backends (SQLite and PostgreSQL).
+//! Reading rows back, shared by the SQL backends (SQLite, PostgreSQL and
+//! MySQL/MariaDB).
 //!
-//! The two stores keep the same columns in different types (SQLite:
+//! The stores keep the same columns in different types (SQLite:
 //! INTEGER milliseconds, TEXT JSON, INTEGER flags; PostgreSQL:
-//! `timestamptz`, `jsonb`, `boolean`, `int4`/`int8`). Each backend says how
+//! `timestamptz`, `jsonb`, `boolean`, `int4`/`int8`; MySQL: `DATETIME(6)`,
+//! JSON text, `TINYINT(1)`). Each backend says how
 //! to read one column of each kind ([`SqlRow`]); how a row becomes a
 //! [`TaskInfo`], [`Task`], [`LockInfo`] or [`JobState`], and which stored
 //! values count as corrupt, is written once here.

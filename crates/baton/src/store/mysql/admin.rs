@@ -3,54 +3,19 @@
 
 use std::str::FromStr;
 
-use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
-use super::tasks::{attempt_of, to_dur, APPEND_ERROR};
-use super::{json, marks, opt_text, text, MyBackend};
+use super::rows::attempt_of;
+use super::tasks::APPEND_ERROR;
+use super::{marks, MyBackend};
 use crate::error::StoreError;
+use crate::store::sql_row::{corrupt, task_info, SqlRow, TASK_COLS};
 use crate::store::{
-    AttemptError, CancelOutcome, QueueStats, Rescued, TaskFilter, TaskInfo, TaskState, Wake,
-    LEASE_EXPIRED,
+    CancelOutcome, QueueStats, Rescued, TaskFilter, TaskInfo, TaskState, Wake, LEASE_EXPIRED,
 };
-
-/// Columns read into a [`TaskInfo`].
-const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, max_attempts, \
-     timeout_ms, run_at, created_at, started_at, finished_at, lease_until, worker, unique_key, \
-     cancel_requested, last_error, errors, progress, job, slot";
 
 /// Expired leases rescued per transaction.
 const RESCUE_BATCH: usize = 1000;
-
-fn task_info(row: &MySqlRow) -> Result<TaskInfo, StoreError> {
-    let errors = text(row, "errors")?;
-    let errors: Vec<AttemptError> =
-        serde_json::from_str(&errors).map_err(|e| super::corrupt("task errors", e))?;
-    Ok(TaskInfo {
-        id: row.try_get("id")?,
-        queue: text(row, "queue")?,
-        kind: text(row, "kind")?,
-        payload: json(row, "payload")?.unwrap_or(serde_json::Value::Null),
-        state: TaskState::from_str(&text(row, "state")?)?,
-        priority: row.try_get("priority")?,
-        attempt: attempt_of(row, "attempt")?,
-        max_attempts: attempt_of(row, "max_attempts")?,
-        timeout: to_dur(row.try_get("timeout_ms")?)?,
-        run_at: row.try_get("run_at")?,
-        created_at: row.try_get("created_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        lease_until: row.try_get("lease_until")?,
-        worker: opt_text(row, "worker")?,
-        unique_key: opt_text(row, "unique_key")?,
-        cancel_requested: row.try_get("cancel_requested")?,
-        last_error: opt_text(row, "last_error")?,
-        errors,
-        progress: json(row, "progress")?,
-        job: opt_text(row, "job")?,
-        slot: row.try_get("slot")?,
-    })
-}
 
 impl MyBackend {
     /// Rescue in batches: lock expired running rows (`SKIP LOCKED`: a row
@@ -83,7 +48,7 @@ impl MyBackend {
                     total.failed += 1;
                 } else {
                     total.requeued += 1;
-                    let q = text(row, "queue")?;
+                    let q = row.text("queue")?;
                     if !wakes.iter().any(|w| w.queue == q) {
                         wakes.push(Wake::now(q));
                     }
@@ -128,7 +93,7 @@ impl MyBackend {
             tx.rollback().await?;
             return Ok(CancelOutcome::NotFound);
         };
-        let state = String::from_utf8(state).map_err(|e| super::corrupt("state", e))?;
+        let state = String::from_utf8(state).map_err(|e| corrupt("state", e))?;
         let outcome = match TaskState::from_str(&state)? {
             TaskState::Pending => {
                 sqlx::query(&format!(
@@ -261,7 +226,7 @@ impl MyBackend {
                 };
                 let oldest: Option<i64> = row.try_get("oldest_ms")?;
                 Ok(QueueStats {
-                    queue: text(row, "queue")?,
+                    queue: row.text("queue")?,
                     pending: c("pending")?,
                     running: c("running")?,
                     succeeded: c("succeeded")?,

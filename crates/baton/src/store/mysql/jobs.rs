@@ -1,24 +1,16 @@
 //! Schedules on MySQL: one cursor row per job.
 
 use chrono::{DateTime, Utc};
-use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
 use super::tasks::insert_tasks;
-use super::{text, us, MyBackend};
+use super::{us, MyBackend};
 use crate::error::StoreError;
+use crate::store::sql_row::job_state;
 use crate::store::{
     Advanced, Enqueued, JobState, Overlap, SlotAdvance, SlotRecord, OVERLAP_SKIPPED,
     RUN_RECORD_TOKEN,
 };
-
-fn job_state(row: &MySqlRow) -> Result<JobState, StoreError> {
-    Ok(JobState {
-        name: text(row, "name")?,
-        last_slot: row.try_get("last_slot")?,
-        paused: row.try_get("paused")?,
-    })
-}
 
 impl MyBackend {
     pub(super) async fn register_job(&self, job: &str) -> Result<JobState, StoreError> {

@@ -3,27 +3,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::mysql::MySqlRow;
-use sqlx::Row;
 
-use super::{text, token_arg, token_of, us, MyBackend, NOW_US};
+use super::{us, MyBackend, NOW_US};
 use crate::error::StoreError;
+use crate::store::sql_row::{lock_info, token_arg};
 use crate::store::{Acquire, FencingToken, LockInfo, LockRequest};
 
-const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, \
-     lock_until > UTC_TIMESTAMP(6) AS held, UTC_TIMESTAMP(6) AS now";
-
-fn lock_info(row: &MySqlRow) -> Result<LockInfo, StoreError> {
-    Ok(LockInfo {
-        name: text(row, "name")?,
-        holder: text(row, "holder")?,
-        token: token_of(row.try_get("token")?)?,
-        locked_at: row.try_get("locked_at")?,
-        lock_until: row.try_get("lock_until")?,
-        held: row.try_get("held")?,
-        now: row.try_get("now")?,
-    })
-}
+/// The columns [`lock_info`] reads: the record and the store's now.
+const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, UTC_TIMESTAMP(6) AS now";
 
 impl MyBackend {
     /// Grant: in one transaction, lock the name's row (or find none), and

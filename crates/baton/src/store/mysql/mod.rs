@@ -46,20 +46,22 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 use tokio::sync::broadcast;
 
 use super::{
-    ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, FencingToken,
-    Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
+    ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
+    Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
     StoreOptions, Task, TaskFilter, TaskInfo, Wake,
 };
 use crate::error::StoreError;
+use crate::store::sql_row::SqlRow;
 
 mod admin;
 mod jobs;
 mod locks;
+mod rows;
 mod tasks;
 
 pub use tasks::enqueue_in;
@@ -322,43 +324,6 @@ impl MyBackend {
     }
 }
 
-// ---- row helpers ------------------------------------------------------------
-
-/// A text column (binary or not) as a `String`.
-fn text(row: &MySqlRow, col: &str) -> Result<String, StoreError> {
-    let b: Vec<u8> = row.try_get_unchecked(col)?;
-    String::from_utf8(b).map_err(|e| corrupt(col, e))
-}
-
-/// A nullable text column.
-fn opt_text(row: &MySqlRow, col: &str) -> Result<Option<String>, StoreError> {
-    let b: Option<Vec<u8>> = row.try_get_unchecked(col)?;
-    b.map(|b| String::from_utf8(b).map_err(|e| corrupt(col, e)))
-        .transpose()
-}
-
-/// A JSON text column.
-fn json(row: &MySqlRow, col: &str) -> Result<Option<serde_json::Value>, StoreError> {
-    opt_text(row, col)?
-        .map(|s| serde_json::from_str(&s).map_err(|e| corrupt(col, e)))
-        .transpose()
-}
-
-fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
-}
-
-fn token_of(v: i64) -> Result<FencingToken, StoreError> {
-    u64::try_from(v)
-        .map(FencingToken)
-        .map_err(|_| StoreError::Corrupt(format!("token {v} is negative")))
-}
-
-fn token_arg(t: FencingToken) -> i64 {
-    // A token above i64::MAX was never granted here, so it matches nothing.
-    i64::try_from(t.0).unwrap_or(-1)
-}
-
 /// `?, ?, …` with `n` placeholders.
 fn marks(n: usize) -> String {
     let mut s = String::with_capacity(n * 3);
@@ -437,7 +402,7 @@ impl Backend for MyBackend {
         let flush: i64 = row.try_get("flush")?;
         let log_bin: i64 = row.try_get("log_bin")?;
         let sync_binlog: i64 = row.try_get("sync_binlog")?;
-        let format = opt_text(&row, "binlog_format")?.unwrap_or_default();
+        let format = row.opt_text("binlog_format")?.unwrap_or_default();
         let mut out = Vec::new();
         if flush != 1 {
             out.push(format!(
@@ -527,7 +492,7 @@ impl Backend for MyBackend {
         ))
         .bind(progress.to_string())
         .bind(claim.id)
-        .bind(token_arg(claim.token))
+        .bind(crate::store::sql_row::token_arg(claim.token))
         .execute(&self.pool)
         .await?;
         // The pool reports matched rows (CLIENT_FOUND_ROWS), not changed ones.
@@ -628,7 +593,7 @@ impl MyBackend {
         let v = String::from_utf8_lossy(&v);
         let v: i32 = v
             .parse()
-            .map_err(|e| corrupt(&format!("schema version {v:?}"), e))?;
+            .map_err(|e| StoreError::Corrupt(format!("schema version {v:?}: {e}")))?;
         if v > SCHEMA_VERSION {
             return Err(StoreError::Config(format!(
                 "tables with prefix {:?} have schema version {v}, newer than this build's {SCHEMA_VERSION}; upgrade baton",
@@ -639,7 +604,9 @@ impl MyBackend {
             let step = usize::try_from(from - BASE_VERSION)
                 .ok()
                 .and_then(|i| UPGRADES.get(i))
-                .ok_or_else(|| corrupt("schema version", from))?;
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("schema version {from}: no upgrade step"))
+                })?;
             for stmt in step(n) {
                 conn.execute(stmt.as_str()).await?;
             }

@@ -4,11 +4,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::mysql::MySqlRow;
 use sqlx::{MySqlConnection, Row};
 
-use super::{marks, text, token_arg, token_of, us, MyBackend, Names, NOW_US};
+use super::rows::attempt_of;
+use super::{marks, us, MyBackend, Names, NOW_US};
 use crate::error::StoreError;
+use crate::store::sql_row::{claimed_task, token_arg, SqlRow, CLAIM_COLS};
 use crate::store::{
     Claim, ClaimRequest, Enqueued, Finish, Heartbeat, NewTask, RunAt, Task, Wake, CANCEL_REQUESTED,
 };
@@ -19,10 +20,6 @@ const INSERT_CHUNK: usize = 1000;
 
 /// Ids per `IN (…)` list.
 const ID_CHUNK: usize = 1000;
-
-/// The columns a claim returns.
-const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
-     max_attempts, timeout_ms, run_at, lease_until, job, slot";
 
 /// The SQL that appends `{attempt, at, error}` (error text bound to the
 /// one `?`) to `errors`, with `at` as RFC 3339 UTC.
@@ -249,42 +246,6 @@ fn bind_task<'q>(
         .bind(skipped.is_some())
 }
 
-fn to_u32(v: i32, what: &str) -> Result<u32, StoreError> {
-    u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is negative")))
-}
-
-pub(super) fn to_dur(v: Option<i64>) -> Result<Option<Duration>, StoreError> {
-    v.map(|v| {
-        u64::try_from(v)
-            .map(Duration::from_millis)
-            .map_err(|_| StoreError::Corrupt(format!("timeout {v} ms is negative")))
-    })
-    .transpose()
-}
-
-pub(super) fn attempt_of(row: &MySqlRow, col: &str) -> Result<u32, StoreError> {
-    to_u32(row.try_get(col)?, col)
-}
-
-fn claimed_task(row: &MySqlRow) -> Result<Task, StoreError> {
-    let payload = text(row, "payload")?;
-    Ok(Task {
-        id: row.try_get("id")?,
-        queue: text(row, "queue")?,
-        kind: text(row, "kind")?,
-        payload: serde_json::from_str(&payload).map_err(|e| super::corrupt("payload", e))?,
-        priority: row.try_get("priority")?,
-        attempt: attempt_of(row, "attempt")?,
-        token: token_of(row.try_get("claim_token")?)?,
-        max_attempts: attempt_of(row, "max_attempts")?,
-        timeout: to_dur(row.try_get("timeout_ms")?)?,
-        run_at: row.try_get("run_at")?,
-        lease_until: row.try_get("lease_until")?,
-        job: super::opt_text(row, "job")?,
-        slot: row.try_get("slot")?,
-    })
-}
-
 impl MyBackend {
     pub(super) async fn enqueue_tasks(
         &self,
@@ -464,7 +425,7 @@ impl MyBackend {
                         row.try_get("cancel_requested")?,
                         attempt_of(&row, "attempt")?,
                         attempt_of(&row, "max_attempts")?,
-                        text(&row, "queue")?,
+                        row.text("queue")?,
                     ),
                 );
             }
@@ -577,7 +538,7 @@ impl MyBackend {
             }
             for row in s.fetch_all(&mut *tx).await? {
                 wakes.push(Wake {
-                    queue: text(&row, "queue")?,
+                    queue: row.text("queue")?,
                     due: Some(row.try_get("run_at")?),
                 });
             }
