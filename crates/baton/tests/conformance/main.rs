@@ -21,6 +21,7 @@ mod locks;
 mod model;
 mod queue;
 mod schedule;
+mod states;
 mod timing;
 mod upgrade;
 
@@ -56,6 +57,7 @@ conformance! {
     locks::list_and_get,
     locks::bad_input_is_refused,
     locks::tokens_rise_after_the_record_is_lost,
+    states::every_transition_matches_the_table,
     queue::claim_order_priority_run_at_id,
     queue::unique_key_race_gives_one_task,
     queue::batch_enqueue_is_idempotent_per_key,

@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use baton::store::state::{next, Facts, Op as StateOp, Target};
 use baton::store::{
     Acquire, Backend, CancelOutcome, Claim, ClaimRequest, FencingToken, Finish, Heartbeat,
     LockRequest, NewTask, RunAt, Task, TaskFilter, TaskState,
@@ -546,43 +547,57 @@ impl Model {
         t.lapsed = false;
     }
 
+    /// The facts the library's state table decides on.
+    fn facts(t: &MTask) -> Facts {
+        Facts {
+            cancel_requested: t.cancel_requested,
+            attempts_left: t.attempt < t.max_attempts,
+        }
+    }
+
+    /// Where the library's table takes a running task; the table has a row
+    /// for every operation a current claim makes.
+    fn to_state(op: StateOp, facts: Facts) -> TaskState {
+        match next(TaskState::Running, op, facts) {
+            Some(Target::State(s)) => s,
+            other => panic!("the state table gives {other:?} for running {op:?} {facts:?}"),
+        }
+    }
+
     fn finish(&mut self, c: usize, f: &Fin, now: u64) -> bool {
         if !self.current(c) {
             return false;
         }
         let old_cancel = self.rules.old_cancel;
         let t = &mut self.tasks[self.claims[c].task];
+        let op = match f {
+            Fin::Succeeded => StateOp::FinishSucceeded,
+            Fin::Failed(Some(_)) => StateOp::FinishFailedRetry,
+            Fin::Failed(None) => StateOp::FinishFailedFinal,
+            Fin::Cancelled => StateOp::FinishCancelled,
+            Fin::HandBack => StateOp::FinishHandBack,
+        };
+        let mut facts = Self::facts(t);
+        // Legacy rules: a requested cancel did not stick through a
+        // retryable failure or a hand-back.
+        facts.cancel_requested &= !old_cancel;
+        let to = Self::to_state(op, facts);
         match f {
-            Fin::Succeeded => Self::leave_running(t, TaskState::Succeeded),
             Fin::Failed(retry) => {
                 t.errors += 1;
                 t.last_error = true;
-                let again = retry.is_some() && t.attempt < t.max_attempts;
-                // Intended: a requested cancel sticks instead of a retry.
-                let sticks = t.cancel_requested && !old_cancel;
-                if !again {
-                    Self::leave_running(t, TaskState::Failed);
-                } else if sticks {
-                    Self::leave_running(t, TaskState::Cancelled);
-                } else {
-                    Self::leave_running(t, TaskState::Pending);
+                if to == TaskState::Pending {
                     t.run_at = if *retry == Some(true) { LATER } else { now };
                 }
             }
-            Fin::Cancelled => {
-                t.last_error = true;
-                Self::leave_running(t, TaskState::Cancelled);
-            }
-            Fin::HandBack => {
-                if t.cancel_requested && !old_cancel {
-                    t.loose = true;
-                    Self::leave_running(t, TaskState::Cancelled);
-                } else {
-                    t.attempt -= 1;
-                    Self::leave_running(t, TaskState::Pending);
-                }
-            }
+            Fin::Cancelled => t.last_error = true,
+            // A hand-back does not count the attempt; one that ends the
+            // task (cancel requested) leaves it as it was.
+            Fin::HandBack if to == TaskState::Pending => t.attempt -= 1,
+            Fin::HandBack => t.loose = true,
+            Fin::Succeeded => {}
         }
+        Self::leave_running(t, to);
         true
     }
 
@@ -693,16 +708,13 @@ impl Model {
                     }
                     t.errors += 1;
                     t.last_error = true;
-                    if t.cancel_requested {
-                        cn += 1;
-                        Self::leave_running(t, TaskState::Cancelled);
-                    } else if t.attempt >= t.max_attempts {
-                        fl += 1;
-                        Self::leave_running(t, TaskState::Failed);
-                    } else {
-                        rq += 1;
-                        Self::leave_running(t, TaskState::Pending);
+                    let to = Self::to_state(StateOp::Rescue, Self::facts(t));
+                    match to {
+                        TaskState::Cancelled => cn += 1,
+                        TaskState::Failed => fl += 1,
+                        _ => rq += 1,
                     }
+                    Self::leave_running(t, to);
                 }
                 Ans::Rescued(rq, fl, cn)
             }
