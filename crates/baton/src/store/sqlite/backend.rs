@@ -39,6 +39,33 @@ impl SqliteBackend {
             Finish::HandBack => (&f.hand_back, Some(CANCEL_REQUESTED), None),
         }
     }
+
+    /// One finish that is not a success, as its own statement (a batch of
+    /// one needs no transaction).
+    async fn finish_one(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        let (sql, text, retry_in) = self.finish_sql(finish);
+        let q = sqlx::query(sql)
+            .bind(claim.id)
+            .bind(token_arg(claim.token))
+            .bind(text)
+            .bind(retry_in);
+        let Some(row) = q.fetch_optional(&*self.pool).await? else {
+            return Ok(false);
+        };
+        match finish {
+            Finish::HandBack if row.try_get::<String, _>("state")? == "pending" => {
+                let queue: String = row.try_get("queue")?;
+                self.wake([queue.as_str()]);
+            }
+            Finish::Failed { .. } if row.try_get::<String, _>("state")? == "pending" => {
+                // A retry: announce when its backoff ends.
+                let queue: String = row.try_get("queue")?;
+                self.wake_later([(queue.as_str(), row.try_get::<i64, _>("run_at")?)]);
+            }
+            _ => {}
+        }
+        Ok(true)
+    }
 }
 
 #[async_trait]
@@ -220,6 +247,11 @@ impl Backend for SqliteBackend {
         // Successes (the common case) in one statement; the rest one by one.
         // Each statement is a hand-off to the connection's thread, so a
         // batch of successes is one hand-off, one write lock, one commit.
+        if let [(claim, finish)] = items {
+            if !matches!(finish, Finish::Succeeded) {
+                return Ok(vec![self.finish_one(*claim, finish).await?]);
+            }
+        }
         let mut out = vec![false; items.len()];
         let ok: Vec<serde_json::Value> = items
             .iter()
