@@ -233,10 +233,10 @@ mod tests {
             chain(&e),
             "store unavailable: error communicating with database: refused here"
         );
-        assert_eq!(
-            format!("{:#}", anyhow_like(&e)),
-            "store unavailable: error communicating with database: refused here"
-        );
+        // The driver's text is the source's alone (sqlx's own Io error
+        // repeats its io cause; `chain` and the CLI's error line drop that).
+        let source_text = e.source().map(|s| s.to_string()).unwrap_or_default();
+        assert!(!e.to_string().contains(&source_text), "{e}");
         // ... and the cause is there to walk to.
         let source = e.source().expect("the sqlx error is the source");
         assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
@@ -249,7 +249,7 @@ mod tests {
 
         let e = StoreError::from(sqlx::Error::RowNotFound);
         assert!(!e.is_retryable());
-        assert!(e.to_string().starts_with("store error: "), "{e}");
+        assert_eq!(e.to_string(), "store error");
         assert!(e.source().is_some());
 
         let e = StoreError::from(redis::RedisError::from((
@@ -257,26 +257,9 @@ mod tests {
             "connection gone",
         )));
         assert!(e.is_retryable());
-        assert!(e.to_string().starts_with("store unavailable: "), "{e}");
+        assert_eq!(e.to_string(), "store unavailable");
         let source = e.source().expect("the redis error is the source");
         assert!(source.downcast_ref::<redis::RedisError>().is_some());
-    }
-
-    /// `{:#}` as anyhow prints it: each error of the chain, joined by ": ".
-    fn anyhow_like<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl std::fmt::Display + 'a {
-        struct Alt<'a>(&'a (dyn std::error::Error + 'static));
-        impl std::fmt::Display for Alt<'_> {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "{}", self.0)?;
-                let mut next = self.0.source();
-                while let Some(c) = next {
-                    write!(f, ": {c}")?;
-                    next = c.source();
-                }
-                Ok(())
-            }
-        }
-        Alt(e)
     }
 
     #[test]
