@@ -43,11 +43,18 @@ pub use types::*;
 /// The default store URL: an embedded SQLite file in the working directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://baton.db";
 
-/// One backend's operations. Implemented by `sqlite`, `postgres` and `redis`.
+/// One backend's operations. Implemented by `sqlite`, `postgres`, `mysql`
+/// and `redis`.
 ///
 /// Every method is atomic on its own and uses store time for every
 /// comparison. Durations are relative to the store's `now()` at the moment
 /// the operation runs.
+///
+/// Naming (docs/STORE.md, "Naming"): entity, then verb, then `_many` for a
+/// batch (`task_claim`, `task_finish_many`, `lock_extend`, `queue_stats`,
+/// `wake_subscribe`); a call with more than one value takes one params
+/// struct named after it ([`LockExtend`], [`TaskHeartbeatMany`], …); where
+/// a batch form exists it is the only form (one item is a batch of one).
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// A short name for messages: `sqlite`, `postgres`, `redis`.
