@@ -6,6 +6,7 @@ mod child;
 mod command_task;
 mod config;
 mod http;
+mod http_client;
 mod lock_cmd;
 mod metrics;
 mod output;
@@ -42,6 +43,27 @@ const MAX_PREFIX: usize = 32;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr: `text` (colours only on a terminal) or `json`
+    /// (one object per line). Levels and targets with env `BATON_LOG`
+    /// (e.g. `info`, `baton=debug`; default `info` for serve and work, else
+    /// `warn`).
+    #[arg(
+        long,
+        env = "BATON_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
+}
+
+/// How log lines are written (see `--log-format`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal.
+    Text,
+    /// One JSON object per line (timestamp, level, message, fields, span).
+    Json,
 }
 
 /// Where the store is: `--store`, else env `BATON_STORE`, else `sqlite://baton.db`.
@@ -279,18 +301,36 @@ pub fn exit_for(e: &anyhow::Error) -> u8 {
     }
 }
 
-fn init_tracing() {
+/// Logs on stderr in `format`. The daemons (`serve`, `work`) log at info
+/// by default: a line per task start and end, hand-backs, rescues, skipped
+/// slots; one-shot commands at warn. `BATON_LOG` overrides either.
+fn init_tracing(format: LogFormat, daemon: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     // sqlx's own warnings (slow statements) are noise here: errors only.
-    let filter =
-        EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new("warn,sqlx=error"));
-    tracing_subscriber::fmt()
+    let default = if daemon {
+        "info,sqlx=error"
+    } else {
+        "warn,sqlx=error"
+    };
+    let filter = EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .init(),
+        LogFormat::Json => {
+            output::log_json(true);
+            fmt.json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .init()
+        }
+    }
 }
 
 /// `baton migrate`: create the schema, or say it was already up to date.
@@ -345,7 +385,8 @@ fn main() -> ExitCode {
         return ExitCode::from(code);
     }
     let cli = Cli::parse();
-    init_tracing();
+    let daemon = matches!(cli.command, Command::Serve(_) | Command::Work(_));
+    init_tracing(cli.log_format, daemon);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
