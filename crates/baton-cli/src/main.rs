@@ -9,6 +9,8 @@ mod http;
 mod http_client;
 mod lock_cmd;
 mod metrics;
+#[cfg(feature = "otel")]
+mod otel;
 mod output;
 mod queue_cmd;
 mod runtime;
@@ -306,7 +308,9 @@ pub fn exit_for(e: &anyhow::Error) -> u8 {
 /// slots; one-shot commands at warn. `BATON_LOG` overrides either.
 fn init_tracing(format: LogFormat, daemon: bool) {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
     // sqlx's own warnings (slow statements) are noise here: errors only.
     let default = if daemon {
         "info,sqlx=error"
@@ -314,23 +318,25 @@ fn init_tracing(format: LogFormat, daemon: bool) {
         "warn,sqlx=error"
     };
     let filter = EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
         LogFormat::Text => fmt
             .with_ansi(std::io::stderr().is_terminal())
             .with_target(false)
-            .init(),
+            .boxed(),
         LogFormat::Json => {
             output::log_json(true);
             fmt.json()
                 .flatten_event(true)
                 .with_current_span(true)
                 .with_span_list(false)
-                .init()
+                .boxed()
         }
-    }
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otel")]
+    let registry = registry.with(otel::layer());
+    registry.init();
 }
 
 /// `baton migrate`: create the schema, or say it was already up to date.
@@ -413,6 +419,8 @@ fn main() -> ExitCode {
             Command::Man => man(),
         }
     });
+    #[cfg(feature = "otel")]
+    otel::shutdown();
     match result {
         Ok(code) => ExitCode::from(code),
         // The reader of stdout went away (`| head`): it took what it wanted.
