@@ -1109,7 +1109,8 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
                     tracing::warn!(
                         task = task.id,
                         attempt = task.attempt,
-                        "handler did not stop before {when}; dropped"
+                        before = when,
+                        "handler did not stop in time; dropped"
                     );
                     Ok(Err(TaskError::retryable(format!(
                         "handler did not stop before {when}"
