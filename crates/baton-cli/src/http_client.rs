@@ -183,7 +183,136 @@ mod tls {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_url, request};
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    /// A refused connection: the error names the method, the URL without
+    /// its password and query, and the cause.
+    #[tokio::test]
+    async fn errors_name_the_redacted_url_and_the_cause() {
+        // A port nothing listens on: bind, note it, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let url = format!("http://bob:hunter2@127.0.0.1:{port}/run?token=s3cret");
+        let none = BTreeMap::new();
+        let e = request("POST", &url, &none, None, &[], Duration::from_secs(5))
+            .await
+            .expect_err("nothing listens");
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with(&format!("POST http://bob:***@127.0.0.1:{port}/run?…: ")),
+            "{text}"
+        );
+        assert!(
+            !text.contains("hunter2") && !text.contains("s3cret"),
+            "{text}"
+        );
+        assert!(text.to_lowercase().contains("refused"), "{text}");
+    }
+
+    /// A server that accepts and never answers: the attempt ends at the
+    /// timeout and says so.
+    #[tokio::test]
+    async fn no_answer_ends_at_the_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let hold = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                kept.push(s);
+            }
+        });
+        let url = format!("http://127.0.0.1:{port}/slow");
+        let t0 = std::time::Instant::now();
+        let e = request(
+            "GET",
+            &url,
+            &BTreeMap::new(),
+            None,
+            &[],
+            Duration::from_millis(300),
+        )
+        .await
+        .expect_err("no answer");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        assert!(format!("{e:#}").contains("no answer within 300ms"), "{e:#}");
+        hold.abort();
+    }
+
+    /// A server that redirects forever: followed 5 times, then refused.
+    #[tokio::test]
+    async fn redirect_loops_stop() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h2 = hits.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                h2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 302 Found\r\nLocation: /again\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+            }
+        });
+        let url = format!("http://127.0.0.1:{port}/start");
+        let e = request(
+            "GET",
+            &url,
+            &BTreeMap::new(),
+            None,
+            &[],
+            Duration::from_secs(5),
+        )
+        .await
+        .expect_err("a loop");
+        assert!(format!("{e:#}").contains("more than 5 redirects"), "{e:#}");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 6);
+        server.abort();
+    }
+
+    /// Bad header names and values are refused before anything is sent.
+    #[tokio::test]
+    async fn bad_headers_are_refused() {
+        let mut h = BTreeMap::new();
+        h.insert("A B".to_string(), "x".to_string());
+        let e = request(
+            "GET",
+            "http://127.0.0.1:1/",
+            &h,
+            None,
+            &[],
+            Duration::from_secs(1),
+        )
+        .await
+        .expect_err("bad name");
+        assert!(format!("{e:#}").contains("is not a header name"), "{e:#}");
+        let mut h = BTreeMap::new();
+        h.insert("A".to_string(), "x\ny".to_string());
+        let e = request(
+            "GET",
+            "http://127.0.0.1:1/",
+            &h,
+            None,
+            &[],
+            Duration::from_secs(1),
+        )
+        .await
+        .expect_err("bad value");
+        assert!(
+            format!("{e:#}").contains("not a valid header value"),
+            "{e:#}"
+        );
+    }
 
     #[test]
     fn urls_are_redacted() {
