@@ -237,7 +237,11 @@ async fn lost_lease_stops_the_command(e: Env) {
     let b = e.ts.store.backend();
     let info = b.lock_get("lost").await.unwrap().unwrap();
     assert!(b
-        .lock_release("lost", info.token, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "lost",
+            token: info.token,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     let locker = baton::lock::Locker::new(e.ts.store.clone());

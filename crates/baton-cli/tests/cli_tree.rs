@@ -120,7 +120,11 @@ async fn lock_lost_lease_kills_the_whole_tree_at_once() {
     let b = e.ts.store.backend();
     let info = b.lock_get("tree-lost").await.unwrap().unwrap();
     assert!(b
-        .lock_release("tree-lost", info.token, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "tree-lost",
+            token: info.token,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     let locker = baton::lock::Locker::new(e.ts.store.clone());
@@ -328,7 +332,7 @@ async fn work_lost_lease_stops_the_whole_tree(e: Env) {
     signal(&w, libc::SIGSTOP);
     // Past the lease, then rescued by "another instance" (this test).
     std::thread::sleep(Duration::from_millis(2_600));
-    let r = e.ts.store.backend().rescue().await.unwrap();
+    let r = e.ts.store.backend().task_rescue_many().await.unwrap();
     assert_eq!(r.requeued, 1, "the frozen worker's task is rescued");
     assert!(alive(gc), "attempt 1 still runs while its worker is frozen");
     signal(&w, libc::SIGCONT);

@@ -490,7 +490,11 @@ impl Lease {
         match self
             .store
             .backend()
-            .lock_extend(self.name(), self.token(), self.opts.at_most)
+            .lock_extend(&crate::store::LockExtend {
+                name: self.name(),
+                token: self.token(),
+                at_most: self.opts.at_most,
+            })
             .await?
         {
             Some(until) => {
@@ -514,7 +518,11 @@ impl Lease {
         let ok = self
             .store
             .backend()
-            .lock_release(self.name(), self.token(), self.opts.at_least)
+            .lock_release(&crate::store::LockRelease {
+                name: self.name(),
+                token: self.token(),
+                at_least: self.opts.at_least,
+            })
             .await?;
         if ok {
             tracing::debug!(lock = self.name(), token = %self.token(), "lock released");
@@ -568,9 +576,11 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
         let sent = Instant::now();
         let attempt = tokio::time::timeout(
             deadline.saturating_duration_since(sent),
-            store
-                .backend()
-                .lock_extend(handle.name(), handle.token(), opts.at_most),
+            store.backend().lock_extend(&crate::store::LockExtend {
+                name: handle.name(),
+                token: handle.token(),
+                at_most: opts.at_most,
+            }),
         )
         .await;
         match attempt {

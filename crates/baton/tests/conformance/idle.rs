@@ -50,7 +50,11 @@ impl Backend for Counting {
         at_most: Duration,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         self.count("lock_extend")
-            .lock_extend(name, token, at_most)
+            .lock_extend(&baton::store::LockExtend {
+                name,
+                token,
+                at_most,
+            })
             .await
     }
     async fn lock_release(
@@ -60,7 +64,11 @@ impl Backend for Counting {
         at_least: Duration,
     ) -> Result<bool, StoreError> {
         self.count("lock_release")
-            .lock_release(name, token, at_least)
+            .lock_release(&baton::store::LockRelease {
+                name,
+                token,
+                at_least,
+            })
             .await
     }
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
@@ -69,53 +77,60 @@ impl Backend for Counting {
     async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
         self.count("lock_list").lock_list().await
     }
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
-        self.count("enqueue").enqueue(tasks).await
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+        self.count("enqueue").task_insert_many(tasks).await
     }
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
-        self.count("claim").claim(req).await
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+        self.count("claim").task_claim(req).await
     }
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
     ) -> Result<Vec<Heartbeat>, StoreError> {
-        self.count("heartbeat").heartbeat(claims, lease).await
+        self.count("heartbeat")
+            .task_heartbeat_many(&baton::store::TaskHeartbeatMany { claims, lease })
+            .await
     }
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        self.count("finish").finish(claim, finish).await
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        self.count("finish")
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true])
     }
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
     ) -> Result<bool, StoreError> {
-        self.count("progress").progress(claim, progress).await
+        self.count("progress")
+            .task_set_progress(&baton::store::TaskSetProgress { claim, progress })
+            .await
     }
-    async fn rescue(&self) -> Result<Rescued, StoreError> {
-        self.count("rescue").rescue().await
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
+        self.count("rescue").task_rescue_many().await
     }
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        self.count("cancel").cancel(id).await
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+        self.count("cancel").task_cancel(id).await
     }
-    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
-        self.count("retry").retry(id).await
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
+        self.count("retry").task_retry(id).await
     }
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
-        self.count("task").task(id).await
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+        self.count("task").task_get(id).await
     }
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
-        self.count("tasks").tasks(filter).await
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+        self.count("tasks").task_list(filter).await
     }
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        self.count("stats").stats().await
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        self.count("stats").queue_stats().await
     }
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.count("prune").prune(older_than).await
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        self.count("prune").task_prune(older_than).await
     }
-    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError> {
+    async fn wake_subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError> {
         // Setting up the wake-up channel is not a per-second query.
-        self.inner.backend().subscribe().await
+        self.inner.backend().wake_subscribe().await
     }
     async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
         self.count("job_register").job_register(job).await
@@ -125,7 +140,7 @@ impl Backend for Counting {
     }
     async fn job_set_paused(&self, job: &str, paused: bool) -> Result<bool, StoreError> {
         self.count("job_set_paused")
-            .job_set_paused(job, paused)
+            .job_set_paused(&baton::store::JobSetPaused { job, paused })
             .await
     }
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {

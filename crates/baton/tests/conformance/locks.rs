@@ -173,13 +173,21 @@ pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
     let backend = ts.store.backend();
     assert_eq!(
         backend
-            .lock_extend("lapse", old.token(), Duration::from_secs(60))
+            .lock_extend(&baton::store::LockExtend {
+                name: "lapse",
+                token: old.token(),
+                at_most: Duration::from_secs(60)
+            })
             .await
             .unwrap(),
         None
     );
     assert!(!backend
-        .lock_release("lapse", old.token(), Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "lapse",
+            token: old.token(),
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     assert!(matches!(old.release().await, Err(Error::LeaseLost(_))));
@@ -292,7 +300,11 @@ pub async fn keep_alive_extends_and_signals_loss(ts: TestStore) {
     assert!(ts
         .store
         .backend()
-        .lock_release("alive", handle.token(), Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "alive",
+            token: handle.token(),
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
     let thief = b

@@ -856,7 +856,10 @@ impl Real<'_> {
                         slot: None,
                     })
                     .collect();
-                let got = b.enqueue(&tasks).await.map_err(|e| err("enqueue", e))?;
+                let got = b
+                    .task_insert_many(&tasks)
+                    .await
+                    .map_err(|e| err("enqueue", e))?;
                 tokio::time::sleep(TICK).await;
                 let mut out = Vec::new();
                 for e in got {
@@ -874,7 +877,7 @@ impl Real<'_> {
             }
             Step::Claim { queue, limit, cap } => {
                 let got = b
-                    .claim(&ClaimRequest {
+                    .task_claim(&ClaimRequest {
                         queue: QUEUES[*queue],
                         worker: "model",
                         limit: *limit,
@@ -897,14 +900,20 @@ impl Real<'_> {
             Step::Heartbeat(cs) => {
                 let claims: Vec<Claim> = cs.iter().map(|&c| self.claims[c]).collect();
                 Ans::Beats(
-                    b.heartbeat(&claims, LONG)
-                        .await
-                        .map_err(|e| err("heartbeat", e))?,
+                    b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+                        claims: &claims,
+                        lease: LONG,
+                    })
+                    .await
+                    .map_err(|e| err("heartbeat", e))?,
                 )
             }
             Step::Lapse(c) => {
                 let got = b
-                    .heartbeat(&[self.claims[*c]], TINY)
+                    .task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+                        claims: &[self.claims[*c]],
+                        lease: TINY,
+                    })
                     .await
                     .map_err(|e| err("heartbeat", e))?;
                 tokio::time::sleep(LAPSE).await;
@@ -912,8 +921,9 @@ impl Real<'_> {
             }
             Step::Finish(c, f) => {
                 let ok = b
-                    .finish(self.claims[*c], &f.finish())
+                    .task_finish_many(&[(self.claims[*c], f.finish())])
                     .await
+                    .map(|r| r == [true])
                     .map_err(|e| err("finish", e))?;
                 tokio::time::sleep(TICK).await;
                 Ans::Done(vec![ok])
@@ -924,25 +934,30 @@ impl Real<'_> {
                     .map(|(c, f)| (self.claims[*c], f.finish()))
                     .collect();
                 let ok = b
-                    .finish_many(&items)
+                    .task_finish_many(&items)
                     .await
                     .map_err(|e| err("finish_many", e))?;
                 tokio::time::sleep(TICK).await;
                 Ans::Done(ok)
             }
             Step::Progress(c) => Ans::Done(vec![b
-                .progress(self.claims[*c], &json!(now))
+                .task_set_progress(&baton::store::TaskSetProgress {
+                    claim: self.claims[*c],
+                    progress: &json!(now),
+                })
                 .await
                 .map_err(|e| err("progress", e))?]),
             Step::Rescue => {
-                let r = b.rescue().await.map_err(|e| err("rescue", e))?;
+                let r = b.task_rescue_many().await.map_err(|e| err("rescue", e))?;
                 Ans::Rescued(r.requeued, r.failed, r.cancelled)
             }
-            Step::Cancel(i) => {
-                Ans::Cancel(b.cancel(self.ids[*i]).await.map_err(|e| err("cancel", e))?)
-            }
+            Step::Cancel(i) => Ans::Cancel(
+                b.task_cancel(self.ids[*i])
+                    .await
+                    .map_err(|e| err("cancel", e))?,
+            ),
             Step::Retry(i) => {
-                let r = match b.retry(self.ids[*i]).await {
+                let r = match b.task_retry(self.ids[*i]).await {
                     Ok(ok) => Some(ok),
                     Err(StoreError::Conflict(_)) => None,
                     Err(e) => return Err(err("retry", e)),
@@ -952,7 +967,11 @@ impl Real<'_> {
             }
             Step::Prune => {
                 tokio::time::sleep(LAPSE).await;
-                Ans::Pruned(b.prune(Duration::ZERO).await.map_err(|e| err("prune", e))?)
+                Ans::Pruned(
+                    b.task_prune(Duration::ZERO)
+                        .await
+                        .map_err(|e| err("prune", e))?,
+                )
             }
             Step::LockAcquire(l) => {
                 self.holders += 1;
@@ -987,22 +1006,30 @@ impl Real<'_> {
                 }
             }
             Step::LockExtend(l, g) => Ans::Done(vec![b
-                .lock_extend(LOCKS[*l], self.grants[*l][*g].0, LONG)
+                .lock_extend(&baton::store::LockExtend {
+                    name: LOCKS[*l],
+                    token: self.grants[*l][*g].0,
+                    at_most: LONG,
+                })
                 .await
                 .map_err(|e| err("lock_extend", e))?
                 .is_some()]),
             Step::LockRelease(l, g, keep) => Ans::Done(vec![b
-                .lock_release(
-                    LOCKS[*l],
-                    self.grants[*l][*g].0,
-                    if *keep { LONG } else { Duration::ZERO },
-                )
+                .lock_release(&baton::store::LockRelease {
+                    name: LOCKS[*l],
+                    token: self.grants[*l][*g].0,
+                    at_least: if *keep { LONG } else { Duration::ZERO },
+                })
                 .await
                 .map_err(|e| err("lock_release", e))?]),
             Step::LockLapse(l) => {
                 let ok = match self.grants[*l].last() {
                     Some((t, _)) => b
-                        .lock_extend(LOCKS[*l], *t, TINY)
+                        .lock_extend(&baton::store::LockExtend {
+                            name: LOCKS[*l],
+                            token: *t,
+                            at_most: TINY,
+                        })
                         .await
                         .map_err(|e| err("lock_extend", e))?
                         .is_some(),
@@ -1019,7 +1046,7 @@ impl Real<'_> {
         let b = self.b;
         let now = b.now().await.map_err(|e| err("now", e))?;
         let all = b
-            .tasks(&TaskFilter {
+            .task_list(&TaskFilter {
                 limit: 10_000,
                 ..TaskFilter::default()
             })
@@ -1103,7 +1130,7 @@ impl Real<'_> {
                 .unwrap_or(0)] += 1;
         }
         let seen: BTreeMap<String, [u64; 5]> = b
-            .stats()
+            .queue_stats()
             .await
             .map_err(|e| err("stats", e))?
             .into_iter()

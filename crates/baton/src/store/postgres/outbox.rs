@@ -20,7 +20,7 @@ pub(super) const INSERT_CHUNK: usize = 10_000;
 /// and vanish with a rollback.
 ///
 /// `prefix` must be the table prefix the store was opened with (`None` for
-/// the default `baton_`). Unique keys behave as in [`crate::store::Backend::enqueue`].
+/// the default `baton_`). Unique keys behave as in [`crate::store::Backend::task_insert_many`].
 /// Under `REPEATABLE READ` or `SERIALIZABLE` a key taken by a concurrent
 /// transaction may surface as [`StoreError::Conflict`].
 pub async fn enqueue_in(
@@ -36,7 +36,7 @@ pub async fn enqueue_in(
 }
 
 /// Insert tasks in order on `conn` (the shared code of [`enqueue_in`],
-/// [`crate::store::Backend::enqueue`] and [`crate::store::Backend::job_advance`]). With `skipped`, the
+/// [`crate::store::Backend::task_insert_many`] and [`crate::store::Backend::job_advance`]). With `skipped`, the
 /// tasks are inserted directly as `cancelled` with that reason.
 ///
 /// Returns one [`Enqueued`] per task. Due work is announced by the insert

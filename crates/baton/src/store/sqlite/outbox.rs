@@ -155,7 +155,7 @@ pub(super) async fn insert_tasks(
 /// The caller owns `BEGIN` / `COMMIT` (use `BEGIN IMMEDIATE`, e.g.
 /// `pool.begin_with("BEGIN IMMEDIATE")`, if the transaction reads before it
 /// writes). `prefix` must match the store's table prefix (`None` for the
-/// default `baton_`). Semantics are those of [`crate::store::Backend::enqueue`], except
+/// default `baton_`). Semantics are those of [`crate::store::Backend::task_insert_many`], except
 /// that no wake-up is sent: workers pick the tasks up at their next poll.
 ///
 /// ```no_run
