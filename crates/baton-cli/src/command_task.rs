@@ -67,7 +67,7 @@ pub async fn run_argv(
         ctx.stopped().await;
         tracing::info!(task = id, reason = ?ctx.stop_reason(), "stopping the command");
     };
-    run_command(&argv, &env, stop, grace).await
+    run_command(&argv, &env, stop, grace, Some(&ctx)).await
 }
 
 /// Run `argv` with `env` until it exits, or until `stop` resolves: then
@@ -77,11 +77,13 @@ pub async fn run_argv(
 /// what remains of its tree is stopped the same way (see `child`), and
 /// stderr is drained for at most [`DRAIN`] after that, however long a
 /// stray process holds it open. Shared by command tasks and job actions.
+/// For a task (`ctx`), the exit code goes on its `task ended` log line.
 pub async fn run_command(
     argv: &[String],
     env: &[(&str, String)],
     stop: impl std::future::Future<Output = ()>,
     grace: Duration,
+    ctx: Option<&TaskContext>,
 ) -> Result<(), TaskError> {
     let mut proc =
         child::spawn(argv, env, true, grace).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
@@ -99,6 +101,9 @@ pub async fn run_command(
         Ok(g) => g.clone(),
         Err(p) => p.into_inner().clone(),
     };
+    if let Some(ctx) = ctx {
+        ctx.set_exit_code(i32::from(child::code_of(status)));
+    }
     outcome(status, kept)
 }
 

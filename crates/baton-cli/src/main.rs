@@ -6,8 +6,11 @@ mod child;
 mod command_task;
 mod config;
 mod http;
+mod http_client;
 mod lock_cmd;
 mod metrics;
+#[cfg(feature = "otel")]
+mod otel;
 mod output;
 mod queue_cmd;
 mod runtime;
@@ -42,6 +45,27 @@ const MAX_PREFIX: usize = 32;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr: `text` (colours only on a terminal) or `json`
+    /// (one object per line). Levels and targets with env `BATON_LOG`
+    /// (e.g. `info`, `baton=debug`; default `info` for serve and work, else
+    /// `warn`).
+    #[arg(
+        long,
+        env = "BATON_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
+}
+
+/// How log lines are written (see `--log-format`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal.
+    Text,
+    /// One JSON object per line (timestamp, level, message, fields, span).
+    Json,
 }
 
 /// Where the store is: `--store`, else env `BATON_STORE`, else `sqlite://baton.db`.
@@ -279,18 +303,40 @@ pub fn exit_for(e: &anyhow::Error) -> u8 {
     }
 }
 
-fn init_tracing() {
+/// Logs on stderr in `format`. The daemons (`serve`, `work`) log at info
+/// by default: a line per task start and end, hand-backs, rescues, skipped
+/// slots; one-shot commands at warn. `BATON_LOG` overrides either.
+fn init_tracing(format: LogFormat, daemon: bool) {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
     // sqlx's own warnings (slow statements) are noise here: errors only.
-    let filter =
-        EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new("warn,sqlx=error"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+    let default = if daemon {
+        "info,sqlx=error"
+    } else {
+        "warn,sqlx=error"
+    };
+    let filter = EnvFilter::try_from_env("BATON_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .boxed(),
+        LogFormat::Json => {
+            output::log_json(true);
+            fmt.json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .boxed()
+        }
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otel")]
+    let registry = registry.with(otel::layer());
+    registry.init();
 }
 
 /// `baton migrate`: create the schema, or say it was already up to date.
@@ -349,7 +395,8 @@ fn main() -> ExitCode {
         return ExitCode::from(code);
     }
     let cli = Cli::parse();
-    init_tracing();
+    let daemon = matches!(cli.command, Command::Serve(_) | Command::Work(_));
+    init_tracing(cli.log_format, daemon);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -376,6 +423,8 @@ fn main() -> ExitCode {
             Command::Man => man(),
         }
     });
+    #[cfg(feature = "otel")]
+    otel::shutdown();
     match result {
         Ok(code) => ExitCode::from(code),
         // The reader of stdout went away (`| head`): it took what it wanted.

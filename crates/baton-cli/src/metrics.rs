@@ -1,14 +1,24 @@
-//! Prometheus metrics for `baton serve --listen` (`GET /metrics`, text
-//! exposition format 0.0.4). `baton_tasks…`, `baton_queue…`, `baton_job…`
-//! and `baton_lock…` are the store's view, read when scraped, so every
-//! instance reports the same cluster-wide numbers (scrape one, or aggregate
-//! with `max`); `baton_worker…` are this process's own workers (sum them).
+//! Prometheus metrics for `baton serve --listen` (`GET /metrics`), in the
+//! OpenMetrics text format written by `prometheus-client` ([`CONTENT_TYPE`]).
+//! `baton_tasks…`, `baton_queue…`, `baton_job…` and `baton_lock…` are the
+//! store's view, read when scraped, so every instance reports the same
+//! cluster-wide numbers (scrape one, or aggregate with `max`);
+//! `baton_worker…` are this process's own workers (sum them), from their
+//! [`WorkerCounters`]: attempts, histograms of claim latency, run duration
+//! and slot → start lag, lease losses, heartbeat failures and store errors
+//! by operation.
 
-use std::fmt::Write;
+use std::collections::BTreeMap;
 
-use baton::queue::{Outcome, Queue, WorkerCounters};
+use baton::queue::{Histogram, Outcome, Queue, QueueCounters, WorkerCounters};
 use baton::schedule;
 use baton::Store;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One labelled sample: label pairs and a value.
 type Sample<'a> = (Vec<(&'static str, &'a str)>, f64);
@@ -24,7 +34,7 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     let secs = |t: chrono::DateTime<chrono::Utc>| t.timestamp_millis() as f64 / 1000.0;
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
 
-    let mut out = String::new();
+    let mut out = Families::default();
     gauge(
         &mut out,
         "baton_tasks",
@@ -107,8 +117,9 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     );
 
     // This process's workers, summed per queue.
-    let mut mine: std::collections::BTreeMap<String, baton::queue::QueueCounters> =
-        Default::default();
+    let mut mine: BTreeMap<String, QueueCounters> = Default::default();
+    let mut heartbeat_failures = 0u64;
+    let mut store_errors: BTreeMap<&'static str, u64> = Default::default();
     for w in workers {
         for (queue, c) in w.snapshot() {
             let m = mine.entry(queue).or_default();
@@ -117,12 +128,20 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
             for (o, n) in c.ended {
                 *m.ended.entry(o).or_default() += n;
             }
+            m.claim_latency.merge(&c.claim_latency);
+            m.run_duration.merge(&c.run_duration);
+            m.slot_lag.merge(&c.slot_lag);
+            m.lease_losses += c.lease_losses;
+        }
+        let t = w.totals();
+        heartbeat_failures += t.heartbeat_failures;
+        for (op, n) in t.store_errors {
+            *store_errors.entry(op).or_default() += n;
         }
     }
-    family(
+    counter(
         &mut out,
-        "baton_worker_attempts_total",
-        "counter",
+        "baton_worker_attempts",
         "Attempts this process's workers ended, by queue and outcome.",
         mine.iter().flat_map(|(q, c)| {
             Outcome::ALL.map(|o| {
@@ -141,58 +160,211 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
         mine.iter()
             .map(|(q, c)| (vec![("queue", q.as_str())], c.running as f64)),
     );
-    family(
+    counter(
         &mut out,
-        "baton_worker_busy_seconds_total",
-        "counter",
+        "baton_worker_busy_seconds",
         "Time this process's ended attempts took, from claim to outcome.",
         mine.iter()
             .map(|(q, c)| (vec![("queue", q.as_str())], c.busy.as_secs_f64())),
     );
-    Ok(out)
+    histogram(
+        &mut out,
+        "baton_worker_claim_duration_seconds",
+        "How long each claim call the store answered took, by queue.",
+        mine.iter().map(|(q, c)| (q.as_str(), &c.claim_latency)),
+    );
+    histogram(
+        &mut out,
+        "baton_worker_run_duration_seconds",
+        "Each ended attempt's duration, from claim to outcome, by queue.",
+        mine.iter().map(|(q, c)| (q.as_str(), &c.run_duration)),
+    );
+    histogram(
+        &mut out,
+        "baton_worker_slot_lag_seconds",
+        "Scheduled tasks: from the slot to the claim that started the attempt (store time), by queue.",
+        mine.iter().map(|(q, c)| (q.as_str(), &c.slot_lag)),
+    );
+    counter(
+        &mut out,
+        "baton_worker_lease_losses",
+        "Attempts whose lease was lost (nothing recorded; the task is rescued), by queue.",
+        mine.iter()
+            .map(|(q, c)| (vec![("queue", q.as_str())], c.lease_losses as f64)),
+    );
+    counter(
+        &mut out,
+        "baton_worker_heartbeat_failures",
+        "Heartbeat calls that failed or got no answer in time.",
+        [(vec![], heartbeat_failures as f64)],
+    );
+    counter(
+        &mut out,
+        "baton_worker_store_errors",
+        "Store calls of this process's workers that failed, by operation.",
+        STORE_OPERATIONS.iter().map(|op| {
+            let n = store_errors.get(op).copied().unwrap_or(0);
+            (vec![("operation", *op)], n as f64)
+        }),
+    );
+
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(out));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|_| {
+        baton::Error::Invalid(baton::InvalidInput::new("metrics", "could not be encoded"))
+    })?;
+    Ok(text)
 }
 
-/// One gauge family (see [`family`]).
-fn gauge<'a>(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    samples: impl IntoIterator<Item = Sample<'a>>,
-) {
-    family(out, name, "gauge", help, samples)
+/// Every operation `baton_worker_store_errors` reports (zeros too).
+const STORE_OPERATIONS: [&str; 7] = [
+    "claim",
+    "finish",
+    "heartbeat",
+    "rescue",
+    "prune",
+    "clock",
+    "hand_back",
+];
+
+/// A sample's value.
+#[derive(Debug)]
+enum Value {
+    Gauge(f64),
+    Counter(f64),
+    Histogram {
+        sum: f64,
+        count: u64,
+        buckets: Vec<(f64, u64)>,
+    },
 }
 
-/// One metric family: its `# HELP` and `# TYPE` lines, then its samples.
-fn family<'a>(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    samples: impl IntoIterator<Item = Sample<'a>>,
-) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in samples {
-        sample(out, name, &labels, value);
-    }
+/// One metric family as read at a scrape.
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    samples: Vec<(Vec<(String, String)>, Value)>,
 }
 
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        out.push('{');
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
+/// The metrics of one scrape, encoded by prometheus-client.
+#[derive(Debug, Default)]
+struct Families(Vec<Family>);
+
+impl prometheus_client::collector::Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.0 {
+            let mut metric = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
+            for (labels, value) in &f.samples {
+                encode_sample(&mut metric, labels, value)?;
             }
-            let _ = write!(out, "{k}=\"{}\"", escape(v));
         }
-        out.push('}');
+        Ok(())
     }
-    let _ = writeln!(out, " {value}");
 }
 
-/// Label values escape backslash, double quote and line feed.
+fn encode_sample(
+    metric: &mut MetricEncoder<'_>,
+    labels: &Vec<(String, String)>,
+    value: &Value,
+) -> Result<(), std::fmt::Error> {
+    if labels.is_empty() {
+        return encode_value(metric, value);
+    }
+    encode_value(&mut metric.encode_family(labels)?, value)
+}
+
+fn encode_value(m: &mut MetricEncoder<'_>, value: &Value) -> Result<(), std::fmt::Error> {
+    match value {
+        Value::Gauge(v) => m.encode_gauge(v),
+        Value::Counter(v) => {
+            m.encode_counter::<prometheus_client::encoding::NoLabelSet, _, f64>(v, None)
+        }
+        Value::Histogram {
+            sum,
+            count,
+            buckets,
+        } => m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            *sum, *count, buckets, None,
+        ),
+    }
+}
+
+fn push<'a>(
+    out: &mut Families,
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (Vec<(&'static str, &'a str)>, Value)>,
+) {
+    let samples = samples
+        .into_iter()
+        .map(|(labels, v)| {
+            let labels = labels
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), escape(v)))
+                .collect();
+            (labels, v)
+        })
+        .collect();
+    out.0.push(Family {
+        name,
+        help,
+        kind,
+        samples,
+    });
+}
+
+/// One gauge family.
+fn gauge<'a>(
+    out: &mut Families,
+    name: &'static str,
+    help: &'static str,
+    samples: impl IntoIterator<Item = Sample<'a>>,
+) {
+    let samples = samples.into_iter().map(|(l, v)| (l, Value::Gauge(v)));
+    push(out, name, help, MetricType::Gauge, samples)
+}
+
+/// One counter family; its samples are named `{name}_total`.
+fn counter<'a>(
+    out: &mut Families,
+    name: &'static str,
+    help: &'static str,
+    samples: impl IntoIterator<Item = Sample<'a>>,
+) {
+    let samples = samples.into_iter().map(|(l, v)| (l, Value::Counter(v)));
+    push(out, name, help, MetricType::Counter, samples)
+}
+
+/// One histogram family, a histogram per queue.
+fn histogram<'a>(
+    out: &mut Families,
+    name: &'static str,
+    help: &'static str,
+    per_queue: impl IntoIterator<Item = (&'a str, &'a Histogram)>,
+) {
+    let samples = per_queue.into_iter().map(|(q, h)| {
+        // prometheus-client takes each bucket's own count (it sums them)
+        // and writes `+Inf` for `f64::MAX`.
+        let bounds = baton::queue::counters::BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::MAX]);
+        let value = Value::Histogram {
+            sum: h.sum,
+            count: h.count,
+            buckets: bounds.zip(h.counts.iter().copied()).collect(),
+        };
+        (vec![("queue", q)], value)
+    });
+    push(out, name, help, MetricType::Histogram, samples)
+}
+
+/// Label values escape backslash, double quote and line feed
+/// (prometheus-client writes them as given).
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -203,13 +375,42 @@ fn escape(v: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Label values are escaped, counters end in `_total`, histograms
+    /// have cumulative `le` buckets, and the text ends with `# EOF`.
     #[test]
-    fn samples_escape_label_values() {
-        let mut out = String::new();
-        sample(&mut out, "m", &[("a", "x\"y\\z\nw"), ("b", "ok")], 1.5);
-        assert_eq!(out, "m{a=\"x\\\"y\\\\z\\nw\",b=\"ok\"} 1.5\n");
-        let mut out = String::new();
-        sample(&mut out, "m", &[], 3.0);
-        assert_eq!(out, "m 3\n");
+    fn families_encode_as_openmetrics() {
+        let mut out = Families::default();
+        gauge(
+            &mut out,
+            "m",
+            "A gauge.",
+            [(vec![("a", "x\"y")], 1.5), (vec![("a", "b\\c\nd")], 2.0)],
+        );
+        counter(&mut out, "c", "A counter.", [(vec![], 3.0)]);
+        let mut h = Histogram::default();
+        h.observe(std::time::Duration::from_millis(2));
+        h.observe(std::time::Duration::from_secs(2));
+        histogram(&mut out, "h_seconds", "A histogram.", [("q", &h)]);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(out));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("# TYPE m gauge\n"), "{text}");
+        assert!(text.contains("m{a=\"x\\\"y\"} 1.5\n"), "{text}");
+        assert!(text.contains("m{a=\"b\\\\c\\nd\"} 2.0\n"), "{text}");
+        assert!(text.contains("# TYPE c counter\nc_total 3.0\n"), "{text}");
+        assert!(text.contains("# TYPE h_seconds histogram\n"), "{text}");
+        for (le, n) in [
+            ("0.001", 0),
+            ("0.0025", 1),
+            ("1.0", 1),
+            ("2.5", 2),
+            ("+Inf", 2),
+        ] {
+            let line = format!("h_seconds_bucket{{le=\"{le}\",queue=\"q\"}} {n}\n");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(text.contains("h_seconds_count{queue=\"q\"} 2\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

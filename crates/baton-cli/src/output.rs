@@ -32,10 +32,29 @@ pub fn line(args: fmt::Arguments<'_>) -> anyhow::Result<()> {
     }
 }
 
+/// Whether notes are written as JSON log lines (`--log-format json`).
+static JSON_NOTES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Write notes as JSON log lines from now on (`--log-format json`).
+pub fn log_json(on: bool) {
+    JSON_NOTES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Write one line to stderr, ignoring failure (unlike `eprintln!`, which
-/// panics when stderr is closed).
+/// panics when stderr is closed). Under `--log-format json` the line is a
+/// JSON object like the logs' (`timestamp`, `level`, `message`, `target`).
 pub fn note(args: fmt::Arguments<'_>) {
     let mut err = std::io::stderr().lock();
+    if JSON_NOTES.load(std::sync::atomic::Ordering::Relaxed) {
+        let line = serde_json::json!({
+            "timestamp": Utc::now().to_rfc3339_opts(SecondsFormat::Micros, true),
+            "level": "INFO",
+            "message": args.to_string(),
+            "target": "baton",
+        });
+        let _ = writeln!(err, "{line}");
+        return;
+    }
     let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
 }
 

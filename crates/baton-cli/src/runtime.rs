@@ -17,6 +17,7 @@ use crate::child::Signals;
 use crate::command_task;
 use crate::config::{Action, JobConfig};
 use crate::http::{self, Reply};
+use crate::http_client;
 
 /// The worker config for command tasks.
 pub fn worker_config(
@@ -103,7 +104,7 @@ pub async fn run_action(
     timeout: Option<Duration>,
 ) -> Result<(), TaskError> {
     match action {
-        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace).await,
+        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace, None).await,
         Action::Http {
             method,
             url,
@@ -116,7 +117,7 @@ pub async fn run_action(
                 .collect();
             let t = timeout.unwrap_or(Duration::from_secs(60));
             tokio::select! {
-                r = http::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
+                r = http_client::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
                 _ = stop => Err(TaskError::retryable("stopped")),
             }
         }
@@ -208,7 +209,7 @@ async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
             return match crate::metrics::render(store, workers).await {
                 Ok(body) => Reply {
                     status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    content_type: crate::metrics::CONTENT_TYPE,
                     body,
                 },
                 Err(e) => Reply::json(

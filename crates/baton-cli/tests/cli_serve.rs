@@ -640,7 +640,11 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     let (code, ctype, m) = admin_get(&e, "/metrics?debug=1");
     stop(vec![kid]);
     assert_eq!(code, 200, "{m}");
-    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    assert!(
+        ctype.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{ctype}"
+    );
+    assert_parses_as_openmetrics(&m);
     let value = |series: &str| -> f64 {
         m.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
@@ -658,10 +662,7 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     assert_eq!(value(r#"baton_lock_held{name="metrics-lock"}"#), 1.0);
     assert!(value(r#"baton_lock_fencing_token{name="metrics-lock"}"#) >= 1.0);
     // This process's own workers ran the slots it scraped above.
-    assert!(
-        m.contains("# TYPE baton_worker_attempts_total counter"),
-        "{m}"
-    );
+    assert!(m.contains("# TYPE baton_worker_attempts counter"), "{m}");
     assert!(value(r#"baton_worker_attempts_total{queue="default",outcome="succeeded"}"#) >= 1.0);
     assert_eq!(
         value(r#"baton_worker_attempts_total{queue="default",outcome="lost"}"#),
@@ -669,6 +670,78 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     );
     assert!(value(r#"baton_worker_busy_seconds_total{queue="default"}"#) > 0.0);
     value(r#"baton_worker_running{queue="default"}"#);
+    // Histograms with counts: every ended attempt's duration, the claims,
+    // and the slot lag of the scheduled runs (all of them here).
+    let runs = value(r#"baton_worker_run_duration_seconds_count{queue="default"}"#);
+    assert!(runs >= 1.0, "{m}");
+    assert_eq!(
+        value(r#"baton_worker_run_duration_seconds_bucket{le="+Inf",queue="default"}"#),
+        runs
+    );
+    assert!(value(r#"baton_worker_claim_duration_seconds_count{queue="default"}"#) >= 1.0);
+    assert!(value(r#"baton_worker_slot_lag_seconds_count{queue="default"}"#) >= 1.0);
+    assert!(value(r#"baton_worker_slot_lag_seconds_sum{queue="default"}"#) >= 0.0);
+    assert_eq!(
+        value(r#"baton_worker_lease_losses_total{queue="default"}"#),
+        0.0
+    );
+    assert_eq!(value("baton_worker_heartbeat_failures_total"), 0.0);
+    assert_eq!(
+        value(r#"baton_worker_store_errors_total{operation="claim"}"#),
+        0.0
+    );
+}
+
+/// Every line of `m` is a `# HELP`/`# TYPE`/`# UNIT` comment or a sample
+/// `name{label="value",…} number`, each sample belongs to the family of
+/// the `# TYPE` line before it, and the text ends with `# EOF`.
+fn assert_parses_as_openmetrics(m: &str) {
+    let mut family = String::new();
+    let mut lines = m.lines().peekable();
+    while let Some(l) = lines.next() {
+        if l == "# EOF" {
+            assert!(lines.peek().is_none(), "text after # EOF:\n{m}");
+            return;
+        }
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            assert!(["gauge", "counter", "histogram"].contains(&kind), "{l}");
+            family = name.to_string();
+            continue;
+        }
+        if l.starts_with("# HELP ") || l.starts_with("# UNIT ") {
+            continue;
+        }
+        let (series, value) = l
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("not a sample: {l}"));
+        value
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("not a number in {l:?}"));
+        let name = series.split('{').next().unwrap_or_default();
+        assert!(
+            !family.is_empty() && name.starts_with(family.as_str()),
+            "sample {l:?} outside its family {family:?}"
+        );
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{l}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "{l}");
+                for pair in labels[1..labels.len() - 1].split("\",") {
+                    let (k, v) = pair
+                        .split_once("=\"")
+                        .unwrap_or_else(|| panic!("bad label in {l}"));
+                    assert!(!k.is_empty(), "{l}");
+                    let _ = v;
+                }
+            }
+        }
+    }
+    panic!("no # EOF at the end:\n{m}");
 }
 
 /// An `https://` job action verifies the server: trusted through

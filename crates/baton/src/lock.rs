@@ -555,7 +555,7 @@ impl Lease {
 
 async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut deadline: Instant) {
     let lost = |why: &str| {
-        tracing::warn!(lock = handle.name(), token = %handle.token(), "lease lost: {why}");
+        tracing::warn!(lock = handle.name(), token = %handle.token(), reason = %why, "lease lost");
         handle.shared.lost.cancel();
     };
     if !opts.keep_alive {

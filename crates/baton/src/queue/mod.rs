@@ -29,7 +29,7 @@ pub mod counters;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use counters::{Outcome, QueueCounters, WorkerCounters};
+pub use counters::{Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals};
 pub use worker::{TaskContext, TaskError, Worker, WorkerConfig};
 
 /// The queue tasks go to when none is named.

@@ -12,6 +12,13 @@
 //! scheduled slot, a retry after its backoff) arms a timer, so the task is
 //! claimed when its `run_at` comes, not at the next poll.
 //!
+//! Each attempt logs one `task started` line (info) and one `task ended`
+//! line (info; warn when it failed or its lease was lost) with the task's
+//! id, queue, kind, attempt, outcome, duration and, for handlers that ran a
+//! process, its exit code; the handler runs inside a `task` span (id,
+//! queue, kind, attempt, job, slot; `outcome`, `duration_ms` and
+//! `exit_code` recorded at the end), so its own events carry that context.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), baton::Error> {
 //! use baton::queue::{Worker, WorkerConfig, TaskError};
@@ -36,6 +43,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::counters::{Outcome, WorkerCounters};
 use super::Backoff;
@@ -100,6 +108,7 @@ pub struct TaskContext {
     task: Arc<Task>,
     stop: CancellationToken,
     reason: Arc<Mutex<Option<StopReason>>>,
+    exit_code: Arc<Mutex<Option<i32>>>,
     store: Store,
 }
 
@@ -125,6 +134,11 @@ impl TaskContext {
     /// Why the handler was asked to stop, if it was.
     pub fn stop_reason(&self) -> Option<StopReason> {
         lock(&self.reason).as_ref().copied()
+    }
+    /// For handlers that run a process: its exit code, shown on the
+    /// attempt's `task ended` line and recorded on its `task` span.
+    pub fn set_exit_code(&self, code: i32) {
+        *lock(&self.exit_code) = Some(code);
     }
     /// Record progress on the task (any JSON). Fails with
     /// [`Error::LeaseLost`] when the claim is no longer this worker's.
@@ -679,6 +693,7 @@ async fn upkeep_loop(
                         let _ = clock.set(c);
                     }
                     Err(e) => {
+                        shared.counters.store_error("clock");
                         tracing::warn!(error = %crate::error::chain(&e), "reading the store's clock failed; retrying");
                         recal.reset_after(Duration::from_secs(1));
                     }
@@ -690,14 +705,20 @@ async fn upkeep_loop(
                     pokes.iter().for_each(|p| p.notify_one());
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %crate::error::chain(&e), "rescue failed"),
+                Err(e) => {
+                    shared.counters.store_error("rescue");
+                    tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
+                }
             },
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
                     match shared.store.backend().task_prune(keep).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
-                        Err(e) => tracing::warn!(error = %crate::error::chain(&e), "prune failed"),
+                        Err(e) => {
+                            shared.counters.store_error("prune");
+                            tracing::warn!(error = %crate::error::chain(&e), "prune failed")
+                        }
                     }
                 }
             }
@@ -817,6 +838,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
             let sent = Instant::now();
             match shared.store.backend().task_claim(&req).await {
                 Ok(batch) => {
+                    shared.counters.claimed(&queue, sent.elapsed());
                     backoff = Duration::from_millis(50);
                     more = batch.len() == free;
                     // A claim that came back so late (a store that was just
@@ -826,14 +848,9 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     // command may still finish and then be discarded and run
                     // again. Hand such tasks back unstarted instead.
                     if sent.elapsed() + shared.guard() >= shared.config.lease {
-                        tracing::warn!(queue = %queue, tasks = batch.len(), took = ?sent.elapsed(), "claim answered too late to run within its lease; handing the tasks back");
+                        tracing::warn!(queue = %queue, tasks = batch.len(), took_ms = ms(sent.elapsed()), "claim answered too late to run within its lease; handing the tasks back");
                         for task in batch {
-                            let _ = shared
-                                .store
-                                .backend()
-                                .task_finish_many(&[(task.claim(), Finish::HandBack)])
-                                .await
-                                .map(|r| r == [true]);
+                            hand_back(&shared, &task).await;
                         }
                         more = true;
                         continue;
@@ -841,13 +858,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     for task in batch {
                         let Ok(permit) = slots.clone().try_acquire_owned() else {
                             // Cannot happen (we asked for `free`); hand it back.
-                            let claim = task.claim();
-                            let _ = shared
-                                .store
-                                .backend()
-                                .task_finish_many(&[(claim, Finish::HandBack)])
-                                .await
-                                .map(|r| r == [true]);
+                            hand_back(&shared, &task).await;
                             continue;
                         };
                         start_task(shared.clone(), task, sent, permit, freed.clone());
@@ -857,6 +868,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     }
                 }
                 Err(e) => {
+                    shared.counters.store_error("claim");
                     tracing::warn!(queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
                     recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
                     tokio::select! {
@@ -897,10 +909,45 @@ fn start_task(
     let claim = task.claim();
     let queue = task.queue.clone();
     shared.counters.started(&queue);
+    // The slot's lag: from the slot to this claim, by the store's clock
+    // (the claim set the lease to end `lease` after its own now).
+    let lag = task.slot.map(|slot| {
+        let claimed_at =
+            task.lease_until - chrono::Duration::from_std(shared.config.lease).unwrap_or_default();
+        (claimed_at - slot).to_std().unwrap_or_default()
+    });
+    if let Some(lag) = lag {
+        shared.counters.slot_lag(&queue, lag);
+    }
+    let slot = task.slot.map(|s| s.to_rfc3339());
+    let span = tracing::info_span!(
+        "task",
+        id = task.id,
+        queue = %task.queue,
+        kind = %task.kind,
+        attempt = task.attempt,
+        job = task.job.as_deref(),
+        slot = slot.as_deref(),
+        outcome = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+        exit_code = tracing::field::Empty,
+    );
+    tracing::info!(
+        task = task.id,
+        queue = %task.queue,
+        kind = %task.kind,
+        attempt = task.attempt,
+        max_attempts = task.max_attempts,
+        job = task.job.as_deref(),
+        slot = slot.as_deref(),
+        slot_lag_ms = lag.map(ms),
+        "task started"
+    );
     let ctx = TaskContext {
         task: Arc::new(task),
         stop: CancellationToken::new(),
         reason: Arc::default(),
+        exit_code: Arc::default(),
         store: shared.store.clone(),
     };
     lock(&shared.running).insert(
@@ -913,6 +960,10 @@ fn start_task(
     tokio::spawn(async move {
         let attempt = async {
             let result = execute(&shared, ctx.clone()).await;
+            let error = match &result {
+                Some(Finish::Failed { error, .. }) => Some(error.clone()),
+                _ => None,
+            };
             // A retry we write falls due `retry_in` after the store's now at
             // the write, which is no later than our now when the write returns.
             let retry_in = match &result {
@@ -932,21 +983,78 @@ fn start_task(
                 }
                 _ => Outcome::Lost,
             };
-            (outcome, retry_in)
-        };
-        let (outcome, retry_in) = tokio::select! {
+            (outcome, retry_in, error)
+        }
+        .instrument(span.clone());
+        let (outcome, retry_in, error) = tokio::select! {
             o = attempt => o,
-            _ = shared.abandon.cancelled() => (Outcome::Lost, None),
+            _ = shared.abandon.cancelled() => (Outcome::Lost, None, None),
         };
         if let (Some(d), Outcome::Failed) = (retry_in, &outcome) {
             let _ = shared.due.send((queue.clone(), Instant::now() + d));
         }
-        shared.counters.ended(&queue, outcome, sent.elapsed());
+        let took = sent.elapsed();
+        let exit_code = *lock(&ctx.exit_code);
+        span.record("outcome", outcome.as_str());
+        span.record("duration_ms", ms(took));
+        if let Some(code) = exit_code {
+            span.record("exit_code", code);
+        }
+        drop(span);
+        let t = ctx.task();
+        macro_rules! ended {
+            ($level:ident) => {
+                tracing::$level!(
+                    task = t.id,
+                    queue = %t.queue,
+                    kind = %t.kind,
+                    attempt = t.attempt,
+                    outcome = outcome.as_str(),
+                    duration_ms = ms(took),
+                    exit_code,
+                    error = error.as_deref(),
+                    retry_in_ms = retry_in.map(ms),
+                    "task ended"
+                )
+            };
+        }
+        match outcome {
+            Outcome::Succeeded | Outcome::Cancelled | Outcome::HandedBack => ended!(info),
+            Outcome::Failed | Outcome::Lost => ended!(warn),
+        }
+        if outcome == Outcome::Lost {
+            shared.counters.lease_lost(&queue);
+        }
+        shared.counters.ended(&queue, outcome, took);
         lock(&shared.running).remove(&claim);
         drop(permit);
         freed.notify_one();
         shared.drained.notify_waiters();
     });
+}
+
+/// Hand a claimed task back unstarted (the attempt is not counted).
+async fn hand_back(shared: &Shared, task: &Task) {
+    match shared
+        .store
+        .backend()
+        .task_finish_many(&[(task.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+    {
+        Ok(_) => {
+            tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
+        }
+        Err(e) => {
+            shared.counters.store_error("hand_back");
+            tracing::warn!(task = task.id, queue = %task.queue, error = %crate::error::chain(&e), "handing the task back failed; it is rescued after its lease");
+        }
+    }
+}
+
+/// A duration in whole milliseconds, for log fields.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Run the handler to an outcome; `None` when the lease was lost (nothing
@@ -964,9 +1072,9 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
             retry_in: Some(shared.config.backoff.delay(task.attempt)),
         });
     };
-    tracing::debug!(task = task.id, attempt = task.attempt, kind = %task.kind, "task started");
-    // The handler runs in its own task so a panic is caught as a failure.
-    let mut join = AbortOnDrop(tokio::spawn(handler(ctx.clone())));
+    // The handler runs in its own task so a panic is caught as a failure,
+    // inside the attempt's `task` span.
+    let mut join = AbortOnDrop(tokio::spawn(handler(ctx.clone()).in_current_span()));
     let claim = ctx.claim();
     let timeout = async {
         match task.timeout {
@@ -1010,7 +1118,8 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
                     tracing::warn!(
                         task = task.id,
                         attempt = task.attempt,
-                        "handler did not stop before {when}; dropped"
+                        before = when,
+                        "handler did not stop in time; dropped"
                     );
                     Ok(Err(TaskError::retryable(format!(
                         "handler did not stop before {when}"
@@ -1202,6 +1311,7 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
                 return false;
             }
             Err(e) => {
+                shared.counters.store_error("finish");
                 let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
                 if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
                     tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
@@ -1246,16 +1356,34 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
                         Heartbeat::Extended => r.deadline = sent + lease,
                         Heartbeat::CancelRequested => {
                             r.deadline = sent + lease;
+                            if !r.ctx.is_stopped() {
+                                tracing::info!(
+                                    task = claim.id,
+                                    attempt = claim.attempt,
+                                    "cancel requested; stopping the handler"
+                                );
+                            }
                             r.ctx.stop_with(StopReason::Cancelled)
                         }
-                        Heartbeat::Lost => r.ctx.stop_with(StopReason::LeaseLost),
+                        Heartbeat::Lost => {
+                            if !r.ctx.is_stopped() {
+                                tracing::warn!(
+                                    task = claim.id,
+                                    attempt = claim.attempt,
+                                    "lease lost: the claim is no longer ours; stopping the handler"
+                                );
+                            }
+                            r.ctx.stop_with(StopReason::LeaseLost)
+                        }
                     }
                 }
             }
             Err(e) => {
                 // Each attempt's own watch stops its handler before its
                 // lease can lapse; here we only try again soon.
-                tracing::warn!(error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
+                shared.counters.heartbeat_failed();
+                shared.counters.store_error("heartbeat");
+                tracing::warn!(tasks = claims.len(), error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
                 wait = period.min(Duration::from_millis(250));
             }
         }

@@ -1,0 +1,108 @@
+//! What `baton work` logs, as an operator reads it: at the default level
+//! (no `BATON_LOG`), one `task started` and one `task ended` line per
+//! attempt with the task's id, queue, kind, attempt, outcome, duration and
+//! the command's exit code; `--log-format json` makes every line a JSON
+//! object; and stderr that is not a terminal gets no ANSI codes. SQLite.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{signal, stderr, stdout, wait_for, Env};
+
+/// Enqueue a command that exits 3 (one attempt) and one that succeeds,
+/// run a worker with `format` until both ended, and return its stderr and
+/// the two task ids.
+async fn run_worker(format: Option<&str>) -> Option<(String, i64, i64)> {
+    let e = Env::new(common::Kind::Sqlite).await?;
+    let enqueue = |args: &[&str]| -> i64 {
+        let out = e.run(args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out).trim().parse().expect("an id")
+    };
+    let bad = enqueue(&["enqueue", "--max-attempts", "1", "--", "sh", "-c", "exit 3"]);
+    let ok = enqueue(&["enqueue", "--", "true"]);
+    let log = e.path("work.log");
+    let mut cmd = e.cmd(&["work", "--poll", "100ms", "--shutdown-grace", "1s"]);
+    cmd.env_remove("BATON_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    match format {
+        Some(f) => cmd.env("BATON_LOG_FORMAT", f),
+        None => cmd.env_remove("BATON_LOG_FORMAT"),
+    };
+    let mut kid = cmd.spawn().expect("baton work starts");
+    wait_for(20, "both tasks to end", || {
+        common::read(&log).matches("task ended").count() >= 2
+    });
+    signal(&kid, libc::SIGTERM);
+    let _ = kid.wait();
+    Some((common::read(&log), bad, ok))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_have_a_line_per_task_start_and_end() {
+    let Some((log, bad, ok)) = run_worker(None).await else {
+        return;
+    };
+    assert!(!log.contains('\x1b'), "ANSI codes on a pipe:\n{log}");
+    let line = |id: i64, msg: &str| -> String {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(msg) && l.contains(&format!("task={id} ")))
+            .collect();
+        assert_eq!(lines.len(), 1, "one {msg:?} line for task {id}:\n{log}");
+        lines[0].to_string()
+    };
+    let start = line(ok, "task started");
+    for f in ["queue=default", "kind=command", "attempt=1"] {
+        assert!(start.contains(f), "{f} in {start}");
+    }
+    let end = line(ok, "task ended");
+    for f in ["outcome=\"succeeded\"", "exit_code=0", "duration_ms="] {
+        assert!(end.contains(f), "{f} in {end}");
+    }
+    assert!(end.contains(" INFO "), "{end}");
+    let end = line(bad, "task ended");
+    for f in ["outcome=\"failed\"", "exit_code=3", "error=\"exit 3\""] {
+        assert!(end.contains(f), "{f} in {end}");
+    }
+    assert!(end.contains(" WARN "), "{end}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let Some((log, bad, ok)) = run_worker(Some("json")).await else {
+        return;
+    };
+    assert!(!log.contains('\x1b'), "ANSI codes in JSON:\n{log}");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let ended = |id: i64| -> &serde_json::Value {
+        let found: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|l| l["message"] == "task ended" && l["task"] == id)
+            .collect();
+        assert_eq!(found.len(), 1, "task {id}: {lines:?}");
+        found[0]
+    };
+    let e = ended(ok);
+    assert_eq!(e["outcome"], "succeeded", "{e}");
+    assert_eq!(e["queue"], "default", "{e}");
+    assert_eq!(e["kind"], "command", "{e}");
+    assert_eq!(e["attempt"], 1, "{e}");
+    assert_eq!(e["exit_code"], 0, "{e}");
+    assert!(e["duration_ms"].is_u64(), "{e}");
+    let e = ended(bad);
+    assert_eq!(e["outcome"], "failed", "{e}");
+    assert_eq!(e["exit_code"], 3, "{e}");
+    assert_eq!(e["level"], "WARN", "{e}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "task started" && l["task"] == ok),
+        "{lines:?}"
+    );
+}

@@ -1,0 +1,207 @@
+//! The worker's telemetry, seen by a user's own `tracing` subscriber and
+//! its counters: each attempt runs inside a `task` span (id, queue, kind,
+//! attempt; outcome, duration and exit code recorded at its end), the
+//! handler's own events are inside it, and one `task started` and one
+//! `task ended` line per attempt carry the ids. The counters' histograms
+//! (claim latency, run duration, slot → start lag) fill as tasks run.
+//! On SQLite, in a temporary file.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton::queue::{Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
+use baton::Store;
+use tokio_util::sync::CancellationToken;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+type Fields = BTreeMap<String, String>;
+
+/// Every span (name, fields as recorded so far) and every event (its
+/// message and fields, and the index of the span it was inside).
+#[derive(Default)]
+struct Seen {
+    spans: Vec<(String, Fields)>,
+    /// The registry reuses ids of closed spans: id → latest index.
+    by_id: BTreeMap<u64, usize>,
+    events: Vec<(Fields, Option<usize>)>,
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Seen>>);
+
+struct V<'a>(&'a mut Fields);
+
+impl Visit for V<'_> {
+    fn record_debug(&mut self, f: &Field, v: &dyn std::fmt::Debug) {
+        self.0.insert(f.name().into(), format!("{v:?}"));
+    }
+    fn record_str(&mut self, f: &Field, v: &str) {
+        self.0.insert(f.name().into(), v.into());
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
+        let mut fields = Fields::new();
+        attrs.record(&mut V(&mut fields));
+        let mut seen = self.0.lock().unwrap();
+        seen.spans.push((attrs.metadata().name().into(), fields));
+        let i = seen.spans.len() - 1;
+        seen.by_id.insert(id.into_u64(), i);
+    }
+    fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        let mut seen = self.0.lock().unwrap();
+        if let Some(&i) = seen.by_id.get(&id.into_u64()) {
+            values.record(&mut V(&mut seen.spans[i].1));
+        }
+    }
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Fields::new();
+        event.record(&mut V(&mut fields));
+        let span = ctx.event_span(event).map(|s| s.id().into_u64());
+        let mut seen = self.0.lock().unwrap();
+        let inside = span.and_then(|id| seen.by_id.get(&id).copied());
+        seen.events.push((fields, inside));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_attempt_runs_in_a_task_span_with_its_fields() {
+    let capture = Capture::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(capture.clone()))
+        .expect("the only subscriber in this test binary");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let store = Store::connect(&url).await.expect("connect");
+    let q = Queue::new(store.clone());
+    let slot = chrono::Utc::now() - chrono::Duration::seconds(2);
+    let ok = q
+        .enqueue(TaskBuilder::new("greet", serde_json::json!({})).queue("q"))
+        .await
+        .expect("enqueue")
+        .id;
+    let bad = q
+        .enqueue(
+            TaskBuilder::new("fail", serde_json::json!({}))
+                .queue("q")
+                .max_attempts(1)
+                .slot("nightly", slot),
+        )
+        .await
+        .expect("enqueue")
+        .id;
+
+    let mut cfg = WorkerConfig::default().queue("q", 2);
+    cfg.poll_interval = Duration::from_millis(50);
+    let mut w = Worker::new(store.clone(), cfg);
+    w.handle("greet", |_ctx| async move {
+        tracing::info!(marker = "inside", "handler says hi");
+        Ok::<_, TaskError>(())
+    });
+    w.handle("fail", |ctx| async move {
+        ctx.set_exit_code(3);
+        Err::<(), _>(TaskError::permanent("exit 3"))
+    });
+    let counters = w.counters();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let t0 = Instant::now();
+    loop {
+        let c = counters.snapshot();
+        let ended: u64 = c.get("q").map_or(0, |c| c.ended.values().sum());
+        if ended == 2 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "tasks did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    run.await.expect("join").expect("worker");
+
+    let seen = capture.0.lock().unwrap();
+    let span_of = |id: i64| -> &(String, Fields) {
+        seen.spans
+            .iter()
+            .find(|(name, f)| name == "task" && f.get("id") == Some(&id.to_string()))
+            .unwrap_or_else(|| panic!("no task span for {id}: {:?}", seen.spans))
+    };
+    let (_, f) = span_of(ok);
+    assert_eq!(f.get("queue").map(String::as_str), Some("q"), "{f:?}");
+    assert_eq!(f.get("kind").map(String::as_str), Some("greet"), "{f:?}");
+    assert_eq!(f.get("attempt").map(String::as_str), Some("1"), "{f:?}");
+    assert_eq!(
+        f.get("outcome").map(String::as_str),
+        Some("succeeded"),
+        "{f:?}"
+    );
+    assert!(f.contains_key("duration_ms"), "{f:?}");
+    assert!(!f.contains_key("exit_code"), "{f:?}");
+
+    // The handler's own event is inside its attempt's span.
+    let (_, inside) = seen
+        .events
+        .iter()
+        .find(|(e, _)| e.get("marker").map(String::as_str) == Some("inside"))
+        .expect("the handler's event");
+    let (name, f) = &seen.spans[inside.expect("the handler's event has a span")];
+    assert_eq!(name, "task");
+    assert_eq!(f.get("id"), Some(&ok.to_string()), "{f:?}");
+
+    let (_, f) = span_of(bad);
+    assert_eq!(f.get("kind").map(String::as_str), Some("fail"), "{f:?}");
+    assert_eq!(
+        f.get("outcome").map(String::as_str),
+        Some("failed"),
+        "{f:?}"
+    );
+    assert_eq!(f.get("exit_code").map(String::as_str), Some("3"), "{f:?}");
+    assert_eq!(f.get("job").map(String::as_str), Some("nightly"), "{f:?}");
+
+    // One start and one end line per attempt, with the ids.
+    for (id, outcome) in [(ok, "succeeded"), (bad, "failed")] {
+        let lines = |msg: &str| -> Vec<&Fields> {
+            seen.events
+                .iter()
+                .map(|(e, _)| e)
+                .filter(|e| {
+                    e.get("message").map(String::as_str) == Some(msg)
+                        && e.get("task") == Some(&id.to_string())
+                })
+                .collect()
+        };
+        assert_eq!(lines("task started").len(), 1, "task {id}");
+        let end = lines("task ended");
+        assert_eq!(end.len(), 1, "task {id}");
+        assert_eq!(end[0].get("outcome").map(String::as_str), Some(outcome));
+        assert_eq!(end[0].get("queue").map(String::as_str), Some("q"));
+        assert!(end[0].contains_key("duration_ms"), "{:?}", end[0]);
+    }
+    let end_bad = seen
+        .events
+        .iter()
+        .find(|(e, _)| {
+            e.get("message").map(String::as_str) == Some("task ended")
+                && e.get("task") == Some(&bad.to_string())
+        })
+        .map(|(e, _)| e)
+        .expect("end line");
+    assert_eq!(end_bad.get("exit_code").map(String::as_str), Some("3"));
+    drop(seen);
+
+    // Histograms: every claim answered, both attempts' durations, the
+    // scheduled task's lag (≥ 2 s: its slot was 2 s before the enqueue).
+    let c = counters.snapshot()["q"].clone();
+    assert!(c.claim_latency.count >= 1, "{:?}", c.claim_latency);
+    assert_eq!(c.run_duration.count, 2, "{:?}", c.run_duration);
+    assert_eq!(c.slot_lag.count, 1, "{:?}", c.slot_lag);
+    assert!(c.slot_lag.sum >= 1.9, "{:?}", c.slot_lag);
+    assert_eq!(c.lease_losses, 0);
+    let cum = c.run_duration.cumulative();
+    assert_eq!(cum.last().map(|x| x.1), Some(2));
+}
