@@ -48,8 +48,8 @@ pub struct ChaosArgs {
     /// Table or key prefix [default: chaos_SEED_PID].
     #[arg(long)]
     prefix: Option<String>,
-    /// Start a private store for the run: sqlite, postgres or redis (the
-    /// nemesis may then crash and restart it).
+    /// Start a private store for the run: sqlite, postgres, redis or mysql
+    /// (a `mariadbd`; the nemesis may then crash and restart it).
     #[arg(long, value_parser = server::kind_arg)]
     private: Option<server::Kind>,
     /// How long faults are injected (then the run drains and is checked).
@@ -225,7 +225,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         (Some(p), _) => p.url(),
         (None, Some(u)) => u.clone(),
         (None, None) => bail!(
-            "give --store URL (with a --prefix of its own) or --private sqlite|postgres|redis"
+            "give --store URL (with a --prefix of its own) or --private sqlite|postgres|redis|mysql"
         ),
     };
     let prefix = a
@@ -274,6 +274,8 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         "sqlite"
     } else if url.starts_with("redis") {
         "redis"
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        "mysql"
     } else {
         "postgres"
     };
