@@ -30,7 +30,7 @@ pub struct EnqueueArgs {
     #[arg(long, requires = "key")]
     pub key_forever: bool,
     /// Priority from -100 to 100; lower runs first.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = priority_arg)]
     pub priority: i32,
     /// Run no sooner than this long from now.
     #[arg(long, value_parser = duration_arg, conflicts_with = "at")]
@@ -39,7 +39,7 @@ pub struct EnqueueArgs {
     #[arg(long, value_parser = rfc3339_arg)]
     pub at: Option<DateTime<Utc>>,
     /// Attempts in total.
-    #[arg(long, default_value_t = baton::queue::DEFAULT_MAX_ATTEMPTS)]
+    #[arg(long, default_value_t = baton::queue::DEFAULT_MAX_ATTEMPTS, allow_negative_numbers = true, value_parser = attempts_arg)]
     pub max_attempts: u32,
     /// Timeout per attempt.
     #[arg(long, value_parser = duration_arg)]
@@ -128,6 +128,26 @@ pub struct WorkArgs {
     /// Prometheus), e.g. 127.0.0.1:9090.
     #[arg(long)]
     pub listen: Option<String>,
+}
+
+/// Parse `--priority`: a whole number from -100 to 100.
+fn priority_arg(s: &str) -> Result<i32, String> {
+    match s.trim().parse::<i32>() {
+        Ok(n) if (-100..=100).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a priority; use a whole number from -100 to 100 (lower runs first)"
+        )),
+    }
+}
+
+/// Parse `--max-attempts`: a whole number from 1 to 10000.
+fn attempts_arg(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of attempts; use a whole number from 1 to 10000"
+        )),
+    }
 }
 
 fn concurrency_arg(s: &str) -> Result<usize, String> {
