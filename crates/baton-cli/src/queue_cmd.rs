@@ -126,8 +126,18 @@ pub struct WorkArgs {
     pub config: Option<std::path::PathBuf>,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::listen_arg)]
     pub listen: Option<String>,
+}
+
+/// Parse a task id: a whole number from 1 up (as `enqueue` prints it).
+fn task_id_arg(s: &str) -> Result<i64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a task id; use the whole number `baton enqueue` or `baton tasks list` printed, e.g. 42"
+        )),
+    }
 }
 
 /// Parse `--priority`: a whole number from -100 to 100.
@@ -189,6 +199,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
             cfg = cfg.max_running(q.clone(), m);
         }
     }
+    cfg.validate().map_err(Error::Invalid)?;
     let mut w = Worker::new(store.clone(), cfg);
     handle_commands(&mut w, a.grace);
     for j in config
@@ -249,6 +260,7 @@ pub enum TasksCmd {
         #[command(flatten)]
         store: StoreArg,
         /// The task id (as `enqueue` and `tasks list` print it).
+        #[arg(value_parser = task_id_arg)]
         id: i64,
         /// Print a JSON object instead of text.
         #[arg(long)]
@@ -259,6 +271,7 @@ pub enum TasksCmd {
         #[command(flatten)]
         store: StoreArg,
         /// The task id.
+        #[arg(value_parser = task_id_arg)]
         id: i64,
     },
     /// Cancel a task (a running one stops at its next heartbeat).
@@ -266,6 +279,7 @@ pub enum TasksCmd {
         #[command(flatten)]
         store: StoreArg,
         /// The task id.
+        #[arg(value_parser = task_id_arg)]
         id: i64,
     },
     /// Counts per queue and state.

@@ -16,6 +16,13 @@ pub(super) fn open_client(url: &str) -> Result<redis::Client, StoreError> {
     let bad =
         |e: &dyn std::fmt::Display| StoreError::Config(format!("redis URL {:?}: {e}", redact(url)));
     let mut parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
+    if matches!(parsed.scheme(), "redis" | "rediss")
+        && parsed.host_str().is_none_or(|h| h.is_empty())
+    {
+        return Err(bad(
+            &"no host; use redis://HOST[:PORT][/DB] (or rediss:// for TLS), e.g. redis://127.0.0.1:6379",
+        ));
+    }
     let mut files: HashMap<&str, String> = HashMap::new();
     let mut rest: Vec<(String, String)> = Vec::new();
     for (k, v) in parsed.query_pairs() {
