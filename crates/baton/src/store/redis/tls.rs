@@ -76,3 +76,26 @@ fn open_tls_client(url: &str, files: &HashMap<&str, String>) -> Result<redis::Cl
 fn open_tls_client(_url: &str, _files: &HashMap<&str, String>) -> Result<redis::Client, String> {
     Err("this build of baton has no TLS (cargo feature `tls`)".into())
 }
+
+#[cfg(test)]
+mod url_props {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Opening a client parses the URL without connecting: any text
+        /// after `redis://` or `rediss://` gives a client or a config
+        /// error naming the URL; never a panic.
+        #[test]
+        fn open_client_never_panics(
+            tls in any::<bool>(),
+            rest in prop_oneof![any::<String>(), "[a-z0-9.:@/?=&%-]{0,40}"],
+        ) {
+            let url = format!("{}://{rest}", if tls { "rediss" } else { "redis" });
+            match super::open_client(&url) {
+                Ok(_) => {}
+                Err(crate::StoreError::Config(m)) => prop_assert!(m.starts_with("redis URL"), "{m}"),
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+        }
+    }
+}
