@@ -45,6 +45,8 @@
 
 mod actions;
 mod jobs;
+#[cfg(test)]
+mod props;
 mod queues;
 #[cfg(test)]
 mod tests;
