@@ -131,7 +131,7 @@ fn catalogue() -> Vec<Case> {
             "zero attempts",
             &["enqueue", "--max-attempts", "0", "--", "true"],
             2,
-            &["--max-attempts", "whole number from 1 to 10000"],
+            &["max_attempts: 0 is out of range", "use 1 to 10000"],
         ),
         case(
             "attempts overflow",

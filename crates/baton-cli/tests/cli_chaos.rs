@@ -138,11 +138,14 @@ fn mysql_private_safe_workload_has_no_violations() {
         "--private",
         "mysql",
         "--duration",
-        "20s",
+        "30s",
         "--seed",
         "4",
+        // Three kinds, so that one round (each kind once) fits in the run
+        // even on a loaded machine; the proxy's faults are in CI's
+        // 60-second run (scripts/chaos-ci.sh).
         "--faults",
-        "kill-9,pause,cut,dark,latency,restart",
+        "kill-9,pause,restart",
     ]);
     assert_clean(&out, &["kill-9", "pause", "restart"]);
 }
