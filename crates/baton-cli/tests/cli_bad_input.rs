@@ -636,8 +636,8 @@ fn error_line(stderr: &str) -> Option<&str> {
         .or_else(|| {
             stderr
                 .lines()
-                .filter(|l| l.starts_with("baton: ") && !l.starts_with("baton: warning:"))
-                .last()
+                .rev()
+                .find(|l| l.starts_with("baton: ") && !l.starts_with("baton: warning:"))
         })
 }
 
