@@ -129,6 +129,26 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Parse `--listen`: `HOST:PORT` (`127.0.0.1:9090`, `[::1]:9090`,
+/// `localhost:9090`); port 0 picks a free one.
+pub fn listen_arg(s: &str) -> Result<String, String> {
+    let bad = || format!("{s:?} is not an address; use HOST:PORT, e.g. 127.0.0.1:9090");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || host.contains(['/', ' ']) || port.parse::<u16>().is_err() {
+        return Err(bad());
+    }
+    if host.contains(':') && !s.starts_with('[') {
+        return Err(format!(
+            "{s:?}: write an IPv6 address in brackets, e.g. [::1]:9090"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 /// Parse an RFC 3339 time flag (`2026-01-31T06:00:00Z`).
 pub fn rfc3339_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
     chrono::DateTime::parse_from_rfc3339(s)
@@ -177,12 +197,14 @@ async fn connect_opts(arg: &StoreArg, migrate: bool) -> anyhow::Result<baton::St
     }
 }
 
-/// `host:port` of a network store URL (default ports for postgres and redis).
+/// `host:port` of a network store URL (default ports for postgres, redis
+/// and mysql).
 fn host_port(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let default = match scheme {
         "postgres" | "postgresql" => 5432,
         "redis" | "rediss" => 6379,
+        "mysql" | "mariadb" => 3306,
         _ => return None,
     };
     let authority = rest.split(['/', '?']).next()?;

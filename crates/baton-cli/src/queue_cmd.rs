@@ -30,7 +30,7 @@ pub struct EnqueueArgs {
     #[arg(long, requires = "key")]
     pub key_forever: bool,
     /// Priority from -100 to 100; lower runs first.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = priority_arg)]
     pub priority: i32,
     /// Run no sooner than this long from now.
     #[arg(long, value_parser = duration_arg, conflicts_with = "at")]
@@ -39,7 +39,7 @@ pub struct EnqueueArgs {
     #[arg(long, value_parser = rfc3339_arg)]
     pub at: Option<DateTime<Utc>>,
     /// Attempts in total.
-    #[arg(long, default_value_t = baton::queue::DEFAULT_MAX_ATTEMPTS)]
+    #[arg(long, default_value_t = baton::queue::DEFAULT_MAX_ATTEMPTS, allow_negative_numbers = true, value_parser = attempts_arg)]
     pub max_attempts: u32,
     /// Timeout per attempt.
     #[arg(long, value_parser = duration_arg)]
@@ -126,8 +126,39 @@ pub struct WorkArgs {
     pub config: Option<std::path::PathBuf>,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::listen_arg)]
     pub listen: Option<String>,
+}
+
+/// Parse a task id: a whole number from 1 up (as `enqueue` prints it).
+fn task_id_arg(s: &str) -> Result<i64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a task id; use the whole number `baton enqueue` or `baton tasks list` printed, e.g. 42"
+        )),
+    }
+}
+
+/// Parse `--priority`: a whole number from -100 to 100.
+fn priority_arg(s: &str) -> Result<i32, String> {
+    match s.trim().parse::<i32>() {
+        Ok(n) if (-100..=100).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a priority; use a whole number from -100 to 100 (lower runs first)"
+        )),
+    }
+}
+
+/// Parse `--max-attempts`: a whole number (the library checks 1 to 10000
+/// and names its field `max_attempts`).
+fn attempts_arg(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of attempts; use a whole number from 1 to 10000"
+        )),
+    }
 }
 
 fn concurrency_arg(s: &str) -> Result<usize, String> {
@@ -169,6 +200,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
             cfg = cfg.max_running(q.clone(), m);
         }
     }
+    cfg.validate().map_err(Error::Invalid)?;
     let mut w = Worker::new(store.clone(), cfg);
     handle_commands(&mut w, a.grace);
     for j in config
@@ -229,6 +261,7 @@ pub enum TasksCmd {
         #[command(flatten)]
         store: StoreArg,
         /// The task id (as `enqueue` and `tasks list` print it).
+        #[arg(value_parser = task_id_arg)]
         id: i64,
         /// Print a JSON object instead of text.
         #[arg(long)]
@@ -239,6 +272,7 @@ pub enum TasksCmd {
         #[command(flatten)]
         store: StoreArg,
         /// The task id.
+        #[arg(value_parser = task_id_arg)]
         id: i64,
     },
     /// Cancel a task (a running one stops at its next heartbeat).
@@ -246,6 +280,7 @@ pub enum TasksCmd {
         #[command(flatten)]
         store: StoreArg,
         /// The task id.
+        #[arg(value_parser = task_id_arg)]
         id: i64,
     },
     /// Counts per queue and state.

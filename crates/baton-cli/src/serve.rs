@@ -29,7 +29,7 @@ pub struct ServeArgs {
     pub prefix: Option<String>,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::listen_arg)]
     pub listen: Option<String>,
     /// On SIGTERM, how long running tasks may finish before they are handed back.
     #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]

@@ -128,6 +128,28 @@ fn redis_private_safe_workload_has_no_violations() {
     assert_clean(&out, &["kill-9", "pause"]);
 }
 
+#[test]
+fn mysql_private_safe_workload_has_no_violations() {
+    // A private `mariadbd` of the run's own, so `restart` can crash it.
+    if !common::have("mariadbd", which("mariadbd") || which("/usr/sbin/mariadbd")) {
+        return;
+    }
+    let out = chaos(&[
+        "--private",
+        "mysql",
+        "--duration",
+        "30s",
+        "--seed",
+        "4",
+        // Three kinds, so that one round (each kind once) fits in the run
+        // even on a loaded machine; the proxy's faults are in CI's
+        // 60-second run (scripts/chaos-ci.sh).
+        "--faults",
+        "kill-9,pause,restart",
+    ]);
+    assert_clean(&out, &["kill-9", "pause", "restart"]);
+}
+
 fn which(bin: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {bin}")])

@@ -48,8 +48,8 @@ pub struct ChaosArgs {
     /// Table or key prefix [default: chaos_SEED_PID].
     #[arg(long)]
     prefix: Option<String>,
-    /// Start a private store for the run: sqlite, postgres or redis (the
-    /// nemesis may then crash and restart it).
+    /// Start a private store for the run: sqlite, postgres, redis or mysql
+    /// (a `mariadbd`; the nemesis may then crash and restart it).
     #[arg(long, value_parser = server::kind_arg)]
     private: Option<server::Kind>,
     /// How long faults are injected (then the run drains and is checked).
@@ -192,6 +192,13 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         return history::effect(e).await;
     }
     let enabled = faults_of(&a)?;
+    if a.store.is_none() && a.private.is_none() {
+        return Err(baton::Error::from(baton::InvalidInput::new(
+            "--store",
+            "is missing; give --store URL (with a --prefix of its own) or --private sqlite|postgres|redis|mysql",
+        ))
+        .into());
+    }
     let dir = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -224,9 +231,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     let url = match (&private, &a.store) {
         (Some(p), _) => p.url(),
         (None, Some(u)) => u.clone(),
-        (None, None) => bail!(
-            "give --store URL (with a --prefix of its own) or --private sqlite|postgres|redis"
-        ),
+        (None, None) => bail!("no store"),
     };
     let prefix = a
         .prefix
@@ -274,6 +279,8 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         "sqlite"
     } else if url.starts_with("redis") {
         "redis"
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        "mysql"
     } else {
         "postgres"
     };
@@ -354,9 +361,13 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     }
     let stop = CancellationToken::new();
     let drained = CancellationToken::new();
+    let quiesce = CancellationToken::new();
+    let (schedulers_gone, mut schedulers_gone_rx) = tokio::sync::oneshot::channel();
     let supervisor = {
-        let (run, drained) = (run.clone(), drained.clone());
-        tokio::spawn(async move { supervise(run, instances, drained).await })
+        let (run, drained, quiesce) = (run.clone(), drained.clone(), quiesce.clone());
+        tokio::spawn(
+            async move { supervise(run, instances, quiesce, schedulers_gone, drained).await },
+        )
     };
     let mut rng = Rng(a.seed);
     let mut loops = tokio::task::JoinSet::new();
@@ -384,9 +395,19 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     let _ = nemesis.await;
     while loops.join_next().await.is_some() {}
 
+    // Quiesce: the schedulers stop (they would go on enqueuing slots
+    // while the drain waits, and a slot enqueued after the last look
+    // would be left pending); their running tasks are handed back.
+    quiesce.cancel();
+    let t0 = Instant::now();
+    if tokio::time::timeout(a.drain, &mut schedulers_gone_rx)
+        .await
+        .is_err()
+    {
+        crate::note!("baton chaos: the schedulers did not stop within the drain");
+    }
     // Drain: every task the run made ends (workers keep being restarted).
     let q = Queue::new(store.clone());
-    let t0 = Instant::now();
     let mut tasks = loop {
         match all_tasks(&q).await {
             Ok(t) if t.iter().all(|t| t.state.is_terminal()) => break t,
@@ -485,14 +506,39 @@ command = ["sh", "-c", {lockjob}]
 }
 
 /// Keep every instance running (restart one the nemesis killed) until
-/// `drained`; then SIGTERM them all and wait (SIGKILL after 20 s).
-async fn supervise(run: Arc<Run>, instances: Vec<Instance>, drained: CancellationToken) {
+/// `drained`; then SIGTERM them all and wait (SIGKILL after 20 s). Once
+/// `quiesce` is cancelled the schedulers (`s…`) are stopped the same way
+/// and not restarted, and `schedulers_gone` is sent when they have exited.
+async fn supervise(
+    run: Arc<Run>,
+    instances: Vec<Instance>,
+    quiesce: CancellationToken,
+    schedulers_gone: tokio::sync::oneshot::Sender<()>,
+    drained: CancellationToken,
+) {
     let mut kids: Vec<(String, u32, Option<tokio::process::Child>)> = instances
         .iter()
         .map(|(l, _, _)| (l.clone(), 0, None))
         .collect();
+    let mut schedulers_gone = Some(schedulers_gone);
     loop {
+        if quiesce.is_cancelled() && schedulers_gone.is_some() {
+            let mut schedulers: Vec<_> = kids
+                .iter_mut()
+                .filter(|(label, _, _)| label.starts_with('s'))
+                .collect();
+            stop_all(&run, &mut schedulers).await;
+            for (_, _, child) in schedulers {
+                *child = None;
+            }
+            if let Some(tx) = schedulers_gone.take() {
+                let _ = tx.send(());
+            }
+        }
         for (n, (label, gen, child)) in kids.iter_mut().enumerate() {
+            if quiesce.is_cancelled() && label.starts_with('s') {
+                continue;
+            }
             let dead = match child {
                 None => true,
                 Some(c) => !matches!(c.try_wait(), Ok(None)),
@@ -514,7 +560,13 @@ async fn supervise(run: Arc<Run>, instances: Vec<Instance>, drained: Cancellatio
             _ = tokio::time::sleep(Duration::from_millis(300)) => {}
         }
     }
-    for (label, gen, child) in &mut kids {
+    let mut all: Vec<_> = kids.iter_mut().collect();
+    stop_all(&run, &mut all).await;
+}
+
+/// SIGTERM these instances (thawed first) and wait; SIGKILL after 20 s.
+async fn stop_all(run: &Run, kids: &mut [&mut (String, u32, Option<tokio::process::Child>)]) {
+    for (label, gen, child) in kids.iter_mut().map(|k| &mut **k) {
         run.lock_live().remove(&format!("{label}.{gen}"));
         if let Some(pid) = child.as_ref().and_then(|c| c.id()) {
             signal_tree(pid, libc::SIGCONT);
@@ -522,7 +574,7 @@ async fn supervise(run: Arc<Run>, instances: Vec<Instance>, drained: Cancellatio
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         }
     }
-    for (_, _, child) in &mut kids {
+    for (_, _, child) in kids.iter_mut().map(|k| &mut **k) {
         if let Some(c) = child {
             if tokio::time::timeout(Duration::from_secs(20), c.wait())
                 .await

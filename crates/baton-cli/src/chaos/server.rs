@@ -1,6 +1,6 @@
 //! Private store servers for `baton chaos --private`: a SQLite file, or a
-//! `redis-server` / `postgres` of the run's own on a free port in the run
-//! directory, which the nemesis may crash and restart.
+//! `redis-server` / `postgres` / `mariadbd` of the run's own on a free port
+//! in the run directory, which the nemesis may crash and restart.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,6 +17,8 @@ pub enum Kind {
     Postgres,
     /// A private `redis-server` with `appendonly yes`, `appendfsync always`.
     Redis,
+    /// A private `mariadbd` (the MySQL backend), `mariadb-install-db`'d.
+    Mysql,
 }
 
 /// Parse `--private`.
@@ -25,7 +27,8 @@ pub fn kind_arg(s: &str) -> Result<Kind, String> {
         "sqlite" => Ok(Kind::Sqlite),
         "postgres" => Ok(Kind::Postgres),
         "redis" => Ok(Kind::Redis),
-        _ => Err(format!("{s:?}: use sqlite, postgres or redis")),
+        "mysql" | "mariadb" => Ok(Kind::Mysql),
+        _ => Err(format!("{s:?}: use sqlite, postgres, redis or mysql")),
     }
 }
 
@@ -34,7 +37,8 @@ pub struct Private {
     kind: Kind,
     port: u16,
     dir: PathBuf,
-    redis: Option<std::process::Child>,
+    /// The server process we spawned ourselves (Redis, MariaDB).
+    child: Option<std::process::Child>,
 }
 
 /// Whether `bin` is on PATH (or in PostgreSQL's usual bin directory).
@@ -48,13 +52,17 @@ pub fn installed(bin: &str) -> bool {
 }
 
 fn path() -> String {
+    // mariadbd lives in /usr/sbin, which a non-root PATH may lack.
     let pg = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
         .flatten()
         .map(|d| format!("{}/bin:", d.path().display()))
         .collect::<String>();
-    format!("{pg}{}", std::env::var("PATH").unwrap_or_default())
+    format!(
+        "{pg}{}:/usr/sbin",
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -95,6 +103,7 @@ impl Private {
             Kind::Sqlite => None,
             Kind::Redis => Some("redis-server"),
             Kind::Postgres => Some("initdb"),
+            Kind::Mysql => Some("mariadbd"),
         };
         if let Some(b) = need {
             if !installed(b) {
@@ -105,7 +114,7 @@ impl Private {
             kind,
             port: free_port()?,
             dir,
-            redis: None,
+            child: None,
         };
         if kind == Kind::Postgres {
             if is_root() {
@@ -126,6 +135,24 @@ impl Private {
                 bail!("--private postgres: initdb failed in {}", p.dir.display());
             }
         }
+        if kind == Kind::Mysql {
+            let ok = sh(
+                &format!(
+                    "mariadb-install-db --no-defaults --user={u} --datadir={d}/data \
+                     --auth-root-authentication-method=normal --skip-test-db >{d}/install.log 2>&1 \
+                     && mkdir -p {d}/data/test",
+                    d = p.dir.display(),
+                    u = if is_root() { "root" } else { "$(id -un)" },
+                ),
+                false,
+            );
+            if !ok {
+                bail!(
+                    "--private mysql: mariadb-install-db failed (see {}/install.log)",
+                    p.dir.display()
+                );
+            }
+        }
         Ok(p)
     }
 
@@ -135,6 +162,7 @@ impl Private {
             Kind::Sqlite => format!("sqlite://{}/chaos.db", self.dir.display()),
             Kind::Redis => format!("redis://127.0.0.1:{}", self.port),
             Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", self.port),
+            Kind::Mysql => format!("mysql://root@127.0.0.1:{}/test", self.port),
         }
     }
 
@@ -157,7 +185,35 @@ impl Private {
                     .stdout(Stdio::null())
                     .spawn()
                     .context("starting redis-server")?;
-                self.redis = Some(child);
+                self.child = Some(child);
+            }
+            Kind::Mysql => {
+                // No grant tables: root from 127.0.0.1 needs no password.
+                // Durable commits (the InnoDB and binlog-less defaults).
+                let d = self.dir.display();
+                let mut c = Command::new("mariadbd");
+                c.arg("--no-defaults")
+                    .arg(format!("--datadir={d}/data"))
+                    .arg(format!("--socket={d}/mysqld.sock"))
+                    .arg(format!("--pid-file={d}/mysqld.pid"))
+                    .arg(format!("--log-error={d}/log"))
+                    .arg(format!("--port={}", self.port))
+                    .args(["--bind-address=127.0.0.1", "--skip-grant-tables"])
+                    .args(["--skip-name-resolve", "--innodb-buffer-pool-size=32M"])
+                    .args([
+                        "--innodb-flush-log-at-trx-commit=1",
+                        "--max-connections=500",
+                    ]);
+                if is_root() {
+                    c.arg("--user=root");
+                }
+                let child = c
+                    .env("PATH", path())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting mariadbd")?;
+                self.child = Some(child);
             }
             Kind::Postgres => {
                 let ok = sh(
@@ -183,13 +239,14 @@ impl Private {
         Ok(())
     }
 
-    /// Stop like a crash: SIGKILL for Redis (the AOF keeps the data),
-    /// `pg_ctl -m immediate` for PostgreSQL.
+    /// Stop like a crash: SIGKILL for Redis (the AOF keeps the data) and
+    /// MariaDB (InnoDB's redo log does), `pg_ctl -m immediate` for
+    /// PostgreSQL.
     pub fn stop(&mut self) {
         match self.kind {
             Kind::Sqlite => {}
-            Kind::Redis => {
-                if let Some(mut c) = self.redis.take() {
+            Kind::Redis | Kind::Mysql => {
+                if let Some(mut c) = self.child.take() {
                     let _ = c.kill();
                     let _ = c.wait();
                 }

@@ -49,6 +49,18 @@ pub(super) fn validate_action(
                     "is empty; give the program and its arguments, e.g. [\"sh\", \"-c\", \"…\"]",
                 ));
             }
+            // The task's payload holds the command (durable mode).
+            let size: usize = command.iter().map(|a| a.len() + 3).sum();
+            if size > baton::queue::MAX_PAYLOAD_BYTES {
+                return Err(ConfigError::invalid(
+                    owner,
+                    Some("command"),
+                    format!(
+                        "is {size} bytes long; at most {} (8 MiB) are accepted (put a long script in a file and run that)",
+                        baton::queue::MAX_PAYLOAD_BYTES
+                    ),
+                ));
+            }
             Action::Command(command)
         }
         (None, Some(http)) => validate_http(owner, http)?,

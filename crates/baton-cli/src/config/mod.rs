@@ -45,6 +45,8 @@
 
 mod actions;
 mod jobs;
+#[cfg(test)]
+mod props;
 mod queues;
 #[cfg(test)]
 mod tests;
@@ -100,8 +102,8 @@ pub struct ConfigError {
 pub enum ConfigErrorKind {
     /// The file could not be read.
     Io(std::io::Error),
-    /// Not TOML, a wrong type or an unknown key (the parser's message, with
-    /// line and column).
+    /// Not TOML, a wrong type or an unknown key (the parser's message, on
+    /// one line after the line and column).
     Syntax(String),
     /// A value is out of range or inconsistent.
     Invalid {
@@ -197,10 +199,33 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
             path: None,
-            kind: ConfigErrorKind::Syntax(e.to_string()),
+            kind: ConfigErrorKind::Syntax(syntax_line(text, &e)),
         })?;
         validate(raw)
     }
+}
+
+/// The TOML parser's error on one line: `line L, column C: message`
+/// (its own rendering spans several lines, with the source quoted).
+fn syntax_line(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    let Some(span) = e.span() else {
+        return format!("not valid TOML: {message}");
+    };
+    // Clamp to a char boundary: a span never splits one, but be safe.
+    let mut at = span.start.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit_once('\n')
+        .map_or(before, |(_, l)| l)
+        .chars()
+        .count()
+        + 1;
+    format!("line {line}, column {column}: {message}")
 }
 
 /// The longest duration a config key accepts.

@@ -40,6 +40,27 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -100..=100;
 pub const MAX_KEY_LEN: usize = 1024;
 /// Attempts when none are given.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// The largest accepted payload, in bytes of JSON (8 MiB): every store
+/// takes it in one statement (MySQL's default packet limit is 16 MiB).
+pub const MAX_PAYLOAD_BYTES: usize = 8 << 20;
+
+/// The length of `v` as JSON, without building the text.
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
 
 /// Builds a [`NewTask`], validating every field.
 #[derive(Debug, Clone)]
@@ -134,6 +155,16 @@ impl TaskBuilder {
             return Err(InvalidInput::new(
                 "max_attempts",
                 format!("{} is out of range; use 1 to 10000", t.max_attempts),
+            ));
+        }
+        let size = json_len(&t.payload);
+        if size > MAX_PAYLOAD_BYTES {
+            return Err(InvalidInput::new(
+                "payload",
+                format!(
+                    "is {size} bytes of JSON; at most {MAX_PAYLOAD_BYTES} (8 MiB) are accepted \
+                     (keep large data elsewhere and pass a reference)"
+                ),
             ));
         }
         if t.timeout.is_some_and(|d| d.is_zero()) {

@@ -258,7 +258,10 @@ impl WorkerConfig {
         self.max_running.insert(queue.into(), max);
         self
     }
-    fn validate(&self) -> Result<(), InvalidInput> {
+    /// Check every field (queues, concurrency, caps, lease, intervals);
+    /// [`Worker::run`] does this first. Call it to refuse a bad config
+    /// before anything else starts.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
         if self.queues.is_empty() {
             return Err(InvalidInput::new(
                 "queues",

@@ -61,6 +61,7 @@ conformance! {
     queue::claim_order_priority_run_at_id,
     queue::unique_key_race_gives_one_task,
     queue::batch_enqueue_is_idempotent_per_key,
+    queue::payload_limit_is_enforced,
     queue::finish_is_compare_and_set,
     queue::finish_many_is_per_item_compare_and_set,
     queue::rescue_out_of_attempts_fails_with_reason,

@@ -1259,3 +1259,44 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         slot: None,
     }
 }
+
+/// A payload of exactly `MAX_PAYLOAD_BYTES` of JSON is stored and read
+/// back whole on every store; one byte more is refused naming `payload`,
+/// alone or inside a batch, and nothing of the refused call is written.
+pub async fn payload_limit_is_enforced(ts: TestStore) {
+    use baton::queue::MAX_PAYLOAD_BYTES;
+    let q = Queue::new(ts.store.clone());
+    // A JSON string: its text is the characters plus two quotes.
+    let at_limit = serde_json::Value::String("p".repeat(MAX_PAYLOAD_BYTES - 2));
+    let over = serde_json::Value::String("p".repeat(MAX_PAYLOAD_BYTES - 1));
+    let id = q
+        .enqueue(TaskBuilder::new("big", at_limit.clone()))
+        .await
+        .expect("a payload at the limit is accepted")
+        .id;
+    let got = q.task(id).await.unwrap().expect("the task");
+    assert_eq!(got.payload, at_limit, "stored and read back whole");
+    match q.enqueue(TaskBuilder::new("big", over.clone())).await {
+        Err(baton::Error::Invalid(e)) => {
+            assert_eq!(e.field, "payload");
+            assert!(e.problem.contains("8 MiB"), "{}", e.problem);
+        }
+        other => panic!("an oversized payload was not refused: {other:?}"),
+    }
+    let batch = vec![
+        TaskBuilder::new("small", serde_json::json!({})),
+        TaskBuilder::new("big", over),
+    ];
+    assert!(matches!(
+        q.enqueue_many(batch).await,
+        Err(baton::Error::Invalid(_))
+    ));
+    let all = q
+        .tasks(&baton::store::TaskFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1, "only the task at the limit exists");
+}

@@ -16,6 +16,13 @@ pub(super) fn open_client(url: &str) -> Result<redis::Client, StoreError> {
     let bad =
         |e: &dyn std::fmt::Display| StoreError::Config(format!("redis URL {:?}: {e}", redact(url)));
     let mut parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
+    if matches!(parsed.scheme(), "redis" | "rediss")
+        && parsed.host_str().is_none_or(|h| h.is_empty())
+    {
+        return Err(bad(
+            &"no host; use redis://HOST[:PORT][/DB] (or rediss:// for TLS), e.g. redis://127.0.0.1:6379",
+        ));
+    }
     let mut files: HashMap<&str, String> = HashMap::new();
     let mut rest: Vec<(String, String)> = Vec::new();
     for (k, v) in parsed.query_pairs() {
@@ -68,4 +75,27 @@ fn open_tls_client(url: &str, files: &HashMap<&str, String>) -> Result<redis::Cl
 #[cfg(not(feature = "tls"))]
 fn open_tls_client(_url: &str, _files: &HashMap<&str, String>) -> Result<redis::Client, String> {
     Err("this build of baton has no TLS (cargo feature `tls`)".into())
+}
+
+#[cfg(test)]
+mod url_props {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Opening a client parses the URL without connecting: any text
+        /// after `redis://` or `rediss://` gives a client or a config
+        /// error naming the URL; never a panic.
+        #[test]
+        fn open_client_never_panics(
+            tls in any::<bool>(),
+            rest in prop_oneof![any::<String>(), "[a-z0-9.:@/?=&%-]{0,40}"],
+        ) {
+            let url = format!("{}://{rest}", if tls { "rediss" } else { "redis" });
+            match super::open_client(&url) {
+                Ok(_) => {}
+                Err(crate::StoreError::Config(m)) => prop_assert!(m.starts_with("redis URL"), "{m}"),
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+        }
+    }
 }

@@ -291,3 +291,30 @@ impl SqliteBackend {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 }
+
+#[cfg(test)]
+mod url_props {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any text after the scheme: a path, or a config error naming the
+        /// accepted form; never a panic.
+        #[test]
+        fn parse_url_never_panics(rest in any::<String>(), colon in any::<bool>()) {
+            let url = if colon { format!("sqlite:{rest}") } else { format!("sqlite://{rest}") };
+            match super::parse_url(&url) {
+                Ok(p) => prop_assert!(!p.as_os_str().is_empty()),
+                Err(crate::StoreError::Config(m)) => prop_assert!(m.contains("sqlite://") || m.contains("file path"), "{m}"),
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+        }
+
+        /// The query is not part of the path.
+        #[test]
+        fn the_query_is_cut(path in "[a-z/._-]{1,30}", query in "[a-z=&]{0,20}") {
+            prop_assume!(path != ":memory:");
+            let p = super::parse_url(&format!("sqlite://{path}?{query}")).unwrap();
+            prop_assert_eq!(p, std::path::PathBuf::from(path));
+        }
+    }
+}

@@ -1,0 +1,755 @@
+//! The bad-input catalogue: every case runs the real `baton` binary with
+//! one malformed input (a CLI flag, a config file, a cron expression, a
+//! duration, a name, a payload size or a store URL) and expects its exit
+//! code and a one-line error naming the field and the accepted form. Each
+//! refused case must leave the store as it was: the tasks, locks and jobs
+//! are counted before and after, on every backend.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use baton::queue::Queue;
+use baton::store::TaskFilter;
+use common::{harness, Kind, BATON};
+
+/// One malformed input and the error it must get.
+struct Case {
+    /// What is wrong (for the failure message).
+    what: &'static str,
+    /// `baton` arguments; `{cfg}` is the path of a file holding `config`.
+    args: Vec<String>,
+    /// The config file's text, for `{cfg}`.
+    config: Option<String>,
+    /// The exit code: 2 for bad input, 66 for a name that does not exist,
+    /// 1 for an environment fault (a missing directory).
+    code: i32,
+    /// Substrings of the error line: the field and the accepted form.
+    want: Vec<&'static str>,
+}
+
+fn case(what: &'static str, args: &[&str], code: i32, want: &[&'static str]) -> Case {
+    Case {
+        what,
+        args: args.iter().map(|s| s.to_string()).collect(),
+        config: None,
+        code,
+        want: want.to_vec(),
+    }
+}
+
+/// `baton serve --config FILE` with `toml` in FILE.
+fn config(what: &'static str, toml: &str, want: &[&'static str]) -> Case {
+    Case {
+        what,
+        args: vec!["serve".into(), "--config".into(), "{cfg}".into()],
+        config: Some(toml.to_string()),
+        code: 2,
+        want: want.to_vec(),
+    }
+}
+
+/// A config file with one job whose schedule lines are `schedule`.
+fn job(schedule: &str) -> String {
+    format!("[[job]]\nname = \"a\"\n{schedule}\ncommand = [\"true\"]\n")
+}
+
+const OK_JOB: &str = "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = [\"true\"]\n";
+const DURATION_FORM: &str = "use a number with a unit (500ms, 30s, 15m, 1h30m, 2d)";
+const CRON_FORM: &str = "use 5 fields (minute hour day-of-month month day-of-week";
+
+fn catalogue() -> Vec<Case> {
+    let n300 = "n".repeat(300);
+    let k2000 = "k".repeat(2000);
+    let p40 = "p".repeat(40);
+    let big = format!(
+        "[[job]]\nname = \"big\"\nevery = \"1m\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n",
+        "x".repeat(baton::queue::MAX_PAYLOAD_BYTES + 1)
+    );
+    let mut v = vec![
+        // --- CLI flags: names ---
+        case(
+            "empty queue name",
+            &["enqueue", "--queue", "", "--", "true"],
+            2,
+            &["queue: is empty", "1 to 255 bytes"],
+        ),
+        case(
+            "queue control char",
+            &["enqueue", "--queue", "q\u{1}", "--", "true"],
+            2,
+            &["queue: contains the control character", "printable text"],
+        ),
+        case(
+            "empty lock name",
+            &["lock", "", "--", "true"],
+            2,
+            &["lock name: is empty", "1 to 255 bytes"],
+        ),
+        case(
+            "lock name newline",
+            &["lock", "a\nb", "--", "true"],
+            2,
+            &[
+                "lock name: contains the control character",
+                "printable text",
+            ],
+        ),
+        case(
+            "empty work queue",
+            &["work", "--queue", ""],
+            2,
+            &["queue: is empty", "1 to 255 bytes"],
+        ),
+        // --- CLI flags: keys and numbers ---
+        case(
+            "empty key",
+            &["enqueue", "--key", "", "--", "true"],
+            2,
+            &["unique key: is 0 bytes", "use 1 to 1024 bytes"],
+        ),
+        case(
+            "slot-shaped key",
+            &["enqueue", "--key", "job|2026-01-01T00:00:00Z", "--", "true"],
+            2,
+            &["unique key", "reserved for scheduled slots"],
+        ),
+        case(
+            "priority too high",
+            &["enqueue", "--priority", "101", "--", "true"],
+            2,
+            &["--priority", "whole number from -100 to 100"],
+        ),
+        case(
+            "priority not a number",
+            &["enqueue", "--priority", "abc", "--", "true"],
+            2,
+            &["--priority", "whole number from -100 to 100"],
+        ),
+        case(
+            "zero attempts",
+            &["enqueue", "--max-attempts", "0", "--", "true"],
+            2,
+            &["max_attempts: 0 is out of range", "use 1 to 10000"],
+        ),
+        case(
+            "attempts overflow",
+            &["enqueue", "--max-attempts", "99999999999", "--", "true"],
+            2,
+            &["--max-attempts", "whole number from 1 to 10000"],
+        ),
+        case(
+            "zero concurrency",
+            &["work", "--concurrency", "0"],
+            2,
+            &["--concurrency", "whole number from 1 to 10000"],
+        ),
+        case(
+            "task id not a number",
+            &["tasks", "show", "abc"],
+            2,
+            &["<ID>", "is not a task id", "e.g. 42"],
+        ),
+        case(
+            "task id zero",
+            &["tasks", "cancel", "0"],
+            2,
+            &["<ID>", "is not a task id"],
+        ),
+        case(
+            "unknown task",
+            &["tasks", "show", "999999"],
+            66,
+            &["no task 999999"],
+        ),
+        case(
+            "unknown state",
+            &["tasks", "list", "--state", "bogus"],
+            2,
+            &[
+                "--state",
+                "use pending, running, succeeded, failed or cancelled",
+            ],
+        ),
+        case(
+            "zero limit",
+            &["tasks", "list", "--limit", "0"],
+            2,
+            &["--limit", "1..=10000"],
+        ),
+        case(
+            "unknown job to pause",
+            &["jobs", "pause", "nosuch"],
+            66,
+            &["no job \"nosuch\""],
+        ),
+        // --- CLI flags: durations and times ---
+        case(
+            "duration without unit",
+            &["enqueue", "--delay", "5x", "--", "true"],
+            2,
+            &["--delay", "\"5x\" is not a duration", DURATION_FORM],
+        ),
+        case(
+            "empty duration",
+            &["enqueue", "--delay", "", "--", "true"],
+            2,
+            &["--delay", "is not a duration", DURATION_FORM],
+        ),
+        case(
+            "duration too long",
+            &["enqueue", "--delay", "99999d", "--", "true"],
+            2,
+            &["--delay", "at most 10 years"],
+        ),
+        case(
+            "unknown unit",
+            &["enqueue", "--timeout", "1y", "--", "true"],
+            2,
+            &["--timeout", "is not a duration", DURATION_FORM],
+        ),
+        case(
+            "zero timeout",
+            &["enqueue", "--timeout", "0s", "--", "true"],
+            2,
+            &["timeout: must be greater than 0"],
+        ),
+        case(
+            "bad month",
+            &["enqueue", "--at", "2026-13-01", "--", "true"],
+            2,
+            &["--at", "is not an RFC 3339 time like 2026-01-31T06:00:00Z"],
+        ),
+        case(
+            "time without zone",
+            &["enqueue", "--at", "2026-01-01T00:00:00", "--", "true"],
+            2,
+            &["--at", "RFC 3339"],
+        ),
+        case(
+            "zero at-most",
+            &["lock", "x", "--at-most", "0s", "--", "true"],
+            2,
+            &["--at-most: must be greater than 0"],
+        ),
+        case(
+            "grace not under at-most",
+            &[
+                "lock",
+                "x",
+                "--at-most",
+                "5s",
+                "--grace",
+                "10s",
+                "--",
+                "true",
+            ],
+            2,
+            &["--grace", "give a --grace shorter than --at-most"],
+        ),
+        case(
+            "wait not a duration",
+            &["lock", "x", "--wait", "xyz", "--", "true"],
+            2,
+            &["--wait", "is not a duration"],
+        ),
+        case(
+            "zero lease",
+            &["work", "--lease", "0s"],
+            2,
+            &["lease: must be at least 30ms"],
+        ),
+        case(
+            "zero poll",
+            &["work", "--poll", "0s"],
+            2,
+            &["poll_interval: must be greater than 0"],
+        ),
+        // --- CLI flags: other commands ---
+        case(
+            "listen not an address",
+            &["serve", "--config", "{cfg}", "--listen", "notanaddress"],
+            2,
+            &["--listen", "use HOST:PORT, e.g. 127.0.0.1:9090"],
+        ),
+        case(
+            "listen IPv6 without brackets",
+            &["serve", "--config", "{cfg}", "--listen", "::1:80"],
+            2,
+            &["--listen", "in brackets, e.g. [::1]:9090"],
+        ),
+        case(
+            "missing config file",
+            &["serve", "--config", "/nonexistent/baton.toml"],
+            2,
+            &["config: /nonexistent/baton.toml: cannot read"],
+        ),
+        case(
+            "trigger unknown job",
+            &["trigger", "nosuch", "--config", "{cfg}"],
+            2,
+            &["JOB: \"nosuch\" is not a job in"],
+        ),
+        case(
+            "trigger slot not a time",
+            &["trigger", "a", "--config", "{cfg}", "--slot", "bogus"],
+            2,
+            &["--slot", "RFC 3339"],
+        ),
+        case(
+            "trigger off-schedule slot",
+            &[
+                "trigger",
+                "a",
+                "--config",
+                "{cfg}",
+                "--slot",
+                "2026-01-01T00:00:30Z",
+            ],
+            2,
+            &["--slot", "is not a slot of job \"a\"", "--any-slot"],
+        ),
+        case(
+            "chaos without a store",
+            &["chaos"],
+            2,
+            &[
+                "--store: is missing",
+                "--private sqlite|postgres|redis|mysql",
+            ],
+        ),
+        case(
+            "chaos unknown private store",
+            &["chaos", "--private", "oracle"],
+            2,
+            &["--private", "use sqlite, postgres, redis or mysql"],
+        ),
+        case(
+            "chaos unknown fault",
+            &["chaos", "--private", "sqlite", "--faults", "bogus"],
+            2,
+            &[
+                "--faults",
+                "kill-9, pause, cut, dark, latency, restart, skew",
+            ],
+        ),
+        // --- store URLs and prefixes ---
+        case(
+            "unknown scheme",
+            &["enqueue", "--store", "ftp://x", "--", "true"],
+            2,
+            &["store URL \"ftp://x\": unknown scheme", "sqlite://PATH"],
+        ),
+        case(
+            "empty store URL",
+            &["enqueue", "--store", "", "--", "true"],
+            2,
+            &["store URL \"\": unknown scheme", "sqlite://PATH"],
+        ),
+        case(
+            "sqlite without a path",
+            &["enqueue", "--store", "sqlite://", "--", "true"],
+            2,
+            &["no file path", "sqlite://PATH"],
+        ),
+        case(
+            "redis without a host",
+            &["enqueue", "--store", "redis://", "--", "true"],
+            2,
+            &["no host", "redis://HOST[:PORT][/DB]"],
+        ),
+        case(
+            "redis bad port",
+            &[
+                "enqueue",
+                "--store",
+                "redis://127.0.0.1:notaport",
+                "--",
+                "true",
+            ],
+            2,
+            &["redis URL", "invalid port"],
+        ),
+        case(
+            "sqlite directory missing",
+            &[
+                "enqueue",
+                "--store",
+                "sqlite:///nonexistent-dir/b.db",
+                "--",
+                "true",
+            ],
+            1,
+            &["the directory /nonexistent-dir does not exist; create it first"],
+        ),
+        case(
+            "prefix with a space",
+            &["enqueue", "--prefix", "bad prefix", "--", "true"],
+            2,
+            &["prefix \"bad prefix\"", "at most 32 ASCII letters, digits"],
+        ),
+        // --- config files ---
+        config("not TOML", "this is not toml\n", &["line 1, column 6"]),
+        config(
+            "unknown key",
+            "bogus_key = 1\n",
+            &[
+                "line 1, column 1",
+                "unknown field `bogus_key`",
+                "expected one of",
+            ],
+        ),
+        config(
+            "unknown mode",
+            &format!("{OK_JOB}mode = \"sometimes\"\n"),
+            &[
+                "line 5, column 8",
+                "unknown variant `sometimes`",
+                "`durable` or `lock`",
+            ],
+        ),
+        config(
+            "unknown misfire",
+            &format!("{OK_JOB}misfire = \"never\"\n"),
+            &["unknown variant `never`", "`latest`, `all`, `none`"],
+        ),
+        config(
+            "no schedule",
+            "[[job]]\nname = \"a\"\ncommand = [\"true\"]\n",
+            &["job \"a\"", "give exactly one of cron or every"],
+        ),
+        config(
+            "cron and every",
+            &job("cron = \"* * * * *\"\nevery = \"1m\""),
+            &["job \"a\"", "give exactly one of cron or every"],
+        ),
+        config(
+            "duplicate job",
+            &format!("{OK_JOB}{OK_JOB}"),
+            &["job \"a\": name: is declared twice"],
+        ),
+        config(
+            "empty job name",
+            "[[job]]\nname = \"\"\nevery = \"1m\"\ncommand = [\"true\"]\n",
+            &["job #1: name: is empty"],
+        ),
+        config(
+            "empty command",
+            "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = []\n",
+            &["job \"a\": command: is empty", "[\"sh\", \"-c\", \"…\"]"],
+        ),
+        config(
+            "command over the payload limit",
+            &big,
+            &["job \"big\": command:", "(8 MiB) are accepted"],
+        ),
+        config(
+            "zero queue concurrency",
+            "[[queue]]\nname = \"q\"\nconcurrency = 0\n",
+            &["queue \"q\": concurrency: 0 is out of range", "1..=10000"],
+        ),
+        config(
+            "queue lease not a duration",
+            "[[queue]]\nname = \"q\"\nlease = \"soon\"\n",
+            &["queue \"q\": lease:", DURATION_FORM],
+        ),
+        config(
+            "nothing to run",
+            "store = \"sqlite://x.db\"\n",
+            &["has no [[job]] and no [[queue]]"],
+        ),
+        config(
+            "a good job, then a bad one",
+            &format!(
+                "{OK_JOB}[[job]]\nname = \"b\"\ncron = \"61 * * * *\"\ncommand = [\"true\"]\n"
+            ),
+            &["job \"b\": cron:", CRON_FORM],
+        ),
+        // --- cron expressions and schedules ---
+        config(
+            "cron minute 61",
+            &job("cron = \"61 * * * *\""),
+            &[
+                "job \"a\": cron: \"61 * * * *\" is not a cron expression",
+                CRON_FORM,
+            ],
+        ),
+        config(
+            "cron four fields",
+            &job("cron = \"* * * *\""),
+            &["cron: \"* * * *\" is not a cron expression", CRON_FORM],
+        ),
+        config(
+            "cron step zero",
+            &job("cron = \"*/0 * * * *\""),
+            &["cron: \"*/0 * * * *\"", CRON_FORM],
+        ),
+        config(
+            "cron never fires",
+            &job("cron = \"0 0 31 2 *\""),
+            &["cron: \"0 0 31 2 *\" matches no date", CRON_FORM],
+        ),
+        config(
+            "cron word",
+            &job("cron = \"@sometimes\""),
+            &["cron: \"@sometimes\"", "@hourly / @daily"],
+        ),
+        config(
+            "unknown time zone",
+            &job("cron = \"0 9 * * MON\"\ntz = \"Mars/Olympus\""),
+            &[
+                "tz: \"Mars/Olympus\" is not an IANA time zone",
+                "\"Europe/Berlin\"",
+            ],
+        ),
+        config(
+            "every zero",
+            &job("every = \"0s\""),
+            &["every: 0s is too short", "at least 100ms"],
+        ),
+        config(
+            "every not a duration",
+            &job("every = \"soon\""),
+            &["every: \"soon\" is not a duration", DURATION_FORM],
+        ),
+    ];
+    // Lengths: names, keys, prefixes.
+    v.push(Case {
+        what: "queue name 300 bytes",
+        args: vec![
+            "enqueue".into(),
+            "--queue".into(),
+            n300.clone(),
+            "--".into(),
+            "true".into(),
+        ],
+        config: None,
+        code: 2,
+        want: vec!["queue: is 300 bytes long", "at most 255 bytes"],
+    });
+    v.push(Case {
+        what: "lock name 300 bytes",
+        args: vec!["lock".into(), n300, "--".into(), "true".into()],
+        config: None,
+        code: 2,
+        want: vec!["lock name: is 300 bytes long", "at most 255 bytes"],
+    });
+    v.push(Case {
+        what: "key 2000 bytes",
+        args: vec![
+            "enqueue".into(),
+            "--key".into(),
+            k2000,
+            "--".into(),
+            "true".into(),
+        ],
+        config: None,
+        code: 2,
+        want: vec!["unique key: is 2000 bytes", "use 1 to 1024 bytes"],
+    });
+    v.push(Case {
+        what: "prefix 40 bytes",
+        args: vec!["locks".into(), "--prefix".into(), p40],
+        config: None,
+        code: 2,
+        want: vec!["--prefix: is 40 bytes long", "at most 32 ASCII letters"],
+    });
+    v
+}
+
+/// What the store holds: task ids with their states, lock names with
+/// their tokens, job names.
+async fn snapshot(store: &baton::Store) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let q = Queue::new(store.clone());
+    let tasks = q
+        .tasks(&TaskFilter {
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .expect("list tasks")
+        .iter()
+        .map(|t| format!("{} {:?} {}", t.id, t.state, t.attempt))
+        .collect();
+    let mut locks: Vec<String> = store
+        .backend()
+        .lock_list()
+        .await
+        .expect("list locks")
+        .iter()
+        .map(|l| format!("{} {}", l.name, l.token.0))
+        .collect();
+    locks.sort();
+    let mut jobs: Vec<String> = store
+        .backend()
+        .job_list()
+        .await
+        .expect("list jobs")
+        .iter()
+        .map(|j| j.name.clone())
+        .collect();
+    jobs.sort();
+    (tasks, locks, jobs)
+}
+
+/// Run `baton ARGS` against `ts`, killed if it is still running after 30 s
+/// (a case that was not refused may run for ever: `work`, `serve`).
+fn run(
+    ts: &common::TestStore,
+    dir: &std::path::Path,
+    args: &[String],
+) -> (Option<i32>, String, String) {
+    let mut child = Command::new(BATON)
+        .args(args)
+        .env("BATON_STORE", &ts.url)
+        .env("BATON_PREFIX", &ts.prefix)
+        .env("BATON_LOG", "warn")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("baton starts");
+    let t0 = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The error line: the last `baton: …` line that is not a warning, or
+/// clap's `error: …` line.
+fn error_line(stderr: &str) -> Option<&str> {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .or_else(|| {
+            stderr
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("baton: ") && !l.starts_with("baton: warning:"))
+        })
+}
+
+async fn catalogue_on(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("baton.toml");
+    // Something in the store to stay as it is: a task, a lock, a job.
+    let q = Queue::new(ts.store.clone());
+    q.enqueue(baton::queue::TaskBuilder::new(
+        "seed",
+        serde_json::json!({}),
+    ))
+    .await
+    .unwrap();
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(10)).unwrap();
+    let lease = baton::lock::Locker::new(ts.store.clone())
+        .try_lock("seed-lock", &opts)
+        .await
+        .unwrap()
+        .expect("the seed lock is free");
+    lease.release().await.unwrap();
+    let cases = catalogue();
+    assert!(cases.len() >= 40, "the catalogue has {} cases", cases.len());
+    let mut failures = Vec::new();
+    for c in &cases {
+        std::fs::write(&cfg, c.config.as_deref().unwrap_or(OK_JOB)).unwrap();
+        let args: Vec<String> = c
+            .args
+            .iter()
+            .map(|a| a.replace("{cfg}", &cfg.display().to_string()))
+            .collect();
+        let before = snapshot(&ts.store).await;
+        let (code, stdout, stderr) = run(&ts, dir.path(), &args);
+        let after = snapshot(&ts.store).await;
+        let mut why = Vec::new();
+        if code != Some(c.code) {
+            why.push(format!("exit {code:?}, not {}", c.code));
+        }
+        if stderr.contains("panicked") {
+            why.push("panicked".into());
+        }
+        if !stdout.trim().is_empty() {
+            why.push(format!("printed {:?}", stdout.trim()));
+        }
+        match error_line(&stderr) {
+            None => why.push("no error line".into()),
+            Some(line) => {
+                for w in &c.want {
+                    if !line.contains(w) {
+                        why.push(format!("the error line lacks {w:?}"));
+                    }
+                }
+                // Our own errors are one line (clap adds its usage hint).
+                let own: Vec<&str> = stderr
+                    .lines()
+                    .filter(|l| !l.trim().is_empty() && !l.starts_with("baton: warning:"))
+                    .collect();
+                if line.starts_with("baton: ") && own.len() != 1 {
+                    why.push(format!("{} lines, not one", own.len()));
+                }
+            }
+        }
+        if before != after {
+            why.push(format!("the store changed: {before:?} -> {after:?}"));
+        }
+        if !why.is_empty() {
+            let shown: Vec<String> = args
+                .iter()
+                .map(|a| {
+                    if a.len() > 60 {
+                        format!("<{} bytes>", a.len())
+                    } else {
+                        a.clone()
+                    }
+                })
+                .collect();
+            let err: String = stderr.chars().take(600).collect();
+            failures.push(format!(
+                "{}: baton {shown:?}: {}\n    stderr: {err}",
+                c.what,
+                why.join("; ")
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed on {kind:?}:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_catalogue() {
+    catalogue_on(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_catalogue() {
+    catalogue_on(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_catalogue() {
+    catalogue_on(Kind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_catalogue() {
+    catalogue_on(Kind::Mysql).await;
+}
