@@ -24,3 +24,8 @@ pub mod store;
 pub use duration::{format_duration, parse_duration, parse_positive_duration};
 pub use error::{Error, InvalidInput, Result, StoreError};
 pub use store::{FencingToken, Store, StoreOptions, DEFAULT_STORE_URL};
+
+/// The README's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

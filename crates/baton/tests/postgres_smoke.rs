@@ -4,6 +4,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`). When the server does not
 //! answer they print one `SKIPPED` line, unless `BATON_REQUIRE_BACKENDS=1`.
 //! Each test uses its own table prefix and drops its tables at the end.
+#![cfg(feature = "postgres")]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,6 +3,7 @@
 //! query plans, concurrent first connects, bad URLs, bulk speed. Every
 //! `Backend` operation is proven by the shared conformance suite
 //! (`tests/conformance/`), which runs on SQLite too.
+#![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -27,10 +27,17 @@ use crate::error::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+#[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod pool;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_row;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
 
@@ -283,10 +290,17 @@ impl Store {
             None => "",
         };
         let backend: Arc<dyn Backend> = match scheme {
+            #[cfg(feature = "sqlite")]
             "sqlite" => sqlite::connect(url, &opts).await?,
+            #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
+            #[cfg(feature = "redis")]
             "redis" | "rediss" => redis::connect(url, &opts).await?,
+            #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => mysql::connect(url, &opts).await?,
+            // A guard, not patterns: with every backend on these would be
+            // unreachable patterns.
+            s if KNOWN_SCHEMES.contains(&s) => return Err(disabled_backend(url, scheme)),
             _ => {
                 return Err(StoreError::Config(format!(
                     "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://…, mysql://… or redis://…",
@@ -329,6 +343,33 @@ impl Store {
     pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         self.backend.now().await
     }
+}
+
+/// Every URL scheme of a backend, built into this binary or not.
+const KNOWN_SCHEMES: &[&str] = &[
+    "sqlite",
+    "postgres",
+    "postgresql",
+    "redis",
+    "rediss",
+    "mysql",
+    "mariadb",
+];
+
+/// The error for a URL whose backend this build leaves out: names the
+/// cargo feature that brings it in.
+fn disabled_backend(url: &str, scheme: &str) -> StoreError {
+    let feature = match scheme {
+        "postgresql" => "postgres",
+        "rediss" => "redis",
+        "mariadb" => "mysql",
+        s => s,
+    };
+    StoreError::Config(format!(
+        "store URL {:?}: this build of baton has no {feature} backend; enable the cargo \
+         feature `{feature}` of the `baton` crate (e.g. `features = [\"{feature}\"]`)",
+        redact(url)
+    ))
 }
 
 fn validate_prefix(p: &str) -> Result<(), StoreError> {
