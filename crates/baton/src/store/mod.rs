@@ -35,7 +35,7 @@ mod pool;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql_row;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -409,6 +409,7 @@ pub(crate) fn ms(d: Duration) -> i64 {
 }
 
 /// Milliseconds since the epoch to a timestamp.
+#[cfg(any(feature = "sqlite", feature = "redis"))]
 pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} ms out of range")))
@@ -513,4 +514,28 @@ bounded_backend! {
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(job: &str, paused: bool) -> bool;
     job_list() -> Vec<JobState>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_left_out_backend_is_named_with_its_feature() {
+        for (url, feature) in [
+            ("rediss://:secret@cache:6380", "redis"),
+            ("postgresql://u:pw@db/app", "postgres"),
+            ("mariadb://root@db/app", "mysql"),
+            ("sqlite://app.db", "sqlite"),
+        ] {
+            let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or_default();
+            assert!(KNOWN_SCHEMES.contains(&scheme), "{scheme}");
+            let msg = disabled_backend(url, scheme).to_string();
+            assert!(msg.contains(&format!("cargo feature `{feature}`")), "{msg}");
+            assert!(
+                !msg.contains("secret") && !msg.contains("pw@"),
+                "redacted: {msg}"
+            );
+        }
+    }
 }
