@@ -118,7 +118,11 @@ async fn postgres_grants_and_extensions_survive_a_crash() {
     // 2. An extension is the last commit before the crash.
     let until = store
         .backend()
-        .lock_extend("crash", lease.token(), Duration::from_secs(120))
+        .lock_extend(&baton::store::LockExtend {
+            name: "crash",
+            token: lease.token(),
+            at_most: Duration::from_secs(120),
+        })
         .await
         .unwrap()
         .expect("extended");

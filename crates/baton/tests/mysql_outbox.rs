@@ -55,8 +55,12 @@ async fn outbox_commits_with_the_callers_transaction() {
     assert!(r[0].inserted && !r[1].inserted && r[2].inserted);
     assert_eq!(r[0].id, r[1].id, "the same key gives the same task");
     tx.rollback().await.unwrap();
-    assert!(b.task(r[0].id).await.unwrap().is_none());
-    assert!(b.tasks(&TaskFilter::default()).await.unwrap().is_empty());
+    assert!(b.task_get(r[0].id).await.unwrap().is_none());
+    assert!(b
+        .task_list(&TaskFilter::default())
+        .await
+        .unwrap()
+        .is_empty());
 
     // Committed: the tasks are there and claimable; the key is taken.
     let mut tx = conn.begin().await.unwrap();
@@ -65,12 +69,12 @@ async fn outbox_commits_with_the_callers_transaction() {
         .unwrap();
     assert!(r[0].inserted);
     // Not visible to others before the commit.
-    assert!(b.task(r[0].id).await.unwrap().is_none());
+    assert!(b.task_get(r[0].id).await.unwrap().is_none());
     tx.commit().await.unwrap();
-    let again = b.enqueue(&[task("o", Some("K"))]).await.unwrap();
+    let again = b.task_insert_many(&[task("o", Some("K"))]).await.unwrap();
     assert_eq!((again[0].id, again[0].inserted), (r[0].id, false));
     let claimed = b
-        .claim(&ClaimRequest {
+        .task_claim(&ClaimRequest {
             queue: "o",
             worker: "w",
             limit: 10,
@@ -91,7 +95,7 @@ async fn keys_and_names_are_byte_exact() {
     };
     let b = ts.store.backend();
     let r = b
-        .enqueue(&[
+        .task_insert_many(&[
             task("q", Some("key")),
             task("q", Some("KEY")),
             task("q", Some("key ")),
@@ -102,7 +106,7 @@ async fn keys_and_names_are_byte_exact() {
     assert!(r.iter().all(|e| e.inserted), "{r:?}");
     let ids: std::collections::BTreeSet<i64> = r.iter().map(|e| e.id).collect();
     assert_eq!(ids.len(), 4);
-    let stats = b.stats().await.unwrap();
+    let stats = b.queue_stats().await.unwrap();
     let names: Vec<&str> = stats.iter().map(|s| s.queue.as_str()).collect();
     assert_eq!(names, ["Q", "q"]);
 }
@@ -115,7 +119,7 @@ async fn racing_capped_claims_never_overshoot() {
         return;
     };
     let tasks: Vec<NewTask> = (0..200).map(|_| task("capped", None)).collect();
-    ts.store.backend().enqueue(&tasks).await.unwrap();
+    ts.store.backend().task_insert_many(&tasks).await.unwrap();
     for round in 0..5 {
         let mut stores = Vec::new();
         for _ in 0..8 {
@@ -132,7 +136,7 @@ async fn racing_capped_claims_never_overshoot() {
                 go.wait().await;
                 store
                     .backend()
-                    .claim(&ClaimRequest {
+                    .task_claim(&ClaimRequest {
                         queue: "capped",
                         worker: &worker,
                         limit: 10,
@@ -151,7 +155,7 @@ async fn racing_capped_claims_never_overshoot() {
         let running = ts
             .store
             .backend()
-            .stats()
+            .queue_stats()
             .await
             .unwrap()
             .iter()

@@ -97,22 +97,22 @@ async fn outbox_rolled_back_leaves_nothing() {
         .unwrap();
     assert_eq!(r.len(), 2);
     tx.rollback().await.unwrap();
-    assert!(f.b().task(r[0].id).await.unwrap().is_none());
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_none());
     assert!(f
         .b()
-        .tasks(&TaskFilter::default())
+        .task_list(&TaskFilter::default())
         .await
         .unwrap()
         .is_empty());
     // Committed, it is there and wakes subscribers at commit.
-    let mut rx = f.b().subscribe().await.unwrap();
+    let mut rx = f.b().wake_subscribe().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await; // let LISTEN start
     let mut tx = conn.begin().await.unwrap();
     let r = postgres::enqueue_in(&mut tx, Some(&f.prefix), &[task("o")])
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    assert!(f.b().task(r[0].id).await.unwrap().is_some());
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_some());
     let q = tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("notification within 5s")
@@ -125,12 +125,12 @@ async fn outbox_rolled_back_leaves_nothing() {
 async fn subscribe_gets_due_queues_once_per_batch() {
     let Some(f) = setup().await else { return };
     let b = f.b();
-    let mut rx = b.subscribe().await.unwrap();
-    let mut rx2 = b.subscribe().await.unwrap();
+    let mut rx = b.wake_subscribe().await.unwrap();
+    let mut rx2 = b.wake_subscribe().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut later = task("later");
     later.run_at = RunAt::Delay(Duration::from_secs(60));
-    b.enqueue(&[task("a"), task("a"), later, task("b")])
+    b.task_insert_many(&[task("a"), task("a"), later, task("b")])
         .await
         .unwrap();
     let before = b.now().await.unwrap();
@@ -218,7 +218,7 @@ async fn claim_plan_and_throughput() {
         })
         .collect();
     let t0 = Instant::now();
-    let r = b.enqueue(&batch).await.unwrap();
+    let r = b.task_insert_many(&batch).await.unwrap();
     let el = t0.elapsed();
     assert_eq!(r.len(), 100_000);
     println!(
@@ -249,7 +249,7 @@ async fn claim_plan_and_throughput() {
         "generic plan, no ANALYZE",
     );
     // Fresh statistics after the bulk insert, then 100k more.
-    b.enqueue(&batch).await.unwrap();
+    b.task_insert_many(&batch).await.unwrap();
     sqlx::Executor::execute(&mut conn, format!("ANALYZE \"{}tasks\"", f.prefix).as_str())
         .await
         .unwrap();
@@ -272,7 +272,7 @@ async fn claim_plan_and_throughput() {
     loop {
         let c = b
             .backend()
-            .claim(&claim_req("bulk", 100, MIN))
+            .task_claim(&claim_req("bulk", 100, MIN))
             .await
             .unwrap();
         if c.is_empty() {
@@ -294,7 +294,7 @@ async fn claim_plan_and_throughput() {
 async fn listener_reconnects_after_its_connection_is_killed() {
     let Some(f) = setup().await else { return };
     let b = f.b();
-    let mut rx = b.subscribe().await.unwrap();
+    let mut rx = b.wake_subscribe().await.unwrap();
     let mut admin = sqlx::PgConnection::connect(&url()).await.unwrap();
     let listening = format!("LISTEN \"{}tasks\"", f.prefix);
     let find = format!(
@@ -317,7 +317,7 @@ async fn listener_reconnects_after_its_connection_is_killed() {
     // until one arrives.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        b.enqueue(&[task("again")]).await.unwrap();
+        b.task_insert_many(&[task("again")]).await.unwrap();
         if let Ok(Ok(q)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
             assert_eq!(q.queue, "again");
             break;
@@ -354,16 +354,16 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    assert!(f.b().task(r[0].id).await.unwrap().is_none());
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_none());
 
-    let mut rx = f.b().subscribe().await.unwrap();
+    let mut rx = f.b().wake_subscribe().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await; // let LISTEN start
     let mut tx = pool.begin().await.unwrap();
     let r = postgres::enqueue_in(&mut tx, Some(&prefix), &[task("o")])
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    assert!(f.b().task(r[0].id).await.unwrap().is_some());
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_some());
     let w = tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("notification within 5s")

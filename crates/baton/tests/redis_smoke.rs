@@ -163,8 +163,8 @@ async fn subscribe_wakes_and_warnings() {
         return;
     };
     let b = s.backend();
-    let mut rx = b.subscribe().await.unwrap();
-    b.enqueue(&[nt("wq")]).await.unwrap();
+    let mut rx = b.wake_subscribe().await.unwrap();
+    b.task_insert_many(&[nt("wq")]).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
         .expect("wake-up arrives")
@@ -174,7 +174,7 @@ async fn subscribe_wakes_and_warnings() {
     let mut d = nt("later");
     d.run_at = RunAt::Delay(Duration::from_secs(60));
     let before = b.now().await.unwrap();
-    b.enqueue(&[d]).await.unwrap();
+    b.task_insert_many(&[d]).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
         .expect("wake-up arrives")
@@ -187,7 +187,7 @@ async fn subscribe_wakes_and_warnings() {
     );
     // Multi-chunk batch: one wake-up per queue.
     let many: Vec<NewTask> = (0..1200).map(|_| nt("big")).collect();
-    b.enqueue(&many).await.unwrap();
+    b.task_insert_many(&many).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
         .expect("wake-up arrives")
@@ -229,7 +229,7 @@ async fn bulk_enqueue_and_claim_timing() {
         .collect();
     let s0 = eval_usec().await;
     let t0 = Instant::now();
-    let r = b.enqueue(&tasks).await.unwrap();
+    let r = b.task_insert_many(&tasks).await.unwrap();
     let enq = t0.elapsed();
     let s1 = eval_usec().await;
     assert_eq!(r.len(), n);
@@ -237,7 +237,7 @@ async fn bulk_enqueue_and_claim_timing() {
     let t0 = Instant::now();
     let mut claimed = 0;
     loop {
-        let got = b.claim(&creq("bulk", 100, 60_000)).await.unwrap();
+        let got = b.task_claim(&creq("bulk", 100, 60_000)).await.unwrap();
         if got.is_empty() {
             break;
         }
@@ -389,10 +389,14 @@ async fn private_server_restart() {
             .unwrap(),
     );
     assert!(b
-        .lock_release("daemon-runner", t1, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "daemon-runner",
+            token: t1,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
-    let id = b.enqueue(&[nt("q")]).await.unwrap()[0].id;
+    let id = b.task_insert_many(&[nt("q")]).await.unwrap()[0].id;
     // Give AOF its fsync (everysec) before the shutdown.
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
@@ -402,11 +406,11 @@ async fn private_server_restart() {
         let r = b.lock_acquire(&lreq("daemon-runner", "a", 60_000)).await;
         assert!(r.is_err(), "acquire while down #{i}: {r:?}");
         assert!(r.unwrap_err().is_retryable());
-        let r = b.enqueue(&[nt("q")]).await;
+        let r = b.task_insert_many(&[nt("q")]).await;
         assert!(r.is_err());
-        let r = b.claim(&creq("q", 1, 1000)).await;
+        let r = b.task_claim(&creq("q", 1, 1000)).await;
         assert!(r.is_err());
-        let r = b.task(id).await;
+        let r = b.task_get(id).await;
         assert!(r.is_err());
         assert!(
             t0.elapsed() < Duration::from_secs(8),
@@ -418,7 +422,7 @@ async fn private_server_restart() {
     // Back with its AOF: data kept, tokens continue.
     let mut srv = start_server(port, dir.path());
     srv.wait_ready().await;
-    let info = eventually(Duration::from_secs(10), || b.task(id)).await;
+    let info = eventually(Duration::from_secs(10), || b.task_get(id)).await;
     assert_eq!(info.unwrap().state, TaskState::Pending);
     let t2 = granted(
         eventually(Duration::from_secs(10), || async {
@@ -428,10 +432,14 @@ async fn private_server_restart() {
     );
     assert!(t2 > t1, "{t2} > {t1}");
     assert!(b
-        .lock_release("daemon-runner", t2, Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: "daemon-runner",
+            token: t2,
+            at_least: Duration::ZERO
+        })
         .await
         .unwrap());
-    let got = b.claim(&creq("q", 10, 10_000)).await.unwrap();
+    let got = b.task_claim(&creq("q", 10, 10_000)).await.unwrap();
     assert_eq!(got[0].id, id);
 
     // Back without its data: tokens still rise (floored at TIME in µs).
@@ -446,7 +454,7 @@ async fn private_server_restart() {
         .await,
     );
     assert!(t3 > t2, "{t3} > {t2} after data loss");
-    assert!(b.task(id).await.unwrap().is_none());
+    assert!(b.task_get(id).await.unwrap().is_none());
     srv.stop();
     let _ = Utc::now();
 }

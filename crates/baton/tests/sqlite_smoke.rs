@@ -84,8 +84,12 @@ const LONG: Duration = Duration::from_secs(60);
 async fn subscribe_is_shared_by_handles_on_one_file() {
     let db = db().await;
     let other = db.open().await;
-    let mut rx = db.b().subscribe().await.unwrap();
-    other.backend().enqueue(&[task("mail")]).await.unwrap();
+    let mut rx = db.b().wake_subscribe().await.unwrap();
+    other
+        .backend()
+        .task_insert_many(&[task("mail")])
+        .await
+        .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(1), rx.recv())
         .await
         .expect("woken")
@@ -95,7 +99,7 @@ async fn subscribe_is_shared_by_handles_on_one_file() {
     let before = other.backend().now().await.unwrap();
     other
         .backend()
-        .enqueue(&[NewTask {
+        .task_insert_many(&[NewTask {
             run_at: RunAt::Delay(LONG),
             ..task("later")
         }])
@@ -131,7 +135,7 @@ async fn outbox_enqueue_in_caller_transaction() {
     assert_eq!(r.len(), 2);
     tx.rollback().await.unwrap();
     assert!(backend
-        .tasks(&TaskFilter::default())
+        .task_list(&TaskFilter::default())
         .await
         .unwrap()
         .is_empty());
@@ -142,7 +146,11 @@ async fn outbox_enqueue_in_caller_transaction() {
         .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
-        backend.claim(&claim_req("q", 5, LONG)).await.unwrap().len(),
+        backend
+            .task_claim(&claim_req("q", 5, LONG))
+            .await
+            .unwrap()
+            .len(),
         1
     );
 }
@@ -157,7 +165,7 @@ async fn concurrent_first_connects_migrate_once() {
         handles.push(tokio::spawn(async move {
             let b = SqliteBackend::connect(&url, &StoreOptions::default()).await?;
             b.migrate().await?;
-            b.enqueue(&[task("q")]).await
+            b.task_insert_many(&[task("q")]).await
         }));
     }
     for h in handles {
@@ -165,7 +173,7 @@ async fn concurrent_first_connects_migrate_once() {
     }
     // `sqlite:PATH` works through Store::connect too.
     let s = Store::connect(&url).await.unwrap();
-    assert_eq!(s.backend().stats().await.unwrap()[0].pending, 12);
+    assert_eq!(s.backend().queue_stats().await.unwrap()[0].pending, 12);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -179,7 +187,7 @@ async fn claim_plan_is_an_index_walk() {
     let ts: Vec<NewTask> = (0..2000)
         .map(|i| task(if i % 2 == 0 { "a" } else { "b" }))
         .collect();
-    b.enqueue(&ts).await.unwrap();
+    b.task_insert_many(&ts).await.unwrap();
     let plan = |pool: sqlx::SqlitePool| async move {
         let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(
             "EXPLAIN QUERY PLAN SELECT id FROM \"baton_tasks\" \
@@ -227,13 +235,13 @@ async fn bulk_100k_enqueue_and_claim_timing() {
         })
         .collect();
     let t0 = Instant::now();
-    let r = b.enqueue(&ts).await.unwrap();
+    let r = b.task_insert_many(&ts).await.unwrap();
     let enq = t0.elapsed();
     assert_eq!(r.len(), n);
     let t1 = Instant::now();
     let mut claimed = 0;
     loop {
-        let got = b.claim(&claim_req("bulk", 100, LONG)).await.unwrap();
+        let got = b.task_claim(&claim_req("bulk", 100, LONG)).await.unwrap();
         if got.is_empty() {
             break;
         }
@@ -257,10 +265,10 @@ async fn bulk_100k_enqueue_and_claim_timing() {
         })
         .collect();
     let t2 = Instant::now();
-    b.enqueue(&ts).await.unwrap();
+    b.task_insert_many(&ts).await.unwrap();
     let e2 = t2.elapsed();
     let t3 = Instant::now();
-    let again = b.enqueue(&ts).await.unwrap();
+    let again = b.task_insert_many(&ts).await.unwrap();
     let e3 = t3.elapsed();
     assert!(again.iter().all(|e| !e.inserted));
     println!(
@@ -280,7 +288,7 @@ async fn concurrent_workers_timing() {
     let db = db().await;
     let n = 20_000;
     let ts: Vec<NewTask> = (0..n).map(|_| task("cw")).collect();
-    db.b().enqueue(&ts).await.unwrap();
+    db.b().task_insert_many(&ts).await.unwrap();
     let t0 = Instant::now();
     let mut handles = Vec::new();
     for w in 0..8 {
@@ -291,7 +299,7 @@ async fn concurrent_workers_timing() {
             loop {
                 let got = s
                     .backend()
-                    .claim(&ClaimRequest {
+                    .task_claim(&ClaimRequest {
                         queue: "cw",
                         worker: &worker,
                         limit: 10,
@@ -305,7 +313,12 @@ async fn concurrent_workers_timing() {
                 }
                 for t in got {
                     let c = t.claim();
-                    assert!(s.backend().finish(c, &Finish::Succeeded).await.unwrap());
+                    assert!(s
+                        .backend()
+                        .task_finish_many(&[(c, Finish::Succeeded)])
+                        .await
+                        .map(|r| r == [true])
+                        .unwrap());
                     done += 1;
                 }
             }
@@ -358,14 +371,20 @@ async fn from_pool_shares_the_pool_and_the_wake_ups() {
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    assert!(store.backend().task(r[0].id).await.unwrap().is_none());
+    assert!(store.backend().task_get(r[0].id).await.unwrap().is_none());
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let r = enqueue_in(&mut tx, Some("app_"), &[task("o")])
         .await
         .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
-        store.backend().task(r[0].id).await.unwrap().unwrap().queue,
+        store
+            .backend()
+            .task_get(r[0].id)
+            .await
+            .unwrap()
+            .unwrap()
+            .queue,
         "o"
     );
 
@@ -379,8 +398,12 @@ async fn from_pool_shares_the_pool_and_the_wake_ups() {
     )
     .await
     .unwrap();
-    let mut rx = other.backend().subscribe().await.unwrap();
-    store.backend().enqueue(&[task("w")]).await.unwrap();
+    let mut rx = other.backend().wake_subscribe().await.unwrap();
+    store
+        .backend()
+        .task_insert_many(&[task("w")])
+        .await
+        .unwrap();
     let w = tokio::time::timeout(Duration::from_secs(2), rx.recv())
         .await
         .expect("a wake-up within 2 s")

@@ -198,7 +198,7 @@ impl Queue {
         let mut out = self
             .store
             .backend()
-            .enqueue(std::slice::from_ref(&t))
+            .task_insert_many(std::slice::from_ref(&t))
             .await?;
         out.pop().ok_or_else(|| {
             Error::Store(crate::StoreError::Corrupt(
@@ -220,39 +220,39 @@ impl Queue {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(self.store.backend().enqueue(&built).await?)
+        Ok(self.store.backend().task_insert_many(&built).await?)
     }
 
     /// Cancel a task: a pending one at once, a running one at its worker's
     /// next heartbeat.
     pub async fn cancel(&self, id: i64) -> Result<CancelOutcome, Error> {
-        Ok(self.store.backend().cancel(id).await?)
+        Ok(self.store.backend().task_cancel(id).await?)
     }
 
     /// Put a failed or cancelled task back to pending, with at least one
     /// more attempt. False if it is not failed or cancelled.
     pub async fn retry(&self, id: i64) -> Result<bool, Error> {
-        Ok(self.store.backend().retry(id).await?)
+        Ok(self.store.backend().task_retry(id).await?)
     }
 
     /// One task, with its attempt history.
     pub async fn task(&self, id: i64) -> Result<Option<TaskInfo>, Error> {
-        Ok(self.store.backend().task(id).await?)
+        Ok(self.store.backend().task_get(id).await?)
     }
 
     /// A page of tasks, newest first.
     pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, Error> {
-        Ok(self.store.backend().tasks(filter).await?)
+        Ok(self.store.backend().task_list(filter).await?)
     }
 
     /// Counts per queue and state.
     pub async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
-        Ok(self.store.backend().stats().await?)
+        Ok(self.store.backend().queue_stats().await?)
     }
 
     /// Delete finished tasks older than `retention` (default 7 days).
     pub async fn prune(&self, retention: Duration) -> Result<u64, Error> {
-        Ok(self.store.backend().prune(retention).await?)
+        Ok(self.store.backend().task_prune(retention).await?)
     }
 }
 

@@ -113,7 +113,7 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
     let got = ts
         .store
         .backend()
-        .claim(&ClaimRequest {
+        .task_claim(&ClaimRequest {
             queue: "default",
             worker: "elsewhere",
             limit: 1,
@@ -127,14 +127,15 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
     let ok = ts
         .store
         .backend()
-        .finish(
+        .task_finish_many(&[(
             got[0].claim(),
-            &Finish::Failed {
+            Finish::Failed {
                 error: "boom".into(),
                 retry_in: Some(Duration::from_millis(1500)),
             },
-        )
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap();
     assert!(ok);
     let t = wait_done(&q, id, 10).await;

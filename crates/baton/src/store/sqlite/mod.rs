@@ -13,7 +13,7 @@
 //! embedded file), and every timestamp is stored as INTEGER milliseconds
 //! since the Unix epoch.
 //!
-//! SQLite has no cross-process notification: [`Backend::subscribe`] is an
+//! SQLite has no cross-process notification: [`Backend::wake_subscribe`] is an
 //! in-process broadcast shared by every handle on the same file and prefix in
 //! this process (work due later is announced with its `run_at`). Workers in
 //! other processes find new work by polling.
