@@ -546,8 +546,9 @@ async fn latency_bench(a: LatencyArgs) -> Result<()> {
     let queue = "latency";
     let q = Queue::new(store.clone());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant)>();
-    let mut cfg = WorkerConfig::default().queue(queue, 4);
-    cfg.poll_interval = Duration::from_millis(a.poll_ms);
+    let cfg = WorkerConfig::default()
+        .queue(queue, 4)
+        .poll_interval(Duration::from_millis(a.poll_ms));
     let mut w = Worker::new(ctx.connect().await?, cfg);
     w.handle("ping", move |tctx| {
         let at = Instant::now();
@@ -869,8 +870,9 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
         let handle = ctx.connect().await?;
         let clock = StoreClock::new(handle.clone()).await?;
         clock.recalibrate_best_of(5).await;
-        let mut cfg = WorkerConfig::default().queue(queue, 4);
-        cfg.poll_interval = Duration::from_millis(a.poll_ms);
+        let cfg = WorkerConfig::default()
+            .queue(queue, 4)
+            .poll_interval(Duration::from_millis(a.poll_ms));
         let mut w = Worker::new(handle.clone(), cfg);
         let tx = tx.clone();
         w.handle("tick", move |tctx| {

@@ -27,12 +27,13 @@ pub fn worker_config(
     shutdown_grace: Duration,
     grace: Duration,
 ) -> WorkerConfig {
-    let mut cfg = WorkerConfig::default().lease(lease);
-    cfg.queues = queues.to_vec();
-    cfg.poll_interval = poll;
-    cfg.shutdown_grace = shutdown_grace;
-    cfg.stop_grace = grace + Duration::from_secs(1);
-    cfg
+    queues
+        .iter()
+        .fold(WorkerConfig::default(), |cfg, (q, n)| cfg.queue(q, *n))
+        .lease(lease)
+        .poll_interval(poll)
+        .shutdown_grace(shutdown_grace)
+        .stop_grace(grace + Duration::from_secs(1))
 }
 
 /// Register the command handler on a worker.

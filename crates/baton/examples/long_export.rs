@@ -24,10 +24,10 @@ const STEPS: u32 = 10;
 const STEP: Duration = Duration::from_millis(300);
 
 fn worker(store: Store, name: &'static str) -> Worker {
-    let mut cfg = WorkerConfig::default()
+    let cfg = WorkerConfig::default()
         .queue("excel", 2)
-        .lease(Duration::from_millis(1_500));
-    cfg.poll_interval = Duration::from_millis(500);
+        .lease(Duration::from_millis(1_500))
+        .poll_interval(Duration::from_millis(500));
     let mut w = Worker::new(store, cfg);
     w.handle("excel-export", move |ctx| async move {
         let t = ctx.task();

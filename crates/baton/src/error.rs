@@ -100,6 +100,7 @@ impl StoreError {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         let retryable = match &e {
@@ -115,6 +116,7 @@ impl From<sqlx::Error> for StoreError {
                 // MariaDB max_statement_time, MySQL max_execution_time;
                 // too many connections, server shutting down, connection
                 // killed.
+                #[cfg(feature = "mysql")]
                 if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
                     match my.number() {
                         1205 | 1969 | 3024 => {
@@ -151,6 +153,7 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
@@ -222,6 +225,7 @@ mod tests {
     use std::error::Error as _;
 
     #[test]
+    #[cfg(all(feature = "sqlite", feature = "redis"))]
     fn a_driver_error_is_kept_as_the_source() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused here");
         let e = StoreError::from(sqlx::Error::Io(io));
@@ -263,6 +267,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "redis")]
     fn a_timeout_says_so_and_keeps_the_cause_once() {
         let e = StoreError::from(redis::RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -277,6 +282,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "sqlite")]
     fn outcomes_callers_match_on_stay_plain() {
         let e = StoreError::from(sqlx::Error::Configuration("bad option".into()));
         assert!(matches!(e, StoreError::Config(_)), "{e:?}");

@@ -9,9 +9,50 @@
 //!   number of instances, with no leader.
 //!
 //! All three stand on one seam, [`store::Backend`], implemented for SQLite
-//! (embedded, the default), PostgreSQL and Redis. The store is the arbiter
-//! of time and truth.
+//! (embedded, the default), PostgreSQL, MySQL/MariaDB and Redis. The store
+//! is the arbiter of time and truth.
+//!
+//! ```no_run
+//! use baton::queue::{Queue, TaskArgs, TaskError, Worker, WorkerConfig};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct SendEmail { to: String }
+//! impl TaskArgs for SendEmail { const KIND: &'static str = "send_email"; }
+//!
+//! # async fn demo() -> Result<(), baton::Error> {
+//! let store = baton::Store::connect("sqlite://app.db").await?;
+//! Queue::new(store.clone()).insert(&SendEmail { to: "ada@example.com".into() }).await?;
+//! let mut worker = Worker::new(store, WorkerConfig::new().queue("default", 4));
+//! worker.register(|_ctx, m: SendEmail| async move {
+//!     println!("mail to {}", m.to);
+//!     Ok::<_, TaskError>(())
+//! });
+//! worker.run(tokio_util::sync::CancellationToken::new()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Cargo features
+//!
+//! - `sqlite`, `postgres`, `mysql`, `redis`: one per backend, each bringing
+//!   in only its own driver (the module `store::<backend>` and its URL
+//!   schemes). [`Store::connect`] refuses the URL of a backend left out,
+//!   naming its feature.
+//! - `tls`: TLS with rustls on ring for the drivers of the backends that
+//!   are on (PostgreSQL's `sslmode=`, Redis's `rediss://`).
+//!
+//! The default is all of them.
 #![warn(missing_docs)]
+
+#[cfg(not(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+)))]
+compile_error!(
+    "baton needs at least one backend: enable the cargo feature `sqlite`, `postgres`, `mysql` or `redis`"
+);
 
 pub mod clock;
 pub mod duration;
@@ -24,3 +65,8 @@ pub mod store;
 pub use duration::{format_duration, parse_duration, parse_positive_duration};
 pub use error::{Error, InvalidInput, Result, StoreError};
 pub use store::{FencingToken, Store, StoreOptions, DEFAULT_STORE_URL};
+
+/// The README's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -168,10 +168,10 @@ async fn no_task_lost_across_a_restart(kind: Kind) {
     let stop = CancellationToken::new();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let mut cfg = WorkerConfig::default()
+        let cfg = WorkerConfig::default()
             .queue("default", 4)
-            .lease(Duration::from_millis(1_500));
-        cfg.poll_interval = Duration::from_millis(100);
+            .lease(Duration::from_millis(1_500))
+            .poll_interval(Duration::from_millis(100));
         let mut w = Worker::new(connect(&srv.url()).await, cfg);
         let r = ran.clone();
         w.handle("t", move |_| {

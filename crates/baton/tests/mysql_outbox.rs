@@ -3,6 +3,7 @@
 //! `BATON_TEST_MYSQL` (default `mysql://root@127.0.0.1:3306/test`); a server
 //! that does not answer prints SKIPPED (or fails with
 //! `BATON_REQUIRE_BACKENDS=1`).
+#![cfg(feature = "mysql")]
 
 #[path = "conformance/harness.rs"]
 #[allow(dead_code)]

@@ -4,6 +4,7 @@
 //! `postgres://postgres@127.0.0.1:5432/test`). When the server does not
 //! answer they print one `SKIPPED` line, unless `BATON_REQUIRE_BACKENDS=1`.
 //! Each test uses its own table prefix and drops its tables at the end.
+#![cfg(feature = "postgres")]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -323,5 +324,55 @@ async fn listener_reconnects_after_its_connection_is_killed() {
         }
         assert!(Instant::now() < deadline, "listener did not come back");
     }
+    f.drop_tables().await;
+}
+
+/// `Store::from_pg_pool`: baton's schema on the application's pool, and
+/// `enqueue_in` in a transaction of that pool: nothing on rollback; on
+/// commit the task, and a wake-up through the store's listener (opened with
+/// the pool's connect options).
+#[tokio::test]
+async fn from_pool_and_enqueue_in_share_the_pool() {
+    let pool = match sqlx::PgPool::connect(&url()).await {
+        Ok(p) => p,
+        Err(e) if std::env::var("BATON_REQUIRE_BACKENDS").as_deref() != Ok("1") => {
+            eprintln!("SKIPPED postgres: {e}");
+            return;
+        }
+        Err(e) => panic!("postgres required but unavailable: {e}"),
+    };
+    let prefix = format!("p{:08x}_", fastrand::u32(..));
+    let store = Store::from_pg_pool(pool.clone(), Some(&prefix))
+        .await
+        .expect("migrated on the pool");
+    let f = Fixture {
+        store,
+        prefix: prefix.clone(),
+    };
+    let mut tx = pool.begin().await.unwrap();
+    let r = postgres::enqueue_in(&mut tx, Some(&prefix), &[task("o")])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_none());
+
+    let mut rx = f.b().wake_subscribe().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // let LISTEN start
+    let mut tx = pool.begin().await.unwrap();
+    let r = postgres::enqueue_in(&mut tx, Some(&prefix), &[task("o")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_some());
+    let w = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("notification within 5s")
+        .unwrap();
+    assert_eq!(w, baton::store::Wake::now("o"));
+    assert!(
+        f.store.url().starts_with("postgres://"),
+        "{}",
+        f.store.url()
+    );
     f.drop_tables().await;
 }

@@ -1,6 +1,7 @@
 //! Smoke tests of the Redis backend against `BATON_TEST_REDIS`
 //! (default `redis://127.0.0.1:6379`), each test under its own key prefix,
 //! plus one test with a private `redis-server` that is restarted.
+#![cfg(feature = "redis")]
 
 use std::time::{Duration, Instant};
 

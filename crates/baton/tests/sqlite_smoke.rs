@@ -3,6 +3,7 @@
 //! query plans, concurrent first connects, bad URLs, bulk speed. Every
 //! `Backend` operation is proven by the shared conformance suite
 //! (`tests/conformance/`), which runs on SQLite too.
+#![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -334,4 +335,83 @@ async fn concurrent_workers_timing() {
         el.as_secs_f64(),
         n as f64 / el.as_secs_f64()
     );
+}
+
+/// `Store::from_sqlite_pool`: baton's schema on the application's pool,
+/// `enqueue_in` inside the application's transaction on that pool (a
+/// rollback leaves nothing, a commit the task), and wake-ups shared with a
+/// `Store::connect` handle on the same file.
+#[tokio::test]
+async fn from_pool_shares_the_pool_and_the_wake_ups() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("app.db");
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+    let store = Store::from_sqlite_pool(pool.clone(), Some("app_"))
+        .await
+        .expect("migrated on the pool");
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'app\\_%' ESCAPE '\\'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(tables >= 4, "baton's tables with the prefix: {tables}");
+
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let r = enqueue_in(&mut tx, Some("app_"), &[task("o")])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(store.backend().task_get(r[0].id).await.unwrap().is_none());
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let r = enqueue_in(&mut tx, Some("app_"), &[task("o")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store
+            .backend()
+            .task_get(r[0].id)
+            .await
+            .unwrap()
+            .unwrap()
+            .queue,
+        "o"
+    );
+
+    // A handle opened by URL on the same file hears this store's wake-ups.
+    let other = Store::connect_with(
+        &format!("sqlite://{}", path.display()),
+        StoreOptions {
+            prefix: Some("app_".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut rx = other.backend().wake_subscribe().await.unwrap();
+    store
+        .backend()
+        .task_insert_many(&[task("w")])
+        .await
+        .unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(2), rx.recv())
+        .await
+        .expect("a wake-up within 2 s")
+        .unwrap();
+    assert_eq!(w.queue, "w");
+    // A bad prefix is refused before anything is written.
+    let e = Store::from_sqlite_pool(pool, Some("bad prefix"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("prefix"), "{e}");
 }

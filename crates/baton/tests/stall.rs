@@ -47,10 +47,12 @@ impl Ledger {
 }
 
 fn worker(store: Store, ledger: Arc<Mutex<Ledger>>) -> Worker {
-    let mut cfg = WorkerConfig::default().queue("default", 1).lease(LEASE);
-    cfg.poll_interval = Duration::from_millis(200);
-    cfg.stop_grace = STOP_GRACE;
-    cfg.shutdown_grace = Duration::from_secs(2);
+    let cfg = WorkerConfig::default()
+        .queue("default", 1)
+        .lease(LEASE)
+        .poll_interval(Duration::from_millis(200))
+        .stop_grace(STOP_GRACE)
+        .shutdown_grace(Duration::from_secs(2));
     let mut w = Worker::new(store, cfg);
     // An uncooperative handler: it notes the stop but keeps working, so
     // only dropping it ends its ticks.

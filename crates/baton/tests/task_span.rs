@@ -97,8 +97,9 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
         .expect("enqueue")
         .id;
 
-    let mut cfg = WorkerConfig::default().queue("q", 2);
-    cfg.poll_interval = Duration::from_millis(50);
+    let cfg = WorkerConfig::default()
+        .queue("q", 2)
+        .poll_interval(Duration::from_millis(50));
     let mut w = Worker::new(store.clone(), cfg);
     w.handle("greet", |_ctx| async move {
         tracing::info!(marker = "inside", "handler says hi");

@@ -25,12 +25,16 @@ use crate::store::{
 };
 
 mod backoff;
+mod config;
 pub mod counters;
+mod typed;
 pub mod worker;
 
 pub use backoff::Backoff;
+pub use config::WorkerConfig;
 pub use counters::{Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals};
-pub use worker::{TaskContext, TaskError, Worker, WorkerConfig};
+pub use typed::{InsertOpts, TaskArgs};
+pub use worker::{TaskContext, TaskError, Worker};
 
 /// The queue tasks go to when none is named.
 pub const DEFAULT_QUEUE: &str = "default";

@@ -33,7 +33,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -45,10 +45,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::config::WorkerConfig;
 use super::counters::{Outcome, WorkerCounters};
-use super::Backoff;
 use crate::clock::StoreClock;
-use crate::error::{Error, InvalidInput};
+use crate::error::Error;
 use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake};
 
 /// Why a handler is asked to stop.
@@ -176,133 +176,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 type HandlerFn = Arc<dyn Fn(TaskContext) -> BoxFut + Send + Sync>;
-
-/// How a worker runs.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// Queues and their concurrency on this worker.
-    pub queues: Vec<(String, usize)>,
-    /// Lease length. Heartbeats renew it every third of `lease - guard`,
-    /// where the guard is `min(stop_grace, lease / 3)`: a handler whose
-    /// lease no heartbeat has confirmed by `deadline - guard` is stopped
-    /// ([`StopReason::LeaseExpiring`]), and dropped at the deadline (the
-    /// send time of the last confirmed heartbeat, or of the claim, plus the
-    /// lease). A stalled store can delay work, never overlap it.
-    pub lease: Duration,
-    /// Idle poll period (also the fallback when a wake-up is lost): each
-    /// tick claims for one queue, in turn.
-    pub poll_interval: Duration,
-    /// How often to rescue expired leases (when `rescue` is on), on a timer
-    /// of its own; `None`: every five poll intervals.
-    pub rescue_interval: Option<Duration>,
-    /// On shutdown, how long running handlers may finish before they are
-    /// stopped and their tasks handed back.
-    pub shutdown_grace: Duration,
-    /// After a stop signal, how long a handler has to return before it is
-    /// dropped; never past its lease's end. When the lease is at stake the
-    /// stop comes `min(stop_grace, lease / 3)` before the lease's end.
-    pub stop_grace: Duration,
-    /// Retry delays.
-    pub backoff: Backoff,
-    /// Run rescue passes (return expired leases of dead workers).
-    pub rescue: bool,
-    /// Delete finished tasks older than this, every 300 poll intervals (5
-    /// min at the default poll), on a timer of its own; `None`: never;
-    /// default 7 days.
-    pub retention: Option<Duration>,
-    /// Cluster-wide caps on running tasks, per queue: however many workers
-    /// serve the queue, at most this many of its tasks run at once. A
-    /// worker that finds the queue at its cap checks again on its next poll
-    /// tick.
-    pub max_running: BTreeMap<String, u32>,
-}
-
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        WorkerConfig {
-            queues: Vec::new(),
-            lease: Duration::from_secs(30),
-            poll_interval: Duration::from_secs(1),
-            rescue_interval: None,
-            shutdown_grace: Duration::from_secs(10),
-            stop_grace: Duration::from_secs(5),
-            backoff: Backoff::default(),
-            rescue: true,
-            retention: Some(super::DEFAULT_RETENTION),
-            max_running: BTreeMap::new(),
-        }
-    }
-}
-
-impl WorkerConfig {
-    /// Serve `queue` with `concurrency` handlers at a time.
-    pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
-        self.queues.push((queue.into(), concurrency));
-        self
-    }
-    /// Set the lease length.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-    /// Cap `queue` at `max` running tasks across every worker of the
-    /// cluster (see [`WorkerConfig::max_running`](Self#structfield.max_running)).
-    ///
-    /// ```
-    /// use baton::queue::WorkerConfig;
-    /// // Each worker runs up to 8 exports, but the cluster at most 3 at once.
-    /// let cfg = WorkerConfig::default().queue("exports", 8).max_running("exports", 3);
-    /// assert_eq!(cfg.max_running["exports"], 3);
-    /// ```
-    pub fn max_running(mut self, queue: impl Into<String>, max: u32) -> Self {
-        self.max_running.insert(queue.into(), max);
-        self
-    }
-    /// Check every field (queues, concurrency, caps, lease, intervals);
-    /// [`Worker::run`] does this first. Call it to refuse a bad config
-    /// before anything else starts.
-    pub fn validate(&self) -> Result<(), InvalidInput> {
-        if self.queues.is_empty() {
-            return Err(InvalidInput::new(
-                "queues",
-                "name at least one queue to work on",
-            ));
-        }
-        for (q, c) in &self.queues {
-            crate::lock::validate_name("queue", q)?;
-            if *c == 0 {
-                return Err(InvalidInput::new(
-                    "concurrency",
-                    format!("queue {q:?}: must be at least 1"),
-                ));
-            }
-        }
-        for (q, m) in &self.max_running {
-            if *m == 0 {
-                return Err(InvalidInput::new(
-                    "max_running",
-                    format!("queue {q:?}: must be at least 1 (or no cap at all)"),
-                ));
-            }
-        }
-        if self.lease < Duration::from_millis(30) {
-            return Err(InvalidInput::new(
-                "lease",
-                "must be at least 30ms (e.g. 30s)",
-            ));
-        }
-        if self.poll_interval.is_zero() {
-            return Err(InvalidInput::new("poll_interval", "must be greater than 0"));
-        }
-        if self.rescue_interval.is_some_and(|r| r.is_zero()) {
-            return Err(InvalidInput::new(
-                "rescue_interval",
-                "must be greater than 0 (e.g. 5s)",
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// A running attempt, as the heartbeat loop sees it.
 struct Running {

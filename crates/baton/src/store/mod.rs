@@ -27,11 +27,18 @@ use crate::error::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+#[cfg(feature = "mysql")]
 pub mod mysql;
 mod params;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod pool;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_row;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod state;
 mod types;
@@ -272,10 +279,17 @@ impl Store {
             None => "",
         };
         let backend: Arc<dyn Backend> = match scheme {
+            #[cfg(feature = "sqlite")]
             "sqlite" => sqlite::connect(url, &opts).await?,
+            #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
+            #[cfg(feature = "redis")]
             "redis" | "rediss" => redis::connect(url, &opts).await?,
+            #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => mysql::connect(url, &opts).await?,
+            // A guard, not patterns: with every backend on these would be
+            // unreachable patterns.
+            s if KNOWN_SCHEMES.contains(&s) => return Err(disabled_backend(url, scheme)),
             _ => {
                 return Err(StoreError::Config(format!(
                     "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://…, mysql://… or redis://…",
@@ -320,6 +334,33 @@ impl Store {
     }
 }
 
+/// Every URL scheme of a backend, built into this binary or not.
+const KNOWN_SCHEMES: &[&str] = &[
+    "sqlite",
+    "postgres",
+    "postgresql",
+    "redis",
+    "rediss",
+    "mysql",
+    "mariadb",
+];
+
+/// The error for a URL whose backend this build leaves out: names the
+/// cargo feature that brings it in.
+fn disabled_backend(url: &str, scheme: &str) -> StoreError {
+    let feature = match scheme {
+        "postgresql" => "postgres",
+        "rediss" => "redis",
+        "mariadb" => "mysql",
+        s => s,
+    };
+    StoreError::Config(format!(
+        "store URL {:?}: this build of baton has no {feature} backend; enable the cargo \
+         feature `{feature}` of the `baton` crate (e.g. `features = [\"{feature}\"]`)",
+        redact(url)
+    ))
+}
+
 fn validate_prefix(p: &str) -> Result<(), StoreError> {
     if p.len() > 32
         || !p
@@ -357,6 +398,7 @@ pub(crate) fn ms(d: Duration) -> i64 {
 }
 
 /// Milliseconds since the epoch to a timestamp.
+#[cfg(any(feature = "sqlite", feature = "redis"))]
 pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} ms out of range")))
@@ -460,4 +502,28 @@ bounded_backend! {
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(params: &JobSetPaused<'_>) -> bool;
     job_list() -> Vec<JobState>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_left_out_backend_is_named_with_its_feature() {
+        for (url, feature) in [
+            ("rediss://:secret@cache:6380", "redis"),
+            ("postgresql://u:pw@db/app", "postgres"),
+            ("mariadb://root@db/app", "mysql"),
+            ("sqlite://app.db", "sqlite"),
+        ] {
+            let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or_default();
+            assert!(KNOWN_SCHEMES.contains(&scheme), "{scheme}");
+            let msg = disabled_backend(url, scheme).to_string();
+            assert!(msg.contains(&format!("cargo feature `{feature}`")), "{msg}");
+            assert!(
+                !msg.contains("secret") && !msg.contains("pw@"),
+                "redacted: {msg}"
+            );
+        }
+    }
 }

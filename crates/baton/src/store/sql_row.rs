@@ -90,6 +90,7 @@ pub(crate) fn token_arg(token: FencingToken) -> i64 {
     i64::try_from(token.0).unwrap_or(-1)
 }
 
+#[cfg(feature = "sqlite")]
 /// A stored count (`count(*)`), never negative in practice.
 pub(crate) fn count_of(v: i64, what: &str) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| corrupt(what, v))

@@ -589,6 +589,7 @@ impl Wake {
     /// `queue` (due now) or `queue\n<run_at in µs since the epoch>`. Queue
     /// names hold no control characters, so the newline is unambiguous; a
     /// malformed time reads as "due now" (a wake-up is only a hint).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn parse(payload: &str) -> Wake {
         match payload.split_once('\n') {
             None => Wake::now(payload),

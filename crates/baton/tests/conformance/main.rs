@@ -23,6 +23,7 @@ mod queue;
 mod schedule;
 mod states;
 mod timing;
+mod typed;
 mod upgrade;
 
 pub use harness::TestStore;
@@ -34,11 +35,16 @@ macro_rules! conformance {
     };
 }
 
+/// One module per backend compiled in (its cargo feature is on).
 macro_rules! backends {
     ($($module:ident :: $name:ident),*) => {
+        #[cfg(feature = "sqlite")]
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Sqlite, crate::$module::$name).await } )* }
+        #[cfg(feature = "postgres")]
         mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Postgres, crate::$module::$name).await } )* }
+        #[cfg(feature = "redis")]
         mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Redis, crate::$module::$name).await } )* }
+        #[cfg(feature = "mysql")]
         mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Mysql, crate::$module::$name).await } )* }
     };
 }
@@ -103,4 +109,5 @@ conformance! {
     timing::delayed_task_starts_at_its_run_at,
     timing::retry_written_elsewhere_starts_when_its_backoff_ends,
     timing::own_retry_starts_when_its_backoff_ends,
+    typed::typed_tasks_decode_or_fail_permanently,
 }

@@ -35,19 +35,18 @@ async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::
 }
 
 fn fast_config(queue: &str, concurrency: usize) -> WorkerConfig {
-    let mut c = WorkerConfig::default()
+    WorkerConfig::default()
         .queue(queue, concurrency)
-        .lease(Duration::from_millis(600));
-    c.poll_interval = Duration::from_millis(100);
-    c.shutdown_grace = Duration::from_millis(300);
-    c.stop_grace = Duration::from_millis(300);
-    c.backoff = Backoff {
-        base: Duration::from_millis(50),
-        factor: 2.0,
-        max: Duration::from_millis(200),
-        jitter: 0.0,
-    };
-    c
+        .lease(Duration::from_millis(600))
+        .poll_interval(Duration::from_millis(100))
+        .shutdown_grace(Duration::from_millis(300))
+        .stop_grace(Duration::from_millis(300))
+        .backoff(Backoff {
+            base: Duration::from_millis(50),
+            factor: 2.0,
+            max: Duration::from_millis(200),
+            jitter: 0.0,
+        })
 }
 
 /// Wait until the task reaches `state` (or panic after `secs`).
@@ -477,8 +476,7 @@ pub async fn shutdown_lets_short_handlers_finish(ts: TestStore) {
 pub async fn heartbeats_keep_a_long_task_alive(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("long")).await.unwrap().id;
-    let mut cfg = fast_config("default", 1);
-    cfg.lease = Duration::from_millis(300);
+    let cfg = fast_config("default", 1).lease(Duration::from_millis(300));
     let mut w = Worker::new(ts.store.clone(), cfg);
     w.handle("long", |_| async move {
         tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -529,8 +527,7 @@ pub async fn timeout_fails_the_attempt(ts: TestStore) {
 
 pub async fn wake_up_without_waiting_for_a_poll(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
-    let mut cfg = fast_config("default", 1);
-    cfg.poll_interval = Duration::from_secs(30);
+    let cfg = fast_config("default", 1).poll_interval(Duration::from_secs(30));
     let started = Arc::new(std::sync::Mutex::new(None));
     let mut w = Worker::new(ts.store.clone(), cfg);
     let s2 = started.clone();
@@ -567,8 +564,7 @@ pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
     let stop = CancellationToken::new();
     let mut runs = Vec::new();
     for _ in 0..4 {
-        let mut cfg = fast_config("default", 16);
-        cfg.lease = Duration::from_secs(30);
+        let cfg = fast_config("default", 16).lease(Duration::from_secs(30));
         let mut w = Worker::new(ts.open().await, cfg);
         let (d, s) = (done.clone(), seen.clone());
         w.handle("n", move |ctx| {

@@ -240,8 +240,9 @@ async fn run_cluster(
         let mut s = Scheduler::new(store.clone());
         s.add(job.clone()).unwrap();
         runs.push(tokio::spawn(s.run(stop.clone())));
-        let mut cfg = WorkerConfig::default().queue("default", 4);
-        cfg.poll_interval = Duration::from_millis(200);
+        let cfg = WorkerConfig::default()
+            .queue("default", 4)
+            .poll_interval(Duration::from_millis(200));
         let mut w = Worker::new(store, cfg);
         let l = ledger.clone();
         w.handle(job.kind.clone(), move |ctx| {

@@ -18,15 +18,15 @@ use crate::TestStore;
 const LATE: Duration = Duration::from_millis(400);
 
 fn slow_poll_config() -> WorkerConfig {
-    let mut c = WorkerConfig::default().queue("default", 2);
-    c.poll_interval = Duration::from_secs(30);
-    c.backoff = Backoff {
-        base: Duration::from_millis(1500),
-        factor: 1.0,
-        max: Duration::from_millis(1500),
-        jitter: 0.0,
-    };
-    c
+    WorkerConfig::default()
+        .queue("default", 2)
+        .poll_interval(Duration::from_secs(30))
+        .backoff(Backoff {
+            base: Duration::from_millis(1500),
+            factor: 1.0,
+            max: Duration::from_millis(1500),
+            jitter: 0.0,
+        })
 }
 
 /// A worker on its own store handle that records each attempt's start.

@@ -171,6 +171,32 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
     }))
 }
 
+/// The backend on a pool the application already has (see
+/// [`crate::Store::from_pg_pool`]). Sessions keep the pool's own settings:
+/// baton's `statement_timeout` is not set on them (every call is still
+/// bounded on the client). Wake-ups listen on a connection of their own,
+/// opened with the pool's connect options.
+pub(crate) fn from_pool(
+    pool: PgPool,
+    prefix: Option<&str>,
+) -> Result<Arc<dyn Backend>, StoreError> {
+    if let Some(p) = prefix {
+        super::validate_prefix(p)?;
+    }
+    let connect = (*pool.connect_options()).clone();
+    let (wake, _) = broadcast::channel(1024);
+    let names = Names::new(prefix);
+    Ok(Arc::new(PgBackend {
+        pool,
+        connect,
+        sql: Arc::new(Sql::new(&names)),
+        names: Arc::new(names),
+        wake,
+        listener: OnceLock::new(),
+        shutdown: CancellationToken::new(),
+    }))
+}
+
 /// The plan of the claim statement for `queue` and `limit`, as `EXPLAIN`
 /// prints it, prepared and then explained under `plan_cache_mode =
 /// force_generic_plan` (`generic`) or `force_custom_plan`. For tests and

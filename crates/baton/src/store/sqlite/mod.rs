@@ -252,6 +252,27 @@ impl SqliteBackend {
         })
     }
 
+    /// The backend on a pool the application already has (see
+    /// [`crate::Store::from_sqlite_pool`]): baton's reads and writes go
+    /// through it, wake-ups are shared with every other handle on the same
+    /// file and prefix in this process. Open the pool in WAL mode with a
+    /// busy timeout (as [`connect`] does) when several connections or
+    /// processes share the file; baton's own writes wait in the pool, so
+    /// keep its other transactions short.
+    pub fn from_pool(pool: SqlitePool, prefix: Option<&str>) -> Result<SqliteBackend, StoreError> {
+        let t = Tables::new(prefix)?;
+        let path = pool.connect_options().get_filename().to_path_buf();
+        let shared = shared_for(&canonical_of(&path), &t.prefix);
+        let pool = Arc::new(pool);
+        Ok(SqliteBackend {
+            reader: pool.clone(),
+            pool,
+            sql: Arc::new(Sql::new(&t)),
+            t,
+            shared,
+        })
+    }
+
     /// The writer pool (two connections per file and process), for
     /// applications that want to run their own transactions with
     /// [`enqueue_in`]. Keep such transactions short: baton's own writes in

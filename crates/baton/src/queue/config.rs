@@ -1,0 +1,220 @@
+//! [`WorkerConfig`]: how a [`Worker`](super::Worker) runs, built with
+//! chained setters from [`WorkerConfig::default`] (no public fields) and
+//! checked when the worker starts.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::Backoff;
+use crate::error::InvalidInput;
+
+/// How a worker runs: a builder, starting from [`WorkerConfig::default`] (or
+/// [`WorkerConfig::new`]), every setter taking and returning the config.
+/// [`Worker::run`](super::Worker::run) refuses an invalid config with an
+/// [`InvalidInput`] naming the field.
+///
+/// ```
+/// use std::time::Duration;
+/// use baton::queue::WorkerConfig;
+///
+/// let cfg = WorkerConfig::new()
+///     .queue("default", 4)                     // 4 handlers at a time
+///     .queue("exports", 2)
+///     .lease(Duration::from_secs(60))
+///     .poll_interval(Duration::from_millis(500))
+///     .shutdown_grace(Duration::from_secs(20));
+/// assert_eq!(cfg.queues(), [("default".to_string(), 4), ("exports".to_string(), 2)]);
+/// assert_eq!(cfg.lease_duration(), Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub(super) queues: Vec<(String, usize)>,
+    pub(super) lease: Duration,
+    pub(super) poll_interval: Duration,
+    pub(super) rescue_interval: Option<Duration>,
+    pub(super) shutdown_grace: Duration,
+    pub(super) stop_grace: Duration,
+    pub(super) backoff: Backoff,
+    pub(super) rescue: bool,
+    pub(super) retention: Option<Duration>,
+    pub(super) max_running: BTreeMap<String, u32>,
+}
+
+impl Default for WorkerConfig {
+    /// No queues (name at least one with [`WorkerConfig::queue`]), a 30 s
+    /// lease, a 1 s poll, rescue every five polls, 10 s shutdown grace, 5 s
+    /// stop grace, the default [`Backoff`], 7 days' retention, no cluster
+    /// caps.
+    fn default() -> Self {
+        WorkerConfig {
+            queues: Vec::new(),
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            rescue_interval: None,
+            shutdown_grace: Duration::from_secs(10),
+            stop_grace: Duration::from_secs(5),
+            backoff: Backoff::default(),
+            rescue: true,
+            retention: Some(super::DEFAULT_RETENTION),
+            max_running: BTreeMap::new(),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The defaults (same as [`WorkerConfig::default`]).
+    pub fn new() -> WorkerConfig {
+        WorkerConfig::default()
+    }
+
+    /// Serve `queue` with `concurrency` handlers at a time (at least 1).
+    /// Call once per queue; naming a queue again replaces its concurrency.
+    pub fn queue(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
+        let queue = queue.into();
+        match self.queues.iter_mut().find(|(q, _)| *q == queue) {
+            Some(entry) => entry.1 = concurrency,
+            None => self.queues.push((queue, concurrency)),
+        }
+        self
+    }
+
+    /// Lease length (default 30 s, at least 30 ms). Heartbeats renew it
+    /// every third of `lease - guard`, where the guard is
+    /// `min(stop_grace, lease / 3)`: a handler whose lease no heartbeat has
+    /// confirmed by `deadline - guard` is stopped
+    /// ([`StopReason::LeaseExpiring`](super::worker::StopReason::LeaseExpiring)),
+    /// and dropped at the deadline (the send time of the last confirmed
+    /// heartbeat, or of the claim, plus the lease). A stalled store can
+    /// delay work, never overlap it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Idle poll period (default 1 s; also the fallback when a wake-up is
+    /// lost): each tick claims for one queue, in turn.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// How often to rescue expired leases (when rescue is on), on a timer of
+    /// its own. Default: every five poll intervals.
+    pub fn rescue_interval(mut self, every: Duration) -> Self {
+        self.rescue_interval = Some(every);
+        self
+    }
+
+    /// On shutdown, how long running handlers may finish before they are
+    /// stopped and their tasks handed back (default 10 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// After a stop signal, how long a handler has to return before it is
+    /// dropped (default 5 s); never past its lease's end. When the lease is
+    /// at stake the stop comes `min(stop_grace, lease / 3)` before the
+    /// lease's end.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// Retry delays (default [`Backoff::default`]).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Run rescue passes that return expired leases of dead workers
+    /// (default on).
+    pub fn rescue(mut self, on: bool) -> Self {
+        self.rescue = on;
+        self
+    }
+
+    /// Delete finished tasks older than this, every 300 poll intervals (5
+    /// min at the default poll), on a timer of its own; `None`: never.
+    /// Default 7 days.
+    pub fn retention(mut self, keep: Option<Duration>) -> Self {
+        self.retention = keep;
+        self
+    }
+
+    /// Cap `queue` at `max` running tasks across every worker of the
+    /// cluster: however many workers serve the queue, at most this many of
+    /// its tasks run at once. A worker that finds the queue at its cap
+    /// checks again on its next poll tick.
+    ///
+    /// ```
+    /// use baton::queue::WorkerConfig;
+    /// // Each worker runs up to 8 exports, but the cluster at most 3 at once.
+    /// let cfg = WorkerConfig::default().queue("exports", 8).max_running("exports", 3);
+    /// assert_eq!(cfg.max_running_of("exports"), Some(3));
+    /// ```
+    pub fn max_running(mut self, queue: impl Into<String>, max: u32) -> Self {
+        self.max_running.insert(queue.into(), max);
+        self
+    }
+
+    /// The queues served and their concurrency, in the order named.
+    pub fn queues(&self) -> &[(String, usize)] {
+        &self.queues
+    }
+
+    /// The lease length.
+    pub fn lease_duration(&self) -> Duration {
+        self.lease
+    }
+
+    /// The cluster-wide cap on `queue`'s running tasks, if any.
+    pub fn max_running_of(&self, queue: &str) -> Option<u32> {
+        self.max_running.get(queue).copied()
+    }
+
+    /// Check every field (queues, concurrency, caps, lease, intervals);
+    /// [`Worker::run`](super::Worker::run) does this first. Call it to refuse a bad config
+    /// before anything else starts.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        if self.queues.is_empty() {
+            return Err(InvalidInput::new(
+                "queues",
+                "name at least one queue to work on",
+            ));
+        }
+        for (q, c) in &self.queues {
+            crate::lock::validate_name("queue", q)?;
+            if *c == 0 {
+                return Err(InvalidInput::new(
+                    "concurrency",
+                    format!("queue {q:?}: must be at least 1"),
+                ));
+            }
+        }
+        for (q, m) in &self.max_running {
+            if *m == 0 {
+                return Err(InvalidInput::new(
+                    "max_running",
+                    format!("queue {q:?}: must be at least 1 (or no cap at all)"),
+                ));
+            }
+        }
+        if self.lease < Duration::from_millis(30) {
+            return Err(InvalidInput::new(
+                "lease",
+                "must be at least 30ms (e.g. 30s)",
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(InvalidInput::new("poll_interval", "must be greater than 0"));
+        }
+        if self.rescue_interval.is_some_and(|r| r.is_zero()) {
+            return Err(InvalidInput::new(
+                "rescue_interval",
+                "must be greater than 0 (e.g. 5s)",
+            ));
+        }
+        Ok(())
+    }
+}

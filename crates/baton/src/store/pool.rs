@@ -1,0 +1,93 @@
+//! [`Store`]s on sqlx pools the application already has, so that its own
+//! queries and baton share connections, and a task can be enqueued inside
+//! the application's transaction (`enqueue_in` of the backend's module).
+
+#[cfg(feature = "postgres")]
+use sqlx::PgPool;
+#[cfg(feature = "sqlite")]
+use sqlx::SqlitePool;
+use std::sync::Arc;
+
+use super::{Backend, Bounded, Store, StoreOptions};
+use crate::error::StoreError;
+
+impl Store {
+    /// A store on an existing PostgreSQL pool, with tables named by
+    /// `prefix` (`None`: `baton_`), created or upgraded as
+    /// [`Store::connect`] does. The pool's sessions keep their own
+    /// settings; every call is bounded on the client as with
+    /// [`StoreOptions::default`]. Enqueue inside a transaction of the same
+    /// pool with [`crate::store::postgres::enqueue_in`] and the same prefix.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+    /// let store = baton::Store::from_pg_pool(pool.clone(), None).await?;
+    ///
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
+    /// let task = baton::queue::TaskBuilder::new("receipt", serde_json::json!({"order": 7})).build()?;
+    /// baton::store::postgres::enqueue_in(&mut tx, None, &[task]).await?;
+    /// tx.commit().await?; // the order and its task, or neither
+    /// # drop(store); Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub async fn from_pg_pool(pool: PgPool, prefix: Option<&str>) -> Result<Store, StoreError> {
+        let url = redacted_pg_url(&pool);
+        Store::wrap(super::postgres::from_pool(pool, prefix)?, url).await
+    }
+
+    /// A store on an existing SQLite pool, with tables named by `prefix`
+    /// (`None`: `baton_`), created or upgraded as [`Store::connect`] does;
+    /// see [`SqliteBackend::from_pool`](crate::store::sqlite::SqliteBackend::from_pool)
+    /// for the pool's settings. Enqueue inside a transaction of the same
+    /// pool with [`crate::store::sqlite::enqueue_in`] and the same prefix.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+    /// let opts = SqliteConnectOptions::new()
+    ///     .filename("app.db")
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal);
+    /// let pool = SqlitePool::connect_with(opts).await?;
+    /// let store = baton::Store::from_sqlite_pool(pool.clone(), None).await?;
+    /// # drop(store); Ok(()) }
+    /// ```
+    #[cfg(feature = "sqlite")]
+    pub async fn from_sqlite_pool(
+        pool: SqlitePool,
+        prefix: Option<&str>,
+    ) -> Result<Store, StoreError> {
+        let url = format!(
+            "sqlite://{}",
+            pool.connect_options().get_filename().display()
+        );
+        let backend = super::sqlite::SqliteBackend::from_pool(pool, prefix)?;
+        Store::wrap(Arc::new(backend), url).await
+    }
+
+    /// Bound every call as [`Store::connect_with`] does, then migrate.
+    async fn wrap(backend: Arc<dyn Backend>, url: String) -> Result<Store, StoreError> {
+        let backend: Arc<dyn Backend> = Arc::new(Bounded {
+            inner: backend,
+            limit: StoreOptions::default().call_deadline(),
+        });
+        backend.migrate().await?;
+        Ok(Store::from_backend(backend, &url))
+    }
+}
+
+/// `postgres://USER@HOST:PORT/DATABASE` of a pool, for messages (no
+/// password).
+#[cfg(feature = "postgres")]
+fn redacted_pg_url(pool: &PgPool) -> String {
+    let o = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap_or("")
+    )
+}
