@@ -264,7 +264,10 @@ pub async fn trigger_with(
     }
     let slot = trigger_slot(job, slot, any_slot)?;
     let t = job.task(slot, true)?;
-    let mut out = store.backend().enqueue(std::slice::from_ref(&t)).await?;
+    let mut out = store
+        .backend()
+        .task_insert_many(std::slice::from_ref(&t))
+        .await?;
     out.pop().ok_or_else(|| {
         Error::Store(crate::StoreError::Corrupt(
             "enqueue returned nothing".into(),
@@ -525,7 +528,7 @@ async fn slot_loop(
             // A lock-mode run whose instance died is failed ("lease
             // expired") by rescue; without a worker nobody else may run it.
             last_rescue = Some(Instant::now());
-            if let Err(e) = b.rescue().await {
+            if let Err(e) = b.task_rescue_many().await {
                 tracing::debug!(job = %job.name, error = %e, "rescue failed");
             }
         }
@@ -739,7 +742,13 @@ async fn run_locked(
     let beat = async {
         loop {
             tokio::time::sleep((lease / 3).max(Duration::from_millis(100))).await;
-            match b.heartbeat(&[claim], lease).await {
+            match b
+                .task_heartbeat_many(&crate::store::TaskHeartbeatMany {
+                    claims: &[claim],
+                    lease,
+                })
+                .await
+            {
                 Ok(h) if h.first() == Some(&Heartbeat::Lost) => {
                     tracing::warn!(job = %job.name, %slot, task = id, "the run's record was rescued (its lease lapsed); the lock still guards the run");
                     std::future::pending::<()>().await;
@@ -785,7 +794,11 @@ async fn run_locked(
     // rescue fails it with "lease expired" once its lease lapses.
     let mut backoff = Duration::from_millis(100);
     for _ in 0..5 {
-        match b.finish(claim, &finish).await {
+        match b
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true])
+        {
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(job = %job.name, %slot, error = %e, "cannot record the run's outcome; retrying");
@@ -950,7 +963,10 @@ async fn fixed_delay_loop(
 /// enqueues its slots. False if the store has never seen the job.
 pub async fn set_paused(store: &Store, job: &str, paused: bool) -> Result<bool, Error> {
     validate_name("job name", job)?;
-    Ok(store.backend().job_set_paused(job, paused).await?)
+    Ok(store
+        .backend()
+        .job_set_paused(&crate::store::JobSetPaused { job, paused })
+        .await?)
 }
 
 /// A job as the store knows it, with its latest run.
@@ -969,7 +985,7 @@ pub async fn job_statuses(store: &Store) -> Result<Vec<JobStatus>, Error> {
     let mut out = Vec::new();
     for state in b.job_list().await? {
         let last_run = b
-            .tasks(&crate::store::TaskFilter {
+            .task_list(&crate::store::TaskFilter {
                 job: Some(state.name.clone()),
                 limit: 1,
                 ..Default::default()

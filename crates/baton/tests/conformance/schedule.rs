@@ -103,7 +103,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].last_slot, Some(s3));
     let tasks = b
-        .tasks(&baton::store::TaskFilter {
+        .task_list(&baton::store::TaskFilter {
             job: Some("cas".into()),
             ..Default::default()
         })
@@ -149,7 +149,7 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
     else {
         panic!("previous run still pending: skipped")
     };
-    let info = b.task(skip.id).await.unwrap().unwrap();
+    let info = b.task_get(skip.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.last_error.as_deref(), Some(OVERLAP_SKIPPED));
     assert_eq!(info.slot, Some(s2));
@@ -160,7 +160,7 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
         Advanced::Enqueued(_)
     ));
     assert_eq!(
-        b.task(first.id).await.unwrap().unwrap().state,
+        b.task_get(first.id).await.unwrap().unwrap().state,
         TaskState::Pending
     );
 }
@@ -204,7 +204,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     );
     // Even after the run finished.
     let c = b
-        .claim(&baton::store::ClaimRequest {
+        .task_claim(&baton::store::ClaimRequest {
             queue: "default",
             worker: "w",
             limit: 1,
@@ -213,12 +213,13 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         })
         .await
         .unwrap();
-    b.finish(c[0].claim(), &baton::store::Finish::Succeeded)
+    b.task_finish_many(&[(c[0].claim(), baton::store::Finish::Succeeded)])
         .await
+        .map(|r| r == [true])
         .unwrap();
     assert_eq!(trigger(&ts.store, &job, slot).await.unwrap().id, a.id);
     let ledger = b
-        .tasks(&baton::store::TaskFilter {
+        .task_list(&baton::store::TaskFilter {
             job: Some("trig".into()),
             ..Default::default()
         })
@@ -413,7 +414,7 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         Advanced::Moved(Some(c0))
     );
     let none = b
-        .tasks(&baton::store::TaskFilter {
+        .task_list(&baton::store::TaskFilter {
             job: Some("due".into()),
             ..Default::default()
         })
@@ -465,7 +466,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
         panic!("the run is taken")
     };
     assert!(e1.inserted);
-    let info = b.task(e1.id).await.unwrap().unwrap();
+    let info = b.task_get(e1.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Running);
     assert_eq!(info.attempt, 1);
     assert_eq!(info.worker.as_deref(), Some("inst-a"));
@@ -480,7 +481,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
     );
     // Not claimable by a worker.
     let claimed = b
-        .claim(&baton::store::ClaimRequest {
+        .task_claim(&baton::store::ClaimRequest {
             queue: "default",
             worker: "w",
             limit: 10,
@@ -496,22 +497,26 @@ pub async fn run_and_skip_records(ts: TestStore) {
         token: baton::store::RUN_RECORD_TOKEN,
     };
     assert_eq!(
-        b.heartbeat(&[claim], Duration::from_secs(10))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[claim],
+            lease: Duration::from_secs(10)
+        })
+        .await
+        .unwrap(),
         vec![baton::store::Heartbeat::Extended]
     );
     assert!(b
-        .finish(
+        .task_finish_many(&[(
             claim,
-            &baton::store::Finish::Failed {
+            baton::store::Finish::Failed {
                 error: "exit 3".into(),
                 retry_in: None
             }
-        )
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap());
-    let info = b.task(e1.id).await.unwrap().unwrap();
+    let info = b.task_get(e1.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);
     assert_eq!(info.last_error.as_deref(), Some("exit 3"));
     // A runner that dies: its record's lease lapses and rescue fails it.
@@ -525,8 +530,8 @@ pub async fn run_and_skip_records(ts: TestStore) {
         panic!("the second run is taken")
     };
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    b.rescue().await.unwrap();
-    let info = b.task(e2.id).await.unwrap().unwrap();
+    b.task_rescue_many().await.unwrap();
+    let info = b.task_get(e2.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);
     assert_eq!(
         info.last_error.as_deref(),
@@ -544,7 +549,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
     let Advanced::Skipped(e3) = b.job_advance(&skip).await.unwrap() else {
         panic!("a skip record")
     };
-    let info = b.task(e3.id).await.unwrap().unwrap();
+    let info = b.task_get(e3.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(
         info.last_error.as_deref(),
@@ -664,7 +669,7 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
     let tasks = ts
         .store
         .backend()
-        .tasks(&baton::store::TaskFilter {
+        .task_list(&baton::store::TaskFilter {
             job: Some("cu-forbid".into()),
             limit: 1000,
             ..Default::default()
@@ -749,7 +754,7 @@ pub async fn on_time_slot_is_taken_within_its_lead(ts: TestStore) {
     h.await.unwrap().unwrap();
     let tasks = store
         .backend()
-        .tasks(&baton::store::TaskFilter {
+        .task_list(&baton::store::TaskFilter {
             job: Some("lead".into()),
             limit: 100,
             ..Default::default()
@@ -784,7 +789,7 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
     let c0 = b.job_register("lockjob2").await.unwrap().last_slot.unwrap();
     let s1 = secs(c0, -2);
     let t1 = job.task(s1, false).unwrap();
-    let existing = b.enqueue(std::slice::from_ref(&t1)).await.unwrap()[0];
+    let existing = b.task_insert_many(std::slice::from_ref(&t1)).await.unwrap()[0];
     assert!(existing.inserted);
     let adv = SlotAdvance {
         record: baton::store::SlotRecord::Run {
@@ -799,7 +804,7 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
     };
     assert_eq!(e.id, existing.id, "the slot's existing task is answered");
     assert!(!e.inserted);
-    let info = b.task(existing.id).await.unwrap().unwrap();
+    let info = b.task_get(existing.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Pending, "{info:?}");
     assert_eq!(info.attempt, 0);
     assert_eq!(info.worker, None);
@@ -821,7 +826,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         ..SlotAdvance::new("early", expected, slot, Some(task))
     };
     let job_tasks = || async {
-        b.tasks(&baton::store::TaskFilter {
+        b.task_list(&baton::store::TaskFilter {
             job: Some("early".into()),
             limit: 100,
             ..Default::default()
@@ -878,7 +883,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
     else {
         panic!("at the slot, an unfinished previous run skips it")
     };
-    let info = b.task(skip.id).await.unwrap().unwrap();
+    let info = b.task_get(skip.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.last_error.as_deref(), Some(OVERLAP_SKIPPED));
     assert_eq!(info.slot, Some(s2));

@@ -159,7 +159,7 @@ impl Backend for RedisBackend {
 
     // ---- tasks -------------------------------------------------------------
 
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
@@ -228,7 +228,7 @@ impl Backend for RedisBackend {
         Ok(out)
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -248,7 +248,7 @@ impl Backend for RedisBackend {
         maps.iter().map(task).collect()
     }
 
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
@@ -279,11 +279,15 @@ impl Backend for RedisBackend {
             .collect())
     }
 
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        Ok(self.finish_many(&[(claim, finish.clone())]).await?.first() == Some(&true))
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+        Ok(self
+            .task_finish_many(&[(claim, finish.clone())])
+            .await?
+            .first()
+            == Some(&true))
     }
 
-    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         // One script call per chunk: every item is its own compare-and-set.
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(FINISH_CHUNK) {
@@ -315,7 +319,7 @@ impl Backend for RedisBackend {
         Ok(out)
     }
 
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
@@ -331,7 +335,7 @@ impl Backend for RedisBackend {
         Ok(v == 1)
     }
 
-    async fn rescue(&self) -> Result<Rescued, StoreError> {
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
         let mut total = Rescued::default();
         loop {
             let v: Vec<i64> = self
@@ -349,7 +353,7 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
         let (outcome, state): (String, String) = self.q(&self.scripts.cancel, sargs![id]).await?;
         match outcome.as_str() {
             "cancelled" => Ok(CancelOutcome::Cancelled),
@@ -359,7 +363,7 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
         let v: i64 = self.q(&self.scripts.retry, sargs![id]).await?;
         match v {
             1 => Ok(true),
@@ -370,7 +374,7 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
         let key = self.key(&format!("task:{id}"));
         let m: HashMap<String, String> = read_retry!({
             let mut conn = self.conn.clone();
@@ -386,11 +390,11 @@ impl Backend for RedisBackend {
         task_info(&m).map(Some)
     }
 
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         read_retry!(self.list_page(filter).await)
     }
 
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         type Row = (String, HashMap<String, i64>, String);
         let rows: Vec<Row> = read_retry!(self.q(&self.scripts.stats, sargs![]).await)?;
         let mut out = Vec::new();
@@ -417,7 +421,7 @@ impl Backend for RedisBackend {
         Ok(out)
     }
 
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
         let mut total = 0u64;
         loop {
             let v: Vec<i64> = self
@@ -433,7 +437,7 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+    async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(listener::subscribe(self).await)
     }
 

@@ -137,7 +137,7 @@ impl Backend for SqliteBackend {
 
     // ---- tasks ---------------------------------------------------------------
 
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
@@ -154,7 +154,7 @@ impl Backend for SqliteBackend {
         Ok(inserted.results)
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -174,7 +174,7 @@ impl Backend for SqliteBackend {
         Ok(claimed)
     }
 
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
@@ -210,7 +210,7 @@ impl Backend for SqliteBackend {
             .collect())
     }
 
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
         let (sql, text, retry_in) = self.finish_sql(finish);
         let q = sqlx::query(sql)
             .bind(claim.id)
@@ -235,7 +235,7 @@ impl Backend for SqliteBackend {
         Ok(true)
     }
 
-    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         // Successes (the common case) in one statement; the rest one by one.
         // Each statement is a hand-off to the connection's thread, so a
         // batch of successes is one hand-off, one write lock, one commit.
@@ -311,7 +311,7 @@ impl Backend for SqliteBackend {
         Ok(out)
     }
 
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
@@ -325,7 +325,7 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected() > 0)
     }
 
-    async fn rescue(&self) -> Result<Rescued, StoreError> {
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
         let rows = sqlx::query(&self.sql.rescue)
             .bind(LEASE_EXPIRED)
             .fetch_all(&*self.pool)
@@ -348,7 +348,7 @@ impl Backend for SqliteBackend {
         Ok(out)
     }
 
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
         let mut tx = self.immediate().await?;
         let state: Option<String> = sqlx::query_scalar(&self.sql.task_state)
             .bind(id)
@@ -376,7 +376,7 @@ impl Backend for SqliteBackend {
         Ok(outcome)
     }
 
-    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
         let res = sqlx::query_scalar::<_, String>(&self.sql.retry)
             .bind(id)
             .fetch_optional(&*self.pool)
@@ -396,7 +396,7 @@ impl Backend for SqliteBackend {
         }
     }
 
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
         sqlx::query(&self.sql.task)
             .bind(id)
             .fetch_optional(&*self.reader)
@@ -406,7 +406,7 @@ impl Backend for SqliteBackend {
             .transpose()
     }
 
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         // Only the conditions asked for, so the planner sees plain terms.
         let mut conds: Vec<&str> = Vec::new();
         if filter.queue.is_some() {
@@ -444,7 +444,7 @@ impl Backend for SqliteBackend {
         .collect()
     }
 
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         let rows = sqlx::query(&self.sql.stats)
             .fetch_all(&*self.reader)
             .await?;
@@ -477,7 +477,7 @@ impl Backend for SqliteBackend {
         Ok(out)
     }
 
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
         let done = sqlx::query(&self.sql.prune)
             .bind(ms(older_than))
             .execute(&*self.pool)
@@ -485,7 +485,7 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected())
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+    async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(self.shared.wake.subscribe())
     }
 
