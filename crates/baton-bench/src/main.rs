@@ -960,6 +960,7 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
         slot += step;
     }
     let lat = lat.finish();
+    let phases = precision_phases(&starts, &tasks, first, ended, step);
     emit(
         json!({
             "bench": "schedule_precision", "store": kind, "instances": a.instances,
@@ -968,6 +969,7 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
             "slots": expected, "slot_to_start": lat.json(), "skipped": skipped,
             "missed": missed, "doubled": doubled, "early": early,
             "first_slot_after_start_ms": (first - started).num_milliseconds(),
+            "phases": phases.json, "worst": phases.worst, "missed_detail": phases.missed,
             "prefix": ctx.prefix,
         }),
         format!(
@@ -978,7 +980,124 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
             lat.ms(50.0),
             lat.ms(99.0),
             lat.ms(100.0)
-        ),
+        ) + &phases.human,
     );
     ctx.cleanup().await
+}
+
+/// Where a slot's lateness comes from, by the store's records of its task.
+struct Phases {
+    json: Value,
+    worst: Vec<String>,
+    missed: Vec<String>,
+    human: String,
+}
+
+/// Per slot that ran: its task enqueued (`created_at - slot`; negative is
+/// ahead, the lead), claimed (`started_at - slot`), and the handler started
+/// (`start - started_at`, the start in the instance's store-clock
+/// estimate); p50 / p99 / max of each, the three latest slots with their
+/// phases, and for each missed slot the tasks the store holds for it.
+fn precision_phases(
+    starts: &std::collections::BTreeMap<
+        chrono::DateTime<chrono::Utc>,
+        Vec<chrono::DateTime<chrono::Utc>>,
+    >,
+    tasks: &[baton::store::TaskInfo],
+    first: chrono::DateTime<chrono::Utc>,
+    ended: chrono::DateTime<chrono::Utc>,
+    step: chrono::Duration,
+) -> Phases {
+    use std::collections::BTreeMap;
+    let ms = |d: chrono::Duration| d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
+    let mut by_slot: BTreeMap<_, Vec<&baton::store::TaskInfo>> = BTreeMap::new();
+    for t in tasks {
+        if let Some(slot) = t.slot {
+            by_slot.entry(slot).or_default().push(t);
+        }
+    }
+    let (mut enq, mut claim, mut handler) = (Vec::new(), Vec::new(), Vec::new());
+    let mut worst: Vec<(f64, String)> = Vec::new();
+    let mut missed = Vec::new();
+    let mut slot = first;
+    while slot <= ended {
+        let ts = by_slot.get(&slot).map(Vec::as_slice).unwrap_or_default();
+        let describe = |t: &baton::store::TaskInfo| {
+            format!(
+                "task {} {:?} attempt {} created {:+.1} ms started {} finished {} error {:?}",
+                t.id,
+                t.state,
+                t.attempt,
+                ms(t.created_at - slot),
+                t.started_at
+                    .map_or("-".into(), |s| format!("{:+.1} ms", ms(s - slot))),
+                t.finished_at
+                    .map_or("-".into(), |s| format!("{:+.1} ms", ms(s - slot))),
+                t.last_error
+            )
+        };
+        match starts.get(&slot).and_then(|v| v.first()) {
+            None => {
+                let text: Vec<String> = ts.iter().map(|t| describe(t)).collect();
+                missed.push(format!(
+                    "{slot}: {}",
+                    if text.is_empty() {
+                        "no task".to_string()
+                    } else {
+                        text.join("; ")
+                    }
+                ));
+            }
+            Some(&at) => {
+                if let Some(t) = ts.iter().find(|t| t.started_at.is_some()) {
+                    let e = ms(t.created_at - slot);
+                    let c = t.started_at.map_or(f64::NAN, |s| ms(s - slot));
+                    let h = t.started_at.map_or(f64::NAN, |s| ms(at - s));
+                    enq.push(e);
+                    claim.push(c);
+                    handler.push(h);
+                    worst.push((
+                        ms(at - slot),
+                        format!(
+                            "{slot}: start {:+.1} ms = enqueued {e:+.1} ms, claimed {c:+.1} ms, handler {h:+.1} ms after the claim",
+                            ms(at - slot)
+                        ),
+                    ));
+                }
+            }
+        }
+        slot += step;
+    }
+    worst.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let worst: Vec<String> = worst.into_iter().take(3).map(|w| w.1).collect();
+    let stats = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            v.get(((v.len() as f64 - 1.0) * p / 100.0).round() as usize)
+                .copied()
+                .map_or(Value::Null, |x| json!(round3(x)))
+        };
+        json!({"p50_ms": at(50.0), "p99_ms": at(99.0), "max_ms": at(100.0)})
+    };
+    let json = json!({
+        "enqueued": stats(&mut enq), "claimed": stats(&mut claim), "handler": stats(&mut handler),
+    });
+    let mut human = format!(
+        "\n  phases (ms from the slot; p50 / p99 / max): enqueued {} / {} / {}, claimed {} / {} / {}; handler after claim {} / {} / {}",
+        json["enqueued"]["p50_ms"], json["enqueued"]["p99_ms"], json["enqueued"]["max_ms"],
+        json["claimed"]["p50_ms"], json["claimed"]["p99_ms"], json["claimed"]["max_ms"],
+        json["handler"]["p50_ms"], json["handler"]["p99_ms"], json["handler"]["max_ms"],
+    );
+    for w in &worst {
+        human += &format!("\n  late: {w}");
+    }
+    for m in &missed {
+        human += &format!("\n  missed: {m}");
+    }
+    Phases {
+        json,
+        worst,
+        missed,
+        human,
+    }
 }

@@ -100,9 +100,12 @@ pub struct Job {
     /// Durable mode: take each on-time slot this long before it (by store
     /// time), so its task, due at the slot, is queued and announced ahead
     /// and a worker claims it as the slot comes (at most a quarter of the
-    /// gap to the following slot). `overlap = forbid` and pause are judged
-    /// that much earlier; missed slots (misfire, catch-up) are taken only
-    /// once due. Lock mode ignores it: its run starts at once.
+    /// gap to the following slot). The store refuses the take before
+    /// `slot - lead` by its clock; pause is judged that much earlier, but
+    /// `overlap = forbid` still at the slot (an unfinished previous run
+    /// defers the take to the slot, where the rule applies). Missed slots
+    /// (misfire, catch-up) are taken only once due. Lock mode ignores it:
+    /// its run starts at once.
     pub lead: Duration,
 }
 
@@ -549,44 +552,16 @@ async fn slot_loop(
             }
         }
         steps.extend(due.slots.iter().map(|s| (*s, None)));
-        // On time (nothing due): take the next slot within its lead, once
-        // the store's clock has reached `slot - lead`.
+        // On time (nothing due): take the next slot within its lead. The
+        // store judges it in the same call: not before `slot - lead` by its
+        // clock, and under `overlap = forbid` an unfinished previous run
+        // makes it wait for the slot (`SlotAdvance::not_before`).
         let mut early = false;
         if steps.is_empty() && lead > chrono::Duration::zero() {
             if let Some(next) = job.schedule.next_after(from) {
-                let at = next - lead_for(next);
-                if at <= now && job.overlap == Overlap::Forbid && unfinished_run(b, &job.name).await
-                {
-                    // The previous run is unfinished: judge the slot by the
-                    // overlap rule at the slot itself, not `lead` before it.
-                    tokio::select! {
-                        _ = clock.sleep_until(next, MAX_WAIT) => {}
-                        _ = stop.cancelled() => return,
-                    }
-                    continue 'outer;
-                }
-                if at <= now {
-                    match b.now().await {
-                        Ok(t) if t >= at => {
-                            steps.push((next, None));
-                            early = true;
-                        }
-                        Ok(t) => {
-                            let wait = (at - t).to_std().unwrap_or(Duration::ZERO);
-                            recalibrate = true;
-                            tokio::select! {
-                                _ = tokio::time::sleep(wait.min(MAX_WAIT)) => {}
-                                _ = stop.cancelled() => return,
-                            }
-                            continue 'outer;
-                        }
-                        Err(e) => {
-                            tracing::warn!(job = %job.name, error = %crate::error::chain(&e), "cannot read the store's clock; retrying");
-                            recalibrate = true;
-                            pause(&stop, &mut backoff).await;
-                            continue 'outer;
-                        }
-                    }
+                if next - lead_for(next) <= now {
+                    steps.push((next, None));
+                    early = true;
                 }
             }
         }
@@ -637,10 +612,11 @@ async fn slot_loop(
                 record,
                 overlap: job.overlap,
                 batch_after,
-                // An early slot was checked against the store's clock
-                // (`slot - lead`) just before; `until` still bounds it.
+                // An early slot is refused before `slot - lead` by the
+                // store's clock; `until` still bounds it.
                 due_only: !early,
                 until,
+                not_before: early.then(|| slot - lead_for(slot)),
                 ..SlotAdvance::new(&job.name, cursor, slot, Some(&task))
             };
             match b.job_advance(&adv).await {
@@ -668,12 +644,24 @@ async fn slot_loop(
                     continue 'outer;
                 }
                 Ok(Advanced::NotDue { now }) => {
-                    // The clock estimate is ahead, or the plan went stale
-                    // (the store passed the next slot): re-read the clock
-                    // and plan again.
-                    tracing::debug!(job = %job.name, %slot, store_now = %now, "slot not due by store time; re-planning");
-                    let wait = (slot - now).to_std().unwrap_or(Duration::ZERO);
-                    recalibrate = true;
+                    let wait = match adv.not_before {
+                        // An early take the store deferred (overlap =
+                        // forbid, the previous run unfinished): the rule is
+                        // judged at the slot, so come back then.
+                        Some(nb) if now >= nb => {
+                            tracing::debug!(job = %job.name, %slot, "previous run unfinished; judging the slot when it comes");
+                            slot - now
+                        }
+                        // The clock estimate is ahead, or the plan went
+                        // stale (the store passed the next slot): re-read
+                        // the clock and plan again.
+                        nb => {
+                            tracing::debug!(job = %job.name, %slot, store_now = %now, "slot not due by store time; re-planning");
+                            recalibrate = true;
+                            nb.unwrap_or(slot) - now
+                        }
+                    };
+                    let wait = wait.to_std().unwrap_or(Duration::ZERO);
                     tokio::select! {
                         _ = tokio::time::sleep(wait.min(MAX_WAIT)) => {}
                         _ = stop.cancelled() => return,
@@ -818,25 +806,6 @@ async fn run_locked(
                 backoff *= 2;
             }
         }
-    }
-}
-
-/// Whether the job's newest task is pending or running (a store error
-/// counts as yes: then the slot is simply taken at its time).
-async fn unfinished_run(b: &dyn crate::store::Backend, job: &str) -> bool {
-    let filter = crate::store::TaskFilter {
-        job: Some(job.to_string()),
-        limit: 1,
-        ..Default::default()
-    };
-    match b.task_list(&filter).await {
-        Ok(v) => v.first().is_some_and(|t| {
-            matches!(
-                t.state,
-                crate::store::TaskState::Pending | crate::store::TaskState::Running
-            )
-        }),
-        Err(_) => true,
     }
 }
 

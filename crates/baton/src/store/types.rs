@@ -478,6 +478,15 @@ pub struct SlotAdvance<'a> {
     /// Refuse ([`Advanced::NotDue`]) once the store's now has reached this
     /// instant (the next slot, for a policy that runs only the latest).
     pub until: Option<DateTime<Utc>>,
+    /// An early take (the scheduler's lead): refuse ([`Advanced::NotDue`])
+    /// while the store's now is before this instant (normally
+    /// `slot - lead`). While the store's now is also still before `slot`,
+    /// the take is early, and under [`Overlap::Forbid`] an unfinished
+    /// previous run answers [`Advanced::NotDue`] (nothing recorded, the
+    /// cursor unmoved) instead of recording a skip: the overlap rule is
+    /// judged at the slot, not `lead` before it. Once the store's now has
+    /// reached `slot` the take is an ordinary one. `None`: no early take.
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 impl<'a> SlotAdvance<'a> {
@@ -499,7 +508,31 @@ impl<'a> SlotAdvance<'a> {
             batch_after: None,
             due_only: false,
             until: None,
+            not_before: None,
         }
+    }
+
+    /// Whether the store refuses the advance ([`Advanced::NotDue`]) by its
+    /// clock `now`, before touching anything: `now` is before the slot
+    /// under `due_only`, at or after `until`, or before `not_before`. The
+    /// early-take overlap rule is [`SlotAdvance::early_at`].
+    pub fn refused_at(&self, now: DateTime<Utc>) -> bool {
+        (self.due_only && self.slot > now)
+            || self.until.is_some_and(|u| now >= u)
+            || self.not_before.is_some_and(|t| now < t)
+    }
+
+    /// Whether a take at store time `now` is early (`not_before` set and
+    /// `now` still before the slot): then, under [`Overlap::Forbid`] with an
+    /// unfinished previous run, the store answers [`Advanced::NotDue`].
+    pub fn early_at(&self, now: DateTime<Utc>) -> bool {
+        self.not_before.is_some() && now < self.slot
+    }
+
+    /// Whether the store must look for an unfinished previous run (the
+    /// overlap rule applies: an enqueue under [`Overlap::Forbid`]).
+    pub fn checks_overlap(&self) -> bool {
+        self.task.is_some() && self.record == SlotRecord::Enqueue && self.overlap == Overlap::Forbid
     }
 }
 

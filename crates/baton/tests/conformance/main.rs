@@ -104,6 +104,7 @@ conformance! {
     schedule::catch_up_all_with_overlap_forbid,
     schedule::fixed_delay_counts_from_the_previous_end,
     schedule::on_time_slot_is_taken_within_its_lead,
+    schedule::early_take_is_judged_by_the_store,
     upgrade::v1_store_upgrades_in_place,
     model::store_agrees_with_the_model,
     timing::delayed_task_starts_at_its_run_at,

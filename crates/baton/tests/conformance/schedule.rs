@@ -45,6 +45,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
         batch_after: None,
         due_only: false,
         until: None,
+        not_before: None,
     };
     let Advanced::Enqueued(e1) = b.job_advance(&adv(Some(c0), s1, &t1)).await.unwrap() else {
         panic!("first advance enqueues")
@@ -95,6 +96,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
         batch_after: None,
         due_only: false,
         until: None,
+        not_before: None,
     };
     assert_eq!(b.job_advance(&other).await.unwrap(), Advanced::UnknownJob);
     let jobs = b.job_list().await.unwrap();
@@ -131,6 +133,7 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
         batch_after: None,
         due_only: false,
         until: None,
+        not_before: None,
     };
     let Advanced::Enqueued(first) = b
         .job_advance(&adv(Some(c0), s1, &t1, Overlap::Forbid))
@@ -190,6 +193,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         batch_after: None,
         due_only: false,
         until: None,
+        not_before: None,
     };
     assert_eq!(
         b.job_advance(&adv).await.unwrap(),
@@ -739,7 +743,9 @@ pub async fn fixed_delay_counts_from_the_previous_end(ts: TestStore) {
 pub async fn on_time_slot_is_taken_within_its_lead(ts: TestStore) {
     let store = ts.open().await;
     let mut s = Scheduler::new(store.clone());
-    let mut job = Job::new("lead", every(1_000));
+    // No worker runs the tasks, so they stay pending: overlap = allow, or
+    // forbid would (rightly) judge every later slot at the slot and skip it.
+    let mut job = Job::new("lead", every(1_000)).overlap(Overlap::Allow);
     job.lead = Duration::from_millis(200);
     s.add(job).unwrap();
     let stop = CancellationToken::new();
@@ -803,4 +809,84 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
     assert_eq!(info.state, TaskState::Pending, "{info:?}");
     assert_eq!(info.attempt, 0);
     assert_eq!(info.worker, None);
+}
+
+/// An early take (`not_before`, the scheduler's lead) is judged by the
+/// store in the one advance call: refused before `not_before` by the
+/// store's clock; under `overlap = forbid` with the previous run unfinished
+/// it answers `NotDue` before the slot (nothing recorded, cursor unmoved);
+/// at the slot the overlap rule applies as before (a skip is recorded).
+pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("early", every(1_000));
+    let c0 = b.job_register("early").await.unwrap().last_slot.unwrap();
+    let ms = |n: i64| c0 + chrono::Duration::milliseconds(n);
+    let early = |expected, slot, not_before, task| SlotAdvance {
+        overlap: Overlap::Forbid,
+        not_before: Some(not_before),
+        ..SlotAdvance::new("early", expected, slot, Some(task))
+    };
+    let job_tasks = || async {
+        b.task_list(&baton::store::TaskFilter {
+            job: Some("early".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    };
+    // Before `not_before` by the store's clock: refused, nothing recorded.
+    let far = ms(60_000);
+    let tf = job.task(far, false).unwrap();
+    let Advanced::NotDue { now } = b
+        .job_advance(&early(Some(c0), far, ms(59_000), &tf))
+        .await
+        .unwrap()
+    else {
+        panic!("an early take before its not_before is refused")
+    };
+    assert!(now < ms(59_000), "the store's now is returned: {now}");
+    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(c0));
+    assert!(job_tasks().await.is_empty());
+    // Within the lead, nothing unfinished: taken before the slot.
+    let (s1, s2) = (ms(3_000), ms(4_000));
+    let (t1, t2) = (job.task(s1, false).unwrap(), job.task(s2, false).unwrap());
+    let Advanced::Enqueued(e1) = b
+        .job_advance(&early(Some(c0), s1, ms(-1_000), &t1))
+        .await
+        .unwrap()
+    else {
+        panic!("an early take within its lead is taken")
+    };
+    assert!(e1.inserted);
+    // The next slot early, with s1's run still pending: deferred to the
+    // slot, no skip recorded, the cursor where it was.
+    match b
+        .job_advance(&early(Some(s1), s2, ms(-1_000), &t2))
+        .await
+        .unwrap()
+    {
+        Advanced::NotDue { now } => assert!(now < s2, "store now {now} before slot {s2}"),
+        other => panic!("an early take with the previous run unfinished waits: {other:?}"),
+    }
+    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(s1));
+    let tasks = job_tasks().await;
+    assert_eq!(tasks.len(), 1, "nothing recorded for s2: {tasks:?}");
+    assert_eq!(tasks[0].state, TaskState::Pending);
+    // At the slot (by the store's clock) the overlap rule applies: skipped.
+    while b.now().await.unwrap() < s2 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let Advanced::Skipped(skip) = b
+        .job_advance(&early(Some(s1), s2, ms(-1_000), &t2))
+        .await
+        .unwrap()
+    else {
+        panic!("at the slot, an unfinished previous run skips it")
+    };
+    let info = b.task_get(skip.id).await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.last_error.as_deref(), Some(OVERLAP_SKIPPED));
+    assert_eq!(info.slot, Some(s2));
+    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(s2));
 }

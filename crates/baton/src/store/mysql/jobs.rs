@@ -8,8 +8,7 @@ use super::{us, MyBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::job_state;
 use crate::store::{
-    Advanced, Enqueued, JobState, Overlap, SlotAdvance, SlotRecord, OVERLAP_SKIPPED,
-    RUN_RECORD_TOKEN,
+    Advanced, Enqueued, JobState, SlotAdvance, SlotRecord, OVERLAP_SKIPPED, RUN_RECORD_TOKEN,
 };
 
 impl MyBackend {
@@ -60,7 +59,29 @@ impl MyBackend {
             return Ok(Advanced::Moved(current));
         }
         let now: DateTime<Utc> = row.try_get("now")?;
-        if (adv.due_only && adv.slot > now) || adv.until.is_some_and(|u| now >= u) {
+        if adv.refused_at(now) {
+            tx.rollback().await?;
+            return Ok(Advanced::NotDue { now });
+        }
+        let busy = if adv.checks_overlap() {
+            let b: i64 = sqlx::query_scalar(&format!(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE job = ? \
+                 AND state IN ('pending', 'running') \
+                 AND (? IS NULL OR slot IS NULL OR slot <= ?))",
+                n.tasks
+            ))
+            .bind(adv.job)
+            .bind(adv.batch_after)
+            .bind(adv.batch_after)
+            .fetch_one(&mut *tx)
+            .await?;
+            b != 0
+        } else {
+            false
+        };
+        if busy && adv.early_at(now) {
+            // Early, and the previous run is unfinished: judge the overlap
+            // rule at the slot, not before it.
             tx.rollback().await?;
             return Ok(Advanced::NotDue { now });
         }
@@ -78,23 +99,6 @@ impl MyBackend {
                 id: 0,
                 inserted: false,
             }));
-        };
-        let busy = match (adv.record, adv.overlap) {
-            (SlotRecord::Enqueue, Overlap::Forbid) => {
-                let b: i64 = sqlx::query_scalar(&format!(
-                    "SELECT EXISTS (SELECT 1 FROM {} WHERE job = ? \
-                     AND state IN ('pending', 'running') \
-                     AND (? IS NULL OR slot IS NULL OR slot <= ?))",
-                    n.tasks
-                ))
-                .bind(adv.job)
-                .bind(adv.batch_after)
-                .bind(adv.batch_after)
-                .fetch_one(&mut *tx)
-                .await?;
-                b != 0
-            }
-            _ => false,
         };
         let skip = match adv.record {
             SlotRecord::Skip { reason } => Some(reason),

@@ -18,9 +18,8 @@ use crate::store::sql_row::{
 };
 use crate::store::{
     Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
-    JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats, Rescued, SlotAdvance,
-    SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
-    OVERLAP_SKIPPED,
+    JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance, SlotRecord, Task,
+    TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 
 #[async_trait]
@@ -432,7 +431,21 @@ impl Backend for PgBackend {
             return Ok(Advanced::Moved(row.try_get("last_slot")?));
         }
         let now: DateTime<Utc> = row.try_get("now")?;
-        if (adv.due_only && adv.slot > now) || adv.until.is_some_and(|u| now >= u) {
+        if adv.refused_at(now) {
+            return Ok(Advanced::NotDue { now });
+        }
+        let busy = if adv.checks_overlap() {
+            sqlx::query_scalar(&self.sql.job_overlapping)
+                .bind(adv.job)
+                .bind(adv.batch_after)
+                .fetch_one(&mut *tx)
+                .await?
+        } else {
+            false
+        };
+        if busy && adv.early_at(now) {
+            // Early, and the previous run is unfinished: judge the overlap
+            // rule at the slot, not before it.
             return Ok(Advanced::NotDue { now });
         }
         sqlx::query(&self.sql.job_set_slot)
@@ -446,16 +459,6 @@ impl Backend for PgBackend {
                 id: 0,
                 inserted: false,
             }));
-        };
-        let busy = match (adv.record, adv.overlap) {
-            (SlotRecord::Enqueue, Overlap::Forbid) => {
-                sqlx::query_scalar(&self.sql.job_overlapping)
-                    .bind(adv.job)
-                    .bind(adv.batch_after)
-                    .fetch_one(&mut *tx)
-                    .await?
-            }
-            _ => false,
         };
         let skip = match adv.record {
             SlotRecord::Skip { reason } => Some(reason),

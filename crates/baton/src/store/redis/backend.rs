@@ -477,7 +477,8 @@ impl Backend for RedisBackend {
             .arg(opt_ms(adv.batch_after))
             .arg(if adv.due_only { "1" } else { "0" })
             .arg(opt_ms(adv.until))
-            .arg(if adv.task.is_some() { "1" } else { "0" });
+            .arg(if adv.task.is_some() { "1" } else { "0" })
+            .arg(opt_ms(adv.not_before));
         if let Some(task) = adv.task {
             for a in task_args(task)? {
                 inv.arg(a);

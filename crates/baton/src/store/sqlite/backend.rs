@@ -19,7 +19,7 @@ use crate::store::sql_row::{
 };
 use crate::store::{
     from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
-    Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats, Rescued, SlotAdvance,
+    Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
     SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
     OVERLAP_SKIPPED,
 };
@@ -529,10 +529,24 @@ impl Backend for SqliteBackend {
             return Ok(Advanced::Moved(opt_time(current)?));
         }
         let now: i64 = row.try_get("now")?;
-        if (adv.due_only && adv.slot.timestamp_millis() > now)
-            || adv.until.is_some_and(|u| now >= u.timestamp_millis())
-        {
-            return Ok(Advanced::NotDue { now: from_ms(now)? });
+        let now_t = from_ms(now)?;
+        if adv.refused_at(now_t) {
+            return Ok(Advanced::NotDue { now: now_t });
+        }
+        let overlapping = if adv.checks_overlap() {
+            sqlx::query_scalar::<_, i64>(&self.sql.job_overlapping)
+                .bind(adv.job)
+                .bind(adv.batch_after.map(|t| t.timestamp_millis()))
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some()
+        } else {
+            false
+        };
+        if overlapping && adv.early_at(now_t) {
+            // Early, and the previous run is unfinished: judge the overlap
+            // rule at the slot, not before it.
+            return Ok(Advanced::NotDue { now: now_t });
         }
         sqlx::query(&self.sql.job_set_slot)
             .bind(adv.job)
@@ -545,17 +559,6 @@ impl Backend for SqliteBackend {
                 id: 0,
                 inserted: false,
             }));
-        };
-        let overlapping = match (adv.record, adv.overlap) {
-            (SlotRecord::Enqueue, Overlap::Forbid) => {
-                sqlx::query_scalar::<_, i64>(&self.sql.job_overlapping)
-                    .bind(adv.job)
-                    .bind(adv.batch_after.map(|t| t.timestamp_millis()))
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .is_some()
-            }
-            _ => false,
         };
         let inserted = insert_tasks(&mut tx, &self.sql.insert, std::slice::from_ref(task)).await?;
         let enq = inserted

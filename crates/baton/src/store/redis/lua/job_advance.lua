@@ -1,6 +1,7 @@
 -- ARGV: B, job, expected or '', slot, overlap (f/a), skip reason, record
 -- (e enqueue / r run / s skip), lease ms, worker, batch_after or '',
--- due_only (0/1), until or '', has task (0/1), then NF task args.
+-- due_only (0/1), until or '', has task (0/1), not_before or '' (an early
+-- take), then NF task args.
 local now = now_ms()
 local job = ARGV[2]
 local k = B .. 'job:' .. job
@@ -9,12 +10,34 @@ local h = redis.call('HMGET', k, 'last_slot', 'paused')
 if h[2] == '1' then return {'paused', '', 0} end
 local cur = h[1] or ''
 if cur ~= ARGV[3] then return {'moved', cur, 0} end
-if (ARGV[11] == '1' and tonumber(ARGV[4]) > now) or (ARGV[12] ~= '' and now >= tonumber(ARGV[12])) then
+local slot = tonumber(ARGV[4])
+local nb = tonumber(ARGV[14])
+if (ARGV[11] == '1' and slot > now) or (ARGV[12] ~= '' and now >= tonumber(ARGV[12]))
+  or (nb and now < nb) then
   return {'notdue', fmt(now), 0}
 end
+local rec = ARGV[7]
+-- Overlap = forbid: is an earlier run of the job unfinished?
+local busy = false
+if ARGV[13] == '1' and rec == 'e' and ARGV[5] == 'f' then
+  local akey = B .. 'jobactive:' .. job
+  local after = tonumber(ARGV[10])
+  for _, sid in ipairs(redis.call('SMEMBERS', akey)) do
+    local t = redis.call('HMGET', tkey(sid), 'state', 'slot')
+    if t[1] == 'pending' or t[1] == 'running' then
+      -- Tasks of the same catch-up batch (slot after ARGV[10]) do not count.
+      if (not after) or (not t[2]) or tonumber(t[2]) <= after then busy = true end
+    else
+      redis.call('SREM', akey, sid)
+    end
+  end
+end
+-- An early take (before the slot) with the previous run unfinished: the
+-- overlap rule is judged at the slot, so nothing is recorded now.
+if busy and nb and now < slot then return {'notdue', fmt(now), 0} end
 redis.call('HSET', k, 'last_slot', ARGV[4])
 if ARGV[13] ~= '1' then return {'enqueued', '0', 0} end
-local T = 14
+local T = 15
 -- The slot's own run may exist already (a trigger made it): that run is
 -- this slot's, not a previous one, so it is returned, never "skipped".
 local uk = opt(ARGV[T + 8])
@@ -22,21 +45,7 @@ local held = uk and redis.call('GET', B .. 'uniq:' .. uk)
 if held and redis.call('EXISTS', tkey(held)) == 1 then
   return {'enqueued', held, 0}
 end
-local rec = ARGV[7]
-local skip = rec == 's'
-if rec == 'e' and ARGV[5] == 'f' then
-  local akey = B .. 'jobactive:' .. job
-  local after = tonumber(ARGV[10])
-  for _, sid in ipairs(redis.call('SMEMBERS', akey)) do
-    local t = redis.call('HMGET', tkey(sid), 'state', 'slot')
-    if t[1] == 'pending' or t[1] == 'running' then
-      -- Tasks of the same catch-up batch (slot after ARGV[10]) do not count.
-      if (not after) or (not t[2]) or tonumber(t[2]) <= after then skip = true end
-    else
-      redis.call('SREM', akey, sid)
-    end
-  end
-end
+local skip = rec == 's' or busy
 if skip then
   local id = insert(now, T, ARGV[6])
   flush()
