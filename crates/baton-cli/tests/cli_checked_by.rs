@@ -35,7 +35,7 @@ macro_rules! on_demand {
     };
 }
 
-on_demand!(sqlite => Sqlite, postgres => Postgres, redis => Redis);
+on_demand!(sqlite => Sqlite, postgres => Postgres, redis => Redis, mysql => Mysql);
 
 const CONFIG: &str = r#"
 [[queue]]
