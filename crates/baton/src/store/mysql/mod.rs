@@ -19,7 +19,8 @@
 //!   `(queue, state, priority, run_at, id)`; a unique key is taken through a
 //!   stored generated column `live_key` (the key while it is taken, else
 //!   NULL) with a unique index, which stands in for PostgreSQL's partial
-//!   unique index.
+//!   unique index. `enqueue_mark` (schema 3) lets a multi-row insert read
+//!   back its rows' ids without assuming they are consecutive.
 //! - `<p>jobs`: one cursor row per schedule job.
 //! - `<p>queues`: one row per capped queue, locked by claimers of that queue
 //!   so that they count its running tasks in turn (`max_running`).
