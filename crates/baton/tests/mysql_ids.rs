@@ -75,7 +75,7 @@ async fn returned_ids_are_the_inserted_rows(url: &str) {
             let mut out = Vec::new();
             for b in 0..BATCHES {
                 let tasks: Vec<NewTask> = (0..PER_BATCH).map(|k| task(w, b, k)).collect();
-                let r = store.backend().enqueue(&tasks).await.unwrap();
+                let r = store.backend().task_insert_many(&tasks).await.unwrap();
                 assert_eq!(r.len(), tasks.len());
                 for (t, e) in tasks.iter().zip(r) {
                     assert!(e.inserted, "a fresh task was inserted");

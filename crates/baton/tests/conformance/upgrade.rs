@@ -437,7 +437,7 @@ async fn mysql_versions(ts: TestStore) {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
         let before = b
-            .enqueue(&[task_for_upgrade("old"), task_for_upgrade("old")])
+            .task_insert_many(&[task_for_upgrade("old"), task_for_upgrade("old")])
             .await
             .unwrap();
         for sql in [
@@ -549,7 +549,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         jobs[0].last_slot.map(|s| s.timestamp_millis()),
         Some(SLOT_MS)
     );
-    let all = b.tasks(&TaskFilter::default()).await.unwrap();
+    let all = b.task_list(&TaskFilter::default()).await.unwrap();
     assert_eq!(all.len(), 3);
     let by_kind = |k: &str| all.iter().find(|t| t.kind == k).unwrap().clone();
     let (a, bt, c) = (by_kind("a"), by_kind("b"), by_kind("c"));
@@ -584,7 +584,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     }
     // The v1 running task with a lapsed lease is rescued; the claim takes
     // it and A with fresh tokens, and never the cancel-requested B.
-    assert_eq!(b.rescue().await.unwrap().requeued, 1);
+    assert_eq!(b.task_rescue_many().await.unwrap().requeued, 1);
     let req = ClaimRequest {
         queue: "up",
         worker: "w2",
@@ -592,7 +592,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         lease: Duration::from_secs(30),
         max_running: None,
     };
-    let got = b.claim(&req).await.unwrap();
+    let got = b.task_claim(&req).await.unwrap();
     let mut ids: Vec<i64> = got.iter().map(|t| t.id).collect();
     ids.sort_unstable();
     let mut want = vec![a.id, c.id];
@@ -600,21 +600,32 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert_eq!(ids, want, "claimed A and C only");
     for t in &got {
         assert!(i64::try_from(t.token.0).unwrap() >= floor);
-        assert!(b.finish(t.claim(), &Finish::HandBack).await.unwrap());
+        assert!(b
+            .task_finish_many(&[(t.claim(), Finish::HandBack)])
+            .await
+            .map(|r| r == [true])
+            .unwrap());
     }
-    let b_now = b.task(bt.id).await.unwrap().unwrap();
+    let b_now = b.task_get(bt.id).await.unwrap().unwrap();
     assert_eq!(b_now.state, TaskState::Cancelled, "B's cancel is honoured");
     assert_eq!(b_now.last_error.as_deref(), Some(CANCEL_REQUESTED));
-    let again = b.claim(&req).await.unwrap();
+    let again = b.task_claim(&req).await.unwrap();
     assert_eq!(again.len(), 2);
     for t in &again {
         let old = got.iter().find(|o| o.id == t.id).unwrap();
         assert!(t.token > old.token);
         assert!(
-            !b.finish(old.claim(), &Finish::HandBack).await.unwrap(),
+            !b.task_finish_many(&[(old.claim(), Finish::HandBack)])
+                .await
+                .map(|r| r == [true])
+                .unwrap(),
             "a stale hand-back is refused"
         );
-        assert!(b.finish(t.claim(), &Finish::Succeeded).await.unwrap());
+        assert!(b
+            .task_finish_many(&[(t.claim(), Finish::Succeeded)])
+            .await
+            .map(|r| r == [true])
+            .unwrap());
     }
     // New tasks work, and connecting again changes nothing.
     let q = baton::queue::Queue::new(store.clone());
@@ -627,7 +638,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert_eq!(
         second
             .backend()
-            .tasks(&TaskFilter::default())
+            .task_list(&TaskFilter::default())
             .await
             .unwrap()
             .len(),

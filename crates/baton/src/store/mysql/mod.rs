@@ -28,7 +28,7 @@
 //! Names, queues, kinds, jobs and unique keys are `VARBINARY`: compared byte
 //! for byte, with no case folding and no trailing-space padding.
 //!
-//! MySQL has no LISTEN/NOTIFY: [`Backend::subscribe`] is an in-process
+//! MySQL has no LISTEN/NOTIFY: [`Backend::wake_subscribe`] is an in-process
 //! broadcast shared by every handle on the same server, database and prefix
 //! in this process (as SQLite's). Workers in other processes find new work
 //! by polling (at most one claim per second per idle worker).
@@ -508,15 +508,15 @@ impl Backend for MyBackend {
         self.lock_read(None).await
     }
 
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
         self.enqueue_tasks(tasks).await
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
         self.claim_tasks(req).await
     }
 
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
@@ -524,16 +524,16 @@ impl Backend for MyBackend {
         self.heartbeat_claims(claims, lease).await
     }
 
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
         let out = self.finish_batch(&[(claim, finish.clone())]).await?;
         Ok(out.first().copied().unwrap_or(false))
     }
 
-    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         self.finish_batch(items).await
     }
 
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
@@ -551,32 +551,32 @@ impl Backend for MyBackend {
         Ok(r.rows_affected() == 1)
     }
 
-    async fn rescue(&self) -> Result<Rescued, StoreError> {
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
         self.rescue_expired().await
     }
 
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
         self.cancel_task(id).await
     }
 
-    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
         self.retry_task(id).await
     }
 
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
         let f = TaskFilter::default();
         self.list_tasks(&f, Some(id)).await.map(|mut v| v.pop())
     }
 
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         self.list_tasks(filter, None).await
     }
 
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         self.queue_stats().await
     }
 
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
         let r = sqlx::query(&format!(
             "DELETE FROM {} WHERE state IN ('succeeded', 'failed', 'cancelled') \
              AND finished_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
@@ -588,7 +588,7 @@ impl Backend for MyBackend {
         Ok(r.rows_affected())
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+    async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(self.wake.subscribe())
     }
 

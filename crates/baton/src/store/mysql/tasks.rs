@@ -39,7 +39,7 @@ fn trunc_us(t: DateTime<Utc>) -> DateTime<Utc> {
 /// caller's commit and vanish with a rollback.
 ///
 /// `prefix` must be the table prefix the store was opened with (`None` for
-/// the default `baton_`). Unique keys behave as in `Backend::enqueue`.
+/// the default `baton_`). Unique keys behave as in `Backend::task_insert_many`.
 /// MySQL has no notification that waits for a commit, so these tasks wake
 /// no worker: workers find them at their next poll (within a second when
 /// idle). Run the transaction at `READ COMMITTED` (as baton's own sessions
