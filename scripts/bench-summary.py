@@ -48,7 +48,7 @@ def main():
             by[("precision", r["store"])].append(r)
 
     print("### Store ceilings\n")
-    print("| tool | concurrency | ops/s median (min–max) | latency ms (redis-benchmark p50, pgbench average) |")
+    print("| tool | concurrency | ops/s median (min–max) | latency ms (redis-benchmark p50, pgbench/mysqlslap average) |")
     print("|---|---|---|---|")
     for k in sorted(k for k in by if k[0] == "ceiling"):
         lat = [r.get("p50_ms", r.get("avg_ms")) for r in by[k]]
@@ -71,7 +71,7 @@ def main():
     print("\n### Lock vs store ceiling, per repetition (same run)\n")
     print("| store | c | cycles / ceiling op | round trips (2 per cycle) / ceiling op |")
     print("|---|---|---|---|")
-    for store, tool in (("redis", "redis-benchmark"), ("postgres", "pgbench")):
+    for store, tool in (("redis", "redis-benchmark"), ("postgres", "pgbench"), ("mysql", "mysqlslap")):
         for c in (1, 32):
             ratios = per_rep_ratios(by, ("lock", store, c), ("ceiling", tool, c), "ops_per_s")
             print(f"| {store} vs {tool} | {c} | {fmt([x * 100 for x in ratios], 1)} % | "
@@ -92,7 +92,8 @@ def main():
     for k in sorted(k for k in by if k[0] == "tp"):
         rs = by[k]
         print(f"| {k[1]} | {fmt([r['jobs_per_s'] for r in rs])} | {fmt([r['insert_per_s'] for r in rs])} |")
-    pairs = [("postgres", "graphile-worker"), ("postgres", "pg-boss"), ("redis", "bullmq")]
+    pairs = [("postgres", "graphile-worker"), ("postgres", "pg-boss"), ("redis", "bullmq"),
+             ("mysql", "apalis-mysql")]
     for a, b in pairs:
         ratios = per_rep_ratios(by, ("tp", a), ("tp", b), "jobs_per_s")
         if ratios:

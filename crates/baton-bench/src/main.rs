@@ -77,7 +77,7 @@ struct Common {
     /// Connections per store handle (SQL pools).
     #[arg(long, default_value_t = 16)]
     pool: u32,
-    /// Keep the PostgreSQL tables afterwards (default: drop them).
+    /// Keep the PostgreSQL or MySQL tables afterwards (default: drop them).
     #[arg(long)]
     keep: bool,
 }
@@ -265,10 +265,29 @@ impl Ctx {
             .context("opening a diagnostic PostgreSQL connection")
     }
 
-    /// Drop this run's PostgreSQL objects (SQLite files and Redis keys are
-    /// removed by scripts/bench.sh).
+    fn is_mysql(&self) -> bool {
+        self.url.starts_with("mysql://") || self.url.starts_with("mariadb://")
+    }
+
+    /// Drop this run's PostgreSQL or MySQL tables (SQLite files and Redis
+    /// keys are removed by scripts/bench.sh).
     async fn cleanup(&self) -> Result<()> {
-        if self.keep || !self.is_postgres() {
+        if self.keep {
+            return Ok(());
+        }
+        if self.is_mysql() {
+            let url = self.url.replacen("mariadb://", "mysql://", 1);
+            let mut c = sqlx::MySqlConnection::connect(&url)
+                .await
+                .context("opening a MySQL connection to drop the bench tables")?;
+            for t in ["meta", "locks", "tasks", "jobs", "queues"] {
+                sqlx::query(&format!("DROP TABLE IF EXISTS `{}{t}`", self.prefix))
+                    .execute(&mut c)
+                    .await?;
+            }
+            return Ok(());
+        }
+        if !self.is_postgres() {
             return Ok(());
         }
         let mut c = self.pg().await?;

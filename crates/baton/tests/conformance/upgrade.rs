@@ -425,12 +425,55 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
         .unwrap()
 }
 
-/// MySQL's first schema is version 2 (it never had a version 1): a fresh
-/// store records it, and a store recording a newer version than this
-/// build's is refused, untouched.
+/// MySQL's first schema is version 2 (it never had a version 1); version 3
+/// added `enqueue_mark`. A fresh store records 3; a version-2 store (the
+/// column dropped, the version set back) is upgraded in place, keeps its
+/// tasks and enqueues with the right ids; a store recording a newer version
+/// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 2);
+    assert_eq!(recorded_version(&ts, p).await, 3);
+    {
+        let pool = mysql_pool(&ts).await;
+        let b = ts.store.backend();
+        let before = b
+            .task_insert_many(&[task_for_upgrade("old"), task_for_upgrade("old")])
+            .await
+            .unwrap();
+        for sql in [
+            format!("ALTER TABLE `{p}tasks` DROP COLUMN enqueue_mark"),
+            format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
+        ] {
+            sqlx::query(&sql).execute(&pool).await.unwrap();
+        }
+        assert_eq!(recorded_version(&ts, p).await, 2);
+        let opts = StoreOptions {
+            prefix: Some(p.clone()),
+            max_connections: 2,
+            ..StoreOptions::default()
+        };
+        let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
+        assert_eq!(recorded_version(&ts, p).await, 3, "upgraded to 3");
+        // Connecting again finds the column and changes nothing.
+        Store::connect_with(&ts.url, opts).await.unwrap();
+        let ub = upgraded.backend();
+        for e in &before {
+            assert_eq!(ub.task(e.id).await.unwrap().unwrap().queue, "old");
+        }
+        let tasks: Vec<_> = (0..5)
+            .map(|i| {
+                let mut t = task_for_upgrade("new");
+                t.payload = serde_json::json!({ "i": i });
+                t
+            })
+            .collect();
+        let after = ub.enqueue(&tasks).await.unwrap();
+        for (i, e) in after.iter().enumerate() {
+            let info = ub.task(e.id).await.unwrap().unwrap();
+            assert_eq!(info.payload, serde_json::json!({ "i": i }));
+        }
+        pool.close().await;
+    }
     // The durability check reads the server's settings (the test server
     // flushes every commit and has no binary log).
     let warnings = ts.store.backend().warnings().await.unwrap();
@@ -454,6 +497,23 @@ async fn mysql_versions(ts: TestStore) {
     );
     assert_eq!(recorded_version(&ts, p).await, 99, "left untouched");
     pool.close().await;
+}
+
+/// A plain task for the MySQL upgrade check.
+fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
+    baton::store::NewTask {
+        queue: queue.into(),
+        kind: "k".into(),
+        payload: serde_json::json!({}),
+        priority: 0,
+        run_at: baton::store::RunAt::Now,
+        max_attempts: 1,
+        timeout: None,
+        unique_key: None,
+        unique_forever: false,
+        job: None,
+        slot: None,
+    }
 }
 
 pub async fn v1_store_upgrades_in_place(ts: TestStore) {

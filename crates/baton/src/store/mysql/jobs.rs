@@ -105,8 +105,7 @@ impl MyBackend {
             _ if busy => Some(OVERLAP_SKIPPED),
             _ => None,
         };
-        let (out, wakes) =
-            insert_tasks(&mut tx, n, self.id_step, std::slice::from_ref(task), skip).await?;
+        let (out, wakes) = insert_tasks(&mut tx, n, std::slice::from_ref(task), skip).await?;
         let e = out
             .first()
             .copied()

@@ -19,7 +19,8 @@
 //!   `(queue, state, priority, run_at, id)`; a unique key is taken through a
 //!   stored generated column `live_key` (the key while it is taken, else
 //!   NULL) with a unique index, which stands in for PostgreSQL's partial
-//!   unique index.
+//!   unique index. `enqueue_mark` (schema 3) lets a multi-row insert read
+//!   back its rows' ids without assuming they are consecutive.
 //! - `<p>jobs`: one cursor row per schedule job.
 //! - `<p>queues`: one row per capped queue, locked by claimers of that queue
 //!   so that they count its running tasks in turn (`max_running`).
@@ -80,7 +81,30 @@ type Upgrade = fn(&Names) -> Vec<String>;
 
 /// The upgrade steps, in order; each runs once per prefix under the
 /// migration lock, followed by its version bump. Add a step at the end.
-const UPGRADES: &[Upgrade] = &[];
+const UPGRADES: &[Upgrade] = &[add_enqueue_mark];
+
+/// 2 → 3: the `enqueue_mark` column, by which a multi-row insert finds its
+/// own rows' ids (see `tasks::insert_tasks`). MySQL 8 has no `ADD COLUMN IF
+/// NOT EXISTS`, so the `ALTER` is prepared only when the column is missing;
+/// adding a nullable last column is an instant change on MySQL 8.0.12+ and
+/// MariaDB 10.3+.
+fn add_enqueue_mark(n: &Names) -> Vec<String> {
+    // The prefix is validated (letters, digits, '_', ':', '-'), so it can
+    // stand inside a string literal.
+    let table = format!("{}tasks", n.prefix);
+    vec![
+        format!(
+            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = '{table}' \
+             AND column_name = 'enqueue_mark') = 0, \
+             'ALTER TABLE {} ADD COLUMN enqueue_mark BIGINT NULL', 'DO 0')",
+            n.tasks
+        ),
+        "PREPARE baton_ddl FROM @baton_ddl".to_string(),
+        "EXECUTE baton_ddl".to_string(),
+        "DEALLOCATE PREPARE baton_ddl".to_string(),
+    ]
+}
 
 /// The default table prefix.
 const DEFAULT_PREFIX: &str = "baton_";
@@ -180,6 +204,7 @@ impl Names {
                  progress LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
                  job VARBINARY(255) NULL, \
                  slot DATETIME(6) NULL, \
+                 enqueue_mark BIGINT NULL, \
                  live_key VARBINARY(1024) AS (CASE WHEN unique_forever = 1 \
                      OR state IN ('pending', 'running') THEN unique_key END) STORED, \
                  UNIQUE KEY live_key (live_key), \
@@ -224,9 +249,6 @@ pub(crate) struct MyBackend {
     pool: MySqlPool,
     names: Arc<Names>,
     wake: broadcast::Sender<Wake>,
-    /// `@@auto_increment_increment`: the step between the ids of one
-    /// multi-row insert.
-    id_step: i64,
 }
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
@@ -272,9 +294,6 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         })
         .connect_with(connect)
         .await?;
-    let id_step: i64 = sqlx::query_scalar("SELECT CAST(@@auto_increment_increment AS SIGNED)")
-        .fetch_one(&pool)
-        .await?;
     let names = Names::new(opts.prefix.as_deref());
     let key = format!(
         "{}:{}/{db}|{}",
@@ -286,7 +305,6 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         pool,
         wake: wake_channel(key),
         names: Arc::new(names),
-        id_step: id_step.max(1),
     }))
 }
 

@@ -49,13 +49,8 @@ pub async fn enqueue_in(
     if let Some(p) = prefix {
         super::super::validate_prefix(p)?;
     }
-    let step: i64 = sqlx::query_scalar("SELECT CAST(@@auto_increment_increment AS SIGNED)")
-        .fetch_one(&mut *conn)
-        .await?;
     let names = Names::new(prefix);
-    Ok(insert_tasks(conn, &names, step.max(1), tasks, None)
-        .await?
-        .0)
+    Ok(insert_tasks(conn, &names, tasks, None).await?.0)
 }
 
 /// Insert tasks in order on `conn` (the shared code of [`enqueue_in`],
@@ -63,15 +58,15 @@ pub async fn enqueue_in(
 /// with that reason. Returns one [`Enqueued`] per task and the wake-ups to
 /// send once the transaction commits.
 ///
-/// Runs of tasks without a unique key go in multi-row `INSERT`s (InnoDB
-/// gives a multi-row insert of known size consecutive ids, `@@auto_increment_increment`
-/// apart, from `LAST_INSERT_ID()`); a task with a key goes in its own
+/// Runs of tasks without a unique key go in multi-row `INSERT`s, each row
+/// stamped with its own `enqueue_mark` (a random base plus its place in the
+/// statement) and its id read back by that mark, so no assumption about
+/// how the server numbers a multi-row insert is made; a task with a key goes in its own
 /// `INSERT`, and a duplicate key error (which rolls back only that
 /// statement) means the key is taken: its holder's id is returned.
 pub(super) async fn insert_tasks(
     conn: &mut MySqlConnection,
     n: &Names,
-    id_step: i64,
     tasks: &[NewTask],
     skipped: Option<&str>,
 ) -> Result<(Vec<Enqueued>, Vec<Wake>), StoreError> {
@@ -114,6 +109,14 @@ pub(super) async fn insert_tasks(
         "pending"
     };
     let lookup = format!("SELECT id FROM {} WHERE live_key = ?", n.tasks);
+    let cols_marked = format!("{}, enqueue_mark)", cols.trim_end_matches(')'));
+    let one_marked = format!("{}, ?)", one.trim_end_matches(')'));
+    let one_marked = one_marked.as_str();
+    let readback = format!(
+        "SELECT id, enqueue_mark FROM {} WHERE id >= ? AND enqueue_mark BETWEEN ? AND ? \
+         ORDER BY id LIMIT ?",
+        n.tasks
+    );
     let mut i = 0;
     while i < tasks.len() {
         if tasks[i].unique_key.is_none() {
@@ -122,27 +125,59 @@ pub(super) async fn insert_tasks(
             while end < tasks.len() && end - i < INSERT_CHUNK && tasks[end].unique_key.is_none() {
                 end += 1;
             }
-            let values = vec![one; end - i].join(", ");
-            let sql = format!("INSERT INTO {} {cols} VALUES {values}", n.tasks);
+            let rows = end - i;
+            // This statement's marks: mark + 0 … mark + rows - 1, with a
+            // random base whose low 10 bits are free (rows ≤ 1000 < 1024).
+            let mark = ((fastrand::u64(..) >> 12) << 10) as i64;
+            let values = vec![one_marked; rows].join(", ");
+            let sql = format!("INSERT INTO {} {cols_marked} VALUES {values}", n.tasks);
             let mut q = sqlx::query(&sql);
-            for k in i..end {
-                q = bind_task(q, &tasks[k], run_at[k], state, skipped);
+            for (k, t) in tasks[i..end].iter().enumerate() {
+                q = bind_task(q, t, run_at[i + k], state, skipped).bind(mark + k as i64);
             }
             let r = q.execute(&mut *conn).await?;
-            let first = i64::try_from(r.last_insert_id())
-                .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
-            if r.rows_affected() != (end - i) as u64 {
+            if r.rows_affected() != rows as u64 {
                 return Err(StoreError::Corrupt(format!(
-                    "enqueue: {} rows inserted for {} tasks",
-                    r.rows_affected(),
-                    end - i
+                    "enqueue: {} rows inserted for {rows} tasks",
+                    r.rows_affected()
                 )));
             }
-            for k in 0..(end - i) {
-                out.push(Enqueued {
-                    id: first + k as i64 * id_step,
-                    inserted: true,
-                });
+            // LAST_INSERT_ID() is the statement's first (smallest) id; the
+            // others follow it but need not be consecutive (MySQL 8's
+            // interleaved auto-increment, Galera's offsets), so they are
+            // read back by mark along the primary key from there. Other
+            // sessions' uncommitted rows in between are invisible here.
+            let first = i64::try_from(r.last_insert_id())
+                .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
+            let found = sqlx::query(&readback)
+                .bind(first)
+                .bind(mark)
+                .bind(mark + rows as i64 - 1)
+                .bind(rows as i64)
+                .fetch_all(&mut *conn)
+                .await?;
+            let mut ids: Vec<Option<i64>> = vec![None; rows];
+            for row in &found {
+                let id: i64 = row.try_get("id")?;
+                let m: i64 = row.try_get("enqueue_mark")?;
+                let slot = usize::try_from(m - mark).ok().and_then(|k| ids.get_mut(k));
+                match slot {
+                    Some(s @ None) => *s = Some(id),
+                    _ => {
+                        return Err(StoreError::Corrupt(format!(
+                            "enqueue: the read-back of a {rows}-row insert found mark {m} twice or out of range"
+                        )))
+                    }
+                }
+            }
+            for id in ids {
+                let id = id.ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "enqueue: the read-back of a {rows}-row insert found {} rows",
+                        found.len()
+                    ))
+                })?;
+                out.push(Enqueued { id, inserted: true });
             }
             i = end;
             continue;
@@ -255,7 +290,7 @@ impl MyBackend {
             return Ok(Vec::new());
         }
         let mut tx = self.pool.begin().await?;
-        let (out, wakes) = insert_tasks(&mut tx, &self.names, self.id_step, tasks, None).await?;
+        let (out, wakes) = insert_tasks(&mut tx, &self.names, tasks, None).await?;
         tx.commit().await?;
         self.announce(wakes);
         Ok(out)

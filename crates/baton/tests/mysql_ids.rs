@@ -1,0 +1,285 @@
+//! MySQL-only: the ids `enqueue` returns for multi-row inserts are the ids
+//! of the rows it inserted, in order, while other connections insert at the
+//! same time. MySQL 8's default `innodb_autoinc_lock_mode = 2`
+//! (interleaved) does not promise a multi-row insert consecutive ids, so
+//! the backend must not compute them from `LAST_INSERT_ID()`.
+//!
+//! Runs on the server from `BATON_TEST_MYSQL` (default
+//! `mysql://root@127.0.0.1:3306/test`) and on a private `mariadbd` started
+//! with `--innodb-autoinc-lock-mode=2` (skipped when `mariadbd` is not
+//! installed, a failure under `BATON_REQUIRE_BACKENDS=1`).
+
+#[path = "conformance/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use baton::store::{NewTask, RunAt};
+use baton::{Store, StoreOptions};
+
+/// Connections inserting at once, batches each, tasks per batch.
+const WRITERS: usize = 6;
+const BATCHES: usize = 8;
+const PER_BATCH: usize = 700;
+
+fn task(w: usize, b: usize, k: usize) -> NewTask {
+    NewTask {
+        queue: "ids".into(),
+        kind: "k".into(),
+        payload: serde_json::json!({ "w": w, "b": b, "k": k }),
+        priority: 0,
+        run_at: RunAt::Now,
+        max_attempts: 1,
+        timeout: None,
+        // A keyed task now and then splits a batch into several inserts.
+        unique_key: (k % 250 == 249).then(|| format!("{w}-{b}-{k}")),
+        unique_forever: false,
+        job: None,
+        slot: None,
+    }
+}
+
+async fn open(url: &str, prefix: &str) -> Store {
+    Store::connect_with(
+        url,
+        StoreOptions {
+            prefix: Some(prefix.to_string()),
+            max_connections: 2,
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// `WRITERS` handles enqueue batches at once; every returned id must be
+/// the row holding that task's payload, and no id may repeat.
+async fn returned_ids_are_the_inserted_rows(url: &str) {
+    let prefix = format!("ids{:08x}_", fastrand::u32(..));
+    // Migrate once before the writers start.
+    let first = open(url, &prefix).await;
+    let mut stores = Vec::new();
+    for _ in 0..WRITERS {
+        stores.push(open(url, &prefix).await);
+    }
+    let go = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut hs = Vec::new();
+    for (w, store) in stores.into_iter().enumerate() {
+        let go = go.clone();
+        hs.push(tokio::spawn(async move {
+            go.wait().await;
+            let mut out = Vec::new();
+            for b in 0..BATCHES {
+                let tasks: Vec<NewTask> = (0..PER_BATCH).map(|k| task(w, b, k)).collect();
+                let r = store.backend().task_insert_many(&tasks).await.unwrap();
+                assert_eq!(r.len(), tasks.len());
+                for (t, e) in tasks.iter().zip(r) {
+                    assert!(e.inserted, "a fresh task was inserted");
+                    out.push((e.id, t.payload.clone()));
+                }
+            }
+            out
+        }));
+    }
+    let mut returned = Vec::new();
+    for h in hs {
+        returned.extend(h.await.unwrap());
+    }
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .unwrap();
+    let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(&format!(
+        "SELECT id, CAST(payload AS BINARY) FROM `{prefix}tasks`"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let stored: HashMap<i64, serde_json::Value> = rows
+        .into_iter()
+        .map(|(id, p)| (id, serde_json::from_slice(&p).unwrap()))
+        .collect();
+    assert_eq!(stored.len(), WRITERS * BATCHES * PER_BATCH);
+    let mut seen = std::collections::HashSet::new();
+    let mut wrong = 0;
+    for (id, payload) in &returned {
+        assert!(seen.insert(*id), "id {id} returned twice");
+        if stored.get(id) != Some(payload) {
+            wrong += 1;
+        }
+    }
+    assert_eq!(
+        wrong,
+        0,
+        "{wrong} of {} returned ids name another task's row",
+        returned.len()
+    );
+    for t in ["meta", "locks", "tasks", "jobs", "queues"] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS `{prefix}{t}`"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    pool.close().await;
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_batch_ids_on_the_test_server() {
+    // Only to learn whether the server answers (and print SKIPPED if not).
+    let Some(ts) = harness::connect(harness::Kind::Mysql).await else {
+        return;
+    };
+    returned_ids_are_the_inserted_rows(&ts.url).await;
+}
+
+/// A private `mariadbd` in a temporary directory, killed on drop.
+struct PrivateMariadb {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateMariadb {
+    /// Start one with `--innodb-autoinc-lock-mode=2`, or `None` (a skip)
+    /// when `mariadbd` is not installed and backends are not required.
+    fn start() -> Option<PrivateMariadb> {
+        let installed = |b: &str| {
+            Command::new("which")
+                .arg(b)
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !installed("mariadbd") || !installed("mariadb-install-db") {
+            assert!(!harness::required(), "mariadbd is not installed");
+            eprintln!("SKIPPED private mariadbd: not installed");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let user = if is_root() { "root" } else { "" };
+        let mut install = Command::new("mariadb-install-db");
+        install
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg("--auth-root-authentication-method=normal")
+            .arg("--skip-test-db");
+        if !user.is_empty() {
+            install.arg(format!("--user={user}"));
+        }
+        let ok = install
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mariadb-install-db failed");
+        let port = free_port();
+        let mut cmd = Command::new("mariadbd");
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--socket={}", dir.path().join("sock").display()))
+            .arg(format!("--port={port}"))
+            .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
+            .args([
+                "--innodb-autoinc-lock-mode=2",
+                "--innodb-buffer-pool-size=64M",
+            ]);
+        if !user.is_empty() {
+            cmd.arg(format!("--user={user}"));
+        }
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn mariadbd");
+        let me = PrivateMariadb {
+            child,
+            port,
+            _dir: dir,
+        };
+        me.wait_ready();
+        Some(me)
+    }
+
+    fn wait_ready(&self) {
+        let t0 = Instant::now();
+        loop {
+            let ok = Command::new("mariadb")
+                .args(["-uroot", "-h127.0.0.1", &format!("-P{}", self.port)])
+                .args(["-e", "CREATE DATABASE IF NOT EXISTS test"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "private mariadbd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.port)
+    }
+}
+
+impl Drop for PrivateMariadb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn is_root() -> bool {
+    Path::new("/proc/self").exists()
+        && std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .map(|l| l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_batch_ids_with_interleaved_autoinc() {
+    let Some(server) = PrivateMariadb::start() else {
+        return;
+    };
+    let url = server.url();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let mode: i64 = sqlx::query_scalar("SELECT CAST(@@innodb_autoinc_lock_mode AS SIGNED)")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        mode, 2,
+        "the private server runs interleaved auto-increment"
+    );
+    pool.close().await;
+    returned_ids_are_the_inserted_rows(&url).await;
+}
