@@ -12,6 +12,7 @@ mod output;
 mod queue_cmd;
 mod runtime;
 mod serve;
+mod shapes;
 
 use std::process::ExitCode;
 use std::time::Duration;
