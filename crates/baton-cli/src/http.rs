@@ -1,6 +1,6 @@
-//! A very small HTTP/1.1 client and server on tokio, enough for job actions
-//! (`http = { method, url, headers, body }`, `http://` or `https://`) and
-//! the daemon's admin endpoints (`/health`, `/jobs`, `/stats`).
+//! A very small HTTP/1.1 client on tokio, enough for job actions
+//! (`http = { method, url, headers, body }`, `http://` or `https://`). The
+//! admin server is [`crate::admin`].
 //!
 //! `https://` verifies the server against the system's roots (and the PEM
 //! bundle in `SSL_CERT_FILE`, if set), with rustls.
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// Send one request; return the status code. Fails on anything but 2xx.
 pub async fn request(
@@ -168,72 +168,6 @@ mod tls {
 
     pub async fn connect(_host: &str, _tcp: TcpStream) -> anyhow::Result<TcpStream> {
         anyhow::bail!("https:// needs a baton built with the `tls` feature")
-    }
-}
-
-/// Serve GET requests with `route(path) -> Reply` until the task is
-/// dropped (the path without its query string).
-/// An answer of [`serve`]'s router.
-pub struct Reply {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub body: String,
-}
-
-impl Reply {
-    /// A JSON answer.
-    pub fn json(status: u16, body: String) -> Reply {
-        Reply {
-            status,
-            content_type: "application/json",
-            body,
-        }
-    }
-}
-
-pub async fn serve<F, Fut>(listener: TcpListener, route: F)
-where
-    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Reply> + Send,
-{
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let route = route.clone();
-        tokio::spawn(async move {
-            let mut r = BufReader::new(stream);
-            let mut line = String::new();
-            if r.read_line(&mut line).await.is_err() {
-                return;
-            }
-            // Skip the headers.
-            let mut h = String::new();
-            while r.read_line(&mut h).await.is_ok_and(|n| n > 2) {
-                h.clear();
-            }
-            let mut parts = line.split_whitespace();
-            let method = parts.next().unwrap_or("");
-            let target = parts.next().unwrap_or("/");
-            let path = target.split('?').next().unwrap_or("/").to_string();
-            let Reply {
-                status: code,
-                content_type,
-                body,
-            } = if method == "GET" {
-                route(path).await
-            } else {
-                Reply::json(405, "{\"error\":\"GET only\"}".into())
-            };
-            let reason = match code {
-                200 => "OK",
-                404 => "Not Found",
-                405 => "Method Not Allowed",
-                _ => "Error",
-            };
-            let resp = format!("HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-            let _ = r.into_inner().write_all(resp.as_bytes()).await;
-        });
     }
 }
 

@@ -1,6 +1,7 @@
 //! `baton`: cluster-exclusive commands, a durable task queue and a
 //! leaderless scheduler, on SQLite, PostgreSQL or Redis.
 
+mod admin;
 mod chaos;
 mod child;
 mod command_task;

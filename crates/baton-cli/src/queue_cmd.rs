@@ -179,7 +179,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         );
     }
     if let Some(addr) = &a.listen {
-        crate::runtime::spawn_admin(addr, &store, vec![w.counters()]).await?;
+        crate::runtime::spawn_admin(addr, &store, vec![w.counters()], config.as_ref()).await?;
     }
     let token = CancellationToken::new();
     let signals = shutdown_on_signals(token.clone())?;

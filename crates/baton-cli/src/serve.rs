@@ -154,7 +154,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         tasks.spawn(async move { scheduler.run(s).await.map_err(anyhow::Error::from) });
     }
     if let Some(addr) = &a.listen {
-        runtime::spawn_admin(addr, &store, counters).await?;
+        runtime::spawn_admin(addr, &store, counters, Some(&cfg)).await?;
     }
     crate::note!(
         "baton: serving {} job(s) and {} queue(s) on {}",
@@ -363,7 +363,10 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     if a.json {
         let rows: Vec<_> = statuses
             .iter()
-            .map(|s| crate::shapes::job(s, next_of(&s.state.name)))
+            .map(|s| {
+                let j = cfg_jobs.iter().find(|j| j.name == s.state.name);
+                crate::shapes::job(s, j, now)
+            })
             .collect();
         output::json(&serde_json::Value::Array(rows))?;
         return Ok(0);

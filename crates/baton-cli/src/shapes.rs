@@ -70,14 +70,15 @@ pub fn next_fire(j: &JobConfig, now: DateTime<Utc>) -> Option<String> {
     })
 }
 
-/// One job: its pause flag, last slot, next fire (when its config is
-/// known) and last run with its outcome.
-pub fn job(s: &JobStatus, next_fire: Option<String>) -> Value {
+/// One job: its schedule and next fire (when its config is known), pause
+/// flag, last slot and last run with its outcome.
+pub fn job(s: &JobStatus, cfg: Option<&JobConfig>, now: DateTime<Utc>) -> Value {
     json!({
         "name": s.state.name,
+        "schedule": cfg.map(|j| j.schedule.to_string()),
         "paused": s.state.paused,
         "last_slot": s.state.last_slot.map(output::ts),
-        "next_fire": next_fire,
+        "next_fire": cfg.and_then(|j| next_fire(j, now)),
         "last_run": s.last_run.as_ref().map(|t| json!({
             "task": t.id, "slot": t.slot.map(output::ts), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
             "started_at": t.started_at.map(output::ts), "finished_at": t.finished_at.map(output::ts),
