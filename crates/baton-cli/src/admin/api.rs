@@ -85,6 +85,9 @@ impl From<baton::Error> for ApiError {
     fn from(e: baton::Error) -> ApiError {
         match e {
             baton::Error::Invalid(i) => ApiError::bad(&i.field, i.problem),
+            baton::Error::Store(baton::StoreError::Conflict(m)) => {
+                ApiError::new(StatusCode::CONFLICT, m)
+            }
             baton::Error::Store(e) => {
                 tracing::warn!(error = %e, "admin API: store error");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}"))

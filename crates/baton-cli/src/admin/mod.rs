@@ -72,16 +72,22 @@ pub(crate) struct State {
 /// Bind `addr` and serve the admin endpoints in the background; logs the
 /// bound address. Without a token only a loopback address is accepted.
 pub async fn spawn(addr: &str, admin: Admin) -> anyhow::Result<SocketAddr> {
+    if admin.tokens.is_empty() {
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+            .await
+            .with_context(|| format!("--listen {addr}: not an address like 127.0.0.1:9090"))?
+            .collect();
+        if addrs.iter().any(|a| !a.ip().is_loopback()) {
+            bail!(
+                "--listen {addr}: without an admin token the admin server binds loopback only; \
+                 set BATON_ADMIN_TOKEN (or [admin] token in the config) or listen on 127.0.0.1"
+            );
+        }
+    }
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("--listen {addr}"))?;
     let local = listener.local_addr()?;
-    if admin.tokens.is_empty() && !local.ip().is_loopback() {
-        bail!(
-            "--listen {addr}: without an admin token the admin server binds loopback only; \
-             set BATON_ADMIN_TOKEN (or [admin] token in the config) or listen on 127.0.0.1"
-        );
-    }
     crate::note!("baton: admin on http://{local}");
     let state = Arc::new(State {
         store: admin.store,
