@@ -618,3 +618,255 @@ async fn non_loopback_listen_needs_a_token() {
     signal(&kid, libc::SIGTERM);
     kid.wait().unwrap();
 }
+
+// ---- the dashboard in headless Chromium ------------------------------------------
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A page of headless Chromium driven over the DevTools protocol; collects
+/// console errors and uncaught exceptions as they arrive.
+struct Browser {
+    kid: Child,
+    ws: tungstenite::WebSocket<std::net::TcpStream>,
+    next_id: u64,
+    errors: Vec<String>,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.kid.kill();
+        let _ = self.kid.wait();
+    }
+}
+
+impl Browser {
+    fn launch() -> Browser {
+        let profile = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let kid = std::process::Command::new(CHROMIUM)
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--window-size=1400,1200",
+                &format!("--remote-debugging-port={port}"),
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The page target's websocket, from the DevTools HTTP endpoint.
+        let mut url = String::new();
+        wait_for(30, "Chromium's DevTools endpoint", || {
+            let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                return false;
+            };
+            let _ = write!(
+                s,
+                "GET /json/list HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            );
+            // DevTools may keep the connection open: read until the read
+            // times out or the peer closes; a partial body is retried.
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut raw = Vec::new();
+            let _ = s.read_to_end(&mut raw);
+            let answer = String::from_utf8_lossy(&raw);
+            let Some((_, body)) = answer.split_once("\r\n\r\n") else {
+                return false;
+            };
+            let targets: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+            if let Some(u) = targets
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| t["type"] == "page")
+                .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            {
+                url = u.to_string();
+            }
+            !url.is_empty()
+        });
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let (ws, _) = tungstenite::client(url.as_str(), tcp).unwrap();
+        let mut b = Browser {
+            kid,
+            ws,
+            next_id: 0,
+            errors: Vec::new(),
+            _profile: profile,
+        };
+        b.call("Runtime.enable", json!({}));
+        b.call("Log.enable", json!({}));
+        b.call("Page.enable", json!({}));
+        b
+    }
+
+    /// Send one command and wait for its answer, noting events on the way.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.ws
+            .send(tungstenite::Message::text(
+                json!({"id": id, "method": method, "params": params}).to_string(),
+            ))
+            .unwrap();
+        loop {
+            let msg = self.ws.read().unwrap();
+            let tungstenite::Message::Text(text) = msg else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(text.as_str()).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+            match v["method"].as_str() {
+                Some("Runtime.exceptionThrown") => self
+                    .errors
+                    .push(v["params"]["exceptionDetails"].to_string()),
+                Some("Runtime.consoleAPICalled") if v["params"]["type"] == "error" => {
+                    self.errors.push(v["params"]["args"].to_string())
+                }
+                Some("Log.entryAdded") if v["params"]["entry"]["level"] == "error" => {
+                    self.errors.push(v["params"]["entry"].to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Evaluate a JavaScript expression in the page; its JSON value.
+    fn eval(&mut self, expr: &str) -> Value {
+        let r = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expr, "returnByValue": true}),
+        );
+        assert!(r.get("exceptionDetails").is_none(), "{expr}: {r}");
+        r["result"]["value"].clone()
+    }
+}
+
+/// The dashboard in a real browser: loads with no console errors, shows a
+/// seeded job (with its run), task and lock, and a retry click changes the
+/// task's state. Writes a screenshot (to docs/dashboard.png with
+/// BATON_UPDATE_SCREENSHOT=1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
+    if !common::have("chromium", std::path::Path::new(CHROMIUM).exists()) {
+        return;
+    }
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let out = e.run(&[
+        "lock",
+        "nightly-report",
+        "--at-most",
+        "2h",
+        "--at-least",
+        "1h",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    let srv = start(&e, None, &tokens());
+    let a = srv.addr.clone();
+    // A run of the job, a failed task, and a cancelled one to retry.
+    let (code, run) = post(
+        &a,
+        "/api/v1/jobs/nightly/trigger",
+        json!({"slot": "2026-01-30T18:00:00Z"}),
+    );
+    assert_eq!(code, 200, "{run}");
+    let (_, failed) = post(
+        &a,
+        "/api/v1/tasks",
+        json!({"command": ["sh", "-c", "echo disk full >&2; exit 3"], "max_attempts": 1}),
+    );
+    let (_, parked) = post(
+        &a,
+        "/api/v1/tasks",
+        json!({"command": ["backup", "--full"], "queue": "parked"}),
+    );
+    let t = parked["id"].as_i64().unwrap();
+    let (code, _) = post(&a, &format!("/api/v1/tasks/{t}/cancel"), json!({}));
+    assert_eq!(code, 200);
+    let f = failed["id"].as_i64().unwrap();
+    wait_for(20, "the failing task to fail", || {
+        get(&a, &format!("/api/v1/tasks/{f}")).1["state"] == "failed"
+    });
+
+    let mut b = Browser::launch();
+    b.call(
+        "Page.navigate",
+        json!({"url": format!("http://{a}/#token={ADMIN}")}),
+    );
+    let seeded = format!(
+        r#"!!(document.querySelector('[data-job="nightly"] .mark.succeeded') && document.querySelector('[data-task="{t}"]') && document.querySelector('[data-lock="nightly-report"]') && document.querySelector('[data-queue="parked"]'))"#
+    );
+    let t0 = Instant::now();
+    while b.eval(&seeded) != json!(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the dashboard never showed the seeded rows: {}",
+            b.eval("document.body.innerText")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let state = format!(r#"document.querySelector('[data-task="{t}"] .task-state').textContent"#);
+    assert_eq!(b.eval(&state), json!("cancelled"));
+    assert_eq!(
+        b.eval(
+            r#"document.querySelector('[data-lock="nightly-report"]').textContent.includes('held')"#
+        ),
+        json!(true)
+    );
+    // The token went from the address into sessionStorage.
+    assert_eq!(b.eval("location.hash"), json!(""));
+    b.eval(&format!(
+        r#"document.querySelector('[data-retry="{t}"]').click()"#
+    ));
+    let t0 = Instant::now();
+    while b.eval(&state) != json!("pending") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the retry click did not change the task's state"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(get(&a, &format!("/api/v1/tasks/{t}")).1["state"], "pending");
+    assert_eq!(
+        b.eval(r#"document.getElementById('error').hidden"#),
+        json!(true)
+    );
+
+    b.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 1400, "height": 1150, "deviceScaleFactor": 1, "mobile": false}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let shot = b.call("Page.captureScreenshot", json!({"format": "png"}));
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["data"].as_str().unwrap())
+        .unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    std::fs::write(&out, &png).unwrap();
+    if std::env::var_os("BATON_UPDATE_SCREENSHOT").is_some() {
+        std::fs::write(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/dashboard.png"),
+            &png,
+        )
+        .unwrap();
+    }
+    // Any console error or exception so far fails the test.
+    b.eval("1");
+    assert!(b.errors.is_empty(), "console errors: {:#?}", b.errors);
+}
