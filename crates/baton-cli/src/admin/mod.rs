@@ -163,9 +163,8 @@ async fn accept_loop(listener: TcpListener, app: Router) {
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_MAX_AGE, conn).await {
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "admin connection ended"),
-                Ok(Ok(())) | Err(_) => {}
+            if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_MAX_AGE, conn).await {
+                tracing::debug!(%peer, error = %e, "admin connection ended");
             }
         });
     }
