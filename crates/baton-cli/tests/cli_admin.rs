@@ -870,3 +870,75 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
     b.eval("1");
     assert!(b.errors.is_empty(), "console errors: {:#?}", b.errors);
 }
+
+/// Out of file descriptors, the accept loop logs the error and backs off
+/// instead of spinning a core, and serves again once descriptors free up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_errors_are_logged_and_back_off() {
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    std::fs::write(e.path("baton.toml"), CONFIG).unwrap();
+    let log = std::fs::File::create(e.path("emfile.log")).unwrap();
+    let kid = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 96 && exec {} serve --config baton.toml --listen 127.0.0.1:0",
+            common::BATON
+        ))
+        .env("BATON_STORE", &e.ts.url)
+        .env("BATON_PREFIX", &e.ts.prefix)
+        .current_dir(e.dir.path())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Stopped (SIGTERM, then SIGKILL) even when an assertion fails.
+    let srv = Server {
+        kid,
+        addr: String::new(),
+    };
+    let kid = &srv.kid;
+    let mut addr = String::new();
+    wait_for(20, "the admin address", || {
+        if let Some(a) = read(&e.path("emfile.log"))
+            .lines()
+            .find_map(|l| l.split("admin on http://").nth(1))
+        {
+            addr = a.trim().to_string();
+        }
+        !addr.is_empty()
+    });
+    // Hold more connections than the server has descriptors left.
+    let mut held = Vec::new();
+    for _ in 0..150 {
+        if let Ok(s) = std::net::TcpStream::connect(&addr) {
+            held.push(s);
+        }
+    }
+    wait_for(20, "the accept error in the log", || {
+        read(&e.path("emfile.log")).contains("accept failed")
+    });
+    let cpu = |pid: u32| -> u64 {
+        let stat = read(std::path::Path::new(&format!("/proc/{pid}/stat")));
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_default();
+        let f: Vec<&str> = after.split_whitespace().collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let t0 = cpu(kid.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu(kid.id()) - t0;
+    // Clock ticks (100 a second): a spinning loop would use ~200.
+    assert!(
+        used < 60,
+        "the server used {used} ticks in 2 s while out of descriptors"
+    );
+    drop(held);
+    wait_for(20, "the server to answer again", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+            && call(&addr, "GET", "/livez", None, None).0 == 200
+    });
+    drop(srv);
+}
