@@ -301,7 +301,11 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     // fail; a Redis prefix without data has nothing to read.
     let probe = connect_opts(&store, false).await.context("migrate")?;
     let b = probe.backend();
-    let (locks, jobs, stats) = (b.lock_list().await, b.job_list().await, b.stats().await);
+    let (locks, jobs, stats) = (
+        b.lock_list().await,
+        b.job_list().await,
+        b.queue_stats().await,
+    );
     let fresh = match (&locks, &jobs, &stats) {
         (Ok(l), Ok(j), Ok(s)) => {
             b.kind() == "redis" && l.is_empty() && j.is_empty() && s.is_empty()

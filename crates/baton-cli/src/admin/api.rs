@@ -652,7 +652,11 @@ pub async fn lock_release(Extract(state): S, Path(name): Path<String>, raw: Byte
         return Err(ApiError::not_found(format!("no lock {name:?}")));
     };
     if backend
-        .lock_release(&name, FencingToken(token), Duration::ZERO)
+        .lock_release(&baton::store::LockRelease {
+            name: &name,
+            token: FencingToken(token),
+            at_least: Duration::ZERO,
+        })
         .await?
     {
         tracing::info!(lock = %name, token, "admin: lock force-released");
