@@ -219,16 +219,7 @@ pub async fn locks(a: LocksArgs) -> anyhow::Result<u8> {
     let store = connect(&a.store).await.context("connecting to the store")?;
     let list = store.backend().lock_list().await.map_err(Error::from)?;
     if a.json {
-        let rows: Vec<_> = list
-            .iter()
-            .map(|l| {
-                serde_json::json!({
-                    "name": l.name, "holder": l.holder, "token": l.token.0,
-                    "locked_at": output::ts(l.locked_at), "lock_until": output::ts(l.lock_until),
-                    "state": if l.held { "held" } else { "expired" },
-                })
-            })
-            .collect();
+        let rows: Vec<_> = list.iter().map(crate::shapes::lock).collect();
         output::json(&serde_json::Value::Array(rows))?;
         return Ok(0);
     }

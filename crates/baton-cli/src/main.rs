@@ -1,11 +1,11 @@
 //! `baton`: cluster-exclusive commands, a durable task queue and a
 //! leaderless scheduler, on SQLite, PostgreSQL or Redis.
 
+mod admin;
 mod chaos;
 mod child;
 mod command_task;
 mod config;
-mod http;
 mod http_client;
 mod lock_cmd;
 mod metrics;
@@ -15,6 +15,7 @@ mod output;
 mod queue_cmd;
 mod runtime;
 mod serve;
+mod shapes;
 
 use std::process::ExitCode;
 use std::time::Duration;

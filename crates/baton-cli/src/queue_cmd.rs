@@ -75,10 +75,7 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     let store = connect(&a.store).await.context("connecting to the store")?;
     let e = Queue::new(store).enqueue(t).await?;
     if a.json {
-        outln!(
-            "{}",
-            serde_json::json!({"id": e.id, "inserted": e.inserted})
-        );
+        outln!("{}", crate::shapes::enqueued(&e));
     } else {
         outln!("{}", e.id);
     }
@@ -214,7 +211,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
         );
     }
     if let Some(addr) = &a.listen {
-        crate::runtime::spawn_admin(addr, &store, vec![w.counters()]).await?;
+        crate::runtime::spawn_admin(addr, &store, vec![w.counters()], config.as_ref()).await?;
     }
     let token = CancellationToken::new();
     let signals = shutdown_on_signals(token.clone())?;
@@ -306,33 +303,6 @@ fn state_arg(s: &str) -> Result<TaskState, String> {
         .map_err(|_| format!("{s:?}: use pending, running, succeeded, failed or cancelled"))
 }
 
-/// The timestamp fields of a task's JSON.
-const TASK_TIMES: &[&str] = &[
-    "created_at",
-    "run_at",
-    "started_at",
-    "finished_at",
-    "lease_until",
-    "slot",
-    "at",
-];
-
-/// A task (or tasks) as JSON, with every timestamp in [`output::ts`]'s form.
-fn task_json(v: &impl serde::Serialize) -> anyhow::Result<serde_json::Value> {
-    let mut v = serde_json::to_value(v)?;
-    let fix = |t: &mut serde_json::Value| {
-        output::normalize_times(t, TASK_TIMES);
-        if let Some(errors) = t.get_mut("errors") {
-            output::normalize_times(errors, TASK_TIMES);
-        }
-    };
-    match &mut v {
-        serde_json::Value::Array(items) => items.iter_mut().for_each(fix),
-        other => fix(other),
-    }
-    Ok(v)
-}
-
 fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
     outln!(
         "task {} ({}) on queue {:?}, kind {:?}",
@@ -409,7 +379,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 })
                 .await?;
             if json {
-                output::json(&task_json(&list)?)?;
+                output::json(&crate::shapes::task(&list)?)?;
                 return Ok(0);
             }
             let mut t = Table::new(&[
@@ -444,7 +414,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 return Ok(EXIT_NOT_FOUND);
             };
             if json {
-                output::json(&task_json(&t)?)?;
+                output::json(&crate::shapes::task(&t)?)?;
             } else {
                 show_task(&t)?;
             }

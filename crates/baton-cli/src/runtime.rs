@@ -7,16 +7,13 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use baton::queue::{TaskContext, TaskError, Worker, WorkerConfig, WorkerCounters};
-use baton::schedule;
 use baton::Store;
 use tokio_util::sync::CancellationToken;
 
 use crate::child::Signals;
 use crate::command_task;
 use crate::config::{Action, JobConfig};
-use crate::http::{self, Reply};
 use crate::http_client;
 
 /// The worker config for command tasks.
@@ -176,61 +173,31 @@ pub fn durable_handler(
     }
 }
 
-/// Serve the admin endpoints on `addr` in the background (for `serve` and
-/// `work`); logs the bound address.
+/// Serve the admin server on `addr` in the background (for `serve` and
+/// `work`); logs the bound address. The tokens come from the environment
+/// (`BATON_ADMIN_TOKEN`, `BATON_ADMIN_READ_TOKEN`), else the config's
+/// `[admin]`.
 pub async fn spawn_admin(
     addr: &str,
     store: &Store,
     workers: Vec<WorkerCounters>,
+    config: Option<&crate::config::Config>,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--listen {addr}"))?;
-    crate::note!("baton: admin on http://{}", listener.local_addr()?);
-    let store = store.clone();
-    let workers = std::sync::Arc::new(workers);
-    tokio::spawn(http::serve(listener, move |path| {
-        let (store, workers) = (store.clone(), workers.clone());
-        async move { admin(&store, &workers, &path).await }
-    }));
-    Ok(())
-}
-
-async fn admin(store: &Store, workers: &[WorkerCounters], path: &str) -> Reply {
-    let result = match path {
-        "/health" => Ok(serde_json::json!({"status": "ok"})),
-        "/jobs" => schedule::job_statuses(store)
-            .await
-            .map(|j| serde_json::to_value(j).unwrap_or_default()),
-        "/stats" => baton::queue::Queue::new(store.clone())
-            .stats()
-            .await
-            .map(|s| serde_json::to_value(s).unwrap_or_default()),
-        "/metrics" => {
-            return match crate::metrics::render(store, workers).await {
-                Ok(body) => Reply {
-                    status: 200,
-                    content_type: crate::metrics::CONTENT_TYPE,
-                    body,
-                },
-                Err(e) => Reply::json(
-                    503,
-                    serde_json::json!({"error": baton::error::chain(&e)}).to_string(),
-                ),
-            };
-        }
-        _ => {
-            return Reply::json(
-                404,
-                "{\"error\":\"not found; try /health, /jobs, /stats, /metrics\"}".into(),
-            )
-        }
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let from_config = config.map(|c| c.admin.clone()).unwrap_or_default();
+    let tokens = crate::admin::Tokens {
+        full: env("BATON_ADMIN_TOKEN").or(from_config.token),
+        read: env("BATON_ADMIN_READ_TOKEN").or(from_config.read_token),
     };
-    match result {
-        Ok(v) => Reply::json(200, v.to_string()),
-        Err(e) => Reply::json(
-            503,
-            serde_json::json!({"error": baton::error::chain(&e)}).to_string(),
-        ),
-    }
+    crate::admin::spawn(
+        addr,
+        crate::admin::Admin {
+            store: store.clone(),
+            workers,
+            jobs: config.map(|c| c.jobs.clone()).unwrap_or_default(),
+            tokens,
+        },
+    )
+    .await?;
+    Ok(())
 }

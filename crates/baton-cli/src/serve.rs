@@ -154,7 +154,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         tasks.spawn(async move { scheduler.run(s).await.map_err(anyhow::Error::from) });
     }
     if let Some(addr) = &a.listen {
-        runtime::spawn_admin(addr, &store, counters).await?;
+        runtime::spawn_admin(addr, &store, counters, Some(&cfg)).await?;
     }
     crate::note!(
         "baton: serving {} job(s) and {} queue(s) on {}",
@@ -279,10 +279,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
     };
     let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
     if a.json {
-        crate::outln!(
-            "{}",
-            serde_json::json!({"id": e.id, "inserted": e.inserted, "job": a.job, "slot": output::ts(slot)})
-        );
+        crate::outln!("{}", crate::shapes::triggered(&e, &a.job, slot));
     } else {
         crate::outln!("{}", e.id);
         if !e.inserted {
@@ -354,51 +351,21 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         return Ok(crate::EXIT_NOT_FOUND);
     }
     let now = store.now().await.map_err(Error::from)?;
-    let mut statuses = schedule::job_statuses(&store).await?;
-    // Jobs of the config that the store has not seen yet (they appear once
-    // a scheduler has registered them).
-    if let Some(c) = &cfg {
-        for j in &c.jobs {
-            if !statuses.iter().any(|s| s.state.name == j.name) {
-                statuses.push(schedule::JobStatus {
-                    state: baton::store::JobState {
-                        name: j.name.clone(),
-                        last_slot: None,
-                        paused: false,
-                    },
-                    last_run: None,
-                });
-            }
-        }
-    }
+    let cfg_jobs = cfg.as_ref().map_or(&[][..], |c| &c.jobs[..]);
+    let statuses = crate::shapes::with_config_jobs(schedule::job_statuses(&store).await?, cfg_jobs);
     // Next fire in the job's own zone (with its offset) for cron jobs.
     let next_of = |name: &str| {
-        cfg.as_ref()
-            .and_then(|c| c.jobs.iter().find(|j| j.name == name))
-            .and_then(|j| {
-                let t = j.schedule.next_after(now)?;
-                Some(match &j.schedule {
-                    baton::schedule::spec::Schedule::Cron { tz, .. } => t
-                        .with_timezone(tz)
-                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                    _ => output::ts(t),
-                })
-            })
+        cfg_jobs
+            .iter()
+            .find(|j| j.name == name)
+            .and_then(|j| crate::shapes::next_fire(j, now))
     };
     if a.json {
         let rows: Vec<_> = statuses
             .iter()
             .map(|s| {
-                serde_json::json!({
-                    "name": s.state.name,
-                    "paused": s.state.paused,
-                    "last_slot": s.state.last_slot.map(output::ts),
-                    "next_fire": next_of(&s.state.name),
-                    "last_run": s.last_run.as_ref().map(|t| serde_json::json!({
-                        "task": t.id, "slot": t.slot.map(output::ts), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
-                        "started_at": t.started_at.map(output::ts), "finished_at": t.finished_at.map(output::ts),
-                    })),
-                })
+                let j = cfg_jobs.iter().find(|j| j.name == s.state.name);
+                crate::shapes::job(s, j, now)
             })
             .collect();
         output::json(&serde_json::Value::Array(rows))?;

@@ -598,14 +598,22 @@ fn admin_get(e: &Env, path: &str) -> (u16, String, String) {
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    // HTTP/1.1 keeps the connection open unless the client says otherwise.
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     let (head, body) = answer.split_once("\r\n\r\n").unwrap();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let ctype = head
         .lines()
-        .find_map(|l| l.strip_prefix("Content-Type: "))
+        .find_map(|l| {
+            let (name, value) = l.split_once(": ")?;
+            name.eq_ignore_ascii_case("content-type").then_some(value)
+        })
         .unwrap_or_default()
         .to_string();
     (status, ctype, body.to_string())

@@ -87,6 +87,28 @@ pub struct Config {
     pub queues: Vec<QueueConfig>,
     /// Scheduled jobs, in file order.
     pub jobs: Vec<JobConfig>,
+    /// The admin server's tokens (`[admin]`).
+    pub admin: AdminConfig,
+}
+
+/// The `[admin]` table: the admin server's bearer tokens (the environment's
+/// `BATON_ADMIN_TOKEN` / `BATON_ADMIN_READ_TOKEN` win over these).
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The token for reads and writes.
+    pub token: Option<String>,
+    /// A token that may only read.
+    pub read_token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("token", &self.token.as_ref().map(|_| "<hidden>"))
+            .field("read_token", &self.read_token.as_ref().map(|_| "<hidden>"))
+            .finish()
+    }
 }
 
 /// Why a config file was refused. The message names the job or queue and
@@ -174,6 +196,8 @@ struct RawConfig {
     queue: Vec<queues::RawQueue>,
     #[serde(default)]
     job: Vec<jobs::RawJob>,
+    #[serde(default)]
+    admin: AdminConfig,
 }
 
 // ---- parsing and validation --------------------------------------------------
@@ -354,5 +378,6 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         store: raw.store.map(|s| s.trim().to_string()),
         queues,
         jobs,
+        admin: raw.admin,
     })
 }

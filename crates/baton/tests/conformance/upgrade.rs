@@ -458,7 +458,7 @@ async fn mysql_versions(ts: TestStore) {
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
         for e in &before {
-            assert_eq!(ub.task(e.id).await.unwrap().unwrap().queue, "old");
+            assert_eq!(ub.task_get(e.id).await.unwrap().unwrap().queue, "old");
         }
         let tasks: Vec<_> = (0..5)
             .map(|i| {
@@ -467,9 +467,9 @@ async fn mysql_versions(ts: TestStore) {
                 t
             })
             .collect();
-        let after = ub.enqueue(&tasks).await.unwrap();
+        let after = ub.task_insert_many(&tasks).await.unwrap();
         for (i, e) in after.iter().enumerate() {
-            let info = ub.task(e.id).await.unwrap().unwrap();
+            let info = ub.task_get(e.id).await.unwrap().unwrap();
             assert_eq!(info.payload, serde_json::json!({ "i": i }));
         }
         pool.close().await;

@@ -1,0 +1,677 @@
+//! The admin server's handlers: the probes (`/livez`, `/readyz`), the
+//! first endpoints (`/health`, `/jobs`, `/stats`, `/metrics`) and the
+//! `/api/v1` JSON API over the library's high-level calls. Every answer's
+//! JSON shape comes from [`crate::shapes`], as the CLI's `--json` does.
+//! Errors are `{"error": "...", "field"?: "..."}`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State as Extract};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use baton::queue::{Queue, TaskBuilder};
+use baton::schedule;
+use baton::store::{CancelOutcome, FencingToken, TaskFilter, TaskState};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::State;
+use crate::{command_task, output, shapes};
+
+type S = Extract<Arc<State>>;
+
+/// How often the queues are sampled for throughput.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(30);
+/// How many samples are kept: an hour's worth.
+const SAMPLES: usize = 121;
+/// The most tasks one list page holds.
+const MAX_PAGE: u32 = 1000;
+/// The most tasks one bulk retry touches.
+const MAX_BULK: usize = 10_000;
+/// How long a readiness check may take.
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An error answer: `{"error": message, "field": field}`.
+pub fn error(status: StatusCode, message: &str, field: Option<&str>) -> Response {
+    let mut body = json!({ "error": message });
+    if let Some(f) = field {
+        body["field"] = json!(f);
+    }
+    (status, Json(body)).into_response()
+}
+
+/// A handler's failure.
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    field: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    /// Bad input in `field`.
+    fn bad(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            field: Some(field.into()),
+        }
+    }
+
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.status, &self.message, self.field.as_deref())
+    }
+}
+
+impl From<baton::Error> for ApiError {
+    fn from(e: baton::Error) -> ApiError {
+        match e {
+            baton::Error::Invalid(i) => ApiError::bad(&i.field, i.problem),
+            baton::Error::Store(baton::StoreError::Conflict(m)) => {
+                ApiError::new(StatusCode::CONFLICT, m)
+            }
+            baton::Error::Store(e) => {
+                tracing::warn!(error = %e, "admin API: store error");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}"))
+            }
+            e @ baton::Error::Busy { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+}
+
+impl From<baton::StoreError> for ApiError {
+    fn from(e: baton::StoreError) -> ApiError {
+        baton::Error::from(e).into()
+    }
+}
+
+impl From<serde_json::Error> for ApiError {
+    fn from(e: serde_json::Error) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+type Answer = Result<Json<Value>, ApiError>;
+
+/// 404 for every path no route serves.
+pub async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such endpoint; see /api/v1/openapi.json",
+        None,
+    )
+}
+
+// ---- probes and the first endpoints ------------------------------------------
+
+/// `GET /livez`: the process is up.
+pub async fn livez() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Whether the store answers and holds baton's schema.
+async fn ready(state: &State) -> Result<(), String> {
+    let check = async {
+        state.store.now().await?;
+        // Reads the jobs table (or keys): fails when the schema is missing.
+        state.store.backend().job_list().await?;
+        Ok::<_, baton::StoreError>(())
+    };
+    match tokio::time::timeout(READY_TIMEOUT, check).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("store: {e}")),
+        Err(_) => Err(format!("store: no answer within {READY_TIMEOUT:?}")),
+    }
+}
+
+/// `GET /readyz`: 200 when the store answers with baton's schema, 503 and
+/// the reason otherwise.
+pub async fn readyz(Extract(state): S) -> Response {
+    match ready(&state).await {
+        Ok(()) => Json(json!({"status": "ready"})).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "error": why})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /health`: as `/readyz`, with `{"status": "ok"}` when ready.
+pub async fn health(Extract(state): S) -> Response {
+    match ready(&state).await {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(why) => error(StatusCode::SERVICE_UNAVAILABLE, &why, None),
+    }
+}
+
+/// `GET /jobs`: the store's jobs as the library reports them.
+pub async fn jobs_raw(Extract(state): S) -> Answer {
+    Ok(Json(serde_json::to_value(
+        schedule::job_statuses(&state.store).await?,
+    )?))
+}
+
+/// `GET /stats`: counts per queue and state.
+pub async fn stats_raw(Extract(state): S) -> Answer {
+    Ok(Json(serde_json::to_value(
+        Queue::new(state.store.clone()).stats().await?,
+    )?))
+}
+
+/// `GET /metrics`: Prometheus metrics (OpenMetrics text).
+pub async fn metrics(Extract(state): S) -> Response {
+    match crate::metrics::render(&state.store, &state.workers).await {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+            body,
+        )
+            .into_response(),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &baton::error::chain(&e),
+            None,
+        ),
+    }
+}
+
+// ---- jobs ---------------------------------------------------------------------
+
+fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
+    baton::lock::validate_name(field, name).map_err(|e| ApiError::bad(&e.field, e.problem))
+}
+
+/// `GET /api/v1/jobs`.
+pub async fn jobs(Extract(state): S) -> Answer {
+    let now = state.store.now().await?;
+    let statuses =
+        shapes::with_config_jobs(schedule::job_statuses(&state.store).await?, &state.jobs);
+    let rows: Vec<Value> = statuses
+        .iter()
+        .map(|s| {
+            let cfg = state.jobs.iter().find(|j| j.name == s.state.name);
+            shapes::job(s, cfg, now)
+        })
+        .collect();
+    Ok(Json(Value::Array(rows)))
+}
+
+async fn set_paused(state: &State, name: &str, paused: bool) -> Answer {
+    check_name("job", name)?;
+    if schedule::set_paused(&state.store, name, paused).await? {
+        Ok(Json(json!({"name": name, "paused": paused})))
+    } else {
+        Err(ApiError::not_found(format!(
+            "no job {name:?} in this store (it appears once a scheduler has run it)"
+        )))
+    }
+}
+
+/// `POST /api/v1/jobs/{name}/pause`.
+pub async fn job_pause(Extract(state): S, Path(name): Path<String>) -> Answer {
+    set_paused(&state, &name, true).await
+}
+
+/// `POST /api/v1/jobs/{name}/resume`.
+pub async fn job_resume(Extract(state): S, Path(name): Path<String>) -> Answer {
+    set_paused(&state, &name, false).await
+}
+
+/// Parse a JSON body into `T`; an empty body is `T::default()`.
+fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        let msg = e.to_string();
+        // serde names the field in "unknown field `x`" and "missing field `x`".
+        let field = msg.split('`').nth(1).unwrap_or("body").to_string();
+        ApiError::bad(&field, format!("the JSON body is not accepted: {msg}"))
+    })
+}
+
+/// The body of a trigger.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TriggerBody {
+    /// The slot (RFC 3339); default: the latest due slot.
+    slot: Option<String>,
+}
+
+fn rfc3339(field: &str, s: &str) -> Result<DateTime<Utc>, ApiError> {
+    crate::rfc3339_arg(s).map_err(|e| ApiError::bad(field, e))
+}
+
+/// `POST /api/v1/jobs/{name}/trigger` with `{"slot"?: RFC 3339}`.
+pub async fn job_trigger(Extract(state): S, Path(name): Path<String>, raw: Bytes) -> Answer {
+    check_name("job", &name)?;
+    let b: TriggerBody = body(&raw)?;
+    let Some(cfg) = state.jobs.iter().find(|j| j.name == name) else {
+        return Err(ApiError::not_found(format!(
+            "no job {name:?} in this server's config (only configured jobs can be triggered here)"
+        )));
+    };
+    let job = crate::serve::job_of(cfg);
+    let slot = match &b.slot {
+        Some(s) => schedule::trigger_slot(&job, rfc3339("slot", s)?, false)
+            .map_err(|e| ApiError::bad("slot", e.problem))?,
+        None => {
+            let now = state.store.now().await?;
+            schedule::latest_slot(&job.schedule, now).ok_or_else(|| {
+                ApiError::bad("slot", "the job has no slot in the past year; give a slot")
+            })?
+        }
+    };
+    let e = schedule::trigger_with(&state.store, &job, slot, false).await?;
+    Ok(Json(shapes::triggered(&e, &name, slot)))
+}
+
+// ---- tasks --------------------------------------------------------------------
+
+fn state_of(s: &str) -> Result<TaskState, ApiError> {
+    s.parse().map_err(|_| {
+        ApiError::bad(
+            "state",
+            format!("{s:?}: use pending, running, succeeded, failed or cancelled"),
+        )
+    })
+}
+
+fn name_param(q: &HashMap<String, String>, key: &str) -> Result<Option<String>, ApiError> {
+    match q.get(key).filter(|v| !v.is_empty()) {
+        Some(v) => {
+            check_name(key, v)?;
+            Ok(Some(v.clone()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// `GET /api/v1/tasks?state=&queue=&job=&before=&limit=`: newest first;
+/// `next_before` is the cursor for the next page (null on the last).
+pub async fn tasks(Extract(state): S, Query(q): Query<HashMap<String, String>>) -> Answer {
+    for k in q.keys() {
+        if !matches!(k.as_str(), "state" | "queue" | "job" | "before" | "limit") {
+            return Err(ApiError::bad(
+                k,
+                "unknown parameter; use state, queue, job, before or limit",
+            ));
+        }
+    }
+    let st = match q.get("state").filter(|v| !v.is_empty()) {
+        Some(s) => Some(state_of(s)?),
+        None => None,
+    };
+    let before = match q.get("before").filter(|v| !v.is_empty()) {
+        Some(b) => Some(b.parse::<i64>().map_err(|_| {
+            ApiError::bad("before", format!("{b:?} is not a task id (an integer)"))
+        })?),
+        None => None,
+    };
+    let limit = match q.get("limit").filter(|v| !v.is_empty()) {
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad("limit", format!("{l:?}: use a number from 1 to {MAX_PAGE}"))
+            })?,
+        None => 50,
+    };
+    let filter = TaskFilter {
+        queue: name_param(&q, "queue")?,
+        state: st,
+        job: name_param(&q, "job")?,
+        before_id: before,
+        limit,
+    };
+    let list = Queue::new(state.store.clone()).tasks(&filter).await?;
+    let next = (list.len() == limit as usize)
+        .then(|| list.last().map(|t| t.id))
+        .flatten();
+    Ok(Json(
+        json!({"tasks": shapes::task(&list)?, "next_before": next}),
+    ))
+}
+
+/// `GET /api/v1/tasks/{id}`: the task with every attempt's error.
+pub async fn task(Extract(state): S, Path(id): Path<i64>) -> Answer {
+    match Queue::new(state.store.clone()).task(id).await? {
+        Some(t) => Ok(Json(shapes::task(&t)?)),
+        None => Err(ApiError::not_found(format!("no task {id}"))),
+    }
+}
+
+/// The body of an enqueue: a command task, as `baton enqueue`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct EnqueueBody {
+    command: Vec<String>,
+    queue: Option<String>,
+    priority: Option<i32>,
+    delay: Option<String>,
+    run_at: Option<String>,
+    max_attempts: Option<u32>,
+    timeout: Option<String>,
+    key: Option<String>,
+    #[serde(default)]
+    key_forever: bool,
+}
+
+fn duration(field: &str, s: &str) -> Result<Duration, ApiError> {
+    crate::duration_arg(s).map_err(|e| ApiError::bad(field, e))
+}
+
+/// `POST /api/v1/tasks`: enqueue a command task.
+pub async fn enqueue(Extract(state): S, raw: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let b: EnqueueBody = body(&raw)?;
+    if b.command.is_empty() || b.command[0].is_empty() {
+        return Err(ApiError::bad(
+            "command",
+            "give the command as a non-empty array of strings, e.g. [\"echo\", \"hi\"]",
+        ));
+    }
+    let mut t = TaskBuilder::new(command_task::KIND, command_task::payload(&b.command))
+        .queue(b.queue.as_deref().unwrap_or(baton::queue::DEFAULT_QUEUE))
+        .priority(b.priority.unwrap_or(0))
+        .max_attempts(b.max_attempts.unwrap_or(baton::queue::DEFAULT_MAX_ATTEMPTS));
+    if let Some(k) = &b.key {
+        t = t.unique_key(k).unique_forever(b.key_forever);
+    }
+    match (&b.delay, &b.run_at) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad("delay", "give delay or run_at, not both"));
+        }
+        (Some(d), None) => t = t.delay(duration("delay", d)?),
+        (None, Some(at)) => t = t.run_at(rfc3339("run_at", at)?),
+        (None, None) => {}
+    }
+    if let Some(d) = &b.timeout {
+        t = t.timeout(duration("timeout", d)?);
+    }
+    let e = Queue::new(state.store.clone()).enqueue(t).await?;
+    let code = if e.inserted {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, Json(shapes::enqueued(&e))))
+}
+
+/// `POST /api/v1/tasks/{id}/retry`: a failed or cancelled task back to
+/// pending (409 for any other state).
+pub async fn task_retry(Extract(state): S, Path(id): Path<i64>) -> Answer {
+    let q = Queue::new(state.store.clone());
+    if q.retry(id).await? {
+        return Ok(Json(json!({"id": id, "state": "pending"})));
+    }
+    match q.task(id).await? {
+        None => Err(ApiError::not_found(format!("no task {id}"))),
+        Some(t) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "task {id} is {}; only a failed or cancelled task can be retried",
+                t.state
+            ),
+        )),
+    }
+}
+
+/// `POST /api/v1/tasks/{id}/cancel`: cancelled at once when pending; a
+/// running task stops at its next heartbeat (202).
+pub async fn task_cancel(
+    Extract(state): S,
+    Path(id): Path<i64>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    match Queue::new(state.store.clone()).cancel(id).await? {
+        CancelOutcome::Cancelled => Ok((
+            StatusCode::OK,
+            Json(json!({"id": id, "outcome": "cancelled"})),
+        )),
+        CancelOutcome::Requested => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"id": id, "outcome": "requested"})),
+        )),
+        CancelOutcome::AlreadyFinished(s) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("task {id} already finished ({s})"),
+        )),
+        CancelOutcome::NotFound => Err(ApiError::not_found(format!("no task {id}"))),
+    }
+}
+
+/// The body of a bulk retry: which failed tasks.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BulkRetryBody {
+    queue: Option<String>,
+    job: Option<String>,
+}
+
+/// `POST /api/v1/tasks/retry-failed` with `{"queue"?, "job"?}`: every
+/// failed task matching (at most 10000) back to pending.
+pub async fn retry_failed(Extract(state): S, raw: Bytes) -> Answer {
+    let b: BulkRetryBody = body(&raw)?;
+    if let Some(q) = &b.queue {
+        check_name("queue", q)?;
+    }
+    if let Some(j) = &b.job {
+        check_name("job", j)?;
+    }
+    let q = Queue::new(state.store.clone());
+    let mut before = None;
+    let mut ids = Vec::new();
+    while ids.len() < MAX_BULK {
+        let page = q
+            .tasks(&TaskFilter {
+                queue: b.queue.clone(),
+                state: Some(TaskState::Failed),
+                job: b.job.clone(),
+                before_id: before,
+                limit: MAX_PAGE,
+            })
+            .await?;
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        let full = page.len() == MAX_PAGE as usize;
+        for t in page {
+            if ids.len() < MAX_BULK && q.retry(t.id).await? {
+                ids.push(t.id);
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(Json(json!({"retried": ids.len(), "ids": ids})))
+}
+
+// ---- queues -------------------------------------------------------------------
+
+/// One sample of every queue: pending, running and finished (succeeded +
+/// failed + cancelled) counts.
+#[derive(Clone)]
+struct Sample {
+    at: DateTime<Utc>,
+    queues: BTreeMap<String, [u64; 3]>,
+}
+
+/// The last hour of samples, for throughput and the dashboard's chart.
+#[derive(Default)]
+pub struct History {
+    samples: VecDeque<Sample>,
+}
+
+impl History {
+    fn push(&mut self, s: Sample) {
+        if self.samples.len() == SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(s);
+    }
+
+    /// Tasks finished per queue over the samples kept (pruning can lower a
+    /// count; such a step counts as zero).
+    fn finished(&self, queue: &str) -> u64 {
+        let counts: Vec<u64> = self
+            .samples
+            .iter()
+            .filter_map(|s| s.queues.get(queue).map(|c| c[2]))
+            .collect();
+        counts.windows(2).map(|w| w[1].saturating_sub(w[0])).sum()
+    }
+}
+
+async fn sample(state: &State) -> Result<(), baton::Error> {
+    let stats = Queue::new(state.store.clone()).stats().await?;
+    let at = state.store.now().await?;
+    let queues = stats
+        .into_iter()
+        .map(|s| {
+            (
+                s.queue,
+                [s.pending, s.running, s.succeeded + s.failed + s.cancelled],
+            )
+        })
+        .collect();
+    if let Ok(mut h) = state.history.lock() {
+        h.push(Sample { at, queues });
+    }
+    Ok(())
+}
+
+/// Sample the queues every [`SAMPLE_EVERY`] for as long as the process runs.
+pub async fn sample_loop(state: Arc<State>) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = sample(&state).await {
+            tracing::debug!(error = %e, "admin: sampling the queues failed");
+        }
+    }
+}
+
+/// `GET /api/v1/queues`: per queue, the counts by state, the oldest due
+/// pending task's age and the tasks finished over the last hour (as
+/// sampled by this server since it started).
+pub async fn queues(Extract(state): S) -> Answer {
+    let stats = Queue::new(state.store.clone()).stats().await?;
+    let h = state
+        .history
+        .lock()
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "history poisoned"))?;
+    let since = h.samples.front().map(|s| output::ts(s.at));
+    let rows: Vec<Value> = stats
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            v["finished_last_hour"] = json!(h.finished(&s.queue));
+            v["sampled_since"] = json!(since);
+            v
+        })
+        .collect();
+    Ok(Json(Value::Array(rows)))
+}
+
+/// `GET /api/v1/queues/history`: the samples behind the dashboard's chart.
+pub async fn queue_history(Extract(state): S) -> Answer {
+    let h = state
+        .history
+        .lock()
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "history poisoned"))?;
+    let samples: Vec<Value> = h
+        .samples
+        .iter()
+        .map(|s| {
+            let queues: serde_json::Map<String, Value> = s
+                .queues
+                .iter()
+                .map(|(q, c)| {
+                    (
+                        q.clone(),
+                        json!({"pending": c[0], "running": c[1], "finished": c[2]}),
+                    )
+                })
+                .collect();
+            json!({"at": output::ts(s.at), "queues": queues})
+        })
+        .collect();
+    Ok(Json(
+        json!({"interval_secs": SAMPLE_EVERY.as_secs(), "samples": samples}),
+    ))
+}
+
+// ---- locks --------------------------------------------------------------------
+
+/// `GET /api/v1/locks`.
+pub async fn locks(Extract(state): S) -> Answer {
+    let list = state.store.backend().lock_list().await?;
+    Ok(Json(Value::Array(list.iter().map(shapes::lock).collect())))
+}
+
+/// The body of a force-release: the token the caller saw.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReleaseBody {
+    token: Option<u64>,
+}
+
+/// `POST /api/v1/locks/{name}/release` with `{"token": N}`: end the lease
+/// now, only if N is still the current grant's token (409 otherwise, so a
+/// newer holder is never released by mistake).
+pub async fn lock_release(Extract(state): S, Path(name): Path<String>, raw: Bytes) -> Answer {
+    check_name("name", &name)?;
+    let b: ReleaseBody = body(&raw)?;
+    let Some(token) = b.token else {
+        return Err(ApiError::bad(
+            "token",
+            "give the current holder's fencing token, as GET /api/v1/locks shows it",
+        ));
+    };
+    let backend = state.store.backend();
+    let Some(info) = backend.lock_get(&name).await? else {
+        return Err(ApiError::not_found(format!("no lock {name:?}")));
+    };
+    if backend
+        .lock_release(&baton::store::LockRelease {
+            name: &name,
+            token: FencingToken(token),
+            at_least: Duration::ZERO,
+        })
+        .await?
+    {
+        tracing::info!(lock = %name, token, "admin: lock force-released");
+        return Ok(Json(
+            json!({"name": name, "token": token, "released": true}),
+        ));
+    }
+    let why = if info.token.0 != token {
+        format!(
+            "token {token} is not the current one: lock {name:?} was granted token {} to {}",
+            info.token.0, info.holder
+        )
+    } else {
+        format!("lock {name:?} (token {token}) is no longer held: its lease lapsed")
+    };
+    Err(ApiError::new(StatusCode::CONFLICT, why))
+}

@@ -1,0 +1,258 @@
+// The baton dashboard: reads and steers through /api/v1 with the token kept
+// in sessionStorage (or given once as #token=… in the address). Refreshes
+// every few seconds. No libraries, no build step.
+"use strict";
+
+const REFRESH_MS = 3000;
+const $ = (id) => document.getElementById(id);
+let tasksBefore = null; // the cursor of the page shown (null: newest)
+let nextBefore = null;
+let timer = null;
+
+(function tokenFromHash() {
+  const m = location.hash.match(/(?:^#|&)token=([^&]*)/);
+  if (m) {
+    sessionStorage.setItem("batonToken", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+})();
+
+function token() { return sessionStorage.getItem("batonToken") || ""; }
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(method, path, body) {
+  const headers = { "Accept": "application/json" };
+  if (token()) headers["Authorization"] = "Bearer " + token();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let data = null;
+  try { data = await r.json(); } catch (_) { data = null; }
+  if (!r.ok) {
+    const msg = data && data.error ? data.error + (data.field ? " (" + data.field + ")" : "") : "HTTP " + r.status;
+    throw new ApiError(r.status, msg);
+  }
+  return data;
+}
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") e.className = v;
+    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    else if (k === "onclick") e.addEventListener("click", v);
+    else e[k] = v;
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function badge(state) { return el("span", { class: "state " + state }, state); }
+
+function when(ts) {
+  if (!ts) return "–";
+  return ts.replace("T", " ").replace(/\.\d+/, "");
+}
+
+function ago(ms) {
+  if (ms === null || ms === undefined) return "–";
+  const s = Math.round(ms / 1000);
+  if (s < 60) return s + " s";
+  if (s < 3600) return Math.round(s / 60) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+
+function showError(msg) {
+  const e = $("error");
+  if (msg) { e.textContent = msg; e.hidden = false; } else { e.hidden = true; e.textContent = ""; }
+}
+
+async function act(method, path, body, what) {
+  try {
+    const r = await api(method, path, body);
+    showError("");
+    $("status").textContent = what + ": done";
+    await refresh();
+    return r;
+  } catch (e) {
+    showError(what + ": " + e.message);
+    return null;
+  }
+}
+
+function replaceRows(tbody, rows, empty, cols) {
+  tbody.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { class: "muted", colSpan: cols }, empty))]));
+}
+
+async function renderJobs() {
+  const jobs = await api("GET", "/api/v1/jobs");
+  const runs = await Promise.all(jobs.map((j) =>
+    api("GET", "/api/v1/tasks?limit=20&job=" + encodeURIComponent(j.name)).then((p) => p.tasks)));
+  const rows = jobs.map((j, i) => {
+    const marks = el("span", { class: "marks" });
+    for (const t of runs[i].slice().reverse()) {
+      marks.append(el("span", { class: "mark " + t.state, title: "task " + t.id + " " + (t.slot || "") + " " + t.state + (t.last_error ? ": " + t.last_error : "") }));
+    }
+    const last = j.last_run;
+    return el("tr", { "data-job": j.name },
+      el("td", {}, el("strong", {}, j.name)),
+      el("td", { class: "mono" }, j.schedule || "–"),
+      el("td", { class: "mono" }, when(j.next_fire)),
+      el("td", { class: "mono" }, when(j.last_slot)),
+      el("td", {}, marks),
+      el("td", {}, j.paused ? badge("paused") : (last ? badge(last.state) : el("span", { class: "muted" }, "no run yet"))),
+      el("td", {},
+        j.paused
+          ? el("button", { onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/resume", {}, "resume " + j.name) }, "Resume")
+          : el("button", { onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/pause", {}, "pause " + j.name) }, "Pause"),
+        " ",
+        el("button", { "data-trigger": j.name, onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/trigger", {}, "trigger " + j.name) }, "Trigger")));
+  });
+  replaceRows($("jobs-body"), rows, "no jobs", 7);
+}
+
+async function renderQueues() {
+  const [queues, history] = await Promise.all([api("GET", "/api/v1/queues"), api("GET", "/api/v1/queues/history")]);
+  const rows = queues.map((q) => el("tr", { "data-queue": q.queue },
+    el("td", {}, el("strong", {}, q.queue)),
+    el("td", { class: "num" }, q.pending), el("td", { class: "num" }, q.running),
+    el("td", { class: "num" }, q.succeeded), el("td", { class: "num" }, q.failed),
+    el("td", { class: "num" }, q.cancelled), el("td", { class: "num" }, ago(q.oldest_pending_ms)),
+    el("td", { class: "num" }, q.finished_last_hour)));
+  replaceRows($("queues-body"), rows, "no tasks yet", 8);
+  drawChart(history.samples);
+}
+
+// Pending depth (line) and tasks finished per sample (bars), all queues.
+function drawChart(samples) {
+  const c = $("chart");
+  const ctx = c.getContext("2d");
+  const w = c.width, h = c.height, pad = 24;
+  ctx.clearRect(0, 0, w, h);
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#67717c";
+  if (samples.length < 2) {
+    ctx.fillText("collecting samples (one every 30 s)…", pad, h / 2);
+    return;
+  }
+  const sum = (s, k) => Object.values(s.queues).reduce((a, q) => a + q[k], 0);
+  const pending = samples.map((s) => sum(s, "pending"));
+  const done = samples.map((s, i) => i === 0 ? 0 : Math.max(0, sum(s, "finished") - sum(samples[i - 1], "finished")));
+  const max = Math.max(1, ...pending, ...done);
+  const x = (i) => pad + (i * (w - 2 * pad)) / (samples.length - 1);
+  const y = (v) => h - pad - (v * (h - 2 * pad)) / max;
+  const bw = Math.max(2, (w - 2 * pad) / samples.length - 2);
+  ctx.fillStyle = "#2e8540";
+  done.forEach((v, i) => { if (v > 0) ctx.fillRect(x(i) - bw / 2, y(v), bw, h - pad - y(v)); });
+  ctx.strokeStyle = "#b7791f";
+  ctx.lineWidth = 2;
+  ctx.beginPath();
+  pending.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+  ctx.stroke();
+  ctx.fillStyle = "#67717c";
+  ctx.fillText(String(max), 2, pad);
+  ctx.fillText("0", 2, h - pad);
+  ctx.fillText(when(samples[0].at), pad, h - 6);
+  const last = when(samples[samples.length - 1].at);
+  ctx.fillText(last, w - pad - ctx.measureText(last).width, h - 6);
+}
+
+function taskQuery() {
+  const q = new URLSearchParams({ limit: "50" });
+  for (const [id, key] of [["f-state", "state"], ["f-queue", "queue"], ["f-job", "job"]]) {
+    const v = $(id).value.trim();
+    if (v) q.set(key, v);
+  }
+  if (tasksBefore !== null) q.set("before", String(tasksBefore));
+  return q.toString();
+}
+
+async function renderTasks() {
+  const page = await api("GET", "/api/v1/tasks?" + taskQuery());
+  nextBefore = page.next_before;
+  $("older").hidden = nextBefore === null;
+  $("newer").hidden = tasksBefore === null;
+  const rows = page.tasks.map((t) => {
+    const what = t.payload && Array.isArray(t.payload.argv) ? t.payload.argv.join(" ") : t.kind;
+    const buttons = [];
+    if (t.state === "failed" || t.state === "cancelled") {
+      buttons.push(el("button", { "data-retry": t.id, onclick: () => act("POST", "/api/v1/tasks/" + t.id + "/retry", {}, "retry task " + t.id) }, "Retry"));
+    }
+    if (t.state === "pending" || t.state === "running") {
+      buttons.push(el("button", { "data-cancel": t.id, onclick: () => act("POST", "/api/v1/tasks/" + t.id + "/cancel", {}, "cancel task " + t.id) }, "Cancel"));
+    }
+    return el("tr", { "data-task": t.id },
+      el("td", { class: "num mono" }, t.id),
+      el("td", { class: "task-state" }, badge(t.state)),
+      el("td", {}, t.queue),
+      el("td", { class: "mono" }, what + (t.job && t.slot ? " @ " + when(t.slot) : "")),
+      el("td", { class: "num" }, t.attempt + "/" + t.max_attempts),
+      el("td", { class: "mono" }, when(t.run_at)),
+      el("td", { class: "err" }, t.last_error || ""),
+      el("td", {}, ...buttons));
+  });
+  replaceRows($("tasks-body"), rows, "no tasks match", 8);
+}
+
+async function renderLocks() {
+  const locks = await api("GET", "/api/v1/locks");
+  const rows = locks.map((l) => el("tr", { "data-lock": l.name },
+    el("td", {}, el("strong", {}, l.name)),
+    el("td", { class: "mono" }, l.holder),
+    el("td", { class: "num mono" }, l.token),
+    el("td", { class: "mono" }, when(l.locked_at)),
+    el("td", { class: "mono" }, when(l.lock_until)),
+    el("td", {}, badge(l.state)),
+    el("td", {}, l.state === "held"
+      ? el("button", { onclick: () => {
+          if (confirm("Force-release lock " + l.name + " (token " + l.token + ")? Its holder may still be running.")) {
+            act("POST", "/api/v1/locks/" + encodeURIComponent(l.name) + "/release", { token: l.token }, "release " + l.name);
+          }
+        } }, "Release")
+      : null)));
+  replaceRows($("locks-body"), rows, "no locks", 7);
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  try {
+    await Promise.all([renderJobs(), renderQueues(), renderTasks(), renderLocks()]);
+    $("status").textContent = "updated " + new Date().toLocaleTimeString();
+    showError("");
+    timer = setTimeout(refresh, REFRESH_MS);
+  } catch (e) {
+    if (e instanceof ApiError && (e.status === 401 || e.status === 403)) {
+      showError(e.message + " — enter the admin token above.");
+      $("status").textContent = "needs a token";
+      $("token").focus();
+      return; // no polling until a token is given
+    }
+    showError(e.message);
+    $("status").textContent = "error";
+    timer = setTimeout(refresh, REFRESH_MS * 2);
+  }
+}
+
+$("token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem("batonToken", $("token").value);
+  $("token").value = "";
+  refresh();
+});
+$("task-filter").addEventListener("submit", (ev) => { ev.preventDefault(); tasksBefore = null; refresh(); });
+$("older").addEventListener("click", () => { tasksBefore = nextBefore; refresh(); });
+$("newer").addEventListener("click", () => { tasksBefore = null; refresh(); });
+$("retry-failed").addEventListener("click", () => {
+  const body = {};
+  if ($("f-queue").value.trim()) body.queue = $("f-queue").value.trim();
+  if ($("f-job").value.trim()) body.job = $("f-job").value.trim();
+  act("POST", "/api/v1/tasks/retry-failed", body, "retry failed tasks");
+});
+
+refresh();

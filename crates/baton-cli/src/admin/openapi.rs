@@ -1,0 +1,294 @@
+//! The API's route table: each route is added once, with its method, path
+//! and description, to both the router and the OpenAPI 3.1 document served
+//! at `/api/v1/openapi.json` — so the document lists exactly the routes
+//! served.
+
+use std::sync::Arc;
+
+use axum::routing::{get, post, MethodRouter};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+
+use super::{api, State};
+
+/// One route as the OpenAPI document describes it.
+pub struct RouteDoc {
+    /// `get` or `post`.
+    pub method: &'static str,
+    /// The path, with `{param}` placeholders.
+    pub path: &'static str,
+    /// One line on what it does.
+    pub summary: &'static str,
+    /// Query parameters (name, description).
+    pub query: &'static [(&'static str, &'static str)],
+    /// The JSON body's fields (name, type, description), for POSTs.
+    pub body: &'static [(&'static str, &'static str, &'static str)],
+    /// Whether the route is open without a token.
+    pub public: bool,
+}
+
+struct Table {
+    router: Router<Arc<State>>,
+    docs: Vec<RouteDoc>,
+}
+
+impl Table {
+    fn add(mut self, doc: RouteDoc, handler: MethodRouter<Arc<State>>) -> Table {
+        self.router = self.router.route(doc.path, handler);
+        self.docs.push(doc);
+        self
+    }
+}
+
+const fn r(method: &'static str, path: &'static str, summary: &'static str) -> RouteDoc {
+    RouteDoc {
+        method,
+        path,
+        summary,
+        query: &[],
+        body: &[],
+        public: false,
+    }
+}
+
+/// The API's router and its route table.
+pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
+    let t = Table {
+        router: Router::new(),
+        docs: Vec::new(),
+    };
+    let t = t
+        .add(
+            RouteDoc {
+                public: true,
+                ..r("get", "/livez", "The process is up (no auth).")
+            },
+            get(api::livez),
+        )
+        .add(
+            RouteDoc {
+                public: true,
+                ..r(
+                    "get",
+                    "/readyz",
+                    "The store answers and holds baton's schema: 200, else 503 (no auth).",
+                )
+            },
+            get(api::readyz),
+        )
+        .add(
+            r("get", "/health", "As /readyz, answering {\"status\":\"ok\"}."),
+            get(api::health),
+        )
+        .add(
+            r("get", "/jobs", "The store's jobs, as the library reports them."),
+            get(api::jobs_raw),
+        )
+        .add(
+            r("get", "/stats", "Task counts per queue and state."),
+            get(api::stats_raw),
+        )
+        .add(
+            r("get", "/metrics", "Prometheus metrics (text format)."),
+            get(api::metrics),
+        )
+        .add(
+            r(
+                "get",
+                "/api/v1/jobs",
+                "Jobs: schedule, pause flag, last slot, next fire in the job's zone, last run and outcome (as `baton jobs --json`).",
+            ),
+            get(api::jobs),
+        )
+        .add(
+            r("post", "/api/v1/jobs/{name}/pause", "Pause a job, cluster-wide."),
+            post(api::job_pause),
+        )
+        .add(
+            r("post", "/api/v1/jobs/{name}/resume", "Resume a paused job."),
+            post(api::job_resume),
+        )
+        .add(
+            RouteDoc {
+                body: &[("slot", "string", "RFC 3339 slot; default: the latest due slot")],
+                ..r(
+                    "post",
+                    "/api/v1/jobs/{name}/trigger",
+                    "Run a configured job now for a slot (idempotent per job and slot; as `baton trigger --json`).",
+                )
+            },
+            post(api::job_trigger),
+        )
+        .add(
+            RouteDoc {
+                query: &[
+                    ("state", "pending, running, succeeded, failed or cancelled"),
+                    ("queue", "only this queue"),
+                    ("job", "only this job's runs"),
+                    ("before", "cursor: only ids below this (the previous page's next_before)"),
+                    ("limit", "page size, 1 to 1000 (default 50)"),
+                ],
+                ..r(
+                    "get",
+                    "/api/v1/tasks",
+                    "Tasks, newest first, as {tasks, next_before} (tasks as `baton tasks list --json`).",
+                )
+            },
+            get(api::tasks),
+        )
+        .add(
+            RouteDoc {
+                body: &[
+                    ("command", "array", "argv, e.g. [\"echo\", \"hi\"] (required)"),
+                    ("queue", "string", "queue (default \"default\")"),
+                    ("priority", "integer", "-100 to 100, lower first"),
+                    ("delay", "string", "run no sooner than this from now, e.g. 30s"),
+                    ("run_at", "string", "run no sooner than this RFC 3339 instant"),
+                    ("max_attempts", "integer", "attempts in total"),
+                    ("timeout", "string", "timeout per attempt, e.g. 5m"),
+                    ("key", "string", "idempotency key"),
+                    ("key_forever", "boolean", "keep the key after the task finished"),
+                ],
+                ..r(
+                    "post",
+                    "/api/v1/tasks",
+                    "Enqueue a command task: 201 {id, inserted} (200 when the key was taken).",
+                )
+            },
+            post(api::enqueue),
+        )
+        .add(
+            RouteDoc {
+                body: &[
+                    ("queue", "string", "only this queue"),
+                    ("job", "string", "only this job's runs"),
+                ],
+                ..r(
+                    "post",
+                    "/api/v1/tasks/retry-failed",
+                    "Put every failed task matching the filter (at most 10000) back to pending.",
+                )
+            },
+            post(api::retry_failed),
+        )
+        .add(
+            r(
+                "get",
+                "/api/v1/tasks/{id}",
+                "One task with every attempt's error (as `baton tasks show --json`).",
+            ),
+            get(api::task),
+        )
+        .add(
+            r(
+                "post",
+                "/api/v1/tasks/{id}/retry",
+                "Put a failed or cancelled task back to pending (409 otherwise).",
+            ),
+            post(api::task_retry),
+        )
+        .add(
+            r(
+                "post",
+                "/api/v1/tasks/{id}/cancel",
+                "Cancel a task (202 when running: it stops at its next heartbeat; 409 when finished).",
+            ),
+            post(api::task_cancel),
+        )
+        .add(
+            r(
+                "get",
+                "/api/v1/queues",
+                "Per queue: counts by state, oldest due pending age, tasks finished over the last hour.",
+            ),
+            get(api::queues),
+        )
+        .add(
+            r(
+                "get",
+                "/api/v1/queues/history",
+                "The last hour of queue samples (pending, running, finished), every 30 s.",
+            ),
+            get(api::queue_history),
+        )
+        .add(
+            r("get", "/api/v1/locks", "Locks: holder, token, expiry (as `baton locks --json`)."),
+            get(api::locks),
+        )
+        .add(
+            RouteDoc {
+                body: &[("token", "integer", "the current grant's fencing token (required)")],
+                ..r(
+                    "post",
+                    "/api/v1/locks/{name}/release",
+                    "Force-release a lock; only if the token is the current grant's (409 otherwise).",
+                )
+            },
+            post(api::lock_release),
+        )
+        .add(
+            r("get", "/api/v1/openapi.json", "This document."),
+            get(openapi_json),
+        );
+    (t.router, t.docs)
+}
+
+async fn openapi_json() -> Json<Value> {
+    Json(document(&routes().1))
+}
+
+/// The OpenAPI 3.1 document for `docs`.
+pub fn document(docs: &[RouteDoc]) -> Value {
+    let mut paths = Map::new();
+    for d in docs {
+        let mut params: Vec<Value> = d
+            .path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+            .map(|p| {
+                let ty = if p == "id" { "integer" } else { "string" };
+                json!({"name": p, "in": "path", "required": true, "schema": {"type": ty}})
+            })
+            .collect();
+        params.extend(d.query.iter().map(|(n, desc)| {
+            json!({"name": n, "in": "query", "required": false, "description": desc, "schema": {"type": if *n == "before" || *n == "limit" {"integer"} else {"string"}}})
+        }));
+        let mut op = json!({
+            "summary": d.summary,
+            "operationId": format!("{} {}", d.method, d.path),
+            "parameters": params,
+            "responses": {
+                "200": {"description": "OK", "content": {"application/json": {}}},
+                "400": {"description": "Bad input: {error, field}", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                "401": {"description": "Missing or wrong token", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                "403": {"description": "Read-only token on a write", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                "404": {"description": "Not found", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                "409": {"description": "Conflict (wrong state or token)", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                "503": {"description": "The store is unavailable", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            },
+        });
+        if d.public {
+            op["security"] = json!([]);
+        }
+        if !d.body.is_empty() {
+            let props: Map<String, Value> = d
+                .body
+                .iter()
+                .map(|(n, ty, desc)| (n.to_string(), json!({"type": ty, "description": desc})))
+                .collect();
+            op["requestBody"] = json!({"required": false, "content": {"application/json": {"schema": {"type": "object", "properties": props, "additionalProperties": false}}}});
+        }
+        let entry = paths.entry(d.path.to_string()).or_insert_with(|| json!({}));
+        entry[d.method] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "baton admin API", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}, "field": {"type": "string"}}}},
+        },
+    })
+}

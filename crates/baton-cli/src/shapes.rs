@@ -1,0 +1,105 @@
+//! The JSON shapes shared by the CLI's `--json` output and the admin API
+//! (`/api/v1`): one function per shape, so both always answer alike.
+
+use baton::schedule::JobStatus;
+use baton::store::LockInfo;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+
+use crate::config::JobConfig;
+use crate::output;
+
+/// The timestamp fields of a task's JSON.
+const TASK_TIMES: &[&str] = &[
+    "created_at",
+    "run_at",
+    "started_at",
+    "finished_at",
+    "lease_until",
+    "slot",
+    "at",
+];
+
+/// A task (or a list of tasks) as JSON, with every timestamp in
+/// [`output::ts`]'s form and each attempt's error under `errors`.
+pub fn task(v: &impl serde::Serialize) -> Result<Value, serde_json::Error> {
+    let mut v = serde_json::to_value(v)?;
+    let fix = |t: &mut Value| {
+        output::normalize_times(t, TASK_TIMES);
+        if let Some(errors) = t.get_mut("errors") {
+            output::normalize_times(errors, TASK_TIMES);
+        }
+    };
+    match &mut v {
+        Value::Array(items) => items.iter_mut().for_each(fix),
+        other => fix(other),
+    }
+    Ok(v)
+}
+
+/// The answer to an enqueue: the task's id and whether it was inserted
+/// (false when its unique key was taken).
+pub fn enqueued(e: &baton::store::Enqueued) -> Value {
+    json!({"id": e.id, "inserted": e.inserted})
+}
+
+/// The answer to a trigger: the run's task, whether it was new, the job
+/// and the slot.
+pub fn triggered(e: &baton::store::Enqueued, job: &str, slot: DateTime<Utc>) -> Value {
+    json!({"id": e.id, "inserted": e.inserted, "job": job, "slot": output::ts(slot)})
+}
+
+/// One lock record.
+pub fn lock(l: &LockInfo) -> Value {
+    json!({
+        "name": l.name, "holder": l.holder, "token": l.token.0,
+        "locked_at": output::ts(l.locked_at), "lock_until": output::ts(l.lock_until),
+        "state": if l.held { "held" } else { "expired" },
+    })
+}
+
+/// A job's next fire time after `now`, in the job's own time zone (with
+/// its offset) for cron jobs, UTC otherwise.
+pub fn next_fire(j: &JobConfig, now: DateTime<Utc>) -> Option<String> {
+    let t = j.schedule.next_after(now)?;
+    Some(match &j.schedule {
+        baton::schedule::spec::Schedule::Cron { tz, .. } => t
+            .with_timezone(tz)
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        _ => output::ts(t),
+    })
+}
+
+/// One job: its schedule and next fire (when its config is known), pause
+/// flag, last slot and last run with its outcome.
+pub fn job(s: &JobStatus, cfg: Option<&JobConfig>, now: DateTime<Utc>) -> Value {
+    json!({
+        "name": s.state.name,
+        "schedule": cfg.map(|j| j.schedule.to_string()),
+        "paused": s.state.paused,
+        "last_slot": s.state.last_slot.map(output::ts),
+        "next_fire": cfg.and_then(|j| next_fire(j, now)),
+        "last_run": s.last_run.as_ref().map(|t| json!({
+            "task": t.id, "slot": t.slot.map(output::ts), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
+            "started_at": t.started_at.map(output::ts), "finished_at": t.finished_at.map(output::ts),
+        })),
+    })
+}
+
+/// The job list: the store's jobs plus the config's jobs the store has not
+/// seen yet (they appear once a scheduler registered them).
+pub fn with_config_jobs(mut statuses: Vec<JobStatus>, jobs: &[JobConfig]) -> Vec<JobStatus> {
+    for j in jobs {
+        if !statuses.iter().any(|s| s.state.name == j.name) {
+            statuses.push(JobStatus {
+                state: baton::store::JobState {
+                    name: j.name.clone(),
+                    last_slot: None,
+                    paused: false,
+                },
+                last_run: None,
+            });
+        }
+    }
+    statuses
+}

@@ -1,0 +1,944 @@
+//! The admin server of `baton serve --listen`, as a process (issue #13):
+//! bearer auth (401 without, 403 for the read-only token on a write), the
+//! `/api/v1` endpoints acting and `GET` showing the effect, the OpenAPI
+//! document listing every route served, `/readyz` 503 with the store
+//! stopped, a 1 MiB header refused with 431 and RSS flat, and a
+//! non-loopback `--listen` refused without a token.
+
+mod common;
+
+#[path = "../../baton/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::{read, signal, wait_for, Env, Kind};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "admin-token-1";
+const READER: &str = "reader-token-2";
+
+const CONFIG: &str = r#"
+[[queue]]
+name = "default"
+concurrency = 2
+lease = "5s"
+
+[[job]]
+name = "nightly"
+cron = "0 3 * * *"
+tz = "Asia/Seoul"
+command = ["true"]
+"#;
+
+/// A running `baton serve --listen 127.0.0.1:0` and its admin address.
+struct Server {
+    kid: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        signal(&self.kid, libc::SIGTERM);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.kid.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.kid.kill();
+        let _ = self.kid.wait();
+    }
+}
+
+fn start(e: &Env, store: Option<&str>, env: &[(&str, &str)]) -> Server {
+    std::fs::write(e.path("baton.toml"), CONFIG).unwrap();
+    let log_name = format!("serve-{}.log", fastrand::u32(..));
+    let log = std::fs::File::create(e.path(&log_name)).unwrap();
+    let mut c = e.cmd(&[
+        "serve",
+        "--config",
+        "baton.toml",
+        "--listen",
+        "127.0.0.1:0",
+        "--shutdown-grace",
+        "1s",
+    ]);
+    c.env("BATON_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    if let Some(url) = store {
+        c.env("BATON_STORE", url);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let kid = c.spawn().unwrap();
+    let mut addr = String::new();
+    wait_for(20, "the admin address in the log", || {
+        if let Some(a) = read(&e.path(&log_name))
+            .lines()
+            .find_map(|l| l.split("admin on http://").nth(1))
+        {
+            addr = a.trim().to_string();
+        }
+        !addr.is_empty()
+    });
+    Server { kid, addr }
+}
+
+/// One request; returns the status and the body (JSON, or a string).
+fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let v = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
+    (status, v)
+}
+
+fn get(addr: &str, path: &str) -> (u16, Value) {
+    call(addr, "GET", path, Some(ADMIN), None)
+}
+
+fn post(addr: &str, path: &str, body: Value) -> (u16, Value) {
+    call(addr, "POST", path, Some(ADMIN), Some(body))
+}
+
+fn tokens() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("BATON_ADMIN_TOKEN", ADMIN),
+        ("BATON_ADMIN_READ_TOKEN", READER),
+    ]
+}
+
+macro_rules! sqlite_and_redis {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { crate::$name(e).await } } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Redis).await { crate::$name(e).await } } )* }
+    };
+}
+
+sqlite_and_redis! {
+    auth_is_required_and_read_only_token_only_reads,
+    mutating_endpoints_act_and_get_shows_the_effect,
+    openapi_lists_every_route_served,
+}
+
+/// 401 without a token (JSON with a reason), 403 for the read-only token
+/// on a write, the probes open.
+async fn auth_is_required_and_read_only_token_only_reads(e: Env) {
+    let srv = start(&e, None, &tokens());
+    let a = &srv.addr;
+    for path in ["/api/v1/jobs", "/api/v1/tasks", "/metrics", "/health"] {
+        let (code, body) = call(a, "GET", path, None, None);
+        assert_eq!(code, 401, "{path}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("Bearer"), "{body}");
+        let (code, body) = call(a, "GET", path, Some("wrong"), None);
+        assert_eq!(code, 401, "{path}: {body}");
+        assert!(body["error"].is_string(), "{body}");
+    }
+    let (code, _) = call(a, "GET", "/livez", None, None);
+    assert_eq!(code, 200);
+    let (code, body) = call(a, "GET", "/readyz", None, None);
+    assert_eq!((code, &body["status"]), (200, &json!("ready")), "{body}");
+    // The read-only token reads, and may not write.
+    let (code, body) = call(a, "GET", "/api/v1/jobs", Some(READER), None);
+    assert_eq!(code, 200, "{body}");
+    let enqueue = json!({"command": ["true"], "queue": "parked"});
+    let (code, body) = call(
+        a,
+        "POST",
+        "/api/v1/tasks",
+        Some(READER),
+        Some(enqueue.clone()),
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("read-only"),
+        "{body}"
+    );
+    let (code, body) = call(a, "POST", "/api/v1/tasks", None, Some(enqueue.clone()));
+    assert_eq!(code, 401, "{body}");
+    // Nothing was written by the refused requests.
+    let (_, list) = get(a, "/api/v1/tasks?queue=parked");
+    assert_eq!(list["tasks"], json!([]), "{list}");
+    let (code, body) = post(a, "/api/v1/tasks", enqueue);
+    assert_eq!(code, 201, "{body}");
+    // The tokens never reach the log.
+    let logs: String = std::fs::read_dir(e.dir.path())
+        .unwrap()
+        .flatten()
+        .map(|f| read(&f.path()))
+        .collect();
+    assert!(!logs.contains(ADMIN) && !logs.contains(READER));
+}
+
+/// With the token, each mutating endpoint acts and a GET shows it: tasks
+/// (enqueue, cancel, retry, bulk retry, pagination), jobs (pause, resume,
+/// trigger) and locks (force-release naming the current token only).
+async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
+    let out = e.run(&[
+        "lock",
+        "held-lock",
+        "--at-most",
+        "2h",
+        "--at-least",
+        "1h",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    let srv = start(&e, None, &tokens());
+    let a = &srv.addr;
+
+    // Tasks on a queue no worker serves stay where the API puts them.
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (code, body) = post(
+            a,
+            "/api/v1/tasks",
+            json!({"command": ["echo", i.to_string()], "queue": "parked", "priority": 5}),
+        );
+        assert_eq!(code, 201, "{body}");
+        assert_eq!(body["inserted"], true);
+        ids.push(body["id"].as_i64().unwrap());
+    }
+    let (code, body) = post(a, "/api/v1/tasks", json!({"queue": "parked"}));
+    assert_eq!((code, &body["field"]), (400, &json!("command")), "{body}");
+    let (code, body) = post(
+        a,
+        "/api/v1/tasks",
+        json!({"command": ["x"], "delay": "soon"}),
+    );
+    assert_eq!((code, &body["field"]), (400, &json!("delay")), "{body}");
+    // Cursor pagination: two, then the rest.
+    let (code, page) = get(a, "/api/v1/tasks?queue=parked&limit=2");
+    assert_eq!(code, 200, "{page}");
+    let got: Vec<i64> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(got, vec![ids[2], ids[1]]);
+    let cursor = page["next_before"].as_i64().unwrap();
+    let (_, page) = get(
+        a,
+        &format!("/api/v1/tasks?queue=parked&limit=2&before={cursor}"),
+    );
+    let got: Vec<i64> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(got, vec![ids[0]]);
+    assert_eq!(page["next_before"], Value::Null);
+    let (code, body) = get(a, "/api/v1/tasks?limit=0");
+    assert_eq!((code, &body["field"]), (400, &json!("limit")), "{body}");
+    let (code, body) = get(a, "/api/v1/tasks?state=done");
+    assert_eq!((code, &body["field"]), (400, &json!("state")), "{body}");
+
+    // Cancel, then retry, then the state conflicts.
+    let t = ids[0];
+    let (code, body) = post(a, &format!("/api/v1/tasks/{t}/cancel"), json!({}));
+    assert_eq!(
+        (code, &body["outcome"]),
+        (200, &json!("cancelled")),
+        "{body}"
+    );
+    let (_, task) = get(a, &format!("/api/v1/tasks/{t}"));
+    assert_eq!(task["state"], "cancelled", "{task}");
+    let (code, body) = post(a, &format!("/api/v1/tasks/{t}/cancel"), json!({}));
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = post(a, &format!("/api/v1/tasks/{t}/retry"), json!({}));
+    assert_eq!(code, 200, "{body}");
+    let (_, task) = get(a, &format!("/api/v1/tasks/{t}"));
+    assert_eq!(task["state"], "pending", "{task}");
+    let (code, body) = post(a, &format!("/api/v1/tasks/{t}/retry"), json!({}));
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = get(a, "/api/v1/tasks/999999999");
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = post(a, "/api/v1/tasks/999999999/retry", json!({}));
+    assert_eq!(code, 404, "{body}");
+
+    // A failing task on the served queue fails; bulk retry runs it again.
+    let (_, body) = post(
+        a,
+        "/api/v1/tasks",
+        json!({"command": ["sh", "-c", "exit 3"], "max_attempts": 1}),
+    );
+    let f = body["id"].as_i64().unwrap();
+    wait_for(20, "the failing task to fail", || {
+        get(a, &format!("/api/v1/tasks/{f}")).1["state"] == "failed"
+    });
+    let (_, failed) = get(a, "/api/v1/tasks?state=failed&queue=default");
+    assert!(
+        failed["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == f),
+        "{failed}"
+    );
+    let (code, body) = post(a, "/api/v1/tasks/retry-failed", json!({"queue": "default"}));
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body["ids"].as_array().unwrap().contains(&json!(f)),
+        "{body}"
+    );
+    wait_for(20, "the retried task to fail a second time", || {
+        let t = get(a, &format!("/api/v1/tasks/{f}")).1;
+        t["state"] == "failed" && t["errors"].as_array().map_or(0, Vec::len) >= 2
+    });
+
+    // Jobs: pause and resume show in the list; trigger runs a slot.
+    wait_for(20, "the job to be registered", || {
+        get(a, "/api/v1/jobs")
+            .1
+            .as_array()
+            .is_some_and(|j| j.iter().any(|j| j["name"] == "nightly"))
+    });
+    let job = |a: &str| -> Value {
+        get(a, "/api/v1/jobs")
+            .1
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == "nightly")
+            .cloned()
+            .unwrap()
+    };
+    let j = job(a);
+    assert_eq!(j["paused"], false, "{j}");
+    assert!(
+        j["next_fire"].as_str().unwrap().ends_with("+09:00"),
+        "next fire in the job's zone: {j}"
+    );
+    let (code, body) = post(a, "/api/v1/jobs/nightly/pause", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(job(a)["paused"], true);
+    let (code, _) = post(a, "/api/v1/jobs/nightly/resume", json!({}));
+    assert_eq!(code, 200);
+    assert_eq!(job(a)["paused"], false);
+    let (code, body) = post(a, "/api/v1/jobs/nope/pause", json!({}));
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = post(
+        a,
+        "/api/v1/jobs/nightly/trigger",
+        json!({"slot": "yesterday"}),
+    );
+    assert_eq!((code, &body["field"]), (400, &json!("slot")), "{body}");
+    let (code, body) = post(
+        a,
+        "/api/v1/jobs/nightly/trigger",
+        json!({"slot": "2026-01-30T18:00:00Z"}),
+    );
+    assert_eq!(code, 200, "{body}");
+    let run = body["id"].as_i64().unwrap();
+    let (_, runs) = get(a, "/api/v1/tasks?job=nightly");
+    assert!(
+        runs["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == run),
+        "{runs}"
+    );
+    wait_for(20, "the triggered run to succeed", || {
+        get(a, &format!("/api/v1/tasks/{run}")).1["state"] == "succeeded"
+    });
+
+    // Locks: force-release needs the current token.
+    let (_, locks) = get(a, "/api/v1/locks");
+    let l = locks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "held-lock")
+        .cloned()
+        .unwrap();
+    assert_eq!(l["state"], "held", "{l}");
+    let token = l["token"].as_u64().unwrap();
+    let (code, body) = post(
+        a,
+        "/api/v1/locks/held-lock/release",
+        json!({"token": token + 1}),
+    );
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = post(a, "/api/v1/locks/held-lock/release", json!({}));
+    assert_eq!((code, &body["field"]), (400, &json!("token")), "{body}");
+    let (_, locks) = get(a, "/api/v1/locks");
+    assert!(
+        locks
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["name"] == "held-lock" && l["state"] == "held"),
+        "{locks}"
+    );
+    let (code, body) = post(
+        a,
+        "/api/v1/locks/held-lock/release",
+        json!({"token": token}),
+    );
+    assert_eq!(code, 200, "{body}");
+    let (_, locks) = get(a, "/api/v1/locks");
+    assert!(
+        locks
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["name"] == "held-lock" && l["state"] == "expired"),
+        "{locks}"
+    );
+    let (code, _) = post(a, "/api/v1/locks/no-such-lock/release", json!({"token": 1}));
+    assert_eq!(code, 404);
+
+    // Queues: counts by state.
+    let (code, queues) = get(a, "/api/v1/queues");
+    assert_eq!(code, 200, "{queues}");
+    let parked = queues
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "parked")
+        .cloned()
+        .unwrap();
+    assert_eq!(parked["pending"], 3, "{parked}");
+}
+
+/// Every route in `/api/v1/openapi.json` is served (not the 404 fallback)
+/// and the document lists every route this test knows of.
+async fn openapi_lists_every_route_served(e: Env) {
+    let srv = start(&e, None, &tokens());
+    let a = &srv.addr;
+    let (code, doc) = get(a, "/api/v1/openapi.json");
+    assert_eq!(code, 200, "{doc}");
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut listed = BTreeSet::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            assert!(op["summary"].is_string(), "{method} {path}");
+            listed.insert(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "GET /livez",
+        "GET /readyz",
+        "GET /health",
+        "GET /jobs",
+        "GET /stats",
+        "GET /metrics",
+        "GET /api/v1/jobs",
+        "POST /api/v1/jobs/{name}/pause",
+        "POST /api/v1/jobs/{name}/resume",
+        "POST /api/v1/jobs/{name}/trigger",
+        "GET /api/v1/tasks",
+        "POST /api/v1/tasks",
+        "POST /api/v1/tasks/retry-failed",
+        "GET /api/v1/tasks/{id}",
+        "POST /api/v1/tasks/{id}/retry",
+        "POST /api/v1/tasks/{id}/cancel",
+        "GET /api/v1/queues",
+        "GET /api/v1/queues/history",
+        "GET /api/v1/locks",
+        "POST /api/v1/locks/{name}/release",
+        "GET /api/v1/openapi.json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(listed, expected);
+    for route in &listed {
+        let (method, path) = route.split_once(' ').unwrap();
+        let path = path.replace("{name}", "nope").replace("{id}", "1");
+        let (code, body) = call(a, method, &path, Some(ADMIN), Some(json!({})));
+        let fallback = body["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("no such endpoint"));
+        assert!(!fallback && code != 405, "{route}: {code} {body}");
+    }
+    let (code, body) = get(a, "/api/v1/nope");
+    assert_eq!(code, 404, "{body}");
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("no such endpoint"));
+}
+
+/// `/readyz` answers 503 with the reason while the store is stopped (a
+/// private redis-server killed), and `/livez` stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_503_when_the_store_stops() {
+    let Some(mut redis) = support::Private::new(support::Kind::Redis) else {
+        return;
+    };
+    redis.start();
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let srv = start(&e, Some(&redis.url()), &[]);
+    let a = &srv.addr;
+    let (code, body) = call(a, "GET", "/readyz", None, None);
+    assert_eq!(code, 200, "{body}");
+    redis.stop();
+    wait_for(20, "/readyz to answer 503", || {
+        call(a, "GET", "/readyz", None, None).0 == 503
+    });
+    let (_, body) = call(a, "GET", "/readyz", None, None);
+    assert_eq!(body["status"], "unavailable", "{body}");
+    assert!(
+        body["error"].as_str().unwrap().starts_with("store"),
+        "{body}"
+    );
+    let (code, _) = call(a, "GET", "/health", None, None);
+    assert_eq!(code, 503);
+    let (code, _) = call(a, "GET", "/livez", None, None);
+    assert_eq!(code, 200);
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    read(std::path::Path::new(&format!("/proc/{pid}/status")))
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A 1 MiB header is answered 431 without being buffered: RSS stays flat
+/// over twenty such requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1mib_header_is_refused_with_431_and_rss_stays_flat() {
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let srv = start(&e, None, &[]);
+    let a = srv.addr.clone();
+    let (code, _) = call(&a, "GET", "/livez", None, None);
+    assert_eq!(code, 200);
+    let before = rss_kib(srv.kid.id());
+    let big = "a".repeat(1024 * 1024);
+    for _ in 0..20 {
+        let mut s = std::net::TcpStream::connect(&a).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let head = format!("GET /livez HTTP/1.1\r\nHost: {a}\r\nX-Big: {big}\r\n\r\n");
+        // The server stops reading at its limit, so write from another
+        // thread and read the answer here.
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(head.as_bytes());
+        });
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+            if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 431"), "{text:?}");
+        drop(s);
+        writer.join().unwrap();
+    }
+    let after = rss_kib(srv.kid.id());
+    assert!(
+        after < before + 16 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    let (code, _) = call(&a, "GET", "/livez", None, None);
+    assert_eq!(code, 200, "the server still answers");
+}
+
+/// Without a token, a non-loopback `--listen` is refused with one line
+/// naming the fix; with a token it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_loopback_listen_needs_a_token() {
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    std::fs::write(e.path("baton.toml"), CONFIG).unwrap();
+    let out = e
+        .cmd(&["serve", "--config", "baton.toml", "--listen", "0.0.0.0:0"])
+        .env_remove("BATON_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = common::stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("--listen"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains("BATON_ADMIN_TOKEN") && line.contains("127.0.0.1"),
+        "{err}"
+    );
+    let log = std::fs::File::create(e.path("open.log")).unwrap();
+    let mut kid = e
+        .cmd(&["serve", "--config", "baton.toml", "--listen", "0.0.0.0:0"])
+        .env("BATON_ADMIN_TOKEN", ADMIN)
+        .env("BATON_LOG", "info")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    wait_for(20, "the admin server on 0.0.0.0", || {
+        read(&e.path("open.log")).contains("admin on http://0.0.0.0:")
+    });
+    signal(&kid, libc::SIGTERM);
+    kid.wait().unwrap();
+}
+
+// ---- the dashboard in headless Chromium ------------------------------------------
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A page of headless Chromium driven over the DevTools protocol; collects
+/// console errors and uncaught exceptions as they arrive.
+struct Browser {
+    kid: Child,
+    ws: tungstenite::WebSocket<std::net::TcpStream>,
+    next_id: u64,
+    errors: Vec<String>,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.kid.kill();
+        let _ = self.kid.wait();
+    }
+}
+
+impl Browser {
+    fn launch() -> Browser {
+        let profile = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let kid = std::process::Command::new(CHROMIUM)
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--window-size=1400,1200",
+                &format!("--remote-debugging-port={port}"),
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The page target's websocket, from the DevTools HTTP endpoint.
+        let mut url = String::new();
+        wait_for(30, "Chromium's DevTools endpoint", || {
+            let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                return false;
+            };
+            let _ = write!(
+                s,
+                "GET /json/list HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            );
+            // DevTools may keep the connection open: read until the read
+            // times out or the peer closes; a partial body is retried.
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut raw = Vec::new();
+            let _ = s.read_to_end(&mut raw);
+            let answer = String::from_utf8_lossy(&raw);
+            let Some((_, body)) = answer.split_once("\r\n\r\n") else {
+                return false;
+            };
+            let targets: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+            if let Some(u) = targets
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| t["type"] == "page")
+                .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            {
+                url = u.to_string();
+            }
+            !url.is_empty()
+        });
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let (ws, _) = tungstenite::client(url.as_str(), tcp).unwrap();
+        let mut b = Browser {
+            kid,
+            ws,
+            next_id: 0,
+            errors: Vec::new(),
+            _profile: profile,
+        };
+        b.call("Runtime.enable", json!({}));
+        b.call("Log.enable", json!({}));
+        b.call("Page.enable", json!({}));
+        b
+    }
+
+    /// Send one command and wait for its answer, noting events on the way.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.ws
+            .send(tungstenite::Message::text(
+                json!({"id": id, "method": method, "params": params}).to_string(),
+            ))
+            .unwrap();
+        loop {
+            let msg = self.ws.read().unwrap();
+            let tungstenite::Message::Text(text) = msg else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(text.as_str()).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+            match v["method"].as_str() {
+                Some("Runtime.exceptionThrown") => self
+                    .errors
+                    .push(v["params"]["exceptionDetails"].to_string()),
+                Some("Runtime.consoleAPICalled") if v["params"]["type"] == "error" => {
+                    self.errors.push(v["params"]["args"].to_string())
+                }
+                Some("Log.entryAdded") if v["params"]["entry"]["level"] == "error" => {
+                    self.errors.push(v["params"]["entry"].to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Evaluate a JavaScript expression in the page; its JSON value.
+    fn eval(&mut self, expr: &str) -> Value {
+        let r = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expr, "returnByValue": true}),
+        );
+        assert!(r.get("exceptionDetails").is_none(), "{expr}: {r}");
+        r["result"]["value"].clone()
+    }
+}
+
+/// The dashboard in a real browser: loads with no console errors, shows a
+/// seeded job (with its run), task and lock, and a retry click changes the
+/// task's state. Writes a screenshot (to docs/dashboard.png with
+/// BATON_UPDATE_SCREENSHOT=1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
+    if !common::have("chromium", std::path::Path::new(CHROMIUM).exists()) {
+        return;
+    }
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let out = e.run(&[
+        "lock",
+        "nightly-report",
+        "--at-most",
+        "2h",
+        "--at-least",
+        "1h",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    let srv = start(&e, None, &tokens());
+    let a = srv.addr.clone();
+    // A run of the job, a failed task, and a cancelled one to retry.
+    let (code, run) = post(
+        &a,
+        "/api/v1/jobs/nightly/trigger",
+        json!({"slot": "2026-01-30T18:00:00Z"}),
+    );
+    assert_eq!(code, 200, "{run}");
+    let (_, failed) = post(
+        &a,
+        "/api/v1/tasks",
+        json!({"command": ["sh", "-c", "echo disk full >&2; exit 3"], "max_attempts": 1}),
+    );
+    let (_, parked) = post(
+        &a,
+        "/api/v1/tasks",
+        json!({"command": ["backup", "--full"], "queue": "parked"}),
+    );
+    let t = parked["id"].as_i64().unwrap();
+    let (code, _) = post(&a, &format!("/api/v1/tasks/{t}/cancel"), json!({}));
+    assert_eq!(code, 200);
+    let f = failed["id"].as_i64().unwrap();
+    wait_for(20, "the failing task to fail", || {
+        get(&a, &format!("/api/v1/tasks/{f}")).1["state"] == "failed"
+    });
+
+    let mut b = Browser::launch();
+    b.call(
+        "Page.navigate",
+        json!({"url": format!("http://{a}/#token={ADMIN}")}),
+    );
+    let seeded = format!(
+        r#"!!(document.querySelector('[data-job="nightly"] .mark.succeeded') && document.querySelector('[data-task="{t}"]') && document.querySelector('[data-lock="nightly-report"]') && document.querySelector('[data-queue="parked"]'))"#
+    );
+    let t0 = Instant::now();
+    while b.eval(&seeded) != json!(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the dashboard never showed the seeded rows: {}",
+            b.eval("document.body.innerText")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let state = format!(r#"document.querySelector('[data-task="{t}"] .task-state').textContent"#);
+    assert_eq!(b.eval(&state), json!("cancelled"));
+    assert_eq!(
+        b.eval(
+            r#"document.querySelector('[data-lock="nightly-report"]').textContent.includes('held')"#
+        ),
+        json!(true)
+    );
+    // The token went from the address into sessionStorage.
+    assert_eq!(b.eval("location.hash"), json!(""));
+    b.eval(&format!(
+        r#"document.querySelector('[data-retry="{t}"]').click()"#
+    ));
+    let t0 = Instant::now();
+    while b.eval(&state) != json!("pending") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the retry click did not change the task's state"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(get(&a, &format!("/api/v1/tasks/{t}")).1["state"], "pending");
+    assert_eq!(
+        b.eval(r#"document.getElementById('error').hidden"#),
+        json!(true)
+    );
+
+    b.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 1400, "height": 1150, "deviceScaleFactor": 1, "mobile": false}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let shot = b.call("Page.captureScreenshot", json!({"format": "png"}));
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["data"].as_str().unwrap())
+        .unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    std::fs::write(&out, &png).unwrap();
+    if std::env::var_os("BATON_UPDATE_SCREENSHOT").is_some() {
+        std::fs::write(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/dashboard.png"),
+            &png,
+        )
+        .unwrap();
+    }
+    // Any console error or exception so far fails the test.
+    b.eval("1");
+    assert!(b.errors.is_empty(), "console errors: {:#?}", b.errors);
+}
+
+/// Out of file descriptors, the accept loop logs the error and backs off
+/// instead of spinning a core, and serves again once descriptors free up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_errors_are_logged_and_back_off() {
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    std::fs::write(e.path("baton.toml"), CONFIG).unwrap();
+    let log = std::fs::File::create(e.path("emfile.log")).unwrap();
+    let kid = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 96 && exec {} serve --config baton.toml --listen 127.0.0.1:0",
+            common::BATON
+        ))
+        .env("BATON_STORE", &e.ts.url)
+        .env("BATON_PREFIX", &e.ts.prefix)
+        .current_dir(e.dir.path())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Stopped (SIGTERM, then SIGKILL) even when an assertion fails.
+    let srv = Server {
+        kid,
+        addr: String::new(),
+    };
+    let kid = &srv.kid;
+    let mut addr = String::new();
+    wait_for(20, "the admin address", || {
+        if let Some(a) = read(&e.path("emfile.log"))
+            .lines()
+            .find_map(|l| l.split("admin on http://").nth(1))
+        {
+            addr = a.trim().to_string();
+        }
+        !addr.is_empty()
+    });
+    // Hold more connections than the server has descriptors left.
+    let mut held = Vec::new();
+    for _ in 0..150 {
+        if let Ok(s) = std::net::TcpStream::connect(&addr) {
+            held.push(s);
+        }
+    }
+    wait_for(20, "the accept error in the log", || {
+        read(&e.path("emfile.log")).contains("accept failed")
+    });
+    let cpu = |pid: u32| -> u64 {
+        let stat = read(std::path::Path::new(&format!("/proc/{pid}/stat")));
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_default();
+        let f: Vec<&str> = after.split_whitespace().collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let t0 = cpu(kid.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu(kid.id()) - t0;
+    // Clock ticks (100 a second): a spinning loop would use ~200.
+    assert!(
+        used < 60,
+        "the server used {used} ticks in 2 s while out of descriptors"
+    );
+    drop(held);
+    wait_for(20, "the server to answer again", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+            && call(&addr, "GET", "/livez", None, None).0 == 200
+    });
+    drop(srv);
+}
