@@ -30,6 +30,8 @@ PGBOSS_VERSION=${PGBOSS_VERSION:-12.38.0}
 NODE22_VERSION=${NODE22_VERSION:-22}
 BULLMQ_VERSION=${BULLMQ_VERSION:-6.7.0}
 BATON_BENCH=${BATON_BENCH:-}    # a prebuilt baton-bench to use instead of building one
+BASE_BENCH=${BASE_BENCH:-}      # another baton-bench (e.g. main's) run right after each baton
+                                # throughput run, recorded with "build":"base" (old vs new)
 PRECISION_SECS=${PRECISION_SECS:-60}
 SECTIONS=${SECTIONS:-"ceilings lock latency precision throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
@@ -44,7 +46,11 @@ LOG="$OUT/log.txt"
 log() { echo "$*" | tee -a "$LOG" >&2; }
 
 # record REP JSON: append one result line with the repetition number.
-record() { jq -c --argjson rep "$1" '. + {rep: $rep}' <<<"$2" >>"$RESULTS"; }
+BUILD=""
+record() {
+  jq -c --argjson rep "$1" --arg build "$BUILD" \
+    '. + {rep: $rep} + (if $build == "" then {} else {build: $build} end)' <<<"$2" >>"$RESULTS"
+}
 
 sqlite_url() { echo "sqlite://$TMP/baton-bench-$$-$RANDOM.db"; }
 sqlite_rm() { local f=${1#sqlite://}; rm -f "$f" "$f-wal" "$f-shm"; }
@@ -54,7 +60,7 @@ redis_clean() { redis-cli -u "$REDIS" --scan --pattern '*bench_*' | xargs -r -n 
 bench() {
   local rep=$1; shift
   local out
-  out=$("$BIN" "$@" 2>>"$OUT/explain.txt")
+  out=$("${BENCH_BIN:-$BIN}" "$@" 2>>"$OUT/explain.txt")
   grep '^#' <<<"$out" | tee -a "$LOG" >&2
   while IFS= read -r line; do record "$rep" "$line"; done < <(grep '^{' <<<"$out")
 }
@@ -198,6 +204,12 @@ bullmq() {
   bullmq_clean
 }
 
+# base_throughput REP STORE: the same throughput run with $BASE_BENCH, if set.
+base_throughput() {
+  [ -n "$BASE_BENCH" ] || return 0
+  BUILD=base BENCH_BIN=$BASE_BENCH on_store "$1" "$2" queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+}
+
 # ---- the run -----------------------------------------------------------------------
 log "# baton-bench run $(date -Is) on $(nproc) cores; REPS=$REPS JOBS=$JOBS; $(git rev-parse --short HEAD)"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -227,11 +239,14 @@ for rep in $(seq 1 "$REPS"); do
   if has throughput; then
     # baton and its peers back to back on the same servers, alternating.
     on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    base_throughput "$rep" postgres
     graphile "$rep"
     pgboss "$rep"
     on_store "$rep" redis queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    base_throughput "$rep" redis
     bullmq "$rep"
     on_store "$rep" sqlite queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    base_throughput "$rep" sqlite
   fi
 done
 
