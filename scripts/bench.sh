@@ -32,6 +32,10 @@ BULLMQ_VERSION=${BULLMQ_VERSION:-6.7.0}
 BATON_BENCH=${BATON_BENCH:-}    # a prebuilt baton-bench to use instead of building one
 BASE_BENCH=${BASE_BENCH:-}      # another baton-bench (e.g. main's) run right after each baton
                                 # throughput run, recorded with "build":"base" (old vs new)
+BASE_ARGS=${BASE_ARGS:-}        # extra throughput arguments for that base run (with or without
+                                # BASE_BENCH), e.g. "--hold-slots --result-batches 1"
+NEW_ARGS=${NEW_ARGS:-}          # extra throughput arguments for the baton runs, e.g.
+                                # "--delete-succeeded" (PostgreSQL)
 PRECISION_SECS=${PRECISION_SECS:-60}
 SECTIONS=${SECTIONS:-"ceilings lock latency precision throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
@@ -204,10 +208,13 @@ bullmq() {
   bullmq_clean
 }
 
-# base_throughput REP STORE: the same throughput run with $BASE_BENCH, if set.
+# base_throughput REP STORE: the same throughput run with $BASE_BENCH and
+# $BASE_ARGS, if either is set.
 base_throughput() {
-  [ -n "$BASE_BENCH" ] || return 0
-  BUILD=base BENCH_BIN=$BASE_BENCH on_store "$1" "$2" queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+  [ -n "$BASE_BENCH$BASE_ARGS" ] || return 0
+  # shellcheck disable=SC2086
+  BUILD=base BENCH_BIN=${BASE_BENCH:-$BIN} on_store "$1" "$2" queue-throughput --jobs "$JOBS" \
+    --workers 4 --concurrency 24 --pool "$POOL" $BASE_ARGS
 }
 
 # ---- the run -----------------------------------------------------------------------
@@ -238,7 +245,7 @@ for rep in $(seq 1 "$REPS"); do
   fi
   if has throughput; then
     # baton and its peers back to back on the same servers, alternating.
-    on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL" $NEW_ARGS
     base_throughput "$rep" postgres
     graphile "$rep"
     pgboss "$rep"

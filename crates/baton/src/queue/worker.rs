@@ -193,6 +193,16 @@ pub struct WorkerConfig {
     /// worker that finds the queue at its cap checks again on its next poll
     /// tick.
     pub max_running: BTreeMap<String, u32>,
+    /// Free a handler's slot as soon as it returns (default true): its
+    /// result is still being written, and the attempt stays leased and
+    /// heartbeated until the store answers; at most `concurrency` such
+    /// results wait per queue, beyond that a slot is freed only by the
+    /// answer. False: every slot waits for its result's answer.
+    pub free_slot_on_return: bool,
+    /// How many batches of results a worker writes at once (default 2, at
+    /// least 1). While they are in flight the next batch gathers what
+    /// queues up, so a busy worker's batches grow instead of multiplying.
+    pub result_batches_in_flight: usize,
 }
 
 impl Default for WorkerConfig {
@@ -208,6 +218,8 @@ impl Default for WorkerConfig {
             rescue: true,
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
+            free_slot_on_return: true,
+            result_batches_in_flight: 2,
         }
     }
 }
@@ -264,6 +276,12 @@ impl WorkerConfig {
             return Err(InvalidInput::new(
                 "lease",
                 "must be at least 30ms (e.g. 30s)",
+            ));
+        }
+        if self.result_batches_in_flight == 0 {
+            return Err(InvalidInput::new(
+                "result_batches_in_flight",
+                "must be at least 1 (e.g. 2)",
             ));
         }
         if self.poll_interval.is_zero() {
@@ -387,6 +405,7 @@ impl Worker {
         let completer = tokio::spawn(complete_loop(
             self.store.clone(),
             self.config.lease,
+            self.config.result_batches_in_flight,
             completion_rx,
         ));
         let shared = Arc::new(Shared {
@@ -785,7 +804,11 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
     // Attempts whose handler has returned but whose result the store has
     // not acknowledged yet, beyond the running ones: at most `concurrency`
     // (see `start_task`).
-    let unacked = Arc::new(Semaphore::new(concurrency));
+    let unacked = Arc::new(Semaphore::new(if shared.config.free_slot_on_return {
+        concurrency
+    } else {
+        0
+    }));
     let freed = Arc::new(Notify::new());
     let mut more = true; // the last claim filled every free slot: there may be more
                          // Under a cluster-wide cap a claim can come back short while work
@@ -1110,24 +1133,20 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
     }
 }
 
-/// How many batches of results a worker writes at once. While they are in
-/// flight the next batch gathers what queues up, so a busy worker's batches
-/// grow instead of multiplying.
-const COMPLETIONS_IN_FLIGHT: usize = 2;
-
 /// Write finished attempts in batches: whatever queued up while the last
 /// batches were being written goes in the next one (one statement or round
-/// trip where the backend can), with up to [`COMPLETIONS_IN_FLIGHT`]
-/// batches written at once, so a busy worker does not pay one commit per
+/// trip where the backend can), with up to `in_flight` batches written at
+/// once (see [`WorkerConfig::result_batches_in_flight`]), so a busy worker does not pay one commit per
 /// task, nor wait for one batch's commit before sending the next, and an
 /// idle one adds no delay.
 async fn complete_loop(
     store: Store,
     lease: Duration,
+    in_flight: usize,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>,
 ) {
     const MAX_BATCH: usize = 256;
-    let gate = Arc::new(Semaphore::new(COMPLETIONS_IN_FLIGHT));
+    let gate = Arc::new(Semaphore::new(in_flight.max(1)));
     let mut writes = JoinSet::new();
     loop {
         // A free place first, then the batch: what queues up while every
