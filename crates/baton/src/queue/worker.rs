@@ -799,6 +799,10 @@ const RECOVERY_WINDOW: Duration = Duration::from_secs(15);
 /// The claim period while recovering from a store error.
 const RECOVERY_POLL: Duration = Duration::from_millis(100);
 
+/// With slots freed as handlers return, how long a claim for fewer than
+/// half the slots waits for more to free.
+const CLAIM_GATHER: Duration = Duration::from_millis(2);
+
 async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
     let slots = Arc::new(Semaphore::new(concurrency));
     // Attempts whose handler has returned but whose result the store has
@@ -810,6 +814,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         0
     }));
     let freed = Arc::new(Notify::new());
+    let early = shared.config.free_slot_on_return;
     let mut more = true; // the last claim filled every free slot: there may be more
                          // Under a cluster-wide cap a claim can come back short while work
                          // waits; a slot freed here is then a reason to look again.
@@ -824,7 +829,17 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         if shared.stop_claiming.is_cancelled() {
             return;
         }
-        let free = slots.available_permits();
+        let mut free = slots.available_permits();
+        if free > 0 && more && early && free < concurrency.div_ceil(2) {
+            // Slots free one by one as handlers return (see `Slot`): let a
+            // few more free before claiming, so claims stay large rather
+            // than one round trip (and commit) per task or two.
+            tokio::select! {
+                _ = tokio::time::sleep(CLAIM_GATHER) => {}
+                _ = shared.stop_claiming.cancelled() => return,
+            }
+            free = slots.available_permits();
+        }
         if free > 0 && more {
             let req = ClaimRequest {
                 queue: &queue,
