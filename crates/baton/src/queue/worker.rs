@@ -193,14 +193,16 @@ pub struct WorkerConfig {
     /// worker that finds the queue at its cap checks again on its next poll
     /// tick.
     pub max_running: BTreeMap<String, u32>,
-    /// Free a handler's slot as soon as it returns (default true): its
+    /// Free a handler's slot as soon as it returns (default false): its
     /// result is still being written, and the attempt stays leased and
     /// heartbeated until the store answers; at most `concurrency` such
     /// results wait per queue, beyond that a slot is freed only by the
-    /// answer. False: every slot waits for its result's answer.
+    /// answer. False: every slot waits for its result's answer. With
+    /// `result_batches_in_flight = 2` it measured 1.45–1.65× on PostgreSQL
+    /// but slower on Redis and SQLite (docs/BENCHMARKS.md 4h).
     pub free_slot_on_return: bool,
-    /// How many batches of results a worker writes at once (default 2, at
-    /// least 1). While they are in flight the next batch gathers what
+    /// How many batches of results a worker writes at once (default 1, at
+    /// least 1; 2 with `free_slot_on_return` on PostgreSQL). While they are in flight the next batch gathers what
     /// queues up, so a busy worker's batches grow instead of multiplying.
     pub result_batches_in_flight: usize,
 }
@@ -218,8 +220,8 @@ impl Default for WorkerConfig {
             rescue: true,
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
-            free_slot_on_return: true,
-            result_batches_in_flight: 2,
+            free_slot_on_return: false,
+            result_batches_in_flight: 1,
         }
     }
 }
