@@ -419,7 +419,14 @@ async fn lock_bench(a: LockArgs) -> Result<()> {
                             Acquire::Busy(_) => bail!("lock {name} unexpectedly busy"),
                         };
                         let t1 = Instant::now();
-                        if !b.lock_release(&name, token, Duration::ZERO).await? {
+                        if !b
+                            .lock_release(&baton::store::LockRelease {
+                                name: &name,
+                                token,
+                                at_least: Duration::ZERO,
+                            })
+                            .await?
+                        {
                             bail!("release of {name} refused");
                         }
                         t1
@@ -709,7 +716,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
             while Instant::now() < end {
                 let c0 = Instant::now();
                 let got = b
-                    .claim(&ClaimRequest {
+                    .task_claim(&ClaimRequest {
                         queue,
                         worker: &worker,
                         limit: batch,
@@ -726,7 +733,10 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                 claimed.fetch_add(got.len() as u64, Ordering::Relaxed);
                 for t in got {
                     let f0 = Instant::now();
-                    let ok = b.finish(t.claim(), &finish).await?;
+                    let ok = b
+                        .task_finish_many(&[(t.claim(), finish.clone())])
+                        .await
+                        .map(|r| r == [true])?;
                     finish_lat.push(f0.elapsed());
                     if !ok {
                         bail!("finish of task {} refused", t.id);
@@ -919,7 +929,7 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
     loop {
         let page = store
             .backend()
-            .tasks(&TaskFilter {
+            .task_list(&TaskFilter {
                 job: Some("tick".into()),
                 before_id: before,
                 limit: 1000,

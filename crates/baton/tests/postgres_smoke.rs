@@ -96,22 +96,22 @@ async fn outbox_rolled_back_leaves_nothing() {
         .unwrap();
     assert_eq!(r.len(), 2);
     tx.rollback().await.unwrap();
-    assert!(f.b().task(r[0].id).await.unwrap().is_none());
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_none());
     assert!(f
         .b()
-        .tasks(&TaskFilter::default())
+        .task_list(&TaskFilter::default())
         .await
         .unwrap()
         .is_empty());
     // Committed, it is there and wakes subscribers at commit.
-    let mut rx = f.b().subscribe().await.unwrap();
+    let mut rx = f.b().wake_subscribe().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await; // let LISTEN start
     let mut tx = conn.begin().await.unwrap();
     let r = postgres::enqueue_in(&mut tx, Some(&f.prefix), &[task("o")])
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    assert!(f.b().task(r[0].id).await.unwrap().is_some());
+    assert!(f.b().task_get(r[0].id).await.unwrap().is_some());
     let q = tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("notification within 5s")
@@ -124,12 +124,12 @@ async fn outbox_rolled_back_leaves_nothing() {
 async fn subscribe_gets_due_queues_once_per_batch() {
     let Some(f) = setup().await else { return };
     let b = f.b();
-    let mut rx = b.subscribe().await.unwrap();
-    let mut rx2 = b.subscribe().await.unwrap();
+    let mut rx = b.wake_subscribe().await.unwrap();
+    let mut rx2 = b.wake_subscribe().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut later = task("later");
     later.run_at = RunAt::Delay(Duration::from_secs(60));
-    b.enqueue(&[task("a"), task("a"), later, task("b")])
+    b.task_insert_many(&[task("a"), task("a"), later, task("b")])
         .await
         .unwrap();
     let before = b.now().await.unwrap();
@@ -217,7 +217,7 @@ async fn claim_plan_and_throughput() {
         })
         .collect();
     let t0 = Instant::now();
-    let r = b.enqueue(&batch).await.unwrap();
+    let r = b.task_insert_many(&batch).await.unwrap();
     let el = t0.elapsed();
     assert_eq!(r.len(), 100_000);
     println!(
@@ -248,7 +248,7 @@ async fn claim_plan_and_throughput() {
         "generic plan, no ANALYZE",
     );
     // Fresh statistics after the bulk insert, then 100k more.
-    b.enqueue(&batch).await.unwrap();
+    b.task_insert_many(&batch).await.unwrap();
     sqlx::Executor::execute(&mut conn, format!("ANALYZE \"{}tasks\"", f.prefix).as_str())
         .await
         .unwrap();
@@ -271,7 +271,7 @@ async fn claim_plan_and_throughput() {
     loop {
         let c = b
             .backend()
-            .claim(&claim_req("bulk", 100, MIN))
+            .task_claim(&claim_req("bulk", 100, MIN))
             .await
             .unwrap();
         if c.is_empty() {
@@ -293,7 +293,7 @@ async fn claim_plan_and_throughput() {
 async fn listener_reconnects_after_its_connection_is_killed() {
     let Some(f) = setup().await else { return };
     let b = f.b();
-    let mut rx = b.subscribe().await.unwrap();
+    let mut rx = b.wake_subscribe().await.unwrap();
     let mut admin = sqlx::PgConnection::connect(&url()).await.unwrap();
     let listening = format!("LISTEN \"{}tasks\"", f.prefix);
     let find = format!(
@@ -316,7 +316,7 @@ async fn listener_reconnects_after_its_connection_is_killed() {
     // until one arrives.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        b.enqueue(&[task("again")]).await.unwrap();
+        b.task_insert_many(&[task("again")]).await.unwrap();
         if let Ok(Ok(q)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
             assert_eq!(q.queue, "again");
             break;
@@ -353,32 +353,36 @@ async fn delete_on_success_is_fenced_and_keeps_keyed_tasks() {
     let mut scheduled = task("d");
     scheduled.job = Some("nightly".into());
     let ids: Vec<i64> = b
-        .enqueue(&[task("d"), keyed, scheduled, task("d")])
+        .task_insert_many(&[task("d"), keyed, scheduled, task("d")])
         .await
         .unwrap()
         .iter()
         .map(|e| e.id)
         .collect();
-    let got = b.claim(&claim_req("d", 4, MIN)).await.unwrap();
+    let got = b.task_claim(&claim_req("d", 4, MIN)).await.unwrap();
     assert_eq!(got.len(), 4);
     let claim_of = |id: i64| got.iter().find(|t| t.id == id).unwrap().claim();
     // A stale token is refused and deletes nothing.
     let mut stale = claim_of(ids[0]);
     stale.token = baton::store::FencingToken(stale.token.0 - 1);
-    assert!(!b.finish(stale, &Finish::Succeeded).await.unwrap());
-    assert!(b.task(ids[0]).await.unwrap().is_some());
+    assert!(!b
+        .task_finish_many(&[(stale, Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
+    assert!(b.task_get(ids[0]).await.unwrap().is_some());
     let items: Vec<_> = ids[..3]
         .iter()
         .map(|&id| (claim_of(id), Finish::Succeeded))
         .collect();
-    assert_eq!(b.finish_many(&items).await.unwrap(), vec![true; 3]);
+    assert_eq!(b.task_finish_many(&items).await.unwrap(), vec![true; 3]);
     assert!(
-        b.task(ids[0]).await.unwrap().is_none(),
+        b.task_get(ids[0]).await.unwrap().is_none(),
         "plain task deleted"
     );
     for &id in &ids[1..3] {
         let t = b
-            .task(id)
+            .task_get(id)
             .await
             .unwrap()
             .expect("keyed/scheduled task kept");
@@ -386,13 +390,15 @@ async fn delete_on_success_is_fenced_and_keeps_keyed_tasks() {
     }
     // A single finish deletes too; a second one is refused.
     assert!(b
-        .finish(claim_of(ids[3]), &Finish::Succeeded)
+        .task_finish_many(&[(claim_of(ids[3]), Finish::Succeeded)])
         .await
+        .map(|r| r == [true])
         .unwrap());
-    assert!(b.task(ids[3]).await.unwrap().is_none());
+    assert!(b.task_get(ids[3]).await.unwrap().is_none());
     assert!(!b
-        .finish(claim_of(ids[3]), &Finish::Succeeded)
+        .task_finish_many(&[(claim_of(ids[3]), Finish::Succeeded)])
         .await
+        .map(|r| r == [true])
         .unwrap());
     f.drop_tables().await;
 }

@@ -129,7 +129,15 @@ impl TaskContext {
     /// Record progress on the task (any JSON). Fails with
     /// [`Error::LeaseLost`] when the claim is no longer this worker's.
     pub async fn progress(&self, value: serde_json::Value) -> Result<(), Error> {
-        if self.store.backend().progress(self.claim(), &value).await? {
+        if self
+            .store
+            .backend()
+            .task_set_progress(&crate::store::TaskSetProgress {
+                claim: self.claim(),
+                progress: &value,
+            })
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::LeaseLost(format!("task {}", self.task.id)))
@@ -437,7 +445,7 @@ impl Worker {
         shared
             .counters
             .serve(self.config.queues.iter().map(|(q, _)| q.clone()));
-        let mut wake = match self.store.backend().subscribe().await {
+        let mut wake = match self.store.backend().wake_subscribe().await {
             Ok(rx) => Some(rx),
             Err(e) => {
                 tracing::warn!(error = %e, "no wake-up channel; polling only");
@@ -697,7 +705,7 @@ async fn upkeep_loop(
                     }
                 },
             },
-            _ = rescue.tick(), if cfg.rescue => match shared.store.backend().rescue().await {
+            _ = rescue.tick(), if cfg.rescue => match shared.store.backend().task_rescue_many().await {
                 Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
                     tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
                     pokes.iter().for_each(|p| p.notify_one());
@@ -707,7 +715,7 @@ async fn upkeep_loop(
             },
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
-                    match shared.store.backend().prune(keep).await {
+                    match shared.store.backend().task_prune(keep).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                         Err(e) => tracing::warn!(error = %e, "prune failed"),
@@ -851,7 +859,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                 max_running: shared.config.max_running.get(&queue).copied(),
             };
             let sent = Instant::now();
-            match shared.store.backend().claim(&req).await {
+            match shared.store.backend().task_claim(&req).await {
                 Ok(batch) => {
                     backoff = Duration::from_millis(50);
                     more = batch.len() == free;
@@ -867,8 +875,9 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                             let _ = shared
                                 .store
                                 .backend()
-                                .finish(task.claim(), &Finish::HandBack)
-                                .await;
+                                .task_finish_many(&[(task.claim(), Finish::HandBack)])
+                                .await
+                                .map(|r| r == [true]);
                         }
                         more = true;
                         continue;
@@ -880,8 +889,9 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                             let _ = shared
                                 .store
                                 .backend()
-                                .finish(claim, &Finish::HandBack)
-                                .await;
+                                .task_finish_many(&[(claim, Finish::HandBack)])
+                                .await
+                                .map(|r| r == [true]);
                             continue;
                         };
                         let slot = Slot {
@@ -1196,7 +1206,7 @@ async fn write_batch(
 ) {
     let items: Vec<(Claim, Finish)> = batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
     // No batch waits past a lease: its waiters have given up by then.
-    let call = crate::store::bounded(lease, "finish", store.backend().finish_many(&items));
+    let call = crate::store::bounded(lease, "finish", store.backend().task_finish_many(&items));
     match call.await {
         Ok(answers) if answers.len() == batch.len() => {
             for (c, ok) in batch.into_iter().zip(answers) {
@@ -1238,11 +1248,21 @@ async fn finish_once(
     });
     if sent.is_err() {
         // The completer is gone (shutdown): write directly.
-        return shared.store.backend().finish(claim, finish).await;
+        return shared
+            .store
+            .backend()
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true]);
     }
     match answer.await {
         Ok(r) => r,
-        Err(_) => shared.store.backend().finish(claim, finish).await,
+        Err(_) => shared
+            .store
+            .backend()
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true]),
     }
 }
 
@@ -1323,7 +1343,13 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
             continue;
         }
         let sent = Instant::now();
-        let call = shared.store.backend().heartbeat(&claims, lease);
+        let call = shared
+            .store
+            .backend()
+            .task_heartbeat_many(&crate::store::TaskHeartbeatMany {
+                claims: &claims,
+                lease,
+            });
         match crate::store::bounded(period, "heartbeat", call).await {
             Ok(answers) => {
                 let mut running = lock(&shared.running);

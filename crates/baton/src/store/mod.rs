@@ -95,17 +95,17 @@ pub trait Backend: Send + Sync + 'static {
     // ---- tasks -------------------------------------------------------------
 
     /// Insert tasks (idempotently per unique key), in order; one result each.
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError>;
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError>;
 
     /// Lease up to `limit` due pending tasks whose cancellation was not
     /// requested, ordered by priority, run_at, id; each claimed task's
     /// attempt goes up by one and its token to `max(previous + 1, store
     /// clock in µs)`.
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError>;
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError>;
 
     /// Extend the leases of running claims to `now + lease`, in one round
     /// trip; one answer per claim, in order.
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
@@ -114,23 +114,27 @@ pub trait Backend: Send + Sync + 'static {
     /// End an attempt. A compare-and-set on (id, token, running): false
     /// means the claim was lost and nothing changed. The transitions are the
     /// table in DESIGN.md ("Task states").
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError>;
 
     /// End many attempts at once: one answer per item, in order, each as
-    /// [`Backend::finish`] would give it. Workers send every completion
+    /// [`Backend::task_finish`] would give it. Workers send every completion
     /// through this, so a backend should do a batch in one transaction or
     /// round trip; the default (one `finish` after another) is correct but
     /// serializes the worker's completions.
-    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
         for (claim, finish) in items {
-            out.push(self.finish(*claim, finish).await?);
+            out.push(
+                self.task_finish_many(&[(*claim, finish.clone())])
+                    .await
+                    .map(|r| r == [true])?,
+            );
         }
         Ok(out)
     }
 
     /// Store a progress report on a running claim. False if the claim is lost.
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
@@ -139,32 +143,32 @@ pub trait Backend: Send + Sync + 'static {
     /// Return every running task whose lease lapsed to pending (or to failed
     /// with [`LEASE_EXPIRED`] when out of attempts, or to cancelled when
     /// cancellation was requested). Any instance may call it any time.
-    async fn rescue(&self) -> Result<Rescued, StoreError>;
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError>;
 
     /// Cancel a task (see [`CancelOutcome`]).
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError>;
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError>;
 
     /// Move a failed or cancelled task back to pending now, allowing at least
     /// one more attempt. False when the task is not failed or cancelled.
-    async fn retry(&self, id: i64) -> Result<bool, StoreError>;
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError>;
 
     /// One task.
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError>;
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError>;
 
     /// A page of tasks (see [`TaskFilter`]).
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError>;
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError>;
 
     /// Counts per queue and state, sorted by queue.
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError>;
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
 
     /// Delete terminal tasks that finished more than `older_than` ago.
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError>;
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError>;
 
     /// A stream of [`Wake`]s: queues that got new pending work, due now or
     /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,
-    /// [`Backend::retry`]). A hint only: it may miss some, so workers poll
+    /// [`Backend::task_retry`]). A hint only: it may miss some, so workers poll
     /// as well.
-    async fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError>;
+    async fn wake_subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError>;
 
     // ---- schedules ---------------------------------------------------------
 
@@ -426,7 +430,7 @@ macro_rules! bounded_backend {
             /// one batch would not be answered in order. A batch that
             /// repeats a task goes as runs of distinct tasks, one after
             /// another: each item then gets exactly `finish`'s answer.
-            async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+            async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
                 let mut out = Vec::with_capacity(items.len());
                 let mut start = 0;
                 while start < items.len() {
@@ -438,8 +442,8 @@ macro_rules! bounded_backend {
                             .count();
                     let part = bounded(
                         self.limit,
-                        "store call finish_many",
-                        self.inner.finish_many(&items[start..end]),
+                        "store call task_finish_many",
+                        self.inner.task_finish_many(&items[start..end]),
                     )
                     .await?;
                     out.extend(part);
@@ -470,19 +474,19 @@ bounded_backend! {
     lock_release(name: &str, token: FencingToken, at_least: Duration) -> bool;
     lock_get(name: &str) -> Option<LockInfo>;
     lock_list() -> Vec<LockInfo>;
-    enqueue(tasks: &[NewTask]) -> Vec<Enqueued>;
-    claim(req: &ClaimRequest<'_>) -> Vec<Task>;
-    heartbeat(claims: &[Claim], lease: Duration) -> Vec<Heartbeat>;
-    finish(claim: Claim, finish: &Finish) -> bool;
-    progress(claim: Claim, progress: &serde_json::Value) -> bool;
-    rescue() -> Rescued;
-    cancel(id: i64) -> CancelOutcome;
-    retry(id: i64) -> bool;
-    task(id: i64) -> Option<TaskInfo>;
-    tasks(filter: &TaskFilter) -> Vec<TaskInfo>;
-    stats() -> Vec<QueueStats>;
-    prune(older_than: Duration) -> u64;
-    subscribe() -> tokio::sync::broadcast::Receiver<Wake>;
+    task_insert_many(tasks: &[NewTask]) -> Vec<Enqueued>;
+    task_claim(req: &ClaimRequest<'_>) -> Vec<Task>;
+    task_heartbeat_many(claims: &[Claim], lease: Duration) -> Vec<Heartbeat>;
+    task_finish(claim: Claim, finish: &Finish) -> bool;
+    task_set_progress(claim: Claim, progress: &serde_json::Value) -> bool;
+    task_rescue_many() -> Rescued;
+    task_cancel(id: i64) -> CancelOutcome;
+    task_retry(id: i64) -> bool;
+    task_get(id: i64) -> Option<TaskInfo>;
+    task_list(filter: &TaskFilter) -> Vec<TaskInfo>;
+    queue_stats() -> Vec<QueueStats>;
+    task_prune(older_than: Duration) -> u64;
+    wake_subscribe() -> tokio::sync::broadcast::Receiver<Wake>;
     job_register(job: &str) -> JobState;
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(job: &str, paused: bool) -> bool;

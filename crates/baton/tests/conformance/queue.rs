@@ -23,7 +23,7 @@ fn task(kind: &str) -> TaskBuilder {
 async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::store::Task> {
     store
         .backend()
-        .claim(&ClaimRequest {
+        .task_claim(&ClaimRequest {
             queue,
             worker: "test-worker",
             limit: n,
@@ -131,8 +131,9 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     assert!(ts
         .store
         .backend()
-        .finish(c[0].claim(), &Finish::Succeeded)
+        .task_finish_many(&[(c[0].claim(), Finish::Succeeded)])
         .await
+        .map(|r| r == [true])
         .unwrap());
     let again = q.enqueue(task("u").unique_key("report-42")).await.unwrap();
     assert!(again.inserted && again.id != ids[0]);
@@ -145,8 +146,9 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     for t in &c {
         ts.store
             .backend()
-            .finish(t.claim(), &Finish::Succeeded)
+            .task_finish_many(&[(t.claim(), Finish::Succeeded)])
             .await
+            .map(|r| r == [true])
             .unwrap();
     }
     let f2 = q
@@ -190,14 +192,17 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let t = claim(&ts.store, "default", 1, 150).await.remove(0);
     let first = t.claim();
     assert_eq!(
-        b.heartbeat(&[first], Duration::from_millis(150))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[first],
+            lease: Duration::from_millis(150)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Extended]
     );
     // The worker freezes past its lease; any instance rescues it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = b.rescue().await.unwrap();
+    let r = b.task_rescue_many().await.unwrap();
     assert_eq!(r.requeued, 1);
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Pending);
@@ -218,21 +223,46 @@ pub async fn finish_is_compare_and_set(ts: TestStore) {
     let second = t2.claim();
     // The frozen worker wakes up: its heartbeat and its result are refused.
     assert_eq!(
-        b.heartbeat(&[first, second], Duration::from_secs(10))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[first, second],
+            lease: Duration::from_secs(10)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Lost, Heartbeat::Extended]
     );
     assert!(
-        !b.finish(first, &Finish::Succeeded).await.unwrap(),
+        !b.task_finish_many(&[(first, Finish::Succeeded)])
+            .await
+            .map(|r| r == [true])
+            .unwrap(),
         "stale result refused"
     );
-    assert!(!b.progress(first, &json!({"p": 1})).await.unwrap());
+    assert!(!b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: first,
+            progress: &json!({"p": 1})
+        })
+        .await
+        .unwrap());
     assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Running);
-    assert!(b.progress(second, &json!({"done": 50})).await.unwrap());
-    assert!(b.finish(second, &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: second,
+            progress: &json!({"done": 50})
+        })
+        .await
+        .unwrap());
+    assert!(b
+        .task_finish_many(&[(second, Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     assert!(
-        !b.finish(second, &Finish::Succeeded).await.unwrap(),
+        !b.task_finish_many(&[(second, Finish::Succeeded)])
+            .await
+            .map(|r| r == [true])
+            .unwrap(),
         "finishing twice is refused"
     );
     let info = q.task(id).await.unwrap().unwrap();
@@ -250,7 +280,7 @@ pub async fn rescue_out_of_attempts_fails_with_reason(ts: TestStore) {
     claim(&ts.store, "default", 1, 50).await;
     assert_eq!(q.cancel(cancel_me).await.unwrap(), CancelOutcome::Requested);
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let r = b.rescue().await.unwrap();
+    let r = b.task_rescue_many().await.unwrap();
     assert_eq!((r.requeued, r.failed, r.cancelled), (0, 1, 1));
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);
@@ -260,7 +290,7 @@ pub async fn rescue_out_of_attempts_fails_with_reason(ts: TestStore) {
         TaskState::Cancelled
     );
     assert_eq!(
-        b.rescue().await.unwrap(),
+        b.task_rescue_many().await.unwrap(),
         Default::default(),
         "rescue is idempotent"
     );
@@ -461,7 +491,7 @@ pub async fn heartbeats_keep_a_long_task_alive(ts: TestStore) {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_millis(1_200) {
         assert_eq!(
-            other.backend().rescue().await.unwrap().requeued,
+            other.backend().task_rescue_many().await.unwrap().requeued,
             0,
             "a live worker's task is never rescued"
         );
@@ -601,15 +631,19 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
         );
     }
     let c = claim(&ts.store, "qa", 2, 10_000).await;
-    b.finish(c[0].claim(), &Finish::Succeeded).await.unwrap();
-    b.finish(
+    b.task_finish_many(&[(c[0].claim(), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap();
+    b.task_finish_many(&[(
         c[1].claim(),
-        &Finish::Failed {
+        Finish::Failed {
             error: "e".into(),
             retry_in: None,
         },
-    )
+    )])
     .await
+    .map(|r| r == [true])
     .unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
     let st = q.stats().await.unwrap();
@@ -693,7 +727,11 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     assert_eq!(c.len(), 5);
     let cl = |t: &baton::store::Task| t.claim();
     // A claim that is already finished, and one with a stale attempt.
-    assert!(b.finish(cl(&c[4]), &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(cl(&c[4]), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     let stale = Claim {
         token: FencingToken(c[3].token.0 - 1),
         ..c[3].claim()
@@ -712,7 +750,7 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
         (cl(&c[4]), Finish::Succeeded),
     ];
     assert_eq!(
-        b.finish_many(&items).await.unwrap(),
+        b.task_finish_many(&items).await.unwrap(),
         [true, true, true, false, false]
     );
     let q = &q;
@@ -734,7 +772,7 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
         TaskState::Running,
         "stale attempt changed nothing"
     );
-    assert!(b.finish_many(&[]).await.unwrap().is_empty());
+    assert!(b.task_finish_many(&[]).await.unwrap().is_empty());
 
     // Only successes (the batched fast path): still per item.
     let again = claim(&ts.store, "default", 5, 10_000).await;
@@ -753,7 +791,10 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
         ),
         (cl(&c[0]), Finish::Succeeded),
     ];
-    assert_eq!(b.finish_many(&items).await.unwrap(), [true, false, false]);
+    assert_eq!(
+        b.task_finish_many(&items).await.unwrap(),
+        [true, false, false]
+    );
     assert_eq!(state(fresh.id).await.state, TaskState::Succeeded);
     assert_eq!(state(c[3].id).await.state, TaskState::Running);
 }
@@ -860,20 +901,39 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("hb").max_attempts(3)).await.unwrap().id;
     let first = claim(&ts.store, "default", 1, 10_000).await.remove(0);
-    assert!(b.finish(first.claim(), &Finish::HandBack).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(first.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     let second = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!((second.id, second.attempt), (id, first.attempt));
     assert!(second.token > first.token, "a new claim, a higher token");
-    assert!(b.progress(second.claim(), &json!({"at": 2})).await.unwrap());
+    assert!(b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: second.claim(),
+            progress: &json!({"at": 2})
+        })
+        .await
+        .unwrap());
     let before = q.task(id).await.unwrap().unwrap();
     let stale = first.claim();
     assert_eq!(
-        b.heartbeat(&[stale], Duration::from_secs(60))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[stale],
+            lease: Duration::from_secs(60)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Lost]
     );
-    assert!(!b.progress(stale, &json!({"at": 1})).await.unwrap());
+    assert!(!b
+        .task_set_progress(&baton::store::TaskSetProgress {
+            claim: stale,
+            progress: &json!({"at": 1})
+        })
+        .await
+        .unwrap());
     for f in [
         Finish::HandBack,
         Finish::Succeeded,
@@ -885,9 +945,15 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
             reason: "late".into(),
         },
     ] {
-        assert!(!b.finish(stale, &f).await.unwrap(), "stale {f:?} refused");
+        assert!(
+            !b.task_finish_many(&[(stale, f.clone())])
+                .await
+                .map(|r| r == [true])
+                .unwrap(),
+            "stale {f:?} refused"
+        );
         assert!(!b
-            .finish_many(&[(stale, f.clone())])
+            .task_finish_many(&[(stale, f.clone())])
             .await
             .unwrap()
             .contains(&true));
@@ -898,12 +964,19 @@ pub async fn stale_claim_after_hand_back_is_refused(ts: TestStore) {
         "stale calls changed nothing"
     );
     assert_eq!(
-        b.heartbeat(&[second.claim()], Duration::from_secs(10))
-            .await
-            .unwrap(),
+        b.task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[second.claim()],
+            lease: Duration::from_secs(10)
+        })
+        .await
+        .unwrap(),
         [Heartbeat::Extended]
     );
-    assert!(b.finish(second.claim(), &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(second.claim(), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
 }
 
 /// A `finish_many` batch sent twice (its reply was lost, or part of it
@@ -938,7 +1011,7 @@ pub async fn resent_finish_many_changes_nothing(ts: TestStore) {
             },
         ),
     ];
-    assert_eq!(b.finish_many(&items).await.unwrap(), [true; 4]);
+    assert_eq!(b.task_finish_many(&items).await.unwrap(), [true; 4]);
     // The retried and the handed-back task are claimed again.
     let again = claim(&ts.store, "default", 4, 10_000).await;
     let mut again_ids: Vec<i64> = again.iter().map(|t| t.id).collect();
@@ -948,7 +1021,7 @@ pub async fn resent_finish_many_changes_nothing(ts: TestStore) {
     for t in &c {
         before.push(q.task(t.id).await.unwrap().unwrap());
     }
-    assert_eq!(b.finish_many(&items).await.unwrap(), [false; 4]);
+    assert_eq!(b.task_finish_many(&items).await.unwrap(), [false; 4]);
     for (t, was) in c.iter().zip(&before) {
         assert_eq!(
             &q.task(t.id).await.unwrap().unwrap(),
@@ -962,7 +1035,7 @@ pub async fn resent_finish_many_changes_nothing(ts: TestStore) {
         .iter()
         .map(|t| (t.claim(), Finish::Succeeded))
         .collect();
-    assert_eq!(b.finish_many(&now).await.unwrap(), [true, true]);
+    assert_eq!(b.task_finish_many(&now).await.unwrap(), [true, true]);
 }
 
 /// A failure that would be retried, after a cancel was requested, cancels
@@ -979,14 +1052,15 @@ pub async fn cancel_requested_then_retryable_failure_cancels(ts: TestStore) {
     let t = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
     assert!(b
-        .finish(
+        .task_finish_many(&[(
             t.claim(),
-            &Finish::Failed {
+            Finish::Failed {
                 error: "boom".into(),
                 retry_in: Some(Duration::ZERO),
-            },
-        )
+            }
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap());
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
@@ -1023,7 +1097,11 @@ pub async fn cancel_requested_then_hand_back_cancels(ts: TestStore) {
         .id;
     let t = claim(&ts.store, "default", 1, 10_000).await.remove(0);
     assert_eq!(q.cancel(id).await.unwrap(), CancelOutcome::Requested);
-    assert!(b.finish(t.claim(), &Finish::HandBack).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(t.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.attempt, 0, "a handed-back attempt is not counted");
@@ -1039,7 +1117,10 @@ pub async fn cancel_requested_then_hand_back_cancels(ts: TestStore) {
         "the key is free again"
     );
     assert!(
-        !b.finish(t.claim(), &Finish::HandBack).await.unwrap(),
+        !b.task_finish_many(&[(t.claim(), Finish::HandBack)])
+            .await
+            .map(|r| r == [true])
+            .unwrap(),
         "a resent hand-back is refused"
     );
 }
@@ -1069,24 +1150,29 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
     // Hand-back.
     let t = next(10_000).await;
     tokens.push(t.token);
-    assert!(b.finish(t.claim(), &Finish::HandBack).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(t.claim(), Finish::HandBack)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     // Rescue.
     let t = next(150).await;
     tokens.push(t.token);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(b.rescue().await.unwrap().requeued, 1);
+    assert_eq!(b.task_rescue_many().await.unwrap().requeued, 1);
     // Out of attempts, then an explicit retry.
     let t = next(10_000).await;
     tokens.push(t.token);
     assert!(b
-        .finish(
+        .task_finish_many(&[(
             t.claim(),
-            &Finish::Failed {
+            Finish::Failed {
                 error: "no".into(),
                 retry_in: Some(Duration::ZERO),
-            },
-        )
+            }
+        )])
         .await
+        .map(|r| r == [true])
         .unwrap());
     assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Failed);
     assert!(q.retry(id).await.unwrap());
@@ -1096,7 +1182,11 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens must rise: {tokens:?}"
     );
-    assert!(b.finish(t.claim(), &Finish::Succeeded).await.unwrap());
+    assert!(b
+        .task_finish_many(&[(t.claim(), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
 }
 
 /// A task enqueued for a moment (`RunAt::At`) is due from that moment in
@@ -1111,11 +1201,11 @@ pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
         ..new_task("at")
     };
     let past = b
-        .enqueue(&[at(now - chrono::Duration::seconds(5))])
+        .task_insert_many(&[at(now - chrono::Duration::seconds(5))])
         .await
         .unwrap()[0];
     let future = b
-        .enqueue(&[at(now + chrono::Duration::seconds(3600))])
+        .task_insert_many(&[at(now + chrono::Duration::seconds(3600))])
         .await
         .unwrap()[0];
     let got = claim(&ts.store, "at", 10, 10_000).await;
@@ -1124,7 +1214,7 @@ pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
         [past.id],
         "the past moment is due, the future one is not"
     );
-    let info = b.task(future.id).await.unwrap().unwrap();
+    let info = b.task_get(future.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Pending);
     assert_eq!(
         info.run_at.timestamp_millis(),
@@ -1135,25 +1225,34 @@ pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
         unique_key: Some("rk".into()),
         ..new_task("keys")
     };
-    let first = b.enqueue(&[keyed()]).await.unwrap()[0];
-    assert_eq!(b.cancel(first.id).await.unwrap(), CancelOutcome::Cancelled);
-    let second = b.enqueue(&[keyed()]).await.unwrap()[0];
+    let first = b.task_insert_many(&[keyed()]).await.unwrap()[0];
+    assert_eq!(
+        b.task_cancel(first.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let second = b.task_insert_many(&[keyed()]).await.unwrap()[0];
     assert!(
         second.inserted && second.id != first.id,
         "the cancel freed the key"
     );
-    let err = b.retry(first.id).await.unwrap_err();
+    let err = b.task_retry(first.id).await.unwrap_err();
     assert!(
         matches!(err, baton::StoreError::Conflict(_)),
         "retrying onto a taken key: {err:?}"
     );
     assert_eq!(
-        b.task(first.id).await.unwrap().unwrap().state,
+        b.task_get(first.id).await.unwrap().unwrap().state,
         TaskState::Cancelled,
         "a refused retry changes nothing"
     );
-    assert_eq!(b.cancel(second.id).await.unwrap(), CancelOutcome::Cancelled);
-    assert!(b.retry(first.id).await.unwrap(), "with the key free again");
+    assert_eq!(
+        b.task_cancel(second.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert!(
+        b.task_retry(first.id).await.unwrap(),
+        "with the key free again"
+    );
 }
 
 fn new_task(queue: &str) -> baton::store::NewTask {

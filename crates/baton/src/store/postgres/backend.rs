@@ -135,7 +135,7 @@ impl Backend for PgBackend {
 
     // ---- tasks -------------------------------------------------------------
 
-    async fn enqueue(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
+    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
@@ -154,7 +154,7 @@ impl Backend for PgBackend {
         Ok(out)
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -195,7 +195,7 @@ impl Backend for PgBackend {
         Ok(tasks)
     }
 
-    async fn heartbeat(
+    async fn task_heartbeat_many(
         &self,
         claims: &[Claim],
         lease: Duration,
@@ -226,7 +226,7 @@ impl Backend for PgBackend {
             .collect())
     }
 
-    async fn finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
+    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         // Successes (the common case) in one statement and one commit; the
         // rest one by one.
         let mut out = vec![false; items.len()];
@@ -253,13 +253,16 @@ impl Backend for PgBackend {
         }
         for (i, (claim, finish)) in items.iter().enumerate() {
             if !matches!(finish, Finish::Succeeded) {
-                out[i] = self.finish(*claim, finish).await?;
+                out[i] = self
+                    .task_finish_many(&[(*claim, finish.clone())])
+                    .await
+                    .map(|r| r == [true])?;
             }
         }
         Ok(out)
     }
 
-    async fn finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
+    async fn task_finish(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
         let token = token_arg(claim.token);
         let q = match finish {
             Finish::Succeeded => {
@@ -300,7 +303,7 @@ impl Backend for PgBackend {
         Ok(q.is_some())
     }
 
-    async fn progress(
+    async fn task_set_progress(
         &self,
         claim: Claim,
         progress: &serde_json::Value,
@@ -314,7 +317,7 @@ impl Backend for PgBackend {
         Ok(r.rows_affected() == 1)
     }
 
-    async fn rescue(&self) -> Result<Rescued, StoreError> {
+    async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
         let row = sqlx::query(&self.sql.rescue)
             .bind(LEASE_EXPIRED)
             .bind(&self.names.chan)
@@ -331,7 +334,7 @@ impl Backend for PgBackend {
         })
     }
 
-    async fn cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
+    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         let state: Option<String> = sqlx::query_scalar(&self.sql.task_state)
             .bind(id)
@@ -361,7 +364,7 @@ impl Backend for PgBackend {
         Ok(outcome)
     }
 
-    async fn retry(&self, id: i64) -> Result<bool, StoreError> {
+    async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
         let row = sqlx::query(&self.sql.retry)
             .bind(id)
             .bind(&self.names.chan)
@@ -376,7 +379,7 @@ impl Backend for PgBackend {
         Ok(row.is_some())
     }
 
-    async fn task(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
+    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
         let row = sqlx::query(&self.sql.task)
             .bind(id)
             .fetch_optional(&self.pool)
@@ -384,7 +387,7 @@ impl Backend for PgBackend {
         row.as_ref().map(task_info).transpose()
     }
 
-    async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
+    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         let limit = if filter.limit == 0 { 100 } else { filter.limit };
         let rows = sqlx::query(&self.sql.tasks)
             .bind(filter.queue.as_deref())
@@ -397,7 +400,7 @@ impl Backend for PgBackend {
         rows.iter().map(task_info).collect()
     }
 
-    async fn stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         let rows = sqlx::query(&self.sql.stats).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
@@ -419,7 +422,7 @@ impl Backend for PgBackend {
             .collect()
     }
 
-    async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
         let r = sqlx::query(&self.sql.prune)
             .bind(dur(older_than))
             .execute(&self.pool)
@@ -427,7 +430,7 @@ impl Backend for PgBackend {
         Ok(r.rows_affected())
     }
 
-    async fn subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
+    async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(listener::subscribe(self))
     }
 

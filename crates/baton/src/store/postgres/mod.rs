@@ -17,7 +17,7 @@
 //!
 //! New pending work is announced with `pg_notify('<p>tasks', queue)` inside
 //! the enqueueing transaction (`queue\n<µs>` for work due later: see
-//! [`Wake`]); [`Backend::subscribe`] listens on that channel
+//! [`Wake`]); [`Backend::wake_subscribe`] listens on that channel
 //! with a [`sqlx::postgres::PgListener`] that reconnects with backoff. Notifications are a
 //! hint only; workers poll as well.
 //!
