@@ -41,7 +41,9 @@ def main():
         elif b == "latency":
             by[("latency", r["store"])].append(r)
         elif b == "queue-throughput":
-            by[("tp", r["store"])].append(r)
+            # A run of $BASE_BENCH (old build) is its own row: "<store> (base)".
+            store = r["store"] + (" (base)" if r.get("build") == "base" else "")
+            by[("tp", store)].append(r)
         elif b == "claim-scale":
             by[("claim", r["store"], r["pending"], r["phase"])].append(r)
         elif b == "schedule_precision":
@@ -93,7 +95,8 @@ def main():
         rs = by[k]
         print(f"| {k[1]} | {fmt([r['jobs_per_s'] for r in rs])} | {fmt([r['insert_per_s'] for r in rs])} |")
     pairs = [("postgres", "graphile-worker"), ("postgres", "pg-boss"), ("redis", "bullmq"),
-             ("mysql", "apalis-mysql")]
+             ("mysql", "apalis-mysql"),
+             ("postgres", "postgres (base)"), ("redis", "redis (base)"), ("sqlite", "sqlite (base)")]
     for a, b in pairs:
         ratios = per_rep_ratios(by, ("tp", a), ("tp", b), "jobs_per_s")
         if ratios:

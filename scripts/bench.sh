@@ -38,6 +38,12 @@ PGBOSS_VERSION=${PGBOSS_VERSION:-12.38.0}
 NODE22_VERSION=${NODE22_VERSION:-22}
 BULLMQ_VERSION=${BULLMQ_VERSION:-6.7.0}
 BATON_BENCH=${BATON_BENCH:-}    # a prebuilt baton-bench to use instead of building one
+BASE_BENCH=${BASE_BENCH:-}      # another baton-bench (e.g. main's) run right after each baton
+                                # throughput run, recorded with "build":"base" (old vs new)
+BASE_ARGS=${BASE_ARGS:-}        # extra throughput arguments for that base run (with or without
+                                # BASE_BENCH), e.g. "--hold-slots --result-batches 1"
+NEW_ARGS=${NEW_ARGS:-}          # extra throughput arguments for the baton runs, e.g.
+                                # "--delete-succeeded" (PostgreSQL)
 PRECISION_SECS=${PRECISION_SECS:-60}
 SECTIONS=${SECTIONS:-"ceilings lock latency precision throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
@@ -52,7 +58,11 @@ LOG="$OUT/log.txt"
 log() { echo "$*" | tee -a "$LOG" >&2; }
 
 # record REP JSON: append one result line with the repetition number.
-record() { jq -c --argjson rep "$1" '. + {rep: $rep}' <<<"$2" >>"$RESULTS"; }
+BUILD=""
+record() {
+  jq -c --argjson rep "$1" --arg build "$BUILD" \
+    '. + {rep: $rep} + (if $build == "" then {} else {build: $build} end)' <<<"$2" >>"$RESULTS"
+}
 
 sqlite_url() { echo "sqlite://$TMP/baton-bench-$$-$RANDOM.db"; }
 sqlite_rm() { local f=${1#sqlite://}; rm -f "$f" "$f-wal" "$f-shm"; }
@@ -62,7 +72,7 @@ redis_clean() { redis-cli -u "$REDIS" --scan --pattern '*bench_*' | xargs -r -n 
 bench() {
   local rep=$1; shift
   local out
-  out=$("$BIN" "$@" 2>>"$OUT/explain.txt")
+  out=$("${BENCH_BIN:-$BIN}" "$@" 2>>"$OUT/explain.txt")
   grep '^#' <<<"$out" | tee -a "$LOG" >&2
   while IFS= read -r line; do record "$rep" "$line"; done < <(grep '^{' <<<"$out")
 }
@@ -263,6 +273,15 @@ apalis() {
   mysql_cli -e "DROP DATABASE IF EXISTS $APALIS_DB"
 }
 
+# base_throughput REP STORE: the same throughput run with $BASE_BENCH and
+# $BASE_ARGS, if either is set.
+base_throughput() {
+  [ -n "$BASE_BENCH$BASE_ARGS" ] || return 0
+  # shellcheck disable=SC2086
+  BUILD=base BENCH_BIN=${BASE_BENCH:-$BIN} on_store "$1" "$2" queue-throughput --jobs "$JOBS" \
+    --workers 4 --concurrency 24 --pool "$POOL" $BASE_ARGS
+}
+
 # ---- the run -----------------------------------------------------------------------
 log "# baton-bench run $(date -Is) on $(nproc) cores; REPS=$REPS JOBS=$JOBS; $(git rev-parse --short HEAD)"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -296,15 +315,19 @@ for rep in $(seq 1 "$REPS"); do
     on_store "$rep" mysql queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
     if has_store mysql && ((rep % 2 == 1)); then apalis "$rep"; fi
     if has_store postgres; then
-      on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+      # shellcheck disable=SC2086
+      on_store "$rep" postgres queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL" $NEW_ARGS
+      base_throughput "$rep" postgres
       graphile "$rep"
       pgboss "$rep"
     fi
     if has_store redis; then
       on_store "$rep" redis queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+      base_throughput "$rep" redis
       bullmq "$rep"
     fi
     on_store "$rep" sqlite queue-throughput --jobs "$JOBS" --workers 4 --concurrency 24 --pool "$POOL"
+    base_throughput "$rep" sqlite
   fi
 done
 

@@ -80,6 +80,10 @@ struct Common {
     /// Keep the PostgreSQL or MySQL tables afterwards (default: drop them).
     #[arg(long)]
     keep: bool,
+    /// PostgreSQL: delete succeeded tasks in their finish
+    /// (`StoreOptions::keep_succeeded = false`) instead of keeping them.
+    #[arg(long)]
+    delete_succeeded: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -117,6 +121,13 @@ struct ThroughputArgs {
     /// Concurrency per worker.
     #[arg(long, default_value_t = 24)]
     concurrency: usize,
+    /// Keep each slot until its result is acknowledged
+    /// (`WorkerConfig::free_slot_on_return = false`, the old pipeline).
+    #[arg(long)]
+    hold_slots: bool,
+    /// `WorkerConfig::result_batches_in_flight` (1: the old pipeline).
+    #[arg(long, default_value_t = 2)]
+    result_batches: usize,
     /// Tasks per `enqueue_many` call while pre-inserting.
     #[arg(long, default_value_t = 10_000)]
     insert_batch: u64,
@@ -225,6 +236,7 @@ struct Ctx {
     prefix: String,
     pool: u32,
     keep: bool,
+    delete_succeeded: bool,
 }
 
 impl Ctx {
@@ -234,6 +246,7 @@ impl Ctx {
             prefix: c.prefix.clone().unwrap_or_else(random_prefix),
             pool: c.pool,
             keep: c.keep,
+            delete_succeeded: c.delete_succeeded,
         }
     }
 
@@ -244,6 +257,7 @@ impl Ctx {
                 prefix: Some(self.prefix.clone()),
                 max_connections: self.pool,
                 migrate: true,
+                keep_succeeded: !self.delete_succeeded,
                 ..Default::default()
             },
         )
@@ -490,7 +504,11 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let mut workers = Vec::new();
     for _ in 0..a.workers {
         let s = ctx.connect().await?;
-        let mut w = Worker::new(s, WorkerConfig::default().queue(queue, a.concurrency));
+        let cfg = WorkerConfig::default()
+            .queue(queue, a.concurrency)
+            .free_slot_on_return(!a.hold_slots)
+            .result_batches_in_flight(a.result_batches);
+        let mut w = Worker::new(s, cfg);
         let c = started.clone();
         w.handle("noop", move |_ctx| {
             c.fetch_add(1, Ordering::Relaxed);
@@ -519,12 +537,16 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let handlers_done = t0.elapsed().as_secs_f64();
     loop {
         let st = q.stats().await?;
-        let succeeded = st
-            .iter()
-            .find(|s| s.queue == queue)
-            .map(|s| s.succeeded)
-            .unwrap_or(0);
-        if succeeded >= a.jobs {
+        let row = st.iter().find(|s| s.queue == queue);
+        let (succeeded, left, bad) = row.map_or((0, 0, 0), |s| {
+            (s.succeeded, s.pending + s.running, s.failed + s.cancelled)
+        });
+        if bad > 0 {
+            shutdown.cancel();
+            bail!("{bad} tasks failed or were cancelled");
+        }
+        // Deleted on success: done when none is left to run.
+        if succeeded >= a.jobs || (ctx.delete_succeeded && left == 0) {
             break;
         }
         if Instant::now() > deadline {
@@ -547,6 +569,8 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
             "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
+            "delete_succeeded": ctx.delete_succeeded, "hold_slots": a.hold_slots,
+            "result_batches": a.result_batches,
         }),
         format!(
             "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{}",

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton::store::postgres;
-use baton::store::{Backend, ClaimRequest, NewTask, RunAt, TaskFilter};
+use baton::store::{Backend, ClaimRequest, Finish, NewTask, RunAt, TaskFilter, TaskState};
 use baton::{Store, StoreOptions};
 use sqlx::Connection;
 
@@ -374,5 +374,82 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
         "{}",
         f.store.url()
     );
+    f.drop_tables().await;
+}
+
+/// `keep_succeeded = false`: a success deletes a plain task, still fenced by
+/// its claim token (a stale token deletes nothing), and keeps a task holding
+/// a unique key or a job's run as `succeeded`.
+#[tokio::test]
+async fn delete_on_success_is_fenced_and_keeps_keyed_tasks() {
+    let prefix = format!("t{:08x}_", fastrand::u32(..));
+    let opts = StoreOptions {
+        prefix: Some(prefix.clone()),
+        max_connections: 4,
+        keep_succeeded: false,
+        ..Default::default()
+    };
+    let store = match Store::connect_with(&url(), opts).await {
+        Ok(s) => s,
+        Err(e) if std::env::var("BATON_REQUIRE_BACKENDS").as_deref() != Ok("1") => {
+            eprintln!("SKIPPED postgres: {e}");
+            return;
+        }
+        Err(e) => panic!("postgres required but unavailable: {e}"),
+    };
+    let f = Fixture { store, prefix };
+    let b = f.b();
+    let mut keyed = task("d");
+    keyed.unique_key = Some("once".into());
+    let mut scheduled = task("d");
+    scheduled.job = Some("nightly".into());
+    let ids: Vec<i64> = b
+        .task_insert_many(&[task("d"), keyed, scheduled, task("d")])
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let got = b.task_claim(&claim_req("d", 4, MIN)).await.unwrap();
+    assert_eq!(got.len(), 4);
+    let claim_of = |id: i64| got.iter().find(|t| t.id == id).unwrap().claim();
+    // A stale token is refused and deletes nothing.
+    let mut stale = claim_of(ids[0]);
+    stale.token = baton::store::FencingToken(stale.token.0 - 1);
+    assert!(!b
+        .task_finish_many(&[(stale, Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
+    assert!(b.task_get(ids[0]).await.unwrap().is_some());
+    let items: Vec<_> = ids[..3]
+        .iter()
+        .map(|&id| (claim_of(id), Finish::Succeeded))
+        .collect();
+    assert_eq!(b.task_finish_many(&items).await.unwrap(), vec![true; 3]);
+    assert!(
+        b.task_get(ids[0]).await.unwrap().is_none(),
+        "plain task deleted"
+    );
+    for &id in &ids[1..3] {
+        let t = b
+            .task_get(id)
+            .await
+            .unwrap()
+            .expect("keyed/scheduled task kept");
+        assert_eq!(t.state, TaskState::Succeeded);
+    }
+    // A single finish deletes too; a second one is refused.
+    assert!(b
+        .task_finish_many(&[(claim_of(ids[3]), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
+    assert!(b.task_get(ids[3]).await.unwrap().is_none());
+    assert!(!b
+        .task_finish_many(&[(claim_of(ids[3]), Finish::Succeeded)])
+        .await
+        .map(|r| r == [true])
+        .unwrap());
     f.drop_tables().await;
 }

@@ -38,6 +38,8 @@ pub struct WorkerConfig {
     pub(super) rescue: bool,
     pub(super) retention: Option<Duration>,
     pub(super) max_running: BTreeMap<String, u32>,
+    pub(super) free_slot_on_return: bool,
+    pub(super) result_batches_in_flight: usize,
 }
 
 impl Default for WorkerConfig {
@@ -57,6 +59,8 @@ impl Default for WorkerConfig {
             rescue: true,
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
+            free_slot_on_return: false,
+            result_batches_in_flight: 1,
         }
     }
 }
@@ -158,6 +162,28 @@ impl WorkerConfig {
         self
     }
 
+    /// Free a handler's slot as soon as it returns (default false): its
+    /// result is still being written, and the attempt stays leased and
+    /// heartbeated until the store answers; at most `concurrency` such
+    /// results wait per queue, beyond that a slot is freed only by the
+    /// answer. False: every slot waits for its result's answer. With
+    /// [`result_batches_in_flight(2)`](Self::result_batches_in_flight) it
+    /// measured 1.45–1.65× on PostgreSQL but slower on Redis and SQLite
+    /// (docs/BENCHMARKS.md 4h).
+    pub fn free_slot_on_return(mut self, on: bool) -> Self {
+        self.free_slot_on_return = on;
+        self
+    }
+
+    /// How many batches of results a worker writes at once (default 1, at
+    /// least 1; 2 with [`free_slot_on_return`](Self::free_slot_on_return)
+    /// on PostgreSQL). While they are in flight the next batch gathers what
+    /// queues up, so a busy worker's batches grow instead of multiplying.
+    pub fn result_batches_in_flight(mut self, n: usize) -> Self {
+        self.result_batches_in_flight = n;
+        self
+    }
+
     /// The queues served and their concurrency, in the order named.
     pub fn queues(&self) -> &[(String, usize)] {
         &self.queues
@@ -204,6 +230,12 @@ impl WorkerConfig {
             return Err(InvalidInput::new(
                 "lease",
                 "must be at least 30ms (e.g. 30s)",
+            ));
+        }
+        if self.result_batches_in_flight == 0 {
+            return Err(InvalidInput::new(
+                "result_batches_in_flight",
+                "must be at least 1 (e.g. 2)",
             ));
         }
         if self.poll_interval.is_zero() {

@@ -285,6 +285,7 @@ impl Worker {
         let completer = tokio::spawn(complete_loop(
             self.store.clone(),
             self.config.lease,
+            self.config.result_batches_in_flight,
             completion_rx,
         ));
         let shared = Arc::new(Shared {
@@ -685,9 +686,22 @@ const RECOVERY_WINDOW: Duration = Duration::from_secs(15);
 /// The claim period while recovering from a store error.
 const RECOVERY_POLL: Duration = Duration::from_millis(100);
 
+/// With slots freed as handlers return, how long a claim for fewer than
+/// half the slots waits for more to free.
+const CLAIM_GATHER: Duration = Duration::from_millis(2);
+
 async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
     let slots = Arc::new(Semaphore::new(concurrency));
+    // Attempts whose handler has returned but whose result the store has
+    // not acknowledged yet, beyond the running ones: at most `concurrency`
+    // (see `start_task`).
+    let unacked = Arc::new(Semaphore::new(if shared.config.free_slot_on_return {
+        concurrency
+    } else {
+        0
+    }));
     let freed = Arc::new(Notify::new());
+    let early = shared.config.free_slot_on_return;
     let mut more = true; // the last claim filled every free slot: there may be more
                          // Under a cluster-wide cap a claim can come back short while work
                          // waits; a slot freed here is then a reason to look again.
@@ -702,7 +716,17 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         if shared.stop_claiming.is_cancelled() {
             return;
         }
-        let free = slots.available_permits();
+        let mut free = slots.available_permits();
+        if free > 0 && more && early && free < concurrency.div_ceil(2) {
+            // Slots free one by one as handlers return (see `Slot`): let a
+            // few more free before claiming, so claims stay large rather
+            // than one round trip (and commit) per task or two.
+            tokio::select! {
+                _ = tokio::time::sleep(CLAIM_GATHER) => {}
+                _ = shared.stop_claiming.cancelled() => return,
+            }
+            free = slots.available_permits();
+        }
         if free > 0 && more {
             let req = ClaimRequest {
                 queue: &queue,
@@ -737,7 +761,13 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                             hand_back(&shared, &task).await;
                             continue;
                         };
-                        start_task(shared.clone(), task, sent, permit, freed.clone());
+                        let slot = Slot {
+                            permit: Some(permit),
+                            is_slot: true,
+                            unacked: unacked.clone(),
+                            freed: freed.clone(),
+                        };
+                        start_task(shared.clone(), task, sent, slot);
                     }
                     if more {
                         continue;
@@ -775,13 +805,50 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
     }
 }
 
-fn start_task(
-    shared: Arc<Shared>,
-    task: Task,
-    sent: Instant,
-    permit: tokio::sync::OwnedSemaphorePermit,
+/// An attempt's concurrency slot, and how it is given back.
+struct Slot {
+    /// The slot (one of the queue's `concurrency` handlers), or, after
+    /// [`Slot::handler_returned`], a place for an unacknowledged result.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Whether `permit` is still the slot.
+    is_slot: bool,
+    /// Places for attempts whose handler returned and whose result is not
+    /// acknowledged yet (as many as the queue's concurrency).
+    unacked: Arc<Semaphore>,
+    /// Told when the slot is free again.
     freed: Arc<Notify>,
-) {
+}
+
+impl Slot {
+    /// The handler has returned: free the slot for the next task now, while
+    /// the result is still being written, when a place for an unacknowledged
+    /// result is left (held until the write is answered). With none left
+    /// the slot stays taken until then, so the results waiting on a slow
+    /// store stay bounded. The attempt itself stays in the running set
+    /// (heartbeated, its lease watched) until its result is answered.
+    fn handler_returned(&mut self) {
+        if !self.is_slot {
+            return;
+        }
+        if let Ok(place) = self.unacked.clone().try_acquire_owned() {
+            drop(self.permit.replace(place));
+            self.is_slot = false;
+            self.freed.notify_one();
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Free the slot before saying so: the claimer counts free slots.
+        drop(self.permit.take());
+        if self.is_slot {
+            self.freed.notify_one();
+        }
+    }
+}
+
+fn start_task(shared: Arc<Shared>, task: Task, sent: Instant, mut slot: Slot) {
     let claim = task.claim();
     let queue = task.queue.clone();
     shared.counters.started(&queue);
@@ -795,7 +862,7 @@ fn start_task(
     if let Some(lag) = lag {
         shared.counters.slot_lag(&queue, lag);
     }
-    let slot = task.slot.map(|s| s.to_rfc3339());
+    let slot_at = task.slot.map(|s| s.to_rfc3339());
     let span = tracing::info_span!(
         "task",
         id = task.id,
@@ -803,7 +870,7 @@ fn start_task(
         kind = %task.kind,
         attempt = task.attempt,
         job = task.job.as_deref(),
-        slot = slot.as_deref(),
+        slot = slot_at.as_deref(),
         outcome = tracing::field::Empty,
         duration_ms = tracing::field::Empty,
         exit_code = tracing::field::Empty,
@@ -815,7 +882,7 @@ fn start_task(
         attempt = task.attempt,
         max_attempts = task.max_attempts,
         job = task.job.as_deref(),
-        slot = slot.as_deref(),
+        slot = slot_at.as_deref(),
         slot_lag_ms = lag.map(ms),
         "task started"
     );
@@ -848,6 +915,9 @@ fn start_task(
                 }) if ctx.task().attempt < ctx.task().max_attempts => Some(*d),
                 _ => None,
             };
+            if result.is_some() {
+                slot.handler_returned();
+            }
             let outcome = match result {
                 Some(finish) if finish_with_retries(&shared, claim, &finish).await => {
                     match finish {
@@ -903,8 +973,7 @@ fn start_task(
         }
         shared.counters.ended(&queue, outcome, took);
         lock(&shared.running).remove(&claim);
-        drop(permit);
-        freed.notify_one();
+        drop(slot);
         shared.drained.notify_waiters();
     });
 }
@@ -1057,16 +1126,29 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
 }
 
 /// Write finished attempts in batches: whatever queued up while the last
-/// batch was being written goes in the next one (one transaction or round
-/// trip where the backend can), so a busy worker does not pay one commit per
-/// task and an idle one adds no delay.
+/// batches were being written goes in the next one (one statement or round
+/// trip where the backend can), with up to `in_flight` batches written at
+/// once (see [`WorkerConfig::result_batches_in_flight`]), so a busy worker does not pay one commit per
+/// task, nor wait for one batch's commit before sending the next, and an
+/// idle one adds no delay.
 async fn complete_loop(
     store: Store,
     lease: Duration,
+    in_flight: usize,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>,
 ) {
     const MAX_BATCH: usize = 256;
-    while let Some(first) = rx.recv().await {
+    let gate = Arc::new(Semaphore::new(in_flight.max(1)));
+    let mut writes = JoinSet::new();
+    loop {
+        // A free place first, then the batch: what queues up while every
+        // place is taken joins the next batch.
+        let Ok(place) = gate.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            break;
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -1074,34 +1156,45 @@ async fn complete_loop(
                 Err(_) => break,
             }
         }
-        let items: Vec<(Claim, Finish)> =
-            batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
-        // No batch waits past a lease: its waiters have given up by then.
-        let call = crate::store::bounded(lease, "finish", store.backend().task_finish_many(&items));
-        match call.await {
-            Ok(answers) if answers.len() == batch.len() => {
-                for (c, ok) in batch.into_iter().zip(answers) {
-                    let _ = c.reply.send(Ok(ok));
-                }
+        while writes.try_join_next().is_some() {}
+        writes.spawn(write_batch(store.clone(), lease, batch, place));
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// Write one batch of results and answer each waiter.
+async fn write_batch(
+    store: Store,
+    lease: Duration,
+    batch: Vec<Completion>,
+    _place: tokio::sync::OwnedSemaphorePermit,
+) {
+    let items: Vec<(Claim, Finish)> = batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
+    // No batch waits past a lease: its waiters have given up by then.
+    let call = crate::store::bounded(lease, "finish", store.backend().task_finish_many(&items));
+    match call.await {
+        Ok(answers) if answers.len() == batch.len() => {
+            for (c, ok) in batch.into_iter().zip(answers) {
+                let _ = c.reply.send(Ok(ok));
             }
-            Ok(_) => {
-                for c in batch {
-                    let _ = c.reply.send(Err(crate::StoreError::Corrupt(
-                        "finish_many answered the wrong number of items".into(),
-                    )));
-                }
+        }
+        Ok(_) => {
+            for c in batch {
+                let _ = c.reply.send(Err(crate::StoreError::Corrupt(
+                    "finish_many answered the wrong number of items".into(),
+                )));
             }
-            Err(e) => {
-                let msg = e.to_string();
-                let retryable = e.is_retryable();
-                for c in batch {
-                    let err = if retryable {
-                        crate::StoreError::Unavailable(msg.clone())
-                    } else {
-                        crate::StoreError::Backend(msg.clone())
-                    };
-                    let _ = c.reply.send(Err(err));
-                }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            let retryable = e.is_retryable();
+            for c in batch {
+                let err = if retryable {
+                    crate::StoreError::Unavailable(msg.clone())
+                } else {
+                    crate::StoreError::Backend(msg.clone())
+                };
+                let _ = c.reply.send(Err(err));
             }
         }
     }

@@ -201,6 +201,13 @@ pub struct StoreOptions {
     /// out. Workers and lock keep-alives bound their calls further by the
     /// lease at stake.
     pub statement_timeout: Duration,
+    /// Keep succeeded tasks until the workers' retention prunes them
+    /// (default true). False (PostgreSQL only): a success deletes the task
+    /// in its finish (still fenced by the claim token), which writes far
+    /// less than keeping it, when the history is not wanted. Tasks with a
+    /// unique key or a schedule job are kept either way: they hold their key
+    /// and the job's run history.
+    pub keep_succeeded: bool,
 }
 
 impl Default for StoreOptions {
@@ -211,6 +218,7 @@ impl Default for StoreOptions {
             migrate: true,
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
+            keep_succeeded: true,
         }
     }
 }
@@ -278,6 +286,13 @@ impl Store {
             None if url.starts_with("sqlite:") => "sqlite",
             None => "",
         };
+        if !opts.keep_succeeded && !matches!(scheme, "postgres" | "postgresql") {
+            return Err(StoreError::Config(format!(
+                "keep_succeeded = false: supported on PostgreSQL only (store URL {:?}); \
+                 keep it true and let the retention prune succeeded tasks",
+                redact(url)
+            )));
+        }
         let backend: Arc<dyn Backend> = match scheme {
             #[cfg(feature = "sqlite")]
             "sqlite" => sqlite::connect(url, &opts).await?,

@@ -554,17 +554,29 @@ pub async fn wake_up_without_waiting_for_a_poll(ts: TestStore) {
 }
 
 pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
-    const N: usize = 50_000;
+    many_tasks_four_workers(ts, 50_000, false).await
+}
+
+/// The worker pipeline (slots freed when handlers return, two result
+/// batches in flight): still each task once, all succeeded.
+pub async fn pipelined_workers_run_each_task_once(ts: TestStore) {
+    many_tasks_four_workers(ts, 5_000, true).await
+}
+
+async fn many_tasks_four_workers(ts: TestStore, n: usize, pipeline: bool) {
     let q = Queue::new(ts.store.clone());
-    let batch: Vec<_> = (0..N).map(|i| TaskBuilder::new("n", json!(i))).collect();
+    let batch: Vec<_> = (0..n).map(|i| TaskBuilder::new("n", json!(i))).collect();
     let ids = q.enqueue_many(batch).await.unwrap();
-    assert_eq!(ids.len(), N);
+    assert_eq!(ids.len(), n);
     let done = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
     let stop = CancellationToken::new();
     let mut runs = Vec::new();
     for _ in 0..4 {
-        let cfg = fast_config("default", 16).lease(Duration::from_secs(30));
+        let cfg = fast_config("default", 16)
+            .lease(Duration::from_secs(30))
+            .free_slot_on_return(pipeline)
+            .result_batches_in_flight(if pipeline { 2 } else { 1 });
         let mut w = Worker::new(ts.open().await, cfg);
         let (d, s) = (done.clone(), seen.clone());
         w.handle("n", move |ctx| {
@@ -573,7 +585,7 @@ pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
                 if s.lock().unwrap().insert(ctx.task().id) {
                     d.fetch_add(1, Ordering::SeqCst);
                 } else {
-                    d.fetch_add(N * 10, Ordering::SeqCst); // ran twice: make the count wrong
+                    d.fetch_add(n * 10, Ordering::SeqCst); // ran twice: make the count wrong
                 }
                 Ok(())
             }
@@ -583,7 +595,7 @@ pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
     let t0 = Instant::now();
     loop {
         let st = q.stats().await.unwrap();
-        if st[0].succeeded as usize == N {
+        if st[0].succeeded as usize == n {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(120), "stuck: {st:?}");
@@ -593,11 +605,11 @@ pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
     for r in runs {
         r.await.unwrap().unwrap();
     }
-    assert_eq!(done.load(Ordering::SeqCst), N, "each task ran exactly once");
+    assert_eq!(done.load(Ordering::SeqCst), n, "each task ran exactly once");
     let st = &q.stats().await.unwrap()[0];
     assert_eq!((st.pending, st.running, st.failed), (0, 0, 0));
     eprintln!(
-        "{:?}: {N} tasks by 4 workers in {:?}",
+        "{:?}: {n} tasks by 4 workers in {:?}",
         ts.kind,
         t0.elapsed()
     );

@@ -525,9 +525,9 @@ impl PgBackend {
         let token = token_arg(claim.token);
         let q = match finish {
             Finish::Succeeded => {
-                sqlx::query_scalar::<_, i64>(&self.sql.succeed)
-                    .bind(claim.id)
-                    .bind(token)
+                sqlx::query_scalar::<_, i64>(&self.sql.succeed_many)
+                    .bind([claim.id].as_slice())
+                    .bind([token].as_slice())
                     .fetch_optional(&self.pool)
                     .await?
             }

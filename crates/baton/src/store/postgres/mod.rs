@@ -163,7 +163,7 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
     Ok(Arc::new(PgBackend {
         pool,
         connect,
-        sql: Arc::new(Sql::new(&names)),
+        sql: Arc::new(Sql::new(&names, opts.keep_succeeded)),
         names: Arc::new(names),
         wake,
         listener: OnceLock::new(),
@@ -189,7 +189,7 @@ pub(crate) fn from_pool(
     Ok(Arc::new(PgBackend {
         pool,
         connect,
-        sql: Arc::new(Sql::new(&names)),
+        sql: Arc::new(Sql::new(&names, true)),
         names: Arc::new(names),
         wake,
         listener: OnceLock::new(),
@@ -225,7 +225,7 @@ pub async fn explain_claim(
         &mut *tx,
         format!(
             "PREPARE baton_explain_claim(text, text, int8) AS {}",
-            Sql::new(&Names::new(prefix)).claim(limit, false)
+            Sql::new(&Names::new(prefix), true).claim(limit, false)
         )
         .as_str(),
     )

@@ -42,10 +42,10 @@ pub(super) struct Sql {
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
-    /// `$1` ids, `$2` tokens → the ids that succeeded.
+    /// `$1` ids, `$2` tokens → the ids that succeeded (deleted instead
+    /// of kept when the backend does not keep succeeded tasks; see
+    /// [`Sql::new`]).
     pub succeed_many: String,
-    /// `$1` id, `$2` token → id.
-    pub succeed: String,
     /// `$1` id, `$2` token, `$3` error, `$4` retry delay ms, `$5` channel.
     pub fail: String,
     /// `$1` id, `$2` token, `$3` reason.
@@ -126,7 +126,9 @@ fn append_error(e: &str) -> String {
 }
 
 impl Sql {
-    pub(super) fn new(n: &Names) -> Sql {
+    /// The statements of one prefix; `keep_succeeded: false` makes a
+    /// success delete the task (see [`crate::StoreOptions::keep_succeeded`]).
+    pub(super) fn new(n: &Names, keep_succeeded: bool) -> Sql {
         let (l, t, j) = (&n.locks, &n.tasks, &n.jobs);
         let cas = "WHERE id = $1 AND claim_token = $2 AND state = 'running'";
         // A retry whose cancellation was requested is not retried.
@@ -207,16 +209,32 @@ impl Sql {
                  WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
                  RETURNING t.id, t.claim_token, t.cancel_requested"
             ),
-            succeed_many: format!(
-                "UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), lease_until = NULL \
-                 FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token) \
-                 WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
-                 RETURNING t.id"
-            ),
-            succeed: format!(
-                "UPDATE {t} SET state = 'succeeded', finished_at = now(), lease_until = NULL \
-                 {cas} RETURNING id"
-            ),
+            succeed_many: if keep_succeeded {
+                format!(
+                    "UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), \
+                         lease_until = NULL \
+                     FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token) \
+                     WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+                     RETURNING t.id"
+                )
+            } else {
+                // The same fenced compare-and-set; rows that hold a unique
+                // key or a job's run history are kept as succeeded.
+                format!(
+                    "WITH c AS (SELECT * FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token)), \
+                     d AS (DELETE FROM {t} AS t USING c \
+                         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+                             AND t.unique_key IS NULL AND t.job IS NULL \
+                         RETURNING t.id), \
+                     k AS (UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), \
+                             lease_until = NULL \
+                         FROM c \
+                         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+                             AND (t.unique_key IS NOT NULL OR t.job IS NOT NULL) \
+                         RETURNING t.id) \
+                     SELECT id FROM d UNION ALL SELECT id FROM k"
+                )
+            },
             // A retry is announced with its due time, so a worker starts it
             // when the backoff ends rather than at a later poll.
             fail: format!(
