@@ -245,10 +245,10 @@ async fn probe_tcp(url: &str) -> Option<String> {
     )
 }
 
-/// What a connection failure means, from its message (the stores' errors
-/// carry their cause as text); `None` when the message does not tell.
+/// What a connection failure means, from its error chain (the drivers
+/// carry their cause as text); `None` when the chain does not tell.
 fn connect_failure(url: &str, e: &baton::StoreError) -> Option<String> {
-    let msg = e.to_string().to_ascii_lowercase();
+    let msg = baton::error::chain(e).to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| msg.contains(n));
     if url.starts_with("sqlite:") && has(&["unable to open", "code: 14", "(code 14)"]) {
         let path = url

@@ -55,7 +55,8 @@ async fn tls_only(
     let e = connect(&other)
         .await
         .expect_err("an untrusted server certificate must be refused");
-    assert!(e.to_string().contains("certificate"), "a clear reason: {e}");
+    let reason = baton::error::chain(&e);
+    assert!(reason.contains("certificate"), "a clear reason: {reason}");
     assert!(
         connect(&plain(&srv)).await.is_err(),
         "plain text reached a TLS-only server"

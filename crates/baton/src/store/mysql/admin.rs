@@ -9,7 +9,7 @@ use super::rows::attempt_of;
 use super::tasks::APPEND_ERROR;
 use super::{marks, MyBackend};
 use crate::error::StoreError;
-use crate::store::sql_row::{corrupt, task_info, SqlRow, TASK_COLS};
+use crate::store::sql_row::{corrupt, queue_stats, task_info, SqlRow, TASK_COLS};
 use crate::store::{
     CancelOutcome, QueueStats, Rescued, TaskFilter, TaskInfo, TaskState, Wake, LEASE_EXPIRED,
 };
@@ -218,23 +218,6 @@ impl MyBackend {
         ))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let c = |name: &str| -> Result<u64, StoreError> {
-                    let v: i64 = row.try_get(name)?;
-                    Ok(u64::try_from(v).unwrap_or(0))
-                };
-                let oldest: Option<i64> = row.try_get("oldest_ms")?;
-                Ok(QueueStats {
-                    queue: row.text("queue")?,
-                    pending: c("pending")?,
-                    running: c("running")?,
-                    succeeded: c("succeeded")?,
-                    failed: c("failed")?,
-                    cancelled: c("cancelled")?,
-                    oldest_pending_ms: oldest.map(|v| u64::try_from(v).unwrap_or(0)),
-                })
-            })
-            .collect()
+        rows.iter().map(queue_stats).collect()
     }
 }

@@ -14,7 +14,7 @@ use super::outbox::{insert_tasks, INSERT_CHUNK};
 use super::{dur, listener, schema, PgBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::{
-    claimed_task, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
+    claimed_task, job_state, lock_info, queue_stats, task_info, token_arg, token_of, SqlRow,
 };
 use crate::store::{
     Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
@@ -363,24 +363,7 @@ impl Backend for PgBackend {
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         let rows = sqlx::query(&self.sql.stats).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|row| {
-                let c = |name: &str| -> Result<u64, StoreError> {
-                    let v: i64 = row.try_get(name)?;
-                    Ok(u64::try_from(v).unwrap_or(0))
-                };
-                let oldest: Option<i64> = row.try_get("oldest_ms")?;
-                Ok(QueueStats {
-                    queue: row.try_get("queue")?,
-                    pending: c("pending")?,
-                    running: c("running")?,
-                    succeeded: c("succeeded")?,
-                    failed: c("failed")?,
-                    cancelled: c("cancelled")?,
-                    oldest_pending_ms: oldest.map(|v| u64::try_from(v).unwrap_or(0)),
-                })
-            })
-            .collect()
+        rows.iter().map(queue_stats).collect()
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
