@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{
-    AttemptError, FencingToken, JobState, LockInfo, QueueStats, Task, TaskInfo, TaskState,
-};
+use super::{AttemptError, FencingToken, JobState, LockInfo, Task, TaskInfo, TaskState};
 use crate::error::StoreError;
 
 /// The columns of the tasks table read into a [`TaskInfo`], in the order
@@ -172,10 +170,11 @@ pub(crate) fn job_state(row: &impl SqlRow) -> Result<JobState, StoreError> {
 
 /// A per-queue counts row: `queue, pending, running, succeeded, failed,
 /// cancelled, oldest_ms` (PostgreSQL and MySQL; SQLite counts per state).
-pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<QueueStats, StoreError> {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<crate::store::QueueStats, StoreError> {
     // A count is never negative; a negative age (clock step) reads as 0.
     let count = |col: &str| row.big(col).map(|v| u64::try_from(v).unwrap_or(0));
-    Ok(QueueStats {
+    Ok(crate::store::QueueStats {
         queue: row.text("queue")?,
         pending: count("pending")?,
         running: count("running")?,
