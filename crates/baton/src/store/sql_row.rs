@@ -185,5 +185,7 @@ pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<QueueStats, StoreError> {
         oldest_pending_ms: row
             .opt_big("oldest_ms")?
             .map(|v| u64::try_from(v).unwrap_or(0)),
+        // Set afterwards from the queues table (`mark_paused`).
+        paused: false,
     })
 }
