@@ -101,7 +101,9 @@ impl Backend for Counting {
         &self,
         params: &baton::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        self.count("queue_set_paused").queue_set_paused(params).await
+        self.count("queue_set_paused")
+            .queue_set_paused(params)
+            .await
     }
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         self.count("stats").queue_stats().await

@@ -1324,7 +1324,10 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
     q.pause("empty").await.unwrap();
     let other = ts.open().await;
     assert!(claim(&other, "held", 10, 30_000).await.is_empty(), "paused");
-    assert!(claim(&ts.store, "held", 10, 30_000).await.is_empty(), "paused");
+    assert!(
+        claim(&ts.store, "held", 10, 30_000).await.is_empty(),
+        "paused"
+    );
     // A capped claim goes through the same check.
     let capped = other
         .backend()
@@ -1365,7 +1368,11 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(ran.load(Ordering::SeqCst), 0, "a worker claimed from a paused queue");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "a worker claimed from a paused queue"
+    );
     stop.cancel();
     run.await.unwrap().unwrap();
     // Invalid names are refused with the field named.
@@ -1435,7 +1442,10 @@ pub async fn pause_leaves_running_tasks_alone(ts: TestStore) {
         .await
         .unwrap();
     assert_eq!(done, vec![true]);
-    assert_eq!(q.task(a).await.unwrap().unwrap().state, TaskState::Succeeded);
+    assert_eq!(
+        q.task(a).await.unwrap().unwrap().state,
+        TaskState::Succeeded
+    );
     assert_eq!(q.task(b).await.unwrap().unwrap().state, TaskState::Pending);
     q.resume("default").await.unwrap();
     let next = claim(&ts.store, "default", 5, 30_000).await;

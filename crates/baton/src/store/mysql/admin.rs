@@ -218,7 +218,10 @@ impl MyBackend {
         ))
         .fetch_all(&self.pool)
         .await?;
-        let mut out = rows.iter().map(queue_stats).collect::<Result<Vec<_>, _>>()?;
+        let mut out = rows
+            .iter()
+            .map(queue_stats)
+            .collect::<Result<Vec<_>, _>>()?;
         let paused: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
             "SELECT queue FROM {} WHERE paused = 1 ORDER BY queue",
             self.names.queues

@@ -380,7 +380,10 @@ impl Backend for PgBackend {
             .fetch_all(&self.pool)
             .await?;
         let rows = sqlx::query(&self.sql.stats).fetch_all(&self.pool).await?;
-        let mut out = rows.iter().map(queue_stats).collect::<Result<Vec<_>, _>>()?;
+        let mut out = rows
+            .iter()
+            .map(queue_stats)
+            .collect::<Result<Vec<_>, _>>()?;
         crate::store::mark_paused(&mut out, paused);
         Ok(out)
     }
