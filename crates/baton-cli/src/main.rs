@@ -94,6 +94,9 @@ enum Command {
     /// Inspect and manage tasks.
     #[command(subcommand)]
     Tasks(queue_cmd::TasksCmd),
+    /// Pause or resume a queue, cluster-wide.
+    #[command(subcommand)]
+    Queues(queue_cmd::QueuesCmd),
     /// Run the scheduler and workers for a config file's jobs and queues.
     Serve(serve::ServeArgs),
     /// Run a durable job now for a slot (idempotent per job and slot).
@@ -437,6 +440,7 @@ fn main() -> ExitCode {
             Command::Enqueue(a) => queue_cmd::enqueue(a).await,
             Command::Work(a) => queue_cmd::work(a).await,
             Command::Tasks(c) => queue_cmd::tasks(c).await,
+            Command::Queues(c) => queue_cmd::queues(c).await,
             Command::Serve(a) => serve::serve(a).await,
             Command::Trigger(a) => serve::trigger(a).await,
             Command::Jobs(a) => serve::jobs(a).await,

@@ -66,6 +66,14 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     );
     gauge(
         &mut out,
+        "baton_queue_paused",
+        "1 if claiming from the queue is paused cluster-wide.",
+        stats
+            .iter()
+            .map(|s| (vec![("queue", s.queue.as_str())], flag(s.paused))),
+    );
+    gauge(
+        &mut out,
         "baton_job_last_slot_timestamp_seconds",
         "The last slot the scheduler enqueued or skipped, as a Unix time.",
         jobs.iter().filter_map(|j| {

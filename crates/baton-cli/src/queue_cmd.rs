@@ -1,4 +1,4 @@
-//! `baton enqueue`, `baton work` and `baton tasks …`.
+//! `baton enqueue`, `baton work`, `baton tasks …` and `baton queues …`.
 
 use std::time::Duration;
 
@@ -280,7 +280,7 @@ pub enum TasksCmd {
         #[arg(value_parser = task_id_arg)]
         id: i64,
     },
-    /// Counts per queue and state.
+    /// Counts per queue and state, and whether the queue is paused.
     Stats {
         #[command(flatten)]
         store: StoreArg,
@@ -474,6 +474,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 ("FAILED", Align::Right),
                 ("CANCELLED", Align::Right),
                 ("OLDEST_DUE", Align::Right),
+                ("PAUSED", Align::Left),
             ]);
             for s in stats {
                 let age = s
@@ -488,6 +489,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                     s.failed.to_string(),
                     s.cancelled.to_string(),
                     age,
+                    if s.paused { "paused" } else { "-" }.into(),
                 ]);
             }
             t.print()?;
@@ -503,4 +505,45 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             Ok(0)
         }
     }
+}
+
+/// `baton queues pause|resume`.
+#[derive(clap::Subcommand, Debug)]
+pub enum QueuesCmd {
+    /// Stop every worker of the cluster claiming the queue's tasks (running
+    /// tasks finish; enqueue is still accepted).
+    Pause {
+        #[command(flatten)]
+        store: StoreArg,
+        /// The queue's name.
+        queue: String,
+    },
+    /// Resume a paused queue; its workers are woken.
+    Resume {
+        #[command(flatten)]
+        store: StoreArg,
+        /// The queue's name.
+        queue: String,
+    },
+}
+
+/// Run `baton queues …`: 0 done (also when the queue already was in that
+/// state), 2 for a bad name.
+pub async fn queues(cmd: QueuesCmd) -> anyhow::Result<u8> {
+    let (store, queue, paused) = match cmd {
+        QueuesCmd::Pause { store, queue } => (store, queue, true),
+        QueuesCmd::Resume { store, queue } => (store, queue, false),
+    };
+    baton::lock::validate_name("QUEUE", &queue).map_err(Error::from)?;
+    let q = Queue::new(connect(&store).await.context("connecting to the store")?);
+    if paused {
+        q.pause(&queue).await?;
+        outln!(
+            "queue {queue} paused: no worker claims its tasks until `baton queues resume {queue}`"
+        );
+    } else {
+        q.resume(&queue).await?;
+        outln!("queue {queue} resumed");
+    }
+    Ok(0)
 }

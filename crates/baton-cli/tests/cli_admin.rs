@@ -433,6 +433,30 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         .cloned()
         .unwrap();
     assert_eq!(parked["pending"], 3, "{parked}");
+    assert_eq!(parked["paused"], false, "{parked}");
+
+    // Queues: pause and resume, shown by GET (also a queue with no tasks).
+    let paused_flag = |name: &str| {
+        let (_, queues) = get(a, "/api/v1/queues");
+        queues
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["queue"] == name)
+            .map(|q| q["paused"].clone())
+    };
+    let (code, body) = post(a, "/api/v1/queues/parked/pause", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, json!({"queue": "parked", "paused": true}));
+    assert_eq!(paused_flag("parked"), Some(json!(true)));
+    let (code, _) = post(a, "/api/v1/queues/idle-q/pause", json!({}));
+    assert_eq!(code, 200);
+    assert_eq!(paused_flag("idle-q"), Some(json!(true)));
+    let (code, body) = post(a, "/api/v1/queues/parked/resume", json!({}));
+    assert_eq!((code, &body["paused"]), (200, &json!(false)), "{body}");
+    assert_eq!(paused_flag("parked"), Some(json!(false)));
+    let (code, body) = post(a, "/api/v1/queues/%01/pause", json!({}));
+    assert_eq!((code, &body["field"]), (400, &json!("queue")), "{body}");
 }
 
 /// Every route in `/api/v1/openapi.json` is served (not the 404 fallback)
@@ -469,6 +493,8 @@ async fn openapi_lists_every_route_served(e: Env) {
         "POST /api/v1/tasks/{id}/cancel",
         "GET /api/v1/queues",
         "GET /api/v1/queues/history",
+        "POST /api/v1/queues/{name}/pause",
+        "POST /api/v1/queues/{name}/resume",
         "GET /api/v1/locks",
         "POST /api/v1/locks/{name}/release",
         "GET /api/v1/openapi.json",
@@ -845,6 +871,32 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
         b.eval(r#"document.getElementById('error').hidden"#),
         json!(true)
     );
+    // The queue table's pause button pauses the queue in the store; the
+    // row then offers resume, which resumes it.
+    let queue_paused = |a: &str| {
+        get(a, "/api/v1/queues")
+            .1
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["queue"] == "parked" && q["paused"] == true)
+    };
+    b.eval(r#"document.querySelector('[data-queue-pause="parked"]').click()"#);
+    wait_for(20, "the pause click to pause the queue", || {
+        queue_paused(&a)
+    });
+    let t0 = Instant::now();
+    while b.eval(r#"!!document.querySelector('[data-queue-resume="parked"]')"#) != json!(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the paused queue's row offers no resume"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.eval(r#"document.querySelector('[data-queue-resume="parked"]').click()"#);
+    wait_for(20, "the resume click to resume the queue", || {
+        !queue_paused(&a)
+    });
 
     b.call(
         "Emulation.setDeviceMetricsOverride",

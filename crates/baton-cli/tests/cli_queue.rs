@@ -16,6 +16,7 @@ per_backend! {
     sigterm_hands_running_tasks_back,
     frozen_worker_cannot_finish_its_rescued_task,
     max_running_caps_two_worker_processes,
+    paused_queue_is_left_alone_by_a_worker_until_resumed,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -354,4 +355,28 @@ async fn max_running_caps_two_worker_processes(e: Env) {
         peak = peak.max(now);
     }
     assert_eq!(peak, 2, "never more than 2 at once, and 2 together");
+}
+
+/// `baton queues pause` stops a running worker process (another process
+/// than the one pausing) from starting the queue's tasks; enqueue still
+/// works; `tasks stats --json` shows the flag; `baton queues resume` lets
+/// the worker run them. A bad name exits 2 naming the field.
+async fn paused_queue_is_left_alone_by_a_worker_until_resumed(e: Env) {
+    let out = e.run(&["queues", "pause", "default"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("paused"), "{}", stdout(&out));
+    let mut w = worker(&e, &[]);
+    let id = enqueue(&e, &[], &["true"]);
+    std::thread::sleep(Duration::from_millis(1500)); // several polls
+    assert_eq!(show(&e, id)["state"], "pending", "claimed while paused");
+    assert_eq!(stats(&e)["default"]["paused"], true);
+    let out = e.run(&["queues", "resume", "default"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    wait_state(&e, id, "succeeded", 30);
+    assert_eq!(stats(&e)["default"]["paused"], false);
+    let out = e.run(&["queues", "pause", "bad\u{1}name"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("QUEUE"), "{}", stderr(&out));
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
 }

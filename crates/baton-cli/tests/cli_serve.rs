@@ -645,6 +645,8 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     let (code, _, _) = admin_get(&e, "/nope");
     assert_eq!(code, 404);
 
+    let out = e.run(&["queues", "pause", "held"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (code, ctype, m) = admin_get(&e, "/metrics?debug=1");
     stop(vec![kid]);
     assert_eq!(code, 200, "{m}");
@@ -664,6 +666,8 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     assert!(value(r#"baton_tasks{queue="default",state="succeeded"}"#) >= 1.0);
     assert_eq!(value(r#"baton_tasks{queue="default",state="failed"}"#), 0.0);
     assert_eq!(value(r#"baton_job_paused{job="tick"}"#), 0.0);
+    assert_eq!(value(r#"baton_queue_paused{queue="held"}"#), 1.0);
+    assert_eq!(value(r#"baton_queue_paused{queue="default"}"#), 0.0);
     let slot = value(r#"baton_job_last_slot_timestamp_seconds{job="tick"}"#);
     let now = value("baton_store_time_seconds");
     assert!(slot > now - 30.0 && slot <= now, "slot {slot}, now {now}");

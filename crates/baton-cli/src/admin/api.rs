@@ -232,6 +232,29 @@ pub async fn job_resume(Extract(state): S, Path(name): Path<String>) -> Answer {
     set_paused(&state, &name, false).await
 }
 
+/// Pause or resume a queue cluster-wide: `{"queue": name, "paused": bool}`.
+async fn set_queue_paused(state: &State, name: &str, paused: bool) -> Answer {
+    check_name("queue", name)?;
+    let q = Queue::new(state.store.clone());
+    if paused {
+        q.pause(name).await?;
+    } else {
+        q.resume(name).await?;
+    }
+    tracing::info!(queue = %name, paused, "admin API: queue paused flag set");
+    Ok(Json(json!({"queue": name, "paused": paused})))
+}
+
+/// `POST /api/v1/queues/{name}/pause`.
+pub async fn queue_pause(Extract(state): S, Path(name): Path<String>) -> Answer {
+    set_queue_paused(&state, &name, true).await
+}
+
+/// `POST /api/v1/queues/{name}/resume`.
+pub async fn queue_resume(Extract(state): S, Path(name): Path<String>) -> Answer {
+    set_queue_paused(&state, &name, false).await
+}
+
 /// Parse a JSON body into `T`; an empty body is `T::default()`.
 fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -568,7 +591,7 @@ pub async fn sample_loop(state: Arc<State>) {
 }
 
 /// `GET /api/v1/queues`: per queue, the counts by state, the oldest due
-/// pending task's age and the tasks finished over the last hour (as
+/// pending task's age, the paused flag and the tasks finished over the last hour (as
 /// sampled by this server since it started).
 pub async fn queues(Extract(state): S) -> Answer {
     let stats = Queue::new(state.store.clone()).stats().await?;

@@ -199,9 +199,25 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             r(
                 "get",
                 "/api/v1/queues",
-                "Per queue: counts by state, oldest due pending age, tasks finished over the last hour.",
+                "Per queue: counts by state, oldest due pending age, paused flag, tasks finished over the last hour.",
             ),
             get(api::queues),
+        )
+        .add(
+            r(
+                "post",
+                "/api/v1/queues/{name}/pause",
+                "Pause a queue cluster-wide: no worker claims its tasks; running tasks finish, enqueue is accepted.",
+            ),
+            post(api::queue_pause),
+        )
+        .add(
+            r(
+                "post",
+                "/api/v1/queues/{name}/resume",
+                "Resume a paused queue and wake its workers.",
+            ),
+            post(api::queue_resume),
         )
         .add(
             r(

@@ -276,7 +276,33 @@ impl Queue {
         Ok(self.store.backend().task_list(filter).await?)
     }
 
-    /// Counts per queue and state.
+    /// Pause a queue on every instance: from now on no worker of the
+    /// cluster claims its tasks (the store's claim checks the flag in the
+    /// same statement or script). Running tasks finish normally and
+    /// enqueues are still accepted. Pausing a paused queue, or a queue with
+    /// no tasks yet, is fine.
+    pub async fn pause(&self, queue: &str) -> Result<(), Error> {
+        self.set_paused(queue, true).await
+    }
+
+    /// Resume a paused queue on every instance and wake its workers, so
+    /// claiming restarts at once (workers in other processes of SQLite and
+    /// MySQL stores, which have no cross-process wake-up, within their poll
+    /// interval). Resuming a queue that is not paused is fine.
+    pub async fn resume(&self, queue: &str) -> Result<(), Error> {
+        self.set_paused(queue, false).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<(), Error> {
+        validate_name("queue", queue)?;
+        Ok(self
+            .store
+            .backend()
+            .queue_set_paused(&crate::store::QueueSetPaused { queue, paused })
+            .await?)
+    }
+
+    /// Counts per queue and state, with each queue's paused flag.
     pub async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
         Ok(self.store.backend().queue_stats().await?)
     }

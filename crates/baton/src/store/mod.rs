@@ -109,7 +109,8 @@ pub trait Backend: Send + Sync + 'static {
     async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError>;
 
     /// Lease up to `limit` due pending tasks whose cancellation was not
-    /// requested, ordered by priority, run_at, id; each claimed task's
+    /// requested, none while the queue is paused
+    /// ([`Backend::queue_set_paused`]), ordered by priority, run_at, id; each claimed task's
     /// attempt goes up by one and its token to `max(previous + 1, store
     /// clock in µs)`.
     async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError>;
@@ -150,7 +151,15 @@ pub trait Backend: Send + Sync + 'static {
     /// A page of tasks (see [`TaskFilter`]).
     async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError>;
 
-    /// Counts per queue and state, sorted by queue.
+    /// Pause or resume claiming from a queue, cluster-wide: while paused,
+    /// [`Backend::task_claim`] on it returns nothing (checked in the claim's
+    /// own statement or script), running tasks finish normally and inserts
+    /// are still accepted. Resuming publishes a wake-up for the queue. Any
+    /// name may be paused, including one with no tasks yet.
+    async fn queue_set_paused(&self, params: &QueueSetPaused<'_>) -> Result<(), StoreError>;
+
+    /// Counts per queue and state, sorted by queue, with each queue's
+    /// paused flag (a paused queue without tasks is listed too).
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
 
     /// Delete terminal tasks that finished more than `older_than` ago.
@@ -510,6 +519,7 @@ bounded_backend! {
     task_retry(id: i64) -> bool;
     task_get(id: i64) -> Option<TaskInfo>;
     task_list(filter: &TaskFilter) -> Vec<TaskInfo>;
+    queue_set_paused(params: &QueueSetPaused<'_>) -> ();
     queue_stats() -> Vec<QueueStats>;
     task_prune(older_than: Duration) -> u64;
     wake_subscribe() -> tokio::sync::broadcast::Receiver<Wake>;

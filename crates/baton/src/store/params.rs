@@ -63,3 +63,13 @@ pub struct JobSetPaused<'a> {
     /// True to pause, false to resume.
     pub paused: bool,
 }
+
+/// Params of [`Backend::queue_set_paused`](super::Backend::queue_set_paused):
+/// pause or resume claiming from a queue cluster-wide.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSetPaused<'a> {
+    /// Queue name, already validated.
+    pub queue: &'a str,
+    /// True to pause, false to resume.
+    pub paused: bool,
+}

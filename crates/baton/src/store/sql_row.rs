@@ -184,5 +184,7 @@ pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<crate::store::QueueStats,
         oldest_pending_ms: row
             .opt_big("oldest_ms")?
             .map(|v| u64::try_from(v).unwrap_or(0)),
+        // Set afterwards from the queues table (`mark_paused`).
+        paused: false,
     })
 }

@@ -413,6 +413,33 @@ pub struct QueueStats {
     pub cancelled: u64,
     /// Age of the oldest due pending task, in milliseconds, by store time.
     pub oldest_pending_ms: Option<u64>,
+    /// Claiming is paused cluster-wide (see
+    /// [`Backend::queue_set_paused`](super::Backend::queue_set_paused)).
+    /// A paused queue is listed even when it holds no tasks.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Mark the paused queues in `stats`, adding an empty entry for a paused
+/// queue that holds no tasks (then the list is sorted by queue again).
+pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, paused: impl IntoIterator<Item = String>) {
+    let mut added = false;
+    for queue in paused {
+        match stats.iter_mut().find(|s| s.queue == queue) {
+            Some(s) => s.paused = true,
+            None => {
+                stats.push(QueueStats {
+                    queue,
+                    paused: true,
+                    ..QueueStats::default()
+                });
+                added = true;
+            }
+        }
+    }
+    if added {
+        stats.sort_by(|a, b| a.queue.cmp(&b.queue));
+    }
 }
 
 /// What one rescue pass did.

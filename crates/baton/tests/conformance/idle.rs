@@ -97,6 +97,14 @@ impl Backend for Counting {
     async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         self.count("tasks").task_list(filter).await
     }
+    async fn queue_set_paused(
+        &self,
+        params: &baton::store::QueueSetPaused<'_>,
+    ) -> Result<(), StoreError> {
+        self.count("queue_set_paused")
+            .queue_set_paused(params)
+            .await
+    }
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         self.count("stats").queue_stats().await
     }

@@ -1308,3 +1308,146 @@ pub async fn payload_limit_is_enforced(ts: TestStore) {
         .unwrap();
     assert_eq!(all.len(), 1, "only the task at the limit exists");
 }
+
+/// A paused queue yields no claims, on this client or another one (the
+/// flag lives in the store), while other queues claim as usual; enqueue
+/// is still accepted; stats show the flag, also for a queue with no tasks.
+pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    for queue in ["held", "free"] {
+        for _ in 0..3 {
+            q.enqueue(task("k").queue(queue)).await.unwrap();
+        }
+    }
+    q.pause("held").await.unwrap();
+    q.pause("held").await.unwrap(); // twice is fine
+    q.pause("empty").await.unwrap();
+    let other = ts.open().await;
+    assert!(claim(&other, "held", 10, 30_000).await.is_empty(), "paused");
+    assert!(
+        claim(&ts.store, "held", 10, 30_000).await.is_empty(),
+        "paused"
+    );
+    // A capped claim goes through the same check.
+    let capped = other
+        .backend()
+        .task_claim(&ClaimRequest {
+            queue: "held",
+            worker: "w",
+            limit: 10,
+            lease: Duration::from_secs(30),
+            max_running: Some(5),
+        })
+        .await
+        .unwrap();
+    assert!(capped.is_empty(), "paused (capped claim)");
+    assert_eq!(claim(&other, "free", 10, 30_000).await.len(), 3);
+    // Enqueue is still accepted while paused.
+    let late = q.enqueue(task("late").queue("held")).await.unwrap();
+    assert!(late.inserted);
+    let stats = q.stats().await.unwrap();
+    let get = |name: &str| stats.iter().find(|s| s.queue == name).cloned();
+    let held = get("held").expect("held listed");
+    assert!(held.paused);
+    assert_eq!((held.pending, held.running), (4, 0));
+    assert!(!get("free").expect("free listed").paused);
+    let empty = get("empty").expect("a paused queue without tasks is listed");
+    assert!(empty.paused);
+    assert_eq!(empty.pending, 0);
+    // A worker of another client leaves the paused queue alone.
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut w = Worker::new(other.clone(), fast_config("held", 4));
+    let r2 = ran.clone();
+    w.handle_any(move |_| {
+        let r = r2.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "a worker claimed from a paused queue"
+    );
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    // Invalid names are refused with the field named.
+    let err = q.pause("").await.unwrap_err().to_string();
+    assert!(err.contains("queue"), "{err}");
+}
+
+/// Resume makes the queue's tasks claimable again, and wakes an idle
+/// worker without waiting for its (long) poll.
+pub async fn resume_makes_tasks_claimable_and_wakes_workers(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    q.pause("default").await.unwrap();
+    let id = q.enqueue(task("ping")).await.unwrap().id;
+    let cfg = fast_config("default", 1).poll_interval(Duration::from_secs(30));
+    let mut w = Worker::new(ts.store.clone(), cfg);
+    w.handle("ping", |_| async { Ok(()) });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(400)).await; // past the first tick
+    assert_eq!(
+        q.task(id).await.unwrap().unwrap().state,
+        TaskState::Pending,
+        "paused: not claimed"
+    );
+    let t0 = Instant::now();
+    q.resume("default").await.unwrap();
+    wait_state(&q, id, TaskState::Succeeded, 5).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "woken by the resume in {:?}, not at the 30 s poll",
+        t0.elapsed()
+    );
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    let stats = q.stats().await.unwrap();
+    assert!(stats.iter().all(|s| !s.paused), "{stats:?}");
+    q.resume("default").await.unwrap(); // resuming a running queue is fine
+}
+
+/// Pausing touches no running task: its claim heartbeats and finishes as
+/// before; only new claims stop.
+pub async fn pause_leaves_running_tasks_alone(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let a = q.enqueue(task("a")).await.unwrap().id;
+    let b = q.enqueue(task("b")).await.unwrap().id;
+    let got = claim(&ts.store, "default", 1, 30_000).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, a);
+    q.pause("default").await.unwrap();
+    let running = q.task(a).await.unwrap().unwrap();
+    assert_eq!(running.state, TaskState::Running);
+    let beat = ts
+        .store
+        .backend()
+        .task_heartbeat_many(&baton::store::TaskHeartbeatMany {
+            claims: &[got[0].claim()],
+            lease: Duration::from_secs(30),
+        })
+        .await
+        .unwrap();
+    assert_eq!(beat, vec![Heartbeat::Extended]);
+    assert!(claim(&ts.store, "default", 5, 30_000).await.is_empty());
+    let done = ts
+        .store
+        .backend()
+        .task_finish_many(&[(got[0].claim(), Finish::Succeeded)])
+        .await
+        .unwrap();
+    assert_eq!(done, vec![true]);
+    assert_eq!(
+        q.task(a).await.unwrap().unwrap().state,
+        TaskState::Succeeded
+    );
+    assert_eq!(q.task(b).await.unwrap().unwrap().state, TaskState::Pending);
+    q.resume("default").await.unwrap();
+    let next = claim(&ts.store, "default", 5, 30_000).await;
+    assert_eq!(next.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b]);
+}

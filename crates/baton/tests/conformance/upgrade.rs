@@ -426,13 +426,14 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 }
 
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
-/// added `enqueue_mark`. A fresh store records 3; a version-2 store (the
-/// column dropped, the version set back) is upgraded in place, keeps its
-/// tasks and enqueues with the right ids; a store recording a newer version
+/// added `enqueue_mark`, version 4 the queues' `paused`. A fresh store
+/// records 4; a version-2 store (the columns dropped, the version set back)
+/// is upgraded in place, keeps its tasks, enqueues with the right ids and
+/// pauses queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 3);
+    assert_eq!(recorded_version(&ts, p).await, 4);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -442,6 +443,7 @@ async fn mysql_versions(ts: TestStore) {
             .unwrap();
         for sql in [
             format!("ALTER TABLE `{p}tasks` DROP COLUMN enqueue_mark"),
+            format!("ALTER TABLE `{p}queues` DROP COLUMN paused"),
             format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
         ] {
             sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -453,7 +455,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 3, "upgraded to 3");
+        assert_eq!(recorded_version(&ts, p).await, 4, "upgraded to 4");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -472,6 +474,18 @@ async fn mysql_versions(ts: TestStore) {
             let info = ub.task_get(e.id).await.unwrap().unwrap();
             assert_eq!(info.payload, serde_json::json!({ "i": i }));
         }
+        let q = baton::queue::Queue::new(upgraded.clone());
+        q.pause("new").await.unwrap();
+        let req = ClaimRequest {
+            queue: "new",
+            worker: "w",
+            limit: 10,
+            lease: Duration::from_secs(30),
+            max_running: None,
+        };
+        assert!(ub.task_claim(&req).await.unwrap().is_empty(), "paused");
+        q.resume("new").await.unwrap();
+        assert_eq!(ub.task_claim(&req).await.unwrap().len(), 5, "resumed");
         pool.close().await;
     }
     // The durability check reads the server's settings (the test server
@@ -632,6 +646,10 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     q.enqueue(baton::queue::TaskBuilder::new("d", serde_json::json!({})).queue("up"))
         .await
         .unwrap();
+    // The upgraded store pauses queues (the last upgrade's table or key).
+    q.pause("up").await.unwrap();
+    assert!(b.task_claim(&req).await.unwrap().is_empty(), "paused");
+    q.resume("up").await.unwrap();
     let before = recorded_version(&ts, &p).await;
     let second = Store::connect_with(&ts.url, opts).await.unwrap();
     assert_eq!(recorded_version(&ts, &p).await, before);

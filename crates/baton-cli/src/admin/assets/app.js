@@ -124,8 +124,13 @@ async function renderQueues() {
     el("td", { class: "num" }, q.pending), el("td", { class: "num" }, q.running),
     el("td", { class: "num" }, q.succeeded), el("td", { class: "num" }, q.failed),
     el("td", { class: "num" }, q.cancelled), el("td", { class: "num" }, ago(q.oldest_pending_ms)),
-    el("td", { class: "num" }, q.finished_last_hour)));
-  replaceRows($("queues-body"), rows, "no tasks yet", 8);
+    el("td", { class: "num" }, q.finished_last_hour),
+    el("td", {}, q.paused ? badge("paused") : el("span", { class: "muted" }, "claiming")),
+    el("td", {},
+      q.paused
+        ? el("button", { "data-queue-resume": q.queue, onclick: () => act("POST", "/api/v1/queues/" + encodeURIComponent(q.queue) + "/resume", {}, "resume queue " + q.queue) }, "Resume")
+        : el("button", { "data-queue-pause": q.queue, onclick: () => act("POST", "/api/v1/queues/" + encodeURIComponent(q.queue) + "/pause", {}, "pause queue " + q.queue) }, "Pause"))));
+  replaceRows($("queues-body"), rows, "no tasks yet", 10);
   drawChart(history.samples);
 }
 

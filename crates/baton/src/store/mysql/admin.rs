@@ -218,6 +218,22 @@ impl MyBackend {
         ))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(queue_stats).collect()
+        let mut out = rows
+            .iter()
+            .map(queue_stats)
+            .collect::<Result<Vec<_>, _>>()?;
+        let paused: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
+            "SELECT queue FROM {} WHERE paused = 1 ORDER BY queue",
+            self.names.queues
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        crate::store::mark_paused(
+            &mut out,
+            paused
+                .into_iter()
+                .map(|q| String::from_utf8_lossy(&q).into_owned()),
+        );
+        Ok(out)
     }
 }

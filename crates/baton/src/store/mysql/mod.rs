@@ -22,8 +22,9 @@
 //!   unique index. `enqueue_mark` (schema 3) lets a multi-row insert read
 //!   back its rows' ids without assuming they are consecutive.
 //! - `<p>jobs`: one cursor row per schedule job.
-//! - `<p>queues`: one row per capped queue, locked by claimers of that queue
-//!   so that they count its running tasks in turn (`max_running`).
+//! - `<p>queues`: one row per capped or paused queue. Claimers of a capped
+//!   queue lock its row so that they count its running tasks in turn
+//!   (`max_running`); `paused` (schema 4) stops every claim on the queue.
 //!
 //! Names, queues, kinds, jobs and unique keys are `VARBINARY`: compared byte
 //! for byte, with no case folding and no trailing-space padding.
@@ -81,7 +82,25 @@ type Upgrade = fn(&Names) -> Vec<String>;
 
 /// The upgrade steps, in order; each runs once per prefix under the
 /// migration lock, followed by its version bump. Add a step at the end.
-const UPGRADES: &[Upgrade] = &[add_enqueue_mark];
+const UPGRADES: &[Upgrade] = &[add_enqueue_mark, add_queue_paused];
+
+/// 3 → 4: the `paused` flag on `<p>queues` (claims skip a paused queue),
+/// added the same way as `enqueue_mark`.
+fn add_queue_paused(n: &Names) -> Vec<String> {
+    let table = format!("{}queues", n.prefix);
+    vec![
+        format!(
+            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = '{table}' \
+             AND column_name = 'paused') = 0, \
+             'ALTER TABLE {} ADD COLUMN paused TINYINT(1) NOT NULL DEFAULT 0', 'DO 0')",
+            n.queues
+        ),
+        "PREPARE baton_ddl FROM @baton_ddl".to_string(),
+        "EXECUTE baton_ddl".to_string(),
+        "DEALLOCATE PREPARE baton_ddl".to_string(),
+    ]
+}
 
 /// 2 → 3: the `enqueue_mark` column, by which a multi-row insert finds its
 /// own rows' ids (see `tasks::insert_tasks`). MySQL 8 has no `ADD COLUMN IF
@@ -536,6 +555,26 @@ impl Backend for MyBackend {
 
     async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         self.list_tasks(filter, None).await
+    }
+
+    async fn queue_set_paused(
+        &self,
+        params: &crate::store::QueueSetPaused<'_>,
+    ) -> Result<(), StoreError> {
+        let crate::store::QueueSetPaused { queue, paused } = *params;
+        sqlx::query(&format!(
+            "INSERT INTO {} (queue, paused) VALUES (?, ?) \
+             ON DUPLICATE KEY UPDATE paused = VALUES(paused)",
+            self.names.queues
+        ))
+        .bind(queue.as_bytes())
+        .bind(paused)
+        .execute(&self.pool)
+        .await?;
+        if !paused {
+            self.announce(vec![Wake::now(queue)]);
+        }
+        Ok(())
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {

@@ -331,12 +331,17 @@ impl MyBackend {
                 return Ok(Vec::new());
             }
         }
+        // A paused queue claims nothing: its flag is read in the same
+        // statement that locks the rows.
         let ids: Vec<i64> = sqlx::query_scalar(&format!(
             "SELECT id FROM {t} WHERE queue = ? AND state = 'pending' \
                  AND run_at <= UTC_TIMESTAMP(6) AND cancel_requested = 0 \
-             ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                 AND NOT EXISTS (SELECT 1 FROM {} WHERE queue = ? AND paused = 1) \
+             ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            self.names.queues
         ))
         .bind(req.queue)
+        .bind(req.queue.as_bytes())
         .fetch_all(&mut *tx)
         .await?;
         if ids.is_empty() {

@@ -361,9 +361,31 @@ impl Backend for PgBackend {
         rows.iter().map(task_info).collect()
     }
 
+    async fn queue_set_paused(
+        &self,
+        params: &crate::store::QueueSetPaused<'_>,
+    ) -> Result<(), StoreError> {
+        let crate::store::QueueSetPaused { queue, paused } = *params;
+        sqlx::query(&self.sql.queue_set_paused)
+            .bind(queue)
+            .bind(paused)
+            .bind(&self.names.chan)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let paused: Vec<String> = sqlx::query_scalar(&self.sql.queues_paused)
+            .fetch_all(&self.pool)
+            .await?;
         let rows = sqlx::query(&self.sql.stats).fetch_all(&self.pool).await?;
-        rows.iter().map(queue_stats).collect()
+        let mut out = rows
+            .iter()
+            .map(queue_stats)
+            .collect::<Result<Vec<_>, _>>()?;
+        crate::store::mark_paused(&mut out, paused);
+        Ok(out)
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {

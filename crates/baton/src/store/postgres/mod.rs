@@ -87,6 +87,8 @@ struct Names {
     locks: String,
     tasks: String,
     jobs: String,
+    /// Per-queue flags (paused), schema 3.
+    queues: String,
     /// The task id sequence, as a quoted identifier inside a string literal
     /// (for `nextval('…')`).
     seq_lit: String,
@@ -102,6 +104,7 @@ impl Names {
             locks: format!("\"{p}locks\""),
             tasks: format!("\"{p}tasks\""),
             jobs: format!("\"{p}jobs\""),
+            queues: format!("\"{p}queues\""),
             seq_lit: format!("'\"{p}tasks_id_seq\"'"),
             chan: format!("{p}tasks"),
             prefix: p,

@@ -27,7 +27,19 @@ const UPGRADES: &[Upgrade] = &[
     // 1 → 2: per-task claim tokens; a pending task whose cancel was
     // requested (possible before 2) is cancelled.
     upgrade_claim_token,
+    // 2 → 3: the `queues` table (a queue's paused flag).
+    upgrade_queues,
 ];
+
+fn upgrade_queues(n: &Names) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             name   text PRIMARY KEY, \
+             paused boolean NOT NULL DEFAULT false \
+         );",
+        n.queues
+    )
+}
 
 fn upgrade_claim_token(n: &Names) -> String {
     let t = &n.tasks;

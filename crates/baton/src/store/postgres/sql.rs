@@ -70,6 +70,11 @@ pub(super) struct Sql {
     pub tasks: String,
     /// Per queue: counts per state and the oldest due pending age.
     pub stats: String,
+    /// `$1` queue, `$2` paused, `$3` channel: set the flag; a resume
+    /// announces the queue (sent at commit).
+    pub queue_set_paused: String,
+    /// The names of the paused queues.
+    pub queues_paused: String,
     /// `$1` older_than ms.
     pub prune: String,
     /// `$1` job → the new job row, if it was new.
@@ -129,7 +134,7 @@ impl Sql {
     /// The statements of one prefix; `keep_succeeded: false` makes a
     /// success delete the task (see [`crate::StoreOptions::keep_succeeded`]).
     pub(super) fn new(n: &Names, keep_succeeded: bool) -> Sql {
-        let (l, t, j) = (&n.locks, &n.tasks, &n.jobs);
+        let (l, t, j, q) = (&n.locks, &n.tasks, &n.jobs, &n.queues);
         let cas = "WHERE id = $1 AND claim_token = $2 AND state = 'running'";
         // A retry whose cancellation was requested is not retried.
         let again = "($4::int8 IS NOT NULL AND attempt < max_attempts AND NOT cancel_requested)";
@@ -191,6 +196,7 @@ impl Sql {
                          SELECT id FROM {t} \
                          WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
                              AND NOT cancel_requested \
+                             AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
                          ORDER BY priority, run_at, id \
                          LIMIT "
                 ),
@@ -323,6 +329,14 @@ impl Sql {
                          AS oldest_ms \
                  FROM {t} GROUP BY queue ORDER BY queue"
             ),
+            queue_set_paused: format!(
+                "WITH u AS (INSERT INTO {q} (name, paused) VALUES ($1, $2) \
+                     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused \
+                     RETURNING name, paused) \
+                 SELECT name FROM u LEFT JOIN LATERAL \
+                     (SELECT pg_notify($3, u.name) WHERE NOT u.paused) AS n ON true"
+            ),
+            queues_paused: format!("SELECT name FROM {q} WHERE paused ORDER BY name"),
             prune: format!(
                 "DELETE FROM {t} WHERE state IN ('succeeded', 'failed', 'cancelled') \
                  AND finished_at < now() - $1 * interval '1 millisecond'"

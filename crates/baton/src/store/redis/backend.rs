@@ -392,11 +392,25 @@ impl Backend for RedisBackend {
         read_retry!(self.list_page(filter).await)
     }
 
+    async fn queue_set_paused(
+        &self,
+        params: &crate::store::QueueSetPaused<'_>,
+    ) -> Result<(), StoreError> {
+        let crate::store::QueueSetPaused { queue, paused } = *params;
+        self.q::<i64>(
+            &self.scripts.queue_set_paused,
+            sargs![queue, if paused { "1" } else { "0" }],
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        type Row = (String, HashMap<String, i64>, String);
+        type Row = (String, HashMap<String, i64>, String, String);
         let rows: Vec<Row> = read_retry!(self.q(&self.scripts.stats, sargs![]).await)?;
         let mut out = Vec::new();
-        for (queue, counts, age) in rows {
+        for (queue, counts, age, paused) in rows {
+            let paused = paused == "1";
             let c = |s: TaskState| counts.get(s.as_str()).copied().unwrap_or(0).max(0) as u64;
             let st = QueueStats {
                 pending: c(TaskState::Pending),
@@ -409,9 +423,10 @@ impl Backend for RedisBackend {
                 } else {
                     Some(parse_u64(&age, "oldest pending age")?)
                 },
+                paused,
                 queue,
             };
-            if st.pending + st.running + st.succeeded + st.failed + st.cancelled > 0 {
+            if paused || st.pending + st.running + st.succeeded + st.failed + st.cancelled > 0 {
                 out.push(st);
             }
         }

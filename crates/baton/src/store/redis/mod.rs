@@ -27,6 +27,8 @@
 //! - `B ids` — zset of every task id (listing, newest first).
 //! - `B uniq:<key>` — the id holding a unique key.
 //! - `B counts:<queue>` — hash state → count (stats); `B queues` — set.
+//! - `B paused` — set of paused queues (schema 3): the claim script returns
+//!   nothing for a queue in it.
 //! - `B jobactive:<job>` — set of the job's pending/running task ids.
 //! - `B job:<name>` — hash `last_slot` (ms), `paused`; `B jobs` — set.
 //! - `B wake` — the pub/sub channel announcing new pending work: the queue

@@ -27,11 +27,15 @@ enum Upgrade {
     /// without `claim_token` counts as 0, and a pending task whose cancel
     /// was requested is cancelled by the next claim that meets it.
     PersistLocks,
+    /// 2 → 3: queues can be paused (`B paused`, a set read by the claim).
+    /// Nothing to convert (no set: nothing paused); the step marks the
+    /// version, so a build that would ignore a pause refuses the store.
+    QueuePause,
 }
 
 /// The upgrade steps, in order. Add a variant and an entry at the end (and
 /// nothing else: [`SCHEMA_VERSION`] follows).
-const UPGRADES: &[Upgrade] = &[Upgrade::PersistLocks];
+const UPGRADES: &[Upgrade] = &[Upgrade::PersistLocks, Upgrade::QueuePause];
 
 /// Record the schema version of a new store, or run the upgrade steps from
 /// the recorded one, recording each as it completes.
@@ -83,6 +87,7 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
                 pipe.query_async::<()>(&mut conn).await?;
             }
         }
+        Upgrade::QueuePause => {}
     }
     Ok(())
 }

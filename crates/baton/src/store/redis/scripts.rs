@@ -17,6 +17,7 @@ const CANCEL: &str = include_str!("lua/cancel.lua");
 const RETRY: &str = include_str!("lua/retry.lua");
 const LIST: &str = include_str!("lua/list.lua");
 const STATS: &str = include_str!("lua/stats.lua");
+const QUEUE_SET_PAUSED: &str = include_str!("lua/queue_set_paused.lua");
 const PRUNE: &str = include_str!("lua/prune.lua");
 const JOB_REGISTER: &str = include_str!("lua/job_register.lua");
 const JOB_ADVANCE: &str = include_str!("lua/job_advance.lua");
@@ -43,6 +44,7 @@ pub(super) struct Scripts {
     pub retry: Script,
     pub list: Script,
     pub stats: Script,
+    pub queue_set_paused: Script,
     pub prune: Script,
     pub job_register: Script,
     pub job_advance: Script,
@@ -72,6 +74,7 @@ impl Scripts {
             retry: q(RETRY),
             list: q(LIST),
             stats: q(STATS),
+            queue_set_paused: q(QUEUE_SET_PAUSED),
             prune: q(PRUNE),
             job_register: q(JOB_REGISTER),
             job_advance: q(JOB_ADVANCE),

@@ -457,7 +457,26 @@ impl Backend for SqliteBackend {
         .collect()
     }
 
+    async fn queue_set_paused(
+        &self,
+        params: &crate::store::QueueSetPaused<'_>,
+    ) -> Result<(), StoreError> {
+        let crate::store::QueueSetPaused { queue, paused } = *params;
+        sqlx::query(&self.sql.queue_set_paused)
+            .bind(queue)
+            .bind(paused)
+            .execute(&*self.pool)
+            .await?;
+        if !paused {
+            self.wake([queue]);
+        }
+        Ok(())
+    }
+
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let paused: Vec<String> = sqlx::query_scalar(&self.sql.queues_paused)
+            .fetch_all(&*self.reader)
+            .await?;
         let rows = sqlx::query(&self.sql.stats)
             .fetch_all(&*self.reader)
             .await?;
@@ -487,6 +506,7 @@ impl Backend for SqliteBackend {
                 TaskState::Cancelled => s.cancelled = count,
             }
         }
+        crate::store::mark_paused(&mut out, paused);
         Ok(out)
     }
 

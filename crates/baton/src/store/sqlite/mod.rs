@@ -1,7 +1,7 @@
 //! The SQLite backend: baton's embedded store for a single host.
 //!
-//! One database file holds three tables (names prefixed, default `baton_`):
-//! `locks`, `tasks` and `jobs`, plus a `meta` table recording the schema
+//! One database file holds four tables (names prefixed, default `baton_`):
+//! `locks`, `tasks`, `jobs` and `queues` (paused flags, schema 3), plus a `meta` table recording the schema
 //! version. The file runs in WAL mode with `synchronous=NORMAL` and a busy
 //! timeout, so many processes on the same host can share it.
 //!
@@ -63,6 +63,7 @@ struct Tables {
     locks: String,
     tasks: String,
     jobs: String,
+    queues: String,
     meta: String,
 }
 
@@ -76,6 +77,7 @@ impl Tables {
             locks: q("locks"),
             tasks: q("tasks"),
             jobs: q("jobs"),
+            queues: q("queues"),
             meta: q("meta"),
         })
     }

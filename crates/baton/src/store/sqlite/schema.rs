@@ -122,7 +122,19 @@ const UPGRADES: &[Upgrade] = &[
     // 1 → 2: per-task claim tokens; a pending task whose cancel was
     // requested (possible before 2) is cancelled.
     upgrade_claim_token,
+    // 2 → 3: the `queues` table (a queue's paused flag).
+    upgrade_queues,
 ];
+
+fn upgrade_queues(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             name   TEXT PRIMARY KEY, \
+             paused INTEGER NOT NULL DEFAULT 0 \
+         )",
+        t.queues
+    ))]
+}
 
 fn upgrade_claim_token(t: &Tables) -> Vec<Ddl> {
     let tasks = &t.tasks;

@@ -28,6 +28,7 @@ pub(super) struct Sql {
     /// The tasks' inserts (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
     /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running.
+    /// Claims nothing while the queue is paused.
     pub claim: String,
     /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
     /// cancel_requested.
@@ -53,6 +54,10 @@ pub(super) struct Sql {
     pub task: String,
     /// [`TASK_COLS`] from the tasks table; `tasks()` adds its conditions.
     pub tasks_select: String,
+    /// `?1` queue, `?2` paused (0/1).
+    pub queue_set_paused: String,
+    /// The names of the paused queues.
+    pub queues_paused: String,
     /// Per queue and state: count and the oldest due pending `run_at` age.
     pub stats: String,
     /// `?1` older_than ms.
@@ -166,7 +171,11 @@ impl FinishSql {
 impl Sql {
     pub(super) fn new(t: &Tables) -> Sql {
         let Tables {
-            locks, tasks, jobs, ..
+            locks,
+            tasks,
+            jobs,
+            queues,
+            ..
         } = t;
         let lock_cols = format!("name, holder, token, locked_at, lock_until, {NOW} AS now");
         let ends = "cancel_requested OR attempt >= max_attempts";
@@ -200,6 +209,7 @@ impl Sql {
                  WHERE id IN (SELECT id FROM {tasks} \
                      WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
                          AND NOT cancel_requested \
+                         AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = ?1 AND paused) \
                      ORDER BY priority, run_at, id \
                      LIMIT CASE WHEN ?5 IS NULL THEN ?4 ELSE max(0, min(?4, ?5 - ( \
                          SELECT count(*) FROM {tasks} WHERE state = 'running' AND queue = ?1))) \
@@ -251,6 +261,11 @@ impl Sql {
             ),
             task: format!("SELECT {TASK_COLS} FROM {tasks} WHERE id = ?1"),
             tasks_select: format!("SELECT {TASK_COLS} FROM {tasks}"),
+            queue_set_paused: format!(
+                "INSERT INTO {queues} (name, paused) VALUES (?1, ?2) \
+                 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused"
+            ),
+            queues_paused: format!("SELECT name FROM {queues} WHERE paused ORDER BY name"),
             stats: format!(
                 "WITH n(now) AS (SELECT {NOW}) \
                  SELECT queue, state, COUNT(*) AS count, \

@@ -2,6 +2,8 @@
 -- ''), the `last_error` of a pending task found with its cancel requested.
 local now = now_ms()
 local queue = ARGV[2]
+-- A paused queue claims nothing (its tasks stay where they are).
+if redis.call('SISMEMBER', B .. 'paused', queue) == 1 then return {} end
 local sched = qkey(queue, 'sched')
 local ready = qkey(queue, 'ready')
 -- Move due scheduled tasks into ready, oldest first; at most 10000 per

@@ -1,6 +1,9 @@
--- ARGV: B. Returns per queue {name, flat counts, oldest due pending age ms or ''}.
+-- ARGV: B. Returns per queue {name, flat counts, oldest due pending age ms or
+-- '', paused 0/1}; a paused queue without tasks is listed too.
 local now = now_ms()
 local out = {}
+local paused = {}
+for _, q in ipairs(redis.call('SMEMBERS', B .. 'paused')) do paused[q] = true end
 for _, q in ipairs(redis.call('SMEMBERS', B .. 'queues')) do
   local c = redis.call('HGETALL', B .. 'counts:' .. q)
   local oldest = nil
@@ -22,6 +25,9 @@ for _, q in ipairs(redis.call('SMEMBERS', B .. 'queues')) do
     if a < 0 then a = 0 end
     age = fmt(a)
   end
-  out[#out + 1] = {q, c, age}
+  local p = '0'
+  if paused[q] then p = '1'; paused[q] = nil end
+  out[#out + 1] = {q, c, age, p}
 end
+for q in pairs(paused) do out[#out + 1] = {q, {}, '', '1'} end
 return out
