@@ -422,6 +422,7 @@ pub struct QueueStats {
 
 /// Mark the paused queues in `stats`, adding an empty entry for a paused
 /// queue that holds no tasks (then the list is sorted by queue again).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, paused: impl IntoIterator<Item = String>) {
     let mut added = false;
     for queue in paused {
