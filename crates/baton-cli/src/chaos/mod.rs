@@ -23,7 +23,7 @@ use baton::store::TaskFilter;
 use tokio_util::sync::CancellationToken;
 
 use crate::duration_arg;
-use history::{now_us, History, Record, PROC_ENV};
+use history::{now_us, History, Record, KILLED_ENV, PROC_ENV};
 
 /// libfaketime's preload library, for client clock offsets.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -169,6 +169,7 @@ impl Run {
             .env("BATON_PREFIX", &self.prefix)
             .env("BATON_LOG", "info")
             .env(PROC_ENV, label)
+            .env(KILLED_ENV, self.dir.join(history::HISTORY))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
