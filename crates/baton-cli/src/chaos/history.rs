@@ -5,7 +5,10 @@
 //! line is written with one `write(2)` of less than `PIPE_BUF` bytes, so
 //! lines never interleave. Times are microseconds since the Unix epoch on
 //! the host's real clock (the helper runs with libfaketime removed from
-//! its environment), so every record is on one clock.
+//! its environment), so every record is on one clock — except `killed`
+//! records, appended by a worker (which may run under a skewed clock) once
+//! a command it stopped has no live process left: the checker orders
+//! those by their place in the file, not by their time.
 //!
 //! The fenced register is a file per resource holding the highest token it
 //! accepted. A write takes `flock` on it, compares, stores and appends its

@@ -315,6 +315,10 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
             "3s",
             "--poll",
             "300ms",
+            // An unconfirmed attempt gets SIGTERM min(grace + 1 s,
+            // lease/3) = 1 s before its lease's local end and SIGKILL at
+            // that end at the latest: with a 3 s lease a longer grace would
+            // not give a starved command more time (issue #15).
             "--grace",
             "1s",
             "--shutdown-grace",
