@@ -47,6 +47,13 @@ use tokio::signal::unix::{signal, SignalKind};
 /// The hidden subcommand that runs the supervisor.
 pub const SUPERVISE: &str = "__supervise";
 
+/// A hook run once the process group of a command that baton stopped
+/// (SIGTERM/SIGKILL, or dropped while running) is seen gone.
+pub type OnGone = Box<dyn FnOnce(libc::pid_t) + Send + 'static>;
+
+/// How long baton looks for the group to be gone after stopping it.
+const GONE_WITHIN: Duration = Duration::from_secs(5);
+
 /// A running command: its supervisor and its process group.
 pub struct Proc {
     child: Child,
@@ -54,6 +61,8 @@ pub struct Proc {
     /// The write end of the supervisor's lifeline; closing it (baton dies)
     /// makes the supervisor stop the tree.
     _lifeline: OwnedFd,
+    /// Run when a group baton stopped is confirmed gone.
+    on_gone: Option<OnGone>,
 }
 
 /// Spawn `argv` with extra environment under a supervisor (see the module
@@ -123,6 +132,7 @@ pub fn spawn(
         child,
         pgid,
         _lifeline: write,
+        on_gone: None,
     })
 }
 
@@ -148,21 +158,50 @@ impl Proc {
         self.child.wait().await
     }
 
-    /// SIGKILL the group and wait for it.
-    pub async fn kill(&mut self) -> std::io::Result<ExitStatus> {
-        self.signal(libc::SIGKILL);
-        self.child.wait().await
+    /// Run `hook` (with the group id) once a stop of this command by baton
+    /// ([`Proc::stop`], [`Proc::kill`], or dropping it while it runs) has
+    /// left no live process in its group. Not run when the command exits
+    /// by itself, nor if the group is not seen gone within 5 s.
+    pub fn on_gone(&mut self, hook: OnGone) {
+        self.on_gone = Some(hook);
     }
 
-    /// SIGTERM the group, then SIGKILL if it has not ended after `grace`.
+    /// SIGKILL the group and wait for it: for the supervisor, then (at
+    /// most 5 s) until no process of the group is alive.
+    pub async fn kill(&mut self) -> std::io::Result<ExitStatus> {
+        self.signal(libc::SIGKILL);
+        let status = self.child.wait().await;
+        self.confirm_gone().await;
+        status
+    }
+
+    /// SIGTERM the group, then SIGKILL if it has not ended after `grace`;
+    /// returns once the group is gone (or after at most 5 s more).
     pub async fn stop(&mut self, grace: Duration) -> std::io::Result<ExitStatus> {
         self.signal(libc::SIGTERM);
         match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(status) => status,
+            Ok(status) => {
+                self.confirm_gone().await;
+                status
+            }
             Err(_) => {
                 tracing::warn!("command did not exit within {grace:?} of SIGTERM; sending SIGKILL");
                 self.kill().await
             }
+        }
+    }
+
+    /// Wait until the group is gone, then run the `on_gone` hook.
+    async fn confirm_gone(&mut self) {
+        if group_gone(self.pgid, GONE_WITHIN).await {
+            if let Some(hook) = self.on_gone.take() {
+                hook(self.pgid);
+            }
+        } else {
+            tracing::warn!(
+                pgid = self.pgid,
+                "processes of the command's group still alive {GONE_WITHIN:?} after it was killed"
+            );
         }
     }
 }
@@ -172,8 +211,73 @@ impl Drop for Proc {
         // Not yet reaped: the group is ours; kill it (tokio reaps later).
         if self.child.id().is_some() {
             self.signal(libc::SIGKILL);
+            if let (Some(hook), Ok(rt)) =
+                (self.on_gone.take(), tokio::runtime::Handle::try_current())
+            {
+                let pgid = self.pgid;
+                rt.spawn(async move {
+                    if group_gone(pgid, GONE_WITHIN).await {
+                        hook(pgid);
+                    }
+                });
+            }
         }
     }
+}
+
+/// Poll (every 10 ms, for at most `within`) until no live process is in
+/// group `pgid`; whether it was seen gone. Zombies count as gone: a
+/// zombie runs nothing.
+pub async fn group_gone(pgid: libc::pid_t, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    loop {
+        if !group_alive(pgid) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether any process of group `pgid` is alive (not a zombie).
+fn group_alive(pgid: libc::pid_t) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for the group's existence.
+    if unsafe { libc::kill(-pgid, 0) } != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    {
+        return false;
+    }
+    // Members remain (perhaps only zombies): look at each one's state.
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    for entry in dir.flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp …"; comm may hold spaces and parens.
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let f: Vec<&str> = after.split_whitespace().take(3).collect();
+        let (Some(state), Some(pgrp)) = (f.first(), f.get(2)) else {
+            continue;
+        };
+        if pgrp.parse::<libc::pid_t>().ok() == Some(pgid) && !matches!(*state, "Z" | "X" | "x") {
+            return true;
+        }
+    }
+    false
 }
 
 /// A shell-style exit code for a status: the code, or 128 + signal.

@@ -385,3 +385,84 @@ async fn lock_second_sigterm_kills_the_tree_and_releases() {
         "released"
     );
 }
+
+/// The process group of `pid` (from `/proc/PID/stat`).
+fn pgrp_of(pid: i32) -> i64 {
+    let stat = read(Path::new(&format!("/proc/{pid}/stat")));
+    let after = stat.rsplit(')').next().unwrap_or("");
+    after
+        .split_whitespace()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .expect("a pgrp in /proc/PID/stat")
+}
+
+/// Under `baton chaos` (`BATON_CHAOS_HISTORY` set), a worker that stops a
+/// task's command — here one that ignores SIGTERM, so SIGKILL after the
+/// grace, stopped because the task was cancelled — appends one `killed`
+/// record for the attempt and its process group, and only once no process
+/// of that group is alive (issue #15: the checker orders by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_records_killed_once_the_group_is_gone() {
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let hist = e.path("history.jsonl");
+    std::fs::write(&hist, "").unwrap();
+    let out = e.run(&[
+        "enqueue",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; echo $$ > gc.pid; while :; do echo tick >> F; sleep 0.1; done",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let id = common::stdout(&out).trim().to_string();
+    let log = std::fs::File::create(e.path("baton-work.log")).unwrap();
+    let mut w = e
+        .cmd(&["work", "--poll", "200ms", "--lease", "3s", "--grace", "1s"])
+        .env("BATON_CHAOS_HISTORY", &hist)
+        .env("BATON_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let gc = grandchild(e.dir.path());
+    let group = pgrp_of(gc);
+    let out = e.run(&["tasks", "cancel", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let t0 = Instant::now();
+    let line = loop {
+        if let Some(l) = read(&hist).lines().find(|l| l.contains("\"killed\"")) {
+            break l.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no killed record 20 s after the cancel"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        !alive(gc),
+        "the command {gc} was still alive when its death was recorded"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "recorded {:?} after the cancel: before the 1 s grace was over",
+        t0.elapsed()
+    );
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["task"].to_string(), id, "{line}");
+    assert_eq!(v["attempt"], 1, "{line}");
+    assert_eq!(v["group"], group, "{line}");
+    assert_tree_gone(e.dir.path(), gc, 1.0, "after the killed record");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        read(&hist).lines().count(),
+        1,
+        "one record: {}",
+        read(&hist)
+    );
+    signal(&w, libc::SIGKILL);
+    let _ = w.wait();
+}

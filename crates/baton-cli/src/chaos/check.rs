@@ -80,8 +80,26 @@ struct Effect {
     task: Option<i64>,
     attempt: Option<u32>,
     slot: String,
+    group: Option<i64>,
     begin: i64,
     end: Option<i64>,
+    /// The place of its `begin` record in the history file.
+    begin_at: usize,
+    /// The place of the `killed` record that saw its command's process
+    /// group gone (no `end` recorded): every record after it in the file
+    /// was written after the effect's death.
+    dead_at: Option<usize>,
+}
+
+impl Effect {
+    /// Whether `self` is known to have ended before `later` (which began
+    /// no earlier) began: by their times, or because `later`'s `begin`
+    /// was appended after the `killed` record of `self`'s command. That
+    /// order is the file's, so it holds whatever the writers' clocks.
+    fn ended_before(&self, later: &Effect) -> bool {
+        later.begin >= self.end.unwrap_or(self.begin)
+            || self.dead_at.is_some_and(|k| later.begin_at > k)
+    }
 }
 
 impl Effect {
@@ -110,7 +128,9 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
     let mut kills: HashMap<String, Vec<i64>> = HashMap::new();
     let mut writes: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
     let mut enqueued: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-    for rec in history {
+    // `killed` records by (task, attempt, group): their places in the file.
+    let mut killed: HashMap<(i64, u32, i64), Vec<usize>> = HashMap::new();
+    for (at, rec) in history.iter().enumerate() {
         match rec.op.as_str() {
             "begin" => {
                 effects.insert(
@@ -124,8 +144,11 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
                         task: rec.task,
                         attempt: rec.attempt,
                         slot: rec.slot.clone(),
+                        group: rec.group,
                         begin: rec.t,
                         end: None,
+                        begin_at: at,
+                        dead_at: None,
                     },
                 );
             }
@@ -135,6 +158,11 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
                 }
             }
             "write" => writes.entry(rec.name.clone()).or_default().push(rec),
+            "killed" => {
+                if let (Some(t), Some(a), Some(g)) = (rec.task, rec.attempt, rec.group) {
+                    killed.entry((t, a, g)).or_default().push(at);
+                }
+            }
             "enqueue" => {
                 r.op("enqueue calls", 1);
                 if let Some(id) = rec.task {
@@ -156,11 +184,19 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
             _ => {}
         }
     }
-    // An effect whose end was not recorded was killed (SIGKILL of its
-    // instance): it ended by that kill at the latest, else count its begin.
+    // An effect whose end was not recorded was killed: by its worker, which
+    // then saw its command's process group gone and recorded `killed` (the
+    // first such record after its begin, for its task, attempt and group),
+    // or by a SIGKILL of its instance: it ended by that kill at the
+    // latest, else count its begin.
     let mut effects: Vec<Effect> = effects.into_values().collect();
     for e in &mut effects {
         if e.end.is_none() {
+            if let (Some(t), Some(a), Some(g)) = (e.task, e.attempt, e.group) {
+                e.dead_at = killed
+                    .get(&(t, a, g))
+                    .and_then(|l| l.iter().copied().find(|&k| k > e.begin_at));
+            }
             let killed = kills
                 .get(&e.proc)
                 .and_then(|k| k.iter().copied().filter(|&t| t >= e.begin).min());
@@ -385,7 +421,7 @@ fn overlaps(mut list: Vec<&Effect>) -> Vec<(&Effect, &Effect)> {
             if b.begin >= a_end {
                 break;
             }
-            if a.id != b.id {
+            if a.id != b.id && !a.ended_before(b) {
                 out.push((*a, *b));
             }
         }
@@ -496,5 +532,60 @@ mod tests {
         assert_eq!(r.violations.get("T2").map(|v| v.0), Some(1));
         // Both tasks are missing from the (empty) store: T1.
         assert_eq!(r.violations.get("T1").map(|v| v.0), Some(2));
+    }
+
+    /// The shape of issue #15: attempt 1's worker stopped its command,
+    /// SIGKILLed it (no `end`), and attempt 2 began elsewhere later; the
+    /// instance of attempt 1 was killed by the nemesis long after.
+    fn killed_history(killed: Option<(u32, i64)>, killed_after_next_begin: bool) -> Vec<Record> {
+        let attempt = |effect: &str, proc: &str, n: u32, group: i64, t: i64| Record {
+            proc: proc.into(),
+            attempt: Some(n),
+            group: Some(group),
+            ..begin(effect, "task", Some(7), t)
+        };
+        let mut h = vec![attempt("a1", "w1.0", 1, 100, 0)];
+        let bound = killed.map(|(n, group)| Record {
+            op: "killed".into(),
+            proc: "w1.0".into(),
+            task: Some(7),
+            attempt: Some(n),
+            group: Some(group),
+            // The worker's clock may be skewed: the file order counts.
+            t: 45_000_000,
+            ..Default::default()
+        });
+        if let (Some(k), false) = (&bound, killed_after_next_begin) {
+            h.push(k.clone());
+        }
+        h.push(attempt("a2", "w2.0", 2, 200, 4_000));
+        if let (Some(k), true) = (&bound, killed_after_next_begin) {
+            h.push(k.clone());
+        }
+        h.push(end("a2", 5_000));
+        h.push(Record {
+            op: "fault".into(),
+            kind: "kill-9".into(),
+            proc: "w1.0".into(),
+            t: 20_000,
+            until: Some(20_000),
+            ..Default::default()
+        });
+        h
+    }
+
+    #[test]
+    fn a_killed_record_before_the_next_attempt_bounds_an_effect_without_end() {
+        let t2 = |h: &[Record]| check(h, &[]).violations.get("T2").map(|v| v.0);
+        // No bound: the effect lasts until its instance's kill-9.
+        assert_eq!(t2(&killed_history(None, false)), Some(1));
+        // The worker saw the command's group gone before attempt 2 began.
+        let bounded = killed_history(Some((1, 100)), false);
+        assert_eq!(t2(&bounded), None, "{}", check(&bounded, &[]).table());
+        // Seen gone only after attempt 2 began: a real overlap.
+        assert_eq!(t2(&killed_history(Some((1, 100)), true)), Some(1));
+        // A record for another attempt or another group bounds nothing.
+        assert_eq!(t2(&killed_history(Some((2, 100)), false)), Some(1));
+        assert_eq!(t2(&killed_history(Some((1, 101)), false)), Some(1));
     }
 }

@@ -5,7 +5,10 @@
 //! line is written with one `write(2)` of less than `PIPE_BUF` bytes, so
 //! lines never interleave. Times are microseconds since the Unix epoch on
 //! the host's real clock (the helper runs with libfaketime removed from
-//! its environment), so every record is on one clock.
+//! its environment), so every record is on one clock — except `killed`
+//! records, appended by a worker (which may run under a skewed clock) once
+//! a command it stopped has no live process left: the checker orders
+//! those by their place in the file, not by their time.
 //!
 //! The fenced register is a file per resource holding the highest token it
 //! accepted. A write takes `flock` on it, compares, stores and appends its
@@ -25,11 +28,16 @@ use serde::{Deserialize, Serialize};
 pub const HISTORY: &str = "history.jsonl";
 /// The environment variable naming the instance a process belongs to.
 pub const PROC_ENV: &str = "BATON_CHAOS_PROC";
+/// The environment variable naming the history file a worker appends a
+/// `killed` record to when it stopped a task's command and saw its whole
+/// process group gone (set by `baton chaos` on its instances).
+pub const KILLED_ENV: &str = "BATON_CHAOS_HISTORY";
 
 /// One line of the history.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Record {
-    /// `begin`, `end`, `write`, `enqueue`, `fault`.
+    /// `begin`, `end`, `write`, `enqueue`, `fault`, `killed` (a worker
+    /// stopped an attempt's command and saw its process group gone).
     pub op: String,
     /// Effects: `lock`, `task`, `job`, `lockjob`; faults: their kind.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -55,13 +63,19 @@ pub struct Record {
     /// `BATON_SLOT`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub slot: String,
+    /// The process group of an effect (its command's group), or of a
+    /// `killed` command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<i64>,
     /// A register write: whether the register took it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<bool>,
     /// A register write: the highest token the register held before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last: Option<i64>,
-    /// Start (µs since the epoch, real clock).
+    /// Start (µs since the epoch, real clock). A `killed` record's time is
+    /// the worker's clock, which a skew fault moves: the checker orders it
+    /// by its place in the file instead.
     pub t: i64,
     /// End of a fault or an enqueue (µs); an effect's end is its `end` record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +118,27 @@ impl History {
             .write_all(&line)
             .context("appending to the history")
     }
+}
+
+/// Append a `killed` record for attempt `attempt` of task `task`, whose
+/// command ran in process group `group`, to the history file `path`: the
+/// worker stopped the command and no process of the group is alive. It is
+/// appended after that was seen, so every record after it in the file was
+/// written after the command's death.
+pub fn append_killed(path: &Path, task: i64, attempt: u32, group: i64) -> anyhow::Result<()> {
+    let file = OpenOptions::new()
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening the history {}", path.display()))?;
+    History { file }.append(&Record {
+        op: "killed".into(),
+        proc: std::env::var(PROC_ENV).unwrap_or_default(),
+        task: Some(task),
+        attempt: Some(attempt),
+        group: Some(group),
+        t: now_us(),
+        ..Default::default()
+    })
 }
 
 /// Read every record of a run directory's history (a torn last line, from
@@ -164,6 +199,8 @@ pub async fn effect(a: EffectArgs) -> anyhow::Result<u8> {
         task,
         attempt: env_i64("BATON_ATTEMPT").map(|v| v as u32),
         slot,
+        // SAFETY: getpgrp(2) has no arguments and cannot fail.
+        group: Some(i64::from(unsafe { libc::getpgrp() })),
         ..Default::default()
     };
     // A task's attempts share its register; lock holders share the lock's.

@@ -23,7 +23,7 @@ use baton::store::TaskFilter;
 use tokio_util::sync::CancellationToken;
 
 use crate::duration_arg;
-use history::{now_us, History, Record, PROC_ENV};
+use history::{now_us, History, Record, KILLED_ENV, PROC_ENV};
 
 /// libfaketime's preload library, for client clock offsets.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -169,6 +169,7 @@ impl Run {
             .env("BATON_PREFIX", &self.prefix)
             .env("BATON_LOG", "info")
             .env(PROC_ENV, label)
+            .env(KILLED_ENV, self.dir.join(history::HISTORY))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -314,6 +315,10 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
             "3s",
             "--poll",
             "300ms",
+            // An unconfirmed attempt gets SIGTERM min(grace + 1 s,
+            // lease/3) = 1 s before its lease's local end and SIGKILL at
+            // that end at the latest: with a 3 s lease a longer grace would
+            // not give a starved command more time (issue #15).
             "--grace",
             "1s",
             "--shutdown-grace",
