@@ -18,6 +18,9 @@ cd "$(dirname "$0")/.."
 duration=${CHAOS_DURATION:-60s}
 out=${CHAOS_OUT:-$(mktemp -d /tmp/baton-chaos-ci.XXXXXX)}
 mkdir -p "$out"
+# A private PostgreSQL runs as the `postgres` user (initdb refuses root): it
+# must be able to reach its directory under this one (mktemp makes it 0700).
+chmod 755 "$out"
 cargo build -q -p baton-cli --bin baton
 bin=$(pwd)/target/debug/baton
 
