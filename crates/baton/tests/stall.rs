@@ -280,7 +280,8 @@ async fn dark_call_times_out_as_unavailable(kind: Kind) {
         .expect_err("no answer while dark");
     let took = t0.elapsed();
     assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("timed out"), "{err}");
+    let why = baton::error::chain(&err);
+    assert!(why.contains("timed out"), "{why}");
     assert!(took < Duration::from_secs(6), "took {took:?}");
     // Bad values are refused, naming the field.
     let bad = StoreOptions {
