@@ -16,6 +16,7 @@ const ACCEPTED: &str =
 /// assert_eq!(baton::parse_duration("at_most", "1h30m").unwrap(), Duration::from_secs(5400));
 /// assert_eq!(baton::parse_duration("wait", "500ms").unwrap(), Duration::from_millis(500));
 /// assert!(baton::parse_duration("at_most", "15 minutes").is_err());
+/// assert!(baton::parse_duration("at_most", "1h1h").is_err()); // each unit once, largest first
 /// ```
 pub fn parse_duration(field: &str, s: &str) -> Result<Duration, InvalidInput> {
     let t = s.trim();
@@ -48,6 +49,9 @@ pub fn parse_positive_duration(field: &str, s: &str) -> Result<Duration, Invalid
 fn parse_human(t: &str) -> Option<u128> {
     let mut total: u128 = 0;
     let mut rest = t;
+    // Units come largest first, each at most once (`1h30m`, not `30m1h` or
+    // `1h1h`), as in ISO-8601's form.
+    let mut previous = f64::INFINITY;
     while !rest.is_empty() {
         let digits = rest
             .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -70,6 +74,10 @@ fn parse_human(t: &str) -> Option<u128> {
             "d" => 86_400_000.0,
             _ => return None,
         };
+        if mult >= previous {
+            return None;
+        }
+        previous = mult;
         let v = num * mult;
         if !v.is_finite() || !(0.0..=1e15).contains(&v) {
             return None;
@@ -173,6 +181,9 @@ mod tests {
             "1x",
             "PTM15",
             "PT1M1H",
+            "1h1h",
+            "30m1h",
+            "1s1sec",
         ] {
             let e = parse_duration("at_most", bad).unwrap_err();
             assert_eq!(e.field, "at_most", "{bad}");
