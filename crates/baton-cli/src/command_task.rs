@@ -8,7 +8,7 @@ use std::time::Duration;
 use baton::queue::{TaskContext, TaskError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::chaos::history::{self, KILLED_ENV};
+use crate::chaos::history;
 use crate::child;
 
 /// The task kind of command tasks.
@@ -88,16 +88,16 @@ pub async fn run_command(
 ) -> Result<(), TaskError> {
     let mut proc =
         child::spawn(argv, env, true, grace).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
-    if let (Some(ctx), Some(path)) = (ctx, std::env::var_os(KILLED_ENV)) {
-        // Under `baton chaos`: date the death of a command baton stopped.
-        let (task, attempt) = (ctx.task().id, ctx.task().attempt);
-        proc.on_gone(Box::new(move |pgid| {
-            let path = std::path::PathBuf::from(path);
-            if let Err(e) = history::append_killed(&path, task, attempt, i64::from(pgid)) {
-                tracing::warn!(task, attempt, "chaos history: {e:#}");
-            }
-        }));
-    }
+    // Under `baton chaos`: date the death of a command baton stopped.
+    let token = env
+        .iter()
+        .find(|(k, _)| *k == "BATON_FENCING_TOKEN")
+        .and_then(|(_, v)| v.parse().ok());
+    history::date_death(
+        &mut proc,
+        ctx.map(|c| (c.task().id, c.task().attempt)),
+        token,
+    );
     let kept = Arc::new(Mutex::new(Vec::new()));
     let mut tee = tee_stderr(proc.take_stderr(), kept.clone());
     let status = tokio::select! {

@@ -121,6 +121,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             return Err(e);
         }
     };
+    crate::chaos::history::date_death(&mut cmd, None, i64::try_from(lease.token().0).ok());
     let handle = lease.handle();
     // SIGTERM sent because the lease could not be extended in time.
     let mut at_risk = false;

@@ -92,6 +92,17 @@ struct Effect {
 }
 
 impl Effect {
+    /// Whether `killed` (a `killed` record for this effect's process group)
+    /// is the death of this effect's command: recorded by its instance, for
+    /// its task and attempt, or, not being a task's, for its fencing token.
+    fn died_by(&self, killed: &Record) -> bool {
+        killed.proc == self.proc
+            && match self.task {
+                Some(_) => killed.task == self.task && killed.attempt == self.attempt,
+                None => killed.task.is_none() && self.token.is_some() && killed.token == self.token,
+            }
+    }
+
     /// Whether `self` is known to have ended before `later` (which began
     /// no earlier) began: by their times, or because `later`'s `begin`
     /// was appended after the `killed` record of `self`'s command. That
@@ -128,8 +139,8 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
     let mut kills: HashMap<String, Vec<i64>> = HashMap::new();
     let mut writes: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
     let mut enqueued: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-    // `killed` records by (task, attempt, group): their places in the file.
-    let mut killed: HashMap<(i64, u32, i64), Vec<usize>> = HashMap::new();
+    // `killed` records by process group: their places in the file.
+    let mut killed: HashMap<i64, Vec<(usize, &Record)>> = HashMap::new();
     for (at, rec) in history.iter().enumerate() {
         match rec.op.as_str() {
             "begin" => {
@@ -159,8 +170,8 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
             }
             "write" => writes.entry(rec.name.clone()).or_default().push(rec),
             "killed" => {
-                if let (Some(t), Some(a), Some(g)) = (rec.task, rec.attempt, rec.group) {
-                    killed.entry((t, a, g)).or_default().push(at);
+                if let Some(g) = rec.group {
+                    killed.entry(g).or_default().push((at, rec));
                 }
             }
             "enqueue" => {
@@ -184,19 +195,21 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
             _ => {}
         }
     }
-    // An effect whose end was not recorded was killed: by its worker, which
+    // An effect whose end was not recorded was killed: by the baton
+    // process that ran it (a worker, a lock-mode job, `baton lock`), which
     // then saw its command's process group gone and recorded `killed` (the
-    // first such record after its begin, for its task, attempt and group),
-    // or by a SIGKILL of its instance: it ended by that kill at the
-    // latest, else count its begin.
+    // first such record after its begin with its instance and group, and
+    // its task and attempt, or for a lock holder its fencing token), or by
+    // a SIGKILL of its instance: it ended by that kill at the latest, else
+    // count its begin.
     let mut effects: Vec<Effect> = effects.into_values().collect();
     for e in &mut effects {
         if e.end.is_none() {
-            if let (Some(t), Some(a), Some(g)) = (e.task, e.attempt, e.group) {
-                e.dead_at = killed
-                    .get(&(t, a, g))
-                    .and_then(|l| l.iter().copied().find(|&k| k > e.begin_at));
-            }
+            e.dead_at = e.group.and_then(|g| killed.get(&g)).and_then(|l| {
+                l.iter()
+                    .find(|(at, k)| *at > e.begin_at && e.died_by(k))
+                    .map(|(at, _)| *at)
+            });
             let killed = kills
                 .get(&e.proc)
                 .and_then(|k| k.iter().copied().filter(|&t| t >= e.begin).min());
@@ -587,5 +600,48 @@ mod tests {
         // A record for another attempt or another group bounds nothing.
         assert_eq!(t2(&killed_history(Some((2, 100)), false)), Some(1));
         assert_eq!(t2(&killed_history(Some((1, 101)), false)), Some(1));
+    }
+
+    /// The same shape for a lock-mode job's run: its scheduler lost the
+    /// lease and SIGKILLed the command (no `end`); the next holder began
+    /// later. A `killed` record names the holder by its fencing token.
+    #[test]
+    fn a_killed_record_bounds_a_lock_holder_without_end() {
+        let holder = |effect: &str, proc: &str, token: i64, group: i64, t: i64| Record {
+            proc: proc.into(),
+            token: Some(token),
+            group: Some(group),
+            ..begin(effect, "lockjob", None, t)
+        };
+        let killed = |proc: &str, token: i64, group: i64| Record {
+            op: "killed".into(),
+            proc: proc.into(),
+            token: Some(token),
+            group: Some(group),
+            t: 1,
+            ..Default::default()
+        };
+        let kill9 = Record {
+            op: "fault".into(),
+            kind: "kill-9".into(),
+            proc: "s1.0".into(),
+            t: 20_000,
+            until: Some(20_000),
+            ..Default::default()
+        };
+        let run = |bound: Option<Record>| {
+            let mut h = vec![holder("a", "s1.0", 10, 100, 0)];
+            h.extend(bound);
+            h.push(holder("b", "s2.0", 11, 200, 4_000));
+            h.push(end("b", 5_000));
+            h.push(kill9.clone());
+            check(&h, &[]).violations.get("L1").map(|v| v.0)
+        };
+        assert_eq!(run(None), Some(1), "unbounded: lasts until the kill-9");
+        assert_eq!(run(Some(killed("s1.0", 10, 100))), None);
+        // Another token, instance or group bounds nothing.
+        assert_eq!(run(Some(killed("s1.0", 11, 100))), Some(1));
+        assert_eq!(run(Some(killed("s2.0", 10, 100))), Some(1));
+        assert_eq!(run(Some(killed("s1.0", 10, 101))), Some(1));
     }
 }

@@ -28,9 +28,10 @@ use serde::{Deserialize, Serialize};
 pub const HISTORY: &str = "history.jsonl";
 /// The environment variable naming the instance a process belongs to.
 pub const PROC_ENV: &str = "BATON_CHAOS_PROC";
-/// The environment variable naming the history file a worker appends a
-/// `killed` record to when it stopped a task's command and saw its whole
-/// process group gone (set by `baton chaos` on its instances).
+/// The environment variable naming the history file a baton process
+/// appends a `killed` record to when it stopped a command (a task's, a
+/// lock-mode job's, `baton lock`'s) and saw its whole process group gone
+/// (set by `baton chaos` on its instances).
 pub const KILLED_ENV: &str = "BATON_CHAOS_HISTORY";
 
 /// One line of the history.
@@ -120,12 +121,30 @@ impl History {
     }
 }
 
-/// Append a `killed` record for attempt `attempt` of task `task`, whose
-/// command ran in process group `group`, to the history file `path`: the
-/// worker stopped the command and no process of the group is alive. It is
-/// appended after that was seen, so every record after it in the file was
-/// written after the command's death.
-pub fn append_killed(path: &Path, task: i64, attempt: u32, group: i64) -> anyhow::Result<()> {
+/// Under `baton chaos` (its instances have [`KILLED_ENV`]): have `proc`
+/// append a `killed` record once baton stopped its command and no process
+/// of its group is alive — for a task's attempt `task` (id, attempt), or
+/// for the holder of fencing token `token` (a lock-mode job's run, a
+/// `baton lock` command). It is appended after that was seen, so every
+/// record after it in the file was written after the command's death.
+/// Outside a chaos run this does nothing.
+pub fn date_death(proc: &mut crate::child::Proc, task: Option<(i64, u32)>, token: Option<i64>) {
+    let Some(path) = std::env::var_os(KILLED_ENV) else {
+        return;
+    };
+    proc.on_gone(Box::new(move |pgid| {
+        if let Err(e) = append_killed(Path::new(&path), task, token, i64::from(pgid)) {
+            tracing::warn!(?task, ?token, "chaos history: {e:#}");
+        }
+    }));
+}
+
+fn append_killed(
+    path: &Path,
+    task: Option<(i64, u32)>,
+    token: Option<i64>,
+    group: i64,
+) -> anyhow::Result<()> {
     let file = OpenOptions::new()
         .append(true)
         .open(path)
@@ -133,8 +152,9 @@ pub fn append_killed(path: &Path, task: i64, attempt: u32, group: i64) -> anyhow
     History { file }.append(&Record {
         op: "killed".into(),
         proc: std::env::var(PROC_ENV).unwrap_or_default(),
-        task: Some(task),
-        attempt: Some(attempt),
+        task: task.map(|(t, _)| t),
+        attempt: task.map(|(_, a)| a),
+        token,
         group: Some(group),
         t: now_us(),
         ..Default::default()

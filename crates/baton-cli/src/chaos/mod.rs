@@ -76,7 +76,10 @@ pub struct ChaosArgs {
     /// Run directory (history, registers, logs) [default: a new temporary one].
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// How long to wait after the faults for every task to end.
+    /// How long the drain after the faults may go without a task ending
+    /// before it gives up (what is left then counts as lost, T1). It goes
+    /// on as long as tasks keep ending: on a starved machine a backlog
+    /// takes long to drain but is not lost.
     #[arg(long, default_value = "90s", value_parser = duration_arg)]
     drain: Duration,
 }
@@ -411,24 +414,41 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     {
         crate::note!("baton chaos: the schedulers did not stop within the drain");
     }
-    // Drain: every task the run made ends (workers keep being restarted).
+    // Drain: every task the run made ends (workers keep being restarted),
+    // for as long as tasks keep ending; `--drain` without one ending gives up.
     let q = Queue::new(store.clone());
+    let mut progress = (t0, usize::MAX);
     let mut tasks = loop {
         match all_tasks(&q).await {
-            Ok(t) if t.iter().all(|t| t.state.is_terminal()) => break t,
-            Ok(t) if t0.elapsed() > a.drain => {
-                crate::note!(
-                    "baton chaos: the drain took longer than {}",
-                    baton::format_duration(a.drain)
-                );
-                break t;
+            Ok(t) => {
+                let left = t.iter().filter(|t| !t.state.is_terminal()).count();
+                if left == 0 {
+                    break t;
+                }
+                if left < progress.1 {
+                    progress = (Instant::now(), left);
+                } else if progress.0.elapsed() > a.drain {
+                    crate::note!(
+                        "baton chaos: the drain gave up: {left} task(s) not ended and none ended for {} ({} in all)",
+                        baton::format_duration(a.drain),
+                        baton::format_duration(t0.elapsed())
+                    );
+                    break t;
+                }
             }
-            Err(e) if t0.elapsed() > a.drain => {
+            Err(e) if progress.0.elapsed() > a.drain => {
                 return Err(anyhow::Error::from(e).context("listing the store's tasks"))
             }
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(_) => {}
         }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    if t0.elapsed() > a.drain {
+        crate::note!(
+            "baton chaos: the drain took {}",
+            baton::format_duration(t0.elapsed())
+        );
+    }
     drained.cancel();
     let _ = supervisor.await;
     if let Ok(t) = all_tasks(&q).await {
