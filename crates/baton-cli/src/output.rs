@@ -199,38 +199,6 @@ pub fn fields(pairs: &[(&str, String)]) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn columns_align_on_the_widest_cell() {
-        let mut t = Table::new(&[
-            ("ID", Align::Right),
-            ("NAME", Align::Left),
-            ("X", Align::Left),
-        ]);
-        t.row(vec!["7".into(), "a-long-name".into(), "last".into()]);
-        t.row(vec!["1234".into(), "b".into(), "z".into()]);
-        let l = t.lines();
-        assert_eq!(l[0], "  ID  NAME         X");
-        assert_eq!(l[1], "   7  a-long-name  last");
-        assert_eq!(l[2], "1234  b            z");
-    }
-
-    #[test]
-    fn timestamps_have_milliseconds() {
-        let t = DateTime::parse_from_rfc3339("2026-01-31T06:00:00.123456Z")
-            .unwrap()
-            .with_timezone(&Utc);
-        assert_eq!(ts(t), "2026-01-31T06:00:00.123Z");
-        let mut v = serde_json::json!([{"run_at": "2026-01-31T06:00:00Z", "payload": "2026-01-31T06:00:00Z"}]);
-        normalize_times(&mut v, &["run_at"]);
-        assert_eq!(v[0]["run_at"], "2026-01-31T06:00:00.000Z");
-        assert_eq!(v[0]["payload"], "2026-01-31T06:00:00Z");
-    }
-}
-
 /// Await `work`, showing a running line on stderr while it lasts —
 /// `WHAT … 3s`, redrawn every quarter second and erased when the work
 /// ends — only when stderr is a terminal; otherwise (a pipe, a file, a
@@ -264,4 +232,36 @@ pub async fn progress<T>(what: impl fmt::Display, work: impl std::future::Future
     let _ = write!(err, "\r\x1b[K");
     let _ = err.flush();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align_on_the_widest_cell() {
+        let mut t = Table::new(&[
+            ("ID", Align::Right),
+            ("NAME", Align::Left),
+            ("X", Align::Left),
+        ]);
+        t.row(vec!["7".into(), "a-long-name".into(), "last".into()]);
+        t.row(vec!["1234".into(), "b".into(), "z".into()]);
+        let l = t.lines();
+        assert_eq!(l[0], "  ID  NAME         X");
+        assert_eq!(l[1], "   7  a-long-name  last");
+        assert_eq!(l[2], "1234  b            z");
+    }
+
+    #[test]
+    fn timestamps_have_milliseconds() {
+        let t = DateTime::parse_from_rfc3339("2026-01-31T06:00:00.123456Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(ts(t), "2026-01-31T06:00:00.123Z");
+        let mut v = serde_json::json!([{"run_at": "2026-01-31T06:00:00Z", "payload": "2026-01-31T06:00:00Z"}]);
+        normalize_times(&mut v, &["run_at"]);
+        assert_eq!(v[0]["run_at"], "2026-01-31T06:00:00.000Z");
+        assert_eq!(v[0]["payload"], "2026-01-31T06:00:00Z");
+    }
 }
