@@ -90,7 +90,11 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
                 output::ts(until),
                 baton::format_duration(wait)
             );
-            locker.lock(&a.name, &opts, wait).await
+            output::progress(
+                format!("baton: waiting for lock {:?}", a.name),
+                locker.lock(&a.name, &opts, wait),
+            )
+            .await
         }
         other => other,
     };

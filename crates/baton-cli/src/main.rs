@@ -382,7 +382,15 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
         }
         _ => true,
     };
-    let s = connect(&store).await.context("migrate")?;
+    let s = output::progress(
+        format!(
+            "baton: migrating the schema on {}",
+            baton::store::redact(&store.store)
+        ),
+        connect(&store),
+    )
+    .await
+    .context("migrate")?;
     let prefix = store.prefix.as_deref().unwrap_or("(default)");
     if fresh {
         outln!("created the baton schema on {} (prefix {prefix})", s.url());

@@ -199,6 +199,41 @@ pub fn fields(pairs: &[(&str, String)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Await `work`, showing a running line on stderr while it lasts —
+/// `WHAT … 3s`, redrawn every quarter second and erased when the work
+/// ends — only when stderr is a terminal; otherwise (a pipe, a file, a
+/// daemon's log) nothing is written. For the one long store call of
+/// `migrate`, `tasks prune` and `lock --wait`, which report no progress of
+/// their own: the line shows that the command is working and for how long.
+pub async fn progress<T>(what: impl fmt::Display, work: impl std::future::Future<Output = T>) -> T {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let t0 = std::time::Instant::now();
+    let draw = || {
+        let mut err = std::io::stderr().lock();
+        // \r and "erase line": the line is redrawn in place.
+        let _ = write!(err, "\r\x1b[K{what} … {}s", t0.elapsed().as_secs());
+        let _ = err.flush();
+    };
+    // Drawn at once, however quick the work, then every quarter second.
+    draw();
+    let every = std::time::Duration::from_millis(250);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tokio::pin!(work);
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out,
+            _ = tick.tick() => draw(),
+        }
+    };
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "\r\x1b[K");
+    let _ = err.flush();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

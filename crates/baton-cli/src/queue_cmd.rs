@@ -497,7 +497,14 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
         }
         TasksCmd::Prune { store, older_than } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-            let n = q.prune(older_than).await?;
+            let n = crate::output::progress(
+                format!(
+                    "baton: pruning finished tasks older than {}",
+                    baton::format_duration(older_than)
+                ),
+                q.prune(older_than),
+            )
+            .await?;
             outln!(
                 "pruned {n} finished tasks older than {}",
                 baton::format_duration(older_than)

@@ -4,6 +4,11 @@
 //! code and a one-line error naming the field and the accepted form. Each
 //! refused case must leave the store as it was: the tasks, locks and jobs
 //! are counted before and after, on every backend.
+//!
+//! The HTTP admin API has its own catalogue (`*_http_catalogue`): each
+//! malformed request to `baton serve --listen` must get its status code and
+//! a one-line JSON error naming the field and the accepted form, and leave
+//! the store as it was.
 
 mod common;
 
@@ -732,6 +737,693 @@ async fn catalogue_on(kind: Kind) {
         cases.len(),
         failures.join("\n")
     );
+}
+
+// ---- the HTTP admin API ---------------------------------------------------------
+
+/// One malformed request to the admin API and the answer it must get.
+struct HttpCase {
+    /// What is wrong (for the failure message).
+    what: &'static str,
+    method: &'static str,
+    path: String,
+    body: Vec<u8>,
+    /// The status code.
+    status: u16,
+    /// The `field` of the JSON error (`None`: no field).
+    field: Option<&'static str>,
+    /// Substrings of the JSON `error`: what is wrong and the accepted form.
+    want: Vec<&'static str>,
+}
+
+fn http(
+    what: &'static str,
+    method: &'static str,
+    path: &str,
+    body: &str,
+    status: u16,
+    field: Option<&'static str>,
+    want: &[&'static str],
+) -> HttpCase {
+    HttpCase {
+        what,
+        method,
+        path: path.to_string(),
+        body: body.as_bytes().to_vec(),
+        status,
+        field,
+        want: want.to_vec(),
+    }
+}
+
+/// The admin server's config: one durable job whose only slot a year is
+/// far from now, so nothing fires while the cases run.
+const HTTP_CONFIG: &str = "[[job]]\nname = \"a\"\ncron = \"0 3 1 1 *\"\ncommand = [\"true\"]\n";
+
+/// What every refused enqueue body names: the accepted shape.
+const ENQUEUE_FORM: &str = r#"{"command": ["echo", "hi"]}"#;
+
+fn http_catalogue() -> Vec<HttpCase> {
+    let big = |prefix: &str, suffix: &str| {
+        // Exactly one byte over the body limit.
+        let n = MAX_BODY_BYTES + 1 - prefix.len() - suffix.len();
+        format!("{prefix}{}{suffix}", "x".repeat(n))
+    };
+    let n300 = "n".repeat(300);
+    let t = "/api/v1/tasks";
+    let mut v = vec![
+        // --- the body: JSON, types, fields, size ---
+        http(
+            "malformed JSON",
+            "POST",
+            t,
+            r#"{"command": ["true""#,
+            400,
+            Some("body"),
+            &["is not JSON", ENQUEUE_FORM],
+        ),
+        http(
+            "not an object",
+            "POST",
+            t,
+            r#"["true"]"#,
+            400,
+            Some("body"),
+            &["not a JSON object", ENQUEUE_FORM],
+        ),
+        http(
+            "command a string",
+            "POST",
+            t,
+            r#"{"command": "echo hi"}"#,
+            400,
+            Some("command"),
+            &["invalid type: string", ENQUEUE_FORM],
+        ),
+        http(
+            "priority a string",
+            "POST",
+            t,
+            r#"{"command": ["true"], "priority": "high"}"#,
+            400,
+            Some("priority"),
+            &["invalid type: string", "-100 to 100"],
+        ),
+        http(
+            "priority out of range",
+            "POST",
+            t,
+            r#"{"command": ["true"], "priority": 101}"#,
+            400,
+            Some("priority"),
+            &["out of range", "-100 to 100"],
+        ),
+        http(
+            "max_attempts negative",
+            "POST",
+            t,
+            r#"{"command": ["true"], "max_attempts": -1}"#,
+            400,
+            Some("max_attempts"),
+            &["invalid value", "1 to 10000"],
+        ),
+        http(
+            "max_attempts zero",
+            "POST",
+            t,
+            r#"{"command": ["true"], "max_attempts": 0}"#,
+            400,
+            Some("max_attempts"),
+            &["out of range", "1 to 10000"],
+        ),
+        http(
+            "key_forever a string",
+            "POST",
+            t,
+            r#"{"command": ["true"], "key": "k", "key_forever": "yes"}"#,
+            400,
+            Some("key_forever"),
+            &["invalid type", "true or false"],
+        ),
+        http(
+            "unknown field",
+            "POST",
+            t,
+            r#"{"command": ["true"], "colour": "red"}"#,
+            400,
+            Some("colour"),
+            &["unknown field", "expected one of", ENQUEUE_FORM],
+        ),
+        http(
+            "empty command",
+            "POST",
+            t,
+            r#"{"command": []}"#,
+            400,
+            Some("command"),
+            &["non-empty array of strings"],
+        ),
+        http(
+            "no command",
+            "POST",
+            t,
+            r#"{"queue": "q"}"#,
+            400,
+            Some("command"),
+            &["missing field", ENQUEUE_FORM],
+        ),
+        http(
+            "empty queue",
+            "POST",
+            t,
+            r#"{"command": ["true"], "queue": ""}"#,
+            400,
+            Some("queue"),
+            &["is empty", "1 to 255 bytes"],
+        ),
+        http(
+            "empty key",
+            "POST",
+            t,
+            r#"{"command": ["true"], "key": ""}"#,
+            400,
+            Some("unique key"),
+            &["use 1 to 1024 bytes"],
+        ),
+        // --- durations and times ---
+        http(
+            "bad delay",
+            "POST",
+            t,
+            r#"{"command": ["true"], "delay": "soon"}"#,
+            400,
+            Some("delay"),
+            &[DURATION_FORM],
+        ),
+        http(
+            "delay too long",
+            "POST",
+            t,
+            r#"{"command": ["true"], "delay": "100000d"}"#,
+            400,
+            Some("delay"),
+            &["too long", "at most 10 years"],
+        ),
+        http(
+            "bad timeout",
+            "POST",
+            t,
+            r#"{"command": ["true"], "timeout": "fast"}"#,
+            400,
+            Some("timeout"),
+            &[DURATION_FORM],
+        ),
+        http(
+            "zero timeout",
+            "POST",
+            t,
+            r#"{"command": ["true"], "timeout": "0s"}"#,
+            400,
+            Some("timeout"),
+            &["greater than 0"],
+        ),
+        http(
+            "delay a number",
+            "POST",
+            t,
+            r#"{"command": ["true"], "delay": 30}"#,
+            400,
+            Some("delay"),
+            &["invalid type", "\"delay\" (e.g. \"30s\")"],
+        ),
+        http(
+            "delay and run_at",
+            "POST",
+            t,
+            r#"{"command": ["true"], "delay": "1s", "run_at": "2030-01-01T00:00:00Z"}"#,
+            400,
+            Some("delay"),
+            &["delay or run_at, not both"],
+        ),
+        http(
+            "bad run_at",
+            "POST",
+            t,
+            r#"{"command": ["true"], "run_at": "tomorrow"}"#,
+            400,
+            Some("run_at"),
+            &["RFC 3339", "2026-01-31T06:00:00Z"],
+        ),
+        // --- task ids, the cursor and the filters ---
+        http(
+            "task id not a number",
+            "GET",
+            "/api/v1/tasks/abc",
+            "",
+            400,
+            Some("id"),
+            &["not a task id", "positive whole number"],
+        ),
+        http(
+            "task id overflow",
+            "GET",
+            "/api/v1/tasks/99999999999999999999",
+            "",
+            400,
+            Some("id"),
+            &["not a task id", "positive whole number"],
+        ),
+        http(
+            "task id negative",
+            "POST",
+            "/api/v1/tasks/-3/cancel",
+            "",
+            400,
+            Some("id"),
+            &["not a task id", "positive whole number"],
+        ),
+        http(
+            "retry id not a number",
+            "POST",
+            "/api/v1/tasks/x/retry",
+            "",
+            400,
+            Some("id"),
+            &["not a task id"],
+        ),
+        http(
+            "bad cursor",
+            "GET",
+            "/api/v1/tasks?before=abc",
+            "",
+            400,
+            Some("before"),
+            &["not a cursor", "next_before"],
+        ),
+        http(
+            "negative cursor",
+            "GET",
+            "/api/v1/tasks?before=-1",
+            "",
+            400,
+            Some("before"),
+            &["not a cursor", "next_before"],
+        ),
+        http(
+            "bad state filter",
+            "GET",
+            "/api/v1/tasks?state=runing",
+            "",
+            400,
+            Some("state"),
+            &["pending, running, succeeded, failed or cancelled"],
+        ),
+        http(
+            "limit zero",
+            "GET",
+            "/api/v1/tasks?limit=0",
+            "",
+            400,
+            Some("limit"),
+            &["whole number from 1 to 1000"],
+        ),
+        http(
+            "limit not a number",
+            "GET",
+            "/api/v1/tasks?limit=lots",
+            "",
+            400,
+            Some("limit"),
+            &["whole number from 1 to 1000"],
+        ),
+        http(
+            "unknown filter",
+            "GET",
+            "/api/v1/tasks?colour=red",
+            "",
+            400,
+            Some("colour"),
+            &["unknown parameter", "state, queue, job, before or limit"],
+        ),
+        http(
+            "queue filter control char",
+            "GET",
+            "/api/v1/tasks?queue=%01",
+            "",
+            400,
+            Some("queue"),
+            &["control character", "printable text"],
+        ),
+        // --- jobs and triggers ---
+        http(
+            "slot not RFC 3339",
+            "POST",
+            "/api/v1/jobs/a/trigger",
+            r#"{"slot": "yesterday"}"#,
+            400,
+            Some("slot"),
+            &["RFC 3339", "2026-01-31T06:00:00Z"],
+        ),
+        http(
+            "slot off the schedule",
+            "POST",
+            "/api/v1/jobs/a/trigger",
+            r#"{"slot": "2026-01-01T03:00:07Z"}"#,
+            400,
+            Some("slot"),
+            &[
+                "is not a slot of job \"a\"",
+                "give one of its slots (RFC 3339)",
+            ],
+        ),
+        http(
+            "slot a number",
+            "POST",
+            "/api/v1/jobs/a/trigger",
+            r#"{"slot": 5}"#,
+            400,
+            Some("slot"),
+            &["invalid type", r#"{"slot": "2026-01-31T06:00:00Z"}"#],
+        ),
+        http(
+            "trigger unknown field",
+            "POST",
+            "/api/v1/jobs/a/trigger",
+            r#"{"when": "now"}"#,
+            400,
+            Some("when"),
+            &["unknown field", r#"{"slot": "2026-01-31T06:00:00Z"}"#],
+        ),
+        http(
+            "trigger unknown job",
+            "POST",
+            "/api/v1/jobs/nope/trigger",
+            "",
+            404,
+            None,
+            &["no job \"nope\" in this server's config"],
+        ),
+        http(
+            "job name control char",
+            "POST",
+            "/api/v1/jobs/%01/pause",
+            "",
+            400,
+            Some("job"),
+            &["control character", "printable text"],
+        ),
+        http(
+            "pause unknown job",
+            "POST",
+            "/api/v1/jobs/nope/pause",
+            "",
+            404,
+            None,
+            &["no job \"nope\""],
+        ),
+        http(
+            "queue name too long",
+            "POST",
+            &format!("/api/v1/queues/{n300}/pause"),
+            "",
+            400,
+            Some("queue"),
+            &["300 bytes long", "at most 255 bytes"],
+        ),
+        // --- locks ---
+        http(
+            "release with a wrong token",
+            "POST",
+            "/api/v1/locks/held/release",
+            r#"{"token": 1}"#,
+            409,
+            None,
+            &["token 1 is not the current one", "was granted token"],
+        ),
+        http(
+            "release without a token",
+            "POST",
+            "/api/v1/locks/held/release",
+            "{}",
+            400,
+            Some("token"),
+            &["is missing", r#"{"token": N}"#],
+        ),
+        http(
+            "release token a string",
+            "POST",
+            "/api/v1/locks/held/release",
+            r#"{"token": "abc"}"#,
+            400,
+            Some("token"),
+            &["invalid type", r#"{"token": N}"#],
+        ),
+        http(
+            "release token negative",
+            "POST",
+            "/api/v1/locks/held/release",
+            r#"{"token": -1}"#,
+            400,
+            Some("token"),
+            &["invalid value", r#"{"token": N}"#],
+        ),
+        http(
+            "release unknown lock",
+            "POST",
+            "/api/v1/locks/nope/release",
+            r#"{"token": 1}"#,
+            404,
+            None,
+            &["no lock \"nope\""],
+        ),
+        // --- bulk retry ---
+        http(
+            "bulk retry empty queue",
+            "POST",
+            "/api/v1/tasks/retry-failed",
+            r#"{"queue": ""}"#,
+            400,
+            Some("queue"),
+            &["is empty", "1 to 255 bytes"],
+        ),
+        http(
+            "bulk retry unknown field",
+            "POST",
+            "/api/v1/tasks/retry-failed",
+            r#"{"state": "failed"}"#,
+            400,
+            Some("state"),
+            &["unknown field", r#""queue": NAME"#],
+        ),
+        http(
+            "no such endpoint",
+            "GET",
+            "/api/v1/nope",
+            "",
+            404,
+            None,
+            &["no such endpoint", "openapi.json"],
+        ),
+    ];
+    // --- sizes: over the body limit (the payload limit, 8 MiB, is larger) ---
+    let mut over = http(
+        "oversized body",
+        "POST",
+        t,
+        "",
+        413,
+        Some("body"),
+        &["larger than 1048576 bytes (1 MiB)", ENQUEUE_FORM],
+    );
+    over.body = big("", "").into_bytes();
+    v.push(over);
+    let mut payload = http(
+        "too-large payload",
+        "POST",
+        t,
+        "",
+        413,
+        Some("body"),
+        &["larger than 1048576 bytes (1 MiB)"],
+    );
+    payload.body = big(r#"{"command": ["sh", "-c", ""#, r#""]}"#).into_bytes();
+    v.push(payload);
+    v
+}
+
+/// The admin API's largest body (`admin::MAX_BODY_BYTES`).
+const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// One request on a fresh connection: the status and the body. The body
+/// is written from another thread, so an answer sent before the body is
+/// read (413) is still read.
+fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the admin server");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut w = s.try_clone().unwrap();
+    let body = body.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = w
+            .write_all(head.as_bytes())
+            .and_then(|()| w.write_all(&body));
+    });
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let _ = writer.join();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+async fn http_catalogue_on(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("baton.toml"), HTTP_CONFIG).unwrap();
+    // Something to stay as it is: a task on a queue no worker serves, a
+    // held lock, the job.
+    Queue::new(ts.store.clone())
+        .enqueue(baton::queue::TaskBuilder::new("seed", serde_json::json!({})).queue("parked"))
+        .await
+        .unwrap();
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(600)).unwrap();
+    let _held = baton::lock::Locker::new(ts.store.clone())
+        .try_lock("held", &opts)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    let log = dir.path().join("serve.log");
+    let mut server = Command::new(BATON)
+        .args(["serve", "--config", "baton.toml", "--listen", "127.0.0.1:0"])
+        .env("BATON_STORE", &ts.url)
+        .env("BATON_PREFIX", &ts.prefix)
+        .env("BATON_LOG", "info")
+        .env_remove("BATON_ADMIN_TOKEN")
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("baton serve starts");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let t0 = Instant::now();
+    let addr = loop {
+        if let Some(a) = read_log()
+            .lines()
+            .find_map(|l| l.split("admin on http://").nth(1))
+        {
+            break a.trim().to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no admin address in the log:\n{}",
+            read_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The scheduler has registered its job: the store is settled.
+    let t0 = Instant::now();
+    while snapshot(&ts.store).await.2.is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the job was not registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cases = http_catalogue();
+    assert!(
+        cases.len() >= 40,
+        "the HTTP catalogue has {} cases",
+        cases.len()
+    );
+    let mut failures = Vec::new();
+    for c in &cases {
+        let before = snapshot(&ts.store).await;
+        let (status, body) = request(&addr, c.method, &c.path, &c.body);
+        let after = snapshot(&ts.store).await;
+        let mut why = Vec::new();
+        if status != c.status {
+            why.push(format!("status {status}, not {}", c.status));
+        }
+        match serde_json::from_str::<serde_json::Value>(&body) {
+            Err(_) => why.push("the answer is not JSON".into()),
+            Ok(v) => {
+                let error = v["error"].as_str().unwrap_or_default();
+                if error.is_empty() {
+                    why.push("no \"error\"".into());
+                }
+                if error.contains('\n') {
+                    why.push("the error is more than one line".into());
+                }
+                for w in &c.want {
+                    if !error.contains(w) {
+                        why.push(format!("the error lacks {w:?}"));
+                    }
+                }
+                if v["field"].as_str() != c.field {
+                    why.push(format!("field {}, not {:?}", v["field"], c.field));
+                }
+            }
+        }
+        if before != after {
+            why.push(format!("the store changed: {before:?} -> {after:?}"));
+        }
+        if !why.is_empty() {
+            let shown: String = body.chars().take(600).collect();
+            failures.push(format!(
+                "{}: {} {}: {}\n    answer: {shown}",
+                c.what,
+                c.method,
+                c.path.chars().take(60).collect::<String>(),
+                why.join("; ")
+            ));
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        !read_log().contains("panicked"),
+        "the server panicked:\n{}",
+        read_log()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} HTTP cases failed on {kind:?}:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_http_catalogue() {
+    http_catalogue_on(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_http_catalogue() {
+    http_catalogue_on(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_http_catalogue() {
+    http_catalogue_on(Kind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_http_catalogue() {
+    http_catalogue_on(Kind::Mysql).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

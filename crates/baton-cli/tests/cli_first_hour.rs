@@ -1,7 +1,8 @@
 //! The first hour with `baton`: what a new user sees. Output that a closed
 //! pipe ends quietly, aligned tables with millisecond timestamps on every
 //! store, bounded inputs refused with the bound, connection failures that
-//! say why, documented exit codes, completions and the man page.
+//! say why, documented exit codes, completions and the man page, and
+//! progress lines on a terminal only.
 
 mod common;
 
@@ -353,4 +354,66 @@ async fn logs_to_a_pipe_have_no_colour_codes() {
     let err = stderr(&out);
     assert!(err.contains("lock acquired"), "{err}");
     assert!(!err.contains('\u{1b}'), "ANSI codes in {err:?}");
+}
+
+/// Progress on long work only on a terminal: `migrate`, `tasks prune` and
+/// `lock --wait` draw a running line on stderr (erased when done) under a
+/// pseudo-terminal (`script` from util-linux), and write none of it, nor
+/// any escape code, to a pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_only_on_a_terminal() {
+    if !common::have(
+        "script (util-linux)",
+        std::path::Path::new("/usr/bin/script").exists(),
+    ) {
+        return;
+    }
+    let e = sqlite().await;
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(600)).unwrap();
+    let _held = baton::lock::Locker::new(e.ts.store.clone())
+        .try_lock("held", &opts)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    let cases: [(&[&str], &str); 3] = [
+        (&["migrate"], "baton: migrating the schema on sqlite://"),
+        (
+            &["tasks", "prune"],
+            "baton: pruning finished tasks older than 7d",
+        ),
+        (
+            &["lock", "held", "--wait", "1s", "--", "true"],
+            "baton: waiting for lock \"held\"",
+        ),
+    ];
+    for (args, want) in cases {
+        // A pipe: none of it.
+        let out = e.run(args);
+        let err = stderr(&out);
+        assert!(
+            !err.contains(want) && !err.contains('\u{1b}') && !err.contains('\r'),
+            "baton {args:?} with stderr on a pipe: {err:?}"
+        );
+        // A terminal: the line, then the erase.
+        let line: Vec<String> = std::iter::once(common::BATON)
+            .chain(args.iter().copied())
+            .map(|a| format!("'{a}'"))
+            .collect();
+        let out = std::process::Command::new("script")
+            .args(["-qec", &line.join(" "), "/dev/null"])
+            .env("BATON_STORE", &e.ts.url)
+            .env("BATON_PREFIX", &e.ts.prefix)
+            .env("BATON_LOG", "warn")
+            .current_dir(e.dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("script runs");
+        let tty = stdout(&out);
+        assert!(
+            tty.contains(&format!("\r\u{1b}[K{want}"))
+                && tty.contains(" … ")
+                && tty.contains("s\r\u{1b}[K"),
+            "baton {args:?} on a terminal: {tty:?}"
+        );
+    }
 }

@@ -169,3 +169,69 @@ async fn racing_capped_claims_never_overshoot() {
         );
     }
 }
+
+/// `Store::from_mysql_pool`: baton's schema on the application's pool (at
+/// the server's default isolation level, not baton's), `enqueue_in` inside
+/// the application's transaction on that pool: a rollback leaves nothing,
+/// a commit the task, which a store on the pool then claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_pool_and_enqueue_in_share_the_pool() {
+    let url = harness::mysql_url();
+    let pool = match sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(3)
+        .connect(&url)
+        .await
+    {
+        Ok(p) => p,
+        Err(e) if !harness::required() => {
+            eprintln!("SKIPPED mysql: {url} does not answer ({e}); set BATON_REQUIRE_BACKENDS=1 to fail instead");
+            return;
+        }
+        Err(e) => panic!("mysql required but unavailable at {url}: {e}"),
+    };
+    let prefix = format!("p{:08x}_", fastrand::u32(..));
+    let store = baton::Store::from_mysql_pool(pool.clone(), Some(&prefix))
+        .await
+        .expect("migrated on the pool");
+    assert!(store.url().starts_with("mysql://"), "{}", store.url());
+    let b = store.backend();
+
+    let mut tx = pool.begin().await.unwrap();
+    let r = mysql::enqueue_in(&mut tx, Some(&prefix), &[task("o", Some("K"))])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(b.task_get(r[0].id).await.unwrap().is_none());
+    assert!(b
+        .task_list(&TaskFilter::default())
+        .await
+        .unwrap()
+        .is_empty());
+
+    let mut tx = pool.begin().await.unwrap();
+    let r = mysql::enqueue_in(&mut tx, Some(&prefix), &[task("o", Some("K"))])
+        .await
+        .unwrap();
+    assert!(r[0].inserted);
+    tx.commit().await.unwrap();
+    assert_eq!(b.task_get(r[0].id).await.unwrap().unwrap().queue, "o");
+    let again = b.task_insert_many(&[task("o", Some("K"))]).await.unwrap();
+    assert_eq!((again[0].id, again[0].inserted), (r[0].id, false));
+    let claimed = b
+        .task_claim(&ClaimRequest {
+            queue: "o",
+            worker: "w",
+            limit: 10,
+            lease: Duration::from_secs(30),
+            max_running: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), [r[0].id]);
+
+    // A bad prefix is refused before anything is written.
+    let e = baton::Store::from_mysql_pool(pool, Some("bad prefix"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("prefix"), "{e}");
+}

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State as Extract};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State as Extract};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -223,12 +225,12 @@ async fn set_paused(state: &State, name: &str, paused: bool) -> Answer {
 }
 
 /// `POST /api/v1/jobs/{name}/pause`.
-pub async fn job_pause(Extract(state): S, Path(name): Path<String>) -> Answer {
+pub async fn job_pause(Extract(state): S, PathText(name): PathText) -> Answer {
     set_paused(&state, &name, true).await
 }
 
 /// `POST /api/v1/jobs/{name}/resume`.
-pub async fn job_resume(Extract(state): S, Path(name): Path<String>) -> Answer {
+pub async fn job_resume(Extract(state): S, PathText(name): PathText) -> Answer {
     set_paused(&state, &name, false).await
 }
 
@@ -246,34 +248,169 @@ async fn set_queue_paused(state: &State, name: &str, paused: bool) -> Answer {
 }
 
 /// `POST /api/v1/queues/{name}/pause`.
-pub async fn queue_pause(Extract(state): S, Path(name): Path<String>) -> Answer {
+pub async fn queue_pause(Extract(state): S, PathText(name): PathText) -> Answer {
     set_queue_paused(&state, &name, true).await
 }
 
 /// `POST /api/v1/queues/{name}/resume`.
-pub async fn queue_resume(Extract(state): S, Path(name): Path<String>) -> Answer {
+pub async fn queue_resume(Extract(state): S, PathText(name): PathText) -> Answer {
     set_queue_paused(&state, &name, false).await
 }
 
-/// Parse a JSON body into `T`; an empty body is `T::default()`.
-fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ApiError> {
+/// A request body the API accepts: its JSON shape, for error messages.
+pub trait Form: serde::de::DeserializeOwned + Default {
+    /// The accepted body, as one line (e.g. `{"token": N}`).
+    const FORM: &'static str;
+}
+
+/// A JSON body of type `T`; an empty body is `T::default()`. Refused with
+/// one line naming the field and the accepted form: 413 over
+/// [`super::MAX_BODY_BYTES`], 400 for JSON that is malformed, of the wrong
+/// type, or has a field `T` does not know.
+pub struct Body<T>(T);
+
+impl<S: Send + Sync, T: Form> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            let status = e.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError {
+                    status,
+                    message: format!(
+                        "the body is larger than {} bytes (1 MiB); send at most that: {}",
+                        super::MAX_BODY_BYTES,
+                        T::FORM
+                    ),
+                    field: Some("body".into()),
+                }
+            } else {
+                ApiError {
+                    status,
+                    message: format!(
+                        "the body could not be read ({}); send {}",
+                        e.body_text(),
+                        T::FORM
+                    ),
+                    field: Some("body".into()),
+                }
+            }
+        })?;
+        parse_body(&bytes).map(Body)
+    }
+}
+
+/// Parse a JSON body into `T` (see [`Body`]).
+fn parse_body<T: Form>(bytes: &Bytes) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(bytes).map_err(|e| {
+    // serde would also take a struct from an array (`["true"]` as its
+    // first field): every body is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad(
+            "body",
+            format!("the body is not a JSON object; send {}", T::FORM),
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let e = e.into_inner();
+        // The problem without serde's " at line L column C" (the field
+        // says where).
         let msg = e.to_string();
-        // serde names the field in "unknown field `x`" and "missing field `x`".
-        let field = msg.split('`').nth(1).unwrap_or("body").to_string();
-        ApiError::bad(&field, format!("the JSON body is not accepted: {msg}"))
+        let msg = msg
+            .rsplit_once(" at line ")
+            .map_or(msg.as_str(), |(m, _)| m);
+        let named = msg
+            .split('`')
+            .nth(1)
+            .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
+        let field = match named {
+            Some(f) => f.to_string(),
+            None if e.is_syntax() || e.is_eof() || path == "." => "body".to_string(),
+            None => path,
+        };
+        let what = if e.is_syntax() || e.is_eof() {
+            "is not JSON"
+        } else {
+            "is not accepted"
+        };
+        ApiError::bad(
+            &field,
+            format!("the body {what} ({}); send {}", clip(msg), T::FORM),
+        )
     })
+}
+
+/// At most 100 characters of `s`, for echoing input back.
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(100) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// The one path parameter (a job, queue or lock name, or a task id) as
+/// text; 400 when it is not UTF-8.
+pub struct PathText(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathText {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|Path(s)| PathText(s))
+            .map_err(|e| {
+                ApiError::bad(
+                    "path",
+                    format!(
+                        "{}; use a name of printable UTF-8 text, percent-encoded",
+                        e.body_text()
+                    ),
+                )
+            })
+    }
+}
+
+/// A task id from the path (`/api/v1/tasks/{id}`); 400 naming `id` when
+/// it is not a positive whole number.
+pub struct TaskId(i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let PathText(raw) = PathText::from_request_parts(parts, state).await?;
+        raw.parse::<i64>()
+            .ok()
+            .filter(|&id| id > 0)
+            .map(TaskId)
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "id",
+                    format!(
+                        "{:?} is not a task id; use a positive whole number, as GET /api/v1/tasks shows",
+                        clip(&raw)
+                    ),
+                )
+            })
+    }
 }
 
 /// The body of a trigger.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct TriggerBody {
+pub struct TriggerBody {
     /// The slot (RFC 3339); default: the latest due slot.
     slot: Option<String>,
+}
+
+impl Form for TriggerBody {
+    const FORM: &'static str = r#"no body, {} (the latest due slot) or {"slot": "2026-01-31T06:00:00Z"} (a slot of the job's schedule, RFC 3339)"#;
 }
 
 fn rfc3339(field: &str, s: &str) -> Result<DateTime<Utc>, ApiError> {
@@ -281,9 +418,12 @@ fn rfc3339(field: &str, s: &str) -> Result<DateTime<Utc>, ApiError> {
 }
 
 /// `POST /api/v1/jobs/{name}/trigger` with `{"slot"?: RFC 3339}`.
-pub async fn job_trigger(Extract(state): S, Path(name): Path<String>, raw: Bytes) -> Answer {
+pub async fn job_trigger(
+    Extract(state): S,
+    PathText(name): PathText,
+    Body(b): Body<TriggerBody>,
+) -> Answer {
     check_name("job", &name)?;
-    let b: TriggerBody = body(&raw)?;
     let Some(cfg) = state.jobs.iter().find(|j| j.name == name) else {
         return Err(ApiError::not_found(format!(
             "no job {name:?} in this server's config (only configured jobs can be triggered here)"
@@ -291,8 +431,11 @@ pub async fn job_trigger(Extract(state): S, Path(name): Path<String>, raw: Bytes
     };
     let job = crate::serve::job_of(cfg);
     let slot = match &b.slot {
-        Some(s) => schedule::trigger_slot(&job, rfc3339("slot", s)?, false)
-            .map_err(|e| ApiError::bad("slot", e.problem))?,
+        // The library's hint names the CLI's --any-slot, which this API
+        // does not have.
+        Some(s) => schedule::trigger_slot(&job, rfc3339("slot", s)?, false).map_err(|e| {
+            ApiError::bad("slot", e.problem.replace(", or --any-slot", " (RFC 3339)"))
+        })?,
         None => {
             let now = state.store.now().await?;
             schedule::latest_slot(&job.schedule, now).ok_or_else(|| {
@@ -327,7 +470,19 @@ fn name_param(q: &HashMap<String, String>, key: &str) -> Result<Option<String>, 
 
 /// `GET /api/v1/tasks?state=&queue=&job=&before=&limit=`: newest first;
 /// `next_before` is the cursor for the next page (null on the last).
-pub async fn tasks(Extract(state): S, Query(q): Query<HashMap<String, String>>) -> Answer {
+pub async fn tasks(
+    Extract(state): S,
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Answer {
+    let Query(q) = q.map_err(|e| {
+        ApiError::bad(
+            "query",
+            format!(
+                "{}; use ?state=&queue=&job=&before=&limit= with percent-encoded UTF-8 values",
+                e.body_text()
+            ),
+        )
+    })?;
     for k in q.keys() {
         if !matches!(k.as_str(), "state" | "queue" | "job" | "before" | "limit") {
             return Err(ApiError::bad(
@@ -341,8 +496,14 @@ pub async fn tasks(Extract(state): S, Query(q): Query<HashMap<String, String>>) 
         None => None,
     };
     let before = match q.get("before").filter(|v| !v.is_empty()) {
-        Some(b) => Some(b.parse::<i64>().map_err(|_| {
-            ApiError::bad("before", format!("{b:?} is not a task id (an integer)"))
+        Some(b) => Some(b.parse::<i64>().ok().filter(|&id| id > 0).ok_or_else(|| {
+            ApiError::bad(
+                "before",
+                format!(
+                    "{:?} is not a cursor; use the next_before of the previous page (a positive task id)",
+                    clip(b)
+                ),
+            )
         })?),
         None => None,
     };
@@ -352,7 +513,10 @@ pub async fn tasks(Extract(state): S, Query(q): Query<HashMap<String, String>>) 
             .ok()
             .filter(|n| (1..=MAX_PAGE).contains(n))
             .ok_or_else(|| {
-                ApiError::bad("limit", format!("{l:?}: use a number from 1 to {MAX_PAGE}"))
+                ApiError::bad(
+                    "limit",
+                    format!("{:?}: use a whole number from 1 to {MAX_PAGE}", clip(l)),
+                )
             })?,
         None => 50,
     };
@@ -373,7 +537,7 @@ pub async fn tasks(Extract(state): S, Query(q): Query<HashMap<String, String>>) 
 }
 
 /// `GET /api/v1/tasks/{id}`: the task with every attempt's error.
-pub async fn task(Extract(state): S, Path(id): Path<i64>) -> Answer {
+pub async fn task(Extract(state): S, TaskId(id): TaskId) -> Answer {
     match Queue::new(state.store.clone()).task(id).await? {
         Some(t) => Ok(Json(shapes::task(&t)?)),
         None => Err(ApiError::not_found(format!("no task {id}"))),
@@ -383,7 +547,7 @@ pub async fn task(Extract(state): S, Path(id): Path<i64>) -> Answer {
 /// The body of an enqueue: a command task, as `baton enqueue`.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct EnqueueBody {
+pub struct EnqueueBody {
     command: Vec<String>,
     queue: Option<String>,
     priority: Option<i32>,
@@ -396,13 +560,19 @@ struct EnqueueBody {
     key_forever: bool,
 }
 
+impl Form for EnqueueBody {
+    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" and "key_forever" (true or false)"#;
+}
+
 fn duration(field: &str, s: &str) -> Result<Duration, ApiError> {
     crate::duration_arg(s).map_err(|e| ApiError::bad(field, e))
 }
 
 /// `POST /api/v1/tasks`: enqueue a command task.
-pub async fn enqueue(Extract(state): S, raw: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let b: EnqueueBody = body(&raw)?;
+pub async fn enqueue(
+    Extract(state): S,
+    Body(b): Body<EnqueueBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     if b.command.is_empty() || b.command[0].is_empty() {
         return Err(ApiError::bad(
             "command",
@@ -438,7 +608,7 @@ pub async fn enqueue(Extract(state): S, raw: Bytes) -> Result<(StatusCode, Json<
 
 /// `POST /api/v1/tasks/{id}/retry`: a failed or cancelled task back to
 /// pending (409 for any other state).
-pub async fn task_retry(Extract(state): S, Path(id): Path<i64>) -> Answer {
+pub async fn task_retry(Extract(state): S, TaskId(id): TaskId) -> Answer {
     let q = Queue::new(state.store.clone());
     if q.retry(id).await? {
         return Ok(Json(json!({"id": id, "state": "pending"})));
@@ -459,7 +629,7 @@ pub async fn task_retry(Extract(state): S, Path(id): Path<i64>) -> Answer {
 /// running task stops at its next heartbeat (202).
 pub async fn task_cancel(
     Extract(state): S,
-    Path(id): Path<i64>,
+    TaskId(id): TaskId,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     match Queue::new(state.store.clone()).cancel(id).await? {
         CancelOutcome::Cancelled => Ok((
@@ -481,15 +651,19 @@ pub async fn task_cancel(
 /// The body of a bulk retry: which failed tasks.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct BulkRetryBody {
+pub struct BulkRetryBody {
     queue: Option<String>,
     job: Option<String>,
 }
 
+impl Form for BulkRetryBody {
+    const FORM: &'static str =
+        r#"no body, {} (every failed task) or {"queue": NAME, "job": NAME} (either or both)"#;
+}
+
 /// `POST /api/v1/tasks/retry-failed` with `{"queue"?, "job"?}`: every
 /// failed task matching (at most 10000) back to pending.
-pub async fn retry_failed(Extract(state): S, raw: Bytes) -> Answer {
-    let b: BulkRetryBody = body(&raw)?;
+pub async fn retry_failed(Extract(state): S, Body(b): Body<BulkRetryBody>) -> Answer {
     if let Some(q) = &b.queue {
         check_name("queue", q)?;
     }
@@ -651,20 +825,28 @@ pub async fn locks(Extract(state): S) -> Answer {
 /// The body of a force-release: the token the caller saw.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct ReleaseBody {
+pub struct ReleaseBody {
     token: Option<u64>,
+}
+
+impl Form for ReleaseBody {
+    const FORM: &'static str =
+        r#"{"token": N} with N the current holder's fencing token, as GET /api/v1/locks shows it"#;
 }
 
 /// `POST /api/v1/locks/{name}/release` with `{"token": N}`: end the lease
 /// now, only if N is still the current grant's token (409 otherwise, so a
 /// newer holder is never released by mistake).
-pub async fn lock_release(Extract(state): S, Path(name): Path<String>, raw: Bytes) -> Answer {
+pub async fn lock_release(
+    Extract(state): S,
+    PathText(name): PathText,
+    Body(b): Body<ReleaseBody>,
+) -> Answer {
     check_name("name", &name)?;
-    let b: ReleaseBody = body(&raw)?;
     let Some(token) = b.token else {
         return Err(ApiError::bad(
             "token",
-            "give the current holder's fencing token, as GET /api/v1/locks shows it",
+            format!("is missing; send {}", ReleaseBody::FORM),
         ));
     };
     let backend = state.store.backend();

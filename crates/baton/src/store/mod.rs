@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod params;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod pool;
 #[cfg(feature = "postgres")]
 pub mod postgres;

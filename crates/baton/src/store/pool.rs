@@ -2,6 +2,8 @@
 //! queries and baton share connections, and a task can be enqueued inside
 //! the application's transaction (`enqueue_in` of the backend's module).
 
+#[cfg(feature = "mysql")]
+use sqlx::MySqlPool;
 #[cfg(feature = "postgres")]
 use sqlx::PgPool;
 #[cfg(feature = "sqlite")]
@@ -10,6 +12,22 @@ use std::sync::Arc;
 
 use super::{Backend, Bounded, Store, StoreOptions};
 use crate::error::StoreError;
+
+/// `SCHEME://USER@HOST:PORT/DATABASE` of a pool's connect options, for
+/// messages (no password).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! redacted_url {
+    ($scheme:literal, $pool:expr) => {{
+        let o = $pool.connect_options();
+        format!(
+            concat!($scheme, "://{}@{}:{}/{}"),
+            o.get_username(),
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("")
+        )
+    }};
+}
 
 impl Store {
     /// A store on an existing PostgreSQL pool, with tables named by
@@ -33,7 +51,7 @@ impl Store {
     /// ```
     #[cfg(feature = "postgres")]
     pub async fn from_pg_pool(pool: PgPool, prefix: Option<&str>) -> Result<Store, StoreError> {
-        let url = redacted_pg_url(&pool);
+        let url = redacted_url!("postgres", pool);
         Store::wrap(super::postgres::from_pool(pool, prefix)?, url).await
     }
 
@@ -67,6 +85,37 @@ impl Store {
         Store::wrap(Arc::new(backend), url).await
     }
 
+    /// A store on an existing MySQL or MariaDB pool, with tables named by
+    /// `prefix` (`None`: `baton_`), created or upgraded as
+    /// [`Store::connect`] does. The pool's sessions keep their own
+    /// settings (baton sets no session variables; every call is bounded on
+    /// the client as with [`StoreOptions::default`]), and each of baton's
+    /// own transactions runs at `READ COMMITTED` whatever the sessions'
+    /// default. Enqueue inside a transaction of the same pool with
+    /// [`crate::store::mysql::enqueue_in`] and the same prefix; MySQL has
+    /// no notifications, so workers find such tasks at their next poll.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1/app").await?;
+    /// let store = baton::Store::from_mysql_pool(pool.clone(), None).await?;
+    ///
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
+    /// let task = baton::queue::TaskBuilder::new("receipt", serde_json::json!({"order": 7})).build()?;
+    /// baton::store::mysql::enqueue_in(&mut tx, None, &[task]).await?;
+    /// tx.commit().await?; // the order and its task, or neither
+    /// # drop(store); Ok(()) }
+    /// ```
+    #[cfg(feature = "mysql")]
+    pub async fn from_mysql_pool(
+        pool: MySqlPool,
+        prefix: Option<&str>,
+    ) -> Result<Store, StoreError> {
+        let url = redacted_url!("mysql", pool);
+        Store::wrap(super::mysql::from_pool(pool, prefix)?, url).await
+    }
+
     /// Bound every call as [`Store::connect_with`] does, then migrate.
     async fn wrap(backend: Arc<dyn Backend>, url: String) -> Result<Store, StoreError> {
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
@@ -76,18 +125,4 @@ impl Store {
         backend.migrate().await?;
         Ok(Store::from_backend(backend, &url))
     }
-}
-
-/// `postgres://USER@HOST:PORT/DATABASE` of a pool, for messages (no
-/// password).
-#[cfg(feature = "postgres")]
-fn redacted_pg_url(pool: &PgPool) -> String {
-    let o = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        o.get_database().unwrap_or("")
-    )
 }

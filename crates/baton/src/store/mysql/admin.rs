@@ -26,7 +26,7 @@ impl MyBackend {
         let mut total = Rescued::default();
         let mut wakes: Vec<Wake> = Vec::new();
         loop {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let rows = sqlx::query(&format!(
                 "SELECT id, queue, cancel_requested, attempt, max_attempts FROM {t} \
                  WHERE state = 'running' AND lease_until < UTC_TIMESTAMP(6) \
@@ -83,7 +83,7 @@ impl MyBackend {
 
     pub(super) async fn cancel_task(&self, id: i64) -> Result<CancelOutcome, StoreError> {
         let t = &self.names.tasks;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let state: Option<Vec<u8>> =
             sqlx::query_scalar(&format!("SELECT state FROM {t} WHERE id = ? FOR UPDATE"))
                 .bind(id)

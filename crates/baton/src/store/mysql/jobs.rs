@@ -34,7 +34,7 @@ impl MyBackend {
     /// store time), move the cursor, and record the slot's task.
     pub(super) async fn advance_job(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
         let n = &*self.names;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let row = sqlx::query(&format!(
             "SELECT last_slot, paused, last_slot <=> ? AS matches, UTC_TIMESTAMP(6) AS now \
              FROM {} WHERE name = ? FOR UPDATE",

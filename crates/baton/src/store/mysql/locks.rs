@@ -20,7 +20,7 @@ impl MyBackend {
     pub(super) async fn acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
         let l = &self.names.locks;
         for _ in 0..8 {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let row = sqlx::query(&format!(
                 "SELECT {LOCK_COLS} FROM {l} WHERE name = ? FOR UPDATE"
             ))
@@ -92,7 +92,7 @@ impl MyBackend {
         at_most: Duration,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let l = &self.names.locks;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let r = sqlx::query(&format!(
             "UPDATE {l} SET lock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
              WHERE name = ? AND token = ? AND lock_until > UTC_TIMESTAMP(6)"

@@ -313,18 +313,23 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         })
         .connect_with(connect)
         .await?;
-    let names = Names::new(opts.prefix.as_deref());
-    let key = format!(
-        "{}:{}/{db}|{}",
-        parsed.host_str().unwrap_or(""),
-        parsed.port().unwrap_or(3306),
-        names.prefix
-    );
-    Ok(Arc::new(MyBackend {
-        pool,
-        wake: wake_channel(key),
-        names: Arc::new(names),
-    }))
+    Ok(Arc::new(MyBackend::on_pool(pool, opts.prefix.as_deref())))
+}
+
+/// The backend on a pool the application already has (see
+/// [`crate::Store::from_mysql_pool`]). Sessions keep the pool's own
+/// settings: baton sets no session variables on them (its calls are
+/// bounded on the client instead), and each of its transactions runs at
+/// `READ COMMITTED` whatever the session's default (see
+/// [`MyBackend::begin`]).
+pub(crate) fn from_pool(
+    pool: MySqlPool,
+    prefix: Option<&str>,
+) -> Result<Arc<dyn Backend>, StoreError> {
+    if let Some(p) = prefix {
+        super::validate_prefix(p)?;
+    }
+    Ok(Arc::new(MyBackend::on_pool(pool, prefix)))
 }
 
 /// Per-session settings: `READ COMMITTED`, the lock-wait and statement
@@ -352,6 +357,39 @@ async fn session_setup(conn: &mut MySqlConnection, timeout: Duration) -> Result<
 }
 
 impl MyBackend {
+    /// The backend on `pool`, with tables named by `prefix`; its wake-ups
+    /// are shared with every handle on the same server, database and
+    /// prefix in this process.
+    fn on_pool(pool: MySqlPool, prefix: Option<&str>) -> MyBackend {
+        let names = Names::new(prefix);
+        let key = {
+            let o = pool.connect_options();
+            format!(
+                "{}:{}/{}|{}",
+                o.get_host(),
+                o.get_port(),
+                o.get_database().unwrap_or(""),
+                names.prefix
+            )
+        };
+        MyBackend {
+            pool,
+            wake: wake_channel(key),
+            names: Arc::new(names),
+        }
+    }
+
+    /// Begin one of baton's transactions at `READ COMMITTED`: on baton's
+    /// own pool that is already the sessions' level; on an application's
+    /// pool ([`from_pool`]) it must be asked for, as `SET TRANSACTION`
+    /// (which sets the level of the next transaction only) sent together
+    /// with `START TRANSACTION`, in the same round trip.
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
+        self.pool
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+    }
+
     /// Announce work: `None` due now, `Some(at)` due later. Only a hint.
     fn announce(&self, wakes: Vec<Wake>) {
         for w in wakes {

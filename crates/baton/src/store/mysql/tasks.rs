@@ -289,7 +289,7 @@ impl MyBackend {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let (out, wakes) = insert_tasks(&mut tx, &self.names, tasks, None).await?;
         tx.commit().await?;
         self.announce(wakes);
@@ -307,7 +307,7 @@ impl MyBackend {
             return Ok(Vec::new());
         }
         let t = &self.names.tasks;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let mut limit = i64::from(req.limit);
         if let Some(max) = req.max_running {
             // Claimers of a capped queue take turns on its row, so each
@@ -383,7 +383,7 @@ impl MyBackend {
         }
         let t = &self.names.tasks;
         let mut found: HashMap<(i64, i64), bool> = HashMap::new();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         for chunk in claims.chunks(ID_CHUNK) {
             let ids = marks(chunk.len());
             let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
@@ -441,7 +441,7 @@ impl MyBackend {
         let t = &self.names.tasks;
         let mut out = vec![false; items.len()];
         let mut wakes = Vec::new();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // id → (token, cancel_requested, attempt, max_attempts, queue)
         let mut rows: HashMap<i64, (i64, bool, u32, u32, String)> = HashMap::new();
         let mut ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
