@@ -661,7 +661,7 @@ pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
         missed.push(n);
         t = n;
     }
-    assert!(missed.len() >= 5, "{missed:?}");
+    assert!(missed.len() >= 3, "{missed:?}");
     // Another instance's catch-up, stopped one slot short of the latest
     // due one: its tasks stay pending (no worker runs here).
     let latest = *missed.last().unwrap();
