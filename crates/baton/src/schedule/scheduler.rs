@@ -567,7 +567,10 @@ async fn slot_loop(
         }
         // Tasks of one catch-up are not each other's previous run: the
         // window is fixed by the latest due slot, so every instance (whatever
-        // cursor it read mid-catch-up) draws the same line.
+        // cursor it read mid-catch-up) draws the same line. The store also
+        // leaves out, by its own clock, tasks created once the slot was due:
+        // a slot this plan missed (the clock estimate a little behind the
+        // store's) or sees alone (joined mid-catch-up) stays in the batch.
         // A re-plan after another instance moved the cursor mid-catch-up
         // can leave one slot of that catch-up: it keeps the catch-up's line.
         let batch_after = match (due.slots.len() > 1, due.slots.last()) {

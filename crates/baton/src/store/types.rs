@@ -499,7 +499,11 @@ pub struct SlotAdvance<'a> {
     /// A catch-up batch: this job's tasks whose slot is later than this
     /// instant belong to the same catch-up and are not a "previous run"
     /// for the overlap rule. `None`: every pending or running task of the
-    /// job is.
+    /// job is, except (always) tasks the store created once `slot` was
+    /// already due by its clock: those belong to the same catch-up as
+    /// `slot`, whatever the caller planned (a scheduler whose clock reads a
+    /// little behind the store's, or that joined mid-catch-up, may see
+    /// `slot` alone).
     pub batch_after: Option<DateTime<Utc>>,
     /// Refuse ([`Advanced::NotDue`]) a slot later than the store's now.
     pub due_only: bool,

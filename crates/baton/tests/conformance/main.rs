@@ -104,6 +104,8 @@ conformance! {
     schedule::run_and_skip_records,
     schedule::run_record_leaves_an_existing_slot_task_alone,
     schedule::catch_up_batch_is_not_its_own_previous_run,
+    schedule::task_created_after_the_slot_is_not_its_previous_run,
+    schedule::scheduler_joining_a_catch_up_runs_its_last_slot,
     schedule::lock_mode_without_at_least_runs_each_slot_once,
     schedule::catch_up_all_with_overlap_forbid,
     schedule::fixed_delay_counts_from_the_previous_end,

@@ -596,6 +596,126 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     ));
 }
 
+/// A pending task created once the slot being taken was already due (by
+/// the store's clock) belongs to the same catch-up and is not that slot's
+/// previous run, even without `batch_after` (a planner whose clock read a
+/// little behind the store's, or that joined mid-catch-up, sees that slot
+/// alone); a task created before the slot fell due still is.
+pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("late", every(1_000));
+    let c0 = b.job_register("late").await.unwrap().last_slot.unwrap();
+    let s1 = job.schedule.next_after(c0).unwrap();
+    let (s2, s3) = (secs(s1, 1), secs(s1, 2));
+    // Both s1 and s2 are due before anything is taken.
+    while ts.store.now().await.unwrap() < s2 + chrono::Duration::milliseconds(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let take = |expected, slot, task| SlotAdvance {
+        overlap: Overlap::Forbid,
+        due_only: true,
+        ..SlotAdvance::new("late", expected, slot, Some(task))
+    };
+    let (t1, t2, t3) = (
+        job.task(s1, false).unwrap(),
+        job.task(s2, false).unwrap(),
+        job.task(s3, false).unwrap(),
+    );
+    let r = b.job_advance(&take(Some(c0), s1, &t1)).await.unwrap();
+    assert!(matches!(r, Advanced::Enqueued(e) if e.inserted), "{r:?}");
+    let r = b.job_advance(&take(Some(s1), s2, &t2)).await.unwrap();
+    assert!(
+        matches!(r, Advanced::Enqueued(e) if e.inserted),
+        "s1's task was created after s2 fell due (one catch-up): {r:?}"
+    );
+    // s3 falls due after both tasks were created: they are its previous run.
+    while ts.store.now().await.unwrap() < s3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = b.job_advance(&take(Some(s2), s3, &t3)).await.unwrap();
+    assert!(matches!(r, Advanced::Skipped(_)), "{r:?}");
+}
+
+/// A scheduler that starts while another instance is part-way through a
+/// `misfire = all` catch-up (the cursor one slot short of the latest due
+/// slot) sees only that last slot due: under `overlap = forbid` it still
+/// runs it as part of the catch-up, not as skipped behind the catch-up's
+/// pending tasks.
+pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("join", every(500)).misfire(Misfire::All);
+    let c0 = b.job_register("join").await.unwrap().last_slot.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    // Start just after a slot fell due, so the scheduler below plans before
+    // the next one (then the latest due slot is its only one).
+    let now = loop {
+        let now = ts.store.now().await.unwrap();
+        if now.timestamp_subsec_millis() % 500 < 100 {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let mut missed = Vec::new();
+    let mut t = c0;
+    while let Some(n) = job.schedule.next_after(t).filter(|n| *n <= now) {
+        missed.push(n);
+        t = n;
+    }
+    assert!(missed.len() >= 3, "{missed:?}");
+    // Another instance's catch-up, stopped one slot short of the latest
+    // due one: its tasks stay pending (no worker runs here).
+    let latest = *missed.last().unwrap();
+    let after =
+        baton::schedule::spec::catch_up_window_start(&job.schedule, latest, job.max_catch_up);
+    let mut cur = Some(c0);
+    for s in &missed[..missed.len() - 1] {
+        let task = job.task(*s, false).unwrap();
+        let adv = SlotAdvance {
+            overlap: Overlap::Forbid,
+            batch_after: after,
+            due_only: true,
+            ..SlotAdvance::new("join", cur, *s, Some(&task))
+        };
+        let r = b.job_advance(&adv).await.unwrap();
+        assert!(
+            matches!(r, Advanced::Enqueued(e) if e.inserted),
+            "{s}: {r:?}"
+        );
+        cur = Some(*s);
+    }
+    let stop = CancellationToken::new();
+    let mut s = Scheduler::new(ts.open().await);
+    s.add(job.clone()).unwrap();
+    let run = tokio::spawn(s.run(stop.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let of_latest = loop {
+        let tasks = b
+            .task_list(&baton::store::TaskFilter {
+                job: Some("join".into()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        if let Some(t) = tasks.into_iter().find(|t| t.slot == Some(latest)) {
+            break t;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slot {latest} never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_ne!(
+        of_latest.state,
+        TaskState::Cancelled,
+        "the catch-up's last slot was skipped: {:?}",
+        of_latest.last_error
+    );
+}
+
 /// Lock mode with `at_least` 0: a fast run on one instance does not let
 /// another run the same slot a moment later, and no run starts before its
 /// slot by the store's clock. Each run leaves a record (`job_statuses`).
@@ -657,16 +777,9 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
     let ledger = run_cluster(&ts, 3, job.clone(), Duration::from_millis(1_500)).await;
     // Every slot missed while all were down ran exactly once. (Slots after
     // the catch-up may be skipped while its tasks are still running.)
-    // A slot that fell due within a few ms of `back` may be planned as the
-    // next on-time slot by a scheduler whose calibrated clock reads a little
-    // behind the store's (then `forbid` judges it at the slot, behind the
-    // catch-up's pending tasks): only slots due 100 ms before `back` are
-    // surely part of the catch-up. (Issue #9: include such a slot in the
-    // catch-up batch.)
-    let surely_missed = back - chrono::Duration::milliseconds(100);
     let mut missed = Vec::new();
     let mut t = c0;
-    while let Some(n) = job.schedule.next_after(t).filter(|n| *n <= surely_missed) {
+    while let Some(n) = job.schedule.next_after(t).filter(|n| *n <= back) {
         missed.push(n);
         t = n;
     }

@@ -67,12 +67,13 @@ impl MyBackend {
             let b: i64 = sqlx::query_scalar(&format!(
                 "SELECT EXISTS (SELECT 1 FROM {} WHERE job = ? \
                  AND state IN ('pending', 'running') \
-                 AND (? IS NULL OR slot IS NULL OR slot <= ?))",
+                 AND (? IS NULL OR slot IS NULL OR slot <= ?) AND created_at < ?)",
                 n.tasks
             ))
             .bind(adv.job)
             .bind(adv.batch_after)
             .bind(adv.batch_after)
+            .bind(adv.slot)
             .fetch_one(&mut *tx)
             .await?;
             b != 0

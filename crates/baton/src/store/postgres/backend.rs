@@ -443,6 +443,7 @@ impl Backend for PgBackend {
             sqlx::query_scalar(&self.sql.job_overlapping)
                 .bind(adv.job)
                 .bind(adv.batch_after)
+                .bind(adv.slot)
                 .fetch_one(&mut *tx)
                 .await?
         } else {

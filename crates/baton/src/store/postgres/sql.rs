@@ -85,7 +85,8 @@ pub(super) struct Sql {
     pub job_lock: String,
     /// `$1` job, `$2` slot.
     pub job_set_slot: String,
-    /// `$1` job, `$2` batch_after → whether an earlier run is unfinished.
+    /// `$1` job, `$2` batch_after, `$3` slot → whether an earlier run is
+    /// unfinished.
     pub job_overlapping: String,
     /// `$1` id, `$2` lease ms, `$3` worker: the caller's run record.
     pub job_run: String,
@@ -354,7 +355,8 @@ impl Sql {
             job_overlapping: format!(
                 "SELECT EXISTS (SELECT 1 FROM {t} WHERE job = $1 \
                  AND state IN ('pending', 'running') \
-                 AND ($2::timestamptz IS NULL OR slot IS NULL OR slot <= $2))"
+                 AND ($2::timestamptz IS NULL OR slot IS NULL OR slot <= $2) \
+                 AND created_at < $3)"
             ),
             job_run: format!(
                 "UPDATE {t} SET state = 'running', attempt = 1, started_at = now(), \

@@ -557,6 +557,7 @@ impl Backend for SqliteBackend {
             sqlx::query_scalar::<_, i64>(&self.sql.job_overlapping)
                 .bind(adv.job)
                 .bind(adv.batch_after.map(|t| t.timestamp_millis()))
+                .bind(adv.slot.timestamp_millis())
                 .fetch_optional(&mut *tx)
                 .await?
                 .is_some()

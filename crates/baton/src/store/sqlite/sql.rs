@@ -68,7 +68,8 @@ pub(super) struct Sql {
     pub job_get: String,
     /// `?1` job, `?2` slot ms.
     pub job_set_slot: String,
-    /// `?1` job, `?2` batch_after ms → 1 if an earlier run is unfinished.
+    /// `?1` job, `?2` batch_after ms, `?3` slot ms → 1 if an earlier run is
+    /// unfinished.
     pub job_overlapping: String,
     /// `?1` id, `?2` reason: an inserted slot task recorded as skipped.
     pub job_skip: String,
@@ -288,7 +289,7 @@ impl Sql {
             job_set_slot: format!("UPDATE {jobs} SET last_slot = ?2 WHERE name = ?1"),
             job_overlapping: format!(
                 "SELECT 1 FROM {tasks} WHERE job = ?1 AND state IN ('pending', 'running') \
-                 AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) LIMIT 1"
+                 AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) AND created_at < ?3 LIMIT 1"
             ),
             job_skip: format!(
                 "UPDATE {tasks} SET state = 'cancelled', last_error = ?2, finished_at = {NOW} \

@@ -23,10 +23,13 @@ if ARGV[13] == '1' and rec == 'e' and ARGV[5] == 'f' then
   local akey = B .. 'jobactive:' .. job
   local after = tonumber(ARGV[10])
   for _, sid in ipairs(redis.call('SMEMBERS', akey)) do
-    local t = redis.call('HMGET', tkey(sid), 'state', 'slot')
+    local t = redis.call('HMGET', tkey(sid), 'state', 'slot', 'created_at')
     if t[1] == 'pending' or t[1] == 'running' then
-      -- Tasks of the same catch-up batch (slot after ARGV[10]) do not count.
-      if (not after) or (not t[2]) or tonumber(t[2]) <= after then busy = true end
+      -- Tasks of the same catch-up batch (slot after ARGV[10]) do not
+      -- count, nor tasks created once this slot was due (the same catch-up
+      -- by the store's clock).
+      if ((not after) or (not t[2]) or tonumber(t[2]) <= after)
+        and ((not t[3]) or tonumber(t[3]) < slot) then busy = true end
     else
       redis.call('SREM', akey, sid)
     end
