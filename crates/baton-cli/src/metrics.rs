@@ -210,7 +210,8 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
         &mut out,
         "baton_worker_store_errors",
         "Store calls of this process's workers that failed, by operation.",
-        STORE_OPERATIONS.iter().map(|op| {
+        // Every operation, zeros too.
+        baton::queue::STORE_OPERATIONS.iter().map(|op| {
             let n = store_errors.get(op).copied().unwrap_or(0);
             (vec![("operation", *op)], n as f64)
         }),
@@ -224,17 +225,6 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     })?;
     Ok(text)
 }
-
-/// Every operation `baton_worker_store_errors` reports (zeros too).
-const STORE_OPERATIONS: [&str; 7] = [
-    "claim",
-    "finish",
-    "heartbeat",
-    "rescue",
-    "prune",
-    "clock",
-    "hand_back",
-];
 
 /// A sample's value.
 #[derive(Debug)]

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{signal, stderr, stdout, wait_for, Env};
+use common::{read, signal, stderr, stdout, wait_for, Env, Kind};
 
 per_backend! {
     two_hundred_tasks_survive_a_kill_9,
@@ -17,6 +17,7 @@ per_backend! {
     frozen_worker_cannot_finish_its_rescued_task,
     max_running_caps_two_worker_processes,
     paused_queue_is_left_alone_by_a_worker_until_resumed,
+    resume_from_another_process_starts_idle_workers_within_the_bound,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -379,4 +380,71 @@ async fn paused_queue_is_left_alone_by_a_worker_until_resumed(e: Env) {
     assert!(stderr(&out).contains("QUEUE"), "{}", stderr(&out));
     signal(&w, libc::SIGTERM);
     w.wait().unwrap();
+}
+
+/// Idle workers (two processes) on a paused queue with pending tasks; `baton
+/// queues resume` from a third process. The tasks start at once where the
+/// store carries wake-ups across processes (PostgreSQL, Redis: the poll is
+/// made 30 s so that a poll tick cannot pass for a wake-up), and within the
+/// poll interval where it does not (SQLite, MySQL) — the bounds docs/GUIDE.md
+/// ("Pausing a queue") gives. The slack covers starting the command on a
+/// loaded machine.
+async fn resume_from_another_process_starts_idle_workers_within_the_bound(e: Env) {
+    let cross_process = matches!(e.ts.kind, Kind::Postgres | Kind::Redis);
+    let poll = Duration::from_secs(if cross_process { 30 } else { 2 });
+    let slack = Duration::from_secs(3);
+    let bound = if cross_process { slack } else { poll + slack };
+    let out = e.run(&["queues", "pause", "default"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let poll_arg = format!("{}s", poll.as_secs());
+    let mut workers: Vec<_> = (0..2)
+        .map(|_| {
+            e.spawn_logged(&[
+                "work",
+                "--lease",
+                "10s",
+                "--poll",
+                &poll_arg,
+                "--shutdown-grace",
+                "500ms",
+                "--grace",
+                "500ms",
+            ])
+        })
+        .collect();
+    let marks: Vec<_> = (0..4).map(|i| e.path(&format!("started-{i}"))).collect();
+    let ids: Vec<i64> = marks
+        .iter()
+        .map(|m| enqueue(&e, &[], &["touch", m.to_str().unwrap()]))
+        .collect();
+    // Both workers up (subscribed to wake-ups before they say so), and each
+    // has claimed the paused queue at least once since: its first tick, or
+    // the wake-up the enqueues sent.
+    wait_for(60, "both workers to start", || {
+        (0..2).all(|n| read(&e.path(&format!("baton-{n}.log"))).contains("worker started"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for &id in &ids {
+        assert_eq!(show(&e, id)["state"], "pending", "claimed while paused");
+    }
+    let out = e.run(&["queues", "resume", "default"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let resumed = Instant::now();
+    wait_for(bound.as_secs() + 60, "the resumed tasks to start", || {
+        marks.iter().all(|m| m.exists())
+    });
+    let took = resumed.elapsed();
+    assert!(
+        took <= bound,
+        "the resumed tasks started {took:?} after the resume returned (bound {bound:?}, poll {poll:?})"
+    );
+    for &id in &ids {
+        wait_state(&e, id, "succeeded", 30);
+    }
+    for w in &workers {
+        signal(w, libc::SIGTERM);
+    }
+    for w in &mut workers {
+        w.wait().unwrap();
+    }
 }

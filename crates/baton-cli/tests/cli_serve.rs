@@ -699,7 +699,7 @@ async fn admin_endpoints_and_prometheus_metrics(e: Env) {
     );
     assert_eq!(value("baton_worker_heartbeat_failures_total"), 0.0);
     assert_eq!(
-        value(r#"baton_worker_store_errors_total{operation="claim"}"#),
+        value(r#"baton_worker_store_errors_total{operation="task_claim"}"#),
         0.0
     );
 }

@@ -16,19 +16,29 @@ per_backend! {
     second_sigterm_hands_the_task_back_now,
 }
 
-mod dark {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres() {
-        if let Some(e) = crate::common::Env::new(crate::Kind::Postgres).await {
-            crate::dark_store_never_overlaps(e).await
-        }
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redis() {
-        if let Some(e) = crate::common::Env::new(crate::Kind::Redis).await {
-            crate::dark_store_never_overlaps(e).await
-        }
-    }
+/// Tests behind the fault proxy (PostgreSQL and Redis).
+macro_rules! behind_proxy {
+    ($($name:ident),* $(,)?) => {
+        $(mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(e) = crate::common::Env::new(crate::Kind::Postgres).await {
+                    crate::$name(e).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                if let Some(e) = crate::common::Env::new(crate::Kind::Redis).await {
+                    crate::$name(e).await
+                }
+            }
+        })*
+    };
+}
+
+behind_proxy! {
+    dark_store_never_overlaps,
+    dark_store_stops_the_whole_tree_before_the_lease,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -149,6 +159,111 @@ async fn dark_store_never_overlaps(e: Env) {
     assert_eq!(show(&e, id)["attempt"], 2);
     signal(&w2, libc::SIGTERM);
     assert_eq!(exit_within(&mut w2, 15, "the healthy worker"), Some(143));
+}
+
+/// A command whose work runs in a grandchild: bash (the child, pid in
+/// `child-ATTEMPT.pid`) starts a second bash in the background (the
+/// grandchild, pid in `gc-ATTEMPT.pid`, appending `$EPOCHREALTIME` to
+/// `ledger-ATTEMPT` every 50 ms) and waits for it.
+const TREE: &str = r#"echo $$ > "child-$BATON_ATTEMPT.pid"; bash -c 'echo $$ > "gc-$BATON_ATTEMPT.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$BATON_ATTEMPT"; sleep 0.05; done' & wait"#;
+
+/// "Work never outlives its lease" for the whole process tree, under a
+/// store that stalls rather than refuses: `baton work` reaches its store
+/// through a fault proxy that goes dark (connections stay open, nothing is
+/// answered) while the task's command and its grandchild run. Both are gone
+/// before attempt 1's lease ends by the store's clock (its `lease_until`,
+/// as the heartbeats left it, read on a direct connection), and the second
+/// worker's attempt 2 writes only after the grandchild's last write.
+async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
+    if !have_bash() {
+        return;
+    }
+    let proxy = Proxy::start(&host_port(&e.ts.url));
+    let via_proxy = proxy.url(&e.ts.url);
+    let id = enqueue(&e, &["--max-attempts", "5"], &["bash", "-c", TREE]);
+    let opts = [
+        "--lease",
+        "3s",
+        "--poll",
+        "200ms",
+        "--shutdown-grace",
+        "2s",
+        "--grace",
+        "500ms",
+    ];
+    let mut args = vec!["work", "--store", &via_proxy];
+    args.extend_from_slice(&opts);
+    let mut w1 = e.spawn_logged(&args);
+    wait_for(20, "attempt 1's grandchild to write", || {
+        !stamps(&e, "ledger-1").is_empty()
+    });
+    let pid = |f: &str| read(&e.path(f)).trim().to_string();
+    let (child, gc) = (pid("child-1.pid"), pid("gc-1.pid"));
+    assert!(
+        !child.is_empty() && !gc.is_empty() && !dead(&child) && !dead(&gc),
+        "attempt 1's child ({child:?}) and grandchild ({gc:?}) run"
+    );
+    // Attempt 1's lease by the store's clock: the latest `lease_until` seen
+    // while attempt 1 runs (heartbeats only move it on).
+    let backend = e.ts.store.backend();
+    let mut lease_end = None;
+    let mut watch_lease = async || {
+        let t = backend.task_get(id).await.unwrap().expect("the task");
+        if t.attempt == 1 && t.state == baton::store::TaskState::Running {
+            lease_end = lease_end.max(t.lease_until);
+        }
+    };
+    // Heartbeats through the proxy renew the lease a few times; then dark.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        watch_lease().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.set(Mode::Dark);
+    let dark = epoch_now();
+    let mut args = vec!["work"];
+    args.extend_from_slice(&opts);
+    let mut w2 = e.spawn_logged(&args);
+    // Until the whole tree is gone; then the store's clock.
+    let t0 = Instant::now();
+    while !(dead(&child) && dead(&gc)) {
+        watch_lease().await;
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "attempt 1's tree still runs 15 s after its store went dark (child dead: {}, grandchild dead: {})",
+            dead(&child),
+            dead(&gc)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone_at = e.ts.store.now().await.unwrap();
+    let lease_end = lease_end.expect("attempt 1 was seen running with a lease");
+    assert!(
+        gone_at < lease_end,
+        "attempt 1's tree was still running {} ms after its lease ended by the store's clock",
+        (gone_at - lease_end).num_milliseconds()
+    );
+    wait_for(30, "attempt 2 to start on the healthy path", || {
+        !stamps(&e, "ledger-2").is_empty()
+    });
+    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
+    let first2 = stamps(&e, "ledger-2")
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        last1 < first2,
+        "attempt 1's grandchild wrote {:.3} s after attempt 2's first write: overlap",
+        last1 - first2
+    );
+    assert!(
+        last1 < dark + 3.0,
+        "attempt 1's grandchild wrote {:.3} s after the store went dark, past its 3 s lease",
+        last1 - dark
+    );
+    for w in [&mut w1, &mut w2] {
+        signal(w, libc::SIGTERM);
+        exit_within(w, 15, "baton work after SIGTERM");
+    }
 }
 
 /// Whether a process is gone (or a zombie nobody has reaped yet).

@@ -149,10 +149,21 @@ pub struct WorkerTotals {
     /// Heartbeat calls that failed (the store did not answer in time or
     /// answered an error).
     pub heartbeat_failures: u64,
-    /// Store calls that failed, by operation: `claim`, `finish`,
-    /// `heartbeat`, `rescue`, `prune`, `clock`, `hand_back`.
+    /// Store calls that failed, by operation: one of [`STORE_OPERATIONS`].
     pub store_errors: BTreeMap<&'static str, u64>,
 }
+
+/// The store calls whose failures [`WorkerTotals::store_errors`] counts,
+/// by their names on the [`Backend`](crate::store::Backend) seam (a
+/// hand-back is a `task_finish_many`; reading the store's clock is `now`).
+pub const STORE_OPERATIONS: [&str; 6] = [
+    "task_claim",
+    "task_finish_many",
+    "task_heartbeat_many",
+    "task_rescue_many",
+    "task_prune",
+    "now",
+];
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -214,6 +225,10 @@ impl WorkerCounters {
     }
 
     pub(crate) fn store_error(&self, operation: &'static str) {
+        debug_assert!(
+            STORE_OPERATIONS.contains(&operation),
+            "{operation} is not in STORE_OPERATIONS"
+        );
         self.with(|m| *m.totals.store_errors.entry(operation).or_default() += 1);
     }
 

@@ -32,7 +32,9 @@ pub mod worker;
 
 pub use backoff::Backoff;
 pub use config::WorkerConfig;
-pub use counters::{Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals};
+pub use counters::{
+    Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
+};
 pub use typed::{InsertOpts, TaskArgs};
 pub use worker::{TaskContext, TaskError, Worker};
 

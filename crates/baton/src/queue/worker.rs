@@ -570,7 +570,7 @@ async fn upkeep_loop(
                         let _ = clock.set(c);
                     }
                     Err(e) => {
-                        shared.counters.store_error("clock");
+                        shared.counters.store_error("now");
                         tracing::warn!(error = %crate::error::chain(&e), "reading the store's clock failed; retrying");
                         recal.reset_after(Duration::from_secs(1));
                     }
@@ -583,7 +583,7 @@ async fn upkeep_loop(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    shared.counters.store_error("rescue");
+                    shared.counters.store_error("task_rescue_many");
                     tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
                 }
             },
@@ -593,7 +593,7 @@ async fn upkeep_loop(
                         Ok(0) => {}
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                         Err(e) => {
-                            shared.counters.store_error("prune");
+                            shared.counters.store_error("task_prune");
                             tracing::warn!(error = %crate::error::chain(&e), "prune failed")
                         }
                     }
@@ -774,7 +774,7 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     }
                 }
                 Err(e) => {
-                    shared.counters.store_error("claim");
+                    shared.counters.store_error("task_claim");
                     tracing::warn!(queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
                     recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
                     tokio::select! {
@@ -991,7 +991,7 @@ async fn hand_back(shared: &Shared, task: &Task) {
             tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
         }
         Err(e) => {
-            shared.counters.store_error("hand_back");
+            shared.counters.store_error("task_finish_many");
             tracing::warn!(task = task.id, queue = %task.queue, error = %crate::error::chain(&e), "handing the task back failed; it is rescued after its lease");
         }
     }
@@ -1171,7 +1171,11 @@ async fn write_batch(
 ) {
     let items: Vec<(Claim, Finish)> = batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
     // No batch waits past a lease: its waiters have given up by then.
-    let call = crate::store::bounded(lease, "finish", store.backend().task_finish_many(&items));
+    let call = crate::store::bounded(
+        lease,
+        "task_finish_many",
+        store.backend().task_finish_many(&items),
+    );
     match call.await {
         Ok(answers) if answers.len() == batch.len() => {
             for (c, ok) in batch.into_iter().zip(answers) {
@@ -1280,7 +1284,7 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
                 return false;
             }
             Err(e) => {
-                shared.counters.store_error("finish");
+                shared.counters.store_error("task_finish_many");
                 let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
                 if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
                     tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
@@ -1314,7 +1318,7 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
             lease,
         };
         let call = shared.store.backend().task_heartbeat_many(&params);
-        match crate::store::bounded(period, "heartbeat", call).await {
+        match crate::store::bounded(period, "task_heartbeat_many", call).await {
             Ok(answers) => {
                 let mut running = lock(&shared.running);
                 for (claim, answer) in claims.iter().zip(answers) {
@@ -1351,7 +1355,7 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
                 // Each attempt's own watch stops its handler before its
                 // lease can lapse; here we only try again soon.
                 shared.counters.heartbeat_failed();
-                shared.counters.store_error("heartbeat");
+                shared.counters.store_error("task_heartbeat_many");
                 tracing::warn!(tasks = claims.len(), error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
                 wait = period.min(Duration::from_millis(250));
             }

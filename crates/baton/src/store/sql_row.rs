@@ -52,6 +52,33 @@ pub(crate) trait SqlRow {
     fn errors(&self, col: &str) -> Result<Vec<AttemptError>, StoreError>;
 }
 
+/// The [`SqlRow`] methods a backend reads with sqlx's own decoder, written
+/// once for every backend: `name: Type` reads the column as `Type`;
+/// `name: Type as Stored` reads it as `Stored` and widens it to `Type`
+/// (`From`). Used inside an `impl SqlRow for <sqlx row>` block.
+macro_rules! decoded_columns {
+    ($($name:ident: $ty:ty $(as $stored:ty)?),* $(,)?) => {
+        $(decoded_columns!(@one $name: $ty $(as $stored)?);)*
+    };
+    (@one $name:ident: $ty:ty) => {
+        fn $name(&self, col: &str) -> Result<$ty, $crate::error::StoreError> {
+            Ok(sqlx::Row::try_get(self, col)?)
+        }
+    };
+    (@one $name:ident: $ty:ty as $stored:ty) => {
+        fn $name(&self, col: &str) -> Result<$ty, $crate::error::StoreError> {
+            Ok(<$ty>::from(sqlx::Row::try_get::<$stored, _>(self, col)?))
+        }
+    };
+}
+pub(crate) use decoded_columns;
+
+/// JSON stored as text (SQLite, MySQL), read back.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn json_of(text: &str, col: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("task {col}: {e}")))
+}
+
 /// A stored value that does not fit its field.
 pub(crate) fn corrupt(what: &str, v: impl std::fmt::Debug) -> StoreError {
     StoreError::Corrupt(format!("{what}: unexpected value {v:?}"))

@@ -8,17 +8,13 @@ use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
 use crate::error::StoreError;
-use crate::store::sql_row::{corrupt, to_u32, SqlRow};
+use crate::store::sql_row::{corrupt, decoded_columns, json_of, to_u32, SqlRow};
 use crate::store::AttemptError;
 
 /// Bytes of a text column as UTF-8 (`CHARACTER SET binary` columns and
 /// some expressions come back as bytes).
 fn utf8(b: Vec<u8>, col: &str) -> Result<String, StoreError> {
     String::from_utf8(b).map_err(|e| corrupt(col, e))
-}
-
-fn json_of(text: &str, col: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("task {col}: {e}")))
 }
 
 impl SqlRow for MySqlRow {
@@ -32,28 +28,13 @@ impl SqlRow for MySqlRow {
             .transpose()
     }
 
-    fn int(&self, col: &str) -> Result<i64, StoreError> {
-        Ok(i64::from(self.try_get::<i32, _>(col)?))
-    }
-
-    fn big(&self, col: &str) -> Result<i64, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_big(&self, col: &str) -> Result<Option<i64>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn flag(&self, col: &str) -> Result<bool, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn time(&self, col: &str) -> Result<DateTime<Utc>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_time(&self, col: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(self.try_get(col)?)
+    decoded_columns! {
+        int: i64 as i32,
+        big: i64,
+        opt_big: Option<i64>,
+        flag: bool,
+        time: DateTime<Utc>,
+        opt_time: Option<DateTime<Utc>>,
     }
 
     fn json(&self, col: &str) -> Result<serde_json::Value, StoreError> {

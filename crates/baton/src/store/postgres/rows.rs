@@ -8,48 +8,21 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use crate::error::StoreError;
-use crate::store::sql_row::{corrupt, SqlRow};
+use crate::store::sql_row::{corrupt, decoded_columns, SqlRow};
 use crate::store::AttemptError;
 
 impl SqlRow for PgRow {
-    fn text(&self, col: &str) -> Result<String, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn int(&self, col: &str) -> Result<i64, StoreError> {
-        Ok(i64::from(self.try_get::<i32, _>(col)?))
-    }
-
-    fn big(&self, col: &str) -> Result<i64, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_big(&self, col: &str) -> Result<Option<i64>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn flag(&self, col: &str) -> Result<bool, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn time(&self, col: &str) -> Result<DateTime<Utc>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_time(&self, col: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn json(&self, col: &str) -> Result<serde_json::Value, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_json(&self, col: &str) -> Result<Option<serde_json::Value>, StoreError> {
-        Ok(self.try_get(col)?)
+    decoded_columns! {
+        text: String,
+        opt_text: Option<String>,
+        int: i64 as i32,
+        big: i64,
+        opt_big: Option<i64>,
+        flag: bool,
+        time: DateTime<Utc>,
+        opt_time: Option<DateTime<Utc>>,
+        json: serde_json::Value,
+        opt_json: Option<serde_json::Value>,
     }
 
     fn errors(&self, col: &str) -> Result<Vec<AttemptError>, StoreError> {

@@ -8,28 +8,16 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use crate::error::StoreError;
-use crate::store::sql_row::SqlRow;
+use crate::store::sql_row::{decoded_columns, json_of, SqlRow};
 use crate::store::{from_ms, AttemptError};
 
 impl SqlRow for SqliteRow {
-    fn text(&self, col: &str) -> Result<String, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn int(&self, col: &str) -> Result<i64, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn big(&self, col: &str) -> Result<i64, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-
-    fn opt_big(&self, col: &str) -> Result<Option<i64>, StoreError> {
-        Ok(self.try_get(col)?)
+    decoded_columns! {
+        text: String,
+        opt_text: Option<String>,
+        int: i64,
+        big: i64,
+        opt_big: Option<i64>,
     }
 
     fn flag(&self, col: &str) -> Result<bool, StoreError> {
@@ -73,10 +61,6 @@ impl SqlRow for SqliteRow {
 /// Optional milliseconds since the epoch.
 pub(super) fn opt_time(v: Option<i64>) -> Result<Option<DateTime<Utc>>, StoreError> {
     v.map(from_ms).transpose()
-}
-
-fn json_of(text: &str, col: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("task {col}: {e}")))
 }
 
 /// A JSON value as the TEXT SQLite stores.
