@@ -289,7 +289,7 @@ pub async fn job_trigger(Extract(state): S, Path(name): Path<String>, raw: Bytes
             "no job {name:?} in this server's config (only configured jobs can be triggered here)"
         )));
     };
-    let job = crate::serve::job_of(cfg);
+    let job = cfg.job();
     let slot = match &b.slot {
         Some(s) => schedule::trigger_slot(&job, rfc3339("slot", s)?, false)
             .map_err(|e| ApiError::bad("slot", e.problem))?,
