@@ -40,6 +40,9 @@ impl Backend for Counting {
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         self.count("now").now().await
     }
+    async fn schema_status(&self) -> Result<baton::store::SchemaStatus, StoreError> {
+        self.count("schema_status").schema_status().await
+    }
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
         self.count("lock_acquire").lock_acquire(req).await
     }
