@@ -2,8 +2,10 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
 //! is set, baton's spans — the `task` span of every attempt among them —
 //! are exported over OTLP/HTTP (protobuf) in batches, as service `baton`
-//! (`OTEL_SERVICE_NAME` overrides). Spans are not linked to the span that
-//! enqueued the task: tasks carry no trace context.
+//! (`OTEL_SERVICE_NAME` overrides). A task enqueued with a trace context
+//! (`baton enqueue --traceparent` or `TRACEPARENT`, the admin API's
+//! `traceparent` header, or a library enqueue inside a span) keeps it, and
+//! each attempt's `task` span carries a link to it.
 
 use std::sync::OnceLock;
 

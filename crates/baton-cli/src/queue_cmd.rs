@@ -44,6 +44,11 @@ pub struct EnqueueArgs {
     /// Timeout per attempt.
     #[arg(long, value_parser = duration_arg)]
     pub timeout: Option<Duration>,
+    /// The enqueuer's W3C trace context
+    /// (`00-<trace id>-<span id>-<flags>`), kept on the task: its attempts'
+    /// spans link to it (with the `otel` feature).
+    #[arg(long, env = "TRACEPARENT")]
+    pub traceparent: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -69,6 +74,9 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     }
     if let Some(d) = a.timeout {
         t = t.timeout(d);
+    }
+    if let Some(tp) = &a.traceparent {
+        t = t.traceparent(tp);
     }
     // Validate before connecting, so bad input never touches the store.
     t.clone().build().map_err(Error::from)?;

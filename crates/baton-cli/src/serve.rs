@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use baton::queue::Worker;
-use baton::schedule::{self, Job, JobMode, Scheduler, SlotRun};
+use baton::schedule::{self, Job, Scheduler, SlotRun};
 use baton::{Error, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, JobConfig, Mode};
+use crate::config::{Config, Mode};
 use crate::output::{self, Align, Table};
 use crate::runtime::{self, durable_handler, run_action, slot_text};
 
@@ -57,25 +57,6 @@ async fn open(
         .context("connecting to the store")
 }
 
-/// The library job for a config job.
-pub fn job_of(j: &JobConfig) -> Job {
-    let mut job = Job::new(j.name.clone(), j.schedule.clone());
-    job.misfire = j.misfire;
-    job.max_catch_up = j.max_catch_up;
-    job.misfire_grace = j.grace;
-    job.overlap = j.overlap;
-    job.jitter = j.jitter;
-    job.queue = j.queue.clone();
-    job.priority = j.priority;
-    job.max_attempts = j.max_attempts;
-    job.timeout = j.timeout;
-    if let Mode::Lock { at_most, at_least } = j.mode {
-        job.mode = JobMode::Lock { at_most, at_least };
-        job.fixed_delay = j.fixed_delay;
-    }
-    job
-}
-
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let cfg = load(&a.config)?;
@@ -88,7 +69,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
 
     let mut scheduler = Scheduler::new(store.clone());
     for j in &cfg.jobs {
-        let job = job_of(j);
+        let job = j.job();
         match j.mode {
             Mode::Durable => {
                 scheduler.add(job).map_err(Error::from)?;
@@ -224,7 +205,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
                     format!("{:?} is not a job in {}", a.job, path.display()),
                 ))
             })?;
-            job_of(j)
+            j.job()
         }
         None => {
             let placeholder = baton::schedule::spec::Schedule::every(Duration::from_secs(60))

@@ -994,3 +994,61 @@ async fn accept_errors_are_logged_and_back_off() {
     });
     drop(srv);
 }
+
+/// `/readyz` answers 503 naming both versions while the store records a
+/// schema version other than this build's (set back, then forward, behind
+/// the server's back), and 200 again once it is this build's.
+async fn readyz_checks_the_schema_version(kind: Kind) {
+    let Some(e) = Env::new(kind).await else {
+        return;
+    };
+    let srv = start(&e, None, &[]);
+    let a = &srv.addr;
+    let (code, body) = call(a, "GET", "/readyz", None, None);
+    assert_eq!(code, 200, "{body}");
+    let expected = e.ts.store.backend().schema_status().await.unwrap().expected;
+    let p = e.ts.prefix.clone();
+    for (found, word) in [(expected - 1, "older"), (expected + 1, "newer")] {
+        common::harness::set_schema_version(&e.ts, &p, Some(found)).await;
+        let (code, body) = call(a, "GET", "/readyz", None, None);
+        assert_eq!(code, 503, "{body}");
+        assert_eq!(body["status"], "unavailable", "{body}");
+        assert_eq!(
+            body["schema"],
+            json!({"found": found, "expected": expected}),
+            "{body}"
+        );
+        let why = body["error"].as_str().unwrap();
+        assert!(
+            why.contains(&format!("version {found}"))
+                && why.contains(&format!("this build's {expected}"))
+                && why.contains(word),
+            "{why}"
+        );
+        let (code, _) = call(a, "GET", "/health", None, None);
+        assert_eq!(code, 503);
+    }
+    common::harness::set_schema_version(&e.ts, &p, Some(expected)).await;
+    let (code, body) = call(a, "GET", "/readyz", None, None);
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_checks_the_schema_version_sqlite() {
+    readyz_checks_the_schema_version(Kind::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_checks_the_schema_version_postgres() {
+    readyz_checks_the_schema_version(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_checks_the_schema_version_mysql() {
+    readyz_checks_the_schema_version(Kind::Mysql).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_checks_the_schema_version_redis() {
+    readyz_checks_the_schema_version(Kind::Redis).await
+}

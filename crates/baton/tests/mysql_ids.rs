@@ -40,6 +40,7 @@ fn task(w: usize, b: usize, k: usize) -> NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 

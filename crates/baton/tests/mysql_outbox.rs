@@ -27,6 +27,7 @@ fn task(queue: &str, key: Option<&str>) -> NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 

@@ -72,6 +72,7 @@ fn task(queue: &str) -> NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 

@@ -69,6 +69,7 @@ fn nt(queue: &str) -> NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 

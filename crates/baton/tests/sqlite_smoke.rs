@@ -57,6 +57,7 @@ fn task(queue: &str) -> NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 

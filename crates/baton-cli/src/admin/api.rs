@@ -12,12 +12,12 @@ use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State as Extract};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use baton::queue::{Queue, TaskBuilder};
 use baton::schedule;
-use baton::store::{CancelOutcome, FencingToken, TaskFilter, TaskState};
+use baton::store::{CancelOutcome, FencingToken, SchemaStatus, TaskFilter, TaskState};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -130,31 +130,47 @@ pub async fn livez() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Whether the store answers and holds baton's schema.
-async fn ready(state: &State) -> Result<(), String> {
-    let check = async {
-        state.store.now().await?;
-        // Reads the jobs table (or keys): fails when the schema is missing.
-        state.store.backend().job_list().await?;
-        Ok::<_, baton::StoreError>(())
+/// Why the server is not ready: the reason, and the schema versions when
+/// the store answered with a schema other than this build's.
+struct Unready {
+    error: String,
+    schema: Option<SchemaStatus>,
+}
+
+/// Whether the store answers and holds this build's schema version.
+async fn ready(state: &State) -> Result<(), Unready> {
+    let unready = |error: String| Unready {
+        error,
+        schema: None,
     };
-    match tokio::time::timeout(READY_TIMEOUT, check).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("store: {e}")),
-        Err(_) => Err(format!("store: no answer within {READY_TIMEOUT:?}")),
+    match tokio::time::timeout(READY_TIMEOUT, state.store.backend().schema_status()).await {
+        Ok(Ok(st)) => match st.problem() {
+            None => Ok(()),
+            Some(why) => Err(Unready {
+                error: why,
+                schema: Some(st),
+            }),
+        },
+        Ok(Err(e)) => Err(unready(format!("store: {}", baton::error::chain(&e)))),
+        Err(_) => Err(unready(format!(
+            "store: no answer within {READY_TIMEOUT:?}"
+        ))),
     }
 }
 
-/// `GET /readyz`: 200 when the store answers with baton's schema, 503 and
-/// the reason otherwise.
+/// `GET /readyz`: 200 when the store answers with this build's schema
+/// version; 503 with the reason otherwise (and, for a schema of another
+/// version, `schema: {found, expected}`).
 pub async fn readyz(Extract(state): S) -> Response {
     match ready(&state).await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "error": why})),
-        )
-            .into_response(),
+        Err(u) => {
+            let mut body = json!({"status": "unavailable", "error": u.error});
+            if let Some(st) = u.schema {
+                body["schema"] = json!({"found": st.found, "expected": st.expected});
+            }
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
     }
 }
 
@@ -162,7 +178,7 @@ pub async fn readyz(Extract(state): S) -> Response {
 pub async fn health(Extract(state): S) -> Response {
     match ready(&state).await {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
-        Err(why) => error(StatusCode::SERVICE_UNAVAILABLE, &why, None),
+        Err(u) => error(StatusCode::SERVICE_UNAVAILABLE, &u.error, None),
     }
 }
 
@@ -429,7 +445,7 @@ pub async fn job_trigger(
             "no job {name:?} in this server's config (only configured jobs can be triggered here)"
         )));
     };
-    let job = crate::serve::job_of(cfg);
+    let job = cfg.job();
     let slot = match &b.slot {
         // The library's hint names the CLI's --any-slot, which this API
         // does not have.
@@ -568,9 +584,12 @@ fn duration(field: &str, s: &str) -> Result<Duration, ApiError> {
     crate::duration_arg(s).map_err(|e| ApiError::bad(field, e))
 }
 
-/// `POST /api/v1/tasks`: enqueue a command task.
+/// `POST /api/v1/tasks`: enqueue a command task. A `traceparent` request
+/// header (W3C Trace Context) is kept on the task, and the attempt's span
+/// is linked to it.
 pub async fn enqueue(
     Extract(state): S,
+    headers: HeaderMap,
     Body(b): Body<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     if b.command.is_empty() || b.command[0].is_empty() {
@@ -596,6 +615,15 @@ pub async fn enqueue(
     }
     if let Some(d) = &b.timeout {
         t = t.timeout(duration("timeout", d)?);
+    }
+    if let Some(tp) = headers.get("traceparent") {
+        let tp = tp.to_str().map_err(|_| {
+            ApiError::bad(
+                "traceparent",
+                "the header is not ASCII; use 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>",
+            )
+        })?;
+        t = t.traceparent(tp);
     }
     let e = Queue::new(state.store.clone()).enqueue(t).await?;
     let code = if e.inserted {

@@ -71,7 +71,7 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                 ..r(
                     "get",
                     "/readyz",
-                    "The store answers and holds baton's schema: 200, else 503 (no auth).",
+                    "The store answers and holds this build's schema version: 200, else 503 with the reason (no auth).",
                 )
             },
             get(api::readyz),
@@ -152,7 +152,9 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                 ..r(
                     "post",
                     "/api/v1/tasks",
-                    "Enqueue a command task: 201 {id, inserted} (200 when the key was taken).",
+                    "Enqueue a command task: 201 {id, inserted} (200 when the key was taken). \
+                     A W3C `traceparent` request header is kept on the task; its attempts' \
+                     spans link to it.",
                 )
             },
             post(api::enqueue),

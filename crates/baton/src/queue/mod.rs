@@ -27,6 +27,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+mod trace;
 mod typed;
 pub mod worker;
 
@@ -35,6 +36,7 @@ pub use config::WorkerConfig;
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
+pub use trace::validate_traceparent;
 pub use typed::{InsertOpts, TaskArgs};
 pub use worker::{TaskContext, TaskError, Worker};
 
@@ -91,6 +93,7 @@ impl TaskBuilder {
                 unique_forever: false,
                 job: None,
                 slot: None,
+                traceparent: None,
             },
         }
     }
@@ -142,10 +145,27 @@ impl TaskBuilder {
         self
     }
 
+    /// The enqueuer's W3C trace context (`traceparent`, e.g. from an
+    /// incoming request's header): the worker's attempt span is linked to
+    /// it. Without one, an enqueue made inside a span with an OpenTelemetry
+    /// context records that span's (with the `otel` feature).
+    pub fn traceparent(mut self, tp: impl Into<String>) -> Self {
+        self.task.traceparent = Some(tp.into());
+        self
+    }
+
     /// Validate and return the task (for the outbox helpers
     /// `store::postgres::enqueue_in` / `store::sqlite::enqueue_in`).
     pub fn build(self) -> Result<NewTask, InvalidInput> {
-        let t = self.task;
+        #[allow(unused_mut)]
+        let mut t = self.task;
+        match &t.traceparent {
+            Some(tp) => trace::validate_traceparent(tp)?,
+            #[cfg(feature = "otel")]
+            None => t.traceparent = trace::current(),
+            #[cfg(not(feature = "otel"))]
+            None => {}
+        }
         validate_name("queue", &t.queue)?;
         validate_name("kind", &t.kind)?;
         if !PRIORITY_RANGE.contains(&t.priority) {

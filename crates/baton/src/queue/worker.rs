@@ -871,10 +871,15 @@ fn start_task(shared: Arc<Shared>, task: Task, sent: Instant, mut slot: Slot) {
         attempt = task.attempt,
         job = task.job.as_deref(),
         slot = slot_at.as_deref(),
+        traceparent = task.traceparent.as_deref(),
         outcome = tracing::field::Empty,
         duration_ms = tracing::field::Empty,
         exit_code = tracing::field::Empty,
     );
+    #[cfg(feature = "otel")]
+    if let Some(tp) = &task.traceparent {
+        super::trace::link(&span, tp);
+    }
     tracing::info!(
         task = task.id,
         queue = %task.queue,

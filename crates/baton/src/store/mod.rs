@@ -74,6 +74,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The store's clock.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
 
+    /// The schema version recorded at this prefix against this build's
+    /// (a read only: nothing is created or upgraded). Readiness checks use
+    /// it: a store another build migrated, or whose schema is gone, is not
+    /// one this process can serve.
+    async fn schema_status(&self) -> Result<SchemaStatus, StoreError>;
+
     /// Warnings about the store's configuration (e.g. Redis without AOF).
     async fn warnings(&self) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
@@ -504,6 +510,7 @@ macro_rules! bounded_backend {
 bounded_backend! {
     migrate() -> ();
     now() -> DateTime<Utc>;
+    schema_status() -> SchemaStatus;
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;

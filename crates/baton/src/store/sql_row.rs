@@ -20,11 +20,11 @@ use crate::error::StoreError;
 /// [`task_info`] reads them (the same names on every SQL backend).
 pub(crate) const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, \
      max_attempts, timeout_ms, run_at, created_at, started_at, finished_at, lease_until, \
-     worker, unique_key, cancel_requested, last_error, errors, progress, job, slot";
+     worker, unique_key, cancel_requested, last_error, errors, progress, job, slot, traceparent";
 
 /// The columns a claim returns, read into a [`Task`] by [`claimed_task`].
 pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
-     max_attempts, timeout_ms, run_at, lease_until, job, slot";
+     max_attempts, timeout_ms, run_at, lease_until, job, slot, traceparent";
 
 /// One column of each kind, as a backend stores it.
 pub(crate) trait SqlRow {
@@ -148,6 +148,7 @@ pub(crate) fn task_info(row: &impl SqlRow) -> Result<TaskInfo, StoreError> {
         progress: row.opt_json("progress")?,
         job: row.opt_text("job")?,
         slot: row.opt_time("slot")?,
+        traceparent: row.opt_text("traceparent")?,
     })
 }
 
@@ -167,6 +168,7 @@ pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<Task, StoreError> {
         lease_until: row.time("lease_until")?,
         job: row.opt_text("job")?,
         slot: row.opt_time("slot")?,
+        traceparent: row.opt_text("traceparent")?,
     })
 }
 
@@ -214,4 +216,39 @@ pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<crate::store::QueueStats,
         // Set afterwards from the queues table (`mark_paused`).
         paused: false,
     })
+}
+
+/// The answer to `schema_status` from the meta table's `schema_version`
+/// row, read as text (`Ok(None)`: no row), or the error reading it. A
+/// missing meta table is no schema at all (`found: None`), not an error.
+pub(crate) fn schema_status(
+    read: Result<Option<String>, sqlx::Error>,
+    expected: i64,
+) -> Result<crate::store::SchemaStatus, StoreError> {
+    let found = match read {
+        Ok(v) => v,
+        Err(e) if is_missing_table(&e) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let found = found
+        .map(|v| {
+            v.trim()
+                .parse::<i64>()
+                .map_err(|_| corrupt("schema version", &v))
+        })
+        .transpose()?;
+    Ok(crate::store::SchemaStatus { found, expected })
+}
+
+/// Whether a driver error says the table does not exist (PostgreSQL
+/// `42P01`, MySQL/MariaDB error 1146, SQLite "no such table").
+fn is_missing_table(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number() == 1146;
+    }
+    db.code().as_deref() == Some("42P01") || db.message().starts_with("no such table")
 }

@@ -168,6 +168,9 @@ pub struct NewTask {
     pub job: Option<String>,
     /// The schedule slot this task runs for, if any.
     pub slot: Option<DateTime<Utc>>,
+    /// The enqueuer's W3C trace context (`traceparent`, validated by
+    /// `queue::TaskBuilder`): the worker's attempt span links to it.
+    pub traceparent: Option<String>,
 }
 
 /// The result of enqueueing one [`NewTask`].
@@ -228,6 +231,9 @@ pub struct Task {
     pub job: Option<String>,
     /// The schedule slot, for scheduled tasks.
     pub slot: Option<DateTime<Utc>>,
+    /// The enqueuer's W3C trace context, if the enqueue carried one.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 impl Task {
@@ -367,6 +373,9 @@ pub struct TaskInfo {
     pub job: Option<String>,
     /// Schedule slot, for scheduled tasks.
     pub slot: Option<DateTime<Utc>>,
+    /// The enqueuer's W3C trace context, if the enqueue carried one.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 mod opt_duration_ms {
@@ -440,6 +449,44 @@ pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, paused: impl IntoIterator
     }
     if added {
         stats.sort_by(|a, b| a.queue.cmp(&b.queue));
+    }
+}
+
+/// The schema version a store records at this prefix against the one this
+/// build creates and understands ([`Backend::schema_status`](super::Backend::schema_status)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaStatus {
+    /// The version the store records; `None` when nothing is recorded (no
+    /// baton schema at this prefix).
+    pub found: Option<i64>,
+    /// The version this build creates and understands.
+    pub expected: i64,
+}
+
+impl SchemaStatus {
+    /// Whether the store records exactly this build's version.
+    pub fn is_current(&self) -> bool {
+        self.found == Some(self.expected)
+    }
+
+    /// Why the schema is not current, in one line naming both versions;
+    /// `None` when it is.
+    pub fn problem(&self) -> Option<String> {
+        let expected = self.expected;
+        match self.found {
+            Some(v) if v == expected => None,
+            Some(v) if v < expected => Some(format!(
+                "the store's schema is version {v}, older than this build's {expected}: \
+                 connect once with this build to upgrade it"
+            )),
+            Some(v) => Some(format!(
+                "the store's schema is version {v}, newer than this build's {expected}: \
+                 upgrade baton"
+            )),
+            None => Some(format!(
+                "no baton schema recorded at this prefix (this build's is version {expected})"
+            )),
+        }
     }
 }
 

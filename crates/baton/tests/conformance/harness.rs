@@ -127,3 +127,67 @@ fn fastrand_u64() -> u64 {
     );
     h.finish()
 }
+
+/// Set the version the store records at prefix `p` behind the store's
+/// back (`None`: remove the record), as an older or newer build would
+/// have left it.
+pub async fn set_schema_version(ts: &TestStore, p: &str, v: Option<i64>) {
+    let (meta, key) = match ts.kind {
+        Kind::Mysql => (format!("`{p}meta`"), "`key`"),
+        _ => (format!("\"{p}meta\""), "key"),
+    };
+    let stmt = match v {
+        Some(v) => format!("UPDATE {meta} SET value = '{v}' WHERE {key} = 'schema_version'"),
+        None => format!("DELETE FROM {meta} WHERE {key} = 'schema_version'"),
+    };
+    match ts.kind {
+        Kind::Sqlite => {
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            sqlx::query(&stmt).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+        Kind::Postgres => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            sqlx::query(&stmt).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+        Kind::Mysql => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            sqlx::query(&stmt).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+        Kind::Redis => {
+            let mut c = redis::Client::open(ts.url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let key = format!("{p}{{baton}}:schema");
+            let cmd = match v {
+                Some(v) => {
+                    let mut c = redis::cmd("SET");
+                    c.arg(&key).arg(v);
+                    c
+                }
+                None => {
+                    let mut c = redis::cmd("DEL");
+                    c.arg(&key);
+                    c
+                }
+            };
+            cmd.query_async::<()>(&mut c).await.unwrap();
+        }
+    }
+}

@@ -56,6 +56,7 @@ macro_rules! counting_backend {
 counting_backend! {
     migrate() -> ();
     now() -> DateTime<Utc>;
+    schema_status() -> baton::store::SchemaStatus;
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;

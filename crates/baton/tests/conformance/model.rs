@@ -866,6 +866,7 @@ impl Real<'_> {
                         unique_forever: s.forever,
                         job: None,
                         slot: None,
+                        traceparent: None,
                     })
                     .collect();
                 let got = b

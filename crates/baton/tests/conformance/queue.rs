@@ -1265,6 +1265,7 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 
@@ -1450,4 +1451,85 @@ pub async fn pause_leaves_running_tasks_alone(ts: TestStore) {
     q.resume("default").await.unwrap();
     let next = claim(&ts.store, "default", 5, 30_000).await;
     assert_eq!(next.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b]);
+}
+
+/// The enqueuer's trace context (`traceparent`) is kept on the task: read
+/// back by `task_get` and `task_list`, handed to the worker with the claim
+/// (one enqueue alone, and a batch with and without unique keys); a task
+/// enqueued without one has none; a malformed one is refused naming the
+/// field, and nothing is written.
+pub async fn traceparent_round_trips(ts: TestStore) {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TP2: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    let one = q
+        .enqueue(task("traced").queue("tp").traceparent(TP))
+        .await
+        .unwrap();
+    let batch = q
+        .enqueue_many(vec![
+            task("plain").queue("tp"),
+            task("keyed")
+                .queue("tp")
+                .unique_key("tp-key")
+                .traceparent(TP2),
+            task("bulk").queue("tp").traceparent(TP2),
+        ])
+        .await
+        .unwrap();
+    let want = [
+        (one.id, Some(TP)),
+        (batch[0].id, None),
+        (batch[1].id, Some(TP2)),
+        (batch[2].id, Some(TP2)),
+    ];
+    for (id, tp) in want {
+        let info = b.task_get(id).await.unwrap().unwrap();
+        assert_eq!(info.traceparent.as_deref(), tp, "task_get of {id}");
+    }
+    let listed = b
+        .task_list(&TaskFilter {
+            queue: Some("tp".into()),
+            ..TaskFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 4);
+    for (id, tp) in want {
+        let t = listed.iter().find(|t| t.id == id).unwrap();
+        assert_eq!(t.traceparent.as_deref(), tp, "task_list of {id}");
+    }
+    let claimed = claim(&ts.store, "tp", 10, 30_000).await;
+    assert_eq!(claimed.len(), 4);
+    for (id, tp) in want {
+        let t = claimed.iter().find(|t| t.id == id).unwrap();
+        assert_eq!(t.traceparent.as_deref(), tp, "claim of {id}");
+    }
+
+    for bad in [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "not a traceparent",
+    ] {
+        let err = q
+            .enqueue(task("bad").queue("tp-bad").traceparent(bad))
+            .await
+            .unwrap_err();
+        match err {
+            baton::Error::Invalid(i) => {
+                assert_eq!(i.field, "traceparent");
+                assert!(i.problem.contains("W3C traceparent"), "{}", i.problem);
+            }
+            other => panic!("{bad:?}: {other}"),
+        }
+    }
+    let none = b
+        .task_list(&TaskFilter {
+            queue: Some("tp-bad".into()),
+            ..TaskFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "nothing written for a bad traceparent");
 }

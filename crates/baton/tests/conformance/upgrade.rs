@@ -426,14 +426,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 }
 
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
-/// added `enqueue_mark`, version 4 the queues' `paused`. A fresh store
-/// records 4; a version-2 store (the columns dropped, the version set back)
-/// is upgraded in place, keeps its tasks, enqueues with the right ids and
-/// pauses queues; a store recording a newer version
+/// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
+/// tasks' `traceparent`. A fresh store records 5; a version-2 store (the
+/// columns dropped, the version set back) is upgraded in place, keeps its
+/// tasks, enqueues with the right ids, keeps trace contexts and pauses
+/// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 4);
+    assert_eq!(recorded_version(&ts, p).await, 5);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -444,6 +445,7 @@ async fn mysql_versions(ts: TestStore) {
         for sql in [
             format!("ALTER TABLE `{p}tasks` DROP COLUMN enqueue_mark"),
             format!("ALTER TABLE `{p}queues` DROP COLUMN paused"),
+            format!("ALTER TABLE `{p}tasks` DROP COLUMN traceparent"),
             format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
         ] {
             sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -455,7 +457,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 4, "upgraded to 4");
+        assert_eq!(recorded_version(&ts, p).await, 5, "upgraded to 5");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -475,6 +477,16 @@ async fn mysql_versions(ts: TestStore) {
             assert_eq!(info.payload, serde_json::json!({ "i": i }));
         }
         let q = baton::queue::Queue::new(upgraded.clone());
+        let traced = q
+            .enqueue(
+                baton::queue::TaskBuilder::new("k", serde_json::json!({}))
+                    .queue("traced")
+                    .traceparent(TRACEPARENT),
+            )
+            .await
+            .unwrap();
+        let info = ub.task_get(traced.id).await.unwrap().unwrap();
+        assert_eq!(info.traceparent.as_deref(), Some(TRACEPARENT));
         q.pause("new").await.unwrap();
         let req = ClaimRequest {
             queue: "new",
@@ -513,6 +525,9 @@ async fn mysql_versions(ts: TestStore) {
     pool.close().await;
 }
 
+/// The trace context the upgraded stores are given.
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
 /// A plain task for the MySQL upgrade check.
 fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
     baton::store::NewTask {
@@ -527,6 +542,7 @@ fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
         unique_forever: false,
         job: None,
         slot: None,
+        traceparent: None,
     }
 }
 
@@ -643,9 +659,19 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     }
     // New tasks work, and connecting again changes nothing.
     let q = baton::queue::Queue::new(store.clone());
-    q.enqueue(baton::queue::TaskBuilder::new("d", serde_json::json!({})).queue("up"))
+    let d = q
+        .enqueue(
+            baton::queue::TaskBuilder::new("d", serde_json::json!({}))
+                .queue("up")
+                .traceparent(TRACEPARENT),
+        )
         .await
         .unwrap();
+    // The upgraded store keeps a task's trace context (the last upgrade's
+    // column or field); the v1 tasks have none.
+    let info = b.task_get(d.id).await.unwrap().unwrap();
+    assert_eq!(info.traceparent.as_deref(), Some(TRACEPARENT));
+    assert_eq!(b.task_get(a.id).await.unwrap().unwrap().traceparent, None);
     // The upgraded store pauses queues (the last upgrade's table or key).
     q.pause("up").await.unwrap();
     assert!(b.task_claim(&req).await.unwrap().is_empty(), "paused");
@@ -662,4 +688,57 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
             .len(),
         4
     );
+}
+
+/// `schema_status` reads the recorded version without changing it: current
+/// on a migrated store; older, newer or missing after the record is set
+/// back, forward or removed behind the store's back, each named in
+/// `problem()` with both versions.
+pub async fn schema_status_reports_the_recorded_version(ts: TestStore) {
+    let p = ts.prefix.clone();
+    let b = ts.store.backend();
+    let st = b.schema_status().await.unwrap();
+    assert!(st.is_current(), "{st:?}");
+    assert_eq!(st.found, Some(recorded_version(&ts, &p).await));
+    assert_eq!(st.problem(), None);
+    let expected = st.expected;
+
+    crate::harness::set_schema_version(&ts, &p, Some(expected - 1)).await;
+    let st = b.schema_status().await.unwrap();
+    assert_eq!((st.found, st.expected), (Some(expected - 1), expected));
+    assert!(!st.is_current());
+    let why = st.problem().unwrap();
+    assert!(
+        why.contains(&format!("version {}", expected - 1))
+            && why.contains("older")
+            && why.contains(&expected.to_string()),
+        "{why}"
+    );
+    // A read only: nothing was upgraded.
+    assert_eq!(recorded_version(&ts, &p).await, expected - 1);
+
+    crate::harness::set_schema_version(&ts, &p, Some(expected + 1)).await;
+    let st = b.schema_status().await.unwrap();
+    assert_eq!(st.found, Some(expected + 1));
+    assert!(st.problem().unwrap().contains("newer"));
+
+    crate::harness::set_schema_version(&ts, &p, None).await;
+    let st = b.schema_status().await.unwrap();
+    assert_eq!(st.found, None);
+    assert!(!st.is_current());
+
+    // An unused prefix: no schema at all (SQL: not even the meta table).
+    let fresh = match ts.kind {
+        Kind::Redis => format!("{p}none:"),
+        _ => format!("{p}none_"),
+    };
+    let opts = StoreOptions {
+        prefix: Some(fresh),
+        max_connections: 1,
+        migrate: false,
+        ..StoreOptions::default()
+    };
+    let other = Store::connect_with(&ts.url, opts).await.unwrap();
+    let st = other.backend().schema_status().await.unwrap();
+    assert_eq!(st.found, None, "{st:?}");
 }

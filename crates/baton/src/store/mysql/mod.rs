@@ -54,11 +54,11 @@ use tokio::sync::broadcast;
 
 use super::{
     ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
-    Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
-    StoreOptions, Task, TaskFilter, TaskInfo, Wake,
+    Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SchemaStatus,
+    SlotAdvance, StoreOptions, Task, TaskFilter, TaskInfo, Wake,
 };
 use crate::error::StoreError;
-use crate::store::sql_row::SqlRow;
+use crate::store::sql_row::{self, SqlRow};
 
 mod admin;
 mod jobs;
@@ -82,42 +82,40 @@ type Upgrade = fn(&Names) -> Vec<String>;
 
 /// The upgrade steps, in order; each runs once per prefix under the
 /// migration lock, followed by its version bump. Add a step at the end.
-const UPGRADES: &[Upgrade] = &[add_enqueue_mark, add_queue_paused];
-
-/// 3 → 4: the `paused` flag on `<p>queues` (claims skip a paused queue),
-/// added the same way as `enqueue_mark`.
-fn add_queue_paused(n: &Names) -> Vec<String> {
-    let table = format!("{}queues", n.prefix);
-    vec![
-        format!(
-            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
-             WHERE table_schema = DATABASE() AND table_name = '{table}' \
-             AND column_name = 'paused') = 0, \
-             'ALTER TABLE {} ADD COLUMN paused TINYINT(1) NOT NULL DEFAULT 0', 'DO 0')",
-            n.queues
-        ),
-        "PREPARE baton_ddl FROM @baton_ddl".to_string(),
-        "EXECUTE baton_ddl".to_string(),
-        "DEALLOCATE PREPARE baton_ddl".to_string(),
-    ]
-}
+const UPGRADES: &[Upgrade] = &[add_enqueue_mark, add_queue_paused, add_traceparent];
 
 /// 2 → 3: the `enqueue_mark` column, by which a multi-row insert finds its
-/// own rows' ids (see `tasks::insert_tasks`). MySQL 8 has no `ADD COLUMN IF
-/// NOT EXISTS`, so the `ALTER` is prepared only when the column is missing;
-/// adding a nullable last column is an instant change on MySQL 8.0.12+ and
-/// MariaDB 10.3+.
+/// own rows' ids (see `tasks::insert_tasks`).
 fn add_enqueue_mark(n: &Names) -> Vec<String> {
+    add_column(n, "tasks", "enqueue_mark BIGINT NULL")
+}
+
+/// 3 → 4: the `paused` flag on `<p>queues` (claims skip a paused queue).
+fn add_queue_paused(n: &Names) -> Vec<String> {
+    add_column(n, "queues", "paused TINYINT(1) NOT NULL DEFAULT 0")
+}
+
+/// 4 → 5: the enqueuer's trace context on each task.
+fn add_traceparent(n: &Names) -> Vec<String> {
+    add_column(n, "tasks", "traceparent VARCHAR(512) NULL")
+}
+
+/// Add a column (`decl` starts with its name) to `<prefix><table>` unless
+/// it is there. MySQL 8 has no `ADD COLUMN IF NOT EXISTS`, so the `ALTER`
+/// is prepared only when the column is missing; adding a nullable (or
+/// defaulted) last column is an instant change on MySQL 8.0.12+ and
+/// MariaDB 10.3+.
+fn add_column(n: &Names, table: &str, decl: &str) -> Vec<String> {
     // The prefix is validated (letters, digits, '_', ':', '-'), so it can
     // stand inside a string literal.
-    let table = format!("{}tasks", n.prefix);
+    let name = format!("{}{table}", n.prefix);
+    let column = decl.split_whitespace().next().unwrap_or_default();
     vec![
         format!(
             "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
-             WHERE table_schema = DATABASE() AND table_name = '{table}' \
-             AND column_name = 'enqueue_mark') = 0, \
-             'ALTER TABLE {} ADD COLUMN enqueue_mark BIGINT NULL', 'DO 0')",
-            n.tasks
+             WHERE table_schema = DATABASE() AND table_name = '{name}' \
+             AND column_name = '{column}') = 0, \
+             'ALTER TABLE `{name}` ADD COLUMN {decl}', 'DO 0')"
         ),
         "PREPARE baton_ddl FROM @baton_ddl".to_string(),
         "EXECUTE baton_ddl".to_string(),
@@ -460,6 +458,10 @@ impl Backend for MyBackend {
         Ok(())
     }
 
+    async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
+        self.schema_read().await
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
             .fetch_one(&self.pool)
@@ -665,6 +667,18 @@ impl Backend for MyBackend {
 }
 
 impl MyBackend {
+    /// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
+    async fn schema_read(&self) -> Result<SchemaStatus, StoreError> {
+        let read: Result<Option<Vec<u8>>, sqlx::Error> = sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE `key` = 'schema_version'",
+            self.names.meta
+        ))
+        .fetch_optional(&self.pool)
+        .await;
+        let read = read.map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()));
+        sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
+    }
+
     /// The migration proper, under the named lock.
     async fn migrate_locked(&self, conn: &mut MySqlConnection) -> Result<(), StoreError> {
         let n = &*self.names;

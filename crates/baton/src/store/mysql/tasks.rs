@@ -100,9 +100,10 @@ pub(super) async fn insert_tasks(
         run_at.push(at);
     }
     let cols = "(queue, kind, payload, state, priority, run_at, created_at, max_attempts, \
-         timeout_ms, unique_key, unique_forever, job, slot, last_error, finished_at, errors)";
+         timeout_ms, unique_key, unique_forever, job, slot, traceparent, last_error, finished_at, \
+         errors)";
     let one = "(?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, \
-         ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
+         ?, ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
     let state = if skipped.is_some() {
         "cancelled"
     } else {
@@ -277,6 +278,7 @@ fn bind_task<'q>(
         .bind(t.unique_forever)
         .bind(t.job.as_deref())
         .bind(t.slot.map(trunc_us))
+        .bind(t.traceparent.as_deref())
         .bind(skipped)
         .bind(skipped.is_some())
 }

@@ -16,6 +16,7 @@ use crate::error::StoreError;
 use crate::store::sql_row::{
     claimed_task, job_state, lock_info, queue_stats, task_info, token_arg, token_of, SqlRow,
 };
+use crate::store::SchemaStatus;
 use crate::store::{
     Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
     JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance, SlotRecord, Task,
@@ -30,6 +31,10 @@ impl Backend for PgBackend {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
+        schema::status(self).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {

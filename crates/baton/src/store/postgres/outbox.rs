@@ -70,6 +70,7 @@ pub(super) async fn insert_tasks(
             let mut unique_forever = Vec::with_capacity(chunk.len());
             let mut job: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
             let mut slot: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(chunk.len());
+            let mut traceparent: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
             for &i in chunk {
                 let t = &tasks[i];
                 queue.push(t.queue.as_str());
@@ -96,6 +97,7 @@ pub(super) async fn insert_tasks(
                 unique_forever.push(t.unique_forever);
                 job.push(t.job.as_deref());
                 slot.push(t.slot);
+                traceparent.push(t.traceparent.as_deref());
             }
             // Speculative insertion (ON CONFLICT) costs, so chunks without
             // keys use a plain INSERT.
@@ -117,6 +119,7 @@ pub(super) async fn insert_tasks(
                 .bind(&unique_forever)
                 .bind(&job)
                 .bind(&slot)
+                .bind(&traceparent)
                 .bind(skipped.is_some())
                 .bind(skipped)
                 .bind(chan)

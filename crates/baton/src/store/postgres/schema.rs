@@ -4,7 +4,8 @@
 use super::sql::UNIQUE_PRED;
 use super::{Names, PgBackend};
 use crate::error::StoreError;
-use crate::store::sql_row::corrupt;
+use crate::store::sql_row::{self, corrupt};
+use crate::store::SchemaStatus;
 use crate::store::CANCEL_REQUESTED;
 
 /// The version [`schema_sql`] creates; [`UPGRADES`] take it from there.
@@ -29,7 +30,16 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_claim_token,
     // 2 → 3: the `queues` table (a queue's paused flag).
     upgrade_queues,
+    // 3 → 4: the enqueuer's trace context on each task.
+    upgrade_traceparent,
 ];
+
+fn upgrade_traceparent(n: &Names) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS traceparent text;",
+        n.tasks
+    )
+}
 
 fn upgrade_queues(n: &Names) -> String {
     format!(
@@ -113,6 +123,14 @@ paused    boolean NOT NULL DEFAULT false
 );
 "#
     )
+}
+
+/// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
+pub(super) async fn status(b: &PgBackend) -> Result<SchemaStatus, StoreError> {
+    let read = sqlx::query_scalar(&b.sql.schema_version)
+        .fetch_optional(&b.pool)
+        .await;
+    sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
 }
 
 /// Create the schema if absent and run the upgrade steps from the recorded

@@ -404,22 +404,22 @@ fn insert_sql(n: &Names, keyed: bool) -> String {
     SELECT nextval({seq}) AS id, t.*
     FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
                 $6::int8[], $7::int4[], $8::int8[], $9::text[], $10::bool[], $11::text[],
-                $12::timestamptz[])
+                $12::timestamptz[], $13::text[])
          WITH ORDINALITY AS t(queue, kind, payload, priority, run_at_abs, delay_ms,
                               max_attempts, timeout_ms, unique_key, unique_forever, job,
-                              slot, ord)
+                              slot, traceparent, ord)
 ),
 ins AS (
     INSERT INTO {tasks} (id, queue, kind, payload, state, priority, run_at, max_attempts,
-                         timeout_ms, unique_key, unique_forever, job, slot, last_error,
-                         finished_at)
+                         timeout_ms, unique_key, unique_forever, job, slot, traceparent,
+                         last_error, finished_at)
     SELECT id, queue, kind, payload,
-           CASE WHEN $13::bool THEN 'cancelled' ELSE 'pending' END,
+           CASE WHEN $14::bool THEN 'cancelled' ELSE 'pending' END,
            priority,
            coalesce(run_at_abs, now() + coalesce(delay_ms, 0) * interval '1 millisecond'),
-           max_attempts, timeout_ms, unique_key, unique_forever, job, slot,
-           CASE WHEN $13::bool THEN $14::text END,
-           CASE WHEN $13::bool THEN now() END
+           max_attempts, timeout_ms, unique_key, unique_forever, job, slot, traceparent,
+           CASE WHEN $14::bool THEN $15::text END,
+           CASE WHEN $14::bool THEN now() END
     FROM input
     ORDER BY ord
     {on_conflict}
@@ -427,7 +427,7 @@ ins AS (
               (state = 'pending' AND run_at <= now()) AS due
 ),
 woke AS (
-    SELECT count(pg_notify($15::text, q.msg)) AS n
+    SELECT count(pg_notify($16::text, q.msg)) AS n
     FROM (SELECT queue AS msg FROM ins WHERE due GROUP BY queue
           UNION ALL
           SELECT queue || chr(10) || {WAKE_AT}

@@ -12,6 +12,7 @@ use super::decode::{opt_ts, parse_i64, parse_u64, push_task_args, task, task_arg
 use super::{listener, schema, RedisBackend};
 use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
 use crate::error::StoreError;
+use crate::store::SchemaStatus;
 use crate::store::{
     from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
     FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
@@ -27,6 +28,10 @@ impl Backend for RedisBackend {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
+        schema::status(self).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -39,6 +39,7 @@ pub(super) fn task_args(t: &NewTask) -> Result<[String; TASK_ARGS], StoreError> 
         t.slot
             .map(|s| s.timestamp_millis().to_string())
             .unwrap_or_default(),
+        opt_arg(t.traceparent.as_deref()),
     ])
 }
 
@@ -129,6 +130,7 @@ pub(super) fn task(m: &HashMap<String, String>) -> Result<Task, StoreError> {
         lease_until: f.ts("lease_until")?,
         job: f.opt_string("job"),
         slot: f.opt_ts("slot")?,
+        traceparent: f.opt_string("traceparent"),
     })
 }
 
@@ -183,5 +185,6 @@ pub(super) fn task_info(m: &HashMap<String, String>) -> Result<TaskInfo, StoreEr
         progress,
         job: f.opt_string("job"),
         slot: f.opt_ts("slot")?,
+        traceparent: f.opt_string("traceparent"),
     })
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use super::RedisBackend;
 use crate::error::StoreError;
+use crate::store::SchemaStatus;
 
 /// The version a store without a recorded version is taken to have: the
 /// first one (it had no keys needing conversion).
@@ -31,11 +32,31 @@ enum Upgrade {
     /// Nothing to convert (no set: nothing paused); the step marks the
     /// version, so a build that would ignore a pause refuses the store.
     QueuePause,
+    /// 3 → 4: tasks may carry the enqueuer's trace context (the hash
+    /// field `traceparent`). Nothing to convert; the step marks the
+    /// version, so an older build (which would drop the field from the
+    /// tasks it enqueues, and pass 12 arguments per task to scripts that
+    /// read 13) refuses the store.
+    Traceparent,
 }
 
 /// The upgrade steps, in order. Add a variant and an entry at the end (and
 /// nothing else: [`SCHEMA_VERSION`] follows).
-const UPGRADES: &[Upgrade] = &[Upgrade::PersistLocks, Upgrade::QueuePause];
+const UPGRADES: &[Upgrade] = &[
+    Upgrade::PersistLocks,
+    Upgrade::QueuePause,
+    Upgrade::Traceparent,
+];
+
+/// The recorded version against [`SCHEMA_VERSION`] (a read: the migrate
+/// script with no version to record).
+pub(super) async fn status(b: &RedisBackend) -> Result<SchemaStatus, StoreError> {
+    let found: i64 = b.q(&b.scripts.migrate, sargs![""]).await?;
+    Ok(SchemaStatus {
+        found: (found != 0).then_some(found),
+        expected: SCHEMA_VERSION,
+    })
+}
 
 /// Record the schema version of a new store, or run the upgrade steps from
 /// the recorded one, recording each as it completes.
@@ -87,7 +108,7 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
                 pipe.query_async::<()>(&mut conn).await?;
             }
         }
-        Upgrade::QueuePause => {}
+        Upgrade::QueuePause | Upgrade::Traceparent => {}
     }
     Ok(())
 }

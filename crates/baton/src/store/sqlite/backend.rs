@@ -17,6 +17,7 @@ use crate::error::StoreError;
 use crate::store::sql_row::{
     claimed_task, corrupt, count_of, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
 };
+use crate::store::SchemaStatus;
 use crate::store::{
     from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
     Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
@@ -76,6 +77,10 @@ impl Backend for SqliteBackend {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
+        schema::status(self).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -12,7 +12,7 @@ use super::Tables;
 use crate::error::StoreError;
 use crate::store::{ms, Enqueued, NewTask, RunAt};
 
-/// Rows per multi-row `INSERT` (12 bound values each, well inside SQLite's
+/// Rows per multi-row `INSERT` (13 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
 const INSERT_CHUNK: usize = 1000;
 
@@ -68,7 +68,8 @@ pub(super) async fn insert_tasks(
                 .bind(task.unique_key.as_deref())
                 .bind(task.unique_forever)
                 .bind(task.job.as_deref())
-                .bind(task.slot.map(|s| s.timestamp_millis()));
+                .bind(task.slot.map(|s| s.timestamp_millis()))
+                .bind(task.traceparent.as_deref());
         }
         let mut rows: Vec<(i64, Option<String>, bool, i64)> = q
             .fetch_all(&mut *conn)

@@ -6,7 +6,8 @@ use sqlx::sqlite::SqliteConnection;
 use super::sql::KEY_TAKEN;
 use super::{SqliteBackend, Tables, NOW};
 use crate::error::StoreError;
-use crate::store::sql_row::corrupt;
+use crate::store::sql_row::{self, corrupt};
+use crate::store::SchemaStatus;
 use crate::store::CANCEL_REQUESTED;
 
 /// The version [`schema_sql`] creates; [`UPGRADES`] take it from there.
@@ -124,7 +125,17 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_claim_token,
     // 2 → 3: the `queues` table (a queue's paused flag).
     upgrade_queues,
+    // 3 → 4: the enqueuer's trace context on each task.
+    upgrade_traceparent,
 ];
+
+fn upgrade_traceparent(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::AddColumn {
+        table: format!("{}tasks", t.prefix),
+        column: "traceparent",
+        decl: "TEXT",
+    }]
+}
 
 fn upgrade_queues(t: &Tables) -> Vec<Ddl> {
     vec![Ddl::Sql(format!(
@@ -179,6 +190,17 @@ async fn run_ddl(conn: &mut SqliteConnection, ddl: &Ddl) -> Result<(), StoreErro
         }
     }
     Ok(())
+}
+
+/// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
+pub(super) async fn status(b: &SqliteBackend) -> Result<SchemaStatus, StoreError> {
+    let read = sqlx::query_scalar(&format!(
+        "SELECT value FROM {} WHERE key = 'schema_version'",
+        b.t.meta
+    ))
+    .fetch_optional(&*b.reader)
+    .await;
+    sql_row::schema_status(read, SCHEMA_VERSION)
 }
 
 /// Create the schema if absent and run the upgrade steps from the recorded

@@ -111,10 +111,10 @@ impl InsertSql {
             head: format!(
                 "INSERT INTO {tasks} (queue, kind, payload, state, priority, attempt, \
                  max_attempts, timeout_ms, run_at, created_at, unique_key, unique_forever, job, \
-                 slot) VALUES "
+                 slot, traceparent) VALUES "
             ),
             row: format!(
-                "(?, ?, ?, 'pending', ?, 0, ?, ?, COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?)"
+                "(?, ?, ?, 'pending', ?, 0, ?, ?, COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?)"
             ),
             tail: format!(
                 " ON CONFLICT DO NOTHING RETURNING id, unique_key, run_at <= {NOW} AS due, run_at"

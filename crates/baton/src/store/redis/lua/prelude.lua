@@ -2,7 +2,7 @@
 -- key base `P{baton}:`; `KEYS[1]` is a key in the same slot for routing.
 local B = ARGV[1]
 local SHIFT = 8796093022208
-local NF = 12
+local NF = 13
 local function fmt(n) return string.format('%d', n) end
 local function pad(id) return string.format('%016d', tonumber(id)) end
 local function tkey(sid) return B .. 'task:' .. sid end
@@ -132,6 +132,8 @@ local function insert(now, i, skipped)
   if uk then add('unique_key', uk); add('unique_forever', forever) end
   if job then add('job', job) end
   if ARGV[i + 11] ~= '' then add('slot', ARGV[i + 11]) end
+  local tp = opt(ARGV[i + 12])
+  if tp then add('traceparent', tp) end
   local state = 'pending'
   if skipped then
     state = 'cancelled'
