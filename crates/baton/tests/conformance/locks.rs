@@ -469,3 +469,52 @@ pub async fn tokens_rise_after_the_record_is_lost(ts: TestStore) {
     );
     lease.release().await.unwrap();
 }
+
+/// Lock names are exact bytes, whatever they hold: quotes and backslashes
+/// (which must not end or escape anything in the store's query), case,
+/// trailing spaces and differently composed Unicode are all different names.
+pub async fn names_are_exact(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let names = [
+        "q'uote",
+        "q\\'uote",
+        "back\\slash",
+        "Case",
+        "case",
+        "case ",
+        "caf\u{e9}",
+        "cafe\u{301}",
+        "x') OR 1=1; --",
+    ];
+    let mut leases = Vec::new();
+    for name in names {
+        let lease = a
+            .try_lock(name, &opts(10_000))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name:?} is its own lock, free"));
+        assert_eq!(lease.name(), name);
+        leases.push(lease);
+    }
+    let mut listed: Vec<_> = ts
+        .store
+        .backend()
+        .lock_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.name, i.held))
+        .collect();
+    listed.sort();
+    let mut want: Vec<_> = names.iter().map(|n| (n.to_string(), true)).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    for lease in leases {
+        let name = lease.name().to_string();
+        let token = lease.token();
+        lease.release().await.unwrap();
+        let again = a.try_lock(&name, &opts(10_000)).await.unwrap().unwrap();
+        assert!(again.token() > token, "{name:?}: token rose");
+        again.release().await.unwrap();
+    }
+}

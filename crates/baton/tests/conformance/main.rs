@@ -63,6 +63,7 @@ conformance! {
     locks::list_and_get,
     locks::bad_input_is_refused,
     locks::tokens_rise_after_the_record_is_lost,
+    locks::names_are_exact,
     states::every_transition_matches_the_table,
     queue::claim_order_priority_run_at_id,
     queue::unique_key_race_gives_one_task,

@@ -4,87 +4,74 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{us, MyBackend, NOW_US};
+use sqlx::mysql::MySqlRow;
+
+use super::{hex_lit, text_lit, us, MyBackend, BEGIN, NOW_US};
 use crate::error::StoreError;
-use crate::store::sql_row::{lock_info, token_arg};
+use crate::store::sql_row::{lock_info, token_arg, SqlRow};
 use crate::store::{Acquire, FencingToken, LockInfo, LockRequest};
 
 /// The columns [`lock_info`] reads: the record and the store's now.
 const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, UTC_TIMESTAMP(6) AS now";
 
+/// Where a new lock row starts: lapsed long ago.
+const EPOCH: &str = "1970-01-01 00:00:00";
+
+/// The one row a grant reads back (its transaction made sure it exists).
+fn one_row<'r>(rows: &'r [MySqlRow], name: &str) -> Result<&'r MySqlRow, StoreError> {
+    match rows {
+        [row] => Ok(row),
+        _ => Err(StoreError::Corrupt(format!(
+            "lock {name:?}: the grant read back {} rows, expected 1",
+            rows.len()
+        ))),
+    }
+}
+
 impl MyBackend {
-    /// Grant: in one transaction, lock the name's row (or find none), and
-    /// take it if its lease lapsed (or insert it). A concurrent insert of a
-    /// new name loses on the primary key and tries again; the row lock
-    /// makes the grant exclusive.
+    /// Grant, in one round trip ([`MyBackend::batch`]): one transaction
+    /// that makes sure the name's row exists (an upsert that changes
+    /// nothing on an existing row, so its only effect there is the row's
+    /// exclusive lock, which serializes grants of the name), takes the row
+    /// if its lease lapsed, and reads it back with `ROW_COUNT()` of the
+    /// take: 1 if this call took it, else 0 and the row is the live
+    /// holder's. A new row starts lapsed at the epoch with token 0, so the
+    /// take gives it the store's now as its first token. The take always
+    /// changes the row (the token rises), so the count is the same with
+    /// or without `CLIENT_FOUND_ROWS`.
     pub(super) async fn acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
         let l = &self.names.locks;
-        for _ in 0..8 {
-            let mut tx = self.begin().await?;
-            let row = sqlx::query(&format!(
-                "SELECT {LOCK_COLS} FROM {l} WHERE name = ? FOR UPDATE"
+        let name = hex_lit(req.name.as_bytes());
+        let holder = text_lit(req.holder);
+        let at_most = us(req.at_most);
+        let rows = self
+            .batch(&format!(
+                "{BEGIN}; \
+                 INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
+                 VALUES ({name}, '', 0, '{EPOCH}', '{EPOCH}') \
+                 ON DUPLICATE KEY UPDATE name = name; \
+                 UPDATE {l} SET holder = {holder}, token = GREATEST(token + 1, {NOW_US}), \
+                 locked_at = UTC_TIMESTAMP(6), \
+                 lock_until = UTC_TIMESTAMP(6) + INTERVAL {at_most} MICROSECOND \
+                 WHERE name = {name} AND lock_until <= UTC_TIMESTAMP(6); \
+                 SELECT {LOCK_COLS}, ROW_COUNT() AS taken FROM {l} WHERE name = {name}; \
+                 COMMIT"
             ))
-            .bind(req.name)
-            .fetch_optional(&mut *tx)
             .await?;
-            match row {
-                Some(row) => {
-                    let info = lock_info(&row)?;
-                    if info.held {
-                        tx.rollback().await?;
-                        return Ok(Acquire::Busy(info));
-                    }
-                    sqlx::query(&format!(
-                        "UPDATE {l} SET holder = ?, token = GREATEST(token + 1, {NOW_US}), \
-                         locked_at = UTC_TIMESTAMP(6), \
-                         lock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE name = ?"
-                    ))
-                    .bind(req.holder)
-                    .bind(us(req.at_most))
-                    .bind(req.name)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                None => {
-                    let r = sqlx::query(&format!(
-                        "INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
-                         VALUES (?, ?, {NOW_US}, UTC_TIMESTAMP(6), \
-                             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
-                    ))
-                    .bind(req.name)
-                    .bind(req.holder)
-                    .bind(us(req.at_most))
-                    .execute(&mut *tx)
-                    .await;
-                    match r.map_err(StoreError::from) {
-                        Ok(_) => {}
-                        // Another grant of the new name won: look again.
-                        Err(StoreError::Conflict(_)) => {
-                            tx.rollback().await?;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-            let row = sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} WHERE name = ?"))
-                .bind(req.name)
-                .fetch_one(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            let info = lock_info(&row)?;
-            return Ok(Acquire::Granted {
-                token: info.token,
-                locked_at: info.locked_at,
-                lock_until: info.lock_until,
-            });
+        let row = one_row(&rows, req.name)?;
+        let info = lock_info(row)?;
+        if row.big("taken")? != 1 {
+            return Ok(Acquire::Busy(info));
         }
-        Err(StoreError::Conflict(format!(
-            "lock {:?}: the new name kept changing hands; try again",
-            req.name
-        )))
+        Ok(Acquire::Granted {
+            token: info.token,
+            locked_at: info.locked_at,
+            lock_until: info.lock_until,
+        })
     }
 
+    /// Extend, in one round trip: the conditional update and the new
+    /// `lock_until` read back in one transaction.
     pub(super) async fn extend(
         &self,
         name: &str,
@@ -92,27 +79,26 @@ impl MyBackend {
         at_most: Duration,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let l = &self.names.locks;
-        let mut tx = self.begin().await?;
-        let r = sqlx::query(&format!(
-            "UPDATE {l} SET lock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE name = ? AND token = ? AND lock_until > UTC_TIMESTAMP(6)"
-        ))
-        .bind(us(at_most))
-        .bind(name)
-        .bind(token_arg(token))
-        .execute(&mut *tx)
-        .await?;
-        if r.rows_affected() != 1 {
-            tx.rollback().await?;
+        let lit = hex_lit(name.as_bytes());
+        let rows = self
+            .batch(&format!(
+                "{BEGIN}; \
+                 UPDATE {l} SET lock_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
+                 WHERE name = {lit} AND token = {} AND lock_until > UTC_TIMESTAMP(6); \
+                 SELECT lock_until, ROW_COUNT() AS extended FROM {l} WHERE name = {lit}; \
+                 COMMIT",
+                us(at_most),
+                token_arg(token)
+            ))
+            .await?;
+        // No row: the name was never locked.
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        if row.big("extended")? != 1 {
             return Ok(None);
         }
-        let until: DateTime<Utc> =
-            sqlx::query_scalar(&format!("SELECT lock_until FROM {l} WHERE name = ?"))
-                .bind(name)
-                .fetch_one(&mut *tx)
-                .await?;
-        tx.commit().await?;
-        Ok(Some(until))
+        Ok(Some(row.time("lock_until")?))
     }
 
     pub(super) async fn release(
