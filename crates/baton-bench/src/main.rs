@@ -603,12 +603,12 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "delete_succeeded": ctx.delete_succeeded,
             "hold_slots": !used.free_slot_on_return_on(),
             "result_batches": used.result_batches(),
-            "prefetch": used.prefetch_of(a.concurrency),
+            "prefetch": used.prefetch_tasks(),
         }),
         format!(
             "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {})",
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
-            used.free_slot_on_return_on(), used.result_batches(), used.prefetch_of(a.concurrency)
+            used.free_slot_on_return_on(), used.result_batches(), used.prefetch_tasks()
         ),
     );
     ctx.cleanup().await

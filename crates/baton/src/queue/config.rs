@@ -44,9 +44,6 @@ pub struct WorkerConfig {
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
     pub(super) prefetch: Option<usize>,
-    /// Set by [`WorkerConfig::with_store_defaults`] when `prefetch` is unset
-    /// and the store's default is "as many as the queue's concurrency".
-    prefetch_follows_concurrency: bool,
 }
 
 impl Default for WorkerConfig {
@@ -72,7 +69,6 @@ impl Default for WorkerConfig {
             free_slot_on_return: None,
             result_batches_in_flight: None,
             prefetch: None,
-            prefetch_follows_concurrency: false,
         }
     }
 }
@@ -217,8 +213,12 @@ impl WorkerConfig {
     ///
     /// | store | `free_slot_on_return` | `result_batches_in_flight` | `prefetch` |
     /// |---|---|---|---|
-    /// | `postgres` | true | 2 | the queue's concurrency |
+    /// | `postgres` | true | 2 | 0 |
     /// | others | false | 1 | 0 |
+    ///
+    /// Prefetch is off by default everywhere: it is not measured yet (4i),
+    /// and a buffered task waits behind its worker's running handlers even
+    /// when another worker is idle, which long handlers make costly.
     ///
     /// [`Worker::run`](super::Worker::run) does this with its store; knobs
     /// set explicitly are kept.
@@ -226,16 +226,15 @@ impl WorkerConfig {
     /// ```
     /// use baton::queue::WorkerConfig;
     /// let pg = WorkerConfig::new().queue("q", 8).with_store_defaults("postgres");
-    /// assert_eq!((pg.free_slot_on_return_on(), pg.result_batches(), pg.prefetch_of(8)), (true, 2, 8));
+    /// assert_eq!((pg.free_slot_on_return_on(), pg.result_batches(), pg.prefetch_tasks()), (true, 2, 0));
     /// let lite = WorkerConfig::new().queue("q", 8).prefetch(4).with_store_defaults("sqlite");
-    /// assert_eq!((lite.free_slot_on_return_on(), lite.result_batches(), lite.prefetch_of(8)), (false, 1, 4));
+    /// assert_eq!((lite.free_slot_on_return_on(), lite.result_batches(), lite.prefetch_tasks()), (false, 1, 4));
     /// ```
     pub fn with_store_defaults(mut self, kind: &str) -> Self {
         let pipelined = kind == "postgres";
         self.free_slot_on_return.get_or_insert(pipelined);
         self.result_batches_in_flight
             .get_or_insert(if pipelined { 2 } else { 1 });
-        self.prefetch_follows_concurrency = self.prefetch.is_none() && pipelined;
         self
     }
 
@@ -250,16 +249,10 @@ impl WorkerConfig {
         self.result_batches_in_flight.unwrap_or(1)
     }
 
-    /// How many claimed tasks a queue of `concurrency` holds beyond its
-    /// running ones: the [`prefetch`](Self::prefetch) set, or, unset, the
-    /// store default applied by [`with_store_defaults`](Self::with_store_defaults)
-    /// (0 before it is applied).
-    pub fn prefetch_of(&self, concurrency: usize) -> usize {
-        match self.prefetch {
-            Some(n) => n,
-            None if self.prefetch_follows_concurrency => concurrency,
-            None => 0,
-        }
+    /// How many claimed tasks a queue holds beyond its running ones (unset
+    /// counts as 0; see [`prefetch`](Self::prefetch)).
+    pub fn prefetch_tasks(&self) -> usize {
+        self.prefetch.unwrap_or(0)
     }
 
     /// The queues served and their concurrency, in the order named.

@@ -760,7 +760,7 @@ async fn claim_into(
     let prefetch = if capped {
         0
     } else {
-        shared.config.prefetch_of(concurrency)
+        shared.config.prefetch_tasks()
     };
     let low_water = prefetch / 2;
     let mut backoff = Duration::from_millis(50);
