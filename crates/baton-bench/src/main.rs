@@ -86,6 +86,15 @@ struct Common {
     delete_succeeded: bool,
 }
 
+/// A knob forced on or off.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum LockApi {
     /// `Locker::try_lock` (keep-alive off) + `Lease::release`.
@@ -122,12 +131,22 @@ struct ThroughputArgs {
     #[arg(long, default_value_t = 24)]
     concurrency: usize,
     /// Keep each slot until its result is acknowledged
-    /// (`WorkerConfig::free_slot_on_return = false`, the old pipeline).
-    #[arg(long)]
+    /// (`WorkerConfig::free_slot_on_return(false)`); same as
+    /// `--free-slots off`.
+    #[arg(long, conflicts_with = "free_slots")]
     hold_slots: bool,
-    /// `WorkerConfig::result_batches_in_flight` (1: the old pipeline).
-    #[arg(long, default_value_t = 2)]
-    result_batches: usize,
+    /// Force `WorkerConfig::free_slot_on_return` on or off (default: the
+    /// library's default for the store).
+    #[arg(long, value_enum)]
+    free_slots: Option<OnOff>,
+    /// Force `WorkerConfig::result_batches_in_flight` (default: the
+    /// library's default for the store).
+    #[arg(long)]
+    result_batches: Option<usize>,
+    /// Force `WorkerConfig::prefetch`, tasks held per worker beyond its
+    /// running ones (0: off; default: the library's default for the store).
+    #[arg(long)]
+    prefetch: Option<usize>,
     /// Tasks per `enqueue_many` call while pre-inserting.
     #[arg(long, default_value_t = 10_000)]
     insert_batch: u64,
@@ -502,13 +521,25 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
 
     let started = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
+    let mut cfg = WorkerConfig::default().queue(queue, a.concurrency);
+    if a.hold_slots {
+        cfg = cfg.free_slot_on_return(false);
+    }
+    if let Some(on) = a.free_slots {
+        cfg = cfg.free_slot_on_return(on == OnOff::On);
+    }
+    if let Some(n) = a.result_batches {
+        cfg = cfg.result_batches_in_flight(n);
+    }
+    if let Some(n) = a.prefetch {
+        cfg = cfg.prefetch(n);
+    }
+    // What the workers run with: the knobs forced above, the store's
+    // defaults for the rest.
+    let used = cfg.clone().with_store_defaults(kind);
     for _ in 0..a.workers {
         let s = ctx.connect().await?;
-        let cfg = WorkerConfig::default()
-            .queue(queue, a.concurrency)
-            .free_slot_on_return(!a.hold_slots)
-            .result_batches_in_flight(a.result_batches);
-        let mut w = Worker::new(s, cfg);
+        let mut w = Worker::new(s, cfg.clone());
         let c = started.clone();
         w.handle("noop", move |_ctx| {
             c.fetch_add(1, Ordering::Relaxed);
@@ -569,12 +600,15 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
             "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
-            "delete_succeeded": ctx.delete_succeeded, "hold_slots": a.hold_slots,
-            "result_batches": a.result_batches,
+            "delete_succeeded": ctx.delete_succeeded,
+            "hold_slots": !used.free_slot_on_return_on(),
+            "result_batches": used.result_batches(),
+            "prefetch": used.prefetch_tasks(),
         }),
         format!(
-            "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{}",
-            insert_per_s, jobs_per_s, a.workers, a.concurrency
+            "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {})",
+            insert_per_s, jobs_per_s, a.workers, a.concurrency,
+            used.free_slot_on_return_on(), used.result_batches(), used.prefetch_tasks()
         ),
     );
     ctx.cleanup().await

@@ -8,6 +8,9 @@ use std::time::Duration;
 use super::Backoff;
 use crate::error::InvalidInput;
 
+/// The largest [`WorkerConfig::prefetch`] accepted.
+const MAX_PREFETCH: usize = 10_000;
+
 /// How a worker runs: a builder, starting from [`WorkerConfig::default`] (or
 /// [`WorkerConfig::new`]), every setter taking and returning the config.
 /// [`Worker::run`](super::Worker::run) refuses an invalid config with an
@@ -38,15 +41,19 @@ pub struct WorkerConfig {
     pub(super) rescue: bool,
     pub(super) retention: Option<Duration>,
     pub(super) max_running: BTreeMap<String, u32>,
-    pub(super) free_slot_on_return: bool,
-    pub(super) result_batches_in_flight: usize,
+    pub(super) free_slot_on_return: Option<bool>,
+    pub(super) result_batches_in_flight: Option<usize>,
+    pub(super) prefetch: Option<usize>,
 }
 
 impl Default for WorkerConfig {
     /// No queues (name at least one with [`WorkerConfig::queue`]), a 30 s
     /// lease, a 1 s poll, rescue every five polls, 10 s shutdown grace, 5 s
     /// stop grace, the default [`Backoff`], 7 days' retention, no cluster
-    /// caps.
+    /// caps; the pipeline knobs ([`free_slot_on_return`](Self::free_slot_on_return),
+    /// [`result_batches_in_flight`](Self::result_batches_in_flight),
+    /// [`prefetch`](Self::prefetch)) follow the store
+    /// ([`with_store_defaults`](Self::with_store_defaults)).
     fn default() -> Self {
         WorkerConfig {
             queues: Vec::new(),
@@ -59,8 +66,9 @@ impl Default for WorkerConfig {
             rescue: true,
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
-            free_slot_on_return: false,
-            result_batches_in_flight: 1,
+            free_slot_on_return: None,
+            result_batches_in_flight: None,
+            prefetch: None,
         }
     }
 }
@@ -162,26 +170,89 @@ impl WorkerConfig {
         self
     }
 
-    /// Free a handler's slot as soon as it returns (default false): its
-    /// result is still being written, and the attempt stays leased and
-    /// heartbeated until the store answers; at most `concurrency` such
-    /// results wait per queue, beyond that a slot is freed only by the
-    /// answer. False: every slot waits for its result's answer. With
-    /// [`result_batches_in_flight(2)`](Self::result_batches_in_flight) it
-    /// measured 1.45–1.65× on PostgreSQL but slower on Redis and SQLite
-    /// (docs/BENCHMARKS.md 4h).
+    /// Free a handler's slot as soon as it returns: its result is still
+    /// being written, and the attempt stays leased and heartbeated until the
+    /// store answers; at most `concurrency` such results wait per queue,
+    /// beyond that a slot is freed only by the answer. False: every slot
+    /// waits for its result's answer. Default: the store's
+    /// ([`with_store_defaults`](Self::with_store_defaults)).
     pub fn free_slot_on_return(mut self, on: bool) -> Self {
-        self.free_slot_on_return = on;
+        self.free_slot_on_return = Some(on);
         self
     }
 
-    /// How many batches of results a worker writes at once (default 1, at
-    /// least 1; 2 with [`free_slot_on_return`](Self::free_slot_on_return)
-    /// on PostgreSQL). While they are in flight the next batch gathers what
-    /// queues up, so a busy worker's batches grow instead of multiplying.
+    /// How many batches of results a worker writes at once (at least 1).
+    /// While they are in flight the next batch gathers what queues up, so a
+    /// busy worker's batches grow instead of multiplying. Default: the
+    /// store's ([`with_store_defaults`](Self::with_store_defaults)).
     pub fn result_batches_in_flight(mut self, n: usize) -> Self {
-        self.result_batches_in_flight = n;
+        self.result_batches_in_flight = Some(n);
         self
+    }
+
+    /// Hold up to `n` claimed tasks per queue beyond its running ones (0:
+    /// claim only for free slots). A claim then asks for the free slots plus
+    /// the room left in this buffer, and is sent when the buffer falls to
+    /// half; buffered tasks start as slots free, without a round trip.
+    /// While buffered a task is leased to this worker like a running one:
+    /// its lease is renewed by the heartbeats (so it is not rescued), it is
+    /// not started once its lease is too close to its end to run (it is
+    /// handed back instead), and on shutdown it is handed back unstarted
+    /// (the attempt is not counted). Queues under a cluster-wide
+    /// [`max_running`](Self::max_running) cap never prefetch (a buffered
+    /// task counts as running). Default: the store's
+    /// ([`with_store_defaults`](Self::with_store_defaults)).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
+        self
+    }
+
+    /// Fill the pipeline knobs left unset with what pays on the store of
+    /// kind `kind` (a [`Backend::kind`](crate::store::Backend::kind) name),
+    /// as measured side by side in docs/BENCHMARKS.md (4h, 4i):
+    ///
+    /// | store | `free_slot_on_return` | `result_batches_in_flight` | `prefetch` |
+    /// |---|---|---|---|
+    /// | `postgres` | true | 2 | 0 |
+    /// | others | false | 1 | 0 |
+    ///
+    /// Prefetch is off by default everywhere: it is not measured yet (4i),
+    /// and a buffered task waits behind its worker's running handlers even
+    /// when another worker is idle, which long handlers make costly.
+    ///
+    /// [`Worker::run`](super::Worker::run) does this with its store; knobs
+    /// set explicitly are kept.
+    ///
+    /// ```
+    /// use baton::queue::WorkerConfig;
+    /// let pg = WorkerConfig::new().queue("q", 8).with_store_defaults("postgres");
+    /// assert_eq!((pg.free_slot_on_return_on(), pg.result_batches(), pg.prefetch_tasks()), (true, 2, 0));
+    /// let lite = WorkerConfig::new().queue("q", 8).prefetch(4).with_store_defaults("sqlite");
+    /// assert_eq!((lite.free_slot_on_return_on(), lite.result_batches(), lite.prefetch_tasks()), (false, 1, 4));
+    /// ```
+    pub fn with_store_defaults(mut self, kind: &str) -> Self {
+        let pipelined = kind == "postgres";
+        self.free_slot_on_return.get_or_insert(pipelined);
+        self.result_batches_in_flight
+            .get_or_insert(if pipelined { 2 } else { 1 });
+        self
+    }
+
+    /// Whether slots free as handlers return (unset counts as false; see
+    /// [`with_store_defaults`](Self::with_store_defaults)).
+    pub fn free_slot_on_return_on(&self) -> bool {
+        self.free_slot_on_return.unwrap_or(false)
+    }
+
+    /// How many result batches are written at once (unset counts as 1).
+    pub fn result_batches(&self) -> usize {
+        self.result_batches_in_flight.unwrap_or(1)
+    }
+
+    /// How many claimed tasks a queue holds beyond its running ones (unset
+    /// counts as 0; see [`prefetch`](Self::prefetch)).
+    pub fn prefetch_tasks(&self) -> usize {
+        self.prefetch.unwrap_or(0)
     }
 
     /// The queues served and their concurrency, in the order named.
@@ -232,7 +303,13 @@ impl WorkerConfig {
                 "must be at least 30ms (e.g. 30s)",
             ));
         }
-        if self.result_batches_in_flight == 0 {
+        if self.prefetch.is_some_and(|n| n > MAX_PREFETCH) {
+            return Err(InvalidInput::new(
+                "prefetch",
+                format!("must be at most {MAX_PREFETCH} (e.g. the queue's concurrency)"),
+            ));
+        }
+        if self.result_batches_in_flight == Some(0) {
             return Err(InvalidInput::new(
                 "result_batches_in_flight",
                 "must be at least 1 (e.g. 2)",

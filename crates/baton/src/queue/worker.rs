@@ -33,7 +33,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -182,6 +182,8 @@ struct Running {
     ctx: TaskContext,
     /// Local monotonic bound on the lease: last heartbeat's send time + lease.
     deadline: Instant,
+    /// False while the task waits in its queue's prefetch buffer.
+    started: bool,
 }
 
 /// Claims and runs tasks. See the module docs.
@@ -275,17 +277,19 @@ impl Worker {
     /// # Ok(()) }
     /// ```
     pub async fn run_with(
-        self,
+        mut self,
         shutdown: CancellationToken,
         urgent: CancellationToken,
     ) -> Result<(), Error> {
         self.config.validate()?;
+        let kind = self.store.backend().kind();
+        self.config = std::mem::take(&mut self.config).with_store_defaults(kind);
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
         let (due, due_rx) = tokio::sync::mpsc::unbounded_channel();
         let completer = tokio::spawn(complete_loop(
             self.store.clone(),
             self.config.lease,
-            self.config.result_batches_in_flight,
+            self.config.result_batches(),
             completion_rx,
         ));
         let shared = Arc::new(Shared {
@@ -342,7 +346,13 @@ impl Worker {
         // they never take a claim's turn nor hold up a wake-up.
         let clock: Arc<std::sync::OnceLock<StoreClock>> = Arc::default();
         let upkeep = tokio::spawn(upkeep_loop(shared.clone(), pokes.clone(), clock.clone()));
-        tracing::info!(worker = %self.id, queues = ?self.config.queues, "worker started");
+        tracing::info!(
+            worker = %self.id,
+            queues = ?self.config.queues,
+            free_slot_on_return = self.config.free_slot_on_return_on(),
+            result_batches_in_flight = self.config.result_batches(),
+            "worker started"
+        );
 
         // The ticker: one claim per tick (queues in turn) when idle, claims
         // on wake-ups, and timers for work announced as due later.
@@ -407,6 +417,19 @@ impl Worker {
         if !tasks.is_empty() {
             tracing::warn!("a claim got no answer from the store; abandoning it (anything it claimed is rescued after its lease)");
             tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+        // Claim loops hand their prefetched tasks back as they stop; an
+        // aborted one could not: its buffered tasks are left to rescue.
+        let unstarted = {
+            let mut running = lock(&shared.running);
+            let before = running.len();
+            running.retain(|_, r| r.started);
+            before - running.len()
+        };
+        if unstarted > 0 {
+            tracing::warn!(count = unstarted, "prefetched tasks could not be handed back (the store does not answer); they are rescued after their lease");
+            shared.drained.notify_waiters();
         }
         loop {
             let notified = shared.drained.notified();
@@ -691,21 +714,55 @@ const RECOVERY_POLL: Duration = Duration::from_millis(100);
 const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
 async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke: Arc<Notify>) {
+    let mut buffer = VecDeque::new();
+    claim_into(&shared, &queue, concurrency, &poke, &mut buffer).await;
+    // Stopped: what waits in the prefetch buffer goes back unstarted.
+    if !buffer.is_empty() {
+        let tasks: Vec<Task> = buffer.iter().map(|c| c.task().clone()).collect();
+        hand_back(&shared, &tasks).await;
+        let mut running = lock(&shared.running);
+        for ctx in &buffer {
+            running.remove(&ctx.claim());
+        }
+        drop(running);
+        shared.drained.notify_waiters();
+    }
+}
+
+/// The claim loop proper: returns when claiming stops, leaving in `buffer`
+/// the prefetched tasks not started (registered as running, unstarted).
+async fn claim_into(
+    shared: &Arc<Shared>,
+    queue: &str,
+    concurrency: usize,
+    poke: &Notify,
+    buffer: &mut VecDeque<TaskContext>,
+) {
     let slots = Arc::new(Semaphore::new(concurrency));
+    let early = shared.config.free_slot_on_return_on();
     // Attempts whose handler has returned but whose result the store has
     // not acknowledged yet, beyond the running ones: at most `concurrency`
     // (see `start_task`).
-    let unacked = Arc::new(Semaphore::new(if shared.config.free_slot_on_return {
-        concurrency
-    } else {
-        0
-    }));
+    let unacked = Arc::new(Semaphore::new(if early { concurrency } else { 0 }));
     let freed = Arc::new(Notify::new());
-    let early = shared.config.free_slot_on_return;
+    let slot = |permit| Slot {
+        permit: Some(permit),
+        is_slot: true,
+        unacked: unacked.clone(),
+        freed: freed.clone(),
+    };
     let mut more = true; // the last claim filled every free slot: there may be more
                          // Under a cluster-wide cap a claim can come back short while work
                          // waits; a slot freed here is then a reason to look again.
-    let capped = shared.config.max_running.contains_key(&queue);
+    let capped = shared.config.max_running.contains_key(queue);
+    // A buffered task counts as running against a cluster-wide cap: capped
+    // queues claim only for free slots.
+    let prefetch = if capped {
+        0
+    } else {
+        shared.config.prefetch_tasks()
+    };
+    let low_water = prefetch / 2;
     let mut backoff = Duration::from_millis(50);
     // After a failed claim the store may have restarted, and the wake-ups
     // sent while the wake-up channel reconnects (with a backoff of its own,
@@ -716,8 +773,17 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
         if shared.stop_claiming.is_cancelled() {
             return;
         }
+        // Buffered tasks take the free slots first, without a round trip.
+        while !buffer.is_empty() {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                break;
+            };
+            if let Some(ctx) = buffer.pop_front() {
+                start_task(shared.clone(), ctx, Instant::now(), slot(permit));
+            }
+        }
         let mut free = slots.available_permits();
-        if free > 0 && more && early && free < concurrency.div_ceil(2) {
+        if free > 0 && more && early && prefetch == 0 && free < concurrency.div_ceil(2) {
             // Slots free one by one as handlers return (see `Slot`): let a
             // few more free before claiming, so claims stay large rather
             // than one round trip (and commit) per task or two.
@@ -727,20 +793,27 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
             }
             free = slots.available_permits();
         }
-        if free > 0 && more {
+        // Claim for the free slots plus the buffer's room, once the buffer
+        // is down to its low-water mark.
+        let want = if buffer.len() <= low_water {
+            free + prefetch - buffer.len()
+        } else {
+            0
+        };
+        if want > 0 && more {
             let req = ClaimRequest {
-                queue: &queue,
+                queue,
                 worker: &shared.id,
-                limit: free as u32,
+                limit: u32::try_from(want).unwrap_or(u32::MAX),
                 lease: shared.config.lease,
-                max_running: shared.config.max_running.get(&queue).copied(),
+                max_running: shared.config.max_running.get(queue).copied(),
             };
             let sent = Instant::now();
             match shared.store.backend().task_claim(&req).await {
                 Ok(batch) => {
-                    shared.counters.claimed(&queue, sent.elapsed());
+                    shared.counters.claimed(queue, sent.elapsed());
                     backoff = Duration::from_millis(50);
-                    more = batch.len() == free;
+                    more = batch.len() == want;
                     // A claim that came back so late (a store that was just
                     // restarted, a pool waiting for connections) that its
                     // lease, counted from the send, is already inside the
@@ -749,25 +822,18 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
                     // again. Hand such tasks back unstarted instead.
                     if sent.elapsed() + shared.guard() >= shared.config.lease {
                         tracing::warn!(queue = %queue, tasks = batch.len(), took_ms = ms(sent.elapsed()), "claim answered too late to run within its lease; handing the tasks back");
-                        for task in batch {
-                            hand_back(&shared, &task).await;
-                        }
+                        hand_back(shared, &batch).await;
                         more = true;
                         continue;
                     }
                     for task in batch {
-                        let Ok(permit) = slots.clone().try_acquire_owned() else {
-                            // Cannot happen (we asked for `free`); hand it back.
-                            hand_back(&shared, &task).await;
-                            continue;
-                        };
-                        let slot = Slot {
-                            permit: Some(permit),
-                            is_slot: true,
-                            unacked: unacked.clone(),
-                            freed: freed.clone(),
-                        };
-                        start_task(shared.clone(), task, sent, slot);
+                        let ctx = register(shared, task, sent);
+                        match slots.clone().try_acquire_owned() {
+                            Ok(permit) => start_task(shared.clone(), ctx, sent, slot(permit)),
+                            // Beyond the free slots: into the buffer (heartbeated
+                            // from now on, like the running ones).
+                            Err(_) => buffer.push_back(ctx),
+                        }
                     }
                     if more {
                         continue;
@@ -787,16 +853,17 @@ async fn claim_loop(shared: Arc<Shared>, queue: String, concurrency: usize, poke
             }
         }
         // Wait for a reason to claim again: a wake-up or poll tick (there may
-        // be new work), or a freed slot when the last claim was full.
+        // be new work), or a freed slot when the last claim was full or a
+        // buffered task waits for it.
         let recovering = recovering_until.filter(|t| *t > Instant::now());
         tokio::select! {
             _ = poke.notified() => more = true,
             _ = tokio::time::sleep(RECOVERY_POLL), if recovering.is_some() => more = true,
-            _ = freed.notified(), if more || capped => {
-                more = true;
+            _ = freed.notified(), if more || capped || !buffer.is_empty() => {
+                more = more || capped;
                 // Slots free in bursts (completions are written in batches):
                 // let the burst land so the next claim takes them together.
-                if slots.available_permits() < concurrency.div_ceil(4) {
+                if buffer.is_empty() && slots.available_permits() < concurrency.div_ceil(4) {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
@@ -848,8 +915,34 @@ impl Drop for Slot {
     }
 }
 
-fn start_task(shared: Arc<Shared>, task: Task, sent: Instant, mut slot: Slot) {
-    let claim = task.claim();
+/// Record a claimed task as this worker's (heartbeated, its lease watched)
+/// before it starts: at once, or after a wait in the prefetch buffer.
+fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContext {
+    let ctx = TaskContext {
+        task: Arc::new(task),
+        stop: CancellationToken::new(),
+        reason: Arc::default(),
+        exit_code: Arc::default(),
+        store: shared.store.clone(),
+    };
+    lock(&shared.running).insert(
+        ctx.claim(),
+        Running {
+            ctx: ctx.clone(),
+            deadline: sent + shared.config.lease,
+            started: false,
+        },
+    );
+    ctx
+}
+
+/// Run a registered attempt in `slot`; `sent` is when its duration starts.
+fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, mut slot: Slot) {
+    let claim = ctx.claim();
+    if let Some(r) = lock(&shared.running).get_mut(&claim) {
+        r.started = true;
+    }
+    let task = ctx.task();
     let queue = task.queue.clone();
     shared.counters.started(&queue);
     // The slot's lag: from the slot to this claim, by the store's clock
@@ -890,20 +983,6 @@ fn start_task(shared: Arc<Shared>, task: Task, sent: Instant, mut slot: Slot) {
         slot = slot_at.as_deref(),
         slot_lag_ms = lag.map(ms),
         "task started"
-    );
-    let ctx = TaskContext {
-        task: Arc::new(task),
-        stop: CancellationToken::new(),
-        reason: Arc::default(),
-        exit_code: Arc::default(),
-        store: shared.store.clone(),
-    };
-    lock(&shared.running).insert(
-        claim,
-        Running {
-            ctx: ctx.clone(),
-            deadline: sent + shared.config.lease,
-        },
     );
     tokio::spawn(async move {
         let attempt = async {
@@ -983,21 +1062,29 @@ fn start_task(shared: Arc<Shared>, task: Task, sent: Instant, mut slot: Slot) {
     });
 }
 
-/// Hand a claimed task back unstarted (the attempt is not counted).
-async fn hand_back(shared: &Shared, task: &Task) {
-    match shared
-        .store
-        .backend()
-        .task_finish_many(&[(task.claim(), Finish::HandBack)])
-        .await
-        .map(|r| r == [true])
-    {
-        Ok(_) => {
-            tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
+/// Hand claimed tasks back unstarted (the attempt is not counted), in one
+/// call; a task that cannot be handed back is rescued after its lease.
+async fn hand_back(shared: &Shared, tasks: &[Task]) {
+    if tasks.is_empty() {
+        return;
+    }
+    let items: Vec<(Claim, Finish)> = tasks
+        .iter()
+        .map(|t| (t.claim(), Finish::HandBack))
+        .collect();
+    match shared.store.backend().task_finish_many(&items).await {
+        Ok(answers) => {
+            for (task, ok) in tasks.iter().zip(answers) {
+                if ok {
+                    tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
+                } else {
+                    tracing::warn!(task = task.id, queue = %task.queue, attempt = task.attempt, "handing the task back was refused: its claim was lost")
+                }
+            }
         }
         Err(e) => {
             shared.counters.store_error("task_finish_many");
-            tracing::warn!(task = task.id, queue = %task.queue, error = %crate::error::chain(&e), "handing the task back failed; it is rescued after its lease");
+            tracing::warn!(tasks = tasks.len(), error = %crate::error::chain(&e), "handing tasks back failed; they are rescued after their lease");
         }
     }
 }
@@ -1016,6 +1103,31 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
         .get(&task.kind)
         .or(shared.fallback.as_ref())
         .cloned();
+    // An attempt that waited in the prefetch buffer may have been stopped
+    // meanwhile (its lease lost, a cancel requested), or its lease may be
+    // too near its end to start (no heartbeat confirmed it lately): it does
+    // not run.
+    let claim = ctx.claim();
+    if let Some(why) = ctx.stop_reason() {
+        return match why {
+            StopReason::LeaseLost | StopReason::LeaseExpiring => None,
+            StopReason::Cancelled => Some(Finish::Cancelled {
+                reason: "cancelled".into(),
+            }),
+            StopReason::Shutdown | StopReason::TimedOut => Some(Finish::HandBack),
+        };
+    }
+    if shared
+        .deadline(claim)
+        .is_none_or(|d| Instant::now() + shared.guard() >= d)
+    {
+        tracing::warn!(
+            task = task.id,
+            attempt = task.attempt,
+            "lease too near its end to start (no heartbeat confirmed it); handing the task back"
+        );
+        return Some(Finish::HandBack);
+    }
     let Some(handler) = handler else {
         return Some(Finish::Failed {
             error: format!("no handler for kind {:?} on this worker", task.kind),
@@ -1025,7 +1137,6 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
     // The handler runs in its own task so a panic is caught as a failure,
     // inside the attempt's `task` span.
     let mut join = AbortOnDrop(tokio::spawn(handler(ctx.clone()).in_current_span()));
-    let claim = ctx.claim();
     let timeout = async {
         match task.timeout {
             Some(t) => tokio::time::sleep(t).await,

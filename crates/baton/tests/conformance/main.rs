@@ -83,6 +83,7 @@ conformance! {
     queue::wake_up_without_waiting_for_a_poll,
     queue::many_tasks_four_workers_all_succeed,
     queue::pipelined_workers_run_each_task_once,
+    queue::prefetched_tasks_heartbeated_handed_back_run_once,
     queue::inspect_list_stats_prune,
     queue::worker_counters_count_outcomes,
     queue::max_running_caps_the_whole_cluster,

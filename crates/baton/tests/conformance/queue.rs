@@ -558,7 +558,8 @@ pub async fn many_tasks_four_workers_all_succeed(ts: TestStore) {
 }
 
 /// The worker pipeline (slots freed when handlers return, two result
-/// batches in flight): still each task once, all succeeded.
+/// batches in flight, a prefetch buffer): still each task once, all
+/// succeeded.
 pub async fn pipelined_workers_run_each_task_once(ts: TestStore) {
     many_tasks_four_workers(ts, 5_000, true).await
 }
@@ -576,7 +577,8 @@ async fn many_tasks_four_workers(ts: TestStore, n: usize, pipeline: bool) {
         let cfg = fast_config("default", 16)
             .lease(Duration::from_secs(30))
             .free_slot_on_return(pipeline)
-            .result_batches_in_flight(if pipeline { 2 } else { 1 });
+            .result_batches_in_flight(if pipeline { 2 } else { 1 })
+            .prefetch(if pipeline { 16 } else { 0 });
         let mut w = Worker::new(ts.open().await, cfg);
         let (d, s) = (done.clone(), seen.clone());
         w.handle("n", move |ctx| {
@@ -613,6 +615,117 @@ async fn many_tasks_four_workers(ts: TestStore, n: usize, pipeline: bool) {
         ts.kind,
         t0.elapsed()
     );
+}
+
+/// The prefetch buffer: a worker of concurrency 1 claims six tasks at once
+/// and runs them one after another, so the last ones wait in its buffer for
+/// longer than their lease. While they wait they are heartbeated: rescue
+/// passes (every 50 ms) find nothing to requeue. On shutdown the tasks
+/// still buffered are handed back unstarted (pending, attempt not
+/// counted); a second worker runs them; every task runs exactly once, in
+/// its first attempt.
+pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
+    const N: usize = 6;
+    let q = Queue::new(ts.store.clone());
+    let batch: Vec<_> = (0..N)
+        .map(|i| TaskBuilder::new("pf", json!(i)).queue("pf"))
+        .collect();
+    let ids: Vec<i64> = q
+        .enqueue_many(batch)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let runs = Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+    let worker = |runs: Arc<std::sync::Mutex<Vec<i64>>>, store: Store, prefetch: usize| {
+        // A 600 ms lease; each handler takes 400 ms, so the sixth task
+        // waits about 2 s in the buffer.
+        let cfg = fast_config("pf", 1)
+            .prefetch(prefetch)
+            .rescue(false)
+            .shutdown_grace(Duration::from_secs(3));
+        let mut w = Worker::new(store, cfg);
+        w.handle("pf", move |ctx| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push(ctx.task().id);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                Ok(())
+            }
+        });
+        w
+    };
+    // Rescue passes, as other workers would run them, all along.
+    let rescuing = CancellationToken::new();
+    let rescuer = {
+        let (store, stop) = (ts.store.clone(), rescuing.clone());
+        tokio::spawn(async move {
+            let mut requeued = 0;
+            while !stop.is_cancelled() {
+                let r = store.backend().task_rescue_many().await.unwrap();
+                requeued += r.requeued + r.failed + r.cancelled;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            requeued
+        })
+    };
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(worker(runs.clone(), ts.open().await, N).run(stop.clone()));
+    // Four handlers have started by about 1.2 s (0, 0.4, 0.8, 1.2 s): the
+    // last buffered tasks have waited two leases by then.
+    let t0 = Instant::now();
+    while runs.lock().unwrap().len() < 4 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "stuck: {:?}",
+            runs.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    rescuing.cancel();
+    let requeued = rescuer.await.unwrap();
+    assert_eq!(
+        requeued, 0,
+        "a buffered task's lease ran out and it was rescued"
+    );
+    let started = runs.lock().unwrap().clone();
+    assert!(
+        started.len() < N,
+        "shutdown came before the buffer was empty: {started:?}"
+    );
+    for id in &ids {
+        let t = q.task(*id).await.unwrap().expect("task exists");
+        if started.contains(id) {
+            assert_eq!((t.state, t.attempt), (TaskState::Succeeded, 1), "task {id}");
+        } else {
+            assert_eq!(
+                t.state,
+                TaskState::Pending,
+                "task {id} was handed back on shutdown"
+            );
+            assert_eq!(
+                t.attempt, 0,
+                "task {id}: a hand-back does not count the attempt"
+            );
+        }
+    }
+    // Another worker (no prefetch) runs what was handed back.
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(worker(runs.clone(), ts.open().await, 0).run(stop.clone()));
+    for id in &ids {
+        let t = wait_state(&q, *id, TaskState::Succeeded, 20).await;
+        assert_eq!(t.attempt, 1, "task {id} ran in its first attempt");
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    let mut all = runs.lock().unwrap().clone();
+    all.sort_unstable();
+    let mut want = ids.clone();
+    want.sort_unstable();
+    assert_eq!(all, want, "each task ran exactly once");
 }
 
 pub async fn inspect_list_stats_prune(ts: TestStore) {
