@@ -349,6 +349,52 @@ async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
     }
 }
 
+/// A PostgreSQL tasks table's indexes as `suffix method[ WHERE state]`
+/// (the name after `<prefix>tasks_`, and the first state its predicate
+/// names), sorted, plus `fillfactor=70` checked on the table.
+async fn postgres_task_indexes(ts: &TestStore, p: &str) -> Vec<String> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&ts.url)
+        .await
+        .unwrap();
+    let table = format!("\"{p}tasks\"");
+    let opts: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE oid = $1::regclass")
+            .bind(&table)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(opts, Some(vec!["fillfactor=70".to_string()]), "{table}");
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT c.relname::text, am.amname::text, pg_get_expr(i.indpred, i.indrelid) \
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         JOIN pg_am am ON am.oid = c.relam WHERE i.indrelid = $1::regclass",
+    )
+    .bind(&table)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let mut out: Vec<String> = rows
+        .into_iter()
+        .map(|(name, am, pred)| {
+            let suffix = name.strip_prefix(&format!("{p}tasks_")).unwrap_or(&name);
+            let state = pred.as_deref().and_then(|pred| {
+                ["pending", "running"]
+                    .into_iter()
+                    .find(|s| pred.contains(&format!("'{s}'")))
+            });
+            match state {
+                Some(s) => format!("{suffix} {am} WHERE {s}"),
+                None => format!("{suffix} {am}"),
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// Delete a lock's record behind the store's back, as restoring a backup
 /// taken before the lock was ever granted would.
 pub async fn delete_lock_record(ts: &TestStore, name: &str) {
@@ -567,6 +613,24 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     };
     let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
+    if let Kind::Postgres = ts.kind {
+        // Schema 5's indexes, on the upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 5);
+        for prefix in [p.as_str(), ts.prefix.as_str()] {
+            assert_eq!(
+                postgres_task_indexes(&ts, prefix).await,
+                [
+                    "claim btree WHERE pending",
+                    "job btree",
+                    "pkey btree",
+                    "prune btree",
+                    "running btree WHERE running",
+                    "unique btree WHERE pending",
+                ],
+                "prefix {prefix}"
+            );
+        }
+    }
     let b = store.backend();
 
     // The data survived.

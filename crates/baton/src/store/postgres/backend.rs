@@ -1,7 +1,7 @@
 //! The [`Backend`] impl of the PostgreSQL backend: binds arguments to the
 //! statements of [`super::sql`] and reads the rows back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use sqlx::Row;
 use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
+use super::sql::FinishKind;
 use super::{dur, listener, schema, PgBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::{
@@ -170,10 +171,11 @@ impl Backend for PgBackend {
         }
         let rows = match req.max_running {
             None => {
-                sqlx::query(&self.sql.claim(req.limit, false))
+                sqlx::query(self.sql.claim(req.limit, false))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
+                    .bind(i64::from(req.limit))
                     .fetch_all(&self.pool)
                     .await?
             }
@@ -186,10 +188,11 @@ impl Backend for PgBackend {
                     .bind(format!("{}:{}", self.names.chan, req.queue))
                     .execute(&mut *tx)
                     .await?;
-                let rows = sqlx::query(&self.sql.claim(req.limit, true))
+                let rows = sqlx::query(self.sql.claim(req.limit, true))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
+                    .bind(i64::from(req.limit))
                     .bind(i64::from(max))
                     .fetch_all(&mut *tx)
                     .await?;
@@ -237,36 +240,53 @@ impl Backend for PgBackend {
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-        // Successes (the common case) in one statement and one commit; the
-        // rest one by one.
-        let mut out = vec![false; items.len()];
-        let mut ids = Vec::new();
-        let mut tokens = Vec::new();
+        // Every kind of finish in one statement and one commit.
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = items.len();
+        let (mut ids, mut tokens) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut kinds, mut texts, mut retries) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         for (claim, finish) in items {
-            if matches!(finish, Finish::Succeeded) {
-                ids.push(claim.id);
-                tokens.push(token_arg(claim.token));
-            }
-        }
-        if !ids.is_empty() {
-            let done: Vec<i64> = sqlx::query_scalar(&self.sql.succeed_many)
-                .bind(&ids)
-                .bind(&tokens)
-                .fetch_all(&self.pool)
-                .await?;
-            let done: std::collections::HashSet<i64> = done.into_iter().collect();
-            for (i, (claim, finish)) in items.iter().enumerate() {
-                if matches!(finish, Finish::Succeeded) {
-                    out[i] = done.contains(&claim.id);
+            ids.push(claim.id);
+            tokens.push(token_arg(claim.token));
+            let (kind, text, retry) = match finish {
+                Finish::Succeeded => (FinishKind::Succeeded, None, None),
+                Finish::Failed { error, retry_in } => {
+                    (FinishKind::Failed, Some(error.as_str()), retry_in.map(dur))
                 }
-            }
+                Finish::Cancelled { reason } => {
+                    (FinishKind::Cancelled, Some(reason.as_str()), None)
+                }
+                Finish::HandBack => (FinishKind::HandBack, None, None),
+            };
+            kinds.push(kind.code());
+            texts.push(text);
+            retries.push(retry);
         }
-        for (i, (claim, finish)) in items.iter().enumerate() {
-            if !matches!(finish, Finish::Succeeded) {
-                out[i] = self.finish_one(*claim, finish).await?;
-            }
+        let rows = sqlx::query(&self.sql.finish_many)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&kinds)
+            .bind(&texts)
+            .bind(&retries)
+            .bind(&self.names.chan)
+            .bind(CANCEL_REQUESTED)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut done = HashSet::with_capacity(rows.len());
+        for row in rows {
+            done.insert((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?));
         }
-        Ok(out)
+        Ok(ids
+            .iter()
+            .zip(&tokens)
+            .map(|(&id, &token)| done.contains(&(id, token)))
+            .collect())
     }
 
     async fn task_set_progress(
@@ -527,49 +547,5 @@ impl Backend for PgBackend {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(job_state).collect()
-    }
-}
-
-impl PgBackend {
-    /// One finish of any kind, as its own statement.
-    async fn finish_one(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let token = token_arg(claim.token);
-        let q = match finish {
-            Finish::Succeeded => {
-                sqlx::query_scalar::<_, i64>(&self.sql.succeed_many)
-                    .bind([claim.id].as_slice())
-                    .bind([token].as_slice())
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            Finish::Failed { error, retry_in } => {
-                sqlx::query_scalar::<_, i64>(&self.sql.fail)
-                    .bind(claim.id)
-                    .bind(token)
-                    .bind(error)
-                    .bind(retry_in.map(dur))
-                    .bind(&self.names.chan)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            Finish::Cancelled { reason } => {
-                sqlx::query_scalar::<_, i64>(&self.sql.cancel_claimed)
-                    .bind(claim.id)
-                    .bind(token)
-                    .bind(reason)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            Finish::HandBack => {
-                sqlx::query_scalar::<_, i64>(&self.sql.hand_back)
-                    .bind(claim.id)
-                    .bind(token)
-                    .bind(&self.names.chan)
-                    .bind(CANCEL_REQUESTED)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-        };
-        Ok(q.is_some())
     }
 }

@@ -35,23 +35,20 @@ pub(super) struct Sql {
     pub lock_list: String,
     /// The inserts of tasks (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
-    /// The claim, around its literal `LIMIT` (see [`Sql::claim`]).
-    claim_parts: [String; 2],
-    /// The capped claim's limit, around the requested limit.
-    cap_parts: [String; 2],
+    /// The claim statements by limit bucket (see [`Sql::claim`]):
+    /// uncapped and capped, for limits up to `1 << i`.
+    claims: Vec<[String; 2]>,
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
-    /// `$1` ids, `$2` tokens → the ids that succeeded (deleted instead
-    /// of kept when the backend does not keep succeeded tasks; see
-    /// [`Sql::new`]).
-    pub succeed_many: String,
-    /// `$1` id, `$2` token, `$3` error, `$4` retry delay ms, `$5` channel.
-    pub fail: String,
-    /// `$1` id, `$2` token, `$3` reason.
-    pub cancel_claimed: String,
-    /// `$1` id, `$2` token, `$3` channel, `$4` the cancel reason.
-    pub hand_back: String,
+    /// Every kind of finish in one statement: `$1` ids, `$2` tokens,
+    /// `$3` kinds (see [`FinishKind`]), `$4` texts (a failure's error or a
+    /// cancel's reason), `$5` retry delays ms (a failure's, or NULL),
+    /// `$6` channel, `$7` the reason a requested cancel ends a hand-back
+    /// → (id, claim_token) of the attempts it finished. A success deletes
+    /// the task instead when the backend does not keep succeeded tasks
+    /// (see [`Sql::new`]).
+    pub finish_many: String,
     /// `$1` id, `$2` token, `$3` progress.
     pub progress: String,
     /// `$1` error text, `$2` channel → requeued, failed, cancelled.
@@ -136,10 +133,6 @@ impl Sql {
     /// success delete the task (see [`crate::StoreOptions::keep_succeeded`]).
     pub(super) fn new(n: &Names, keep_succeeded: bool) -> Sql {
         let (l, t, j, q) = (&n.locks, &n.tasks, &n.jobs, &n.queues);
-        let cas = "WHERE id = $1 AND claim_token = $2 AND state = 'running'";
-        // A retry whose cancellation was requested is not retried.
-        let again = "($4::int8 IS NOT NULL AND attempt < max_attempts AND NOT cancel_requested)";
-        let stop = "($4::int8 IS NOT NULL AND attempt < max_attempts AND cancel_requested)";
         let gone = "(cancel_requested OR attempt >= max_attempts)";
         Sql {
             // A live lease in the statement's snapshot answers Busy with a
@@ -187,28 +180,7 @@ impl Sql {
             lock_get: format!("SELECT {LOCK_COLS} FROM {l} WHERE name = $1"),
             lock_list: format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"),
             insert: InsertSql::new(n),
-            claim_parts: [
-                format!(
-                    "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-                         started_at = now(), \
-                         lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
-                         claim_token = greatest(claim_token + 1, {NOW_US}) \
-                     WHERE id IN ( \
-                         SELECT id FROM {t} \
-                         WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
-                             AND NOT cancel_requested \
-                             AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
-                         ORDER BY priority, run_at, id \
-                         LIMIT "
-                ),
-                format!(" FOR UPDATE SKIP LOCKED) RETURNING {CLAIM_COLS}"),
-            ],
-            cap_parts: [
-                "greatest(0, least(".to_string(),
-                format!(
-                    ", $4 - (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
-                ),
-            ],
+            claims: (0..=u32::BITS).map(|i| claim_sqls(n, 1u64 << i)).collect(),
             heartbeat: format!(
                 "UPDATE {t} AS t SET lease_until = now() + $3 * interval '1 millisecond' \
                  FROM (SELECT DISTINCT id, token \
@@ -216,63 +188,7 @@ impl Sql {
                  WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
                  RETURNING t.id, t.claim_token, t.cancel_requested"
             ),
-            succeed_many: if keep_succeeded {
-                format!(
-                    "UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), \
-                         lease_until = NULL \
-                     FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token) \
-                     WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
-                     RETURNING t.id"
-                )
-            } else {
-                // The same fenced compare-and-set; rows that hold a unique
-                // key or a job's run history are kept as succeeded.
-                format!(
-                    "WITH c AS (SELECT * FROM UNNEST($1::int8[], $2::int8[]) AS c(id, token)), \
-                     d AS (DELETE FROM {t} AS t USING c \
-                         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
-                             AND t.unique_key IS NULL AND t.job IS NULL \
-                         RETURNING t.id), \
-                     k AS (UPDATE {t} AS t SET state = 'succeeded', finished_at = now(), \
-                             lease_until = NULL \
-                         FROM c \
-                         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
-                             AND (t.unique_key IS NOT NULL OR t.job IS NOT NULL) \
-                         RETURNING t.id) \
-                     SELECT id FROM d UNION ALL SELECT id FROM k"
-                )
-            },
-            // A retry is announced with its due time, so a worker starts it
-            // when the backoff ends rather than at a later poll.
-            fail: format!(
-                "WITH u AS (UPDATE {t} SET errors = {errs}, lease_until = NULL, \
-                     last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || $3::text \
-                         ELSE $3::text END, \
-                     state = CASE WHEN {again} THEN 'pending' \
-                         WHEN {stop} THEN 'cancelled' ELSE 'failed' END, \
-                     run_at = CASE WHEN {again} \
-                         THEN now() + $4 * interval '1 millisecond' ELSE run_at END, \
-                     finished_at = CASE WHEN {again} THEN NULL ELSE now() END \
-                 {cas} RETURNING id, queue, state, run_at) \
-                 SELECT id FROM u LEFT JOIN LATERAL (SELECT pg_notify($5, \
-                     u.queue || chr(10) || {WAKE_AT}) WHERE u.state = 'pending') AS n ON true",
-                errs = append_error("$3::text")
-            ),
-            cancel_claimed: format!(
-                "UPDATE {t} SET state = 'cancelled', last_error = $3, finished_at = now(), \
-                 lease_until = NULL {cas} RETURNING id"
-            ),
-            // The attempt is not counted; a requested cancel ends it.
-            hand_back: format!(
-                "WITH u AS (UPDATE {t} SET \
-                     state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END, \
-                     attempt = attempt - 1, lease_until = NULL, \
-                     last_error = CASE WHEN cancel_requested THEN $4 ELSE last_error END, \
-                     finished_at = CASE WHEN cancel_requested THEN now() END \
-                 {cas} RETURNING id, queue, state) \
-                 SELECT id FROM u LEFT JOIN LATERAL (SELECT pg_notify($3, u.queue) \
-                     WHERE u.state = 'pending') AS n ON true"
-            ),
+            finish_many: finish_many_sql(t, keep_succeeded),
             progress: format!(
                 "UPDATE {t} SET progress = $3 \
                  WHERE id = $1 AND claim_token = $2 AND state = 'running'"
@@ -369,21 +285,148 @@ impl Sql {
         }
     }
 
-    /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, and with
-    /// `capped`, `$4` the queue's cluster-wide cap on running tasks (the
-    /// caller holds the queue's advisory lock). `LIMIT` is a literal, the
-    /// one part spliced in per call: with a `$n` there, a generic plan
-    /// assumes it fetches 10% of the table and can prefer a sequential scan
-    /// plus sort over the index walk.
-    pub(super) fn claim(&self, limit: u32, capped: bool) -> String {
-        let [head, tail] = &self.claim_parts;
+    /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, `$4`
+    /// the limit, and with `capped`, `$5` the queue's cluster-wide cap on
+    /// running tasks (the caller holds the queue's advisory lock).
+    ///
+    /// The text depends on the limit only through its bucket (the next
+    /// power of two), so a connection prepares at most a few dozen claim
+    /// statements and reuses them. The bucket is a literal `LIMIT` on the
+    /// index walk: with a `$n` there, a generic plan assumes it fetches
+    /// 10% of the table and can prefer a sequential scan plus sort. The
+    /// exact limit `$4` is applied above the row locks, which are taken
+    /// as rows are pulled, so no more than `$4` rows are locked.
+    pub(super) fn claim(&self, limit: u32, capped: bool) -> &str {
+        // Bucket i serves limits up to 2^i; the last (2^32) anything
+        // above 2^31.
+        let i = limit
+            .max(1)
+            .checked_next_power_of_two()
+            .map_or(u32::BITS, u32::trailing_zeros) as usize;
+        let [plain, cap] = &self.claims[i.min(self.claims.len() - 1)];
         if capped {
-            let [ch, ct] = &self.cap_parts;
-            format!("{head}{ch}{limit}{ct}{tail}")
+            cap
         } else {
-            format!("{head}{limit}{tail}")
+            plain
         }
     }
+}
+
+/// The claim statements (uncapped, capped) of one limit bucket.
+fn claim_sqls(n: &Names, bucket: u64) -> [String; 2] {
+    let (t, q) = (&n.tasks, &n.queues);
+    let stmt = |limit: &str| {
+        format!(
+            "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+                 started_at = now(), \
+                 lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
+                 claim_token = greatest(claim_token + 1, {NOW_US}) \
+             WHERE id IN ( \
+                 SELECT id FROM ( \
+                     SELECT id FROM {t} \
+                     WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+                         AND NOT cancel_requested \
+                         AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
+                     ORDER BY priority, run_at, id \
+                     LIMIT {bucket} FOR UPDATE SKIP LOCKED) AS c \
+                 LIMIT {limit}) \
+             RETURNING {CLAIM_COLS}"
+        )
+    };
+    [
+        stmt("$4"),
+        stmt(&format!(
+            "greatest(0, least($4, $5 - \
+                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
+        )),
+    ]
+}
+
+/// The kind of one finish in [`Sql::finish_many`]'s `$3`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum FinishKind {
+    Succeeded,
+    Failed,
+    Cancelled,
+    HandBack,
+}
+
+impl FinishKind {
+    /// The code bound for this kind.
+    pub(super) fn code(self) -> &'static str {
+        match self {
+            FinishKind::Succeeded => "s",
+            FinishKind::Failed => "f",
+            FinishKind::Cancelled => "c",
+            FinishKind::HandBack => "h",
+        }
+    }
+}
+
+/// The one statement that finishes a batch of attempts of any kinds (see
+/// [`Sql::finish_many`]). Each row is a fenced compare-and-set on its
+/// claim token. A failure with a retry and attempts left goes back to
+/// pending after its delay (and is announced with its due time, so a
+/// worker starts it when the backoff ends rather than at a later poll),
+/// unless its cancel was requested; a hand-back goes back to pending now
+/// without counting the attempt (announced), or is cancelled when its
+/// cancel was requested. With `keep_succeeded: false` a success deletes
+/// the task, except rows that hold a unique key or a job's run history,
+/// which are kept as succeeded.
+fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
+    // A retry whose cancellation was requested is not retried.
+    let again = "(c.kind = 'f' AND c.retry_ms IS NOT NULL AND t.attempt < t.max_attempts \
+                  AND NOT t.cancel_requested)";
+    let stop = "(c.kind = 'f' AND c.retry_ms IS NOT NULL AND t.attempt < t.max_attempts \
+                 AND t.cancel_requested)";
+    let errs = append_error("c.msg");
+    let deleted = "c.kind = 's' AND t.unique_key IS NULL AND t.job IS NULL";
+    let (delete, kept) = if keep_succeeded {
+        (
+            "d AS (SELECT NULL::int8 AS id, NULL::int8 AS token WHERE false)".to_string(),
+            String::new(),
+        )
+    } else {
+        (
+            format!(
+                "d AS (DELETE FROM {t} AS t USING c \
+                     WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
+                         AND {deleted} \
+                     RETURNING t.id, t.claim_token AS token)"
+            ),
+            format!(" AND NOT ({deleted})"),
+        )
+    };
+    format!(
+        "WITH c AS (SELECT DISTINCT ON (id) * \
+             FROM UNNEST($1::int8[], $2::int8[], $3::text[], $4::text[], $5::int8[]) \
+                 AS c(id, token, kind, msg, retry_ms)), \
+         {delete}, \
+         u AS (UPDATE {t} AS t SET \
+             state = CASE c.kind WHEN 's' THEN 'succeeded' WHEN 'c' THEN 'cancelled' \
+                 WHEN 'h' THEN CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'pending' END \
+                 ELSE CASE WHEN {again} THEN 'pending' WHEN {stop} THEN 'cancelled' \
+                     ELSE 'failed' END END, \
+             finished_at = CASE c.kind WHEN 'h' THEN CASE WHEN t.cancel_requested THEN now() END \
+                 WHEN 'f' THEN CASE WHEN {again} THEN NULL ELSE now() END \
+                 ELSE now() END, \
+             lease_until = NULL, \
+             last_error = CASE c.kind WHEN 's' THEN t.last_error WHEN 'c' THEN c.msg \
+                 WHEN 'h' THEN CASE WHEN t.cancel_requested THEN $7 ELSE t.last_error END \
+                 ELSE CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || c.msg ELSE c.msg END END, \
+             errors = CASE WHEN c.kind = 'f' THEN {errs} ELSE t.errors END, \
+             run_at = CASE WHEN {again} THEN now() + c.retry_ms * interval '1 millisecond' \
+                 ELSE t.run_at END, \
+             attempt = CASE WHEN c.kind = 'h' THEN t.attempt - 1 ELSE t.attempt END \
+         FROM c \
+         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running'{kept} \
+         RETURNING t.id, t.claim_token AS token, t.queue, t.state, t.run_at, c.kind), \
+         n AS (SELECT count(pg_notify($6, CASE WHEN u.kind = 'h' THEN u.queue \
+                 ELSE u.queue || chr(10) || {WAKE_AT} END)) AS n \
+             FROM u WHERE u.state = 'pending') \
+         SELECT r.id, r.token FROM (SELECT id, token FROM d UNION ALL SELECT id, token FROM u) \
+             AS r CROSS JOIN n"
+    )
 }
 
 /// The chunked insert: ids are drawn from the sequence in input order inside
