@@ -232,7 +232,7 @@ pub async fn explain_claim(
     sqlx::Executor::execute(
         &mut *tx,
         format!(
-            "PREPARE baton_explain_claim(text, text, int8) AS {}",
+            "PREPARE baton_explain_claim(text, text, int8, int8) AS {}",
             Sql::new(&Names::new(prefix), true).claim(limit, false)
         )
         .as_str(),
@@ -240,7 +240,7 @@ pub async fn explain_claim(
     .await?;
     let q = queue.replace('\'', "''");
     let rows: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN EXECUTE baton_explain_claim('{q}', 'explain', 1000)"
+        "EXPLAIN EXECUTE baton_explain_claim('{q}', 'explain', 1000, {limit})"
     ))
     .fetch_all(&mut *tx)
     .await?;
