@@ -382,9 +382,15 @@ impl Worker {
                                 continue;
                             }
                             // Work due later: claim when the store's clock
-                            // reaches its run_at. Without a calibrated clock,
-                            // look now (and rely on the poll).
-                            let at = w.due.zip(clock.get()).map(|(t, c)| c.instant_at(t));
+                            // reaches its run_at. Until the store's clock is
+                            // read (the first moments after start), this
+                            // host's clock stands in for it: looking now
+                            // would find nothing due and leave the task to
+                            // the next poll, up to a poll interval late.
+                            let at = w.due.map(|t| match clock.get() {
+                                Some(c) => c.instant_at(t),
+                                None => local_instant_at(t),
+                            });
                             match at {
                                 Some(at) if at > Instant::now() => timers.arm(at, i),
                                 _ => pokes[i].notify_one(),
@@ -553,6 +559,12 @@ impl Timers {
         }
         out
     }
+}
+
+/// The local instant at which this host's wall clock reads `t` (now, if
+/// it already has).
+fn local_instant_at(t: chrono::DateTime<chrono::Utc>) -> Instant {
+    Instant::now() + (t - chrono::Utc::now()).to_std().unwrap_or_default()
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

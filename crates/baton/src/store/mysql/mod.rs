@@ -391,9 +391,7 @@ impl MyBackend {
     /// (which sets the level of the next transaction only) sent together
     /// with `START TRANSACTION`, in the same round trip.
     async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
-        self.pool
-            .begin_with(BEGIN)
-            .await
+        self.pool.begin_with(BEGIN).await
     }
 
     /// Announce work: `None` due now, `Some(at)` due later. Only a hint.
