@@ -145,8 +145,12 @@ struct ThroughputArgs {
     result_batches: Option<usize>,
     /// Force `WorkerConfig::prefetch`, tasks held per worker beyond its
     /// running ones (0: off; default: the library's default for the store).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prefetch_up_to")]
     prefetch: Option<usize>,
+    /// Force `WorkerConfig::prefetch_up_to`: an adaptive buffer of at most
+    /// this many tasks per worker.
+    #[arg(long)]
+    prefetch_up_to: Option<usize>,
     /// Tasks per `enqueue_many` call while pre-inserting.
     #[arg(long, default_value_t = 10_000)]
     insert_batch: u64,
@@ -534,6 +538,9 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     if let Some(n) = a.prefetch {
         cfg = cfg.prefetch(n);
     }
+    if let Some(n) = a.prefetch_up_to {
+        cfg = cfg.prefetch_up_to(n);
+    }
     // What the workers run with: the knobs forced above, the store's
     // defaults for the rest.
     let used = cfg.clone().with_store_defaults(kind);
@@ -604,11 +611,13 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "hold_slots": !used.free_slot_on_return_on(),
             "result_batches": used.result_batches(),
             "prefetch": used.prefetch_tasks(),
+            "prefetch_adaptive": used.prefetch_adaptive(),
         }),
         format!(
-            "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {})",
+            "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
-            used.free_slot_on_return_on(), used.result_batches(), used.prefetch_tasks()
+            used.free_slot_on_return_on(), used.result_batches(),
+            if used.prefetch_adaptive() { "up to " } else { "" }, used.prefetch_tasks()
         ),
     );
     ctx.cleanup().await

@@ -45,7 +45,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::config::WorkerConfig;
+use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
 use crate::clock::StoreClock;
 use crate::error::Error;
@@ -752,10 +752,24 @@ async fn claim_into(
 ) {
     let slots = Arc::new(Semaphore::new(concurrency));
     let early = shared.config.free_slot_on_return_on();
+    let capped = shared.config.max_running.contains_key(queue);
+    // A buffered task counts as running against a cluster-wide cap: capped
+    // queues claim only for free slots.
+    let max_prefetch = if capped {
+        0
+    } else {
+        shared.config.prefetch_tasks()
+    };
     // Attempts whose handler has returned but whose result the store has
     // not acknowledged yet, beyond the running ones: at most `concurrency`
-    // (see `start_task`).
-    let unacked = Arc::new(Semaphore::new(if early { concurrency } else { 0 }));
+    // plus the prefetch bound, as many as the worker may hold claimed
+    // but not started (see `start_task`); results written in batches
+    // grow to that.
+    let unacked = Arc::new(Semaphore::new(if early {
+        concurrency + max_prefetch
+    } else {
+        0
+    }));
     let freed = Arc::new(Notify::new());
     let slot = |permit| Slot {
         permit: Some(permit),
@@ -766,15 +780,10 @@ async fn claim_into(
     let mut more = true; // the last claim filled every free slot: there may be more
                          // Under a cluster-wide cap a claim can come back short while work
                          // waits; a slot freed here is then a reason to look again.
-    let capped = shared.config.max_running.contains_key(queue);
-    // A buffered task counts as running against a cluster-wide cap: capped
-    // queues claim only for free slots.
-    let prefetch = if capped {
-        0
-    } else {
-        shared.config.prefetch_tasks()
-    };
-    let low_water = prefetch / 2;
+    let mut pace = shared
+        .config
+        .prefetch_adaptive()
+        .then(|| Pace::new(Instant::now()));
     let mut backoff = Duration::from_millis(50);
     // After a failed claim the store may have restarted, and the wake-ups
     // sent while the wake-up channel reconnects (with a backoff of its own,
@@ -792,8 +801,16 @@ async fn claim_into(
             };
             if let Some(ctx) = buffer.pop_front() {
                 start_task(shared.clone(), ctx, Instant::now(), slot(permit));
+                if let Some(p) = pace.as_mut() {
+                    p.started(1);
+                }
             }
         }
+        let prefetch = match pace.as_mut() {
+            Some(p) => p.buffer(Instant::now(), max_prefetch),
+            None => max_prefetch,
+        };
+        let low_water = prefetch / 2;
         let mut free = slots.available_permits();
         if free > 0 && more && early && prefetch == 0 && free < concurrency.div_ceil(2) {
             // Slots free one by one as handlers return (see `Slot`): let a
@@ -841,7 +858,12 @@ async fn claim_into(
                     for task in batch {
                         let ctx = register(shared, task, sent);
                         match slots.clone().try_acquire_owned() {
-                            Ok(permit) => start_task(shared.clone(), ctx, sent, slot(permit)),
+                            Ok(permit) => {
+                                start_task(shared.clone(), ctx, sent, slot(permit));
+                                if let Some(p) = pace.as_mut() {
+                                    p.started(1);
+                                }
+                            }
                             // Beyond the free slots: into the buffer (heartbeated
                             // from now on, like the running ones).
                             Err(_) => buffer.push_back(ctx),
@@ -881,6 +903,55 @@ async fn claim_into(
             }
             _ = shared.stop_claiming.cancelled() => return,
         }
+    }
+}
+
+/// A queue's recent pace (tasks started per second), which sizes an
+/// adaptive prefetch buffer to [`PREFETCH_HORIZON`] of work.
+struct Pace {
+    /// Start of the current window.
+    since: Instant,
+    /// Tasks started in the current window.
+    count: u32,
+    /// The estimate: each finished window averaged with the one before.
+    per_sec: f64,
+}
+
+impl Pace {
+    /// How long a window of counted starts lasts before it updates the
+    /// estimate.
+    const WINDOW: Duration = Duration::from_millis(50);
+
+    fn new(now: Instant) -> Pace {
+        Pace {
+            since: now,
+            count: 0,
+            per_sec: 0.0,
+        }
+    }
+
+    fn started(&mut self, n: u32) {
+        self.count = self.count.saturating_add(n);
+    }
+
+    /// The buffer to keep now: the estimate times the horizon, at most
+    /// `max`. A window that ended updates the estimate first; a long quiet
+    /// spell (many windows without a look) replaces it, so a queue that
+    /// went idle starts again from its free slots.
+    fn buffer(&mut self, now: Instant, max: usize) -> usize {
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed >= Self::WINDOW {
+            let rate = f64::from(self.count) / elapsed.as_secs_f64();
+            self.per_sec = if elapsed >= Self::WINDOW * 8 {
+                rate
+            } else {
+                (self.per_sec + rate) / 2.0
+            };
+            self.since = now;
+            self.count = 0;
+        }
+        // Saturating float-to-int: a huge rate is `max`.
+        ((self.per_sec * PREFETCH_HORIZON.as_secs_f64()) as usize).min(max)
     }
 }
 
@@ -1488,5 +1559,34 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
                 wait = period.min(Duration::from_millis(250));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pace_sizes_the_buffer_to_the_horizon_and_forgets_idle_spells() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(t0);
+        assert_eq!(p.buffer(t0, 512), 0, "no pace known yet: free slots only");
+        // 200 starts in 50 ms: 4000/s, averaged with the unknown 0 → 2000/s
+        // → 200 tasks in 100 ms.
+        p.started(200);
+        assert_eq!(p.buffer(t0 + Duration::from_millis(50), 512), 200);
+        // The same pace again: the average converges to 4000/s → 300, then 350.
+        p.started(200);
+        assert_eq!(p.buffer(t0 + Duration::from_millis(100), 512), 300);
+        p.started(200);
+        assert_eq!(p.buffer(t0 + Duration::from_millis(150), 512), 350);
+        // Bounded by `max`.
+        assert_eq!(p.buffer(t0 + Duration::from_millis(160), 100), 100);
+        // Long handlers: 24 starts a second buffer next to nothing.
+        let mut slow = Pace::new(t0);
+        slow.started(24);
+        assert_eq!(slow.buffer(t0 + Duration::from_secs(1), 512), 2);
+        // An idle spell replaces the estimate: nothing buffered after it.
+        assert_eq!(p.buffer(t0 + Duration::from_secs(5), 512), 0);
     }
 }

@@ -447,17 +447,27 @@ impl MyBackend {
     /// back to the pool, and a connection that cannot roll back is closed.
     async fn batch(&self, sql: &str) -> Result<Vec<MySqlRow>, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        // Through `Executor`'s boxed futures: `RawSql::fetch_all`'s own
-        // future is not `Send` for every lifetime, which `async_trait` needs.
-        let result = (&mut *conn).fetch_all(sqlx::raw_sql(sql)).await;
-        match result {
-            Ok(rows) => Ok(rows),
-            Err(e) => {
-                if (&mut *conn).execute("ROLLBACK").await.is_err() {
-                    conn.close_on_drop();
-                }
-                Err(e.into())
+        batch_on(&mut conn, sql).await
+    }
+}
+
+/// [`MyBackend::batch`] on a connection the caller holds, for a
+/// transaction that spans several batches (its last one ends it, or the
+/// caller rolls back).
+async fn batch_on(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::MySql>,
+    sql: &str,
+) -> Result<Vec<MySqlRow>, StoreError> {
+    // Through `Executor`'s boxed futures: `RawSql::fetch_all`'s own
+    // future is not `Send` for every lifetime, which `async_trait` needs.
+    let result = (&mut **conn).fetch_all(sqlx::raw_sql(sql)).await;
+    match result {
+        Ok(rows) => Ok(rows),
+        Err(e) => {
+            if (&mut **conn).execute("ROLLBACK").await.is_err() {
+                conn.close_on_drop();
             }
+            Err(e.into())
         }
     }
 }
