@@ -43,7 +43,7 @@ def main():
         elif b == "queue-throughput":
             # A run of $BASE_BENCH (old build) is its own row: "<store> (base)".
             store = r["store"] + (" (base)" if r.get("build") == "base" else "")
-            by[("tp", store)].append(r)
+            by[("tp-incomplete" if r.get("incomplete") else "tp", store)].append(r)
         elif b == "claim-scale":
             by[("claim", r["store"], r["pending"], r["phase"])].append(r)
         elif b == "schedule_precision":
@@ -94,6 +94,10 @@ def main():
     for k in sorted(k for k in by if k[0] == "tp"):
         rs = by[k]
         print(f"| {k[1]} | {fmt([r['jobs_per_s'] for r in rs])} | {fmt([r['insert_per_s'] for r in rs])} |")
+    for k in sorted(k for k in by if k[0] == "tp-incomplete"):
+        for r in by[k]:
+            print(f"| {k[1]} (repetition {r['rep']}) | gave up after {r['drain_s'] if 'drain_s' in r else '?'} s: "
+                  f"{r['left']} of {r['jobs']} left ({r['done_per_s']:.0f} done/s) | |")
     pairs = [("postgres", "graphile-worker"), ("postgres", "pg-boss"), ("redis", "bullmq"),
              ("mysql", "apalis-mysql"),
              ("postgres", "postgres (base)"), ("redis", "redis (base)"), ("sqlite", "sqlite (base)")]

@@ -45,6 +45,7 @@ BASE_ARGS=${BASE_ARGS:-}        # extra throughput arguments for that base run (
 NEW_ARGS=${NEW_ARGS:-}          # extra throughput arguments for the baton runs, e.g.
                                 # "--delete-succeeded" (PostgreSQL)
 PRECISION_SECS=${PRECISION_SECS:-60}
+PEER_TIMEOUT=${PEER_TIMEOUT:-600}  # a peer's drain gives up after this many seconds (recorded as incomplete)
 SECTIONS=${SECTIONS:-"ceilings lock latency precision throughput claim"}
 OUT=${OUT:-target/bench/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
@@ -196,15 +197,29 @@ peer_drain() {
     until grep -q ready "$OUT/$name-$rep-$i.out" 2>/dev/null; do sleep 0.05; done
   done
   t0=$(now_ms); touch "$go"
+  local incomplete=""
   while :; do
     left=$($remaining)
     [ "$left" = 0 ] && break
+    if (( $(now_ms) - t0 > PEER_TIMEOUT * 1000 )); then
+      incomplete=$left
+      log "# $name $version: gave up after ${PEER_TIMEOUT} s with $left of $JOBS jobs left"
+      break
+    fi
     sleep 0.05
   done
   t1=$(now_ms)
   for i in "${pids[@]}"; do kill -TERM "$i" 2>/dev/null || true; done
   for i in "${pids[@]}"; do wait "$i" || true; done
   local rate drain_ms=$((t1 - t0))
+  grep -h 'restart' "$OUT/$name.stderr" 2>/dev/null | tail -3 | sed 's/^/# /' | tee -a "$LOG" >&2 || true
+  if [ -n "$incomplete" ]; then
+    record "$rep" "$(jq -nc --argjson jobs "$JOBS" --argjson left "$incomplete" --argjson drain "$drain_ms" \
+      --arg s "$name" --arg v "$version" \
+      '{bench:"queue-throughput", store:$s, version:$v, jobs:$jobs, workers:4, concurrency:24,
+        incomplete:true, left:$left, done_per_s:(($jobs-$left)*1000/$drain)}')"
+    return 0
+  fi
   rate=$(jq -n "$JOBS * 1000 / $drain_ms")
   log "# $name $version: insert $JOBS in $insert_ms ms, drain $drain_ms ms => $rate jobs/s"
   record "$rep" "$(jq -nc --argjson jobs "$JOBS" --argjson ins "$insert_ms" --argjson drain "$drain_ms" \
