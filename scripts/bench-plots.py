@@ -48,10 +48,19 @@ def load(paths):
 
 def throughput(rows, out):
     by = defaultdict(list)
+    unfinished = set()
     for r in rows:
-        if r.get("bench") == "queue-throughput" and not r.get("incomplete") and r.get("build") != "base":
+        if r.get("bench") != "queue-throughput" or r.get("build") == "base":
+            continue
+        if r.get("incomplete"):
+            # A peer that did not finish in the bench's time: what it did
+            # finish per second, drawn hatched.
+            unfinished.add(r["store"])
+            by[r["store"]].append(r["done_per_s"])
+        else:
             by[r["store"]].append(r["jobs_per_s"])
-    bars = [(st, name, by[key]) for st, name, key in SYSTEMS if by.get(key)]
+    bars = [(st, name + (" *" if key in unfinished else ""), by[key])
+            for st, name, key in SYSTEMS if by.get(key)]
     if not bars:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -62,9 +71,13 @@ def throughput(rows, out):
     colors = [BATON if n == "baton" else PEER for _, n, _ in bars]
     ax.bar(xs, med, yerr=[lo, hi], color=colors, capsize=3)
     ax.set_xticks(list(xs), [f"{n}\n({st})" for st, n, _ in bars], fontsize=8)
+    if unfinished:
+        ax.annotate("* did not finish: tasks done per second until the bench gave up",
+                    (0.01, 0.97), xycoords="axes fraction", va="top", fontsize=7)
     ax.set_ylabel("jobs/s (median, min-max)")
-    n = max(len(v) for _, _, v in bars)
-    ax.set_title(f"Queue throughput: 200k no-op jobs, 4 workers x 24, {n} repetitions")
+    lo_n, hi_n = min(len(v) for _, _, v in bars), max(len(v) for _, _, v in bars)
+    reps = f"{lo_n}" if lo_n == hi_n else f"{lo_n}-{hi_n}"
+    ax.set_title(f"Queue throughput: 200k no-op jobs, 4 workers x 24, {reps} repetitions")
     for x, m in zip(xs, med):
         ax.text(x, m, f"{m / 1000:.1f}k", ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
