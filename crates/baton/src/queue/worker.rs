@@ -351,6 +351,8 @@ impl Worker {
             queues = ?self.config.queues,
             free_slot_on_return = self.config.free_slot_on_return_on(),
             result_batches_in_flight = self.config.result_batches(),
+            prefetch = self.config.prefetch_tasks(),
+            prefetch_adaptive = self.config.prefetch_adaptive(),
             "worker started"
         );
 
