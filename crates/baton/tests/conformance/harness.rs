@@ -128,6 +128,28 @@ fn fastrand_u64() -> u64 {
     h.finish()
 }
 
+/// Run `sql` (one or more statements, sent as text) on the SQL store
+/// `ts` over a connection of its own, behind the store's back.
+pub async fn exec_sql(ts: &TestStore, sql: &str) {
+    macro_rules! on {
+        ($options:ty) => {{
+            let pool = <$options>::new()
+                .max_connections(1)
+                .connect(&ts.url)
+                .await
+                .unwrap();
+            sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }};
+    }
+    match ts.kind {
+        Kind::Sqlite => on!(sqlx::sqlite::SqlitePoolOptions),
+        Kind::Postgres => on!(sqlx::postgres::PgPoolOptions),
+        Kind::Mysql => on!(sqlx::mysql::MySqlPoolOptions),
+        Kind::Redis => panic!("exec_sql: {} is not an SQL store", ts.url),
+    }
+}
+
 /// Set the version the store records at prefix `p` behind the store's
 /// back (`None`: remove the record), as an older or newer build would
 /// have left it.
@@ -141,33 +163,7 @@ pub async fn set_schema_version(ts: &TestStore, p: &str, v: Option<i64>) {
         None => format!("DELETE FROM {meta} WHERE {key} = 'schema_version'"),
     };
     match ts.kind {
-        Kind::Sqlite => {
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
-            sqlx::query(&stmt).execute(&pool).await.unwrap();
-            pool.close().await;
-        }
-        Kind::Postgres => {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
-            sqlx::query(&stmt).execute(&pool).await.unwrap();
-            pool.close().await;
-        }
-        Kind::Mysql => {
-            let pool = sqlx::mysql::MySqlPoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
-            sqlx::query(&stmt).execute(&pool).await.unwrap();
-            pool.close().await;
-        }
+        Kind::Sqlite | Kind::Postgres | Kind::Mysql => exec_sql(ts, &stmt).await,
         Kind::Redis => {
             let mut c = redis::Client::open(ts.url.as_str())
                 .unwrap()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use baton::store::{ClaimRequest, Finish, TaskFilter, TaskState, CANCEL_REQUESTED};
 use baton::{Store, StoreOptions};
 
-use crate::harness::Kind;
+use crate::harness::{exec_sql, Kind};
 use crate::TestStore;
 
 /// The SQLite schema of version 1, as `sqlite.rs` created it.
@@ -145,16 +145,8 @@ async fn write_v1_sql(ts: &TestStore, p: &str, now_ms: i64) {
     let past = now_ms - 60_000;
     match ts.kind {
         Kind::Sqlite => {
-            use sqlx::Executor;
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
-            pool.execute(sqlite_v1_ddl(p).as_str()).await.unwrap();
-            pool.execute(
-                format!(
-                    r#"
+            let rows = format!(
+                r#"
 INSERT INTO "{p}locks" VALUES ('L', 'old-holder', 5, {past}, {past});
 INSERT INTO "{p}tasks" (queue, kind, payload, state, priority, attempt, max_attempts,
     run_at, created_at) VALUES ('up', 'a', '{{"v":1}}', 'pending', 0, 0, 3, {past}, {past});
@@ -166,24 +158,12 @@ INSERT INTO "{p}tasks" (queue, kind, payload, state, priority, attempt, max_atte
     VALUES ('up', 'c', '{{"v":3}}', 'running', 0, 1, 3, {past}, {past}, {past}, {past}, 'w');
 INSERT INTO "{p}jobs" VALUES ('J', {SLOT_MS}, 0);
 "#
-                )
-                .as_str(),
-            )
-            .await
-            .unwrap();
-            pool.close().await;
+            );
+            exec_sql(ts, &(sqlite_v1_ddl(p) + "\n" + &rows)).await;
         }
         Kind::Postgres => {
-            use sqlx::Executor;
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
-            pool.execute(postgres_v1_ddl(p).as_str()).await.unwrap();
-            pool.execute(
-                format!(
-                    r#"
+            let rows = format!(
+                r#"
 INSERT INTO "{p}locks" VALUES ('L', 'old-holder', 5, now() - interval '1 minute',
     now() - interval '1 minute');
 INSERT INTO "{p}tasks" (queue, kind, payload, state, attempt, max_attempts, run_at)
@@ -197,12 +177,8 @@ INSERT INTO "{p}tasks" (queue, kind, payload, state, attempt, max_attempts, run_
         now() - interval '1 minute', now() - interval '1 minute', 'w');
 INSERT INTO "{p}jobs" VALUES ('J', to_timestamp({SLOT_MS} / 1000.0), false);
 "#
-                )
-                .as_str(),
-            )
-            .await
-            .unwrap();
-            pool.close().await;
+            );
+            exec_sql(ts, &(postgres_v1_ddl(p) + "\n" + &rows)).await;
         }
         Kind::Redis | Kind::Mysql => unreachable!(),
     }
