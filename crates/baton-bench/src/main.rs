@@ -786,6 +786,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
                         limit: batch,
                         lease: Duration::from_secs(60),
                         max_running: None,
+                        buffered: 0,
                     })
                     .await?;
                 claim_lat.push(c0.elapsed());

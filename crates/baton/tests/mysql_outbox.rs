@@ -81,6 +81,7 @@ async fn outbox_commits_with_the_callers_transaction() {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: None,
+            buffered: 0,
         })
         .await
         .unwrap();
@@ -143,6 +144,7 @@ async fn racing_capped_claims_never_overshoot() {
                         limit: 10,
                         lease: Duration::from_secs(30),
                         max_running: Some(3 * (round + 1)),
+                        buffered: 0,
                     })
                     .await
                     .unwrap()
@@ -225,6 +227,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: None,
+            buffered: 0,
         })
         .await
         .unwrap();

@@ -83,6 +83,7 @@ fn claim_req<'a>(queue: &'a str, limit: u32, lease: Duration) -> ClaimRequest<'a
         limit,
         lease,
         max_running: None,
+        buffered: 0,
     }
 }
 

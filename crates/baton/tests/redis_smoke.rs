@@ -80,6 +80,7 @@ fn creq<'a>(queue: &'a str, limit: u32, lease_ms: u64) -> ClaimRequest<'a> {
         limit,
         lease: Duration::from_millis(lease_ms),
         max_running: None,
+        buffered: 0,
     }
 }
 

@@ -68,6 +68,7 @@ fn claim_req(queue: &str, limit: u32, lease: Duration) -> ClaimRequest<'_> {
         limit,
         lease,
         max_running: None,
+        buffered: 0,
     }
 }
 
@@ -306,6 +307,7 @@ async fn concurrent_workers_timing() {
                         limit: 10,
                         lease: LONG,
                         max_running: None,
+                        buffered: 0,
                     })
                     .await
                     .unwrap();

@@ -123,7 +123,10 @@ impl WorkerConfig {
     }
 
     /// Idle poll period (default 1 s; also the fallback when a wake-up is
-    /// lost): each tick claims for one queue, in turn.
+    /// lost): each tick claims for one queue, in turn, except a tick after
+    /// an upkeep call (rescue, prune, clock reading), which stands in for
+    /// that poll (never two ticks in a row), so an idle worker makes one
+    /// store call per tick.
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll_interval = every;
         self

@@ -3,11 +3,13 @@
 //! and shut down without losing or double-running anything.
 //!
 //! One [`Worker`] serves several queues, each with its own concurrency.
-//! Its store traffic when idle is one claim per `poll_interval` (each queue
-//! in turn), plus a rescue every `rescue_interval` (default five polls) and
-//! a prune of finished tasks past the retention every 300 polls, each on a
-//! timer of its own, and three readings of the store's clock (the best one
-//! is kept) once a minute. New work normally arrives sooner through the
+//! Its store traffic when idle is one call per `poll_interval`: a claim
+//! (each queue in turn), or in place of one an upkeep call — a rescue every
+//! `rescue_interval` (default five polls), a prune of finished tasks past
+//! the retention every 300 polls, three readings of the store's clock (the
+//! best one is kept) once a minute — each on a timer of its own; the poll
+//! after an upkeep call is skipped, never two in a row, so a wake-up the
+//! store lost waits at most two poll intervals. New work normally arrives sooner through the
 //! store's wake-up channel: a wake-up for work due later (a delayed task, a
 //! scheduled slot, a retry after its backoff) arms a timer, so the task is
 //! claimed when its `run_at` comes, not at the next poll.
@@ -36,6 +38,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -306,6 +309,7 @@ impl Worker {
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
             due,
+            upkeep_calls: AtomicUsize::new(0),
         });
         // Either signal ends the ticker below; `urgent` also cuts the grace.
         let shutdown = shutdown.child_token();
@@ -362,6 +366,10 @@ impl Worker {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut k: usize = 0;
         let n = self.config.queues.len();
+        // Upkeep calls the ticker has skipped a poll for, and whether the
+        // last tick was skipped (never two in a row: a wake-up the store
+        // lost waits at most two poll intervals).
+        let (mut paid, mut skipped) = (0, false);
         let mut timers = Timers::default();
         let mut due_rx = due_rx;
         loop {
@@ -369,8 +377,14 @@ impl Worker {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    pokes[k % n].notify_one();
-                    k = k.wrapping_add(1);
+                    if !skipped && shared.upkeep_calls.load(Ordering::Relaxed) > paid {
+                        paid += 1;
+                        skipped = true;
+                    } else {
+                        skipped = false;
+                        pokes[k % n].notify_one();
+                        k = k.wrapping_add(1);
+                    }
                 }
                 _ = sleep_until_opt(next_timer) => {
                     for i in timers.take_due(Instant::now()) {
@@ -600,10 +614,12 @@ async fn upkeep_loop(
                 Some(c) => {
                     c.recalibrate_if_suspended().await;
                     c.recalibrate_best_of(3).await;
+                    shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
                 }
                 None => match StoreClock::new(shared.store.clone()).await {
                     Ok(c) => {
                         c.recalibrate_best_of(2).await;
+                        shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
                         let _ = clock.set(c);
                     }
                     Err(e) => {
@@ -613,7 +629,7 @@ async fn upkeep_loop(
                     }
                 },
             },
-            _ = rescue.tick(), if cfg.rescue => match shared.store.backend().task_rescue_many().await {
+            _ = rescue.tick(), if cfg.rescue => match shared.upkeep(shared.store.backend().task_rescue_many()).await {
                 Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
                     tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
                     pokes.iter().for_each(|p| p.notify_one());
@@ -626,7 +642,7 @@ async fn upkeep_loop(
             },
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
-                    match shared.store.backend().task_prune(keep).await {
+                    match shared.upkeep(shared.store.backend().task_prune(keep)).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                         Err(e) => {
@@ -679,9 +695,19 @@ struct Shared {
     /// Fired when shutdown gives up on attempts that could not finish in
     /// time: their handlers are dropped and nothing more is written.
     abandon: CancellationToken,
+    /// Store calls made by the upkeep (rescue, prune, clock readings): the
+    /// ticker skips a poll for each, so an idle worker stays at one store
+    /// call per poll interval.
+    upkeep_calls: AtomicUsize,
 }
 
 impl Shared {
+    /// An upkeep store call, counted (see `upkeep_calls`).
+    async fn upkeep<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        self.upkeep_calls.fetch_add(1, Ordering::Relaxed);
+        call.await
+    }
+
     /// The local bound on a running attempt's lease, if it still runs.
     fn deadline(&self, claim: Claim) -> Option<Instant> {
         lock(&self.running).get(&claim).map(|r| r.deadline)
@@ -786,6 +812,8 @@ async fn claim_into(
         .config
         .prefetch_adaptive()
         .then(|| Pace::new(Instant::now()));
+    // The last claim came back short of its buffer share only (see below).
+    let mut filtered = false;
     let mut backoff = Duration::from_millis(50);
     // After a failed claim the store may have restarted, and the wake-ups
     // sent while the wake-up channel reconnects (with a backoff of its own,
@@ -814,7 +842,12 @@ async fn claim_into(
         };
         let low_water = prefetch / 2;
         let mut free = slots.available_permits();
-        if free > 0 && more && early && prefetch == 0 && free < concurrency.div_ceil(2) {
+        if free > 0
+            && more
+            && early
+            && (prefetch == 0 || filtered)
+            && free < concurrency.div_ceil(2)
+        {
             // Slots free one by one as handlers return (see `Slot`): let a
             // few more free before claiming, so claims stay large rather
             // than one round trip (and commit) per task or two.
@@ -838,13 +871,24 @@ async fn claim_into(
                 limit: u32::try_from(want).unwrap_or(u32::MAX),
                 lease: shared.config.lease,
                 max_running: shared.config.max_running.get(queue).copied(),
+                buffered: u32::try_from(want.saturating_sub(free)).unwrap_or(u32::MAX),
             };
             let sent = Instant::now();
             match shared.store.backend().task_claim(&req).await {
-                Ok(batch) => {
+                Ok(mut batch) => {
                     shared.counters.claimed(queue, sent.elapsed());
                     backoff = Duration::from_millis(50);
-                    more = batch.len() == want;
+                    let full = batch.len() == want;
+                    // The buffer's share is taken only among tasks with an
+                    // attempt to spare (see `ClaimRequest::buffered`), so a
+                    // claim that filled the free slots but not the buffer
+                    // may have stepped over tasks on their last attempt:
+                    // claim again when a slot frees, gathering a few.
+                    filtered = !full && free > 0 && batch.len() >= free;
+                    more = full || filtered;
+                    // Tasks on their last attempt start at once (the store
+                    // returns at most `free` of them): ahead of the rest.
+                    batch.sort_by_key(|t| t.attempt < t.max_attempts);
                     // A claim that came back so late (a store that was just
                     // restarted, a pool waiting for connections) that its
                     // lease, counted from the send, is already inside the
@@ -871,7 +915,7 @@ async fn claim_into(
                             Err(_) => buffer.push_back(ctx),
                         }
                     }
-                    if more {
+                    if full {
                         continue;
                     }
                 }

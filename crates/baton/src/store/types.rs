@@ -198,6 +198,15 @@ pub struct ClaimRequest<'a> {
     /// (none when that is zero or less), decided atomically with the claim
     /// so that concurrent claimers never overshoot. `None`: no cap.
     pub max_running: Option<u32>,
+    /// Of `limit`, how many the worker will hold unstarted (a prefetch
+    /// buffer) rather than start at once. The claim takes the first
+    /// `limit - buffered` due tasks in order as usual, then up to
+    /// `buffered` more among the following ones that have an attempt to
+    /// spare after this one (`attempt + 1 < max_attempts`): a task on its
+    /// last attempt is never left waiting in a worker that may crash, where
+    /// the rescue would fail it without a run. `0`: every task starts at
+    /// once (no filter).
+    pub buffered: u32,
 }
 
 /// A task leased to a worker by a claim.

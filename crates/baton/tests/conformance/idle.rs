@@ -1,7 +1,7 @@
-//! An idle worker's store traffic: about one claim per second (queues in
-//! turn), plus a rescue every five seconds and a reading of the store's
-//! clock once a minute, each on a timer of its own; measured by wrapping the
-//! real backend in a counting one — the seam makes that one small type.
+//! An idle worker's store traffic: one store call per poll interval — a
+//! claim (queues in turn), or in place of one a rescue (every five polls)
+//! or a reading of the store's clock (once a minute); measured by wrapping
+//! the real backend in a counting one — the seam makes that one small type.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -91,33 +91,45 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
         }),
         &ts.url,
     );
-    // Two queues, default 1 s poll: still one claim per tick in all.
-    let cfg = WorkerConfig::default().queue("a", 4).queue("b", 4);
+    // Two queues, a 250 ms poll (a rescue every 1.25 s): still one store
+    // call per tick in all, the rescue included.
+    let tick = Duration::from_millis(250);
+    let cfg = WorkerConfig::default()
+        .queue("a", 4)
+        .queue("b", 4)
+        .poll_interval(tick);
     let mut w = Worker::new(counted, cfg);
     w.handle_any(|_| async { Ok(()) });
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Past the start (its clock readings are paid for by skipped polls).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let start = calls.lock().unwrap().clone();
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let window = tick * 30;
+    tokio::time::sleep(window).await;
     let end = calls.lock().unwrap().clone();
     stop.cancel();
     run.await.unwrap().unwrap();
     let n = |m: &str| end.get(m).copied().unwrap_or(0) - start.get(m).copied().unwrap_or(0);
     let total: usize = end.values().sum::<usize>() - start.values().sum::<usize>();
-    // One claim per tick, however many queues: 6 ticks in the window.
+    // Rescue on its own timer, every five poll intervals: six in the window.
     assert!(
-        (4..=7).contains(&n("task_claim")),
-        "{} claims in 6 idle seconds (expected about 6): {end:?}",
-        n("task_claim")
-    );
-    // Rescue on its own timer, every five poll intervals: once (at 5 s).
-    assert!(
-        (1..=2).contains(&n("task_rescue_many")),
-        "{} rescues in 6 idle seconds (expected 1): {end:?}",
+        (5..=7).contains(&n("task_rescue_many")),
+        "{} rescues in 30 idle ticks (expected 6): {end:?}",
         n("task_rescue_many")
     );
-    // Nothing else: no prune (every 5 min), no clock reading (once a
+    // A tick after a rescue skips its poll (never two ticks in a row), so
+    // the calls stay at one per tick: 30 in all, about 24 of them claims.
+    assert!(
+        total <= 32,
+        "{total} store calls in 30 idle ticks (expected at most one per tick): {start:?} -> {end:?}"
+    );
+    assert!(
+        (15..=28).contains(&n("task_claim")),
+        "{} claims in 30 idle ticks (expected about 24, at least every other tick): {end:?}",
+        n("task_claim")
+    );
+    // Nothing else: no prune (every 300 ticks), no clock reading (once a
     // minute; the first ones happen at start, before the window).
     assert_eq!(
         total,

@@ -896,6 +896,7 @@ impl Real<'_> {
                         limit: *limit,
                         lease: LONG,
                         max_running: *cap,
+                        buffered: 0,
                     })
                     .await
                     .map_err(|e| err("claim", e))?;

@@ -29,6 +29,7 @@ async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::
             limit: n,
             lease: Duration::from_millis(lease_ms),
             max_running: None,
+            buffered: 0,
         })
         .await
         .unwrap()
@@ -98,6 +99,88 @@ pub async fn claim_order_priority_run_at_id(ts: TestStore) {
         other_queue
     );
     assert!(claim(&ts.store, "default", 10, 10_000).await.is_empty());
+}
+
+/// `ClaimRequest::buffered`: the first `limit - buffered` due tasks are
+/// taken as usual; the buffer's share only among tasks with an attempt to
+/// spare, so a task on its last attempt never waits unstarted in a worker
+/// (whose crash would have it failed by the rescue without a run). Tasks
+/// stepped over stay pending, untouched, for the next claim.
+pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let retried = q.enqueue(task("g").max_attempts(2)).await.unwrap().id;
+    let c = claim(&ts.store, "default", 1, 10_000).await;
+    assert_eq!(c[0].id, retried);
+    let mut ids = Vec::new();
+    for (kind, max) in [("a", 1), ("b", 1), ("c", 3), ("d", 1), ("e", 2), ("f", 3)] {
+        ids.push(q.enqueue(task(kind).max_attempts(max)).await.unwrap().id);
+    }
+    let [a, b, c_, d, e, f] = ids[..] else {
+        unreachable!()
+    };
+    // Failed once with a retry: attempt 1 of 2, due after the others; its
+    // next attempt is its last.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let failed = Finish::Failed {
+        error: "once".into(),
+        retry_in: Some(Duration::ZERO),
+    };
+    let done = ts
+        .store
+        .backend()
+        .task_finish_many(&[(c[0].claim(), failed)])
+        .await;
+    assert_eq!(done.unwrap(), [true]);
+    let req = |limit, buffered| ClaimRequest {
+        queue: "default",
+        worker: "test-worker",
+        limit,
+        lease: Duration::from_secs(10),
+        max_running: None,
+        buffered,
+    };
+    let claim_ids = |limit, buffered| {
+        let store = ts.store.clone();
+        async move {
+            let mut v: Vec<i64> = store
+                .backend()
+                .task_claim(&req(limit, buffered))
+                .await
+                .unwrap()
+                .iter()
+                .map(|t| t.id)
+                .collect();
+            v.sort_unstable();
+            v
+        }
+    };
+    assert_eq!(
+        claim_ids(5, 4).await,
+        [a, c_, e, f],
+        "the first task starts at once whatever its attempts; the buffer's share \
+         steps over b, d (one attempt) and the retried task (on its second of two)"
+    );
+    // The ones stepped over: pending, attempt not counted, claimable.
+    for (id, attempt) in [(b, 0), (d, 0), (retried, 1)] {
+        let t = q.task(id).await.unwrap().expect("task exists");
+        assert_eq!(
+            (t.state, t.attempt),
+            (TaskState::Pending, attempt),
+            "task {id}"
+        );
+    }
+    assert_eq!(
+        claim_ids(10, 10).await,
+        Vec::<i64>::new(),
+        "only last attempts are due: a claim all for the buffer takes none"
+    );
+    let mut rest = vec![b, d, retried];
+    rest.sort_unstable();
+    assert_eq!(
+        claim_ids(10, 0).await,
+        rest,
+        "without a buffer share: anything due"
+    );
 }
 
 pub async fn unique_key_race_gives_one_task(ts: TestStore) {
@@ -726,6 +809,74 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
     let mut want = ids.clone();
     want.sort_unstable();
     assert_eq!(all, want, "each task ran exactly once");
+}
+
+/// A worker's prefetch buffer never holds a task on its last attempt: were
+/// the worker to crash, the rescue would count the attempt it never ran and
+/// fail the task. With one slot and a buffer of eight, tasks allowed one
+/// attempt are held (running in the store) only while they run, one at a
+/// time; tasks with attempts to spare are buffered as before; each task
+/// runs once, in its first attempt.
+pub async fn prefetch_never_holds_a_last_attempt(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let max = if i % 2 == 0 { 1 } else { 3 };
+        let t = TaskBuilder::new("pl", json!(i))
+            .queue("pl")
+            .max_attempts(max);
+        ids.push(q.enqueue(t).await.unwrap().id);
+    }
+    let runs = Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+    // At each handler's start: the store's running tasks of this queue,
+    // (all, those with one attempt allowed).
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(usize, usize)>::new()));
+    let cfg = fast_config("pl", 1)
+        .prefetch(8)
+        .shutdown_grace(Duration::from_secs(3));
+    let mut w = Worker::new(ts.open().await, cfg);
+    {
+        let (runs, seen, store) = (runs.clone(), seen.clone(), ts.store.clone());
+        w.handle("pl", move |ctx| {
+            let (runs, seen, q) = (runs.clone(), seen.clone(), Queue::new(store.clone()));
+            async move {
+                runs.lock().unwrap().push(ctx.task().id);
+                let running = q
+                    .tasks(&TaskFilter {
+                        queue: Some("pl".into()),
+                        state: Some(TaskState::Running),
+                        limit: 100,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                let last = running.iter().filter(|t| t.max_attempts == 1).count();
+                seen.lock().unwrap().push((running.len(), last));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(())
+            }
+        });
+    }
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    for id in &ids {
+        let t = wait_state(&q, *id, TaskState::Succeeded, 20).await;
+        assert_eq!(t.attempt, 1, "task {id} ran in its first attempt");
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|&(_, last)| last <= 1),
+        "a task allowed one attempt was held unstarted beside a running one: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|&(all, _)| all > 1),
+        "tasks with attempts to spare were buffered: {seen:?}"
+    );
+    let mut all = runs.lock().unwrap().clone();
+    all.sort_unstable();
+    assert_eq!(all, ids, "each task ran exactly once");
 }
 
 pub async fn inspect_list_stats_prune(ts: TestStore) {
@@ -1451,6 +1602,7 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: Some(5),
+            buffered: 0,
         })
         .await
         .unwrap();

@@ -210,6 +210,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
             limit: 1,
             lease: Duration::from_secs(5),
             max_running: None,
+            buffered: 0,
         })
         .await
         .unwrap();
@@ -488,6 +489,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
             limit: 10,
             lease: Duration::from_secs(5),
             max_running: None,
+            buffered: 0,
         })
         .await
         .unwrap();

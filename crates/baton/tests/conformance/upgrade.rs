@@ -516,6 +516,7 @@ async fn mysql_versions(ts: TestStore) {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: None,
+            buffered: 0,
         };
         assert!(ub.task_claim(&req).await.unwrap().is_empty(), "paused");
         q.resume("new").await.unwrap();
@@ -661,6 +662,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         limit: 5,
         lease: Duration::from_secs(30),
         max_running: None,
+        buffered: 0,
     };
     let got = b.task_claim(&req).await.unwrap();
     let mut ids: Vec<i64> = got.iter().map(|t| t.id).collect();

@@ -310,10 +310,13 @@ impl MyBackend {
         }
         let t = &self.names.tasks;
         let mut limit = i64::from(req.limit);
+        // With a buffer share the walk may step over as many tasks on their
+        // last attempt (see `claim_pick`).
+        let walk_extra = i64::from(req.buffered.min(req.limit));
         // Uncapped (the common case): two round trips in all, each a batch
         // of statements sent as text (see `MyBackend::batch`).
         let Some(max) = req.max_running else {
-            return self.claim_in_two_batches(req, limit).await;
+            return self.claim_in_two_batches(req, limit + walk_extra).await;
         };
         let mut tx = self.begin().await?;
         // Claimers of a capped queue take turns on its row, so each
@@ -336,11 +339,14 @@ impl MyBackend {
             tx.rollback().await?;
             return Ok(Vec::new());
         }
-        let ids: Vec<i64> = sqlx::query_scalar(&self.claim_select(limit, "?", "?"))
+        let cap = u32::try_from(limit).unwrap_or(u32::MAX);
+        let select = self.claim_select(limit + walk_extra, "?", "?");
+        let rows: Vec<(i64, i64)> = sqlx::query_as(&select)
             .bind(req.queue.as_bytes())
             .bind(req.queue.as_bytes())
             .fetch_all(&mut *tx)
             .await?;
+        let ids = claim_pick(rows, req, cap);
         if ids.is_empty() {
             tx.rollback().await?;
             return Ok(Vec::new());
@@ -369,19 +375,20 @@ impl MyBackend {
     async fn claim_in_two_batches(
         &self,
         req: &ClaimRequest<'_>,
-        limit: i64,
+        walk: i64,
     ) -> Result<Vec<Task>, StoreError> {
         let queue = hex_lit(req.queue.as_bytes());
         let mut conn = self.pool.acquire().await?;
         let rows = batch_on(
             &mut conn,
-            &format!("{BEGIN}; {}", self.claim_select(limit, &queue, &queue)),
+            &format!("{BEGIN}; {}", self.claim_select(walk, &queue, &queue)),
         )
         .await?;
         let ids = rows
             .iter()
-            .map(|r| r.try_get::<i64, _>(0))
-            .collect::<Result<Vec<i64>, _>>();
+            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map(|rows| claim_pick(rows, req, req.limit));
         let ids = match ids {
             Ok(ids) if !ids.is_empty() => ids,
             other => {
@@ -416,7 +423,8 @@ impl MyBackend {
     /// literal) for the tasks and the queues table.
     fn claim_select(&self, limit: i64, queue: &str, queue_again: &str) -> String {
         format!(
-            "SELECT id FROM {t} WHERE queue = {queue} AND state = 'pending' \
+            "SELECT id, CAST(attempt + 1 < max_attempts AS SIGNED) FROM {t} \
+             WHERE queue = {queue} AND state = 'pending' \
                  AND run_at <= UTC_TIMESTAMP(6) AND cancel_requested = 0 \
                  AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = {queue_again} AND paused = 1) \
              ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
@@ -660,4 +668,19 @@ impl MyBackend {
         self.announce(wakes);
         Ok(out)
     }
+}
+
+/// The claimed ids among the locked candidates `(id, spare)` (in claim
+/// order), at most `limit`: the first `req.limit - req.buffered` start at
+/// once, the later ones only with an attempt to spare
+/// (`ClaimRequest::buffered`). The others stay locked, unchanged, until
+/// the claim commits.
+fn claim_pick(rows: Vec<(i64, i64)>, req: &ClaimRequest<'_>, limit: u32) -> Vec<i64> {
+    let now_share = req.limit.saturating_sub(req.buffered) as usize;
+    rows.into_iter()
+        .enumerate()
+        .filter(|(i, (_, spare))| *i < now_share || *spare != 0)
+        .map(|(_, (id, _))| id)
+        .take(limit as usize)
+        .collect()
 }

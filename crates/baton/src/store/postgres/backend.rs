@@ -169,13 +169,17 @@ impl Backend for PgBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
+        // The locking walk's bound: with a buffer share it may step over
+        // as many tasks on their last attempt (see `Sql::claim`).
+        let walk = req.limit.saturating_add(req.buffered.min(req.limit));
         let rows = match req.max_running {
             None => {
-                sqlx::query(self.sql.claim(req.limit, false))
+                sqlx::query(self.sql.claim(walk, false))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
                     .bind(i64::from(req.limit))
+                    .bind(i64::from(req.buffered))
                     .fetch_all(&self.pool)
                     .await?
             }
@@ -188,12 +192,13 @@ impl Backend for PgBackend {
                     .bind(format!("{}:{}", self.names.chan, req.queue))
                     .execute(&mut *tx)
                     .await?;
-                let rows = sqlx::query(self.sql.claim(req.limit, true))
+                let rows = sqlx::query(self.sql.claim(walk, true))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
                     .bind(i64::from(req.limit))
                     .bind(i64::from(max))
+                    .bind(i64::from(req.buffered))
                     .fetch_all(&mut *tx)
                     .await?;
                 tx.commit().await?;

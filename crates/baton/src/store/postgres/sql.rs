@@ -286,20 +286,23 @@ impl Sql {
     }
 
     /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, `$4`
-    /// the limit, and with `capped`, `$5` the queue's cluster-wide cap on
-    /// running tasks (the caller holds the queue's advisory lock).
+    /// the limit, then `buffered` (`ClaimRequest::buffered`) as `$5`, or
+    /// with `capped` the queue's cluster-wide cap on running tasks as `$5`
+    /// (the caller holds the queue's advisory lock) and `buffered` as `$6`.
     ///
-    /// The text depends on the limit only through its bucket (the next
-    /// power of two), so a connection prepares at most a few dozen claim
-    /// statements and reuses them. The bucket is a literal `LIMIT` on the
-    /// index walk: with a `$n` there, a generic plan assumes it fetches
-    /// 10% of the table and can prefer a sequential scan plus sort. The
-    /// exact limit `$4` is applied above the row locks, which are taken
-    /// as rows are pulled, so no more than `$4` rows are locked.
-    pub(super) fn claim(&self, limit: u32, capped: bool) -> &str {
+    /// `walk` is how many rows the locking walk may pull: the limit, plus
+    /// as many more as a buffer share may step over. The text depends on it
+    /// only through its bucket (the next power of two), so a connection
+    /// prepares at most a few dozen claim statements and reuses them. The
+    /// bucket is a literal `LIMIT` on the index walk: with a `$n` there, a
+    /// generic plan assumes it fetches 10% of the table and can prefer a
+    /// sequential scan plus sort. The exact limit `$4` is applied above
+    /// the row locks, which are taken as rows are pulled, so no more rows
+    /// are locked than `$4` and those the buffer's share stepped over.
+    pub(super) fn claim(&self, walk: u32, capped: bool) -> &str {
         // Bucket i serves limits up to 2^i; the last (2^32) anything
         // above 2^31.
-        let i = limit
+        let i = walk
             .max(1)
             .checked_next_power_of_two()
             .map_or(u32::BITS, u32::trailing_zeros) as usize;
@@ -315,7 +318,11 @@ impl Sql {
 /// The claim statements (uncapped, capped) of one limit bucket.
 fn claim_sqls(n: &Names, bucket: u64) -> [String; 2] {
     let (t, q) = (&n.tasks, &n.queues);
-    let stmt = |limit: &str| {
+    // `buffered`: the parameter holding `ClaimRequest::buffered`. The rows
+    // are numbered as the locking walk yields them: the first `$4 -
+    // buffered` start at once, the later ones only with an attempt to
+    // spare. Rows stepped over stay locked (unchanged) until the commit.
+    let stmt = |limit: &str, buffered: &str| {
         format!(
             "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
                  started_at = now(), \
@@ -323,22 +330,29 @@ fn claim_sqls(n: &Names, bucket: u64) -> [String; 2] {
                  claim_token = greatest(claim_token + 1, {NOW_US}) \
              WHERE id IN ( \
                  SELECT id FROM ( \
-                     SELECT id FROM {t} \
-                     WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
-                         AND NOT cancel_requested \
-                         AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
-                     ORDER BY priority, run_at, id \
-                     LIMIT {bucket} FOR UPDATE SKIP LOCKED) AS c \
+                     SELECT id, attempt + 1 < max_attempts AS spare, \
+                         row_number() OVER () AS n \
+                     FROM ( \
+                         SELECT id, attempt, max_attempts FROM {t} \
+                         WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+                             AND NOT cancel_requested \
+                             AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
+                         ORDER BY priority, run_at, id \
+                         LIMIT {bucket} FOR UPDATE SKIP LOCKED) AS c) AS d \
+                 WHERE spare OR n <= $4 - {buffered} \
                  LIMIT {limit}) \
              RETURNING {CLAIM_COLS}"
         )
     };
     [
-        stmt("$4"),
-        stmt(&format!(
-            "greatest(0, least($4, $5 - \
-                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
-        )),
+        stmt("$4", "$5"),
+        stmt(
+            &format!(
+                "greatest(0, least($4, $5 - \
+                     (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
+            ),
+            "$6",
+        ),
     ]
 }
 

@@ -252,7 +252,8 @@ impl Backend for RedisBackend {
                     req.limit,
                     ms(req.lease),
                     req.max_running.map(|m| m.to_string()).unwrap_or_default(),
-                    CANCEL_REQUESTED
+                    CANCEL_REQUESTED,
+                    req.limit.saturating_sub(req.buffered)
                 ],
             )
             .await?;

@@ -202,6 +202,7 @@ impl Backend for SqliteBackend {
             .bind(ms(req.lease))
             .bind(i64::from(req.limit))
             .bind(req.max_running.map(i64::from))
+            .bind(i64::from(req.buffered))
             .fetch_all(&*self.pool)
             .await?;
         let mut claimed = rows

@@ -27,8 +27,8 @@ pub(super) struct Sql {
     pub lock_release: String,
     /// The tasks' inserts (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
-    /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running.
-    /// Claims nothing while the queue is paused.
+    /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running,
+    /// `?6` buffered. Claims nothing while the queue is paused.
     pub claim: String,
     /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
     /// cancel_requested.
@@ -203,20 +203,42 @@ impl Sql {
                  WHERE name = ?1 AND token = ?2 AND lock_until > {NOW}"
             ),
             insert: InsertSql::new(t),
-            claim: format!(
-                "UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-                     started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
-                     claim_token = MAX(claim_token + 1, {NOW_US}) \
-                 WHERE id IN (SELECT id FROM {tasks} \
-                     WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
-                         AND NOT cancel_requested \
-                         AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = ?1 AND paused) \
-                     ORDER BY priority, run_at, id \
-                     LIMIT CASE WHEN ?5 IS NULL THEN ?4 ELSE max(0, min(?4, ?5 - ( \
+            claim: {
+                let due = format!(
+                    "state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
+                     AND NOT cancel_requested \
+                     AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = ?1 AND paused)"
+                );
+                // The claim's size: the limit, or under a cap what it leaves.
+                let total = format!(
+                    "(CASE WHEN ?5 IS NULL THEN ?4 ELSE max(0, min(?4, ?5 - ( \
                          SELECT count(*) FROM {tasks} WHERE state = 'running' AND queue = ?1))) \
-                     END) \
-                 RETURNING {CLAIM_COLS}"
-            ),
+                     END)"
+                );
+                // The first tasks in order start at once; the buffer's
+                // share comes after them, among tasks with an attempt to
+                // spare (`ClaimRequest::buffered`), in a walk that steps
+                // over at most as many as the buffer's share.
+                let now_share = format!("min({total}, max(0, ?4 - ?6))");
+                format!(
+                    "WITH now_share AS MATERIALIZED (SELECT id FROM {tasks} WHERE {due} \
+                         ORDER BY priority, run_at, id LIMIT {now_share}) \
+                     UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+                         started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+                         claim_token = MAX(claim_token + 1, {NOW_US}) \
+                     WHERE id IN (SELECT id FROM now_share UNION ALL \
+                         SELECT id FROM (SELECT id FROM ( \
+                                 SELECT id, attempt, max_attempts, priority, run_at \
+                                 FROM {tasks} WHERE {due} \
+                                 ORDER BY priority, run_at, id \
+                                 LIMIT {total} + min(?6, ?4)) \
+                             WHERE attempt + 1 < max_attempts \
+                                 AND id NOT IN (SELECT id FROM now_share) \
+                             ORDER BY priority, run_at, id \
+                             LIMIT {total} - (SELECT count(*) FROM now_share))) \
+                     RETURNING {CLAIM_COLS}"
+                )
+            },
             heartbeat: format!(
                 "UPDATE {tasks} SET lease_until = {NOW} + ?2 \
                  FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \

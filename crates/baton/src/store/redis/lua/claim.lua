@@ -1,5 +1,8 @@
 -- ARGV: B, queue, worker, limit, lease ms, cluster-wide cap on running (or
--- ''), the `last_error` of a pending task found with its cancel requested.
+-- ''), the `last_error` of a pending task found with its cancel requested,
+-- how many of the claimed start at once (the rest wait in the worker's
+-- prefetch buffer, so they are taken only among tasks with an attempt to
+-- spare: `ClaimRequest::buffered`).
 local now = now_ms()
 local queue = ARGV[2]
 -- A paused queue claims nothing (its tasks stay where they are).
@@ -33,7 +36,12 @@ if ARGV[6] ~= '' then
   local room = tonumber(ARGV[6]) - running
   if room < limit then limit = room end
 end
-while #out < limit do
+local now_share = tonumber(ARGV[8])
+local pos = 0 -- claimable tasks met, in claim order
+-- Tasks on their last attempt met beyond the first `now_share`: put back
+-- (score, member) after the walk, which steps over at most `limit` of them.
+local skipped = {}
+while #out < limit and #skipped < 2 * limit do
   local popped = redis.call('ZPOPMIN', ready, limit - #out)
   if #popped == 0 then break end
   for j = 1, #popped, 2 do
@@ -47,7 +55,13 @@ while #out < limit do
       -- Its cancel was requested while it ran: never claim it again.
       redis.call('HSET', k, 'last_error', CANCEL_REQUESTED)
       terminal(sid, queue, 'pending', 'cancelled', now, f.unique_key, f.unique_forever, f.job)
+    elseif f.state == 'pending' and pos >= now_share
+        and tonumber(f.attempt) + 1 >= tonumber(f.max_attempts) then
+      pos = pos + 1
+      skipped[#skipped + 1] = popped[j + 1]
+      skipped[#skipped + 1] = p
     elseif f.state == 'pending' then
+      pos = pos + 1
       -- The claim token only rises: max(previous + 1, store clock in µs).
       local tok = tonumber(f.claim_token or '0') + 1
       if us > tok then tok = us end
@@ -69,5 +83,6 @@ while #out < limit do
     end
   end
 end
+if #skipped > 0 then redis.call('ZADD', ready, unpack(skipped)) end
 flush()
 return out
