@@ -310,6 +310,7 @@ impl Locker {
                             lock_until: Mutex::new(lock_until),
                             deadline: Mutex::new(sent + opts.at_most),
                             lost: CancellationToken::new(),
+                            keep_alive: opts.keep_alive,
                         }),
                     },
                     *opts,
@@ -335,10 +336,10 @@ pub fn node_id() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// A short random id, unique per acquisition.
+/// A short random id (12 hex digits), unique per acquisition beside the
+/// `host:pid` it follows.
 pub(crate) fn short_id() -> String {
-    let u = uuid::Uuid::new_v4().simple().to_string();
-    u[..12].to_string()
+    format!("{:012x}", fastrand::u64(..) >> 16)
 }
 
 #[derive(Debug)]
@@ -350,6 +351,9 @@ struct Shared {
     lock_until: Mutex<DateTime<Utc>>,
     deadline: Mutex<Instant>,
     lost: CancellationToken,
+    /// Without a keep-alive nothing runs beside the lease: it is lost when
+    /// its deadline passes, as [`LeaseHandle::lost`] and `is_lost` see.
+    keep_alive: bool,
 }
 
 /// A cheap, cloneable view of a lease for the work it protects: its
@@ -412,12 +416,42 @@ impl LeaseHandle {
     }
     /// Whether the lease has been lost.
     pub fn is_lost(&self) -> bool {
+        if !self.shared.keep_alive && !self.shared.lost.is_cancelled() {
+            self.lapse_if_past_deadline();
+        }
         self.shared.lost.is_cancelled()
     }
     /// Resolves when the lease is lost (an extension was refused, or the
-    /// store stayed unreachable until the lease would have lapsed).
+    /// store stayed unreachable until the lease would have lapsed; without
+    /// a keep-alive, when `at_most` from the grant or last extension has
+    /// passed).
     pub async fn lost(&self) {
-        self.shared.lost.cancelled().await
+        if self.shared.keep_alive {
+            return self.shared.lost.cancelled().await;
+        }
+        // No task watches a lease without a keep-alive: its deadline is
+        // watched here (moved on by each manual `Lease::extend`).
+        loop {
+            tokio::select! {
+                _ = self.shared.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(self.deadline()) => {
+                    if self.lapse_if_past_deadline() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    /// Without a keep-alive: mark the lease lost once its deadline passed.
+    fn lapse_if_past_deadline(&self) -> bool {
+        if Instant::now() < self.deadline() {
+            return false;
+        }
+        if !self.shared.lost.is_cancelled() {
+            tracing::warn!(lock = self.name(), token = %self.token(), reason = "at_most elapsed without keep-alive", "lease lost");
+            self.shared.lost.cancel();
+        }
+        true
     }
     fn set_until(&self, t: DateTime<Utc>, deadline: Instant) {
         match self.shared.lock_until.lock() {
@@ -466,12 +500,14 @@ impl Lease {
         // + at_most (the handle's deadline) is a safe local (monotonic)
         // bound on the lease's end.
         let deadline = handle.deadline();
-        let keeper = tokio::spawn(keep_alive(store.clone(), handle.clone(), opts, deadline));
+        let keeper = opts
+            .keep_alive
+            .then(|| tokio::spawn(keep_alive(store.clone(), handle.clone(), opts, deadline)));
         Lease {
             handle,
             store,
             opts,
-            keeper: Some(keeper),
+            keeper,
         }
     }
 
@@ -558,11 +594,6 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
         tracing::warn!(lock = handle.name(), token = %handle.token(), reason = %why, "lease lost");
         handle.shared.lost.cancel();
     };
-    if !opts.keep_alive {
-        tokio::time::sleep_until(deadline).await;
-        lost("at_most elapsed without keep-alive");
-        return;
-    }
     let period = opts.renew_period();
     let mut next = Instant::now() + period;
     loop {

@@ -463,3 +463,40 @@ async fn private_server_restart() {
 
 #[allow(dead_code)]
 fn assert_backend_object_safe(_: &dyn Backend) {}
+
+/// The enqueue script is sent by hash alone; after the server lost its
+/// script cache (a restart, `SCRIPT FLUSH`) the NOSCRIPT answer has it
+/// loaded and sent again, and each task is inserted exactly once — for one
+/// task and for a batch of several script calls.
+#[tokio::test]
+async fn enqueue_after_script_flush_inserts_once() {
+    let prefix = new_prefix();
+    let Some(s) = open(Some(&prefix)).await else {
+        return;
+    };
+    let b = s.backend();
+    let flush = || async {
+        let mut c = raw().await;
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    };
+    let pending = || async {
+        let st = b.queue_stats().await.unwrap();
+        st.iter().find(|q| q.queue == "sf").map_or(0, |q| q.pending)
+    };
+    flush().await;
+    let one = b.task_insert_many(&[nt("sf")]).await.unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(pending().await, 1, "one task after a NOSCRIPT retry");
+    b.task_insert_many(&[nt("sf")]).await.unwrap();
+    assert_eq!(pending().await, 2);
+    flush().await;
+    let many: Vec<NewTask> = (0..1001).map(|_| nt("sf")).collect();
+    let ids = b.task_insert_many(&many).await.unwrap();
+    assert_eq!(ids.len(), 1001);
+    assert_eq!(pending().await, 1003, "a multi-chunk batch inserted once");
+    cleanup(&prefix).await;
+}

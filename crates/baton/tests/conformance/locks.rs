@@ -157,7 +157,19 @@ pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
         .await
         .unwrap()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(!old.is_lost(), "a fresh lease is not lost");
+    // Nothing runs beside a lease without keep-alive: `lost()` itself
+    // resolves when at_most has passed.
+    let t0 = Instant::now();
+    tokio::time::timeout(Duration::from_secs(3), old.lost())
+        .await
+        .expect("lost() resolves once at_most has passed");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "lost() resolved early: {:?}",
+        t0.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         old.is_lost(),
         "a lease without keep-alive is lost after at_most"

@@ -182,24 +182,42 @@ impl Backend for RedisBackend {
         let mut wake: BTreeSet<&str> = BTreeSet::new();
         let mut conn = self.conn.clone();
         for group in chunks.chunks(ENQUEUE_PIPELINE) {
-            let mut pipe = redis::pipe();
-            // Loading is idempotent and cheap; it spares a NOSCRIPT round trip.
-            pipe.cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&self.scripts.enqueue_code)
-                .ignore();
-            for chunk in group {
-                pipe.cmd("EVALSHA")
-                    .arg(&hash)
-                    .arg(1)
-                    .arg(&seq)
-                    .arg(&self.base)
-                    .arg(if single { "1" } else { "0" });
-                for t in *chunk {
-                    push_task_args(&mut pipe, t)?;
+            let pipe = |load: bool| {
+                let mut pipe = redis::pipe();
+                if load {
+                    pipe.cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(&self.scripts.enqueue_code)
+                        .ignore();
                 }
-            }
-            let replies: Vec<Vec<i64>> = pipe.query_async(&mut conn).await?;
+                for chunk in group {
+                    pipe.cmd("EVALSHA")
+                        .arg(&hash)
+                        .arg(1)
+                        .arg(&seq)
+                        .arg(&self.base)
+                        .arg(if single { "1" } else { "0" });
+                    for t in *chunk {
+                        push_task_args(&mut pipe, t)?;
+                    }
+                }
+                Ok::<_, StoreError>(pipe)
+            };
+            // One script call goes alone (the script is ~8 KB: loading it
+            // each time cost more than the insert); a NOSCRIPT answer means
+            // it did nothing, so it is loaded and sent again. Several go
+            // after a load in the same pipeline, as a NOSCRIPT among them
+            // would leave unknown which ones ran.
+            let replies: Vec<Vec<i64>> = if group.len() == 1 {
+                match pipe(false)?.query_async(&mut conn).await {
+                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                        pipe(true)?.query_async(&mut conn).await?
+                    }
+                    r => r?,
+                }
+            } else {
+                pipe(true)?.query_async(&mut conn).await?
+            };
             if replies.len() != group.len() {
                 return Err(StoreError::Corrupt(format!(
                     "enqueue: {} replies for {} scripts",
