@@ -72,7 +72,7 @@ enum LogFormat {
 /// Where the store is: `--store`, else env `BATON_STORE`, else `sqlite://baton.db`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArg {
-    /// Store URL: sqlite://PATH, postgres://…, redis://…
+    /// Store URL: sqlite://PATH, postgres://…, mysql://…, redis://…
     #[arg(long, env = "BATON_STORE", default_value = baton::DEFAULT_STORE_URL, global = true)]
     pub store: String,
     /// Table prefix (SQL) or key prefix (Redis): at most 32 ASCII letters,

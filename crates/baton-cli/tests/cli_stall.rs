@@ -1,6 +1,7 @@
-//! `baton work` when the store goes dark, and on a second SIGTERM, as a
-//! user runs it: real processes, a fault proxy between a worker and its
-//! store (PostgreSQL, Redis), command tasks that write timestamps.
+//! `baton work` and `baton lock` when the store goes dark, and `baton work`
+//! on a second SIGTERM, as a user runs them: real processes, a fault proxy
+//! between baton and its store (PostgreSQL, Redis, MySQL), commands that
+//! write timestamps.
 
 mod common;
 #[path = "../src/chaos/proxy.rs"]
@@ -16,7 +17,7 @@ per_backend! {
     second_sigterm_hands_the_task_back_now,
 }
 
-/// Tests behind the fault proxy (PostgreSQL and Redis).
+/// Tests behind the fault proxy (the stores reached over the network).
 macro_rules! behind_proxy {
     ($($name:ident),* $(,)?) => {
         $(mod $name {
@@ -32,6 +33,12 @@ macro_rules! behind_proxy {
                     crate::$name(e).await
                 }
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                if let Some(e) = crate::common::Env::new(crate::Kind::Mysql).await {
+                    crate::$name(e).await
+                }
+            }
         })*
     };
 }
@@ -39,6 +46,7 @@ macro_rules! behind_proxy {
 behind_proxy! {
     dark_store_never_overlaps,
     dark_store_stops_the_whole_tree_before_the_lease,
+    dark_store_stops_a_locked_commands_tree_before_the_lapse,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -264,6 +272,115 @@ async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
         signal(w, libc::SIGTERM);
         exit_within(w, 15, "baton work after SIGTERM");
     }
+}
+
+/// [`TREE`] for `baton lock`, whose command has no attempt number: the tag
+/// is its first argument (`bash -c LOCK_TREE _ TAG`).
+const LOCK_TREE: &str = r#"echo $$ > "child-$1.pid"; bash -c 'echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$1" & wait"#;
+
+/// The same promise for `baton lock NAME -- CMD`: its store goes dark
+/// (stalls, nothing refused) while CMD's child and grandchild run. Both are
+/// gone before the lock's lease ends by the store's clock (the latest
+/// `lock_until` the keep-alive left, read on a direct connection); the dark
+/// `baton lock` exits on its own; a second `baton lock` waiting on a healthy
+/// connection gets the lock after the lapse, with a higher fencing token,
+/// and its command writes only after the first tree's last write.
+async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
+    if !have_bash() {
+        return;
+    }
+    let proxy = Proxy::start(&host_port(&e.ts.url));
+    let via_proxy = proxy.url(&e.ts.url);
+    let name = "stall-lock";
+    let lock = |store: Option<&str>, tag: &str, wait: Option<&str>| {
+        let mut args = vec!["lock", name, "--at-most", "3s", "--grace", "500ms"];
+        if let Some(s) = store {
+            args.extend_from_slice(&["--store", s]);
+        }
+        if let Some(w) = wait {
+            args.extend_from_slice(&["--wait", w]);
+        }
+        args.extend_from_slice(&["--", "bash", "-c", LOCK_TREE, "_", tag]);
+        e.spawn_logged(&args)
+    };
+    let mut l1 = lock(Some(&via_proxy), "1", None);
+    wait_for(20, "the first holder's grandchild to write", || {
+        !stamps(&e, "ledger-1").is_empty()
+    });
+    let pid = |f: &str| read(&e.path(f)).trim().to_string();
+    let (child, gc) = (pid("child-1.pid"), pid("gc-1.pid"));
+    assert!(
+        !child.is_empty() && !gc.is_empty() && !dead(&child) && !dead(&gc),
+        "the first holder's child ({child:?}) and grandchild ({gc:?}) run"
+    );
+    let backend = e.ts.store.backend();
+    let mut lease_end = None;
+    let mut token = None;
+    let mut watch_lease = async || {
+        if let Some(l) = backend.lock_get(name).await.unwrap() {
+            if token.is_none_or(|t| t == l.token) {
+                token = Some(l.token);
+                lease_end = lease_end.max(Some(l.lock_until));
+            }
+        }
+    };
+    // The keep-alive extends the lease through the proxy; then dark.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        watch_lease().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.set(Mode::Dark);
+    let dark = epoch_now();
+    let mut l2 = lock(None, "2", Some("30s"));
+    let t0 = Instant::now();
+    while !(dead(&child) && dead(&gc)) {
+        watch_lease().await;
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the first holder's tree still runs 15 s after its store went dark (child dead: {}, grandchild dead: {})",
+            dead(&child),
+            dead(&gc)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone_at = e.ts.store.now().await.unwrap();
+    let lease_end = lease_end.expect("the first holder's lease was seen");
+    assert!(
+        gone_at < lease_end,
+        "the first holder's tree was still running {} ms after its lease ended by the store's clock",
+        (gone_at - lease_end).num_milliseconds()
+    );
+    let code = exit_within(&mut l1, 15, "baton lock on a dark store");
+    assert_ne!(
+        code,
+        Some(0),
+        "a holder that lost its lease does not exit 0"
+    );
+    wait_for(30, "the second holder's command to write", || {
+        !stamps(&e, "ledger-2").is_empty()
+    });
+    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
+    let first2 = stamps(&e, "ledger-2")
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        last1 < first2,
+        "the first holder's grandchild wrote {:.3} s after the second holder's first write: overlap",
+        last1 - first2
+    );
+    assert!(
+        last1 < dark + 3.0,
+        "the first holder's grandchild wrote {:.3} s after the store went dark, past its 3 s lease",
+        last1 - dark
+    );
+    let second = backend.lock_get(name).await.unwrap().expect("the lock");
+    assert!(
+        second.token > token.expect("the first token"),
+        "the second grant's fencing token rises"
+    );
+    signal(&l2, libc::SIGTERM);
+    exit_within(&mut l2, 15, "the second baton lock after SIGTERM");
 }
 
 /// Whether a process is gone (or a zombie nobody has reaped yet).
