@@ -67,12 +67,14 @@ pub async fn run_argv(
     let stop = async {
         ctx.stopped().await;
         tracing::info!(task = id, reason = ?ctx.stop_reason(), "stopping the command");
+        grace
     };
     run_command(&argv, &env, stop, grace, Some(&ctx)).await
 }
 
 /// Run `argv` with `env` until it exits, or until `stop` resolves: then
-/// SIGTERM to its whole process tree, SIGKILL after `grace`. Exit 0 is
+/// SIGTERM to its whole process tree, SIGKILL after the grace `stop`
+/// resolved with (`grace` is what the tree gets once the command exits). Exit 0 is
 /// success; otherwise an error with the exit code and the tail of its
 /// stderr (which is also passed through). The command ends when it exits:
 /// what remains of its tree is stopped the same way (see `child`), and
@@ -82,7 +84,7 @@ pub async fn run_argv(
 pub async fn run_command(
     argv: &[String],
     env: &[(&str, String)],
-    stop: impl std::future::Future<Output = ()>,
+    stop: impl std::future::Future<Output = Duration>,
     grace: Duration,
     ctx: Option<&TaskContext>,
 ) -> Result<(), TaskError> {
@@ -102,7 +104,7 @@ pub async fn run_command(
     let mut tee = tee_stderr(proc.take_stderr(), kept.clone());
     let status = tokio::select! {
         st = proc.wait() => st,
-        _ = stop => proc.stop(grace).await,
+        g = stop => proc.stop(g).await,
     }
     .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
     if tokio::time::timeout(DRAIN, &mut tee).await.is_err() {

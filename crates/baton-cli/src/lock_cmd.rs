@@ -67,7 +67,12 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
     };
     let opts = LockOptions::new(a.at_most)
         .and_then(|o| o.at_least(a.at_least))
-        .and_then(|o| o.renew_margin(grace))
+        // Extensions come early enough that SIGTERM (`grace` before the
+        // stop margin) is never reached while they succeed.
+        .and_then(|o| {
+            let m = grace + baton::lock::stop_margin(a.at_most);
+            o.renew_margin(if m < a.at_most { m } else { grace })
+        })
         .map_err(|mut e| {
             e.field = format!("--{}", e.field.replace('_', "-"));
             Error::from(e)
@@ -134,7 +139,10 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
     let status = loop {
         // Re-read on every turn: each extension moves it forward.
         let deadline = handle.deadline();
-        let term_at = deadline.checked_sub(grace).unwrap_or(deadline);
+        // SIGKILL a little before the deadline (see `stop_by`), SIGTERM
+        // `grace` before that.
+        let kill_at = handle.stop_by();
+        let term_at = kill_at.checked_sub(grace).unwrap_or(kill_at);
         tokio::select! {
             st = cmd.wait() => break st.context("waiting for the command")?,
             sig = signals.recv() => {
@@ -155,7 +163,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
                 at_risk = true;
                 cmd.signal(libc::SIGTERM);
             }
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = tokio::time::sleep_until(kill_at) => {
                 if handle.deadline() > deadline {
                     continue;
                 }

@@ -93,11 +93,12 @@ pub fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
-/// rest; `stop` asks a command to end (SIGTERM, SIGKILL after `grace`).
+/// rest; `stop` asks a command to end (SIGTERM, then SIGKILL after the
+/// grace it resolves with).
 pub async fn run_action(
     action: &Action,
     env: Vec<(&'static str, String)>,
-    stop: impl std::future::Future<Output = ()>,
+    stop: impl std::future::Future<Output = Duration>,
     grace: Duration,
     timeout: Option<Duration>,
 ) -> Result<(), TaskError> {
@@ -164,7 +165,10 @@ pub fn durable_handler(
             run_action(
                 &j.action,
                 env,
-                async move { c2.stopped().await },
+                async move {
+                    c2.stopped().await;
+                    grace
+                },
                 grace,
                 j.timeout,
             )

@@ -57,6 +57,32 @@ async fn open(
         .context("connecting to the store")
 }
 
+/// When a lock-mode run's command must stop, and the grace it then gets:
+/// `grace` before the lease's stop-by instant (its local deadline less a
+/// small margin, moved on by every extension) with the time left to it,
+/// so SIGKILL comes before the lease could lapse — work never outlives the
+/// lease even when the store stalls; at once (no grace) when the store
+/// refused an extension.
+async fn stop_before_lapse(lease: &baton::lock::LeaseHandle, grace: Duration) -> Duration {
+    loop {
+        let (deadline, kill_at) = (lease.deadline(), lease.stop_by());
+        let term_at = kill_at.checked_sub(grace).unwrap_or(kill_at);
+        tokio::select! {
+            _ = lease.lost() => {
+                tracing::warn!(lock = lease.name(), token = %lease.token(), "lease lost: killing the command");
+                return Duration::ZERO;
+            }
+            _ = tokio::time::sleep_until(term_at) => {
+                if lease.deadline() > deadline {
+                    continue; // extended meanwhile
+                }
+                tracing::warn!(lock = lease.name(), token = %lease.token(), "could not extend the lease: stopping the command before it could lapse");
+                return kill_at.saturating_duration_since(tokio::time::Instant::now());
+            }
+        }
+    }
+}
+
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let cfg = load(&a.config)?;
@@ -74,11 +100,17 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
             Mode::Durable => {
                 scheduler.add(job).map_err(Error::from)?;
             }
-            Mode::Lock { .. } => {
-                let (action, grace, timeout) = (j.action.clone(), a.grace, j.timeout);
+            Mode::Lock { at_most, .. } => {
+                // As under `baton lock`: the command is stopped before its
+                // lease could lapse, so `grace` is at most a third of the
+                // lease (the keep-alive extends it every third).
+                let grace = a.grace.min(at_most / 3);
+                let (action, timeout) = (j.action.clone(), j.timeout);
+                let (shutdown, shutdown_grace) = (stop.clone(), a.shutdown_grace);
                 scheduler
                     .add_locked(job, move |run: SlotRun| {
                         let action = action.clone();
+                        let shutdown = shutdown.clone();
                         async move {
                             let env = vec![
                                 ("BATON_JOB", run.job.clone()),
@@ -87,11 +119,28 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                             ];
                             let lease = run.lease.clone();
                             let stop = async move {
+                                // On shutdown the run may finish within
+                                // --shutdown-grace, then it is stopped (never
+                                // past its lease either).
+                                let stopping = async {
+                                    shutdown.cancelled().await;
+                                    tokio::time::sleep(shutdown_grace).await;
+                                    let left = lease
+                                        .stop_by()
+                                        .saturating_duration_since(tokio::time::Instant::now());
+                                    grace.min(left)
+                                };
+                                let lapse = async {
+                                    tokio::select! {
+                                        g = stop_before_lapse(&lease, grace) => g,
+                                        g = stopping => g,
+                                    }
+                                };
                                 match timeout {
                                     Some(t) => {
-                                        let _ = tokio::time::timeout(t, lease.lost()).await;
+                                        tokio::time::timeout(t, lapse).await.unwrap_or(grace)
                                     }
-                                    None => lease.lost().await,
+                                    None => lapse.await,
                                 }
                             };
                             run_action(&action, env, stop, grace, timeout)

@@ -47,6 +47,7 @@ behind_proxy! {
     dark_store_never_overlaps,
     dark_store_stops_the_whole_tree_before_the_lease,
     dark_store_stops_a_locked_commands_tree_before_the_lapse,
+    dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse,
 }
 
 fn enqueue(e: &Env, extra: &[&str], cmd: &[&str]) -> i64 {
@@ -274,38 +275,107 @@ async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
     }
 }
 
-/// [`TREE`] for `baton lock`, whose command has no attempt number: the tag
-/// is its first argument (`bash -c LOCK_TREE _ TAG`).
-const LOCK_TREE: &str = r#"echo $$ > "child-$1.pid"; bash -c 'echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$1" & wait"#;
+/// [`TREE`] for a lock holder's command, which has no attempt number: the
+/// tag is its first argument (`bash -c LOCK_TREE _ TAG`). The grandchild
+/// ignores SIGTERM, as work that needs its time to stop would: only the
+/// SIGKILL at the lease's deadline ends it.
+const LOCK_TREE: &str = r#"echo $$ > "child-$1.pid"; bash -c 'trap "" TERM; echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$1" & wait"#;
 
-/// The same promise for `baton lock NAME -- CMD`: its store goes dark
-/// (stalls, nothing refused) while CMD's child and grandchild run. Both are
-/// gone before the lock's lease ends by the store's clock (the latest
-/// `lock_until` the keep-alive left, read on a direct connection); the dark
-/// `baton lock` exits on its own; a second `baton lock` waiting on a healthy
-/// connection gets the lock after the lapse, with a higher fencing token,
-/// and its command writes only after the first tree's last write.
+/// The same promise for `baton lock NAME -- CMD`: the dark holder exits on
+/// its own, non-zero.
 async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
     if !have_bash() {
         return;
     }
-    let proxy = Proxy::start(&host_port(&e.ts.url));
-    let via_proxy = proxy.url(&e.ts.url);
     let name = "stall-lock";
-    let lock = |store: Option<&str>, tag: &str, wait: Option<&str>| {
-        let mut args = vec!["lock", name, "--at-most", "3s", "--grace", "500ms"];
+    let (mut first, mut second) = dark_lock_holder_stops_in_time(&e, name, |store, tag| {
+        let mut args = vec!["lock", name, "--at-most", "3s", "--grace", "1s"];
         if let Some(s) = store {
             args.extend_from_slice(&["--store", s]);
         }
-        if let Some(w) = wait {
-            args.extend_from_slice(&["--wait", w]);
+        if tag == "2" {
+            args.extend_from_slice(&["--wait", "30s"]);
         }
         args.extend_from_slice(&["--", "bash", "-c", LOCK_TREE, "_", tag]);
         e.spawn_logged(&args)
-    };
-    let mut l1 = lock(Some(&via_proxy), "1", None);
+    })
+    .await;
+    let code = exit_within(&mut first, 15, "baton lock on a dark store");
+    assert_ne!(
+        code,
+        Some(0),
+        "a holder that lost its lease does not exit 0"
+    );
+    signal(&second, libc::SIGTERM);
+    exit_within(&mut second, 15, "the second baton lock after SIGTERM");
+}
+
+/// And for a lock-mode job of `baton serve` (`mode = "lock"`): its run's
+/// command is stopped before the job's lease could lapse, not from the
+/// moment the lease is found lost (which, under a stalled store, is its
+/// deadline: a SIGTERM-ignoring tree then ran `--grace` past the lease).
+async fn dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse(e: Env) {
+    if !have_bash() {
+        return;
+    }
+    let name = "stall-job";
+    let (first, second) = dark_lock_holder_stops_in_time(&e, name, |store, tag| {
+        let cfg = format!(
+            "[[job]]\nname = \"{name}\"\nevery = \"1s\"\nmode = \"lock\"\nat_most = \"3s\"\n\
+             command = [\"bash\", \"-c\", {}, \"_\", \"{tag}\"]\n",
+            toml_str(LOCK_TREE)
+        );
+        let file = format!("serve-{tag}.toml");
+        std::fs::write(e.path(&file), cfg).unwrap();
+        let mut args = vec![
+            "serve",
+            "--config",
+            &file,
+            "--grace",
+            "2s",
+            "--shutdown-grace",
+            "1s",
+        ];
+        if let Some(s) = store {
+            args.extend_from_slice(&["--store", s]);
+        }
+        e.spawn_logged(&args)
+    })
+    .await;
+    // The healthy instance stops its run (the SIGTERM-ignoring tree) and
+    // exits; the dark one, whose store is gone for good now, is killed.
+    let (mut first, mut second) = (first, second);
+    signal(&second, libc::SIGTERM);
+    exit_within(&mut second, 15, "baton serve after SIGTERM");
+    signal(&first, libc::SIGKILL);
+    exit_within(&mut first, 15, "baton serve after SIGKILL");
+}
+
+/// A TOML basic string holding `s`.
+fn toml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// One dark-store scenario for a lock holder that runs [`LOCK_TREE`]:
+/// `start(store, tag)` starts a holder of lock `name` (through `store`, or
+/// the direct one) whose command is tagged `tag`. The first holder reaches
+/// its store through a fault proxy that goes dark (stalls: nothing refused)
+/// while its command's child and grandchild run. Both are gone before the
+/// lock's lease ends by the store's clock (the latest `lock_until` the
+/// keep-alive left, read on a direct connection); a second holder started
+/// on a healthy connection gets the lock after the lapse, with a higher
+/// fencing token, and its command writes only after the first tree's last
+/// write. Returns both holders, still to be stopped.
+async fn dark_lock_holder_stops_in_time(
+    e: &Env,
+    name: &str,
+    start: impl Fn(Option<&str>, &str) -> Child,
+) -> (Child, Child) {
+    let proxy = Proxy::start(&host_port(&e.ts.url));
+    let via_proxy = proxy.url(&e.ts.url);
+    let first = start(Some(&via_proxy), "1");
     wait_for(20, "the first holder's grandchild to write", || {
-        !stamps(&e, "ledger-1").is_empty()
+        !stamps(e, "ledger-1").is_empty()
     });
     let pid = |f: &str| read(&e.path(f)).trim().to_string();
     let (child, gc) = (pid("child-1.pid"), pid("gc-1.pid"));
@@ -332,7 +402,7 @@ async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
     }
     proxy.set(Mode::Dark);
     let dark = epoch_now();
-    let mut l2 = lock(None, "2", Some("30s"));
+    let second = start(None, "2");
     let t0 = Instant::now();
     while !(dead(&child) && dead(&gc)) {
         watch_lease().await;
@@ -351,17 +421,11 @@ async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
         "the first holder's tree was still running {} ms after its lease ended by the store's clock",
         (gone_at - lease_end).num_milliseconds()
     );
-    let code = exit_within(&mut l1, 15, "baton lock on a dark store");
-    assert_ne!(
-        code,
-        Some(0),
-        "a holder that lost its lease does not exit 0"
-    );
     wait_for(30, "the second holder's command to write", || {
-        !stamps(&e, "ledger-2").is_empty()
+        !stamps(e, "ledger-2").is_empty()
     });
-    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
-    let first2 = stamps(&e, "ledger-2")
+    let last1 = stamps(e, "ledger-1").into_iter().fold(0.0, f64::max);
+    let first2 = stamps(e, "ledger-2")
         .into_iter()
         .fold(f64::INFINITY, f64::min);
     assert!(
@@ -374,13 +438,12 @@ async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
         "the first holder's grandchild wrote {:.3} s after the store went dark, past its 3 s lease",
         last1 - dark
     );
-    let second = backend.lock_get(name).await.unwrap().expect("the lock");
+    let now = backend.lock_get(name).await.unwrap().expect("the lock");
     assert!(
-        second.token > token.expect("the first token"),
+        now.token > token.expect("the first token"),
         "the second grant's fencing token rises"
     );
-    signal(&l2, libc::SIGTERM);
-    exit_within(&mut l2, 15, "the second baton lock after SIGTERM");
+    (first, second)
 }
 
 /// Whether a process is gone (or a zombie nobody has reaped yet).

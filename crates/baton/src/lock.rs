@@ -311,6 +311,7 @@ impl Locker {
                             deadline: Mutex::new(sent + opts.at_most),
                             lost: CancellationToken::new(),
                             keep_alive: opts.keep_alive,
+                            margin: stop_margin(opts.at_most),
                         }),
                     },
                     *opts,
@@ -336,6 +337,21 @@ pub fn node_id() -> String {
     format!("{host}:{}", std::process::id())
 }
 
+/// How long before a lease's local deadline the work under it must be
+/// gone (killed, dropped): a tenth of the lease, at most 100 ms. The
+/// deadline itself is safe by the request's one-way latency only; this
+/// margin absorbs a late timer on a busy host and the teardown itself, so
+/// the work is gone before the store could grant the lease again.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(baton::lock::stop_margin(Duration::from_secs(30)), Duration::from_millis(100));
+/// assert_eq!(baton::lock::stop_margin(Duration::from_millis(500)), Duration::from_millis(50));
+/// ```
+pub fn stop_margin(lease: Duration) -> Duration {
+    (lease / 10).min(Duration::from_millis(100))
+}
+
 /// A short random id (12 hex digits), unique per acquisition beside the
 /// `host:pid` it follows.
 pub(crate) fn short_id() -> String {
@@ -354,6 +370,8 @@ struct Shared {
     /// Without a keep-alive nothing runs beside the lease: it is lost when
     /// its deadline passes, as [`LeaseHandle::lost`] and `is_lost` see.
     keep_alive: bool,
+    /// [`stop_margin`] of the lease.
+    margin: Duration,
 }
 
 /// A cheap, cloneable view of a lease for the work it protects: its
@@ -413,6 +431,14 @@ impl LeaseHandle {
             Ok(g) => *g,
             Err(p) => *p.into_inner(),
         }
+    }
+    /// The instant by which the work under this lease must be gone
+    /// (SIGKILLed, dropped): [`LeaseHandle::deadline`] less [`stop_margin`],
+    /// so a late timer or a slow teardown still ends it before the store
+    /// could grant the lock to anyone else. Moves with the deadline.
+    pub fn stop_by(&self) -> Instant {
+        let deadline = self.deadline();
+        deadline.checked_sub(self.shared.margin).unwrap_or(deadline)
     }
     /// Whether the lease has been lost.
     pub fn is_lost(&self) -> bool {

@@ -1291,7 +1291,7 @@ async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
             let why = tokio::select! {
                 r = &mut join.0 => Ok(r),
                 _ = tokio::time::sleep(shared.config.stop_grace) => Err("the grace period"),
-                _ = shared.lease_end(claim, Duration::ZERO) => {
+                _ = shared.lease_end(claim, crate::lock::stop_margin(shared.config.lease)) => {
                     expired = true;
                     Err("its lease's end")
                 }
