@@ -719,33 +719,18 @@ async fn pg_stats_state(ctx: &Ctx) -> Result<Value> {
     })
 }
 
-/// EXPLAIN (ANALYZE, BUFFERS) of one claim, in a transaction that is rolled
-/// back. The statement text mirrors `claim_sql` in
-/// crates/baton/src/store/postgres.rs (LIMIT as a literal).
+/// EXPLAIN (ANALYZE, BUFFERS) of one claim (custom plan) and the generic
+/// plan, each in a transaction that is rolled back: the library's own
+/// claim statement.
 async fn pg_explain_claim(ctx: &Ctx, queue: &str, limit: u32) -> Result<String> {
     let mut c = ctx.pg().await?;
-    let t = format!("\"{}\"", ctx.tasks_table());
-    let sql = format!(
-        "EXPLAIN (ANALYZE, BUFFERS) UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-             started_at = now(), lease_until = now() + 60000 * interval '1 millisecond', \
-             worker = 'explain' \
-         WHERE id IN ( \
-             SELECT id FROM {t} \
-             WHERE state = 'pending' AND queue = '{queue}' AND run_at <= now() \
-             ORDER BY priority, run_at, id \
-             LIMIT {limit} \
-             FOR UPDATE SKIP LOCKED) \
-         RETURNING id"
-    );
-    let mut tx = c.begin().await?;
-    let lines: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&mut *tx).await?;
-    tx.rollback().await?;
+    let p = Some(ctx.prefix.as_str());
+    let custom =
+        baton::store::postgres::explain_claim(&mut c, p, queue, limit, false, true).await?;
     let generic =
-        baton::store::postgres::explain_claim(&mut c, Some(&ctx.prefix), queue, limit, true)
-            .await?;
+        baton::store::postgres::explain_claim(&mut c, p, queue, limit, true, false).await?;
     Ok(format!(
-        "EXPLAIN ANALYZE (custom):\n{}\nEXPLAIN (generic plan):\n{generic}",
-        lines.join("\n")
+        "EXPLAIN ANALYZE (custom):\n{custom}\nEXPLAIN (generic plan):\n{generic}"
     ))
 }
 

@@ -31,7 +31,8 @@ pub struct ServeArgs {
     /// Prometheus), e.g. 127.0.0.1:9090.
     #[arg(long, value_parser = crate::listen_arg)]
     pub listen: Option<String>,
-    /// On SIGTERM, how long running tasks may finish before they are handed back.
+    /// On SIGTERM, how long running tasks may finish before they are handed
+    /// back, and lock-mode runs before their command is stopped.
     #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
     pub shutdown_grace: Duration,
     /// After SIGTERM to a command, how long before SIGKILL.

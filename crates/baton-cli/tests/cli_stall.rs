@@ -171,115 +171,61 @@ async fn dark_store_never_overlaps(e: Env) {
 }
 
 /// A command whose work runs in a grandchild: bash (the child, pid in
-/// `child-ATTEMPT.pid`) starts a second bash in the background (the
-/// grandchild, pid in `gc-ATTEMPT.pid`, appending `$EPOCHREALTIME` to
-/// `ledger-ATTEMPT` every 50 ms) and waits for it.
-const TREE: &str = r#"echo $$ > "child-$BATON_ATTEMPT.pid"; bash -c 'echo $$ > "gc-$BATON_ATTEMPT.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$BATON_ATTEMPT"; sleep 0.05; done' & wait"#;
+/// `child-TAG.pid`) starts a second bash in the background (the
+/// grandchild, pid in `gc-TAG.pid`, appending `$EPOCHREALTIME` to
+/// `ledger-TAG` every 50 ms) and waits for it. The grandchild ignores
+/// SIGTERM, as work that needs its time to stop would: only a SIGKILL
+/// ends it. TAG is the first argument (`bash -c TREE _ TAG`), else the
+/// task's attempt (`BATON_ATTEMPT`).
+const TREE: &str = r#"tag=${1:-$BATON_ATTEMPT}; echo $$ > "child-$tag.pid"; bash -c 'trap "" TERM; echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$tag" & wait"#;
 
 /// "Work never outlives its lease" for the whole process tree, under a
 /// store that stalls rather than refuses: `baton work` reaches its store
 /// through a fault proxy that goes dark (connections stay open, nothing is
-/// answered) while the task's command and its grandchild run. Both are gone
-/// before attempt 1's lease ends by the store's clock (its `lease_until`,
-/// as the heartbeats left it, read on a direct connection), and the second
-/// worker's attempt 2 writes only after the grandchild's last write.
+/// answered) while the task's command and its grandchild run (see
+/// [`dark_holder_stops_in_time`]); a second worker runs attempt 2.
 async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
     if !have_bash() {
         return;
     }
-    let proxy = Proxy::start(&host_port(&e.ts.url));
-    let via_proxy = proxy.url(&e.ts.url);
     let id = enqueue(&e, &["--max-attempts", "5"], &["bash", "-c", TREE]);
-    let opts = [
-        "--lease",
-        "3s",
-        "--poll",
-        "200ms",
-        "--shutdown-grace",
-        "2s",
-        "--grace",
-        "500ms",
-    ];
-    let mut args = vec!["work", "--store", &via_proxy];
-    args.extend_from_slice(&opts);
-    let mut w1 = e.spawn_logged(&args);
-    wait_for(20, "attempt 1's grandchild to write", || {
-        !stamps(&e, "ledger-1").is_empty()
-    });
-    let pid = |f: &str| read(&e.path(f)).trim().to_string();
-    let (child, gc) = (pid("child-1.pid"), pid("gc-1.pid"));
-    assert!(
-        !child.is_empty() && !gc.is_empty() && !dead(&child) && !dead(&gc),
-        "attempt 1's child ({child:?}) and grandchild ({gc:?}) run"
-    );
-    // Attempt 1's lease by the store's clock: the latest `lease_until` seen
-    // while attempt 1 runs (heartbeats only move it on).
     let backend = e.ts.store.backend();
-    let mut lease_end = None;
-    let mut watch_lease = async || {
+    let holder = async || {
         let t = backend.task_get(id).await.unwrap().expect("the task");
-        if t.attempt == 1 && t.state == baton::store::TaskState::Running {
-            lease_end = lease_end.max(t.lease_until);
-        }
+        (t.state == baton::store::TaskState::Running).then(|| {
+            (
+                u64::from(t.attempt),
+                t.lease_until.expect("a running task's lease"),
+            )
+        })
     };
-    // Heartbeats through the proxy renew the lease a few times; then dark.
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(1500) {
-        watch_lease().await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    proxy.set(Mode::Dark);
-    let dark = epoch_now();
-    let mut args = vec!["work"];
-    args.extend_from_slice(&opts);
-    let mut w2 = e.spawn_logged(&args);
-    // Until the whole tree is gone; then the store's clock.
-    let t0 = Instant::now();
-    while !(dead(&child) && dead(&gc)) {
-        watch_lease().await;
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "attempt 1's tree still runs 15 s after its store went dark (child dead: {}, grandchild dead: {})",
-            dead(&child),
-            dead(&gc)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let gone_at = e.ts.store.now().await.unwrap();
-    let lease_end = lease_end.expect("attempt 1 was seen running with a lease");
-    assert!(
-        gone_at < lease_end,
-        "attempt 1's tree was still running {} ms after its lease ended by the store's clock",
-        (gone_at - lease_end).num_milliseconds()
-    );
-    wait_for(30, "attempt 2 to start on the healthy path", || {
-        !stamps(&e, "ledger-2").is_empty()
-    });
-    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
-    let first2 = stamps(&e, "ledger-2")
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
-    assert!(
-        last1 < first2,
-        "attempt 1's grandchild wrote {:.3} s after attempt 2's first write: overlap",
-        last1 - first2
-    );
-    assert!(
-        last1 < dark + 3.0,
-        "attempt 1's grandchild wrote {:.3} s after the store went dark, past its 3 s lease",
-        last1 - dark
-    );
-    for w in [&mut w1, &mut w2] {
-        signal(w, libc::SIGTERM);
-        exit_within(w, 15, "baton work after SIGTERM");
+    let workers = dark_holder_stops_in_time(
+        &e,
+        |store, _| {
+            let mut args = vec!["work"];
+            if let Some(s) = store {
+                args.extend_from_slice(&["--store", s]);
+            }
+            args.extend_from_slice(&[
+                "--lease",
+                "3s",
+                "--poll",
+                "200ms",
+                "--shutdown-grace",
+                "2s",
+                "--grace",
+                "500ms",
+            ]);
+            e.spawn_logged(&args)
+        },
+        holder,
+    )
+    .await;
+    for mut w in <[Child; 2]>::from(workers) {
+        signal(&w, libc::SIGTERM);
+        exit_within(&mut w, 15, "baton work after SIGTERM");
     }
 }
-
-/// [`TREE`] for a lock holder's command, which has no attempt number: the
-/// tag is its first argument (`bash -c LOCK_TREE _ TAG`). The grandchild
-/// ignores SIGTERM, as work that needs its time to stop would: only the
-/// SIGKILL at the lease's deadline ends it.
-const LOCK_TREE: &str = r#"echo $$ > "child-$1.pid"; bash -c 'trap "" TERM; echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$1" & wait"#;
 
 /// The same promise for `baton lock NAME -- CMD`: the dark holder exits on
 /// its own, non-zero.
@@ -288,17 +234,21 @@ async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
         return;
     }
     let name = "stall-lock";
-    let (mut first, mut second) = dark_lock_holder_stops_in_time(&e, name, |store, tag| {
-        let mut args = vec!["lock", name, "--at-most", "3s", "--grace", "1s"];
-        if let Some(s) = store {
-            args.extend_from_slice(&["--store", s]);
-        }
-        if tag == "2" {
-            args.extend_from_slice(&["--wait", "30s"]);
-        }
-        args.extend_from_slice(&["--", "bash", "-c", LOCK_TREE, "_", tag]);
-        e.spawn_logged(&args)
-    })
+    let (mut first, mut second) = dark_holder_stops_in_time(
+        &e,
+        |store, tag| {
+            let mut args = vec!["lock", name, "--at-most", "3s", "--grace", "1s"];
+            if let Some(s) = store {
+                args.extend_from_slice(&["--store", s]);
+            }
+            if tag == "2" {
+                args.extend_from_slice(&["--wait", "30s"]);
+            }
+            args.extend_from_slice(&["--", "bash", "-c", TREE, "_", tag]);
+            e.spawn_logged(&args)
+        },
+        lock_holder(&e, name),
+    )
     .await;
     let code = exit_within(&mut first, 15, "baton lock on a dark store");
     assert_ne!(
@@ -319,36 +269,50 @@ async fn dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse(e: Env) {
         return;
     }
     let name = "stall-job";
-    let (first, second) = dark_lock_holder_stops_in_time(&e, name, |store, tag| {
-        let cfg = format!(
-            "[[job]]\nname = \"{name}\"\nevery = \"1s\"\nmode = \"lock\"\nat_most = \"3s\"\n\
-             command = [\"bash\", \"-c\", {}, \"_\", \"{tag}\"]\n",
-            toml_str(LOCK_TREE)
-        );
-        let file = format!("serve-{tag}.toml");
-        std::fs::write(e.path(&file), cfg).unwrap();
-        let mut args = vec![
-            "serve",
-            "--config",
-            &file,
-            "--grace",
-            "2s",
-            "--shutdown-grace",
-            "1s",
-        ];
-        if let Some(s) = store {
-            args.extend_from_slice(&["--store", s]);
-        }
-        e.spawn_logged(&args)
-    })
+    let (mut first, mut second) = dark_holder_stops_in_time(
+        &e,
+        |store, tag| {
+            let cfg = format!(
+                "[[job]]\nname = \"{name}\"\nevery = \"1s\"\nmode = \"lock\"\nat_most = \"3s\"\n\
+                 command = [\"bash\", \"-c\", {}, \"_\", \"{tag}\"]\n",
+                toml_str(TREE)
+            );
+            let file = format!("serve-{tag}.toml");
+            std::fs::write(e.path(&file), cfg).unwrap();
+            let mut args = vec![
+                "serve",
+                "--config",
+                &file,
+                "--grace",
+                "2s",
+                "--shutdown-grace",
+                "1s",
+            ];
+            if let Some(s) = store {
+                args.extend_from_slice(&["--store", s]);
+            }
+            e.spawn_logged(&args)
+        },
+        lock_holder(&e, name),
+    )
     .await;
     // The healthy instance stops its run (the SIGTERM-ignoring tree) and
     // exits; the dark one, whose store is gone for good now, is killed.
-    let (mut first, mut second) = (first, second);
     signal(&second, libc::SIGTERM);
     exit_within(&mut second, 15, "baton serve after SIGTERM");
     signal(&first, libc::SIGKILL);
     exit_within(&mut first, 15, "baton serve after SIGKILL");
+}
+
+/// The current holder of lock `name`: its token and `lock_until`.
+fn lock_holder<'a>(
+    e: &'a Env,
+    name: &'a str,
+) -> impl AsyncFn() -> Option<(u64, chrono::DateTime<chrono::Utc>)> + 'a {
+    async move || {
+        let l = e.ts.store.backend().lock_get(name).await.unwrap()?;
+        Some((l.token.0, l.lock_until))
+    }
 }
 
 /// A TOML basic string holding `s`.
@@ -356,20 +320,21 @@ fn toml_str(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// One dark-store scenario for a lock holder that runs [`LOCK_TREE`]:
-/// `start(store, tag)` starts a holder of lock `name` (through `store`, or
-/// the direct one) whose command is tagged `tag`. The first holder reaches
-/// its store through a fault proxy that goes dark (stalls: nothing refused)
-/// while its command's child and grandchild run. Both are gone before the
-/// lock's lease ends by the store's clock (the latest `lock_until` the
-/// keep-alive left, read on a direct connection); a second holder started
-/// on a healthy connection gets the lock after the lapse, with a higher
-/// fencing token, and its command writes only after the first tree's last
-/// write. Returns both holders, still to be stopped.
-async fn dark_lock_holder_stops_in_time(
+/// One dark-store scenario for a holder (a worker's attempt or a lock's
+/// holder) whose command is [`TREE`]: `start(store, tag)` starts a holder
+/// (through `store`, or on the direct connection) whose command is tagged
+/// `tag`, and `holder()` reads the current holder's fencing token (for a
+/// task, its attempt) and lease end from the store, directly. The first holder reaches its store through
+/// a fault proxy that goes dark (stalls: nothing refused) while its
+/// command's child and grandchild run. Both are gone before its lease ends
+/// by the store's clock (the latest end its heartbeats or keep-alive left);
+/// a second holder started on a healthy connection takes over after the
+/// lapse, with a higher fencing token, and its command writes only after
+/// the first tree's last write. Returns both holders, still to be stopped.
+async fn dark_holder_stops_in_time(
     e: &Env,
-    name: &str,
     start: impl Fn(Option<&str>, &str) -> Child,
+    holder: impl AsyncFn() -> Option<(u64, chrono::DateTime<chrono::Utc>)>,
 ) -> (Child, Child) {
     let proxy = Proxy::start(&host_port(&e.ts.url));
     let via_proxy = proxy.url(&e.ts.url);
@@ -383,18 +348,18 @@ async fn dark_lock_holder_stops_in_time(
         !child.is_empty() && !gc.is_empty() && !dead(&child) && !dead(&gc),
         "the first holder's child ({child:?}) and grandchild ({gc:?}) run"
     );
-    let backend = e.ts.store.backend();
     let mut lease_end = None;
     let mut token = None;
     let mut watch_lease = async || {
-        if let Some(l) = backend.lock_get(name).await.unwrap() {
-            if token.is_none_or(|t| t == l.token) {
-                token = Some(l.token);
-                lease_end = lease_end.max(Some(l.lock_until));
+        if let Some((t, until)) = holder().await {
+            if token.is_none_or(|first| first == t) {
+                token = Some(t);
+                lease_end = lease_end.max(Some(until));
             }
         }
     };
-    // The keep-alive extends the lease through the proxy; then dark.
+    // Heartbeats or the keep-alive extend the lease through the proxy;
+    // then dark.
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_millis(1500) {
         watch_lease().await;
@@ -438,10 +403,10 @@ async fn dark_lock_holder_stops_in_time(
         "the first holder's grandchild wrote {:.3} s after the store went dark, past its 3 s lease",
         last1 - dark
     );
-    let now = backend.lock_get(name).await.unwrap().expect("the lock");
+    let (now, _) = holder().await.expect("the second holder");
     assert!(
-        now.token > token.expect("the first token"),
-        "the second grant's fencing token rises"
+        now > token.expect("the first token"),
+        "the second holder's fencing token rises"
     );
     (first, second)
 }

@@ -239,13 +239,13 @@ async fn claim_plan_and_throughput() {
     let p = Some(f.prefix.as_str());
     // No statistics yet (unless autovacuum got there first).
     check(
-        &postgres::explain_claim(&mut conn, p, "bulk", 100, false)
+        &postgres::explain_claim(&mut conn, p, "bulk", 100, false, false)
             .await
             .unwrap(),
         "custom plan, no ANALYZE",
     );
     check(
-        &postgres::explain_claim(&mut conn, p, "bulk", 100, true)
+        &postgres::explain_claim(&mut conn, p, "bulk", 100, true, false)
             .await
             .unwrap(),
         "generic plan, no ANALYZE",
@@ -256,13 +256,13 @@ async fn claim_plan_and_throughput() {
         .await
         .unwrap();
     check(
-        &postgres::explain_claim(&mut conn, p, "bulk", 100, false)
+        &postgres::explain_claim(&mut conn, p, "bulk", 100, false, false)
             .await
             .unwrap(),
         "custom plan, ANALYZE with 200k pending",
     );
     check(
-        &postgres::explain_claim(&mut conn, p, "bulk", 100, true)
+        &postgres::explain_claim(&mut conn, p, "bulk", 100, true, false)
             .await
             .unwrap(),
         "generic plan, ANALYZE with 200k pending",

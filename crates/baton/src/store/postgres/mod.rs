@@ -207,9 +207,10 @@ pub(crate) fn from_pool(
 
 /// The plan of the claim statement for `queue` and `limit`, as `EXPLAIN`
 /// prints it, prepared and then explained under `plan_cache_mode =
-/// force_generic_plan` (`generic`) or `force_custom_plan`. For tests and
-/// diagnostics (a claim must stay an index walk); not a stable API. Runs in
-/// a transaction that is rolled back.
+/// force_generic_plan` (`generic`) or `force_custom_plan`; with `analyze`,
+/// run too (`EXPLAIN (ANALYZE, BUFFERS)`). For tests and diagnostics (a
+/// claim must stay an index walk); not a stable API. Runs in a transaction
+/// that is rolled back.
 #[doc(hidden)]
 pub async fn explain_claim(
     conn: &mut PgConnection,
@@ -217,6 +218,7 @@ pub async fn explain_claim(
     queue: &str,
     limit: u32,
     generic: bool,
+    analyze: bool,
 ) -> Result<String, StoreError> {
     let mut tx = conn.begin().await?;
     let mode = if generic {
@@ -232,7 +234,7 @@ pub async fn explain_claim(
     sqlx::Executor::execute(
         &mut *tx,
         format!(
-            "PREPARE baton_explain_claim(text, text, int8, int8) AS {}",
+            "PREPARE baton_explain_claim(text, text, int8, int8, int8) AS {}",
             Sql::new(&Names::new(prefix), true).claim(limit, false)
         )
         .as_str(),
@@ -240,7 +242,8 @@ pub async fn explain_claim(
     .await?;
     let q = queue.replace('\'', "''");
     let rows: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN EXECUTE baton_explain_claim('{q}', 'explain', 1000, {limit})"
+        "EXPLAIN {} EXECUTE baton_explain_claim('{q}', 'explain', 1000, {limit}, 0)",
+        if analyze { "(ANALYZE, BUFFERS)" } else { "" }
     ))
     .fetch_all(&mut *tx)
     .await?;
