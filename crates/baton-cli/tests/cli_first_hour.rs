@@ -175,9 +175,25 @@ async fn duplicate_key_says_nothing_was_inserted(e: Env) {
 }
 
 async fn lock_wait_says_what_it_waits_for(e: Env) {
-    let mut holder = e.spawn(&["lock", "w", "--at-most", "30s", "--", "sleep", "2"]);
-    wait_for(20, "the lock to be held", || {
-        stdout(&e.run(&["locks", "--json"])).contains("\"held\"")
+    // The holder's command says when it holds the lock, then holds it until
+    // told to let go, 6 s later (a fixed-length hold raced the polling on
+    // a loaded host).
+    let mut holder = e.spawn(&[
+        "lock",
+        "w",
+        "--at-most",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "touch held; while [ ! -e release ]; do sleep 0.05; done",
+    ]);
+    wait_for(20, "the lock to be held", || e.path("held").exists());
+    assert!(stdout(&e.run(&["locks", "--json"])).contains("\"held\""));
+    let release = e.path("release");
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(6));
+        std::fs::write(release, "").unwrap();
     });
     let t0 = Instant::now();
     let out = e.run(&["lock", "w", "--wait", "40s", "--", "true"]);

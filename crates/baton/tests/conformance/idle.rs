@@ -112,9 +112,10 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
     run.await.unwrap().unwrap();
     let n = |m: &str| end.get(m).copied().unwrap_or(0) - start.get(m).copied().unwrap_or(0);
     let total: usize = end.values().sum::<usize>() - start.values().sum::<usize>();
-    // Rescue on its own timer, every five poll intervals: six in the window.
+    // Rescue on its own timer, every five poll intervals: six in the
+    // window (a late timer on a busy host may make it five, or four).
     assert!(
-        (5..=7).contains(&n("task_rescue_many")),
+        (4..=7).contains(&n("task_rescue_many")),
         "{} rescues in 30 idle ticks (expected 6): {end:?}",
         n("task_rescue_many")
     );
