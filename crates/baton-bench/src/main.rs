@@ -324,12 +324,15 @@ impl Ctx {
             }
             return Ok(());
         }
+        if self.url.starts_with("redis://") || self.url.starts_with("rediss://") {
+            return self.cleanup_redis().await;
+        }
         if !self.is_postgres() {
             return Ok(());
         }
         let mut c = self.pg().await?;
         let p = &self.prefix;
-        for t in ["meta", "locks", "tasks", "jobs"] {
+        for t in ["meta", "locks", "tasks", "jobs", "queues"] {
             sqlx::query(&format!("DROP TABLE IF EXISTS \"{p}{t}\""))
                 .execute(&mut c)
                 .await?;
@@ -338,6 +341,36 @@ impl Ctx {
             .execute(&mut c)
             .await?;
         Ok(())
+    }
+
+    /// Delete every key of this run's prefix (a shared Redis otherwise
+    /// keeps a throughput run's tens of thousands of keys, and listing
+    /// locks there scans them all).
+    async fn cleanup_redis(&self) -> Result<()> {
+        let client = redis::Client::open(self.url.as_str()).context("opening Redis to clean up")?;
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .context("connecting to Redis to clean up")?;
+        let pattern = format!("{}*", self.prefix);
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut c)
+                .await?;
+            if !keys.is_empty() {
+                let _: () = redis::cmd("UNLINK").arg(&keys).query_async(&mut c).await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 }
 

@@ -43,6 +43,10 @@ pub fn skipped(why: &str) {
 pub struct Env {
     pub ts: TestStore,
     pub dir: tempfile::TempDir,
+    /// Processes started with [`Env::spawn`] / [`Env::spawn_logged`]: killed
+    /// when a failing test unwinds, so a daemon it started does not run on
+    /// (its command's supervisor then stops the command's tree).
+    spawned: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Env {
@@ -51,6 +55,7 @@ impl Env {
         Some(Env {
             ts,
             dir: tempfile::tempdir().unwrap(),
+            spawned: std::sync::Mutex::new(Vec::new()),
         })
     }
     pub fn path(&self, name: &str) -> PathBuf {
@@ -70,11 +75,19 @@ impl Env {
         self.cmd(args).output().expect("baton runs")
     }
     pub fn spawn(&self, args: &[&str]) -> Child {
-        self.cmd(args)
+        let child = self
+            .cmd(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("baton starts")
+            .expect("baton starts");
+        self.track(&child);
+        child
+    }
+    fn track(&self, child: &Child) {
+        if let Ok(mut v) = self.spawned.lock() {
+            v.push(child.id());
+        }
     }
     /// Spawn with stderr going to a log file that is printed if the test fails.
     pub fn spawn_logged(&self, args: &[&str]) -> Child {
@@ -82,18 +95,29 @@ impl Env {
             .map(|d| d.count())
             .unwrap_or(0);
         let log = std::fs::File::create(self.path(&format!("baton-{n}.log"))).unwrap();
-        self.cmd(args)
+        let child = self
+            .cmd(args)
             .env("BATON_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("baton starts")
+            .expect("baton starts");
+        self.track(&child);
+        child
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            let pids = self.spawned.lock().map(|v| v.clone()).unwrap_or_default();
+            for pid in pids {
+                // SAFETY: kill(2) on a child this test started (gone already:
+                // ESRCH, ignored).
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
             if let Ok(dir) = std::fs::read_dir(self.dir.path()) {
                 for f in dir.flatten() {
                     let name = f.file_name().to_string_lossy().into_owned();
