@@ -164,8 +164,11 @@ proptest! {
         lease_s in 1u64..=3600,
         priority in -100i32..=100,
         attempts in 1u32..=10_000,
-        cmd in prop::collection::vec("[ -~]{1,20}", 1..4),
+        program in "[ -~]{0,9}[!-~][ -~]{0,10}",
+        args in prop::collection::vec("[ -~]{1,20}", 0..3),
     ) {
+        // A program of only blanks is refused (see `validate_action`).
+        let cmd: Vec<String> = std::iter::once(program).chain(args).collect();
         let every = baton::format_duration(Duration::from_millis(every_ms));
         let text = format!(
             "[[queue]]\nname = \"q\"\nconcurrency = {concurrency}\nlease = \"{lease_s}s\"\n\n\
