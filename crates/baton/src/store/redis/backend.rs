@@ -80,27 +80,36 @@ impl Backend for RedisBackend {
     // ---- locks -------------------------------------------------------------
 
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
-        let v: Vec<String> = self
+        let v: Vec<redis::Value> = self
             .l(
                 &self.scripts.lock_acquire,
                 req.name,
                 sargs![req.holder, ms(req.at_most)],
             )
             .await?;
-        match v.first().map(String::as_str) {
-            Some("1") if v.len() >= 4 => Ok(Acquire::Granted {
-                token: FencingToken(parse_u64(&v[1], "token")?),
-                locked_at: from_ms(parse_i64(&v[2], "locked_at")?)?,
-                lock_until: from_ms(parse_i64(&v[3], "lock_until")?)?,
+        let int = |i: usize, what: &str| -> Result<i64, StoreError> {
+            v.get(i)
+                .and_then(|x| redis::from_redis_value::<i64>(x).ok())
+                .ok_or_else(|| StoreError::Corrupt(format!("lock acquire: {what}: {v:?}")))
+        };
+        match int(0, "outcome")? {
+            1 => Ok(Acquire::Granted {
+                token: FencingToken(token_u64(int(1, "token")?)?),
+                locked_at: from_ms(int(2, "locked_at")?)?,
+                lock_until: from_ms(int(3, "lock_until")?)?,
             }),
-            Some("0") if v.len() >= 6 => {
-                let until = parse_i64(&v[4], "lock_until")?;
-                let now = parse_i64(&v[5], "now")?;
+            0 => {
+                let holder = v
+                    .get(1)
+                    .and_then(|x| redis::from_redis_value::<String>(x).ok())
+                    .ok_or_else(|| StoreError::Corrupt(format!("lock acquire: holder: {v:?}")))?;
+                let until = int(4, "lock_until")?;
+                let now = int(5, "now")?;
                 Ok(Acquire::Busy(LockInfo {
                     name: req.name.to_string(),
-                    holder: v[1].clone(),
-                    token: FencingToken(parse_u64(&v[2], "token")?),
-                    locked_at: from_ms(parse_i64(&v[3], "locked_at")?)?,
+                    holder,
+                    token: FencingToken(token_u64(int(2, "token")?)?),
+                    locked_at: from_ms(int(3, "locked_at")?)?,
                     lock_until: from_ms(until)?,
                     held: until > now,
                     now: from_ms(now)?,
@@ -121,17 +130,18 @@ impl Backend for RedisBackend {
             token,
             at_most,
         } = *params;
-        let v: String = self
+        // The new lock_until in ms, or 0 when the lease was lost.
+        let until: i64 = self
             .l(
                 &self.scripts.lock_extend,
                 name,
                 sargs![token.0.to_string(), ms(at_most)],
             )
             .await?;
-        if v.is_empty() {
+        if until == 0 {
             return Ok(None);
         }
-        Ok(Some(from_ms(parse_i64(&v, "lock_until")?)?))
+        Ok(Some(from_ms(until)?))
     }
 
     async fn lock_release(
@@ -577,4 +587,9 @@ impl Backend for RedisBackend {
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
+}
+
+/// A fencing token from a script's integer reply.
+fn token_u64(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("lock token: negative: {n}")))
 }

@@ -1,7 +1,11 @@
--- KEYS: lock. ARGV: token, at_least ms.
-local h = redis.call('HMGET', KEYS[1], 'token', 'locked_at', 'lock_until')
-if h[1] ~= ARGV[1] or (not h[3]) or tonumber(h[3]) <= now then return 0 end
-local lu = tonumber(h[2]) + tonumber(ARGV[2])
-if lu < now then lu = now end
+-- KEYS: lock. ARGV: token, at_least ms. Returns 1, or 0 when the lock was
+-- not held by this token any more.
+local h = redis.call('HMGET', KEYS[1], 'token', 'lock_until', 'locked_at')
+if h[1] ~= ARGV[1] or (not h[2]) or tonumber(h[2]) <= now then return 0 end
+local lu = now
+if ARGV[2] ~= '0' then
+  local least = tonumber(h[3]) + tonumber(ARGV[2])
+  if least > lu then lu = least end
+end
 redis.call('HSET', KEYS[1], 'lock_until', fmt(lu))
 return 1
