@@ -84,6 +84,19 @@ struct Common {
     /// (`StoreOptions::keep_succeeded = false`) instead of keeping them.
     #[arg(long)]
     delete_succeeded: bool,
+    /// The tokio runtime the bench runs on: `multi` (one worker thread per
+    /// core, what `#[tokio::main]` gives) or `current` (one thread).
+    #[arg(long, value_enum, default_value_t = Flavor::Multi)]
+    runtime: Flavor,
+}
+
+/// A tokio runtime flavor.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Flavor {
+    /// `new_multi_thread`: a worker thread per core.
+    Multi,
+    /// `new_current_thread`: everything on the calling thread.
+    Current,
 }
 
 /// A knob forced on or off.
@@ -223,10 +236,20 @@ struct ClaimArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?;
+    let common = match &cli.cmd {
+        Cmd::Lock(a) => &a.common,
+        Cmd::QueueThroughput(a) => &a.common,
+        Cmd::Latency(a) => &a.common,
+        Cmd::ClaimScale(a) => &a.common,
+        Cmd::SchedulePrecision(a) => &a.common,
+    };
+    let rt = match common.runtime {
+        Flavor::Multi => tokio::runtime::Builder::new_multi_thread(),
+        Flavor::Current => tokio::runtime::Builder::new_current_thread(),
+    }
+    .enable_all()
+    .build()
+    .context("building the tokio runtime")?;
     rt.block_on(async move {
         match cli.cmd {
             Cmd::Lock(a) => lock_bench(a).await,
