@@ -199,7 +199,7 @@ async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
             )
         })
     };
-    let workers = dark_holder_stops_in_time(
+    let (mut first, mut second, proxy) = dark_holder_stops_in_time(
         &e,
         |store, _| {
             let mut args = vec!["work"];
@@ -221,10 +221,10 @@ async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
         holder,
     )
     .await;
-    for mut w in <[Child; 2]>::from(workers) {
-        signal(&w, libc::SIGTERM);
-        exit_within(&mut w, 15, "baton work after SIGTERM");
-    }
+    sigterm_exits_while_stalled(&mut first, "baton work with its store stalled");
+    drop(proxy);
+    signal(&second, libc::SIGTERM);
+    exit_within(&mut second, 15, "baton work after SIGTERM");
 }
 
 /// The same promise for `baton lock NAME -- CMD`: the dark holder exits on
@@ -234,7 +234,7 @@ async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
         return;
     }
     let name = "stall-lock";
-    let (mut first, mut second) = dark_holder_stops_in_time(
+    let (mut first, mut second, _proxy) = dark_holder_stops_in_time(
         &e,
         |store, tag| {
             let mut args = vec!["lock", name, "--at-most", "3s", "--grace", "1s"];
@@ -269,7 +269,7 @@ async fn dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse(e: Env) {
         return;
     }
     let name = "stall-job";
-    let (mut first, mut second) = dark_holder_stops_in_time(
+    let (mut first, mut second, proxy) = dark_holder_stops_in_time(
         &e,
         |store, tag| {
             let cfg = format!(
@@ -296,12 +296,13 @@ async fn dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse(e: Env) {
         lock_holder(&e, name),
     )
     .await;
-    // The healthy instance stops its run (the SIGTERM-ignoring tree) and
-    // exits; the dark one, whose store is gone for good now, is killed.
+    // The stalled instance (its run stopped at the lapse, its outcome not
+    // written) and the healthy one, which stops its run (the
+    // SIGTERM-ignoring tree), both exit on SIGTERM.
+    sigterm_exits_while_stalled(&mut first, "baton serve with its store stalled");
+    drop(proxy);
     signal(&second, libc::SIGTERM);
     exit_within(&mut second, 15, "baton serve after SIGTERM");
-    signal(&first, libc::SIGKILL);
-    exit_within(&mut first, 15, "baton serve after SIGKILL");
 }
 
 /// The current holder of lock `name`: its token and `lock_until`.
@@ -330,12 +331,13 @@ fn toml_str(s: &str) -> String {
 /// by the store's clock (the latest end its heartbeats or keep-alive left);
 /// a second holder started on a healthy connection takes over after the
 /// lapse, with a higher fencing token, and its command writes only after
-/// the first tree's last write. Returns both holders, still to be stopped.
+/// the first tree's last write. Returns both holders, still to be stopped,
+/// and the proxy, still dark.
 async fn dark_holder_stops_in_time(
     e: &Env,
     start: impl Fn(Option<&str>, &str) -> Child,
     holder: impl AsyncFn() -> Option<(u64, chrono::DateTime<chrono::Utc>)>,
-) -> (Child, Child) {
+) -> (Child, Child, Proxy) {
     let proxy = Proxy::start(&host_port(&e.ts.url));
     let via_proxy = proxy.url(&e.ts.url);
     let first = start(Some(&via_proxy), "1");
@@ -408,8 +410,22 @@ async fn dark_holder_stops_in_time(
         now > token.expect("the first token"),
         "the second holder's fencing token rises"
     );
-    (first, second)
+    (first, second, proxy)
 }
+
+/// A SIGTERM to a daemon whose store has stalled (the proxy still dark):
+/// it exits within [`STALLED_EXIT_S`], not after retrying writes that get
+/// no answer.
+fn sigterm_exits_while_stalled(child: &mut Child, what: &str) {
+    let t0 = Instant::now();
+    signal(child, libc::SIGTERM);
+    exit_within(child, STALLED_EXIT_S, what);
+    eprintln!("{what}: exited {:?} after SIGTERM", t0.elapsed());
+}
+
+/// See [`sigterm_exits_while_stalled`]: the daemons' shutdown grace (2 s at
+/// most in these tests) and a few seconds for what it abandons.
+const STALLED_EXIT_S: u64 = 8;
 
 /// Whether a process is gone (or a zombie nobody has reaped yet).
 fn dead(pid: &str) -> bool {

@@ -572,20 +572,26 @@ impl Lease {
 
     /// Release the lease. It stays held until `granted_at + at_least`.
     /// Fails with [`Error::LeaseLost`] if the lease had already lapsed or
-    /// been taken over (then nothing is changed).
+    /// been taken over (then nothing is changed), or if the store has not
+    /// answered by the lease's deadline: by then the lock is free without
+    /// a release, so a stalled store never holds the caller longer.
     pub async fn release(mut self) -> Result<(), Error> {
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
-        let ok = self
-            .store
-            .backend()
-            .lock_release(&crate::store::LockRelease {
-                name: self.name(),
-                token: self.token(),
-                at_least: self.opts.at_least,
-            })
-            .await?;
+        let req = crate::store::LockRelease {
+            name: self.name(),
+            token: self.token(),
+            at_least: self.opts.at_least,
+        };
+        let release = self.store.backend().lock_release(&req);
+        let ok = match tokio::time::timeout_at(self.handle.deadline(), release).await {
+            Ok(answer) => answer?,
+            Err(_) => {
+                tracing::warn!(lock = self.name(), token = %self.token(), "the store did not answer the release before the lease's deadline; the lease has lapsed");
+                false
+            }
+        };
         if ok {
             tracing::debug!(lock = self.name(), token = %self.token(), "lock released");
             Ok(())

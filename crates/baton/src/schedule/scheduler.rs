@@ -421,6 +421,11 @@ impl Scheduler {
     }
 }
 
+/// How long a lock-mode run's outcome may still take to be written once
+/// the scheduler is stopping (a store that answers writes it in
+/// milliseconds; one that does not would hold the shutdown for its retries).
+const OUTCOME_ON_STOP: Duration = Duration::from_secs(2);
+
 /// The reason kept on a lock-mode slot whose lock was held (by a run of an
 /// earlier slot still going, or within its `at_least`).
 pub const LOCK_BUSY: &str =
@@ -629,7 +634,7 @@ async fn slot_loop(
                         tracing::info!(job = %job.name, %slot, task = e.id, %reason, "missed slots recorded as skipped");
                     } else if let Some(l) = &lock {
                         if e.inserted {
-                            run_locked(b, l, &job, slot, e.id, None).await;
+                            run_locked(b, l, &job, slot, e.id, None, &stop).await;
                         } else {
                             tracing::debug!(job = %job.name, %slot, "the slot already has a run");
                         }
@@ -706,7 +711,9 @@ async fn slot_loop(
 
 /// Run a lock-mode slot whose record (task `id`, attempt 1, `running`) this
 /// instance just created: take the lease lock, run, and finish the record
-/// with the outcome; heartbeat the record meanwhile.
+/// with the outcome; heartbeat the record meanwhile. Once `stop` fires,
+/// the outcome gets [`OUTCOME_ON_STOP`] to be written, so a shutdown does
+/// not wait on a store that does not answer.
 async fn run_locked(
     b: &dyn crate::store::Backend,
     l: &LockRun,
@@ -714,6 +721,7 @@ async fn run_locked(
     slot: DateTime<Utc>,
     id: i64,
     end_cursor: Option<&std::sync::Mutex<Option<DateTime<Utc>>>>,
+    stop: &CancellationToken,
 ) {
     let claim = Claim {
         id,
@@ -795,19 +803,30 @@ async fn run_locked(
     };
     // A store blip must not leave the record running; if every try fails,
     // rescue fails it with "lease expired" once its lease lapses.
-    let mut backoff = Duration::from_millis(100);
-    for _ in 0..5 {
-        match b
-            .task_finish_many(&[(claim, finish.clone())])
-            .await
-            .map(|r| r == [true])
-        {
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!(job = %job.name, %slot, error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
+    let record = async {
+        let mut backoff = Duration::from_millis(100);
+        for _ in 0..5 {
+            match b
+                .task_finish_many(&[(claim, finish.clone())])
+                .await
+                .map(|r| r == [true])
+            {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(job = %job.name, %slot, error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
             }
+        }
+    };
+    tokio::select! {
+        () = record => {}
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(OUTCOME_ON_STOP).await;
+        } => {
+            tracing::warn!(job = %job.name, %slot, task = id, "shutting down before the run's outcome could be recorded (the store does not answer); its record fails with \"lease expired\" once its lease lapses");
         }
     }
 }
@@ -928,7 +947,7 @@ async fn fixed_delay_loop(
                     // The delay counts from the run's end: run_locked moves
                     // the cursor there before it releases the lock.
                     let end = std::sync::Mutex::new(None);
-                    run_locked(b, &l, &job, target, e.id, Some(&end)).await;
+                    run_locked(b, &l, &job, target, e.id, Some(&end), &stop).await;
                     match end.into_inner().ok().flatten() {
                         Some(end) => cursor = Some(end),
                         None => fresh = false,
