@@ -651,7 +651,6 @@ async fn catalogue_on(kind: Kind) {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("baton.toml");
     // Something in the store to stay as it is: a task, a lock, a job.
     let q = Queue::new(ts.store.clone());
     q.enqueue(baton::queue::TaskBuilder::new(
@@ -669,19 +668,16 @@ async fn catalogue_on(kind: Kind) {
     lease.release().await.unwrap();
     let cases = catalogue();
     assert!(cases.len() >= 40, "the catalogue has {} cases", cases.len());
+    // The cases run side by side, each in a directory of its own; the
+    // store is compared before and after them all, and only if it changed
+    // are they run again one by one to name the case that changed it.
+    let before = snapshot(&ts.store).await;
+    let outputs = run_side_by_side(&ts, dir.path(), &cases);
+    let after = snapshot(&ts.store).await;
     let mut failures = Vec::new();
-    for c in &cases {
-        std::fs::write(&cfg, c.config.as_deref().unwrap_or(OK_JOB)).unwrap();
-        let args: Vec<String> = c
-            .args
-            .iter()
-            .map(|a| a.replace("{cfg}", &cfg.display().to_string()))
-            .collect();
-        let before = snapshot(&ts.store).await;
-        let (code, stdout, stderr) = run(&ts, dir.path(), &args);
-        let after = snapshot(&ts.store).await;
+    for (i, (c, (args, (code, stdout, stderr)))) in cases.iter().zip(&outputs).enumerate() {
         let mut why = Vec::new();
-        if code != Some(c.code) {
+        if *code != Some(c.code) {
             why.push(format!("exit {code:?}, not {}", c.code));
         }
         if stderr.contains("panicked") {
@@ -690,7 +686,7 @@ async fn catalogue_on(kind: Kind) {
         if !stdout.trim().is_empty() {
             why.push(format!("printed {:?}", stdout.trim()));
         }
-        match error_line(&stderr) {
+        match error_line(stderr) {
             None => why.push("no error line".into()),
             Some(line) => {
                 for w in &c.want {
@@ -709,26 +705,21 @@ async fn catalogue_on(kind: Kind) {
             }
         }
         if before != after {
-            why.push(format!("the store changed: {before:?} -> {after:?}"));
+            let before = snapshot(&ts.store).await;
+            run(&ts, &case_dir(dir.path(), i), args);
+            let after = snapshot(&ts.store).await;
+            if before != after {
+                why.push(format!("the store changed: {before:?} -> {after:?}"));
+            }
         }
         if !why.is_empty() {
-            let shown: Vec<String> = args
-                .iter()
-                .map(|a| {
-                    if a.len() > 60 {
-                        format!("<{} bytes>", a.len())
-                    } else {
-                        a.clone()
-                    }
-                })
-                .collect();
-            let err: String = stderr.chars().take(600).collect();
-            failures.push(format!(
-                "{}: baton {shown:?}: {}\n    stderr: {err}",
-                c.what,
-                why.join("; ")
-            ));
+            failures.push(failure(c.what, args, &why, stderr));
         }
+    }
+    if before != after && failures.is_empty() {
+        failures.push(format!(
+            "the store changed while the cases ran, but no case alone changes it: {before:?} -> {after:?}"
+        ));
     }
     assert!(
         failures.is_empty(),
@@ -737,6 +728,79 @@ async fn catalogue_on(kind: Kind) {
         cases.len(),
         failures.join("\n")
     );
+}
+
+/// The directory of case `i`, holding its config file (`baton.toml`).
+fn case_dir(root: &std::path::Path, i: usize) -> std::path::PathBuf {
+    root.join(format!("case-{i}"))
+}
+
+/// Run every case (its config written to its own directory), a few at a
+/// time; each case's arguments (with `{cfg}` filled in) and output, in
+/// order.
+fn run_side_by_side(
+    ts: &common::TestStore,
+    root: &std::path::Path,
+    cases: &[Case],
+) -> Vec<(Vec<String>, (Option<i32>, String, String))> {
+    let prepared: Vec<(std::path::PathBuf, Vec<String>)> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let dir = case_dir(root, i);
+            std::fs::create_dir_all(&dir).unwrap();
+            let cfg = dir.join("baton.toml");
+            std::fs::write(&cfg, c.config.as_deref().unwrap_or(OK_JOB)).unwrap();
+            let args = c
+                .args
+                .iter()
+                .map(|a| a.replace("{cfg}", &cfg.display().to_string()))
+                .collect();
+            (dir, args)
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outputs: Vec<std::sync::Mutex<Option<(Option<i32>, String, String)>>> =
+        cases.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..SIDE_BY_SIDE {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((dir, args)) = prepared.get(i) else {
+                    break;
+                };
+                let out = run(ts, dir, args);
+                *outputs[i].lock().unwrap() = Some(out);
+            });
+        }
+    });
+    prepared
+        .into_iter()
+        .zip(outputs)
+        .map(|((_, args), out)| (args, out.into_inner().unwrap().expect("every case ran")))
+        .collect()
+}
+
+/// Cases run at once (each a `baton` process; most exit in milliseconds).
+const SIDE_BY_SIDE: usize = 6;
+
+/// A failed case, for the assertion message.
+fn failure(what: &str, args: &[String], why: &[String], stderr: &str) -> String {
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.len() > 60 {
+                format!("<{} bytes>", a.len())
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    let err: String = stderr.chars().take(600).collect();
+    format!(
+        "{what}: baton {shown:?}: {}\n    stderr: {err}",
+        why.join("; ")
+    )
 }
 
 // ---- the HTTP admin API ---------------------------------------------------------
