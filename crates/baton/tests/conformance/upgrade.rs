@@ -638,6 +638,15 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
             .unwrap();
         assert_eq!(ttl, -1, "the upgrade removed the lock key's TTL");
     }
+    // The lock is listed (on Redis, through the index the upgrade built).
+    let listed: Vec<String> = b
+        .lock_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.name)
+        .collect();
+    assert_eq!(listed, ["L"], "the upgraded store lists its lock");
     let floor = store.now().await.unwrap().timestamp_micros();
     let g = b
         .lock_acquire(&baton::store::LockRequest {

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
 use super::decode::{opt_ts, parse_i64, parse_u64, push_task_args, task, task_args, task_info};
+use super::schema::LOCK_INDEX;
 use super::{listener, schema, RedisBackend};
 use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
 use crate::error::StoreError;
@@ -80,13 +81,31 @@ impl Backend for RedisBackend {
     // ---- locks -------------------------------------------------------------
 
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
-        let v: Vec<redis::Value> = self
-            .l(
-                &self.scripts.lock_acquire,
-                req.name,
-                sargs![req.holder, ms(req.at_most)],
-            )
-            .await?;
+        let acquire = self.l::<Vec<redis::Value>>(
+            &self.scripts.lock_acquire,
+            req.name,
+            sargs![req.holder, ms(req.at_most)],
+        );
+        // The name goes into the lock index (what `lock_list` reads) with
+        // this process's first acquire of it, sent alongside on the same
+        // connection (no extra round trip). The index is not the lock: if
+        // adding fails, the acquire stands and the next one adds it.
+        let v = if self.lock_indexed(req.name) {
+            acquire.await?
+        } else {
+            let mut conn = self.conn.clone();
+            let mut sadd = redis::cmd("SADD");
+            sadd.arg(self.key(LOCK_INDEX)).arg(req.name);
+            let index = sadd.query_async::<()>(&mut conn);
+            let (indexed, v) = tokio::join!(index, acquire);
+            match indexed {
+                Ok(()) => self.mark_lock_indexed(req.name),
+                Err(e) => {
+                    tracing::debug!(lock = req.name, error = %e, "redis: could not add the lock to the lock index; the next acquire will")
+                }
+            }
+            v?
+        };
         let int = |i: usize, what: &str| -> Result<i64, StoreError> {
             v.get(i)
                 .and_then(|x| redis::from_redis_value::<i64>(x).ok())

@@ -141,7 +141,15 @@ pub struct RedisBackend {
     base: String,
     scripts: Scripts,
     wake: tokio::sync::Mutex<Option<Listener>>,
+    /// Lock names this process has added to the lock index (`B locks`),
+    /// so each is added once, not on every acquire (see [`INDEXED_LOCKS`]).
+    indexed_locks: std::sync::Mutex<std::collections::HashSet<String>>,
 }
+
+/// At most this many names are remembered in
+/// [`RedisBackend::indexed_locks`]; past it the memory starts over (a name
+/// added again is a no-op on the server).
+const INDEXED_LOCKS: usize = 65_536;
 
 /// Connect to Redis and return the backend.
 ///
@@ -179,11 +187,30 @@ impl RedisBackend {
             prefix,
             scripts: Scripts::new(),
             wake: tokio::sync::Mutex::new(None),
+            indexed_locks: std::sync::Mutex::new(std::collections::HashSet::new()),
         })
     }
 
     fn key(&self, what: &str) -> String {
         format!("{}{what}", self.base)
+    }
+
+    /// Whether this process has added lock `name` to the lock index.
+    fn lock_indexed(&self, name: &str) -> bool {
+        self.indexed_locks
+            .lock()
+            .map(|s| s.contains(name))
+            .unwrap_or(false)
+    }
+
+    /// Remember that lock `name` is in the lock index.
+    fn mark_lock_indexed(&self, name: &str) {
+        if let Ok(mut s) = self.indexed_locks.lock() {
+            if s.len() >= INDEXED_LOCKS {
+                s.clear();
+            }
+            s.insert(name.to_string());
+        }
     }
 
     fn lock_key(&self, name: &str) -> String {

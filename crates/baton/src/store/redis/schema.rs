@@ -38,7 +38,16 @@ enum Upgrade {
     /// tasks it enqueues, and pass 12 arguments per task to scripts that
     /// read 13) refuses the store.
     Traceparent,
+    /// 4 → 5: the lock index (`B locks`, a set of lock names), which
+    /// `lock_list` reads instead of scanning the whole keyspace for lock
+    /// keys. The step adds the names of the lock keys found by one scan;
+    /// from then on each process adds a name with its first acquire of it.
+    LockIndex,
 }
+
+/// The lock index: the set `B locks` of every lock name acquired (lock
+/// records are kept for ever, so names are never removed).
+pub(super) const LOCK_INDEX: &str = "locks";
 
 /// The upgrade steps, in order. Add a variant and an entry at the end (and
 /// nothing else: [`SCHEMA_VERSION`] follows).
@@ -46,6 +55,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::PersistLocks,
     Upgrade::QueuePause,
     Upgrade::Traceparent,
+    Upgrade::LockIndex,
 ];
 
 /// The recorded version against [`SCHEMA_VERSION`] (a read: the migrate
@@ -98,7 +108,7 @@ pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
 async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
     match step {
         Upgrade::PersistLocks => {
-            let names = lock_names(b).await?;
+            let names = scan_lock_names(b).await?;
             let mut conn = b.conn.clone();
             for chunk in names.chunks(500) {
                 let mut pipe = redis::pipe();
@@ -108,12 +118,36 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
                 pipe.query_async::<()>(&mut conn).await?;
             }
         }
+        Upgrade::LockIndex => {
+            let names = scan_lock_names(b).await?;
+            let mut conn = b.conn.clone();
+            for chunk in names.chunks(500) {
+                redis::cmd("SADD")
+                    .arg(b.key(LOCK_INDEX))
+                    .arg(chunk)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+        }
         Upgrade::QueuePause | Upgrade::Traceparent => {}
     }
     Ok(())
 }
 
+/// Every lock name in the lock index, sorted.
 pub(super) async fn lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreError> {
+    let mut conn = b.conn.clone();
+    let mut names: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(b.key(LOCK_INDEX))
+        .query_async(&mut conn)
+        .await?;
+    names.sort_unstable();
+    Ok(names)
+}
+
+/// The names of the lock keys, found by scanning the keyspace (what the
+/// upgrade steps convert; `lock_list` reads the index instead).
+async fn scan_lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreError> {
     let head = format!("{}lock:", b.prefix);
     let pattern = format!("{head}*");
     let mut conn = b.conn.clone();
