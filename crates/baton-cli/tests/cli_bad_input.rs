@@ -598,13 +598,12 @@ async fn snapshot(store: &baton::Store) -> (Vec<String>, Vec<String>, Vec<String
     (tasks, locks, jobs)
 }
 
+/// A case's exit code, stdout and stderr.
+type Output = (Option<i32>, String, String);
+
 /// Run `baton ARGS` against `ts`, killed if it is still running after 30 s
 /// (a case that was not refused may run for ever: `work`, `serve`).
-fn run(
-    ts: &common::TestStore,
-    dir: &std::path::Path,
-    args: &[String],
-) -> (Option<i32>, String, String) {
+fn run(ts: &common::TestStore, dir: &std::path::Path, args: &[String]) -> Output {
     let mut child = Command::new(BATON)
         .args(args)
         .env("BATON_STORE", &ts.url)
@@ -742,7 +741,7 @@ fn run_side_by_side(
     ts: &common::TestStore,
     root: &std::path::Path,
     cases: &[Case],
-) -> Vec<(Vec<String>, (Option<i32>, String, String))> {
+) -> Vec<(Vec<String>, Output)> {
     let prepared: Vec<(std::path::PathBuf, Vec<String>)> = cases
         .iter()
         .enumerate()
@@ -760,7 +759,7 @@ fn run_side_by_side(
         })
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let outputs: Vec<std::sync::Mutex<Option<(Option<i32>, String, String)>>> =
+    let outputs: Vec<std::sync::Mutex<Option<Output>>> =
         cases.iter().map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..SIDE_BY_SIDE {
