@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use common::{signal, stderr, wait_for, Env};
 
+/// A request the collector received: its request line and body.
+type Post = (String, Vec<u8>);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_exports_a_task_span_per_attempt() {
     let Some(e) = Env::new(common::Kind::Sqlite).await else {
@@ -21,7 +24,7 @@ async fn work_exports_a_task_span_per_attempt() {
     };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let posts: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let posts: Arc<Mutex<Vec<Post>>> = Arc::default();
     let seen = posts.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
