@@ -109,6 +109,18 @@ fn have_bash() -> bool {
 const APPEND: &str =
     r#"while :; do echo "$EPOCHREALTIME" >> "ledger-$BATON_ATTEMPT"; sleep 0.05; done"#;
 
+/// `baton work` in the dark-store tests: a 3 s lease, polled often.
+const WORK_OPTS: [&str; 8] = [
+    "--lease",
+    "3s",
+    "--poll",
+    "200ms",
+    "--shutdown-grace",
+    "2s",
+    "--grace",
+    "500ms",
+];
+
 async fn dark_store_never_overlaps(e: Env) {
     if !have_bash() {
         return;
@@ -116,18 +128,8 @@ async fn dark_store_never_overlaps(e: Env) {
     let proxy = Proxy::start(&host_port(&e.ts.url));
     let via_proxy = proxy.url(&e.ts.url);
     let id = enqueue(&e, &["--max-attempts", "5"], &["bash", "-c", APPEND]);
-    let opts = [
-        "--lease",
-        "3s",
-        "--poll",
-        "200ms",
-        "--shutdown-grace",
-        "2s",
-        "--grace",
-        "500ms",
-    ];
     let mut args = vec!["work", "--store", &via_proxy];
-    args.extend_from_slice(&opts);
+    args.extend_from_slice(&WORK_OPTS);
     let mut w1 = e.spawn_logged(&args);
     wait_for(20, "attempt 1 to start", || {
         !stamps(&e, "ledger-1").is_empty()
@@ -137,7 +139,7 @@ async fn dark_store_never_overlaps(e: Env) {
     proxy.set(Mode::Dark);
     let dark = epoch_now();
     let mut args = vec!["work"];
-    args.extend_from_slice(&opts);
+    args.extend_from_slice(&WORK_OPTS);
     let mut w2 = e.spawn_logged(&args);
     wait_for(30, "attempt 2 to start on the healthy path", || {
         !stamps(&e, "ledger-2").is_empty()
@@ -206,16 +208,7 @@ async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
             if let Some(s) = store {
                 args.extend_from_slice(&["--store", s]);
             }
-            args.extend_from_slice(&[
-                "--lease",
-                "3s",
-                "--poll",
-                "200ms",
-                "--shutdown-grace",
-                "2s",
-                "--grace",
-                "500ms",
-            ]);
+            args.extend_from_slice(&WORK_OPTS);
             e.spawn_logged(&args)
         },
         holder,

@@ -123,25 +123,32 @@ impl Stall {
     }
 }
 
-async fn stalled_store_stops_the_handler_before_the_lease_lapses(kind: Kind) {
-    let Some(ts) = harness::connect(kind).await else {
-        return;
-    };
-    let (store_a, mut stall) = match kind {
+/// A store handle on `ts` whose path the returned [`Stall`] can darken:
+/// through a fault proxy (with `opts` and the test's prefix), or on SQLite
+/// its own handle, stalled by a second connection's write lock.
+async fn stallable(ts: &harness::TestStore, opts: StoreOptions) -> (Store, Stall) {
+    match ts.kind {
         Kind::Sqlite => (ts.open().await, Stall::Sqlite(ts.url.clone(), None)),
         Kind::Postgres | Kind::Redis | Kind::Mysql => {
             let proxy = Proxy::start(&host_port(&ts.url));
             let opts = StoreOptions {
                 prefix: Some(ts.prefix.clone()),
                 max_connections: 4,
-                ..StoreOptions::default()
+                ..opts
             };
             let s = Store::connect_with(&proxy.url(&ts.url), opts)
                 .await
                 .unwrap();
             (s, Stall::Proxy(proxy))
         }
+    }
+}
+
+async fn stalled_store_stops_the_handler_before_the_lease_lapses(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
     };
+    let (store_a, mut stall) = stallable(&ts, StoreOptions::default()).await;
     let q = Queue::new(ts.store.clone());
     let id = q
         .enqueue(TaskBuilder::new("long", serde_json::json!({})).max_attempts(5))
@@ -310,4 +317,63 @@ async fn mysql_stalled_store_stops_the_handler_before_the_lease_lapses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mysql_dark_call_times_out_as_unavailable() {
     dark_call_times_out_as_unavailable(Kind::Mysql).await
+}
+
+/// Releasing a lease while the store stalls returns by the lease's
+/// deadline as `LeaseLost` (the lock is free by then without a release),
+/// not after the store's 30 s statement timeout: a shutdown is never held
+/// by a release that gets no answer.
+async fn release_on_a_stalled_store_returns_by_the_deadline(kind: Kind) {
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let opts = StoreOptions {
+        statement_timeout: Duration::from_secs(30),
+        ..StoreOptions::default()
+    };
+    let (store, mut stall) = stallable(&ts, opts).await;
+    let at_most = Duration::from_secs(2);
+    let lock = baton::lock::LockOptions::new(at_most)
+        .unwrap()
+        .keep_alive(false);
+    let lease = baton::lock::Locker::new(store)
+        .try_lock("stalled-release", &lock)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    let granted = Instant::now();
+    stall.dark().await;
+    let r = tokio::time::timeout(Duration::from_secs(15), lease.release())
+        .await
+        .expect("the release returns within 15 s while the store stalls");
+    let took = granted.elapsed();
+    assert!(
+        matches!(r, Err(baton::Error::LeaseLost(_))),
+        "a release the store did not answer: {r:?}"
+    );
+    assert!(
+        took < at_most + Duration::from_secs(1),
+        "the release returned {took:?} after the grant (at_most {at_most:?})"
+    );
+    stall.light().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_release_on_a_stalled_store_returns_by_the_deadline() {
+    release_on_a_stalled_store_returns_by_the_deadline(Kind::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_release_on_a_stalled_store_returns_by_the_deadline() {
+    release_on_a_stalled_store_returns_by_the_deadline(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_release_on_a_stalled_store_returns_by_the_deadline() {
+    release_on_a_stalled_store_returns_by_the_deadline(Kind::Redis).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_release_on_a_stalled_store_returns_by_the_deadline() {
+    release_on_a_stalled_store_returns_by_the_deadline(Kind::Mysql).await
 }
