@@ -21,6 +21,34 @@ pub fn payload(argv: &[String]) -> serde_json::Value {
     serde_json::json!({ "argv": argv })
 }
 
+/// Check a command before it is stored: a program to run (not empty or
+/// blank) and no NUL byte in any argument (the OS cannot pass one, so
+/// every attempt would fail). The problem, for an error naming the field
+/// (`command` in the config and the API, `COMMAND` on the CLI).
+///
+/// ```ignore
+/// assert!(check_argv(&["echo".into(), "hi".into()]).is_ok());
+/// assert!(check_argv(&["".into()]).is_err());
+/// ```
+pub fn check_argv(argv: &[String]) -> Result<(), String> {
+    const FORM: &str = "give the program and its arguments, e.g. [\"sh\", \"-c\", \"…\"]";
+    match argv.first() {
+        None => return Err(format!("is empty; {FORM}")),
+        Some(p) if p.trim().is_empty() => {
+            return Err(format!(
+                "names no program (its first element is blank); {FORM}"
+            ))
+        }
+        Some(_) => {}
+    }
+    if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
+        return Err(format!(
+            "element {i} contains a NUL byte, which no program can receive in its arguments; remove it"
+        ));
+    }
+    Ok(())
+}
+
 fn argv_of(ctx: &TaskContext) -> Result<Vec<String>, TaskError> {
     let v = ctx.task().payload.get("argv").cloned().unwrap_or_default();
     let argv: Vec<String> = serde_json::from_value(v).map_err(|_| {

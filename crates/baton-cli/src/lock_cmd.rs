@@ -50,6 +50,17 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         ))
         .into());
     }
+    if a.at_most < crate::MIN_LOCK_AT_MOST {
+        return Err(Error::from(baton::InvalidInput::new(
+            "--at-most",
+            format!(
+                "{} is too short for a lease; use at least {} (e.g. 30s, 15m): the keep-alive and stopping the command need time",
+                baton::format_duration(a.at_most),
+                baton::format_duration(crate::MIN_LOCK_AT_MOST)
+            ),
+        ))
+        .into());
+    }
     let grace = match a.grace {
         Some(g) if g >= a.at_most => {
             return Err(Error::from(baton::InvalidInput::new(

@@ -31,6 +31,15 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_LEASE_LOST: u8 = 70;
 /// Exit code when the task or job named does not exist (EX_NOINPUT).
 pub const EXIT_NOT_FOUND: u8 = 66;
+/// Exit code when the task's state does not allow the request (cancel of a
+/// finished task, retry of a running one or of a lock-mode run's record):
+/// the CLI's 409 (EX_DATAERR).
+pub const EXIT_CONFLICT: u8 = 65;
+
+/// The shortest lock lease (`baton lock --at-most`, a lock-mode job's
+/// `at_most`): a shorter one leaves no time for the keep-alive's round trip
+/// and for stopping the command, so every run would end "lease lost".
+pub const MIN_LOCK_AT_MOST: Duration = Duration::from_secs(1);
 
 /// The longest duration any flag accepts.
 pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -69,16 +78,74 @@ enum LogFormat {
     Json,
 }
 
-/// Where the store is: `--store`, else env `BATON_STORE`, else `sqlite://baton.db`.
-#[derive(clap::Args, Debug, Clone)]
+/// Where the store is, resolved one way for every command (see
+/// [`StoreArg::resolve`]): `--store`, else env `BATON_STORE`, else the
+/// config file's `store` (`--config` / env `BATON_CONFIG`), else
+/// `sqlite://baton.db`; the prefix likewise (`--prefix`, `BATON_PREFIX`,
+/// the config's `prefix`, the store's default).
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct StoreArg {
     /// Store URL: sqlite://PATH, postgres://…, mysql://…, redis://…
-    #[arg(long, env = "BATON_STORE", default_value = baton::DEFAULT_STORE_URL, global = true)]
-    pub store: String,
+    /// [default: the config file's `store`, else sqlite://baton.db]
+    #[arg(long, env = "BATON_STORE", global = true)]
+    pub store: Option<String>,
     /// Table prefix (SQL) or key prefix (Redis): at most 32 ASCII letters,
-    /// digits, '_', ':' or '-'.
+    /// digits, '_', ':' or '-' [default: the config file's `prefix`, else
+    /// the store's own]
     #[arg(long, env = "BATON_PREFIX", global = true)]
     pub prefix: Option<String>,
+    /// A `baton serve` config file (TOML): its `store` and `prefix` are used
+    /// when `--store` / `--prefix` (and their env vars) are not given, and
+    /// `serve`, `work`, `trigger` and `jobs` read its queues and jobs.
+    #[arg(long, env = "BATON_CONFIG", global = true, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+}
+
+/// The store a command uses, and where its URL came from.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The store URL.
+    pub url: String,
+    /// The table or key prefix, when one is set.
+    pub prefix: Option<String>,
+    /// What named the URL: `--store`/`BATON_STORE`, the config file, or the
+    /// default.
+    pub from: String,
+}
+
+impl StoreArg {
+    /// The config file named by `--config` / `BATON_CONFIG`, read and
+    /// validated; `None` when none is named. A bad file is a usage error
+    /// (exit 2) naming the file, the line or the job/queue, and the field.
+    pub fn config(&self) -> anyhow::Result<Option<config::Config>> {
+        match &self.config {
+            None => Ok(None),
+            Some(path) => config::Config::from_file(path).map(Some).map_err(|e| {
+                baton::Error::Invalid(baton::InvalidInput::new("--config", e.to_string())).into()
+            }),
+        }
+    }
+
+    /// The store URL and prefix: `--store` (or env `BATON_STORE`), else the
+    /// config file's `store`, else [`baton::DEFAULT_STORE_URL`]; the prefix
+    /// from `--prefix` (`BATON_PREFIX`), else the config's `prefix`.
+    pub fn resolve(&self, cfg: Option<&config::Config>) -> Resolved {
+        let file = || {
+            self.config
+                .as_ref()
+                .map_or_else(|| "the config".to_string(), |p| p.display().to_string())
+        };
+        let (url, from) = match (&self.store, cfg.and_then(|c| c.store.clone())) {
+            (Some(s), _) => (s.clone(), "--store/BATON_STORE".to_string()),
+            (None, Some(s)) => (s, file()),
+            (None, None) => (baton::DEFAULT_STORE_URL.to_string(), "the default".into()),
+        };
+        let prefix = self
+            .prefix
+            .clone()
+            .or_else(|| cfg.and_then(|c| c.prefix.clone()));
+        Resolved { url, prefix, from }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,15 +227,19 @@ pub fn rfc3339_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
         .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
 }
 
-/// Connect to the store named by the flags. A failure says what went
-/// wrong (refused, timed out, wrong protocol, TLS, authentication, a bad
-/// SQLite path) and names the URL, with any password hidden.
+/// Connect to the store named by the flags (resolved as
+/// [`StoreArg::resolve`] says, reading the config file when one is named).
+/// A failure says what went wrong (refused, timed out, wrong protocol, TLS,
+/// authentication, a bad SQLite path) and names the URL, with any password
+/// hidden.
 pub async fn connect(arg: &StoreArg) -> anyhow::Result<baton::Store> {
-    connect_opts(arg, true).await
+    let cfg = arg.config()?;
+    connect_resolved(&arg.resolve(cfg.as_ref()), true).await
 }
 
-async fn connect_opts(arg: &StoreArg, migrate: bool) -> anyhow::Result<baton::Store> {
-    if let Some(p) = &arg.prefix {
+/// Connect to a resolved store (see [`connect`]).
+pub async fn connect_resolved(r: &Resolved, migrate: bool) -> anyhow::Result<baton::Store> {
+    if let Some(p) = &r.prefix {
         if p.len() > MAX_PREFIX {
             return Err(baton::Error::from(baton::InvalidInput::new(
                 "--prefix",
@@ -181,22 +252,41 @@ async fn connect_opts(arg: &StoreArg, migrate: bool) -> anyhow::Result<baton::St
         }
     }
     let opts = baton::StoreOptions {
-        prefix: arg.prefix.clone(),
+        prefix: r.prefix.clone(),
         migrate,
         ..Default::default()
     };
-    match baton::Store::connect_with(&arg.store, opts).await {
+    match baton::Store::connect_with(&r.url, opts).await {
         Ok(s) => Ok(s),
         // A bad URL or option already says what and where.
         Err(e @ baton::StoreError::Config(_)) => Err(baton::Error::from(e).into()),
+        Err(e)
+            if baton::error::chain(&e)
+                .to_ascii_lowercase()
+                .contains("db index is out of range") =>
+        {
+            let db = r
+                .url
+                .split_once("://")
+                .and_then(|(_, rest)| rest.split('?').next()?.rsplit_once('/'))
+                .map_or("", |(_, db)| db);
+            Err(baton::Error::from(baton::InvalidInput::new(
+                "--store",
+                format!(
+                    "{}: the Redis server has no database {db:?} (a server has `databases` of them, 16 by default: 0 to 15); use an index it has, e.g. redis://host:6379/0",
+                    baton::store::redact(&r.url)
+                ),
+            ))
+            .into())
+        }
         Err(e) => {
-            let mut why = connect_failure(&arg.store, &e);
+            let mut why = connect_failure(&r.url, &e);
             if why.is_none() {
-                why = probe_tcp(&arg.store).await;
+                why = probe_tcp(&r.url).await;
             }
             let why = why.unwrap_or_else(|| "cannot connect".into());
             Err(anyhow::Error::from(baton::Error::from(e))
-                .context(format!("store {}: {why}", baton::store::redact(&arg.store))))
+                .context(format!("store {}: {why}", baton::store::redact(&r.url))))
         }
     }
 }
@@ -369,7 +459,8 @@ fn init_tracing(format: LogFormat, daemon: bool) {
 async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     // Probe before migrating: SQL tables that are missing make the reads
     // fail; a Redis prefix without data has nothing to read.
-    let probe = connect_opts(&store, false).await.context("migrate")?;
+    let r = store.resolve(store.config()?.as_ref());
+    let probe = connect_resolved(&r, false).await.context("migrate")?;
     let b = probe.backend();
     let (locks, jobs, stats) = (
         b.lock_list().await,
@@ -385,13 +476,13 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     let s = output::progress(
         format!(
             "baton: migrating the schema on {}",
-            baton::store::redact(&store.store)
+            baton::store::redact(&r.url)
         ),
-        connect(&store),
+        connect_resolved(&r, true),
     )
     .await
     .context("migrate")?;
-    let prefix = store.prefix.as_deref().unwrap_or("(default)");
+    let prefix = r.prefix.as_deref().unwrap_or("(default)");
     if fresh {
         outln!("created the baton schema on {} (prefix {prefix})", s.url());
     } else {

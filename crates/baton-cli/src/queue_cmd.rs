@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::output::{self, Align, Table};
-use crate::runtime::{handle_commands, shutdown_on_signals, worker_config};
+use crate::runtime::shutdown_on_signals;
 use crate::{
     command_task, connect, duration_arg, note, outln, rfc3339_arg, StoreArg, EXIT_NOT_FOUND,
 };
@@ -59,6 +59,8 @@ pub struct EnqueueArgs {
 
 /// `baton enqueue`.
 pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
+    command_task::check_argv(&a.command)
+        .map_err(|problem| Error::from(baton::InvalidInput::new("COMMAND", problem)))?;
     let mut t = TaskBuilder::new(command_task::KIND, command_task::payload(&a.command))
         .queue(&a.queue)
         .priority(a.priority)
@@ -98,23 +100,33 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
 }
 
 /// Arguments of `baton work`.
+///
+/// Which queues, and with what settings: `--queue` names them (repeatable);
+/// without it, every `[[queue]]` of the config file (`--config`), else
+/// `default`. Each queue's concurrency, lease and cap come from its flag
+/// when given, else from the config's `[[queue]]` of that name, else the
+/// defaults below: a flag's default never shadows the config.
 #[derive(clap::Args, Debug)]
 pub struct WorkArgs {
     #[command(flatten)]
     pub store: StoreArg,
-    /// Queues to work on (repeatable).
-    #[arg(long = "queue", default_value = baton::queue::DEFAULT_QUEUE)]
+    /// Queues to work on (repeatable) [default: the config's queues, else
+    /// `default`].
+    #[arg(long = "queue")]
     pub queues: Vec<String>,
-    /// Commands run at once, per queue (1 to 10000).
-    #[arg(long, default_value_t = 2, value_parser = concurrency_arg)]
-    pub concurrency: usize,
+    /// Commands run at once, per queue (1 to 10000) [default: the config
+    /// queue's `concurrency`, else 2].
+    #[arg(long, value_parser = concurrency_arg)]
+    pub concurrency: Option<usize>,
     /// Cluster-wide cap per queue: at most N of its tasks run at once
-    /// across every `baton work`/`serve` that passes it (default: no cap).
+    /// across every `baton work`/`serve` that passes it [default: the
+    /// config queue's `max_running`, else no cap].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_running: Option<u32>,
-    /// Lease per attempt; heartbeats renew it every third of it.
-    #[arg(long, default_value = "30s", value_parser = duration_arg)]
-    pub lease: Duration,
+    /// Lease per attempt; heartbeats renew it every third of it (at least
+    /// 30ms) [default: the config queue's `lease`, else 30s].
+    #[arg(long, value_parser = lease_arg)]
+    pub lease: Option<Duration>,
     /// On SIGTERM, how long running commands may finish before they are
     /// stopped and their tasks handed back.
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
@@ -122,17 +134,83 @@ pub struct WorkArgs {
     /// After SIGTERM to a command, how long before SIGKILL.
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     pub grace: Duration,
-    /// Idle poll period.
-    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    /// Idle poll period (at least 10ms).
+    #[arg(long, default_value = "1s", value_parser = poll_arg)]
     pub poll: Duration,
-    /// A `baton serve` config file: also run its durable jobs' tasks (for
-    /// workers that run apart from the schedulers).
-    #[arg(long, env = "BATON_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
     #[arg(long, value_parser = crate::listen_arg)]
     pub listen: Option<String>,
+}
+
+/// The default `--concurrency` of `baton work` for a queue the config does
+/// not declare.
+const WORK_CONCURRENCY: usize = 2;
+/// The shortest `--poll`: a shorter one only loads the store.
+const MIN_POLL: Duration = Duration::from_millis(10);
+
+/// Parse `--lease`: a duration of at least [`baton::queue::MIN_LEASE`].
+fn lease_arg(s: &str) -> Result<Duration, String> {
+    let d = duration_arg(s)?;
+    if d < baton::queue::MIN_LEASE {
+        return Err(format!(
+            "{s:?} is too short for a lease; use at least {} (e.g. 30s)",
+            baton::format_duration(baton::queue::MIN_LEASE)
+        ));
+    }
+    Ok(d)
+}
+
+/// Parse `--poll`: a duration of at least 10ms.
+fn poll_arg(s: &str) -> Result<Duration, String> {
+    let d = duration_arg(s)?;
+    if d < MIN_POLL {
+        return Err(format!(
+            "{s:?} is too short a poll period; use at least {} (e.g. 1s)",
+            baton::format_duration(MIN_POLL)
+        ));
+    }
+    Ok(d)
+}
+
+/// The queues `work` serves and their settings, from the flags and the
+/// config (see [`WorkArgs`]).
+fn work_queues(
+    a: &WorkArgs,
+    cfg: Option<&crate::config::Config>,
+) -> Vec<crate::config::QueueConfig> {
+    let declared = |name: &str| cfg.and_then(|c| c.queues.iter().find(|q| q.name == name));
+    let names: Vec<String> = if !a.queues.is_empty() {
+        let mut seen = std::collections::HashSet::new();
+        a.queues
+            .iter()
+            .filter(|q| seen.insert(q.as_str()))
+            .cloned()
+            .collect()
+    } else if let Some(c) = cfg.filter(|c| !c.queues.is_empty()) {
+        c.queues.iter().map(|q| q.name.clone()).collect()
+    } else {
+        vec![baton::queue::DEFAULT_QUEUE.to_string()]
+    };
+    names
+        .into_iter()
+        .map(|name| {
+            let from = declared(&name);
+            crate::config::QueueConfig {
+                concurrency: a
+                    .concurrency
+                    .map(|c| c as u32)
+                    .or(from.map(|q| q.concurrency))
+                    .unwrap_or(WORK_CONCURRENCY as u32),
+                lease: a
+                    .lease
+                    .or(from.map(|q| q.lease))
+                    .unwrap_or(crate::config::DEFAULT_LEASE),
+                max_running: a.max_running.or(from.and_then(|q| q.max_running)),
+                name,
+            }
+        })
+        .collect()
 }
 
 /// Parse a task id: a whole number from 1 up (as `enqueue` prints it).
@@ -177,55 +255,64 @@ fn concurrency_arg(s: &str) -> Result<usize, String> {
 
 /// `baton work`.
 pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
-    let queues: Vec<(String, usize)> = a
-        .queues
-        .iter()
-        .map(|q| (q.clone(), a.concurrency))
-        .collect();
-    let store = connect(&a.store).await.context("connecting to the store")?;
+    let config = a.store.config()?;
+    let queues = work_queues(&a, config.as_ref());
+    for q in &queues {
+        baton::lock::validate_name("--queue", &q.name).map_err(Error::from)?;
+    }
+    let jobs = config.as_ref().map_or(&[][..], |c| &c.jobs[..]);
+    let store = crate::connect_resolved(&a.store.resolve(config.as_ref()), true)
+        .await
+        .context("connecting to the store")?;
     for w in store.backend().warnings().await.unwrap_or_default() {
         note!("baton: warning: {w}");
     }
-    let config = match &a.config {
-        Some(path) => Some(
-            crate::config::Config::from_file(path)
-                .map_err(|e| Error::Invalid(baton::InvalidInput::new("--config", e.to_string())))?,
-        ),
-        None => None,
-    };
-    let mut cfg = worker_config(&queues, a.lease, a.poll, a.shutdown_grace, a.grace);
-    // Caps: --max-running for every queue served, else the config's.
-    for q in &a.queues {
-        let from_config = config
-            .iter()
-            .flat_map(|c| &c.queues)
-            .find(|c| &c.name == q)
-            .and_then(|c| c.max_running);
-        if let Some(m) = a.max_running.or(from_config) {
-            cfg = cfg.max_running(q.clone(), m);
-        }
-    }
-    cfg.validate().map_err(Error::Invalid)?;
-    let mut w = Worker::new(store.clone(), cfg);
-    handle_commands(&mut w, a.grace);
-    for j in config
-        .iter()
-        .flat_map(|c| &c.jobs)
-        .filter(|j| j.mode == crate::config::Mode::Durable)
-    {
-        w.handle(
-            j.name.clone(),
-            crate::runtime::durable_handler(j.clone(), a.grace),
-        );
-    }
+    let workers =
+        crate::runtime::queue_workers(&store, &queues, jobs, a.poll, a.shutdown_grace, a.grace)?;
     if let Some(addr) = &a.listen {
-        crate::runtime::spawn_admin(addr, &store, vec![w.counters()], config.as_ref()).await?;
+        let counters = workers.iter().map(Worker::counters).collect();
+        crate::runtime::spawn_admin(addr, &store, counters, config.as_ref()).await?;
     }
     let token = CancellationToken::new();
     let signals = shutdown_on_signals(token.clone())?;
-    note!("baton: worker {} on {:?}", w.id(), a.queues);
-    w.run_with(token, signals.urgent.clone()).await?;
-    Ok(signals.exit_code().unwrap_or(0))
+    let names: Vec<String> = queues
+        .iter()
+        .map(|q| {
+            format!(
+                "{} (concurrency {}, lease {})",
+                q.name,
+                q.concurrency,
+                baton::format_duration(q.lease)
+            )
+        })
+        .collect();
+    let ids: Vec<String> = workers.iter().map(|w| w.id().to_string()).collect();
+    note!(
+        "baton: worker {} on {} serving {}",
+        ids.join(","),
+        store.url(),
+        names.join(", ")
+    );
+    let mut runs = tokio::task::JoinSet::new();
+    for w in workers {
+        let (t, u) = (token.clone(), signals.urgent.clone());
+        runs.spawn(async move { w.run_with(t, u).await });
+    }
+    let mut failed: Option<anyhow::Error> = None;
+    while let Some(r) = runs.join_next().await {
+        let e = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => anyhow::Error::from(e),
+            Err(e) => anyhow::anyhow!("internal error: {e}"),
+        };
+        // One queue's worker failing stops the others (as under serve).
+        token.cancel();
+        failed.get_or_insert(e);
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(signals.exit_code().unwrap_or(0)),
+    }
 }
 
 /// The most tasks one `tasks list` page may hold.
@@ -430,6 +517,15 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
         }
         TasksCmd::Retry { store, id } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
+            if let Some(why) = q
+                .task(id)
+                .await?
+                .as_ref()
+                .and_then(crate::runtime::not_retryable)
+            {
+                note!("baton: {why}");
+                return Ok(crate::EXIT_CONFLICT);
+            }
             if q.retry(id).await? {
                 outln!("task {id} is pending again");
                 return Ok(0);
@@ -444,7 +540,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                         "baton: task {id} is {}; only a failed or cancelled task can be retried",
                         t.state
                     );
-                    Ok(1)
+                    Ok(crate::EXIT_CONFLICT)
                 }
             }
         }
@@ -456,8 +552,8 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                     outln!("task {id} is running; its worker stops it at the next heartbeat")
                 }
                 CancelOutcome::AlreadyFinished(s) => {
-                    note!("baton: task {id} already finished ({s})");
-                    return Ok(1);
+                    note!("baton: task {id} already finished ({s}); nothing to cancel");
+                    return Ok(crate::EXIT_CONFLICT);
                 }
                 CancelOutcome::NotFound => {
                     note!("baton: no task {id}");

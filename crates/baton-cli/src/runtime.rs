@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::child::Signals;
 use crate::command_task;
-use crate::config::{Action, JobConfig};
+use crate::config::{Action, JobConfig, Mode, QueueConfig};
 use crate::http_client;
 
 /// The worker config for command tasks.
@@ -31,6 +31,47 @@ pub fn worker_config(
         .poll_interval(poll)
         .shutdown_grace(shutdown_grace)
         .stop_grace(grace + Duration::from_secs(1))
+}
+
+/// One worker per queue, as `serve` and `work` run them: each with its
+/// queue's concurrency, lease and cluster-wide cap, the command handler,
+/// and the handlers of the durable jobs on that queue. Refuses a bad
+/// setting (naming the queue and field) before anything runs.
+pub fn queue_workers(
+    store: &Store,
+    queues: &[QueueConfig],
+    jobs: &[JobConfig],
+    poll: Duration,
+    shutdown_grace: Duration,
+    grace: Duration,
+) -> Result<Vec<Worker>, baton::Error> {
+    let mut out = Vec::with_capacity(queues.len());
+    for q in queues {
+        let mut cfg = worker_config(
+            &[(q.name.clone(), q.concurrency as usize)],
+            q.lease,
+            poll,
+            shutdown_grace,
+            grace,
+        );
+        if let Some(m) = q.max_running {
+            cfg = cfg.max_running(q.name.clone(), m);
+        }
+        cfg.validate().map_err(|mut e| {
+            e.problem = format!("queue {:?}: {}", q.name, e.problem);
+            baton::Error::Invalid(e)
+        })?;
+        let mut w = Worker::new(store.clone(), cfg);
+        handle_commands(&mut w, grace);
+        for j in jobs
+            .iter()
+            .filter(|j| j.mode == Mode::Durable && j.queue == q.name)
+        {
+            w.handle(j.name.clone(), durable_handler(j.clone(), grace));
+        }
+        out.push(w);
+    }
+    Ok(out)
 }
 
 /// Register the command handler on a worker.
@@ -85,6 +126,18 @@ pub fn shutdown_on_signals(graceful: CancellationToken) -> anyhow::Result<Signal
         }
     });
     Ok(out)
+}
+
+/// Why a task cannot be retried through the queue whatever its state (the
+/// record of a lock-mode run: no worker has a handler for it), if so.
+pub fn not_retryable(t: &baton::store::TaskInfo) -> Option<String> {
+    baton::schedule::is_lock_run_record(t).then(|| {
+        format!(
+            "task {} is the record of a lock-mode run of job {:?}, run in-process by `baton serve` under the job's lock; it cannot be retried through the queue (the job's next slot runs by its schedule)",
+            t.id,
+            t.job.as_deref().unwrap_or_default()
+        )
+    })
 }
 
 /// A slot or time as the jobs' environment and output show it.

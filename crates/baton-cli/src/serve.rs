@@ -2,7 +2,6 @@
 //! file's jobs and queues, plus a small admin endpoint; and `baton trigger`,
 //! `baton jobs`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,20 +12,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Mode};
 use crate::output::{self, Align, Table};
-use crate::runtime::{self, durable_handler, run_action, slot_text};
+use crate::runtime::{self, run_action, slot_text};
 
 /// Arguments of `baton serve`.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// The config file (TOML): store, queues, jobs.
-    #[arg(long, env = "BATON_CONFIG")]
-    pub config: PathBuf,
-    /// Store URL; overrides the file's `store`.
-    #[arg(long, env = "BATON_STORE")]
-    pub store: Option<String>,
-    /// Table or key prefix.
-    #[arg(long, env = "BATON_PREFIX")]
-    pub prefix: Option<String>,
+    /// The store and the config file (`--config FILE` is required here: its
+    /// queues and jobs are what serve runs).
+    #[command(flatten)]
+    pub store: crate::StoreArg,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
     #[arg(long, value_parser = crate::listen_arg)]
@@ -40,22 +34,20 @@ pub struct ServeArgs {
     pub grace: Duration,
 }
 
-fn load(path: &PathBuf) -> anyhow::Result<Config> {
-    Config::from_file(path)
-        .map_err(|e| Error::Invalid(baton::InvalidInput::new("config", e.to_string())).into())
-}
-
-async fn open(
-    store: Option<String>,
-    cfg: &Config,
-    prefix: Option<String>,
-) -> anyhow::Result<Store> {
-    let url = store
-        .or_else(|| cfg.store.clone())
-        .unwrap_or_else(|| baton::DEFAULT_STORE_URL.into());
-    crate::connect(&crate::StoreArg { store: url, prefix })
+/// The config file `serve` needs, and the store it names (resolved as
+/// every command resolves it).
+async fn open(arg: &crate::StoreArg) -> anyhow::Result<(Config, Store)> {
+    let Some(cfg) = arg.config()? else {
+        return Err(Error::from(baton::InvalidInput::new(
+            "--config",
+            "baton serve needs a config file: give --config FILE (or env BATON_CONFIG); see examples/baton.toml",
+        ))
+        .into());
+    };
+    let store = crate::connect_resolved(&arg.resolve(Some(&cfg)), true)
         .await
-        .context("connecting to the store")
+        .context("connecting to the store")?;
+    Ok((cfg, store))
 }
 
 /// When a lock-mode run's command must stop, and the grace it then gets:
@@ -86,8 +78,7 @@ async fn stop_before_lapse(lease: &baton::lock::LeaseHandle, grace: Duration) ->
 
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
-    let cfg = load(&a.config)?;
-    let store = open(a.store.clone(), &cfg, a.prefix.clone()).await?;
+    let (cfg, store) = open(&a.store).await?;
     for w in store.backend().warnings().await.unwrap_or_default() {
         crate::note!("baton: warning: {w}");
     }
@@ -155,28 +146,16 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     }
 
     let mut tasks = tokio::task::JoinSet::new();
-    let mut counters = Vec::new();
-    for q in &cfg.queues {
-        let mut cfg_w = runtime::worker_config(
-            &[(q.name.clone(), q.concurrency as usize)],
-            q.lease,
-            Duration::from_secs(1),
-            a.shutdown_grace,
-            a.grace,
-        );
-        if let Some(m) = q.max_running {
-            cfg_w = cfg_w.max_running(q.name.clone(), m);
-        }
-        let mut w = Worker::new(store.clone(), cfg_w);
-        runtime::handle_commands(&mut w, a.grace);
-        for j in cfg
-            .jobs
-            .iter()
-            .filter(|j| j.mode == Mode::Durable && j.queue == q.name)
-        {
-            w.handle(j.name.clone(), durable_handler(j.clone(), a.grace));
-        }
-        counters.push(w.counters());
+    let workers = runtime::queue_workers(
+        &store,
+        &cfg.queues,
+        &cfg.jobs,
+        Duration::from_secs(1),
+        a.shutdown_grace,
+        a.grace,
+    )?;
+    let counters = workers.iter().map(Worker::counters).collect();
+    for w in workers {
         let (s, u) = (stop.clone(), signals.urgent.clone());
         tasks.spawn(async move { w.run_with(s, u).await.map_err(anyhow::Error::from) });
     }
@@ -227,9 +206,6 @@ pub struct TriggerArgs {
     /// the same run. Default: the job's latest due slot (needs --config).
     #[arg(long, value_parser = crate::rfc3339_arg)]
     pub slot: Option<chrono::DateTime<chrono::Utc>>,
-    /// The config file defining the job (its queue and schedule).
-    #[arg(long, env = "BATON_CONFIG")]
-    pub config: Option<PathBuf>,
     /// Queue for the run when no config is given.
     #[arg(long, default_value = baton::queue::DEFAULT_QUEUE)]
     pub queue: String,
@@ -246,13 +222,21 @@ pub struct TriggerArgs {
 /// `baton trigger`.
 pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
     baton::lock::validate_name("job name", &a.job).map_err(Error::from)?;
-    let job = match &a.config {
-        Some(path) => {
-            let cfg = load(path)?;
+    let cfg = a.store.config()?;
+    let job = match &cfg {
+        Some(cfg) => {
             let j = cfg.jobs.iter().find(|j| j.name == a.job).ok_or_else(|| {
                 Error::from(baton::InvalidInput::new(
                     "JOB",
-                    format!("{:?} is not a job in {}", a.job, path.display()),
+                    format!(
+                        "{:?} is not a job in {}",
+                        a.job,
+                        a.store
+                            .config
+                            .as_deref()
+                            .unwrap_or(std::path::Path::new("the config"))
+                            .display()
+                    ),
                 ))
             })?;
             j.job()
@@ -263,14 +247,14 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
             Job::new(a.job.clone(), placeholder).queue(a.queue.clone())
         }
     };
-    if a.config.is_none() && a.slot.is_none() {
+    if cfg.is_none() && a.slot.is_none() {
         return Err(Error::from(baton::InvalidInput::new(
             "--slot",
             "give --slot RFC3339 (or --config FILE to default to the job's latest due slot)",
         ))
         .into());
     }
-    if a.config.is_none() && !a.any_slot {
+    if cfg.is_none() && !a.any_slot {
         return Err(Error::from(baton::InvalidInput::new(
             "--slot",
             "without --config the job's schedule is unknown, so the slot cannot be checked; \
@@ -278,10 +262,10 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
         ))
         .into());
     }
-    let store = crate::connect(&a.store)
+    let store = crate::connect_resolved(&a.store.resolve(cfg.as_ref()), true)
         .await
         .context("connecting to the store")?;
-    if a.config.is_none() {
+    if cfg.is_none() {
         // The store knows every job a scheduler registered.
         let known = store.backend().job_list().await.map_err(Error::from)?;
         if !known.iter().any(|j| j.name == a.job) {
@@ -332,9 +316,6 @@ pub struct JobsArgs {
     pub cmd: Option<JobsCmd>,
     #[command(flatten)]
     pub store: crate::StoreArg,
-    /// The config file, to show each job's next fire time.
-    #[arg(long, env = "BATON_CONFIG")]
-    pub config: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -357,14 +338,11 @@ pub enum JobsCmd {
 
 /// `baton jobs`.
 pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
-    let cfg = match &a.config {
-        Some(p) => Some(load(p)?),
-        None => None,
-    };
+    let cfg = a.store.config()?;
     if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
         baton::lock::validate_name("JOB", job).map_err(Error::from)?;
     }
-    let store = crate::connect(&a.store)
+    let store = crate::connect_resolved(&a.store.resolve(cfg.as_ref()), true)
         .await
         .context("connecting to the store")?;
     if let Some(cmd) = a.cmd {

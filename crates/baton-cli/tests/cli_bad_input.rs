@@ -263,13 +263,37 @@ fn catalogue() -> Vec<Case> {
             "zero lease",
             &["work", "--lease", "0s"],
             2,
-            &["lease: must be at least 30ms"],
+            &["--lease", "too short for a lease; use at least 30ms"],
+        ),
+        case(
+            "lease under the minimum",
+            &["work", "--lease", "10ms"],
+            2,
+            &["--lease", "use at least 30ms"],
         ),
         case(
             "zero poll",
             &["work", "--poll", "0s"],
             2,
-            &["poll_interval: must be greater than 0"],
+            &["--poll", "use at least 10ms"],
+        ),
+        case(
+            "poll of 1ms",
+            &["work", "--poll", "1ms"],
+            2,
+            &["--poll", "use at least 10ms"],
+        ),
+        case(
+            "at-most under a second",
+            &["lock", "x", "--at-most", "1ms", "--", "true"],
+            2,
+            &["--at-most", "too short for a lease; use at least 1s"],
+        ),
+        case(
+            "empty command",
+            &["enqueue", "--", ""],
+            2,
+            &["COMMAND", "names no program"],
         ),
         // --- CLI flags: other commands ---
         case(
@@ -396,6 +420,26 @@ fn catalogue() -> Vec<Case> {
         ),
         // --- config files ---
         config("not TOML", "this is not toml\n", &["line 1, column 6"]),
+        config(
+            "queue lease of 10ms",
+            "[[queue]]\nname = \"q\"\nlease = \"10ms\"\n",
+            &["queue \"q\": lease:", "use at least 30ms"],
+        ),
+        config(
+            "NUL byte in a command",
+            "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = [\"echo\", \"a\\u0000b\"]\n",
+            &["job \"a\": command:", "element 1 contains a NUL byte"],
+        ),
+        config(
+            "lock job at_most of 1ms",
+            "[[job]]\nname = \"a\"\nevery = \"1m\"\nmode = \"lock\"\nat_most = \"1ms\"\ncommand = [\"true\"]\n",
+            &["job \"a\": at_most:", "use at least 1s"],
+        ),
+        config(
+            "empty admin token",
+            &format!("{OK_JOB}[admin]\ntoken = \"\"\n"),
+            &["[admin]: token: is empty", "leave the key out"],
+        ),
         config(
             "unknown key",
             "bogus_key = 1\n",
@@ -944,7 +988,25 @@ fn http_catalogue() -> Vec<HttpCase> {
             r#"{"command": []}"#,
             400,
             Some("command"),
-            &["non-empty array of strings"],
+            &["is empty; give the program and its arguments"],
+        ),
+        http(
+            "blank program",
+            "POST",
+            t,
+            r#"{"command": [""]}"#,
+            400,
+            Some("command"),
+            &["names no program"],
+        ),
+        http(
+            "NUL byte in an argument",
+            "POST",
+            t,
+            r#"{"command": ["echo", "a\u0000b"]}"#,
+            400,
+            Some("command"),
+            &["element 1 contains a NUL byte"],
         ),
         http(
             "no command",

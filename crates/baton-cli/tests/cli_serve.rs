@@ -180,6 +180,9 @@ async fn instances_killed_at_random_still_once_per_slot(e: Env) {
     assert_eq!(m.len(), slots.len(), "every slot's command ran");
 }
 
+/// `at_least` equal to the interval (the seed's `every = 30s`, `at_least =
+/// PT30S`, scaled down): it counts from the slot, so the lock is free
+/// exactly when the next slot is due and no slot is skipped as "lock held".
 async fn lock_mode_job_runs_once_per_slot_with_at_least(e: Env) {
     let cfg = r#"
 [[job]]
@@ -187,7 +190,7 @@ name = "daemon-runner"
 every = "1s"
 mode = "lock"
 at_most = "PT15M"
-at_least = "PT0.8S"
+at_least = "PT1S"
 command = ["sh", "-c", "echo $BATON_SLOT >> ledger; echo $BATON_FENCING_TOKEN >> tokens"]
 "#;
     let kids: Vec<_> = (0..3).map(|_| serve(&e, cfg, &[])).collect();
@@ -195,6 +198,16 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger; echo $BATON_FENCING_TOKEN >>
     stop(kids);
     let m = ledger(&e);
     assert_once_no_gaps(&m, 4);
+    // No slot was recorded as skipped for the lock (its own lease).
+    let out = e.run(&["tasks", "list", "--job", "daemon-runner", "--json"]);
+    let runs: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let skipped: Vec<_> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] == "cancelled")
+        .collect();
+    assert!(skipped.is_empty(), "slots skipped: {skipped:?}");
     let tokens: Vec<u64> = read(&e.path("tokens"))
         .lines()
         .map(|l| l.trim().parse().unwrap())

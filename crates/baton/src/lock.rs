@@ -537,6 +537,30 @@ impl Lease {
         }
     }
 
+    /// On release, keep the lock until at least `until` (store time)
+    /// instead of `locked_at + at_least`: the lease then ends at
+    /// `max(now, until)`, never later than `locked_at + at_most`. For work
+    /// whose minimum hold counts from another instant than the grant, such
+    /// as a scheduled slot (a lock-mode job holds its lock until `slot +
+    /// at_least`, so an `at_least` equal to the interval never overlaps the
+    /// next slot's grant).
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: baton::lock::Locker, opts: baton::lock::LockOptions) -> Result<(), baton::Error> {
+    /// let slot = chrono::Utc::now();
+    /// if let Some(mut lease) = locker.try_lock("report", &opts).await? {
+    ///     lease.hold_until(slot + chrono::Duration::seconds(30));
+    ///     lease.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_until(&mut self, until: DateTime<Utc>) {
+        let held = (until - self.locked_at())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        self.opts.at_least = held.min(self.opts.at_most);
+    }
+
     /// A cloneable view for the protected work.
     pub fn handle(&self) -> LeaseHandle {
         self.handle.clone()

@@ -592,11 +592,8 @@ pub async fn enqueue(
     headers: HeaderMap,
     Body(b): Body<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    if b.command.is_empty() || b.command[0].is_empty() {
-        return Err(ApiError::bad(
-            "command",
-            "give the command as a non-empty array of strings, e.g. [\"echo\", \"hi\"]",
-        ));
+    if let Err(problem) = command_task::check_argv(&b.command) {
+        return Err(ApiError::bad("command", problem));
     }
     let mut t = TaskBuilder::new(command_task::KIND, command_task::payload(&b.command))
         .queue(b.queue.as_deref().unwrap_or(baton::queue::DEFAULT_QUEUE))
@@ -638,6 +635,14 @@ pub async fn enqueue(
 /// pending (409 for any other state).
 pub async fn task_retry(Extract(state): S, TaskId(id): TaskId) -> Answer {
     let q = Queue::new(state.store.clone());
+    if let Some(why) = q
+        .task(id)
+        .await?
+        .as_ref()
+        .and_then(crate::runtime::not_retryable)
+    {
+        return Err(ApiError::new(StatusCode::CONFLICT, why));
+    }
     if q.retry(id).await? {
         return Ok(Json(json!({"id": id, "state": "pending"})));
     }
@@ -715,7 +720,10 @@ pub async fn retry_failed(Extract(state): S, Body(b): Body<BulkRetryBody>) -> An
         before = Some(last.id);
         let full = page.len() == MAX_PAGE as usize;
         for t in page {
-            if ids.len() < MAX_BULK && q.retry(t.id).await? {
+            if ids.len() < MAX_BULK
+                && crate::runtime::not_retryable(&t).is_none()
+                && q.retry(t.id).await?
+            {
                 ids.push(t.id);
             }
         }

@@ -6,8 +6,11 @@
 //! answered 431 and never buffered), body at most [`MAX_BODY_BYTES`] (413),
 //! the head must arrive within [`HEADER_TIMEOUT`], a request is answered
 //! within [`REQUEST_TIMEOUT`] (503 otherwise), at most [`MAX_CONNECTIONS`]
-//! connections at once (more wait in the kernel's backlog), and an accept
-//! error (EMFILE, ENFILE, …) is logged and backs off instead of spinning.
+//! connections at once (at the limit the oldest connection that has not sent
+//! a request yet is closed to make room, else a new one waits in the
+//! kernel's backlog), and an accept error (EMFILE, ENFILE, …) is logged and
+//! backs off instead of spinning. So `/livez` and `/readyz` answer at once
+//! however many idle or half-open sockets a client holds.
 
 mod api;
 mod auth;
@@ -133,15 +136,51 @@ async fn timeout(
     }
 }
 
-/// Accept connections, at most [`MAX_CONNECTIONS`] at once; on an accept
-/// error log it and back off (up to a second) instead of spinning.
+/// The connections open now, so a new one can make room by closing one
+/// that never sent a complete request head (a half-open or slowloris
+/// connection) instead of waiting in the kernel's backlog behind it.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    conns: std::collections::BTreeMap<u64, OpenConn>,
+}
+
+struct OpenConn {
+    /// Set once the connection's first request head arrived.
+    served: Arc<std::sync::atomic::AtomicBool>,
+    abort: tokio::task::AbortHandle,
+}
+
+impl Open {
+    /// Close the oldest connection that has not sent a request yet; false
+    /// when every open connection has.
+    fn evict_idle(&mut self) -> bool {
+        let victim = self
+            .conns
+            .iter()
+            .find(|(_, c)| !c.served.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| self.conns.remove(&id)) {
+            Some(c) => {
+                c.abort.abort();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Accept connections, at most [`MAX_CONNECTIONS`] at once; at the limit,
+/// the oldest connection that has not sent a request yet is closed to make
+/// room (so probes are answered at once whatever idle sockets are held
+/// open), else the new one waits for a slot. On an accept error log it and
+/// back off (up to a second) instead of spinning.
 async fn accept_loop(listener: TcpListener, app: Router) {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(Mutex::new(Open::default()));
     let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, peer) = match listener.accept().await {
             Ok(s) => {
                 backoff = Duration::from_millis(10);
@@ -155,8 +194,35 @@ async fn accept_loop(listener: TcpListener, app: Router) {
                 continue;
             }
         };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let evicted = open.lock().map(|mut o| o.evict_idle()).unwrap_or(false);
+                if evicted {
+                    tracing::debug!(%peer, "admin server: at the connection limit; closed the oldest connection without a request");
+                }
+                let Ok(p) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                p
+            }
+        };
+        let served = Arc::new(AtomicBool::new(false));
+        let inner = TowerToHyperService::new(app.clone());
+        let seen = served.clone();
+        let service = hyper::service::service_fn(move |req| {
+            seen.store(true, Ordering::Relaxed);
+            hyper::service::Service::call(&inner, req)
+        });
+        let registry = open.clone();
+        // Held while the task is spawned and registered, so its own removal
+        // (when it ends at once) comes after the insert.
+        let Ok(mut o) = open.lock() else {
+            return;
+        };
+        o.next += 1;
+        let id = o.next;
+        let task = tokio::spawn(async move {
             let _permit = permit;
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -166,6 +232,16 @@ async fn accept_loop(listener: TcpListener, app: Router) {
             if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_MAX_AGE, conn).await {
                 tracing::debug!(%peer, error = %e, "admin connection ended");
             }
+            if let Ok(mut o) = registry.lock() {
+                o.conns.remove(&id);
+            }
         });
+        o.conns.insert(
+            id,
+            OpenConn {
+                served,
+                abort: task.abort_handle(),
+            },
+        );
     }
 }

@@ -42,12 +42,8 @@ pub(super) fn validate_action(
 ) -> Result<Action, ConfigError> {
     Ok(match (command, http) {
         (Some(command), None) => {
-            if command.first().is_none_or(|p| p.trim().is_empty()) {
-                return Err(ConfigError::invalid(
-                    owner,
-                    Some("command"),
-                    "is empty; give the program and its arguments, e.g. [\"sh\", \"-c\", \"…\"]",
-                ));
+            if let Err(problem) = crate::command_task::check_argv(&command) {
+                return Err(ConfigError::invalid(owner, Some("command"), problem));
             }
             // The task's payload holds the command (durable mode).
             let size: usize = command.iter().map(|a| a.len() + 3).sum();

@@ -221,7 +221,20 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
                 }
             }
             let at_most = match &j.at_most {
-                Some(s) => positive_duration("at_most", s).map_err(input)?,
+                Some(s) => {
+                    let d = positive_duration("at_most", s).map_err(input)?;
+                    if d < crate::MIN_LOCK_AT_MOST {
+                        return Err(ConfigError::invalid(
+                            owner,
+                            Some("at_most"),
+                            format!(
+                                "{s:?} is too short for a lease; use at least {} (e.g. \"15m\"): the keep-alive and stopping the command need time",
+                                baton::format_duration(crate::MIN_LOCK_AT_MOST)
+                            ),
+                        ));
+                    }
+                    d
+                }
                 None => {
                     return Err(ConfigError::invalid(
                         owner,

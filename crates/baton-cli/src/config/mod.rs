@@ -2,6 +2,7 @@
 //!
 //! ```toml
 //! store = "sqlite://baton.db"        # optional; --store / BATON_STORE win
+//! prefix = "app1"                    # optional; --prefix / BATON_PREFIX win
 //!
 //! [[queue]]
 //! name = "default"
@@ -82,6 +83,8 @@ const MAX_ATTEMPTS_LIMIT: i64 = 10_000;
 pub struct Config {
     /// The store URL, if the file gives one.
     pub store: Option<String>,
+    /// The table or key prefix, if the file gives one.
+    pub prefix: Option<String>,
     /// Queues, as declared, plus `default` when a durable job uses it
     /// without declaring it.
     pub queues: Vec<QueueConfig>,
@@ -192,6 +195,7 @@ impl std::error::Error for ConfigError {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     store: Option<String>,
+    prefix: Option<String>,
     #[serde(default)]
     queue: Vec<queues::RawQueue>,
     #[serde(default)]
@@ -323,6 +327,39 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         }
     }
 
+    if let Some(p) = &raw.prefix {
+        baton::store::validate_prefix(p).map_err(|e| {
+            let why = e.to_string();
+            let why = why.split_once("prefix ").map_or(why.as_str(), |(_, w)| w);
+            ConfigError::invalid("prefix", None, format!("{why}, or leave it out"))
+        })?;
+    }
+
+    for (field, t) in [
+        ("token", &raw.admin.token),
+        ("read_token", &raw.admin.read_token),
+    ] {
+        match t {
+            Some(t) if t.trim().is_empty() => {
+                return Err(ConfigError::invalid(
+                    "[admin]",
+                    Some(field),
+                    "is empty, which would let anyone with an empty bearer token in; \
+                     give a secret (e.g. from `openssl rand -hex 32`) or leave the key out",
+                ))
+            }
+            Some(t) if t.chars().any(|c| c.is_control() || c == ' ') => {
+                return Err(ConfigError::invalid(
+                    "[admin]",
+                    Some(field),
+                    "contains a space or control character, which no Authorization header can carry; \
+                     use printable characters only (e.g. `openssl rand -hex 32`)",
+                ))
+            }
+            _ => {}
+        }
+    }
+
     let mut queues = queues::validate_queues(raw.queue)?;
 
     let mut jobs = Vec::with_capacity(raw.job.len());
@@ -376,6 +413,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
 
     Ok(Config {
         store: raw.store.map(|s| s.trim().to_string()),
+        prefix: raw.prefix,
         queues,
         jobs,
         admin: raw.admin,

@@ -55,7 +55,19 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
         )? as u32;
         let lease = match &q.lease {
             Some(s) => {
-                positive_duration("lease", s).map_err(|e| ConfigError::from_input(&owner, e))?
+                let d = positive_duration("lease", s)
+                    .map_err(|e| ConfigError::from_input(&owner, e))?;
+                if d < baton::queue::MIN_LEASE {
+                    return Err(ConfigError::invalid(
+                        &owner,
+                        Some("lease"),
+                        format!(
+                            "{s:?} is too short; use at least {} (e.g. \"30s\"): heartbeats renew it every third",
+                            baton::format_duration(baton::queue::MIN_LEASE)
+                        ),
+                    ));
+                }
+                d
             }
             None => DEFAULT_LEASE,
         };

@@ -10,6 +10,9 @@ use crate::error::InvalidInput;
 
 /// The largest [`WorkerConfig::prefetch`] accepted.
 const MAX_PREFETCH: usize = 10_000;
+/// The shortest lease a worker accepts: a heartbeat every third of it
+/// must still fit a store round trip.
+pub const MIN_LEASE: Duration = Duration::from_millis(30);
 
 /// How a worker runs: a builder, starting from [`WorkerConfig::default`] (or
 /// [`WorkerConfig::new`]), every setter taking and returning the config.
@@ -355,7 +358,7 @@ impl WorkerConfig {
                 ));
             }
         }
-        if self.lease < Duration::from_millis(30) {
+        if self.lease < MIN_LEASE {
             return Err(InvalidInput::new(
                 "lease",
                 "must be at least 30ms (e.g. 30s)",

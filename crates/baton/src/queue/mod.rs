@@ -32,7 +32,7 @@ mod typed;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use config::{WorkerConfig, PREFETCH_HORIZON};
+pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };

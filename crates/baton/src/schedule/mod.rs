@@ -12,6 +12,6 @@ pub mod scheduler;
 pub mod spec;
 
 pub use scheduler::{
-    is_slot_key, job_statuses, latest_slot, set_paused, slot_key, trigger, trigger_slot,
-    trigger_with, Job, JobMode, JobStatus, Scheduler, SlotRun, StoreClock, LOCK_BUSY,
+    is_lock_run_record, is_slot_key, job_statuses, latest_slot, set_paused, slot_key, trigger,
+    trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotRun, StoreClock, LOCK_BUSY,
 };

@@ -431,6 +431,21 @@ const OUTCOME_ON_STOP: Duration = Duration::from_secs(2);
 pub const LOCK_BUSY: &str =
     "skipped: the job's lock is held (previous run still running or within at_least)";
 
+/// How the record of a lock-mode run names its runner: `scheduler:` and
+/// the instance's `host:pid`.
+const LOCK_RUN_WORKER: &str = "scheduler:";
+
+/// Whether `t` is the record of a lock-mode run: a slot the scheduler ran
+/// in-process under the job's lock, not a task any worker can run. Such a
+/// record cannot be retried through the queue (no handler exists for it);
+/// a slot runs again only by the schedule or `baton trigger`.
+pub fn is_lock_run_record(t: &crate::store::TaskInfo) -> bool {
+    t.job.is_some()
+        && t.worker
+            .as_deref()
+            .is_some_and(|w| w.starts_with(LOCK_RUN_WORKER))
+}
+
 /// What a lock-mode loop needs to run a slot itself.
 struct LockRun {
     f: SlotFn,
@@ -449,7 +464,7 @@ impl LockRun {
                 f,
                 opts,
                 locker: Locker::new(store.clone()),
-                worker: format!("scheduler:{}", crate::lock::node_id()),
+                worker: format!("{LOCK_RUN_WORKER}{}", crate::lock::node_id()),
             }),
             Err(e) => {
                 tracing::error!(job = %job.name, error = %crate::error::chain(&e), "bad lock options");
@@ -714,6 +729,29 @@ async fn slot_loop(
 /// with the outcome; heartbeat the record meanwhile. Once `stop` fires,
 /// the outcome gets [`OUTCOME_ON_STOP`] to be written, so a shutdown does
 /// not wait on a store that does not answer.
+/// [`Locker::run`], with the lock held on release until `hold_until`
+/// (see [`crate::lock::Lease::hold_until`]) rather than the grant plus
+/// `at_least`.
+async fn run_holding<F, Fut, T>(
+    locker: &Locker,
+    name: &str,
+    opts: &LockOptions,
+    hold_until: Option<DateTime<Utc>>,
+    work: F,
+) -> Result<Option<T>, Error>
+where
+    F: FnOnce(crate::lock::LeaseHandle) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let Some(mut lease) = locker.try_lock(name, opts).await? else {
+        return Ok(None);
+    };
+    if let Some(until) = hold_until {
+        lease.hold_until(until);
+    }
+    lease.run(work).await.map(Some)
+}
+
 async fn run_locked(
     b: &dyn crate::store::Backend,
     l: &LockRun,
@@ -732,24 +770,36 @@ async fn run_locked(
     let lease = l.opts.at_most_duration();
     let name = job.name.clone();
     let f = l.f.clone();
-    let run = l.locker.run(&job.name, &l.opts, move |lease| async move {
-        let out = f(SlotRun {
-            job: name,
-            slot,
-            lease,
-        })
-        .await;
-        // Fixed delay: the next run counts from this one's end, so move the
-        // cursor there while the lock is still held (once it is released,
-        // another instance may otherwise take `slot + delay`).
-        if let Some(cell) = end_cursor {
-            let moved = cursor_to_end(b, &job.name, slot).await;
-            if let Ok(mut c) = cell.lock() {
-                *c = moved;
+    // `at_least` counts from the slot, not the grant (which comes a few ms
+    // later): an `at_least` equal to the interval then ends exactly at the
+    // next slot instead of overlapping its grant.
+    let hold_until = chrono::Duration::from_std(l.opts.at_least_duration())
+        .ok()
+        .and_then(|d| slot.checked_add_signed(d));
+    let run = run_holding(
+        &l.locker,
+        &job.name,
+        &l.opts,
+        hold_until,
+        move |lease| async move {
+            let out = f(SlotRun {
+                job: name,
+                slot,
+                lease,
+            })
+            .await;
+            // Fixed delay: the next run counts from this one's end, so move the
+            // cursor there while the lock is still held (once it is released,
+            // another instance may otherwise take `slot + delay`).
+            if let Some(cell) = end_cursor {
+                let moved = cursor_to_end(b, &job.name, slot).await;
+                if let Ok(mut c) = cell.lock() {
+                    *c = moved;
+                }
             }
-        }
-        out
-    });
+            out
+        },
+    );
     let beat = async {
         loop {
             tokio::time::sleep((lease / 3).max(Duration::from_millis(100))).await;

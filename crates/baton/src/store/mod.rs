@@ -391,7 +391,14 @@ fn disabled_backend(url: &str, scheme: &str) -> StoreError {
     ))
 }
 
-fn validate_prefix(p: &str) -> Result<(), StoreError> {
+/// Check a table/key prefix: at most 32 ASCII letters, digits, `_`, `:`
+/// or `-` (what every backend accepts in its table and key names).
+///
+/// ```
+/// assert!(baton::store::validate_prefix("app1:").is_ok());
+/// assert!(baton::store::validate_prefix("bad prefix").is_err());
+/// ```
+pub fn validate_prefix(p: &str) -> Result<(), StoreError> {
     if p.len() > 32
         || !p
             .chars()
