@@ -36,7 +36,11 @@ async fn state_conflicts_exit_65(e: Env) {
     // Cancelling it again: already finished, as the API's 409.
     let out = e.run(&["tasks", "cancel", &id]);
     assert_eq!(out.status.code(), Some(EXIT_CONFLICT), "{}", stderr(&out));
-    assert!(stderr(&out).contains("already finished"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already finished"),
+        "{}",
+        stderr(&out)
+    );
     // A task that does not exist is still 66.
     let out = e.run(&["tasks", "cancel", "999999999"]);
     assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));

@@ -144,10 +144,37 @@ pub async fn exec_sql(ts: &TestStore, sql: &str) {
     }
     match ts.kind {
         Kind::Sqlite => on!(sqlx::sqlite::SqlitePoolOptions),
+        Kind::Postgres if ts.url.contains("pool_mode=") => {
+            // Behind a pooler: as baton connects (its own URL parameters
+            // stripped, no startup parameter a pooler refuses).
+            let opts = baton::store::postgres::connect_options(&ts.url).unwrap();
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(opts)
+                .await
+                .unwrap();
+            sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
         Kind::Postgres => on!(sqlx::postgres::PgPoolOptions),
         Kind::Mysql => on!(sqlx::mysql::MySqlPoolOptions),
         Kind::Redis => panic!("exec_sql: {} is not an SQL store", ts.url),
     }
+}
+
+/// A one-connection pool on the PostgreSQL store `ts`, connected as baton
+/// connects (through a pooler too), and a transaction on it: statements
+/// with parameters work behind a transaction pooler only inside one, and
+/// only unnamed (`.persistent(false)`).
+pub async fn pg_tx(ts: &TestStore) -> (sqlx::PgPool, sqlx::Transaction<'static, sqlx::Postgres>) {
+    let opts = baton::store::postgres::connect_options(&ts.url).unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let tx = pool.begin().await.unwrap();
+    (pool, tx)
 }
 
 /// Set the version the store records at prefix `p` behind the store's

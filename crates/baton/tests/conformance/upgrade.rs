@@ -288,17 +288,15 @@ async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
             v.parse().unwrap()
         }
         Kind::Postgres => {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
+            let (pool, mut tx) = crate::harness::pg_tx(ts).await;
             let v: String = sqlx::query_scalar(&format!(
                 "SELECT value FROM \"{p}meta\" WHERE key = 'schema_version'"
             ))
-            .fetch_one(&pool)
+            .persistent(false)
+            .fetch_one(&mut *tx)
             .await
             .unwrap();
+            tx.commit().await.unwrap();
             pool.close().await;
             v.parse().unwrap()
         }
@@ -329,16 +327,13 @@ async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
 /// (the name after `<prefix>tasks_`, and the first state its predicate
 /// names), sorted, plus `fillfactor=70` checked on the table.
 async fn postgres_task_indexes(ts: &TestStore, p: &str) -> Vec<String> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&ts.url)
-        .await
-        .unwrap();
+    let (pool, mut tx) = crate::harness::pg_tx(ts).await;
     let table = format!("\"{p}tasks\"");
     let opts: Option<Vec<String>> =
         sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE oid = $1::regclass")
             .bind(&table)
-            .fetch_one(&pool)
+            .persistent(false)
+            .fetch_one(&mut *tx)
             .await
             .unwrap();
     assert_eq!(opts, Some(vec!["fillfactor=70".to_string()]), "{table}");
@@ -348,9 +343,11 @@ async fn postgres_task_indexes(ts: &TestStore, p: &str) -> Vec<String> {
          JOIN pg_am am ON am.oid = c.relam WHERE i.indrelid = $1::regclass",
     )
     .bind(&table)
-    .fetch_all(&pool)
+    .persistent(false)
+    .fetch_all(&mut *tx)
     .await
     .unwrap();
+    tx.commit().await.unwrap();
     pool.close().await;
     let mut out: Vec<String> = rows
         .into_iter()
@@ -392,19 +389,17 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
             pool.close().await;
         }
         Kind::Postgres => {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&ts.url)
-                .await
-                .unwrap();
+            let (pool, mut tx) = crate::harness::pg_tx(ts).await;
             sqlx::query(&format!(
                 "DELETE FROM \"{}locks\" WHERE name = $1",
                 ts.prefix
             ))
             .bind(name)
-            .execute(&pool)
+            .persistent(false)
+            .execute(&mut *tx)
             .await
             .unwrap();
+            tx.commit().await.unwrap();
             pool.close().await;
         }
         Kind::Mysql => {

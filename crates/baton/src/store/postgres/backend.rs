@@ -39,9 +39,7 @@ impl Backend for PgBackend {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT now()")
-            .fetch_one(&self.pool)
-            .await?)
+        Ok(self.qs("SELECT now()").fetch_one(self.exec()).await?)
     }
 
     // ---- locks -------------------------------------------------------------
@@ -52,11 +50,12 @@ impl Backend for PgBackend {
         // holder as busy.
         let mut last = None;
         for _ in 0..3 {
-            let row = sqlx::query(&self.sql.lock_acquire)
+            let row = self
+                .q(&self.sql.lock_acquire)
                 .bind(req.name)
                 .bind(req.holder)
                 .bind(dur(req.at_most))
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.exec())
                 .await?;
             if let Some(row) = row {
                 if row.try_get::<bool, _>("granted")? {
@@ -94,11 +93,12 @@ impl Backend for PgBackend {
             token,
             at_most,
         } = *params;
-        Ok(sqlx::query_scalar(&self.sql.lock_extend)
+        Ok(self
+            .qs(&self.sql.lock_extend)
             .bind(name)
             .bind(token_arg(token))
             .bind(dur(at_most))
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.exec())
             .await?)
     }
 
@@ -120,27 +120,27 @@ impl Backend for PgBackend {
         // and the next durable commit (any grant) flushes it anyway. Grants
         // and extensions stay synchronous: losing one would let a second
         // holder in (or reissue a token) after a crash.
-        let r = sqlx::query(&self.sql.lock_release)
+        let r = self
+            .q(&self.sql.lock_release)
             .bind(name)
             .bind(token_arg(token))
             .bind(dur(at_least))
-            .execute(&self.pool)
+            .execute(self.exec())
             .await?;
         Ok(r.rows_affected() == 1)
     }
 
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
-        let row = sqlx::query(&self.sql.lock_get)
+        let row = self
+            .q(&self.sql.lock_get)
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.exec())
             .await?;
         row.as_ref().map(lock_info).transpose()
     }
 
     async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError> {
-        let rows = sqlx::query(&self.sql.lock_list)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = self.q(&self.sql.lock_list).fetch_all(self.exec()).await?;
         rows.iter().map(lock_info).collect()
     }
 
@@ -153,13 +153,16 @@ impl Backend for PgBackend {
         // One statement is atomic on its own: a single task, or one chunk
         // of tasks without unique keys (no conflict, so no second round),
         // needs no transaction around it, which saves two round trips.
-        if tasks.len() == 1
-            || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none()))
+        // (Behind a transaction pooler a statement runs in a transaction
+        // anyway: see `exec`.)
+        if self.begin_sql.is_none()
+            && (tasks.len() == 1
+                || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none())))
         {
             let mut conn = self.pool.acquire().await?;
             return insert_tasks(&mut conn, &self.sql.insert, &self.names.chan, tasks, None).await;
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let out = insert_tasks(&mut tx, &self.sql.insert, &self.names.chan, tasks, None).await?;
         tx.commit().await?;
         Ok(out)
@@ -174,25 +177,26 @@ impl Backend for PgBackend {
         let walk = req.limit.saturating_add(req.buffered.min(req.limit));
         let rows = match req.max_running {
             None => {
-                sqlx::query(self.sql.claim(walk, false))
+                self.q(self.sql.claim(walk, false))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
                     .bind(i64::from(req.limit))
                     .bind(i64::from(req.buffered))
-                    .fetch_all(&self.pool)
+                    .fetch_all(self.exec())
                     .await?
             }
             Some(max) => {
                 // Claimers of a capped queue take turns (a transaction-scoped
                 // advisory lock per queue), so each one counts the running
                 // tasks after the previous one committed.
-                let mut tx = self.pool.begin().await?;
-                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                let mut tx = self.begin().await?;
+                self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                     .bind(format!("{}:{}", self.names.chan, req.queue))
                     .execute(&mut *tx)
                     .await?;
-                let rows = sqlx::query(self.sql.claim(walk, true))
+                let rows = self
+                    .q(self.sql.claim(walk, true))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
@@ -223,11 +227,12 @@ impl Backend for PgBackend {
         }
         let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
         let tokens: Vec<i64> = claims.iter().map(|c| token_arg(c.token)).collect();
-        let rows = sqlx::query(&self.sql.heartbeat)
+        let rows = self
+            .q(&self.sql.heartbeat)
             .bind(&ids)
             .bind(&tokens)
             .bind(dur(lease))
-            .fetch_all(&self.pool)
+            .fetch_all(self.exec())
             .await?;
         let mut found: HashMap<(i64, i64), bool> = HashMap::with_capacity(rows.len());
         for row in rows {
@@ -273,7 +278,8 @@ impl Backend for PgBackend {
             texts.push(text);
             retries.push(retry);
         }
-        let rows = sqlx::query(&self.sql.finish_many)
+        let rows = self
+            .q(&self.sql.finish_many)
             .bind(&ids)
             .bind(&tokens)
             .bind(&kinds)
@@ -281,7 +287,7 @@ impl Backend for PgBackend {
             .bind(&retries)
             .bind(&self.names.chan)
             .bind(CANCEL_REQUESTED)
-            .fetch_all(&self.pool)
+            .fetch_all(self.exec())
             .await?;
         let mut done = HashSet::with_capacity(rows.len());
         for row in rows {
@@ -299,20 +305,22 @@ impl Backend for PgBackend {
         params: &crate::store::TaskSetProgress<'_>,
     ) -> Result<bool, StoreError> {
         let crate::store::TaskSetProgress { claim, progress } = *params;
-        let r = sqlx::query(&self.sql.progress)
+        let r = self
+            .q(&self.sql.progress)
             .bind(claim.id)
             .bind(token_arg(claim.token))
             .bind(progress)
-            .execute(&self.pool)
+            .execute(self.exec())
             .await?;
         Ok(r.rows_affected() == 1)
     }
 
     async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
-        let row = sqlx::query(&self.sql.rescue)
+        let row = self
+            .q(&self.sql.rescue)
             .bind(LEASE_EXPIRED)
             .bind(&self.names.chan)
-            .fetch_one(&self.pool)
+            .fetch_one(self.exec())
             .await?;
         let get = |c: &str| -> Result<u64, StoreError> {
             let v: i64 = row.try_get(c)?;
@@ -326,8 +334,9 @@ impl Backend for PgBackend {
     }
 
     async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let state: Option<String> = sqlx::query_scalar(&self.sql.task_state)
+        let mut tx = self.begin().await?;
+        let state: Option<String> = self
+            .qs(&self.sql.task_state)
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -336,14 +345,14 @@ impl Backend for PgBackend {
         };
         let outcome = match TaskState::from_str(&state)? {
             TaskState::Pending => {
-                sqlx::query(&self.sql.cancel_pending)
+                self.q(&self.sql.cancel_pending)
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
                 CancelOutcome::Cancelled
             }
             TaskState::Running => {
-                sqlx::query(&self.sql.cancel_running)
+                self.q(&self.sql.cancel_running)
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
@@ -356,10 +365,11 @@ impl Backend for PgBackend {
     }
 
     async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
-        let row = sqlx::query(&self.sql.retry)
+        let row = self
+            .q(&self.sql.retry)
             .bind(id)
             .bind(&self.names.chan)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.exec())
             .await
             .map_err(|e| match StoreError::from(e) {
                 StoreError::Conflict(_) => StoreError::Conflict(format!(
@@ -371,22 +381,24 @@ impl Backend for PgBackend {
     }
 
     async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
-        let row = sqlx::query(&self.sql.task)
+        let row = self
+            .q(&self.sql.task)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.exec())
             .await?;
         row.as_ref().map(task_info).transpose()
     }
 
     async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         let limit = if filter.limit == 0 { 100 } else { filter.limit };
-        let rows = sqlx::query(&self.sql.tasks)
+        let rows = self
+            .q(&self.sql.tasks)
             .bind(filter.queue.as_deref())
             .bind(filter.state.map(TaskState::as_str))
             .bind(filter.job.as_deref())
             .bind(filter.before_id)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(self.exec())
             .await?;
         rows.iter().map(task_info).collect()
     }
@@ -396,20 +408,21 @@ impl Backend for PgBackend {
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
         let crate::store::QueueSetPaused { queue, paused } = *params;
-        sqlx::query(&self.sql.queue_set_paused)
+        self.q(&self.sql.queue_set_paused)
             .bind(queue)
             .bind(paused)
             .bind(&self.names.chan)
-            .fetch_all(&self.pool)
+            .fetch_all(self.exec())
             .await?;
         Ok(())
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        let paused: Vec<String> = sqlx::query_scalar(&self.sql.queues_paused)
-            .fetch_all(&self.pool)
+        let paused: Vec<String> = self
+            .qs(&self.sql.queues_paused)
+            .fetch_all(self.exec())
             .await?;
-        let rows = sqlx::query(&self.sql.stats).fetch_all(&self.pool).await?;
+        let rows = self.q(&self.sql.stats).fetch_all(self.exec()).await?;
         let mut out = rows
             .iter()
             .map(queue_stats)
@@ -419,9 +432,10 @@ impl Backend for PgBackend {
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let r = sqlx::query(&self.sql.prune)
+        let r = self
+            .q(&self.sql.prune)
             .bind(dur(older_than))
-            .execute(&self.pool)
+            .execute(self.exec())
             .await?;
         Ok(r.rows_affected())
     }
@@ -433,24 +447,27 @@ impl Backend for PgBackend {
     // ---- schedules ---------------------------------------------------------
 
     async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
-        let row = sqlx::query(&self.sql.job_insert)
+        let row = self
+            .q(&self.sql.job_insert)
             .bind(job)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.exec())
             .await?;
         if let Some(row) = row {
             return job_state(&row);
         }
-        let row = sqlx::query(&self.sql.job_get)
+        let row = self
+            .q(&self.sql.job_get)
             .bind(job)
-            .fetch_one(&self.pool)
+            .fetch_one(self.exec())
             .await?;
         job_state(&row)
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
         let n = &*self.names;
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&self.sql.job_lock)
+        let mut tx = self.begin().await?;
+        let row = self
+            .q(&self.sql.job_lock)
             .bind(adv.job)
             .bind(adv.expected)
             .fetch_optional(&mut *tx)
@@ -470,7 +487,7 @@ impl Backend for PgBackend {
             return Ok(Advanced::NotDue { now });
         }
         let busy = if adv.checks_overlap() {
-            sqlx::query_scalar(&self.sql.job_overlapping)
+            self.qs(&self.sql.job_overlapping)
                 .bind(adv.job)
                 .bind(adv.batch_after)
                 .bind(adv.slot)
@@ -484,7 +501,7 @@ impl Backend for PgBackend {
             // rule at the slot, not before it.
             return Ok(Advanced::NotDue { now });
         }
-        sqlx::query(&self.sql.job_set_slot)
+        self.q(&self.sql.job_set_slot)
             .bind(adv.job)
             .bind(adv.slot)
             .execute(&mut *tx)
@@ -521,7 +538,7 @@ impl Backend for PgBackend {
             Advanced::Skipped(e)
         } else {
             if let SlotRecord::Run { worker, lease } = adv.record {
-                sqlx::query(&self.sql.job_run)
+                self.q(&self.sql.job_run)
                     .bind(e.id)
                     .bind(dur(lease))
                     .bind(worker)
@@ -539,18 +556,17 @@ impl Backend for PgBackend {
         params: &crate::store::JobSetPaused<'_>,
     ) -> Result<bool, StoreError> {
         let crate::store::JobSetPaused { job, paused } = *params;
-        let r = sqlx::query(&self.sql.job_set_paused)
+        let r = self
+            .q(&self.sql.job_set_paused)
             .bind(job)
             .bind(paused)
-            .execute(&self.pool)
+            .execute(self.exec())
             .await?;
         Ok(r.rows_affected() == 1)
     }
 
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
-        let rows = sqlx::query(&self.sql.job_list)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = self.q(&self.sql.job_list).fetch_all(self.exec()).await?;
         rows.iter().map(job_state).collect()
     }
 }

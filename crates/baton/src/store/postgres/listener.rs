@@ -8,7 +8,7 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::{PgBackend, CONNECT_TIMEOUT};
+use super::{PgBackend, PoolMode, CONNECT_TIMEOUT};
 use crate::store::Wake;
 
 /// A receiver of the backend's wake-ups; the first call starts the
@@ -16,12 +16,25 @@ use crate::store::Wake;
 pub(super) fn subscribe(b: &PgBackend) -> broadcast::Receiver<Wake> {
     let rx = b.wake.subscribe();
     b.listener.get_or_init(|| {
+        // Behind a transaction pooler a LISTEN session cannot live: listen
+        // on the direct connection the URL names, or not at all (workers
+        // poll; their poll interval is the wake-up latency then).
+        let target = match b.mode {
+            PoolMode::Transaction => match &b.listen {
+                Some(direct) => direct.clone(),
+                None => {
+                    tracing::info!(channel = %b.names.chan, "behind a transaction pooler without listen_host/listen_port: no LISTEN, workers poll");
+                    return;
+                }
+            },
+            PoolMode::Direct | PoolMode::Session => b.connect.clone(),
+        };
         // Its own one-connection pool, so the long-lived LISTEN session
         // never takes a slot from the operations' pool.
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(b.connect.clone());
+            .connect_lazy_with(target);
         tokio::spawn(listen_loop(
             pool,
             b.names.chan.clone(),

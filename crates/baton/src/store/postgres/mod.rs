@@ -48,6 +48,7 @@ use super::{ms, Backend, StoreOptions, Wake};
 use crate::error::StoreError;
 
 mod backend;
+mod exec;
 mod listener;
 mod outbox;
 mod rows;
@@ -82,6 +83,101 @@ const IDLE_PING: Duration = Duration::from_secs(1);
 /// A duration as clamped milliseconds for binding.
 pub(super) fn dur(d: Duration) -> i64 {
     ms(d).min(MAX_MS)
+}
+
+/// How baton reaches the server: directly, or through a connection pooler
+/// such as PgBouncer, named by the URL parameter `pool_mode=session` or
+/// `pool_mode=transaction` (PgBouncer's own terms; baton strips the
+/// parameter before connecting).
+///
+/// - `Direct` (no parameter): the session's `statement_timeout` and
+///   `idle_in_transaction_session_timeout` travel in the startup packet
+///   (`options`), statements are prepared once per connection, wake-ups
+///   `LISTEN` on a connection of their own.
+/// - `Session`: the same, except that the timeouts are `SET` once the
+///   session is open (a pooler refuses the `options` startup parameter).
+/// - `Transaction`: every statement is sent unnamed (a named prepared
+///   statement would outlive its transaction on a server connection that
+///   other clients share next: "prepared statement "sqlx_s_1" already
+///   exists"), no session state is set (each transaction of several
+///   statements starts with `SET LOCAL` of both timeouts instead; a single
+///   statement is bounded by the client's own per-call timeout), and
+///   wake-ups `LISTEN` only on a direct connection given by `listen_host` /
+///   `listen_port` (the same user and database), else workers poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PoolMode {
+    Direct,
+    Session,
+    Transaction,
+}
+
+/// The URL without baton's own parameters (`pool_mode`, `listen_host`,
+/// `listen_port`), the pool mode, and where a direct `LISTEN` connection
+/// goes (host, port), if given.
+type SplitUrl = (String, PoolMode, ListenAt);
+
+/// Where a direct `LISTEN` connection goes behind a transaction pooler:
+/// (host, port) replacing the URL's, when the URL names either.
+type ListenAt = Option<(Option<String>, Option<u16>)>;
+
+fn split_url(url: &str) -> Result<SplitUrl, StoreError> {
+    let bad =
+        |what: String| StoreError::Config(format!("store URL {:?}: {what}", super::redact(url)));
+    let mut parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    let mut mode = PoolMode::Direct;
+    let (mut host, mut port) = (None, None);
+    let mut kept: Vec<(String, String)> = Vec::new();
+    for (k, v) in parsed.query_pairs() {
+        match &*k {
+            "pool_mode" => {
+                mode = match &*v {
+                    "session" => PoolMode::Session,
+                    "transaction" => PoolMode::Transaction,
+                    other => {
+                        return Err(bad(format!(
+                            "pool_mode={other:?}: use pool_mode=transaction or pool_mode=session (as the pooler's pool_mode), or leave it out for a direct connection"
+                        )))
+                    }
+                }
+            }
+            "listen_host" => host = Some(v.into_owned()),
+            "listen_port" => {
+                port = Some(v.parse::<u16>().map_err(|_| {
+                    bad(format!("listen_port={v:?}: use a port number, e.g. listen_port=5432"))
+                })?)
+            }
+            _ => kept.push((k.into_owned(), v.into_owned())),
+        }
+    }
+    let listen = (host.is_some() || port.is_some()).then_some((host, port));
+    if mode == PoolMode::Direct && listen.is_none() {
+        // Nothing of baton's: the URL goes to the driver as written.
+        return Ok((url.to_string(), mode, None));
+    }
+    if kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    if listen.is_some() && mode != PoolMode::Transaction {
+        return Err(bad(
+            "listen_host/listen_port name a direct connection for LISTEN behind pool_mode=transaction; add pool_mode=transaction or drop them".into(),
+        ));
+    }
+    Ok((parsed.to_string(), mode, listen))
+}
+
+/// A refusal by a pooler at startup, said as what it is.
+fn pooler_refusal(url: &str, e: &sqlx::Error) -> Option<StoreError> {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("unsupported startup parameter") {
+        return None;
+    }
+    Some(StoreError::Config(format!(
+        "store URL {:?}: the server is a connection pooler (PgBouncer) and refused a startup parameter (its words: {text}); add pool_mode=transaction (or pool_mode=session, as the pooler's pool_mode) to the URL",
+        super::redact(url)
+    )))
 }
 
 /// Quoted, prefixed object names.
@@ -121,7 +217,16 @@ impl Names {
 /// notification listener.
 struct PgBackend {
     pool: PgPool,
+    /// The connection's options; `LISTEN` uses them (or `listen`).
     connect: PgConnectOptions,
+    /// Direct, or through a pooler in session or transaction mode.
+    mode: PoolMode,
+    /// Where `LISTEN` connects behind a transaction pooler (`None`: poll).
+    listen: Option<PgConnectOptions>,
+    /// Behind a transaction pooler: the `BEGIN` of every transaction, with
+    /// `SET LOCAL` of the statement and idle-transaction timeouts (the
+    /// session holds none there); each single statement gets one too.
+    begin_sql: Option<String>,
     names: Arc<Names>,
     /// Every statement, formatted once for this prefix.
     sql: Arc<Sql>,
@@ -136,26 +241,82 @@ impl Drop for PgBackend {
     }
 }
 
+/// The driver's connect options for a store URL as baton connects with
+/// them (its own parameters `pool_mode`, `listen_host`, `listen_port`
+/// stripped; behind a pooler no startup parameter it refuses; no session
+/// timeouts), and the pool mode and direct `LISTEN` address the URL names.
+fn options_of(url: &str) -> Result<(PgConnectOptions, PoolMode, ListenAt), StoreError> {
+    let (plain_url, mode, listen_at) = split_url(url)?;
+    let mut connect = PgConnectOptions::from_str(&plain_url)
+        .map_err(|e| StoreError::Config(format!("store URL {:?}: {e}", super::redact(url))))?;
+    if connect.get_application_name().is_none() {
+        // Names every session in pg_stat_activity (and PgBouncer's SHOW
+        // CLIENTS): which instance holds which connection.
+        connect = connect.application_name(&format!("baton {}", crate::lock::node_id()));
+    }
+    if mode != PoolMode::Direct {
+        // PgBouncer refuses startup parameters it does not track (sqlx
+        // sends `extra_float_digits`; baton reads no float as text).
+        connect = connect.extra_float_digits(None);
+    }
+    Ok((connect, mode, listen_at))
+}
+
+/// The driver's connect options for a store URL, as baton opens its
+/// connections (see `pool_mode` in the module docs), without baton's
+/// session timeouts. For tests and tools that reach the same server.
+#[doc(hidden)]
+pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    options_of(url).map(|(o, _, _)| o)
+}
+
 /// Connect to PostgreSQL and return the backend. The pool holds at most
 /// `opts.max_connections` connections; an unreachable server fails within
 /// `opts.connect_timeout` with [`StoreError::Unavailable`], and every session
 /// runs with `statement_timeout` and `idle_in_transaction_session_timeout`
-/// set to `opts.statement_timeout`. Migrations are not run here
+/// set to `opts.statement_timeout` (behind a pooler, as [`PoolMode`] says). Migrations are not run here
 /// (the caller runs [`Backend::migrate`] when `opts.migrate` is set).
 pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
     let statement_ms = opts.statement_timeout.as_millis().max(1);
-    // Server-side bounds on every session: a statement, and a transaction
-    // left idle by a client that went away, end after `statement_timeout`.
-    let connect = PgConnectOptions::from_str(url)
-        .map_err(|e| StoreError::Config(format!("store URL {:?}: {e}", super::redact(url))))?
-        .options([
+    let (mut connect, mode, listen_at) = options_of(url)?;
+    if mode == PoolMode::Direct {
+        // Server-side bounds on every session: a statement, and a
+        // transaction left idle by a client that went away, end after
+        // `statement_timeout`.
+        connect = connect.options([
             ("statement_timeout", statement_ms),
             ("idle_in_transaction_session_timeout", statement_ms),
         ]);
+    }
+    let listen = listen_at.map(|(host, port)| {
+        let mut o = connect.clone();
+        if let Some(h) = host {
+            o = o.host(&h);
+        }
+        if let Some(p) = port {
+            o = o.port(p);
+        }
+        o.options([
+            ("statement_timeout", statement_ms),
+            ("idle_in_transaction_session_timeout", statement_ms),
+        ])
+    });
+    let session_set = format!(
+        "SET statement_timeout = {statement_ms}; SET idle_in_transaction_session_timeout = {statement_ms}"
+    );
     let pool = PgPoolOptions::new()
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(opts.connect_timeout)
         .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            let set = session_set.clone();
+            Box::pin(async move {
+                if mode == PoolMode::Session {
+                    sqlx::Executor::execute(conn, sqlx::raw_sql(&set)).await?;
+                }
+                Ok(())
+            })
+        })
         .before_acquire(|conn, meta| {
             Box::pin(async move {
                 if meta.idle_for >= IDLE_PING {
@@ -165,18 +326,66 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
             })
         })
         .connect_with(connect.clone())
-        .await?;
+        .await
+        .map_err(|e| pooler_refusal(url, &e).unwrap_or_else(|| e.into()))?;
     let (wake, _) = broadcast::channel(1024);
     let names = Names::new(opts.prefix.as_deref());
+    let mut sql = Sql::new(&names, opts.keep_succeeded);
+    sql.insert.persistent = mode != PoolMode::Transaction;
     Ok(Arc::new(PgBackend {
         pool,
         connect,
-        sql: Arc::new(Sql::new(&names, opts.keep_succeeded)),
+        mode,
+        listen,
+        begin_sql: (mode == PoolMode::Transaction).then(|| format!(
+            "BEGIN; SET LOCAL statement_timeout = {statement_ms}; SET LOCAL idle_in_transaction_session_timeout = {statement_ms}"
+        )),
+        sql: Arc::new(sql),
         names: Arc::new(names),
         wake,
         listener: OnceLock::new(),
         shutdown: CancellationToken::new(),
     }))
+}
+
+impl PgBackend {
+    /// A statement, prepared once per connection or (behind a
+    /// transaction pooler) sent unnamed.
+    fn q<'q>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        sqlx::query(sql).persistent(self.mode != PoolMode::Transaction)
+    }
+
+    /// As [`PgBackend::q`], for one column of one type.
+    fn qs<'q, O>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_scalar(sql).persistent(self.mode != PoolMode::Transaction)
+    }
+
+    /// Open a transaction; behind a transaction pooler it starts with
+    /// `SET LOCAL` of the statement and idle-transaction timeouts (the
+    /// session carries none there), in the same round trip as `BEGIN`.
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        Ok(match &self.begin_sql {
+            Some(begin) => self.pool.begin_with(begin.clone()).await?,
+            None => self.pool.begin().await?,
+        })
+    }
+
+    /// Where a single statement runs (see [`exec`]).
+    fn exec(&self) -> exec::Exec<'_> {
+        exec::Exec {
+            pool: &self.pool,
+            begin: self.begin_sql.as_deref(),
+        }
+    }
 }
 
 /// The backend on a pool the application already has (see
@@ -197,6 +406,9 @@ pub(crate) fn from_pool(
     Ok(Arc::new(PgBackend {
         pool,
         connect,
+        mode: PoolMode::Direct,
+        listen: None,
+        begin_sql: None,
         sql: Arc::new(Sql::new(&names, true)),
         names: Arc::new(names),
         wake,

@@ -107,6 +107,7 @@ pub(super) async fn insert_tasks(
                 &sql.plain
             };
             let rows = sqlx::query(text)
+                .persistent(sql.persistent)
                 .bind(&queue)
                 .bind(&kind)
                 .bind(&payload)
@@ -155,6 +156,7 @@ pub(super) async fn insert_tasks(
             .into_iter()
             .collect();
         let rows = sqlx::query(&sql.key_holders)
+            .persistent(sql.persistent)
             .bind(&keys)
             .fetch_all(&mut *conn)
             .await?;

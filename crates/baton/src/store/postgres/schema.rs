@@ -147,9 +147,7 @@ paused    boolean NOT NULL DEFAULT false
 
 /// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
 pub(super) async fn status(b: &PgBackend) -> Result<SchemaStatus, StoreError> {
-    let read = sqlx::query_scalar(&b.sql.schema_version)
-        .fetch_optional(&b.pool)
-        .await;
+    let read = b.qs(&b.sql.schema_version).fetch_optional(b.exec()).await;
     sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
 }
 
@@ -162,34 +160,34 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
     // `CREATE INDEX IF NOT EXISTS` anyway takes table locks that can
     // deadlock with live workers' transactions.) A missing meta table is
     // an error here and falls through to the full migration.
-    let current: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(&b.sql.schema_version)
-        .fetch_optional(&b.pool)
-        .await;
+    let current: Result<Option<String>, sqlx::Error> =
+        b.qs(&b.sql.schema_version).fetch_optional(b.exec()).await;
     if let Ok(Some(v)) = &current {
         if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
             return Ok(());
         }
     }
-    let mut tx = b.pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+    let mut tx = b.begin().await?;
+    b.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("baton-migrate:{}", n.prefix))
         .execute(&mut *tx)
         .await?;
     // The base DDL runs on a store without a recorded version only: on an
     // upgraded one it would recreate what a later step dropped.
-    let has_meta: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+    let has_meta: bool = b
+        .qs("SELECT to_regclass($1) IS NOT NULL")
         .bind(&n.meta)
         .fetch_one(&mut *tx)
         .await?;
     let fresh = !has_meta
-        || sqlx::query_scalar::<_, String>(&b.sql.schema_version)
+        || b.qs::<String>(&b.sql.schema_version)
             .fetch_optional(&mut *tx)
             .await?
             .is_none();
     if fresh {
         let schema = schema_sql(n);
         sqlx::Executor::execute(&mut *tx, schema.as_str()).await?;
-        sqlx::query(&format!(
+        b.q(&format!(
             "INSERT INTO {} (key, value) VALUES ('schema_version', $1) \
              ON CONFLICT (key) DO NOTHING",
             n.meta
@@ -198,12 +196,13 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         .execute(&mut *tx)
         .await?;
     }
-    let v: String = sqlx::query_scalar(&format!(
-        "SELECT value FROM {} WHERE key = 'schema_version'",
-        n.meta
-    ))
-    .fetch_one(&mut *tx)
-    .await?;
+    let v: String = b
+        .qs(&format!(
+            "SELECT value FROM {} WHERE key = 'schema_version'",
+            n.meta
+        ))
+        .fetch_one(&mut *tx)
+        .await?;
     let v: i32 = v.parse().map_err(|_| corrupt("schema version", &v))?;
     if v > SCHEMA_VERSION {
         return Err(StoreError::Config(format!(
@@ -217,7 +216,7 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
             .and_then(|i| UPGRADES.get(i))
             .ok_or_else(|| corrupt("schema version", from))?;
         sqlx::Executor::execute(&mut *tx, step(n).as_str()).await?;
-        sqlx::query(&format!(
+        b.q(&format!(
             "UPDATE {} SET value = $1 WHERE key = 'schema_version'",
             n.meta
         ))

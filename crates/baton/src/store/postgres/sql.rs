@@ -104,6 +104,9 @@ pub(super) struct InsertSql {
     pub plain: String,
     /// `$1` keys → unique_key, id.
     pub key_holders: String,
+    /// Whether the statements are prepared once per connection (false
+    /// behind a transaction pooler: each is sent unnamed).
+    pub persistent: bool,
 }
 
 impl InsertSql {
@@ -111,6 +114,7 @@ impl InsertSql {
         InsertSql {
             keyed: insert_sql(n, true),
             plain: insert_sql(n, false),
+            persistent: true,
             key_holders: format!(
                 "SELECT unique_key, id FROM {} WHERE unique_key = ANY($1) AND {UNIQUE_PRED}",
                 n.tasks

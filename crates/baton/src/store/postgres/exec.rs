@@ -1,0 +1,98 @@
+//! Where a single statement runs: on the pool as it is, or, behind a
+//! transaction pooler, inside a transaction of its own.
+//!
+//! Behind PgBouncer in transaction mode a server connection belongs to a
+//! client only while a transaction is open. sqlx sends a statement in two
+//! flights (Parse/Describe/Sync, then Bind/Execute/Sync): outside a
+//! transaction the pooler may hand the second flight to another server
+//! connection, where the statement does not exist ("unnamed prepared
+//! statement does not exist"). In a transaction both flights reach the same
+//! server connection, and the transaction's `BEGIN` carries the `SET LOCAL`
+//! timeouts the session cannot hold there. That costs two round trips
+//! (BEGIN, COMMIT) per statement; see docs/BENCHMARKS.md.
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
+use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Describe, Either, Execute, Executor, PgPool, Postgres};
+
+/// The pool, and the `BEGIN …` that opens each statement's own transaction
+/// behind a transaction pooler (`None`: statements run as they are).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Exec<'c> {
+    pub(super) pool: &'c PgPool,
+    pub(super) begin: Option<&'c str>,
+}
+
+impl<'c> Executor<'c> for Exec<'c> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let Some(begin) = self.begin else {
+            return self.pool.fetch_many(query);
+        };
+        let pool = self.pool;
+        let begin = begin.to_string();
+        futures_util::stream::once(async move {
+            let mut tx = pool.begin_with(begin).await?;
+            let items: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(items)
+        })
+        .flat_map(|r| match r {
+            Ok(items) => futures_util::stream::iter(items.into_iter().map(Ok)).left_stream(),
+            Err(e) => futures_util::stream::once(async move { Err(e) }).right_stream(),
+        })
+        .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let Some(begin) = self.begin else {
+            return self.pool.fetch_optional(query);
+        };
+        let pool = self.pool;
+        let begin = begin.to_string();
+        Box::pin(async move {
+            let mut tx = pool.begin_with(begin).await?;
+            let row = (&mut *tx).fetch_optional(query).await?;
+            tx.commit().await?;
+            Ok(row)
+        })
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.pool.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.pool.describe(sql)
+    }
+}
