@@ -134,6 +134,34 @@ impl Backend for RedisBackend {
                     now: from_ms(now)?,
                 }))
             }
+            2 => {
+                // A value baton did not write where the lock would be:
+                // held by something else, for as long as it lives.
+                let kind = v
+                    .get(1)
+                    .and_then(|x| redis::from_redis_value::<String>(x).ok())
+                    .unwrap_or_default();
+                let pttl = int(2, "pttl")?;
+                let now = int(3, "now")?;
+                let expiry = if pttl > 0 {
+                    format!("expiring in {}", crate::format_duration(Duration::from_millis(pttl.unsigned_abs())))
+                } else {
+                    "without an expiry".to_string()
+                };
+                let until = if pttl > 0 { now.saturating_add(pttl) } else { now };
+                Ok(Acquire::Busy(LockInfo {
+                    name: req.name.to_string(),
+                    holder: format!(
+                        "something else: a {kind} key baton did not write at {:?} ({expiry}); baton leaves it alone",
+                        self.lock_key(req.name)
+                    ),
+                    token: FencingToken(0),
+                    locked_at: from_ms(now)?,
+                    lock_until: from_ms(until)?,
+                    held: true,
+                    now: from_ms(now)?,
+                }))
+            }
             _ => Err(StoreError::Corrupt(format!(
                 "lock acquire: unexpected reply {v:?}"
             ))),

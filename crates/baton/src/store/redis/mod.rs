@@ -9,11 +9,15 @@
 //!
 //! With `P` the configured prefix (default empty) and `B = P{baton}:`:
 //!
-//! - `P lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
+//! - `B lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
 //!   (ms). Never deleted by release and never expires (schema 2; before, it
 //!   had a TTL a day past `lock_until`), so it keeps the last token. A new
 //!   token is `max(previous + 1, TIME in µs)` so tokens keep rising even
-//!   after a restart that lost data.
+//!   after a restart that lost data. Schema 6 moved it here from
+//!   `P lock:<name>` (with the default empty prefix the bare
+//!   `lock:<name>` that other tools, e.g. ShedLock, write too). A value
+//!   baton did not write at a lock key (another type, a hash without
+//!   baton's fields) is never changed: it reads as held by something else.
 //! - `B task:<id>` — hash with every task field (timestamps in ms since the
 //!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
 //!   `claim_token`, absent before the first claim of schema 2, counts as 0).
@@ -35,8 +39,10 @@
 //!   name (due now), or `queue\n<run_at in µs>` for work due later.
 //! - `B schema` — the schema version.
 //!
-//! All queue and job keys share the `{baton}` hash tag, so a Redis Cluster
-//! could run every script on one slot; the lock keys are independent.
+//! All keys share the `{baton}` hash tag, so a Redis Cluster could run
+//! every script on one slot. baton never writes, expires or deletes a key
+//! outside `B`: the upgrade steps that convert older lock keys at
+//! `P lock:<name>` touch only those that are baton's by shape.
 //!
 //! # Faults
 //!
@@ -213,7 +219,17 @@ impl RedisBackend {
         }
     }
 
+    /// Where lock `name` lives: `B lock:<name>`, in baton's own
+    /// namespace (schema 6; before, `P lock:<name>`, see
+    /// [`RedisBackend::legacy_lock_key`]).
     fn lock_key(&self, name: &str) -> String {
+        format!("{}lock:{name}", self.base)
+    }
+
+    /// Where versions before schema 6 kept lock `name`: `P lock:<name>`,
+    /// outside baton's namespace (with the default empty prefix the bare
+    /// `lock:<name>` other tools use too). Only the upgrade steps read it.
+    fn legacy_lock_key(&self, name: &str) -> String {
         format!("{}lock:{name}", self.prefix)
     }
 
