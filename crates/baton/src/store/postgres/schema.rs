@@ -167,7 +167,7 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         .await;
     if let Ok(Some(v)) = &current {
         if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
-            return Ok(());
+            return write_identity(&b.pool, n).await;
         }
     }
     let mut tx = b.pool.begin().await?;
@@ -231,5 +231,37 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         );
     }
     tx.commit().await?;
+    write_identity(&b.pool, n).await
+}
+
+/// Write the store's identity if none is recorded (once; see
+/// `StoreIdentity`): one row insert, no DDL.
+async fn write_identity(pool: &sqlx::PgPool, n: &Names) -> Result<(), StoreError> {
+    sqlx::query(&format!(
+        "INSERT INTO {} (key, value) VALUES ('store_id', $1) ON CONFLICT (key) DO NOTHING",
+        n.meta
+    ))
+    .bind(crate::store::new_store_id())
+    .execute(pool)
+    .await?;
     Ok(())
+}
+
+/// The store's identity and task id counter (a read; nothing at all when
+/// the tables are missing).
+pub(super) async fn identity(b: &PgBackend) -> Result<crate::store::StoreIdentity, StoreError> {
+    let n = &*b.names;
+    let seq = format!("\"{}tasks_id_seq\"", n.prefix);
+    let read: Result<(Option<String>, i64), sqlx::Error> = sqlx::query_as(&format!(
+        "SELECT (SELECT value FROM {} WHERE key = 'store_id'), \
+             (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {seq})",
+        n.meta
+    ))
+    .fetch_one(&b.pool)
+    .await;
+    match read {
+        Ok((id, last_task_id)) => Ok(crate::store::StoreIdentity { id, last_task_id }),
+        Err(e) if sql_row::is_missing_table(&e) => Ok(crate::store::StoreIdentity::default()),
+        Err(e) => Err(e.into()),
+    }
 }

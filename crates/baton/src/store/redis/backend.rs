@@ -35,6 +35,25 @@ impl Backend for RedisBackend {
         schema::status(self).await
     }
 
+    async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
+        let (id, seq): (Option<String>, Option<String>) = read_retry!({
+            let mut conn = self.conn.clone();
+            redis::cmd("MGET")
+                .arg(self.key(schema::STORE_ID))
+                .arg(self.key("seq"))
+                .query_async::<(Option<String>, Option<String>)>(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })?;
+        Ok(crate::store::StoreIdentity {
+            id,
+            last_task_id: match seq {
+                Some(s) => parse_i64(&s, "seq")?,
+                None => 0,
+            },
+        })
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         let (s, us): (i64, i64) = read_retry!({
             let mut conn = self.conn.clone();
@@ -144,11 +163,18 @@ impl Backend for RedisBackend {
                 let pttl = int(2, "pttl")?;
                 let now = int(3, "now")?;
                 let expiry = if pttl > 0 {
-                    format!("expiring in {}", crate::format_duration(Duration::from_millis(pttl.unsigned_abs())))
+                    format!(
+                        "expiring in {}",
+                        crate::format_duration(Duration::from_millis(pttl.unsigned_abs()))
+                    )
                 } else {
                     "without an expiry".to_string()
                 };
-                let until = if pttl > 0 { now.saturating_add(pttl) } else { now };
+                let until = if pttl > 0 {
+                    now.saturating_add(pttl)
+                } else {
+                    now
+                };
                 Ok(Acquire::Busy(LockInfo {
                     name: req.name.to_string(),
                     holder: format!(

@@ -56,6 +56,9 @@ enum Upgrade {
     OwnLockKeys,
 }
 
+/// The store's identity: the key `B store_id`, a random id set once.
+pub(super) const STORE_ID: &str = "store_id";
+
 /// The lock index: the set `B locks` of every lock name acquired (lock
 /// records are kept for ever, so names are never removed).
 pub(super) const LOCK_INDEX: &str = "locks";
@@ -84,6 +87,16 @@ pub(super) async fn status(b: &RedisBackend) -> Result<SchemaStatus, StoreError>
 /// the recorded one, recording each as it completes.
 pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
     let found: i64 = b.q(&b.scripts.migrate, sargs![""]).await?;
+    if found <= SCHEMA_VERSION {
+        // The store's identity, written once (see `StoreIdentity`).
+        let mut conn = b.conn.clone();
+        redis::cmd("SET")
+            .arg(b.key(STORE_ID))
+            .arg(crate::store::new_store_id())
+            .arg("NX")
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
     if found > SCHEMA_VERSION {
         return Err(StoreError::Config(format!(
             "redis schema version {found} is newer than this baton's ({SCHEMA_VERSION})"
