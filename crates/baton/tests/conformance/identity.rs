@@ -40,9 +40,7 @@ async fn counter_back(ts: &TestStore) {
         Kind::Postgres => {
             exec_sql(
                 ts,
-                &format!(
-                    "DELETE FROM \"{p}tasks\"; SELECT setval('\"{p}tasks_id_seq\"', 1);"
-                ),
+                &format!("DELETE FROM \"{p}tasks\"; SELECT setval('\"{p}tasks_id_seq\"', 1);"),
             )
             .await
         }
@@ -72,9 +70,19 @@ async fn lose_everything(ts: &TestStore) {
     let p = &ts.prefix;
     match ts.kind {
         Kind::Sqlite | Kind::Postgres => {
-            exec_sql(ts, &format!("DELETE FROM \"{p}meta\" WHERE key = 'store_id'")).await
+            exec_sql(
+                ts,
+                &format!("DELETE FROM \"{p}meta\" WHERE key = 'store_id'"),
+            )
+            .await
         }
-        Kind::Mysql => exec_sql(ts, &format!("DELETE FROM `{p}meta` WHERE `key` = 'store_id'")).await,
+        Kind::Mysql => {
+            exec_sql(
+                ts,
+                &format!("DELETE FROM `{p}meta` WHERE `key` = 'store_id'"),
+            )
+            .await
+        }
         Kind::Redis => {
             let mut c = redis_conn(ts).await;
             let keys: Vec<String> = redis::cmd("KEYS")
@@ -83,7 +91,11 @@ async fn lose_everything(ts: &TestStore) {
                 .await
                 .unwrap();
             if !keys.is_empty() {
-                let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut c).await.unwrap();
+                let _: () = redis::cmd("DEL")
+                    .arg(&keys)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
             }
         }
     }
@@ -91,7 +103,10 @@ async fn lose_everything(ts: &TestStore) {
 
 pub async fn a_store_that_forgot_is_noticed(ts: TestStore) {
     let store = &ts.store;
-    let seen = store.identity().id().expect("an identity written at migrate");
+    let seen = store
+        .identity()
+        .id()
+        .expect("an identity written at migrate");
     assert_eq!(seen.len(), 32, "{seen}");
     assert_eq!(store.check_identity().await.unwrap(), None, "unchanged");
     // Another connection to the same store sees the same identity.
