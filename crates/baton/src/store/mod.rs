@@ -203,7 +203,8 @@ pub trait Backend: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Prefix for table names (SQL) or keys (Redis). Default `baton_` for
-    /// SQL tables and empty for Redis keys (so locks live at `lock:<name>`).
+    /// SQL tables and empty for Redis keys (so locks live at
+    /// `{baton}:lock:<name>`, in baton's own namespace like every other key).
     pub prefix: Option<String>,
     /// Maximum connections in the pool (SQL backends).
     pub max_connections: u32,

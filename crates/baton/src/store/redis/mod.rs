@@ -21,7 +21,11 @@
 //! - `B task:<id>` — hash with every task field (timestamps in ms since the
 //!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
 //!   `claim_token`, absent before the first claim of schema 2, counts as 0).
-//! - `B seq` — the id counter (`INCR`).
+//! - `B seq` — the id counter: each new id is `max(INCR, TIME in µs)`
+//!   (the clock read once per script), so ids never repeat even after a
+//!   restart that lost the counter (DESIGN.md I1).
+//! - `B store_id` — the store's identity, a random id set once (`SET NX`)
+//!   by `migrate`; read with `B seq` by `store_identity` (DESIGN.md E2).
 //! - `B q:<queue>:sched` — zset of pending tasks not yet due, score `run_at`.
 //! - `B q:<queue>:ready` — zset of due pending tasks, score
 //!   `(priority + 128) · 2⁴³ + run_at` (exact in a double: < 2⁵¹), members
