@@ -220,6 +220,13 @@ async fn foreign_value_at_a_lock_key_is_held_by_something_else() {
         assert!(!rel);
         assert!(b.lock_get(name).await.unwrap().is_none());
     }
+    let indexed: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{p}{{baton}}:locks"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(indexed.is_empty(), "foreign names not indexed: {indexed:?}");
+    assert!(b.lock_list().await.unwrap().is_empty());
     let v: String = redis::cmd("GET")
         .arg(&string_key)
         .query_async(&mut c)

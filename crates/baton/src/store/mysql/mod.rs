@@ -756,8 +756,19 @@ impl Backend for MyBackend {
 
 impl MyBackend {
     /// Write the store's identity if none is recorded (once; see
-    /// `StoreIdentity`): one row insert, no DDL.
+    /// `StoreIdentity`): a read, and a row insert only when it is missing
+    /// (so a connect to a migrated store by a read-only user writes
+    /// nothing).
     async fn write_identity(&self) -> Result<(), StoreError> {
+        let have: Option<Vec<u8>> = sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE `key` = 'store_id'",
+            self.names.meta
+        ))
+        .fetch_optional(&self.pool)
+        .await?;
+        if have.is_some() {
+            return Ok(());
+        }
         sqlx::query(&format!(
             "INSERT INTO {} (`key`, value) VALUES ('store_id', ?) \
              ON DUPLICATE KEY UPDATE `key` = `key`",

@@ -235,8 +235,18 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
 }
 
 /// Write the store's identity if none is recorded (once; see
-/// `StoreIdentity`): one row insert, no DDL.
+/// `StoreIdentity`): a read, and a row insert only when it is missing (so
+/// a connect to a migrated store by a read-only user writes nothing).
 async fn write_identity(pool: &sqlx::PgPool, n: &Names) -> Result<(), StoreError> {
+    let have: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT value FROM {} WHERE key = 'store_id'",
+        n.meta
+    ))
+    .fetch_optional(pool)
+    .await?;
+    if have.is_some() {
+        return Ok(());
+    }
     sqlx::query(&format!(
         "INSERT INTO {} (key, value) VALUES ('store_id', $1) ON CONFLICT (key) DO NOTHING",
         n.meta

@@ -175,6 +175,18 @@ impl Backend for RedisBackend {
                 } else {
                     now
                 };
+                // Not a lock of baton's: its name leaves the lock index
+                // (where it may have been added alongside this acquire).
+                self.unmark_lock_indexed(req.name);
+                let mut conn = self.conn.clone();
+                if let Err(e) = redis::cmd("SREM")
+                    .arg(self.key(LOCK_INDEX))
+                    .arg(req.name)
+                    .query_async::<()>(&mut conn)
+                    .await
+                {
+                    tracing::debug!(lock = req.name, error = %e, "redis: could not take a foreign key's name out of the lock index");
+                }
                 Ok(Acquire::Busy(LockInfo {
                     name: req.name.to_string(),
                     holder: format!(

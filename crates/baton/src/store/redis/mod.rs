@@ -213,6 +213,13 @@ impl RedisBackend {
             .unwrap_or(false)
     }
 
+    /// Forget that lock `name` is in the lock index.
+    fn unmark_lock_indexed(&self, name: &str) {
+        if let Ok(mut s) = self.indexed_locks.lock() {
+            s.remove(name);
+        }
+    }
+
     /// Remember that lock `name` is in the lock index.
     fn mark_lock_indexed(&self, name: &str) {
         if let Ok(mut s) = self.indexed_locks.lock() {
