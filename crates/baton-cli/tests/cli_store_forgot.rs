@@ -351,7 +351,8 @@ fn only_baton_s_own_keys() {
     let out = run(&r, d, &["migrate", "--prefix", "old:"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
-        stdout(&out).starts_with("upgraded the baton schema from v5 to v6"),
+        // (v6 on this branch; the version after a later step moves on.)
+        stdout(&out).starts_with("upgraded the baton schema from v5 to v"),
         "{}",
         stdout(&out)
     );
