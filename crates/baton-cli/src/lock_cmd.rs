@@ -122,7 +122,13 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             until,
             token,
         }) => {
-            crate::note!("baton: lock {name:?} is held by {holder} until {} (token {token}); not running the command", output::ts(until));
+            if token == 0 {
+                // No baton grant has token 0: a value baton did not write
+                // holds the lock's key (the holder says what it is).
+                crate::note!("baton: lock {name:?} is held by {holder}; not running the command");
+            } else {
+                crate::note!("baton: lock {name:?} is held by {holder} until {} (token {token}); not running the command", output::ts(until));
+            }
             return Ok(EXIT_BUSY);
         }
         Err(e) => return Err(anyhow::Error::from(e).context(format!("lock {:?}", a.name))),

@@ -455,24 +455,21 @@ fn init_tracing(format: LogFormat, daemon: bool) {
     registry.init();
 }
 
-/// `baton migrate`: create the schema, or say it was already up to date.
+/// `baton migrate`: create the schema, upgrade it, or say it was already
+/// up to date — decided by the schema version recorded before (none: a
+/// fresh store).
 async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
-    // Probe before migrating: SQL tables that are missing make the reads
-    // fail; a Redis prefix without data has nothing to read.
+    // Read the recorded version before migrating (a read only; a SQL store
+    // without baton's tables, or a Redis prefix without data, has none).
     let r = store.resolve(store.config()?.as_ref());
     let probe = connect_resolved(&r, false).await.context("migrate")?;
-    let b = probe.backend();
-    let (locks, jobs, stats) = (
-        b.lock_list().await,
-        b.job_list().await,
-        b.queue_stats().await,
-    );
-    let fresh = match (&locks, &jobs, &stats) {
-        (Ok(l), Ok(j), Ok(s)) => {
-            b.kind() == "redis" && l.is_empty() && j.is_empty() && s.is_empty()
-        }
-        _ => true,
-    };
+    let before = probe
+        .backend()
+        .schema_status()
+        .await
+        .map_err(baton::Error::from)
+        .context("migrate")?;
+    drop(probe);
     let s = output::progress(
         format!(
             "baton: migrating the schema on {}",
@@ -483,10 +480,20 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     .await
     .context("migrate")?;
     let prefix = r.prefix.as_deref().unwrap_or("(default)");
-    if fresh {
-        outln!("created the baton schema on {} (prefix {prefix})", s.url());
-    } else {
-        outln!("schema already up to date on {} (prefix {prefix})", s.url());
+    let to = before.expected;
+    match before.found {
+        None => outln!(
+            "created the baton schema (version {to}) on {} (prefix {prefix})",
+            s.url()
+        ),
+        Some(from) if from < to => outln!(
+            "upgraded the baton schema from v{from} to v{to} on {} (prefix {prefix})",
+            s.url()
+        ),
+        Some(_) => outln!(
+            "schema already up to date (version {to}) on {} (prefix {prefix})",
+            s.url()
+        ),
     }
     Ok(0)
 }

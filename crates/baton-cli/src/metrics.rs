@@ -216,6 +216,14 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
             (vec![("operation", *op)], n as f64)
         }),
     );
+    counter(
+        &mut out,
+        "baton_store_identity_changes",
+        "Times this process found its store was no longer the one it connected to (another \
+         identity or none: it lost its data; its task id counter went down: restored from an \
+         older backup). Each is logged once as an error and fails /readyz until a restart.",
+        [(vec![], store.identity().changes() as f64)],
+    );
 
     let mut registry = Registry::default();
     registry.register_collector(Box::new(out));

@@ -118,14 +118,14 @@ async fn lock_record_is_a_hash_without_ttl() {
     // The key and its fields.
     let mut c = raw().await;
     let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(format!("{p}lock:job"))
+        .arg(format!("{p}{{baton}}:lock:job"))
         .query_async(&mut c)
         .await
         .unwrap();
     assert_eq!(h.get("token"), Some(&t1.0.to_string()));
     assert_eq!(h.get("holder").map(String::as_str), Some("a"));
     let ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("{p}lock:job"))
+        .arg(format!("{p}{{baton}}:lock:job"))
         .query_async(&mut c)
         .await
         .unwrap();
@@ -145,17 +145,107 @@ async fn default_prefix_lock_key() {
     );
     let mut c = raw().await;
     let tok: Option<String> = redis::cmd("HGET")
-        .arg(format!("lock:{name}"))
+        .arg(format!("{{baton}}:lock:{name}"))
         .arg("token")
         .query_async(&mut c)
         .await
         .unwrap();
     assert_eq!(tok, Some(t.0.to_string()));
     let _: () = redis::cmd("DEL")
-        .arg(format!("lock:{name}"))
+        .arg(format!("{{baton}}:lock:{name}"))
         .query_async(&mut c)
         .await
         .unwrap();
+}
+
+/// A value baton did not write where a lock would be (a string, a hash
+/// without baton's fields) is "held by something else": acquire answers
+/// busy with token 0 and a holder saying what it is (no WRONGTYPE);
+/// extend and release refuse; `lock_get` sees no lock; the value and its
+/// TTL are left as they were.
+#[tokio::test]
+async fn foreign_value_at_a_lock_key_is_held_by_something_else() {
+    let p = new_prefix();
+    let Some(s) = open(Some(&p)).await else {
+        return;
+    };
+    let b = s.backend();
+    let mut c = raw().await;
+    let string_key = format!("{p}{{baton}}:lock:shed");
+    let hash_key = format!("{p}{{baton}}:lock:other");
+    let _: () = redis::cmd("SET")
+        .arg(&string_key)
+        .arg("ADDED:2026-12-01T20:00:00.000Z@pod-a")
+        .arg("PX")
+        .arg(900_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&hash_key)
+        .arg(&["owner", "someone"])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for (name, kind) in [("shed", "string"), ("other", "hash")] {
+        match b.lock_acquire(&lreq(name, "a", 10_000)).await.unwrap() {
+            Acquire::Busy(i) => {
+                assert_eq!(i.token, FencingToken(0), "{i:?}");
+                assert!(i.held, "{i:?}");
+                assert!(
+                    i.holder.contains("something else") && i.holder.contains(kind),
+                    "{}",
+                    i.holder
+                );
+            }
+            other => panic!("{name}: expected busy: {other:?}"),
+        }
+        let ext = b
+            .lock_extend(&baton::store::LockExtend {
+                name,
+                token: FencingToken(0),
+                at_most: Duration::from_secs(10),
+            })
+            .await
+            .unwrap();
+        assert_eq!(ext, None);
+        let rel = b
+            .lock_release(&baton::store::LockRelease {
+                name,
+                token: FencingToken(0),
+                at_least: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        assert!(!rel);
+        assert!(b.lock_get(name).await.unwrap().is_none());
+    }
+    let indexed: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{p}{{baton}}:locks"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(indexed.is_empty(), "foreign names not indexed: {indexed:?}");
+    assert!(b.lock_list().await.unwrap().is_empty());
+    let v: String = redis::cmd("GET")
+        .arg(&string_key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(v, "ADDED:2026-12-01T20:00:00.000Z@pod-a");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&string_key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(ttl > 800_000 && ttl <= 900_000, "TTL kept: {ttl}");
+    let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&hash_key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(h.len(), 1, "{h:?}");
+    cleanup(&p).await;
 }
 
 #[tokio::test]

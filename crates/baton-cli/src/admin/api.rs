@@ -143,6 +143,15 @@ async fn ready(state: &State) -> Result<(), Unready> {
         error,
         schema: None,
     };
+    // A store that is not the one this process connected to (it lost its
+    // data, or went back in time) fails readiness until a restart; the
+    // check logs the change once and counts it.
+    if let Ok(Err(e)) = tokio::time::timeout(READY_TIMEOUT, state.store.check_identity()).await {
+        tracing::debug!(error = %baton::error::chain(&e), "readyz: reading the store's identity failed");
+    }
+    if let Some(why) = state.store.identity_lost() {
+        return Err(unready(why));
+    }
     match tokio::time::timeout(READY_TIMEOUT, state.store.backend().schema_status()).await {
         Ok(Ok(st)) => match st.problem() {
             None => Ok(()),
@@ -159,7 +168,8 @@ async fn ready(state: &State) -> Result<(), Unready> {
 }
 
 /// `GET /readyz`: 200 when the store answers with this build's schema
-/// version; 503 with the reason otherwise (and, for a schema of another
+/// version and is the store this process connected to (its identity
+/// unchanged, see `baton::store::IdentityWatch`); 503 with the reason otherwise (and, for a schema of another
 /// version, `schema: {found, expected}`).
 pub async fn readyz(Extract(state): S) -> Response {
     match ready(&state).await {

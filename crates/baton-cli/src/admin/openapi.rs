@@ -71,7 +71,7 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                 ..r(
                     "get",
                     "/readyz",
-                    "The store answers and holds this build's schema version: 200, else 503 with the reason (no auth).",
+                    "The store answers, holds this build's schema version and is the store this process connected to (its identity unchanged: it did not lose its data or go back to an older backup): 200, else 503 with the reason (no auth).",
                 )
             },
             get(api::readyz),

@@ -156,13 +156,14 @@ pub struct WorkerTotals {
 /// The store calls whose failures [`WorkerTotals::store_errors`] counts,
 /// by their names on the [`Backend`](crate::store::Backend) seam (a
 /// hand-back is a `task_finish_many`; reading the store's clock is `now`).
-pub const STORE_OPERATIONS: [&str; 6] = [
+pub const STORE_OPERATIONS: [&str; 7] = [
     "task_claim",
     "task_finish_many",
     "task_heartbeat_many",
     "task_rescue_many",
     "task_prune",
     "now",
+    "store_identity",
 ];
 
 #[derive(Debug, Default)]

@@ -590,8 +590,8 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Rescue, prune and the store clock, each on its own timer. A rescue that
-/// requeues tasks pokes every queue.
+/// Rescue (with the store identity check), prune and the store clock, each
+/// on its own timer. A rescue that requeues tasks pokes every queue.
 async fn upkeep_loop(
     shared: Arc<Shared>,
     pokes: Vec<Arc<Notify>>,
@@ -629,17 +629,26 @@ async fn upkeep_loop(
                     }
                 },
             },
-            _ = rescue.tick(), if cfg.rescue => match shared.upkeep(shared.store.backend().task_rescue_many()).await {
-                Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
-                    tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
-                    pokes.iter().for_each(|p| p.notify_one());
+            _ = rescue.tick(), if cfg.rescue => {
+                match shared.upkeep(shared.store.backend().task_rescue_many()).await {
+                    Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
+                        tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
+                        pokes.iter().for_each(|p| p.notify_one());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        shared.counters.store_error("task_rescue_many");
+                        tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    shared.counters.store_error("task_rescue_many");
-                    tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
+                // Is it still the store we connected to? A change (a store
+                // that lost its data or went back in time) is logged by the
+                // check, once; here only a failed read is said.
+                if let Err(e) = shared.upkeep(shared.store.check_identity()).await {
+                    shared.counters.store_error("store_identity");
+                    tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
                 }
-            },
+            }
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
                     match shared.upkeep(shared.store.backend().task_prune(keep)).await {

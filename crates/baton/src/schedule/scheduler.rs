@@ -415,11 +415,29 @@ impl Scheduler {
                 }
             })
         };
+        // Is it still the store we connected to? Checked at the lock-mode
+        // rescue's cadence; a change is logged by the check, once.
+        let identity = {
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(IDENTITY_CHECK).await;
+                    if let Err(e) = store.check_identity().await {
+                        tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
+                    }
+                }
+            })
+        };
         while set.join_next().await.is_some() {}
         calib.abort();
+        identity.abort();
         Ok(())
     }
 }
+
+/// How often a scheduler reads the store's identity again (as often as a
+/// lock-mode job rescues).
+const IDENTITY_CHECK: Duration = Duration::from_secs(10);
 
 /// How long a lock-mode run's outcome may still take to be written once
 /// the scheduler is stopping (a store that answers writes it in

@@ -27,6 +27,7 @@ use crate::error::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+mod identity;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod params;
@@ -43,6 +44,7 @@ pub mod sqlite;
 pub mod state;
 mod types;
 
+pub use identity::IdentityWatch;
 pub use params::*;
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
@@ -79,6 +81,10 @@ pub trait Backend: Send + Sync + 'static {
     /// it: a store another build migrated, or whose schema is gone, is not
     /// one this process can serve.
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError>;
+
+    /// The store's identity and task id counter (a read only: the id is
+    /// written by [`Backend::migrate`], once). See [`StoreIdentity`].
+    async fn store_identity(&self) -> Result<StoreIdentity, StoreError>;
 
     /// Warnings about the store's configuration (e.g. Redis without AOF).
     async fn warnings(&self) -> Result<Vec<String>, StoreError> {
@@ -197,7 +203,8 @@ pub trait Backend: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Prefix for table names (SQL) or keys (Redis). Default `baton_` for
-    /// SQL tables and empty for Redis keys (so locks live at `lock:<name>`).
+    /// SQL tables and empty for Redis keys (so locks live at
+    /// `{baton}:lock:<name>`, in baton's own namespace like every other key).
     pub prefix: Option<String>,
     /// Maximum connections in the pool (SQL backends).
     pub max_connections: u32,
@@ -272,6 +279,9 @@ impl StoreOptions {
 pub struct Store {
     backend: Arc<dyn Backend>,
     url: Arc<str>,
+    /// The identity seen at connect, checked again by the upkeep (shared
+    /// by every clone).
+    identity: Arc<IdentityWatch>,
 }
 
 impl std::fmt::Debug for Store {
@@ -334,18 +344,53 @@ impl Store {
         if opts.migrate {
             backend.migrate().await?;
         }
-        Ok(Store {
+        let store = Store {
             backend,
             url: url.into(),
-        })
+            identity: Arc::new(IdentityWatch::default()),
+        };
+        // The identity seen at connect. A read that fails here (a store
+        // not migrated, a moment's outage) only leaves it to the first
+        // check that succeeds.
+        if let Err(e) = store.check_identity().await {
+            tracing::debug!(error = %crate::error::chain(&e), "could not read the store's identity at connect");
+        }
+        Ok(store)
     }
 
-    /// Wrap a backend built by hand (for new backends and tests).
+    /// Wrap a backend built by hand (for new backends and tests). Its
+    /// identity is read by the first [`Store::check_identity`].
     pub fn from_backend(backend: Arc<dyn Backend>, url: &str) -> Store {
         Store {
             backend,
             url: url.into(),
+            identity: Arc::new(IdentityWatch::default()),
         }
+    }
+
+    /// Read the store's identity and task id counter again and compare
+    /// them with what this process saw before (see [`IdentityWatch`]). A
+    /// change — another identity, none, or a counter below the highest
+    /// seen — is logged once as an error naming what was lost, counted,
+    /// and kept (see [`Store::identity_lost`]); the answer is that reason
+    /// when this check found it.
+    pub async fn check_identity(&self) -> Result<Option<String>, StoreError> {
+        let read = self.backend.store_identity().await?;
+        Ok(self.identity.observe(self.backend.kind(), &read))
+    }
+
+    /// Why this process no longer trusts the store it connected to: the
+    /// first identity change a check found (the store lost its data, or
+    /// went back in time), until the process restarts. `None` while the
+    /// store is the one it was.
+    pub fn identity_lost(&self) -> Option<String> {
+        self.identity.lost()
+    }
+
+    /// The identity watch of this store (shared by every clone): the
+    /// identity seen, the changes counted.
+    pub fn identity(&self) -> &IdentityWatch {
+        &self.identity
     }
 
     /// The backend, for the layers above and for tests.
@@ -518,6 +563,7 @@ bounded_backend! {
     migrate() -> ();
     now() -> DateTime<Utc>;
     schema_status() -> SchemaStatus;
+    store_identity() -> StoreIdentity;
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;

@@ -116,13 +116,19 @@ impl Store {
         Store::wrap(super::mysql::from_pool(pool, prefix)?, url).await
     }
 
-    /// Bound every call as [`Store::connect_with`] does, then migrate.
+    /// Bound every call as [`Store::connect_with`] does, then migrate and
+    /// read the store's identity.
     async fn wrap(backend: Arc<dyn Backend>, url: String) -> Result<Store, StoreError> {
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
             inner: backend,
             limit: StoreOptions::default().call_deadline(),
         });
         backend.migrate().await?;
-        Ok(Store::from_backend(backend, &url))
+        let store = Store::from_backend(backend, &url);
+        // The identity seen at connect (see `Store::check_identity`).
+        if let Err(e) = store.check_identity().await {
+            tracing::debug!(error = %crate::error::chain(&e), "could not read the store's identity at connect");
+        }
+        Ok(store)
     }
 }

@@ -242,7 +242,7 @@ pub(crate) fn schema_status(
 
 /// Whether a driver error says the table does not exist (PostgreSQL
 /// `42P01`, MySQL/MariaDB error 1146, SQLite "no such table").
-fn is_missing_table(e: &sqlx::Error) -> bool {
+pub(crate) fn is_missing_table(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else {
         return false;
     };

@@ -499,6 +499,28 @@ impl SchemaStatus {
     }
 }
 
+/// What tells one store's data from another's
+/// ([`Backend::store_identity`](super::Backend::store_identity)): read at
+/// connect and again at the worker's and scheduler's upkeep, so a store
+/// that lost its data (a Redis restarted without AOF, a dropped database)
+/// or went back in time (a restored older backup) is noticed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoreIdentity {
+    /// The random id written once, when the store was created or first
+    /// migrated by a build that has identities (SQL: the meta row
+    /// `store_id`; Redis: the key `B store_id`). `None` when nothing is
+    /// recorded: a store not yet migrated, or one that lost its data.
+    pub id: Option<String>,
+    /// The store's task id counter: the highest id it has handed out (0
+    /// when none). It never goes down while the store keeps its data.
+    pub last_task_id: i64,
+}
+
+/// A new random store identity: 32 hex digits.
+pub(crate) fn new_store_id() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
 /// What one rescue pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rescued {

@@ -57,6 +57,7 @@ counting_backend! {
     migrate() -> ();
     now() -> DateTime<Utc>;
     schema_status() -> baton::store::SchemaStatus;
+    store_identity() -> baton::store::StoreIdentity;
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;
@@ -132,9 +133,15 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
     );
     // Nothing else: no prune (every 300 ticks), no clock reading (once a
     // minute; the first ones happen at start, before the window).
+    // Each rescue tick also reads the store's identity (a store that
+    // forgot is noticed), paid for by a skipped poll as well.
+    assert!(
+        n("store_identity") <= n("task_rescue_many") + 1,
+        "identity checks: {end:?}"
+    );
     assert_eq!(
         total,
-        n("task_claim") + n("task_rescue_many"),
+        n("task_claim") + n("task_rescue_many") + n("store_identity"),
         "unexpected store calls: {start:?} -> {end:?}"
     );
 }

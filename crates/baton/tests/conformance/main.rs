@@ -16,6 +16,7 @@
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
 mod harness;
+mod identity;
 mod idle;
 mod locks;
 mod model;
@@ -51,6 +52,7 @@ macro_rules! backends {
 
 conformance! {
     idle::idle_worker_makes_about_one_query_per_second,
+    identity::a_store_that_forgot_is_noticed,
     locks::grant_busy_release,
     locks::tokens_strictly_increase,
     locks::mutual_exclusion_16_contenders,

@@ -266,7 +266,91 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
         .ignore();
     pipe.cmd("SADD").arg(format!("{b}jobs")).arg("J").ignore();
     pipe.cmd("SET").arg(format!("{b}schema")).arg(1).ignore();
+    // Keys baton did not write, beside its own under the old lock key
+    // form: ShedLock's lock (a string with a 15-minute lease), a hash
+    // of another tool, a hash with baton's field names and one more.
+    for (key, ttl) in FOREIGN_LOCK_KEYS {
+        let key = format!("{p}{key}");
+        match key.rsplit(':').next() {
+            Some("daemon-runner") => {
+                pipe.cmd("SET").arg(&key).arg(SHEDLOCK_VALUE).ignore();
+            }
+            Some("other-tool") => {
+                pipe.cmd("HSET")
+                    .arg(&key)
+                    .arg(&["owner", "someone", "until", "soon"])
+                    .ignore();
+            }
+            _ => {
+                pipe.cmd("HSET")
+                    .arg(&key)
+                    .arg(&["holder", "x", "token", "1", "locked_at", "1"])
+                    .arg(&["lock_until", "1", "extra", "field"])
+                    .ignore();
+            }
+        }
+        if *ttl > 0 {
+            pipe.cmd("PEXPIRE").arg(&key).arg(*ttl).ignore();
+        }
+    }
+    // As an earlier build's lock index step left it: a foreign name in
+    // baton's lock index.
+    pipe.cmd("SADD")
+        .arg(format!("{b}locks"))
+        .arg("daemon-runner")
+        .ignore();
     pipe.query_async::<()>(&mut c).await.unwrap();
+}
+
+/// ShedLock's value for `lock:daemon-runner`.
+const SHEDLOCK_VALUE: &str = "ADDED:2026-12-01T20:00:00.000Z@pod-a";
+
+/// Keys under the old lock key form that baton did not write, with their
+/// TTL in ms (0: none).
+const FOREIGN_LOCK_KEYS: &[(&str, i64)] = &[
+    ("lock:daemon-runner", 900_000),
+    ("lock:other-tool", 600_000),
+    ("lock:lookalike", 0),
+];
+
+/// Every foreign key of the v1 fixture kept its value and its TTL
+/// through the upgrade (a TTL no longer than it was, and still there).
+async fn foreign_keys_untouched(ts: &TestStore, p: &str) {
+    let mut c = redis_conn(ts).await;
+    for (key, ttl) in FOREIGN_LOCK_KEYS {
+        let key = format!("{p}{key}");
+        let left: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if *ttl > 0 {
+            assert!(
+                left > ttl - 120_000 && left <= *ttl,
+                "{key}: TTL {left} ms, was {ttl} ms"
+            );
+        } else {
+            assert_eq!(left, -1, "{key}: no TTL before, none after");
+        }
+    }
+    let v: String = redis::cmd("GET")
+        .arg(format!("{p}lock:daemon-runner"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(v, SHEDLOCK_VALUE);
+    let h: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("{p}lock:other-tool"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(h.len(), 2, "{h:?}");
+    let h: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("{p}lock:lookalike"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(h.len(), 5, "{h:?}");
 }
 
 /// The schema version the store records (SQL: the meta row; Redis: the key).
@@ -415,7 +499,7 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
         Kind::Redis => {
             let mut c = redis_conn(ts).await;
             let n: i64 = redis::cmd("DEL")
-                .arg(format!("{}lock:{name}", ts.prefix))
+                .arg(format!("{}{{baton}}:lock:{name}", ts.prefix))
                 .query_async(&mut c)
                 .await
                 .unwrap();
@@ -627,11 +711,18 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     if let Kind::Redis = ts.kind {
         let mut conn = redis_conn(&ts).await;
         let ttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{p}lock:L"))
+            .arg(format!("{p}{{baton}}:lock:L"))
             .query_async(&mut conn)
             .await
             .unwrap();
         assert_eq!(ttl, -1, "the upgrade removed the lock key's TTL");
+        let old: i64 = redis::cmd("EXISTS")
+            .arg(format!("{p}lock:L"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(old, 0, "baton's own lock key moved into its namespace");
+        foreign_keys_untouched(&ts, &p).await;
     }
     // The lock is listed (on Redis, through the index the upgrade built).
     let listed: Vec<String> = b
@@ -641,7 +732,11 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         .into_iter()
         .map(|l| l.name)
         .collect();
-    assert_eq!(listed, ["L"], "the upgraded store lists its lock");
+    assert_eq!(
+        listed,
+        ["L"],
+        "the upgraded store lists its lock, and no key baton did not write"
+    );
     let floor = store.now().await.unwrap().timestamp_micros();
     let g = b
         .lock_acquire(&baton::store::LockRequest {
@@ -722,6 +817,19 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     q.pause("up").await.unwrap();
     assert!(b.task_claim(&req).await.unwrap().is_empty(), "paused");
     q.resume("up").await.unwrap();
+    if let Kind::Redis = ts.kind {
+        // baton's lock of the same name beside ShedLock's is its own.
+        let g = b
+            .lock_acquire(&baton::store::LockRequest {
+                name: "daemon-runner",
+                holder: "baton",
+                at_most: Duration::from_secs(10),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(g, baton::store::Acquire::Granted { .. }), "{g:?}");
+        foreign_keys_untouched(&ts, &p).await;
+    }
     let before = recorded_version(&ts, &p).await;
     let second = Store::connect_with(&ts.url, opts).await.unwrap();
     assert_eq!(recorded_version(&ts, &p).await, before);

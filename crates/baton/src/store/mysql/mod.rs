@@ -494,7 +494,7 @@ impl Backend for MyBackend {
                 .and_then(|v| v.parse::<i32>().ok())
                 == Some(SCHEMA_VERSION)
             {
-                return Ok(());
+                return self.write_identity().await;
             }
         }
         // DDL commits at once in MySQL, so the migration is serialized by a
@@ -518,7 +518,32 @@ impl Backend for MyBackend {
             .await;
         result?;
         released?;
-        Ok(())
+        self.write_identity().await
+    }
+
+    async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
+        // The counter: the tasks table's next AUTO_INCREMENT value, less one
+        // (MariaDB reads it exact; MySQL 8 may answer a cached value, never
+        // a higher one).
+        let read: Result<(Option<Vec<u8>>, Option<u64>), sqlx::Error> = sqlx::query_as(&format!(
+            "SELECT (SELECT value FROM {} WHERE `key` = 'store_id'), \
+                     (SELECT CAST(AUTO_INCREMENT AS UNSIGNED) FROM information_schema.TABLES \
+                      WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?)",
+            self.names.meta
+        ))
+        .bind(format!("{}tasks", self.names.prefix))
+        .fetch_one(&self.pool)
+        .await;
+        match read {
+            Ok((id, next)) => Ok(crate::store::StoreIdentity {
+                id: id.map(|v| String::from_utf8_lossy(&v).into_owned()),
+                last_task_id: next
+                    .map(|n| i64::try_from(n.saturating_sub(1)).unwrap_or(i64::MAX))
+                    .unwrap_or(0),
+            }),
+            Err(e) if sql_row::is_missing_table(&e) => Ok(crate::store::StoreIdentity::default()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
@@ -730,6 +755,31 @@ impl Backend for MyBackend {
 }
 
 impl MyBackend {
+    /// Write the store's identity if none is recorded (once; see
+    /// `StoreIdentity`): a read, and a row insert only when it is missing
+    /// (so a connect to a migrated store by a read-only user writes
+    /// nothing).
+    async fn write_identity(&self) -> Result<(), StoreError> {
+        let have: Option<Vec<u8>> = sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE `key` = 'store_id'",
+            self.names.meta
+        ))
+        .fetch_optional(&self.pool)
+        .await?;
+        if have.is_some() {
+            return Ok(());
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {} (`key`, value) VALUES ('store_id', ?) \
+             ON DUPLICATE KEY UPDATE `key` = `key`",
+            self.names.meta
+        ))
+        .bind(crate::store::new_store_id())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
     async fn schema_read(&self) -> Result<SchemaStatus, StoreError> {
         let read: Result<Option<Vec<u8>>, sqlx::Error> = sqlx::query_scalar(&format!(

@@ -38,6 +38,10 @@ impl Backend for PgBackend {
         schema::status(self).await
     }
 
+    async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
+        schema::identity(self).await
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self.qs("SELECT now()").fetch_one(self.exec()).await?)
     }

@@ -164,7 +164,7 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         b.qs(&b.sql.schema_version).fetch_optional(b.exec()).await;
     if let Ok(Some(v)) = &current {
         if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
-            return Ok(());
+            return write_identity(&b.pool, n).await;
         }
     }
     let mut tx = b.begin().await?;
@@ -230,5 +230,47 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         );
     }
     tx.commit().await?;
+    write_identity(&b.pool, n).await
+}
+
+/// Write the store's identity if none is recorded (once; see
+/// `StoreIdentity`): a read, and a row insert only when it is missing (so
+/// a connect to a migrated store by a read-only user writes nothing).
+async fn write_identity(pool: &sqlx::PgPool, n: &Names) -> Result<(), StoreError> {
+    let have: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT value FROM {} WHERE key = 'store_id'",
+        n.meta
+    ))
+    .fetch_optional(pool)
+    .await?;
+    if have.is_some() {
+        return Ok(());
+    }
+    sqlx::query(&format!(
+        "INSERT INTO {} (key, value) VALUES ('store_id', $1) ON CONFLICT (key) DO NOTHING",
+        n.meta
+    ))
+    .bind(crate::store::new_store_id())
+    .execute(pool)
+    .await?;
     Ok(())
+}
+
+/// The store's identity and task id counter (a read; nothing at all when
+/// the tables are missing).
+pub(super) async fn identity(b: &PgBackend) -> Result<crate::store::StoreIdentity, StoreError> {
+    let n = &*b.names;
+    let seq = format!("\"{}tasks_id_seq\"", n.prefix);
+    let read: Result<(Option<String>, i64), sqlx::Error> = sqlx::query_as(&format!(
+        "SELECT (SELECT value FROM {} WHERE key = 'store_id'), \
+             (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {seq})",
+        n.meta
+    ))
+    .fetch_one(&b.pool)
+    .await;
+    match read {
+        Ok((id, last_task_id)) => Ok(crate::store::StoreIdentity { id, last_task_id }),
+        Err(e) if sql_row::is_missing_table(&e) => Ok(crate::store::StoreIdentity::default()),
+        Err(e) => Err(e.into()),
+    }
 }

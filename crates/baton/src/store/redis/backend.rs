@@ -35,6 +35,25 @@ impl Backend for RedisBackend {
         schema::status(self).await
     }
 
+    async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
+        let (id, seq): (Option<String>, Option<String>) = read_retry!({
+            let mut conn = self.conn.clone();
+            redis::cmd("MGET")
+                .arg(self.key(schema::STORE_ID))
+                .arg(self.key("seq"))
+                .query_async::<(Option<String>, Option<String>)>(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })?;
+        Ok(crate::store::StoreIdentity {
+            id,
+            last_task_id: match seq {
+                Some(s) => parse_i64(&s, "seq")?,
+                None => 0,
+            },
+        })
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         let (s, us): (i64, i64) = read_retry!({
             let mut conn = self.conn.clone();
@@ -131,6 +150,53 @@ impl Backend for RedisBackend {
                     locked_at: from_ms(int(3, "locked_at")?)?,
                     lock_until: from_ms(until)?,
                     held: until > now,
+                    now: from_ms(now)?,
+                }))
+            }
+            2 => {
+                // A value baton did not write where the lock would be:
+                // held by something else, for as long as it lives.
+                let kind = v
+                    .get(1)
+                    .and_then(|x| redis::from_redis_value::<String>(x).ok())
+                    .unwrap_or_default();
+                let pttl = int(2, "pttl")?;
+                let now = int(3, "now")?;
+                let expiry = if pttl > 0 {
+                    format!(
+                        "expiring in {}",
+                        crate::format_duration(Duration::from_millis(pttl.unsigned_abs()))
+                    )
+                } else {
+                    "without an expiry".to_string()
+                };
+                let until = if pttl > 0 {
+                    now.saturating_add(pttl)
+                } else {
+                    now
+                };
+                // Not a lock of baton's: its name leaves the lock index
+                // (where it may have been added alongside this acquire).
+                self.unmark_lock_indexed(req.name);
+                let mut conn = self.conn.clone();
+                if let Err(e) = redis::cmd("SREM")
+                    .arg(self.key(LOCK_INDEX))
+                    .arg(req.name)
+                    .query_async::<()>(&mut conn)
+                    .await
+                {
+                    tracing::debug!(lock = req.name, error = %e, "redis: could not take a foreign key's name out of the lock index");
+                }
+                Ok(Acquire::Busy(LockInfo {
+                    name: req.name.to_string(),
+                    holder: format!(
+                        "something else: a {kind} key baton did not write at {:?} ({expiry}); baton leaves it alone",
+                        self.lock_key(req.name)
+                    ),
+                    token: FencingToken(0),
+                    locked_at: from_ms(now)?,
+                    lock_until: from_ms(until)?,
+                    held: true,
                     now: from_ms(now)?,
                 }))
             }

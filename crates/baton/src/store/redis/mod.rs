@@ -9,15 +9,23 @@
 //!
 //! With `P` the configured prefix (default empty) and `B = P{baton}:`:
 //!
-//! - `P lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
+//! - `B lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
 //!   (ms). Never deleted by release and never expires (schema 2; before, it
 //!   had a TTL a day past `lock_until`), so it keeps the last token. A new
 //!   token is `max(previous + 1, TIME in µs)` so tokens keep rising even
-//!   after a restart that lost data.
+//!   after a restart that lost data. Schema 6 moved it here from
+//!   `P lock:<name>` (with the default empty prefix the bare
+//!   `lock:<name>` that other tools, e.g. ShedLock, write too). A value
+//!   baton did not write at a lock key (another type, a hash without
+//!   baton's fields) is never changed: it reads as held by something else.
 //! - `B task:<id>` — hash with every task field (timestamps in ms since the
 //!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
 //!   `claim_token`, absent before the first claim of schema 2, counts as 0).
-//! - `B seq` — the id counter (`INCR`).
+//! - `B seq` — the id counter: each new id is `max(INCR, TIME in µs)`
+//!   (the clock read once per script), so ids never repeat even after a
+//!   restart that lost the counter (DESIGN.md I1).
+//! - `B store_id` — the store's identity, a random id set once (`SET NX`)
+//!   by `migrate`; read with `B seq` by `store_identity` (DESIGN.md E2).
 //! - `B q:<queue>:sched` — zset of pending tasks not yet due, score `run_at`.
 //! - `B q:<queue>:ready` — zset of due pending tasks, score
 //!   `(priority + 128) · 2⁴³ + run_at` (exact in a double: < 2⁵¹), members
@@ -35,8 +43,10 @@
 //!   name (due now), or `queue\n<run_at in µs>` for work due later.
 //! - `B schema` — the schema version.
 //!
-//! All queue and job keys share the `{baton}` hash tag, so a Redis Cluster
-//! could run every script on one slot; the lock keys are independent.
+//! All keys share the `{baton}` hash tag, so a Redis Cluster could run
+//! every script on one slot. baton never writes, expires or deletes a key
+//! outside `B`: the upgrade steps that convert older lock keys at
+//! `P lock:<name>` touch only those that are baton's by shape.
 //!
 //! # Faults
 //!
@@ -203,6 +213,13 @@ impl RedisBackend {
             .unwrap_or(false)
     }
 
+    /// Forget that lock `name` is in the lock index.
+    fn unmark_lock_indexed(&self, name: &str) {
+        if let Ok(mut s) = self.indexed_locks.lock() {
+            s.remove(name);
+        }
+    }
+
     /// Remember that lock `name` is in the lock index.
     fn mark_lock_indexed(&self, name: &str) {
         if let Ok(mut s) = self.indexed_locks.lock() {
@@ -213,7 +230,17 @@ impl RedisBackend {
         }
     }
 
+    /// Where lock `name` lives: `B lock:<name>`, in baton's own
+    /// namespace (schema 6; before, `P lock:<name>`, see
+    /// [`RedisBackend::legacy_lock_key`]).
     fn lock_key(&self, name: &str) -> String {
+        format!("{}lock:{name}", self.base)
+    }
+
+    /// Where versions before schema 6 kept lock `name`: `P lock:<name>`,
+    /// outside baton's namespace (with the default empty prefix the bare
+    /// `lock:<name>` other tools use too). Only the upgrade steps read it.
+    fn legacy_lock_key(&self, name: &str) -> String {
         format!("{}lock:{name}", self.prefix)
     }
 

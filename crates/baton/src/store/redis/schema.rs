@@ -24,7 +24,8 @@ pub const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
 #[derive(Debug, Clone, Copy)]
 enum Upgrade {
     /// 1 → 2: lock hashes lose their TTL (they keep the last fencing
-    /// token forever). Claim tokens need no conversion: a task hash
+    /// token forever); only keys that are baton's by shape (see
+    /// `lua/lock_upgrade.lua`), never a key another tool wrote there. Claim tokens need no conversion: a task hash
     /// without `claim_token` counts as 0, and a pending task whose cancel
     /// was requested is cancelled by the next claim that meets it.
     PersistLocks,
@@ -40,10 +41,23 @@ enum Upgrade {
     Traceparent,
     /// 4 → 5: the lock index (`B locks`, a set of lock names), which
     /// `lock_list` reads instead of scanning the whole keyspace for lock
-    /// keys. The step adds the names of the lock keys found by one scan;
-    /// from then on each process adds a name with its first acquire of it.
+    /// keys. The step adds the names of the lock keys found by one scan
+    /// that are baton's by shape; from then on each process adds a name
+    /// with its first acquire of it.
     LockIndex,
+    /// 5 → 6: lock keys move into baton's namespace, from `P lock:<name>`
+    /// (with the default empty prefix the bare `lock:<name>` of other
+    /// tools, e.g. ShedLock) to `B lock:<name>`. Each key found by one
+    /// scan that is baton's by shape is copied to its new place (unless a
+    /// record is already there) and deleted; every other key is left as
+    /// it is, value and TTL, and its name is taken out of the lock index
+    /// (where step 4 → 5 of earlier builds put it). Self-contained: it
+    /// needs nothing from other steps.
+    OwnLockKeys,
 }
+
+/// The store's identity: the key `B store_id`, a random id set once.
+pub(super) const STORE_ID: &str = "store_id";
 
 /// The lock index: the set `B locks` of every lock name acquired (lock
 /// records are kept for ever, so names are never removed).
@@ -56,6 +70,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::QueuePause,
     Upgrade::Traceparent,
     Upgrade::LockIndex,
+    Upgrade::OwnLockKeys,
 ];
 
 /// The recorded version against [`SCHEMA_VERSION`] (a read: the migrate
@@ -72,6 +87,16 @@ pub(super) async fn status(b: &RedisBackend) -> Result<SchemaStatus, StoreError>
 /// the recorded one, recording each as it completes.
 pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
     let found: i64 = b.q(&b.scripts.migrate, sargs![""]).await?;
+    if found <= SCHEMA_VERSION {
+        // The store's identity, written once (see `StoreIdentity`).
+        let mut conn = b.conn.clone();
+        redis::cmd("SET")
+            .arg(b.key(STORE_ID))
+            .arg(crate::store::new_store_id())
+            .arg("NX")
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
     if found > SCHEMA_VERSION {
         return Err(StoreError::Config(format!(
             "redis schema version {found} is newer than this baton's ({SCHEMA_VERSION})"
@@ -106,30 +131,37 @@ pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
 
 /// Run one upgrade step (idempotent).
 async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
-    match step {
-        Upgrade::PersistLocks => {
-            let names = scan_lock_names(b).await?;
-            let mut conn = b.conn.clone();
-            for chunk in names.chunks(500) {
-                let mut pipe = redis::pipe();
-                for n in chunk {
-                    pipe.cmd("PERSIST").arg(b.lock_key(n)).ignore();
-                }
-                pipe.query_async::<()>(&mut conn).await?;
-            }
+    let op = match step {
+        Upgrade::PersistLocks => "persist",
+        Upgrade::LockIndex => "index",
+        Upgrade::OwnLockKeys => "move",
+        Upgrade::QueuePause | Upgrade::Traceparent => return Ok(()),
+    };
+    let mut moved = 0usize;
+    let mut foreign = 0usize;
+    for name in scan_lock_names(b).await? {
+        let mut inv = b.scripts.lock_upgrade.prepare_invoke();
+        inv.key(b.legacy_lock_key(&name))
+            .key(b.lock_key(&name))
+            .key(b.key(LOCK_INDEX))
+            .arg(op)
+            .arg(&name);
+        let mut conn = b.conn.clone();
+        let converted: i64 = inv.invoke_async(&mut conn).await?;
+        if converted == 1 {
+            moved += 1;
+        } else {
+            foreign += 1;
         }
-        Upgrade::LockIndex => {
-            let names = scan_lock_names(b).await?;
-            let mut conn = b.conn.clone();
-            for chunk in names.chunks(500) {
-                redis::cmd("SADD")
-                    .arg(b.key(LOCK_INDEX))
-                    .arg(chunk)
-                    .query_async::<()>(&mut conn)
-                    .await?;
-            }
-        }
-        Upgrade::QueuePause | Upgrade::Traceparent => {}
+    }
+    if foreign > 0 {
+        tracing::info!(
+            prefix = %b.prefix,
+            step = op,
+            converted = moved,
+            left_alone = foreign,
+            "redis: schema upgrade left keys baton did not write as they are"
+        );
     }
     Ok(())
 }
@@ -145,8 +177,10 @@ pub(super) async fn lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreErr
     Ok(names)
 }
 
-/// The names of the lock keys, found by scanning the keyspace (what the
-/// upgrade steps convert; `lock_list` reads the index instead).
+/// The names under `P lock:` (where schema versions before 6 kept lock
+/// keys), found by scanning the keyspace: what the upgrade steps look at,
+/// each key checked for baton's shape before it is touched. (`lock_list`
+/// reads the index instead.)
 async fn scan_lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreError> {
     let head = format!("{}lock:", b.prefix);
     let pattern = format!("{head}*");

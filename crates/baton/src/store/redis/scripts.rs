@@ -29,6 +29,7 @@ const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
 const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
 const LOCK_RELEASE: &str = include_str!("lua/lock_release.lua");
 const LOCK_GET: &str = include_str!("lua/lock_get.lua");
+const LOCK_UPGRADE: &str = include_str!("lua/lock_upgrade.lua");
 
 /// Every script, each the queue prelude or the lock prelude followed by its
 /// body.
@@ -55,6 +56,8 @@ pub(super) struct Scripts {
     pub lock_extend: Script,
     pub lock_release: Script,
     pub lock_get: Script,
+    /// Schema upgrades of one lock key (only a key baton wrote).
+    pub lock_upgrade: Script,
 }
 
 impl Scripts {
@@ -85,6 +88,7 @@ impl Scripts {
             lock_extend: l(LOCK_EXTEND),
             lock_release: l(LOCK_RELEASE),
             lock_get: l(LOCK_GET),
+            lock_upgrade: l(LOCK_UPGRADE),
         }
     }
 }

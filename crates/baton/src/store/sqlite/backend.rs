@@ -83,6 +83,10 @@ impl Backend for SqliteBackend {
         schema::status(self).await
     }
 
+    async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
+        schema::identity(self).await
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         let now: i64 = sqlx::query_scalar(&self.sql.now)
             .fetch_one(&*self.reader)

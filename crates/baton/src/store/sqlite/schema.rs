@@ -247,6 +247,32 @@ pub(super) async fn migrate(b: &SqliteBackend) -> Result<(), StoreError> {
             from + 1
         );
     }
+    // The store's identity, written once (see `StoreIdentity`).
+    sqlx::query(&format!(
+        "INSERT INTO {} (key, value) VALUES ('store_id', ?1) ON CONFLICT (key) DO NOTHING",
+        b.t.meta
+    ))
+    .bind(crate::store::new_store_id())
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// The store's identity and task id counter (a read; nothing at all when
+/// the tables are missing).
+pub(super) async fn identity(b: &SqliteBackend) -> Result<crate::store::StoreIdentity, StoreError> {
+    let read: Result<(Option<String>, i64), sqlx::Error> = sqlx::query_as(&format!(
+        "SELECT (SELECT value FROM {} WHERE key = 'store_id'), \
+             COALESCE((SELECT seq FROM sqlite_sequence WHERE name = ?1), 0)",
+        b.t.meta
+    ))
+    .bind(format!("{}tasks", b.t.prefix))
+    .fetch_one(&*b.reader)
+    .await;
+    match read {
+        Ok((id, last_task_id)) => Ok(crate::store::StoreIdentity { id, last_task_id }),
+        Err(e) if sql_row::is_missing_table(&e) => Ok(crate::store::StoreIdentity::default()),
+        Err(e) => Err(e.into()),
+    }
 }

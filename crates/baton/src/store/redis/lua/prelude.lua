@@ -106,6 +106,20 @@ local function running_to_pending(sid, queue, prio, run_at, now, extra)
   count(queue, 'pending', 1)
   return place(sid, queue, prio, run_at, now)
 end
+-- The next task id: one above the last, and at least the server's clock
+-- in microseconds (read once per script), as fencing tokens are, so ids
+-- never repeat even after a restart that lost the counter.
+local id_floor = nil
+local function next_id()
+  local id = redis.call('INCR', B .. 'seq')
+  if not id_floor then id_floor = now_us() end
+  if id < id_floor then
+    redis.call('SET', B .. 'seq', fmt(id_floor))
+    id = id_floor
+    id_floor = 0
+  end
+  return id
+end
 -- Insert the task whose NF arguments start at ARGV[i]. With skipped set,
 -- insert it directly as cancelled with that reason.
 local function insert(now, i, skipped)
@@ -122,7 +136,7 @@ local function insert(now, i, skipped)
     local ex = redis.call('GET', B .. 'uniq:' .. uk)
     if ex and redis.call('EXISTS', tkey(ex)) == 1 then return tonumber(ex), 0, 0 end
   end
-  local id = redis.call('INCR', B .. 'seq')
+  local id = next_id()
   local sid = fmt(id)
   local f = {'id', sid, 'queue', queue, 'kind', ARGV[i + 1], 'payload', ARGV[i + 2],
     'priority', ARGV[i + 3], 'attempt', '0', 'max_attempts', ARGV[i + 6],
