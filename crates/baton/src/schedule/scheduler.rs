@@ -517,7 +517,7 @@ async fn slot_loop(
     };
     'outer: while !stop.is_cancelled() {
         if !fresh {
-            match read_cursor(b, &job.name, &stop, &mut backoff).await {
+            match read_cursor(b, &job, &stop, &mut backoff).await {
                 Some(c) => {
                     cursor = c;
                     fresh = true;
@@ -858,15 +858,18 @@ async fn cursor_to_end(
     None
 }
 
-/// Register the job (if new) and read its cursor; `None` after a store
-/// error (logged, and `backoff` waited), so the caller tries again.
+/// Register the job (if new; its queue recorded either way) and read its
+/// cursor; `None` after a store error (logged, and `backoff` waited), so
+/// the caller tries again.
 async fn read_cursor(
     b: &dyn crate::store::Backend,
-    job: &str,
+    job: &Job,
     stop: &CancellationToken,
     backoff: &mut Duration,
 ) -> Option<Option<DateTime<Utc>>> {
-    match b.job_register(job).await {
+    let reg = crate::store::JobRegister::new(&job.name).queue(&job.queue);
+    let job = job.name.as_str();
+    match b.job_register(&reg).await {
         Ok(st) => {
             *backoff = Duration::from_millis(100);
             Some(st.last_slot)
@@ -906,7 +909,7 @@ async fn fixed_delay_loop(
     let delay_c = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
     while !stop.is_cancelled() {
         if !fresh {
-            match read_cursor(b, &job.name, &stop, &mut backoff).await {
+            match read_cursor(b, &job, &stop, &mut backoff).await {
                 Some(c) => {
                     cursor = c;
                     fresh = true;

@@ -25,11 +25,11 @@ fn secs(t: DateTime<Utc>, n: i64) -> DateTime<Utc> {
 pub async fn cursor_is_compare_and_set(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("cas", every(1_000));
-    let st = b.job_register("cas").await.unwrap();
+    let st = b.job_register(&baton::store::JobRegister::new("cas")).await.unwrap();
     let c0 = st.last_slot.expect("cursor starts at the store's now");
     assert!(!st.paused);
     assert_eq!(
-        b.job_register("cas").await.unwrap(),
+        b.job_register(&baton::store::JobRegister::new("cas")).await.unwrap(),
         st,
         "register is idempotent"
     );
@@ -116,7 +116,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
 pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("ov", every(1_000));
-    let c0 = b.job_register("ov").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("ov")).await.unwrap().last_slot.unwrap();
     let (s1, s2, s3) = (secs(c0, 1), secs(c0, 2), secs(c0, 3));
     let (t1, t2, t3) = (
         job.task(s1, false).unwrap(),
@@ -168,7 +168,7 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
 pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("trig", every(1_000));
-    let c0 = b.job_register("trig").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("trig")).await.unwrap().last_slot.unwrap();
     let slot = job.schedule.next_after(c0).unwrap();
     let a = trigger(&ts.store, &job, slot).await.unwrap();
     let again = trigger(&ts.open().await, &job, slot).await.unwrap();
@@ -178,7 +178,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     // A trigger for a future slot does not hold the cursor back.
     let future = secs(slot, 4);
     trigger(&ts.store, &job, future).await.unwrap();
-    assert_eq!(b.job_register("trig").await.unwrap().last_slot, Some(c0));
+    assert_eq!(b.job_register(&baton::store::JobRegister::new("trig")).await.unwrap().last_slot, Some(c0));
     // The scheduler reaching the triggered slot finds the same task — also
     // under overlap = forbid: the pending trigger run is this slot's own
     // run, not a previous one, so it is not "skipped".
@@ -301,7 +301,7 @@ pub async fn five_schedulers_run_each_slot_once(ts: TestStore) {
 
 pub async fn catch_up_all_runs_every_missed_slot_once(ts: TestStore) {
     // Registered, then every instance is down for 3 s.
-    ts.store.backend().job_register("catchup").await.unwrap();
+    ts.store.backend().job_register(&baton::store::JobRegister::new("catchup")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     let job = Job::new("catchup", every(250))
         .misfire(Misfire::All)
@@ -314,7 +314,7 @@ pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
     let c0 = ts
         .store
         .backend()
-        .job_register("latest")
+        .job_register(&baton::store::JobRegister::new("latest"))
         .await
         .unwrap()
         .last_slot
@@ -379,7 +379,7 @@ pub async fn lock_mode_runs_each_slot_on_one_instance(ts: TestStore) {
 pub async fn advance_is_checked_against_store_time(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("due", every(1_000));
-    let c0 = b.job_register("due").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("due")).await.unwrap().last_slot.unwrap();
     let ahead = secs(c0, 30);
     let t = job.task(ahead, false).unwrap();
     let adv = SlotAdvance {
@@ -393,7 +393,7 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         now < ahead && now >= c0,
         "the store's now is returned: {now}"
     );
-    assert_eq!(b.job_register("due").await.unwrap().last_slot, Some(c0));
+    assert_eq!(b.job_register(&baton::store::JobRegister::new("due")).await.unwrap().last_slot, Some(c0));
     // A slot that is due, but whose `until` has passed (a stale plan).
     let past = secs(c0, -5);
     let tp = job.task(past, false).unwrap();
@@ -434,7 +434,7 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         Advanced::Enqueued(_)
     ));
     assert_eq!(
-        b.job_register("due").await.unwrap().last_slot,
+        b.job_register(&baton::store::JobRegister::new("due")).await.unwrap().last_slot,
         Some(secs(c0, -1)),
         "task: None moves the cursor only"
     );
@@ -448,7 +448,7 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
 pub async fn run_and_skip_records(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("lockjob", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
-    let c0 = b.job_register("lockjob").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("lockjob")).await.unwrap().last_slot.unwrap();
     let s1 = secs(c0, -3);
     let t1 = job.task(s1, false).unwrap();
     assert_eq!(t1.max_attempts, 1, "a lock-mode run has one attempt");
@@ -558,7 +558,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
         info.last_error.as_deref(),
         Some("skipped by misfire = latest: 7 missed slot(s)")
     );
-    assert_eq!(b.job_register("lockjob").await.unwrap().last_slot, Some(s3));
+    assert_eq!(b.job_register(&baton::store::JobRegister::new("lockjob")).await.unwrap().last_slot, Some(s3));
 }
 
 /// With `batch_after`, tasks of the same catch-up (slots after it) are not
@@ -566,7 +566,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
 pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("batch", every(1_000));
-    let c0 = b.job_register("batch").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("batch")).await.unwrap().last_slot.unwrap();
     let slots: Vec<_> = (1..=3).map(|i| secs(c0, i)).collect();
     let tasks: Vec<_> = slots.iter().map(|s| job.task(*s, false).unwrap()).collect();
     let mut cur = Some(c0);
@@ -606,7 +606,7 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
 pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("late", every(1_000));
-    let c0 = b.job_register("late").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("late")).await.unwrap().last_slot.unwrap();
     let s1 = job.schedule.next_after(c0).unwrap();
     let (s2, s3) = (secs(s1, 1), secs(s1, 2));
     // Both s1 and s2 are due before anything is taken.
@@ -646,7 +646,7 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
 pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("join", every(500)).misfire(Misfire::All);
-    let c0 = b.job_register("join").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("join")).await.unwrap().last_slot.unwrap();
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     // Start just after a slot fell due, so the scheduler below plans before
     // the next one (then the latest due slot is its only one).
@@ -767,7 +767,7 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
     let c0 = ts
         .store
         .backend()
-        .job_register("cu-forbid")
+        .job_register(&baton::store::JobRegister::new("cu-forbid"))
         .await
         .unwrap()
         .last_slot
@@ -909,7 +909,7 @@ pub async fn on_time_slot_is_taken_within_its_lead(ts: TestStore) {
 pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("lockjob2", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
-    let c0 = b.job_register("lockjob2").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("lockjob2")).await.unwrap().last_slot.unwrap();
     let s1 = secs(c0, -2);
     let t1 = job.task(s1, false).unwrap();
     let existing = b.task_insert_many(std::slice::from_ref(&t1)).await.unwrap()[0];
@@ -941,7 +941,7 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
 pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("early", every(1_000));
-    let c0 = b.job_register("early").await.unwrap().last_slot.unwrap();
+    let c0 = b.job_register(&baton::store::JobRegister::new("early")).await.unwrap().last_slot.unwrap();
     let ms = |n: i64| c0 + chrono::Duration::milliseconds(n);
     let early = |expected, slot, not_before, task| SlotAdvance {
         overlap: Overlap::Forbid,
@@ -968,7 +968,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         panic!("an early take before its not_before is refused")
     };
     assert!(now < ms(59_000), "the store's now is returned: {now}");
-    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(c0));
+    assert_eq!(b.job_register(&baton::store::JobRegister::new("early")).await.unwrap().last_slot, Some(c0));
     assert!(job_tasks().await.is_empty());
     // Within the lead, nothing unfinished: taken before the slot.
     let (s1, s2) = (ms(3_000), ms(4_000));
@@ -991,7 +991,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         Advanced::NotDue { now } => assert!(now < s2, "store now {now} before slot {s2}"),
         other => panic!("an early take with the previous run unfinished waits: {other:?}"),
     }
-    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(s1));
+    assert_eq!(b.job_register(&baton::store::JobRegister::new("early")).await.unwrap().last_slot, Some(s1));
     let tasks = job_tasks().await;
     assert_eq!(tasks.len(), 1, "nothing recorded for s2: {tasks:?}");
     assert_eq!(tasks[0].state, TaskState::Pending);
@@ -1010,5 +1010,5 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.last_error.as_deref(), Some(OVERLAP_SKIPPED));
     assert_eq!(info.slot, Some(s2));
-    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(s2));
+    assert_eq!(b.job_register(&baton::store::JobRegister::new("early")).await.unwrap().last_slot, Some(s2));
 }

@@ -419,11 +419,11 @@ impl Backend for PgBackend {
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let r = sqlx::query(&self.sql.prune)
+        let n: i64 = sqlx::query_scalar(&self.sql.prune)
             .bind(dur(older_than))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
-        Ok(r.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
@@ -432,19 +432,26 @@ impl Backend for PgBackend {
 
     // ---- schedules ---------------------------------------------------------
 
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+    async fn job_register(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
         let row = sqlx::query(&self.sql.job_insert)
-            .bind(job)
-            .fetch_optional(&self.pool)
-            .await?;
-        if let Some(row) = row {
-            return job_state(&row);
-        }
-        let row = sqlx::query(&self.sql.job_get)
-            .bind(job)
+            .bind(params.job)
+            .bind(params.queue)
             .fetch_one(&self.pool)
             .await?;
         job_state(&row)
+    }
+
+    async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
+        sqlx::query(&self.sql.slot_get)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(crate::store::sql_row::pruned_slot)
+            .transpose()
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {

@@ -52,6 +52,40 @@ pub(super) async fn insert_tasks(
     // Indices still to insert; a second round only happens when a key's
     // holder finished between our conflict and our look-up.
     let mut todo: Vec<usize> = (0..tasks.len()).collect();
+    // A slot whose task was pruned keeps its key in a tombstone: answered
+    // with the pruned task's id, not inserted again.
+    let slot_keys: Vec<&str> = tasks
+        .iter()
+        .filter(|t| crate::store::tombstoned_kind(t))
+        .filter_map(|t| t.unique_key.as_deref())
+        .collect();
+    if !slot_keys.is_empty() {
+        let rows = sqlx::query(&sql.tombstones)
+            .bind(&slot_keys)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut pruned: HashMap<String, i64> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            pruned.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+        if !pruned.is_empty() {
+            todo.retain(|&i| {
+                let t = &tasks[i];
+                let hit = t
+                    .unique_key
+                    .as_ref()
+                    .filter(|_| crate::store::tombstoned_kind(t))
+                    .and_then(|k| pruned.get(k));
+                if let Some(&id) = hit {
+                    out[i] = Some(Enqueued {
+                        id,
+                        inserted: false,
+                    });
+                }
+                hit.is_none()
+            });
+        }
+    }
     for _round in 0..8 {
         if todo.is_empty() {
             break;

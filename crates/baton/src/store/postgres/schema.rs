@@ -34,7 +34,26 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_traceparent,
     // 4 → 5: fewer index writes per transition (see the function).
     upgrade_lean_indexes,
+    // 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md
+    // S1) and each job's queue.
+    upgrade_slot_tombstones,
 ];
+
+fn upgrade_slot_tombstones(n: &Names) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             unique_key  text PRIMARY KEY, \
+             job         text NOT NULL, \
+             slot        timestamptz, \
+             task_id     bigint NOT NULL, \
+             state       text NOT NULL, \
+             last_error  text, \
+             finished_at timestamptz \
+         ); \
+         ALTER TABLE {} ADD COLUMN IF NOT EXISTS queue text;",
+        n.slots, n.jobs
+    )
+}
 
 fn upgrade_traceparent(n: &Names) -> String {
     format!(

@@ -43,6 +43,12 @@ enum Upgrade {
     /// keys. The step adds the names of the lock keys found by one scan;
     /// from then on each process adds a name with its first acquire of it.
     LockIndex,
+    /// 5 → 6: slot tombstones (`B slot:<job|slot>`, a hash written by the
+    /// prune that deletes a slot's task, keeping the slot's key taken) and
+    /// each job's queue (the `queue` field of `B job:<name>`). Nothing to
+    /// convert; the step marks the version, so an older build (whose prune
+    /// would free a slot's key) refuses the store.
+    SlotTombstones,
 }
 
 /// The lock index: the set `B locks` of every lock name acquired (lock
@@ -56,6 +62,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::QueuePause,
     Upgrade::Traceparent,
     Upgrade::LockIndex,
+    Upgrade::SlotTombstones,
 ];
 
 /// The recorded version against [`SCHEMA_VERSION`] (a read: the migrate
@@ -129,7 +136,7 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
                     .await?;
             }
         }
-        Upgrade::QueuePause | Upgrade::Traceparent => {}
+        Upgrade::QueuePause | Upgrade::Traceparent | Upgrade::SlotTombstones => {}
     }
     Ok(())
 }

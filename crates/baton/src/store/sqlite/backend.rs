@@ -84,6 +84,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        super::step::check();
         let now: i64 = sqlx::query_scalar(&self.sql.now)
             .fetch_one(&*self.reader)
             .await?;
@@ -345,8 +346,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
+        // A forward step of the host clock makes live leases look lapsed:
+        // allow for it (sqlite/step.rs).
+        let grace = super::step::check();
         let rows = sqlx::query(&self.sql.rescue)
             .bind(LEASE_EXPIRED)
+            .bind(ms(grace))
             .fetch_all(&*self.pool)
             .await?;
         let mut out = Rescued::default();
@@ -517,10 +522,22 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.prune)
-            .bind(ms(older_than))
-            .execute(&*self.pool)
+        // One cutoff for both statements, so every slot task deleted left
+        // its tombstone.
+        let mut tx = self.immediate().await?;
+        let now: i64 = sqlx::query_scalar(&self.sql.now)
+            .fetch_one(&mut *tx)
             .await?;
+        let cutoff = now.saturating_sub(ms(older_than));
+        sqlx::query(&self.sql.prune_tombstones)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        let done = sqlx::query(&self.sql.prune)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 
@@ -530,12 +547,26 @@ impl Backend for SqliteBackend {
 
     // ---- schedules -----------------------------------------------------------
 
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+    async fn job_register(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
         let row = sqlx::query(&self.sql.job_register)
-            .bind(job)
+            .bind(params.job)
+            .bind(params.queue)
             .fetch_one(&*self.pool)
             .await?;
         job_state(&row)
+    }
+
+    async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
+        sqlx::query(&self.sql.slot_get)
+            .bind(key)
+            .fetch_optional(&*self.reader)
+            .await?
+            .as_ref()
+            .map(crate::store::sql_row::pruned_slot)
+            .transpose()
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
