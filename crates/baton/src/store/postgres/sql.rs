@@ -76,7 +76,8 @@ pub(super) struct Sql {
     pub prune: String,
     /// `$1` slot key → its tombstone.
     pub slot_get: String,
-    /// `$1` job → the new job row, if it was new.
+    /// `$1` job, `$2` queue (or null) → the job row, created if new, its
+    /// queue recorded when given.
     pub job_insert: String,
     /// `$1` job, `$2` expected → last_slot, paused, matches, now; locked.
     pub job_lock: String,

@@ -56,7 +56,11 @@ pub(super) async fn insert_tasks(
     let live = insert_live(conn, sql, &split.rest).await?;
     Ok(Inserted {
         due_queues: live.due_queues.iter().map(|&i| split.index[i]).collect(),
-        later: live.later.iter().map(|&(i, at)| (split.index[i], at)).collect(),
+        later: live
+            .later
+            .iter()
+            .map(|&(i, at)| (split.index[i], at))
+            .collect(),
         results: split.merge(live.results)?,
     })
 }
