@@ -439,10 +439,10 @@ pub(crate) fn tombstoned_kind(t: &NewTask) -> bool {
     t.unique_forever && t.job.is_some() && t.unique_key.is_some()
 }
 
-/// A batch of tasks split by the SQL backends' insert around the slots
-/// that have tombstones: those are answered with the pruned task's id
-/// (`inserted = false`), the rest are inserted.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+/// A batch of tasks split by the SQLite insert around the slots that have
+/// tombstones: those are answered with the pruned task's id (`inserted =
+/// false`), the rest are inserted.
+#[cfg(feature = "sqlite")]
 pub(crate) struct Tombstoned {
     /// The tasks to insert.
     pub rest: Vec<NewTask>,
@@ -452,7 +452,7 @@ pub(crate) struct Tombstoned {
     answers: Vec<Option<Enqueued>>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "sqlite")]
 impl Tombstoned {
     /// Split `tasks` by `found` (slot key → the pruned task's id).
     pub fn split(tasks: &[NewTask], found: &std::collections::HashMap<String, i64>) -> Tombstoned {
