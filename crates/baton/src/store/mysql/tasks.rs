@@ -213,6 +213,26 @@ pub(super) async fn insert_tasks(
                     let id = i64::try_from(r.last_insert_id())
                         .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
                     done = Some(Enqueued { id, inserted: true });
+                    if crate::store::tombstoned_kind(t) {
+                        // A prune of this slot's task that committed while
+                        // the insert waited on its row left a tombstone
+                        // the check above could not see: this statement
+                        // (READ COMMITTED) does; take the insert back.
+                        let pruned: Option<i64> = sqlx::query_scalar(&tombstone)
+                            .bind(key.as_bytes())
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        if let Some(old) = pruned {
+                            sqlx::query(&format!("DELETE FROM {} WHERE id = ?", n.tasks))
+                                .bind(id)
+                                .execute(&mut *conn)
+                                .await?;
+                            done = Some(Enqueued {
+                                id: old,
+                                inserted: false,
+                            });
+                        }
+                    }
                     break;
                 }
                 Err(StoreError::Conflict(_)) => {

@@ -153,7 +153,9 @@ impl Backend for PgBackend {
         // One statement is atomic on its own: a single task, or one chunk
         // of tasks without unique keys (no conflict, so no second round),
         // needs no transaction around it, which saves two round trips.
-        if tasks.len() == 1
+        // A slot's task takes a transaction: its insert may have to be
+        // taken back (a prune racing it; outbox.rs).
+        if (tasks.len() == 1 && !crate::store::tombstoned_kind(&tasks[0]))
             || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none()))
         {
             let mut conn = self.pool.acquire().await?;

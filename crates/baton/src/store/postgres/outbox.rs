@@ -213,6 +213,39 @@ pub(super) async fn insert_tasks(
             "enqueue: unique keys kept changing hands; try again".into(),
         ));
     }
+    if !slot_keys.is_empty() {
+        // A prune of a slot's task that committed while our insert waited
+        // on its row left a tombstone the check above could not see; this
+        // statement (READ COMMITTED) does: take those inserts back.
+        let rows = sqlx::query(&sql.tombstones)
+            .bind(&slot_keys)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut undo = Vec::new();
+        for row in rows {
+            let key: String = row.try_get(0)?;
+            let old: i64 = row.try_get(1)?;
+            for (i, t) in tasks.iter().enumerate() {
+                let hit = crate::store::tombstoned_kind(t)
+                    && t.unique_key.as_deref() == Some(key.as_str());
+                if let (true, Some(e)) = (hit, out[i].as_mut()) {
+                    if e.inserted {
+                        undo.push(e.id);
+                        *e = Enqueued {
+                            id: old,
+                            inserted: false,
+                        };
+                    }
+                }
+            }
+        }
+        if !undo.is_empty() {
+            sqlx::query(&sql.delete_ids)
+                .bind(&undo)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
     let out = out
         .into_iter()
         .map(|e| e.ok_or_else(|| StoreError::Corrupt("enqueue: task without result".into())))

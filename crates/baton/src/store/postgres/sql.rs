@@ -108,6 +108,8 @@ pub(super) struct InsertSql {
     /// `$1` keys → unique_key, task_id of the pruned slot tasks that held
     /// them (their tombstones keep the keys taken).
     pub tombstones: String,
+    /// `$1` ids → deleted (an insert taken back).
+    pub delete_ids: String,
 }
 
 impl InsertSql {
@@ -123,6 +125,7 @@ impl InsertSql {
                 "SELECT unique_key, task_id FROM {} WHERE unique_key = ANY($1)",
                 n.slots
             ),
+            delete_ids: format!("DELETE FROM {} WHERE id = ANY($1)", n.tasks),
         }
     }
 }
