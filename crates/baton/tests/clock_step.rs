@@ -90,6 +90,15 @@ fn child(file: std::path::PathBuf) {
             .unwrap();
         assert_eq!(claimed.len(), 1);
         let claim = claimed[0].claim();
+        let lock = |holder: &'static str| baton::store::LockRequest {
+            name: "daemon",
+            holder,
+            at_most: LEASE,
+        };
+        assert!(matches!(
+            b.lock_acquire(&lock("first")).await.unwrap(),
+            baton::store::Acquire::Granted { .. }
+        ));
         let before = store.now().await.unwrap();
 
         // The host's clock steps forward by more than the lease.
@@ -106,6 +115,14 @@ fn child(file: std::path::PathBuf) {
         // past by the stepped clock).
         let r = b.task_rescue_many().await.unwrap();
         assert_eq!(r.requeued, 0, "a live claim was rescued after a clock step");
+        // Nor is a lock's live lease taken over.
+        assert!(
+            matches!(
+                b.lock_acquire(&lock("second")).await.unwrap(),
+                baton::store::Acquire::Busy(_)
+            ),
+            "a live lock lease was granted again after a clock step"
+        );
         // The worker heartbeats on time: its lease is in the new clock's
         // terms, and still not rescued.
         tokio::time::sleep(LEASE / 3).await;

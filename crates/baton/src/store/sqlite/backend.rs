@@ -94,11 +94,15 @@ impl Backend for SqliteBackend {
     // ---- locks ---------------------------------------------------------------
 
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+        // A lease granted before a forward host clock step is not taken
+        // over early (sqlite/step.rs).
+        let grace = super::step::check();
         let mut tx = self.immediate().await?;
         let granted = sqlx::query(&self.sql.lock_acquire)
             .bind(req.name)
             .bind(req.holder)
             .bind(ms(req.at_most))
+            .bind(ms(grace))
             .fetch_optional(&mut *tx)
             .await?;
         let answer = match granted {

@@ -203,7 +203,7 @@ impl Sql {
                      token = MAX({locks}.token + 1, excluded.token), \
                      locked_at = excluded.locked_at, \
                      lock_until = excluded.lock_until \
-                 WHERE {locks}.lock_until <= excluded.locked_at \
+                 WHERE {locks}.lock_until <= excluded.locked_at - ?4 \
                  RETURNING token, locked_at, lock_until"
             ),
             lock_get: format!("SELECT {lock_cols} FROM {locks} WHERE name = ?1"),

@@ -9,7 +9,9 @@
 //! and before every rescue: wall time that ran ahead of monotonic time by
 //! more than [`STEP_MIN`] is a forward step, logged as a warning, and for
 //! [`STEP_HOLD`] after it the rescue only takes leases that lapsed more
-//! than the step's size ago (the grace). Every live claim heartbeats
+//! than the step's size ago (the grace), and a lock is granted over an
+//! earlier lease only once that lease lapsed more than the grace ago. Every
+//! live claim heartbeats
 //! within a third of its lease, after which its lease is in the new clock's
 //! terms, so the grace only delays the rescue of dead workers' tasks by
 //! the step, for leases up to three times [`STEP_HOLD`].
