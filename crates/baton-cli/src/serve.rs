@@ -389,7 +389,12 @@ fn trigger_note(
         O::Pending => "already triggered or scheduled: pending".into(),
         O::Running => "already running".into(),
         O::Succeeded => format!("already ran: succeeded{}", at(r.finished_at)),
-        O::Failed => format!("already ran: failed{}: {why}", at(r.finished_at)),
+        O::Failed if r.pruned => format!("already ran: failed{}: {why}", at(r.finished_at)),
+        O::Failed => format!(
+            "already ran: failed{}: {why} (`baton tasks retry {}` runs it again)",
+            at(r.finished_at),
+            r.id
+        ),
         O::Cancelled => format!("already cancelled{}: {why}", at(r.finished_at)),
         O::Skipped => format!(
             "was skipped, not run ({why}); nothing was enqueued{}",
