@@ -206,14 +206,22 @@ pub struct TriggerArgs {
     /// the same run. Default: the job's latest due slot (needs --config).
     #[arg(long, value_parser = crate::rfc3339_arg)]
     pub slot: Option<chrono::DateTime<chrono::Utc>>,
-    /// Queue for the run when no config is given.
-    #[arg(long, default_value = baton::queue::DEFAULT_QUEUE)]
-    pub queue: String,
+    /// The job's queue. Default: the job's queue in --config, else as the
+    /// store recorded it when the job registered (else `default`, for a
+    /// store that has not recorded it). A --queue other than the job's is
+    /// refused.
+    #[arg(long)]
+    pub queue: Option<String>,
     /// Accept a --slot that is not one of the job's slots (it is still
     /// truncated to the schedule's precision). Needed without --config,
     /// where the job's schedule is unknown.
     #[arg(long)]
     pub any_slot: bool,
+    /// Run the slot even if the scheduler skipped it (overlap, misfire):
+    /// its skipped task goes back to pending, once; a second use answers
+    /// with the run the first one made.
+    #[arg(long)]
+    pub run_skipped: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -244,9 +252,29 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
         None => {
             let placeholder = baton::schedule::spec::Schedule::every(Duration::from_secs(60))
                 .map_err(Error::from)?;
-            Job::new(a.job.clone(), placeholder).queue(a.queue.clone())
+            // The queue is settled below, from the store's record of the job.
+            Job::new(a.job.clone(), placeholder)
         }
     };
+    let mut job = job;
+    if let (Some(_), Some(q)) = (&cfg, &a.queue) {
+        if *q != job.queue {
+            return Err(Error::from(baton::InvalidInput::new(
+                "--queue",
+                format!(
+                    "job {:?} runs on queue {:?} (in {}), not {q:?}; drop --queue",
+                    a.job,
+                    job.queue,
+                    a.store
+                        .config
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("the config"))
+                        .display()
+                ),
+            ))
+            .into());
+        }
+    }
     if cfg.is_none() && a.slot.is_none() {
         return Err(Error::from(baton::InvalidInput::new(
             "--slot",
@@ -268,7 +296,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
     if cfg.is_none() {
         // The store knows every job a scheduler registered.
         let known = store.backend().job_list().await.map_err(Error::from)?;
-        if !known.iter().any(|j| j.name == a.job) {
+        let Some(state) = known.into_iter().find(|j| j.name == a.job) else {
             return Err(Error::from(baton::InvalidInput::new(
                 "JOB",
                 format!(
@@ -278,7 +306,26 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
                 ),
             ))
             .into());
-        }
+        };
+        // The run goes to the job's queue, as the store recorded it when
+        // the job registered; a --queue that differs would strand the slot.
+        job.queue = match (state.queue, &a.queue) {
+            (Some(known), Some(q)) if *q != known => {
+                return Err(Error::from(baton::InvalidInput::new(
+                    "--queue",
+                    format!(
+                        "job {:?} runs on queue {known:?} (as the store recorded it), not \
+                         {q:?}; drop --queue",
+                        a.job
+                    ),
+                ))
+                .into());
+            }
+            (Some(known), _) => known,
+            (None, q) => q
+                .clone()
+                .unwrap_or_else(|| baton::queue::DEFAULT_QUEUE.to_string()),
+        };
     }
     let slot = match a.slot {
         Some(s) => schedule::trigger_slot(&job, s, a.any_slot).map_err(Error::from)?,
@@ -292,21 +339,70 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
             })?
         }
     };
-    let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
-    if a.json {
-        crate::outln!("{}", crate::shapes::triggered(&e, &a.job, slot));
+    let report = if a.run_skipped {
+        schedule::run_skipped(&store, &job, slot, a.any_slot).await?
     } else {
-        crate::outln!("{}", e.id);
-        if !e.inserted {
-            crate::note!(
-                "baton: {} @ {} was already triggered or scheduled: task {}",
-                a.job,
-                output::ts(slot),
-                e.id
-            );
+        let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
+        schedule::slot_report(&store, &job, slot, e).await?
+    };
+    if a.json {
+        crate::outln!("{}", crate::shapes::triggered(&report, &a.job, slot));
+    } else {
+        crate::outln!("{}", report.id);
+        if let Some(line) = trigger_note(&report, &a.job, slot) {
+            crate::note!("{line}");
         }
     }
     Ok(0)
+}
+
+/// The line a trigger prints (stderr) about a slot it did not just
+/// enqueue: what became of the slot's run.
+fn trigger_note(
+    r: &schedule::SlotReport,
+    job: &str,
+    slot: chrono::DateTime<chrono::Utc>,
+) -> Option<String> {
+    use schedule::SlotOutcome as O;
+    if r.inserted {
+        return None;
+    }
+    let at = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map(|t| format!(" at {}", output::ts(t)))
+            .unwrap_or_default()
+    };
+    let why = r.reason.as_deref().unwrap_or("no reason kept");
+    let what = match r.outcome {
+        O::Pending if r.rerun => "skipped, now run at your request (--run-skipped): pending".into(),
+        O::Pending => "already triggered or scheduled: pending".into(),
+        O::Running => "already running".into(),
+        O::Succeeded => format!("already ran: succeeded{}", at(r.finished_at)),
+        O::Failed if r.pruned => format!("already ran: failed{}: {why}", at(r.finished_at)),
+        O::Failed => format!(
+            "already ran: failed{}: {why} (`baton tasks retry {}` runs it again)",
+            at(r.finished_at),
+            r.id
+        ),
+        O::Cancelled => format!("already cancelled{}: {why}", at(r.finished_at)),
+        O::Skipped => format!(
+            "was skipped, not run ({why}); nothing was enqueued{}",
+            if r.pruned {
+                ""
+            } else {
+                "; give --run-skipped to run it now"
+            }
+        ),
+    };
+    let pruned = if r.pruned {
+        "; its record was pruned, and a slot runs once, forever"
+    } else {
+        ""
+    };
+    Some(format!(
+        "baton: {job} @ {} {what}: task {}{pruned}",
+        output::ts(slot),
+        r.id
+    ))
 }
 
 /// Arguments of `baton jobs`.

@@ -44,9 +44,16 @@ pub fn enqueued(e: &baton::store::Enqueued) -> Value {
 }
 
 /// The answer to a trigger: the run's task, whether it was new, the job
-/// and the slot.
-pub fn triggered(e: &baton::store::Enqueued, job: &str, slot: DateTime<Utc>) -> Value {
-    json!({"id": e.id, "inserted": e.inserted, "job": job, "slot": output::ts(slot)})
+/// and the slot, and what became of the slot (`outcome`: pending, running,
+/// succeeded, failed, skipped, cancelled; `reason`: why it was skipped or
+/// its last error; `pruned`: its task is gone, this is its tombstone;
+/// `rerun`: `--run-skipped` ran a skipped slot).
+pub fn triggered(r: &baton::schedule::SlotReport, job: &str, slot: DateTime<Utc>) -> Value {
+    json!({
+        "id": r.id, "inserted": r.inserted, "job": job, "slot": output::ts(slot),
+        "outcome": r.outcome.as_str(), "reason": r.reason,
+        "finished_at": r.finished_at.map(output::ts), "pruned": r.pruned, "rerun": r.rerun,
+    })
 }
 
 /// One lock record.
@@ -96,6 +103,7 @@ pub fn with_config_jobs(mut statuses: Vec<JobStatus>, jobs: &[JobConfig]) -> Vec
                     name: j.name.clone(),
                     last_slot: None,
                     paused: false,
+                    queue: Some(j.queue.clone()),
                 },
                 last_run: None,
             });

@@ -362,7 +362,30 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         json!({"slot": "2026-01-30T18:00:00Z"}),
     );
     assert_eq!(code, 200, "{body}");
+    // The answer says what became of the slot: just enqueued (and maybe
+    // claimed already by this server's worker).
+    assert_eq!(body["inserted"], true, "{body}");
+    assert!(
+        body["outcome"] == "pending" || body["outcome"] == "running",
+        "{body}"
+    );
     let run = body["id"].as_i64().unwrap();
+    // Again (with run_skipped: the slot was not skipped, so the same run).
+    let (code, again) = post(
+        a,
+        "/api/v1/jobs/nightly/trigger",
+        json!({"slot": "2026-01-30T18:00:00Z", "run_skipped": true}),
+    );
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(
+        (
+            again["id"].as_i64(),
+            again["inserted"].clone(),
+            again["rerun"].clone()
+        ),
+        (Some(run), json!(false), json!(false)),
+        "{again}"
+    );
     let (_, runs) = get(a, "/api/v1/tasks?job=nightly");
     assert!(
         runs["tasks"]

@@ -23,6 +23,7 @@ per_backend! {
     misfire_all_with_default_overlap_runs_every_missed_slot,
     lock_mode_job_is_listed_and_pausable,
     trigger_slots_are_the_schedules,
+    trigger_answers_say_what_became_of_the_slot,
 }
 
 const TICK: &str = r#"
@@ -947,5 +948,170 @@ async fn work_with_config_runs_job_tasks() {
         slot.format("%H:%M").to_string(),
         "21:00",
         "06:00 in Seoul is 21:00 UTC: {line}"
+    );
+}
+
+const TICK_WORK: &str = r#"
+[[queue]]
+name = "work"
+concurrency = 2
+lease = "3s"
+
+[[job]]
+name = "tick"
+every = "1s"
+queue = "work"
+misfire = "latest"
+overlap = "allow"
+command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
+"#;
+
+/// A trigger says what became of the slot (succeeded, skipped and why,
+/// pending; pruned, from its tombstone), runs a skipped slot only when
+/// asked and only once, never runs a pruned slot again, and without
+/// --config puts the run on the job's queue as the store recorded it
+/// (refusing a different --queue).
+async fn trigger_answers_say_what_became_of_the_slot(e: Env) {
+    // Run the job a little, stop for a few slots, run it again: the
+    // restart's misfire = "latest" records the missed slots as skipped.
+    let kids = vec![serve(&e, TICK_WORK, &[])];
+    common::wait_for(20, "a first run", || !ledger(&e).is_empty());
+    stop(kids);
+    std::thread::sleep(Duration::from_millis(3_500));
+    let kids = vec![serve(&e, TICK_WORK, &[])];
+    let tasks = || {
+        let out = e.run(&[
+            "tasks", "list", "--job", "tick", "--json", "--limit", "1000",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        v.as_array().cloned().unwrap_or_default()
+    };
+    let find = |state: &str| {
+        tasks().into_iter().find(|t| {
+            t["state"] == state
+                && (state != "cancelled"
+                    || t["last_error"]
+                        .as_str()
+                        .is_some_and(|r| r.starts_with("skipped")))
+        })
+    };
+    common::wait_for(20, "a skipped slot", || find("cancelled").is_some());
+    stop(kids);
+    let ok = find("succeeded").expect("a slot that ran");
+    let skip = find("cancelled").expect("a skipped slot");
+    assert_eq!(ok["queue"], "work");
+    let (ok_slot, skip_slot) = (
+        ok["slot"].as_str().unwrap().to_string(),
+        skip["slot"].as_str().unwrap().to_string(),
+    );
+    let trig = |slot: &str, extra: &[&str]| {
+        let mut args = vec!["trigger", "tick", "--any-slot", "--slot", slot];
+        args.extend_from_slice(extra);
+        e.run(&args)
+    };
+    let json = |o: &std::process::Output| -> serde_json::Value {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+        serde_json::from_str(&stdout(o)).unwrap()
+    };
+
+    // A slot that ran: said so, nothing enqueued.
+    let v = json(&trig(&ok_slot, &["--json"]));
+    assert_eq!(
+        (v["id"].clone(), v["inserted"].clone(), v["outcome"].clone()),
+        (ok["id"].clone(), false.into(), "succeeded".into()),
+        "{v}"
+    );
+    let t = trig(&ok_slot, &[]);
+    assert!(
+        stderr(&t).contains("already ran: succeeded"),
+        "{}",
+        stderr(&t)
+    );
+
+    // A skipped slot: said so, with the reason, and not run...
+    let v = json(&trig(&skip_slot, &["--json"]));
+    assert_eq!(v["outcome"], "skipped", "{v}");
+    assert_eq!(v["id"], skip["id"]);
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("skipped by misfire"),
+        "{v}"
+    );
+    let t = trig(&skip_slot, &[]);
+    assert!(
+        stderr(&t).contains("was skipped, not run") && stderr(&t).contains("--run-skipped"),
+        "{}",
+        stderr(&t)
+    );
+    // ... unless asked, once: the second ask answers with the run it made.
+    let v = json(&trig(&skip_slot, &["--json", "--run-skipped"]));
+    assert_eq!(
+        (v["id"].clone(), v["outcome"].clone(), v["rerun"].clone()),
+        (skip["id"].clone(), "pending".into(), true.into()),
+        "{v}"
+    );
+    let v = json(&trig(&skip_slot, &["--json", "--run-skipped"]));
+    assert_eq!(
+        (v["id"].clone(), v["outcome"].clone(), v["rerun"].clone()),
+        (skip["id"].clone(), "pending".into(), false.into()),
+        "{v}"
+    );
+
+    // A new slot without --config goes to the job's queue, as the store
+    // recorded it; a different --queue is refused, naming both.
+    let fresh = "2030-01-01T00:00:00Z";
+    let bad = trig(fresh, &["--queue", "default"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stdout(&bad));
+    assert!(
+        stderr(&bad).contains("\"work\"") && stderr(&bad).contains("\"default\""),
+        "{}",
+        stderr(&bad)
+    );
+    let v = json(&trig(fresh, &["--json", "--queue", "work"]));
+    assert_eq!(
+        (v["inserted"].clone(), v["outcome"].clone()),
+        (true.into(), "pending".into())
+    );
+    let new = tasks()
+        .into_iter()
+        .find(|t| t["id"] == v["id"])
+        .expect("the new run");
+    assert_eq!(new["queue"], "work", "{new}");
+
+    // Pruned: the slot that ran is refused again, its outcome kept.
+    std::thread::sleep(Duration::from_millis(50));
+    let p = e.run(&["tasks", "prune", "--older-than", "1ms"]);
+    assert_eq!(p.status.code(), Some(0), "{}", stderr(&p));
+    assert!(
+        !tasks().iter().any(|t| t["id"] == ok["id"]),
+        "the run was pruned"
+    );
+    let v = json(&trig(&ok_slot, &["--json"]));
+    assert_eq!(
+        (
+            v["id"].clone(),
+            v["inserted"].clone(),
+            v["outcome"].clone(),
+            v["pruned"].clone()
+        ),
+        (
+            ok["id"].clone(),
+            false.into(),
+            "succeeded".into(),
+            true.into()
+        ),
+        "{v}"
+    );
+    let t = trig(&ok_slot, &[]);
+    assert!(
+        stderr(&t).contains("already ran: succeeded") && stderr(&t).contains("pruned"),
+        "{}",
+        stderr(&t)
+    );
+    assert!(
+        !tasks().iter().any(|t| t["slot"] == ok_slot.as_str()),
+        "a pruned slot was enqueued again"
     );
 }

@@ -433,10 +433,13 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
 pub struct TriggerBody {
     /// The slot (RFC 3339); default: the latest due slot.
     slot: Option<String>,
+    /// Run the slot even if the scheduler skipped it (once).
+    #[serde(default)]
+    run_skipped: bool,
 }
 
 impl Form for TriggerBody {
-    const FORM: &'static str = r#"no body, {} (the latest due slot) or {"slot": "2026-01-31T06:00:00Z"} (a slot of the job's schedule, RFC 3339)"#;
+    const FORM: &'static str = r#"no body, {} (the latest due slot) or {"slot": "2026-01-31T06:00:00Z"} (a slot of the job's schedule, RFC 3339), optionally with "run_skipped": true"#;
 }
 
 fn rfc3339(field: &str, s: &str) -> Result<DateTime<Utc>, ApiError> {
@@ -469,8 +472,13 @@ pub async fn job_trigger(
             })?
         }
     };
-    let e = schedule::trigger_with(&state.store, &job, slot, false).await?;
-    Ok(Json(shapes::triggered(&e, &name, slot)))
+    let report = if b.run_skipped {
+        schedule::run_skipped(&state.store, &job, slot, false).await?
+    } else {
+        let e = schedule::trigger_with(&state.store, &job, slot, false).await?;
+        schedule::slot_report(&state.store, &job, slot, e).await?
+    };
+    Ok(Json(shapes::triggered(&report, &name, slot)))
 }
 
 // ---- tasks --------------------------------------------------------------------

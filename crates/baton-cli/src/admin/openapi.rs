@@ -110,11 +110,14 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
         )
         .add(
             RouteDoc {
-                body: &[("slot", "string", "RFC 3339 slot; default: the latest due slot")],
+                body: &[
+                    ("slot", "string", "RFC 3339 slot; default: the latest due slot"),
+                    ("run_skipped", "boolean", "run the slot even if the scheduler skipped it, once (default false)"),
+                ],
                 ..r(
                     "post",
                     "/api/v1/jobs/{name}/trigger",
-                    "Run a configured job now for a slot (idempotent per job and slot; as `baton trigger --json`).",
+                    "Run a configured job now for a slot (idempotent per job and slot, forever; as `baton trigger --json`): the answer says what became of the slot (outcome pending, running, succeeded, failed, skipped with its reason, cancelled; pruned when only its tombstone is left).",
                 )
             },
             post(api::job_trigger),

@@ -12,6 +12,7 @@ pub mod scheduler;
 pub mod spec;
 
 pub use scheduler::{
-    is_lock_run_record, is_slot_key, job_statuses, latest_slot, set_paused, slot_key, trigger,
-    trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotRun, StoreClock, LOCK_BUSY,
+    is_lock_run_record, is_slot_key, job_statuses, latest_slot, run_skipped, set_paused, slot_key,
+    slot_report, trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler,
+    SlotOutcome, SlotReport, SlotRun, StoreClock, LOCK_BUSY,
 };

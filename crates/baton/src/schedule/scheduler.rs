@@ -47,6 +47,7 @@ use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
 use crate::queue::TaskBuilder;
 use crate::store::{
     Advanced, Claim, Enqueued, Finish, Heartbeat, NewTask, Overlap, SlotAdvance, SlotRecord, Store,
+    TaskState,
 };
 
 /// How a job's slots are run.
@@ -273,6 +274,168 @@ pub async fn trigger_with(
             "enqueue returned nothing".into(),
         ))
     })
+}
+
+/// What became of a slot's run: a trigger's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlotOutcome {
+    /// Waiting to run (just enqueued, or due later, or between retries).
+    Pending,
+    /// Running now.
+    Running,
+    /// Ran and succeeded.
+    Succeeded,
+    /// Ran and failed (out of attempts, or failed for good).
+    Failed,
+    /// Never ran: the scheduler recorded the slot as skipped (overlap,
+    /// misfire, a held lock), with the reason.
+    Skipped,
+    /// Cancelled (by an operator, or a cancel requested while it ran).
+    Cancelled,
+}
+
+impl SlotOutcome {
+    /// The word used in messages and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotOutcome::Pending => "pending",
+            SlotOutcome::Running => "running",
+            SlotOutcome::Succeeded => "succeeded",
+            SlotOutcome::Failed => "failed",
+            SlotOutcome::Skipped => "skipped",
+            SlotOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A slot's run as a trigger answers it: the task, whether this trigger
+/// made it, and what became of it — read from the task, or from the
+/// slot's tombstone once pruning deleted the task (DESIGN.md S1: a pruned
+/// slot is never run again).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SlotReport {
+    /// The slot's task (its id, also once pruned).
+    pub id: i64,
+    /// Whether this call enqueued it.
+    pub inserted: bool,
+    /// What became of the slot.
+    pub outcome: SlotOutcome,
+    /// Why it was skipped, or its last error.
+    pub reason: Option<String>,
+    /// When it finished, if it did.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// True when the task was pruned and this is its tombstone.
+    pub pruned: bool,
+    /// True when this call ran a skipped slot ([`run_skipped`]).
+    pub rerun: bool,
+}
+
+/// Whether a cancelled slot task is a skip: never started, with the
+/// scheduler's reason (every skip reason starts with "skipped").
+fn is_skip(state: TaskState, attempt: u32, reason: Option<&str>) -> bool {
+    state == TaskState::Cancelled
+        && attempt == 0
+        && reason.is_some_and(|r| r.starts_with("skipped"))
+}
+
+fn outcome_of(state: TaskState, attempt: u32, reason: Option<&str>) -> SlotOutcome {
+    match state {
+        TaskState::Pending => SlotOutcome::Pending,
+        TaskState::Running => SlotOutcome::Running,
+        TaskState::Succeeded => SlotOutcome::Succeeded,
+        TaskState::Failed => SlotOutcome::Failed,
+        TaskState::Cancelled if is_skip(state, attempt, reason) => SlotOutcome::Skipped,
+        TaskState::Cancelled => SlotOutcome::Cancelled,
+    }
+}
+
+/// What became of `job`'s run for `slot`, whose task is `e` (the answer of
+/// [`trigger_with`]).
+pub async fn slot_report(
+    store: &Store,
+    job: &Job,
+    slot: DateTime<Utc>,
+    e: Enqueued,
+) -> Result<SlotReport, Error> {
+    let b = store.backend();
+    if let Some(t) = b.task_get(e.id).await? {
+        return Ok(SlotReport {
+            id: e.id,
+            inserted: e.inserted,
+            outcome: outcome_of(t.state, t.attempt, t.last_error.as_deref()),
+            reason: t.last_error,
+            finished_at: t.finished_at,
+            pruned: false,
+            rerun: false,
+        });
+    }
+    match b.slot_get(&job.slot_key(slot)).await? {
+        Some(p) => Ok(SlotReport {
+            id: p.task_id,
+            inserted: false,
+            // A tombstone keeps no attempt count; a skip is never started
+            // and keeps its reason.
+            outcome: outcome_of(p.state, 0, p.last_error.as_deref()),
+            reason: p.last_error,
+            finished_at: p.finished_at,
+            pruned: true,
+            rerun: false,
+        }),
+        None => Err(Error::Store(crate::StoreError::Corrupt(format!(
+            "slot {} of job {:?}: task {} is gone and left no tombstone",
+            slot_key(&job.name, slot),
+            job.name,
+            e.id
+        )))),
+    }
+}
+
+/// Run a slot the scheduler skipped (overlap, misfire), deliberately and
+/// once: its skipped task goes back to pending, due now. Any other slot is
+/// answered as [`trigger_with`] would (enqueued if it never had a run; a
+/// second call finds the run the first one made). A skipped slot whose
+/// record was pruned is refused: a pruned slot never runs again.
+pub async fn run_skipped(
+    store: &Store,
+    job: &Job,
+    slot: DateTime<Utc>,
+    any_slot: bool,
+) -> Result<SlotReport, Error> {
+    let slot = trigger_slot(job, slot, any_slot)?;
+    let e = trigger_with(store, job, slot, any_slot).await?;
+    let report = slot_report(store, job, slot, e).await?;
+    if report.outcome != SlotOutcome::Skipped {
+        return Ok(report);
+    }
+    if report.pruned {
+        return Err(InvalidInput::new(
+            "--run-skipped",
+            format!(
+                "slot {} of job {:?} was skipped ({}) and its record pruned; a pruned slot \
+                 is never run again",
+                slot_key(&job.name, slot),
+                job.name,
+                report.reason.as_deref().unwrap_or("no reason kept")
+            ),
+        )
+        .into());
+    }
+    // Raced by another --run-skipped: the task is no longer cancelled, and
+    // the report read again says what it is now.
+    let retried = store.backend().task_retry(report.id).await?;
+    let mut again = slot_report(
+        store,
+        job,
+        slot,
+        Enqueued {
+            id: report.id,
+            inserted: false,
+        },
+    )
+    .await?;
+    again.rerun = retried;
+    Ok(again)
 }
 
 /// The slot a trigger for `slot` stands for: truncated to the schedule's
@@ -550,7 +713,7 @@ async fn slot_loop(
     };
     'outer: while !stop.is_cancelled() {
         if !fresh {
-            match read_cursor(b, &job.name, &stop, &mut backoff).await {
+            match read_cursor(b, &job, &stop, &mut backoff).await {
                 Some(c) => {
                     cursor = c;
                     fresh = true;
@@ -926,15 +1089,18 @@ async fn cursor_to_end(
     None
 }
 
-/// Register the job (if new) and read its cursor; `None` after a store
-/// error (logged, and `backoff` waited), so the caller tries again.
+/// Register the job (if new; its queue recorded either way) and read its
+/// cursor; `None` after a store error (logged, and `backoff` waited), so
+/// the caller tries again.
 async fn read_cursor(
     b: &dyn crate::store::Backend,
-    job: &str,
+    job: &Job,
     stop: &CancellationToken,
     backoff: &mut Duration,
 ) -> Option<Option<DateTime<Utc>>> {
-    match b.job_register(job).await {
+    let reg = crate::store::JobRegister::new(&job.name).queue(&job.queue);
+    let job = job.name.as_str();
+    match b.job_register(&reg).await {
         Ok(st) => {
             *backoff = Duration::from_millis(100);
             Some(st.last_slot)
@@ -974,7 +1140,7 @@ async fn fixed_delay_loop(
     let delay_c = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
     while !stop.is_cancelled() {
         if !fresh {
-            match read_cursor(b, &job.name, &stop, &mut backoff).await {
+            match read_cursor(b, &job, &stop, &mut backoff).await {
                 Some(c) => {
                     cursor = c;
                     fresh = true;

@@ -174,7 +174,11 @@ pub trait Backend: Send + Sync + 'static {
     /// paused flag (a paused queue without tasks is listed too).
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
 
-    /// Delete terminal tasks that finished more than `older_than` ago.
+    /// Delete terminal tasks that finished more than `older_than` ago. A
+    /// schedule slot's task (a forever key and a job) leaves a tombstone
+    /// ([`PrunedSlot`]) in the same transaction or script, and its key stays
+    /// taken: inserting a task with that key, or advancing a job onto the
+    /// slot, answers with the pruned task's id and `inserted = false`.
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError>;
 
     /// A stream of [`Wake`]s: queues that got new pending work, due now or
@@ -185,8 +189,14 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- schedules ---------------------------------------------------------
 
-    /// Create the job's cursor if absent, at the store's now; return its state.
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError>;
+    /// Create the job's cursor if absent, at the store's now, and record
+    /// its queue when given; return its state.
+    async fn job_register(&self, params: &JobRegister<'_>) -> Result<JobState, StoreError>;
+
+    /// The tombstone of a slot whose task was pruned (see [`PrunedSlot`]),
+    /// by the slot's unique key (`job|RFC3339`); `None` when the slot has
+    /// no tombstone (never run, or its task is still kept).
+    async fn slot_get(&self, key: &str) -> Result<Option<PrunedSlot>, StoreError>;
 
     /// Move the cursor and record the slot's task, atomically (see
     /// [`SlotAdvance`] and docs/STORE.md).
@@ -474,6 +484,71 @@ pub fn redact(url: &str) -> String {
     url.to_string()
 }
 
+/// Whether pruning `t` leaves a tombstone: a schedule slot's task (a job,
+/// a forever unique key).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn tombstoned_kind(t: &NewTask) -> bool {
+    t.unique_forever && t.job.is_some() && t.unique_key.is_some()
+}
+
+/// A batch of tasks split by the SQLite insert around the slots that have
+/// tombstones: those are answered with the pruned task's id (`inserted =
+/// false`), the rest are inserted.
+#[cfg(feature = "sqlite")]
+pub(crate) struct Tombstoned {
+    /// The tasks to insert.
+    pub rest: Vec<NewTask>,
+    /// For each of `rest`, its index in the batch.
+    pub index: Vec<usize>,
+    /// One answer per task of the batch; `None` for those in `rest`.
+    answers: Vec<Option<Enqueued>>,
+}
+
+#[cfg(feature = "sqlite")]
+impl Tombstoned {
+    /// Split `tasks` by `found` (slot key → the pruned task's id).
+    pub fn split(tasks: &[NewTask], found: &std::collections::HashMap<String, i64>) -> Tombstoned {
+        let mut out = Tombstoned {
+            rest: Vec::new(),
+            index: Vec::new(),
+            answers: Vec::with_capacity(tasks.len()),
+        };
+        for (i, t) in tasks.iter().enumerate() {
+            let pruned = t
+                .unique_key
+                .as_ref()
+                .filter(|_| tombstoned_kind(t))
+                .and_then(|k| found.get(k));
+            match pruned {
+                Some(&id) => out.answers.push(Some(Enqueued {
+                    id,
+                    inserted: false,
+                })),
+                None => {
+                    out.answers.push(None);
+                    out.index.push(i);
+                    out.rest.push(t.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The batch's answers, given those for `rest`, in order.
+    pub fn merge(self, live: Vec<Enqueued>) -> Result<Vec<Enqueued>, StoreError> {
+        let mut live = live.into_iter();
+        self.answers
+            .into_iter()
+            .map(|a| match a {
+                Some(a) => Ok(a),
+                None => live
+                    .next()
+                    .ok_or_else(|| StoreError::Backend("insert returned too few results".into())),
+            })
+            .collect()
+    }
+}
+
 /// Duration to whole milliseconds as i64, saturating.
 pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -583,7 +658,8 @@ bounded_backend! {
     queue_stats() -> Vec<QueueStats>;
     task_prune(older_than: Duration) -> u64;
     wake_subscribe() -> tokio::sync::broadcast::Receiver<Wake>;
-    job_register(job: &str) -> JobState;
+    job_register(params: &JobRegister<'_>) -> JobState;
+    slot_get(key: &str) -> Option<PrunedSlot>;
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(params: &JobSetPaused<'_>) -> bool;
     job_list() -> Vec<JobState>;

@@ -73,3 +73,28 @@ pub struct QueueSetPaused<'a> {
     /// True to pause, false to resume.
     pub paused: bool,
 }
+
+/// Params of [`Backend::job_register`](super::Backend::job_register):
+/// create a job's cursor if absent, and record the queue its runs go to.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRegister<'a> {
+    /// Job name, already validated.
+    pub job: &'a str,
+    /// The queue the job's slot runs are enqueued on (durable jobs), kept
+    /// in the job's record so that a trigger without the job's
+    /// configuration can use it. `None` leaves a recorded queue as it is.
+    pub queue: Option<&'a str>,
+}
+
+impl<'a> JobRegister<'a> {
+    /// Register `job` without naming its queue.
+    pub fn new(job: &'a str) -> JobRegister<'a> {
+        JobRegister { job, queue: None }
+    }
+
+    /// Record `queue` as the job's queue.
+    pub fn queue(mut self, queue: &'a str) -> JobRegister<'a> {
+        self.queue = Some(queue);
+        self
+    }
+}

@@ -194,6 +194,22 @@ pub(crate) fn job_state(row: &impl SqlRow) -> Result<JobState, StoreError> {
         name: row.text("name")?,
         last_slot: row.opt_time("last_slot")?,
         paused: row.flag("paused")?,
+        queue: row.opt_text("queue")?,
+    })
+}
+
+/// A slot tombstone row: `unique_key, job, slot, task_id, state,
+/// last_error, finished_at`.
+pub(crate) fn pruned_slot(row: &impl SqlRow) -> Result<crate::store::PrunedSlot, StoreError> {
+    use std::str::FromStr;
+    Ok(crate::store::PrunedSlot {
+        key: row.text("unique_key")?,
+        job: row.text("job")?,
+        slot: row.opt_time("slot")?,
+        task_id: row.big("task_id")?,
+        state: crate::store::TaskState::from_str(&row.text("state")?)?,
+        last_error: row.opt_text("last_error")?,
+        finished_at: row.opt_time("finished_at")?,
     })
 }
 

@@ -706,6 +706,31 @@ pub struct JobState {
     pub last_slot: Option<DateTime<Utc>>,
     /// Whether the job is paused cluster-wide.
     pub paused: bool,
+    /// The queue its slot runs go to, as last registered (`None`: a store
+    /// that has not seen this job register since it recorded queues).
+    pub queue: Option<String>,
+}
+
+/// What is kept of a slot's run once pruning deleted its task (the slot's
+/// tombstone): enough to refuse the slot a second time and to say what
+/// became of it. Written in the same transaction (or script) as the prune
+/// that deletes the task; never deleted, so "once per slot" holds forever.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PrunedSlot {
+    /// The slot's unique key (`job|RFC3339`).
+    pub key: String,
+    /// Job name.
+    pub job: String,
+    /// The slot.
+    pub slot: Option<DateTime<Utc>>,
+    /// The id the slot's task had.
+    pub task_id: i64,
+    /// Its terminal state.
+    pub state: TaskState,
+    /// Its last error (a skipped slot's reason), cut to 1000 bytes.
+    pub last_error: Option<String>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// A wake-up: `queue` has new pending work, due now (`due: None`) or at

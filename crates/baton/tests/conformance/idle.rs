@@ -77,7 +77,8 @@ counting_backend! {
     queue_set_paused(params: &QueueSetPaused<'_>) -> ();
     queue_stats() -> Vec<QueueStats>;
     task_prune(older_than: Duration) -> u64;
-    job_register(job: &str) -> JobState;
+    job_register(params: &JobRegister<'_>) -> JobState;
+    slot_get(key: &str) -> Option<PrunedSlot>;
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(params: &JobSetPaused<'_>) -> bool;
     job_list() -> Vec<JobState>;

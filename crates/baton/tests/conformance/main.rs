@@ -118,6 +118,7 @@ conformance! {
     schedule::fixed_delay_counts_from_the_previous_end,
     schedule::on_time_slot_is_taken_within_its_lead,
     schedule::early_take_is_judged_by_the_store,
+    schedule::a_pruned_slot_is_never_run_again,
     upgrade::v1_store_upgrades_in_place,
     upgrade::schema_status_reports_the_recorded_version,
     model::store_agrees_with_the_model,

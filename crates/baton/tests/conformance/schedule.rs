@@ -25,11 +25,16 @@ fn secs(t: DateTime<Utc>, n: i64) -> DateTime<Utc> {
 pub async fn cursor_is_compare_and_set(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("cas", every(1_000));
-    let st = b.job_register("cas").await.unwrap();
+    let st = b
+        .job_register(&baton::store::JobRegister::new("cas"))
+        .await
+        .unwrap();
     let c0 = st.last_slot.expect("cursor starts at the store's now");
     assert!(!st.paused);
     assert_eq!(
-        b.job_register("cas").await.unwrap(),
+        b.job_register(&baton::store::JobRegister::new("cas"))
+            .await
+            .unwrap(),
         st,
         "register is idempotent"
     );
@@ -116,7 +121,12 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
 pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("ov", every(1_000));
-    let c0 = b.job_register("ov").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("ov"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let (s1, s2, s3) = (secs(c0, 1), secs(c0, 2), secs(c0, 3));
     let (t1, t2, t3) = (
         job.task(s1, false).unwrap(),
@@ -168,7 +178,12 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
 pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("trig", every(1_000));
-    let c0 = b.job_register("trig").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("trig"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let slot = job.schedule.next_after(c0).unwrap();
     let a = trigger(&ts.store, &job, slot).await.unwrap();
     let again = trigger(&ts.open().await, &job, slot).await.unwrap();
@@ -178,7 +193,13 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     // A trigger for a future slot does not hold the cursor back.
     let future = secs(slot, 4);
     trigger(&ts.store, &job, future).await.unwrap();
-    assert_eq!(b.job_register("trig").await.unwrap().last_slot, Some(c0));
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("trig"))
+            .await
+            .unwrap()
+            .last_slot,
+        Some(c0)
+    );
     // The scheduler reaching the triggered slot finds the same task — also
     // under overlap = forbid: the pending trigger run is this slot's own
     // run, not a previous one, so it is not "skipped".
@@ -301,7 +322,11 @@ pub async fn five_schedulers_run_each_slot_once(ts: TestStore) {
 
 pub async fn catch_up_all_runs_every_missed_slot_once(ts: TestStore) {
     // Registered, then every instance is down for 3 s.
-    ts.store.backend().job_register("catchup").await.unwrap();
+    ts.store
+        .backend()
+        .job_register(&baton::store::JobRegister::new("catchup"))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     let job = Job::new("catchup", every(250))
         .misfire(Misfire::All)
@@ -314,7 +339,7 @@ pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
     let c0 = ts
         .store
         .backend()
-        .job_register("latest")
+        .job_register(&baton::store::JobRegister::new("latest"))
         .await
         .unwrap()
         .last_slot
@@ -379,7 +404,12 @@ pub async fn lock_mode_runs_each_slot_on_one_instance(ts: TestStore) {
 pub async fn advance_is_checked_against_store_time(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("due", every(1_000));
-    let c0 = b.job_register("due").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("due"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let ahead = secs(c0, 30);
     let t = job.task(ahead, false).unwrap();
     let adv = SlotAdvance {
@@ -393,7 +423,13 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         now < ahead && now >= c0,
         "the store's now is returned: {now}"
     );
-    assert_eq!(b.job_register("due").await.unwrap().last_slot, Some(c0));
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("due"))
+            .await
+            .unwrap()
+            .last_slot,
+        Some(c0)
+    );
     // A slot that is due, but whose `until` has passed (a stale plan).
     let past = secs(c0, -5);
     let tp = job.task(past, false).unwrap();
@@ -434,7 +470,10 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         Advanced::Enqueued(_)
     ));
     assert_eq!(
-        b.job_register("due").await.unwrap().last_slot,
+        b.job_register(&baton::store::JobRegister::new("due"))
+            .await
+            .unwrap()
+            .last_slot,
         Some(secs(c0, -1)),
         "task: None moves the cursor only"
     );
@@ -448,7 +487,12 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
 pub async fn run_and_skip_records(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("lockjob", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
-    let c0 = b.job_register("lockjob").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("lockjob"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let s1 = secs(c0, -3);
     let t1 = job.task(s1, false).unwrap();
     assert_eq!(t1.max_attempts, 1, "a lock-mode run has one attempt");
@@ -558,7 +602,13 @@ pub async fn run_and_skip_records(ts: TestStore) {
         info.last_error.as_deref(),
         Some("skipped by misfire = latest: 7 missed slot(s)")
     );
-    assert_eq!(b.job_register("lockjob").await.unwrap().last_slot, Some(s3));
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("lockjob"))
+            .await
+            .unwrap()
+            .last_slot,
+        Some(s3)
+    );
 }
 
 /// With `batch_after`, tasks of the same catch-up (slots after it) are not
@@ -566,7 +616,12 @@ pub async fn run_and_skip_records(ts: TestStore) {
 pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("batch", every(1_000));
-    let c0 = b.job_register("batch").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("batch"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let slots: Vec<_> = (1..=3).map(|i| secs(c0, i)).collect();
     let tasks: Vec<_> = slots.iter().map(|s| job.task(*s, false).unwrap()).collect();
     let mut cur = Some(c0);
@@ -606,7 +661,12 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
 pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("late", every(1_000));
-    let c0 = b.job_register("late").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("late"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let s1 = job.schedule.next_after(c0).unwrap();
     let (s2, s3) = (secs(s1, 1), secs(s1, 2));
     // Both s1 and s2 are due before anything is taken.
@@ -646,7 +706,12 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
 pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("join", every(500)).misfire(Misfire::All);
-    let c0 = b.job_register("join").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("join"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     // Start just after a slot fell due, so the scheduler below plans before
     // the next one (then the latest due slot is its only one).
@@ -767,7 +832,7 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
     let c0 = ts
         .store
         .backend()
-        .job_register("cu-forbid")
+        .job_register(&baton::store::JobRegister::new("cu-forbid"))
         .await
         .unwrap()
         .last_slot
@@ -909,7 +974,12 @@ pub async fn on_time_slot_is_taken_within_its_lead(ts: TestStore) {
 pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("lockjob2", every(1_000)).lock_mode(Duration::from_secs(10), Duration::ZERO);
-    let c0 = b.job_register("lockjob2").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("lockjob2"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let s1 = secs(c0, -2);
     let t1 = job.task(s1, false).unwrap();
     let existing = b.task_insert_many(std::slice::from_ref(&t1)).await.unwrap()[0];
@@ -941,7 +1011,12 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
 pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("early", every(1_000));
-    let c0 = b.job_register("early").await.unwrap().last_slot.unwrap();
+    let c0 = b
+        .job_register(&baton::store::JobRegister::new("early"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
     let ms = |n: i64| c0 + chrono::Duration::milliseconds(n);
     let early = |expected, slot, not_before, task| SlotAdvance {
         overlap: Overlap::Forbid,
@@ -968,7 +1043,13 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         panic!("an early take before its not_before is refused")
     };
     assert!(now < ms(59_000), "the store's now is returned: {now}");
-    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(c0));
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("early"))
+            .await
+            .unwrap()
+            .last_slot,
+        Some(c0)
+    );
     assert!(job_tasks().await.is_empty());
     // Within the lead, nothing unfinished: taken before the slot.
     let (s1, s2) = (ms(3_000), ms(4_000));
@@ -991,7 +1072,13 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         Advanced::NotDue { now } => assert!(now < s2, "store now {now} before slot {s2}"),
         other => panic!("an early take with the previous run unfinished waits: {other:?}"),
     }
-    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(s1));
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("early"))
+            .await
+            .unwrap()
+            .last_slot,
+        Some(s1)
+    );
     let tasks = job_tasks().await;
     assert_eq!(tasks.len(), 1, "nothing recorded for s2: {tasks:?}");
     assert_eq!(tasks[0].state, TaskState::Pending);
@@ -1010,5 +1097,159 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.last_error.as_deref(), Some(OVERLAP_SKIPPED));
     assert_eq!(info.slot, Some(s2));
-    assert_eq!(b.job_register("early").await.unwrap().last_slot, Some(s2));
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("early"))
+            .await
+            .unwrap()
+            .last_slot,
+        Some(s2)
+    );
+}
+
+/// "Once per slot, forever" outlives retention (DESIGN.md S1): pruning a
+/// slot's task leaves a tombstone that keeps the slot's key taken, so a
+/// trigger retried later, a batch insert of the slot's task and the
+/// scheduler reaching the slot all answer with the pruned run and enqueue
+/// nothing; the tombstone says what became of the slot (succeeded, or
+/// skipped with its reason). A job's queue is recorded when it registers.
+pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
+    use baton::store::{ClaimRequest, Enqueued, Finish, JobRegister, SlotRecord};
+    let b = ts.store.backend();
+    let job = Job::new("pruned", every(1_000)).queue("pq");
+    let c0 = b
+        .job_register(&JobRegister::new("pruned").queue("pq"))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
+    // The queue is recorded, and a later register without one keeps it.
+    assert_eq!(
+        b.job_register(&JobRegister::new("pruned"))
+            .await
+            .unwrap()
+            .queue
+            .as_deref(),
+        Some("pq")
+    );
+    let listed = b.job_list().await.unwrap();
+    let st = listed.iter().find(|j| j.name == "pruned").unwrap();
+    assert_eq!(st.queue.as_deref(), Some("pq"));
+
+    // Slot 1 runs (a trigger) and succeeds; slot 2 is skipped.
+    let s1 = job.schedule.next_after(c0).unwrap();
+    let s2 = job.schedule.next_after(s1).unwrap();
+    let first = trigger(&ts.store, &job, s1).await.unwrap();
+    assert!(first.inserted);
+    let c = b
+        .task_claim(&ClaimRequest {
+            queue: "pq",
+            worker: "w",
+            limit: 1,
+            lease: Duration::from_secs(30),
+            max_running: None,
+            buffered: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        b.task_finish_many(&[(c[0].claim(), Finish::Succeeded)])
+            .await
+            .unwrap(),
+        [true]
+    );
+    let t2 = job.task(s2, false).unwrap();
+    let skipped = b
+        .job_advance(&SlotAdvance {
+            record: SlotRecord::Skip { reason: "misfire" },
+            ..SlotAdvance::new("pruned", Some(c0), s2, Some(&t2))
+        })
+        .await
+        .unwrap();
+    let Advanced::Skipped(skipped) = skipped else {
+        panic!("slot 2 not skipped: {skipped:?}")
+    };
+    assert!(b.slot_get(&job.slot_key(s1)).await.unwrap().is_none());
+
+    // Retention prunes both.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(b.task_prune(Duration::ZERO).await.unwrap() >= 2);
+    assert!(b.task_get(first.id).await.unwrap().is_none());
+    assert!(b.task_get(skipped.id).await.unwrap().is_none());
+
+    // The same trigger, retried: the pruned run, nothing enqueued.
+    let again = trigger(&ts.open().await, &job, s1).await.unwrap();
+    assert_eq!(
+        again,
+        Enqueued {
+            id: first.id,
+            inserted: false
+        }
+    );
+    // A batch with the slot's task and a plain one: only the plain one.
+    let plain = baton::queue::TaskBuilder::new("other", serde_json::json!({}))
+        .queue("pq")
+        .build()
+        .unwrap();
+    let out = b
+        .task_insert_many(&[job.task(s1, true).unwrap(), plain])
+        .await
+        .unwrap();
+    assert_eq!(
+        out[0],
+        Enqueued {
+            id: first.id,
+            inserted: false
+        }
+    );
+    assert!(out[1].inserted);
+    // The scheduler reaching slot 1 (say, a second scheduler whose cursor
+    // lags): the pruned run again, nothing recorded.
+    let t1 = job.task(s1, false).unwrap();
+    assert_eq!(
+        b.job_advance(&SlotAdvance {
+            overlap: Overlap::Forbid,
+            ..SlotAdvance::new("pruned", Some(s2), s1, Some(&t1))
+        })
+        .await
+        .unwrap(),
+        Advanced::Enqueued(Enqueued {
+            id: first.id,
+            inserted: false
+        })
+    );
+    let runs = b
+        .task_list(&baton::store::TaskFilter {
+            job: Some("pruned".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        runs.is_empty(),
+        "a pruned slot was enqueued again: {runs:?}"
+    );
+
+    // What became of each slot.
+    let tomb = b.slot_get(&job.slot_key(s1)).await.unwrap().unwrap();
+    assert_eq!(tomb.task_id, first.id);
+    assert_eq!(tomb.job, "pruned");
+    assert_eq!(tomb.slot, Some(s1));
+    assert_eq!(tomb.state, TaskState::Succeeded);
+    assert!(tomb.finished_at.is_some());
+    let tomb = b.slot_get(&job.slot_key(s2)).await.unwrap().unwrap();
+    assert_eq!(tomb.task_id, skipped.id);
+    assert_eq!(tomb.state, TaskState::Cancelled);
+    assert_eq!(tomb.last_error.as_deref(), Some("misfire"));
+    // A second prune leaves the tombstones as they are.
+    b.task_prune(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        b.slot_get(&job.slot_key(s1))
+            .await
+            .unwrap()
+            .unwrap()
+            .task_id,
+        first.id
+    );
 }

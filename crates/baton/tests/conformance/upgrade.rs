@@ -528,14 +528,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
 /// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
-/// tasks' `traceparent`. A fresh store records 5; a version-2 store (the
+/// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`.
+/// A fresh store records 6; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 5);
+    assert_eq!(recorded_version(&ts, p).await, 6);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -558,7 +559,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 5, "upgraded to 5");
+        assert_eq!(recorded_version(&ts, p).await, 6, "upgraded to 6");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -670,8 +671,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
     if let Kind::Postgres = ts.kind {
-        // Schema 5's indexes, on the upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 5);
+        // Schema 5's indexes (6 added the slot tombstones), on the
+        // upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 6);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -698,6 +700,16 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert_eq!(
         jobs[0].last_slot.map(|s| s.timestamp_millis()),
         Some(SLOT_MS)
+    );
+    // A job of an older store has no recorded queue until it registers.
+    assert_eq!(jobs[0].queue, None);
+    assert_eq!(
+        b.job_register(&baton::store::JobRegister::new("J").queue("jq"))
+            .await
+            .unwrap()
+            .queue
+            .as_deref(),
+        Some("jq")
     );
     let all = b.task_list(&TaskFilter::default()).await.unwrap();
     assert_eq!(all.len(), 3);

@@ -12,17 +12,22 @@ use crate::store::{
 };
 
 impl MyBackend {
-    pub(super) async fn register_job(&self, job: &str) -> Result<JobState, StoreError> {
+    pub(super) async fn register_job(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
         let j = &self.names.jobs;
+        let job = params.job;
         sqlx::query(&format!(
-            "INSERT INTO {j} (name, last_slot, paused) VALUES (?, UTC_TIMESTAMP(6), 0) \
-             ON DUPLICATE KEY UPDATE name = name"
+            "INSERT INTO {j} (name, last_slot, paused, queue) VALUES (?, UTC_TIMESTAMP(6), 0, ?) \
+             ON DUPLICATE KEY UPDATE queue = COALESCE(VALUES(queue), queue)"
         ))
         .bind(job)
+        .bind(params.queue.map(str::as_bytes))
         .execute(&self.pool)
         .await?;
         let row = sqlx::query(&format!(
-            "SELECT name, last_slot, paused FROM {j} WHERE name = ?"
+            "SELECT name, last_slot, paused, queue FROM {j} WHERE name = ?"
         ))
         .bind(job)
         .fetch_one(&self.pool)
@@ -145,7 +150,7 @@ impl MyBackend {
 
     pub(super) async fn list_jobs(&self) -> Result<Vec<JobState>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT name, last_slot, paused FROM {} ORDER BY name",
+            "SELECT name, last_slot, paused, queue FROM {} ORDER BY name",
             self.names.jobs
         ))
         .fetch_all(&self.pool)

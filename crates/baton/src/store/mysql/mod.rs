@@ -85,7 +85,31 @@ type Upgrade = fn(&Names) -> Vec<String>;
 
 /// The upgrade steps, in order; each runs once per prefix under the
 /// migration lock, followed by its version bump. Add a step at the end.
-const UPGRADES: &[Upgrade] = &[add_enqueue_mark, add_queue_paused, add_traceparent];
+const UPGRADES: &[Upgrade] = &[
+    add_enqueue_mark,
+    add_queue_paused,
+    add_traceparent,
+    add_slot_tombstones,
+];
+
+/// 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md S1)
+/// and each job's queue.
+fn add_slot_tombstones(n: &Names) -> Vec<String> {
+    let mut out = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+         unique_key VARBINARY(1024) PRIMARY KEY, \
+         job VARBINARY(255) NOT NULL, \
+         slot DATETIME(6) NULL, \
+         task_id BIGINT NOT NULL, \
+         state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+         last_error MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+         finished_at DATETIME(6) NULL \
+         ) ENGINE=InnoDB",
+        n.slots
+    )];
+    out.extend(add_column(n, "jobs", "queue VARBINARY(255) NULL"));
+    out
+}
 
 /// 2 → 3: the `enqueue_mark` column, by which a multi-row insert finds its
 /// own rows' ids (see `tasks::insert_tasks`).
@@ -157,6 +181,8 @@ pub(crate) struct Names {
     tasks: String,
     jobs: String,
     queues: String,
+    /// Slot tombstones, schema 6.
+    slots: String,
 }
 
 impl Names {
@@ -168,6 +194,7 @@ impl Names {
             tasks: format!("`{p}tasks`"),
             jobs: format!("`{p}jobs`"),
             queues: format!("`{p}queues`"),
+            slots: format!("`{p}slots`"),
             prefix: p,
         }
     }
@@ -710,14 +737,35 @@ impl Backend for MyBackend {
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        // One transaction and one cutoff: every slot task deleted leaves
+        // its tombstone.
+        let n = &self.names;
+        let mut tx = self.pool.begin().await?;
+        let cutoff: DateTime<Utc> =
+            sqlx::query_scalar("SELECT UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND")
+                .bind(us(older_than))
+                .fetch_one(&mut *tx)
+                .await?;
+        sqlx::query(&format!(
+            "INSERT IGNORE INTO {} \
+                 (unique_key, job, slot, task_id, state, last_error, finished_at) \
+             SELECT unique_key, job, slot, id, state, LEFT(last_error, 1000), finished_at \
+             FROM {} WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < ? \
+                 AND unique_forever = 1 AND unique_key IS NOT NULL AND job IS NOT NULL",
+            n.slots, n.tasks
+        ))
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await?;
         let r = sqlx::query(&format!(
             "DELETE FROM {} WHERE state IN ('succeeded', 'failed', 'cancelled') \
-             AND finished_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-            self.names.tasks
+             AND finished_at < ?",
+            n.tasks
         ))
-        .bind(us(older_than))
-        .execute(&self.pool)
+        .bind(cutoff)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(r.rows_affected())
     }
 
@@ -725,8 +773,25 @@ impl Backend for MyBackend {
         Ok(self.wake.subscribe())
     }
 
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
-        self.register_job(job).await
+    async fn job_register(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
+        self.register_job(params).await
+    }
+
+    async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT unique_key, job, slot, task_id, state, last_error, finished_at \
+             FROM {} WHERE unique_key = ?",
+            self.names.slots
+        ))
+        .bind(key.as_bytes())
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(crate::store::sql_row::pruned_slot)
+        .transpose()
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {

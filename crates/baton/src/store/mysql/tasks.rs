@@ -110,6 +110,7 @@ pub(super) async fn insert_tasks(
         "pending"
     };
     let lookup = format!("SELECT id FROM {} WHERE live_key = ?", n.tasks);
+    let tombstone = format!("SELECT task_id FROM {} WHERE unique_key = ?", n.slots);
     let cols_marked = format!("{}, enqueue_mark)", cols.trim_end_matches(')'));
     let one_marked = format!("{}, ?)", one.trim_end_matches(')'));
     let one_marked = one_marked.as_str();
@@ -186,6 +187,21 @@ pub(super) async fn insert_tasks(
         // A task with a unique key: insert it, or find the key's holder.
         let t = &tasks[i];
         let key = t.unique_key.as_deref().unwrap_or_default();
+        if crate::store::tombstoned_kind(t) {
+            // A slot whose task was pruned keeps its key in a tombstone.
+            let pruned: Option<i64> = sqlx::query_scalar(&tombstone)
+                .bind(key.as_bytes())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(id) = pruned {
+                out.push(Enqueued {
+                    id,
+                    inserted: false,
+                });
+                i += 1;
+                continue;
+            }
+        }
         let mut done = None;
         for _round in 0..8 {
             let sql = format!("INSERT INTO {} {cols} VALUES {one}", n.tasks);
@@ -197,6 +213,26 @@ pub(super) async fn insert_tasks(
                     let id = i64::try_from(r.last_insert_id())
                         .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
                     done = Some(Enqueued { id, inserted: true });
+                    if crate::store::tombstoned_kind(t) {
+                        // A prune of this slot's task that committed while
+                        // the insert waited on its row left a tombstone
+                        // the check above could not see: this statement
+                        // (READ COMMITTED) does; take the insert back.
+                        let pruned: Option<i64> = sqlx::query_scalar(&tombstone)
+                            .bind(key.as_bytes())
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        if let Some(old) = pruned {
+                            sqlx::query(&format!("DELETE FROM {} WHERE id = ?", n.tasks))
+                                .bind(id)
+                                .execute(&mut *conn)
+                                .await?;
+                            done = Some(Enqueued {
+                                id: old,
+                                inserted: false,
+                            });
+                        }
+                    }
                     break;
                 }
                 Err(StoreError::Conflict(_)) => {

@@ -157,10 +157,11 @@ impl Backend for PgBackend {
         // One statement is atomic on its own: a single task, or one chunk
         // of tasks without unique keys (no conflict, so no second round),
         // needs no transaction around it, which saves two round trips.
-        // (Behind a transaction pooler a statement runs in a transaction
-        // anyway: see `exec`.)
+        // A slot's task takes a transaction: its insert may have to be
+        // taken back (a prune racing it; outbox.rs). (Behind a transaction
+        // pooler a statement runs in a transaction anyway: see `exec`.)
         if self.begin_sql.is_none()
-            && (tasks.len() == 1
+            && ((tasks.len() == 1 && !crate::store::tombstoned_kind(&tasks[0]))
                 || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none())))
         {
             let mut conn = self.pool.acquire().await?;
@@ -436,12 +437,12 @@ impl Backend for PgBackend {
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let r = self
-            .q(&self.sql.prune)
+        let n: i64 = self
+            .qs(&self.sql.prune)
             .bind(dur(older_than))
-            .execute(self.exec())
+            .fetch_one(self.exec())
             .await?;
-        Ok(r.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
@@ -450,21 +451,27 @@ impl Backend for PgBackend {
 
     // ---- schedules ---------------------------------------------------------
 
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+    async fn job_register(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
         let row = self
             .q(&self.sql.job_insert)
-            .bind(job)
-            .fetch_optional(self.exec())
-            .await?;
-        if let Some(row) = row {
-            return job_state(&row);
-        }
-        let row = self
-            .q(&self.sql.job_get)
-            .bind(job)
+            .bind(params.job)
+            .bind(params.queue)
             .fetch_one(self.exec())
             .await?;
         job_state(&row)
+    }
+
+    async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
+        self.q(&self.sql.slot_get)
+            .bind(key)
+            .fetch_optional(self.exec())
+            .await?
+            .as_ref()
+            .map(crate::store::sql_row::pruned_slot)
+            .transpose()
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {

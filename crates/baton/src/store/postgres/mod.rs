@@ -190,6 +190,8 @@ struct Names {
     jobs: String,
     /// Per-queue flags (paused), schema 3.
     queues: String,
+    /// Slot tombstones (a pruned slot's key, kept), schema 6.
+    slots: String,
     /// The task id sequence, as a quoted identifier inside a string literal
     /// (for `nextval('…')`).
     seq_lit: String,
@@ -206,6 +208,7 @@ impl Names {
             tasks: format!("\"{p}tasks\""),
             jobs: format!("\"{p}jobs\""),
             queues: format!("\"{p}queues\""),
+            slots: format!("\"{p}slots\""),
             seq_lit: format!("'\"{p}tasks_id_seq\"'"),
             chan: format!("{p}tasks"),
             prefix: p,

@@ -52,6 +52,41 @@ pub(super) async fn insert_tasks(
     // Indices still to insert; a second round only happens when a key's
     // holder finished between our conflict and our look-up.
     let mut todo: Vec<usize> = (0..tasks.len()).collect();
+    // A slot whose task was pruned keeps its key in a tombstone: answered
+    // with the pruned task's id, not inserted again.
+    let slot_keys: Vec<&str> = tasks
+        .iter()
+        .filter(|t| crate::store::tombstoned_kind(t))
+        .filter_map(|t| t.unique_key.as_deref())
+        .collect();
+    if !slot_keys.is_empty() {
+        let rows = sqlx::query(&sql.tombstones)
+            .persistent(sql.persistent)
+            .bind(&slot_keys)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut pruned: HashMap<String, i64> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            pruned.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+        if !pruned.is_empty() {
+            todo.retain(|&i| {
+                let t = &tasks[i];
+                let hit = t
+                    .unique_key
+                    .as_ref()
+                    .filter(|_| crate::store::tombstoned_kind(t))
+                    .and_then(|k| pruned.get(k));
+                if let Some(&id) = hit {
+                    out[i] = Some(Enqueued {
+                        id,
+                        inserted: false,
+                    });
+                }
+                hit.is_none()
+            });
+        }
+    }
     for _round in 0..8 {
         if todo.is_empty() {
             break;
@@ -108,6 +143,7 @@ pub(super) async fn insert_tasks(
             };
             let rows = sqlx::query(text)
                 .persistent(sql.persistent)
+                .persistent(sql.persistent)
                 .bind(&queue)
                 .bind(&kind)
                 .bind(&payload)
@@ -157,6 +193,7 @@ pub(super) async fn insert_tasks(
             .collect();
         let rows = sqlx::query(&sql.key_holders)
             .persistent(sql.persistent)
+            .persistent(sql.persistent)
             .bind(&keys)
             .fetch_all(&mut *conn)
             .await?;
@@ -180,6 +217,41 @@ pub(super) async fn insert_tasks(
         return Err(StoreError::Conflict(
             "enqueue: unique keys kept changing hands; try again".into(),
         ));
+    }
+    if !slot_keys.is_empty() {
+        // A prune of a slot's task that committed while our insert waited
+        // on its row left a tombstone the check above could not see; this
+        // statement (READ COMMITTED) does: take those inserts back.
+        let rows = sqlx::query(&sql.tombstones)
+            .persistent(sql.persistent)
+            .bind(&slot_keys)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut undo = Vec::new();
+        for row in rows {
+            let key: String = row.try_get(0)?;
+            let old: i64 = row.try_get(1)?;
+            for (i, t) in tasks.iter().enumerate() {
+                let hit = crate::store::tombstoned_kind(t)
+                    && t.unique_key.as_deref() == Some(key.as_str());
+                if let (true, Some(e)) = (hit, out[i].as_mut()) {
+                    if e.inserted {
+                        undo.push(e.id);
+                        *e = Enqueued {
+                            id: old,
+                            inserted: false,
+                        };
+                    }
+                }
+            }
+        }
+        if !undo.is_empty() {
+            sqlx::query(&sql.delete_ids)
+                .persistent(sql.persistent)
+                .bind(&undo)
+                .execute(&mut *conn)
+                .await?;
+        }
     }
     let out = out
         .into_iter()

@@ -34,7 +34,26 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_traceparent,
     // 4 → 5: fewer index writes per transition (see the function).
     upgrade_lean_indexes,
+    // 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md
+    // S1) and each job's queue.
+    upgrade_slot_tombstones,
 ];
+
+fn upgrade_slot_tombstones(n: &Names) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             unique_key  text PRIMARY KEY, \
+             job         text NOT NULL, \
+             slot        timestamptz, \
+             task_id     bigint NOT NULL, \
+             state       text NOT NULL, \
+             last_error  text, \
+             finished_at timestamptz \
+         ); \
+         ALTER TABLE {} ADD COLUMN IF NOT EXISTS queue text;",
+        n.slots, n.jobs
+    )
+}
 
 fn upgrade_traceparent(n: &Names) -> String {
     format!(
@@ -164,7 +183,7 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         b.qs(&b.sql.schema_version).fetch_optional(b.exec()).await;
     if let Ok(Some(v)) = &current {
         if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
-            return write_identity(&b.pool, n).await;
+            return write_identity(b).await;
         }
     }
     let mut tx = b.begin().await?;
@@ -230,28 +249,30 @@ pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
         );
     }
     tx.commit().await?;
-    write_identity(&b.pool, n).await
+    write_identity(b).await
 }
 
 /// Write the store's identity if none is recorded (once; see
 /// `StoreIdentity`): a read, and a row insert only when it is missing (so
 /// a connect to a migrated store by a read-only user writes nothing).
-async fn write_identity(pool: &sqlx::PgPool, n: &Names) -> Result<(), StoreError> {
-    let have: Option<String> = sqlx::query_scalar(&format!(
-        "SELECT value FROM {} WHERE key = 'store_id'",
-        n.meta
-    ))
-    .fetch_optional(pool)
-    .await?;
+async fn write_identity(b: &PgBackend) -> Result<(), StoreError> {
+    let n = &*b.names;
+    let have: Option<String> = b
+        .qs(&format!(
+            "SELECT value FROM {} WHERE key = 'store_id'",
+            n.meta
+        ))
+        .fetch_optional(b.exec())
+        .await?;
     if have.is_some() {
         return Ok(());
     }
-    sqlx::query(&format!(
+    b.q(&format!(
         "INSERT INTO {} (key, value) VALUES ('store_id', $1) ON CONFLICT (key) DO NOTHING",
         n.meta
     ))
     .bind(crate::store::new_store_id())
-    .execute(pool)
+    .execute(b.exec())
     .await?;
     Ok(())
 }
@@ -266,7 +287,8 @@ pub(super) async fn identity(b: &PgBackend) -> Result<crate::store::StoreIdentit
              (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {seq})",
         n.meta
     ))
-    .fetch_one(&b.pool)
+    .persistent(b.mode != super::PoolMode::Transaction)
+    .fetch_one(b.exec())
     .await;
     match read {
         Ok((id, last_task_id)) => Ok(crate::store::StoreIdentity { id, last_task_id }),

@@ -74,10 +74,11 @@ pub(super) struct Sql {
     pub queues_paused: String,
     /// `$1` older_than ms.
     pub prune: String,
-    /// `$1` job → the new job row, if it was new.
+    /// `$1` slot key → its tombstone.
+    pub slot_get: String,
+    /// `$1` job, `$2` queue (or null) → the job row, created if new, its
+    /// queue recorded when given.
     pub job_insert: String,
-    /// `$1` job → the job row.
-    pub job_get: String,
     /// `$1` job, `$2` expected → last_slot, paused, matches, now; locked.
     pub job_lock: String,
     /// `$1` job, `$2` slot.
@@ -104,6 +105,11 @@ pub(super) struct InsertSql {
     pub plain: String,
     /// `$1` keys → unique_key, id.
     pub key_holders: String,
+    /// `$1` keys → unique_key, task_id of the pruned slot tasks that held
+    /// them (their tombstones keep the keys taken).
+    pub tombstones: String,
+    /// `$1` ids → deleted (an insert taken back).
+    pub delete_ids: String,
     /// Whether the statements are prepared once per connection (false
     /// behind a transaction pooler: each is sent unnamed).
     pub persistent: bool,
@@ -119,6 +125,11 @@ impl InsertSql {
                 "SELECT unique_key, id FROM {} WHERE unique_key = ANY($1) AND {UNIQUE_PRED}",
                 n.tasks
             ),
+            tombstones: format!(
+                "SELECT unique_key, task_id FROM {} WHERE unique_key = ANY($1)",
+                n.slots
+            ),
+            delete_ids: format!("DELETE FROM {} WHERE id = ANY($1)", n.tasks),
         }
     }
 }
@@ -258,15 +269,31 @@ impl Sql {
                      (SELECT pg_notify($3, u.name) WHERE NOT u.paused) AS n ON true"
             ),
             queues_paused: format!("SELECT name FROM {q} WHERE paused ORDER BY name"),
+            // The slot tasks deleted leave their tombstones in the same
+            // statement.
             prune: format!(
-                "DELETE FROM {t} WHERE state IN ('succeeded', 'failed', 'cancelled') \
-                 AND finished_at < now() - $1 * interval '1 millisecond'"
+                "WITH d AS (DELETE FROM {t} WHERE state IN ('succeeded', 'failed', 'cancelled') \
+                     AND finished_at < now() - $1 * interval '1 millisecond' \
+                     RETURNING id, state, unique_key, unique_forever, job, slot, last_error, \
+                         finished_at), \
+                 k AS (INSERT INTO {slots} \
+                     (unique_key, job, slot, task_id, state, last_error, finished_at) \
+                     SELECT unique_key, job, slot, id, state, left(last_error, 1000), finished_at \
+                     FROM d WHERE unique_forever AND unique_key IS NOT NULL AND job IS NOT NULL \
+                     ON CONFLICT (unique_key) DO NOTHING) \
+                 SELECT count(*) FROM d",
+                slots = n.slots
+            ),
+            slot_get: format!(
+                "SELECT unique_key, job, slot, task_id, state, last_error, finished_at \
+                 FROM {} WHERE unique_key = $1",
+                n.slots
             ),
             job_insert: format!(
-                "INSERT INTO {j} (name, last_slot, paused) VALUES ($1, now(), false) \
-                 ON CONFLICT (name) DO NOTHING RETURNING name, last_slot, paused"
+                "INSERT INTO {j} (name, last_slot, paused, queue) VALUES ($1, now(), false, $2) \
+                 ON CONFLICT (name) DO UPDATE SET queue = COALESCE($2, {j}.queue) \
+                 RETURNING name, last_slot, paused, queue"
             ),
-            job_get: format!("SELECT name, last_slot, paused FROM {j} WHERE name = $1"),
             job_lock: format!(
                 "SELECT last_slot, paused, last_slot IS NOT DISTINCT FROM $2 AS matches, \
                  now() AS now FROM {j} WHERE name = $1 FOR UPDATE"
@@ -284,7 +311,7 @@ impl Sql {
                  claim_token = 1 WHERE id = $1"
             ),
             job_set_paused: format!("UPDATE {j} SET paused = $2 WHERE name = $1"),
-            job_list: format!("SELECT name, last_slot, paused FROM {j} ORDER BY name"),
+            job_list: format!("SELECT name, last_slot, paused, queue FROM {j} ORDER BY name"),
             schema_version: format!("SELECT value FROM {} WHERE key = 'schema_version'", n.meta),
         }
     }

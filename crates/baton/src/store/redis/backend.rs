@@ -575,14 +575,45 @@ impl Backend for RedisBackend {
 
     // ---- schedules ---------------------------------------------------------
 
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
-        let (slot, paused): (String, String) =
-            self.q(&self.scripts.job_register, sargs![job]).await?;
+    async fn job_register(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
+        let job = params.job;
+        let (slot, paused, queue): (String, String, String) = self
+            .q(
+                &self.scripts.job_register,
+                sargs![job, params.queue.unwrap_or_default()],
+            )
+            .await?;
         Ok(JobState {
             name: job.to_string(),
             last_slot: opt_ts(&slot, "last_slot")?,
             paused: paused == "1",
+            queue: (!queue.is_empty()).then_some(queue),
         })
+    }
+
+    async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
+        let v: Vec<String> = read_retry!(self.q(&self.scripts.slot_get, sargs![key]).await)?;
+        let [job, slot, id, state, error, finished, has_error] = v.as_slice() else {
+            if v.is_empty() {
+                return Ok(None);
+            }
+            return Err(StoreError::Corrupt(format!(
+                "slot tombstone {key:?}: {} fields",
+                v.len()
+            )));
+        };
+        Ok(Some(crate::store::PrunedSlot {
+            key: key.to_string(),
+            job: job.clone(),
+            slot: opt_ts(slot, "slot")?,
+            task_id: parse_i64(id, "task_id")?,
+            state: std::str::FromStr::from_str(state)?,
+            last_error: (has_error == "1").then(|| error.clone()),
+            finished_at: opt_ts(finished, "finished_at")?,
+        }))
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
@@ -657,14 +688,15 @@ impl Backend for RedisBackend {
     }
 
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
-        let rows: Vec<(String, String, String)> =
+        let rows: Vec<(String, String, String, String)> =
             read_retry!(self.q(&self.scripts.job_list, sargs![]).await)?;
         let mut out = rows
             .into_iter()
-            .map(|(name, slot, paused)| {
+            .map(|(name, slot, paused, queue)| {
                 Ok(JobState {
                     last_slot: opt_ts(&slot, "last_slot")?,
                     paused: paused == "1",
+                    queue: (!queue.is_empty()).then_some(queue),
                     name,
                 })
             })

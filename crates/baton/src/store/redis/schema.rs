@@ -54,6 +54,12 @@ enum Upgrade {
     /// (where step 4 → 5 of earlier builds put it). Self-contained: it
     /// needs nothing from other steps.
     OwnLockKeys,
+    /// 6 → 7: slot tombstones (`B slot:<job|slot>`, a hash written by the
+    /// prune that deletes a slot's task, keeping the slot's key taken) and
+    /// each job's queue (the `queue` field of `B job:<name>`). Nothing to
+    /// convert; the step marks the version, so an older build (whose prune
+    /// would free a slot's key) refuses the store.
+    SlotTombstones,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -71,6 +77,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::Traceparent,
     Upgrade::LockIndex,
     Upgrade::OwnLockKeys,
+    Upgrade::SlotTombstones,
 ];
 
 /// The recorded version against [`SCHEMA_VERSION`] (a read: the migrate
@@ -135,7 +142,7 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         Upgrade::PersistLocks => "persist",
         Upgrade::LockIndex => "index",
         Upgrade::OwnLockKeys => "move",
-        Upgrade::QueuePause | Upgrade::Traceparent => return Ok(()),
+        Upgrade::QueuePause | Upgrade::Traceparent | Upgrade::SlotTombstones => return Ok(()),
     };
     let mut moved = 0usize;
     let mut foreign = 0usize;

@@ -23,6 +23,7 @@ const JOB_REGISTER: &str = include_str!("lua/job_register.lua");
 const JOB_ADVANCE: &str = include_str!("lua/job_advance.lua");
 const JOB_SET_PAUSED: &str = include_str!("lua/job_set_paused.lua");
 const JOB_LIST: &str = include_str!("lua/job_list.lua");
+const SLOT_GET: &str = include_str!("lua/slot_get.lua");
 const MIGRATE: &str = include_str!("lua/migrate.lua");
 const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
 const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
@@ -51,6 +52,7 @@ pub(super) struct Scripts {
     pub job_advance: Script,
     pub job_set_paused: Script,
     pub job_list: Script,
+    pub slot_get: Script,
     pub migrate: Script,
     pub lock_acquire: Script,
     pub lock_extend: Script,
@@ -83,6 +85,7 @@ impl Scripts {
             job_advance: q(JOB_ADVANCE),
             job_set_paused: q(JOB_SET_PAUSED),
             job_list: q(JOB_LIST),
+            slot_get: q(SLOT_GET),
             migrate: q(MIGRATE),
             lock_acquire: l(LOCK_ACQUIRE),
             lock_extend: l(LOCK_EXTEND),

@@ -88,6 +88,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        super::step::check();
         let now: i64 = sqlx::query_scalar(&self.sql.now)
             .fetch_one(&*self.reader)
             .await?;
@@ -97,11 +98,15 @@ impl Backend for SqliteBackend {
     // ---- locks ---------------------------------------------------------------
 
     async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+        // A lease granted before a forward host clock step is not taken
+        // over early (sqlite/step.rs).
+        let grace = super::step::check();
         let mut tx = self.immediate().await?;
         let granted = sqlx::query(&self.sql.lock_acquire)
             .bind(req.name)
             .bind(req.holder)
             .bind(ms(req.at_most))
+            .bind(ms(grace))
             .fetch_optional(&mut *tx)
             .await?;
         let answer = match granted {
@@ -349,8 +354,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
+        // A forward step of the host clock makes live leases look lapsed:
+        // allow for it (sqlite/step.rs).
+        let grace = super::step::check();
         let rows = sqlx::query(&self.sql.rescue)
             .bind(LEASE_EXPIRED)
+            .bind(ms(grace))
             .fetch_all(&*self.pool)
             .await?;
         let mut out = Rescued::default();
@@ -521,10 +530,22 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.prune)
-            .bind(ms(older_than))
-            .execute(&*self.pool)
+        // One cutoff for both statements, so every slot task deleted left
+        // its tombstone.
+        let mut tx = self.immediate().await?;
+        let now: i64 = sqlx::query_scalar(&self.sql.now)
+            .fetch_one(&mut *tx)
             .await?;
+        let cutoff = now.saturating_sub(ms(older_than));
+        sqlx::query(&self.sql.prune_tombstones)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        let done = sqlx::query(&self.sql.prune)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 
@@ -534,12 +555,26 @@ impl Backend for SqliteBackend {
 
     // ---- schedules -----------------------------------------------------------
 
-    async fn job_register(&self, job: &str) -> Result<JobState, StoreError> {
+    async fn job_register(
+        &self,
+        params: &crate::store::JobRegister<'_>,
+    ) -> Result<JobState, StoreError> {
         let row = sqlx::query(&self.sql.job_register)
-            .bind(job)
+            .bind(params.job)
+            .bind(params.queue)
             .fetch_one(&*self.pool)
             .await?;
         job_state(&row)
+    }
+
+    async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
+        sqlx::query(&self.sql.slot_get)
+            .bind(key)
+            .fetch_optional(&*self.reader)
+            .await?
+            .as_ref()
+            .map(crate::store::sql_row::pruned_slot)
+            .transpose()
     }
 
     async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {

@@ -42,6 +42,7 @@ mod outbox;
 mod rows;
 mod schema;
 mod sql;
+mod step;
 
 pub use outbox::enqueue_in;
 use sql::Sql;
@@ -65,6 +66,7 @@ struct Tables {
     jobs: String,
     queues: String,
     meta: String,
+    slots: String,
 }
 
 impl Tables {
@@ -79,6 +81,7 @@ impl Tables {
             jobs: q("jobs"),
             queues: q("queues"),
             meta: q("meta"),
+            slots: q("slots"),
         })
     }
 

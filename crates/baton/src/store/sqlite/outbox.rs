@@ -26,8 +26,47 @@ pub(super) struct Inserted {
 
 /// Insert `tasks` in order on `conn`, which the caller has put inside a
 /// transaction. Tasks without a unique key are always inserted; a task whose
-/// key is taken yields the holder's id with `inserted = false`.
+/// key is taken yields the holder's id with `inserted = false`, and so does
+/// a slot's task whose slot was pruned (its tombstone keeps the key).
 pub(super) async fn insert_tasks(
+    conn: &mut SqliteConnection,
+    sql: &InsertSql,
+    tasks: &[NewTask],
+) -> Result<Inserted, StoreError> {
+    let keys: Vec<&str> = tasks
+        .iter()
+        .filter(|t| crate::store::tombstoned_kind(t))
+        .filter_map(|t| t.unique_key.as_deref())
+        .collect();
+    if keys.is_empty() {
+        return insert_live(conn, sql, tasks).await;
+    }
+    let list = serde_json::Value::Array(keys.iter().map(|&k| k.into()).collect());
+    let found: HashMap<String, i64> = sqlx::query(&sql.tombstones)
+        .bind(json_text(&list)?)
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, StoreError>>()?;
+    if found.is_empty() {
+        return insert_live(conn, sql, tasks).await;
+    }
+    let split = crate::store::Tombstoned::split(tasks, &found);
+    let live = insert_live(conn, sql, &split.rest).await?;
+    Ok(Inserted {
+        due_queues: live.due_queues.iter().map(|&i| split.index[i]).collect(),
+        later: live
+            .later
+            .iter()
+            .map(|&(i, at)| (split.index[i], at))
+            .collect(),
+        results: split.merge(live.results)?,
+    })
+}
+
+/// [`insert_tasks`] without the tombstone check.
+async fn insert_live(
     conn: &mut SqliteConnection,
     sql: &InsertSql,
     tasks: &[NewTask],

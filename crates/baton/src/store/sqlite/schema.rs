@@ -127,7 +127,32 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_queues,
     // 3 → 4: the enqueuer's trace context on each task.
     upgrade_traceparent,
+    // 4 → 5: slot tombstones (a pruned slot's key stays taken, DESIGN.md
+    // S1) and each job's queue.
+    upgrade_slot_tombstones,
 ];
+
+fn upgrade_slot_tombstones(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::Sql(format!(
+            "CREATE TABLE IF NOT EXISTS {} ( \
+                 unique_key  TEXT PRIMARY KEY, \
+                 job         TEXT NOT NULL, \
+                 slot        INTEGER, \
+                 task_id     INTEGER NOT NULL, \
+                 state       TEXT NOT NULL, \
+                 last_error  TEXT, \
+                 finished_at INTEGER \
+             )",
+            t.slots
+        )),
+        Ddl::AddColumn {
+            table: format!("{}jobs", t.prefix),
+            column: "queue",
+            decl: "TEXT",
+        },
+    ]
+}
 
 fn upgrade_traceparent(t: &Tables) -> Vec<Ddl> {
     vec![Ddl::AddColumn {

@@ -40,7 +40,8 @@ pub(super) struct Sql {
     pub finish: FinishSql,
     /// `?1` id, `?2` claim token, `?3` progress JSON.
     pub progress: String,
-    /// `?1` the error text → queue, state of each rescued task.
+    /// `?1` the error text, `?2` the clock-step grace (ms) → queue, state
+    /// of each rescued task.
     pub rescue: String,
     /// `?1` id → state.
     pub task_state: String,
@@ -62,6 +63,11 @@ pub(super) struct Sql {
     pub stats: String,
     /// `?1` older_than ms.
     pub prune: String,
+    /// `?1` cutoff (ms): the tombstones of the slot tasks [`Sql::prune`]
+    /// deletes with the same cutoff.
+    pub prune_tombstones: String,
+    /// `?1` slot key → its tombstone.
+    pub slot_get: String,
     /// `?1` job → name, last_slot, paused.
     pub job_register: String,
     /// `?1` job → last_slot, paused, now.
@@ -102,6 +108,9 @@ pub(super) struct InsertSql {
     pub tail: String,
     /// `?1` JSON array of keys → unique_key, id of the tasks holding them.
     pub key_holders: String,
+    /// `?1` JSON array of keys → unique_key, task_id of the pruned slot
+    /// tasks that held them (tombstones keep a slot's key taken).
+    pub tombstones: String,
 }
 
 impl InsertSql {
@@ -123,6 +132,11 @@ impl InsertSql {
                 "SELECT unique_key, id FROM {tasks} \
                  WHERE unique_key IN (SELECT value FROM json_each(?1)) \
                    AND unique_key IS NOT NULL AND {KEY_TAKEN}"
+            ),
+            tombstones: format!(
+                "SELECT unique_key, task_id FROM {} \
+                 WHERE unique_key IN (SELECT value FROM json_each(?1))",
+                t.slots
             ),
         }
     }
@@ -176,6 +190,7 @@ impl Sql {
             tasks,
             jobs,
             queues,
+            slots,
             ..
         } = t;
         let lock_cols = format!("name, holder, token, locked_at, lock_until, {NOW} AS now");
@@ -188,7 +203,7 @@ impl Sql {
                      token = MAX({locks}.token + 1, excluded.token), \
                      locked_at = excluded.locked_at, \
                      lock_until = excluded.lock_until \
-                 WHERE {locks}.lock_until <= excluded.locked_at \
+                 WHERE {locks}.lock_until <= excluded.locked_at - ?4 \
                  RETURNING token, locked_at, lock_until"
             ),
             lock_get: format!("SELECT {lock_cols} FROM {locks} WHERE name = ?1"),
@@ -268,7 +283,7 @@ impl Sql {
                          json_object('attempt', attempt, 'at', {NOW}, 'error', ?1)), \
                      last_error = ?1, \
                      lease_until = NULL \
-                 WHERE state = 'running' AND lease_until < {NOW} \
+                 WHERE state = 'running' AND lease_until < {NOW} - ?2 \
                  RETURNING queue, state"
             ),
             task_state: format!("SELECT state FROM {tasks} WHERE id = ?1"),
@@ -297,15 +312,28 @@ impl Sql {
                  FROM {tasks}, n GROUP BY queue, state ORDER BY queue"
             ),
             prune: format!(
-                "DELETE FROM {tasks} WHERE finished_at < {NOW} - ?1 \
+                "DELETE FROM {tasks} WHERE finished_at < ?1 \
                      AND state IN ('succeeded', 'failed', 'cancelled')"
+            ),
+            prune_tombstones: format!(
+                "INSERT OR IGNORE INTO {slots} \
+                     (unique_key, job, slot, task_id, state, last_error, finished_at) \
+                 SELECT unique_key, job, slot, id, state, substr(last_error, 1, 1000), \
+                     finished_at \
+                 FROM {tasks} WHERE finished_at < ?1 \
+                     AND state IN ('succeeded', 'failed', 'cancelled') \
+                     AND unique_forever AND unique_key IS NOT NULL AND job IS NOT NULL"
+            ),
+            slot_get: format!(
+                "SELECT unique_key, job, slot, task_id, state, last_error, finished_at \
+                 FROM {slots} WHERE unique_key = ?1"
             ),
             // The no-op DO UPDATE makes RETURNING answer for an existing row
             // too.
             job_register: format!(
-                "INSERT INTO {jobs} (name, last_slot, paused) VALUES (?1, {NOW}, 0) \
-                 ON CONFLICT (name) DO UPDATE SET paused = {jobs}.paused \
-                 RETURNING name, last_slot, paused"
+                "INSERT INTO {jobs} (name, last_slot, paused, queue) VALUES (?1, {NOW}, 0, ?2) \
+                 ON CONFLICT (name) DO UPDATE SET queue = COALESCE(?2, {jobs}.queue) \
+                 RETURNING name, last_slot, paused, queue"
             ),
             job_get: format!("SELECT last_slot, paused, {NOW} AS now FROM {jobs} WHERE name = ?1"),
             job_set_slot: format!("UPDATE {jobs} SET last_slot = ?2 WHERE name = ?1"),
@@ -322,7 +350,7 @@ impl Sql {
                  lease_until = {NOW} + ?2, worker = ?3, claim_token = 1 WHERE id = ?1"
             ),
             job_set_paused: format!("UPDATE {jobs} SET paused = ?2 WHERE name = ?1"),
-            job_list: format!("SELECT name, last_slot, paused FROM {jobs} ORDER BY name"),
+            job_list: format!("SELECT name, last_slot, paused, queue FROM {jobs} ORDER BY name"),
             now: format!("SELECT {NOW}"),
         }
     }

@@ -48,6 +48,9 @@ local held = uk and redis.call('GET', B .. 'uniq:' .. uk)
 if held and redis.call('EXISTS', tkey(held)) == 1 then
   return {'enqueued', held, 0}
 end
+-- A pruned slot: its tombstone keeps the key (never run again).
+local pruned = uk and redis.call('HGET', B .. 'slot:' .. uk, 'task_id')
+if pruned then return {'enqueued', pruned, 0} end
 local skip = rec == 's' or busy
 if skip then
   local id = insert(now, T, ARGV[6])

@@ -136,6 +136,11 @@ local function insert(now, i, skipped)
     local ex = redis.call('GET', B .. 'uniq:' .. uk)
     if ex and redis.call('EXISTS', tkey(ex)) == 1 then return tonumber(ex), 0, 0 end
   end
+  -- A slot whose task was pruned keeps its key in a tombstone.
+  if uk and forever == '1' and job then
+    local pruned = redis.call('HGET', B .. 'slot:' .. uk, 'task_id')
+    if pruned then return tonumber(pruned), 0, 0 end
+  end
   local id = next_id()
   local sid = fmt(id)
   local f = {'id', sid, 'queue', queue, 'kind', ARGV[i + 1], 'payload', ARGV[i + 2],
