@@ -130,6 +130,10 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             return Err(e);
         }
     };
+    // The dead man's switch: the supervisor kills the tree at the lease's
+    // stop-by instant by itself unless an extension moved it on, so even a
+    // frozen baton never lets the command outlive the lease.
+    cmd.follow(lease.watch_stop_by());
     crate::chaos::history::date_death(&mut cmd, None, i64::try_from(lease.token().0).ok());
     let handle = lease.handle();
     // SIGTERM sent because the lease could not be extended in time.

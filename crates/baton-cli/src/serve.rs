@@ -144,7 +144,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                                     None => lapse.await,
                                 }
                             };
-                            run_action(&action, env, stop, grace, timeout)
+                            let stop_by = Some(run.lease.watch_stop_by());
+                            run_action(&action, env, stop, grace, timeout, stop_by)
                                 .await
                                 .map_err(|e| e.message)
                         }

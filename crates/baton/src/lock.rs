@@ -308,7 +308,7 @@ impl Locker {
                             token,
                             locked_at,
                             lock_until: Mutex::new(lock_until),
-                            deadline: Mutex::new(sent + opts.at_most),
+                            deadline: tokio::sync::watch::Sender::new(sent + opts.at_most),
                             lost: CancellationToken::new(),
                             keep_alive: opts.keep_alive,
                             margin: stop_margin(opts.at_most),
@@ -365,7 +365,8 @@ struct Shared {
     token: FencingToken,
     locked_at: DateTime<Utc>,
     lock_until: Mutex<DateTime<Utc>>,
-    deadline: Mutex<Instant>,
+    /// The local deadline; a watch so [`StopBy`] sees it move.
+    deadline: tokio::sync::watch::Sender<Instant>,
     lost: CancellationToken,
     /// Without a keep-alive nothing runs beside the lease: it is lost when
     /// its deadline passes, as [`LeaseHandle::lost`] and `is_lost` see.
@@ -427,10 +428,7 @@ impl LeaseHandle {
     /// # }
     /// ```
     pub fn deadline(&self) -> Instant {
-        match self.shared.deadline.lock() {
-            Ok(g) => *g,
-            Err(p) => *p.into_inner(),
-        }
+        *self.shared.deadline.borrow()
     }
     /// The instant by which the work under this lease must be gone
     /// (SIGKILLed, dropped): [`LeaseHandle::deadline`] less [`stop_margin`],
@@ -439,6 +437,16 @@ impl LeaseHandle {
     pub fn stop_by(&self) -> Instant {
         let deadline = self.deadline();
         deadline.checked_sub(self.shared.margin).unwrap_or(deadline)
+    }
+    /// Follow [`LeaseHandle::stop_by`] as extensions move it: for a
+    /// watchdog outside this process (`baton lock` sends each new value to
+    /// its command's supervisor, which kills the command there by itself
+    /// if no later value comes, even while baton is frozen).
+    pub fn watch_stop_by(&self) -> StopBy {
+        StopBy {
+            rx: self.shared.deadline.subscribe(),
+            margin: self.shared.margin,
+        }
     }
     /// Whether the lease has been lost.
     pub fn is_lost(&self) -> bool {
@@ -484,13 +492,42 @@ impl LeaseHandle {
             Ok(mut g) => *g = t,
             Err(p) => *p.into_inner() = t,
         }
-        match self.shared.deadline.lock() {
-            Ok(mut g) => *g = (*g).max(deadline),
-            Err(p) => {
-                let mut g = p.into_inner();
-                *g = (*g).max(deadline)
-            }
-        }
+        self.shared.deadline.send_if_modified(|d| {
+            let moved = deadline > *d;
+            *d = (*d).max(deadline);
+            moved
+        });
+    }
+}
+
+/// A view that follows a lease's (or a task attempt's) stop-by instant —
+/// its local deadline less [`stop_margin`] — as it moves forward with each
+/// confirmed extension or heartbeat: [`LeaseHandle::watch_stop_by`],
+/// [`crate::queue::TaskContext::watch_stop_by`].
+#[derive(Debug, Clone)]
+pub struct StopBy {
+    rx: tokio::sync::watch::Receiver<Instant>,
+    margin: Duration,
+}
+
+impl StopBy {
+    /// A view of `deadline` (less `margin`) as a watch follows it.
+    pub(crate) fn new(rx: tokio::sync::watch::Receiver<Instant>, margin: Duration) -> StopBy {
+        StopBy { rx, margin }
+    }
+
+    /// The current stop-by instant (marks it seen).
+    pub fn get(&mut self) -> Instant {
+        let deadline = *self.rx.borrow_and_update();
+        deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    /// Wait until the stop-by instant moves past the last one seen (by
+    /// [`StopBy::get`] or this call); the new one. `None` once the lease or
+    /// attempt is gone and nothing can move it any more.
+    pub async fn changed(&mut self) -> Option<Instant> {
+        self.rx.changed().await.ok()?;
+        Some(self.get())
     }
 }
 
