@@ -28,6 +28,7 @@ const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
 const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
 const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
 const LOCK_RELEASE: &str = include_str!("lua/lock_release.lua");
+const LOCK_REVOKE: &str = include_str!("lua/lock_revoke.lua");
 const LOCK_GET: &str = include_str!("lua/lock_get.lua");
 
 /// Every script, each the queue prelude or the lock prelude followed by its
@@ -54,6 +55,7 @@ pub(super) struct Scripts {
     pub lock_acquire: Script,
     pub lock_extend: Script,
     pub lock_release: Script,
+    pub lock_revoke: Script,
     pub lock_get: Script,
 }
 
@@ -84,6 +86,7 @@ impl Scripts {
             lock_acquire: l(LOCK_ACQUIRE),
             lock_extend: l(LOCK_EXTEND),
             lock_release: l(LOCK_RELEASE),
+            lock_revoke: l(LOCK_REVOKE),
             lock_get: l(LOCK_GET),
         }
     }
