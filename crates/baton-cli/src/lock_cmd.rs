@@ -62,6 +62,23 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             ))
             .into());
         }
+        // A lease longer than the force-release bound confirms itself and
+        // is bounded by its last confirmation + that bound: the command
+        // must be able to stop well within it.
+        Some(g) if a.at_most > baton::lock::RELEASE_BOUND && g > baton::lock::RELEASE_BOUND / 2 => {
+            return Err(Error::from(baton::InvalidInput::new(
+                "--grace",
+                format!(
+                    "{} is longer than {}: a lock longer than {} is stopped {} after a force-release at the latest (and when the store cannot confirm it for that long), so give a --grace of at most {}",
+                    baton::format_duration(g),
+                    baton::format_duration(baton::lock::RELEASE_BOUND / 2),
+                    baton::format_duration(baton::lock::RELEASE_BOUND),
+                    baton::format_duration(baton::lock::RELEASE_BOUND),
+                    baton::format_duration(baton::lock::RELEASE_BOUND / 2),
+                ),
+            ))
+            .into());
+        }
         Some(g) => g,
         None => GRACE.min(a.at_most / 3),
     };

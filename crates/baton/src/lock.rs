@@ -49,6 +49,20 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, InvalidInput};
 use crate::store::{Acquire, FencingToken, LockInfo, LockRequest, Store};
 
+/// How soon an operator's force-release ([`crate::store::Backend::lock_revoke`],
+/// `POST /api/v1/locks/{name}/release`) frees a lock at the latest: the
+/// revoked lease ends at `min(lock_until, now + RELEASE_BOUND)`. A holder
+/// kept alive whose lease is longer than this confirms it in the store at
+/// least every [`LockOptions::confirm_period`] (at most a sixth of this
+/// bound: 5 s), stops its work as soon as it sees the revocation, and
+/// bounds its lease locally by the last confirmation's send time + this
+/// bound ([`LeaseHandle::deadline`]), so even a holder that cannot reach
+/// the store (or is frozen, under `baton lock`'s supervisor) stops before
+/// a revoked lease could be granted again. The price: such a lease
+/// tolerates a store outage of about this bound (less the work's stop
+/// time), not of `at_most`.
+pub const RELEASE_BOUND: Duration = Duration::from_secs(30);
+
 /// The longest accepted lock name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
@@ -168,6 +182,26 @@ impl LockOptions {
     /// `min(at_most / 3, (at_most - margin) / 2)`.
     pub fn renew_period(&self) -> Duration {
         (self.at_most / 3).min((self.at_most - self.margin) / 2)
+    }
+
+    /// How often a kept-alive lease longer than [`RELEASE_BOUND`] confirms
+    /// that it has not been revoked (a read of its record, between
+    /// extensions): `min(RELEASE_BOUND / 6, (RELEASE_BOUND - margin) / 3)`,
+    /// at least 50 ms, so the local deadline stays more than `margin`
+    /// ahead while the store answers. `None` when no confirmation is
+    /// needed: without keep-alive, or when `at_most` is at most
+    /// [`RELEASE_BOUND`] (a revoked lease then ends at its own
+    /// `lock_until`, which its refused extensions never move).
+    pub fn confirm_period(&self) -> Option<Duration> {
+        if !self.keep_alive || self.at_most <= RELEASE_BOUND {
+            return None;
+        }
+        let by_margin = RELEASE_BOUND.saturating_sub(self.margin) / 3;
+        Some(
+            (RELEASE_BOUND / 6)
+                .min(by_margin)
+                .max(Duration::from_millis(50)),
+        )
     }
 
     /// The lease length.
@@ -308,7 +342,11 @@ impl Locker {
                             token,
                             locked_at,
                             lock_until: Mutex::new(lock_until),
-                            deadline: tokio::sync::watch::Sender::new(sent + opts.at_most),
+                            deadline: tokio::sync::watch::Sender::new(
+                                Bounds::new(sent, opts).effective(),
+                            ),
+                            bounds: Mutex::new(Bounds::new(sent, opts)),
+                            at_most: opts.at_most,
                             lost: CancellationToken::new(),
                             keep_alive: opts.keep_alive,
                             margin: stop_margin(opts.at_most),
@@ -365,8 +403,11 @@ struct Shared {
     token: FencingToken,
     locked_at: DateTime<Utc>,
     lock_until: Mutex<DateTime<Utc>>,
-    /// The local deadline; a watch so [`StopBy`] sees it move.
+    /// The local deadline (`bounds`' effective one); a watch so
+    /// [`StopBy`] sees it move.
     deadline: tokio::sync::watch::Sender<Instant>,
+    bounds: Mutex<Bounds>,
+    at_most: Duration,
     lost: CancellationToken,
     /// Without a keep-alive nothing runs beside the lease: it is lost when
     /// its deadline passes, as [`LeaseHandle::lost`] and `is_lost` see.
@@ -487,16 +528,61 @@ impl LeaseHandle {
         }
         true
     }
-    fn set_until(&self, t: DateTime<Utc>, deadline: Instant) {
+    /// An extension sent at `sent` was granted until `t`: it confirms the
+    /// lease too (a revoked token cannot be extended).
+    fn set_until(&self, t: DateTime<Utc>, sent: Instant) {
         match self.shared.lock_until.lock() {
             Ok(mut g) => *g = t,
             Err(p) => *p.into_inner() = t,
         }
+        let at_most = self.shared.at_most;
+        self.move_bounds(|b| {
+            b.extended = b.extended.max(sent + at_most);
+            b.confirmed = b.confirmed.map(|c| c.max(sent + RELEASE_BOUND));
+        });
+    }
+    /// A read sent at `sent` found the lease still ours (not revoked).
+    fn confirmed(&self, sent: Instant) {
+        self.move_bounds(|b| b.confirmed = b.confirmed.map(|c| c.max(sent + RELEASE_BOUND)));
+    }
+    fn move_bounds(&self, f: impl FnOnce(&mut Bounds)) {
+        let effective = {
+            let mut b = match self.shared.bounds.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            f(&mut b);
+            b.effective()
+        };
         self.shared.deadline.send_if_modified(|d| {
-            let moved = deadline > *d;
-            *d = (*d).max(deadline);
+            let moved = effective > *d;
+            *d = (*d).max(effective);
             moved
         });
+    }
+}
+
+/// The two local bounds on a lease's end.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    /// The last grant's or extension's send time + `at_most`.
+    extended: Instant,
+    /// For a lease that confirms itself ([`LockOptions::confirm_period`]):
+    /// the last confirmation's (or extension's) send time +
+    /// [`RELEASE_BOUND`], past which a force-release could have ended it.
+    confirmed: Option<Instant>,
+}
+
+impl Bounds {
+    fn new(sent: Instant, opts: &LockOptions) -> Bounds {
+        Bounds {
+            extended: sent + opts.at_most,
+            confirmed: opts.confirm_period().map(|_| sent + RELEASE_BOUND),
+        }
+    }
+    fn effective(&self) -> Instant {
+        self.confirmed
+            .map_or(self.extended, |c| c.min(self.extended))
     }
 }
 
@@ -597,7 +683,7 @@ impl Lease {
             .await?
         {
             Some(until) => {
-                self.handle.set_until(until, sent + self.opts.at_most);
+                self.handle.set_until(until, sent);
                 Ok(until)
             }
             None => {
@@ -658,20 +744,68 @@ impl Lease {
     }
 }
 
+/// Keep the lease alive: extend it every [`LockOptions::renew_period`]
+/// and, for a lease longer than [`RELEASE_BOUND`], confirm between
+/// extensions (every [`LockOptions::confirm_period`]) that it was not
+/// revoked; lost when refused, revoked, or unconfirmed by its deadline.
 async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut deadline: Instant) {
     let lost = |why: &str| {
         tracing::warn!(lock = handle.name(), token = %handle.token(), reason = %why, "lease lost");
         handle.shared.lost.cancel();
     };
     let period = opts.renew_period();
+    let confirm = opts.confirm_period();
     let mut next = Instant::now() + period;
+    let mut next_confirm = confirm.map(|c| Instant::now() + c);
     loop {
-        // A manual `Lease::extend` may have moved it.
+        // A manual `Lease::extend` or a confirmation may have moved it.
         deadline = deadline.max(handle.deadline());
-        tokio::time::sleep_until(next.min(deadline)).await;
+        let wake = next_confirm.map_or(next, |c| c.min(next)).min(deadline);
+        tokio::time::sleep_until(wake).await;
+        deadline = deadline.max(handle.deadline());
         if Instant::now() >= deadline {
-            lost("could not extend before it lapsed");
+            lost("could not extend or confirm it before it lapsed");
             return;
+        }
+        if let (Some(at), Some(every)) = (next_confirm, confirm) {
+            if Instant::now() < next && Instant::now() >= at {
+                let sent = Instant::now();
+                let read = tokio::time::timeout(
+                    deadline.saturating_duration_since(sent),
+                    store.backend().lock_get(handle.name()),
+                )
+                .await;
+                match read {
+                    Ok(Ok(Some(info))) if info.token == handle.token() && info.held => {
+                        handle.confirmed(sent);
+                        next_confirm = Some(sent + every);
+                    }
+                    Ok(Ok(Some(info)))
+                        if info.token.0 == handle.token().0.wrapping_add(1)
+                            && info.holder.starts_with("revoked:") =>
+                    {
+                        lost("an operator released (revoked) the lock");
+                        return;
+                    }
+                    Ok(Ok(_)) => {
+                        lost("the store no longer shows this lease (lapsed, taken over or lost)");
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(lock = handle.name(), error = %crate::error::chain(&e), "lease confirmation failed; retrying");
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        next_confirm = Some(
+                            Instant::now()
+                                + (left / 4).clamp(Duration::from_millis(5), Duration::from_secs(1)),
+                        );
+                    }
+                    Err(_) => {
+                        lost("the store did not answer before the lease's local bound");
+                        return;
+                    }
+                }
+                continue;
+            }
         }
         let sent = Instant::now();
         let attempt = tokio::time::timeout(
@@ -685,12 +819,13 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
         .await;
         match attempt {
             Ok(Ok(Some(until))) => {
-                deadline = sent + opts.at_most;
-                handle.set_until(until, deadline);
+                handle.set_until(until, sent);
+                deadline = handle.deadline();
                 next = sent + period;
+                next_confirm = confirm.map(|c| sent + c);
             }
             Ok(Ok(None)) => {
-                lost("the store refused the extension (lapsed or taken over)");
+                lost("the store refused the extension (lapsed, taken over or released by an operator)");
                 return;
             }
             Ok(Err(e)) => {
