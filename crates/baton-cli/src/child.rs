@@ -546,9 +546,8 @@ fn supervise(args: &[OsString]) -> Result<u8, String> {
         // SAFETY: kill(2) on our own group (we ignore our own SIGTERM).
         unsafe { libc::kill(-me, libc::SIGTERM) };
         sweep(me, libc::SIGTERM);
-        let by_deadline = deadline.map(|d| {
-            Instant::now() + Duration::from_nanos(d.saturating_sub(monotonic_now()))
-        });
+        let by_deadline = deadline
+            .map(|d| Instant::now() + Duration::from_nanos(d.saturating_sub(monotonic_now())));
         let by_grace = Instant::now() + grace;
         by_deadline.map_or(by_grace, |d| d.min(by_grace))
     };

@@ -422,9 +422,13 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
     );
     let (_, locks) = get(a, "/api/v1/locks");
     assert!(
-        locks.as_array().unwrap().iter().any(|l| l["name"] == "held-lock"
-            && l["holder"].as_str().unwrap().starts_with("revoked:")
-            && l["token"].as_u64() == Some(token + 1)),
+        locks
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["name"] == "held-lock"
+                && l["holder"].as_str().unwrap().starts_with("revoked:")
+                && l["token"].as_u64() == Some(token + 1)),
         "{locks}"
     );
     let (code, body) = post(

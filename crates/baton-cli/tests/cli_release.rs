@@ -215,7 +215,10 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
         "the released holder's grandchild wrote {:.3} s after the second holder's first write: two holders",
         last1 - first2
     );
-    assert!(first2 > gone, "the second command started after the tree was gone");
+    assert!(
+        first2 > gone,
+        "the second command started after the tree was gone"
+    );
     signal(&second, libc::SIGTERM);
     exit_within(&mut second, 15, "the second baton lock after SIGTERM");
     signal(&server, libc::SIGTERM);

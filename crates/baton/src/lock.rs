@@ -796,7 +796,8 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
                         let left = deadline.saturating_duration_since(Instant::now());
                         next_confirm = Some(
                             Instant::now()
-                                + (left / 4).clamp(Duration::from_millis(5), Duration::from_secs(1)),
+                                + (left / 4)
+                                    .clamp(Duration::from_millis(5), Duration::from_secs(1)),
                         );
                     }
                     Err(_) => {

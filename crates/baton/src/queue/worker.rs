@@ -1075,9 +1075,7 @@ fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContext {
         reason: Arc::default(),
         exit_code: Arc::default(),
         store: shared.store.clone(),
-        lease_bound: Arc::new(tokio::sync::watch::Sender::new(
-            sent + shared.config.lease,
-        )),
+        lease_bound: Arc::new(tokio::sync::watch::Sender::new(sent + shared.config.lease)),
         margin: crate::lock::stop_margin(shared.config.lease),
     };
     lock(&shared.running).insert(

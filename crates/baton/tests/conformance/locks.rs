@@ -610,7 +610,10 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
     );
     assert_eq!(revoke("revoked", token, 1000).await, None, "revoked once");
     assert!(
-        b.try_lock("revoked", &opts(10_000)).await.unwrap().is_none(),
+        b.try_lock("revoked", &opts(10_000))
+            .await
+            .unwrap()
+            .is_none(),
         "not granted again before the revoked lease ends"
     );
     tokio::time::sleep((until - now).to_std().unwrap() + Duration::from_millis(150)).await;
@@ -619,7 +622,10 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
         .await
         .unwrap()
         .expect("free once the revoked lease ended");
-    assert!(next.token().0 > token.0 + 1, "the next token is still higher");
+    assert!(
+        next.token().0 > token.0 + 1,
+        "the next token is still higher"
+    );
     next.release().await.unwrap();
 
     // A lease shorter than the bound keeps its own end.
@@ -635,7 +641,9 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
 pub async fn holder_learns_of_a_revocation_within_the_confirm_period(ts: TestStore) {
     let a = Locker::new(ts.store.clone());
     let o = opts(120_000);
-    let every = o.confirm_period().expect("a lease longer than the bound confirms");
+    let every = o
+        .confirm_period()
+        .expect("a lease longer than the bound confirms");
     assert!(every <= Duration::from_secs(5), "{every:?}");
     let lease = a.try_lock("watched", &o).await.unwrap().expect("free");
     let t0 = Instant::now();
