@@ -28,7 +28,9 @@ pub struct LockArgs {
     pub wait: Option<Duration>,
     /// How long CMD gets between SIGTERM and SIGKILL. When the lease cannot
     /// be extended, CMD gets SIGTERM this long before the lease could lapse
-    /// and SIGKILL at the lapse. Must be shorter than --at-most [default:
+    /// and SIGKILL at the lapse. Must be shorter than --at-most, and at
+    /// most 15s when --at-most is longer than 30s (such a lease is bounded
+    /// by its last confirmation + 30s, the force-release bound) [default:
     /// 10s, or a third of --at-most if that is shorter].
     #[arg(long, value_parser = duration_arg)]
     pub grace: Option<Duration>,

@@ -237,3 +237,27 @@ async fn force_release_of_a_long_lease_stops_the_holder_before_the_next_grant(e:
 async fn force_release_of_a_short_lease_stops_the_holder_before_the_next_grant(e: Env) {
     force_release_stops_the_holder(e, "6s", Duration::from_secs(5)).await;
 }
+
+/// A lock longer than the release bound is bounded by its last
+/// confirmation + 30 s: a `--grace` longer than 15 s is refused up front.
+#[test]
+fn a_grace_too_long_for_the_release_bound_is_refused() {
+    let out = std::process::Command::new(common::BATON)
+        .args([
+            "lock",
+            "x",
+            "--store",
+            "sqlite:///nonexistent-dir/never.db",
+            "--at-most",
+            "15m",
+            "--grace",
+            "20s",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--grace") && err.contains("15s"), "{err}");
+}

@@ -451,7 +451,10 @@ impl LeaseHandle {
     /// past it unless extended again. It is the send time of the request
     /// that granted or last extended the lease plus `at_most` (the store
     /// set its expiry after that), so it holds whatever the clocks say.
-    /// It moves forward with every extension.
+    /// For a kept-alive lease longer than [`RELEASE_BOUND`] it is also at
+    /// most the last confirmation's (or extension's) send time +
+    /// [`RELEASE_BOUND`], the latest a force-release could end it. It
+    /// moves forward with every extension and confirmation.
     ///
     /// Work that must be over before anyone else can hold the lock stops at
     /// `deadline() - its_shutdown_time` (see [`LockOptions::renew_margin`]);
