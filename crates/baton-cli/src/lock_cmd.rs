@@ -29,7 +29,7 @@ pub struct LockArgs {
     /// How long CMD gets between SIGTERM and SIGKILL. When the lease cannot
     /// be extended, CMD gets SIGTERM this long before the lease could lapse
     /// and SIGKILL at the lapse. Must be shorter than --at-most, and at
-    /// most 15s when --at-most is longer than 30s (such a lease is bounded
+    /// most 20s when --at-most is longer than 30s (such a lease is bounded
     /// by its last confirmation + 30s, the force-release bound) [default:
     /// 10s, or a third of --at-most if that is shorter].
     #[arg(long, value_parser = duration_arg)]
@@ -67,16 +67,18 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         // A lease longer than the force-release bound confirms itself and
         // is bounded by its last confirmation + that bound: the command
         // must be able to stop well within it.
-        Some(g) if a.at_most > baton::lock::RELEASE_BOUND && g > baton::lock::RELEASE_BOUND / 2 => {
+        Some(g)
+            if a.at_most > baton::lock::RELEASE_BOUND && g > baton::lock::RELEASE_BOUND * 2 / 3 =>
+        {
             return Err(Error::from(baton::InvalidInput::new(
                 "--grace",
                 format!(
                     "{} is longer than {}: a lock longer than {} is stopped {} after a force-release at the latest (and when the store cannot confirm it for that long), so give a --grace of at most {}",
                     baton::format_duration(g),
-                    baton::format_duration(baton::lock::RELEASE_BOUND / 2),
+                    baton::format_duration(baton::lock::RELEASE_BOUND * 2 / 3),
                     baton::format_duration(baton::lock::RELEASE_BOUND),
                     baton::format_duration(baton::lock::RELEASE_BOUND),
-                    baton::format_duration(baton::lock::RELEASE_BOUND / 2),
+                    baton::format_duration(baton::lock::RELEASE_BOUND * 2 / 3),
                 ),
             ))
             .into());

@@ -239,7 +239,7 @@ async fn force_release_of_a_short_lease_stops_the_holder_before_the_next_grant(e
 }
 
 /// A lock longer than the release bound is bounded by its last
-/// confirmation + 30 s: a `--grace` longer than 15 s is refused up front.
+/// confirmation + 30 s: a `--grace` longer than 20 s is refused up front.
 #[test]
 fn a_grace_too_long_for_the_release_bound_is_refused() {
     let out = std::process::Command::new(common::BATON)
@@ -251,7 +251,7 @@ fn a_grace_too_long_for_the_release_bound_is_refused() {
             "--at-most",
             "15m",
             "--grace",
-            "20s",
+            "25s",
             "--",
             "true",
         ])
@@ -259,5 +259,5 @@ fn a_grace_too_long_for_the_release_bound_is_refused() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("--grace") && err.contains("15s"), "{err}");
+    assert!(err.contains("--grace") && err.contains("20s"), "{err}");
 }
