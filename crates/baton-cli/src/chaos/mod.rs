@@ -33,7 +33,7 @@ const QUEUE: &str = "chaos";
 const LOCK: &str = "chaos-lock";
 /// Every fault kind, in the order `--faults` documents.
 const FAULTS: [&str; 8] = [
-    "kill-9", "pause", "freeze", "cut", "dark", "latency", "restart", "skew",
+    "kill-9", "pause", "cut", "dark", "latency", "restart", "skew", "freeze",
 ];
 
 /// Arguments of `baton chaos`.
@@ -65,9 +65,9 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Faults to inject, comma-separated: kill-9, pause (an instance and
-    /// its commands), freeze (the baton process alone, its commands run
-    /// on), cut, dark, latency, restart, skew [default: all that apply to
-    /// the store].
+    /// its commands), cut, dark, latency, restart, skew, freeze (the baton
+    /// process alone, its commands run on) [default: all that apply to the
+    /// store].
     #[arg(long, value_delimiter = ',')]
     faults: Option<Vec<String>>,
     /// Turn off fencing and compare-and-set in the workload (the register
