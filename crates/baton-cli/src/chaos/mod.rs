@@ -625,7 +625,7 @@ async fn lock_loop(run: Arc<Run>, i: u64, seed: u64, stop: CancellationToken) {
         // holder frozen alone (`freeze`) may have its command outlive the
         // lease unless its supervisor kills it.
         let hold = if rng.range(0, 4) == 0 {
-            rng.range(2000, 4000)
+            rng.range(3000, 5000)
         } else {
             rng.range(200, 600)
         };
@@ -769,6 +769,18 @@ async fn nemesis(
                     .map(|(k, v)| (k.clone(), *v))
                     .collect();
                 live.sort();
+                if kind == "freeze" {
+                    // Freeze one that is running a command (it has a
+                    // supervisor child): the case the fault is for.
+                    let busy: Vec<(String, u32)> = live
+                        .iter()
+                        .filter(|(_, pid)| signal_tree(*pid, 0).len() > 1)
+                        .cloned()
+                        .collect();
+                    if !busy.is_empty() {
+                        live = busy;
+                    }
+                }
                 if live.is_empty() {
                     nap(500).await;
                     continue;
@@ -846,7 +858,8 @@ async fn nemesis(
     }
 }
 
-/// Send `sig` to `pid` and every descendant (parents first); returns them.
+/// Send `sig` to `pid` and every descendant (parents first; 0 sends
+/// nothing, to list them); returns them.
 fn signal_tree(pid: u32, sig: i32) -> Vec<i32> {
     let mut parent: Vec<(i32, i32)> = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
