@@ -194,17 +194,19 @@ fn monotonic_now() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// Write one deadline message (see the module docs); failures (the
-/// supervisor is gone, or its pipe is full) are ignored.
+/// Write one deadline message (see the module docs). A supervisor that is
+/// gone needs none; a full pipe (one that stopped reading) is only logged:
+/// the supervisor then acts on the last deadline it read, never a later one.
 fn send_deadline(fd: &OwnedFd, at: tokio::time::Instant) {
     let msg = monotonic_ns(at).to_le_bytes();
     // SAFETY: write(2) of a local 8-byte buffer to our pipe.
     let n = unsafe { libc::write(fd.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
     if n != msg.len() as isize {
-        tracing::warn!(
-            error = %std::io::Error::last_os_error(),
-            "could not send the supervisor its deadline"
-        );
+        let e = std::io::Error::last_os_error();
+        // EPIPE: the supervisor is gone (its command ended); nothing to tell.
+        if e.raw_os_error() != Some(libc::EPIPE) {
+            tracing::warn!(error = %e, "could not send the supervisor its deadline");
+        }
     }
 }
 
