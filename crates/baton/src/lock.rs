@@ -52,15 +52,14 @@ use crate::store::{Acquire, FencingToken, LockInfo, LockRequest, Store};
 /// How soon an operator's force-release ([`crate::store::Backend::lock_revoke`],
 /// `POST /api/v1/locks/{name}/release`) frees a lock at the latest: the
 /// revoked lease ends at `min(lock_until, now + RELEASE_BOUND)`. A holder
-/// kept alive whose lease is longer than this confirms it in the store at
-/// least every [`LockOptions::confirm_period`] (at most a sixth of this
-/// bound: 5 s), stops its work as soon as it sees the revocation, and
-/// bounds its lease locally by the last confirmation's send time + this
-/// bound ([`LeaseHandle::deadline`]), so even a holder that cannot reach
-/// the store (or is frozen, under `baton lock`'s supervisor) stops before
-/// a revoked lease could be granted again. The price: such a lease
-/// tolerates a store outage of about this bound (less the work's stop
-/// time), not of `at_most`.
+/// kept alive sees it within 5 s (an extension, or between extensions a
+/// confirmation every [`LockOptions::confirm_period`]) and stops its work,
+/// and bounds its lease locally by the last confirmation's send time +
+/// this bound too ([`LeaseHandle::deadline`]), so even a holder that
+/// cannot reach the store (or is frozen, under `baton lock`'s supervisor)
+/// stops before a revoked lease could be granted again. The price: a lease
+/// longer than this bound tolerates a store outage of about this bound
+/// (less the work's stop time), not of `at_most`.
 pub const RELEASE_BOUND: Duration = Duration::from_secs(30);
 
 /// The longest accepted lock name, in bytes.
@@ -184,16 +183,18 @@ impl LockOptions {
         (self.at_most / 3).min((self.at_most - self.margin) / 2)
     }
 
-    /// How often a kept-alive lease longer than [`RELEASE_BOUND`] confirms
-    /// that it has not been revoked (a read of its record, between
-    /// extensions): `min(RELEASE_BOUND / 6, (RELEASE_BOUND - margin) / 3)`,
-    /// at least 50 ms, so the local deadline stays more than `margin`
-    /// ahead while the store answers. `None` when no confirmation is
-    /// needed: without keep-alive, or when `at_most` is at most
-    /// [`RELEASE_BOUND`] (a revoked lease then ends at its own
-    /// `lock_until`, which its refused extensions never move).
+    /// How often a kept-alive lease whose [`LockOptions::renew_period`] is
+    /// longer than `RELEASE_BOUND / 6` (5 s) confirms that it has not been
+    /// revoked (a read of its record, between extensions):
+    /// `min(RELEASE_BOUND / 6, (RELEASE_BOUND - margin) / 3)`, at least
+    /// 50 ms, so the local deadline stays more than `margin` ahead while
+    /// the store answers. So a holder learns of a force-release within
+    /// 5 s (plus a round trip) whatever `at_most`. `None` when no
+    /// confirmation is needed: without keep-alive, or when the extensions
+    /// themselves come every 5 s or more often (a revoked token's
+    /// extension is refused).
     pub fn confirm_period(&self) -> Option<Duration> {
-        if !self.keep_alive || self.at_most <= RELEASE_BOUND {
+        if !self.keep_alive || self.renew_period() <= RELEASE_BOUND / 6 {
             return None;
         }
         let by_margin = RELEASE_BOUND.saturating_sub(self.margin) / 3;

@@ -637,7 +637,8 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
 /// A kept-alive lease longer than `RELEASE_BOUND` learns of a
 /// force-release within its confirm period (5 s), not at its next
 /// extension (a third of at_most), and its local deadline never passes
-/// the last confirmation + the bound.
+/// the last confirmation + the bound. A lease whose extensions come every
+/// 5 s or more often needs no confirmations.
 pub async fn holder_learns_of_a_revocation_within_the_confirm_period(ts: TestStore) {
     let a = Locker::new(ts.store.clone());
     let o = opts(120_000);
@@ -645,6 +646,14 @@ pub async fn holder_learns_of_a_revocation_within_the_confirm_period(ts: TestSto
         .confirm_period()
         .expect("a lease longer than the bound confirms");
     assert!(every <= Duration::from_secs(5), "{every:?}");
+    assert!(
+        opts(15_000).confirm_period().is_none(),
+        "extended every 5 s"
+    );
+    assert!(
+        opts(20_000).confirm_period().is_some(),
+        "extended every 6.7 s"
+    );
     let lease = a.try_lock("watched", &o).await.unwrap().expect("free");
     let t0 = Instant::now();
     assert!(
