@@ -74,8 +74,19 @@ fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
     }
 }
 
+/// A `baton serve` that is killed when dropped (a failing test does not
+/// leave it running).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `baton serve --listen 127.0.0.1:0` (a queue, no jobs) and its address.
-fn serve(e: &Env) -> (Child, String) {
+fn serve(e: &Env) -> (Server, String) {
     std::fs::write(
         e.path("serve.toml"),
         "[[queue]]\nname = \"default\"\nconcurrency = 1\nlease = \"5s\"\n",
@@ -108,7 +119,7 @@ fn serve(e: &Env) -> (Child, String) {
         }
         !addr.is_empty()
     });
-    (kid, addr)
+    (Server(kid), addr)
 }
 
 /// One request with the admin token; the status and the JSON body.
@@ -221,8 +232,8 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
     );
     signal(&second, libc::SIGTERM);
     exit_within(&mut second, 15, "the second baton lock after SIGTERM");
-    signal(&server, libc::SIGTERM);
-    exit_within(&mut server, 15, "baton serve after SIGTERM");
+    signal(&server.0, libc::SIGTERM);
+    exit_within(&mut server.0, 15, "baton serve after SIGTERM");
 }
 
 /// A lease longer than the release bound: the holder confirms its lease
