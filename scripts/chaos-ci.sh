@@ -26,10 +26,10 @@ bin=$(pwd)/target/debug/baton
 
 # store seed faults
 runs=(
-  "sqlite 101 kill-9,pause"
-  "postgres 102 kill-9,pause,cut,dark,latency,restart,skew"
-  "redis 103 kill-9,pause,cut,dark,latency,restart,skew"
-  "mysql 104 kill-9,pause,cut,dark,latency,restart,skew"
+  "sqlite 101 kill-9,pause,freeze"
+  "postgres 102 kill-9,pause,cut,dark,latency,restart,skew,freeze"
+  "redis 103 kill-9,pause,cut,dark,latency,restart,skew,freeze"
+  "mysql 104 kill-9,pause,cut,dark,latency,restart,skew,freeze"
 )
 
 declare -A pids cmds

@@ -19,6 +19,13 @@
 //! - watches a pipe whose only write end is held by baton (`O_CLOEXEC`, so
 //!   no other child inherits it): EOF means baton died, even by `kill -9`,
 //!   and it then SIGTERMs the tree and SIGKILLs it after the grace;
+//! - holds a **deadline** of its own (a dead man's switch): baton writes
+//!   the lease's stop-by instant to the lifeline each time it moves (see
+//!   [`Proc::follow`]), and when that instant passes with no later one the
+//!   supervisor SIGKILLs the whole tree (group and adopted orphans) by
+//!   itself — so a frozen baton (SIGSTOP, starvation) never lets its
+//!   command outlive the lease; a supervisor that never got a deadline
+//!   waits for the command or EOF only;
 //! - when the command exits, SIGTERMs what remains of the tree, SIGKILLs it
 //!   after the grace, reaps it, and exits with the command's status (its
 //!   code, or 128+signal) — so a command ends when it exits, whatever its
@@ -30,6 +37,18 @@
 //! disposition would have leaked into the command. Those signals are
 //! blocked from the fork on, so one sent before the handlers exist waits.
 //!
+//! The deadline messages are 8 bytes, little-endian: an *absolute*
+//! `CLOCK_MONOTONIC` instant in nanoseconds (system-wide, so baton's value
+//! means the same to the supervisor); the latest one wins (it may move
+//! earlier), 0 means "now". Absolute, not relative: a relative "N ms from
+//! now" written by a baton that was frozen between computing and writing
+//! it (or read late by a busy supervisor) would push the deadline past the
+//! lease. baton converts its deadline reading the raw clock *before*
+//! `Instant::now()`, so a pause between the two reads only moves the sent
+//! instant earlier. Writes of 8 bytes to a pipe are atomic (≤ PIPE_BUF);
+//! the write end is non-blocking, so a full pipe (a supervisor that does
+//! not read) never blocks baton.
+//!
 //! This needs no privileges and works in containers. Known limit: a
 //! descendant that leaves the group (`setsid`, `setpgid`) is missed by
 //! group signals; the supervisor still kills it when it is its child or
@@ -38,6 +57,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -59,10 +79,14 @@ pub struct Proc {
     child: Child,
     pgid: libc::pid_t,
     /// The write end of the supervisor's lifeline; closing it (baton dies)
-    /// makes the supervisor stop the tree.
-    _lifeline: OwnedFd,
+    /// makes the supervisor stop the tree. Deadlines are written to it.
+    /// The only strong reference: the follower holds a weak one, so
+    /// dropping the `Proc` closes it.
+    lifeline: Arc<OwnedFd>,
     /// Run when a group baton stopped is confirmed gone.
     on_gone: Option<OnGone>,
+    /// Sends the supervisor each new deadline ([`Proc::follow`]).
+    follower: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Spawn `argv` with extra environment under a supervisor (see the module
@@ -82,6 +106,12 @@ pub fn spawn(
     }
     // SAFETY: both fds were just created and are owned by nobody else.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // A supervisor that stopped reading must never block baton.
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
     let exe = if std::path::Path::new("/proc/self/exe").exists() {
         std::path::PathBuf::from("/proc/self/exe")
     } else {
@@ -131,12 +161,74 @@ pub fn spawn(
     Ok(Proc {
         child,
         pgid,
-        _lifeline: write,
+        lifeline: Arc::new(write),
         on_gone: None,
+        follower: None,
     })
 }
 
+/// `at` as an absolute `CLOCK_MONOTONIC` instant in nanoseconds. The raw
+/// clock is read before `Instant::now()`, so a pause between the reads
+/// only moves the result earlier (safe for a deadline).
+fn monotonic_ns(at: tokio::time::Instant) -> u64 {
+    let raw = monotonic_now();
+    let now = tokio::time::Instant::now();
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    if at >= now {
+        raw.saturating_add(ns(at - now))
+    } else {
+        raw.saturating_sub(ns(now - at)).max(1)
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds.
+fn monotonic_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Write one deadline message (see the module docs). A supervisor that is
+/// gone needs none; a full pipe (one that stopped reading) is only logged:
+/// the supervisor then acts on the last deadline it read, never a later one.
+fn send_deadline(fd: &OwnedFd, at: tokio::time::Instant) {
+    let msg = monotonic_ns(at).to_le_bytes();
+    // SAFETY: write(2) of a local 8-byte buffer to our pipe.
+    let n = unsafe { libc::write(fd.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+    if n != msg.len() as isize {
+        let e = std::io::Error::last_os_error();
+        // EPIPE: the supervisor is gone (its command ended); nothing to tell.
+        if e.raw_os_error() != Some(libc::EPIPE) {
+            tracing::warn!(error = %e, "could not send the supervisor its deadline");
+        }
+    }
+}
+
 impl Proc {
+    /// Arm the supervisor's dead man's switch: it gets `stop_by`'s current
+    /// instant now and each later one as the lease is extended, and
+    /// SIGKILLs the whole tree by itself once the latest one passes —
+    /// whether or not this process is still scheduled.
+    pub fn follow(&mut self, mut stop_by: baton::lock::StopBy) {
+        send_deadline(&self.lifeline, stop_by.get());
+        let fd = Arc::downgrade(&self.lifeline);
+        if let Some(old) = self.follower.take() {
+            old.abort();
+        }
+        self.follower = Some(tokio::spawn(async move {
+            while let Some(at) = stop_by.changed().await {
+                let Some(fd) = fd.upgrade() else { return };
+                send_deadline(&fd, at);
+            }
+        }));
+    }
+
     /// Send `sig` to the command's whole process group (while it runs).
     pub fn signal(&self, sig: libc::c_int) {
         if self.child.id().is_some() {
@@ -208,6 +300,9 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if let Some(f) = self.follower.take() {
+            f.abort();
+        }
         // Not yet reaped: the group is ours; kill it (tokio reaps later).
         if self.child.id().is_some() {
             self.signal(libc::SIGKILL);
@@ -414,9 +509,18 @@ fn supervise(args: &[OsString]) -> Result<u8, String> {
     };
     let pid = child.id() as libc::pid_t;
     let mut status: Option<libc::c_int> = None;
-    // Wait for the command, or for baton's death.
+    // The deadline baton sent last (CLOCK_MONOTONIC ns), if any.
+    let mut deadline: Option<u64> = None;
+    let mut pending = Vec::new();
+    let mut expired = false;
+    // Wait for the command, for baton's death, or for the deadline.
     loop {
         if reap(pid, &mut status) == Children::None || status.is_some() {
+            break;
+        }
+        let left = deadline.map(|d| Duration::from_nanos(d.saturating_sub(monotonic_now())));
+        if left == Some(Duration::ZERO) {
+            expired = true;
             break;
         }
         let mut p = libc::pollfd {
@@ -424,15 +528,31 @@ fn supervise(args: &[OsString]) -> Result<u8, String> {
             events: libc::POLLIN,
             revents: 0,
         };
-        if wait_for_event(Some(&mut p), None) && p.revents != 0 && lifeline_closed(fd) {
-            break;
+        if wait_for_event(Some(&mut p), left) && p.revents != 0 {
+            match read_lifeline(fd, &mut pending) {
+                Lifeline::Closed => break,
+                Lifeline::Open(Some(d)) => deadline = Some(d),
+                Lifeline::Open(None) => {}
+            }
         }
     }
-    // Whatever remains of the tree: SIGTERM, SIGKILL after the grace.
-    // SAFETY: kill(2) on our own group (we ignore our own SIGTERM).
-    unsafe { libc::kill(-me, libc::SIGTERM) };
-    sweep(me, libc::SIGTERM);
-    let term_until = Instant::now() + grace;
+    let term_until = if expired {
+        eprintln!(
+            "baton: supervisor: the lease's stop-by deadline passed with no extension from baton; killing the command's whole tree"
+        );
+        sweep(me, libc::SIGKILL);
+        Instant::now()
+    } else {
+        // Whatever remains of the tree: SIGTERM, SIGKILL after the grace
+        // (or at the deadline, if that comes first).
+        // SAFETY: kill(2) on our own group (we ignore our own SIGTERM).
+        unsafe { libc::kill(-me, libc::SIGTERM) };
+        sweep(me, libc::SIGTERM);
+        let by_deadline = deadline
+            .map(|d| Instant::now() + Duration::from_nanos(d.saturating_sub(monotonic_now())));
+        let by_grace = Instant::now() + grace;
+        by_deadline.map_or(by_grace, |d| d.min(by_grace))
+    };
     let give_up = term_until + Duration::from_secs(5);
     loop {
         if reap(pid, &mut status) == Children::None {
@@ -508,12 +628,38 @@ fn wait_for_event(fd: Option<&mut libc::pollfd>, timeout: Option<Duration>) -> b
     }
 }
 
-/// Whether baton closed its end of the lifeline (it died).
-fn lifeline_closed(fd: RawFd) -> bool {
-    let mut b = [0u8; 64];
+/// What a read of the lifeline found.
+enum Lifeline {
+    /// baton closed its end (it died): EOF, or a read error.
+    Closed,
+    /// Still open; the latest complete deadline message, if one came.
+    Open(Option<u64>),
+}
+
+/// Read what baton wrote to the lifeline: deadline messages (8 bytes,
+/// little-endian; `pending` keeps a partial one), or EOF.
+fn read_lifeline(fd: RawFd, pending: &mut Vec<u8>) -> Lifeline {
+    let mut b = [0u8; 256];
     // SAFETY: reading into a local buffer.
     let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
-    n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+    if n == 0 {
+        return Lifeline::Closed;
+    }
+    if n < 0 {
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) | Some(libc::EAGAIN) => Lifeline::Open(None),
+            _ => Lifeline::Closed,
+        };
+    }
+    pending.extend_from_slice(&b[..n as usize]);
+    let mut latest = None;
+    while pending.len() >= 8 {
+        let mut m = [0u8; 8];
+        m.copy_from_slice(&pending[..8]);
+        pending.drain(..8);
+        latest = Some(u64::from_le_bytes(m));
+    }
+    Lifeline::Open(latest)
 }
 
 /// Send `sig` to every process of our group and every child of ours

@@ -97,7 +97,8 @@ pub async fn run_argv(
         tracing::info!(task = id, reason = ?ctx.stop_reason(), "stopping the command");
         grace
     };
-    run_command(&argv, &env, stop, grace, Some(&ctx)).await
+    let stop_by = Some(ctx.watch_stop_by());
+    run_command(&argv, &env, stop, grace, Some(&ctx), stop_by).await
 }
 
 /// Run `argv` with `env` until it exits, or until `stop` resolves: then
@@ -109,15 +110,21 @@ pub async fn run_argv(
 /// stderr is drained for at most [`DRAIN`] after that, however long a
 /// stray process holds it open. Shared by command tasks and job actions.
 /// For a task (`ctx`), the exit code goes on its `task ended` log line.
+/// With `stop_by` (the lease's or attempt's) the supervisor kills the tree
+/// by itself once it passes unextended, even if baton is frozen.
 pub async fn run_command(
     argv: &[String],
     env: &[(&str, String)],
     stop: impl std::future::Future<Output = Duration>,
     grace: Duration,
     ctx: Option<&TaskContext>,
+    stop_by: Option<baton::lock::StopBy>,
 ) -> Result<(), TaskError> {
     let mut proc =
         child::spawn(argv, env, true, grace).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+    if let Some(s) = stop_by {
+        proc.follow(s);
+    }
     // Under `baton chaos`: date the death of a command baton stopped.
     let token = env
         .iter()

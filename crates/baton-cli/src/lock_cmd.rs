@@ -28,7 +28,9 @@ pub struct LockArgs {
     pub wait: Option<Duration>,
     /// How long CMD gets between SIGTERM and SIGKILL. When the lease cannot
     /// be extended, CMD gets SIGTERM this long before the lease could lapse
-    /// and SIGKILL at the lapse. Must be shorter than --at-most [default:
+    /// and SIGKILL at the lapse. Must be shorter than --at-most, and at
+    /// most 20s when --at-most is longer than 30s (such a lease is bounded
+    /// by its last confirmation + 30s, the force-release bound) [default:
     /// 10s, or a third of --at-most if that is shorter].
     #[arg(long, value_parser = duration_arg)]
     pub grace: Option<Duration>,
@@ -69,6 +71,25 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
                     "{} is not shorter than --at-most {}; the command is stopped --grace before the lease can lapse, so give a --grace shorter than --at-most (e.g. --at-most 15m --grace 10s)",
                     baton::format_duration(g),
                     baton::format_duration(a.at_most)
+                ),
+            ))
+            .into());
+        }
+        // A lease longer than the force-release bound confirms itself and
+        // is bounded by its last confirmation + that bound: the command
+        // must be able to stop well within it.
+        Some(g)
+            if a.at_most > baton::lock::RELEASE_BOUND && g > baton::lock::RELEASE_BOUND * 2 / 3 =>
+        {
+            return Err(Error::from(baton::InvalidInput::new(
+                "--grace",
+                format!(
+                    "{} is longer than {}: a lock longer than {} is stopped {} after a force-release at the latest (and when the store cannot confirm it for that long), so give a --grace of at most {}",
+                    baton::format_duration(g),
+                    baton::format_duration(baton::lock::RELEASE_BOUND * 2 / 3),
+                    baton::format_duration(baton::lock::RELEASE_BOUND),
+                    baton::format_duration(baton::lock::RELEASE_BOUND),
+                    baton::format_duration(baton::lock::RELEASE_BOUND * 2 / 3),
                 ),
             ))
             .into());
@@ -147,6 +168,10 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
             return Err(e);
         }
     };
+    // The dead man's switch: the supervisor kills the tree at the lease's
+    // stop-by instant by itself unless an extension moved it on, so even a
+    // frozen baton never lets the command outlive the lease.
+    cmd.follow(lease.watch_stop_by());
     crate::chaos::history::date_death(&mut cmd, None, i64::try_from(lease.token().0).ok());
     let handle = lease.handle();
     // SIGTERM sent because the lease could not be extended in time.

@@ -147,16 +147,20 @@ pub fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
 
 /// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
 /// rest; `stop` asks a command to end (SIGTERM, then SIGKILL after the
-/// grace it resolves with).
+/// grace it resolves with). A command's supervisor follows `stop_by`, the
+/// lease's (see `child::Proc::follow`).
 pub async fn run_action(
     action: &Action,
     env: Vec<(&'static str, String)>,
     stop: impl std::future::Future<Output = Duration>,
     grace: Duration,
     timeout: Option<Duration>,
+    stop_by: Option<baton::lock::StopBy>,
 ) -> Result<(), TaskError> {
     match action {
-        Action::Command(argv) => command_task::run_command(argv, &env, stop, grace, None).await,
+        Action::Command(argv) => {
+            command_task::run_command(argv, &env, stop, grace, None, stop_by).await
+        }
         Action::Http {
             method,
             url,
@@ -224,6 +228,7 @@ pub fn durable_handler(
                 },
                 grace,
                 j.timeout,
+                None,
             )
             .await
         })

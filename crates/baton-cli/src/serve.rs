@@ -96,7 +96,13 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                 // As under `baton lock`: the command is stopped before its
                 // lease could lapse, so `grace` is at most a third of the
                 // lease (the keep-alive extends it every third).
-                let grace = a.grace.min(at_most / 3);
+                // A lease longer than the force-release bound is bounded by
+                // its last confirmation + that bound: a third of it then.
+                let grace = if at_most > baton::lock::RELEASE_BOUND {
+                    a.grace.min(baton::lock::RELEASE_BOUND / 3)
+                } else {
+                    a.grace.min(at_most / 3)
+                };
                 let (action, timeout) = (j.action.clone(), j.timeout);
                 let (shutdown, shutdown_grace) = (stop.clone(), a.shutdown_grace);
                 scheduler
@@ -135,7 +141,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                                     None => lapse.await,
                                 }
                             };
-                            run_action(&action, env, stop, grace, timeout)
+                            let stop_by = Some(run.lease.watch_stop_by());
+                            run_action(&action, env, stop, grace, timeout, stop_by)
                                 .await
                                 .map_err(|e| e.message)
                         }

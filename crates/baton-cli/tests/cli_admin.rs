@@ -433,15 +433,33 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         json!({"token": token}),
     );
     assert_eq!(code, 200, "{body}");
+    // Revoked, not freed at once: free within the release bound (30 s,
+    // not the 1 h at_least), its holder marked, its token no longer
+    // releasable.
+    let free_at = chrono::DateTime::parse_from_rfc3339(body["free_at"].as_str().unwrap())
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    assert!(
+        free_at <= chrono::Utc::now() + chrono::Duration::seconds(31),
+        "{body}"
+    );
     let (_, locks) = get(a, "/api/v1/locks");
     assert!(
         locks
             .as_array()
             .unwrap()
             .iter()
-            .any(|l| l["name"] == "held-lock" && l["state"] == "expired"),
+            .any(|l| l["name"] == "held-lock"
+                && l["holder"].as_str().unwrap().starts_with("revoked:")
+                && l["token"].as_u64() == Some(token + 1)),
         "{locks}"
     );
+    let (code, body) = post(
+        a,
+        "/api/v1/locks/held-lock/release",
+        json!({"token": token}),
+    );
+    assert_eq!(code, 409, "{body}");
     let (code, _) = post(a, "/api/v1/locks/no-such-lock/release", json!({"token": 1}));
     assert_eq!(code, 404);
 

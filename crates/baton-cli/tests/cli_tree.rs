@@ -318,8 +318,10 @@ async fn work_sigterm_stops_the_whole_tree(e: Env) {
 const WRAPPER_PER_ATTEMPT: &str = r#"(exec sh -c 'echo $$ > gc$BATON_ATTEMPT.pid; while :; do echo tick >> F$BATON_ATTEMPT; sleep 0.1; done') ; :"#;
 
 /// A worker frozen past its lease (SIGSTOP) whose task is rescued meanwhile:
-/// once it runs again its claim is lost, and attempt 1's whole tree is
-/// stopped (attempt 2 may start; it writes files of its own).
+/// attempt 1's whole tree was killed by its supervisor at the lease's
+/// bound (the dead man's switch), and once the worker runs again its claim
+/// is lost and nothing of the tree comes back (attempt 2 may start; it
+/// writes files of its own).
 async fn work_lost_lease_stops_the_whole_tree(e: Env) {
     let out = e.run(&["enqueue", "--", "sh", "-c", WRAPPER_PER_ATTEMPT]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -334,7 +336,12 @@ async fn work_lost_lease_stops_the_whole_tree(e: Env) {
     std::thread::sleep(Duration::from_millis(2_600));
     let r = e.ts.store.backend().task_rescue_many().await.unwrap();
     assert_eq!(r.requeued, 1, "the frozen worker's task is rescued");
-    assert!(alive(gc), "attempt 1 still runs while its worker is frozen");
+    // Its supervisor's own deadline (the attempt's lease bound less the
+    // stop margin) has killed it meanwhile: it never ran past the lease.
+    assert!(
+        !alive(gc),
+        "attempt 1's tree is gone while its worker is frozen, before the rescue"
+    );
     signal(&w, libc::SIGCONT);
     let t0 = Instant::now();
     while alive(gc) {

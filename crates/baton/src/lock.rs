@@ -49,6 +49,19 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, InvalidInput};
 use crate::store::{Acquire, FencingToken, LockInfo, LockRequest, Store};
 
+/// How soon an operator's force-release ([`crate::store::Backend::lock_revoke`],
+/// `POST /api/v1/locks/{name}/release`) frees a lock at the latest: the
+/// revoked lease ends at `min(lock_until, now + RELEASE_BOUND)`. A holder
+/// kept alive sees it within 5 s (an extension, or between extensions a
+/// confirmation every [`LockOptions::confirm_period`]) and stops its work,
+/// and bounds its lease locally by the last confirmation's send time +
+/// this bound too ([`LeaseHandle::deadline`]), so even a holder that
+/// cannot reach the store (or is frozen, under `baton lock`'s supervisor)
+/// stops before a revoked lease could be granted again. The price: a lease
+/// longer than this bound tolerates a store outage of about this bound
+/// (less the work's stop time), not of `at_most`.
+pub const RELEASE_BOUND: Duration = Duration::from_secs(30);
+
 /// The longest accepted lock name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
@@ -168,6 +181,28 @@ impl LockOptions {
     /// `min(at_most / 3, (at_most - margin) / 2)`.
     pub fn renew_period(&self) -> Duration {
         (self.at_most / 3).min((self.at_most - self.margin) / 2)
+    }
+
+    /// How often a kept-alive lease whose [`LockOptions::renew_period`] is
+    /// longer than `RELEASE_BOUND / 6` (5 s) confirms that it has not been
+    /// revoked (a read of its record, between extensions):
+    /// `min(RELEASE_BOUND / 6, (RELEASE_BOUND - margin) / 3)`, at least
+    /// 50 ms, so the local deadline stays more than `margin` ahead while
+    /// the store answers. So a holder learns of a force-release within
+    /// 5 s (plus a round trip) whatever `at_most`. `None` when no
+    /// confirmation is needed: without keep-alive, or when the extensions
+    /// themselves come every 5 s or more often (a revoked token's
+    /// extension is refused).
+    pub fn confirm_period(&self) -> Option<Duration> {
+        if !self.keep_alive || self.renew_period() <= RELEASE_BOUND / 6 {
+            return None;
+        }
+        let by_margin = RELEASE_BOUND.saturating_sub(self.margin) / 3;
+        Some(
+            (RELEASE_BOUND / 6)
+                .min(by_margin)
+                .max(Duration::from_millis(50)),
+        )
     }
 
     /// The lease length.
@@ -308,7 +343,11 @@ impl Locker {
                             token,
                             locked_at,
                             lock_until: Mutex::new(lock_until),
-                            deadline: Mutex::new(sent + opts.at_most),
+                            deadline: tokio::sync::watch::Sender::new(
+                                Bounds::new(sent, opts).effective(),
+                            ),
+                            bounds: Mutex::new(Bounds::new(sent, opts)),
+                            at_most: opts.at_most,
                             lost: CancellationToken::new(),
                             keep_alive: opts.keep_alive,
                             margin: stop_margin(opts.at_most),
@@ -365,7 +404,11 @@ struct Shared {
     token: FencingToken,
     locked_at: DateTime<Utc>,
     lock_until: Mutex<DateTime<Utc>>,
-    deadline: Mutex<Instant>,
+    /// The local deadline (`bounds`' effective one); a watch so
+    /// [`StopBy`] sees it move.
+    deadline: tokio::sync::watch::Sender<Instant>,
+    bounds: Mutex<Bounds>,
+    at_most: Duration,
     lost: CancellationToken,
     /// Without a keep-alive nothing runs beside the lease: it is lost when
     /// its deadline passes, as [`LeaseHandle::lost`] and `is_lost` see.
@@ -409,7 +452,10 @@ impl LeaseHandle {
     /// past it unless extended again. It is the send time of the request
     /// that granted or last extended the lease plus `at_most` (the store
     /// set its expiry after that), so it holds whatever the clocks say.
-    /// It moves forward with every extension.
+    /// For a kept-alive lease longer than [`RELEASE_BOUND`] it is also at
+    /// most the last confirmation's (or extension's) send time +
+    /// [`RELEASE_BOUND`], the latest a force-release could end it. It
+    /// moves forward with every extension and confirmation.
     ///
     /// Work that must be over before anyone else can hold the lock stops at
     /// `deadline() - its_shutdown_time` (see [`LockOptions::renew_margin`]);
@@ -427,10 +473,7 @@ impl LeaseHandle {
     /// # }
     /// ```
     pub fn deadline(&self) -> Instant {
-        match self.shared.deadline.lock() {
-            Ok(g) => *g,
-            Err(p) => *p.into_inner(),
-        }
+        *self.shared.deadline.borrow()
     }
     /// The instant by which the work under this lease must be gone
     /// (SIGKILLed, dropped): [`LeaseHandle::deadline`] less [`stop_margin`],
@@ -439,6 +482,16 @@ impl LeaseHandle {
     pub fn stop_by(&self) -> Instant {
         let deadline = self.deadline();
         deadline.checked_sub(self.shared.margin).unwrap_or(deadline)
+    }
+    /// Follow [`LeaseHandle::stop_by`] as extensions move it: for a
+    /// watchdog outside this process (`baton lock` sends each new value to
+    /// its command's supervisor, which kills the command there by itself
+    /// if no later value comes, even while baton is frozen).
+    pub fn watch_stop_by(&self) -> StopBy {
+        StopBy {
+            rx: self.shared.deadline.subscribe(),
+            margin: self.shared.margin,
+        }
     }
     /// Whether the lease has been lost.
     pub fn is_lost(&self) -> bool {
@@ -479,18 +532,92 @@ impl LeaseHandle {
         }
         true
     }
-    fn set_until(&self, t: DateTime<Utc>, deadline: Instant) {
+    /// An extension sent at `sent` was granted until `t`: it confirms the
+    /// lease too (a revoked token cannot be extended).
+    fn set_until(&self, t: DateTime<Utc>, sent: Instant) {
         match self.shared.lock_until.lock() {
             Ok(mut g) => *g = t,
             Err(p) => *p.into_inner() = t,
         }
-        match self.shared.deadline.lock() {
-            Ok(mut g) => *g = (*g).max(deadline),
-            Err(p) => {
-                let mut g = p.into_inner();
-                *g = (*g).max(deadline)
-            }
+        let at_most = self.shared.at_most;
+        self.move_bounds(|b| {
+            b.extended = b.extended.max(sent + at_most);
+            b.confirmed = b.confirmed.map(|c| c.max(sent + RELEASE_BOUND));
+        });
+    }
+    /// A read sent at `sent` found the lease still ours (not revoked).
+    fn confirmed(&self, sent: Instant) {
+        self.move_bounds(|b| b.confirmed = b.confirmed.map(|c| c.max(sent + RELEASE_BOUND)));
+    }
+    fn move_bounds(&self, f: impl FnOnce(&mut Bounds)) {
+        let effective = {
+            let mut b = match self.shared.bounds.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            f(&mut b);
+            b.effective()
+        };
+        self.shared.deadline.send_if_modified(|d| {
+            let moved = effective > *d;
+            *d = (*d).max(effective);
+            moved
+        });
+    }
+}
+
+/// The two local bounds on a lease's end.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    /// The last grant's or extension's send time + `at_most`.
+    extended: Instant,
+    /// For a lease that confirms itself ([`LockOptions::confirm_period`]):
+    /// the last confirmation's (or extension's) send time +
+    /// [`RELEASE_BOUND`], past which a force-release could have ended it.
+    confirmed: Option<Instant>,
+}
+
+impl Bounds {
+    fn new(sent: Instant, opts: &LockOptions) -> Bounds {
+        Bounds {
+            extended: sent + opts.at_most,
+            confirmed: opts.confirm_period().map(|_| sent + RELEASE_BOUND),
         }
+    }
+    fn effective(&self) -> Instant {
+        self.confirmed
+            .map_or(self.extended, |c| c.min(self.extended))
+    }
+}
+
+/// A view that follows a lease's (or a task attempt's) stop-by instant —
+/// its local deadline less [`stop_margin`] — as it moves forward with each
+/// confirmed extension or heartbeat: [`LeaseHandle::watch_stop_by`],
+/// [`crate::queue::TaskContext::watch_stop_by`].
+#[derive(Debug, Clone)]
+pub struct StopBy {
+    rx: tokio::sync::watch::Receiver<Instant>,
+    margin: Duration,
+}
+
+impl StopBy {
+    /// A view of `deadline` (less `margin`) as a watch follows it.
+    pub(crate) fn new(rx: tokio::sync::watch::Receiver<Instant>, margin: Duration) -> StopBy {
+        StopBy { rx, margin }
+    }
+
+    /// The current stop-by instant (marks it seen).
+    pub fn get(&mut self) -> Instant {
+        let deadline = *self.rx.borrow_and_update();
+        deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    /// Wait until the stop-by instant moves past the last one seen (by
+    /// [`StopBy::get`] or this call); the new one. `None` once the lease or
+    /// attempt is gone and nothing can move it any more.
+    pub async fn changed(&mut self) -> Option<Instant> {
+        self.rx.changed().await.ok()?;
+        Some(self.get())
     }
 }
 
@@ -584,7 +711,7 @@ impl Lease {
             .await?
         {
             Some(until) => {
-                self.handle.set_until(until, sent + self.opts.at_most);
+                self.handle.set_until(until, sent);
                 Ok(until)
             }
             None => {
@@ -645,20 +772,69 @@ impl Lease {
     }
 }
 
+/// Keep the lease alive: extend it every [`LockOptions::renew_period`]
+/// and, for a lease longer than [`RELEASE_BOUND`], confirm between
+/// extensions (every [`LockOptions::confirm_period`]) that it was not
+/// revoked; lost when refused, revoked, or unconfirmed by its deadline.
 async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut deadline: Instant) {
     let lost = |why: &str| {
         tracing::warn!(lock = handle.name(), token = %handle.token(), reason = %why, "lease lost");
         handle.shared.lost.cancel();
     };
     let period = opts.renew_period();
+    let confirm = opts.confirm_period();
     let mut next = Instant::now() + period;
+    let mut next_confirm = confirm.map(|c| Instant::now() + c);
     loop {
-        // A manual `Lease::extend` may have moved it.
+        // A manual `Lease::extend` or a confirmation may have moved it.
         deadline = deadline.max(handle.deadline());
-        tokio::time::sleep_until(next.min(deadline)).await;
+        let wake = next_confirm.map_or(next, |c| c.min(next)).min(deadline);
+        tokio::time::sleep_until(wake).await;
+        deadline = deadline.max(handle.deadline());
         if Instant::now() >= deadline {
-            lost("could not extend before it lapsed");
+            lost("could not extend or confirm it before it lapsed");
             return;
+        }
+        if let (Some(at), Some(every)) = (next_confirm, confirm) {
+            if Instant::now() < next && Instant::now() >= at {
+                let sent = Instant::now();
+                let read = tokio::time::timeout(
+                    deadline.saturating_duration_since(sent),
+                    store.backend().lock_get(handle.name()),
+                )
+                .await;
+                match read {
+                    Ok(Ok(Some(info))) if info.token == handle.token() && info.held => {
+                        handle.confirmed(sent);
+                        next_confirm = Some(sent + every);
+                    }
+                    Ok(Ok(Some(info)))
+                        if info.token.0 == handle.token().0.wrapping_add(1)
+                            && info.holder.starts_with("revoked:") =>
+                    {
+                        lost("an operator released (revoked) the lock");
+                        return;
+                    }
+                    Ok(Ok(_)) => {
+                        lost("the store no longer shows this lease (lapsed, taken over or lost)");
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(lock = handle.name(), error = %crate::error::chain(&e), "lease confirmation failed; retrying");
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        next_confirm = Some(
+                            Instant::now()
+                                + (left / 4)
+                                    .clamp(Duration::from_millis(5), Duration::from_secs(1)),
+                        );
+                    }
+                    Err(_) => {
+                        lost("the store did not answer before the lease's local bound");
+                        return;
+                    }
+                }
+                continue;
+            }
         }
         let sent = Instant::now();
         let attempt = tokio::time::timeout(
@@ -672,12 +848,13 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
         .await;
         match attempt {
             Ok(Ok(Some(until))) => {
-                deadline = sent + opts.at_most;
-                handle.set_until(until, deadline);
+                handle.set_until(until, sent);
+                deadline = handle.deadline();
                 next = sent + period;
+                next_confirm = confirm.map(|c| sent + c);
             }
             Ok(Ok(None)) => {
-                lost("the store refused the extension (lapsed or taken over)");
+                lost("the store refused the extension (lapsed, taken over or released by an operator)");
                 return;
             }
             Ok(Err(e)) => {

@@ -888,9 +888,13 @@ impl Form for ReleaseBody {
         r#"{"token": N} with N the current holder's fencing token, as GET /api/v1/locks shows it"#;
 }
 
-/// `POST /api/v1/locks/{name}/release` with `{"token": N}`: end the lease
-/// now, only if N is still the current grant's token (409 otherwise, so a
-/// newer holder is never released by mistake).
+/// `POST /api/v1/locks/{name}/release` with `{"token": N}`: revoke the
+/// lease, only if N is still the current grant's token (409 otherwise, so a
+/// newer holder is never released by mistake). The holder's extensions are
+/// refused from then on and the lock is free at `min(lock_until, now +
+/// RELEASE_BOUND)` (30 s), the answer's `free_at`: not at once, so the
+/// holder (which confirms its lease at least every 5 s) stops its work
+/// before anyone else can be granted the lock.
 pub async fn lock_release(
     Extract(state): S,
     PathText(name): PathText,
@@ -907,18 +911,25 @@ pub async fn lock_release(
     let Some(info) = backend.lock_get(&name).await? else {
         return Err(ApiError::not_found(format!("no lock {name:?}")));
     };
-    if backend
-        .lock_release(&baton::store::LockRelease {
+    if let Some(free_at) = backend
+        .lock_revoke(&baton::store::LockRevoke {
             name: &name,
             token: FencingToken(token),
-            at_least: Duration::ZERO,
+            within: baton::lock::RELEASE_BOUND,
         })
         .await?
     {
-        tracing::info!(lock = %name, token, "admin: lock force-released");
-        return Ok(Json(
-            json!({"name": name, "token": token, "released": true}),
-        ));
+        tracing::info!(lock = %name, token, free_at = %free_at, "admin: lock force-released (revoked; its holder stops, then the lock is free)");
+        return Ok(Json(json!({
+            "name": name,
+            "token": token,
+            "released": true,
+            "free_at": crate::output::ts(free_at),
+            "note": format!(
+                "the lease is revoked: its holder stops its work within {} and the lock is free at free_at",
+                baton::format_duration(baton::lock::RELEASE_BOUND)
+            ),
+        })));
     }
     let why = if info.token.0 != token {
         format!(

@@ -242,7 +242,7 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                 ..r(
                     "post",
                     "/api/v1/locks/{name}/release",
-                    "Force-release a lock; only if the token is the current grant's (409 otherwise).",
+                    "Force-release a lock; only if the token is the current grant's (409 otherwise). The lease is revoked: its holder's extensions are refused, it stops its work (it confirms its lease at least every 5 s), and the lock is free at min(lock_until, now + 30 s), the answer's free_at.",
                 )
             },
             post(api::lock_release),

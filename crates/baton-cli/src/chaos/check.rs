@@ -136,6 +136,9 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
     let mut effects: BTreeMap<String, Effect> = BTreeMap::new();
     // Pauses and kills per instance: (from, to).
     let mut pauses: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
+    // Freezes of a baton process alone (its commands ran on): not excused,
+    // only counted, so the table shows the case was met.
+    let mut freezes: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
     let mut kills: HashMap<String, Vec<i64>> = HashMap::new();
     let mut writes: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
     let mut enqueued: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
@@ -188,6 +191,10 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
                         .entry(rec.proc.clone())
                         .or_default()
                         .push((rec.t, until)),
+                    "freeze" => freezes
+                        .entry(rec.proc.clone())
+                        .or_default()
+                        .push((rec.t, until)),
                     "kill-9" => kills.entry(rec.proc.clone()).or_default().push(rec.t),
                     _ => {}
                 }
@@ -226,6 +233,13 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
         r.op(&format!("effects: {}", e.kind), 1);
         if paused(e) {
             r.op("effects frozen by a pause (fenced)", 1);
+        }
+        let end = e.end.unwrap_or(e.begin);
+        if freezes
+            .get(&e.proc)
+            .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && e.begin <= b))
+        {
+            r.op("effects under a frozen baton (not excused)", 1);
         }
     }
 

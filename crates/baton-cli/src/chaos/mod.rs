@@ -32,8 +32,8 @@ const QUEUE: &str = "chaos";
 /// The contended lock's name.
 const LOCK: &str = "chaos-lock";
 /// Every fault kind, in the order `--faults` documents.
-const FAULTS: [&str; 7] = [
-    "kill-9", "pause", "cut", "dark", "latency", "restart", "skew",
+const FAULTS: [&str; 8] = [
+    "kill-9", "pause", "cut", "dark", "latency", "restart", "skew", "freeze",
 ];
 
 /// Arguments of `baton chaos`.
@@ -64,8 +64,10 @@ pub struct ChaosArgs {
     /// The nemesis' and workload's random seed (same seed, same schedule).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Faults to inject, comma-separated: kill-9, pause, cut, dark,
-    /// latency, restart, skew [default: all that apply to the store].
+    /// Faults to inject, comma-separated: kill-9, pause (an instance and
+    /// its commands), cut, dark, latency, restart, skew, freeze (the baton
+    /// process alone, its commands run on) [default: all that apply to the
+    /// store].
     #[arg(long, value_delimiter = ',')]
     faults: Option<Vec<String>>,
     /// Turn off fencing and compare-and-set in the workload (the register
@@ -619,7 +621,15 @@ async fn lock_loop(run: Arc<Run>, i: u64, seed: u64, stop: CancellationToken) {
     while !stop.is_cancelled() {
         n += 1;
         let label = format!("l{i}.{n}");
-        let wrapper = run.wrapper("lock", LOCK, rng.range(200, 600));
+        // Mostly short holds; some longer than a keep-alive period, so a
+        // holder frozen alone (`freeze`) may have its command outlive the
+        // lease unless its supervisor kills it.
+        let hold = if rng.range(0, 4) == 0 {
+            rng.range(3000, 5000)
+        } else {
+            rng.range(200, 600)
+        };
+        let wrapper = run.wrapper("lock", LOCK, hold);
         let child = if run.unsafe_ {
             let argv = ["sh".to_string(), "-c".to_string(), wrapper];
             let token = rng.range(1, 1000).to_string();
@@ -752,13 +762,25 @@ async fn nemesis(
         let t = now_us();
         let mut target = String::new();
         match kind.as_str() {
-            "kill-9" | "pause" => {
+            "kill-9" | "pause" | "freeze" => {
                 let mut live: Vec<(String, u32)> = run
                     .lock_live()
                     .iter()
                     .map(|(k, v)| (k.clone(), *v))
                     .collect();
                 live.sort();
+                if kind == "freeze" {
+                    // Freeze one that is running a command (it has a
+                    // supervisor child): the case the fault is for.
+                    let busy: Vec<(String, u32)> = live
+                        .iter()
+                        .filter(|(_, pid)| signal_tree(*pid, 0).len() > 1)
+                        .cloned()
+                        .collect();
+                    if !busy.is_empty() {
+                        live = busy;
+                    }
+                }
                 if live.is_empty() {
                     nap(500).await;
                     continue;
@@ -768,6 +790,17 @@ async fn nemesis(
                 if kind == "kill-9" {
                     // SAFETY: kill(2) on a process this run started.
                     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                } else if kind == "freeze" {
+                    // Freeze the baton process alone, past its lease: its
+                    // commands run on, and only their supervisors' own
+                    // deadlines can stop them before the lease lapses (a
+                    // command outliving it would overlap the next holder,
+                    // which the checker does not excuse).
+                    // SAFETY: kill(2) on a process this run started.
+                    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+                    tokio::time::sleep(Duration::from_millis(rng.range(3500, 5000))).await;
+                    // SAFETY: as above.
+                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
                 } else {
                     // Freeze the instance and its commands past the lease.
                     let pids = signal_tree(pid, libc::SIGSTOP);
@@ -825,7 +858,8 @@ async fn nemesis(
     }
 }
 
-/// Send `sig` to `pid` and every descendant (parents first); returns them.
+/// Send `sig` to `pid` and every descendant (parents first; 0 sends
+/// nothing, to list them); returns them.
 fn signal_tree(pid: u32, sig: i32) -> Vec<i32> {
     let mut parent: Vec<(i32, i32)> = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {

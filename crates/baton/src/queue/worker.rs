@@ -113,6 +113,11 @@ pub struct TaskContext {
     reason: Arc<Mutex<Option<StopReason>>>,
     exit_code: Arc<Mutex<Option<i32>>>,
     store: Store,
+    /// The attempt's local lease bound (last confirmed heartbeat's send
+    /// time + lease), as the heartbeat loop moves it.
+    lease_bound: Arc<tokio::sync::watch::Sender<Instant>>,
+    /// [`crate::lock::stop_margin`] of the queue's lease.
+    margin: Duration,
 }
 
 impl TaskContext {
@@ -133,6 +138,23 @@ impl TaskContext {
     /// Whether the handler was asked to stop.
     pub fn is_stopped(&self) -> bool {
         self.stop.is_cancelled()
+    }
+    /// The instant by which this attempt's work must be gone: its local
+    /// lease bound (the last confirmed heartbeat's send time + the lease,
+    /// moved on by every confirmed heartbeat) less
+    /// [`crate::lock::stop_margin`] of the lease. The worker drops the
+    /// handler there at the latest; a process run for the task should be
+    /// killed by then too, even if this process is frozen (see
+    /// [`TaskContext::watch_stop_by`]).
+    pub fn stop_by(&self) -> Instant {
+        let bound = *self.lease_bound.borrow();
+        bound.checked_sub(self.margin).unwrap_or(bound)
+    }
+    /// Follow [`TaskContext::stop_by`] as heartbeats move it: for a
+    /// watchdog outside this process (`baton work` sends each new value to
+    /// its command's supervisor, which kills the command there by itself).
+    pub fn watch_stop_by(&self) -> crate::lock::StopBy {
+        crate::lock::StopBy::new(self.lease_bound.subscribe(), self.margin)
     }
     /// Why the handler was asked to stop, if it was.
     pub fn stop_reason(&self) -> Option<StopReason> {
@@ -1062,6 +1084,8 @@ fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContext {
         reason: Arc::default(),
         exit_code: Arc::default(),
         store: shared.store.clone(),
+        lease_bound: Arc::new(tokio::sync::watch::Sender::new(sent + shared.config.lease)),
+        margin: crate::lock::stop_margin(shared.config.lease),
     };
     lock(&shared.running).insert(
         ctx.claim(),
@@ -1580,9 +1604,13 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
                         continue;
                     };
                     match answer {
-                        Heartbeat::Extended => r.deadline = sent + lease,
+                        Heartbeat::Extended => {
+                            r.deadline = sent + lease;
+                            r.ctx.lease_bound.send_replace(r.deadline);
+                        }
                         Heartbeat::CancelRequested => {
                             r.deadline = sent + lease;
+                            r.ctx.lease_bound.send_replace(r.deadline);
                             if !r.ctx.is_stopped() {
                                 tracing::info!(
                                     task = claim.id,

@@ -109,6 +109,19 @@ pub trait Backend: Send + Sync + 'static {
     /// False when the token is no longer current or the lease lapsed.
     async fn lock_release(&self, params: &LockRelease<'_>) -> Result<bool, StoreError>;
 
+    /// Revoke the lease `token` holds (an operator's force-release): in one
+    /// atomic step, if `token` is current and the lease unexpired, the
+    /// record's token becomes `token + 1` (granted to no one: the holder's
+    /// extensions and release are refused from then on, and the next
+    /// grant's token is still higher), its holder `revoked:<holder>`, and
+    /// its `lock_until` `min(lock_until, now + within)`. The new
+    /// `lock_until` (when the name is free); `None` when `token` is not
+    /// current or its lease lapsed (nothing changed).
+    async fn lock_revoke(
+        &self,
+        params: &LockRevoke<'_>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
+
     /// One lock's record.
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError>;
 
@@ -643,6 +656,7 @@ bounded_backend! {
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;
     lock_release(params: &LockRelease<'_>) -> bool;
+    lock_revoke(params: &LockRevoke<'_>) -> Option<DateTime<Utc>>;
     lock_get(name: &str) -> Option<LockInfo>;
     lock_list() -> Vec<LockInfo>;
     task_insert_many(tasks: &[NewTask]) -> Vec<Enqueued>;

@@ -34,6 +34,22 @@ pub struct LockRelease<'a> {
     pub at_least: Duration,
 }
 
+/// Params of [`Backend::lock_revoke`](super::Backend::lock_revoke): an
+/// operator's force-release of the lease `token` holds on `name`. The
+/// lease is revoked (the token is bumped, so its holder's extensions and
+/// release are refused from then on) and ends at `min(lock_until, now +
+/// within)`, not at once: `within` is the bound in which a live holder
+/// learns of it and stops its work ([`crate::lock::RELEASE_BOUND`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LockRevoke<'a> {
+    /// Lock name, already validated.
+    pub name: &'a str,
+    /// The token of the grant to revoke (the one the operator saw).
+    pub token: FencingToken,
+    /// The revoked lease ends at most this long after the store's `now()`.
+    pub within: Duration,
+}
+
 /// Params of [`Backend::task_heartbeat_many`](super::Backend::task_heartbeat_many):
 /// extend every claim's lease to the store's `now + lease`.
 #[derive(Debug, Clone, Copy)]

@@ -62,6 +62,7 @@ counting_backend! {
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;
     lock_release(params: &LockRelease<'_>) -> bool;
+    lock_revoke(params: &LockRevoke<'_>) -> Option<DateTime<Utc>>;
     lock_get(name: &str) -> Option<LockInfo>;
     lock_list() -> Vec<LockInfo>;
     task_insert_many(tasks: &[NewTask]) -> Vec<Enqueued>;

@@ -530,3 +530,153 @@ pub async fn names_are_exact(ts: TestStore) {
         again.release().await.unwrap();
     }
 }
+
+/// An operator's force-release (`lock_revoke`): the lease is revoked, not
+/// freed at once. Its token is bumped (granted to no one), so the holder
+/// can neither extend nor release it and a second revoke is refused; the
+/// record names it `revoked:`; it ends at `min(lock_until, now + within)`
+/// and only then is granted again, with a higher token. A wrong token
+/// changes nothing.
+pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore) {
+    let backend = ts.store.backend();
+    let b = Locker::new(ts.open().await);
+    let grant = |name: &'static str, ms: u64| async move {
+        match backend
+            .lock_acquire(&baton::store::LockRequest {
+                name,
+                holder: "h:1:a",
+                at_most: Duration::from_millis(ms),
+            })
+            .await
+            .unwrap()
+        {
+            baton::store::Acquire::Granted { token, .. } => token,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    };
+    let revoke = |name: &'static str, token: FencingToken, ms: u64| async move {
+        backend
+            .lock_revoke(&baton::store::LockRevoke {
+                name,
+                token,
+                within: Duration::from_millis(ms),
+            })
+            .await
+            .unwrap()
+    };
+    let token = grant("revoked", 60_000).await;
+    assert_eq!(
+        revoke("revoked", FencingToken(token.0 + 7), 1000).await,
+        None,
+        "a wrong token revokes nothing"
+    );
+    assert_eq!(revoke("never-locked", token, 1000).await, None);
+    let now = ts.store.now().await.unwrap();
+    let until = revoke("revoked", token, 1000)
+        .await
+        .expect("the current token is revoked");
+    let left = until - now;
+    assert!(
+        left > chrono::Duration::zero() && left <= chrono::Duration::milliseconds(1500),
+        "the revoked lease ends within the bound, not at its 60 s lock_until: {left}"
+    );
+    let info = backend.lock_get("revoked").await.unwrap().unwrap();
+    assert_eq!(info.token, FencingToken(token.0 + 1), "the token is bumped");
+    assert_eq!(info.holder, "revoked:h:1:a");
+    assert_eq!(info.lock_until, until);
+    assert!(info.held, "still held until the bound: no one else yet");
+    assert_eq!(
+        backend
+            .lock_extend(&baton::store::LockExtend {
+                name: "revoked",
+                token,
+                at_most: Duration::from_secs(60)
+            })
+            .await
+            .unwrap(),
+        None,
+        "the revoked holder cannot extend"
+    );
+    assert!(
+        !backend
+            .lock_release(&baton::store::LockRelease {
+                name: "revoked",
+                token,
+                at_least: Duration::ZERO
+            })
+            .await
+            .unwrap(),
+        "the revoked holder cannot release"
+    );
+    assert_eq!(revoke("revoked", token, 1000).await, None, "revoked once");
+    assert!(
+        b.try_lock("revoked", &opts(10_000))
+            .await
+            .unwrap()
+            .is_none(),
+        "not granted again before the revoked lease ends"
+    );
+    tokio::time::sleep((until - now).to_std().unwrap() + Duration::from_millis(150)).await;
+    let next = b
+        .try_lock("revoked", &opts(10_000))
+        .await
+        .unwrap()
+        .expect("free once the revoked lease ended");
+    assert!(
+        next.token().0 > token.0 + 1,
+        "the next token is still higher"
+    );
+    next.release().await.unwrap();
+
+    // A lease shorter than the bound keeps its own end.
+    let token = grant("short", 800).await;
+    let lock_until = backend.lock_get("short").await.unwrap().unwrap().lock_until;
+    assert_eq!(revoke("short", token, 30_000).await, Some(lock_until));
+}
+
+/// A kept-alive lease longer than `RELEASE_BOUND` learns of a
+/// force-release within its confirm period (5 s), not at its next
+/// extension (a third of at_most), and its local deadline never passes
+/// the last confirmation + the bound. A lease whose extensions come every
+/// 5 s or more often needs no confirmations.
+pub async fn holder_learns_of_a_revocation_within_the_confirm_period(ts: TestStore) {
+    let a = Locker::new(ts.store.clone());
+    let o = opts(120_000);
+    let every = o
+        .confirm_period()
+        .expect("a lease longer than the bound confirms");
+    assert!(every <= Duration::from_secs(5), "{every:?}");
+    assert!(
+        opts(15_000).confirm_period().is_none(),
+        "extended every 5 s"
+    );
+    assert!(
+        opts(20_000).confirm_period().is_some(),
+        "extended every 6.7 s"
+    );
+    let lease = a.try_lock("watched", &o).await.unwrap().expect("free");
+    let t0 = Instant::now();
+    assert!(
+        lease.deadline() <= tokio::time::Instant::now() + baton::lock::RELEASE_BOUND,
+        "bounded by the release bound, not by at_most"
+    );
+    let until = ts
+        .store
+        .backend()
+        .lock_revoke(&baton::store::LockRevoke {
+            name: "watched",
+            token: lease.token(),
+            within: baton::lock::RELEASE_BOUND,
+        })
+        .await
+        .unwrap()
+        .expect("revoked");
+    tokio::time::timeout(every + Duration::from_secs(2), lease.lost())
+        .await
+        .expect("the holder sees the revocation within its confirm period");
+    assert!(t0.elapsed() <= every + Duration::from_secs(2));
+    assert!(lease.is_lost());
+    let now = ts.store.now().await.unwrap();
+    assert!(until > now, "and before the revoked lease ends");
+    assert!(matches!(lease.release().await, Err(Error::LeaseLost(_))));
+}

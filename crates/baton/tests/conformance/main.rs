@@ -66,6 +66,8 @@ conformance! {
     locks::bad_input_is_refused,
     locks::tokens_rise_after_the_record_is_lost,
     locks::names_are_exact,
+    locks::revoke_refuses_the_holder_and_frees_within_the_bound,
+    locks::holder_learns_of_a_revocation_within_the_confirm_period,
     states::every_transition_matches_the_table,
     queue::claim_order_priority_run_at_id,
     queue::claim_buffer_share_skips_last_attempts,

@@ -216,7 +216,7 @@ async function renderLocks() {
     el("td", {}, badge(l.state)),
     el("td", {}, l.state === "held"
       ? el("button", { onclick: () => {
-          if (confirm("Force-release lock " + l.name + " (token " + l.token + ")? Its holder may still be running.")) {
+          if (confirm("Force-release lock " + l.name + " (token " + l.token + ")? Its holder is told to stop (within 5 s) and the lock is free 30 s from now at the latest.")) {
             act("POST", "/api/v1/locks/" + encodeURIComponent(l.name) + "/release", { token: l.token }, "release " + l.name);
           }
         } }, "Release")

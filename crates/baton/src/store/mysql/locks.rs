@@ -101,6 +101,39 @@ impl MyBackend {
         Ok(Some(row.time("lock_until")?))
     }
 
+    /// Revoke (an operator's force-release), in one round trip: the
+    /// conditional update and the new `lock_until` read back in one
+    /// transaction.
+    pub(super) async fn revoke(
+        &self,
+        name: &str,
+        token: FencingToken,
+        within: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let l = &self.names.locks;
+        let lit = hex_lit(name.as_bytes());
+        let rows = self
+            .batch(&format!(
+                "{BEGIN}; \
+                 UPDATE {l} SET token = token + 1, \
+                     holder = LEFT(CONCAT('revoked:', holder), 1024), \
+                     lock_until = LEAST(lock_until, UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND) \
+                 WHERE name = {lit} AND token = {} AND lock_until > UTC_TIMESTAMP(6); \
+                 SELECT lock_until, ROW_COUNT() AS revoked FROM {l} WHERE name = {lit}; \
+                 COMMIT",
+                us(within),
+                token_arg(token)
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        if row.big("revoked")? != 1 {
+            return Ok(None);
+        }
+        Ok(Some(row.time("lock_until")?))
+    }
+
     pub(super) async fn release(
         &self,
         name: &str,

@@ -633,6 +633,18 @@ impl Backend for MyBackend {
         self.extend(name, token, at_most).await
     }
 
+    async fn lock_revoke(
+        &self,
+        params: &crate::store::LockRevoke<'_>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockRevoke {
+            name,
+            token,
+            within,
+        } = *params;
+        self.revoke(name, token, within).await
+    }
+
     async fn lock_release(
         &self,
         params: &crate::store::LockRelease<'_>,

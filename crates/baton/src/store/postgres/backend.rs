@@ -106,6 +106,23 @@ impl Backend for PgBackend {
             .await?)
     }
 
+    async fn lock_revoke(
+        &self,
+        params: &crate::store::LockRevoke<'_>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockRevoke {
+            name,
+            token,
+            within,
+        } = *params;
+        Ok(sqlx::query_scalar(&self.sql.lock_revoke)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(dur(within))
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
     async fn lock_release(
         &self,
         params: &crate::store::LockRelease<'_>,

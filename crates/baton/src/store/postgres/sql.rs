@@ -29,6 +29,8 @@ pub(super) struct Sql {
     pub lock_extend: String,
     /// `$1` name, `$2` token, `$3` at_least ms (committed asynchronously).
     pub lock_release: String,
+    /// Revoke a lease (operator's force-release).
+    pub lock_revoke: String,
     /// `$1` name → the lock row.
     pub lock_get: String,
     /// Every lock row, by name.
@@ -191,6 +193,11 @@ impl Sql {
                  SET lock_until = greatest(now(), l.locked_at + $3 * interval '1 millisecond') \
                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
                  WHERE l.name = $1 AND l.token = $2 AND l.lock_until > now()"
+            ),
+            lock_revoke: format!(
+                "UPDATE {l} SET token = token + 1, holder = 'revoked:' || holder, \
+                     lock_until = least(lock_until, now() + $3 * interval '1 millisecond') \
+                 WHERE name = $1 AND token = $2 AND lock_until > now() RETURNING lock_until"
             ),
             lock_get: format!("SELECT {LOCK_COLS} FROM {l} WHERE name = $1"),
             lock_list: format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"),

@@ -229,6 +229,29 @@ impl Backend for RedisBackend {
         Ok(Some(from_ms(until)?))
     }
 
+    async fn lock_revoke(
+        &self,
+        params: &crate::store::LockRevoke<'_>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockRevoke {
+            name,
+            token,
+            within,
+        } = *params;
+        // The new lock_until in ms, or 0 when the lease was not current.
+        let until: i64 = self
+            .l(
+                &self.scripts.lock_revoke,
+                name,
+                sargs![token.0.to_string(), ms(within)],
+            )
+            .await?;
+        if until == 0 {
+            return Ok(None);
+        }
+        Ok(Some(from_ms(until)?))
+    }
+
     async fn lock_release(
         &self,
         params: &crate::store::LockRelease<'_>,

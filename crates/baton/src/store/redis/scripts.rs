@@ -29,6 +29,7 @@ const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
 const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
 const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
 const LOCK_RELEASE: &str = include_str!("lua/lock_release.lua");
+const LOCK_REVOKE: &str = include_str!("lua/lock_revoke.lua");
 const LOCK_GET: &str = include_str!("lua/lock_get.lua");
 const LOCK_UPGRADE: &str = include_str!("lua/lock_upgrade.lua");
 
@@ -57,6 +58,7 @@ pub(super) struct Scripts {
     pub lock_acquire: Script,
     pub lock_extend: Script,
     pub lock_release: Script,
+    pub lock_revoke: Script,
     pub lock_get: Script,
     /// Schema upgrades of one lock key (only a key baton wrote).
     pub lock_upgrade: Script,
@@ -90,6 +92,7 @@ impl Scripts {
             lock_acquire: l(LOCK_ACQUIRE),
             lock_extend: l(LOCK_EXTEND),
             lock_release: l(LOCK_RELEASE),
+            lock_revoke: l(LOCK_REVOKE),
             lock_get: l(LOCK_GET),
             lock_upgrade: l(LOCK_UPGRADE),
         }

@@ -145,6 +145,24 @@ impl Backend for SqliteBackend {
         opt_time(until)
     }
 
+    async fn lock_revoke(
+        &self,
+        params: &crate::store::LockRevoke<'_>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let crate::store::LockRevoke {
+            name,
+            token,
+            within,
+        } = *params;
+        let until: Option<i64> = sqlx::query_scalar(&self.sql.lock_revoke)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(ms(within))
+            .fetch_optional(&*self.pool)
+            .await?;
+        opt_time(until)
+    }
+
     async fn lock_release(
         &self,
         params: &crate::store::LockRelease<'_>,

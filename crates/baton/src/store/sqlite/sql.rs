@@ -25,6 +25,8 @@ pub(super) struct Sql {
     pub lock_extend: String,
     /// `?1` name, `?2` token, `?3` at_least ms.
     pub lock_release: String,
+    /// Revoke a lease (operator's force-release).
+    pub lock_revoke: String,
     /// The tasks' inserts (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
     /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running,
@@ -210,6 +212,12 @@ impl Sql {
             lock_list: format!("SELECT {lock_cols} FROM {locks} ORDER BY name"),
             lock_extend: format!(
                 "UPDATE {locks} SET lock_until = {NOW} + ?3 \
+                 WHERE name = ?1 AND token = ?2 AND lock_until > {NOW} \
+                 RETURNING lock_until"
+            ),
+            lock_revoke: format!(
+                "UPDATE {locks} SET token = token + 1, holder = 'revoked:' || holder, \
+                     lock_until = MIN(lock_until, {NOW} + ?3) \
                  WHERE name = ?1 AND token = ?2 AND lock_until > {NOW} \
                  RETURNING lock_until"
             ),

@@ -1,0 +1,274 @@
+//! A force-release (`POST /api/v1/locks/{name}/release`, the dashboard's
+//! Release button) never makes two holders: the running `baton lock`
+//! holder learns of it within its confirm period (5 s) and kills its
+//! command's tree, and a second `baton lock --wait` is granted the lock
+//! only after that tree is gone — for a lease longer than the release
+//! bound (30 s; the holder confirms its lease between extensions) and for
+//! a shorter one (its refused extension). On every store that answers.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::{read, signal, wait_for, Env};
+use serde_json::{json, Value};
+
+per_backend! {
+    force_release_of_a_long_lease_stops_the_holder_before_the_next_grant,
+    force_release_of_a_short_lease_stops_the_holder_before_the_next_grant,
+}
+
+const ADMIN: &str = "admin-token-r";
+
+/// As in `cli_freeze`: bash (pid in `child-TAG.pid`) runs a SIGTERM-ignoring
+/// grandchild (pid in `gc-TAG.pid`) appending `$EPOCHREALTIME` to
+/// `ledger-TAG` every 50 ms.
+const TREE: &str = r#"tag=$1; echo $$ > "child-$tag.pid"; bash -c 'trap "" TERM; echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$tag" & wait"#;
+
+fn have_bash() -> bool {
+    common::have(
+        "bash",
+        std::process::Command::new("bash")
+            .args(["-c", "[ -n \"$EPOCHREALTIME\" ]"])
+            .status()
+            .is_ok_and(|s| s.success()),
+    )
+}
+
+fn stamps(e: &Env, file: &str) -> Vec<f64> {
+    read(&e.path(file))
+        .lines()
+        .filter_map(|l| l.trim().replace(',', ".").parse().ok())
+        .collect()
+}
+
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        if t0.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("{what}: still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `baton serve` that is killed when dropped (a failing test does not
+/// leave it running).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `baton serve --listen 127.0.0.1:0` (a queue, no jobs) and its address.
+fn serve(e: &Env) -> (Server, String) {
+    std::fs::write(
+        e.path("serve.toml"),
+        "[[queue]]\nname = \"default\"\nconcurrency = 1\nlease = \"5s\"\n",
+    )
+    .unwrap();
+    let log = std::fs::File::create(e.path("serve.log")).unwrap();
+    let kid = e
+        .cmd(&[
+            "serve",
+            "--config",
+            "serve.toml",
+            "--listen",
+            "127.0.0.1:0",
+            "--shutdown-grace",
+            "1s",
+        ])
+        .env("BATON_LOG", "info")
+        .env("BATON_ADMIN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    wait_for(20, "the admin address in the log", || {
+        if let Some(a) = read(&e.path("serve.log"))
+            .lines()
+            .find_map(|l| l.split("admin on http://").nth(1))
+        {
+            addr = a.trim().to_string();
+        }
+        !addr.is_empty()
+    });
+    (Server(kid), addr)
+}
+
+/// One request with the admin token; the status and the JSON body.
+fn call(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The scenario, for a lease of `at_most`: holder 1 runs [`TREE`], holder 2
+/// waits; the lock is force-released through the admin API. Holder 1's
+/// tree must be gone within `learn_within` of the release, holder 2's
+/// command must start only after it (no overlapping lines), and holder 1
+/// exits 70 (lease lost).
+async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Duration) {
+    if !have_bash() {
+        return;
+    }
+    let (mut server, addr) = serve(&e);
+    let name = "released";
+    let lock = |tag: &str, wait: bool| {
+        let mut args = vec!["lock", name, "--at-most", at_most, "--grace", "1s"];
+        if wait {
+            args.extend_from_slice(&["--wait", "90s"]);
+        }
+        args.extend_from_slice(&["--", "bash", "-c", TREE, "_", tag]);
+        e.spawn_logged(&args)
+    };
+    let mut first = lock("1", false);
+    wait_for(20, "the first holder's grandchild to write", || {
+        !stamps(&e, "ledger-1").is_empty()
+    });
+    let pid = |f: &str| read(&e.path(f)).trim().to_string();
+    let (child, gc) = (pid("child-1.pid"), pid("gc-1.pid"));
+    let mut second = lock("2", true);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        stamps(&e, "ledger-2").is_empty(),
+        "the second holder waits while the first holds the lock"
+    );
+    let (code, locks) = call(&addr, "GET", "/api/v1/locks", None);
+    assert_eq!(code, 200, "{locks}");
+    let token = locks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == name)
+        .and_then(|l| l["token"].as_u64())
+        .expect("the lock is listed");
+    let released = epoch_now();
+    let t0 = Instant::now();
+    let (code, body) = call(
+        &addr,
+        "POST",
+        &format!("/api/v1/locks/{name}/release"),
+        Some(json!({ "token": token })),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body["free_at"].is_string(), "the answer says when: {body}");
+    while !(dead(&child) && dead(&gc)) {
+        assert!(
+            t0.elapsed() < learn_within,
+            "the released holder's tree still runs {:?} after the release (child dead: {}, grandchild dead: {})",
+            t0.elapsed(),
+            dead(&child),
+            dead(&gc)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let gone = epoch_now();
+    eprintln!(
+        "{at_most}: the released holder's tree was gone {:.3} s after the release",
+        gone - released
+    );
+    assert_eq!(
+        exit_within(&mut first, 15, "the released baton lock"),
+        Some(70),
+        "the released holder exits 70 (lease lost)"
+    );
+    wait_for(60, "the second holder's command to write", || {
+        !stamps(&e, "ledger-2").is_empty()
+    });
+    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
+    let first2 = stamps(&e, "ledger-2")
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        last1 < first2,
+        "the released holder's grandchild wrote {:.3} s after the second holder's first write: two holders",
+        last1 - first2
+    );
+    assert!(
+        first2 > gone,
+        "the second command started after the tree was gone"
+    );
+    signal(&second, libc::SIGTERM);
+    exit_within(&mut second, 15, "the second baton lock after SIGTERM");
+    signal(&server.0, libc::SIGTERM);
+    exit_within(&mut server.0, 15, "baton serve after SIGTERM");
+}
+
+/// A lease longer than the release bound: the holder confirms its lease
+/// every 5 s at most and sees the revocation there (not at its next
+/// extension, 20 s away); the lock is free 30 s after the release.
+async fn force_release_of_a_long_lease_stops_the_holder_before_the_next_grant(e: Env) {
+    force_release_stops_the_holder(e, "60s", Duration::from_secs(8)).await;
+}
+
+/// A lease shorter than the bound keeps its own end; the holder's next
+/// extension (every ~1.95 s) is refused.
+async fn force_release_of_a_short_lease_stops_the_holder_before_the_next_grant(e: Env) {
+    force_release_stops_the_holder(e, "6s", Duration::from_secs(5)).await;
+}
+
+/// A lock longer than the release bound is bounded by its last
+/// confirmation + 30 s: a `--grace` longer than 20 s is refused up front.
+#[test]
+fn a_grace_too_long_for_the_release_bound_is_refused() {
+    let out = std::process::Command::new(common::BATON)
+        .args([
+            "lock",
+            "x",
+            "--store",
+            "sqlite:///nonexistent-dir/never.db",
+            "--at-most",
+            "15m",
+            "--grace",
+            "25s",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--grace") && err.contains("20s"), "{err}");
+}
