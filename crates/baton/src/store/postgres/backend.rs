@@ -115,11 +115,12 @@ impl Backend for PgBackend {
             token,
             within,
         } = *params;
-        Ok(sqlx::query_scalar(&self.sql.lock_revoke)
+        Ok(self
+            .qs(&self.sql.lock_revoke)
             .bind(name)
             .bind(token_arg(token))
             .bind(dur(within))
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.exec())
             .await?)
     }
 
