@@ -156,10 +156,10 @@ async fn missing_things_exit_66(e: Env) {
         assert_eq!(out.status.code(), Some(66), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("no "), "{args:?}: {}", stderr(&out));
     }
-    // A task that exists but cannot be retried is another matter (1).
+    // A task that exists but cannot be retried is a state conflict (65).
     let (id, _) = enqueue(&e, &["--delay", "1h"], &["true"]);
     let out = e.run(&["tasks", "retry", &id.to_string()]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
     assert!(stderr(&out).contains("is pending"), "{}", stderr(&out));
 }
 

@@ -224,7 +224,7 @@ async fn lost_lease_stops_the_command(e: Env) {
         "lock",
         "lost",
         "--at-most",
-        "900ms",
+        "1s",
         "--grace",
         "300ms",
         "--",

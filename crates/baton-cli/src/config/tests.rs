@@ -298,9 +298,14 @@ fn action_errors() {
         "command = [\"true\"]\nhttp = { url = \"https://example.com\" }",
     ));
     assert_eq!(e, "job \"j\": give exactly one of command or http");
-    for cmd in ["[]", "[\"\"]", "[\"  \", \"x\"]"] {
+    let e = err(&job("command = []"));
+    assert!(e.starts_with("job \"j\": command: is empty"), "{e}");
+    for cmd in ["[\"\"]", "[\"  \", \"x\"]"] {
         let e = err(&job(&format!("command = {cmd}")));
-        assert!(e.starts_with("job \"j\": command: is empty"), "{cmd}: {e}");
+        assert!(
+            e.starts_with("job \"j\": command: names no program"),
+            "{cmd}: {e}"
+        );
     }
     let e = err(&job("http = { url = \"ftp://example.com\" }"));
     assert!(e.starts_with("job \"j\": http.url:"), "{e}");
