@@ -30,10 +30,20 @@
 //! transactional outbox): the tasks and the notification appear at their
 //! commit, or not at all.
 //!
+//! Behind a connection pooler (PgBouncer) the URL says so with
+//! `pool_mode=session` or `pool_mode=transaction` (baton's own parameter,
+//! stripped before connecting): no startup parameter a pooler refuses; in
+//! session mode the timeouts are `SET` per session; in transaction mode
+//! every statement runs unnamed in a transaction of its own whose `BEGIN`
+//! carries `SET LOCAL` of the timeouts (`exec.rs`), and wake-ups `LISTEN`
+//! on the direct connection `listen_host` / `listen_port` name, or workers
+//! poll.
+//!
 //! Files: `sql.rs` (every statement, formatted once per backend), `schema.rs`
 //! (DDL, `UPGRADES`, migration), `outbox.rs` (the insert and [`enqueue_in`]),
 //! `listener.rs` (`LISTEN` wake-ups), `rows.rs` (column decoding),
-//! `backend.rs` (the [`Backend`] impl).
+//! `backend.rs` (the [`Backend`] impl), `exec.rs` (where a single statement
+//! runs behind a transaction pooler).
 
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
@@ -277,7 +287,7 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
 /// `opts.max_connections` connections; an unreachable server fails within
 /// `opts.connect_timeout` with [`StoreError::Unavailable`], and every session
 /// runs with `statement_timeout` and `idle_in_transaction_session_timeout`
-/// set to `opts.statement_timeout` (behind a pooler, as [`PoolMode`] says). Migrations are not run here
+/// set to `opts.statement_timeout` (behind a pooler, as the module docs say). Migrations are not run here
 /// (the caller runs [`Backend::migrate`] when `opts.migrate` is set).
 pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
     let statement_ms = opts.statement_timeout.as_millis().max(1);
