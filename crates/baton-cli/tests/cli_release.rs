@@ -12,7 +12,8 @@ use std::io::{Read, Write};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{read, signal, wait_for, Env};
+use common::holder::TREE;
+use common::{dead, epoch_now, exit_within, have_bash, read, signal, stamps, wait_for, Env};
 use serde_json::{json, Value};
 
 per_backend! {
@@ -21,58 +22,6 @@ per_backend! {
 }
 
 const ADMIN: &str = "admin-token-r";
-
-/// As in `cli_freeze`: bash (pid in `child-TAG.pid`) runs a SIGTERM-ignoring
-/// grandchild (pid in `gc-TAG.pid`) appending `$EPOCHREALTIME` to
-/// `ledger-TAG` every 50 ms.
-const TREE: &str = r#"tag=$1; echo $$ > "child-$tag.pid"; bash -c 'trap "" TERM; echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$tag" & wait"#;
-
-fn have_bash() -> bool {
-    common::have(
-        "bash",
-        std::process::Command::new("bash")
-            .args(["-c", "[ -n \"$EPOCHREALTIME\" ]"])
-            .status()
-            .is_ok_and(|s| s.success()),
-    )
-}
-
-fn stamps(e: &Env, file: &str) -> Vec<f64> {
-    read(&e.path(file))
-        .lines()
-        .filter_map(|l| l.trim().replace(',', ".").parse().ok())
-        .collect()
-}
-
-fn epoch_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-fn dead(pid: &str) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st.code();
-        }
-        if t0.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            panic!("{what}: still running after {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// A `baton serve` that is killed when dropped (a failing test does not
 /// leave it running).
@@ -144,7 +93,8 @@ fn call(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Valu
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
-/// The scenario, for a lease of `at_most`: holder 1 runs [`TREE`], holder 2
+/// The scenario, for a lease of `at_most`: holder 1 runs [`TREE`] (a
+/// SIGTERM-ignoring grandchild writing `ledger-TAG`), holder 2
 /// waits; the lock is force-released through the admin API. Holder 1's
 /// tree must be gone within `learn_within` of the release, holder 2's
 /// command must start only after it (no overlapping lines), and holder 1

@@ -12,6 +12,15 @@ pub mod harness;
 
 pub use harness::{Kind, TestStore};
 
+/// The fault proxy `baton chaos` uses (one copy, included by `#[path]`;
+/// a test that also includes baton's `tests/support` has it twice, as
+/// `support::proxy` too).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../src/chaos/proxy.rs"]
+pub mod proxy;
+
+pub mod holder;
+
 pub const BATON: &str = env!("CARGO_BIN_EXE_baton");
 
 /// libfaketime's preload library (`.ci/run` installs the `faketime` package).
@@ -160,6 +169,61 @@ pub fn signal(child: &Child, sig: i32) {
     unsafe {
         libc::kill(child.id() as i32, sig);
     }
+}
+
+/// Wait up to `secs` for the child to exit; its exit code (None: a
+/// signal). Past that it is killed and the test fails with `what`.
+pub fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        if t0.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("{what}: still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a process is gone (or a zombie nobody has reaped yet).
+pub fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Whether bash with `$EPOCHREALTIME` is here (see [`have`]).
+pub fn have_bash() -> bool {
+    have(
+        "bash",
+        Command::new("bash")
+            .args(["-c", "[ -n \"$EPOCHREALTIME\" ]"])
+            .status()
+            .is_ok_and(|s| s.success()),
+    )
+}
+
+/// Wall-clock seconds written by bash's `$EPOCHREALTIME`, one per line of
+/// the file `file` in `e`'s directory.
+pub fn stamps(e: &Env, file: &str) -> Vec<f64> {
+    read(&e.path(file))
+        .lines()
+        .filter_map(|l| l.trim().replace(',', ".").parse().ok())
+        .collect()
+}
+
+/// This machine's wall clock, in seconds since the epoch (as
+/// `$EPOCHREALTIME`).
+pub fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 /// Instantiate `async fn NAME(Env)` tests for every backend.
