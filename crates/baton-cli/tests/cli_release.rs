@@ -8,12 +8,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::holder::TREE;
-use common::{dead, epoch_now, exit_within, have_bash, read, signal, stamps, wait_for, Env};
+use common::{
+    dead, epoch_now, exit_within, have_bash, read, signal, stamps, wait_for, Env, Server,
+};
 use serde_json::{json, Value};
 
 per_backend! {
@@ -23,74 +23,20 @@ per_backend! {
 
 const ADMIN: &str = "admin-token-r";
 
-/// A `baton serve` that is killed when dropped (a failing test does not
-/// leave it running).
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `baton serve --listen 127.0.0.1:0` (a queue, no jobs) and its address.
-fn serve(e: &Env) -> (Server, String) {
+/// `baton serve --listen 127.0.0.1:0` (a queue, no jobs) with the admin
+/// token.
+fn serve(e: &Env) -> Server {
     std::fs::write(
         e.path("serve.toml"),
         "[[queue]]\nname = \"default\"\nconcurrency = 1\nlease = \"5s\"\n",
     )
     .unwrap();
-    let log = std::fs::File::create(e.path("serve.log")).unwrap();
-    let kid = e
-        .cmd(&[
-            "serve",
-            "--config",
-            "serve.toml",
-            "--listen",
-            "127.0.0.1:0",
-            "--shutdown-grace",
-            "1s",
-        ])
-        .env("BATON_LOG", "info")
-        .env("BATON_ADMIN_TOKEN", ADMIN)
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut addr = String::new();
-    wait_for(20, "the admin address in the log", || {
-        if let Some(a) = read(&e.path("serve.log"))
-            .lines()
-            .find_map(|l| l.split("admin on http://").nth(1))
-        {
-            addr = a.trim().to_string();
-        }
-        !addr.is_empty()
-    });
-    (Server(kid), addr)
+    common::serve_listening(e, "serve.toml", &[("BATON_ADMIN_TOKEN", ADMIN)])
 }
 
 /// One request with the admin token; the status and the JSON body.
 fn call(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    common::call(addr, method, path, Some(ADMIN), body)
 }
 
 /// The scenario, for a lease of `at_most`: holder 1 runs [`TREE`] (a
@@ -103,7 +49,8 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
     if !have_bash() {
         return;
     }
-    let (mut server, addr) = serve(&e);
+    let mut server = serve(&e);
+    let addr = server.addr.clone();
     let name = "released";
     let lock = |tag: &str, wait: bool| {
         let mut args = vec!["lock", name, "--at-most", at_most, "--grace", "1s"];
@@ -182,8 +129,8 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
     );
     signal(&second, libc::SIGTERM);
     exit_within(&mut second, 15, "the second baton lock after SIGTERM");
-    signal(&server.0, libc::SIGTERM);
-    exit_within(&mut server.0, 15, "baton serve after SIGTERM");
+    signal(&server.kid, libc::SIGTERM);
+    exit_within(&mut server.kid, 15, "baton serve after SIGTERM");
 }
 
 /// A lease longer than the release bound: the holder confirms its lease

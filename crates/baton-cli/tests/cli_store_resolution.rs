@@ -103,7 +103,7 @@ async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     signal(&serve, libc::SIGTERM);
-    let _ = serve.kill_on_timeout(Duration::from_secs(10));
+    common::wait_or_kill(&mut serve, Duration::from_secs(10));
     let _ = serve.wait();
     assert!(
         known,
@@ -182,7 +182,7 @@ async fn work_with_a_config_serves_its_queues(e: Env) {
     });
     signal(&w, libc::SIGTERM);
     let out = tokio::task::spawn_blocking(move || {
-        let _ = w.kill_on_timeout(Duration::from_secs(15));
+        common::wait_or_kill(&mut w, Duration::from_secs(15));
         w.wait_with_output().unwrap()
     })
     .await
@@ -196,22 +196,4 @@ async fn work_with_a_config_serves_its_queues(e: Env) {
         "start line names the config's queue: {log}"
     );
     assert!(!e.path("baton.db").exists());
-}
-
-trait KillOnTimeout {
-    fn kill_on_timeout(&mut self, after: Duration) -> std::io::Result<()>;
-}
-
-impl KillOnTimeout for std::process::Child {
-    /// Wait up to `after` for the process, then SIGKILL it.
-    fn kill_on_timeout(&mut self, after: Duration) -> std::io::Result<()> {
-        let until = std::time::Instant::now() + after;
-        while std::time::Instant::now() < until {
-            if self.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.kill()
-    }
 }
