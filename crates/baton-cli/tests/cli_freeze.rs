@@ -9,7 +9,7 @@
 mod common;
 
 use common::holder::{self, holder_stops_in_time, lock_holder, task_holder, Fault};
-use common::{exit_within, have_bash, signal, Env};
+use common::{exit_within, have_bash, signal, sigterm_within, Env};
 
 per_backend! {
     frozen_lock_holder_is_killed_before_its_lease_ends,
@@ -37,8 +37,7 @@ async fn frozen_lock_holder_is_killed_before_its_lease_ends(e: Env) {
     signal(&first, libc::SIGCONT);
     let code = exit_within(&mut first, 15, "the thawed baton lock");
     assert_ne!(code, Some(0), "a holder whose lease lapsed does not exit 0");
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "the second baton lock after SIGTERM");
+    sigterm_within(&mut second, 15, "the second baton lock after SIGTERM");
 }
 
 async fn frozen_worker_is_killed_before_its_lease_ends(e: Env) {
@@ -49,10 +48,8 @@ async fn frozen_worker_is_killed_before_its_lease_ends(e: Env) {
     let (mut first, mut second) =
         holder_stops_in_time(&e, Fault::Freeze, holder::work(&e), task_holder(&e, id)).await;
     signal(&first, libc::SIGCONT);
-    signal(&first, libc::SIGTERM);
-    exit_within(&mut first, 15, "the thawed baton work after SIGTERM");
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "the second baton work after SIGTERM");
+    sigterm_within(&mut first, 15, "the thawed baton work after SIGTERM");
+    sigterm_within(&mut second, 15, "the second baton work after SIGTERM");
 }
 
 async fn frozen_lock_mode_job_is_killed_before_its_lease_ends(e: Env) {
@@ -68,8 +65,6 @@ async fn frozen_lock_mode_job_is_killed_before_its_lease_ends(e: Env) {
     )
     .await;
     signal(&first, libc::SIGCONT);
-    signal(&first, libc::SIGTERM);
-    exit_within(&mut first, 15, "the thawed baton serve after SIGTERM");
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "the second baton serve after SIGTERM");
+    sigterm_within(&mut first, 15, "the thawed baton serve after SIGTERM");
+    sigterm_within(&mut second, 15, "the second baton serve after SIGTERM");
 }

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::holder::TREE;
 use common::{
-    dead, epoch_now, exit_within, have_bash, read, signal, stamps, wait_for, Env, Server,
+    dead, epoch_now, exit_within, have_bash, ledger_edges, read, sigterm_within, stamps, wait_for,
+    Env, Server,
 };
 use serde_json::{json, Value};
 
@@ -114,10 +115,7 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
     wait_for(60, "the second holder's command to write", || {
         !stamps(&e, "ledger-2").is_empty()
     });
-    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
-    let first2 = stamps(&e, "ledger-2")
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
+    let (last1, first2) = ledger_edges(&e);
     assert!(
         last1 < first2,
         "the released holder's grandchild wrote {:.3} s after the second holder's first write: two holders",
@@ -127,10 +125,8 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
         first2 > gone,
         "the second command started after the tree was gone"
     );
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "the second baton lock after SIGTERM");
-    signal(&server.kid, libc::SIGTERM);
-    exit_within(&mut server.kid, 15, "baton serve after SIGTERM");
+    sigterm_within(&mut second, 15, "the second baton lock after SIGTERM");
+    sigterm_within(&mut server.kid, 15, "baton serve after SIGTERM");
 }
 
 /// A lease longer than the release bound: the holder confirms its lease

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::holder::{self, holder_stops_in_time, lock_holder, task_holder, Fault, WORK_OPTS};
 use common::proxy::{host_port, Mode, Proxy};
 use common::{
-    dead, epoch_now, exit_within, have_bash, read, signal, stamps, stderr, stdout, wait_for, Env,
-    Kind,
+    dead, epoch_now, exit_within, have_bash, ledger_edges, read, signal, sigterm_within, stamps,
+    stderr, stdout, wait_for, Env, Kind,
 };
 
 per_backend! {
@@ -101,10 +101,7 @@ async fn dark_store_never_overlaps(e: Env) {
     let code = exit_within(&mut w1, 15, "baton work on a dark store after SIGTERM");
     let took = t0.elapsed();
 
-    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
-    let first2 = stamps(&e, "ledger-2")
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
+    let (last1, first2) = ledger_edges(&e);
     assert!(
         last1 < first2,
         "attempt 1 wrote {:.3} s after attempt 2's first write: overlap",
@@ -118,8 +115,7 @@ async fn dark_store_never_overlaps(e: Env) {
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
     assert_eq!(code, Some(143), "exit 128 + SIGTERM");
     assert_eq!(show(&e, id)["attempt"], 2);
-    signal(&w2, libc::SIGTERM);
-    assert_eq!(exit_within(&mut w2, 15, "the healthy worker"), Some(143));
+    assert_eq!(sigterm_within(&mut w2, 15, "the healthy worker"), Some(143));
 }
 
 /// "Work never outlives its lease" for the whole process tree, under a
@@ -142,8 +138,7 @@ async fn dark_store_stops_the_whole_tree_before_the_lease(e: Env) {
     .await;
     sigterm_exits_while_stalled(&mut first, "baton work with its store stalled");
     drop(proxy);
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "baton work after SIGTERM");
+    sigterm_within(&mut second, 15, "baton work after SIGTERM");
 }
 
 /// The same promise for `baton lock NAME -- CMD`: the dark holder exits on
@@ -167,8 +162,7 @@ async fn dark_store_stops_a_locked_commands_tree_before_the_lapse(e: Env) {
         Some(0),
         "a holder that lost its lease does not exit 0"
     );
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "the second baton lock after SIGTERM");
+    sigterm_within(&mut second, 15, "the second baton lock after SIGTERM");
 }
 
 /// And for a lock-mode job of `baton serve` (`mode = "lock"`): its run's
@@ -193,8 +187,7 @@ async fn dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse(e: Env) {
     // SIGTERM-ignoring tree), both exit on SIGTERM.
     sigterm_exits_while_stalled(&mut first, "baton serve with its store stalled");
     drop(proxy);
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "baton serve after SIGTERM");
+    sigterm_within(&mut second, 15, "baton serve after SIGTERM");
 }
 
 /// A SIGTERM to a daemon whose store has stalled (the proxy still dark):
@@ -202,8 +195,7 @@ async fn dark_store_stops_a_lock_mode_jobs_tree_before_the_lapse(e: Env) {
 /// no answer.
 fn sigterm_exits_while_stalled(child: &mut Child, what: &str) {
     let t0 = Instant::now();
-    signal(child, libc::SIGTERM);
-    exit_within(child, STALLED_EXIT_S, what);
+    sigterm_within(child, STALLED_EXIT_S, what);
     eprintln!("{what}: exited {:?} after SIGTERM", t0.elapsed());
 }
 

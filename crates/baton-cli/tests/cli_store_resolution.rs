@@ -66,12 +66,12 @@ fn ok(mut c: impl std::borrow::BorrowMut<Command>) -> String {
     stdout(&out)
 }
 
-async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
-    std::fs::write(e.path("baton.toml"), config(&e)).unwrap();
-    // The GUIDE's seed-001 command.
+/// The GUIDE's seed-001 command, `baton trigger batch-6h --config
+/// baton.toml --slot 2026-01-01T06:00:00+09:00`: its output (the task id).
+fn trigger_seed_001(e: &Env) -> String {
     let slot = "2026-01-01T06:00:00+09:00";
-    let id = ok(bare(
-        &e,
+    ok(bare(
+        e,
         &[
             "trigger",
             "batch-6h",
@@ -80,7 +80,12 @@ async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
             "--slot",
             slot,
         ],
-    ));
+    ))
+}
+
+async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
+    std::fs::write(e.path("baton.toml"), config(&e)).unwrap();
+    let id = trigger_seed_001(&e);
     let id: i64 = id.trim().parse().expect("a task id");
     // It is in the config's store, on the job's queue.
     let t = e.ts.store.backend().task_get(id).await.unwrap();
@@ -157,18 +162,7 @@ async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
 
 async fn work_with_a_config_serves_its_queues(e: Env) {
     std::fs::write(e.path("baton.toml"), config(&e)).unwrap();
-    let slot = "2026-01-01T06:00:00+09:00";
-    ok(bare(
-        &e,
-        &[
-            "trigger",
-            "batch-6h",
-            "--config",
-            "baton.toml",
-            "--slot",
-            slot,
-        ],
-    ));
+    trigger_seed_001(&e);
     let mut w = bare(&e, &["work", "--config", "baton.toml"])
         .env("BATON_LOG", "info")
         .stdout(std::process::Stdio::null())

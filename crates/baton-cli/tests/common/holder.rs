@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use super::proxy::{Mode, Proxy};
-use super::{dead, epoch_now, read, signal, stamps, stderr, stdout, wait_for, Env};
+use super::{dead, epoch_now, ledger_edges, read, signal, stamps, stderr, stdout, wait_for, Env};
 
 /// A command whose work runs in a grandchild: bash (the child, pid in
 /// `child-TAG.pid`) starts a second bash in the background (the
@@ -148,10 +148,7 @@ pub async fn holder_stops_in_time(
     wait_for(30, "the second holder's command to write", || {
         !stamps(e, "ledger-2").is_empty()
     });
-    let last1 = stamps(e, "ledger-1").into_iter().fold(0.0, f64::max);
-    let first2 = stamps(e, "ledger-2")
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
+    let (last1, first2) = ledger_edges(e);
     assert!(
         last1 < first2,
         "{who}'s grandchild wrote {:.3} s after the second holder's first write: overlap",

@@ -189,6 +189,12 @@ pub fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
     child.wait().unwrap().code()
 }
 
+/// SIGTERM to the child, then [`exit_within`].
+pub fn sigterm_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
+    signal(child, libc::SIGTERM);
+    exit_within(child, secs, what)
+}
+
 /// Wait up to `after` for the child to exit, then SIGKILL it: whether it
 /// exited by itself (a killed child is still to be reaped with `wait`).
 pub fn wait_or_kill(child: &mut Child, after: Duration) -> bool {
@@ -360,6 +366,17 @@ pub fn stamps(e: &Env, file: &str) -> Vec<f64> {
         .lines()
         .filter_map(|l| l.trim().replace(',', ".").parse().ok())
         .collect()
+}
+
+/// The last stamp in `ledger-1` and the first in `ledger-2` (see
+/// [`stamps`]): the first holder's last write and the second's first
+/// (no overlap where the one is below the other).
+pub fn ledger_edges(e: &Env) -> (f64, f64) {
+    let last1 = stamps(e, "ledger-1").into_iter().fold(0.0, f64::max);
+    let first2 = stamps(e, "ledger-2")
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    (last1, first2)
 }
 
 /// This machine's wall clock, in seconds since the epoch (as
