@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{read, signal, wait_for, Env, Kind};
+use common::{call, read, signal, wait_for, Env, Kind, Server};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "admin-token-1";
@@ -34,93 +34,15 @@ tz = "Asia/Seoul"
 command = ["true"]
 "#;
 
-/// A running `baton serve --listen 127.0.0.1:0` and its admin address.
-struct Server {
-    kid: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        signal(&self.kid, libc::SIGTERM);
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.kid.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.kid.kill();
-        let _ = self.kid.wait();
-    }
-}
-
+/// `baton serve --listen 127.0.0.1:0` with [`CONFIG`], on `store` if one
+/// is given (else the test's), with `env` set.
 fn start(e: &Env, store: Option<&str>, env: &[(&str, &str)]) -> Server {
     std::fs::write(e.path("baton.toml"), CONFIG).unwrap();
-    let log_name = format!("serve-{}.log", fastrand::u32(..));
-    let log = std::fs::File::create(e.path(&log_name)).unwrap();
-    let mut c = e.cmd(&[
-        "serve",
-        "--config",
-        "baton.toml",
-        "--listen",
-        "127.0.0.1:0",
-        "--shutdown-grace",
-        "1s",
-    ]);
-    c.env("BATON_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(log);
+    let mut env = env.to_vec();
     if let Some(url) = store {
-        c.env("BATON_STORE", url);
+        env.push(("BATON_STORE", url));
     }
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let kid = c.spawn().unwrap();
-    let mut addr = String::new();
-    wait_for(20, "the admin address in the log", || {
-        if let Some(a) = read(&e.path(&log_name))
-            .lines()
-            .find_map(|l| l.split("admin on http://").nth(1))
-        {
-            addr = a.trim().to_string();
-        }
-        !addr.is_empty()
-    });
-    Server { kid, addr }
-}
-
-/// One request; returns the status and the body (JSON, or a string).
-fn call(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
-    let v = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
-    (status, v)
+    common::serve_listening(e, "baton.toml", &env)
 }
 
 fn get(addr: &str, path: &str) -> (u16, Value) {
@@ -991,16 +913,7 @@ async fn accept_errors_are_logged_and_back_off() {
         addr: String::new(),
     };
     let kid = &srv.kid;
-    let mut addr = String::new();
-    wait_for(20, "the admin address", || {
-        if let Some(a) = read(&e.path("emfile.log"))
-            .lines()
-            .find_map(|l| l.split("admin on http://").nth(1))
-        {
-            addr = a.trim().to_string();
-        }
-        !addr.is_empty()
-    });
+    let addr = common::admin_addr(20, || read(&e.path("emfile.log")));
     // Hold more connections than the server has descriptors left.
     let mut held = Vec::new();
     for _ in 0..150 {

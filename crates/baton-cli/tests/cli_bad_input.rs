@@ -659,14 +659,7 @@ fn run(ts: &common::TestStore, dir: &std::path::Path, args: &[String]) -> Output
         .stderr(Stdio::piped())
         .spawn()
         .expect("baton starts");
-    let t0 = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if t0.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_or_kill(&mut child, Duration::from_secs(30));
     let out = child.wait_with_output().expect("output");
     (
         out.status.code(),
@@ -1379,37 +1372,6 @@ fn http_catalogue() -> Vec<HttpCase> {
 /// The admin API's largest body (`admin::MAX_BODY_BYTES`).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
 
-/// One request on a fresh connection: the status and the body. The body
-/// is written from another thread, so an answer sent before the body is
-/// read (413) is still read.
-fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the admin server");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    let mut w = s.try_clone().unwrap();
-    let body = body.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = w
-            .write_all(head.as_bytes())
-            .and_then(|()| w.write_all(&body));
-    });
-    let mut answer = Vec::new();
-    let _ = s.read_to_end(&mut answer);
-    let _ = writer.join();
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
-}
-
 async fn http_catalogue_on(kind: Kind) {
     let Some(ts) = harness::connect(kind).await else {
         return;
@@ -1442,21 +1404,7 @@ async fn http_catalogue_on(kind: Kind) {
         .spawn()
         .expect("baton serve starts");
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let t0 = Instant::now();
-    let addr = loop {
-        if let Some(a) = read_log()
-            .lines()
-            .find_map(|l| l.split("admin on http://").nth(1))
-        {
-            break a.trim().to_string();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no admin address in the log:\n{}",
-            read_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let addr = common::admin_addr(30, read_log);
     // The scheduler has registered its job: the store is settled.
     let t0 = Instant::now();
     while snapshot(&ts.store).await.2.is_empty() {
@@ -1475,7 +1423,7 @@ async fn http_catalogue_on(kind: Kind) {
     let mut failures = Vec::new();
     for c in &cases {
         let before = snapshot(&ts.store).await;
-        let (status, body) = request(&addr, c.method, &c.path, &c.body);
+        let (status, body) = common::http(&addr, c.method, &c.path, None, &c.body);
         let after = snapshot(&ts.store).await;
         let mut why = Vec::new();
         if status != c.status {

@@ -9,7 +9,7 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::{read, signal, stderr, stdout, wait_for, Env, Kind};
+use common::{signal, stderr, stdout, wait_for, Env, Kind};
 
 per_backend! {
     state_conflicts_exit_65,
@@ -122,19 +122,7 @@ async fn probes_answer_while_half_open_sockets_hold_the_server() {
         return;
     };
     let mut work = e.spawn_logged(&["work", "--listen", "127.0.0.1:0"]);
-    let mut addr = String::new();
-    wait_for(20, "the admin address in the log", || {
-        let log = std::fs::read_dir(e.dir.path())
-            .unwrap()
-            .flatten()
-            .filter(|f| f.file_name().to_string_lossy().ends_with(".log"))
-            .map(|f| read(&f.path()))
-            .collect::<String>();
-        if let Some(a) = log.lines().find_map(|l| l.split("admin on http://").nth(1)) {
-            addr = a.trim().to_string();
-        }
-        !addr.is_empty()
-    });
+    let addr = common::admin_addr(20, || e.logs());
     let held: Vec<std::net::TcpStream> = (0..300)
         .map(|_| std::net::TcpStream::connect(&addr).unwrap())
         .collect();

@@ -8,11 +8,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{read, signal, wait_for, Env};
+use common::holder::TREE;
+use common::{
+    dead, epoch_now, exit_within, have_bash, ledger_edges, read, sigterm_within, stamps, wait_for,
+    Env, Server,
+};
 use serde_json::{json, Value};
 
 per_backend! {
@@ -22,129 +24,24 @@ per_backend! {
 
 const ADMIN: &str = "admin-token-r";
 
-/// As in `cli_freeze`: bash (pid in `child-TAG.pid`) runs a SIGTERM-ignoring
-/// grandchild (pid in `gc-TAG.pid`) appending `$EPOCHREALTIME` to
-/// `ledger-TAG` every 50 ms.
-const TREE: &str = r#"tag=$1; echo $$ > "child-$tag.pid"; bash -c 'trap "" TERM; echo $$ > "gc-$0.pid"; while :; do echo "$EPOCHREALTIME" >> "ledger-$0"; sleep 0.05; done' "$tag" & wait"#;
-
-fn have_bash() -> bool {
-    common::have(
-        "bash",
-        std::process::Command::new("bash")
-            .args(["-c", "[ -n \"$EPOCHREALTIME\" ]"])
-            .status()
-            .is_ok_and(|s| s.success()),
-    )
-}
-
-fn stamps(e: &Env, file: &str) -> Vec<f64> {
-    read(&e.path(file))
-        .lines()
-        .filter_map(|l| l.trim().replace(',', ".").parse().ok())
-        .collect()
-}
-
-fn epoch_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-fn dead(pid: &str) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-fn exit_within(child: &mut Child, secs: u64, what: &str) -> Option<i32> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st.code();
-        }
-        if t0.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            panic!("{what}: still running after {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A `baton serve` that is killed when dropped (a failing test does not
-/// leave it running).
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `baton serve --listen 127.0.0.1:0` (a queue, no jobs) and its address.
-fn serve(e: &Env) -> (Server, String) {
+/// `baton serve --listen 127.0.0.1:0` (a queue, no jobs) with the admin
+/// token.
+fn serve(e: &Env) -> Server {
     std::fs::write(
         e.path("serve.toml"),
         "[[queue]]\nname = \"default\"\nconcurrency = 1\nlease = \"5s\"\n",
     )
     .unwrap();
-    let log = std::fs::File::create(e.path("serve.log")).unwrap();
-    let kid = e
-        .cmd(&[
-            "serve",
-            "--config",
-            "serve.toml",
-            "--listen",
-            "127.0.0.1:0",
-            "--shutdown-grace",
-            "1s",
-        ])
-        .env("BATON_LOG", "info")
-        .env("BATON_ADMIN_TOKEN", ADMIN)
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut addr = String::new();
-    wait_for(20, "the admin address in the log", || {
-        if let Some(a) = read(&e.path("serve.log"))
-            .lines()
-            .find_map(|l| l.split("admin on http://").nth(1))
-        {
-            addr = a.trim().to_string();
-        }
-        !addr.is_empty()
-    });
-    (Server(kid), addr)
+    common::serve_listening(e, "serve.toml", &[("BATON_ADMIN_TOKEN", ADMIN)])
 }
 
 /// One request with the admin token; the status and the JSON body.
 fn call(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    common::call(addr, method, path, Some(ADMIN), body)
 }
 
-/// The scenario, for a lease of `at_most`: holder 1 runs [`TREE`], holder 2
+/// The scenario, for a lease of `at_most`: holder 1 runs [`TREE`] (a
+/// SIGTERM-ignoring grandchild writing `ledger-TAG`), holder 2
 /// waits; the lock is force-released through the admin API. Holder 1's
 /// tree must be gone within `learn_within` of the release, holder 2's
 /// command must start only after it (no overlapping lines), and holder 1
@@ -153,7 +50,8 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
     if !have_bash() {
         return;
     }
-    let (mut server, addr) = serve(&e);
+    let mut server = serve(&e);
+    let addr = server.addr.clone();
     let name = "released";
     let lock = |tag: &str, wait: bool| {
         let mut args = vec!["lock", name, "--at-most", at_most, "--grace", "1s"];
@@ -217,10 +115,7 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
     wait_for(60, "the second holder's command to write", || {
         !stamps(&e, "ledger-2").is_empty()
     });
-    let last1 = stamps(&e, "ledger-1").into_iter().fold(0.0, f64::max);
-    let first2 = stamps(&e, "ledger-2")
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
+    let (last1, first2) = ledger_edges(&e);
     assert!(
         last1 < first2,
         "the released holder's grandchild wrote {:.3} s after the second holder's first write: two holders",
@@ -230,10 +125,8 @@ async fn force_release_stops_the_holder(e: Env, at_most: &str, learn_within: Dur
         first2 > gone,
         "the second command started after the tree was gone"
     );
-    signal(&second, libc::SIGTERM);
-    exit_within(&mut second, 15, "the second baton lock after SIGTERM");
-    signal(&server.0, libc::SIGTERM);
-    exit_within(&mut server.0, 15, "baton serve after SIGTERM");
+    sigterm_within(&mut second, 15, "the second baton lock after SIGTERM");
+    sigterm_within(&mut server.kid, 15, "baton serve after SIGTERM");
 }
 
 /// A lease longer than the release bound: the holder confirms its lease

@@ -21,7 +21,6 @@ mod common;
 #[path = "../../baton/tests/support/mod.rs"]
 mod support;
 
-use std::io::{Read, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -131,22 +130,7 @@ fn enqueue(r: &Volatile, dir: &std::path::Path, extra: &[&str]) -> i64 {
 
 /// One GET; the status and the body.
 fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
+    common::http(addr, "GET", path, None, &[])
 }
 
 #[test]
@@ -167,16 +151,7 @@ fn a_redis_restarted_empty_is_detected_and_said() {
     .stderr(std::fs::File::create(&log).unwrap())
     .spawn()
     .unwrap();
-    let mut addr = String::new();
-    wait_for(20, "the admin address in the log", || {
-        if let Some(a) = read(&log)
-            .lines()
-            .find_map(|l| l.split("admin on http://").nth(1))
-        {
-            addr = a.trim().to_string();
-        }
-        !addr.is_empty()
-    });
+    let addr = common::admin_addr(20, || read(&log));
     let mut ids: Vec<i64> = (0..3).map(|_| enqueue(&r, d, &[])).collect();
     // A task that would run in an hour: pending when the store forgets.
     ids.push(enqueue(&r, d, &["--delay", "1h"]));

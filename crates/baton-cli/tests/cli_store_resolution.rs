@@ -66,12 +66,12 @@ fn ok(mut c: impl std::borrow::BorrowMut<Command>) -> String {
     stdout(&out)
 }
 
-async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
-    std::fs::write(e.path("baton.toml"), config(&e)).unwrap();
-    // The GUIDE's seed-001 command.
+/// The GUIDE's seed-001 command, `baton trigger batch-6h --config
+/// baton.toml --slot 2026-01-01T06:00:00+09:00`: its output (the task id).
+fn trigger_seed_001(e: &Env) -> String {
     let slot = "2026-01-01T06:00:00+09:00";
-    let id = ok(bare(
-        &e,
+    ok(bare(
+        e,
         &[
             "trigger",
             "batch-6h",
@@ -80,7 +80,12 @@ async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
             "--slot",
             slot,
         ],
-    ));
+    ))
+}
+
+async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
+    std::fs::write(e.path("baton.toml"), config(&e)).unwrap();
+    let id = trigger_seed_001(&e);
     let id: i64 = id.trim().parse().expect("a task id");
     // It is in the config's store, on the job's queue.
     let t = e.ts.store.backend().task_get(id).await.unwrap();
@@ -103,7 +108,7 @@ async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     signal(&serve, libc::SIGTERM);
-    let _ = serve.kill_on_timeout(Duration::from_secs(10));
+    common::wait_or_kill(&mut serve, Duration::from_secs(10));
     let _ = serve.wait();
     assert!(
         known,
@@ -157,18 +162,7 @@ async fn trigger_jobs_and_enqueue_use_the_configs_store(e: Env) {
 
 async fn work_with_a_config_serves_its_queues(e: Env) {
     std::fs::write(e.path("baton.toml"), config(&e)).unwrap();
-    let slot = "2026-01-01T06:00:00+09:00";
-    ok(bare(
-        &e,
-        &[
-            "trigger",
-            "batch-6h",
-            "--config",
-            "baton.toml",
-            "--slot",
-            slot,
-        ],
-    ));
+    trigger_seed_001(&e);
     let mut w = bare(&e, &["work", "--config", "baton.toml"])
         .env("BATON_LOG", "info")
         .stdout(std::process::Stdio::null())
@@ -182,7 +176,7 @@ async fn work_with_a_config_serves_its_queues(e: Env) {
     });
     signal(&w, libc::SIGTERM);
     let out = tokio::task::spawn_blocking(move || {
-        let _ = w.kill_on_timeout(Duration::from_secs(15));
+        common::wait_or_kill(&mut w, Duration::from_secs(15));
         w.wait_with_output().unwrap()
     })
     .await
@@ -196,22 +190,4 @@ async fn work_with_a_config_serves_its_queues(e: Env) {
         "start line names the config's queue: {log}"
     );
     assert!(!e.path("baton.db").exists());
-}
-
-trait KillOnTimeout {
-    fn kill_on_timeout(&mut self, after: Duration) -> std::io::Result<()>;
-}
-
-impl KillOnTimeout for std::process::Child {
-    /// Wait up to `after` for the process, then SIGKILL it.
-    fn kill_on_timeout(&mut self, after: Duration) -> std::io::Result<()> {
-        let until = std::time::Instant::now() + after;
-        while std::time::Instant::now() < until {
-            if self.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.kill()
-    }
 }
