@@ -78,27 +78,15 @@ impl MyBackend {
         token: FencingToken,
         at_most: Duration,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let l = &self.names.locks;
-        let lit = hex_lit(name.as_bytes());
-        let rows = self
-            .batch(&format!(
-                "{BEGIN}; \
-                 UPDATE {l} SET lock_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
-                 WHERE name = {lit} AND token = {} AND lock_until > UTC_TIMESTAMP(6); \
-                 SELECT lock_until, ROW_COUNT() AS extended FROM {l} WHERE name = {lit}; \
-                 COMMIT",
-                us(at_most),
-                token_arg(token)
-            ))
-            .await?;
-        // No row: the name was never locked.
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        if row.big("extended")? != 1 {
-            return Ok(None);
-        }
-        Ok(Some(row.time("lock_until")?))
+        self.lock_until_after(
+            name,
+            token,
+            &format!(
+                "lock_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
+                us(at_most)
+            ),
+        )
+        .await
     }
 
     /// Revoke (an operator's force-release), in one round trip: the
@@ -110,25 +98,44 @@ impl MyBackend {
         token: FencingToken,
         within: Duration,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.lock_until_after(
+            name,
+            token,
+            &format!(
+                "token = token + 1, holder = LEFT(CONCAT('revoked:', holder), 1024), \
+                 lock_until = LEAST(lock_until, UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
+                us(within)
+            ),
+        )
+        .await
+    }
+
+    /// `SET set` on the lease `token` holds on `name` while it is current,
+    /// and the new `lock_until` read back, in one transaction; `None` when
+    /// the lease was not current (or the name was never locked).
+    async fn lock_until_after(
+        &self,
+        name: &str,
+        token: FencingToken,
+        set: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let l = &self.names.locks;
         let lit = hex_lit(name.as_bytes());
         let rows = self
             .batch(&format!(
                 "{BEGIN}; \
-                 UPDATE {l} SET token = token + 1, \
-                     holder = LEFT(CONCAT('revoked:', holder), 1024), \
-                     lock_until = LEAST(lock_until, UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND) \
+                 UPDATE {l} SET {set} \
                  WHERE name = {lit} AND token = {} AND lock_until > UTC_TIMESTAMP(6); \
-                 SELECT lock_until, ROW_COUNT() AS revoked FROM {l} WHERE name = {lit}; \
+                 SELECT lock_until, ROW_COUNT() AS changed FROM {l} WHERE name = {lit}; \
                  COMMIT",
-                us(within),
                 token_arg(token)
             ))
             .await?;
+        // No row: the name was never locked.
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        if row.big("revoked")? != 1 {
+        if row.big("changed")? != 1 {
             return Ok(None);
         }
         Ok(Some(row.time("lock_until")?))

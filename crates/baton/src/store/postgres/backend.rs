@@ -92,36 +92,18 @@ impl Backend for PgBackend {
         &self,
         params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let crate::store::LockExtend {
-            name,
-            token,
-            at_most,
-        } = *params;
-        Ok(self
-            .qs(&self.sql.lock_extend)
-            .bind(name)
-            .bind(token_arg(token))
-            .bind(dur(at_most))
-            .fetch_optional(self.exec())
-            .await?)
+        let p = params;
+        self.lock_until_after(&self.sql.lock_extend, p.name, p.token, p.at_most)
+            .await
     }
 
     async fn lock_revoke(
         &self,
         params: &crate::store::LockRevoke<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let crate::store::LockRevoke {
-            name,
-            token,
-            within,
-        } = *params;
-        Ok(self
-            .qs(&self.sql.lock_revoke)
-            .bind(name)
-            .bind(token_arg(token))
-            .bind(dur(within))
-            .fetch_optional(self.exec())
-            .await?)
+        let p = params;
+        self.lock_until_after(&self.sql.lock_revoke, p.name, p.token, p.within)
+            .await
     }
 
     async fn lock_release(
@@ -597,5 +579,26 @@ impl Backend for PgBackend {
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
         let rows = self.q(&self.sql.job_list).fetch_all(self.exec()).await?;
         rows.iter().map(job_state).collect()
+    }
+}
+
+impl PgBackend {
+    /// Run a lock statement of (`$1` name, `$2` token, `$3` ms) that
+    /// answers the lease's new `lock_until`, or no row when the lease was
+    /// not current (extend, revoke).
+    async fn lock_until_after(
+        &self,
+        sql: &str,
+        name: &str,
+        token: crate::store::FencingToken,
+        d: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(self
+            .qs(sql)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(dur(d))
+            .fetch_optional(self.exec())
+            .await?)
     }
 }

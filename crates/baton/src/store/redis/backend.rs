@@ -210,46 +210,18 @@ impl Backend for RedisBackend {
         &self,
         params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let crate::store::LockExtend {
-            name,
-            token,
-            at_most,
-        } = *params;
-        // The new lock_until in ms, or 0 when the lease was lost.
-        let until: i64 = self
-            .l(
-                &self.scripts.lock_extend,
-                name,
-                sargs![token.0.to_string(), ms(at_most)],
-            )
-            .await?;
-        if until == 0 {
-            return Ok(None);
-        }
-        Ok(Some(from_ms(until)?))
+        let p = params;
+        self.lock_until_after(&self.scripts.lock_extend, p.name, p.token, p.at_most)
+            .await
     }
 
     async fn lock_revoke(
         &self,
         params: &crate::store::LockRevoke<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let crate::store::LockRevoke {
-            name,
-            token,
-            within,
-        } = *params;
-        // The new lock_until in ms, or 0 when the lease was not current.
-        let until: i64 = self
-            .l(
-                &self.scripts.lock_revoke,
-                name,
-                sargs![token.0.to_string(), ms(within)],
-            )
-            .await?;
-        if until == 0 {
-            return Ok(None);
-        }
-        Ok(Some(from_ms(until)?))
+        let p = params;
+        self.lock_until_after(&self.scripts.lock_revoke, p.name, p.token, p.within)
+            .await
     }
 
     async fn lock_release(

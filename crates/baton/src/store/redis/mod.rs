@@ -265,6 +265,29 @@ impl RedisBackend {
     }
 
     /// Run a lock script on one lock key.
+    /// Run a lock script of (token, ms) that answers the lease's new
+    /// `lock_until` in ms, or 0 when the lease was not current (extend,
+    /// revoke).
+    async fn lock_until_after(
+        &self,
+        script: &Script,
+        name: &str,
+        token: super::FencingToken,
+        d: std::time::Duration,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
+        let until: i64 = self
+            .l(
+                script,
+                name,
+                vec![token.0.to_string(), super::ms(d).to_string()],
+            )
+            .await?;
+        if until == 0 {
+            return Ok(None);
+        }
+        Ok(Some(super::from_ms(until)?))
+    }
+
     async fn l<T: FromRedisValue>(
         &self,
         script: &Script,

@@ -131,36 +131,18 @@ impl Backend for SqliteBackend {
         &self,
         params: &crate::store::LockExtend<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let crate::store::LockExtend {
-            name,
-            token,
-            at_most,
-        } = *params;
-        let until: Option<i64> = sqlx::query_scalar(&self.sql.lock_extend)
-            .bind(name)
-            .bind(token_arg(token))
-            .bind(ms(at_most))
-            .fetch_optional(&*self.pool)
-            .await?;
-        opt_time(until)
+        let p = params;
+        self.lock_until_after(&self.sql.lock_extend, p.name, p.token, p.at_most)
+            .await
     }
 
     async fn lock_revoke(
         &self,
         params: &crate::store::LockRevoke<'_>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let crate::store::LockRevoke {
-            name,
-            token,
-            within,
-        } = *params;
-        let until: Option<i64> = sqlx::query_scalar(&self.sql.lock_revoke)
-            .bind(name)
-            .bind(token_arg(token))
-            .bind(ms(within))
-            .fetch_optional(&*self.pool)
-            .await?;
-        opt_time(until)
+        let p = params;
+        self.lock_until_after(&self.sql.lock_revoke, p.name, p.token, p.within)
+            .await
     }
 
     async fn lock_release(
@@ -715,5 +697,26 @@ impl Backend for SqliteBackend {
             .iter()
             .map(job_state)
             .collect()
+    }
+}
+
+impl SqliteBackend {
+    /// Run a lock statement of (`?1` name, `?2` token, `?3` ms) that
+    /// answers the lease's new `lock_until`, or no row when the lease was
+    /// not current (extend, revoke).
+    async fn lock_until_after(
+        &self,
+        sql: &str,
+        name: &str,
+        token: crate::store::FencingToken,
+        d: Duration,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let until: Option<i64> = sqlx::query_scalar(sql)
+            .bind(name)
+            .bind(token_arg(token))
+            .bind(ms(d))
+            .fetch_optional(&*self.pool)
+            .await?;
+        opt_time(until)
     }
 }
