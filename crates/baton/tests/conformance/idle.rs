@@ -124,8 +124,13 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
     );
     // A tick after a rescue skips its poll (never two ticks in a row), so
     // the calls stay at one per tick: 30 in all, about 24 of them claims.
+    // A rescue tick makes two calls (the rescue and the store identity
+    // check), each paid for by a skipped poll; the window may hold 31
+    // ticks, and at its two edges up to three of those skips may fall
+    // outside it. Without the skips it would be 30 claims and 12 upkeep
+    // calls, 42 in all.
     assert!(
-        total <= 32,
+        total <= 34,
         "{total} store calls in 30 idle ticks (expected at most one per tick): {start:?} -> {end:?}"
     );
     assert!(
