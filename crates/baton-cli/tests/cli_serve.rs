@@ -812,11 +812,18 @@ async fn https_job_verifies_the_server() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Each phase on a queue of its own: the second instance must not claim
+    // a slot the first enqueued ahead (its lead) before it stopped — it has
+    // no handler for the first job.
     let job = |name: &str| {
         format!(
             r#"
+[[queue]]
+name = "{name}"
+
 [[job]]
 name = "{name}"
+queue = "{name}"
 every = "1s"
 overlap = "allow"
 max_attempts = 1
