@@ -35,11 +35,14 @@ max_client_conn = 1000
 default_pool_size = 60
 unix_socket_dir =
 logfile = $dir/pgbouncer.log
+log_connections = 0
+log_disconnections = 0
 INI
 chmod 666 "$dir"/*
 as=()
 [ "$(id -u)" = 0 ] && as=(-u postgres)
-pgbouncer "${as[@]}" "$dir/pgbouncer.ini" &
+# -q: its log goes to $dir/pgbouncer.log only, not to CI's output.
+pgbouncer -q "${as[@]}" "$dir/pgbouncer.ini" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 50); do
