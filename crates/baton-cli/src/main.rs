@@ -108,9 +108,6 @@ pub struct Resolved {
     pub url: String,
     /// The table or key prefix, when one is set.
     pub prefix: Option<String>,
-    /// What named the URL: `--store`/`BATON_STORE`, the config file, or the
-    /// default.
-    pub from: String,
 }
 
 impl StoreArg {
@@ -130,21 +127,23 @@ impl StoreArg {
     /// config file's `store`, else [`baton::DEFAULT_STORE_URL`]; the prefix
     /// from `--prefix` (`BATON_PREFIX`), else the config's `prefix`.
     pub fn resolve(&self, cfg: Option<&config::Config>) -> Resolved {
-        let file = || {
-            self.config
-                .as_ref()
-                .map_or_else(|| "the config".to_string(), |p| p.display().to_string())
-        };
-        let (url, from) = match (&self.store, cfg.and_then(|c| c.store.clone())) {
-            (Some(s), _) => (s.clone(), "--store/BATON_STORE".to_string()),
-            (None, Some(s)) => (s, file()),
-            (None, None) => (baton::DEFAULT_STORE_URL.to_string(), "the default".into()),
-        };
+        let url = self
+            .store
+            .clone()
+            .or_else(|| cfg.and_then(|c| c.store.clone()))
+            .unwrap_or_else(|| baton::DEFAULT_STORE_URL.to_string());
         let prefix = self
             .prefix
             .clone()
             .or_else(|| cfg.and_then(|c| c.prefix.clone()));
-        Resolved { url, prefix, from }
+        Resolved { url, prefix }
+    }
+
+    /// The config file's path as messages name it.
+    pub fn config_name(&self) -> String {
+        self.config
+            .as_ref()
+            .map_or_else(|| "the config".to_string(), |p| p.display().to_string())
     }
 }
 
@@ -260,25 +259,6 @@ pub async fn connect_resolved(r: &Resolved, migrate: bool) -> anyhow::Result<bat
         Ok(s) => Ok(s),
         // A bad URL or option already says what and where.
         Err(e @ baton::StoreError::Config(_)) => Err(baton::Error::from(e).into()),
-        Err(e)
-            if baton::error::chain(&e)
-                .to_ascii_lowercase()
-                .contains("db index is out of range") =>
-        {
-            let db = r
-                .url
-                .split_once("://")
-                .and_then(|(_, rest)| rest.split('?').next()?.rsplit_once('/'))
-                .map_or("", |(_, db)| db);
-            Err(baton::Error::from(baton::InvalidInput::new(
-                "--store",
-                format!(
-                    "{}: the Redis server has no database {db:?} (a server has `databases` of them, 16 by default: 0 to 15); use an index it has, e.g. redis://host:6379/0",
-                    baton::store::redact(&r.url)
-                ),
-            ))
-            .into())
-        }
         Err(e) => {
             let mut why = connect_failure(&r.url, &e);
             if why.is_none() {

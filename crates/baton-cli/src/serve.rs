@@ -243,15 +243,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
             let j = cfg.jobs.iter().find(|j| j.name == a.job).ok_or_else(|| {
                 Error::from(baton::InvalidInput::new(
                     "JOB",
-                    format!(
-                        "{:?} is not a job in {}",
-                        a.job,
-                        a.store
-                            .config
-                            .as_deref()
-                            .unwrap_or(std::path::Path::new("the config"))
-                            .display()
-                    ),
+                    format!("{:?} is not a job in {}", a.job, a.store.config_name()),
                 ))
             })?;
             j.job()
@@ -272,11 +264,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
                     "job {:?} runs on queue {:?} (in {}), not {q:?}; drop --queue",
                     a.job,
                     job.queue,
-                    a.store
-                        .config
-                        .as_deref()
-                        .unwrap_or(std::path::Path::new("the config"))
-                        .display()
+                    a.store.config_name()
                 ),
             ))
             .into());

@@ -53,40 +53,13 @@ pub(super) async fn insert_tasks(
     // holder finished between our conflict and our look-up.
     let mut todo: Vec<usize> = (0..tasks.len()).collect();
     // A slot whose task was pruned keeps its key in a tombstone: answered
-    // with the pruned task's id, not inserted again.
+    // with the pruned task's id, not inserted again (checked once, after
+    // the insert, below).
     let slot_keys: Vec<&str> = tasks
         .iter()
         .filter(|t| crate::store::tombstoned_kind(t))
         .filter_map(|t| t.unique_key.as_deref())
         .collect();
-    if !slot_keys.is_empty() {
-        let rows = sqlx::query(&sql.tombstones)
-            .persistent(sql.persistent)
-            .bind(&slot_keys)
-            .fetch_all(&mut *conn)
-            .await?;
-        let mut pruned: HashMap<String, i64> = HashMap::with_capacity(rows.len());
-        for row in rows {
-            pruned.insert(row.try_get(0)?, row.try_get(1)?);
-        }
-        if !pruned.is_empty() {
-            todo.retain(|&i| {
-                let t = &tasks[i];
-                let hit = t
-                    .unique_key
-                    .as_ref()
-                    .filter(|_| crate::store::tombstoned_kind(t))
-                    .and_then(|k| pruned.get(k));
-                if let Some(&id) = hit {
-                    out[i] = Some(Enqueued {
-                        id,
-                        inserted: false,
-                    });
-                }
-                hit.is_none()
-            });
-        }
-    }
     for _round in 0..8 {
         if todo.is_empty() {
             break;
@@ -193,7 +166,6 @@ pub(super) async fn insert_tasks(
             .collect();
         let rows = sqlx::query(&sql.key_holders)
             .persistent(sql.persistent)
-            .persistent(sql.persistent)
             .bind(&keys)
             .fetch_all(&mut *conn)
             .await?;
@@ -219,9 +191,11 @@ pub(super) async fn insert_tasks(
         ));
     }
     if !slot_keys.is_empty() {
-        // A prune of a slot's task that committed while our insert waited
-        // on its row left a tombstone the check above could not see; this
-        // statement (READ COMMITTED) does: take those inserts back.
+        // The slot keys with a tombstone: their inserts are taken back and
+        // answered with the pruned task's id. Checked after the insert, so
+        // a prune that committed while the insert waited on its row is seen
+        // too (a new statement, READ COMMITTED); one round trip, and only
+        // for a batch that holds slot tasks.
         let rows = sqlx::query(&sql.tombstones)
             .persistent(sql.persistent)
             .bind(&slot_keys)

@@ -186,9 +186,25 @@ impl RedisBackend {
             ConnectionManager::new_with_config(client.clone(), config),
         )
         .await
-        .map_err(|_| {
-            StoreError::Unavailable(format!("redis {}: connect timed out", redact(url)))
-        })??;
+        .map_err(|_| StoreError::Unavailable(format!("redis {}: connect timed out", redact(url))))?
+        .map_err(|e| {
+            // A database index the server lacks is the URL's fault, not an
+            // outage: say which and what is accepted.
+            if e.to_string()
+                .to_ascii_lowercase()
+                .contains("db index is out of range")
+            {
+                let db = client.get_connection_info().redis.db;
+                StoreError::Config(format!(
+                    "store URL {:?}: the Redis server has no database \"{db}\" (a server has \
+                     `databases` of them, 16 by default: 0 to 15); use an index it has, \
+                     e.g. redis://host:6379/0",
+                    redact(url)
+                ))
+            } else {
+                StoreError::from(e)
+            }
+        })?;
         let prefix = opts.prefix.clone().unwrap_or_default();
         Ok(RedisBackend {
             client,
