@@ -187,21 +187,6 @@ pub(super) async fn insert_tasks(
         // A task with a unique key: insert it, or find the key's holder.
         let t = &tasks[i];
         let key = t.unique_key.as_deref().unwrap_or_default();
-        if crate::store::tombstoned_kind(t) {
-            // A slot whose task was pruned keeps its key in a tombstone.
-            let pruned: Option<i64> = sqlx::query_scalar(&tombstone)
-                .bind(key.as_bytes())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(id) = pruned {
-                out.push(Enqueued {
-                    id,
-                    inserted: false,
-                });
-                i += 1;
-                continue;
-            }
-        }
         let mut done = None;
         for _round in 0..8 {
             let sql = format!("INSERT INTO {} {cols} VALUES {one}", n.tasks);
@@ -214,10 +199,11 @@ pub(super) async fn insert_tasks(
                         .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
                     done = Some(Enqueued { id, inserted: true });
                     if crate::store::tombstoned_kind(t) {
-                        // A prune of this slot's task that committed while
-                        // the insert waited on its row left a tombstone
-                        // the check above could not see: this statement
-                        // (READ COMMITTED) does; take the insert back.
+                        // A slot whose task was pruned keeps its key in a
+                        // tombstone: take the insert back and answer with
+                        // the pruned task. Checked after the insert, so a
+                        // prune that committed while the insert waited on
+                        // its row is seen too (READ COMMITTED); one check.
                         let pruned: Option<i64> = sqlx::query_scalar(&tombstone)
                             .bind(key.as_bytes())
                             .fetch_optional(&mut *conn)
