@@ -504,64 +504,6 @@ pub(crate) fn tombstoned_kind(t: &NewTask) -> bool {
     t.unique_forever && t.job.is_some() && t.unique_key.is_some()
 }
 
-/// A batch of tasks split by the SQLite insert around the slots that have
-/// tombstones: those are answered with the pruned task's id (`inserted =
-/// false`), the rest are inserted.
-#[cfg(feature = "sqlite")]
-pub(crate) struct Tombstoned {
-    /// The tasks to insert.
-    pub rest: Vec<NewTask>,
-    /// For each of `rest`, its index in the batch.
-    pub index: Vec<usize>,
-    /// One answer per task of the batch; `None` for those in `rest`.
-    answers: Vec<Option<Enqueued>>,
-}
-
-#[cfg(feature = "sqlite")]
-impl Tombstoned {
-    /// Split `tasks` by `found` (slot key → the pruned task's id).
-    pub fn split(tasks: &[NewTask], found: &std::collections::HashMap<String, i64>) -> Tombstoned {
-        let mut out = Tombstoned {
-            rest: Vec::new(),
-            index: Vec::new(),
-            answers: Vec::with_capacity(tasks.len()),
-        };
-        for (i, t) in tasks.iter().enumerate() {
-            let pruned = t
-                .unique_key
-                .as_ref()
-                .filter(|_| tombstoned_kind(t))
-                .and_then(|k| found.get(k));
-            match pruned {
-                Some(&id) => out.answers.push(Some(Enqueued {
-                    id,
-                    inserted: false,
-                })),
-                None => {
-                    out.answers.push(None);
-                    out.index.push(i);
-                    out.rest.push(t.clone());
-                }
-            }
-        }
-        out
-    }
-
-    /// The batch's answers, given those for `rest`, in order.
-    pub fn merge(self, live: Vec<Enqueued>) -> Result<Vec<Enqueued>, StoreError> {
-        let mut live = live.into_iter();
-        self.answers
-            .into_iter()
-            .map(|a| match a {
-                Some(a) => Ok(a),
-                None => live
-                    .next()
-                    .ok_or_else(|| StoreError::Backend("insert returned too few results".into())),
-            })
-            .collect()
-    }
-}
-
 /// Duration to whole milliseconds as i64, saturating.
 pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

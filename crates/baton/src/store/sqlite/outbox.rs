@@ -52,7 +52,7 @@ pub(super) async fn insert_tasks(
     if found.is_empty() {
         return insert_live(conn, sql, tasks).await;
     }
-    let split = crate::store::Tombstoned::split(tasks, &found);
+    let split = Tombstoned::split(tasks, &found);
     let live = insert_live(conn, sql, &split.rest).await?;
     Ok(Inserted {
         due_queues: live.due_queues.iter().map(|&i| split.index[i]).collect(),
@@ -220,4 +220,60 @@ pub async fn enqueue_in(
     Ok(insert_tasks(conn, &InsertSql::new(&t), tasks)
         .await?
         .results)
+}
+
+/// A batch of tasks split by the SQLite insert around the slots that have
+/// tombstones: those are answered with the pruned task's id (`inserted =
+/// false`), the rest are inserted.
+struct Tombstoned {
+    /// The tasks to insert.
+    rest: Vec<NewTask>,
+    /// For each of `rest`, its index in the batch.
+    index: Vec<usize>,
+    /// One answer per task of the batch; `None` for those in `rest`.
+    answers: Vec<Option<Enqueued>>,
+}
+
+impl Tombstoned {
+    /// Split `tasks` by `found` (slot key → the pruned task's id).
+    fn split(tasks: &[NewTask], found: &std::collections::HashMap<String, i64>) -> Tombstoned {
+        let mut out = Tombstoned {
+            rest: Vec::new(),
+            index: Vec::new(),
+            answers: Vec::with_capacity(tasks.len()),
+        };
+        for (i, t) in tasks.iter().enumerate() {
+            let pruned = t
+                .unique_key
+                .as_ref()
+                .filter(|_| crate::store::tombstoned_kind(t))
+                .and_then(|k| found.get(k));
+            match pruned {
+                Some(&id) => out.answers.push(Some(Enqueued {
+                    id,
+                    inserted: false,
+                })),
+                None => {
+                    out.answers.push(None);
+                    out.index.push(i);
+                    out.rest.push(t.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The batch's answers, given those for `rest`, in order.
+    fn merge(self, live: Vec<Enqueued>) -> Result<Vec<Enqueued>, StoreError> {
+        let mut live = live.into_iter();
+        self.answers
+            .into_iter()
+            .map(|a| match a {
+                Some(a) => Ok(a),
+                None => live
+                    .next()
+                    .ok_or_else(|| StoreError::Backend("insert returned too few results".into())),
+            })
+            .collect()
+    }
 }
