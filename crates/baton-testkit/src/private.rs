@@ -3,29 +3,13 @@
 //! temporary directory, optionally serving TLS only (certificates made with
 //! the `openssl` command for the test).
 
-#![allow(dead_code)] // each test binary uses its own part
-
-pub mod certs;
-#[path = "../../../baton-cli/src/chaos/proxy.rs"]
-pub mod proxy;
-
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::{certs, free_port, installed, required};
 
-pub fn required() -> bool {
-    std::env::var("BATON_REQUIRE_BACKENDS").is_ok_and(|v| v == "1")
-}
-
+/// Which kind of private server.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Kind {
     Redis,
@@ -39,14 +23,6 @@ pub struct Private {
     dir: tempfile::TempDir,
     redis: Option<std::process::Child>,
     tls: bool,
-}
-
-fn installed(bin: &str) -> bool {
-    Command::new("which")
-        .arg(bin)
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 impl Private {
@@ -78,7 +54,7 @@ impl Private {
                 return None;
             }
         }
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("tempdir");
         let p = Private {
             kind,
             port: free_port(),
