@@ -1234,7 +1234,7 @@ async fn hand_back(shared: &Shared, tasks: &[Task]) {
         .iter()
         .map(|t| (t.claim(), Finish::HandBack))
         .collect();
-    match shared.store.backend().task_finish_many(&items).await {
+    match shared.store.task_finish_many(&items).await {
         Ok(answers) => {
             for (task, ok) in tasks.iter().zip(answers) {
                 if ok {
@@ -1449,11 +1449,7 @@ async fn write_batch(
 ) {
     let items: Vec<(Claim, Finish)> = batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
     // No batch waits past a lease: its waiters have given up by then.
-    let call = crate::store::bounded(
-        lease,
-        "task_finish_many",
-        store.backend().task_finish_many(&items),
-    );
+    let call = crate::store::bounded(lease, "task_finish_many", store.task_finish_many(&items));
     match call.await {
         Ok(answers) if answers.len() == batch.len() => {
             for (c, ok) in batch.into_iter().zip(answers) {
@@ -1497,7 +1493,6 @@ async fn finish_once(
         // The completer is gone (shutdown): write directly.
         return shared
             .store
-            .backend()
             .task_finish_many(&[(claim, finish.clone())])
             .await
             .map(|r| r == [true]);
@@ -1506,7 +1501,6 @@ async fn finish_once(
         Ok(r) => r,
         Err(_) => shared
             .store
-            .backend()
             .task_finish_many(&[(claim, finish.clone())])
             .await
             .map(|r| r == [true]),

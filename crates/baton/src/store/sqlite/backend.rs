@@ -75,6 +75,10 @@ impl Backend for SqliteBackend {
         "sqlite"
     }
 
+    async fn warnings(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
     }
