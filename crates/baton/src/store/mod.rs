@@ -43,6 +43,8 @@ pub(crate) mod sql_row;
 pub mod sqlite;
 pub mod state;
 mod types;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod wake;
 
 pub use identity::IdentityWatch;
 pub use params::*;

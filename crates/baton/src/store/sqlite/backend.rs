@@ -554,7 +554,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
-        Ok(self.shared.wake.subscribe())
+        Ok(self.wake.subscribe())
     }
 
     // ---- schedules -----------------------------------------------------------
