@@ -188,8 +188,7 @@ INSERT INTO "{p}jobs" VALUES ('J', to_timestamp({SLOT_MS} / 1000.0), false);
 async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
     let past = now_ms - 60_000;
     let b = format!("{p}{{baton}}:");
-    let client = redis::Client::open(ts.url.as_str()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut c = redis_conn(ts).await;
     let shift: i64 = 8_796_093_022_208;
     let pad = |id: i64| format!("{id:016}");
     let mut pipe = redis::pipe();
@@ -299,7 +298,10 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
         .arg(format!("{b}locks"))
         .arg("daemon-runner")
         .ignore();
-    pipe.query_async::<()>(&mut c).await.unwrap();
+    // One command at a time: on a cluster the keys live on several nodes.
+    for cmd in pipe.cmd_iter() {
+        cmd.query_async::<()>(&mut c).await.unwrap();
+    }
 }
 
 /// ShedLock's value for `lock:daemon-runner`.
@@ -396,8 +398,7 @@ async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
             String::from_utf8(v).unwrap().parse().unwrap()
         }
         Kind::Redis => {
-            let client = redis::Client::open(ts.url.as_str()).unwrap();
-            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let mut c = redis_conn(ts).await;
             redis::cmd("GET")
                 .arg(format!("{p}{{baton}}:schema"))
                 .query_async(&mut c)
@@ -509,12 +510,8 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
 }
 
 /// A plain connection to the test's Redis.
-pub async fn redis_conn(ts: &TestStore) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(ts.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+pub async fn redis_conn(ts: &TestStore) -> baton_testkit::cluster::RedisConn {
+    baton_testkit::cluster::connect(&ts.url).await
 }
 
 /// A plain one-connection pool on the test's MySQL.

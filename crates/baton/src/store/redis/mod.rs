@@ -77,6 +77,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cluster::Conn;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Script};
 use tokio::sync::broadcast;
@@ -108,6 +109,7 @@ macro_rules! read_retry {
 }
 
 mod backend;
+mod cluster;
 mod decode;
 mod listener;
 mod schema;
@@ -143,8 +145,10 @@ struct Listener {
 
 /// The Redis implementation of [`Backend`]. Build it with [`connect`].
 pub struct RedisBackend {
+    /// The client of the wake-up subscription (on a cluster, its first
+    /// seed node: pub/sub messages reach every node).
     client: redis::Client,
-    conn: ConnectionManager,
+    conn: Conn,
     /// The configured key prefix `P`.
     prefix: String,
     /// `P{baton}:`, the base of every queue and job key.
@@ -174,7 +178,33 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 impl RedisBackend {
     /// Connect to Redis (see [`connect`]).
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
-        let client = tls::open_client(url)?;
+        let (conn, client) = if cluster::is_cluster_url(url) {
+            cluster::connect(url, opts).await?
+        } else {
+            let client = tls::open_client(url)?;
+            (
+                Conn::Single(Self::connect_single(&client, url, opts).await?),
+                client,
+            )
+        };
+        let prefix = opts.prefix.clone().unwrap_or_default();
+        Ok(RedisBackend {
+            client,
+            conn,
+            base: format!("{prefix}{{baton}}:"),
+            prefix,
+            scripts: Scripts::new(),
+            wake: tokio::sync::Mutex::new(None),
+            indexed_locks: std::sync::Mutex::new(std::collections::HashSet::new()),
+        })
+    }
+
+    /// The command connection to one server.
+    async fn connect_single(
+        client: &redis::Client,
+        url: &str,
+        opts: &StoreOptions,
+    ) -> Result<ConnectionManager, StoreError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(opts.connect_timeout)
             .set_response_timeout(opts.statement_timeout)
@@ -205,16 +235,7 @@ impl RedisBackend {
                 StoreError::from(e)
             }
         })?;
-        let prefix = opts.prefix.clone().unwrap_or_default();
-        Ok(RedisBackend {
-            client,
-            conn,
-            base: format!("{prefix}{{baton}}:"),
-            prefix,
-            scripts: Scripts::new(),
-            wake: tokio::sync::Mutex::new(None),
-            indexed_locks: std::sync::Mutex::new(std::collections::HashSet::new()),
-        })
+        Ok(conn)
     }
 
     fn key(&self, what: &str) -> String {

@@ -190,28 +190,11 @@ pub(super) async fn lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreErr
 /// reads the index instead.)
 async fn scan_lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreError> {
     let head = format!("{}lock:", b.prefix);
-    let pattern = format!("{head}*");
-    let mut conn = b.conn.clone();
-    let mut cursor: u64 = 0;
     let mut names = BTreeSet::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        for k in keys {
-            if let Some(n) = k.strip_prefix(&head) {
-                names.insert(n.to_string());
-            }
+    for k in b.conn.scan(&format!("{head}*")).await? {
+        if let Some(n) = k.strip_prefix(&head) {
+            names.insert(n.to_string());
         }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
     }
     Ok(names.into_iter().collect())
 }
