@@ -65,4 +65,4 @@ if [ "${BATON_CLUSTER_SHELL:-}" = 1 ]; then
   # For a person: keep the cluster up and print its URL.
   echo "redis+cluster://$hosts"; wait
 fi
-BATON_TEST_REDIS="redis+cluster://$hosts" cargo test -p baton --test conformance "${@:-redis::}"
+BATON_REQUIRE_BACKENDS=1 BATON_TEST_REDIS="redis+cluster://$hosts" cargo test -p baton --test conformance "${@:-redis::}"

@@ -500,7 +500,7 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
         Kind::Redis => {
             let mut c = redis_conn(ts).await;
             let n: i64 = redis::cmd("DEL")
-                .arg(format!("{}{{baton}}:lock:{name}", ts.prefix))
+                .arg(format!("{}{{baton:lock:{name}}}", ts.prefix))
                 .query_async(&mut c)
                 .await
                 .unwrap();
@@ -720,7 +720,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     if let Kind::Redis = ts.kind {
         let mut conn = redis_conn(&ts).await;
         let ttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{p}{{baton}}:lock:L"))
+            .arg(format!("{p}{{baton:lock:L}}"))
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -731,6 +731,31 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
             .await
             .unwrap();
         assert_eq!(old, 0, "baton's own lock key moved into its namespace");
+        // Schema 8: one hash tag per queue, job and lock; nothing left
+        // under the old single tag but the index keys.
+        for (key, there) in [
+            ("{baton}:lock:L", 0),
+            ("{baton}:task:1", 0),
+            ("{baton}:ids", 0),
+            ("{baton}:running", 0),
+            ("{baton}:q:up:ready", 0),
+            ("{baton}:counts:up", 0),
+            ("{baton}:job:J", 0),
+            ("{baton}:jobs", 0),
+            ("{baton:q:up}:task:1", 1),
+            ("{baton:q:up}:task:3", 1),
+            ("{baton:q:up}:sched", 1),
+            ("{baton:q:up}:running", 1),
+            ("{baton:q:jq}:job:J", 1),
+            ("{baton}:where", 1),
+        ] {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(format!("{p}{key}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(n, there, "{p}{key} after the upgrade to schema 8");
+        }
         foreign_keys_untouched(&ts, &p).await;
     }
     // The lock is listed (on Redis, through the index the upgrade built).

@@ -117,7 +117,7 @@ mod scripts;
 mod tls;
 
 use decode::{opt_arg, parse_i64, parse_u64, task_info};
-pub use schema::SCHEMA_VERSION;
+pub use schema::{CLUSTER_LAYOUT_VERSION, SCHEMA_VERSION};
 use scripts::Scripts;
 
 /// How long one connection attempt of the wake-up (pub/sub) connection may
@@ -155,6 +155,14 @@ pub struct RedisBackend {
     base: String,
     scripts: Scripts,
     wake: tokio::sync::Mutex<Option<Listener>>,
+    /// The queue of each task id this process has claimed or enqueued
+    /// lately (a task's queue never changes), so finish, heartbeat and
+    /// progress find its shard without asking `B where`; bounded by
+    /// [`REMEMBERED`].
+    task_queues: std::sync::Mutex<HashMap<i64, String>>,
+    /// The home queue of each job this process has used (see
+    /// [`RedisBackend::job_home`]).
+    job_homes: std::sync::Mutex<HashMap<String, String>>,
     /// Lock names this process has added to the lock index (`B locks`),
     /// so each is added once, not on every acquire (see [`INDEXED_LOCKS`]).
     indexed_locks: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -164,6 +172,10 @@ pub struct RedisBackend {
 /// [`RedisBackend::indexed_locks`]; past it the memory starts over (a name
 /// added again is a no-op on the server).
 const INDEXED_LOCKS: usize = 65_536;
+
+/// At most this many task ids (and job names) are remembered with their
+/// queue; past it the memory starts over.
+const REMEMBERED: usize = 65_536;
 
 /// Connect to Redis and return the backend.
 ///
@@ -196,6 +208,8 @@ impl RedisBackend {
             scripts: Scripts::new(),
             wake: tokio::sync::Mutex::new(None),
             indexed_locks: std::sync::Mutex::new(std::collections::HashSet::new()),
+            task_queues: std::sync::Mutex::new(HashMap::new()),
+            job_homes: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -267,10 +281,16 @@ impl RedisBackend {
         }
     }
 
-    /// Where lock `name` lives: `B lock:<name>`, in baton's own
-    /// namespace (schema 6; before, `P lock:<name>`, see
-    /// [`RedisBackend::legacy_lock_key`]).
+    /// Where lock `name` lives: `P{baton:lock:<name>}`, a hash tag of its
+    /// own (schema 8; before, `B lock:<name>`, and before schema 6
+    /// `P lock:<name>`).
     fn lock_key(&self, name: &str) -> String {
+        format!("{}{{baton:lock:{name}}}", self.prefix)
+    }
+
+    /// Where schema versions 6 and 7 kept lock `name`: `B lock:<name>`.
+    /// Only the upgrade steps use it.
+    fn v6_lock_key(&self, name: &str) -> String {
         format!("{}lock:{name}", self.base)
     }
 
@@ -281,12 +301,202 @@ impl RedisBackend {
         format!("{}lock:{name}", self.prefix)
     }
 
+    /// The base of every key of `queue` (and of the jobs whose home it
+    /// is): `P{baton:q:<queue>}:`, one hash tag per queue.
+    fn qbase(&self, queue: &str) -> String {
+        format!("{}{{baton:q:{queue}}}:", self.prefix)
+    }
+
+    /// Run a script of `queue`'s keys: `KEYS[1]` routes to the queue's
+    /// slot and `ARGV[1]` is its key base.
+    async fn qs<T: FromRedisValue>(
+        &self,
+        queue: &str,
+        script: &Script,
+        args: Vec<String>,
+    ) -> Result<T, StoreError> {
+        let base = self.qbase(queue);
+        let mut inv = script.key(format!("{base}counts"));
+        inv.arg(&base);
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Every queue that ever had a task (`B queues`), sorted.
+    async fn queues(&self) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut v: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.key("queues"))
+            .query_async(&mut conn)
+            .await?;
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// Reserve one id per task of `queues` (in that order), recording
+    /// where each lives; returns the first (the others follow it).
+    async fn reserve_ids(&self, queues: &[&str]) -> Result<i64, StoreError> {
+        self.q(
+            &self.scripts.ids,
+            queues.iter().map(|q| q.to_string()).collect(),
+        )
+        .await
+    }
+
+    /// Forget reserved ids no task took (the enqueue found its unique key
+    /// held, or the slot advance recorded nothing). A failure leaves
+    /// entries pointing at a queue without such a task: harmless.
+    async fn unreserve(&self, ids: &[i64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut conn = self.conn.clone();
+        for chunk in ids.chunks(1000) {
+            let r: Result<(), redis::RedisError> = redis::cmd("HDEL")
+                .arg(self.key("where"))
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "redis: could not forget unused task ids");
+            }
+        }
+    }
+
+    /// Remember that task `id` lives in `queue`.
+    fn remember_task(&self, id: i64, queue: &str) {
+        if let Ok(mut m) = self.task_queues.lock() {
+            if m.len() >= REMEMBERED {
+                m.clear();
+            }
+            m.insert(id, queue.to_string());
+        }
+    }
+
+    /// The queue task `id` lives in (`None`: no such task was ever
+    /// enqueued): remembered, or read from `B where`.
+    async fn queue_of(&self, id: i64) -> Result<Option<String>, StoreError> {
+        if let Some(q) = self
+            .task_queues
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).cloned())
+        {
+            return Ok(Some(q));
+        }
+        let mut conn = self.conn.clone();
+        let q: Option<String> = redis::cmd("HGET")
+            .arg(self.key("where"))
+            .arg(id)
+            .query_async(&mut conn)
+            .await?;
+        if let Some(q) = &q {
+            self.remember_task(id, q);
+        }
+        Ok(q)
+    }
+
+    /// The home queue of `job` (whose tag holds the job's keys: its
+    /// cursor, unfinished runs and slot tombstones), from `B jobq`;
+    /// `fresh` reads past this process's memory.
+    async fn job_home(&self, job: &str, fresh: bool) -> Result<Option<String>, StoreError> {
+        if !fresh {
+            if let Some(q) = self.job_homes.lock().ok().and_then(|m| m.get(job).cloned()) {
+                return Ok(Some(q));
+            }
+        }
+        let mut conn = self.conn.clone();
+        let q: Option<String> = redis::cmd("HGET")
+            .arg(self.key("jobq"))
+            .arg(job)
+            .query_async(&mut conn)
+            .await?;
+        if let (Some(q), Ok(mut m)) = (&q, self.job_homes.lock()) {
+            if m.len() >= REMEMBERED {
+                m.clear();
+            }
+            m.insert(job.to_string(), q.clone());
+        }
+        Ok(q)
+    }
+
+    /// Make `to` the home queue of `job`, moving its record and its
+    /// unfinished runs from its old home (a job's queue changed, or its
+    /// first run names one). Not atomic across the two shards: a move
+    /// while schedulers of the old queue still advance the job may lose
+    /// their last advance (stop them first when changing a job's queue).
+    /// The old home's slot tombstones stay where they are.
+    async fn move_job(&self, job: &str, from: Option<&str>, to: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        if let Some(from) = from {
+            let old = self.qbase(from);
+            let h: Vec<String> = redis::cmd("HGETALL")
+                .arg(format!("{old}job:{job}"))
+                .query_async(&mut conn)
+                .await?;
+            let act: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(format!("{old}jobactive:{job}"))
+                .query_async(&mut conn)
+                .await?;
+            let mut args = sargs![job, h.len()];
+            args.extend(h);
+            args.extend(act);
+            self.qs::<i64>(to, &self.scripts.job_import, args).await?;
+        }
+        redis::cmd("HSET")
+            .arg(self.key("jobq"))
+            .arg(job)
+            .arg(to)
+            .query_async::<()>(&mut conn)
+            .await?;
+        if let Ok(mut m) = self.job_homes.lock() {
+            m.insert(job.to_string(), to.to_string());
+        }
+        if let Some(from) = from {
+            let old = self.qbase(from);
+            for k in [format!("{old}job:{job}"), format!("{old}jobactive:{job}")] {
+                redis::cmd("DEL")
+                    .arg(k)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The home queue of `job`, made `queue` when given and different.
+    async fn ensure_job_home(&self, job: &str, queue: Option<&str>) -> Result<String, StoreError> {
+        let home = self.job_home(job, false).await?;
+        match (home, queue) {
+            (Some(h), None) => Ok(h),
+            (Some(h), Some(q)) if h == q => Ok(h),
+            (home, q) => {
+                // The memory may be stale: read again before moving.
+                let home = match home {
+                    Some(_) => self.job_home(job, true).await?,
+                    None => None,
+                };
+                let to = q
+                    .map(str::to_string)
+                    .or_else(|| home.clone())
+                    .unwrap_or_default();
+                if home.as_deref() != Some(to.as_str()) {
+                    self.move_job(job, home.as_deref(), &to).await?;
+                }
+                Ok(to)
+            }
+        }
+    }
+
     fn wake_channel(&self) -> String {
         self.key("wake")
     }
 
-    /// Run a queue/job script: `KEYS[1]` routes to the `{baton}` slot and
-    /// `ARGV[1]` is the key base.
+    /// Run an index script (`B` keys only: the schema version, ids):
+    /// `KEYS[1]` routes to the `{baton}` slot and `ARGV[1]` is `B`.
     async fn q<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -339,50 +549,84 @@ impl RedisBackend {
         Ok(inv.invoke_async(&mut conn).await?)
     }
 
+    /// The records of locks `names`: one script per lock (each lock has
+    /// its own hash tag), 16 at a time.
     async fn lock_records(&self, names: &[String]) -> Result<Vec<LockInfo>, StoreError> {
-        let mut inv = self.scripts.lock_get.prepare_invoke();
-        for n in names {
-            inv.key(self.lock_key(n));
-        }
-        let mut conn = self.conn.clone();
-        let v: Vec<String> = inv.invoke_async(&mut conn).await?;
-        let now_ms = v
-            .first()
-            .ok_or_else(|| StoreError::Corrupt("lock read: empty reply".into()))
-            .and_then(|s| parse_i64(s, "now"))?;
-        let now = from_ms(now_ms)?;
         let mut out = Vec::new();
-        for (name, rec) in names.iter().zip(v[1..].chunks(4)) {
-            if rec.len() < 4 || rec[3].is_empty() {
-                continue;
+        for chunk in names.chunks(16) {
+            let reads =
+                futures_util::future::join_all(chunk.iter().map(|n| self.lock_record(n))).await;
+            for r in reads {
+                out.extend(r?);
             }
-            let until = parse_i64(&rec[3], "lock_until")?;
-            out.push(LockInfo {
-                name: name.clone(),
-                holder: rec[0].clone(),
-                token: FencingToken(parse_u64(&rec[1], "token")?),
-                locked_at: from_ms(parse_i64(&rec[2], "locked_at")?)?,
-                lock_until: from_ms(until)?,
-                held: until > now_ms,
-                now,
-            });
         }
         Ok(out)
     }
 
+    /// The record of lock `name`, if it has one baton wrote.
+    async fn lock_record(&self, name: &String) -> Result<Option<LockInfo>, StoreError> {
+        let mut conn = self.conn.clone();
+        let v: Vec<String> = self
+            .scripts
+            .lock_get
+            .key(self.lock_key(name))
+            .invoke_async(&mut conn)
+            .await?;
+        let now_ms = v
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("lock read: empty reply".into()))
+            .and_then(|s| parse_i64(s, "now"))?;
+        let rec = &v[1..];
+        if rec.len() < 4 || rec[3].is_empty() {
+            return Ok(None);
+        }
+        let until = parse_i64(&rec[3], "lock_until")?;
+        Ok(Some(LockInfo {
+            name: name.clone(),
+            holder: rec[0].clone(),
+            token: FencingToken(parse_u64(&rec[1], "token")?),
+            locked_at: from_ms(parse_i64(&rec[2], "locked_at")?)?,
+            lock_until: from_ms(until)?,
+            held: until > now_ms,
+            now: from_ms(now_ms)?,
+        }))
+    }
+
+    /// One page of the listing: each queue's newest matching tasks
+    /// (one queue when the filter names it), merged newest first.
     async fn list_page(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         let limit = if filter.limit == 0 { 100 } else { filter.limit } as usize;
+        let queues = match &filter.queue {
+            Some(q) => vec![q.clone()],
+            None => self.queues().await?,
+        };
+        let mut out = Vec::new();
+        for q in &queues {
+            out.extend(self.list_queue(q, filter, limit).await?);
+        }
+        out.sort_by(|a, b| b.id.cmp(&a.id));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// The newest `limit` tasks of `queue` that match `filter`.
+    async fn list_queue(
+        &self,
+        queue: &str,
+        filter: &TaskFilter,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, StoreError> {
         let state = filter.state.map(|s| s.as_str()).unwrap_or("");
-        let queue = opt_arg(filter.queue.as_deref());
         let job = opt_arg(filter.job.as_deref());
         let mut before = filter.before_id.map(|b| b.to_string()).unwrap_or_default();
         let mut out = Vec::new();
         loop {
             let want = (limit - out.len()).to_string();
             let (maps, last, exhausted): (Vec<HashMap<String, String>>, String, i64) = self
-                .q(
+                .qs(
+                    queue,
                     &self.scripts.list,
-                    sargs![before, want, state, queue, job, LIST_SCAN],
+                    sargs![before, want, state, opt_arg(Some(queue)), job, LIST_SCAN],
                 )
                 .await?;
             for m in &maps {
