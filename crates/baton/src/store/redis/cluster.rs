@@ -26,8 +26,9 @@ use crate::store::{redact, StoreOptions};
 /// The connection the backend holds: one node or a cluster.
 #[derive(Clone)]
 pub(super) enum Conn {
-    /// One Redis server (`redis://`, `rediss://`).
-    Single(ConnectionManager),
+    /// One Redis server (`redis://`, `rediss://`); boxed, as it is much
+    /// larger than the cluster's handle.
+    Single(Box<ConnectionManager>),
     /// A Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
     Cluster(ClusterConnection),
 }
@@ -35,7 +36,7 @@ pub(super) enum Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Single(c) => c.as_mut().req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -47,14 +48,14 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Single(c) => c.as_mut().req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
+            Conn::Single(c) => c.as_ref().get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -67,7 +68,7 @@ impl Conn {
         match self {
             Conn::Single(c) => {
                 scan_node(pattern, |cmd| {
-                    let mut c = c.clone();
+                    let mut c = c.as_ref().clone();
                     async move { cmd.query_async::<Value>(&mut c).await }
                 })
                 .await

@@ -195,7 +195,7 @@ impl RedisBackend {
         } else {
             let client = tls::open_client(url)?;
             (
-                Conn::Single(Self::connect_single(&client, url, opts).await?),
+                Conn::Single(Box::new(Self::connect_single(&client, url, opts).await?)),
                 client,
             )
         };
@@ -564,7 +564,7 @@ impl RedisBackend {
     }
 
     /// The record of lock `name`, if it has one baton wrote.
-    async fn lock_record(&self, name: &String) -> Result<Option<LockInfo>, StoreError> {
+    async fn lock_record(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
         let mut conn = self.conn.clone();
         let v: Vec<String> = self
             .scripts
@@ -582,7 +582,7 @@ impl RedisBackend {
         }
         let until = parse_i64(&rec[3], "lock_until")?;
         Ok(Some(LockInfo {
-            name: name.clone(),
+            name: name.to_string(),
             holder: rec[0].clone(),
             token: FencingToken(parse_u64(&rec[1], "token")?),
             locked_at: from_ms(parse_i64(&rec[2], "locked_at")?)?,
@@ -604,7 +604,7 @@ impl RedisBackend {
         for q in &queues {
             out.extend(self.list_queue(q, filter, limit).await?);
         }
-        out.sort_by(|a, b| b.id.cmp(&a.id));
+        out.sort_by_key(|t| std::cmp::Reverse(t.id));
         out.truncate(limit);
         Ok(out)
     }
