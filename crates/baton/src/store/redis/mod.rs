@@ -7,47 +7,102 @@
 //!
 //! # Keys
 //!
-//! With `P` the configured prefix (default empty) and `B = P{baton}:`:
+//! With `P` the configured prefix (default empty), three kinds of hash tag
+//! (schema 8), so a Redis Cluster spreads queues and locks over its shards
+//! while every script touches the keys of one tag only (one shard, atomic):
 //!
-//! - `B lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
-//!   (ms). Never deleted by release and never expires (schema 2; before, it
-//!   had a TTL a day past `lock_until`), so it keeps the last token. A new
-//!   token is `max(previous + 1, TIME in µs)` so tokens keep rising even
-//!   after a restart that lost data. Schema 6 moved it here from
-//!   `P lock:<name>` (with the default empty prefix the bare
-//!   `lock:<name>` that other tools, e.g. ShedLock, write too). A value
-//!   baton did not write at a lock key (another type, a hash without
-//!   baton's fields) is never changed: it reads as held by something else.
-//! - `B task:<id>` — hash with every task field (timestamps in ms since the
+//! - `Q = P{baton:q:<queue>}:` — one tag per queue: everything a queue
+//!   script (enqueue, claim, heartbeat, finish, cancel, retry, rescue,
+//!   prune, stats, listing) or a job script touches.
+//! - `P{baton:lock:<name>}` — one tag per lock: the lock's record.
+//! - `B = P{baton}:` — the index keys, read or written by separate
+//!   commands and by the index scripts (`ids.lua`, `migrate.lua`), never
+//!   by a queue, job or lock script.
+//!
+//! Per queue (`Q`):
+//!
+//! - `Q task:<id>` — hash with every task field (timestamps in ms since the
 //!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
 //!   `claim_token`, absent before the first claim of schema 2, counts as 0).
-//! - `B seq` — the id counter: each new id is `max(INCR, TIME in µs)`
-//!   (the clock read once per script), so ids never repeat even after a
-//!   restart that lost the counter (DESIGN.md I1).
-//! - `B store_id` — the store's identity, a random id set once (`SET NX`)
-//!   by `migrate`; read with `B seq` by `store_identity` (DESIGN.md E2).
-//! - `B q:<queue>:sched` — zset of pending tasks not yet due, score `run_at`.
-//! - `B q:<queue>:ready` — zset of due pending tasks, score
+//! - `Q sched` — zset of pending tasks not yet due, score `run_at`.
+//! - `Q ready` — zset of due pending tasks, score
 //!   `(priority + 128) · 2⁴³ + run_at` (exact in a double: < 2⁵¹), members
 //!   zero-padded ids so equal scores order by id.
-//! - `B running` — zset of running tasks, score `lease_until` (rescue).
-//! - `B done` — zset of terminal tasks, score `finished_at` (prune).
-//! - `B ids` — zset of every task id (listing, newest first).
-//! - `B uniq:<key>` — the id holding a unique key.
-//! - `B counts:<queue>` — hash state → count (stats); `B queues` — set.
-//! - `B paused` — set of paused queues (schema 3): the claim script returns
-//!   nothing for a queue in it.
-//! - `B jobactive:<job>` — set of the job's pending/running task ids.
-//! - `B job:<name>` — hash `last_slot` (ms), `paused`; `B jobs` — set.
+//! - `Q running` — zset of running tasks, score `lease_until` (rescue).
+//! - `Q done` — zset of terminal tasks, score `finished_at` (prune).
+//! - `Q ids` — zset of the queue's task ids (listing, newest first).
+//! - `Q counts` — hash state → count (stats); `Q paused` — `"1"` while the
+//!   queue is paused (schema 3; the claim script returns nothing then).
+//! - `Q uniq:<key>` — the id holding a unique key. **Unique keys are scoped
+//!   by queue** (schema 8; before, store-wide): the check and the take are
+//!   one script with the insert only when the key lives with the queue. A
+//!   store-wide key on a cluster would take a first step on the key's own
+//!   shard and a compensating delete when the insert fails, and a window
+//!   (between the two) in which a crashed enqueuer's key looks taken or
+//!   free: not sound without leases of its own. The SQL stores still take
+//!   keys store-wide (issue 29 scopes them by queue everywhere).
+//! - Jobs live in the tag of their *home queue* (the queue their runs go
+//!   to), so a slot advance and the task it enqueues are one script:
+//!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`;
+//!   `Q jobactive:<job>` — set of the job's pending/running task ids;
+//!   `Q slot:<job|slot>` — the tombstone of a slot whose task was pruned.
+//!   A job registered without a queue lives in the empty queue's tag until
+//!   its first run names one; when a job's queue changes its record and
+//!   unfinished runs move (not atomically: stop the schedulers of the old
+//!   queue first), its old tombstones stay behind.
+//!
+//! Index keys (`B`):
+//!
+//! - `B seq` — the id counter, one for the whole store: `ids.lua` reserves
+//!   the ids of an enqueue (or slot advance) before the insert script runs,
+//!   each `max(previous + 1, TIME in µs)`, so ids never repeat, even after a
+//!   restart that lost the counter (DESIGN.md I1), nor across shards. An id
+//!   reserved but not taken (a held unique key, a slot advance that
+//!   recorded nothing) is a gap.
+//! - `B where` — hash id → queue, written with the reservation (before the
+//!   task exists, so every task has one), so get, cancel and retry by id
+//!   find the queue's shard; finish, heartbeat and progress use what this
+//!   process's claim returned and ask `B where` only when it forgot.
+//!   Entries of unused ids and pruned tasks are deleted (a missed delete
+//!   only points at a queue without such a task).
+//! - `B queues` — set of every queue: stats, listings, rescue and prune
+//!   fan out over it, one script per queue. `B paused` — set of paused
+//!   queues (listed by the stats even without tasks).
+//! - `B jobq` — hash job → home queue (`job_list`, `slot_get`, and the slot
+//!   advance of a job without a task).
+//! - `B store_id` — the store's identity, a random id set once (`SET NX`)
+//!   by `migrate`; read with `B seq` by `store_identity` (DESIGN.md E2).
+//! - `B locks` — the lock index (names); `B schema` — the schema version.
 //! - `B wake` — the pub/sub channel announcing new pending work: the queue
-//!   name (due now), or `queue\n<run_at in µs>` for work due later.
-//! - `B schema` — the schema version.
+//!   name (due now), or `queue\n<run_at in µs>` for work due later (a
+//!   publish reaches every node of a cluster; the subscription holds one
+//!   connection to the first seed node).
 //!
-//! All keys share the `{baton}` hash tag, so a Redis Cluster could run
-//! every script on one slot. baton never writes, expires or deletes a key
-//! outside `B`: the upgrade steps that convert older lock keys at
-//! `P lock:<name>` touch only those that are baton's by shape.
+//! Locks: `P{baton:lock:<name>}` — hash `holder`, `token`, `locked_at`,
+//! `lock_until` (ms). Never deleted by release and never expires (schema
+//! 2; before, it had a TTL a day past `lock_until`), so it keeps the last
+//! token. A new token is `max(previous + 1, TIME in µs)` so tokens keep
+//! rising even after a restart that lost data. Schema 6 moved it from
+//! `P lock:<name>` (with the default empty prefix the bare `lock:<name>`
+//! that other tools, e.g. ShedLock, write too) to `B lock:<name>`, schema 8
+//! to a tag of its own. A value baton did not write at a lock key (another
+//! type, a hash without baton's fields) is never changed: it reads as held
+//! by something else.
 //!
+//! One layout and one code path for a single server and a cluster.
+//! baton never writes, expires or deletes a key outside `P{baton…`: the
+//! upgrade steps that convert older lock keys at `P lock:<name>` touch
+//! only those that are baton's by shape.
+//!
+//! # Cluster
+//!
+//! `redis+cluster://[USER:PASSWORD@]H1:P1,H2:P2,…` (`rediss+cluster://`
+//! with TLS, the same `sslrootcert`/`sslcert`/`sslkey` as `rediss://`)
+//! connects through redis-rs's async cluster client (`cluster.rs`), which
+//! follows `MOVED`/`ASK`. Each node's `TIME` is its own clock: scripts on
+//! different shards read different clocks (keep the nodes' clocks in sync,
+//! as for any cluster); a lock's or a queue's decisions all read one node's.
+
 //! # Faults
 //!
 //! Commands go through a [`ConnectionManager`] with short connection and
@@ -69,7 +124,8 @@
 //! its data; [`Backend::warnings`] says so when AOF is off.
 //!
 //! Files: `scripts.rs` with `lua/*.lua` (one file per script), `schema.rs`
-//! (version and `UPGRADES`), `tls.rs` (opening the client), `listener.rs`
+//! (version and `UPGRADES`), `tls.rs` (opening the client), `cluster.rs`
+//! (cluster URLs and the connection kinds), `listener.rs`
 //! (pub/sub wake-ups), `decode.rs` (arguments and replies), `backend.rs` (the
 //! [`Backend`] impl).
 
