@@ -164,6 +164,17 @@ struct ThroughputArgs {
     /// this many tasks per worker.
     #[arg(long)]
     prefetch_up_to: Option<usize>,
+    /// Queues the jobs are spread over (`bench` for 1, else `bench0`…),
+    /// each worker serving all of them at `--concurrency` each: on a Redis
+    /// Cluster each queue is a hash tag of its own, so they spread over
+    /// the shards.
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
+    /// The queues by name, comma-separated (instead of `--queues`): e.g.
+    /// `a,b,c`, whose tags hash to the three shards of a 3-master cluster
+    /// (`bench1` and `bench2` share one).
+    #[arg(long, value_delimiter = ',', conflicts_with = "queues")]
+    queue_names: Vec<String>,
     /// Tasks per `enqueue_many` call while pre-inserting.
     #[arg(long, default_value_t = 10_000)]
     insert_batch: u64,
@@ -350,6 +361,9 @@ impl Ctx {
         if self.url.starts_with("redis://") || self.url.starts_with("rediss://") {
             return self.cleanup_redis().await;
         }
+        if let Some(rest) = self.url.strip_prefix("redis+cluster://") {
+            return self.cleanup_redis_cluster(rest).await;
+        }
         if !self.is_postgres() {
             return Ok(());
         }
@@ -363,6 +377,35 @@ impl Ctx {
         sqlx::query(&format!("DROP SEQUENCE IF EXISTS \"{p}tasks_id_seq\""))
             .execute(&mut c)
             .await?;
+        Ok(())
+    }
+
+    /// [`Ctx::cleanup_redis`] on a Redis Cluster (`hosts` the URL after
+    /// its scheme): the prefix's keys of every master, deleted one by one.
+    async fn cleanup_redis_cluster(&self, hosts: &str) -> Result<()> {
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+        let hosts = hosts.split(['/', '?']).next().unwrap_or_default();
+        let nodes: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
+        let mut c = redis::cluster::ClusterClient::new(nodes)
+            .context("opening the Redis Cluster to clean up")?
+            .get_async_connection()
+            .await
+            .context("connecting to the Redis Cluster to clean up")?;
+        let mut keys_cmd = redis::cmd("KEYS");
+        keys_cmd.arg(format!("{}*", self.prefix));
+        let v = c
+            .route_command(
+                &keys_cmd,
+                RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::CombineArrays),
+                )),
+            )
+            .await?;
+        let keys: Vec<String> = redis::from_redis_value(&v)?;
+        for k in keys {
+            let _: () = redis::cmd("UNLINK").arg(&k).query_async(&mut c).await?;
+        }
         Ok(())
     }
 
@@ -575,13 +618,27 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let ctx = Ctx::new(&a.common);
     let store = ctx.connect().await?;
     let kind = store.backend().kind();
-    let queue = "bench";
+    let queues: Vec<String> = match a.queues {
+        _ if !a.queue_names.is_empty() => a.queue_names.clone(),
+        0 => bail!("--queues: at least 1"),
+        1 => vec!["bench".to_string()],
+        n => (0..n).map(|i| format!("bench{i}")).collect(),
+    };
     let q = Queue::new(store.clone());
-    let insert_s = insert_jobs(&q, queue, a.jobs, a.insert_batch).await?;
+    let t_insert = Instant::now();
+    for (i, queue) in queues.iter().enumerate() {
+        // The jobs split evenly, the first queues taking the remainder.
+        let n = a.jobs / queues.len() as u64 + u64::from((i as u64) < a.jobs % queues.len() as u64);
+        insert_jobs(&q, queue, n, a.insert_batch).await?;
+    }
+    let insert_s = t_insert.elapsed().as_secs_f64();
 
     let started = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
-    let mut cfg = WorkerConfig::default().queue(queue, a.concurrency);
+    let mut cfg = WorkerConfig::default();
+    for queue in &queues {
+        cfg = cfg.queue(queue.as_str(), a.concurrency);
+    }
     if a.hold_slots {
         cfg = cfg.free_slot_on_return(false);
     }
@@ -631,10 +688,16 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let handlers_done = t0.elapsed().as_secs_f64();
     loop {
         let st = q.stats().await?;
-        let row = st.iter().find(|s| s.queue == queue);
-        let (succeeded, left, bad) = row.map_or((0, 0, 0), |s| {
-            (s.succeeded, s.pending + s.running, s.failed + s.cancelled)
-        });
+        let (succeeded, left, bad) =
+            st.iter()
+                .filter(|s| queues.contains(&s.queue))
+                .fold((0, 0, 0), |(d, l, b), s| {
+                    (
+                        d + s.succeeded,
+                        l + s.pending + s.running,
+                        b + s.failed + s.cancelled,
+                    )
+                });
         if bad > 0 {
             shutdown.cancel();
             bail!("{bad} tasks failed or were cancelled");
@@ -659,6 +722,7 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     emit(
         json!({
             "bench": "queue-throughput", "store": kind, "jobs": a.jobs, "workers": a.workers,
+            "queues": queues.len(), "queue_names": queues, "cluster": ctx.url.contains("+cluster://"),
             "concurrency": a.concurrency, "pool": ctx.pool,
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
@@ -670,7 +734,8 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "prefetch_adaptive": used.prefetch_adaptive(),
         }),
         format!(
-            "queue-throughput {kind}: insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
+            "queue-throughput {kind}{}: {} queue(s), insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
+            if ctx.url.contains("+cluster://") { " (cluster)" } else { "" }, queues.len(),
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
             used.free_slot_on_return_on(), used.result_batches(),
             if used.prefetch_adaptive() { "up to " } else { "" }, used.prefetch_tasks()

@@ -461,6 +461,10 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     .context("migrate")?;
     let prefix = r.prefix.as_deref().unwrap_or("(default)");
     let to = before.expected;
+    let redis_layout = s.backend().kind() == "redis"
+        && before
+            .found
+            .is_some_and(|v| v < baton::store::redis::CLUSTER_LAYOUT_VERSION);
     match before.found {
         None => outln!(
             "created the baton schema (version {to}) on {} (prefix {prefix})",
@@ -474,6 +478,15 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
             "schema already up to date (version {to}) on {} (prefix {prefix})",
             s.url()
         ),
+    }
+    if redis_layout {
+        outln!(
+            "note: schema v{} moved every key to one hash tag per queue and per lock \
+             (Redis Cluster ready); baton processes of an older version must not run on \
+             this store any more: stop them (they would keep writing the old keys) and \
+             start this version",
+            baton::store::redis::CLUSTER_LAYOUT_VERSION
+        );
     }
     Ok(0)
 }

@@ -265,14 +265,14 @@ fn only_baton_s_own_keys() {
         .unwrap();
     assert!(ttl > 800_000, "ShedLock's TTL kept: {ttl}");
     assert_eq!(
-        r.cli(&["TYPE", "{baton}:lock:daemon-runner"]).trim(),
+        r.cli(&["TYPE", "{baton:lock:daemon-runner}"]).trim(),
         "hash"
     );
 
     // A value baton did not write where its lock would be: busy, 75.
     r.cli(&[
         "SET",
-        "app:{baton}:lock:daemon-runner",
+        "app:{baton:lock:daemon-runner}",
         SHED,
         "PX",
         "900000",
@@ -300,7 +300,7 @@ fn only_baton_s_own_keys() {
         "{err}"
     );
     assert_eq!(
-        r.cli(&["GET", "app:{baton}:lock:daemon-runner"]).trim(),
+        r.cli(&["GET", "app:{baton:lock:daemon-runner}"]).trim(),
         SHED
     );
 
@@ -331,7 +331,7 @@ fn only_baton_s_own_keys() {
         stdout(&out)
     );
     assert_eq!(
-        r.cli(&["HGET", "old:{baton}:lock:mine", "token"]).trim(),
+        r.cli(&["HGET", "old:{baton:lock:mine}", "token"]).trim(),
         "7"
     );
     assert_eq!(r.cli(&["EXISTS", "old:lock:mine"]).trim(), "0");

@@ -7,11 +7,14 @@
 //!   crash or serve over TLS.
 //! - [`process`]: a spawned server process killed when its guard drops.
 //! - [`certs`]: test certificates made with `openssl`.
+//! - [`cluster`]: raw Redis connections, one node or a cluster, for tests
+//!   that read keys behind the store's back.
 //! - [`proxy`]: the fault proxy `baton chaos` uses (one copy of its source).
 //!
 //! A dev-dependency only: nothing here ships.
 
 pub mod certs;
+pub mod cluster;
 pub mod private;
 pub mod process;
 #[path = "../../baton-cli/src/chaos/proxy.rs"]

@@ -159,6 +159,29 @@ impl From<redis::RedisError> for StoreError {
         if e.is_timeout() {
             return StoreError::driver(true, "timed out waiting for redis", e);
         }
+        match e.kind() {
+            // A single-node client redirected by a cluster node: the URL's
+            // fault, not an outage.
+            redis::ErrorKind::Moved | redis::ErrorKind::Ask => {
+                return StoreError::driver(
+                    false,
+                    "the Redis server is a cluster node and redirected the command to another \
+                     node; use redis+cluster://HOST:PORT[,HOST:PORT…] (rediss+cluster:// for TLS)",
+                    e,
+                )
+            }
+            redis::ErrorKind::ClusterDown => {
+                return StoreError::driver(true, "the Redis Cluster is down", e)
+            }
+            redis::ErrorKind::CrossSlot => {
+                return StoreError::driver(
+                    false,
+                    "redis cluster: one command or script touched keys of several slots",
+                    e,
+                )
+            }
+            _ => {}
+        }
         let retryable = e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()

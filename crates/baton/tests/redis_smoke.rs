@@ -118,14 +118,14 @@ async fn lock_record_is_a_hash_without_ttl() {
     // The key and its fields.
     let mut c = raw().await;
     let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(format!("{p}{{baton}}:lock:job"))
+        .arg(format!("{p}{{baton:lock:job}}"))
         .query_async(&mut c)
         .await
         .unwrap();
     assert_eq!(h.get("token"), Some(&t1.0.to_string()));
     assert_eq!(h.get("holder").map(String::as_str), Some("a"));
     let ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("{p}{{baton}}:lock:job"))
+        .arg(format!("{p}{{baton:lock:job}}"))
         .query_async(&mut c)
         .await
         .unwrap();
@@ -145,14 +145,14 @@ async fn default_prefix_lock_key() {
     );
     let mut c = raw().await;
     let tok: Option<String> = redis::cmd("HGET")
-        .arg(format!("{{baton}}:lock:{name}"))
+        .arg(format!("{{baton:lock:{name}}}"))
         .arg("token")
         .query_async(&mut c)
         .await
         .unwrap();
     assert_eq!(tok, Some(t.0.to_string()));
     let _: () = redis::cmd("DEL")
-        .arg(format!("{{baton}}:lock:{name}"))
+        .arg(format!("{{baton:lock:{name}}}"))
         .query_async(&mut c)
         .await
         .unwrap();
@@ -171,8 +171,8 @@ async fn foreign_value_at_a_lock_key_is_held_by_something_else() {
     };
     let b = s.backend();
     let mut c = raw().await;
-    let string_key = format!("{p}{{baton}}:lock:shed");
-    let hash_key = format!("{p}{{baton}}:lock:other");
+    let string_key = format!("{p}{{baton:lock:shed}}");
+    let hash_key = format!("{p}{{baton:lock:other}}");
     let _: () = redis::cmd("SET")
         .arg(&string_key)
         .arg("ADDED:2026-12-01T20:00:00.000Z@pod-a")

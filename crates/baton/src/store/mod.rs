@@ -376,7 +376,9 @@ impl Store {
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
             #[cfg(feature = "redis")]
-            "redis" | "rediss" => redis::connect(url, &opts).await?,
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+                redis::connect(url, &opts).await?
+            }
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => mysql::connect(url, &opts).await?,
             // A guard, not patterns: with every backend on these would be
@@ -492,6 +494,8 @@ const KNOWN_SCHEMES: &[&str] = &[
     "postgresql",
     "redis",
     "rediss",
+    "redis+cluster",
+    "rediss+cluster",
     "mysql",
     "mariadb",
 ];
@@ -501,7 +505,7 @@ const KNOWN_SCHEMES: &[&str] = &[
 fn disabled_backend(url: &str, scheme: &str) -> StoreError {
     let feature = match scheme {
         "postgresql" => "postgres",
-        "rediss" => "redis",
+        "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
         "mariadb" => "mysql",
         s => s,
     };

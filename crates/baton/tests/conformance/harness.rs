@@ -192,11 +192,7 @@ pub async fn set_schema_version(ts: &TestStore, p: &str, v: Option<i64>) {
     match ts.kind {
         Kind::Sqlite | Kind::Postgres | Kind::Mysql => exec_sql(ts, &stmt).await,
         Kind::Redis => {
-            let mut c = redis::Client::open(ts.url.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
+            let mut c = baton_testkit::cluster::connect(&ts.url).await;
             let key = format!("{p}{{baton}}:schema");
             let cmd = match v {
                 Some(v) => {

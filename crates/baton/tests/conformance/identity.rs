@@ -85,18 +85,8 @@ async fn lose_everything(ts: &TestStore) {
         }
         Kind::Redis => {
             let mut c = redis_conn(ts).await;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{p}*"))
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            if !keys.is_empty() {
-                let _: () = redis::cmd("DEL")
-                    .arg(&keys)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-            }
+            let keys = c.keys(&format!("{p}*")).await;
+            c.del(&keys).await;
         }
     }
 }

@@ -455,7 +455,7 @@ pub async fn tokens_rise_after_the_record_is_lost(ts: TestStore) {
     if let crate::harness::Kind::Redis = ts.kind {
         let mut c = crate::upgrade::redis_conn(&ts).await;
         let ttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{}{{baton}}:lock:restored", ts.prefix))
+            .arg(format!("{}{{baton:lock:restored}}", ts.prefix))
             .query_async(&mut c)
             .await
             .unwrap();

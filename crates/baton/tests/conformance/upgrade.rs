@@ -188,8 +188,7 @@ INSERT INTO "{p}jobs" VALUES ('J', to_timestamp({SLOT_MS} / 1000.0), false);
 async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
     let past = now_ms - 60_000;
     let b = format!("{p}{{baton}}:");
-    let client = redis::Client::open(ts.url.as_str()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut c = redis_conn(ts).await;
     let shift: i64 = 8_796_093_022_208;
     let pad = |id: i64| format!("{id:016}");
     let mut pipe = redis::pipe();
@@ -299,7 +298,10 @@ async fn write_v1_redis(ts: &TestStore, p: &str, now_ms: i64) {
         .arg(format!("{b}locks"))
         .arg("daemon-runner")
         .ignore();
-    pipe.query_async::<()>(&mut c).await.unwrap();
+    // One command at a time: on a cluster the keys live on several nodes.
+    for cmd in pipe.cmd_iter() {
+        cmd.query_async::<()>(&mut c).await.unwrap();
+    }
 }
 
 /// ShedLock's value for `lock:daemon-runner`.
@@ -396,8 +398,7 @@ async fn recorded_version(ts: &TestStore, p: &str) -> i64 {
             String::from_utf8(v).unwrap().parse().unwrap()
         }
         Kind::Redis => {
-            let client = redis::Client::open(ts.url.as_str()).unwrap();
-            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let mut c = redis_conn(ts).await;
             redis::cmd("GET")
                 .arg(format!("{p}{{baton}}:schema"))
                 .query_async(&mut c)
@@ -499,7 +500,7 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
         Kind::Redis => {
             let mut c = redis_conn(ts).await;
             let n: i64 = redis::cmd("DEL")
-                .arg(format!("{}{{baton}}:lock:{name}", ts.prefix))
+                .arg(format!("{}{{baton:lock:{name}}}", ts.prefix))
                 .query_async(&mut c)
                 .await
                 .unwrap();
@@ -509,12 +510,8 @@ pub async fn delete_lock_record(ts: &TestStore, name: &str) {
 }
 
 /// A plain connection to the test's Redis.
-pub async fn redis_conn(ts: &TestStore) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(ts.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+pub async fn redis_conn(ts: &TestStore) -> baton_testkit::cluster::RedisConn {
+    baton_testkit::cluster::connect(&ts.url).await
 }
 
 /// A plain one-connection pool on the test's MySQL.
@@ -723,7 +720,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     if let Kind::Redis = ts.kind {
         let mut conn = redis_conn(&ts).await;
         let ttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{p}{{baton}}:lock:L"))
+            .arg(format!("{p}{{baton:lock:L}}"))
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -734,6 +731,31 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
             .await
             .unwrap();
         assert_eq!(old, 0, "baton's own lock key moved into its namespace");
+        // Schema 8: one hash tag per queue, job and lock; nothing left
+        // under the old single tag but the index keys.
+        for (key, there) in [
+            ("{baton}:lock:L", 0),
+            ("{baton}:task:1", 0),
+            ("{baton}:ids", 0),
+            ("{baton}:running", 0),
+            ("{baton}:q:up:ready", 0),
+            ("{baton}:counts:up", 0),
+            ("{baton}:job:J", 0),
+            ("{baton}:jobs", 0),
+            ("{baton:q:up}:task:1", 1),
+            ("{baton:q:up}:task:3", 1),
+            ("{baton:q:up}:sched", 1),
+            ("{baton:q:up}:running", 1),
+            ("{baton:q:jq}:job:J", 1),
+            ("{baton}:where", 1),
+        ] {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(format!("{p}{key}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(n, there, "{p}{key} after the upgrade to schema 8");
+        }
         foreign_keys_untouched(&ts, &p).await;
     }
     // The lock is listed (on Redis, through the index the upgrade built).

@@ -1,7 +1,7 @@
 //! The [`Backend`] impl of the Redis backend: each call is one script (see
 //! `lua/`), with its arguments built and its reply read in [`super::decode`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -264,87 +264,69 @@ impl Backend for RedisBackend {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
-        let chunks: Vec<&[NewTask]> = tasks.chunks(ENQUEUE_CHUNK).collect();
-        let single = chunks.len() == 1;
-        let seq = self.key("seq");
-        let hash = self.scripts.enqueue.get_hash().to_string();
-        let mut out = Vec::with_capacity(tasks.len());
+        // One group per queue (each queue's keys are on one shard), in
+        // order within each; the answer keeps the callers' order.
+        let mut order: Vec<usize> = (0..tasks.len()).collect();
+        order.sort_by(|&a, &b| tasks[a].queue.cmp(&tasks[b].queue));
+        let queues: Vec<&str> = order.iter().map(|&i| tasks[i].queue.as_str()).collect();
+        let first = self.reserve_ids(&queues).await?;
+        let single = tasks.len() <= ENQUEUE_CHUNK && queues.first() == queues.last();
+        let mut out: Vec<Option<Enqueued>> = vec![None; tasks.len()];
+        let mut unused = Vec::new();
         let mut wake: BTreeSet<&str> = BTreeSet::new();
-        let mut conn = self.conn.clone();
-        for group in chunks.chunks(ENQUEUE_PIPELINE) {
-            let pipe = |load: bool| {
-                let mut pipe = redis::pipe();
-                if load {
-                    pipe.cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(&self.scripts.enqueue_code)
-                        .ignore();
+        let mut pos = 0usize;
+        for group in order.chunk_by(|&a, &b| tasks[a].queue == tasks[b].queue) {
+            let queue = tasks[group[0]].queue.as_str();
+            let group_tasks: Vec<&NewTask> = group.iter().map(|&i| &tasks[i]).collect();
+            let replies = self
+                .enqueue_queue(queue, &group_tasks, first + pos as i64, single)
+                .await;
+            let replies = match replies {
+                Ok(r) => r,
+                Err(e) => {
+                    // The ids of this group and the next are unused (those
+                    // of earlier groups are taken).
+                    self.unreserve(
+                        &(pos..tasks.len())
+                            .map(|j| first + j as i64)
+                            .collect::<Vec<_>>(),
+                    )
+                    .await;
+                    return Err(e);
                 }
-                for chunk in group {
-                    pipe.cmd("EVALSHA")
-                        .arg(&hash)
-                        .arg(1)
-                        .arg(&seq)
-                        .arg(&self.base)
-                        .arg(if single { "1" } else { "0" });
-                    for t in *chunk {
-                        push_task_args(&mut pipe, t)?;
-                    }
-                }
-                Ok::<_, StoreError>(pipe)
             };
-            // One script call goes alone (the script is ~8 KB: loading it
-            // each time cost more than the insert); a NOSCRIPT answer means
-            // it did nothing, so it is loaded and sent again. Several go
-            // after a load in the same pipeline, as a NOSCRIPT among them
-            // would leave unknown which ones ran.
-            let replies: Vec<Vec<i64>> = if group.len() == 1 {
-                match pipe(false)?.query_async(&mut conn).await {
-                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                        pipe(true)?.query_async(&mut conn).await?
-                    }
-                    r => r?,
+            for (k, (&i, (e, due))) in group.iter().zip(replies).enumerate() {
+                if !e.inserted {
+                    unused.push(first + (pos + k) as i64);
+                } else if due {
+                    wake.insert(queue);
                 }
-            } else {
-                pipe(true)?.query_async(&mut conn).await?
-            };
-            if replies.len() != group.len() {
-                return Err(StoreError::Corrupt(format!(
-                    "enqueue: {} replies for {} scripts",
-                    replies.len(),
-                    group.len()
-                )));
+                out[i] = Some(e);
             }
-            for (chunk, reply) in group.iter().zip(replies) {
-                if reply.len() != chunk.len() * 3 {
-                    return Err(StoreError::Corrupt(format!(
-                        "enqueue: reply of {} values for {} tasks",
-                        reply.len(),
-                        chunk.len()
-                    )));
-                }
-                for (t, r) in chunk.iter().zip(reply.chunks(3)) {
-                    let inserted = r[1] == 1;
-                    if inserted && r[2] == 1 {
-                        wake.insert(t.queue.as_str());
-                    }
-                    out.push(Enqueued { id: r[0], inserted });
-                }
-            }
+            pos += group.len();
         }
+        self.unreserve(&unused).await;
         if !single && !wake.is_empty() {
             let chan = self.wake_channel();
-            let mut pipe = redis::pipe();
+            let mut conn = self.conn.clone();
             for q in &wake {
-                pipe.cmd("PUBLISH").arg(&chan).arg(*q).ignore();
-            }
-            // The tasks are stored; a lost wake-up only delays them until
-            // the workers poll, so this must not fail the call.
-            if let Err(e) = pipe.query_async::<()>(&mut conn).await {
-                tracing::warn!("redis: publishing wake-ups failed: {e}");
+                // The tasks are stored; a lost wake-up only delays them
+                // until the workers poll, so this must not fail the call.
+                if let Err(e) = redis::cmd("PUBLISH")
+                    .arg(&chan)
+                    .arg(*q)
+                    .query_async::<()>(&mut conn)
+                    .await
+                {
+                    tracing::warn!("redis: publishing wake-ups failed: {e}");
+                }
             }
         }
-        Ok(out)
+        out.into_iter()
+            .map(|e| {
+                e.ok_or_else(|| StoreError::Corrupt("enqueue: a task without an answer".into()))
+            })
+            .collect()
     }
 
     async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
@@ -352,7 +334,8 @@ impl Backend for RedisBackend {
             return Ok(Vec::new());
         }
         let maps: Vec<HashMap<String, String>> = self
-            .q(
+            .qs(
+                req.queue,
                 &self.scripts.claim,
                 sargs![
                     req.queue,
@@ -365,7 +348,11 @@ impl Backend for RedisBackend {
                 ],
             )
             .await?;
-        maps.iter().map(task).collect()
+        let tasks = maps.iter().map(task).collect::<Result<Vec<Task>, _>>()?;
+        for t in &tasks {
+            self.remember_task(t.id, req.queue);
+        }
+        Ok(tasks)
     }
 
     async fn task_heartbeat_many(
@@ -373,60 +360,65 @@ impl Backend for RedisBackend {
         params: &crate::store::TaskHeartbeatMany<'_>,
     ) -> Result<Vec<Heartbeat>, StoreError> {
         let crate::store::TaskHeartbeatMany { claims, lease } = *params;
-        if claims.is_empty() {
-            return Ok(Vec::new());
+        let mut out = vec![Heartbeat::Lost; claims.len()];
+        for (queue, idx) in self.by_queue(claims.iter().map(|c| c.id)).await? {
+            let mut args = sargs![ms(lease)];
+            for &i in &idx {
+                args.extend(sargs![claims[i].id, claims[i].token.0]);
+            }
+            let v: Vec<i64> = self.qs(&queue, &self.scripts.heartbeat, args).await?;
+            if v.len() != idx.len() {
+                return Err(StoreError::Corrupt(format!(
+                    "heartbeat: {} answers for {} claims",
+                    v.len(),
+                    idx.len()
+                )));
+            }
+            for (&i, x) in idx.iter().zip(v) {
+                out[i] = match x {
+                    1 => Heartbeat::Extended,
+                    2 => Heartbeat::CancelRequested,
+                    _ => Heartbeat::Lost,
+                };
+            }
         }
-        let mut inv = self.scripts.heartbeat.key(self.key("seq"));
-        inv.arg(&self.base).arg(ms(lease));
-        for c in claims {
-            inv.arg(c.id).arg(c.token.0);
-        }
-        let mut conn = self.conn.clone();
-        let v: Vec<i64> = inv.invoke_async(&mut conn).await?;
-        if v.len() != claims.len() {
-            return Err(StoreError::Corrupt(format!(
-                "heartbeat: {} answers for {} claims",
-                v.len(),
-                claims.len()
-            )));
-        }
-        Ok(v.into_iter()
-            .map(|x| match x {
-                1 => Heartbeat::Extended,
-                2 => Heartbeat::CancelRequested,
-                _ => Heartbeat::Lost,
-            })
-            .collect())
+        Ok(out)
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-        // One script call per chunk: every item is its own compare-and-set.
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(FINISH_CHUNK) {
-            let mut args = Vec::with_capacity(chunk.len() * 5 + 1);
-            args.push(CANCEL_REQUESTED.to_string());
-            for (claim, finish) in chunk {
-                let (kind, text, retry) = match finish {
-                    Finish::Succeeded => ("s", "", String::new()),
-                    Finish::Failed { error, retry_in } => (
-                        "f",
-                        error.as_str(),
-                        retry_in.map(|d| ms(d).to_string()).unwrap_or_default(),
-                    ),
-                    Finish::Cancelled { reason } => ("c", reason.as_str(), String::new()),
-                    Finish::HandBack => ("h", "", String::new()),
-                };
-                args.extend(sargs![claim.id, claim.token.0, kind, text, retry]);
+        // One script call per queue and chunk: every item is its own
+        // compare-and-set. A task of no known queue was never enqueued.
+        let mut out = vec![false; items.len()];
+        for (queue, idx) in self.by_queue(items.iter().map(|(c, _)| c.id)).await? {
+            for chunk in idx.chunks(FINISH_CHUNK) {
+                let mut args = Vec::with_capacity(chunk.len() * 5 + 1);
+                args.push(CANCEL_REQUESTED.to_string());
+                for &i in chunk {
+                    let (claim, finish) = &items[i];
+                    let (kind, text, retry) = match finish {
+                        Finish::Succeeded => ("s", "", String::new()),
+                        Finish::Failed { error, retry_in } => (
+                            "f",
+                            error.as_str(),
+                            retry_in.map(|d| ms(d).to_string()).unwrap_or_default(),
+                        ),
+                        Finish::Cancelled { reason } => ("c", reason.as_str(), String::new()),
+                        Finish::HandBack => ("h", "", String::new()),
+                    };
+                    args.extend(sargs![claim.id, claim.token.0, kind, text, retry]);
+                }
+                let done: Vec<i64> = self.qs(&queue, &self.scripts.finish, args).await?;
+                if done.len() != chunk.len() {
+                    return Err(StoreError::Corrupt(format!(
+                        "finish: {} answers for {} items",
+                        done.len(),
+                        chunk.len()
+                    )));
+                }
+                for (&i, v) in chunk.iter().zip(done) {
+                    out[i] = v == 1;
+                }
             }
-            let done: Vec<i64> = self.q(&self.scripts.finish, args).await?;
-            if done.len() != chunk.len() {
-                return Err(StoreError::Corrupt(format!(
-                    "finish: {} answers for {} items",
-                    done.len(),
-                    chunk.len()
-                )));
-            }
-            out.extend(done.into_iter().map(|v| v == 1));
         }
         Ok(out)
     }
@@ -438,8 +430,12 @@ impl Backend for RedisBackend {
         let crate::store::TaskSetProgress { claim, progress } = *params;
         let json = serde_json::to_string(progress)
             .map_err(|e| StoreError::Backend(format!("progress to JSON: {e}")))?;
+        let Some(queue) = self.queue_of(claim.id).await? else {
+            return Ok(false);
+        };
         let v: i64 = self
-            .q(
+            .qs(
+                &queue,
                 &self.scripts.progress,
                 sargs![claim.id, claim.token.0, json],
             )
@@ -449,24 +445,31 @@ impl Backend for RedisBackend {
 
     async fn task_rescue_many(&self) -> Result<Rescued, StoreError> {
         let mut total = Rescued::default();
-        loop {
-            let v: Vec<i64> = self
-                .q(&self.scripts.rescue, sargs![BATCH, LEASE_EXPIRED])
-                .await?;
-            if v.len() != 4 {
-                return Err(StoreError::Corrupt(format!("rescue: reply {v:?}")));
-            }
-            total.requeued += v[0].max(0) as u64;
-            total.failed += v[1].max(0) as u64;
-            total.cancelled += v[2].max(0) as u64;
-            if (v[3] as usize) < BATCH {
-                return Ok(total);
+        for queue in self.queues().await? {
+            loop {
+                let v: Vec<i64> = self
+                    .qs(&queue, &self.scripts.rescue, sargs![BATCH, LEASE_EXPIRED])
+                    .await?;
+                if v.len() != 4 {
+                    return Err(StoreError::Corrupt(format!("rescue: reply {v:?}")));
+                }
+                total.requeued += v[0].max(0) as u64;
+                total.failed += v[1].max(0) as u64;
+                total.cancelled += v[2].max(0) as u64;
+                if (v[3] as usize) < BATCH {
+                    break;
+                }
             }
         }
+        Ok(total)
     }
 
     async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        let (outcome, state): (String, String) = self.q(&self.scripts.cancel, sargs![id]).await?;
+        let Some(queue) = self.queue_of(id).await? else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let (outcome, state): (String, String) =
+            self.qs(&queue, &self.scripts.cancel, sargs![id]).await?;
         match outcome.as_str() {
             "cancelled" => Ok(CancelOutcome::Cancelled),
             "requested" => Ok(CancelOutcome::Requested),
@@ -476,18 +479,24 @@ impl Backend for RedisBackend {
     }
 
     async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
-        let v: i64 = self.q(&self.scripts.retry, sargs![id]).await?;
+        let Some(queue) = self.queue_of(id).await? else {
+            return Ok(false);
+        };
+        let v: i64 = self.qs(&queue, &self.scripts.retry, sargs![id]).await?;
         match v {
             1 => Ok(true),
             -1 => Err(StoreError::Conflict(format!(
-                "task {id}: its unique key is taken by another unfinished task"
+                "task {id}: its unique key is taken by another unfinished task of queue {queue:?}"
             ))),
             _ => Ok(false),
         }
     }
 
     async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError> {
-        let key = self.key(&format!("task:{id}"));
+        let Some(queue) = read_retry!(self.queue_of(id).await)? else {
+            return Ok(None);
+        };
+        let key = format!("{}task:{id}", self.qbase(&queue));
         let m: HashMap<String, String> = read_retry!({
             let mut conn = self.conn.clone();
             redis::cmd("HGETALL")
@@ -511,19 +520,45 @@ impl Backend for RedisBackend {
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
         let crate::store::QueueSetPaused { queue, paused } = *params;
-        self.q::<i64>(
+        // The queue's flag (what its claims read), then the index of
+        // paused queues (what the stats list); a resume in the other order.
+        let index = || {
+            let mut cmd = redis::cmd(if paused { "SADD" } else { "SREM" });
+            cmd.arg(self.key("paused")).arg(queue);
+            cmd
+        };
+        let mut conn = self.conn.clone();
+        if !paused {
+            index().query_async::<()>(&mut conn).await?;
+        }
+        self.qs::<i64>(
+            queue,
             &self.scripts.queue_set_paused,
             sargs![queue, if paused { "1" } else { "0" }],
         )
         .await?;
+        if paused {
+            index().query_async::<()>(&mut conn).await?;
+        }
         Ok(())
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        type Row = (String, HashMap<String, i64>, String, String);
-        let rows: Vec<Row> = read_retry!(self.q(&self.scripts.stats, sargs![]).await)?;
+        let mut queues: BTreeSet<String> = read_retry!(self.queues().await)?.into_iter().collect();
+        let paused: Vec<String> = read_retry!({
+            let mut conn = self.conn.clone();
+            redis::cmd("SMEMBERS")
+                .arg(self.key("paused"))
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })?;
+        queues.extend(paused);
         let mut out = Vec::new();
-        for (queue, counts, age, paused) in rows {
+        for queue in queues {
+            type Row = (HashMap<String, i64>, String, String);
+            let (counts, age, paused): Row =
+                read_retry!(self.qs(&queue, &self.scripts.stats, sargs![queue]).await)?;
             let paused = paused == "1";
             let c = |s: TaskState| counts.get(s.as_str()).copied().unwrap_or(0).max(0) as u64;
             let st = QueueStats {
@@ -544,24 +579,26 @@ impl Backend for RedisBackend {
                 out.push(st);
             }
         }
-        out.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(out)
     }
 
     async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
         let mut total = 0u64;
-        loop {
-            let v: Vec<i64> = self
-                .q(&self.scripts.prune, sargs![ms(older_than), BATCH])
-                .await?;
-            if v.len() != 2 {
-                return Err(StoreError::Corrupt(format!("prune: reply {v:?}")));
-            }
-            total += v[0].max(0) as u64;
-            if (v[1] as usize) < BATCH {
-                return Ok(total);
+        for queue in self.queues().await? {
+            loop {
+                let (n, examined, gone): (i64, i64, Vec<i64>) = self
+                    .qs(&queue, &self.scripts.prune, sargs![ms(older_than), BATCH])
+                    .await?;
+                total += n.max(0) as u64;
+                // The pruned ids leave the id index (a failure leaves
+                // entries pointing at tasks that are gone: harmless).
+                self.unreserve(&gone).await;
+                if (examined as usize) < BATCH {
+                    break;
+                }
             }
         }
+        Ok(total)
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
@@ -575,8 +612,10 @@ impl Backend for RedisBackend {
         params: &crate::store::JobRegister<'_>,
     ) -> Result<JobState, StoreError> {
         let job = params.job;
+        let home = self.ensure_job_home(job, params.queue).await?;
         let (slot, paused, queue): (String, String, String) = self
-            .q(
+            .qs(
+                &home,
                 &self.scripts.job_register,
                 sargs![job, params.queue.unwrap_or_default()],
             )
@@ -590,7 +629,15 @@ impl Backend for RedisBackend {
     }
 
     async fn slot_get(&self, key: &str) -> Result<Option<crate::store::PrunedSlot>, StoreError> {
-        let v: Vec<String> = read_retry!(self.q(&self.scripts.slot_get, sargs![key]).await)?;
+        // The key is `job|slot`: the tombstone is in the job's home.
+        let Some((job, _)) = key.rsplit_once('|') else {
+            return Ok(None);
+        };
+        let Some(home) = read_retry!(self.job_home(job, false).await)? else {
+            return Ok(None);
+        };
+        let v: Vec<String> =
+            read_retry!(self.qs(&home, &self.scripts.slot_get, sargs![key]).await)?;
         let [job, slot, id, state, error, finished, has_error] = v.as_slice() else {
             if v.is_empty() {
                 return Ok(None);
@@ -621,8 +668,22 @@ impl Backend for RedisBackend {
             SlotRecord::Run { worker, lease } => ("r", ms(lease), worker, OVERLAP_SKIPPED),
             SlotRecord::Skip { reason } => ("s", 0, "", reason),
         };
-        let mut inv = self.scripts.job_advance.key(self.key("seq"));
-        inv.arg(&self.base)
+        // The job's keys live in its queue's tag, so the slot and its
+        // task are one script; a task of another queue moves the job.
+        let home = match adv.task {
+            Some(t) => self.ensure_job_home(adv.job, Some(&t.queue)).await?,
+            None => match self.job_home(adv.job, false).await? {
+                Some(h) => h,
+                None => return Ok(Advanced::UnknownJob),
+            },
+        };
+        let reserved = match adv.task {
+            Some(_) => Some(self.reserve_ids(&[home.as_str()]).await?),
+            None => None,
+        };
+        let base = self.qbase(&home);
+        let mut inv = self.scripts.job_advance.key(format!("{base}counts"));
+        inv.arg(&base)
             .arg(adv.job)
             .arg(opt_ms(adv.expected))
             .arg(adv.slot.timestamp_millis())
@@ -638,16 +699,45 @@ impl Backend for RedisBackend {
             .arg(if adv.due_only { "1" } else { "0" })
             .arg(opt_ms(adv.until))
             .arg(if adv.task.is_some() { "1" } else { "0" })
-            .arg(opt_ms(adv.not_before));
+            .arg(opt_ms(adv.not_before))
+            .arg(reserved.map(|id| id.to_string()).unwrap_or_default());
         if let Some(task) = adv.task {
             for a in task_args(task)? {
                 inv.arg(a);
             }
         }
         let mut conn = self.conn.clone();
-        let (what, val, ins): (String, String, i64) = inv.invoke_async(&mut conn).await?;
+        let reply: Result<(String, String, i64), redis::RedisError> =
+            inv.invoke_async(&mut conn).await;
+        let (what, val, ins) = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                let e = StoreError::from(e);
+                if !e.is_retryable() {
+                    self.unreserve(&reserved.into_iter().collect::<Vec<_>>())
+                        .await;
+                }
+                return Err(e);
+            }
+        };
+        let id = (what == "enqueued" || what == "skipped")
+            .then(|| parse_i64(&val, "id"))
+            .transpose()?;
+        if let Some(r) = reserved {
+            if id != Some(r) {
+                self.unreserve(&[r]).await;
+            } else if record == "r" {
+                self.remember_task(r, &home);
+            }
+        }
         match what.as_str() {
-            "unknown" => Ok(Advanced::UnknownJob),
+            "unknown" => {
+                // A stale memory of the job's home reads afresh next time.
+                if let Ok(mut m) = self.job_homes.lock() {
+                    m.remove(adv.job);
+                }
+                Ok(Advanced::UnknownJob)
+            }
             "paused" => Ok(Advanced::Paused),
             "moved" => Ok(Advanced::Moved(opt_ts(&val, "last_slot")?)),
             "notdue" => Ok(Advanced::NotDue {
@@ -673,8 +763,12 @@ impl Backend for RedisBackend {
         params: &crate::store::JobSetPaused<'_>,
     ) -> Result<bool, StoreError> {
         let crate::store::JobSetPaused { job, paused } = *params;
+        let Some(home) = self.job_home(job, false).await? else {
+            return Ok(false);
+        };
         let v: i64 = self
-            .q(
+            .qs(
+                &home,
                 &self.scripts.job_set_paused,
                 sargs![job, if paused { "1" } else { "0" }],
             )
@@ -683,19 +777,31 @@ impl Backend for RedisBackend {
     }
 
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
-        let rows: Vec<(String, String, String, String)> =
-            read_retry!(self.q(&self.scripts.job_list, sargs![]).await)?;
-        let mut out = rows
-            .into_iter()
-            .map(|(name, slot, paused, queue)| {
-                Ok(JobState {
+        let homes: HashMap<String, String> = read_retry!({
+            let mut conn = self.conn.clone();
+            redis::cmd("HGETALL")
+                .arg(self.key("jobq"))
+                .query_async::<HashMap<String, String>>(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })?;
+        let mut by_home: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (job, home) in &homes {
+            by_home.entry(home).or_default().push(job.clone());
+        }
+        let mut out = Vec::new();
+        for (home, jobs) in by_home {
+            let rows: Vec<(String, String, String, String)> =
+                read_retry!(self.qs(home, &self.scripts.job_list, jobs.clone()).await)?;
+            for (name, slot, paused, queue) in rows {
+                out.push(JobState {
                     last_slot: opt_ts(&slot, "last_slot")?,
                     paused: paused == "1",
                     queue: (!queue.is_empty()).then_some(queue),
                     name,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+                });
+            }
+        }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
@@ -704,4 +810,110 @@ impl Backend for RedisBackend {
 /// A fencing token from a script's integer reply.
 fn token_u64(n: i64) -> Result<u64, StoreError> {
     u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("lock token: negative: {n}")))
+}
+
+impl RedisBackend {
+    /// Enqueue `tasks`, all of `queue`, whose reserved ids start at
+    /// `first`: one script per [`ENQUEUE_CHUNK`], pipelined
+    /// [`ENQUEUE_PIPELINE`] at a time (a pipeline stays on the queue's
+    /// shard). Answers (enqueued, due now) per task; `publish`: the script
+    /// announces the due queue itself.
+    async fn enqueue_queue(
+        &self,
+        queue: &str,
+        tasks: &[&NewTask],
+        first: i64,
+        publish: bool,
+    ) -> Result<Vec<(Enqueued, bool)>, StoreError> {
+        let base = self.qbase(queue);
+        let route = format!("{base}counts");
+        let hash = self.scripts.enqueue.get_hash().to_string();
+        let chunks: Vec<(i64, &[&NewTask])> = tasks
+            .chunks(ENQUEUE_CHUNK)
+            .enumerate()
+            .map(|(k, c)| (first + (k * ENQUEUE_CHUNK) as i64, c))
+            .collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        let mut conn = self.conn.clone();
+        for group in chunks.chunks(ENQUEUE_PIPELINE) {
+            let pipe = |load: bool| {
+                let mut pipe = redis::pipe();
+                if load {
+                    pipe.cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(&self.scripts.enqueue_code)
+                        .ignore();
+                }
+                for (first, chunk) in group {
+                    pipe.cmd("EVALSHA")
+                        .arg(&hash)
+                        .arg(1)
+                        .arg(&route)
+                        .arg(&base)
+                        .arg(if publish { "1" } else { "0" })
+                        .arg(*first);
+                    for t in *chunk {
+                        push_task_args(&mut pipe, t)?;
+                    }
+                }
+                Ok::<_, StoreError>(pipe)
+            };
+            // One script call goes alone (the script is ~8 KB: loading it
+            // each time cost more than the insert); a NOSCRIPT answer means
+            // it did nothing, so it is loaded and sent again. Several go
+            // after a load in the same pipeline, as a NOSCRIPT among them
+            // would leave unknown which ones ran.
+            let replies: Vec<Vec<i64>> = if group.len() == 1 {
+                match pipe(false)?.query_async(&mut conn).await {
+                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                        pipe(true)?.query_async(&mut conn).await?
+                    }
+                    r => r?,
+                }
+            } else {
+                pipe(true)?.query_async(&mut conn).await?
+            };
+            if replies.len() != group.len() {
+                return Err(StoreError::Corrupt(format!(
+                    "enqueue: {} replies for {} scripts",
+                    replies.len(),
+                    group.len()
+                )));
+            }
+            for ((_, chunk), reply) in group.iter().zip(replies) {
+                if reply.len() != chunk.len() * 3 {
+                    return Err(StoreError::Corrupt(format!(
+                        "enqueue: reply of {} values for {} tasks",
+                        reply.len(),
+                        chunk.len()
+                    )));
+                }
+                for r in reply.chunks(3) {
+                    out.push((
+                        Enqueued {
+                            id: r[0],
+                            inserted: r[1] == 1,
+                        },
+                        r[2] == 1,
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The positions of `ids` grouped by their tasks' queue (ids of no
+    /// known queue left out).
+    async fn by_queue(
+        &self,
+        ids: impl Iterator<Item = i64>,
+    ) -> Result<BTreeMap<String, Vec<usize>>, StoreError> {
+        let mut by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, id) in ids.enumerate() {
+            if let Some(q) = self.queue_of(id).await? {
+                by.entry(q).or_default().push(i);
+            }
+        }
+        Ok(by)
+    }
 }

@@ -7,47 +7,102 @@
 //!
 //! # Keys
 //!
-//! With `P` the configured prefix (default empty) and `B = P{baton}:`:
+//! With `P` the configured prefix (default empty), three kinds of hash tag
+//! (schema 8), so a Redis Cluster spreads queues and locks over its shards
+//! while every script touches the keys of one tag only (one shard, atomic):
 //!
-//! - `B lock:<name>` — hash `holder`, `token`, `locked_at`, `lock_until`
-//!   (ms). Never deleted by release and never expires (schema 2; before, it
-//!   had a TTL a day past `lock_until`), so it keeps the last token. A new
-//!   token is `max(previous + 1, TIME in µs)` so tokens keep rising even
-//!   after a restart that lost data. Schema 6 moved it here from
-//!   `P lock:<name>` (with the default empty prefix the bare
-//!   `lock:<name>` that other tools, e.g. ShedLock, write too). A value
-//!   baton did not write at a lock key (another type, a hash without
-//!   baton's fields) is never changed: it reads as held by something else.
-//! - `B task:<id>` — hash with every task field (timestamps in ms since the
+//! - `Q = P{baton:q:<queue>}:` — one tag per queue: everything a queue
+//!   script (enqueue, claim, heartbeat, finish, cancel, retry, rescue,
+//!   prune, stats, listing) or a job script touches.
+//! - `P{baton:lock:<name>}` — one tag per lock: the lock's record.
+//! - `B = P{baton}:` — the index keys, read or written by separate
+//!   commands and by the index scripts (`ids.lua`, `migrate.lua`), never
+//!   by a queue, job or lock script.
+//!
+//! Per queue (`Q`):
+//!
+//! - `Q task:<id>` — hash with every task field (timestamps in ms since the
 //!   epoch, `errors` a JSON array of `{attempt, at (ms), error}`;
 //!   `claim_token`, absent before the first claim of schema 2, counts as 0).
-//! - `B seq` — the id counter: each new id is `max(INCR, TIME in µs)`
-//!   (the clock read once per script), so ids never repeat even after a
-//!   restart that lost the counter (DESIGN.md I1).
-//! - `B store_id` — the store's identity, a random id set once (`SET NX`)
-//!   by `migrate`; read with `B seq` by `store_identity` (DESIGN.md E2).
-//! - `B q:<queue>:sched` — zset of pending tasks not yet due, score `run_at`.
-//! - `B q:<queue>:ready` — zset of due pending tasks, score
+//! - `Q sched` — zset of pending tasks not yet due, score `run_at`.
+//! - `Q ready` — zset of due pending tasks, score
 //!   `(priority + 128) · 2⁴³ + run_at` (exact in a double: < 2⁵¹), members
 //!   zero-padded ids so equal scores order by id.
-//! - `B running` — zset of running tasks, score `lease_until` (rescue).
-//! - `B done` — zset of terminal tasks, score `finished_at` (prune).
-//! - `B ids` — zset of every task id (listing, newest first).
-//! - `B uniq:<key>` — the id holding a unique key.
-//! - `B counts:<queue>` — hash state → count (stats); `B queues` — set.
-//! - `B paused` — set of paused queues (schema 3): the claim script returns
-//!   nothing for a queue in it.
-//! - `B jobactive:<job>` — set of the job's pending/running task ids.
-//! - `B job:<name>` — hash `last_slot` (ms), `paused`; `B jobs` — set.
+//! - `Q running` — zset of running tasks, score `lease_until` (rescue).
+//! - `Q done` — zset of terminal tasks, score `finished_at` (prune).
+//! - `Q ids` — zset of the queue's task ids (listing, newest first).
+//! - `Q counts` — hash state → count (stats); `Q paused` — `"1"` while the
+//!   queue is paused (schema 3; the claim script returns nothing then).
+//! - `Q uniq:<key>` — the id holding a unique key. **Unique keys are scoped
+//!   by queue** (schema 8; before, store-wide): the check and the take are
+//!   one script with the insert only when the key lives with the queue. A
+//!   store-wide key on a cluster would take a first step on the key's own
+//!   shard and a compensating delete when the insert fails, and a window
+//!   (between the two) in which a crashed enqueuer's key looks taken or
+//!   free: not sound without leases of its own. The SQL stores still take
+//!   keys store-wide (issue 29 scopes them by queue everywhere).
+//! - Jobs live in the tag of their *home queue* (the queue their runs go
+//!   to), so a slot advance and the task it enqueues are one script:
+//!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`;
+//!   `Q jobactive:<job>` — set of the job's pending/running task ids;
+//!   `Q slot:<job|slot>` — the tombstone of a slot whose task was pruned.
+//!   A job registered without a queue lives in the empty queue's tag until
+//!   its first run names one; when a job's queue changes its record and
+//!   unfinished runs move (not atomically: stop the schedulers of the old
+//!   queue first), its old tombstones stay behind.
+//!
+//! Index keys (`B`):
+//!
+//! - `B seq` — the id counter, one for the whole store: `ids.lua` reserves
+//!   the ids of an enqueue (or slot advance) before the insert script runs,
+//!   each `max(previous + 1, TIME in µs)`, so ids never repeat, even after a
+//!   restart that lost the counter (DESIGN.md I1), nor across shards. An id
+//!   reserved but not taken (a held unique key, a slot advance that
+//!   recorded nothing) is a gap.
+//! - `B where` — hash id → queue, written with the reservation (before the
+//!   task exists, so every task has one), so get, cancel and retry by id
+//!   find the queue's shard; finish, heartbeat and progress use what this
+//!   process's claim returned and ask `B where` only when it forgot.
+//!   Entries of unused ids and pruned tasks are deleted (a missed delete
+//!   only points at a queue without such a task).
+//! - `B queues` — set of every queue: stats, listings, rescue and prune
+//!   fan out over it, one script per queue. `B paused` — set of paused
+//!   queues (listed by the stats even without tasks).
+//! - `B jobq` — hash job → home queue (`job_list`, `slot_get`, and the slot
+//!   advance of a job without a task).
+//! - `B store_id` — the store's identity, a random id set once (`SET NX`)
+//!   by `migrate`; read with `B seq` by `store_identity` (DESIGN.md E2).
+//! - `B locks` — the lock index (names); `B schema` — the schema version.
 //! - `B wake` — the pub/sub channel announcing new pending work: the queue
-//!   name (due now), or `queue\n<run_at in µs>` for work due later.
-//! - `B schema` — the schema version.
+//!   name (due now), or `queue\n<run_at in µs>` for work due later (a
+//!   publish reaches every node of a cluster; the subscription holds one
+//!   connection to the first seed node).
 //!
-//! All keys share the `{baton}` hash tag, so a Redis Cluster could run
-//! every script on one slot. baton never writes, expires or deletes a key
-//! outside `B`: the upgrade steps that convert older lock keys at
-//! `P lock:<name>` touch only those that are baton's by shape.
+//! Locks: `P{baton:lock:<name>}` — hash `holder`, `token`, `locked_at`,
+//! `lock_until` (ms). Never deleted by release and never expires (schema
+//! 2; before, it had a TTL a day past `lock_until`), so it keeps the last
+//! token. A new token is `max(previous + 1, TIME in µs)` so tokens keep
+//! rising even after a restart that lost data. Schema 6 moved it from
+//! `P lock:<name>` (with the default empty prefix the bare `lock:<name>`
+//! that other tools, e.g. ShedLock, write too) to `B lock:<name>`, schema 8
+//! to a tag of its own. A value baton did not write at a lock key (another
+//! type, a hash without baton's fields) is never changed: it reads as held
+//! by something else.
 //!
+//! One layout and one code path for a single server and a cluster.
+//! baton never writes, expires or deletes a key outside `P{baton…`: the
+//! upgrade steps that convert older lock keys at `P lock:<name>` touch
+//! only those that are baton's by shape.
+//!
+//! # Cluster
+//!
+//! `redis+cluster://[USER:PASSWORD@]H1:P1,H2:P2,…` (`rediss+cluster://`
+//! with TLS, the same `sslrootcert`/`sslcert`/`sslkey` as `rediss://`)
+//! connects through redis-rs's async cluster client (`cluster.rs`), which
+//! follows `MOVED`/`ASK`. Each node's `TIME` is its own clock: scripts on
+//! different shards read different clocks (keep the nodes' clocks in sync,
+//! as for any cluster); a lock's or a queue's decisions all read one node's.
+
 //! # Faults
 //!
 //! Commands go through a [`ConnectionManager`] with short connection and
@@ -69,7 +124,8 @@
 //! its data; [`Backend::warnings`] says so when AOF is off.
 //!
 //! Files: `scripts.rs` with `lua/*.lua` (one file per script), `schema.rs`
-//! (version and `UPGRADES`), `tls.rs` (opening the client), `listener.rs`
+//! (version and `UPGRADES`), `tls.rs` (opening the client), `cluster.rs`
+//! (cluster URLs and the connection kinds), `listener.rs`
 //! (pub/sub wake-ups), `decode.rs` (arguments and replies), `backend.rs` (the
 //! [`Backend`] impl).
 
@@ -77,6 +133,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cluster::Conn;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Script};
 use tokio::sync::broadcast;
@@ -108,6 +165,7 @@ macro_rules! read_retry {
 }
 
 mod backend;
+mod cluster;
 mod decode;
 mod listener;
 mod schema;
@@ -115,7 +173,7 @@ mod scripts;
 mod tls;
 
 use decode::{opt_arg, parse_i64, parse_u64, task_info};
-pub use schema::SCHEMA_VERSION;
+pub use schema::{CLUSTER_LAYOUT_VERSION, SCHEMA_VERSION};
 use scripts::Scripts;
 
 /// How long one connection attempt of the wake-up (pub/sub) connection may
@@ -143,14 +201,24 @@ struct Listener {
 
 /// The Redis implementation of [`Backend`]. Build it with [`connect`].
 pub struct RedisBackend {
+    /// The client of the wake-up subscription (on a cluster, its first
+    /// seed node: pub/sub messages reach every node).
     client: redis::Client,
-    conn: ConnectionManager,
+    conn: Conn,
     /// The configured key prefix `P`.
     prefix: String,
     /// `P{baton}:`, the base of every queue and job key.
     base: String,
     scripts: Scripts,
     wake: tokio::sync::Mutex<Option<Listener>>,
+    /// The queue of each task id this process has claimed or enqueued
+    /// lately (a task's queue never changes), so finish, heartbeat and
+    /// progress find its shard without asking `B where`; bounded by
+    /// [`REMEMBERED`].
+    task_queues: std::sync::Mutex<HashMap<i64, String>>,
+    /// The home queue of each job this process has used (see
+    /// [`RedisBackend::job_home`]).
+    job_homes: std::sync::Mutex<HashMap<String, String>>,
     /// Lock names this process has added to the lock index (`B locks`),
     /// so each is added once, not on every acquire (see [`INDEXED_LOCKS`]).
     indexed_locks: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -160,6 +228,10 @@ pub struct RedisBackend {
 /// [`RedisBackend::indexed_locks`]; past it the memory starts over (a name
 /// added again is a no-op on the server).
 const INDEXED_LOCKS: usize = 65_536;
+
+/// At most this many task ids (and job names) are remembered with their
+/// queue; past it the memory starts over.
+const REMEMBERED: usize = 65_536;
 
 /// Connect to Redis and return the backend.
 ///
@@ -174,7 +246,35 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 impl RedisBackend {
     /// Connect to Redis (see [`connect`]).
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
-        let client = tls::open_client(url)?;
+        let (conn, client) = if cluster::is_cluster_url(url) {
+            cluster::connect(url, opts).await?
+        } else {
+            let client = tls::open_client(url)?;
+            (
+                Conn::Single(Box::new(Self::connect_single(&client, url, opts).await?)),
+                client,
+            )
+        };
+        let prefix = opts.prefix.clone().unwrap_or_default();
+        Ok(RedisBackend {
+            client,
+            conn,
+            base: format!("{prefix}{{baton}}:"),
+            prefix,
+            scripts: Scripts::new(),
+            wake: tokio::sync::Mutex::new(None),
+            indexed_locks: std::sync::Mutex::new(std::collections::HashSet::new()),
+            task_queues: std::sync::Mutex::new(HashMap::new()),
+            job_homes: std::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The command connection to one server.
+    async fn connect_single(
+        client: &redis::Client,
+        url: &str,
+        opts: &StoreOptions,
+    ) -> Result<ConnectionManager, StoreError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(opts.connect_timeout)
             .set_response_timeout(opts.statement_timeout)
@@ -205,16 +305,7 @@ impl RedisBackend {
                 StoreError::from(e)
             }
         })?;
-        let prefix = opts.prefix.clone().unwrap_or_default();
-        Ok(RedisBackend {
-            client,
-            conn,
-            base: format!("{prefix}{{baton}}:"),
-            prefix,
-            scripts: Scripts::new(),
-            wake: tokio::sync::Mutex::new(None),
-            indexed_locks: std::sync::Mutex::new(std::collections::HashSet::new()),
-        })
+        Ok(conn)
     }
 
     fn key(&self, what: &str) -> String {
@@ -246,10 +337,16 @@ impl RedisBackend {
         }
     }
 
-    /// Where lock `name` lives: `B lock:<name>`, in baton's own
-    /// namespace (schema 6; before, `P lock:<name>`, see
-    /// [`RedisBackend::legacy_lock_key`]).
+    /// Where lock `name` lives: `P{baton:lock:<name>}`, a hash tag of its
+    /// own (schema 8; before, `B lock:<name>`, and before schema 6
+    /// `P lock:<name>`).
     fn lock_key(&self, name: &str) -> String {
+        format!("{}{{baton:lock:{name}}}", self.prefix)
+    }
+
+    /// Where schema versions 6 and 7 kept lock `name`: `B lock:<name>`.
+    /// Only the upgrade steps use it.
+    fn v6_lock_key(&self, name: &str) -> String {
         format!("{}lock:{name}", self.base)
     }
 
@@ -260,12 +357,202 @@ impl RedisBackend {
         format!("{}lock:{name}", self.prefix)
     }
 
+    /// The base of every key of `queue` (and of the jobs whose home it
+    /// is): `P{baton:q:<queue>}:`, one hash tag per queue.
+    fn qbase(&self, queue: &str) -> String {
+        format!("{}{{baton:q:{queue}}}:", self.prefix)
+    }
+
+    /// Run a script of `queue`'s keys: `KEYS[1]` routes to the queue's
+    /// slot and `ARGV[1]` is its key base.
+    async fn qs<T: FromRedisValue>(
+        &self,
+        queue: &str,
+        script: &Script,
+        args: Vec<String>,
+    ) -> Result<T, StoreError> {
+        let base = self.qbase(queue);
+        let mut inv = script.key(format!("{base}counts"));
+        inv.arg(&base);
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Every queue that ever had a task (`B queues`), sorted.
+    async fn queues(&self) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut v: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.key("queues"))
+            .query_async(&mut conn)
+            .await?;
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// Reserve one id per task of `queues` (in that order), recording
+    /// where each lives; returns the first (the others follow it).
+    async fn reserve_ids(&self, queues: &[&str]) -> Result<i64, StoreError> {
+        self.q(
+            &self.scripts.ids,
+            queues.iter().map(|q| q.to_string()).collect(),
+        )
+        .await
+    }
+
+    /// Forget reserved ids no task took (the enqueue found its unique key
+    /// held, or the slot advance recorded nothing). A failure leaves
+    /// entries pointing at a queue without such a task: harmless.
+    async fn unreserve(&self, ids: &[i64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut conn = self.conn.clone();
+        for chunk in ids.chunks(1000) {
+            let r: Result<(), redis::RedisError> = redis::cmd("HDEL")
+                .arg(self.key("where"))
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "redis: could not forget unused task ids");
+            }
+        }
+    }
+
+    /// Remember that task `id` lives in `queue`.
+    fn remember_task(&self, id: i64, queue: &str) {
+        if let Ok(mut m) = self.task_queues.lock() {
+            if m.len() >= REMEMBERED {
+                m.clear();
+            }
+            m.insert(id, queue.to_string());
+        }
+    }
+
+    /// The queue task `id` lives in (`None`: no such task was ever
+    /// enqueued): remembered, or read from `B where`.
+    async fn queue_of(&self, id: i64) -> Result<Option<String>, StoreError> {
+        if let Some(q) = self
+            .task_queues
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).cloned())
+        {
+            return Ok(Some(q));
+        }
+        let mut conn = self.conn.clone();
+        let q: Option<String> = redis::cmd("HGET")
+            .arg(self.key("where"))
+            .arg(id)
+            .query_async(&mut conn)
+            .await?;
+        if let Some(q) = &q {
+            self.remember_task(id, q);
+        }
+        Ok(q)
+    }
+
+    /// The home queue of `job` (whose tag holds the job's keys: its
+    /// cursor, unfinished runs and slot tombstones), from `B jobq`;
+    /// `fresh` reads past this process's memory.
+    async fn job_home(&self, job: &str, fresh: bool) -> Result<Option<String>, StoreError> {
+        if !fresh {
+            if let Some(q) = self.job_homes.lock().ok().and_then(|m| m.get(job).cloned()) {
+                return Ok(Some(q));
+            }
+        }
+        let mut conn = self.conn.clone();
+        let q: Option<String> = redis::cmd("HGET")
+            .arg(self.key("jobq"))
+            .arg(job)
+            .query_async(&mut conn)
+            .await?;
+        if let (Some(q), Ok(mut m)) = (&q, self.job_homes.lock()) {
+            if m.len() >= REMEMBERED {
+                m.clear();
+            }
+            m.insert(job.to_string(), q.clone());
+        }
+        Ok(q)
+    }
+
+    /// Make `to` the home queue of `job`, moving its record and its
+    /// unfinished runs from its old home (a job's queue changed, or its
+    /// first run names one). Not atomic across the two shards: a move
+    /// while schedulers of the old queue still advance the job may lose
+    /// their last advance (stop them first when changing a job's queue).
+    /// The old home's slot tombstones stay where they are.
+    async fn move_job(&self, job: &str, from: Option<&str>, to: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        if let Some(from) = from {
+            let old = self.qbase(from);
+            let h: Vec<String> = redis::cmd("HGETALL")
+                .arg(format!("{old}job:{job}"))
+                .query_async(&mut conn)
+                .await?;
+            let act: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(format!("{old}jobactive:{job}"))
+                .query_async(&mut conn)
+                .await?;
+            let mut args = sargs![job, h.len()];
+            args.extend(h);
+            args.extend(act);
+            self.qs::<i64>(to, &self.scripts.job_import, args).await?;
+        }
+        redis::cmd("HSET")
+            .arg(self.key("jobq"))
+            .arg(job)
+            .arg(to)
+            .query_async::<()>(&mut conn)
+            .await?;
+        if let Ok(mut m) = self.job_homes.lock() {
+            m.insert(job.to_string(), to.to_string());
+        }
+        if let Some(from) = from {
+            let old = self.qbase(from);
+            for k in [format!("{old}job:{job}"), format!("{old}jobactive:{job}")] {
+                redis::cmd("DEL")
+                    .arg(k)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The home queue of `job`, made `queue` when given and different.
+    async fn ensure_job_home(&self, job: &str, queue: Option<&str>) -> Result<String, StoreError> {
+        let home = self.job_home(job, false).await?;
+        match (home, queue) {
+            (Some(h), None) => Ok(h),
+            (Some(h), Some(q)) if h == q => Ok(h),
+            (home, q) => {
+                // The memory may be stale: read again before moving.
+                let home = match home {
+                    Some(_) => self.job_home(job, true).await?,
+                    None => None,
+                };
+                let to = q
+                    .map(str::to_string)
+                    .or_else(|| home.clone())
+                    .unwrap_or_default();
+                if home.as_deref() != Some(to.as_str()) {
+                    self.move_job(job, home.as_deref(), &to).await?;
+                }
+                Ok(to)
+            }
+        }
+    }
+
     fn wake_channel(&self) -> String {
         self.key("wake")
     }
 
-    /// Run a queue/job script: `KEYS[1]` routes to the `{baton}` slot and
-    /// `ARGV[1]` is the key base.
+    /// Run an index script (`B` keys only: the schema version, ids):
+    /// `KEYS[1]` routes to the `{baton}` slot and `ARGV[1]` is `B`.
     async fn q<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -318,50 +605,84 @@ impl RedisBackend {
         Ok(inv.invoke_async(&mut conn).await?)
     }
 
+    /// The records of locks `names`: one script per lock (each lock has
+    /// its own hash tag), 16 at a time.
     async fn lock_records(&self, names: &[String]) -> Result<Vec<LockInfo>, StoreError> {
-        let mut inv = self.scripts.lock_get.prepare_invoke();
-        for n in names {
-            inv.key(self.lock_key(n));
-        }
-        let mut conn = self.conn.clone();
-        let v: Vec<String> = inv.invoke_async(&mut conn).await?;
-        let now_ms = v
-            .first()
-            .ok_or_else(|| StoreError::Corrupt("lock read: empty reply".into()))
-            .and_then(|s| parse_i64(s, "now"))?;
-        let now = from_ms(now_ms)?;
         let mut out = Vec::new();
-        for (name, rec) in names.iter().zip(v[1..].chunks(4)) {
-            if rec.len() < 4 || rec[3].is_empty() {
-                continue;
+        for chunk in names.chunks(16) {
+            let reads =
+                futures_util::future::join_all(chunk.iter().map(|n| self.lock_record(n))).await;
+            for r in reads {
+                out.extend(r?);
             }
-            let until = parse_i64(&rec[3], "lock_until")?;
-            out.push(LockInfo {
-                name: name.clone(),
-                holder: rec[0].clone(),
-                token: FencingToken(parse_u64(&rec[1], "token")?),
-                locked_at: from_ms(parse_i64(&rec[2], "locked_at")?)?,
-                lock_until: from_ms(until)?,
-                held: until > now_ms,
-                now,
-            });
         }
         Ok(out)
     }
 
+    /// The record of lock `name`, if it has one baton wrote.
+    async fn lock_record(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
+        let mut conn = self.conn.clone();
+        let v: Vec<String> = self
+            .scripts
+            .lock_get
+            .key(self.lock_key(name))
+            .invoke_async(&mut conn)
+            .await?;
+        let now_ms = v
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("lock read: empty reply".into()))
+            .and_then(|s| parse_i64(s, "now"))?;
+        let rec = &v[1..];
+        if rec.len() < 4 || rec[3].is_empty() {
+            return Ok(None);
+        }
+        let until = parse_i64(&rec[3], "lock_until")?;
+        Ok(Some(LockInfo {
+            name: name.to_string(),
+            holder: rec[0].clone(),
+            token: FencingToken(parse_u64(&rec[1], "token")?),
+            locked_at: from_ms(parse_i64(&rec[2], "locked_at")?)?,
+            lock_until: from_ms(until)?,
+            held: until > now_ms,
+            now: from_ms(now_ms)?,
+        }))
+    }
+
+    /// One page of the listing: each queue's newest matching tasks
+    /// (one queue when the filter names it), merged newest first.
     async fn list_page(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
         let limit = if filter.limit == 0 { 100 } else { filter.limit } as usize;
+        let queues = match &filter.queue {
+            Some(q) => vec![q.clone()],
+            None => self.queues().await?,
+        };
+        let mut out = Vec::new();
+        for q in &queues {
+            out.extend(self.list_queue(q, filter, limit).await?);
+        }
+        out.sort_by_key(|t| std::cmp::Reverse(t.id));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// The newest `limit` tasks of `queue` that match `filter`.
+    async fn list_queue(
+        &self,
+        queue: &str,
+        filter: &TaskFilter,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, StoreError> {
         let state = filter.state.map(|s| s.as_str()).unwrap_or("");
-        let queue = opt_arg(filter.queue.as_deref());
         let job = opt_arg(filter.job.as_deref());
         let mut before = filter.before_id.map(|b| b.to_string()).unwrap_or_default();
         let mut out = Vec::new();
         loop {
             let want = (limit - out.len()).to_string();
             let (maps, last, exhausted): (Vec<HashMap<String, String>>, String, i64) = self
-                .q(
+                .qs(
+                    queue,
                     &self.scripts.list,
-                    sargs![before, want, state, queue, job, LIST_SCAN],
+                    sargs![before, want, state, opt_arg(Some(queue)), job, LIST_SCAN],
                 )
                 .await?;
             for m in &maps {

@@ -60,6 +60,19 @@ enum Upgrade {
     /// convert; the step marks the version, so an older build (whose prune
     /// would free a slot's key) refuses the store.
     SlotTombstones,
+    /// 7 → 8: one hash tag per queue and per lock, so a Redis Cluster
+    /// spreads queues and locks over its shards (see the key layout in
+    /// the module doc of `super`). Every task moves from `B task:<id>` to
+    /// its queue's `Q task:<id>` (indexed again by its state, counted,
+    /// its id recorded in `B where`), unique keys, jobs (with their
+    /// unfinished runs) and slot tombstones to their queue's tag, each
+    /// paused queue gets its flag, locks move from `B lock:<name>` to
+    /// `P{baton:lock:<name>}` (only records baton wrote), and the old
+    /// indexes are deleted. Key by key, each copy before its delete, so an
+    /// interrupted upgrade resumes; but not atomic against older processes:
+    /// **stop every older baton process on the store first** (they would
+    /// keep writing the old keys; `baton migrate` says so).
+    ClusterLayout,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -78,7 +91,12 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::LockIndex,
     Upgrade::OwnLockKeys,
     Upgrade::SlotTombstones,
+    Upgrade::ClusterLayout,
 ];
+
+/// The first version with one hash tag per queue (step 7 → 8), whose
+/// upgrade needs older processes stopped.
+pub const CLUSTER_LAYOUT_VERSION: i64 = 8;
 
 /// The recorded version against [`SCHEMA_VERSION`] (a read: the migrate
 /// script with no version to record).
@@ -138,24 +156,54 @@ pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
 
 /// Run one upgrade step (idempotent).
 async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
-    let op = match step {
-        Upgrade::PersistLocks => "persist",
-        Upgrade::LockIndex => "index",
-        Upgrade::OwnLockKeys => "move",
-        Upgrade::QueuePause | Upgrade::Traceparent | Upgrade::SlotTombstones => return Ok(()),
-    };
+    match step {
+        Upgrade::QueuePause | Upgrade::Traceparent | Upgrade::SlotTombstones => Ok(()),
+        Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
+            legacy_locks(b, step).await
+        }
+        Upgrade::ClusterLayout => cluster_layout(b).await,
+    }
+}
+
+/// Steps 1 → 2, 4 → 5 and 5 → 6 on the lock keys at `P lock:<name>`.
+async fn legacy_locks(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
     let mut moved = 0usize;
     let mut foreign = 0usize;
+    let mut conn = b.conn.clone();
     for name in scan_lock_names(b).await? {
-        let mut inv = b.scripts.lock_upgrade.prepare_invoke();
-        inv.key(b.legacy_lock_key(&name))
-            .key(b.lock_key(&name))
-            .key(b.key(LOCK_INDEX))
-            .arg(op)
-            .arg(&name);
-        let mut conn = b.conn.clone();
-        let converted: i64 = inv.invoke_async(&mut conn).await?;
-        if converted == 1 {
+        let legacy = b.legacy_lock_key(&name);
+        let persist = matches!(step, Upgrade::PersistLocks);
+        let rec = read_lock(b, &legacy, persist).await?;
+        let converted = match (step, rec) {
+            (Upgrade::LockIndex, Some(_)) => {
+                index_lock(b, &name).await?;
+                true
+            }
+            (Upgrade::OwnLockKeys, Some(rec)) => {
+                let done = move_lock(b, &legacy, &b.v6_lock_key(&name), &rec).await?;
+                if done {
+                    index_lock(b, &name).await?;
+                }
+                done
+            }
+            (Upgrade::OwnLockKeys, None) => {
+                // A name an older upgrade step indexed from a key baton
+                // did not write.
+                let exists = |k: String| redis::cmd("EXISTS").arg(k).clone();
+                let old: i64 = exists(legacy.clone()).query_async(&mut conn).await?;
+                let new: i64 = exists(b.v6_lock_key(&name)).query_async(&mut conn).await?;
+                if old == 1 && new == 0 {
+                    redis::cmd("SREM")
+                        .arg(b.key(LOCK_INDEX))
+                        .arg(&name)
+                        .query_async::<()>(&mut conn)
+                        .await?;
+                }
+                false
+            }
+            (_, rec) => rec.is_some(),
+        };
+        if converted {
             moved += 1;
         } else {
             foreign += 1;
@@ -164,11 +212,261 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
     if foreign > 0 {
         tracing::info!(
             prefix = %b.prefix,
-            step = op,
+            step = ?step,
             converted = moved,
             left_alone = foreign,
             "redis: schema upgrade left keys baton did not write as they are"
         );
+    }
+    Ok(())
+}
+
+/// Add `name` to the lock index.
+async fn index_lock(b: &RedisBackend, name: &str) -> Result<(), StoreError> {
+    let mut conn = b.conn.clone();
+    Ok(redis::cmd("SADD")
+        .arg(b.key(LOCK_INDEX))
+        .arg(name)
+        .query_async::<()>(&mut conn)
+        .await?)
+}
+
+/// The lock record at `key` when baton wrote it (holder, token,
+/// locked_at, lock_until), its TTL removed with `persist`.
+async fn read_lock(
+    b: &RedisBackend,
+    key: &str,
+    persist: bool,
+) -> Result<Option<Vec<String>>, StoreError> {
+    let mut inv = b.scripts.lock_upgrade.key(key);
+    inv.arg(if persist { "persist" } else { "read" });
+    let mut conn = b.conn.clone();
+    let v: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+    let mine = v
+        .first()
+        .and_then(|x| redis::from_redis_value::<i64>(x).ok())
+        == Some(1);
+    if !mine {
+        return Ok(None);
+    }
+    let rec = v[1..]
+        .iter()
+        .map(redis::from_redis_value::<String>)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(rec))
+}
+
+/// Move baton's lock record `rec` from `from` to `to` (unless `to` holds
+/// one already: a record a newer process wrote stands, its token floored
+/// at the clock above the old one), then delete `from`. A key baton did
+/// not write at `to` leaves both as they are: `false`.
+async fn move_lock(
+    b: &RedisBackend,
+    from: &str,
+    to: &str,
+    rec: &[String],
+) -> Result<bool, StoreError> {
+    let mut conn = b.conn.clone();
+    let exists: i64 = redis::cmd("EXISTS").arg(to).query_async(&mut conn).await?;
+    if exists == 1 {
+        if read_lock(b, to, false).await?.is_none() {
+            return Ok(false);
+        }
+    } else {
+        let [holder, token, locked_at, lock_until] = rec else {
+            return Err(StoreError::Corrupt(format!("lock record {from}: {rec:?}")));
+        };
+        redis::cmd("HSET")
+            .arg(to)
+            .arg(&["holder", holder, "token", token])
+            .arg(&["locked_at", locked_at, "lock_until", lock_until])
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    redis::cmd("DEL")
+        .arg(from)
+        .query_async::<()>(&mut conn)
+        .await?;
+    Ok(true)
+}
+
+/// Step 7 → 8 (see [`Upgrade::ClusterLayout`]).
+async fn cluster_layout(b: &RedisBackend) -> Result<(), StoreError> {
+    let mut conn = b.conn.clone();
+    let old = |what: &str| b.key(what);
+    // Locks: each to a tag of its own.
+    let mut names: BTreeSet<String> = lock_names(b).await?.into_iter().collect();
+    let head = old("lock:");
+    for k in b.conn.scan(&format!("{head}*")).await? {
+        if let Some(n) = k.strip_prefix(&head) {
+            names.insert(n.to_string());
+        }
+    }
+    for name in &names {
+        let from = b.v6_lock_key(name);
+        if let Some(rec) = read_lock(b, &from, false).await? {
+            move_lock(b, &from, &b.lock_key(name), &rec).await?;
+        }
+    }
+    // Tasks: each to its queue's tag, its id recorded in `B where`.
+    let ids: Vec<String> = redis::cmd("ZRANGE")
+        .arg(old("ids"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await?;
+    for p in &ids {
+        let id = p.trim_start_matches('0');
+        let key = old(&format!("task:{id}"));
+        let h: Vec<String> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        let Some(queue) = h
+            .chunks(2)
+            .find(|kv| kv[0] == "queue")
+            .and_then(|kv| kv.get(1))
+            .cloned()
+        else {
+            continue;
+        };
+        redis::cmd("HSET")
+            .arg(old("where"))
+            .arg(id)
+            .arg(&queue)
+            .query_async::<()>(&mut conn)
+            .await?;
+        b.qs::<i64>(&queue, &b.scripts.task_import, h).await?;
+        redis::cmd("DEL")
+            .arg(&key)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    // Unique keys: to the holder's queue.
+    let head = old("uniq:");
+    for k in b.conn.scan(&format!("{head}*")).await? {
+        let Some(uk) = k.strip_prefix(&head) else {
+            continue;
+        };
+        let holder: Option<String> = redis::cmd("GET").arg(&k).query_async(&mut conn).await?;
+        let queue: Option<String> = match &holder {
+            Some(h) => {
+                redis::cmd("HGET")
+                    .arg(old("where"))
+                    .arg(h)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            None => None,
+        };
+        if let (Some(h), Some(q)) = (holder, queue) {
+            redis::cmd("SET")
+                .arg(format!("{}uniq:{uk}", b.qbase(&q)))
+                .arg(h)
+                .arg("NX")
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        redis::cmd("DEL")
+            .arg(&k)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    // Jobs: each to its queue's tag (a job without a recorded queue to
+    // the empty queue's, until its first run names one).
+    let jobs: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(old("jobs"))
+        .query_async(&mut conn)
+        .await?;
+    for job in &jobs {
+        let h: Vec<String> = redis::cmd("HGETALL")
+            .arg(old(&format!("job:{job}")))
+            .query_async(&mut conn)
+            .await?;
+        let act: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(old(&format!("jobactive:{job}")))
+            .query_async(&mut conn)
+            .await?;
+        let home = h
+            .chunks(2)
+            .find(|kv| kv[0] == "queue")
+            .and_then(|kv| kv.get(1))
+            .cloned()
+            .unwrap_or_default();
+        let mut args = sargs![job, h.len()];
+        args.extend(h);
+        args.extend(act);
+        b.qs::<i64>(&home, &b.scripts.job_import, args).await?;
+        redis::cmd("HSET")
+            .arg(old("jobq"))
+            .arg(job)
+            .arg(&home)
+            .query_async::<()>(&mut conn)
+            .await?;
+        for k in [old(&format!("job:{job}")), old(&format!("jobactive:{job}"))] {
+            redis::cmd("DEL")
+                .arg(k)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+    }
+    // Slot tombstones: to their job's home.
+    let head = old("slot:");
+    for k in b.conn.scan(&format!("{head}*")).await? {
+        let Some(slot_key) = k.strip_prefix(&head) else {
+            continue;
+        };
+        let job = slot_key
+            .rsplit_once('|')
+            .map(|(j, _)| j)
+            .unwrap_or(slot_key);
+        let home: Option<String> = redis::cmd("HGET")
+            .arg(old("jobq"))
+            .arg(job)
+            .query_async(&mut conn)
+            .await?;
+        let h: Vec<String> = redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
+        if !h.is_empty() {
+            redis::cmd("HSET")
+                .arg(format!(
+                    "{}slot:{slot_key}",
+                    b.qbase(&home.unwrap_or_default())
+                ))
+                .arg(&h)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        redis::cmd("DEL")
+            .arg(&k)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    // Paused queues: each its flag (`B paused` stays: the index).
+    let paused: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(old("paused"))
+        .query_async(&mut conn)
+        .await?;
+    for q in &paused {
+        redis::cmd("SET")
+            .arg(format!("{}paused", b.qbase(q)))
+            .arg("1")
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    // The old indexes.
+    let mut gone = vec![old("running"), old("done"), old("ids"), old("jobs")];
+    for q in b.queues().await? {
+        gone.extend([
+            old(&format!("counts:{q}")),
+            old(&format!("q:{q}:sched")),
+            old(&format!("q:{q}:ready")),
+        ]);
+    }
+    for k in gone {
+        redis::cmd("DEL")
+            .arg(k)
+            .query_async::<()>(&mut conn)
+            .await?;
     }
     Ok(())
 }
@@ -190,28 +488,11 @@ pub(super) async fn lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreErr
 /// reads the index instead.)
 async fn scan_lock_names(b: &RedisBackend) -> Result<Vec<String>, StoreError> {
     let head = format!("{}lock:", b.prefix);
-    let pattern = format!("{head}*");
-    let mut conn = b.conn.clone();
-    let mut cursor: u64 = 0;
     let mut names = BTreeSet::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        for k in keys {
-            if let Some(n) = k.strip_prefix(&head) {
-                names.insert(n.to_string());
-            }
+    for k in b.conn.scan(&format!("{head}*")).await? {
+        if let Some(n) = k.strip_prefix(&head) {
+            names.insert(n.to_string());
         }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
     }
     Ok(names.into_iter().collect())
 }

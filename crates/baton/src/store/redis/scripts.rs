@@ -25,6 +25,9 @@ const JOB_SET_PAUSED: &str = include_str!("lua/job_set_paused.lua");
 const JOB_LIST: &str = include_str!("lua/job_list.lua");
 const SLOT_GET: &str = include_str!("lua/slot_get.lua");
 const MIGRATE: &str = include_str!("lua/migrate.lua");
+const IDS: &str = include_str!("lua/ids.lua");
+const JOB_IMPORT: &str = include_str!("lua/job_import.lua");
+const TASK_IMPORT: &str = include_str!("lua/task_import.lua");
 const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
 const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
 const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
@@ -55,6 +58,12 @@ pub(super) struct Scripts {
     pub job_list: Script,
     pub slot_get: Script,
     pub migrate: Script,
+    /// Reserve task ids (an index script).
+    pub ids: Script,
+    /// Move a job's record to its new home queue.
+    pub job_import: Script,
+    /// Schema step 7 -> 8: one task into its queue's tag.
+    pub task_import: Script,
     pub lock_acquire: Script,
     pub lock_extend: Script,
     pub lock_release: Script,
@@ -89,6 +98,9 @@ impl Scripts {
             job_list: q(JOB_LIST),
             slot_get: q(SLOT_GET),
             migrate: q(MIGRATE),
+            ids: q(IDS),
+            job_import: q(JOB_IMPORT),
+            task_import: q(TASK_IMPORT),
             lock_acquire: l(LOCK_ACQUIRE),
             lock_extend: l(LOCK_EXTEND),
             lock_release: l(LOCK_RELEASE),

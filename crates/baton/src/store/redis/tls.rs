@@ -9,7 +9,7 @@ use crate::store::redact;
 /// Files a `rediss://` URL may name in its query, as PostgreSQL URLs do:
 /// a CA to trust instead of the system's roots, and a client certificate
 /// with its key (mutual TLS). Paths are read when connecting.
-const TLS_PARAMS: [&str; 3] = ["sslrootcert", "sslcert", "sslkey"];
+pub(super) const TLS_PARAMS: [&str; 3] = ["sslrootcert", "sslcert", "sslkey"];
 
 /// Open a client for `url`, taking [`TLS_PARAMS`] out of its query.
 pub(super) fn open_client(url: &str) -> Result<redis::Client, StoreError> {
@@ -49,6 +49,15 @@ pub(super) fn open_client(url: &str) -> Result<redis::Client, StoreError> {
 
 #[cfg(feature = "tls")]
 fn open_tls_client(url: &str, files: &HashMap<&str, String>) -> Result<redis::Client, String> {
+    redis::Client::build_with_tls(url, certificates(files)?).map_err(|e| e.to_string())
+}
+
+/// The certificates [`TLS_PARAMS`] name (read now), for a single-node or a
+/// cluster client.
+#[cfg(feature = "tls")]
+pub(super) fn certificates(
+    files: &HashMap<&str, String>,
+) -> Result<redis::TlsCertificates, String> {
     let read = |param: &str| -> Result<Option<Vec<u8>>, String> {
         files
             .get(param)
@@ -65,11 +74,10 @@ fn open_tls_client(url: &str, files: &HashMap<&str, String>) -> Result<redis::Cl
             return Err("sslcert and sslkey go together (a client certificate and its key)".into())
         }
     };
-    let certs = redis::TlsCertificates {
+    Ok(redis::TlsCertificates {
         client_tls,
         root_cert: read("sslrootcert")?,
-    };
-    redis::Client::build_with_tls(url, certs).map_err(|e| e.to_string())
+    })
 }
 
 #[cfg(not(feature = "tls"))]

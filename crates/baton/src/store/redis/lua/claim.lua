@@ -6,7 +6,7 @@
 local now = now_ms()
 local queue = ARGV[2]
 -- A paused queue claims nothing (its tasks stay where they are).
-if redis.call('SISMEMBER', B .. 'paused', queue) == 1 then return {} end
+if redis.call('GET', B .. 'paused') == '1' then return {} end
 local sched = qkey(queue, 'sched')
 local ready = qkey(queue, 'ready')
 -- Move due scheduled tasks into ready, oldest first; at most 10000 per
@@ -32,7 +32,7 @@ local limit = tonumber(ARGV[4])
 local lu = now + tonumber(ARGV[5])
 -- A cluster-wide cap on the queue's running tasks (ARGV[6], '' for none).
 if ARGV[6] ~= '' then
-  local running = tonumber(redis.call('HGET', B .. 'counts:' .. queue, 'running') or '0')
+  local running = tonumber(redis.call('HGET', B .. 'counts', 'running') or '0')
   local room = tonumber(ARGV[6]) - running
   if room < limit then limit = room end
 end

@@ -1,10 +1,13 @@
--- ARGV: B, publish flag, then NF arguments per task.
+-- ARGV: B, publish flag, the first of the ids reserved for these tasks
+-- (`ids.lua`), then NF arguments per task, every task of B's queue.
 local now = now_ms()
 local out = {}
 local wake = {}
 local later = {}
-local i = 3
+local i = 4
 while i + NF - 1 <= #ARGV do
+  -- Each task's own reserved id (taken only if it is inserted).
+  next_free = tonumber(ARGV[3]) + (i - 4) / NF
   local id, ins, due, run_at = insert(now, i, nil)
   out[#out + 1] = id
   out[#out + 1] = ins
@@ -15,7 +18,7 @@ while i + NF - 1 <= #ARGV do
 end
 flush()
 if ARGV[2] == '1' then
-  for q, _ in pairs(wake) do redis.call('PUBLISH', B .. 'wake', q) end
+  for q, _ in pairs(wake) do redis.call('PUBLISH', WAKE, q) end
 end
 -- Work due later is announced by every chunk (the caller publishes only
 -- the due queues of a multi-chunk batch).

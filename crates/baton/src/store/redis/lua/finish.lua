@@ -24,7 +24,7 @@ local function finish_one(sid, tok, kind, text, retry)
     elseif retry ~= '' and attempt < tonumber(h[7]) then
       local at = now + tonumber(retry)
       if running_to_pending(sid, queue, tonumber(h[8]), at, now, nil) == 1 then
-        redis.call('PUBLISH', B .. 'wake', queue)
+        redis.call('PUBLISH', WAKE, queue)
       else
         keep_min(later, queue, at)
       end
@@ -41,7 +41,7 @@ local function finish_one(sid, tok, kind, text, retry)
   else
     -- Handed back: keep its place in line (its run_at), resume at once.
     running_to_pending(sid, queue, tonumber(h[8]), tonumber(h[9] or '') or now, now, {'attempt', fmt(attempt - 1)})
-    redis.call('PUBLISH', B .. 'wake', queue)
+    redis.call('PUBLISH', WAKE, queue)
   end
   return 1
 end

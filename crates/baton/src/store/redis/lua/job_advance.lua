@@ -1,7 +1,9 @@
 -- ARGV: B, job, expected or '', slot, overlap (f/a), skip reason, record
 -- (e enqueue / r run / s skip), lease ms, worker, batch_after or '',
 -- due_only (0/1), until or '', has task (0/1), not_before or '' (an early
--- take), then NF task args.
+-- take), the id reserved for the task (`ids.lua`; '' without a task),
+-- then NF task args. B is the job's queue's base: the job's keys live
+-- with its queue's, so the slot and its task are one script on one shard.
 local now = now_ms()
 local job = ARGV[2]
 local k = B .. 'job:' .. job
@@ -40,7 +42,8 @@ end
 if busy and nb and now < slot then return {'notdue', fmt(now), 0} end
 redis.call('HSET', k, 'last_slot', ARGV[4])
 if ARGV[13] ~= '1' then return {'enqueued', '0', 0} end
-local T = 15
+next_free = tonumber(ARGV[15])
+local T = 16
 -- The slot's own run may exist already (a trigger made it): that run is
 -- this slot's, not a previous one, so it is returned, never "skipped".
 local uk = opt(ARGV[T + 8])
@@ -73,6 +76,6 @@ if rec == 'r' and ins == 1 then
   count(queue, 'running', 1)
   return {'enqueued', sid, 1}
 end
-if ins == 1 and due == 1 then redis.call('PUBLISH', B .. 'wake', ARGV[T]) end
+if ins == 1 and due == 1 then redis.call('PUBLISH', WAKE, ARGV[T]) end
 if ins == 1 and due == 0 then wake_at(ARGV[T], run_at) end
 return {'enqueued', fmt(id), ins}

@@ -3,7 +3,6 @@ local now = now_ms()
 local k = B .. 'job:' .. ARGV[2]
 if redis.call('EXISTS', k) == 0 then
   redis.call('HSET', k, 'last_slot', fmt(now), 'paused', '0')
-  redis.call('SADD', B .. 'jobs', ARGV[2])
 end
 if ARGV[3] ~= '' then redis.call('HSET', k, 'queue', ARGV[3]) end
 local h = redis.call('HMGET', k, 'last_slot', 'paused', 'queue')

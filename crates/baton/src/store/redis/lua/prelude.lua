@@ -1,12 +1,19 @@
 -- Shared helpers for the queue and job scripts. `ARGV[1]` is always the
--- key base `P{baton}:`; `KEYS[1]` is a key in the same slot for routing.
+-- key base: a queue's `P{baton:q:<queue>}:` (every key a queue or job
+-- script touches is under it, so the script runs on the one shard of that
+-- hash tag), or the index base `P{baton}:` for the index scripts (ids,
+-- migrate); `KEYS[1]` is a key in the same slot for routing.
 local B = ARGV[1]
+-- The wake-up channel is the index base's (`P{baton}:wake`): a channel is
+-- not a key, and a publish reaches every node of a cluster.
+local WAKE = string.sub(B, 1, string.find(B, '{baton', 1, true) - 1) .. '{baton}:wake'
 local SHIFT = 8796093022208
 local NF = 13
 local function fmt(n) return string.format('%d', n) end
 local function pad(id) return string.format('%016d', tonumber(id)) end
 local function tkey(sid) return B .. 'task:' .. sid end
-local function qkey(queue, what) return B .. 'q:' .. queue .. ':' .. what end
+-- (The queue is the base's: `queue` only documents the call.)
+local function qkey(queue, what) return B .. what end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -22,7 +29,7 @@ local function rscore(prio, run_at)
   return (prio + 128) * SHIFT + r
 end
 local function count(queue, state, d)
-  redis.call('HINCRBY', B .. 'counts:' .. queue, state, d)
+  redis.call('HINCRBY', B .. 'counts', state, d)
 end
 local function opt(s)
   if s == nil or s == false or s == '' then return nil end
@@ -49,7 +56,7 @@ local function place(sid, queue, prio, run_at, now)
   return 0
 end
 -- Batched writes: many tasks' index updates become one call per key.
-local acc_z, acc_c, acc_q = {}, {}, {}
+local acc_z, acc_c = {}, {}
 local function zacc(key, score, member)
   local t = acc_z[key]
   if not t then t = {}; acc_z[key] = t end
@@ -57,7 +64,7 @@ local function zacc(key, score, member)
   t[#t + 1] = member
 end
 local function cacc(queue, state, d)
-  local k = B .. 'counts:' .. queue
+  local k = B .. 'counts'
   local t = acc_c[k]
   if not t then t = {}; acc_c[k] = t end
   t[state] = (t[state] or 0) + d
@@ -73,10 +80,7 @@ local function flush()
       if n ~= 0 then redis.call('HINCRBY', k, st, n) end
     end
   end
-  local qs = {}
-  for q, _ in pairs(acc_q) do qs[#qs + 1] = q end
-  if #qs > 0 then redis.call('SADD', B .. 'queues', unpack(qs)) end
-  acc_z, acc_c, acc_q = {}, {}, {}
+  acc_z, acc_c = {}, {}
 end
 local function release_uniq(sid, uk, forever)
   if uk and forever ~= '1' then
@@ -106,18 +110,13 @@ local function running_to_pending(sid, queue, prio, run_at, now, extra)
   count(queue, 'pending', 1)
   return place(sid, queue, prio, run_at, now)
 end
--- The next task id: one above the last, and at least the server's clock
--- in microseconds (read once per script), as fencing tokens are, so ids
--- never repeat even after a restart that lost the counter.
-local id_floor = nil
+-- The next task id: ids are reserved before the script by the index
+-- script `ids.lua` (one counter for every queue, so ids never collide
+-- across shards); the script that inserts sets `next_free` to the first.
+local next_free = nil
 local function next_id()
-  local id = redis.call('INCR', B .. 'seq')
-  if not id_floor then id_floor = now_us() end
-  if id < id_floor then
-    redis.call('SET', B .. 'seq', fmt(id_floor))
-    id = id_floor
-    id_floor = 0
-  end
+  local id = next_free
+  next_free = next_free + 1
   return id
 end
 -- Insert the task whose NF arguments start at ARGV[i]. With skipped set,
@@ -163,7 +162,6 @@ local function insert(now, i, skipped)
   redis.call('HSET', tkey(sid), unpack(f))
   local p = pad(sid)
   zacc(B .. 'ids', id, p)
-  acc_q[queue] = true
   cacc(queue, state, 1)
   local due = 0
   if skipped then
@@ -183,7 +181,7 @@ local function insert(now, i, skipped)
 end
 -- Announce work due later: `queue\n<run_at in µs>` (see Wake::parse).
 local function wake_at(queue, run_at)
-  redis.call('PUBLISH', B .. 'wake', queue .. '\n' .. fmt(run_at * 1000))
+  redis.call('PUBLISH', WAKE, queue .. '\n' .. fmt(run_at * 1000))
 end
 -- Keep the earliest future run_at per queue in `t`.
 local function keep_min(t, queue, run_at)

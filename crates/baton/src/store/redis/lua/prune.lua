@@ -1,8 +1,9 @@
--- ARGV: B, older than ms, batch. Returns {deleted, examined}.
+-- ARGV: B, older than ms, batch. Returns {deleted, examined, deleted ids}.
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[2])
 local ps = redis.call('ZRANGEBYSCORE', B .. 'done', '-inf', '(' .. fmt(cutoff), 'LIMIT', 0, tonumber(ARGV[3]))
 local n = 0
+local gone = {}
 for _, p in ipairs(ps) do
   local sid = fmt(tonumber(p))
   local k = tkey(sid)
@@ -25,7 +26,8 @@ for _, p in ipairs(ps) do
     end
     if h[4] then redis.call('SREM', B .. 'jobactive:' .. h[4], sid) end
     n = n + 1
+    gone[#gone + 1] = sid
   end
   redis.call('ZREM', B .. 'done', p)
 end
-return {n, #ps}
+return {n, #ps, gone}

@@ -27,5 +27,5 @@ for _, p in ipairs(exp) do
     end
   end
 end
-for q, _ in pairs(wake) do redis.call('PUBLISH', B .. 'wake', q) end
+for q, _ in pairs(wake) do redis.call('PUBLISH', WAKE, q) end
 return {rq, fl, cn, #exp}

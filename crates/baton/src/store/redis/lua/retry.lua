@@ -25,5 +25,5 @@ count(queue, h[1], -1)
 count(queue, 'pending', 1)
 place(sid, queue, tonumber(h[8]), now, now)
 if h[5] then redis.call('SADD', B .. 'jobactive:' .. h[5], sid) end
-redis.call('PUBLISH', B .. 'wake', queue)
+redis.call('PUBLISH', WAKE, queue)
 return 1
