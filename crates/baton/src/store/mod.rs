@@ -52,6 +52,14 @@ pub use types::*;
 /// The default store URL: an embedded SQLite file in the working directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://baton.db";
 
+/// How far (in µs) a SQL store's task id counter may be behind the
+/// store's clock before [`Backend::task_id_floor`] raises it to the clock:
+/// a millisecond (a floor is then a no-op right after another). Ids rise
+/// slower than the clock (under one per µs), so the ids other connections
+/// take while a floor reads and writes the counter stay below the clock
+/// the floor writes.
+pub const ID_FLOOR_SLACK_US: i64 = 1_000;
+
 /// One backend's operations. Implemented by `sqlite`, `postgres`, `mysql`
 /// and `redis`.
 ///
@@ -85,6 +93,17 @@ pub trait Backend: Send + Sync + 'static {
     /// The store's identity and task id counter (a read only: the id is
     /// written by [`Backend::migrate`], once). See [`StoreIdentity`].
     async fn store_identity(&self) -> Result<StoreIdentity, StoreError>;
+
+    /// Raise the task id counter to the store's clock in µs when it is
+    /// more than [`ID_FLOOR_SLACK_US`] behind it (never lower it), so the
+    /// next task id is above every id handed out before a restore of an
+    /// older backup set the counter back (DESIGN.md I1). Safe while other
+    /// processes insert tasks. [`Store::check_identity`] calls it at
+    /// connect and after each change it finds. The default does nothing:
+    /// for a backend that floors every new id itself (Redis).
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Warnings about the store's configuration (e.g. Redis without AOF).
     async fn warnings(&self) -> Result<Vec<String>, StoreError> {
@@ -397,9 +416,23 @@ impl Store {
     /// seen — is logged once as an error naming what was lost, counted,
     /// and kept (see [`Store::identity_lost`]); the answer is that reason
     /// when this check found it.
+    ///
+    /// The first check (at connect) and the first after each change also
+    /// floor the task id counter at the store's clock in µs
+    /// ([`Backend::task_id_floor`]), after the read, so a counter set back
+    /// is seen before it is raised. A floor that fails (a read-only store,
+    /// a user without the right) is logged and tried again at the next
+    /// check.
     pub async fn check_identity(&self) -> Result<Option<String>, StoreError> {
         let read = self.backend.store_identity().await?;
-        Ok(self.identity.observe(self.backend.kind(), &read))
+        let reason = self.identity.observe(self.backend.kind(), &read);
+        if self.identity.floor_due() {
+            match self.backend.task_id_floor().await {
+                Ok(()) => self.identity.floored(),
+                Err(e) => self.identity.floor_failed(self.backend.kind(), &e),
+            }
+        }
+        Ok(reason)
     }
 
     /// Why this process no longer trusts the store it connected to: the
@@ -594,6 +627,7 @@ bounded_backend! {
     now() -> DateTime<Utc>;
     schema_status() -> SchemaStatus;
     store_identity() -> StoreIdentity;
+    task_id_floor() -> ();
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;

@@ -573,6 +573,50 @@ impl Backend for MyBackend {
         }
     }
 
+    /// `ALTER TABLE … AUTO_INCREMENT` (DDL: no placeholder, so the value
+    /// is read first). Two floors at once need no lock: InnoDB sets a
+    /// counter no lower than the column's highest id + 1, so a slower
+    /// floor that lowers a later one's value never reissues an id. The
+    /// exclusive metadata lock the statement needs waits at most 5 s
+    /// (`lock_wait_timeout`), not behind a long transaction for a year.
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        let read: Result<(Option<u64>, i64), sqlx::Error> = sqlx::query_as(&format!(
+            "SELECT (SELECT CAST(AUTO_INCREMENT AS UNSIGNED) FROM information_schema.TABLES \
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?), CAST({NOW_US} AS SIGNED)"
+        ))
+        .bind(format!("{}tasks", self.names.prefix))
+        .fetch_one(&self.pool)
+        .await;
+        let (next, now) = match read {
+            Ok(r) => r,
+            Err(e) if sql_row::is_missing_table(&e) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        // No tasks table yet: nothing to floor.
+        let Some(next) = next else { return Ok(()) };
+        let last = i64::try_from(next.saturating_sub(1)).unwrap_or(i64::MAX);
+        if last >= now.saturating_sub(crate::store::ID_FLOOR_SLACK_US) {
+            return Ok(());
+        }
+        let mut conn = self.pool.acquire().await?;
+        let done = batch_on(
+            &mut conn,
+            &format!(
+                "SET SESSION lock_wait_timeout = 5; \
+                 ALTER TABLE {} AUTO_INCREMENT = {}; \
+                 SET SESSION lock_wait_timeout = DEFAULT",
+                self.names.tasks,
+                now.saturating_add(1)
+            ),
+        )
+        .await;
+        if done.is_err() {
+            // It may still carry the short lock_wait_timeout.
+            conn.close_on_drop();
+        }
+        done.map(|_| ())
+    }
+
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
         self.schema_read().await
     }

@@ -42,6 +42,10 @@ impl Backend for PgBackend {
         schema::identity(self).await
     }
 
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        schema::floor_ids(self).await
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self.qs("SELECT now()").fetch_one(self.exec()).await?)
     }
