@@ -263,7 +263,7 @@ impl Locker {
                 Ok(Ok(lease)) => return Ok(lease),
                 Ok(Err(info)) => Some(info),
                 Err(Error::Store(e)) if e.is_retryable() && Instant::now() < deadline => {
-                    tracing::warn!(lock = name, error = %crate::error::chain(&e), "store unavailable while waiting for lock; retrying");
+                    crate::store::warn_unless_read_only!(e, lock = name, error = %crate::error::chain(&e), "store unavailable while waiting for lock; retrying");
                     None
                 }
                 Err(e) => return Err(e),
@@ -820,7 +820,7 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
                         return;
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(lock = handle.name(), error = %crate::error::chain(&e), "lease confirmation failed; retrying");
+                        crate::store::warn_unless_read_only!(e, lock = handle.name(), error = %crate::error::chain(&e), "lease confirmation failed; retrying");
                         let left = deadline.saturating_duration_since(Instant::now());
                         next_confirm = Some(
                             Instant::now()
@@ -858,7 +858,7 @@ async fn keep_alive(store: Store, handle: LeaseHandle, opts: LockOptions, mut de
                 return;
             }
             Ok(Err(e)) => {
-                tracing::warn!(lock = handle.name(), error = %crate::error::chain(&e), "lease extension failed; retrying");
+                crate::store::warn_unless_read_only!(e, lock = handle.name(), error = %crate::error::chain(&e), "lease extension failed; retrying");
                 // Retry soon, but no later than the deadline allows.
                 let left = deadline.saturating_duration_since(Instant::now());
                 next = Instant::now()

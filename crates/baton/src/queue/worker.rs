@@ -660,7 +660,7 @@ async fn upkeep_loop(
                     Ok(_) => {}
                     Err(e) => {
                         shared.counters.store_error("task_rescue_many");
-                        tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
+                        crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "rescue failed")
                     }
                 }
                 // Is it still the store we connected to? A change (a store
@@ -670,6 +670,14 @@ async fn upkeep_loop(
                     shared.counters.store_error("store_identity");
                     tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
                 }
+                // A store that refused writes: does it take them again?
+                // (Claims resume by themselves; this clears the mark and
+                // says so once.)
+                if shared.store.read_only().is_some() {
+                    if let Err(e) = shared.upkeep(shared.store.check_writable()).await {
+                        tracing::debug!(error = %crate::error::chain(&e), "probing whether the store takes writes failed");
+                    }
+                }
             }
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
@@ -678,7 +686,7 @@ async fn upkeep_loop(
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                         Err(e) => {
                             shared.counters.store_error("task_prune");
-                            tracing::warn!(error = %crate::error::chain(&e), "prune failed")
+                            crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "prune failed")
                         }
                     }
                 }
@@ -952,7 +960,7 @@ async fn claim_into(
                 }
                 Err(e) => {
                     shared.counters.store_error("task_claim");
-                    tracing::warn!(queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
+                    crate::store::warn_unless_read_only!(e, queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
                     recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
@@ -1568,7 +1576,7 @@ async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> 
                     tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
                     return false;
                 }
-                tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
+                crate::store::warn_unless_read_only!(e, task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
@@ -1638,7 +1646,7 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
                 // lease can lapse; here we only try again soon.
                 shared.counters.heartbeat_failed();
                 shared.counters.store_error("task_heartbeat_many");
-                tracing::warn!(tasks = claims.len(), error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
+                crate::store::warn_unless_read_only!(e, tasks = claims.len(), error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
                 wait = period.min(Duration::from_millis(250));
             }
         }

@@ -83,7 +83,9 @@ impl IdentityWatch {
         };
         if !s.floor_failing {
             s.floor_failing = true;
-            tracing::warn!(
+            // A read-only store is said once by the write watch.
+            crate::store::warn_unless_read_only!(
+                e,
                 store = kind,
                 error = %crate::error::chain(e),
                 "could not floor the task id counter at the store's clock (tried again at the \

@@ -43,11 +43,16 @@ pub(crate) mod sql_row;
 pub mod sqlite;
 pub mod state;
 mod types;
+mod writable;
 
 pub use identity::IdentityWatch;
 pub use params::*;
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
+pub(crate) use writable::warn_unless_read_only;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use writable::Recycle;
+pub use writable::WriteWatch;
 
 /// The default store URL: an embedded SQLite file in the working directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://baton.db";
@@ -104,6 +109,21 @@ pub trait Backend: Send + Sync + 'static {
     async fn task_id_floor(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// A write that changes nothing, to learn whether the store takes
+    /// writes: [`StoreError::ReadOnly`] from a read-only server (see
+    /// [`Store::check_writable`]). The default answers `Ok` (a store
+    /// whose writes are never refused, or one without a probe).
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Drop the pooled connections open now (each at its next acquire),
+    /// so later calls connect again: called after a read-only refusal, as
+    /// a connection may still be on a server that was demoted while the
+    /// URL now leads to a writable one. The default does nothing (no pool,
+    /// or one the application owns).
+    fn pool_recycle(&self) {}
 
     /// Warnings about the store's configuration (e.g. Redis without AOF).
     async fn warnings(&self) -> Result<Vec<String>, StoreError> {
@@ -324,6 +344,9 @@ pub struct Store {
     /// The identity seen at connect, checked again by the upkeep (shared
     /// by every clone).
     identity: Arc<IdentityWatch>,
+    /// Whether the store refuses writes (shared with the [`Bounded`]
+    /// wrapper, which marks it from every call's error).
+    writes: Arc<WriteWatch>,
 }
 
 impl std::fmt::Debug for Store {
@@ -379,9 +402,11 @@ impl Store {
                 )))
             }
         };
+        let writes = Arc::new(WriteWatch::default());
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
             inner: backend,
             limit: opts.call_deadline(),
+            writes: writes.clone(),
         });
         if opts.migrate {
             backend.migrate().await?;
@@ -390,6 +415,7 @@ impl Store {
             backend,
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
+            writes,
         };
         // The identity seen at connect. A read that fails here (a store
         // not migrated, a moment's outage) only leaves it to the first
@@ -403,11 +429,38 @@ impl Store {
     /// Wrap a backend built by hand (for new backends and tests). Its
     /// identity is read by the first [`Store::check_identity`].
     pub fn from_backend(backend: Arc<dyn Backend>, url: &str) -> Store {
+        Store::on(backend, url, Arc::new(WriteWatch::default()))
+    }
+
+    /// A store on `backend`, sharing `writes` with its [`Bounded`] wrapper.
+    fn on(backend: Arc<dyn Backend>, url: &str, writes: Arc<WriteWatch>) -> Store {
         Store {
             backend,
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
+            writes,
         }
+    }
+
+    /// Why the store refuses writes, while it does: the first read-only
+    /// refusal a call met since the store last took writes (see
+    /// [`WriteWatch`]). `/readyz` fails while it is set.
+    pub fn read_only(&self) -> Option<String> {
+        self.writes.read_only()
+    }
+
+    /// Probe whether the store takes writes ([`Backend::store_write_probe`]):
+    /// a refusal marks it read-only (logged once), a probe that works
+    /// clears the mark (logged once). The answer is
+    /// [`Store::read_only`] after the probe; an error only when the probe
+    /// failed otherwise (the store did not answer).
+    pub async fn check_writable(&self) -> Result<Option<String>, StoreError> {
+        match self.backend.store_write_probe().await {
+            Ok(()) => self.writes.accepted(self.backend.kind()),
+            Err(e) if e.is_read_only() => self.writes.refused(self.backend.kind(), &e),
+            Err(e) => return Err(e),
+        }
+        Ok(self.read_only())
     }
 
     /// Read the store's identity and task id counter again and compare
@@ -572,6 +625,22 @@ pub async fn bounded<T>(
 struct Bounded {
     inner: Arc<dyn Backend>,
     limit: Duration,
+    /// Marked by every call that meets a read-only refusal.
+    writes: Arc<WriteWatch>,
+}
+
+impl Bounded {
+    /// After a call: a read-only refusal marks the store (logged once)
+    /// and recycles the pool's connections (see [`Backend::pool_recycle`]).
+    fn noted<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r {
+            if e.is_read_only() {
+                self.writes.refused(self.inner.kind(), e);
+                self.inner.pool_recycle();
+            }
+        }
+        r
+    }
 }
 
 // The impl is generated whole so that `#[async_trait]` sees the methods.
@@ -581,6 +650,9 @@ macro_rules! bounded_backend {
         impl Backend for Bounded {
             fn kind(&self) -> &'static str {
                 self.inner.kind()
+            }
+            fn pool_recycle(&self) {
+                self.inner.pool_recycle()
             }
             /// Backends write a batch grouped by kind of finish (all
             /// successes in one statement), so two items for one task in
@@ -597,12 +669,12 @@ macro_rules! bounded_backend {
                             .iter()
                             .take_while(|(c, _)| seen.insert(c.id))
                             .count();
-                    let part = bounded(
+                    let part = self.noted(bounded(
                         self.limit,
                         "store call task_finish_many",
                         self.inner.task_finish_many(&items[start..end]),
                     )
-                    .await?;
+                    .await)?;
                     out.extend(part);
                     start = end;
                 }
@@ -610,12 +682,12 @@ macro_rules! bounded_backend {
             }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
-                    bounded(
+                    self.noted(bounded(
                         self.limit,
                         concat!("store call ", stringify!($name)),
                         self.inner.$name($($arg),*),
                     )
-                    .await
+                    .await)
                 }
             )*
         }
@@ -628,6 +700,7 @@ bounded_backend! {
     schema_status() -> SchemaStatus;
     store_identity() -> StoreIdentity;
     task_id_floor() -> ();
+    store_write_probe() -> ();
     warnings() -> Vec<String>;
     lock_acquire(req: &LockRequest<'_>) -> Acquire;
     lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;

@@ -296,6 +296,10 @@ pub(crate) struct MyBackend {
     pool: MySqlPool,
     names: Arc<Names>,
     wake: broadcast::Sender<Wake>,
+    /// Connections to drop after a read-only refusal (see
+    /// `Backend::pool_recycle`); a pool the application owns keeps its
+    /// connections.
+    recycle: Arc<crate::store::Recycle>,
 }
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
@@ -326,13 +330,21 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .map_err(|e| bad(&e))?
         .timezone(Some("+00:00".to_string()));
     let timeout = opts.statement_timeout;
+    let recycle = Arc::new(crate::store::Recycle::default());
+    let stale = recycle.clone();
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(opts.connect_timeout)
         .test_before_acquire(false)
         .after_connect(move |conn, _| Box::pin(async move { session_setup(conn, timeout).await }))
-        .before_acquire(|conn, meta| {
+        .before_acquire(move |conn, meta| {
+            // Opened before a read-only refusal: it may be on the demoted
+            // server; connect again.
+            let stale = stale.stale(meta.age);
             Box::pin(async move {
+                if stale {
+                    return Ok(false);
+                }
                 if meta.idle_for >= IDLE_PING {
                     conn.ping().await?;
                 }
@@ -341,7 +353,9 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         })
         .connect_with(connect)
         .await?;
-    Ok(Arc::new(MyBackend::on_pool(pool, opts.prefix.as_deref())))
+    let mut backend = MyBackend::on_pool(pool, opts.prefix.as_deref());
+    backend.recycle = recycle;
+    Ok(Arc::new(backend))
 }
 
 /// The backend on a pool the application already has (see
@@ -409,6 +423,7 @@ impl MyBackend {
             pool,
             wake: wake_channel(key),
             names: Arc::new(names),
+            recycle: Arc::new(crate::store::Recycle::default()),
         }
     }
 
@@ -615,6 +630,22 @@ impl Backend for MyBackend {
             conn.close_on_drop();
         }
         done.map(|_| ())
+    }
+
+    /// An `UPDATE` of no row: refused at once by a server running
+    /// `read_only` (for a user without the right to write there anyway),
+    /// a no-op otherwise.
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        let probe = format!("UPDATE {} SET value = value WHERE 1 = 0", self.names.meta);
+        match sqlx::query(&probe).execute(&self.pool).await {
+            Ok(_) => Ok(()),
+            Err(e) if sql_row::is_missing_table(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn pool_recycle(&self) {
+        self.recycle.mark();
     }
 
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {

@@ -46,6 +46,14 @@ impl Backend for PgBackend {
         schema::floor_ids(self).await
     }
 
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        schema::write_probe(self).await
+    }
+
+    fn pool_recycle(&self) {
+        self.recycle.mark();
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self.qs("SELECT now()").fetch_one(self.exec()).await?)
     }
