@@ -352,7 +352,11 @@ impl PrivateMariadb {
     /// Run `sql` with the `mariadb` client as `user`; whether it worked.
     pub fn sql(&self, user: &str, sql: &str) -> bool {
         Command::new("mariadb")
-            .args(["-h127.0.0.1", &format!("-P{}", self.port), &format!("-u{user}")])
+            .args([
+                "-h127.0.0.1",
+                &format!("-P{}", self.port),
+                &format!("-u{user}"),
+            ])
             .args(["-e", sql])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
