@@ -105,6 +105,7 @@ impl StoreError {
         matches!(self, StoreError::ReadOnly { .. })
     }
 
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     fn read_only(
         context: &str,
         source: impl std::error::Error + Send + Sync + 'static,
