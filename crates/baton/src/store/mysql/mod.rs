@@ -588,12 +588,13 @@ impl Backend for MyBackend {
         }
     }
 
-    /// `ALTER TABLE … AUTO_INCREMENT` (DDL: no placeholder, so the value
-    /// is read first). Two floors at once need no lock: InnoDB sets a
-    /// counter no lower than the column's highest id + 1, so a slower
-    /// floor that lowers a later one's value never reissues an id. The
-    /// exclusive metadata lock the statement needs waits at most 5 s
-    /// (`lock_wait_timeout`), not behind a long transaction for a year.
+    /// An insert of a row with the id `now` in µs, rolled back: InnoDB
+    /// raises the `AUTO_INCREMENT` counter to an explicit id above it at the
+    /// insert and never takes that back (a rollback leaves a gap, as any
+    /// rolled-back insert does), and an explicit id never lowers it, so
+    /// floors need no lock between them. No DDL (`ALTER TABLE …
+    /// AUTO_INCREMENT` would wait for, and then stall, every transaction on
+    /// the table for its metadata lock), and no row is ever seen.
     async fn task_id_floor(&self) -> Result<(), StoreError> {
         let read: Result<(Option<u64>, i64), sqlx::Error> = sqlx::query_as(&format!(
             "SELECT (SELECT CAST(AUTO_INCREMENT AS UNSIGNED) FROM information_schema.TABLES \
@@ -613,23 +614,15 @@ impl Backend for MyBackend {
         if last >= now.saturating_sub(crate::store::ID_FLOOR_SLACK_US) {
             return Ok(());
         }
-        let mut conn = self.pool.acquire().await?;
-        let done = batch_on(
-            &mut conn,
-            &format!(
-                "SET SESSION lock_wait_timeout = 5; \
-                 ALTER TABLE {} AUTO_INCREMENT = {}; \
-                 SET SESSION lock_wait_timeout = DEFAULT",
-                self.names.tasks,
-                now.saturating_add(1)
-            ),
-        )
-        .await;
-        if done.is_err() {
-            // It may still carry the short lock_wait_timeout.
-            conn.close_on_drop();
-        }
-        done.map(|_| ())
+        self.batch(&format!(
+            "START TRANSACTION; \
+             INSERT INTO {} (id, queue, kind, payload, state, run_at, created_at, errors) \
+             VALUES ({now}, X'', X'', '', 'cancelled', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '[]'); \
+             ROLLBACK",
+            self.names.tasks
+        ))
+        .await
+        .map(|_| ())
     }
 
     /// An `UPDATE` of no row: refused at once by a server running
