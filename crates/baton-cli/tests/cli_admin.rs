@@ -7,8 +7,7 @@
 
 mod common;
 
-#[path = "../../baton/tests/support/mod.rs"]
-mod support;
+use baton_testkit as support;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -16,8 +16,7 @@
 
 mod common;
 
-#[path = "../../baton/tests/support/mod.rs"]
-mod support;
+use baton_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

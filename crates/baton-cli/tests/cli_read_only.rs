@@ -1,7 +1,7 @@
 //! A read-only store as `baton work` sees it (issue #23, item 5), on
 //! private servers the test owns (the shared ones are never reconfigured):
 //!
-//! - PostgreSQL (`support::Private`): `ALTER SYSTEM SET
+//! - PostgreSQL (`baton_testkit::Private`): `ALTER SYSTEM SET
 //!   default_transaction_read_only = on` and a reload turn every session
 //!   read-only, as a demoted primary or a standby behind the URL would.
 //!   The worker logs one error saying the store refuses writes (not one
@@ -14,16 +14,13 @@
 //!   connections that met the refusal — as after a failover, where old
 //!   connections stay on the demoted server. `/readyz` turns 200, one line
 //!   says so, and the waiting task runs once.
-//! - MariaDB (`support::PrivateMariadb`): `SET GLOBAL read_only = 1` for a
+//! - MariaDB (`baton_testkit::PrivateMariadb`): `SET GLOBAL read_only = 1` for a
 //!   worker whose user lacks `READ ONLY ADMIN`: a task enqueued by root
 //!   (who writes through `read_only`) is not claimed, the same one line,
 //!   503 and backoff; then 200 and the task runs once after `read_only =
 //!   0`.
 
 mod common;
-
-#[path = "../../baton/tests/support/mod.rs"]
-mod support;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -185,7 +182,7 @@ fn psql(port: u16, sql: &str) {
 
 #[test]
 fn a_read_only_postgres_is_said_and_left_behind() {
-    let Some(mut pg) = support::Private::new(support::Kind::Postgres) else {
+    let Some(mut pg) = baton_testkit::Private::new(baton_testkit::Kind::Postgres) else {
         return;
     };
     pg.start();
@@ -214,7 +211,7 @@ fn a_read_only_postgres_is_said_and_left_behind() {
 
 #[test]
 fn a_read_only_mariadb_is_said_and_left_behind() {
-    let Some(db) = support::PrivateMariadb::start(&[]) else {
+    let Some(db) = baton_testkit::PrivateMariadb::start(&[]) else {
         return;
     };
     // A user without READ ONLY ADMIN (root has it on MariaDB 10.11 and

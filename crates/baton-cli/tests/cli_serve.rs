@@ -2,8 +2,7 @@
 //! instances on one store run each slot once, with no gaps, through kills
 //! and skewed clocks.
 
-#[path = "../../baton/tests/support/certs.rs"]
-mod certs;
+use baton_testkit::certs;
 mod common;
 
 use std::collections::BTreeMap;

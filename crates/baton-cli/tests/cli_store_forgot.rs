@@ -18,8 +18,7 @@
 
 mod common;
 
-#[path = "../../baton/tests/support/mod.rs"]
-mod support;
+use baton_testkit as support;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

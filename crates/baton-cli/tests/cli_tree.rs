@@ -5,8 +5,7 @@
 
 mod common;
 
-#[path = "../../baton/tests/support/mod.rs"]
-mod support;
+use baton_testkit as support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

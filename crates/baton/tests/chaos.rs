@@ -5,7 +5,7 @@
 //!
 //! SQLite is embedded — there is no server to go down — so it is not here.
 
-mod support;
+use baton_testkit as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

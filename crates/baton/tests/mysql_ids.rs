@@ -12,7 +12,6 @@
 #[path = "conformance/harness.rs"]
 #[allow(dead_code)]
 mod harness;
-mod support;
 
 use std::collections::HashMap;
 
@@ -139,7 +138,8 @@ async fn concurrent_batch_ids_on_the_test_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_batch_ids_with_interleaved_autoinc() {
-    let Some(server) = support::PrivateMariadb::start(&["--innodb-autoinc-lock-mode=2"]) else {
+    let Some(server) = baton_testkit::PrivateMariadb::start(&["--innodb-autoinc-lock-mode=2"])
+    else {
         return;
     };
     let url = server.url();

@@ -9,7 +9,7 @@
 #[allow(dead_code)]
 #[path = "conformance/harness.rs"]
 mod harness;
-mod support;
+use baton_testkit as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

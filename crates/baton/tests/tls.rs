@@ -3,7 +3,7 @@
 //! `rediss://` and `sslrootcert`. Locks and the queue work over it, and a
 //! certificate from a CA the client does not trust is refused.
 
-mod support;
+use baton_testkit as support;
 
 use std::time::Duration;
 

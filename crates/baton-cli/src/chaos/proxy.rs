@@ -1,5 +1,6 @@
-//! A TCP fault proxy, used by `baton chaos` and by the tests (which
-//! include this file by `#[path]`, so there is one copy): put it in front of a store and make the
+//! A TCP fault proxy, used by `baton chaos` and by the tests (the test kit,
+//! `crates/baton-testkit`, includes this file by `#[path]`, so there is one
+//! copy): put it in front of a store and make the
 //! path between a client and the store pass, go *dark* (connections stay
 //! open but no byte passes either way until it heals: a stall, not a
 //! close), be *cut* (every connection closed, new ones refused), or slow

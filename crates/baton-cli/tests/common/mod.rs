@@ -12,12 +12,8 @@ pub mod harness;
 
 pub use harness::{Kind, TestStore};
 
-/// The fault proxy `baton chaos` uses (one copy, included by `#[path]`;
-/// a test that also includes baton's `tests/support` has it twice, as
-/// `support::proxy` too).
-#[allow(clippy::duplicate_mod)]
-#[path = "../../src/chaos/proxy.rs"]
-pub mod proxy;
+/// The fault proxy `baton chaos` uses (from the test kit).
+pub use baton_testkit::proxy;
 
 pub mod holder;
 

@@ -43,6 +43,8 @@ pub(crate) mod sql_row;
 pub mod sqlite;
 pub mod state;
 mod types;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod wake;
 mod writable;
 
 pub use identity::IdentityWatch;
@@ -65,201 +67,224 @@ pub const DEFAULT_STORE_URL: &str = "sqlite://baton.db";
 /// the floor writes.
 pub const ID_FLOOR_SLACK_US: i64 = 1_000;
 
-/// One backend's operations. Implemented by `sqlite`, `postgres`, `mysql`
-/// and `redis`.
-///
-/// Every method is atomic on its own and uses store time for every
-/// comparison. Durations are relative to the store's `now()` at the moment
-/// the operation runs.
-///
-/// Naming (docs/STORE.md, "Naming"): entity, then verb, then `_many` for a
-/// batch (`task_claim`, `task_finish_many`, `lock_extend`, `queue_stats`,
-/// `wake_subscribe`); a call with more than one value takes one params
-/// struct named after it ([`LockExtend`], [`TaskHeartbeatMany`], …); where
-/// a batch form exists it is the only form (one item is a batch of one).
-#[async_trait]
-pub trait Backend: Send + Sync + 'static {
-    /// A short name for messages: `sqlite`, `postgres`, `redis`.
-    fn kind(&self) -> &'static str;
-
-    /// Create or upgrade the schema, idempotently; safe when many processes
-    /// call it at once.
-    async fn migrate(&self) -> Result<(), StoreError>;
-
-    /// The store's clock.
-    async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
-
-    /// The schema version recorded at this prefix against this build's
-    /// (a read only: nothing is created or upgraded). Readiness checks use
-    /// it: a store another build migrated, or whose schema is gone, is not
-    /// one this process can serve.
-    async fn schema_status(&self) -> Result<SchemaStatus, StoreError>;
-
-    /// The store's identity and task id counter (a read only: the id is
-    /// written by [`Backend::migrate`], once). See [`StoreIdentity`].
-    async fn store_identity(&self) -> Result<StoreIdentity, StoreError>;
-
-    /// Raise the task id counter to the store's clock in µs when it is
-    /// more than [`ID_FLOOR_SLACK_US`] behind it (never lower it), so the
-    /// next task id is above every id handed out before a restore of an
-    /// older backup set the counter back (DESIGN.md I1). Safe while other
-    /// processes insert tasks. [`Store::check_identity`] calls it at
-    /// connect and after each change it finds. The default does nothing:
-    /// for a backend that floors every new id itself (Redis).
-    async fn task_id_floor(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// A write that changes nothing, to learn whether the store takes
-    /// writes: [`StoreError::ReadOnly`] from a read-only server (see
-    /// [`Store::check_writable`]). The default answers `Ok` (a store
-    /// whose writes are never refused, or one without a probe).
-    async fn store_write_probe(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// Drop the pooled connections open now (each at its next acquire),
-    /// so later calls connect again: called after a read-only refusal, as
-    /// a connection may still be on a server that was demoted while the
-    /// URL now leads to a writable one. The default does nothing (no pool,
-    /// or one the application owns).
-    fn pool_recycle(&self) {}
-
-    /// Warnings about the store's configuration (e.g. Redis without AOF).
-    async fn warnings(&self) -> Result<Vec<String>, StoreError> {
-        Ok(Vec::new())
-    }
-
-    // ---- locks -------------------------------------------------------------
-
-    /// Grant a lease if the name is free or its lease has lapsed; the token
-    /// is `max(previous + 1, store clock in µs)`, so it rises with every
-    /// grant, forever, even after the record was lost.
-    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError>;
-
-    /// Extend a lease we hold to `now + at_most`. `None` when the token is
-    /// no longer the current one or the lease already lapsed.
-    async fn lock_extend(
-        &self,
-        params: &LockExtend<'_>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError>;
-
-    /// Release a lease we hold: it ends at `max(now, locked_at + at_least)`.
-    /// False when the token is no longer current or the lease lapsed.
-    async fn lock_release(&self, params: &LockRelease<'_>) -> Result<bool, StoreError>;
-
-    /// Revoke the lease `token` holds (an operator's force-release): in one
-    /// atomic step, if `token` is current and the lease unexpired, the
-    /// record's token becomes `token + 1` (granted to no one: the holder's
-    /// extensions and release are refused from then on, and the next
-    /// grant's token is still higher), its holder `revoked:<holder>`, and
-    /// its `lock_until` `min(lock_until, now + within)`. The new
-    /// `lock_until` (when the name is free); `None` when `token` is not
-    /// current or its lease lapsed (nothing changed).
-    async fn lock_revoke(
-        &self,
-        params: &LockRevoke<'_>,
-    ) -> Result<Option<DateTime<Utc>>, StoreError>;
-
-    /// One lock's record.
-    async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError>;
-
-    /// Every lock record, by name.
-    async fn lock_list(&self) -> Result<Vec<LockInfo>, StoreError>;
-
-    // ---- tasks -------------------------------------------------------------
-
-    /// Insert tasks (idempotently per unique key), in order; one result each.
-    async fn task_insert_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, StoreError>;
-
-    /// Lease up to `limit` due pending tasks whose cancellation was not
-    /// requested, none while the queue is paused
-    /// ([`Backend::queue_set_paused`]), ordered by priority, run_at, id; each claimed task's
-    /// attempt goes up by one and its token to `max(previous + 1, store
-    /// clock in µs)`.
-    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError>;
-
-    /// Extend the leases of running claims to `now + lease`, in one round
-    /// trip; one answer per claim, in order.
-    async fn task_heartbeat_many(
-        &self,
-        params: &TaskHeartbeatMany<'_>,
-    ) -> Result<Vec<Heartbeat>, StoreError>;
-
-    /// End attempts: one answer per item, in order. Each is a
-    /// compare-and-set on (id, token, running): false means the claim was
-    /// lost and nothing changed for that item. The transitions are the table
-    /// in `state.rs` ([`TRANSITIONS`]; DESIGN.md "Task states"). Workers send
-    /// every completion through this, so a backend does a batch in one
-    /// transaction or round trip; a single finish is a batch of one.
-    async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError>;
-
-    /// Store a progress report on a running claim. False if the claim is lost.
-    async fn task_set_progress(&self, params: &TaskSetProgress<'_>) -> Result<bool, StoreError>;
-
-    /// Return every running task whose lease lapsed to pending (or to failed
-    /// with [`LEASE_EXPIRED`] when out of attempts, or to cancelled when
-    /// cancellation was requested). Any instance may call it any time.
-    async fn task_rescue_many(&self) -> Result<Rescued, StoreError>;
-
-    /// Cancel a task (see [`CancelOutcome`]).
-    async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError>;
-
-    /// Move a failed or cancelled task back to pending now, allowing at least
-    /// one more attempt. False when the task is not failed or cancelled.
-    async fn task_retry(&self, id: i64) -> Result<bool, StoreError>;
-
-    /// One task.
-    async fn task_get(&self, id: i64) -> Result<Option<TaskInfo>, StoreError>;
-
-    /// A page of tasks (see [`TaskFilter`]).
-    async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError>;
-
-    /// Pause or resume claiming from a queue, cluster-wide: while paused,
-    /// [`Backend::task_claim`] on it returns nothing (checked in the claim's
-    /// own statement or script), running tasks finish normally and inserts
-    /// are still accepted. Resuming publishes a wake-up for the queue. Any
-    /// name may be paused, including one with no tasks yet.
-    async fn queue_set_paused(&self, params: &QueueSetPaused<'_>) -> Result<(), StoreError>;
-
-    /// Counts per queue and state, sorted by queue, with each queue's
-    /// paused flag (a paused queue without tasks is listed too).
-    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
-
-    /// Delete terminal tasks that finished more than `older_than` ago. A
-    /// schedule slot's task (a forever key and a job) leaves a tombstone
-    /// ([`PrunedSlot`]) in the same transaction or script, and its key stays
-    /// taken: inserting a task with that key, or advancing a job onto the
-    /// slot, answers with the pruned task's id and `inserted = false`.
-    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError>;
-
-    /// A stream of [`Wake`]s: queues that got new pending work, due now or
-    /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,
-    /// [`Backend::task_retry`]). A hint only: it may miss some, so workers poll
-    /// as well.
-    async fn wake_subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Wake>, StoreError>;
-
-    // ---- schedules ---------------------------------------------------------
-
-    /// Create the job's cursor if absent, at the store's now, and record
-    /// its queue when given; return its state.
-    async fn job_register(&self, params: &JobRegister<'_>) -> Result<JobState, StoreError>;
-
-    /// The tombstone of a slot whose task was pruned (see [`PrunedSlot`]),
-    /// by the slot's unique key (`job|RFC3339`); `None` when the slot has
-    /// no tombstone (never run, or its task is still kept).
-    async fn slot_get(&self, key: &str) -> Result<Option<PrunedSlot>, StoreError>;
-
-    /// Move the cursor and record the slot's task, atomically (see
-    /// [`SlotAdvance`] and docs/STORE.md).
-    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError>;
-
-    /// Pause or resume a job cluster-wide. False if the job is unknown.
-    async fn job_set_paused(&self, params: &JobSetPaused<'_>) -> Result<bool, StoreError>;
-
-    /// Every job's state, by name.
-    async fn job_list(&self) -> Result<Vec<JobState>, StoreError>;
+/// Names the seam's method list uses, reachable from any crate that
+/// expands [`seam_methods!`](crate::seam_methods).
+#[doc(hidden)]
+pub mod seam_types {
+    pub use chrono::{DateTime, Utc};
+    pub use std::time::Duration;
+    pub use tokio::sync::broadcast::Receiver;
 }
+
+/// The seam's method list, written once: `seam_methods!(m)` expands to
+/// `m! { …one `fn name(args) -> Ok type;` per method, with its doc… }`.
+/// [`Backend`] itself, the call-deadline wrapper ([`Store::connect_with`]
+/// wraps every backend in it) and the conformance suite's counting backend
+/// are each generated from it, so a new method is added here and in each
+/// backend, nowhere else. `kind()` (not async, no store call) is not in
+/// the list: each generator writes it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! seam_methods {
+    ($callback:ident) => {
+        $callback! {
+            /// Create or upgrade the schema, idempotently; safe when many processes
+            /// call it at once.
+            fn migrate() -> ();
+
+            /// The store's clock.
+            fn now() -> $crate::store::seam_types::DateTime<$crate::store::seam_types::Utc>;
+
+            /// The schema version recorded at this prefix against this build's
+            /// (a read only: nothing is created or upgraded). Readiness checks use
+            /// it: a store another build migrated, or whose schema is gone, is not
+            /// one this process can serve.
+            fn schema_status() -> $crate::store::SchemaStatus;
+
+            /// The store's identity and task id counter (a read only: the id is
+            /// written by [`Backend::migrate`], once). See [`StoreIdentity`].
+            fn store_identity() -> $crate::store::StoreIdentity;
+
+            /// Raise the task id counter to the store's clock in µs when it is
+            /// more than [`ID_FLOOR_SLACK_US`] behind it (never lower it), so the
+            /// next task id is above every id handed out before a restore of an
+            /// older backup set the counter back (DESIGN.md I1). Safe while other
+            /// processes insert tasks. [`Store::check_identity`] calls it at
+            /// connect and after each change it finds. A backend that floors
+            /// every new id itself (Redis) does nothing here.
+            fn task_id_floor() -> ();
+
+            /// A write that changes nothing, to learn whether the store takes
+            /// writes: [`StoreError::ReadOnly`] from a read-only server (see
+            /// [`Store::check_writable`]). A store whose writes are never
+            /// refused (or that has no probe) answers `Ok`.
+            fn store_write_probe() -> ();
+
+            /// Warnings about the store's configuration (e.g. Redis without AOF).
+            fn warnings() -> Vec<String>;
+
+            // ---- locks -------------------------------------------------------------
+
+            /// Grant a lease if the name is free or its lease has lapsed; the token
+            /// is `max(previous + 1, store clock in µs)`, so it rises with every
+            /// grant, forever, even after the record was lost.
+            fn lock_acquire(req: &$crate::store::LockRequest<'_>) -> $crate::store::Acquire;
+
+            /// Extend a lease we hold to `now + at_most`. `None` when the token is
+            /// no longer the current one or the lease already lapsed.
+            fn lock_extend(params: &$crate::store::LockExtend<'_>) -> Option<$crate::store::seam_types::DateTime<$crate::store::seam_types::Utc>>;
+
+            /// Release a lease we hold: it ends at `max(now, locked_at + at_least)`.
+            /// False when the token is no longer current or the lease lapsed.
+            fn lock_release(params: &$crate::store::LockRelease<'_>) -> bool;
+
+            /// Revoke the lease `token` holds (an operator's force-release): in one
+            /// atomic step, if `token` is current and the lease unexpired, the
+            /// record's token becomes `token + 1` (granted to no one: the holder's
+            /// extensions and release are refused from then on, and the next
+            /// grant's token is still higher), its holder `revoked:<holder>`, and
+            /// its `lock_until` `min(lock_until, now + within)`. The new
+            /// `lock_until` (when the name is free); `None` when `token` is not
+            /// current or its lease lapsed (nothing changed).
+            fn lock_revoke(params: &$crate::store::LockRevoke<'_>) -> Option<$crate::store::seam_types::DateTime<$crate::store::seam_types::Utc>>;
+
+            /// One lock's record.
+            fn lock_get(name: &str) -> Option<$crate::store::LockInfo>;
+
+            /// Every lock record, by name.
+            fn lock_list() -> Vec<$crate::store::LockInfo>;
+
+            // ---- tasks -------------------------------------------------------------
+
+            /// Insert tasks (idempotently per unique key), in order; one result each.
+            fn task_insert_many(tasks: &[$crate::store::NewTask]) -> Vec<$crate::store::Enqueued>;
+
+            /// Lease up to `limit` due pending tasks whose cancellation was not
+            /// requested, none while the queue is paused
+            /// ([`Backend::queue_set_paused`]), ordered by priority, run_at, id; each claimed task's
+            /// attempt goes up by one and its token to `max(previous + 1, store
+            /// clock in µs)`.
+            fn task_claim(req: &$crate::store::ClaimRequest<'_>) -> Vec<$crate::store::Task>;
+
+            /// Extend the leases of running claims to `now + lease`, in one round
+            /// trip; one answer per claim, in order.
+            fn task_heartbeat_many(params: &$crate::store::TaskHeartbeatMany<'_>) -> Vec<$crate::store::Heartbeat>;
+
+            /// End attempts: one answer per item, in order. Each is a
+            /// compare-and-set on (id, token, running): false means the claim was
+            /// lost and nothing changed for that item. The transitions are the table
+            /// in `state.rs` ([`TRANSITIONS`]; DESIGN.md "Task states"). Workers send
+            /// every completion through this, so a backend does a batch in one
+            /// transaction or round trip; a single finish is a batch of one. A
+            /// batch names each task at most once (backends group a batch by kind
+            /// of finish, so two items for one task would not be answered in
+            /// order); [`Store::task_finish_many`] splits a batch that repeats one.
+            fn task_finish_many(items: &[($crate::store::Claim, $crate::store::Finish)]) -> Vec<bool>;
+
+            /// Store a progress report on a running claim. False if the claim is lost.
+            fn task_set_progress(params: &$crate::store::TaskSetProgress<'_>) -> bool;
+
+            /// Return every running task whose lease lapsed to pending (or to failed
+            /// with [`LEASE_EXPIRED`] when out of attempts, or to cancelled when
+            /// cancellation was requested). Any instance may call it any time.
+            fn task_rescue_many() -> $crate::store::Rescued;
+
+            /// Cancel a task (see [`CancelOutcome`]).
+            fn task_cancel(id: i64) -> $crate::store::CancelOutcome;
+
+            /// Move a failed or cancelled task back to pending now, allowing at least
+            /// one more attempt. False when the task is not failed or cancelled.
+            fn task_retry(id: i64) -> bool;
+
+            /// One task.
+            fn task_get(id: i64) -> Option<$crate::store::TaskInfo>;
+
+            /// A page of tasks (see [`TaskFilter`]).
+            fn task_list(filter: &$crate::store::TaskFilter) -> Vec<$crate::store::TaskInfo>;
+
+            /// Pause or resume claiming from a queue, cluster-wide: while paused,
+            /// [`Backend::task_claim`] on it returns nothing (checked in the claim's
+            /// own statement or script), running tasks finish normally and inserts
+            /// are still accepted. Resuming publishes a wake-up for the queue. Any
+            /// name may be paused, including one with no tasks yet.
+            fn queue_set_paused(params: &$crate::store::QueueSetPaused<'_>) -> ();
+
+            /// Counts per queue and state, sorted by queue, with each queue's
+            /// paused flag (a paused queue without tasks is listed too).
+            fn queue_stats() -> Vec<$crate::store::QueueStats>;
+
+            /// Delete terminal tasks that finished more than `older_than` ago. A
+            /// schedule slot's task (a forever key and a job) leaves a tombstone
+            /// ([`PrunedSlot`]) in the same transaction or script, and its key stays
+            /// taken: inserting a task with that key, or advancing a job onto the
+            /// slot, answers with the pruned task's id and `inserted = false`.
+            fn task_prune(older_than: $crate::store::seam_types::Duration) -> u64;
+
+            /// A stream of [`Wake`]s: queues that got new pending work, due now or
+            /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,
+            /// [`Backend::task_retry`]). A hint only: it may miss some, so workers poll
+            /// as well.
+            fn wake_subscribe() -> $crate::store::seam_types::Receiver<$crate::store::Wake>;
+
+            // ---- schedules ---------------------------------------------------------
+
+            /// Create the job's cursor if absent, at the store's now, and record
+            /// its queue when given; return its state.
+            fn job_register(params: &$crate::store::JobRegister<'_>) -> $crate::store::JobState;
+
+            /// The tombstone of a slot whose task was pruned (see [`PrunedSlot`]),
+            /// by the slot's unique key (`job|RFC3339`); `None` when the slot has
+            /// no tombstone (never run, or its task is still kept).
+            fn slot_get(key: &str) -> Option<$crate::store::PrunedSlot>;
+
+            /// Move the cursor and record the slot's task, atomically (see
+            /// [`SlotAdvance`] and docs/STORE.md).
+            fn job_advance(adv: &$crate::store::SlotAdvance<'_>) -> $crate::store::Advanced;
+
+            /// Pause or resume a job cluster-wide. False if the job is unknown.
+            fn job_set_paused(params: &$crate::store::JobSetPaused<'_>) -> bool;
+
+            /// Every job's state, by name.
+            fn job_list() -> Vec<$crate::store::JobState>;
+        }
+    };
+}
+
+/// Generates [`Backend`] from [`seam_methods!`](crate::seam_methods).
+macro_rules! backend_trait {
+    ($($(#[$m:meta])* fn $name:ident($($arg:ident : $ty:ty),*) -> $out:ty;)*) => {
+        /// One backend's operations. Implemented by `sqlite`, `postgres`, `mysql`
+        /// and `redis`.
+        ///
+        /// Every method is atomic on its own and uses store time for every
+        /// comparison. Durations are relative to the store's `now()` at the moment
+        /// the operation runs.
+        ///
+        /// Naming (docs/STORE.md, "Naming"): entity, then verb, then `_many` for a
+        /// batch (`task_claim`, `task_finish_many`, `lock_extend`, `queue_stats`,
+        /// `wake_subscribe`); a call with more than one value takes one params
+        /// struct named after it ([`LockExtend`], [`TaskHeartbeatMany`], …); where
+        /// a batch form exists it is the only form (one item is a batch of one).
+        #[async_trait]
+        pub trait Backend: Send + Sync + 'static {
+            /// A short name for messages: `sqlite`, `postgres`, `redis`.
+            fn kind(&self) -> &'static str;
+
+            /// Drop the pooled connections open now (each at its next acquire),
+            /// so later calls connect again: called after a read-only refusal, as
+            /// a connection may still be on a server that was demoted while the
+            /// URL now leads to a writable one. The default does nothing (no pool,
+            /// or one the application owns).
+            fn pool_recycle(&self) {}
+            $(
+                $(#[$m])*
+                async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError>;
+            )*
+        }
+    };
+}
+
+crate::seam_methods!(backend_trait);
 
 /// Options for [`Store::connect_with`].
 #[derive(Debug, Clone)]
@@ -516,6 +541,30 @@ impl Store {
     pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         self.backend.now().await
     }
+
+    /// End attempts ([`Backend::task_finish_many`]), one answer per item,
+    /// in order, each exactly the answer it would get alone — also when
+    /// the batch names a task twice (e.g. a lost claim's finish and its
+    /// next claim's): such a batch goes as runs of distinct tasks, one
+    /// after another.
+    pub async fn task_finish_many(
+        &self,
+        items: &[(Claim, Finish)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut start = 0;
+        while start < items.len() {
+            let mut seen = std::collections::HashSet::new();
+            let end = start
+                + items[start..]
+                    .iter()
+                    .take_while(|(c, _)| seen.insert(c.id))
+                    .count();
+            out.extend(self.backend.task_finish_many(&items[start..end]).await?);
+            start = end;
+        }
+        Ok(out)
+    }
 }
 
 /// Every URL scheme of a backend, built into this binary or not.
@@ -643,9 +692,9 @@ impl Bounded {
     }
 }
 
-// The impl is generated whole so that `#[async_trait]` sees the methods.
+// Generated from the seam list, so every method is bounded the same way.
 macro_rules! bounded_backend {
-    ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $out:ty;)*) => {
+    ($($(#[$m:meta])* fn $name:ident($($arg:ident : $ty:ty),*) -> $out:ty;)*) => {
         #[async_trait]
         impl Backend for Bounded {
             fn kind(&self) -> &'static str {
@@ -653,32 +702,6 @@ macro_rules! bounded_backend {
             }
             fn pool_recycle(&self) {
                 self.inner.pool_recycle()
-            }
-            /// Backends write a batch grouped by kind of finish (all
-            /// successes in one statement), so two items for one task in
-            /// one batch would not be answered in order. A batch that
-            /// repeats a task goes as runs of distinct tasks, one after
-            /// another: each item then gets the answer it would get alone.
-            async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-                let mut out = Vec::with_capacity(items.len());
-                let mut start = 0;
-                while start < items.len() {
-                    let mut seen = std::collections::HashSet::new();
-                    let end = start
-                        + items[start..]
-                            .iter()
-                            .take_while(|(c, _)| seen.insert(c.id))
-                            .count();
-                    let part = self.noted(bounded(
-                        self.limit,
-                        "store call task_finish_many",
-                        self.inner.task_finish_many(&items[start..end]),
-                    )
-                    .await)?;
-                    out.extend(part);
-                    start = end;
-                }
-                Ok(out)
             }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
@@ -694,39 +717,7 @@ macro_rules! bounded_backend {
     };
 }
 
-bounded_backend! {
-    migrate() -> ();
-    now() -> DateTime<Utc>;
-    schema_status() -> SchemaStatus;
-    store_identity() -> StoreIdentity;
-    task_id_floor() -> ();
-    store_write_probe() -> ();
-    warnings() -> Vec<String>;
-    lock_acquire(req: &LockRequest<'_>) -> Acquire;
-    lock_extend(params: &LockExtend<'_>) -> Option<DateTime<Utc>>;
-    lock_release(params: &LockRelease<'_>) -> bool;
-    lock_revoke(params: &LockRevoke<'_>) -> Option<DateTime<Utc>>;
-    lock_get(name: &str) -> Option<LockInfo>;
-    lock_list() -> Vec<LockInfo>;
-    task_insert_many(tasks: &[NewTask]) -> Vec<Enqueued>;
-    task_claim(req: &ClaimRequest<'_>) -> Vec<Task>;
-    task_heartbeat_many(params: &TaskHeartbeatMany<'_>) -> Vec<Heartbeat>;
-    task_set_progress(params: &TaskSetProgress<'_>) -> bool;
-    task_rescue_many() -> Rescued;
-    task_cancel(id: i64) -> CancelOutcome;
-    task_retry(id: i64) -> bool;
-    task_get(id: i64) -> Option<TaskInfo>;
-    task_list(filter: &TaskFilter) -> Vec<TaskInfo>;
-    queue_set_paused(params: &QueueSetPaused<'_>) -> ();
-    queue_stats() -> Vec<QueueStats>;
-    task_prune(older_than: Duration) -> u64;
-    wake_subscribe() -> tokio::sync::broadcast::Receiver<Wake>;
-    job_register(params: &JobRegister<'_>) -> JobState;
-    slot_get(key: &str) -> Option<PrunedSlot>;
-    job_advance(adv: &SlotAdvance<'_>) -> Advanced;
-    job_set_paused(params: &JobSetPaused<'_>) -> bool;
-    job_list() -> Vec<JobState>;
-}
+crate::seam_methods!(bounded_backend);
 
 #[cfg(test)]
 mod tests {

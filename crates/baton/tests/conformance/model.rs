@@ -818,6 +818,9 @@ struct Seen(
 // ---- the store side ------------------------------------------------------------
 
 struct Real<'a> {
+    /// The store: finishes go through [`Store::task_finish_many`] (which
+    /// splits a batch that repeats a task), every other step through the seam.
+    store: &'a baton::Store,
     b: &'a dyn Backend,
     /// Check that claim identities never repeat.
     unique_claims: bool,
@@ -934,7 +937,8 @@ impl Real<'_> {
                 Ans::Beats(got)
             }
             Step::Finish(c, f) => {
-                let ok = b
+                let ok = self
+                    .store
                     .task_finish_many(&[(self.claims[*c], f.finish())])
                     .await
                     .map(|r| r == [true])
@@ -947,7 +951,8 @@ impl Real<'_> {
                     .iter()
                     .map(|(c, f)| (self.claims[*c], f.finish()))
                     .collect();
-                let ok = b
+                let ok = self
+                    .store
                     .task_finish_many(&items)
                     .await
                     .map_err(|e| err("finish_many", e))?;
@@ -1198,6 +1203,7 @@ async fn replay(
         .expect("the store answered a moment ago");
     let mut model = Model::new(rules);
     let mut real = Real {
+        store: &ts.store,
         b: ts.store.backend(),
         unique_claims: !rules.old_fencing,
         ids: Vec::new(),

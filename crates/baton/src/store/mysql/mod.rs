@@ -44,9 +44,8 @@
 //! A release need not be durable, but MySQL has no per-transaction switch
 //! for it, so it commits like the rest.
 
-use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -164,9 +163,6 @@ const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIME
 /// A pooled connection idle at least this long is pinged before use.
 const IDLE_PING: Duration = Duration::from_secs(1);
 
-/// Buffered wake-ups per channel.
-const WAKE_CAPACITY: usize = 1024;
-
 /// A duration as clamped microseconds for `INTERVAL ? MICROSECOND`.
 fn us(d: Duration) -> i64 {
     ms(d).min(MAX_MS) * 1000
@@ -275,20 +271,6 @@ impl Names {
             ),
         ]
     }
-}
-
-/// Wake-up channels shared by every handle in this process on the same
-/// server, database and prefix.
-type Registry = Mutex<HashMap<String, broadcast::Sender<Wake>>>;
-
-fn wake_channel(key: String) -> broadcast::Sender<Wake> {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    let map = REGISTRY.get_or_init(|| Mutex::new(HashMap::new()));
-    // A poisoned lock only means another thread panicked holding it.
-    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-    map.entry(key)
-        .or_insert_with(|| broadcast::channel(WAKE_CAPACITY).0)
-        .clone()
 }
 
 /// The MySQL / MariaDB backend. Build it with [`connect`].
@@ -421,7 +403,7 @@ impl MyBackend {
         };
         MyBackend {
             pool,
-            wake: wake_channel(key),
+            wake: crate::store::wake::channel(key),
             names: Arc::new(names),
             recycle: Arc::new(crate::store::Recycle::default()),
         }

@@ -30,6 +30,10 @@ impl Backend for PgBackend {
         "postgres"
     }
 
+    async fn warnings(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
     }

@@ -75,6 +75,10 @@ impl Backend for SqliteBackend {
         "sqlite"
     }
 
+    async fn warnings(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
     }
@@ -89,6 +93,10 @@ impl Backend for SqliteBackend {
 
     async fn task_id_floor(&self) -> Result<(), StoreError> {
         schema::floor_ids(self).await
+    }
+
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        schema::write_probe(self).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -554,7 +562,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
-        Ok(self.shared.wake.subscribe())
+        Ok(self.wake.subscribe())
     }
 
     // ---- schedules -----------------------------------------------------------

@@ -54,9 +54,6 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 /// resolution): the floor of every fencing token.
 const NOW_US: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000";
 
-/// Capacity of the in-process wake-up channel.
-const WAKE_CAPACITY: usize = 1024;
-
 /// Quoted table names for one prefix.
 #[derive(Debug, Clone)]
 struct Tables {
@@ -91,31 +88,10 @@ impl Tables {
     }
 }
 
-/// State shared by every handle on the same database file and prefix in this
-/// process.
-struct Shared {
-    wake: broadcast::Sender<Wake>,
-}
-
-type Registry = Mutex<HashMap<(PathBuf, String), Arc<Shared>>>;
-
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn shared_for(path: &Path, prefix: &str) -> Arc<Shared> {
-    // A poisoned registry only means another thread panicked while holding
-    // the lock; the map itself is still usable.
-    let mut map = registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    map.entry((path.to_path_buf(), prefix.to_string()))
-        .or_insert_with(|| {
-            let (wake, _) = broadcast::channel(WAKE_CAPACITY);
-            Arc::new(Shared { wake })
-        })
-        .clone()
+/// The wake-up channel shared by every handle on the same database file
+/// and prefix in this process.
+fn wake_for(path: &Path, prefix: &str) -> broadcast::Sender<Wake> {
+    crate::store::wake::channel(format!("{}\0{prefix}", path.display()))
 }
 
 /// Connections that write, per database file in this process. SQLite runs
@@ -152,7 +128,8 @@ pub struct SqliteBackend {
     t: Tables,
     /// Every statement, formatted once for this prefix.
     sql: Arc<Sql>,
-    shared: Arc<Shared>,
+    /// Wake-ups, shared with every handle on this file and prefix.
+    wake: broadcast::Sender<Wake>,
 }
 
 impl std::fmt::Debug for SqliteBackend {
@@ -211,13 +188,13 @@ impl SqliteBackend {
         let path = parse_url(url)?;
         let key = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
         if let Some((pool, reader)) = live_pools(&key) {
-            let shared = shared_for(&canonical_of(&path), &t.prefix);
+            let wake = wake_for(&canonical_of(&path), &t.prefix);
             return Ok(SqliteBackend {
                 pool,
                 reader,
                 sql: Arc::new(Sql::new(&t)),
                 t,
-                shared,
+                wake,
             });
         }
         let options = SqliteConnectOptions::new()
@@ -247,13 +224,13 @@ impl SqliteBackend {
             .insert(key, (Arc::downgrade(&pool), Arc::downgrade(&reader)));
         // The file exists now; key the shared state by its canonical path so
         // that `./a.db` and `/abs/a.db` share one wake-up channel.
-        let shared = shared_for(&canonical_of(&path), &t.prefix);
+        let wake = wake_for(&canonical_of(&path), &t.prefix);
         Ok(SqliteBackend {
             pool,
             reader,
             sql: Arc::new(Sql::new(&t)),
             t,
-            shared,
+            wake,
         })
     }
 
@@ -267,14 +244,14 @@ impl SqliteBackend {
     pub fn from_pool(pool: SqlitePool, prefix: Option<&str>) -> Result<SqliteBackend, StoreError> {
         let t = Tables::new(prefix)?;
         let path = pool.connect_options().get_filename().to_path_buf();
-        let shared = shared_for(&canonical_of(&path), &t.prefix);
+        let wake = wake_for(&canonical_of(&path), &t.prefix);
         let pool = Arc::new(pool);
         Ok(SqliteBackend {
             reader: pool.clone(),
             pool,
             sql: Arc::new(Sql::new(&t)),
             t,
-            shared,
+            wake,
         })
     }
 
@@ -291,7 +268,7 @@ impl SqliteBackend {
         for q in queues {
             if seen.insert(q) {
                 // No receivers is fine: the wake-up is only a hint.
-                let _ = self.shared.wake.send(Wake::now(q));
+                let _ = self.wake.send(Wake::now(q));
             }
         }
     }
@@ -305,7 +282,7 @@ impl SqliteBackend {
         }
         for (q, at) in first {
             if let Ok(due) = from_ms(at) {
-                let _ = self.shared.wake.send(Wake {
+                let _ = self.wake.send(Wake {
                     queue: q.to_string(),
                     due: Some(due),
                 });

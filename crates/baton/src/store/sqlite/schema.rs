@@ -336,3 +336,14 @@ pub(super) async fn floor_ids(b: &SqliteBackend) -> Result<(), StoreError> {
         Err(e) => Err(e.into()),
     }
 }
+
+/// An `UPDATE` of no row: a database file this process may not write
+/// answers SQLITE_READONLY (`StoreError::ReadOnly`); otherwise a no-op.
+pub(super) async fn write_probe(b: &SqliteBackend) -> Result<(), StoreError> {
+    let probe = format!("UPDATE {} SET value = value WHERE 0", b.t.meta);
+    match sqlx::query(&probe).execute(&*b.pool).await {
+        Ok(_) => Ok(()),
+        Err(e) if sql_row::is_missing_table(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,7 +1,6 @@
 //! Test certificates made with the `openssl` command: a CA, a server
 //! certificate it signed for `localhost` and `127.0.0.1`, and a second CA
-//! that signed nothing (trusting only it must fail). Shared with the CLI's
-//! tests by path.
+//! that signed nothing (trusting only it must fail).
 
 use std::path::Path;
 use std::process::Command;

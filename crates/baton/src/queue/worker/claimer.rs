@@ -1,0 +1,334 @@
+//! Claiming: one loop per queue takes due tasks as slots free (with
+//! prefetch and its pace), and registers each claimed attempt.
+
+use super::*;
+
+/// How long after a failed claim a queue is polled every [`RECOVERY_POLL`]
+/// (longer than a wake-up channel's longest reconnect backoff plus a claim's).
+pub(super) const RECOVERY_WINDOW: Duration = Duration::from_secs(15);
+
+/// The claim period while recovering from a store error.
+pub(super) const RECOVERY_POLL: Duration = Duration::from_millis(100);
+
+/// With slots freed as handlers return, how long a claim for fewer than
+/// half the slots waits for more to free.
+pub(super) const CLAIM_GATHER: Duration = Duration::from_millis(2);
+
+pub(super) async fn claim_loop(
+    shared: Arc<Shared>,
+    queue: String,
+    concurrency: usize,
+    poke: Arc<Notify>,
+) {
+    let mut buffer = VecDeque::new();
+    claim_into(&shared, &queue, concurrency, &poke, &mut buffer).await;
+    // Stopped: what waits in the prefetch buffer goes back unstarted.
+    if !buffer.is_empty() {
+        let tasks: Vec<Task> = buffer.iter().map(|c| c.task().clone()).collect();
+        hand_back(&shared, &tasks).await;
+        let mut running = lock(&shared.running);
+        for ctx in &buffer {
+            running.remove(&ctx.claim());
+        }
+        drop(running);
+        shared.drained.notify_waiters();
+    }
+}
+
+/// The claim loop proper: returns when claiming stops, leaving in `buffer`
+/// the prefetched tasks not started (registered as running, unstarted).
+pub(super) async fn claim_into(
+    shared: &Arc<Shared>,
+    queue: &str,
+    concurrency: usize,
+    poke: &Notify,
+    buffer: &mut VecDeque<TaskContext>,
+) {
+    let slots = Arc::new(Semaphore::new(concurrency));
+    let early = shared.config.free_slot_on_return_on();
+    let capped = shared.config.max_running.contains_key(queue);
+    // A buffered task counts as running against a cluster-wide cap: capped
+    // queues claim only for free slots.
+    let max_prefetch = if capped {
+        0
+    } else {
+        shared.config.prefetch_tasks()
+    };
+    // Attempts whose handler has returned but whose result the store has
+    // not acknowledged yet, beyond the running ones: at most `concurrency`
+    // plus the prefetch bound, as many as the worker may hold claimed
+    // but not started (see `start_task`); results written in batches
+    // grow to that.
+    let unacked = Arc::new(Semaphore::new(if early {
+        concurrency + max_prefetch
+    } else {
+        0
+    }));
+    let freed = Arc::new(Notify::new());
+    let slot = |permit| Slot {
+        permit: Some(permit),
+        is_slot: true,
+        unacked: unacked.clone(),
+        freed: freed.clone(),
+    };
+    let mut more = true; // the last claim filled every free slot: there may be more
+                         // Under a cluster-wide cap a claim can come back short while work
+                         // waits; a slot freed here is then a reason to look again.
+    let mut pace = shared
+        .config
+        .prefetch_adaptive()
+        .then(|| Pace::new(Instant::now()));
+    // The last claim came back short of its buffer share only (see below).
+    let mut filtered = false;
+    let mut backoff = Duration::from_millis(50);
+    // After a failed claim the store may have restarted, and the wake-ups
+    // sent while the wake-up channel reconnects (with a backoff of its own,
+    // up to 5 s) are lost: look often until that window has passed, so work
+    // due meanwhile is not left for the next poll.
+    let mut recovering_until: Option<Instant> = None;
+    loop {
+        if shared.stop_claiming.is_cancelled() {
+            return;
+        }
+        // Buffered tasks take the free slots first, without a round trip.
+        while !buffer.is_empty() {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                break;
+            };
+            if let Some(ctx) = buffer.pop_front() {
+                start_task(shared.clone(), ctx, Instant::now(), slot(permit));
+                if let Some(p) = pace.as_mut() {
+                    p.started(1);
+                }
+            }
+        }
+        let prefetch = match pace.as_mut() {
+            Some(p) => p.buffer(Instant::now(), max_prefetch),
+            None => max_prefetch,
+        };
+        let low_water = prefetch / 2;
+        let mut free = slots.available_permits();
+        if free > 0
+            && more
+            && early
+            && (prefetch == 0 || filtered)
+            && free < concurrency.div_ceil(2)
+        {
+            // Slots free one by one as handlers return (see `Slot`): let a
+            // few more free before claiming, so claims stay large rather
+            // than one round trip (and commit) per task or two.
+            tokio::select! {
+                _ = tokio::time::sleep(CLAIM_GATHER) => {}
+                _ = shared.stop_claiming.cancelled() => return,
+            }
+            free = slots.available_permits();
+        }
+        // Claim for the free slots plus the buffer's room, once the buffer
+        // is down to its low-water mark.
+        let want = if buffer.len() <= low_water {
+            free + prefetch - buffer.len()
+        } else {
+            0
+        };
+        if want > 0 && more {
+            let req = ClaimRequest {
+                queue,
+                worker: &shared.id,
+                limit: u32::try_from(want).unwrap_or(u32::MAX),
+                lease: shared.config.lease,
+                max_running: shared.config.max_running.get(queue).copied(),
+                buffered: u32::try_from(want.saturating_sub(free)).unwrap_or(u32::MAX),
+            };
+            let sent = Instant::now();
+            match shared.store.backend().task_claim(&req).await {
+                Ok(mut batch) => {
+                    shared.counters.claimed(queue, sent.elapsed());
+                    backoff = Duration::from_millis(50);
+                    let full = batch.len() == want;
+                    // The buffer's share is taken only among tasks with an
+                    // attempt to spare (see `ClaimRequest::buffered`), so a
+                    // claim that filled the free slots but not the buffer
+                    // may have stepped over tasks on their last attempt:
+                    // claim again when a slot frees, gathering a few.
+                    filtered = !full && free > 0 && batch.len() >= free;
+                    more = full || filtered;
+                    // Tasks on their last attempt start at once (the store
+                    // returns at most `free` of them): ahead of the rest.
+                    batch.sort_by_key(|t| t.attempt < t.max_attempts);
+                    // A claim that came back so late (a store that was just
+                    // restarted, a pool waiting for connections) that its
+                    // lease, counted from the send, is already inside the
+                    // stop guard would be stopped as it starts — while a
+                    // command may still finish and then be discarded and run
+                    // again. Hand such tasks back unstarted instead.
+                    if sent.elapsed() + shared.guard() >= shared.config.lease {
+                        tracing::warn!(queue = %queue, tasks = batch.len(), took_ms = ms(sent.elapsed()), "claim answered too late to run within its lease; handing the tasks back");
+                        hand_back(shared, &batch).await;
+                        more = true;
+                        continue;
+                    }
+                    for task in batch {
+                        let ctx = register(shared, task, sent);
+                        match slots.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                start_task(shared.clone(), ctx, sent, slot(permit));
+                                if let Some(p) = pace.as_mut() {
+                                    p.started(1);
+                                }
+                            }
+                            // Beyond the free slots: into the buffer (heartbeated
+                            // from now on, like the running ones).
+                            Err(_) => buffer.push_back(ctx),
+                        }
+                    }
+                    if full {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    shared.counters.store_error("task_claim");
+                    crate::store::warn_unless_read_only!(e, queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
+                    recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shared.stop_claiming.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        // Wait for a reason to claim again: a wake-up or poll tick (there may
+        // be new work), or a freed slot when the last claim was full or a
+        // buffered task waits for it.
+        let recovering = recovering_until.filter(|t| *t > Instant::now());
+        tokio::select! {
+            _ = poke.notified() => more = true,
+            _ = tokio::time::sleep(RECOVERY_POLL), if recovering.is_some() => more = true,
+            _ = freed.notified(), if more || capped || !buffer.is_empty() => {
+                more = more || capped;
+                // Slots free in bursts (completions are written in batches):
+                // let the burst land so the next claim takes them together.
+                if buffer.is_empty() && slots.available_permits() < concurrency.div_ceil(4) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            _ = shared.stop_claiming.cancelled() => return,
+        }
+    }
+}
+
+/// A queue's recent pace (tasks started per second), which sizes an
+/// adaptive prefetch buffer to [`PREFETCH_HORIZON`] of work.
+pub(super) struct Pace {
+    /// Start of the current window.
+    pub(super) since: Instant,
+    /// Tasks started in the current window.
+    pub(super) count: u32,
+    /// The estimate: each finished window averaged with the one before.
+    pub(super) per_sec: f64,
+}
+
+impl Pace {
+    /// How long a window of counted starts lasts before it updates the
+    /// estimate.
+    const WINDOW: Duration = Duration::from_millis(50);
+
+    pub(super) fn new(now: Instant) -> Pace {
+        Pace {
+            since: now,
+            count: 0,
+            per_sec: 0.0,
+        }
+    }
+
+    pub(super) fn started(&mut self, n: u32) {
+        self.count = self.count.saturating_add(n);
+    }
+
+    /// The buffer to keep now: the estimate times the horizon, at most
+    /// `max`. A window that ended updates the estimate first; a long quiet
+    /// spell (many windows without a look) replaces it, so a queue that
+    /// went idle starts again from its free slots.
+    pub(super) fn buffer(&mut self, now: Instant, max: usize) -> usize {
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed >= Self::WINDOW {
+            let rate = f64::from(self.count) / elapsed.as_secs_f64();
+            self.per_sec = if elapsed >= Self::WINDOW * 8 {
+                rate
+            } else {
+                (self.per_sec + rate) / 2.0
+            };
+            self.since = now;
+            self.count = 0;
+        }
+        // Saturating float-to-int: a huge rate is `max`.
+        ((self.per_sec * PREFETCH_HORIZON.as_secs_f64()) as usize).min(max)
+    }
+}
+
+/// An attempt's concurrency slot, and how it is given back.
+pub(super) struct Slot {
+    /// The slot (one of the queue's `concurrency` handlers), or, after
+    /// [`Slot::handler_returned`], a place for an unacknowledged result.
+    pub(super) permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Whether `permit` is still the slot.
+    pub(super) is_slot: bool,
+    /// Places for attempts whose handler returned and whose result is not
+    /// acknowledged yet (as many as the queue's concurrency).
+    pub(super) unacked: Arc<Semaphore>,
+    /// Told when the slot is free again.
+    pub(super) freed: Arc<Notify>,
+}
+
+impl Slot {
+    /// The handler has returned: free the slot for the next task now, while
+    /// the result is still being written, when a place for an unacknowledged
+    /// result is left (held until the write is answered). With none left
+    /// the slot stays taken until then, so the results waiting on a slow
+    /// store stay bounded. The attempt itself stays in the running set
+    /// (heartbeated, its lease watched) until its result is answered.
+    pub(super) fn handler_returned(&mut self) {
+        if !self.is_slot {
+            return;
+        }
+        if let Ok(place) = self.unacked.clone().try_acquire_owned() {
+            drop(self.permit.replace(place));
+            self.is_slot = false;
+            self.freed.notify_one();
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Free the slot before saying so: the claimer counts free slots.
+        drop(self.permit.take());
+        if self.is_slot {
+            self.freed.notify_one();
+        }
+    }
+}
+
+/// Record a claimed task as this worker's (heartbeated, its lease watched)
+/// before it starts: at once, or after a wait in the prefetch buffer.
+pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContext {
+    let ctx = TaskContext {
+        task: Arc::new(task),
+        stop: CancellationToken::new(),
+        reason: Arc::default(),
+        exit_code: Arc::default(),
+        store: shared.store.clone(),
+        lease_bound: Arc::new(tokio::sync::watch::Sender::new(sent + shared.config.lease)),
+        margin: crate::lock::stop_margin(shared.config.lease),
+    };
+    lock(&shared.running).insert(
+        ctx.claim(),
+        Running {
+            ctx: ctx.clone(),
+            deadline: sent + shared.config.lease,
+            started: false,
+        },
+    );
+    ctx
+}

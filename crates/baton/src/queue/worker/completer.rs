@@ -1,0 +1,171 @@
+//! The completer: finished attempts written in batches, each a
+//! compare-and-set on its claim, with retries for a store that failed.
+
+use super::*;
+
+/// Write finished attempts in batches: whatever queued up while the last
+/// batches were being written goes in the next one (one statement or round
+/// trip where the backend can), with up to `in_flight` batches written at
+/// once (see [`WorkerConfig::result_batches_in_flight`]), so a busy worker does not pay one commit per
+/// task, nor wait for one batch's commit before sending the next, and an
+/// idle one adds no delay.
+pub(super) async fn complete_loop(
+    store: Store,
+    lease: Duration,
+    in_flight: usize,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>,
+) {
+    const MAX_BATCH: usize = 256;
+    let gate = Arc::new(Semaphore::new(in_flight.max(1)));
+    let mut writes = JoinSet::new();
+    loop {
+        // A free place first, then the batch: what queues up while every
+        // place is taken joins the next batch.
+        let Ok(place) = gate.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            break;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(c) => batch.push(c),
+                Err(_) => break,
+            }
+        }
+        while writes.try_join_next().is_some() {}
+        writes.spawn(write_batch(store.clone(), lease, batch, place));
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// Write one batch of results and answer each waiter.
+pub(super) async fn write_batch(
+    store: Store,
+    lease: Duration,
+    batch: Vec<Completion>,
+    _place: tokio::sync::OwnedSemaphorePermit,
+) {
+    let items: Vec<(Claim, Finish)> = batch.iter().map(|c| (c.claim, c.finish.clone())).collect();
+    // No batch waits past a lease: its waiters have given up by then.
+    let call = crate::store::bounded(lease, "task_finish_many", store.task_finish_many(&items));
+    match call.await {
+        Ok(answers) if answers.len() == batch.len() => {
+            for (c, ok) in batch.into_iter().zip(answers) {
+                let _ = c.reply.send(Ok(ok));
+            }
+        }
+        Ok(_) => {
+            for c in batch {
+                let _ = c.reply.send(Err(crate::StoreError::Corrupt(
+                    "finish_many answered the wrong number of items".into(),
+                )));
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            let retryable = e.is_retryable();
+            for c in batch {
+                let err = if retryable {
+                    crate::StoreError::Unavailable(msg.clone())
+                } else {
+                    crate::StoreError::Backend(msg.clone())
+                };
+                let _ = c.reply.send(Err(err));
+            }
+        }
+    }
+}
+
+pub(super) async fn finish_once(
+    shared: &Shared,
+    claim: Claim,
+    finish: &Finish,
+) -> Result<bool, crate::StoreError> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let sent = shared.completions.send(Completion {
+        claim,
+        finish: finish.clone(),
+        reply,
+    });
+    if sent.is_err() {
+        // The completer is gone (shutdown): write directly.
+        return shared
+            .store
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true]);
+    }
+    match answer.await {
+        Ok(r) => r,
+        Err(_) => shared
+            .store
+            .task_finish_many(&[(claim, finish.clone())])
+            .await
+            .map(|r| r == [true]),
+    }
+}
+
+/// Record the attempt's result, retrying store errors while the lease
+/// lasts; whether it was recorded. No call outlives the lease: past it the
+/// result is unknown or refused, and the task is rescued.
+pub(super) async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> bool {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let Some(deadline) = shared.deadline(claim) else {
+            return false;
+        };
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                task = claim.id,
+                attempt = claim.attempt,
+                "lease lost: it ended before the result was recorded; the task will be rescued"
+            );
+            return false;
+        }
+        let answer = match tokio::time::timeout_at(deadline, finish_once(shared, claim, finish))
+            .await
+        {
+            Ok(a) => a,
+            Err(_) => {
+                tracing::warn!(
+                    task = claim.id,
+                    attempt = claim.attempt,
+                    "lease lost: the store did not answer before it ended; result not recorded, the task will be rescued"
+                );
+                return false;
+            }
+        };
+        match answer {
+            Ok(true) => {
+                tracing::debug!(
+                    task = claim.id,
+                    attempt = claim.attempt,
+                    ?finish,
+                    "task finished"
+                );
+                return true;
+            }
+            Ok(false) => {
+                tracing::warn!(
+                    task = claim.id,
+                    attempt = claim.attempt,
+                    "result refused: the claim was lost"
+                );
+                return false;
+            }
+            Err(e) => {
+                shared.counters.store_error("task_finish_many");
+                let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
+                if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
+                    tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
+                    return false;
+                }
+                crate::store::warn_unless_read_only!(e, task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}

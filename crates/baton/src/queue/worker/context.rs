@@ -1,0 +1,143 @@
+//! What a handler sees: its [`TaskContext`] (the task, its stop signal and
+//! lease), the [`TaskError`] it returns, and why it was asked to stop
+//! ([`StopReason`]).
+
+use super::*;
+
+/// Why a handler is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The lease was lost: another worker may run (or has run) this attempt's
+    /// task. The result will be refused.
+    LeaseLost,
+    /// Someone cancelled the task.
+    Cancelled,
+    /// The worker is shutting down; the task is handed back.
+    Shutdown,
+    /// The attempt's timeout elapsed.
+    TimedOut,
+    /// No heartbeat confirmed the lease in time (the store is slow or
+    /// unreachable): the handler is stopped before the lease can lapse, and
+    /// dropped when it would. Treated like [`StopReason::LeaseLost`]:
+    /// nothing is written, and the task is rescued after its lease.
+    LeaseExpiring,
+}
+
+/// An error from a handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskError {
+    /// The message kept on the task.
+    pub message: String,
+    /// False: fail the task now without further attempts.
+    pub retry: bool,
+}
+
+impl TaskError {
+    /// A failure that is retried (while attempts are left).
+    pub fn retryable(msg: impl Into<String>) -> TaskError {
+        TaskError {
+            message: msg.into(),
+            retry: true,
+        }
+    }
+    /// A failure that ends the task as `failed` at once.
+    pub fn permanent(msg: impl Into<String>) -> TaskError {
+        TaskError {
+            message: msg.into(),
+            retry: false,
+        }
+    }
+}
+
+impl<E: std::fmt::Display> From<E> for TaskError {
+    fn from(e: E) -> Self {
+        TaskError::retryable(e.to_string())
+    }
+}
+
+/// What a handler gets: the task, a stop signal, progress reporting.
+#[derive(Clone)]
+pub struct TaskContext {
+    pub(super) task: Arc<Task>,
+    pub(super) stop: CancellationToken,
+    pub(super) reason: Arc<Mutex<Option<StopReason>>>,
+    pub(super) exit_code: Arc<Mutex<Option<i32>>>,
+    pub(super) store: Store,
+    /// The attempt's local lease bound (last confirmed heartbeat's send
+    /// time + lease), as the heartbeat loop moves it.
+    pub(super) lease_bound: Arc<tokio::sync::watch::Sender<Instant>>,
+    /// [`crate::lock::stop_margin`] of the queue's lease.
+    pub(super) margin: Duration,
+}
+
+impl TaskContext {
+    /// The task (id, attempt, payload, job and slot for scheduled runs…).
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+    /// The claim this attempt holds.
+    pub fn claim(&self) -> Claim {
+        self.task.claim()
+    }
+    /// Resolves when the handler should stop (lease lost, cancelled,
+    /// shutdown after the grace period, timeout). After it fires the handler
+    /// has the worker's grace period to return before it is dropped.
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await
+    }
+    /// Whether the handler was asked to stop.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+    /// The instant by which this attempt's work must be gone: its local
+    /// lease bound (the last confirmed heartbeat's send time + the lease,
+    /// moved on by every confirmed heartbeat) less
+    /// [`crate::lock::stop_margin`] of the lease. The worker drops the
+    /// handler there at the latest; a process run for the task should be
+    /// killed by then too, even if this process is frozen (see
+    /// [`TaskContext::watch_stop_by`]).
+    pub fn stop_by(&self) -> Instant {
+        let bound = *self.lease_bound.borrow();
+        bound.checked_sub(self.margin).unwrap_or(bound)
+    }
+    /// Follow [`TaskContext::stop_by`] as heartbeats move it: for a
+    /// watchdog outside this process (`baton work` sends each new value to
+    /// its command's supervisor, which kills the command there by itself).
+    pub fn watch_stop_by(&self) -> crate::lock::StopBy {
+        crate::lock::StopBy::new(self.lease_bound.subscribe(), self.margin)
+    }
+    /// Why the handler was asked to stop, if it was.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        lock(&self.reason).as_ref().copied()
+    }
+    /// For handlers that run a process: its exit code, shown on the
+    /// attempt's `task ended` line and recorded on its `task` span.
+    pub fn set_exit_code(&self, code: i32) {
+        *lock(&self.exit_code) = Some(code);
+    }
+    /// Record progress on the task (any JSON). Fails with
+    /// [`Error::LeaseLost`] when the claim is no longer this worker's.
+    pub async fn progress(&self, value: serde_json::Value) -> Result<(), Error> {
+        if self
+            .store
+            .backend()
+            .task_set_progress(&crate::store::TaskSetProgress {
+                claim: self.claim(),
+                progress: &value,
+            })
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost(format!("task {}", self.task.id)))
+        }
+    }
+    pub(super) fn stop_with(&self, why: StopReason) {
+        let mut r = lock(&self.reason);
+        if r.is_none() {
+            *r = Some(why);
+        }
+        drop(r);
+        self.stop.cancel();
+    }
+}

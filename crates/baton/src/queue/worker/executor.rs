@@ -1,0 +1,309 @@
+//! Running an attempt: the handler in its span, stopped before its lease
+//! could lapse, and its outcome turned into a [`Finish`].
+
+use super::*;
+
+/// Run a registered attempt in `slot`; `sent` is when its duration starts.
+pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, mut slot: Slot) {
+    let claim = ctx.claim();
+    if let Some(r) = lock(&shared.running).get_mut(&claim) {
+        r.started = true;
+    }
+    let task = ctx.task();
+    let queue = task.queue.clone();
+    shared.counters.started(&queue);
+    // The slot's lag: from the slot to this claim, by the store's clock
+    // (the claim set the lease to end `lease` after its own now).
+    let lag = task.slot.map(|slot| {
+        let claimed_at =
+            task.lease_until - chrono::Duration::from_std(shared.config.lease).unwrap_or_default();
+        (claimed_at - slot).to_std().unwrap_or_default()
+    });
+    if let Some(lag) = lag {
+        shared.counters.slot_lag(&queue, lag);
+    }
+    let slot_at = task.slot.map(|s| s.to_rfc3339());
+    let span = tracing::info_span!(
+        "task",
+        id = task.id,
+        queue = %task.queue,
+        kind = %task.kind,
+        attempt = task.attempt,
+        job = task.job.as_deref(),
+        slot = slot_at.as_deref(),
+        traceparent = task.traceparent.as_deref(),
+        outcome = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+        exit_code = tracing::field::Empty,
+    );
+    #[cfg(feature = "otel")]
+    if let Some(tp) = &task.traceparent {
+        super::trace::link(&span, tp);
+    }
+    tracing::info!(
+        task = task.id,
+        queue = %task.queue,
+        kind = %task.kind,
+        attempt = task.attempt,
+        max_attempts = task.max_attempts,
+        job = task.job.as_deref(),
+        slot = slot_at.as_deref(),
+        slot_lag_ms = lag.map(ms),
+        "task started"
+    );
+    tokio::spawn(async move {
+        let attempt = async {
+            let result = execute(&shared, ctx.clone()).await;
+            let error = match &result {
+                Some(Finish::Failed { error, .. }) => Some(error.clone()),
+                _ => None,
+            };
+            // A retry we write falls due `retry_in` after the store's now at
+            // the write, which is no later than our now when the write returns.
+            let retry_in = match &result {
+                Some(Finish::Failed {
+                    retry_in: Some(d), ..
+                }) if ctx.task().attempt < ctx.task().max_attempts => Some(*d),
+                _ => None,
+            };
+            if result.is_some() {
+                slot.handler_returned();
+            }
+            let outcome = match result {
+                Some(finish) if finish_with_retries(&shared, claim, &finish).await => {
+                    match finish {
+                        Finish::Succeeded => Outcome::Succeeded,
+                        Finish::Failed { .. } => Outcome::Failed,
+                        Finish::Cancelled { .. } => Outcome::Cancelled,
+                        Finish::HandBack => Outcome::HandedBack,
+                    }
+                }
+                _ => Outcome::Lost,
+            };
+            (outcome, retry_in, error)
+        }
+        .instrument(span.clone());
+        let (outcome, retry_in, error) = tokio::select! {
+            o = attempt => o,
+            _ = shared.abandon.cancelled() => (Outcome::Lost, None, None),
+        };
+        if let (Some(d), Outcome::Failed) = (retry_in, &outcome) {
+            let _ = shared.due.send((queue.clone(), Instant::now() + d));
+        }
+        let took = sent.elapsed();
+        let exit_code = *lock(&ctx.exit_code);
+        span.record("outcome", outcome.as_str());
+        span.record("duration_ms", ms(took));
+        if let Some(code) = exit_code {
+            span.record("exit_code", code);
+        }
+        drop(span);
+        let t = ctx.task();
+        macro_rules! ended {
+            ($level:ident) => {
+                tracing::$level!(
+                    task = t.id,
+                    queue = %t.queue,
+                    kind = %t.kind,
+                    attempt = t.attempt,
+                    outcome = outcome.as_str(),
+                    duration_ms = ms(took),
+                    exit_code,
+                    error = error.as_deref(),
+                    retry_in_ms = retry_in.map(ms),
+                    "task ended"
+                )
+            };
+        }
+        match outcome {
+            Outcome::Succeeded | Outcome::Cancelled | Outcome::HandedBack => ended!(info),
+            Outcome::Failed | Outcome::Lost => ended!(warn),
+        }
+        if outcome == Outcome::Lost {
+            shared.counters.lease_lost(&queue);
+        }
+        shared.counters.ended(&queue, outcome, took);
+        lock(&shared.running).remove(&claim);
+        drop(slot);
+        shared.drained.notify_waiters();
+    });
+}
+
+/// Hand claimed tasks back unstarted (the attempt is not counted), in one
+/// call; a task that cannot be handed back is rescued after its lease.
+pub(super) async fn hand_back(shared: &Shared, tasks: &[Task]) {
+    if tasks.is_empty() {
+        return;
+    }
+    let items: Vec<(Claim, Finish)> = tasks
+        .iter()
+        .map(|t| (t.claim(), Finish::HandBack))
+        .collect();
+    match shared.store.task_finish_many(&items).await {
+        Ok(answers) => {
+            for (task, ok) in tasks.iter().zip(answers) {
+                if ok {
+                    tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
+                } else {
+                    tracing::warn!(task = task.id, queue = %task.queue, attempt = task.attempt, "handing the task back was refused: its claim was lost")
+                }
+            }
+        }
+        Err(e) => {
+            shared.counters.store_error("task_finish_many");
+            tracing::warn!(tasks = tasks.len(), error = %crate::error::chain(&e), "handing tasks back failed; they are rescued after their lease");
+        }
+    }
+}
+
+/// A duration in whole milliseconds, for log fields.
+pub(super) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Run the handler to an outcome; `None` when the lease was lost (nothing
+/// may be written for this attempt any more).
+pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
+    let task = ctx.task().clone();
+    let handler = shared
+        .handlers
+        .get(&task.kind)
+        .or(shared.fallback.as_ref())
+        .cloned();
+    // An attempt that waited in the prefetch buffer may have been stopped
+    // meanwhile (its lease lost, a cancel requested), or its lease may be
+    // too near its end to start (no heartbeat confirmed it lately): it does
+    // not run.
+    let claim = ctx.claim();
+    if let Some(why) = ctx.stop_reason() {
+        return match why {
+            StopReason::LeaseLost | StopReason::LeaseExpiring => None,
+            StopReason::Cancelled => Some(Finish::Cancelled {
+                reason: "cancelled".into(),
+            }),
+            StopReason::Shutdown | StopReason::TimedOut => Some(Finish::HandBack),
+        };
+    }
+    if shared
+        .deadline(claim)
+        .is_none_or(|d| Instant::now() + shared.guard() >= d)
+    {
+        tracing::warn!(
+            task = task.id,
+            attempt = task.attempt,
+            "lease too near its end to start (no heartbeat confirmed it); handing the task back"
+        );
+        return Some(Finish::HandBack);
+    }
+    let Some(handler) = handler else {
+        return Some(Finish::Failed {
+            error: format!("no handler for kind {:?} on this worker", task.kind),
+            retry_in: Some(shared.config.backoff.delay(task.attempt)),
+        });
+    };
+    // The handler runs in its own task so a panic is caught as a failure,
+    // inside the attempt's `task` span.
+    let mut join = AbortOnDrop(tokio::spawn(handler(ctx.clone()).in_current_span()));
+    let timeout = async {
+        match task.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = tokio::select! {
+        r = &mut join.0 => Some(r),
+        _ = ctx.stopped() => None,
+        _ = timeout => { ctx.stop_with(StopReason::TimedOut); None }
+        _ = shared.lease_end(claim, shared.guard()) => {
+            tracing::warn!(task = task.id, attempt = task.attempt, "no heartbeat confirmed the lease in time; stopping the handler before the lease can lapse");
+            ctx.stop_with(StopReason::LeaseExpiring);
+            None
+        }
+    };
+    let mut expired = false;
+    let result = match result {
+        Some(r) => r,
+        None => {
+            // Asked to stop: give the handler its grace to return, but never
+            // past its lease's end (nor long after an urgent shutdown).
+            let why = tokio::select! {
+                r = &mut join.0 => Ok(r),
+                _ = tokio::time::sleep(shared.config.stop_grace) => Err("the grace period"),
+                _ = shared.lease_end(claim, crate::lock::stop_margin(shared.config.lease)) => {
+                    expired = true;
+                    Err("its lease's end")
+                }
+                _ = after(&shared.urgent, URGENT_STOP) => Err("the urgent shutdown"),
+            };
+            match why {
+                Ok(r) => r,
+                Err(when) => {
+                    join.0.abort();
+                    // Wait until it is really dropped (a command's child is
+                    // killed on drop), briefly: a handler that blocks its
+                    // thread cannot be stopped anyway.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), &mut join.0).await;
+                    tracing::warn!(
+                        task = task.id,
+                        attempt = task.attempt,
+                        before = when,
+                        "handler did not stop in time; dropped"
+                    );
+                    Ok(Err(TaskError::retryable(format!(
+                        "handler did not stop before {when}"
+                    ))))
+                }
+            }
+        }
+    };
+    if expired {
+        // The lease may have lapsed (no heartbeat confirmed it): write
+        // nothing; the task is rescued and run again.
+        ctx.stop_with(StopReason::LeaseExpiring);
+        tracing::warn!(
+            task = task.id,
+            attempt = task.attempt,
+            "lease lost: it ended unconfirmed; nothing recorded, the task will be rescued"
+        );
+        return None;
+    }
+    let reason = ctx.stop_reason();
+    let attempt_error = |msg: String, retry: bool| Finish::Failed {
+        retry_in: retry.then(|| shared.config.backoff.delay(task.attempt)),
+        error: msg,
+    };
+    match (reason, result) {
+        (Some(StopReason::LeaseLost | StopReason::LeaseExpiring), _) => {
+            tracing::warn!(
+                task = task.id,
+                attempt = task.attempt,
+                "lease lost; result discarded"
+            );
+            None
+        }
+        // Work that completed is recorded as done, whatever stop came late.
+        (_, Ok(Ok(()))) => Some(Finish::Succeeded),
+        (Some(StopReason::Shutdown), _) => Some(Finish::HandBack),
+        (Some(StopReason::Cancelled), _) => Some(Finish::Cancelled {
+            reason: "cancelled".into(),
+        }),
+        (Some(StopReason::TimedOut), _) => Some(attempt_error(
+            format!(
+                "timed out after {}",
+                crate::format_duration(task.timeout.unwrap_or_default())
+            ),
+            true,
+        )),
+        (None, Ok(Err(e))) => Some(attempt_error(e.message, e.retry)),
+        (None, Err(join_err)) if join_err.is_panic() => {
+            let msg = join_err
+                .into_panic()
+                .downcast::<String>()
+                .map(|s| *s)
+                .or_else(|p| p.downcast::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|_| "panic".into());
+            Some(attempt_error(format!("handler panicked: {msg}"), true))
+        }
+        (None, Err(_)) => Some(attempt_error("handler was aborted".into(), true)),
+    }
+}

@@ -1,0 +1,277 @@
+//! Workers: claim due tasks, run their handlers, heartbeat their leases,
+//! finish them with a compare-and-set, rescue other workers' expired leases,
+//! and shut down without losing or double-running anything.
+//!
+//! One [`Worker`] serves several queues, each with its own concurrency.
+//! Its store traffic when idle is one call per `poll_interval`: a claim
+//! (each queue in turn), or in place of one an upkeep call — a rescue every
+//! `rescue_interval` (default five polls), a prune of finished tasks past
+//! the retention every 300 polls, three readings of the store's clock (the
+//! best one is kept) once a minute — each on a timer of its own; the poll
+//! after an upkeep call is skipped, never two in a row, so a wake-up the
+//! store lost waits at most two poll intervals. New work normally arrives sooner through the
+//! store's wake-up channel: a wake-up for work due later (a delayed task, a
+//! scheduled slot, a retry after its backoff) arms a timer, so the task is
+//! claimed when its `run_at` comes, not at the next poll.
+//!
+//! Each attempt logs one `task started` line (info) and one `task ended`
+//! line (info; warn when it failed or its lease was lost) with the task's
+//! id, queue, kind, attempt, outcome, duration and, for handlers that ran a
+//! process, its exit code; the handler runs inside a `task` span (id,
+//! queue, kind, attempt, job, slot; `outcome`, `duration_ms` and
+//! `exit_code` recorded at the end), so its own events carry that context.
+//!
+//! Files, one service each: `ticker.rs` (the poll and wake-ups),
+//! `claimer.rs` (one claim loop per queue, prefetch), `executor.rs` (an
+//! attempt: the handler, its span, its stop), `heartbeat.rs`,
+//! `completer.rs` (batched finishes), `upkeep.rs` (rescue, prune, the
+//! store clock), `shutdown.rs`; `context.rs` holds what a handler sees,
+//! `shared.rs` what the services share. This file wires them.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), baton::Error> {
+//! use baton::queue::{Worker, WorkerConfig, TaskError};
+//! let store = baton::Store::connect("sqlite://baton.db").await?;
+//! let mut worker = Worker::new(store, WorkerConfig::default().queue("default", 2));
+//! worker.handle("export", |ctx| async move {
+//!     println!("task {} attempt {}", ctx.task().id, ctx.task().attempt);
+//!     Ok::<_, TaskError>(())
+//! });
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! worker.run(shutdown).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::config::{WorkerConfig, PREFETCH_HORIZON};
+use super::counters::{Outcome, WorkerCounters};
+use crate::clock::StoreClock;
+use crate::error::Error;
+use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake};
+
+mod claimer;
+mod completer;
+mod context;
+mod executor;
+mod heartbeat;
+mod shared;
+mod shutdown;
+#[cfg(test)]
+mod tests;
+mod ticker;
+mod upkeep;
+
+use claimer::*;
+use completer::*;
+pub use context::{StopReason, TaskContext, TaskError};
+use executor::*;
+use heartbeat::*;
+use shared::*;
+use shutdown::*;
+use ticker::*;
+use upkeep::*;
+
+/// Claims and runs tasks. See the module docs.
+pub struct Worker {
+    store: Store,
+    config: WorkerConfig,
+    id: String,
+    handlers: HashMap<String, HandlerFn>,
+    fallback: Option<HandlerFn>,
+    counters: WorkerCounters,
+}
+
+impl Worker {
+    /// A worker on `store`; add handlers, then [`Worker::run`].
+    pub fn new(store: Store, config: WorkerConfig) -> Worker {
+        Worker {
+            store,
+            config,
+            id: format!("{}:{}", crate::lock::node_id(), crate::lock::short_id()),
+            handlers: HashMap::new(),
+            fallback: None,
+            counters: WorkerCounters::default(),
+        }
+    }
+
+    /// A handle on this worker's counters (attempts by queue and outcome),
+    /// readable while it runs.
+    pub fn counters(&self) -> WorkerCounters {
+        self.counters.clone()
+    }
+
+    /// This worker's id, recorded on the tasks it claims.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Handle tasks of `kind` with an async function.
+    pub fn handle<F, Fut>(&mut self, kind: impl Into<String>, f: F) -> &mut Self
+    where
+        F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
+    {
+        self.handlers
+            .insert(kind.into(), Arc::new(move |c| Box::pin(f(c)) as BoxFut));
+        self
+    }
+
+    /// Handle every kind that has no handler of its own.
+    pub fn handle_any<F, Fut>(&mut self, f: F) -> &mut Self
+    where
+        F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
+    {
+        self.fallback = Some(Arc::new(move |c| Box::pin(f(c)) as BoxFut));
+        self
+    }
+
+    /// Run until `shutdown` fires, then stop claiming, let running handlers
+    /// finish for `shutdown_grace`, stop the rest and hand their tasks back
+    /// (without counting the attempt), and return. Same as
+    /// [`Worker::run_with`] without an urgent signal.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        self.run_with(shutdown, CancellationToken::new()).await
+    }
+
+    /// Run until `shutdown` (graceful) or `urgent` fires.
+    ///
+    /// Graceful: stop claiming, let running handlers finish for
+    /// `shutdown_grace`, then stop the rest ([`StopReason::Shutdown`]), give
+    /// them `stop_grace` to return, and hand their tasks back without
+    /// counting the attempt. Urgent (at any time, e.g. a second SIGTERM):
+    /// skip what is left of the grace, stop every handler now, drop those
+    /// that have not returned within 1 s, and hand their tasks back within
+    /// 3 s more. Either way the return is bounded even when the store does
+    /// not answer: a claim in flight is not waited for past the grace, and a
+    /// task that cannot be handed back in time is left to be rescued after
+    /// its lease (and logged).
+    ///
+    /// ```no_run
+    /// # async fn demo(worker: baton::queue::Worker) -> Result<(), baton::Error> {
+    /// use tokio_util::sync::CancellationToken;
+    /// let (graceful, urgent) = (CancellationToken::new(), CancellationToken::new());
+    /// let (g, u) = (graceful.clone(), urgent.clone());
+    /// tokio::spawn(async move {
+    ///     tokio::signal::ctrl_c().await.ok();
+    ///     g.cancel(); // first Ctrl-C: finish what runs, within the grace
+    ///     tokio::signal::ctrl_c().await.ok();
+    ///     u.cancel(); // second: stop now, hand the tasks back
+    /// });
+    /// worker.run_with(graceful, urgent).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_with(
+        mut self,
+        shutdown: CancellationToken,
+        urgent: CancellationToken,
+    ) -> Result<(), Error> {
+        self.config.validate()?;
+        let kind = self.store.backend().kind();
+        self.config = std::mem::take(&mut self.config).with_store_defaults(kind);
+        let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (due, due_rx) = tokio::sync::mpsc::unbounded_channel();
+        let completer = tokio::spawn(complete_loop(
+            self.store.clone(),
+            self.config.lease,
+            self.config.result_batches(),
+            completion_rx,
+        ));
+        let shared = Arc::new(Shared {
+            completions,
+            store: self.store.clone(),
+            config: self.config.clone(),
+            id: self.id.clone(),
+            handlers: self.handlers,
+            fallback: self.fallback,
+            running: Mutex::new(HashMap::new()),
+            stop_claiming: CancellationToken::new(),
+            drained: Notify::new(),
+            counters: self.counters.clone(),
+            urgent: urgent.clone(),
+            abandon: CancellationToken::new(),
+            due,
+            upkeep_calls: AtomicUsize::new(0),
+        });
+        // Either signal ends the ticker below; `urgent` also cuts the grace.
+        let shutdown = shutdown.child_token();
+        let either = {
+            let (s, u) = (shutdown.clone(), urgent.clone());
+            tokio::spawn(async move {
+                u.cancelled().await;
+                s.cancel();
+            })
+        };
+        shared
+            .counters
+            .serve(self.config.queues.iter().map(|(q, _)| q.clone()));
+        let wake = match self.store.backend().wake_subscribe().await {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(error = %crate::error::chain(&e), "no wake-up channel; polling only");
+                None
+            }
+        };
+        let pokes: Vec<Arc<Notify>> = self
+            .config
+            .queues
+            .iter()
+            .map(|_| Arc::new(Notify::new()))
+            .collect();
+        let mut tasks = JoinSet::new();
+        for (i, (queue, conc)) in self.config.queues.iter().enumerate() {
+            tasks.spawn(claim_loop(
+                shared.clone(),
+                queue.clone(),
+                *conc,
+                pokes[i].clone(),
+            ));
+        }
+        let heart = tokio::spawn(heartbeat_loop(shared.clone()));
+        // Rescue, prune and the store clock run on timers of their own, so
+        // they never take a claim's turn nor hold up a wake-up.
+        let clock: Arc<std::sync::OnceLock<StoreClock>> = Arc::default();
+        let upkeep = tokio::spawn(upkeep_loop(shared.clone(), pokes.clone(), clock.clone()));
+        tracing::info!(
+            worker = %self.id,
+            queues = ?self.config.queues,
+            free_slot_on_return = self.config.free_slot_on_return_on(),
+            result_batches_in_flight = self.config.result_batches(),
+            prefetch = self.config.prefetch_tasks(),
+            prefetch_adaptive = self.config.prefetch_adaptive(),
+            "worker started"
+        );
+
+        ticker(
+            &shared,
+            &pokes,
+            &clock,
+            Wakes {
+                store: wake,
+                retries: due_rx,
+            },
+            &shutdown,
+        )
+        .await;
+        upkeep.abort();
+
+        drain(&shared, tasks, &urgent).await;
+        heart.abort();
+        completer.abort();
+        either.abort();
+        tracing::info!(worker = %self.id, "worker stopped");
+        Ok(())
+    }
+}

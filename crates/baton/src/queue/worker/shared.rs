@@ -1,0 +1,97 @@
+//! The state the worker's services share: the running attempts, the
+//! handlers, the store and the signals between them.
+
+use super::*;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+pub(super) type BoxFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
+
+pub(super) type HandlerFn = Arc<dyn Fn(TaskContext) -> BoxFut + Send + Sync>;
+
+/// A running attempt, as the heartbeat loop sees it.
+pub(super) struct Running {
+    pub(super) ctx: TaskContext,
+    /// Local monotonic bound on the lease: last heartbeat's send time + lease.
+    pub(super) deadline: Instant,
+    /// False while the task waits in its queue's prefetch buffer.
+    pub(super) started: bool,
+}
+
+/// A finished attempt waiting to be written, with where to send the answer.
+pub(super) struct Completion {
+    pub(super) claim: Claim,
+    pub(super) finish: Finish,
+    pub(super) reply: tokio::sync::oneshot::Sender<Result<bool, crate::StoreError>>,
+}
+
+pub(super) struct Shared {
+    pub(super) completions: tokio::sync::mpsc::UnboundedSender<Completion>,
+    pub(super) store: Store,
+    pub(super) config: WorkerConfig,
+    pub(super) id: String,
+    pub(super) handlers: HashMap<String, HandlerFn>,
+    pub(super) fallback: Option<HandlerFn>,
+    pub(super) running: Mutex<HashMap<Claim, Running>>,
+    pub(super) stop_claiming: CancellationToken,
+    pub(super) drained: Notify,
+    pub(super) counters: WorkerCounters,
+    /// Retries this worker wrote, with the local instant they fall due.
+    pub(super) due: tokio::sync::mpsc::UnboundedSender<(String, Instant)>,
+    /// The urgent shutdown request.
+    pub(super) urgent: CancellationToken,
+    /// Fired when shutdown gives up on attempts that could not finish in
+    /// time: their handlers are dropped and nothing more is written.
+    pub(super) abandon: CancellationToken,
+    /// Store calls made by the upkeep (rescue, prune, clock readings): the
+    /// ticker skips a poll for each, so an idle worker stays at one store
+    /// call per poll interval.
+    pub(super) upkeep_calls: AtomicUsize,
+}
+
+impl Shared {
+    /// An upkeep store call, counted (see `upkeep_calls`).
+    pub(super) async fn upkeep<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        self.upkeep_calls.fetch_add(1, Ordering::Relaxed);
+        call.await
+    }
+
+    /// The local bound on a running attempt's lease, if it still runs.
+    pub(super) fn deadline(&self, claim: Claim) -> Option<Instant> {
+        lock(&self.running).get(&claim).map(|r| r.deadline)
+    }
+
+    /// How long before its lease's end an unconfirmed attempt is stopped.
+    pub(super) fn guard(&self) -> Duration {
+        self.config.stop_grace.min(self.config.lease / 3)
+    }
+
+    /// Resolves `before` the attempt's lease ends (its deadline, moved on by
+    /// every confirmed heartbeat).
+    pub(super) async fn lease_end(&self, claim: Claim, before: Duration) {
+        loop {
+            let Some(deadline) = self.deadline(claim) else {
+                return std::future::pending().await;
+            };
+            let at = deadline.checked_sub(before).unwrap_or(deadline);
+            if Instant::now() >= at {
+                return;
+            }
+            tokio::time::sleep_until(at).await;
+        }
+    }
+}
+
+/// Aborts the handler's task when the attempt is dropped (e.g. abandoned).
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<Result<(), TaskError>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

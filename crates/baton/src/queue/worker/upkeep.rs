@@ -1,0 +1,91 @@
+//! Upkeep: rescue of expired leases (with the store identity check),
+//! pruning past the retention and readings of the store's clock, each on a
+//! timer of its own.
+
+use super::*;
+
+/// How often a worker re-reads the store's clock for its timers.
+pub(super) const CLOCK_RECALIBRATION: Duration = Duration::from_secs(60);
+
+/// Rescue (with the store identity check), prune and the store clock, each
+/// on its own timer. A rescue that requeues tasks pokes every queue.
+pub(super) async fn upkeep_loop(
+    shared: Arc<Shared>,
+    pokes: Vec<Arc<Notify>>,
+    clock: Arc<std::sync::OnceLock<StoreClock>>,
+) {
+    let cfg = &shared.config;
+    let rescue_every = cfg.rescue_interval.unwrap_or(cfg.poll_interval * 5);
+    let prune_every = cfg.poll_interval * 300;
+    let start = Instant::now();
+    let mut rescue = tokio::time::interval_at(start + rescue_every, rescue_every);
+    rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut prune = tokio::time::interval_at(start + prune_every, prune_every);
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first reading at once; until one succeeds, retry each second.
+    let mut recal = tokio::time::interval(CLOCK_RECALIBRATION);
+    recal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = recal.tick() => match clock.get() {
+                Some(c) => {
+                    c.recalibrate_if_suspended().await;
+                    c.recalibrate_best_of(3).await;
+                    shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
+                }
+                None => match StoreClock::new(shared.store.clone()).await {
+                    Ok(c) => {
+                        c.recalibrate_best_of(2).await;
+                        shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
+                        let _ = clock.set(c);
+                    }
+                    Err(e) => {
+                        shared.counters.store_error("now");
+                        tracing::warn!(error = %crate::error::chain(&e), "reading the store's clock failed; retrying");
+                        recal.reset_after(Duration::from_secs(1));
+                    }
+                },
+            },
+            _ = rescue.tick(), if cfg.rescue => {
+                match shared.upkeep(shared.store.backend().task_rescue_many()).await {
+                    Ok(r) if r.requeued + r.failed + r.cancelled > 0 => {
+                        tracing::info!(requeued = r.requeued, failed = r.failed, cancelled = r.cancelled, "rescued expired leases");
+                        pokes.iter().for_each(|p| p.notify_one());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        shared.counters.store_error("task_rescue_many");
+                        crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "rescue failed")
+                    }
+                }
+                // Is it still the store we connected to? A change (a store
+                // that lost its data or went back in time) is logged by the
+                // check, once; here only a failed read is said.
+                if let Err(e) = shared.upkeep(shared.store.check_identity()).await {
+                    shared.counters.store_error("store_identity");
+                    tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
+                }
+                // A store that refused writes: does it take them again?
+                // (Claims resume by themselves; this clears the mark and
+                // says so once.)
+                if shared.store.read_only().is_some() {
+                    if let Err(e) = shared.upkeep(shared.store.check_writable()).await {
+                        tracing::debug!(error = %crate::error::chain(&e), "probing whether the store takes writes failed");
+                    }
+                }
+            }
+            _ = prune.tick(), if cfg.retention.is_some() => {
+                if let Some(keep) = cfg.retention {
+                    match shared.upkeep(shared.store.backend().task_prune(keep)).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
+                        Err(e) => {
+                            shared.counters.store_error("task_prune");
+                            crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "prune failed")
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
