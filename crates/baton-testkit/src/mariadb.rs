@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, installed, required};
+use crate::free_port;
 
 /// A private `mariadbd` on a free port, in a temporary directory, killed
 /// on drop: root without a password (`mysql://root@127.0.0.1:PORT/test`),
@@ -20,15 +20,11 @@ impl PrivateMariadb {
     /// Start one with `extra` server options, or `None` (a skip, said)
     /// when `mariadbd` is not installed and backends are not required.
     pub fn start(extra: &[&str]) -> Option<PrivateMariadb> {
-        for b in ["mariadbd", "mariadb-install-db", "mariadb"] {
-            if !installed(b) {
-                assert!(!required(), "{b} is not installed");
-                let _ = std::io::Write::write_fmt(
-                    &mut std::io::stderr(),
-                    format_args!("SKIPPED private mariadbd: {b} not installed\n"),
-                );
-                return None;
-            }
+        if !crate::need(
+            "private mariadbd",
+            &["mariadbd", "mariadb-install-db", "mariadb"],
+        ) {
+            return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
