@@ -321,6 +321,10 @@ async fn probe_tcp(url: &str) -> Option<String> {
 /// What a connection failure means, from its error chain (the drivers
 /// carry their cause as text); `None` when the chain does not tell.
 fn connect_failure(url: &str, e: &baton::StoreError) -> Option<String> {
+    // A read-only server answered: its own words say it.
+    if e.is_read_only() {
+        return None;
+    }
     let msg = baton::error::chain(e).to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| msg.contains(n));
     if url.starts_with("sqlite:") && has(&["unable to open", "code: 14", "(code 14)"]) {

@@ -224,6 +224,20 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
          older backup). Each is logged once as an error and fails /readyz until a restart.",
         [(vec![], store.identity().changes() as f64)],
     );
+    gauge(
+        &mut out,
+        "baton_store_read_only",
+        "1 while the store refuses writes (a read-only server behind the URL: a standby, a \
+         demoted primary, default_transaction_read_only or read_only set); /readyz fails then.",
+        [(
+            vec![],
+            if store.read_only().is_some() {
+                1.0
+            } else {
+                0.0
+            },
+        )],
+    );
 
     let mut registry = Registry::default();
     registry.register_collector(Box::new(out));

@@ -5,6 +5,7 @@
 //!   or a panic when `BATON_REQUIRE_BACKENDS=1`).
 //! - [`private`]: a private `redis-server` or `postgres` the test may stop,
 //!   crash or serve over TLS.
+//! - [`mariadb`]: a private `mariadbd` (own port, own data directory).
 //! - [`process`]: a spawned server process killed when its guard drops.
 //! - [`certs`]: test certificates made with `openssl`.
 //! - [`cluster`]: raw Redis connections, one node or a cluster, for tests
@@ -15,11 +16,13 @@
 
 pub mod certs;
 pub mod cluster;
+pub mod mariadb;
 pub mod private;
 pub mod process;
 #[path = "../../baton-cli/src/chaos/proxy.rs"]
 pub mod proxy;
 
+pub use mariadb::PrivateMariadb;
 pub use private::{Kind, Private};
 
 use std::net::TcpListener;

@@ -36,6 +36,19 @@ pub enum StoreError {
         #[source]
         source: DriverError,
     },
+    /// The store refuses writes: a read-only server (a standby or a
+    /// demoted primary behind the URL, PostgreSQL
+    /// `default_transaction_read_only`, MySQL/MariaDB `read_only`).
+    /// Retryable: writes work again once the URL reaches a writable
+    /// server. The driver's error is the source.
+    #[error("store is read-only (it refuses writes): {context}")]
+    ReadOnly {
+        /// What refused, in words.
+        context: String,
+        /// The driver's own error.
+        #[source]
+        source: DriverError,
+    },
 }
 
 /// A driver's error, boxed, as kept by [`StoreError::Driver`].
@@ -78,11 +91,29 @@ impl StoreError {
         matches!(
             self,
             StoreError::Unavailable(_)
+                | StoreError::ReadOnly { .. }
                 | StoreError::Driver {
                     retryable: true,
                     ..
                 }
         )
+    }
+
+    /// Whether the store refused a write because it is read-only (see
+    /// [`StoreError::ReadOnly`]).
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, StoreError::ReadOnly { .. })
+    }
+
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    fn read_only(
+        context: &str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::ReadOnly {
+            context: context.to_string(),
+            source: Box::new(source),
+        }
     }
 
     /// A driver failure kept as the source: retryable (`store unavailable`)
@@ -118,6 +149,19 @@ impl From<sqlx::Error> for StoreError {
                 // killed.
                 #[cfg(feature = "mysql")]
                 if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                    // Read-only: ER_OPTION_PREVENTS_STATEMENT (1290) names
+                    // the option (`--read-only`, `--super-read-only`; other
+                    // options use the code too), a READ ONLY transaction
+                    // (1792), MySQL's read-only mode (1836), InnoDB's
+                    // (1874).
+                    let text = my.message().to_ascii_lowercase();
+                    let named = text.contains("read-only") || text.contains("read_only");
+                    if matches!(my.number(), 1792 | 1836 | 1874) || (my.number() == 1290 && named) {
+                        return StoreError::read_only(
+                            "the server runs read-only (a replica, or `read_only` set)",
+                            e,
+                        );
+                    }
                     match my.number() {
                         1205 | 1969 | 3024 => {
                             return StoreError::Unavailable(format!(
@@ -129,6 +173,22 @@ impl From<sqlx::Error> for StoreError {
                     }
                 }
                 let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+                // PG read_only_sql_transaction: a hot standby, a demoted
+                // primary, `default_transaction_read_only = on`.
+                if code == "25006" {
+                    return StoreError::read_only(
+                        "the server takes no writes (a standby, or default_transaction_read_only)",
+                        e,
+                    );
+                }
+                // SQLITE_READONLY and its extended codes: a file or
+                // directory this process may not write.
+                #[cfg(feature = "sqlite")]
+                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                    && code.parse::<i32>().is_ok_and(|c| c & 0xff == 8)
+                {
+                    return StoreError::read_only("the database file cannot be written", e);
+                }
                 // PG query_canceled (statement_timeout) and an idle
                 // transaction ended by idle_in_transaction_session_timeout.
                 if matches!(code.as_str(), "57014" | "25P03") {

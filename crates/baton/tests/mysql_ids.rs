@@ -14,9 +14,6 @@
 mod harness;
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use baton::store::{NewTask, RunAt};
 use baton::{Store, StoreOptions};
@@ -139,132 +136,10 @@ async fn concurrent_batch_ids_on_the_test_server() {
     returned_ids_are_the_inserted_rows(&ts.url).await;
 }
 
-/// A private `mariadbd` in a temporary directory, killed on drop.
-struct PrivateMariadb {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivateMariadb {
-    /// Start one with `--innodb-autoinc-lock-mode=2`, or `None` (a skip)
-    /// when `mariadbd` is not installed and backends are not required.
-    fn start() -> Option<PrivateMariadb> {
-        let installed = |b: &str| {
-            Command::new("which")
-                .arg(b)
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !installed("mariadbd") || !installed("mariadb-install-db") {
-            assert!(!harness::required(), "mariadbd is not installed");
-            eprintln!("SKIPPED private mariadbd: not installed");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let user = if is_root() { "root" } else { "" };
-        let mut install = Command::new("mariadb-install-db");
-        install
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .arg("--auth-root-authentication-method=normal")
-            .arg("--skip-test-db");
-        if !user.is_empty() {
-            install.arg(format!("--user={user}"));
-        }
-        let ok = install
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mariadb-install-db failed");
-        let port = free_port();
-        let mut cmd = Command::new("mariadbd");
-        cmd.arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--socket={}", dir.path().join("sock").display()))
-            .arg(format!("--port={port}"))
-            .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
-            .args([
-                "--innodb-autoinc-lock-mode=2",
-                "--innodb-buffer-pool-size=64M",
-            ]);
-        if !user.is_empty() {
-            cmd.arg(format!("--user={user}"));
-        }
-        let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn mariadbd");
-        let me = PrivateMariadb {
-            child,
-            port,
-            _dir: dir,
-        };
-        me.wait_ready();
-        Some(me)
-    }
-
-    fn wait_ready(&self) {
-        let t0 = Instant::now();
-        loop {
-            let ok = Command::new("mariadb")
-                .args(["-uroot", "-h127.0.0.1", &format!("-P{}", self.port)])
-                .args(["-e", "CREATE DATABASE IF NOT EXISTS test"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok {
-                return;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "private mariadbd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/test", self.port)
-    }
-}
-
-impl Drop for PrivateMariadb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn is_root() -> bool {
-    Path::new("/proc/self").exists()
-        && std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("Uid:"))
-                    .map(|l| l.split_whitespace().nth(1) == Some("0"))
-            })
-            .unwrap_or(false)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_batch_ids_with_interleaved_autoinc() {
-    let Some(server) = PrivateMariadb::start() else {
+    let Some(server) = baton_testkit::PrivateMariadb::start(&["--innodb-autoinc-lock-mode=2"])
+    else {
         return;
     };
     let url = server.url();

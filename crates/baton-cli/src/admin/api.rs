@@ -152,6 +152,17 @@ async fn ready(state: &State) -> Result<(), Unready> {
     if let Some(why) = state.store.identity_lost() {
         return Err(unready(why));
     }
+    // A store that refuses writes (a standby or demoted primary behind
+    // the URL) cannot serve claims or schedules: probe it (a write of no
+    // row), which also clears the mark once writes work again.
+    match tokio::time::timeout(READY_TIMEOUT, state.store.check_writable()).await {
+        Ok(Ok(Some(why))) => return Err(unready(format!("store refuses writes: {why}"))),
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %baton::error::chain(&e), "readyz: the write probe failed")
+        }
+        Err(_) => {}
+    }
     match tokio::time::timeout(READY_TIMEOUT, state.store.backend().schema_status()).await {
         Ok(Ok(st)) => match st.problem() {
             None => Ok(()),
@@ -168,8 +179,9 @@ async fn ready(state: &State) -> Result<(), Unready> {
 }
 
 /// `GET /readyz`: 200 when the store answers with this build's schema
-/// version and is the store this process connected to (its identity
-/// unchanged, see `baton::store::IdentityWatch`); 503 with the reason otherwise (and, for a schema of another
+/// version, takes writes (see `baton::store::WriteWatch`) and is the
+/// store this process connected to (its identity unchanged, see
+/// `baton::store::IdentityWatch`); 503 with the reason otherwise (and, for a schema of another
 /// version, `schema: {found, expected}`).
 pub async fn readyz(Extract(state): S) -> Response {
     match ready(&state).await {

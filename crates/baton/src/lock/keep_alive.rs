@@ -56,7 +56,7 @@ pub(super) async fn keep_alive(
                         return;
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(lock = handle.name(), error = %crate::error::chain(&e), "lease confirmation failed; retrying");
+                        crate::store::warn_unless_read_only!(e, lock = handle.name(), error = %crate::error::chain(&e), "lease confirmation failed; retrying");
                         let left = deadline.saturating_duration_since(Instant::now());
                         next_confirm = Some(
                             Instant::now()
@@ -94,7 +94,7 @@ pub(super) async fn keep_alive(
                 return;
             }
             Ok(Err(e)) => {
-                tracing::warn!(lock = handle.name(), error = %crate::error::chain(&e), "lease extension failed; retrying");
+                crate::store::warn_unless_read_only!(e, lock = handle.name(), error = %crate::error::chain(&e), "lease extension failed; retrying");
                 // Retry soon, but no later than the deadline allows.
                 let left = deadline.saturating_duration_since(Instant::now());
                 next = Instant::now()

@@ -148,7 +148,7 @@ impl Locker {
                 Ok(Ok(lease)) => return Ok(lease),
                 Ok(Err(info)) => Some(info),
                 Err(Error::Store(e)) if e.is_retryable() && Instant::now() < deadline => {
-                    tracing::warn!(lock = name, error = %crate::error::chain(&e), "store unavailable while waiting for lock; retrying");
+                    crate::store::warn_unless_read_only!(e, lock = name, error = %crate::error::chain(&e), "store unavailable while waiting for lock; retrying");
                     None
                 }
                 Err(e) => return Err(e),

@@ -588,6 +588,11 @@ impl Scheduler {
                     if let Err(e) = store.check_identity().await {
                         tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
                     }
+                    if store.read_only().is_some() {
+                        if let Err(e) = store.check_writable().await {
+                            tracing::debug!(error = %crate::error::chain(&e), "probing whether the store takes writes failed");
+                        }
+                    }
                 }
             })
         };
@@ -883,7 +888,7 @@ async fn slot_loop(
                 Err(e) => {
                     // The call may or may not have happened: re-read the
                     // cursor and the store's clock before planning again.
-                    tracing::warn!(job = %job.name, error = %crate::error::chain(&e), "cannot advance the job; retrying");
+                    crate::store::warn_unless_read_only!(e, job = %job.name, error = %crate::error::chain(&e), "cannot advance the job; retrying");
                     fresh = false;
                     recalibrate = true;
                     pause(&stop, &mut backoff).await;
@@ -1044,7 +1049,7 @@ async fn run_locked(
             {
                 Ok(_) => return,
                 Err(e) => {
-                    tracing::warn!(job = %job.name, %slot, error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
+                    crate::store::warn_unless_read_only!(e, job = %job.name, %slot, error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff *= 2;
                 }
@@ -1106,7 +1111,7 @@ async fn read_cursor(
             Some(st.last_slot)
         }
         Err(e) => {
-            tracing::warn!(job, error = %crate::error::chain(&e), "cannot read the job's cursor; retrying");
+            crate::store::warn_unless_read_only!(e, job, error = %crate::error::chain(&e), "cannot read the job's cursor; retrying");
             pause(stop, backoff).await;
             None
         }
@@ -1206,7 +1211,7 @@ async fn fixed_delay_loop(
             }
             Ok(Advanced::UnknownJob) => fresh = false,
             Err(e) => {
-                tracing::warn!(job = %job.name, error = %crate::error::chain(&e), "cannot advance the job; retrying");
+                crate::store::warn_unless_read_only!(e, job = %job.name, error = %crate::error::chain(&e), "cannot advance the job; retrying");
                 fresh = false;
                 pause(&stop, &mut backoff).await;
                 clock.recalibrate().await;

@@ -10,6 +10,11 @@
 //! ([`IdentityWatch::changes`], the `baton_store_identity_changes_total`
 //! metric), and kept ([`IdentityWatch::lost`], which fails `/readyz`)
 //! until the process restarts and takes the store as it is now.
+//!
+//! The watch also says when the task id counter is to be floored at the
+//! store's clock ([`IdentityWatch::floor_due`]: at the first check and
+//! after each change; DESIGN.md I1), so task ids never repeat across a
+//! restore.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -23,7 +28,7 @@ pub struct IdentityWatch {
     changes: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seen {
     /// The identity last read; `None` until one was read that had an id.
     id: Option<String>,
@@ -31,9 +36,65 @@ struct Seen {
     high: i64,
     /// The first change found: why the store is not the one connected to.
     lost: Option<String>,
+    /// The task id counter has not been floored since connect or since
+    /// the last change (see [`IdentityWatch::floor_due`]).
+    floor_pending: bool,
+    /// A floor failed since the last one that worked (said once).
+    floor_failing: bool,
+}
+
+impl Default for Seen {
+    fn default() -> Seen {
+        Seen {
+            id: None,
+            high: 0,
+            lost: None,
+            floor_pending: true,
+            floor_failing: false,
+        }
+    }
 }
 
 impl IdentityWatch {
+    /// Whether the store's task id counter is to be floored at its clock
+    /// now: at the first check of a process and after each change found
+    /// (a restored backup sets the counter back; a process connecting
+    /// after it cannot know, so every process floors once at connect).
+    pub fn floor_due(&self) -> bool {
+        self.state.lock().map(|s| s.floor_pending).unwrap_or(false)
+    }
+
+    /// The floor was done.
+    pub fn floored(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            if s.floor_failing {
+                tracing::info!("the task id counter is floored at the store's clock again");
+            }
+            s.floor_pending = false;
+            s.floor_failing = false;
+        }
+    }
+
+    /// The floor failed: said once (a warning) until one works; the next
+    /// check tries again.
+    pub fn floor_failed(&self, kind: &str, e: &crate::error::StoreError) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        if !s.floor_failing {
+            s.floor_failing = true;
+            // A read-only store is said once by the write watch.
+            crate::store::warn_unless_read_only!(
+                e,
+                store = kind,
+                error = %crate::error::chain(e),
+                "could not floor the task id counter at the store's clock (tried again at the \
+                 next identity check); until then a task id handed out before a restore of \
+                 an older backup could be handed out again"
+            );
+        }
+    }
+
     /// The identity seen (the one at connect, or the last one read after
     /// a change), if any was read.
     pub fn id(&self) -> Option<String> {
@@ -84,6 +145,7 @@ impl IdentityWatch {
                 "{why}; restart baton processes once the store is as it should be"
             );
             self.changes.fetch_add(1, Ordering::Relaxed);
+            s.floor_pending = true;
             if s.lost.is_none() {
                 s.lost = Some(why.clone());
             }

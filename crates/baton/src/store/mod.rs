@@ -45,14 +45,27 @@ pub mod state;
 mod types;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod wake;
+mod writable;
 
 pub use identity::IdentityWatch;
 pub use params::*;
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
+pub(crate) use writable::warn_unless_read_only;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use writable::Recycle;
+pub use writable::WriteWatch;
 
 /// The default store URL: an embedded SQLite file in the working directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://baton.db";
+
+/// How far (in µs) a SQL store's task id counter may be behind the
+/// store's clock before [`Backend::task_id_floor`] raises it to the clock:
+/// a millisecond (a floor is then a no-op right after another). Ids rise
+/// slower than the clock (under one per µs), so the ids other connections
+/// take while a floor reads and writes the counter stay below the clock
+/// the floor writes.
+pub const ID_FLOOR_SLACK_US: i64 = 1_000;
 
 /// Names the seam's method list uses, reachable from any crate that
 /// expands [`seam_methods!`](crate::seam_methods).
@@ -91,6 +104,21 @@ macro_rules! seam_methods {
             /// The store's identity and task id counter (a read only: the id is
             /// written by [`Backend::migrate`], once). See [`StoreIdentity`].
             fn store_identity() -> $crate::store::StoreIdentity;
+
+            /// Raise the task id counter to the store's clock in µs when it is
+            /// more than [`ID_FLOOR_SLACK_US`] behind it (never lower it), so the
+            /// next task id is above every id handed out before a restore of an
+            /// older backup set the counter back (DESIGN.md I1). Safe while other
+            /// processes insert tasks. [`Store::check_identity`] calls it at
+            /// connect and after each change it finds. A backend that floors
+            /// every new id itself (Redis) does nothing here.
+            fn task_id_floor() -> ();
+
+            /// A write that changes nothing, to learn whether the store takes
+            /// writes: [`StoreError::ReadOnly`] from a read-only server (see
+            /// [`Store::check_writable`]). A store whose writes are never
+            /// refused (or that has no probe) answers `Ok`.
+            fn store_write_probe() -> ();
 
             /// Warnings about the store's configuration (e.g. Redis without AOF).
             fn warnings() -> Vec<String>;
@@ -241,6 +269,13 @@ macro_rules! backend_trait {
         pub trait Backend: Send + Sync + 'static {
             /// A short name for messages: `sqlite`, `postgres`, `redis`.
             fn kind(&self) -> &'static str;
+
+            /// Drop the pooled connections open now (each at its next acquire),
+            /// so later calls connect again: called after a read-only refusal, as
+            /// a connection may still be on a server that was demoted while the
+            /// URL now leads to a writable one. The default does nothing (no pool,
+            /// or one the application owns).
+            fn pool_recycle(&self) {}
             $(
                 $(#[$m])*
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError>;
@@ -334,6 +369,9 @@ pub struct Store {
     /// The identity seen at connect, checked again by the upkeep (shared
     /// by every clone).
     identity: Arc<IdentityWatch>,
+    /// Whether the store refuses writes (shared with the [`Bounded`]
+    /// wrapper, which marks it from every call's error).
+    writes: Arc<WriteWatch>,
 }
 
 impl std::fmt::Debug for Store {
@@ -391,9 +429,11 @@ impl Store {
                 )))
             }
         };
+        let writes = Arc::new(WriteWatch::default());
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
             inner: backend,
             limit: opts.call_deadline(),
+            writes: writes.clone(),
         });
         if opts.migrate {
             backend.migrate().await?;
@@ -402,6 +442,7 @@ impl Store {
             backend,
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
+            writes,
         };
         // The identity seen at connect. A read that fails here (a store
         // not migrated, a moment's outage) only leaves it to the first
@@ -415,11 +456,38 @@ impl Store {
     /// Wrap a backend built by hand (for new backends and tests). Its
     /// identity is read by the first [`Store::check_identity`].
     pub fn from_backend(backend: Arc<dyn Backend>, url: &str) -> Store {
+        Store::on(backend, url, Arc::new(WriteWatch::default()))
+    }
+
+    /// A store on `backend`, sharing `writes` with its [`Bounded`] wrapper.
+    fn on(backend: Arc<dyn Backend>, url: &str, writes: Arc<WriteWatch>) -> Store {
         Store {
             backend,
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
+            writes,
         }
+    }
+
+    /// Why the store refuses writes, while it does: the first read-only
+    /// refusal a call met since the store last took writes (see
+    /// [`WriteWatch`]). `/readyz` fails while it is set.
+    pub fn read_only(&self) -> Option<String> {
+        self.writes.read_only()
+    }
+
+    /// Probe whether the store takes writes ([`Backend::store_write_probe`]):
+    /// a refusal marks it read-only (logged once), a probe that works
+    /// clears the mark (logged once). The answer is
+    /// [`Store::read_only`] after the probe; an error only when the probe
+    /// failed otherwise (the store did not answer).
+    pub async fn check_writable(&self) -> Result<Option<String>, StoreError> {
+        match self.backend.store_write_probe().await {
+            Ok(()) => self.writes.accepted(self.backend.kind()),
+            Err(e) if e.is_read_only() => self.writes.refused(self.backend.kind(), &e),
+            Err(e) => return Err(e),
+        }
+        Ok(self.read_only())
     }
 
     /// Read the store's identity and task id counter again and compare
@@ -428,9 +496,23 @@ impl Store {
     /// seen — is logged once as an error naming what was lost, counted,
     /// and kept (see [`Store::identity_lost`]); the answer is that reason
     /// when this check found it.
+    ///
+    /// The first check (at connect) and the first after each change also
+    /// floor the task id counter at the store's clock in µs
+    /// ([`Backend::task_id_floor`]), after the read, so a counter set back
+    /// is seen before it is raised. A floor that fails (a read-only store,
+    /// a user without the right) is logged and tried again at the next
+    /// check.
     pub async fn check_identity(&self) -> Result<Option<String>, StoreError> {
         let read = self.backend.store_identity().await?;
-        Ok(self.identity.observe(self.backend.kind(), &read))
+        let reason = self.identity.observe(self.backend.kind(), &read);
+        if self.identity.floor_due() {
+            match self.backend.task_id_floor().await {
+                Ok(()) => self.identity.floored(),
+                Err(e) => self.identity.floor_failed(self.backend.kind(), &e),
+            }
+        }
+        Ok(reason)
     }
 
     /// Why this process no longer trusts the store it connected to: the
@@ -596,6 +678,22 @@ pub async fn bounded<T>(
 struct Bounded {
     inner: Arc<dyn Backend>,
     limit: Duration,
+    /// Marked by every call that meets a read-only refusal.
+    writes: Arc<WriteWatch>,
+}
+
+impl Bounded {
+    /// After a call: a read-only refusal marks the store (logged once)
+    /// and recycles the pool's connections (see [`Backend::pool_recycle`]).
+    fn noted<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r {
+            if e.is_read_only() {
+                self.writes.refused(self.inner.kind(), e);
+                self.inner.pool_recycle();
+            }
+        }
+        r
+    }
 }
 
 // Generated from the seam list, so every method is bounded the same way.
@@ -606,14 +704,17 @@ macro_rules! bounded_backend {
             fn kind(&self) -> &'static str {
                 self.inner.kind()
             }
+            fn pool_recycle(&self) {
+                self.inner.pool_recycle()
+            }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
-                    bounded(
+                    self.noted(bounded(
                         self.limit,
                         concat!("store call ", stringify!($name)),
                         self.inner.$name($($arg),*),
                     )
-                    .await
+                    .await)
                 }
             )*
         }

@@ -119,12 +119,14 @@ impl Store {
     /// Bound every call as [`Store::connect_with`] does, then migrate and
     /// read the store's identity.
     async fn wrap(backend: Arc<dyn Backend>, url: String) -> Result<Store, StoreError> {
+        let writes = Arc::new(super::WriteWatch::default());
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
             inner: backend,
             limit: StoreOptions::default().call_deadline(),
+            writes: writes.clone(),
         });
         backend.migrate().await?;
-        let store = Store::from_backend(backend, &url);
+        let store = Store::on(backend, &url, writes);
         // The identity seen at connect (see `Store::check_identity`).
         if let Err(e) = store.check_identity().await {
             tracing::debug!(error = %crate::error::chain(&e), "could not read the store's identity at connect");

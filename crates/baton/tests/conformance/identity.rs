@@ -2,9 +2,10 @@
 //! again by `Store::check_identity`, tells a store that lost its data
 //! (another identity or none) and one that went back in time (its task id
 //! counter below the highest read before) from the store connected to;
-//! each change is said once, counted and kept. On Redis, where a restart
-//! without AOF loses the id counter, new task ids are floored at the
-//! server's clock in µs, so they never repeat.
+//! each change is said once, counted and kept. Task ids never repeat
+//! across such a loss (DESIGN.md I1): Redis floors every new id at the
+//! server's clock in µs, SQL stores floor their counter there at every
+//! connect and after each change a check finds.
 
 use baton::queue::{Queue, TaskBuilder};
 use baton::{Store, StoreOptions};
@@ -22,17 +23,17 @@ async fn enqueue(store: &Store) -> i64 {
         .id
 }
 
-/// Set the task id counter back to 1 (and drop the tasks), as restoring
-/// an older backup would.
-async fn counter_back(ts: &TestStore) {
+/// Restore a backup taken when `keep` was the newest task id: the tasks
+/// after it are gone and the task id counter is back at `keep`.
+async fn restore_to(ts: &TestStore, keep: i64) {
     let p = &ts.prefix;
     match ts.kind {
         Kind::Sqlite => {
             exec_sql(
                 ts,
                 &format!(
-                    "DELETE FROM \"{p}tasks\"; \
-                     UPDATE sqlite_sequence SET seq = 1 WHERE name = '{p}tasks';"
+                    "DELETE FROM \"{p}tasks\" WHERE id > {keep}; \
+                     UPDATE sqlite_sequence SET seq = {keep} WHERE name = '{p}tasks';"
                 ),
             )
             .await
@@ -40,14 +41,21 @@ async fn counter_back(ts: &TestStore) {
         Kind::Postgres => {
             exec_sql(
                 ts,
-                &format!("DELETE FROM \"{p}tasks\"; SELECT setval('\"{p}tasks_id_seq\"', 1);"),
+                &format!(
+                    "DELETE FROM \"{p}tasks\" WHERE id > {keep}; \
+                     SELECT setval('\"{p}tasks_id_seq\"', {keep});"
+                ),
             )
             .await
         }
         Kind::Mysql => {
             exec_sql(
                 ts,
-                &format!("DELETE FROM `{p}tasks`; ALTER TABLE `{p}tasks` AUTO_INCREMENT = 1;"),
+                &format!(
+                    "DELETE FROM `{p}tasks` WHERE id > {keep}; \
+                     ALTER TABLE `{p}tasks` AUTO_INCREMENT = {};",
+                    keep + 1
+                ),
             )
             .await
         }
@@ -55,7 +63,7 @@ async fn counter_back(ts: &TestStore) {
             let mut c = redis_conn(ts).await;
             let _: () = redis::cmd("SET")
                 .arg(format!("{p}{{baton}}:seq"))
-                .arg(1)
+                .arg(keep)
                 .query_async(&mut c)
                 .await
                 .unwrap();
@@ -120,7 +128,7 @@ pub async fn a_store_that_forgot_is_noticed(ts: TestStore) {
     );
 
     // Restored from an older backup: the same identity, a counter gone back.
-    counter_back(&ts).await;
+    restore_to(&ts, ids[0]).await;
     let why = store.check_identity().await.unwrap().expect("noticed");
     assert!(
         why.contains("went back in time") && why.contains("backup"),
@@ -152,16 +160,71 @@ pub async fn a_store_that_forgot_is_noticed(ts: TestStore) {
     assert_eq!(other.check_identity().await.unwrap(), None);
     assert!(other.identity_lost().is_some());
 
-    // Task ids never repeat across the loss on Redis (floored at the
-    // server clock in µs, as fencing tokens are).
-    if let Kind::Redis = ts.kind {
-        let floor = fresh.now().await.unwrap().timestamp_micros();
-        let id = enqueue(&fresh).await;
-        assert!(
-            ids.iter().all(|&old| id > old) && id >= floor,
-            "new id {id} after the loss; ids before {ids:?}; store clock {floor} µs"
-        );
-        let next = enqueue(&fresh).await;
-        assert!(next > id, "and rising: {next} after {id}");
+    // Task ids never repeat across the loss: the fresh process floored
+    // the counter at the store's clock in µs when it connected.
+    let floor = fresh.now().await.unwrap().timestamp_micros() - 60_000_000;
+    let id = enqueue(&fresh).await;
+    assert!(
+        ids.iter().all(|&old| id > old) && id >= floor,
+        "new id {id} after the loss; ids before {ids:?}; store clock {floor} µs"
+    );
+    let next = enqueue(&fresh).await;
+    assert!(next > id, "and rising: {next} after {id}");
+}
+
+/// I1 across a restore of an older backup, on every store: every id is
+/// floored at the store's clock in µs (16 digits, below 2^53 so exact in
+/// JSON and JavaScript), and after the tasks since a backup are gone and
+/// the counter is set back, the next id is above every id handed out
+/// before — whether the process that notices the restore goes on
+/// (`check_identity` floors again) or a process starts after it (every
+/// connect floors).
+pub async fn task_ids_never_repeat_after_a_restore(ts: TestStore) {
+    let store = &ts.store;
+    let t0 = store.now().await.unwrap().timestamp_micros();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(enqueue(store).await);
     }
+    for &id in &ids {
+        // The counter was floored when the store connected, just before.
+        assert!(
+            id > t0 - 60_000_000 && id < (1 << 53),
+            "id {id}: floored at the store clock ({t0} µs) and exact in JavaScript"
+        );
+    }
+    // The process's upkeep read the counter since (a rescue tick).
+    assert_eq!(store.check_identity().await.unwrap(), None);
+    // A backup taken after the second task, restored now (the counter
+    // lags the clock by more than the floor's slack).
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    restore_to(&ts, ids[1]).await;
+    let why = store.check_identity().await.unwrap().expect("noticed");
+    assert!(why.contains("went back in time"), "{why}");
+    let id = enqueue(store).await;
+    assert!(
+        ids.iter().all(|&old| id > old),
+        "the process that noticed the restore: new id {id}, ids before {ids:?}"
+    );
+    ids.push(id);
+    let task = store
+        .backend()
+        .task_get(id)
+        .await
+        .unwrap()
+        .expect("the new task");
+    assert_eq!(task.id, id);
+
+    // Restored again, then a process starts that never saw the newer ids
+    // (the usual way: stop, restore, start): it floors at connect.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    restore_to(&ts, ids[1]).await;
+    let fresh = ts.open().await;
+    let id = enqueue(&fresh).await;
+    assert!(
+        ids.iter().all(|&old| id > old),
+        "a process started after the restore: new id {id}, ids before {ids:?}"
+    );
+    let next = enqueue(&fresh).await;
+    assert!(next > id, "and rising: {next} after {id}");
 }

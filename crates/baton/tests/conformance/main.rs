@@ -53,6 +53,7 @@ macro_rules! backends {
 conformance! {
     idle::idle_worker_makes_about_one_query_per_second,
     identity::a_store_that_forgot_is_noticed,
+    identity::task_ids_never_repeat_after_a_restore,
     locks::grant_busy_release,
     locks::tokens_strictly_increase,
     locks::mutual_exclusion_16_contenders,

@@ -187,7 +187,7 @@ pub(super) async fn claim_into(
                 }
                 Err(e) => {
                     shared.counters.store_error("task_claim");
-                    tracing::warn!(queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
+                    crate::store::warn_unless_read_only!(e, queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
                     recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}

@@ -162,7 +162,7 @@ pub(super) async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &
                     tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
                     return false;
                 }
-                tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
+                crate::store::warn_unless_read_only!(e, task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }

@@ -65,7 +65,7 @@ pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {
                 // lease can lapse; here we only try again soon.
                 shared.counters.heartbeat_failed();
                 shared.counters.store_error("task_heartbeat_many");
-                tracing::warn!(tasks = claims.len(), error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
+                crate::store::warn_unless_read_only!(e, tasks = claims.len(), error = %crate::error::chain(&e), "heartbeat failed; retrying soon");
                 wait = period.min(Duration::from_millis(250));
             }
         }

@@ -55,7 +55,7 @@ pub(super) async fn upkeep_loop(
                     Ok(_) => {}
                     Err(e) => {
                         shared.counters.store_error("task_rescue_many");
-                        tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
+                        crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "rescue failed")
                     }
                 }
                 // Is it still the store we connected to? A change (a store
@@ -65,6 +65,14 @@ pub(super) async fn upkeep_loop(
                     shared.counters.store_error("store_identity");
                     tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
                 }
+                // A store that refused writes: does it take them again?
+                // (Claims resume by themselves; this clears the mark and
+                // says so once.)
+                if shared.store.read_only().is_some() {
+                    if let Err(e) = shared.upkeep(shared.store.check_writable()).await {
+                        tracing::debug!(error = %crate::error::chain(&e), "probing whether the store takes writes failed");
+                    }
+                }
             }
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
@@ -73,7 +81,7 @@ pub(super) async fn upkeep_loop(
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                         Err(e) => {
                             shared.counters.store_error("task_prune");
-                            tracing::warn!(error = %crate::error::chain(&e), "prune failed")
+                            crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "prune failed")
                         }
                     }
                 }

@@ -278,6 +278,10 @@ pub(crate) struct MyBackend {
     pool: MySqlPool,
     names: Arc<Names>,
     wake: broadcast::Sender<Wake>,
+    /// Connections to drop after a read-only refusal (see
+    /// `Backend::pool_recycle`); a pool the application owns keeps its
+    /// connections.
+    recycle: Arc<crate::store::Recycle>,
 }
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
@@ -308,13 +312,21 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .map_err(|e| bad(&e))?
         .timezone(Some("+00:00".to_string()));
     let timeout = opts.statement_timeout;
+    let recycle = Arc::new(crate::store::Recycle::default());
+    let stale = recycle.clone();
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(opts.connect_timeout)
         .test_before_acquire(false)
         .after_connect(move |conn, _| Box::pin(async move { session_setup(conn, timeout).await }))
-        .before_acquire(|conn, meta| {
+        .before_acquire(move |conn, meta| {
+            // Opened before a read-only refusal: it may be on the demoted
+            // server; connect again.
+            let stale = stale.stale(meta.age);
             Box::pin(async move {
+                if stale {
+                    return Ok(false);
+                }
                 if meta.idle_for >= IDLE_PING {
                     conn.ping().await?;
                 }
@@ -323,7 +335,9 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         })
         .connect_with(connect)
         .await?;
-    Ok(Arc::new(MyBackend::on_pool(pool, opts.prefix.as_deref())))
+    let mut backend = MyBackend::on_pool(pool, opts.prefix.as_deref());
+    backend.recycle = recycle;
+    Ok(Arc::new(backend))
 }
 
 /// The backend on a pool the application already has (see
@@ -391,6 +405,7 @@ impl MyBackend {
             pool,
             wake: crate::store::wake::channel(key),
             names: Arc::new(names),
+            recycle: Arc::new(crate::store::Recycle::default()),
         }
     }
 
@@ -553,6 +568,59 @@ impl Backend for MyBackend {
             Err(e) if sql_row::is_missing_table(&e) => Ok(crate::store::StoreIdentity::default()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// An insert of a row with the id `now` in µs, rolled back: InnoDB
+    /// raises the `AUTO_INCREMENT` counter to an explicit id above it at the
+    /// insert and never takes that back (a rollback leaves a gap, as any
+    /// rolled-back insert does), and an explicit id never lowers it, so
+    /// floors need no lock between them. No DDL (`ALTER TABLE …
+    /// AUTO_INCREMENT` would wait for, and then stall, every transaction on
+    /// the table for its metadata lock), and no row is ever seen.
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        let read: Result<(Option<u64>, i64), sqlx::Error> = sqlx::query_as(&format!(
+            "SELECT (SELECT CAST(AUTO_INCREMENT AS UNSIGNED) FROM information_schema.TABLES \
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?), CAST({NOW_US} AS SIGNED)"
+        ))
+        .bind(format!("{}tasks", self.names.prefix))
+        .fetch_one(&self.pool)
+        .await;
+        let (next, now) = match read {
+            Ok(r) => r,
+            Err(e) if sql_row::is_missing_table(&e) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        // No tasks table yet: nothing to floor.
+        let Some(next) = next else { return Ok(()) };
+        let last = i64::try_from(next.saturating_sub(1)).unwrap_or(i64::MAX);
+        if last >= now.saturating_sub(crate::store::ID_FLOOR_SLACK_US) {
+            return Ok(());
+        }
+        self.batch(&format!(
+            "START TRANSACTION; \
+             INSERT INTO {} (id, queue, kind, payload, state, run_at, created_at, errors) \
+             VALUES ({now}, X'', X'', '', 'cancelled', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '[]'); \
+             ROLLBACK",
+            self.names.tasks
+        ))
+        .await
+        .map(|_| ())
+    }
+
+    /// An `UPDATE` of no row: refused at once by a server running
+    /// `read_only` (for a user without the right to write there anyway),
+    /// a no-op otherwise.
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        let probe = format!("UPDATE {} SET value = value WHERE 1 = 0", self.names.meta);
+        match sqlx::query(&probe).execute(&self.pool).await {
+            Ok(_) => Ok(()),
+            Err(e) if sql_row::is_missing_table(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn pool_recycle(&self) {
+        self.recycle.mark();
     }
 
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {

@@ -46,6 +46,18 @@ impl Backend for PgBackend {
         schema::identity(self).await
     }
 
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        schema::floor_ids(self).await
+    }
+
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        schema::write_probe(self).await
+    }
+
+    fn pool_recycle(&self) {
+        self.recycle.mark();
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self.qs("SELECT now()").fetch_one(self.exec()).await?)
     }

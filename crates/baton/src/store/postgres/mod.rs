@@ -246,6 +246,10 @@ struct PgBackend {
     wake: broadcast::Sender<Wake>,
     listener: OnceLock<()>,
     shutdown: CancellationToken,
+    /// Connections to drop after a read-only refusal (see
+    /// `Backend::pool_recycle`); a pool the application owns keeps its
+    /// connections.
+    recycle: Arc<crate::store::Recycle>,
 }
 
 impl Drop for PgBackend {
@@ -317,6 +321,8 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
     let session_set = format!(
         "SET statement_timeout = {statement_ms}; SET idle_in_transaction_session_timeout = {statement_ms}"
     );
+    let recycle = Arc::new(crate::store::Recycle::default());
+    let stale = recycle.clone();
     let pool = PgPoolOptions::new()
         .max_connections(opts.max_connections.max(1))
         .acquire_timeout(opts.connect_timeout)
@@ -330,8 +336,14 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
                 Ok(())
             })
         })
-        .before_acquire(|conn, meta| {
+        .before_acquire(move |conn, meta| {
+            // Opened before a read-only refusal: it may be on the demoted
+            // server; connect again.
+            let stale = stale.stale(meta.age);
             Box::pin(async move {
+                if stale {
+                    return Ok(false);
+                }
                 if meta.idle_for >= IDLE_PING {
                     conn.ping().await?;
                 }
@@ -358,6 +370,7 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         wake,
         listener: OnceLock::new(),
         shutdown: CancellationToken::new(),
+        recycle,
     }))
 }
 
@@ -427,6 +440,7 @@ pub(crate) fn from_pool(
         wake,
         listener: OnceLock::new(),
         shutdown: CancellationToken::new(),
+        recycle: Arc::new(crate::store::Recycle::default()),
     }))
 }
 

@@ -296,3 +296,54 @@ pub(super) async fn identity(b: &PgBackend) -> Result<crate::store::StoreIdentit
         Err(e) => Err(e.into()),
     }
 }
+
+/// Raise the task id sequence to the store's clock in µs when it is more
+/// than [`ID_FLOOR_SLACK_US`](crate::store::ID_FLOOR_SLACK_US) behind it
+/// (DESIGN.md I1). `setval` is not atomic with the `nextval` of other
+/// connections, so two things keep it from handing an id out twice: floors
+/// take turns under an advisory lock (a slower floor never lowers a later
+/// one's value), and the clock it writes is read at the `setval`
+/// (`clock_timestamp()`, volatile: after the row was read, and after any
+/// wait for the lock), so the ids others took in between (fewer than one
+/// per µs) stay below it.
+pub(super) async fn floor_ids(b: &PgBackend) -> Result<(), StoreError> {
+    let n = &*b.names;
+    let seq = format!("\"{}tasks_id_seq\"", n.prefix);
+    let now_us = "floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+    let mut tx = b.begin().await?;
+    b.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("baton-id-floor:{}", n.prefix))
+        .execute(&mut *tx)
+        .await?;
+    let raised: Result<Option<i64>, sqlx::Error> = b
+        .qs(&format!(
+            "SELECT setval('{seq}', {now_us}) FROM {seq} \
+             WHERE (CASE WHEN is_called THEN last_value ELSE 0 END) < {now_us} - $1"
+        ))
+        .bind(crate::store::ID_FLOOR_SLACK_US)
+        .fetch_optional(&mut *tx)
+        .await;
+    match raised {
+        Ok(to) => {
+            tx.commit().await?;
+            if let Some(to) = to {
+                tracing::debug!(prefix = %n.prefix, "postgres: task ids floored at {to}");
+            }
+            Ok(())
+        }
+        // Not migrated (no sequence yet): nothing to floor.
+        Err(e) if sql_row::is_missing_table(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An `UPDATE` of no row: refused at once (25006) by a server that takes
+/// no writes, a no-op (no row locked, nothing logged) by one that does.
+pub(super) async fn write_probe(b: &PgBackend) -> Result<(), StoreError> {
+    let probe = format!("UPDATE {} SET value = value WHERE false", b.names.meta);
+    match b.q(&probe).execute(b.exec()).await {
+        Ok(_) => Ok(()),
+        Err(e) if sql_row::is_missing_table(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

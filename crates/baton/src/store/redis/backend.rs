@@ -35,6 +35,18 @@ impl Backend for RedisBackend {
         schema::status(self).await
     }
 
+    /// Nothing: every new id is floored at the server's `TIME` in µs by
+    /// the insert script itself (`B seq`, DESIGN.md I1).
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// No probe yet: a READONLY reply to a write is classified where the
+    /// driver's errors are mapped.
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
         let (id, seq): (Option<String>, Option<String>) = read_retry!({
             let mut conn = self.conn.clone();

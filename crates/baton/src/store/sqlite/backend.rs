@@ -91,6 +91,14 @@ impl Backend for SqliteBackend {
         schema::identity(self).await
     }
 
+    async fn task_id_floor(&self) -> Result<(), StoreError> {
+        schema::floor_ids(self).await
+    }
+
+    async fn store_write_probe(&self) -> Result<(), StoreError> {
+        schema::write_probe(self).await
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         super::step::check();
         let now: i64 = sqlx::query_scalar(&self.sql.now)

@@ -4,7 +4,7 @@
 use sqlx::sqlite::SqliteConnection;
 
 use super::sql::KEY_TAKEN;
-use super::{SqliteBackend, Tables, NOW};
+use super::{SqliteBackend, Tables, NOW, NOW_US};
 use crate::error::StoreError;
 use crate::store::sql_row::{self, corrupt};
 use crate::store::SchemaStatus;
@@ -298,6 +298,52 @@ pub(super) async fn identity(b: &SqliteBackend) -> Result<crate::store::StoreIde
     match read {
         Ok((id, last_task_id)) => Ok(crate::store::StoreIdentity { id, last_task_id }),
         Err(e) if sql_row::is_missing_table(&e) => Ok(crate::store::StoreIdentity::default()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Raise the task id counter (`sqlite_sequence`) to the store's clock in
+/// µs when it is more than
+/// [`ID_FLOOR_SLACK_US`](crate::store::ID_FLOOR_SLACK_US) behind it
+/// (DESIGN.md I1), in one `BEGIN IMMEDIATE` transaction, which inserts
+/// cannot interleave with.
+pub(super) async fn floor_ids(b: &SqliteBackend) -> Result<(), StoreError> {
+    let name = format!("{}tasks", b.t.prefix);
+    let mut tx = b.immediate().await?;
+    // The counter's row exists from the first insert on; before that it
+    // is written here.
+    let floored = async {
+        sqlx::query(
+            "INSERT INTO sqlite_sequence (name, seq) SELECT ?1, 0 \
+             WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = ?1)",
+        )
+        .bind(&name)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "UPDATE sqlite_sequence SET seq = {NOW_US} WHERE name = ?1 AND seq < {NOW_US} - ?2"
+        ))
+        .bind(&name)
+        .bind(crate::store::ID_FLOOR_SLACK_US)
+        .execute(&mut *tx)
+        .await
+    }
+    .await;
+    match floored {
+        Ok(_) => Ok(tx.commit().await?),
+        // Not migrated (no AUTOINCREMENT table yet): nothing to floor.
+        Err(e) if sql_row::is_missing_table(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An `UPDATE` of no row: a database file this process may not write
+/// answers SQLITE_READONLY (`StoreError::ReadOnly`); otherwise a no-op.
+pub(super) async fn write_probe(b: &SqliteBackend) -> Result<(), StoreError> {
+    let probe = format!("UPDATE {} SET value = value WHERE 0", b.t.meta);
+    match sqlx::query(&probe).execute(&*b.pool).await {
+        Ok(_) => Ok(()),
+        Err(e) if sql_row::is_missing_table(&e) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
