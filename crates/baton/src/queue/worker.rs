@@ -5,11 +5,16 @@
 //! One [`Worker`] serves several queues, each with its own concurrency.
 //! Its store traffic when idle is one call per `poll_interval`: a claim
 //! (each queue in turn), or in place of one an upkeep call — a rescue every
-//! `rescue_interval` (default five polls), a prune of finished tasks past
-//! the retention every 300 polls, three readings of the store's clock (the
-//! best one is kept) once a minute — each on a timer of its own; the poll
+//! `rescue_interval` (default five polls), a check of the store's identity
+//! every 10 s (at a rescue tick; shared with every clone of the store), a
+//! prune of finished tasks past the retention every 300 polls, three
+//! readings of the store's clock (the best one is kept) once a minute —
+//! each on a timer of its own, half a poll off the ticker's beat; the poll
 //! after an upkeep call is skipped, never two in a row, so a wake-up the
-//! store lost waits at most two poll intervals. New work normally arrives sooner through the
+//! store lost waits at most two poll intervals. Background calls of
+//! anything else on the same [`Store`] (a scheduler's clock readings and
+//! identity checks) are paid for the same way, so a `baton serve` with a
+//! worker and a scheduler stays at one store call per poll interval. New work normally arrives sooner through the
 //! store's wake-up channel: a wake-up for work due later (a delayed task, a
 //! scheduled slot, a retry after its backoff) arms a timer, so the task is
 //! claimed when its `run_at` comes, not at the next poll.
@@ -38,7 +43,6 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,7 +56,7 @@ use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
 use crate::clock::StoreClock;
 use crate::error::Error;
-use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake};
+use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake, IDENTITY_CHECK};
 
 /// Why a handler is asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,7 +335,6 @@ impl Worker {
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
             due,
-            upkeep_calls: AtomicUsize::new(0),
         });
         // Either signal ends the ticker below; `urgent` also cuts the grace.
         let shutdown = shutdown.child_token();
@@ -388,10 +391,12 @@ impl Worker {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut k: usize = 0;
         let n = self.config.queues.len();
-        // Upkeep calls the ticker has skipped a poll for, and whether the
-        // last tick was skipped (never two in a row: a wake-up the store
-        // lost waits at most two poll intervals).
-        let (mut paid, mut skipped) = (0, false);
+        // Upkeep calls the ticker has skipped a poll for (this worker's,
+        // and those of anything else on the same store, e.g. the scheduler
+        // of a `baton serve`), and whether the last tick was skipped (never
+        // two in a row: a wake-up the store lost waits at most two poll
+        // intervals).
+        let (mut paid, mut skipped) = (self.store.upkeep_calls(), false);
         let mut timers = Timers::default();
         let mut due_rx = due_rx;
         loop {
@@ -399,7 +404,7 @@ impl Worker {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    if !skipped && shared.upkeep_calls.load(Ordering::Relaxed) > paid {
+                    if !skipped && shared.store.upkeep_calls() > paid {
                         paid += 1;
                         skipped = true;
                     } else {
@@ -612,8 +617,10 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Rescue (with the store identity check), prune and the store clock, each
-/// on its own timer. A rescue that requeues tasks pokes every queue.
+/// Rescue (with the store identity check when one is due), prune and the
+/// store clock, each on its own timer, half a poll interval off the poll
+/// ticker's beat (a call of each at the same instant would need two
+/// connections). A rescue that requeues tasks pokes every queue.
 async fn upkeep_loop(
     shared: Arc<Shared>,
     pokes: Vec<Arc<Notify>>,
@@ -622,13 +629,13 @@ async fn upkeep_loop(
     let cfg = &shared.config;
     let rescue_every = cfg.rescue_interval.unwrap_or(cfg.poll_interval * 5);
     let prune_every = cfg.poll_interval * 300;
-    let start = Instant::now();
+    let start = Instant::now() + cfg.poll_interval / 2;
     let mut rescue = tokio::time::interval_at(start + rescue_every, rescue_every);
     rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut prune = tokio::time::interval_at(start + prune_every, prune_every);
     prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first reading at once; until one succeeds, retry each second.
-    let mut recal = tokio::time::interval(CLOCK_RECALIBRATION);
+    // The first reading half a poll in; until one succeeds, retry each second.
+    let mut recal = tokio::time::interval_at(start, CLOCK_RECALIBRATION);
     recal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -636,12 +643,12 @@ async fn upkeep_loop(
                 Some(c) => {
                     c.recalibrate_if_suspended().await;
                     c.recalibrate_best_of(3).await;
-                    shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
+                    shared.store.note_upkeep(3);
                 }
                 None => match StoreClock::new(shared.store.clone()).await {
                     Ok(c) => {
                         c.recalibrate_best_of(2).await;
-                        shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
+                        shared.store.note_upkeep(3);
                         let _ = clock.set(c);
                     }
                     Err(e) => {
@@ -663,9 +670,15 @@ async fn upkeep_loop(
                         tracing::warn!(error = %crate::error::chain(&e), "rescue failed")
                     }
                 }
-                // Is it still the store we connected to? A change (a store
-                // that lost its data or went back in time) is logged by the
-                // check, once; here only a failed read is said.
+                // Is it still the store we connected to? Read every
+                // IDENTITY_CHECK (every other rescue at the default
+                // cadence; one check serves every clone of the store). A
+                // change (a store that lost its data or went back in time)
+                // is logged by the check, once; here only a failed read is
+                // said.
+                if !shared.store.identity().take_due(IDENTITY_CHECK) {
+                    continue;
+                }
                 if let Err(e) = shared.upkeep(shared.store.check_identity()).await {
                     shared.counters.store_error("store_identity");
                     tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
@@ -726,16 +739,14 @@ struct Shared {
     /// Fired when shutdown gives up on attempts that could not finish in
     /// time: their handlers are dropped and nothing more is written.
     abandon: CancellationToken,
-    /// Store calls made by the upkeep (rescue, prune, clock readings): the
-    /// ticker skips a poll for each, so an idle worker stays at one store
-    /// call per poll interval.
-    upkeep_calls: AtomicUsize,
 }
 
 impl Shared {
-    /// An upkeep store call, counted (see `upkeep_calls`).
+    /// An upkeep store call, counted on the store: the ticker skips a
+    /// poll for each, so an idle worker stays at one store call per poll
+    /// interval.
     async fn upkeep<T>(&self, call: impl std::future::Future<Output = T>) -> T {
-        self.upkeep_calls.fetch_add(1, Ordering::Relaxed);
+        self.store.note_upkeep(1);
         call.await
     }
 

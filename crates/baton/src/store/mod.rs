@@ -37,6 +37,8 @@ mod pool;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sizing;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_row;
 #[cfg(feature = "sqlite")]
@@ -44,8 +46,10 @@ pub mod sqlite;
 pub mod state;
 mod types;
 
-pub use identity::IdentityWatch;
+pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use params::*;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
 
@@ -229,8 +233,18 @@ pub struct StoreOptions {
     /// SQL tables and empty for Redis keys (so locks live at
     /// `{baton}:lock:<name>`, in baton's own namespace like every other key).
     pub prefix: Option<String>,
-    /// Maximum connections in the pool (SQL backends).
+    /// Maximum connections in the pool (SQL backends; default 16). A
+    /// PostgreSQL or MySQL URL's `pool_size=N` (PostgreSQL also
+    /// `pool_max_conns=N`, pgxpool's name) wins over it. The pool opens
+    /// connections as calls need them and closes them again when idle
+    /// (see [`StoreOptions::idle_timeout`]).
     pub max_connections: u32,
+    /// How long the pool of a server store (PostgreSQL, MySQL) keeps a
+    /// connection that no load needed (default 10 s): a connection is
+    /// closed once the pool has held more connections than were in use at
+    /// once for one to two of these, down to one; an unused pool closes
+    /// its last after twice this.
+    pub idle_timeout: Duration,
     /// Run migrations on connect (default true).
     pub migrate: bool,
     /// How long connecting, or waiting for a pooled connection, may take
@@ -260,6 +274,7 @@ impl Default for StoreOptions {
         StoreOptions {
             prefix: None,
             max_connections: 16,
+            idle_timeout: Duration::from_secs(10),
             migrate: true,
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
@@ -273,6 +288,7 @@ impl StoreOptions {
         for (field, d) in [
             ("connect_timeout", self.connect_timeout),
             ("statement_timeout", self.statement_timeout),
+            ("idle_timeout", self.idle_timeout),
         ] {
             if d < Duration::from_millis(10) || d > Duration::from_secs(24 * 3600) {
                 return Err(StoreError::Config(format!(
@@ -305,6 +321,11 @@ pub struct Store {
     /// The identity seen at connect, checked again by the upkeep (shared
     /// by every clone).
     identity: Arc<IdentityWatch>,
+    /// Background store calls made through this store and its clones (a
+    /// worker's rescue, prune and clock readings, a scheduler's clock
+    /// readings and identity checks): an idle worker skips a poll for
+    /// each, so a process stays at one store call per poll interval.
+    upkeep: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Store {
@@ -367,11 +388,7 @@ impl Store {
         if opts.migrate {
             backend.migrate().await?;
         }
-        let store = Store {
-            backend,
-            url: url.into(),
-            identity: Arc::new(IdentityWatch::default()),
-        };
+        let store = Store::from_backend(backend, url);
         // The identity seen at connect. A read that fails here (a store
         // not migrated, a moment's outage) only leaves it to the first
         // check that succeeds.
@@ -388,7 +405,20 @@ impl Store {
             backend,
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
+            upkeep: Arc::default(),
         }
+    }
+
+    /// Count `n` background calls (see `Store::upkeep_calls`).
+    pub(crate) fn note_upkeep(&self, n: usize) {
+        self.upkeep
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Background store calls counted so far through this store and its
+    /// clones; an idle worker's poll ticker skips a poll for each.
+    pub(crate) fn upkeep_calls(&self) -> usize {
+        self.upkeep.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Read the store's identity and task id counter again and compare

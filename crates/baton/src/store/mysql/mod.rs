@@ -51,8 +51,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
-use sqlx::{Connection, Executor, MySqlConnection, Row};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
+use sqlx::{Executor, MySqlConnection, Row};
 use tokio::sync::broadcast;
 
 use super::{
@@ -160,9 +160,6 @@ const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
 /// The store's clock in microseconds since the epoch, independent of the
 /// session time zone: the floor of every fencing and claim token.
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// A pooled connection idle at least this long is pinged before use.
-const IDLE_PING: Duration = Duration::from_secs(1);
 
 /// Buffered wake-ups per channel.
 const WAKE_CAPACITY: usize = 1024;
@@ -294,13 +291,17 @@ fn wake_channel(key: String) -> broadcast::Sender<Wake> {
 /// The MySQL / MariaDB backend. Build it with [`connect`].
 pub(crate) struct MyBackend {
     pool: MySqlPool,
+    /// The pool's shrinking policy (not on an application's own pool).
+    _sized: Option<super::sizing::Sized<sqlx::MySql>>,
     names: Arc<Names>,
     wake: broadcast::Sender<Wake>,
 }
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
 /// `mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (`mariadb://` is the
-/// same). The pool holds at most `opts.max_connections` connections; an
+/// same). The pool holds at most the URL's `pool_size` or else
+/// `opts.max_connections` connections, opened as calls need them and
+/// closed again when idle (`opts.idle_timeout`); an
 /// unreachable server fails within `opts.connect_timeout` with
 /// [`StoreError::Unavailable`]. Every session runs at `READ COMMITTED`,
 /// with `time_zone = '+00:00'`, `innodb_lock_wait_timeout` and the
@@ -326,22 +327,16 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .map_err(|e| bad(&e))?
         .timezone(Some("+00:00".to_string()));
     let timeout = opts.statement_timeout;
-    let pool = MySqlPoolOptions::new()
-        .max_connections(opts.max_connections.max(1))
-        .acquire_timeout(opts.connect_timeout)
-        .test_before_acquire(false)
+    let (pool_opts, sized) =
+        super::sizing::pool_options::<sqlx::MySql>(opts, super::sizing::url_pool_size(url)?);
+    let pool = pool_opts
         .after_connect(move |conn, _| Box::pin(async move { session_setup(conn, timeout).await }))
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= IDLE_PING {
-                    conn.ping().await?;
-                }
-                Ok(true)
-            })
-        })
         .connect_with(connect)
         .await?;
-    Ok(Arc::new(MyBackend::on_pool(pool, opts.prefix.as_deref())))
+    sized.attach(&pool);
+    let mut backend = MyBackend::on_pool(pool, opts.prefix.as_deref());
+    backend._sized = Some(sized);
+    Ok(Arc::new(backend))
 }
 
 /// The backend on a pool the application already has (see
@@ -407,6 +402,7 @@ impl MyBackend {
         };
         MyBackend {
             pool,
+            _sized: None,
             wake: wake_channel(key),
             names: Arc::new(names),
         }
