@@ -836,6 +836,27 @@ async fn slot_loop(
                 not_before: early.then(|| slot - lead_for(slot)),
                 ..SlotAdvance::new(&job.name, cursor, slot, Some(&task))
             };
+            if early {
+                // Every instance takes the same slot: make the losers cheap.
+                // Each waits a random part of the lead, then reads the
+                // cursor; one that finds it moved learns it without a
+                // compare-and-set. The first of N instances comes about
+                // lead / N in, so the slot's task is still queued ahead of
+                // the slot, and only those that read before its commit
+                // race it (the CAS stays the only judge: a failed read
+                // just goes on to it).
+                let spread = (lead_for(slot) * 3 / 4).to_std().unwrap_or_default();
+                tokio::select! {
+                    _ = tokio::time::sleep(random_upto(spread)) => {}
+                    _ = stop.cancelled() => return,
+                }
+                if let Ok(Some(st)) = b.job_get(&job.name).await {
+                    if st.last_slot != cursor {
+                        cursor = st.last_slot;
+                        continue 'outer;
+                    }
+                }
+            }
             match b.job_advance(&adv).await {
                 Ok(Advanced::Enqueued(e)) => {
                     cursor = Some(slot);

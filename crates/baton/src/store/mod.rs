@@ -224,6 +224,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Every job's state, by name.
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError>;
+
+    /// One job's state (a read only), `None` when the job is unknown. The
+    /// scheduler reads the cursor with it before a compare-and-set that
+    /// another instance may have won already. The default filters
+    /// [`Backend::job_list`]; a backend with many jobs reads one row.
+    async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
+        Ok(self.job_list().await?.into_iter().find(|j| j.name == job))
+    }
 }
 
 /// Options for [`Store::connect_with`].
@@ -649,6 +657,7 @@ bounded_backend! {
     job_advance(adv: &SlotAdvance<'_>) -> Advanced;
     job_set_paused(params: &JobSetPaused<'_>) -> bool;
     job_list() -> Vec<JobState>;
+    job_get(job: &str) -> Option<JobState>;
 }
 
 #[cfg(test)]
