@@ -163,7 +163,7 @@ pub(crate) async fn fleet_bench(a: FleetArgs) -> Result<()> {
     if a.instances == 0 || a.seconds < 5 || a.every_ms < 100 || a.trickle < 0.0 {
         bail!("--instances at least 1, --seconds at least 5, --every-ms at least 100, --trickle not negative");
     }
-    let ctx = Ctx::new(&a.common);
+    let mut ctx = Ctx::new(&a.common);
     let probe = Probe::new(a.direct.as_deref().unwrap_or(&ctx.url))?;
     let main = ctx.connect().await?;
     let kind = main.backend().kind();
@@ -303,5 +303,10 @@ pub(crate) async fn fleet_bench(a: FleetArgs) -> Result<()> {
             tl.ms(50.0), tl.ms(99.0),
         ),
     );
+    // The tables are dropped over the direct connection, when one is named
+    // (a transaction pooler takes no diagnostic session).
+    if let Some(d) = &a.direct {
+        ctx.url = d.clone();
+    }
     ctx.cleanup().await
 }
