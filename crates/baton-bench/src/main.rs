@@ -21,6 +21,8 @@ use serde_json::{json, Value};
 use sqlx::Connection;
 use tokio_util::sync::CancellationToken;
 
+mod fleet;
+
 #[derive(Parser)]
 #[command(name = "baton-bench", about = "Benchmarks for baton's locks and queue")]
 struct Cli {
@@ -42,6 +44,10 @@ enum Cmd {
     /// store handle) run a durable `every` job; slot -> handler start latency
     /// and skipped / missed / doubled slots.
     SchedulePrecision(PrecisionArgs),
+    /// A fleet: N instances (scheduler + worker, each on a store of its
+    /// own) on one store, idle then under a trickle: server connections,
+    /// transactions or commands a second, slot lag.
+    Fleet(fleet::FleetArgs),
 }
 
 #[derive(Args)]
@@ -253,6 +259,7 @@ fn main() -> Result<()> {
         Cmd::Latency(a) => &a.common,
         Cmd::ClaimScale(a) => &a.common,
         Cmd::SchedulePrecision(a) => &a.common,
+        Cmd::Fleet(a) => &a.common,
     };
     let rt = match common.runtime {
         Flavor::Multi => tokio::runtime::Builder::new_multi_thread(),
@@ -268,6 +275,7 @@ fn main() -> Result<()> {
             Cmd::Latency(a) => latency_bench(a).await,
             Cmd::ClaimScale(a) => claim_bench(a).await,
             Cmd::SchedulePrecision(a) => precision_bench(a).await,
+            Cmd::Fleet(a) => fleet::fleet_bench(a).await,
         }
     })
 }

@@ -82,7 +82,9 @@ enum LogFormat {
 /// [`StoreArg::resolve`]): `--store`, else env `BATON_STORE`, else the
 /// config file's `store` (`--config` / env `BATON_CONFIG`), else
 /// `sqlite://baton.db`; the prefix likewise (`--prefix`, `BATON_PREFIX`,
-/// the config's `prefix`, the store's default).
+/// the config's `prefix`, the store's default), and the pool size
+/// (`--pool-size`, `BATON_POOL_SIZE`, the config's `pool_size`, the URL's
+/// `pool_size`, 16).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct StoreArg {
     /// Store URL: sqlite://PATH, postgres://…, mysql://…, redis://…
@@ -94,6 +96,11 @@ pub struct StoreArg {
     /// the store's own]
     #[arg(long, env = "BATON_PREFIX", global = true)]
     pub prefix: Option<String>,
+    /// Most connections to a PostgreSQL or MySQL store (1 to 10000); they
+    /// are opened as work needs them and closed again when idle [default:
+    /// the config file's `pool_size`, else the URL's `pool_size`, else 16]
+    #[arg(long, env = "BATON_POOL_SIZE", global = true, value_parser = pool_size_arg)]
+    pub pool_size: Option<u32>,
     /// A `baton serve` config file (TOML): its `store` and `prefix` are used
     /// when `--store` / `--prefix` (and their env vars) are not given, and
     /// `serve`, `work`, `trigger` and `jobs` read its queues and jobs.
@@ -108,6 +115,10 @@ pub struct Resolved {
     pub url: String,
     /// The table or key prefix, when one is set.
     pub prefix: Option<String>,
+    /// The pool size given by `--pool-size`, `BATON_POOL_SIZE` or the
+    /// config file (the URL's `pool_size` is read by the store itself),
+    /// with where it came from.
+    pub pool_size: Option<(u32, &'static str)>,
 }
 
 impl StoreArg {
@@ -136,7 +147,18 @@ impl StoreArg {
             .prefix
             .clone()
             .or_else(|| cfg.and_then(|c| c.prefix.clone()));
-        Resolved { url, prefix }
+        let pool_size = self
+            .pool_size
+            .map(|n| (n, "--pool-size (or BATON_POOL_SIZE)"))
+            .or_else(|| {
+                cfg.and_then(|c| c.pool_size)
+                    .map(|n| (n, "the config's pool_size"))
+            });
+        Resolved {
+            url,
+            prefix,
+            pool_size,
+        }
     }
 
     /// The config file's path as messages name it.
@@ -199,6 +221,17 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Parse `--pool-size`: 1 to [`baton::store::MAX_POOL_SIZE`] connections.
+pub fn pool_size_arg(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=baton::store::MAX_POOL_SIZE).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a pool size; use a number of connections from 1 to {}, e.g. 4",
+            baton::store::MAX_POOL_SIZE
+        )),
+    }
+}
+
 /// Parse `--listen`: `HOST:PORT` (`127.0.0.1:9090`, `[::1]:9090`,
 /// `localhost:9090`); port 0 picks a free one.
 pub fn listen_arg(s: &str) -> Result<String, String> {
@@ -250,11 +283,28 @@ pub async fn connect_resolved(r: &Resolved, migrate: bool) -> anyhow::Result<bat
             .into());
         }
     }
-    let opts = baton::StoreOptions {
+    let mut opts = baton::StoreOptions {
         prefix: r.prefix.clone(),
         migrate,
         ..Default::default()
     };
+    if let Some((n, from)) = r.pool_size {
+        // The URL's own pool_size would win in the library: one given two
+        // ways must agree, so no setting is silently ignored.
+        match baton::store::url_pool_size(&r.url) {
+            Ok(Some(u)) if u != n => {
+                return Err(baton::Error::from(baton::InvalidInput::new(
+                    "--pool-size",
+                    format!(
+                        "{from} says {n} but the store URL's pool_size says {u}; give the pool size one way"
+                    ),
+                ))
+                .into())
+            }
+            // A bad URL value is reported by the store as it connects.
+            _ => opts.max_connections = n,
+        }
+    }
     match baton::Store::connect_with(&r.url, opts).await {
         Ok(s) => Ok(s),
         // A bad URL or option already says what and where.

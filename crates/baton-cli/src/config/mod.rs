@@ -3,6 +3,9 @@
 //! ```toml
 //! store = "sqlite://baton.db"        # optional; --store / BATON_STORE win
 //! prefix = "app1"                    # optional; --prefix / BATON_PREFIX win
+//! pool_size = 4                      # optional; PostgreSQL/MySQL connections at most;
+//!                                    # --pool-size / BATON_POOL_SIZE win, then this,
+//!                                    # then the URL's ?pool_size=, then 16
 //!
 //! [[queue]]
 //! name = "default"
@@ -85,6 +88,8 @@ pub struct Config {
     pub store: Option<String>,
     /// The table or key prefix, if the file gives one.
     pub prefix: Option<String>,
+    /// The most connections to a server store, if the file gives it.
+    pub pool_size: Option<u32>,
     /// Queues, as declared, plus `default` when a durable job uses it
     /// without declaring it.
     pub queues: Vec<QueueConfig>,
@@ -196,6 +201,7 @@ impl std::error::Error for ConfigError {
 struct RawConfig {
     store: Option<String>,
     prefix: Option<String>,
+    pool_size: Option<i64>,
     #[serde(default)]
     queue: Vec<queues::RawQueue>,
     #[serde(default)]
@@ -335,6 +341,17 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         })?;
     }
 
+    let pool_size = match raw.pool_size {
+        None => None,
+        Some(n) => Some(ranged(
+            "pool_size",
+            "pool_size",
+            n,
+            1,
+            i64::from(baton::store::MAX_POOL_SIZE),
+        )? as u32),
+    };
+
     for (field, t) in [
         ("token", &raw.admin.token),
         ("read_token", &raw.admin.read_token),
@@ -414,6 +431,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     Ok(Config {
         store: raw.store.map(|s| s.trim().to_string()),
         prefix: raw.prefix,
+        pool_size,
         queues,
         jobs,
         admin: raw.admin,

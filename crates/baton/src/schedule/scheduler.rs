@@ -47,7 +47,7 @@ use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
 use crate::queue::TaskBuilder;
 use crate::store::{
     Advanced, Claim, Enqueued, Finish, Heartbeat, NewTask, Overlap, SlotAdvance, SlotRecord, Store,
-    TaskState,
+    TaskState, IDENTITY_CHECK,
 };
 
 /// How a job's slots are run.
@@ -569,22 +569,32 @@ impl Scheduler {
                 }
             }
         }
+        // Background calls, each counted on the store (a worker on the
+        // same store skips a poll for each) and a little off any beat (a
+        // call at the same instant as another would need a second
+        // connection).
         let calib = {
-            let clock = clock.clone();
+            let (clock, store) = (clock.clone(), self.store.clone());
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    tokio::time::sleep(RECALIBRATION + random_upto(BEAT_JITTER)).await;
+                    store.note_upkeep(1);
                     clock.recalibrate().await;
                 }
             })
         };
         // Is it still the store we connected to? Checked at the lock-mode
-        // rescue's cadence; a change is logged by the check, once.
+        // rescue's cadence (unless a worker on the same store just did);
+        // a change is logged by the check, once.
         let identity = {
             let store = self.store.clone();
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(IDENTITY_CHECK).await;
+                    tokio::time::sleep(IDENTITY_CHECK + random_upto(BEAT_JITTER)).await;
+                    if !store.identity().take_due(IDENTITY_CHECK) {
+                        continue;
+                    }
+                    store.note_upkeep(1);
                     if let Err(e) = store.check_identity().await {
                         tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
                     }
@@ -603,9 +613,12 @@ impl Scheduler {
     }
 }
 
-/// How often a scheduler reads the store's identity again (as often as a
-/// lock-mode job rescues).
-const IDENTITY_CHECK: Duration = Duration::from_secs(10);
+/// How often a scheduler reads the store's clock again.
+const RECALIBRATION: Duration = Duration::from_secs(30);
+
+/// Up to this much is added to each background period, so that those
+/// calls drift off the beat of a worker's polls.
+const BEAT_JITTER: Duration = Duration::from_millis(400);
 
 /// How long a lock-mode run's outcome may still take to be written once
 /// the scheduler is stopping (a store that answers writes it in
@@ -828,6 +841,27 @@ async fn slot_loop(
                 not_before: early.then(|| slot - lead_for(slot)),
                 ..SlotAdvance::new(&job.name, cursor, slot, Some(&task))
             };
+            if early {
+                // Every instance takes the same slot: make the losers cheap.
+                // Each waits a random part of the lead, then reads the
+                // cursor; one that finds it moved learns it without a
+                // compare-and-set. The first of N instances comes about
+                // lead / N in, so the slot's task is still queued ahead of
+                // the slot, and only those that read before its commit
+                // race it (the CAS stays the only judge: a failed read
+                // just goes on to it).
+                let spread = (lead_for(slot) * 3 / 4).to_std().unwrap_or_default();
+                tokio::select! {
+                    _ = tokio::time::sleep(random_upto(spread)) => {}
+                    _ = stop.cancelled() => return,
+                }
+                if let Ok(Some(st)) = b.job_get(&job.name).await {
+                    if st.last_slot != cursor {
+                        cursor = st.last_slot;
+                        continue 'outer;
+                    }
+                }
+            }
             match b.job_advance(&adv).await {
                 Ok(Advanced::Enqueued(e)) => {
                     cursor = Some(slot);

@@ -18,14 +18,25 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::StoreIdentity;
+
+/// How often the upkeep reads the store's identity again: a worker at its
+/// rescue ticks once this long passed since the last check, a scheduler
+/// on a timer of its own; one check serves every clone of the store (a
+/// `baton serve`'s worker and scheduler make one between them).
+pub const IDENTITY_CHECK: Duration = Duration::from_secs(10);
 
 /// What a process saw of its store's identity (see the module docs).
 #[derive(Debug, Default)]
 pub struct IdentityWatch {
     state: Mutex<Seen>,
     changes: AtomicU64,
+    /// When the upkeep last took a check (see [`IdentityWatch::take_due`]).
+    last_check: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug)]
@@ -105,6 +116,21 @@ impl IdentityWatch {
     /// the store it connected to.
     pub fn lost(&self) -> Option<String> {
         self.state.lock().ok().and_then(|s| s.lost.clone())
+    }
+
+    /// Whether an upkeep check is due: true (and the check taken, so other
+    /// clones of the store skip theirs) when none was taken in the last
+    /// `every`.
+    pub fn take_due(&self, every: Duration) -> bool {
+        let Ok(mut last) = self.last_check.lock() else {
+            return true;
+        };
+        let now = Instant::now();
+        if last.is_some_and(|t| now.saturating_duration_since(t) < every) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// How many changes the checks found (each logged once).

@@ -37,6 +37,8 @@ mod pool;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sizing;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_row;
 #[cfg(feature = "sqlite")]
@@ -47,8 +49,10 @@ mod types;
 mod wake;
 mod writable;
 
-pub use identity::IdentityWatch;
+pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use params::*;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
 pub(crate) use writable::warn_unless_read_only;
@@ -246,6 +250,13 @@ macro_rules! seam_methods {
 
             /// Every job's state, by name.
             fn job_list() -> Vec<$crate::store::JobState>;
+
+            /// One job's state (a read only), `None` when the job is
+            /// unknown. The scheduler reads the cursor with it before a
+            /// compare-and-set that another instance may have won already.
+            /// A backend without a one-row read answers with
+            /// [`job_from_list`].
+            fn job_get(job: &str) -> Option<$crate::store::JobState>;
         }
     };
 }
@@ -293,8 +304,18 @@ pub struct StoreOptions {
     /// SQL tables and empty for Redis keys (so locks live at
     /// `{baton}:lock:<name>`, in baton's own namespace like every other key).
     pub prefix: Option<String>,
-    /// Maximum connections in the pool (SQL backends).
+    /// Maximum connections in the pool (SQL backends; default 16). A
+    /// PostgreSQL or MySQL URL's `pool_size=N` (PostgreSQL also
+    /// `pool_max_conns=N`, pgxpool's name) wins over it. The pool opens
+    /// connections as calls need them and closes them again when idle
+    /// (see [`StoreOptions::idle_timeout`]).
     pub max_connections: u32,
+    /// How long the pool of a server store (PostgreSQL, MySQL) keeps a
+    /// connection that no load needed (default 10 s): a connection is
+    /// closed once the pool has held more connections than were in use at
+    /// once for one to two of these, down to one; an unused pool closes
+    /// its last after twice this.
+    pub idle_timeout: Duration,
     /// Run migrations on connect (default true).
     pub migrate: bool,
     /// How long connecting, or waiting for a pooled connection, may take
@@ -324,6 +345,7 @@ impl Default for StoreOptions {
         StoreOptions {
             prefix: None,
             max_connections: 16,
+            idle_timeout: Duration::from_secs(10),
             migrate: true,
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
@@ -337,6 +359,7 @@ impl StoreOptions {
         for (field, d) in [
             ("connect_timeout", self.connect_timeout),
             ("statement_timeout", self.statement_timeout),
+            ("idle_timeout", self.idle_timeout),
         ] {
             if d < Duration::from_millis(10) || d > Duration::from_secs(24 * 3600) {
                 return Err(StoreError::Config(format!(
@@ -372,6 +395,11 @@ pub struct Store {
     /// Whether the store refuses writes (shared with the [`Bounded`]
     /// wrapper, which marks it from every call's error).
     writes: Arc<WriteWatch>,
+    /// Background store calls made through this store and its clones (a
+    /// worker's rescue, prune and clock readings, a scheduler's clock
+    /// readings and identity checks): an idle worker skips a poll for
+    /// each, so a process stays at one store call per poll interval.
+    upkeep: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Store {
@@ -443,6 +471,7 @@ impl Store {
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
             writes,
+            upkeep: Arc::default(),
         };
         // The identity seen at connect. A read that fails here (a store
         // not migrated, a moment's outage) only leaves it to the first
@@ -466,6 +495,7 @@ impl Store {
             url: url.into(),
             identity: Arc::new(IdentityWatch::default()),
             writes,
+            upkeep: Arc::default(),
         }
     }
 
@@ -488,6 +518,18 @@ impl Store {
             Err(e) => return Err(e),
         }
         Ok(self.read_only())
+    }
+
+    /// Count `n` background calls (see `Store::upkeep_calls`).
+    pub(crate) fn note_upkeep(&self, n: usize) {
+        self.upkeep
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Background store calls counted so far through this store and its
+    /// clones; an idle worker's poll ticker skips a poll for each.
+    pub(crate) fn upkeep_calls(&self) -> usize {
+        self.upkeep.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Read the store's identity and task id counter again and compare
@@ -622,6 +664,12 @@ pub fn validate_prefix(p: &str) -> Result<(), StoreError> {
         )));
     }
     Ok(())
+}
+
+/// [`Backend::job_get`] by filtering [`Backend::job_list`], for backends
+/// whose jobs are few or spread (Redis: over the queues' shards).
+pub async fn job_from_list(b: &dyn Backend, job: &str) -> Result<Option<JobState>, StoreError> {
+    Ok(b.job_list().await?.into_iter().find(|j| j.name == job))
 }
 
 /// Hide the password in a URL for messages.

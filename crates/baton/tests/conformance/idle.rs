@@ -15,10 +15,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::TestStore;
 
+/// Store calls by method name, shared by the stores that count into it.
+pub type Calls = Arc<Mutex<BTreeMap<&'static str, usize>>>;
+
 /// Counts every call by method, then forwards it.
-struct Counting {
+pub struct Counting {
     inner: Store,
-    calls: Arc<Mutex<BTreeMap<&'static str, usize>>>,
+    calls: Calls,
+}
+
+/// `store`, with every call counted into `calls`.
+pub fn counted(store: &Store, calls: &Calls) -> Store {
+    Store::from_backend(
+        Arc::new(Counting {
+            inner: store.clone(),
+            calls: calls.clone(),
+        }),
+        &store.url(),
+    )
 }
 
 impl Counting {
@@ -49,14 +63,8 @@ macro_rules! counting_backend {
 baton::seam_methods!(counting_backend);
 
 pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
-    let calls = Arc::new(Mutex::new(BTreeMap::new()));
-    let counted = Store::from_backend(
-        Arc::new(Counting {
-            inner: ts.store.clone(),
-            calls: calls.clone(),
-        }),
-        &ts.url,
-    );
+    let calls: Calls = Arc::default();
+    let counted = counted(&ts.store, &calls);
     // Two queues, a 250 ms poll (a rescue every 1.25 s): still one store
     // call per tick in all, the rescue included.
     let tick = Duration::from_millis(250);

@@ -5,11 +5,16 @@
 //! One [`Worker`] serves several queues, each with its own concurrency.
 //! Its store traffic when idle is one call per `poll_interval`: a claim
 //! (each queue in turn), or in place of one an upkeep call — a rescue every
-//! `rescue_interval` (default five polls), a prune of finished tasks past
-//! the retention every 300 polls, three readings of the store's clock (the
-//! best one is kept) once a minute — each on a timer of its own; the poll
+//! `rescue_interval` (default five polls), a check of the store's identity
+//! every 10 s (at a rescue tick; shared with every clone of the store), a
+//! prune of finished tasks past the retention every 300 polls, three
+//! readings of the store's clock (the best one is kept) once a minute —
+//! each on a timer of its own, half a poll off the ticker's beat; the poll
 //! after an upkeep call is skipped, never two in a row, so a wake-up the
-//! store lost waits at most two poll intervals. New work normally arrives sooner through the
+//! store lost waits at most two poll intervals. Background calls of
+//! anything else on the same [`Store`] (a scheduler's clock readings and
+//! identity checks) are paid for the same way, so a `baton serve` with a
+//! worker and a scheduler stays at one store call per poll interval. New work normally arrives sooner through the
 //! store's wake-up channel: a wake-up for work due later (a delayed task, a
 //! scheduled slot, a retry after its backoff) arms a timer, so the task is
 //! claimed when its `run_at` comes, not at the next poll.
@@ -45,7 +50,6 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,7 +63,7 @@ use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
 use crate::clock::StoreClock;
 use crate::error::Error;
-use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake};
+use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake, IDENTITY_CHECK};
 
 mod claimer;
 mod completer;
@@ -203,7 +207,6 @@ impl Worker {
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
             due,
-            upkeep_calls: AtomicUsize::new(0),
         });
         // Either signal ends the ticker below; `urgent` also cuts the grace.
         let shutdown = shutdown.child_token();

@@ -48,16 +48,14 @@ pub(super) struct Shared {
     /// Fired when shutdown gives up on attempts that could not finish in
     /// time: their handlers are dropped and nothing more is written.
     pub(super) abandon: CancellationToken,
-    /// Store calls made by the upkeep (rescue, prune, clock readings): the
-    /// ticker skips a poll for each, so an idle worker stays at one store
-    /// call per poll interval.
-    pub(super) upkeep_calls: AtomicUsize,
 }
 
 impl Shared {
-    /// An upkeep store call, counted (see `upkeep_calls`).
+    /// An upkeep store call, counted on the store: the ticker skips a
+    /// poll for each, so an idle worker stays at one store call per poll
+    /// interval.
     pub(super) async fn upkeep<T>(&self, call: impl std::future::Future<Output = T>) -> T {
-        self.upkeep_calls.fetch_add(1, Ordering::Relaxed);
+        self.store.note_upkeep(1);
         call.await
     }
 

@@ -33,17 +33,19 @@ pub(super) async fn ticker(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut k: usize = 0;
     let n = shared.config.queues.len();
-    // Upkeep calls the ticker has skipped a poll for, and whether the
-    // last tick was skipped (never two in a row: a wake-up the store
-    // lost waits at most two poll intervals).
-    let (mut paid, mut skipped) = (0, false);
+    // Upkeep calls the ticker has skipped a poll for (this worker's,
+    // and those of anything else on the same store, e.g. the scheduler
+    // of a `baton serve`), and whether the last tick was skipped (never
+    // two in a row: a wake-up the store lost waits at most two poll
+    // intervals).
+    let (mut paid, mut skipped) = (shared.store.upkeep_calls(), false);
     let mut timers = Timers::default();
     loop {
         let next_timer = timers.next();
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {
-                if !skipped && shared.upkeep_calls.load(Ordering::Relaxed) > paid {
+                if !skipped && shared.store.upkeep_calls() > paid {
                     paid += 1;
                     skipped = true;
                 } else {

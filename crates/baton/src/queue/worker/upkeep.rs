@@ -7,8 +7,10 @@ use super::*;
 /// How often a worker re-reads the store's clock for its timers.
 pub(super) const CLOCK_RECALIBRATION: Duration = Duration::from_secs(60);
 
-/// Rescue (with the store identity check), prune and the store clock, each
-/// on its own timer. A rescue that requeues tasks pokes every queue.
+/// Rescue (with the store identity check when one is due), prune and the
+/// store clock, each on its own timer, half a poll interval off the poll
+/// ticker's beat (a call of each at the same instant would need two
+/// connections). A rescue that requeues tasks pokes every queue.
 pub(super) async fn upkeep_loop(
     shared: Arc<Shared>,
     pokes: Vec<Arc<Notify>>,
@@ -17,13 +19,13 @@ pub(super) async fn upkeep_loop(
     let cfg = &shared.config;
     let rescue_every = cfg.rescue_interval.unwrap_or(cfg.poll_interval * 5);
     let prune_every = cfg.poll_interval * 300;
-    let start = Instant::now();
+    let start = Instant::now() + cfg.poll_interval / 2;
     let mut rescue = tokio::time::interval_at(start + rescue_every, rescue_every);
     rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut prune = tokio::time::interval_at(start + prune_every, prune_every);
     prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first reading at once; until one succeeds, retry each second.
-    let mut recal = tokio::time::interval(CLOCK_RECALIBRATION);
+    // The first reading half a poll in; until one succeeds, retry each second.
+    let mut recal = tokio::time::interval_at(start, CLOCK_RECALIBRATION);
     recal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -31,12 +33,12 @@ pub(super) async fn upkeep_loop(
                 Some(c) => {
                     c.recalibrate_if_suspended().await;
                     c.recalibrate_best_of(3).await;
-                    shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
+                    shared.store.note_upkeep(3);
                 }
                 None => match StoreClock::new(shared.store.clone()).await {
                     Ok(c) => {
                         c.recalibrate_best_of(2).await;
-                        shared.upkeep_calls.fetch_add(3, Ordering::Relaxed);
+                        shared.store.note_upkeep(3);
                         let _ = clock.set(c);
                     }
                     Err(e) => {
@@ -58,12 +60,17 @@ pub(super) async fn upkeep_loop(
                         crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "rescue failed")
                     }
                 }
-                // Is it still the store we connected to? A change (a store
-                // that lost its data or went back in time) is logged by the
-                // check, once; here only a failed read is said.
-                if let Err(e) = shared.upkeep(shared.store.check_identity()).await {
-                    shared.counters.store_error("store_identity");
-                    tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
+                // Is it still the store we connected to? Read every
+                // IDENTITY_CHECK (every other rescue at the default
+                // cadence; one check serves every clone of the store). A
+                // change (a store that lost its data or went back in time)
+                // is logged by the check, once; here only a failed read is
+                // said.
+                if shared.store.identity().take_due(IDENTITY_CHECK) {
+                    if let Err(e) = shared.upkeep(shared.store.check_identity()).await {
+                        shared.counters.store_error("store_identity");
+                        tracing::debug!(error = %crate::error::chain(&e), "reading the store's identity failed");
+                    }
                 }
                 // A store that refused writes: does it take them again?
                 // (Claims resume by themselves; this clears the mark and

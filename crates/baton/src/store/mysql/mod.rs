@@ -50,8 +50,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
-use sqlx::{Connection, Executor, MySqlConnection, Row};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
+use sqlx::{Executor, MySqlConnection, Row};
 use tokio::sync::broadcast;
 
 use super::{
@@ -159,9 +159,6 @@ const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
 /// The store's clock in microseconds since the epoch, independent of the
 /// session time zone: the floor of every fencing and claim token.
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
-
-/// A pooled connection idle at least this long is pinged before use.
-const IDLE_PING: Duration = Duration::from_secs(1);
 
 /// A duration as clamped microseconds for `INTERVAL ? MICROSECOND`.
 fn us(d: Duration) -> i64 {
@@ -276,6 +273,8 @@ impl Names {
 /// The MySQL / MariaDB backend. Build it with [`connect`].
 pub(crate) struct MyBackend {
     pool: MySqlPool,
+    /// The pool's shrinking policy (not on an application's own pool).
+    _sized: Option<super::sizing::Sized<sqlx::MySql>>,
     names: Arc<Names>,
     wake: broadcast::Sender<Wake>,
     /// Connections to drop after a read-only refusal (see
@@ -286,7 +285,9 @@ pub(crate) struct MyBackend {
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
 /// `mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (`mariadb://` is the
-/// same). The pool holds at most `opts.max_connections` connections; an
+/// same). The pool holds at most the URL's `pool_size` or else
+/// `opts.max_connections` connections, opened as calls need them and
+/// closed again when idle (`opts.idle_timeout`); an
 /// unreachable server fails within `opts.connect_timeout` with
 /// [`StoreError::Unavailable`]. Every session runs at `READ COMMITTED`,
 /// with `time_zone = '+00:00'`, `innodb_lock_wait_timeout` and the
@@ -313,30 +314,19 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .timezone(Some("+00:00".to_string()));
     let timeout = opts.statement_timeout;
     let recycle = Arc::new(crate::store::Recycle::default());
-    let stale = recycle.clone();
-    let pool = MySqlPoolOptions::new()
-        .max_connections(opts.max_connections.max(1))
-        .acquire_timeout(opts.connect_timeout)
-        .test_before_acquire(false)
+    let (pool_opts, sized) = super::sizing::pool_options::<sqlx::MySql>(
+        opts,
+        super::sizing::url_pool_size(url)?,
+        recycle.clone(),
+    );
+    let pool = pool_opts
         .after_connect(move |conn, _| Box::pin(async move { session_setup(conn, timeout).await }))
-        .before_acquire(move |conn, meta| {
-            // Opened before a read-only refusal: it may be on the demoted
-            // server; connect again.
-            let stale = stale.stale(meta.age);
-            Box::pin(async move {
-                if stale {
-                    return Ok(false);
-                }
-                if meta.idle_for >= IDLE_PING {
-                    conn.ping().await?;
-                }
-                Ok(true)
-            })
-        })
         .connect_with(connect)
         .await?;
+    sized.attach(&pool);
     let mut backend = MyBackend::on_pool(pool, opts.prefix.as_deref());
     backend.recycle = recycle;
+    backend._sized = Some(sized);
     Ok(Arc::new(backend))
 }
 
@@ -403,6 +393,7 @@ impl MyBackend {
         };
         MyBackend {
             pool,
+            _sized: None,
             wake: crate::store::wake::channel(key),
             names: Arc::new(names),
             recycle: Arc::new(crate::store::Recycle::default()),
@@ -878,6 +869,10 @@ impl Backend for MyBackend {
 
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
         self.list_jobs().await
+    }
+
+    async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
+        crate::store::job_from_list(self, job).await
     }
 }
 

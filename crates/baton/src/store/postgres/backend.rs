@@ -596,6 +596,16 @@ impl Backend for PgBackend {
         let rows = self.q(&self.sql.job_list).fetch_all(self.exec()).await?;
         rows.iter().map(job_state).collect()
     }
+
+    async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
+        self.q(&self.sql.job_get)
+            .bind(job)
+            .fetch_optional(self.exec())
+            .await?
+            .as_ref()
+            .map(job_state)
+            .transpose()
+    }
 }
 
 impl PgBackend {

@@ -10,6 +10,13 @@
 //! server connection, and the transaction's `BEGIN` carries the `SET LOCAL`
 //! timeouts the session cannot hold there. That costs two round trips
 //! (BEGIN, COMMIT) per statement; see docs/BENCHMARKS.md.
+//!
+//! On a direct connection a statement runs on a connection of the pool,
+//! which goes back before the call returns when the pool has no other
+//! idle one (sqlx returns a connection in a task of its own, after a
+//! ping: a call right after another would otherwise find none idle and
+//! open one more, so a process making one call at a time held two or
+//! three connections).
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -36,12 +43,15 @@ impl<'c> Executor<'c> for Exec<'c> {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let Some(begin) = self.begin else {
-            return self.pool.fetch_many(query);
-        };
         let pool = self.pool;
-        let begin = begin.to_string();
+        let begin = self.begin.map(str::to_string);
         futures_util::stream::once(async move {
+            let Some(begin) = begin else {
+                let mut conn = pool.acquire().await?;
+                let items = (&mut *conn).fetch_many(query).try_collect().await;
+                settle(pool, conn).await;
+                return items;
+            };
             let mut tx = pool.begin_with(begin).await?;
             let items: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
             tx.commit().await?;
@@ -62,10 +72,15 @@ impl<'c> Executor<'c> for Exec<'c> {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let Some(begin) = self.begin else {
-            return self.pool.fetch_optional(query);
-        };
         let pool = self.pool;
+        let Some(begin) = self.begin else {
+            return Box::pin(async move {
+                let mut conn = pool.acquire().await?;
+                let row = (&mut *conn).fetch_optional(query).await;
+                settle(pool, conn).await;
+                row
+            });
+        };
         let begin = begin.to_string();
         Box::pin(async move {
             let mut tx = pool.begin_with(begin).await?;
@@ -94,5 +109,13 @@ impl<'c> Executor<'c> for Exec<'c> {
         'c: 'e,
     {
         self.pool.describe(sql)
+    }
+}
+
+/// Give a connection back; when the pool has no other idle one, wait
+/// until it is back (see the module docs), so the next call reuses it.
+async fn settle(pool: &PgPool, mut conn: sqlx::pool::PoolConnection<Postgres>) {
+    if pool.num_idle() == 0 {
+        conn.return_to_pool().await;
     }
 }

@@ -49,7 +49,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -83,13 +83,6 @@ const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
 /// the store counts as unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A pooled connection idle at least this long is pinged before it is
-/// handed out. Busier connections are not: sqlx's default pings on every
-/// checkout, one extra round trip in front of every statement. A connection
-/// that broke while busy fails its next statement once (the caller sees
-/// [`StoreError::Unavailable`]) and is then dropped from the pool.
-const IDLE_PING: Duration = Duration::from_secs(1);
-
 /// A duration as clamped milliseconds for binding.
 pub(super) fn dur(d: Duration) -> i64 {
     ms(d).min(MAX_MS)
@@ -122,9 +115,10 @@ pub(super) enum PoolMode {
 }
 
 /// The URL without baton's own parameters (`pool_mode`, `listen_host`,
-/// `listen_port`), the pool mode, and where a direct `LISTEN` connection
-/// goes (host, port), if given.
-type SplitUrl = (String, PoolMode, ListenAt);
+/// `listen_port`, `pool_size` / `pool_max_conns`), the pool mode, where a
+/// direct `LISTEN` connection goes (host, port), if given, and the pool
+/// size the URL names.
+type SplitUrl = (String, PoolMode, ListenAt, Option<u32>);
 
 /// Where a direct `LISTEN` connection goes behind a transaction pooler:
 /// (host, port) replacing the URL's, when the URL names either.
@@ -136,6 +130,7 @@ fn split_url(url: &str) -> Result<SplitUrl, StoreError> {
     let mut parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let mut mode = PoolMode::Direct;
     let (mut host, mut port) = (None, None);
+    let mut size = None;
     let mut kept: Vec<(String, String)> = Vec::new();
     for (k, v) in parsed.query_pairs() {
         match &*k {
@@ -151,6 +146,9 @@ fn split_url(url: &str) -> Result<SplitUrl, StoreError> {
                 }
             }
             "listen_host" => host = Some(v.into_owned()),
+            k if super::sizing::is_pool_size_key(k, true) => {
+                size = Some(super::sizing::parse_pool_size(url, k, &v)?)
+            }
             "listen_port" => {
                 port = Some(v.parse::<u16>().map_err(|_| {
                     bad(format!("listen_port={v:?}: use a port number, e.g. listen_port=5432"))
@@ -160,9 +158,9 @@ fn split_url(url: &str) -> Result<SplitUrl, StoreError> {
         }
     }
     let listen = (host.is_some() || port.is_some()).then_some((host, port));
-    if mode == PoolMode::Direct && listen.is_none() {
+    if mode == PoolMode::Direct && listen.is_none() && size.is_none() {
         // Nothing of baton's: the URL goes to the driver as written.
-        return Ok((url.to_string(), mode, None));
+        return Ok((url.to_string(), mode, None, None));
     }
     if kept.is_empty() {
         parsed.set_query(None);
@@ -174,7 +172,7 @@ fn split_url(url: &str) -> Result<SplitUrl, StoreError> {
             "listen_host/listen_port name a direct connection for LISTEN behind pool_mode=transaction; add pool_mode=transaction or drop them".into(),
         ));
     }
-    Ok((parsed.to_string(), mode, listen))
+    Ok((parsed.to_string(), mode, listen, size))
 }
 
 /// A refusal by a pooler at startup, said as what it is.
@@ -230,6 +228,8 @@ impl Names {
 /// notification listener.
 struct PgBackend {
     pool: PgPool,
+    /// The pool's shrinking policy (not on an application's own pool).
+    _sized: Option<super::sizing::Sized<sqlx::Postgres>>,
     /// The connection's options; `LISTEN` uses them (or `listen`).
     connect: PgConnectOptions,
     /// Direct, or through a pooler in session or transaction mode.
@@ -261,14 +261,20 @@ impl Drop for PgBackend {
 /// The driver's connect options for a store URL as baton connects with
 /// them (its own parameters `pool_mode`, `listen_host`, `listen_port`
 /// stripped; behind a pooler no startup parameter it refuses; no session
-/// timeouts), and the pool mode and direct `LISTEN` address the URL names.
-fn options_of(url: &str) -> Result<(PgConnectOptions, PoolMode, ListenAt), StoreError> {
-    let (plain_url, mode, listen_at) = split_url(url)?;
+/// timeouts), and the pool mode, direct `LISTEN` address and pool size
+/// the URL names.
+fn options_of(
+    url: &str,
+) -> Result<(PgConnectOptions, PoolMode, ListenAt, Option<u32>), StoreError> {
+    let (plain_url, mode, listen_at, size) = split_url(url)?;
     let mut connect = PgConnectOptions::from_str(&plain_url)
         .map_err(|e| StoreError::Config(format!("store URL {:?}: {e}", super::redact(url))))?;
     if connect.get_application_name().is_none() {
         // Names every session in pg_stat_activity (and PgBouncer's SHOW
-        // CLIENTS): which instance holds which connection.
+        // CLIENTS): which instance holds which connection. The node id
+        // `host:pid` begins every worker id this process hands out (the
+        // `worker` of its tasks in the admin API), so a task's worker
+        // leads to its connections.
         connect = connect.application_name(&format!("baton {}", crate::lock::node_id()));
     }
     if mode != PoolMode::Direct {
@@ -276,7 +282,7 @@ fn options_of(url: &str) -> Result<(PgConnectOptions, PoolMode, ListenAt), Store
         // sends `extra_float_digits`; baton reads no float as text).
         connect = connect.extra_float_digits(None);
     }
-    Ok((connect, mode, listen_at))
+    Ok((connect, mode, listen_at, size))
 }
 
 /// The driver's connect options for a store URL, as baton opens its
@@ -284,18 +290,20 @@ fn options_of(url: &str) -> Result<(PgConnectOptions, PoolMode, ListenAt), Store
 /// session timeouts. For tests and tools that reach the same server.
 #[doc(hidden)]
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
-    options_of(url).map(|(o, _, _)| o)
+    options_of(url).map(|(o, ..)| o)
 }
 
 /// Connect to PostgreSQL and return the backend. The pool holds at most
-/// `opts.max_connections` connections; an unreachable server fails within
+/// the URL's `pool_size` (or `pool_max_conns`) or else
+/// `opts.max_connections` connections, opened as calls need them and
+/// closed again when idle (`opts.idle_timeout`); an unreachable server fails within
 /// `opts.connect_timeout` with [`StoreError::Unavailable`], and every session
 /// runs with `statement_timeout` and `idle_in_transaction_session_timeout`
 /// set to `opts.statement_timeout` (behind a pooler, as the module docs say). Migrations are not run here
 /// (the caller runs [`Backend::migrate`] when `opts.migrate` is set).
 pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>, StoreError> {
     let statement_ms = opts.statement_timeout.as_millis().max(1);
-    let (mut connect, mode, listen_at) = options_of(url)?;
+    let (mut connect, mode, listen_at, url_size) = options_of(url)?;
     if mode == PoolMode::Direct {
         // Server-side bounds on every session: a statement, and a
         // transaction left idle by a client that went away, end after
@@ -322,11 +330,9 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         "SET statement_timeout = {statement_ms}; SET idle_in_transaction_session_timeout = {statement_ms}"
     );
     let recycle = Arc::new(crate::store::Recycle::default());
-    let stale = recycle.clone();
-    let pool = PgPoolOptions::new()
-        .max_connections(opts.max_connections.max(1))
-        .acquire_timeout(opts.connect_timeout)
-        .test_before_acquire(false)
+    let (pool_opts, sized) =
+        super::sizing::pool_options::<sqlx::Postgres>(opts, url_size, recycle.clone());
+    let pool = pool_opts
         .after_connect(move |conn, _| {
             let set = session_set.clone();
             Box::pin(async move {
@@ -336,29 +342,17 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
                 Ok(())
             })
         })
-        .before_acquire(move |conn, meta| {
-            // Opened before a read-only refusal: it may be on the demoted
-            // server; connect again.
-            let stale = stale.stale(meta.age);
-            Box::pin(async move {
-                if stale {
-                    return Ok(false);
-                }
-                if meta.idle_for >= IDLE_PING {
-                    conn.ping().await?;
-                }
-                Ok(true)
-            })
-        })
         .connect_with(connect.clone())
         .await
         .map_err(|e| pooler_refusal(url, &e).unwrap_or_else(|| e.into()))?;
+    sized.attach(&pool);
     let (wake, _) = broadcast::channel(1024);
     let names = Names::new(opts.prefix.as_deref());
     let mut sql = Sql::new(&names, opts.keep_succeeded);
     sql.insert.persistent = mode != PoolMode::Transaction;
     Ok(Arc::new(PgBackend {
         pool,
+        _sized: Some(sized),
         connect,
         mode,
         listen,
@@ -431,6 +425,7 @@ pub(crate) fn from_pool(
     let names = Names::new(prefix);
     Ok(Arc::new(PgBackend {
         pool,
+        _sized: None,
         connect,
         mode: PoolMode::Direct,
         listen: None,

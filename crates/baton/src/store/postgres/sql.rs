@@ -94,6 +94,8 @@ pub(super) struct Sql {
     pub job_set_paused: String,
     /// Every job row, by name.
     pub job_list: String,
+    /// `$1` job: its row.
+    pub job_get: String,
     /// The schema version in the meta table.
     pub schema_version: String,
 }
@@ -319,6 +321,7 @@ impl Sql {
             ),
             job_set_paused: format!("UPDATE {j} SET paused = $2 WHERE name = $1"),
             job_list: format!("SELECT name, last_slot, paused, queue FROM {j} ORDER BY name"),
+            job_get: format!("SELECT name, last_slot, paused, queue FROM {j} WHERE name = $1"),
             schema_version: format!("SELECT value FROM {} WHERE key = 'schema_version'", n.meta),
         }
     }

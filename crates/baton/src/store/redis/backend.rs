@@ -817,6 +817,10 @@ impl Backend for RedisBackend {
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
+
+    async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
+        crate::store::job_from_list(self, job).await
+    }
 }
 
 /// A fencing token from a script's integer reply.

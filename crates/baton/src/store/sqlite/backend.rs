@@ -710,6 +710,10 @@ impl Backend for SqliteBackend {
             .map(job_state)
             .collect()
     }
+
+    async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
+        crate::store::job_from_list(self, job).await
+    }
 }
 
 impl SqliteBackend {
