@@ -9,6 +9,13 @@ pub enum StoreError {
     /// The store answered with an error (a query or script failed).
     #[error("store error: {0}")]
     Backend(String),
+    /// The store answered but does not take writes now: a Redis replica
+    /// (a demoted master after a failover, a `redis://` URL whose name or
+    /// address now points at a replica), a standby. Retryable: the client
+    /// finds the writable server again (through the sentinels, or by
+    /// reconnecting) and the layer above backs off meanwhile.
+    #[error("store is read-only: {0}")]
+    ReadOnly(String),
     /// The URL or options are wrong.
     #[error("{0}")]
     Config(String),
@@ -78,6 +85,7 @@ impl StoreError {
         matches!(
             self,
             StoreError::Unavailable(_)
+                | StoreError::ReadOnly(_)
                 | StoreError::Driver {
                     retryable: true,
                     ..
@@ -158,6 +166,20 @@ impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
             return StoreError::driver(true, "timed out waiting for redis", e);
+        }
+        if e.kind() == redis::ErrorKind::ReadOnly {
+            // A replica's `READONLY` reply, or the connection's own finding
+            // that the server (or the master the sentinels name) is one.
+            return StoreError::ReadOnly(e.detail().unwrap_or("a replica").trim().to_string());
+        }
+        if e.code() == Some("NOREPLICAS") {
+            // A master that refuses writes while too few replicas are in
+            // sync (`min-replicas-to-write`): a write now would not be kept
+            // by a failover.
+            return StoreError::ReadOnly(format!(
+                "the master has fewer replicas in sync than its min-replicas-to-write ({})",
+                e.detail().unwrap_or_default().trim()
+            ));
         }
         let retryable = e.is_io_error()
             || e.is_connection_dropped()

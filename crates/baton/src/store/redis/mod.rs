@@ -50,10 +50,14 @@
 //!
 //! # Faults
 //!
-//! Commands go through a [`ConnectionManager`] with short connection and
-//! response timeouts: a dead server yields [`StoreError::Unavailable`]
-//! within a few seconds while the manager reconnects in the background;
-//! the layer above retries. Idempotent reads are retried once here.
+//! Commands go through one multiplexed connection to the writable server
+//! (`conn.rs`) with short connection and response timeouts: a dead server
+//! yields [`StoreError::Unavailable`] within a few seconds, a replica (a
+//! demoted master, `READONLY`) [`StoreError::ReadOnly`]; either drops the
+//! connection and the next call connects anew — through the sentinels
+//! for a `redis+sentinel://` URL (`sentinel.rs`), so a failover is followed
+//! within seconds. The layer above retries. Idempotent reads are retried
+//! once here.
 //!
 //! An enqueue of more than 500 tasks is several scripts, pipelined 8 at a
 //! time: each script (500 tasks) is atomic, the whole batch is not. If the
@@ -69,7 +73,9 @@
 //! its data; [`Backend::warnings`] says so when AOF is off.
 //!
 //! Files: `scripts.rs` with `lua/*.lua` (one file per script), `schema.rs`
-//! (version and `UPGRADES`), `tls.rs` (opening the client), `listener.rs`
+//! (version and `UPGRADES`), `tls.rs` (opening the client), `conn.rs` (the
+//! command connection, following the master), `sentinel.rs` (the
+//! `redis+sentinel://` URL, asking the sentinels), `listener.rs`
 //! (pub/sub wake-ups), `decode.rs` (arguments and replies), `backend.rs` (the
 //! [`Backend`] impl).
 
@@ -77,7 +83,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Script};
 use tokio::sync::broadcast;
 use tokio_util::sync::DropGuard;
@@ -108,11 +113,15 @@ macro_rules! read_retry {
 }
 
 mod backend;
+mod conn;
 mod decode;
 mod listener;
 mod schema;
 mod scripts;
+mod sentinel;
 mod tls;
+
+use conn::Conn;
 
 use decode::{opt_arg, parse_i64, parse_u64, task_info};
 pub use schema::SCHEMA_VERSION;
@@ -143,8 +152,8 @@ struct Listener {
 
 /// The Redis implementation of [`Backend`]. Build it with [`connect`].
 pub struct RedisBackend {
-    client: redis::Client,
-    conn: ConnectionManager,
+    /// The command connection (to the master; see `conn.rs`).
+    conn: Conn,
     /// The configured key prefix `P`.
     prefix: String,
     /// `P{baton}:`, the base of every queue and job key.
@@ -174,32 +183,28 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 impl RedisBackend {
     /// Connect to Redis (see [`connect`]).
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
-        let client = tls::open_client(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(opts.connect_timeout)
-            .set_response_timeout(opts.statement_timeout)
-            .set_number_of_retries(1)
-            .set_factor(2)
-            .set_max_delay(200);
-        let conn = tokio::time::timeout(
-            opts.connect_timeout * 3,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable(format!("redis {}: connect timed out", redact(url))))?
-        .map_err(|e| {
+        let target = conn::Target::from_url(url)?;
+        let conn = Conn::new(target, opts.connect_timeout, opts.statement_timeout);
+        conn.connect_now().await.map_err(|e| {
             // A database index the server lacks is the URL's fault, not an
             // outage: say which and what is accepted.
             if e.to_string()
                 .to_ascii_lowercase()
                 .contains("db index is out of range")
             {
-                let db = client.get_connection_info().redis.db;
                 StoreError::Config(format!(
-                    "store URL {:?}: the Redis server has no database \"{db}\" (a server has \
+                    "store URL {:?}: the Redis server has no database \"{}\" (a server has \
                      `databases` of them, 16 by default: 0 to 15); use an index it has, \
                      e.g. redis://host:6379/0",
-                    redact(url)
+                    redact(url),
+                    conn.db()
+                ))
+            } else if e.kind() == redis::ErrorKind::ClientError {
+                // The sentinels know no master of the URL's name.
+                StoreError::Config(format!(
+                    "store URL {:?}: {}",
+                    redact(url),
+                    e.detail().unwrap_or_default()
                 ))
             } else {
                 StoreError::from(e)
@@ -207,7 +212,6 @@ impl RedisBackend {
         })?;
         let prefix = opts.prefix.clone().unwrap_or_default();
         Ok(RedisBackend {
-            client,
             conn,
             base: format!("{prefix}{{baton}}:"),
             prefix,
