@@ -6,10 +6,16 @@
 //! [`SentinelSet::failover`] forces a failover and waits until the
 //! sentinels name the new master and it answers as one;
 //! [`SentinelSet::lose_the_next_writes`] cuts the master off from its
-//! replica so that writes made before the master dies are lost by the
+//! replicas so that writes made before the master dies are lost by the
 //! failover (what an asynchronous replica can lose).
 //!
 //! Down-after is 1 s, so a dead master is failed over within a few seconds.
+//! The first master refuses writes while its replica is not connected and
+//! in sync (`min-replicas-to-write 1`), so once the replica is promoted the
+//! old master takes no more writes that the failover would lose; the
+//! replica does not require one of its own (after a forced failover the
+//! sentinels turn the old master into its replica only up to 10 s later,
+//! and it would refuse writes until then).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -24,7 +30,7 @@ pub const MASTER: &str = "batonmaster";
 /// A master, a replica and three sentinels.
 pub struct SentinelSet {
     dir: tempfile::TempDir,
-    /// The two data nodes, by port (index 0 starts as the master).
+    /// The data nodes, by port (index 0 starts as the master).
     nodes: Vec<(u16, Guard)>,
     /// The sentinels, by port (none while stopped).
     sentinels: Vec<(u16, Guard)>,
@@ -74,8 +80,10 @@ impl SentinelSet {
         };
         let master = free_port();
         set.start_node(master, None);
-        let replica = free_port();
-        set.start_node(replica, Some(master));
+        let replicas = [free_port()];
+        for r in replicas {
+            set.start_node(r, Some(master));
+        }
         for _ in 0..3 {
             let port = free_port();
             let conf = set.dir.path().join(format!("sentinel-{port}.conf"));
@@ -94,7 +102,7 @@ impl SentinelSet {
             set.sentinel_confs.push((port, conf));
         }
         set.start_sentinels();
-        set.wait_settled(master, replica);
+        set.wait_settled(master, &replicas);
         Some(set)
     }
 
@@ -123,45 +131,62 @@ impl SentinelSet {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
-            // What docs/GUIDE.md recommends: a master refuses writes while
-            // its replica is not in sync, so a failover loses (almost)
-            // nothing acknowledged.
-            .args([
-                "--min-replicas-to-write",
-                "1",
-                "--min-replicas-max-lag",
-                "2",
-            ])
+            // A demoted master resyncs at once (the default waits 5 s for
+            // more replicas to share the transfer).
+            .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--dbfilename", &format!("dump-{port}.rdb")])
             .stdout(log(self.dir.path(), &format!("redis-{port}")))
             .stderr(Stdio::null());
-        if let Some(m) = replica_of {
-            cmd.args(["--replicaof", "127.0.0.1", &m.to_string()]);
+        match replica_of {
+            Some(m) => {
+                cmd.args(["--replicaof", "127.0.0.1", &m.to_string()]);
+            }
+            // What docs/GUIDE.md recommends: the master refuses writes
+            // while its replica is gone or more than 2 s behind.
+            None => {
+                cmd.args([
+                    "--min-replicas-to-write",
+                    "1",
+                    "--min-replicas-max-lag",
+                    "2",
+                ]);
+            }
         }
         let mut g = Guard::spawn("redis-server", &mut cmd);
         g.wait_port(port, Duration::from_secs(10));
         self.nodes.push((port, g));
     }
 
-    /// Wait until `replica` is in sync with `master` and every sentinel
-    /// names `master` and knows `replica` (so a failover can pick it).
-    fn wait_settled(&self, master: u16, replica: u16) {
-        wait_for("the replica in sync", Duration::from_secs(20), || {
-            cli(replica, &["INFO", "replication"]).contains("master_link_status:up")
-        });
+    /// Make `old` (a demoted master) a replica of `master` now, as the
+    /// sentinels would when they next look at it (up to 10 s after a forced
+    /// failover), and wait until it is in sync.
+    pub fn rejoin(&self, old: u16, master: u16) {
+        assert_eq!(cli(old, &["REPLICAOF", "127.0.0.1", &master.to_string()]), "OK");
+        self.wait_settled(master, &[old]);
+    }
+
+    /// Wait until the replicas are in sync with `master` and every
+    /// sentinel names `master` and knows the replicas (so a failover can
+    /// pick one).
+    fn wait_settled(&self, master: u16, replicas: &[u16]) {
+        for r in replicas {
+            wait_for("the replicas in sync", Duration::from_secs(20), || {
+                cli(*r, &["INFO", "replication"]).contains("master_link_status:up")
+            });
+        }
         for (s, _) in &self.sentinels {
             wait_for(
-                "every sentinel knowing the master and the replica",
+                "every sentinel knowing the master and the replicas",
                 Duration::from_secs(30),
                 || {
                     let addr = cli(*s, &["SENTINEL", "get-master-addr-by-name", MASTER]);
-                    let replicas = cli(*s, &["SENTINEL", "replicas", MASTER]);
+                    let known = cli(*s, &["SENTINEL", "replicas", MASTER]);
                     addr.ends_with(&master.to_string())
-                        && replicas.contains(&replica.to_string())
-                        && !replicas.contains("s_down")
-                        && !replicas.contains("disconnected")
+                        && replicas.iter().all(|r| known.contains(&r.to_string()))
+                        && !known.contains("s_down")
+                        && !known.contains("disconnected")
                 },
             );
         }
@@ -193,13 +218,13 @@ impl SentinelSet {
         panic!("no sentinel names the master");
     }
 
-    /// The data node other than `port`.
-    pub fn other_node(&self, port: u16) -> u16 {
+    /// The data nodes other than `port` (still running).
+    pub fn other_nodes(&self, port: u16) -> Vec<u16> {
         self.nodes
             .iter()
             .map(|(p, _)| *p)
-            .find(|p| *p != port)
-            .expect("two nodes")
+            .filter(|p| *p != port)
+            .collect()
     }
 
     /// The process of data node `port`.
@@ -213,54 +238,59 @@ impl SentinelSet {
     }
 
     /// Force a failover (`SENTINEL FAILOVER`, the old master is demoted
-    /// and stays up as a replica); wait until the sentinels name the other
+    /// and stays up as a replica); wait until the sentinels name another
     /// node and it answers as a master. Returns the new master's port.
     pub fn failover(&self) -> u16 {
-        let new = self.start_failover();
-        self.wait_master(new);
-        new
+        let old = self.start_failover();
+        self.wait_new_master(old)
     }
 
     /// Ask for a failover (`SENTINEL FAILOVER`) and return at once with the
-    /// port of the node that will be the master ([`SentinelSet::wait_master`]
-    /// waits for it).
+    /// old master's port ([`SentinelSet::wait_new_master`] waits for the
+    /// new one).
     pub fn start_failover(&self) -> u16 {
-        let new = self.other_node(self.master_port());
+        let old = self.master_port();
         let s = self.sentinels[0].0;
         wait_for(
             "SENTINEL FAILOVER accepted",
             Duration::from_secs(20),
             || cli(s, &["SENTINEL", "FAILOVER", MASTER]) == "OK",
         );
+        old
+    }
+
+    /// Wait until the sentinels name a master other than `old` and it
+    /// answers as one; its port.
+    pub fn wait_new_master(&self, old: u16) -> u16 {
+        let mut new = 0;
+        wait_for("a new master", Duration::from_secs(30), || {
+            new = self.master_port();
+            new != old && cli(new, &["ROLE"]).starts_with("master")
+        });
         new
     }
 
-    /// Wait until the sentinels name `port` as the master and it answers as one.
-    pub fn wait_master(&self, port: u16) {
-        wait_for("the new master", Duration::from_secs(30), || {
-            self.master_port() == port && cli(port, &["ROLE"]).starts_with("master")
-        });
-    }
-
-    /// Cut the master `master` off from its replica so that its next writes
-    /// reach no replica: the replica is frozen (SIGSTOP) and the master
-    /// drops its replica connection. [`SentinelSet::thaw_replica`] undoes
-    /// the freeze; killing the master in between loses those writes.
-    /// Both nodes stop requiring a replica in sync for writes (the master
-    /// would refuse them, and the promoted replica would have none).
+    /// Cut the master `master` off from its replicas so that its next
+    /// writes reach none: the replicas are frozen (SIGSTOP) and the master
+    /// drops their connections. [`SentinelSet::thaw_replicas`] undoes the
+    /// freeze; killing the master in between loses those writes. Every
+    /// node stops requiring a replica in sync for writes (the master would
+    /// refuse them).
     pub fn lose_the_next_writes(&mut self, master: u16) {
-        let replica = self.other_node(master);
-        for p in [master, replica] {
+        let replicas = self.other_nodes(master);
+        for p in replicas.iter().chain([&master]) {
             assert_eq!(
-                cli(p, &["CONFIG", "SET", "min-replicas-to-write", "0"]),
+                cli(*p, &["CONFIG", "SET", "min-replicas-to-write", "0"]),
                 "OK"
             );
         }
-        self.node(replica).signal(libc::SIGSTOP);
+        for r in &replicas {
+            self.node(*r).signal(libc::SIGSTOP);
+        }
         let killed = cli(master, &["CLIENT", "KILL", "TYPE", "replica"]);
         assert!(
-            killed.parse::<u32>().is_ok_and(|n| n >= 1),
-            "the master dropped its replica: {killed}"
+            killed.parse::<usize>().is_ok_and(|n| n == replicas.len()),
+            "the master dropped its replicas: {killed}"
         );
         wait_for(
             "the master without replicas",
@@ -269,9 +299,17 @@ impl SentinelSet {
         );
     }
 
-    /// Resume a replica frozen by [`SentinelSet::lose_the_next_writes`].
-    pub fn thaw_replica(&mut self, replica: u16) {
-        self.node(replica).signal(libc::SIGCONT);
+    /// Resume the replicas of `master` frozen by
+    /// [`SentinelSet::lose_the_next_writes`].
+    pub fn thaw_replicas(&mut self, master: u16) {
+        for r in self.other_nodes(master) {
+            self.node(r).signal(libc::SIGCONT);
+        }
+    }
+
+    /// Kill data node `port` (SIGKILL) and forget it.
+    pub fn kill_node(&mut self, port: u16) {
+        self.nodes.retain(|(p, _)| *p != port);
     }
 }
 

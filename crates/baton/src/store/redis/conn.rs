@@ -12,12 +12,24 @@
 //! again at most every [`ROLE_EVERY`] while calls flow — is not `master`:
 //! a demoted master still answers reads, so without the check a process
 //! that only reads (an idle worker's claims find nothing to write) would
-//! stay on it. A connect that fails is remembered for [`RETRY_GAP`], and
+//! stay on it. For a sentinel URL the sentinels are asked again at the
+//! same pace, over one kept connection: after a failover the old master
+//! answers as a master until the sentinels reconfigure it (up to 10 s
+//! later), and writes sent there meanwhile would be lost. A connect that fails is remembered for [`RETRY_GAP`], and
 //! calls in that time fail at once with its error instead of each waiting
 //! a connect timeout: the layers above back off on the (retryable) error.
 //!
 //! A replica found this way fails the call with `ErrorKind::ReadOnly`,
 //! which the library reports as [`crate::StoreError::ReadOnly`].
+//!
+//! With `wait_replicas=N` in the URL (any Redis URL), every call but a
+//! known read is followed, in the same round trip, by `WAIT N timeout`:
+//! the call succeeds only once N replicas have its writes, so a failover
+//! (which promotes the replica with the most data) keeps every write the
+//! caller was told of. A call that N replicas did not acknowledge within
+//! the timeout fails with `StoreError::ReadOnly` (its writes are on the
+//! master, and may or may not survive a failover; the layers above treat
+//! it as not done and retry, as after a lost reply). See docs/GUIDE.md.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +46,21 @@ use crate::error::StoreError;
 pub(super) const ROLE_EVERY: Duration = Duration::from_secs(1);
 /// How long a failed connect is answered from memory.
 const RETRY_GAP: Duration = Duration::from_millis(250);
+/// The URL parameter asking for `WAIT` after each write.
+const WAIT_PARAM: &str = "wait_replicas";
+/// The longest `WAIT` (it is also at most half the response timeout).
+const WAIT_MAX: Duration = Duration::from_secs(5);
+/// Commands that never write: no `WAIT` after them.
+const READS: [&str; 9] = [
+    "TIME", "GET", "MGET", "HGETALL", "ROLE", "PING", "CONFIG", "SCRIPT", "SMEMBERS",
+];
+
+/// `WAIT`'s arguments: replicas and timeout (ms).
+#[derive(Clone, Copy, Debug)]
+struct Wait {
+    replicas: u32,
+    timeout_ms: u64,
+}
 
 /// Where the writable server is.
 pub(super) enum Target {
@@ -44,14 +71,47 @@ pub(super) enum Target {
 }
 
 impl Target {
-    /// The target of a store URL.
-    pub(super) fn from_url(url: &str) -> Result<Target, StoreError> {
-        if super::sentinel::is_sentinel_url(url) {
-            Ok(Target::Sentinel(Sentinels::parse(url)?))
+    /// The target of a store URL, and its `wait_replicas` (see the
+    /// module doc), taken out of the URL.
+    pub(super) fn from_url(url: &str) -> Result<(Target, u32), StoreError> {
+        let (url, wait) = take_wait_param(url)?;
+        let target = if super::sentinel::is_sentinel_url(&url) {
+            Target::Sentinel(Sentinels::parse(&url)?)
         } else {
-            Ok(Target::Direct(super::tls::open_client(url)?))
+            Target::Direct(super::tls::open_client(&url)?)
+        };
+        Ok((target, wait))
+    }
+}
+
+/// `url` without its `wait_replicas=N` parameter, and N (0 without one).
+fn take_wait_param(url: &str) -> Result<(String, u32), StoreError> {
+    let Some((head, query)) = url.split_once('?') else {
+        return Ok((url.to_string(), 0));
+    };
+    let mut wait = 0;
+    let mut rest = Vec::new();
+    for part in query.split('&') {
+        match part.split_once('=') {
+            Some((WAIT_PARAM, v)) => {
+                wait = v.parse::<u32>().ok().filter(|n| *n <= 16).ok_or_else(|| {
+                    StoreError::Config(format!(
+                        "store URL {:?}: {WAIT_PARAM}: {v:?} is not a number of replicas; \
+                         use 0 to 16, e.g. ?{WAIT_PARAM}=1 (each write waits until that many \
+                         replicas have it)",
+                        crate::store::redact(url)
+                    ))
+                })?;
+            }
+            _ => rest.push(part),
         }
     }
+    let url = if rest.is_empty() {
+        head.to_string()
+    } else {
+        format!("{head}?{}", rest.join("&"))
+    };
+    Ok((url, wait))
 }
 
 /// A live connection and what it is to.
@@ -87,6 +147,8 @@ struct Shared {
     /// then only `READONLY` replies reveal a replica.
     no_role: AtomicBool,
     db: i64,
+    /// `WAIT` after each write, when asked for.
+    wait: Option<Wait>,
 }
 
 /// The command connection (cheap to clone; every clone shares it).
@@ -112,9 +174,16 @@ impl Conn {
     /// (or [`Conn::connect_now`]).
     pub(super) fn new(
         target: Target,
+        wait_replicas: u32,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Conn {
+        let wait = (wait_replicas > 0).then(|| Wait {
+            replicas: wait_replicas,
+            timeout_ms: u64::try_from((response_timeout / 2).min(WAIT_MAX).as_millis())
+                .unwrap_or(1000)
+                .max(1),
+        });
         let db = match &target {
             Target::Direct(c) => c.get_connection_info().redis.db,
             Target::Sentinel(s) => s.db,
@@ -137,6 +206,7 @@ impl Conn {
                 next_id: AtomicU64::new(1),
                 no_role: AtomicBool::new(false),
                 db,
+                wait,
             }),
         }
     }
@@ -191,6 +261,13 @@ impl Conn {
                 return Ok(l);
             }
             let mut c = l.conn.clone();
+            if let Some(named) = self.sentinels_moved(&l).await {
+                self.drop_live(
+                    l.id,
+                    &format!("the sentinels now name {named} as the master"),
+                );
+                return self.connect().await;
+            }
             match self.role(&mut c).await {
                 Ok(true) => return Ok(l),
                 Ok(false) => {
@@ -206,6 +283,31 @@ impl Conn {
             }
         }
         self.connect().await
+    }
+
+    /// For a sentinel URL: the master the sentinels name now, when it is
+    /// not the one `l` is to. A demoted master may answer as a master for
+    /// a while (the sentinels reconfigure it when they next look, up to
+    /// 10 s later), so its `ROLE` alone would keep writes going to it.
+    /// Sentinels that do not answer change nothing here: the connection
+    /// stays while its server answers as a master.
+    async fn sentinels_moved(&self, l: &Live) -> Option<String> {
+        let Target::Sentinel(s) = &self.shared.target else {
+            return None;
+        };
+        match s
+            .master_addr(&self.shared.config, self.shared.connect_timeout)
+            .await
+        {
+            Ok((host, port)) => {
+                let named = super::sentinel::join_host_port(&host, port);
+                (named != l.addr).then_some(named)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "redis: could not ask the sentinels again");
+                None
+            }
+        }
     }
 
     /// Whether the server on `c` is a master; `Ok(true)` too when it
@@ -307,7 +409,7 @@ impl Conn {
                 let client = s.node_client(&host, port).map_err(|e| {
                     RedisError::from((ErrorKind::InvalidClientConfig, "redis", e.to_string()))
                 })?;
-                (client, format!("{host}:{port}"))
+                (client, super::sentinel::join_host_port(&host, port))
             }
         };
         let mut conn = client
@@ -332,21 +434,65 @@ impl Conn {
     /// After a call on `live`: drop the connection when the error says so.
     fn after(&self, live: &Live, e: &RedisError) {
         if drops_connection(e) {
-            let why = if e.kind() == ErrorKind::ReadOnly {
-                "it answered READONLY (a replica now)".to_string()
-            } else {
-                e.to_string()
+            let why = match (e.kind(), e.detail()) {
+                (ErrorKind::ReadOnly, Some(d)) => format!("read-only: {d}"),
+                _ => e.to_string(),
             };
             self.drop_live(live.id, &why);
         }
     }
 }
 
+/// Whether `cmd` is one of [`READS`].
+fn is_read(cmd: &Cmd) -> bool {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(name)) => READS
+            .iter()
+            .any(|r| r.as_bytes().eq_ignore_ascii_case(name)),
+        _ => false,
+    }
+}
+
+/// `cmd` then `WAIT`, in one round trip: `cmd`'s reply when enough
+/// replicas acknowledged it.
+async fn with_wait(
+    conn: &mut MultiplexedConnection,
+    cmd: &Cmd,
+    wait: Wait,
+) -> Result<Value, RedisError> {
+    let mut p = redis::pipe();
+    p.add_command(cmd.clone())
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout_ms);
+    let mut replies = conn.req_packed_commands(&p, 0, 2).await?.into_iter();
+    let reply = replies.next().unwrap_or(Value::Nil).extract_error()?;
+    let acked = replies
+        .next()
+        .and_then(|v| redis::from_redis_value::<i64>(&v).ok())
+        .unwrap_or(0);
+    if acked < i64::from(wait.replicas) {
+        return Err(RedisError::from((
+            ErrorKind::ReadOnly,
+            "redis",
+            format!(
+                "the write reached {acked} of the {} replicas {WAIT_PARAM} asks for within {} ms \
+                 (WAIT); it is on the master but a failover may lose it",
+                wait.replicas, wait.timeout_ms
+            ),
+        )));
+    }
+    Ok(reply)
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let mut live = self.live().await?;
-            let r = live.conn.req_packed_command(cmd).await;
+            let r = match self.shared.wait {
+                Some(w) if !is_read(cmd) => with_wait(&mut live.conn, cmd, w).await,
+                _ => live.conn.req_packed_command(cmd).await,
+            };
             if let Err(e) = &r {
                 self.after(&live, e);
             }
@@ -362,7 +508,15 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let mut live = self.live().await?;
-            let r = live.conn.req_packed_commands(cmd, offset, count).await;
+            let mut r = live.conn.req_packed_commands(cmd, offset, count).await;
+            if let (Ok(_), Some(w)) = (&r, self.shared.wait) {
+                // The pipeline's writes are this connection's latest: one
+                // WAIT covers them all (a round trip more, for the rare
+                // pipelined batch).
+                if let Err(e) = with_wait(&mut live.conn, &redis::cmd("PING"), w).await {
+                    r = Err(e);
+                }
+            }
             if let Err(e) = &r {
                 self.after(&live, e);
             }

@@ -183,8 +183,13 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 impl RedisBackend {
     /// Connect to Redis (see [`connect`]).
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
-        let target = conn::Target::from_url(url)?;
-        let conn = Conn::new(target, opts.connect_timeout, opts.statement_timeout);
+        let (target, wait_replicas) = conn::Target::from_url(url)?;
+        let conn = Conn::new(
+            target,
+            wait_replicas,
+            opts.connect_timeout,
+            opts.statement_timeout,
+        );
         conn.connect_now().await.map_err(|e| {
             // A database index the server lacks is the URL's fault, not an
             // outage: say which and what is accepted.

@@ -68,6 +68,9 @@ pub(super) struct Sentinels {
     tls_query: String,
     /// The sentinel that answered last, asked first next time.
     preferred: AtomicUsize,
+    /// The connection to the sentinel that answered last, kept for the
+    /// next question (the connection asks every second while calls flow).
+    cached: tokio::sync::Mutex<Option<(usize, redis::aio::MultiplexedConnection)>>,
     /// The URL as shown in messages.
     shown: String,
 }
@@ -187,6 +190,7 @@ impl Sentinels {
             db,
             tls_query,
             preferred: AtomicUsize::new(0),
+            cached: tokio::sync::Mutex::new(None),
             shown: shown.clone(),
         };
         // The master's client must open too (credentials, TLS files).
@@ -215,6 +219,21 @@ impl Sentinels {
         config: &redis::AsyncConnectionConfig,
         timeout: Duration,
     ) -> Result<(String, u16), redis::RedisError> {
+        let mut cached = self.cached.lock().await;
+        let question = || {
+            let mut q = redis::cmd("SENTINEL");
+            q.arg("get-master-addr-by-name").arg(&self.master);
+            q
+        };
+        if let Some((_, c)) = cached.as_mut() {
+            let q = question();
+            let asked = q.query_async::<Option<(String, u16)>>(c);
+            if let Ok(Ok(Some(found))) = tokio::time::timeout(timeout, asked).await {
+                return Ok(found);
+            }
+            // Any other answer: ask them all, from the next one.
+            *cached = None;
+        }
         let n = self.clients.len();
         let first = self.preferred.load(Ordering::Relaxed) % n;
         let mut failures = Vec::new();
@@ -226,18 +245,18 @@ impl Sentinels {
                 let mut c = client
                     .get_multiplexed_async_connection_with_config(config)
                     .await?;
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&self.master)
+                let found = question()
                     .query_async::<Option<(String, u16)>>(&mut c)
-                    .await
+                    .await?;
+                Ok::<_, redis::RedisError>((found, c))
             };
             match tokio::time::timeout(timeout, ask).await {
-                Ok(Ok(Some(found))) => {
+                Ok(Ok((Some(found), c))) => {
                     self.preferred.store(idx, Ordering::Relaxed);
+                    *cached = Some((idx, c));
                     return Ok(found);
                 }
-                Ok(Ok(None)) => {
+                Ok(Ok((None, _))) => {
                     unknown += 1;
                     failures.push(format!(
                         "{addr}: monitors no master named {:?}",
@@ -299,7 +318,7 @@ fn parse_host(h: &str) -> Result<(String, u16), String> {
 }
 
 /// `host:port`, with an IPv6 host in brackets.
-fn join_host_port(host: &str, port: u16) -> String {
+pub(super) fn join_host_port(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
