@@ -102,7 +102,7 @@ impl SentinelSet {
             set.sentinel_confs.push((port, conf));
         }
         set.start_sentinels();
-        set.wait_settled(master, &replicas);
+        set.ports().wait_settled(master, &replicas);
         Some(set)
     }
 
@@ -159,37 +159,26 @@ impl SentinelSet {
         self.nodes.push((port, g));
     }
 
-    /// Make `old` (a demoted master) a replica of `master` now, as the
-    /// sentinels would when they next look at it (up to 10 s after a forced
-    /// failover), and wait until it is in sync.
-    pub fn rejoin(&self, old: u16, master: u16) {
-        assert_eq!(cli(old, &["REPLICAOF", "127.0.0.1", &master.to_string()]), "OK");
-        self.wait_settled(master, &[old]);
+    /// The ports, for `redis-cli` calls from another thread.
+    pub fn ports(&self) -> Ports {
+        Ports {
+            sentinels: self.sentinels.iter().map(|(p, _)| *p).collect(),
+        }
     }
 
-    /// Wait until the replicas are in sync with `master` and every
-    /// sentinel names `master` and knows the replicas (so a failover can
-    /// pick one).
-    fn wait_settled(&self, master: u16, replicas: &[u16]) {
-        for r in replicas {
-            wait_for("the replicas in sync", Duration::from_secs(20), || {
-                cli(*r, &["INFO", "replication"]).contains("master_link_status:up")
-            });
-        }
-        for (s, _) in &self.sentinels {
-            wait_for(
-                "every sentinel knowing the master and the replicas",
-                Duration::from_secs(30),
-                || {
-                    let addr = cli(*s, &["SENTINEL", "get-master-addr-by-name", MASTER]);
-                    let known = cli(*s, &["SENTINEL", "replicas", MASTER]);
-                    addr.ends_with(&master.to_string())
-                        && replicas.iter().all(|r| known.contains(&r.to_string()))
-                        && !known.contains("s_down")
-                        && !known.contains("disconnected")
-                },
-            );
-        }
+    /// See [`Ports::rejoin`].
+    pub fn rejoin(&self, old: u16, master: u16) {
+        self.ports().rejoin(old, master)
+    }
+
+    /// See [`Ports::master_port`].
+    pub fn master_port(&self) -> u16 {
+        self.ports().master_port()
+    }
+
+    /// See [`Ports::wait_new_master`].
+    pub fn wait_new_master(&self, old: u16) -> u16 {
+        self.ports().wait_new_master(old)
     }
 
     /// The store URL: every sentinel and the master's name.
@@ -205,17 +194,6 @@ impl SentinelSet {
     /// The sentinels' ports.
     pub fn sentinel_ports(&self) -> Vec<u16> {
         self.sentinels.iter().map(|(p, _)| *p).collect()
-    }
-
-    /// The port the (first answering) sentinel names as the master's.
-    pub fn master_port(&self) -> u16 {
-        for (s, _) in &self.sentinels {
-            let out = cli(*s, &["SENTINEL", "get-master-addr-by-name", MASTER]);
-            if let Some(p) = out.lines().nth(1).and_then(|p| p.trim().parse().ok()) {
-                return p;
-            }
-        }
-        panic!("no sentinel names the master");
     }
 
     /// The data nodes other than `port` (still running).
@@ -259,17 +237,6 @@ impl SentinelSet {
         old
     }
 
-    /// Wait until the sentinels name a master other than `old` and it
-    /// answers as one; its port.
-    pub fn wait_new_master(&self, old: u16) -> u16 {
-        let mut new = 0;
-        wait_for("a new master", Duration::from_secs(30), || {
-            new = self.master_port();
-            new != old && cli(new, &["ROLE"]).starts_with("master")
-        });
-        new
-    }
-
     /// Cut the master `master` off from its replicas so that its next
     /// writes reach none: the replicas are frozen (SIGSTOP) and the master
     /// drops their connections. [`SentinelSet::thaw_replicas`] undoes the
@@ -310,6 +277,74 @@ impl SentinelSet {
     /// Kill data node `port` (SIGKILL) and forget it.
     pub fn kill_node(&mut self, port: u16) {
         self.nodes.retain(|(p, _)| *p != port);
+    }
+}
+
+/// The ports of a [`SentinelSet`] (sentinels, then data nodes): what the
+/// `redis-cli` calls need, cheap to clone into a thread while the set
+/// stays with the test.
+#[derive(Clone, Debug)]
+pub struct Ports {
+    /// The sentinels' ports.
+    pub sentinels: Vec<u16>,
+}
+
+impl Ports {
+    /// Make `old` (a demoted master) a replica of `master` now, as the
+    /// sentinels would when they next look at it (up to 10 s after a forced
+    /// failover), and wait until it is in sync.
+    pub fn rejoin(&self, old: u16, master: u16) {
+        let said = cli(old, &["REPLICAOF", "127.0.0.1", &master.to_string()]);
+        // "OK", or "OK Already connected to specified master".
+        assert!(said.starts_with("OK"), "REPLICAOF: {said}");
+        self.wait_settled(master, &[old]);
+    }
+
+    /// Wait until the replicas are in sync with `master` and every
+    /// sentinel names `master` and knows the replicas (so a failover can
+    /// pick one).
+    pub fn wait_settled(&self, master: u16, replicas: &[u16]) {
+        for r in replicas {
+            wait_for("the replicas in sync", Duration::from_secs(20), || {
+                cli(*r, &["INFO", "replication"]).contains("master_link_status:up")
+            });
+        }
+        for s in &self.sentinels {
+            wait_for(
+                "every sentinel knowing the master and the replicas",
+                Duration::from_secs(30),
+                || {
+                    let addr = cli(*s, &["SENTINEL", "get-master-addr-by-name", MASTER]);
+                    let known = cli(*s, &["SENTINEL", "replicas", MASTER]);
+                    addr.ends_with(&master.to_string())
+                        && replicas.iter().all(|r| known.contains(&r.to_string()))
+                        && !known.contains("s_down")
+                        && !known.contains("disconnected")
+                },
+            );
+        }
+    }
+
+    /// The port the (first answering) sentinel names as the master's.
+    pub fn master_port(&self) -> u16 {
+        for s in &self.sentinels {
+            let out = cli(*s, &["SENTINEL", "get-master-addr-by-name", MASTER]);
+            if let Some(p) = out.lines().nth(1).and_then(|p| p.trim().parse().ok()) {
+                return p;
+            }
+        }
+        panic!("no sentinel names the master");
+    }
+
+    /// Wait until the sentinels name a master other than `old` and it
+    /// answers as one; its port.
+    pub fn wait_new_master(&self, old: u16) -> u16 {
+        let mut new = 0;
+        wait_for("a new master", Duration::from_secs(30), || {
+            new = self.master_port();
+            new != old && cli(new, &["ROLE"]).starts_with("master")
+        });
+        new
     }
 }
 
