@@ -144,7 +144,10 @@ fn baton_work_follows_a_sentinel_failover() {
     // Backing off, not spinning: a handful of claim warnings, not one a tick.
     let text = read(&log);
     let claim_failures = text.matches("claim failed").count();
-    assert!(claim_failures < 40, "{claim_failures} claim failures logged");
+    assert!(
+        claim_failures < 40,
+        "{claim_failures} claim failures logged"
+    );
     let _ = work.kill();
     let _ = work.wait();
 }
