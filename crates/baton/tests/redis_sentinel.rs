@@ -81,9 +81,6 @@ fn worker(store: Store, runs: Arc<Mutex<Vec<i64>>>) -> Worker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_failover_is_followed() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("baton=info")
-        .try_init();
     let Some(mut set) = SentinelSet::start() else {
         return;
     };
