@@ -172,6 +172,13 @@ impl From<redis::RedisError> for StoreError {
             // that the server (or the master the sentinels name) is one.
             return StoreError::ReadOnly(e.detail().unwrap_or("a replica").trim().to_string());
         }
+        if let (redis::ErrorKind::IoError, Some(detail)) = (e.kind(), e.detail()) {
+            // Not an io error of the socket (those carry no detail) but one
+            // the connection made up ("no sentinel named the master …",
+            // "connect timed out …"): its words alone, without the driver's
+            // "desc - IoError:" framing.
+            return StoreError::Unavailable(detail.to_string());
+        }
         if e.code() == Some("NOREPLICAS") {
             // A master that refuses writes while too few replicas are in
             // sync (`min-replicas-to-write`): a write now would not be kept
@@ -301,6 +308,34 @@ mod tests {
             "store unavailable: timed out waiting for redis"
         );
         assert_eq!(chain(&e).matches("slow").count(), 1, "{}", chain(&e));
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn a_replica_is_read_only_and_retryable() {
+        let readonly = redis::RedisError::from((
+            redis::ErrorKind::ReadOnly,
+            "redis",
+            "You can't write against a read only replica.".to_string(),
+        ));
+        let e = StoreError::from(readonly);
+        assert!(matches!(e, StoreError::ReadOnly(_)), "{e:?}");
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store is read-only: You can't write against a read only replica."
+        );
+        let made_up = redis::RedisError::from((
+            redis::ErrorKind::IoError,
+            "redis",
+            "no sentinel named the master \"m\"".to_string(),
+        ));
+        let e = StoreError::from(made_up);
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: no sentinel named the master \"m\""
+        );
     }
 
     #[test]
