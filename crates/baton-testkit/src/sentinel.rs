@@ -93,7 +93,7 @@ impl SentinelSet {
                     "port {port}\nbind 127.0.0.1\ndir {dir}\n\
                      sentinel monitor {MASTER} 127.0.0.1 {master} 2\n\
                      sentinel down-after-milliseconds {MASTER} 1000\n\
-                     sentinel failover-timeout {MASTER} 10000\n\
+                     sentinel failover-timeout {MASTER} 2000\n\
                      sentinel parallel-syncs {MASTER} 1\n",
                     dir = set.dir.path().display()
                 ),

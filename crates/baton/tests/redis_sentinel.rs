@@ -7,6 +7,10 @@
 //! 1. `SENTINEL FAILOVER` while two workers run: every task (enqueued
 //!    before and during) runs exactly once, and the workers are on the
 //!    new master within a bound.
+//!    Then a second forced failover with the old master taking writes
+//!    (no `min-replicas-to-write`) while it still answers `ROLE` as a
+//!    master: a write a second later lands on the new master (the
+//!    connection asks the sentinels again).
 //! 2. The master is cut off from its replica, takes a lock grant and a
 //!    task, and dies; the replica is promoted without them. The lock's
 //!    next token and the next task id are still above the lost ones (the
@@ -57,6 +61,11 @@ where
             }
         }
     }
+}
+
+/// A little more than the connection's check interval (one second).
+fn conn_check() -> Duration {
+    Duration::from_millis(1300)
 }
 
 fn worker(store: Store, runs: Arc<Mutex<Vec<i64>>>) -> Worker {
@@ -202,13 +211,51 @@ async fn sentinel_failover_is_followed() {
     }
     assert_eq!(counts.len(), ids.len(), "no other task ran");
 
-    // ---- 2. a failover that loses the last writes -------------------------
     stop.cancel();
     for w in workers {
         w.await.unwrap().unwrap();
     }
+
+    // ---- 1b. a demoted master that still answers as one -------------------
+    // After a forced failover the sentinels reconfigure the old master only
+    // when they next look at it (up to 10 s): until then it answers ROLE
+    // as a master and, without min-replicas-to-write, takes writes that
+    // are lost. The connection asks the sentinels again within a second.
     let store = connect(&base).await;
     let q = Queue::new(store.clone());
+    // Neither node requires a replica now (the next master would have
+    // none until the sentinels reconfigure the old one).
+    for node in [new, old] {
+        assert_eq!(
+            cli(node, &["CONFIG", "SET", "min-replicas-to-write", "0"]),
+            "OK"
+        );
+    }
+    q.enqueue(TaskBuilder::new("m", serde_json::json!("on the old")))
+        .await
+        .unwrap();
+    let demoted = set.start_failover();
+    assert_eq!(demoted, new);
+    let new = set.wait_new_master(demoted);
+    tokio::time::sleep(conn_check()).await;
+    assert!(
+        cli(demoted, &["ROLE"]).starts_with("master"),
+        "the sentinels reconfigured the old master already: this phase proves nothing"
+    );
+    let moved = until_ok(
+        "enqueue after the second failover",
+        Duration::from_secs(10),
+        || q.enqueue(TaskBuilder::new("m", serde_json::json!("on the new"))),
+    )
+    .await;
+    let on_new = connect(&format!("redis://127.0.0.1:{new}")).await;
+    assert!(
+        Queue::new(on_new).task(moved.id).await.unwrap().is_some(),
+        "the write went to the demoted master, not to the one the sentinels name"
+    );
+    set.rejoin(demoted, new);
+
+    // ---- 2. a failover that loses the last writes -------------------------
     let locker = Locker::new(store.clone());
     let opts = LockOptions::new(Duration::from_secs(2)).unwrap();
     let kept = locker
