@@ -65,18 +65,24 @@ fn readyz(addr: &str) -> (u16, Value) {
     common::call(addr, "GET", "/readyz", None, None)
 }
 
-/// Wait until `/readyz` answers `code`; the body then.
-fn readyz_becomes(addr: &str, code: u16, secs: u64) -> Value {
+/// Wait until `/readyz` answers `code`; the body then. On a timeout the
+/// panic shows the last answer and the end of `baton work`'s log.
+fn readyz_becomes(addr: &str, code: u16, secs: u64, log: &std::path::Path) -> Value {
     let t0 = Instant::now();
     loop {
         let (c, body) = readyz(addr);
         if c == code {
             return body;
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(secs),
-            "/readyz still {c} {body}, not {code}"
-        );
+        if t0.elapsed() > Duration::from_secs(secs) {
+            let text = read(log);
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "/readyz still {c} {body}, not {code}, after {secs} s; the log ends:\n{}",
+                tail.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -101,7 +107,7 @@ fn baton_work_follows_a_sentinel_failover() {
     .spawn()
     .unwrap();
     let addr = common::admin_addr(20, || read(&log));
-    readyz_becomes(&addr, 200, 10);
+    readyz_becomes(&addr, 200, 20, &log);
     for n in 0..3 {
         enqueue(&url, d, n);
     }
@@ -123,12 +129,12 @@ fn baton_work_follows_a_sentinel_failover() {
         followed < Duration::from_secs(15),
         "baton work followed the failover in {followed:?}"
     );
-    readyz_becomes(&addr, 200, 10);
+    readyz_becomes(&addr, 200, 20, &log);
 
     // No writable master: the sentinels gone, the master demoted.
     set.stop_sentinels();
     assert_eq!(cli(new, &["REPLICAOF", "127.0.0.1", "1"]), "OK");
-    let body = readyz_becomes(&addr, 503, 10);
+    let body = readyz_becomes(&addr, 503, 20, &log);
     eprintln!("cli sentinel: unready: {body}");
     assert!(
         body["error"].as_str().is_some_and(|e| e.contains("store")),
@@ -137,7 +143,7 @@ fn baton_work_follows_a_sentinel_failover() {
     // A master again: ready by itself, and work runs.
     assert_eq!(cli(new, &["REPLICAOF", "NO", "ONE"]), "OK");
     set.start_sentinels();
-    readyz_becomes(&addr, 200, 15);
+    readyz_becomes(&addr, 200, 30, &log);
     enqueue(&url, d, 6);
     common::wait_for(20, "a task after the outage to run", || ran(d).len() == 7);
     assert_eq!(ran(d), (0..7).collect::<Vec<_>>(), "every task ran once");

@@ -528,3 +528,27 @@ impl ConnectionLike for Conn {
         self.shared.db
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::take_wait_param;
+
+    #[test]
+    fn wait_replicas_is_taken_out_of_the_url() {
+        let (url, n) = take_wait_param("redis://h:6379/0?wait_replicas=2").unwrap();
+        assert_eq!((url.as_str(), n), ("redis://h:6379/0", 2));
+        let (url, n) =
+            take_wait_param("rediss+sentinel://s1/m?sslrootcert=/ca.pem&wait_replicas=1").unwrap();
+        assert_eq!(
+            (url.as_str(), n),
+            ("rediss+sentinel://s1/m?sslrootcert=/ca.pem", 1)
+        );
+        assert_eq!(take_wait_param("redis://h").unwrap().1, 0);
+        for bad in ["x", "17", "-1", ""] {
+            let e = take_wait_param(&format!("redis://:pw@h/?wait_replicas={bad}")).unwrap_err();
+            let m = e.to_string();
+            assert!(m.contains("wait_replicas") && m.contains("0 to 16"), "{m}");
+            assert!(!m.contains(":pw@"), "{m}");
+        }
+    }
+}
