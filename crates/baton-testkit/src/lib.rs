@@ -6,6 +6,7 @@
 //! - [`private`]: a private `redis-server` or `postgres` the test may stop,
 //!   crash or serve over TLS.
 //! - [`process`]: a spawned server process killed when its guard drops.
+//! - [`sentinel`]: a private Redis master, replica and three sentinels.
 //! - [`certs`]: test certificates made with `openssl`.
 //! - [`cluster`]: raw Redis connections, one node or a cluster, for tests
 //!   that read keys behind the store's back.
@@ -19,6 +20,7 @@ pub mod private;
 pub mod process;
 #[path = "../../baton-cli/src/chaos/proxy.rs"]
 pub mod proxy;
+pub mod sentinel;
 
 pub use private::{Kind, Private};
 

@@ -9,6 +9,13 @@ pub enum StoreError {
     /// The store answered with an error (a query or script failed).
     #[error("store error: {0}")]
     Backend(String),
+    /// The store answered but does not take writes now: a Redis replica
+    /// (a demoted master after a failover, a `redis://` URL whose name or
+    /// address now points at a replica), a standby. Retryable: the client
+    /// finds the writable server again (through the sentinels, or by
+    /// reconnecting) and the layer above backs off meanwhile.
+    #[error("store is read-only: {0}")]
+    ReadOnly(String),
     /// The URL or options are wrong.
     #[error("{0}")]
     Config(String),
@@ -78,6 +85,7 @@ impl StoreError {
         matches!(
             self,
             StoreError::Unavailable(_)
+                | StoreError::ReadOnly(_)
                 | StoreError::Driver {
                     retryable: true,
                     ..
@@ -181,6 +189,27 @@ impl From<redis::RedisError> for StoreError {
                 )
             }
             _ => {}
+        }
+        if e.kind() == redis::ErrorKind::ReadOnly {
+            // A replica's `READONLY` reply, or the connection's own finding
+            // that the server (or the master the sentinels name) is one.
+            return StoreError::ReadOnly(e.detail().unwrap_or("a replica").trim().to_string());
+        }
+        if let (redis::ErrorKind::IoError, Some(detail)) = (e.kind(), e.detail()) {
+            // Not an io error of the socket (those carry no detail) but one
+            // the connection made up ("no sentinel named the master …",
+            // "connect timed out …"): its words alone, without the driver's
+            // "desc - IoError:" framing.
+            return StoreError::Unavailable(detail.to_string());
+        }
+        if e.code() == Some("NOREPLICAS") {
+            // A master that refuses writes while too few replicas are in
+            // sync (`min-replicas-to-write`): a write now would not be kept
+            // by a failover.
+            return StoreError::ReadOnly(format!(
+                "the master has fewer replicas in sync than its min-replicas-to-write ({})",
+                e.detail().unwrap_or_default().trim()
+            ));
         }
         let retryable = e.is_io_error()
             || e.is_connection_dropped()
@@ -302,6 +331,34 @@ mod tests {
             "store unavailable: timed out waiting for redis"
         );
         assert_eq!(chain(&e).matches("slow").count(), 1, "{}", chain(&e));
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn a_replica_is_read_only_and_retryable() {
+        let readonly = redis::RedisError::from((
+            redis::ErrorKind::ReadOnly,
+            "redis",
+            "You can't write against a read only replica.".to_string(),
+        ));
+        let e = StoreError::from(readonly);
+        assert!(matches!(e, StoreError::ReadOnly(_)), "{e:?}");
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store is read-only: You can't write against a read only replica."
+        );
+        let made_up = redis::RedisError::from((
+            redis::ErrorKind::IoError,
+            "redis",
+            "no sentinel named the master \"m\"".to_string(),
+        ));
+        let e = StoreError::from(made_up);
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: no sentinel named the master \"m\""
+        );
     }
 
     #[test]
