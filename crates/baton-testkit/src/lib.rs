@@ -7,6 +7,7 @@
 //!   crash or serve over TLS.
 //! - [`mariadb`]: a private `mariadbd` (own port, own data directory).
 //! - [`process`]: a spawned server process killed when its guard drops.
+//! - [`sentinel`]: a private Redis master, replica and three sentinels.
 //! - [`certs`]: test certificates made with `openssl`.
 //! - [`cluster`]: raw Redis connections, one node or a cluster, for tests
 //!   that read keys behind the store's back.
@@ -21,6 +22,7 @@ pub mod private;
 pub mod process;
 #[path = "../../baton-cli/src/chaos/proxy.rs"]
 pub mod proxy;
+pub mod sentinel;
 
 pub use mariadb::PrivateMariadb;
 pub use private::{Kind, Private};

@@ -38,9 +38,11 @@ pub enum StoreError {
     },
     /// The store refuses writes: a read-only server (a standby or a
     /// demoted primary behind the URL, PostgreSQL
-    /// `default_transaction_read_only`, MySQL/MariaDB `read_only`).
-    /// Retryable: writes work again once the URL reaches a writable
-    /// server. The driver's error is the source.
+    /// `default_transaction_read_only`, MySQL/MariaDB `read_only`, a Redis
+    /// replica's `READONLY` or a master's `NOREPLICAS`). Retryable: writes
+    /// work again once the URL reaches a writable server (Redis finds it
+    /// again through the sentinels, or by reconnecting). The driver's
+    /// error is the source.
     #[error("store is read-only (it refuses writes): {context}")]
     ReadOnly {
         /// What refused, in words.
@@ -242,6 +244,35 @@ impl From<redis::RedisError> for StoreError {
             }
             _ => {}
         }
+        if e.kind() == redis::ErrorKind::ReadOnly {
+            // A replica's `READONLY` reply, or the connection's own finding
+            // that the server (or the master the sentinels name) is one.
+            let context = e.detail().unwrap_or("a replica").trim().to_string();
+            return StoreError::ReadOnly {
+                context,
+                source: Box::new(e),
+            };
+        }
+        if let (redis::ErrorKind::IoError, Some(detail)) = (e.kind(), e.detail()) {
+            // Not an io error of the socket (those carry no detail) but one
+            // the connection made up ("no sentinel named the master …",
+            // "connect timed out …"): its words alone, without the driver's
+            // "desc - IoError:" framing.
+            return StoreError::Unavailable(detail.to_string());
+        }
+        if e.code() == Some("NOREPLICAS") {
+            // A master that refuses writes while too few replicas are in
+            // sync (`min-replicas-to-write`): a write now would not be kept
+            // by a failover.
+            let context = format!(
+                "the master has fewer replicas in sync than its min-replicas-to-write ({})",
+                e.detail().unwrap_or_default().trim()
+            );
+            return StoreError::ReadOnly {
+                context,
+                source: Box::new(e),
+            };
+        }
         let retryable = e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
@@ -362,6 +393,34 @@ mod tests {
             "store unavailable: timed out waiting for redis"
         );
         assert_eq!(chain(&e).matches("slow").count(), 1, "{}", chain(&e));
+    }
+
+    #[test]
+    #[cfg(feature = "redis")]
+    fn a_replica_is_read_only_and_retryable() {
+        let readonly = redis::RedisError::from((
+            redis::ErrorKind::ReadOnly,
+            "redis",
+            "You can't write against a read only replica.".to_string(),
+        ));
+        let e = StoreError::from(readonly);
+        assert!(matches!(e, StoreError::ReadOnly { .. }), "{e:?}");
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store is read-only: You can't write against a read only replica."
+        );
+        let made_up = redis::RedisError::from((
+            redis::ErrorKind::IoError,
+            "redis",
+            "no sentinel named the master \"m\"".to_string(),
+        ));
+        let e = StoreError::from(made_up);
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: no sentinel named the master \"m\""
+        );
     }
 
     #[test]

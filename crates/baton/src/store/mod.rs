@@ -10,7 +10,8 @@
 //!
 //! [`Store::connect`] picks the backend from the URL scheme:
 //! `sqlite://PATH`, `postgres://…` / `postgresql://…`, `mysql://…` /
-//! `mariadb://…`, `redis://…`.
+//! `mariadb://…`, `redis://…` / `rediss://…`, and Redis through Sentinel,
+//! `redis+sentinel://…` / `rediss+sentinel://…`.
 //!
 //! Here: the trait, [`Store`] and [`StoreOptions`]. The values crossing the
 //! seam ([`Task`], [`Claim`], [`TaskInfo`], [`NewTask`], …) are in
@@ -442,7 +443,8 @@ impl Store {
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => postgres::connect(url, &opts).await?,
             #[cfg(feature = "redis")]
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+            | "rediss+sentinel" => {
                 redis::connect(url, &opts).await?
             }
             #[cfg(feature = "mysql")]
@@ -452,7 +454,7 @@ impl Store {
             s if KNOWN_SCHEMES.contains(&s) => return Err(disabled_backend(url, scheme)),
             _ => {
                 return Err(StoreError::Config(format!(
-                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://…, mysql://… or redis://…",
+                    "store URL {:?}: unknown scheme; use sqlite://PATH, postgres://…, mysql://…, redis://…, redis+sentinel://… or redis+cluster://…",
                     redact(url)
                 )))
             }
@@ -620,6 +622,8 @@ const KNOWN_SCHEMES: &[&str] = &[
     "rediss",
     "redis+cluster",
     "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "mysql",
     "mariadb",
 ];
@@ -629,7 +633,9 @@ const KNOWN_SCHEMES: &[&str] = &[
 fn disabled_backend(url: &str, scheme: &str) -> StoreError {
     let feature = match scheme {
         "postgresql" => "postgres",
-        "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
+        "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
+            "redis"
+        }
         "mariadb" => "mysql",
         s => s,
     };
@@ -672,8 +678,10 @@ pub async fn job_from_list(b: &dyn Backend, job: &str) -> Result<Option<JobState
     Ok(b.job_list().await?.into_iter().find(|j| j.name == job))
 }
 
-/// Hide the password in a URL for messages.
+/// Hide the passwords in a URL for messages: the one in the user info,
+/// and a `sentinel_password=` query parameter (Redis Sentinel).
 pub fn redact(url: &str) -> String {
+    let url = redact_query(url, "sentinel_password=");
     if let Some((scheme, rest)) = url.split_once("://") {
         if let Some((userinfo, host)) = rest.split_once('@') {
             if let Some((user, _)) = userinfo.split_once(':') {
@@ -681,7 +689,22 @@ pub fn redact(url: &str) -> String {
             }
         }
     }
-    url.to_string()
+    url
+}
+
+/// `url` with the value of every query parameter `key` (`name=`) shown as `***`.
+fn redact_query(url: &str, key: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|p| match p.strip_prefix(key) {
+            Some(_) => format!("{key}***"),
+            None => p.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", parts.join("&"))
 }
 
 /// Whether pruning `t` leaves a tombstone: a schedule slot's task (a job,
@@ -779,6 +802,11 @@ mod tests {
     fn a_left_out_backend_is_named_with_its_feature() {
         for (url, feature) in [
             ("rediss://:secret@cache:6380", "redis"),
+            ("redis+sentinel://:secret@s1,s2/mymaster", "redis"),
+            (
+                "rediss+sentinel://s1/mymaster?sentinel_password=secret",
+                "redis",
+            ),
             ("postgresql://u:pw@db/app", "postgres"),
             ("mariadb://root@db/app", "mysql"),
             ("sqlite://app.db", "sqlite"),

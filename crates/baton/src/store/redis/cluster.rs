@@ -2,7 +2,8 @@
 //! cluster connection (redis-rs's async cluster client, which follows
 //! `MOVED` and `ASK` redirections and refreshes its slot map), and
 //! [`Conn`], the one connection type the backend holds — a single node's
-//! [`ConnectionManager`] or a cluster's connection — so every call site is
+//! (`conn.rs`: it follows the writable server, through Sentinel too) or a
+//! cluster's connection — so every call site is
 //! the same for both.
 //!
 //! On a cluster each command and each script goes to the node serving its
@@ -14,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -28,7 +29,7 @@ use crate::store::{redact, StoreOptions};
 pub(super) enum Conn {
     /// One Redis server (`redis://`, `rediss://`); boxed, as it is much
     /// larger than the cluster's handle.
-    Single(Box<ConnectionManager>),
+    Single(Box<super::conn::MasterConn>),
     /// A Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
     Cluster(ClusterConnection),
 }

@@ -1,6 +1,9 @@
 //! Wake-ups: one pub/sub connection per backend, subscribed to `B wake`,
 //! reconnecting with backoff, turning each message into a [`Wake`] on the
-//! backend's broadcast channel.
+//! backend's broadcast channel. It subscribes on the server the command
+//! connection is to (`conn.rs`), and moves when that one moves (a
+//! failover): a demoted master would still pass on what its new master
+//! publishes, but a dead one passes on nothing.
 
 use std::time::Duration;
 
@@ -8,6 +11,8 @@ use futures_util::StreamExt;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::Conn;
+use super::conn::MasterConn;
 use super::{Listener, RedisBackend, CONNECT_TIMEOUT};
 use crate::store::Wake;
 
@@ -21,13 +26,20 @@ pub(super) async fn subscribe(b: &RedisBackend) -> broadcast::Receiver<Wake> {
     let (tx, rx) = broadcast::channel(1024);
     let stop = CancellationToken::new();
     let (ready_tx, mut ready_rx) = watch::channel(false);
-    tokio::spawn(listen(
-        b.client.clone(),
-        b.wake_channel(),
-        tx.clone(),
-        stop.clone(),
-        ready_tx,
-    ));
+    let source = match (&b.conn, &b.client) {
+        (Conn::Single(c), _) => Some(Source::Follow(c.as_ref().clone())),
+        // A cluster's connect always gives its seed node's client.
+        (Conn::Cluster(_), client) => client.clone().map(Source::Fixed),
+    };
+    if let Some(source) = source {
+        tokio::spawn(listen(
+            source,
+            b.wake_channel(),
+            tx.clone(),
+            stop.clone(),
+            ready_tx,
+        ));
+    }
     *guard = Some(Listener {
         tx,
         _stop: stop.drop_guard(),
@@ -39,10 +51,18 @@ pub(super) async fn subscribe(b: &RedisBackend) -> broadcast::Receiver<Wake> {
     rx
 }
 
+/// Where the wake-up subscription connects.
+enum Source {
+    /// Where the command connection to one server is, moving with it.
+    Follow(MasterConn),
+    /// A cluster's seed node (pub/sub messages reach every node).
+    Fixed(redis::Client),
+}
+
 /// Hold a pub/sub connection subscribed to the wake channel and forward its
 /// messages, reconnecting with backoff until `stop` fires.
 async fn listen(
-    client: redis::Client,
+    conn: Source,
     channel: String,
     tx: broadcast::Sender<Wake>,
     stop: CancellationToken,
@@ -52,11 +72,17 @@ async fn listen(
     loop {
         let res = tokio::select! {
             _ = stop.cancelled() => return,
-            r = listen_once(&client, &channel, &tx, &ready, &mut backoff) => r,
+            r = listen_once(&conn, &channel, &tx, &ready, &mut backoff) => r,
         };
         ready.send_replace(false);
         match res {
-            Ok(()) => tracing::warn!("redis: wake-up subscription ended; reconnecting"),
+            Ok(true) => {
+                tracing::debug!(
+                    "redis: the command connection moved; the wake-up subscription follows"
+                );
+                continue;
+            }
+            Ok(false) => tracing::warn!("redis: wake-up subscription ended; reconnecting"),
             Err(e) => {
                 tracing::warn!("redis: wake-up subscription failed: {e}; retrying in {backoff:?}")
             }
@@ -69,13 +95,32 @@ async fn listen(
     }
 }
 
+/// Subscribe on the command connection's server and forward until the
+/// subscription ends (`Ok(false)`) or the command connection moves to
+/// another server (`Ok(true)`).
 async fn listen_once(
-    client: &redis::Client,
+    conn: &Source,
     channel: &str,
     tx: &broadcast::Sender<Wake>,
     ready: &watch::Sender<bool>,
     backoff: &mut Duration,
-) -> Result<(), redis::RedisError> {
+) -> Result<bool, redis::RedisError> {
+    let (client, mut moved) = match conn {
+        Source::Fixed(client) => (client.clone(), None),
+        Source::Follow(conn) => {
+            let mut moved = conn.generation();
+            let client = tokio::time::timeout(CONNECT_TIMEOUT, conn.client())
+                .await
+                .map_err(|_| {
+                    redis::RedisError::from((
+                        redis::ErrorKind::IoError,
+                        "no writable server found in time",
+                    ))
+                })??;
+            moved.borrow_and_update();
+            (client, Some(moved))
+        }
+    };
     let mut pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
         .await
         .map_err(|_| {
@@ -85,11 +130,23 @@ async fn listen_once(
     ready.send_replace(true);
     *backoff = Duration::from_millis(100);
     let mut stream = pubsub.on_message();
-    while let Some(msg) = stream.next().await {
-        if let Ok(payload) = msg.get_payload::<String>() {
-            // No receivers is fine: nobody is waiting right now.
-            let _ = tx.send(Wake::parse(&payload));
+    loop {
+        tokio::select! {
+            msg = stream.next() => match msg {
+                Some(msg) => {
+                    if let Ok(payload) = msg.get_payload::<String>() {
+                        // No receivers is fine: nobody is waiting right now.
+                        let _ = tx.send(Wake::parse(&payload));
+                    }
+                }
+                None => return Ok(false),
+            },
+            changed = async {
+                match moved.as_mut() {
+                    Some(m) => m.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            } => return Ok(changed),
         }
     }
-    Ok(())
 }

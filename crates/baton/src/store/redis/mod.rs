@@ -105,10 +105,14 @@
 
 //! # Faults
 //!
-//! Commands go through a [`ConnectionManager`] with short connection and
-//! response timeouts: a dead server yields [`StoreError::Unavailable`]
-//! within a few seconds while the manager reconnects in the background;
-//! the layer above retries. Idempotent reads are retried once here.
+//! Commands go through one multiplexed connection to the writable server
+//! (`conn.rs`) with short connection and response timeouts: a dead server
+//! yields [`StoreError::Unavailable`] within a few seconds, a replica (a
+//! demoted master, `READONLY`) [`StoreError::ReadOnly`]; either drops the
+//! connection and the next call connects anew — through the sentinels
+//! for a `redis+sentinel://` URL (`sentinel.rs`), so a failover is followed
+//! within seconds. The layer above retries. Idempotent reads are retried
+//! once here.
 //!
 //! An enqueue of more than 500 tasks is several scripts, pipelined 8 at a
 //! time: each script (500 tasks) is atomic, the whole batch is not. If the
@@ -124,7 +128,9 @@
 //! its data; [`Backend::warnings`] says so when AOF is off.
 //!
 //! Files: `scripts.rs` with `lua/*.lua` (one file per script), `schema.rs`
-//! (version and `UPGRADES`), `tls.rs` (opening the client), `cluster.rs`
+//! (version and `UPGRADES`), `tls.rs` (opening the client), `conn.rs` (the
+//! command connection to one server, following the master), `sentinel.rs`
+//! (the `redis+sentinel://` URL, asking the sentinels), `cluster.rs`
 //! (cluster URLs and the connection kinds), `listener.rs`
 //! (pub/sub wake-ups), `decode.rs` (arguments and replies), `backend.rs` (the
 //! [`Backend`] impl).
@@ -134,7 +140,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::Conn;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Script};
 use tokio::sync::broadcast;
 use tokio_util::sync::DropGuard;
@@ -166,11 +171,15 @@ macro_rules! read_retry {
 
 mod backend;
 mod cluster;
+mod conn;
 mod decode;
 mod listener;
 mod schema;
 mod scripts;
+mod sentinel;
 mod tls;
+
+use conn::MasterConn;
 
 use decode::{opt_arg, parse_i64, parse_u64, task_info};
 pub use schema::{CLUSTER_LAYOUT_VERSION, SCHEMA_VERSION};
@@ -201,9 +210,10 @@ struct Listener {
 
 /// The Redis implementation of [`Backend`]. Build it with [`connect`].
 pub struct RedisBackend {
-    /// The client of the wake-up subscription (on a cluster, its first
-    /// seed node: pub/sub messages reach every node).
-    client: redis::Client,
+    /// The client of a cluster's wake-up subscription (its first seed
+    /// node: pub/sub messages reach every node); `None` for one server,
+    /// whose subscription follows the command connection (`conn.rs`).
+    client: Option<redis::Client>,
     conn: Conn,
     /// The configured key prefix `P`.
     prefix: String,
@@ -247,12 +257,12 @@ impl RedisBackend {
     /// Connect to Redis (see [`connect`]).
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<RedisBackend, StoreError> {
         let (conn, client) = if cluster::is_cluster_url(url) {
-            cluster::connect(url, opts).await?
+            let (conn, client) = cluster::connect(url, opts).await?;
+            (conn, Some(client))
         } else {
-            let client = tls::open_client(url)?;
             (
-                Conn::Single(Box::new(Self::connect_single(&client, url, opts).await?)),
-                client,
+                Conn::Single(Box::new(Self::connect_single(url, opts).await?)),
+                None,
             )
         };
         let prefix = opts.prefix.clone().unwrap_or_default();
@@ -269,37 +279,36 @@ impl RedisBackend {
         })
     }
 
-    /// The command connection to one server.
-    async fn connect_single(
-        client: &redis::Client,
-        url: &str,
-        opts: &StoreOptions,
-    ) -> Result<ConnectionManager, StoreError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(opts.connect_timeout)
-            .set_response_timeout(opts.statement_timeout)
-            .set_number_of_retries(1)
-            .set_factor(2)
-            .set_max_delay(200);
-        let conn = tokio::time::timeout(
-            opts.connect_timeout * 3,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable(format!("redis {}: connect timed out", redact(url))))?
-        .map_err(|e| {
+    /// The command connection to one server (`redis://`, `rediss://`, or
+    /// the master the sentinels name).
+    async fn connect_single(url: &str, opts: &StoreOptions) -> Result<MasterConn, StoreError> {
+        let (target, wait_replicas) = conn::Target::from_url(url)?;
+        let conn = MasterConn::new(
+            target,
+            wait_replicas,
+            opts.connect_timeout,
+            opts.statement_timeout,
+        );
+        conn.connect_now().await.map_err(|e| {
             // A database index the server lacks is the URL's fault, not an
             // outage: say which and what is accepted.
             if e.to_string()
                 .to_ascii_lowercase()
                 .contains("db index is out of range")
             {
-                let db = client.get_connection_info().redis.db;
                 StoreError::Config(format!(
-                    "store URL {:?}: the Redis server has no database \"{db}\" (a server has \
+                    "store URL {:?}: the Redis server has no database \"{}\" (a server has \
                      `databases` of them, 16 by default: 0 to 15); use an index it has, \
                      e.g. redis://host:6379/0",
-                    redact(url)
+                    redact(url),
+                    conn.db()
+                ))
+            } else if e.kind() == redis::ErrorKind::ClientError {
+                // The sentinels know no master of the URL's name.
+                StoreError::Config(format!(
+                    "store URL {:?}: {}",
+                    redact(url),
+                    e.detail().unwrap_or_default()
                 ))
             } else {
                 StoreError::from(e)
