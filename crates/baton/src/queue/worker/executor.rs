@@ -38,7 +38,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     );
     #[cfg(feature = "otel")]
     if let Some(tp) = &task.traceparent {
-        super::trace::link(&span, tp);
+        crate::queue::trace::link(&span, tp);
     }
     tracing::info!(
         task = task.id,
