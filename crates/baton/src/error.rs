@@ -408,7 +408,7 @@ mod tests {
         assert!(e.is_retryable());
         assert_eq!(
             e.to_string(),
-            "store is read-only: You can't write against a read only replica."
+            "store is read-only (it refuses writes): You can't write against a read only replica."
         );
         let made_up = redis::RedisError::from((
             redis::ErrorKind::IoError,
