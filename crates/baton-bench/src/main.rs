@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use baton::lock::{LockOptions, Locker};
 use baton::queue::{Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
-use baton::store::{Acquire, ClaimRequest, Finish, LockRequest};
+use baton::store::{Acquire, Finish, LockAcquire, TaskClaim};
 use baton::{Store, StoreOptions};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -558,7 +558,7 @@ async fn lock_bench(a: LockArgs) -> Result<()> {
                     }
                     LockApi::Raw => {
                         let b = store.backend();
-                        let req = LockRequest {
+                        let req = LockAcquire {
                             name: &name,
                             holder: &holder,
                             at_most: Duration::from_secs(30),
@@ -894,7 +894,7 @@ async fn claim_round(store: &Store, queue: &'static str, a: &ClaimArgs) -> Resul
             while Instant::now() < end {
                 let c0 = Instant::now();
                 let got = b
-                    .task_claim(&ClaimRequest {
+                    .task_claim(&TaskClaim {
                         queue,
                         worker: &worker,
                         limit: batch,

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use baton::queue::TaskBuilder;
-use baton::store::{ClaimRequest, TaskHeartbeatMany};
+use baton::store::{TaskClaim, TaskHeartbeatMany};
 use baton::Store;
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -78,7 +78,7 @@ fn child(file: std::path::PathBuf) {
             .unwrap();
         b.task_insert_many(&[task]).await.unwrap();
         let claimed = b
-            .task_claim(&ClaimRequest {
+            .task_claim(&TaskClaim {
                 queue: "q",
                 worker: "alive",
                 limit: 1,
@@ -90,7 +90,7 @@ fn child(file: std::path::PathBuf) {
             .unwrap();
         assert_eq!(claimed.len(), 1);
         let claim = claimed[0].claim();
-        let lock = |holder: &'static str| baton::store::LockRequest {
+        let lock = |holder: &'static str| baton::store::LockAcquire {
             name: "daemon",
             holder,
             at_most: LEASE,

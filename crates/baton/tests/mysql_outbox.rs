@@ -11,7 +11,7 @@ mod harness;
 
 use std::time::Duration;
 
-use baton::store::{mysql, ClaimRequest, NewTask, RunAt, TaskFilter};
+use baton::store::{mysql, NewTask, RunAt, TaskClaim, TaskFilter};
 use sqlx::Connection;
 
 fn task(queue: &str, key: Option<&str>) -> NewTask {
@@ -75,7 +75,7 @@ async fn outbox_commits_with_the_callers_transaction() {
     let again = b.task_insert_many(&[task("o", Some("K"))]).await.unwrap();
     assert_eq!((again[0].id, again[0].inserted), (r[0].id, false));
     let claimed = b
-        .task_claim(&ClaimRequest {
+        .task_claim(&TaskClaim {
             queue: "o",
             worker: "w",
             limit: 10,
@@ -138,7 +138,7 @@ async fn racing_capped_claims_never_overshoot() {
                 go.wait().await;
                 store
                     .backend()
-                    .task_claim(&ClaimRequest {
+                    .task_claim(&TaskClaim {
                         queue: "capped",
                         worker: &worker,
                         limit: 10,
@@ -221,7 +221,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
     let again = b.task_insert_many(&[task("o", Some("K"))]).await.unwrap();
     assert_eq!((again[0].id, again[0].inserted), (r[0].id, false));
     let claimed = b
-        .task_claim(&ClaimRequest {
+        .task_claim(&TaskClaim {
             queue: "o",
             worker: "w",
             limit: 10,

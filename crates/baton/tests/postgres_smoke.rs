@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton::store::postgres;
-use baton::store::{Backend, ClaimRequest, Finish, NewTask, RunAt, TaskFilter, TaskState};
+use baton::store::{Backend, Finish, NewTask, RunAt, TaskClaim, TaskFilter, TaskState};
 use baton::{Store, StoreOptions};
 use sqlx::Connection;
 
@@ -76,8 +76,8 @@ fn task(queue: &str) -> NewTask {
     }
 }
 
-fn claim_req<'a>(queue: &'a str, limit: u32, lease: Duration) -> ClaimRequest<'a> {
-    ClaimRequest {
+fn claim_req<'a>(queue: &'a str, limit: u32, lease: Duration) -> TaskClaim<'a> {
+    TaskClaim {
         queue,
         worker: "w1",
         limit,

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use baton::store::{Acquire, Backend, ClaimRequest, LockRequest, NewTask, RunAt, TaskState};
+use baton::store::{Acquire, Backend, LockAcquire, NewTask, RunAt, TaskClaim, TaskState};
 use baton::{FencingToken, Store, StoreOptions};
 use chrono::Utc;
 use serde_json::json;
@@ -73,8 +73,8 @@ fn nt(queue: &str) -> NewTask {
     }
 }
 
-fn creq<'a>(queue: &'a str, limit: u32, lease_ms: u64) -> ClaimRequest<'a> {
-    ClaimRequest {
+fn creq<'a>(queue: &'a str, limit: u32, lease_ms: u64) -> TaskClaim<'a> {
+    TaskClaim {
         queue,
         worker: "w1",
         limit,
@@ -84,8 +84,8 @@ fn creq<'a>(queue: &'a str, limit: u32, lease_ms: u64) -> ClaimRequest<'a> {
     }
 }
 
-fn lreq<'a>(name: &'a str, holder: &'a str, ms: u64) -> LockRequest<'a> {
-    LockRequest {
+fn lreq<'a>(name: &'a str, holder: &'a str, ms: u64) -> LockAcquire<'a> {
+    LockAcquire {
         name,
         holder,
         at_most: Duration::from_millis(ms),

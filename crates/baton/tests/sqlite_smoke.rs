@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton::store::sqlite::{enqueue_in, SqliteBackend};
-use baton::store::{Backend, ClaimRequest, Finish, NewTask, RunAt, TaskFilter};
+use baton::store::{Backend, Finish, NewTask, RunAt, TaskClaim, TaskFilter};
 use baton::{Store, StoreOptions};
 use tempfile::TempDir;
 
@@ -61,8 +61,8 @@ fn task(queue: &str) -> NewTask {
     }
 }
 
-fn claim_req(queue: &str, limit: u32, lease: Duration) -> ClaimRequest<'_> {
-    ClaimRequest {
+fn claim_req(queue: &str, limit: u32, lease: Duration) -> TaskClaim<'_> {
+    TaskClaim {
         queue,
         worker: "w1",
         limit,
@@ -301,7 +301,7 @@ async fn concurrent_workers_timing() {
             loop {
                 let got = s
                     .backend()
-                    .task_claim(&ClaimRequest {
+                    .task_claim(&TaskClaim {
                         queue: "cw",
                         worker: &worker,
                         limit: 10,

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, InvalidInput};
-use crate::store::{Acquire, FencingToken, LockInfo, LockRequest, Store};
+use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo, Store};
 
 mod keep_alive;
 mod lease;
@@ -206,7 +206,7 @@ impl Locker {
         let answer = self
             .store
             .backend()
-            .lock_acquire(&LockRequest {
+            .lock_acquire(&LockAcquire {
                 name,
                 holder: &holder,
                 at_most: opts.at_most,

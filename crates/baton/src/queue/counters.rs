@@ -161,7 +161,7 @@ pub const STORE_OPERATIONS: [&str; 7] = [
     "task_finish_many",
     "task_heartbeat_many",
     "task_rescue_many",
-    "task_prune",
+    "task_prune_many",
     "now",
     "store_identity",
 ];

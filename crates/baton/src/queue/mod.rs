@@ -331,7 +331,7 @@ impl Queue {
 
     /// Delete finished tasks older than `retention` (default 7 days).
     pub async fn prune(&self, retention: Duration) -> Result<u64, Error> {
-        Ok(self.store.backend().task_prune(retention).await?)
+        Ok(self.store.backend().task_prune_many(retention).await?)
     }
 }
 

@@ -46,7 +46,7 @@ use crate::error::{Error, InvalidInput};
 use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
 use crate::queue::TaskBuilder;
 use crate::store::{
-    Advanced, Claim, Enqueued, Finish, Heartbeat, NewTask, Overlap, SlotAdvance, SlotRecord, Store,
+    Advanced, Claim, Enqueued, Finish, Heartbeat, JobAdvance, NewTask, Overlap, SlotRecord, Store,
     TaskState, IDENTITY_CHECK,
 };
 
@@ -774,7 +774,7 @@ async fn slot_loop(
         // On time (nothing due): take the next slot within its lead. The
         // store judges it in the same call: not before `slot - lead` by its
         // clock, and under `overlap = forbid` an unfinished previous run
-        // makes it wait for the slot (`SlotAdvance::not_before`).
+        // makes it wait for the slot (`JobAdvance::not_before`).
         let mut early = false;
         if steps.is_empty() && lead > chrono::Duration::zero() {
             if let Some(next) = job.schedule.next_after(from) {
@@ -830,7 +830,7 @@ async fn slot_loop(
                 },
                 (None, None) => SlotRecord::Enqueue,
             };
-            let adv = SlotAdvance {
+            let adv = JobAdvance {
                 record,
                 overlap: job.overlap,
                 batch_after,
@@ -839,7 +839,7 @@ async fn slot_loop(
                 due_only: !early,
                 until,
                 not_before: early.then(|| slot - lead_for(slot)),
-                ..SlotAdvance::new(&job.name, cursor, slot, Some(&task))
+                ..JobAdvance::new(&job.name, cursor, slot, Some(&task))
             };
             if early {
                 // Every instance takes the same slot: make the losers cheap.
@@ -1117,7 +1117,7 @@ async fn cursor_to_end(
             return None;
         }
         match b
-            .job_advance(&SlotAdvance::new(job, expected, end, None))
+            .job_advance(&JobAdvance::new(job, expected, end, None))
             .await
         {
             Ok(Advanced::Enqueued(_)) => return Some(end),
@@ -1205,13 +1205,13 @@ async fn fixed_delay_loop(
                 return;
             }
         };
-        let adv = SlotAdvance {
+        let adv = JobAdvance {
             record: SlotRecord::Run {
                 worker: &l.worker,
                 lease: l.opts.at_most_duration(),
             },
             due_only: true,
-            ..SlotAdvance::new(&job.name, cursor, target, Some(&task))
+            ..JobAdvance::new(&job.name, cursor, target, Some(&task))
         };
         match b.job_advance(&adv).await {
             Ok(Advanced::Enqueued(e)) | Ok(Advanced::Skipped(e)) => {

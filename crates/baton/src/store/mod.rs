@@ -133,7 +133,7 @@ macro_rules! seam_methods {
             /// Grant a lease if the name is free or its lease has lapsed; the token
             /// is `max(previous + 1, store clock in µs)`, so it rises with every
             /// grant, forever, even after the record was lost.
-            fn lock_acquire(req: &$crate::store::LockRequest<'_>) -> $crate::store::Acquire;
+            fn lock_acquire(req: &$crate::store::LockAcquire<'_>) -> $crate::store::Acquire;
 
             /// Extend a lease we hold to `now + at_most`. `None` when the token is
             /// no longer the current one or the lease already lapsed.
@@ -169,7 +169,7 @@ macro_rules! seam_methods {
             /// ([`Backend::queue_set_paused`]), ordered by priority, run_at, id; each claimed task's
             /// attempt goes up by one and its token to `max(previous + 1, store
             /// clock in µs)`.
-            fn task_claim(req: &$crate::store::ClaimRequest<'_>) -> Vec<$crate::store::Task>;
+            fn task_claim(req: &$crate::store::TaskClaim<'_>) -> Vec<$crate::store::Task>;
 
             /// Extend the leases of running claims to `now + lease`, in one round
             /// trip; one answer per claim, in order.
@@ -223,7 +223,7 @@ macro_rules! seam_methods {
             /// ([`PrunedSlot`]) in the same transaction or script, and its key stays
             /// taken: inserting a task with that key, or advancing a job onto the
             /// slot, answers with the pruned task's id and `inserted = false`.
-            fn task_prune(older_than: $crate::store::seam_types::Duration) -> u64;
+            fn task_prune_many(older_than: $crate::store::seam_types::Duration) -> u64;
 
             /// A stream of [`Wake`]s: queues that got new pending work, due now or
             /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,
@@ -243,8 +243,8 @@ macro_rules! seam_methods {
             fn slot_get(key: &str) -> Option<$crate::store::PrunedSlot>;
 
             /// Move the cursor and record the slot's task, atomically (see
-            /// [`SlotAdvance`] and docs/STORE.md).
-            fn job_advance(adv: &$crate::store::SlotAdvance<'_>) -> $crate::store::Advanced;
+            /// [`JobAdvance`] and docs/STORE.md).
+            fn job_advance(adv: &$crate::store::JobAdvance<'_>) -> $crate::store::Advanced;
 
             /// Pause or resume a job cluster-wide. False if the job is unknown.
             fn job_set_paused(params: &$crate::store::JobSetPaused<'_>) -> bool;

@@ -1,9 +1,9 @@
 //! Params structs for the [`Backend`](super::Backend) calls that take more
 //! than one value (the seam's rule: entity, verb, one params struct). The
 //! older ones live with the values they describe in `types.rs`
-//! ([`LockRequest`](super::LockRequest) for `lock_acquire`,
-//! [`ClaimRequest`](super::ClaimRequest) for `task_claim`,
-//! [`SlotAdvance`](super::SlotAdvance) for `job_advance`,
+//! ([`LockAcquire`](super::LockAcquire) for `lock_acquire`,
+//! [`TaskClaim`](super::TaskClaim) for `task_claim`,
+//! [`JobAdvance`](super::JobAdvance) for `job_advance`,
 //! [`TaskFilter`](super::TaskFilter) for `task_list`).
 
 use std::time::Duration;

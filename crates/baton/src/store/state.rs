@@ -40,7 +40,7 @@ pub enum Op {
     Cancel,
     /// `task_retry` (with the unique key free; else it answers Conflict).
     Retry,
-    /// `task_prune` once the task finished longer ago than `older_than`.
+    /// `task_prune_many` once the task finished longer ago than `older_than`.
     Prune,
 }
 

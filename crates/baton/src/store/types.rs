@@ -42,7 +42,7 @@ pub struct LockInfo {
 
 /// A request to take a lease on a lock name.
 #[derive(Debug, Clone)]
-pub struct LockRequest<'a> {
+pub struct LockAcquire<'a> {
     /// Lock name, already validated.
     pub name: &'a str,
     /// Holder identity for this acquisition (unique per acquisition).
@@ -51,7 +51,7 @@ pub struct LockRequest<'a> {
     pub at_most: Duration,
 }
 
-/// The store's answer to a [`LockRequest`].
+/// The store's answer to a [`LockAcquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquire {
     /// The lease is ours.
@@ -184,7 +184,7 @@ pub struct Enqueued {
 
 /// A claim request: lease up to `limit` due tasks of one queue.
 #[derive(Debug, Clone)]
-pub struct ClaimRequest<'a> {
+pub struct TaskClaim<'a> {
     /// Queue to claim from.
     pub queue: &'a str,
     /// Worker identity recorded on the task.
@@ -557,7 +557,7 @@ pub const OVERLAP_SKIPPED: &str = "skipped: previous run still pending or runnin
 /// A request to move a job's cursor from `expected` to `slot` and record
 /// the slot's run (`task`), atomically (DESIGN.md S1).
 #[derive(Debug, Clone)]
-pub struct SlotAdvance<'a> {
+pub struct JobAdvance<'a> {
     /// Job name.
     pub job: &'a str,
     /// The cursor value the caller read. The advance happens only if the
@@ -599,7 +599,7 @@ pub struct SlotAdvance<'a> {
     pub not_before: Option<DateTime<Utc>>,
 }
 
-impl<'a> SlotAdvance<'a> {
+impl<'a> JobAdvance<'a> {
     /// An advance that enqueues `task` for `slot`, overlap allowed, no
     /// catch-up batch and no store-time bounds.
     pub fn new(
@@ -607,8 +607,8 @@ impl<'a> SlotAdvance<'a> {
         expected: Option<DateTime<Utc>>,
         slot: DateTime<Utc>,
         task: Option<&'a NewTask>,
-    ) -> SlotAdvance<'a> {
-        SlotAdvance {
+    ) -> JobAdvance<'a> {
+        JobAdvance {
             job,
             expected,
             slot,
@@ -625,7 +625,7 @@ impl<'a> SlotAdvance<'a> {
     /// Whether the store refuses the advance ([`Advanced::NotDue`]) by its
     /// clock `now`, before touching anything: `now` is before the slot
     /// under `due_only`, at or after `until`, or before `not_before`. The
-    /// early-take overlap rule is [`SlotAdvance::early_at`].
+    /// early-take overlap rule is [`JobAdvance::early_at`].
     pub fn refused_at(&self, now: DateTime<Utc>) -> bool {
         (self.due_only && self.slot > now)
             || self.until.is_some_and(|u| now >= u)
@@ -651,7 +651,7 @@ impl<'a> SlotAdvance<'a> {
 /// store clock in µs, so this value is never reissued for the task).
 pub const RUN_RECORD_TOKEN: FencingToken = FencingToken(1);
 
-/// How [`SlotAdvance`] records the slot's task.
+/// How [`JobAdvance`] records the slot's task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotRecord<'a> {
     /// Enqueue it like `enqueue` (durable mode), subject to the overlap rule.
@@ -674,7 +674,7 @@ pub enum SlotRecord<'a> {
     },
 }
 
-/// The store's answer to a [`SlotAdvance`].
+/// The store's answer to a [`JobAdvance`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Advanced {
     /// The cursor moved and the slot's task exists (`inserted` false when a

@@ -542,7 +542,7 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
     let b = Locker::new(ts.open().await);
     let grant = |name: &'static str, ms: u64| async move {
         match backend
-            .lock_acquire(&baton::store::LockRequest {
+            .lock_acquire(&baton::store::LockAcquire {
                 name,
                 holder: "h:1:a",
                 at_most: Duration::from_millis(ms),

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use baton::store::state::{next, Facts, Op as StateOp, Target};
 use baton::store::{
-    Acquire, Backend, CancelOutcome, Claim, ClaimRequest, FencingToken, Finish, Heartbeat,
-    LockRequest, NewTask, RunAt, Task, TaskFilter, TaskState,
+    Acquire, Backend, CancelOutcome, Claim, FencingToken, Finish, Heartbeat, LockAcquire, NewTask,
+    RunAt, Task, TaskClaim, TaskFilter, TaskState,
 };
 use baton::StoreError;
 use serde_json::json;
@@ -901,7 +901,7 @@ impl Real<'_> {
             }
             Step::Claim { queue, limit, cap } => {
                 let got = b
-                    .task_claim(&ClaimRequest {
+                    .task_claim(&TaskClaim {
                         queue: QUEUES[*queue],
                         worker: "model",
                         limit: *limit,
@@ -995,7 +995,7 @@ impl Real<'_> {
             Step::Prune => {
                 tokio::time::sleep(LAPSE).await;
                 Ans::Pruned(
-                    b.task_prune(Duration::ZERO)
+                    b.task_prune_many(Duration::ZERO)
                         .await
                         .map_err(|e| err("prune", e))?,
                 )
@@ -1004,7 +1004,7 @@ impl Real<'_> {
                 self.holders += 1;
                 let holder = format!("h{}", self.holders);
                 let got = b
-                    .lock_acquire(&LockRequest {
+                    .lock_acquire(&LockAcquire {
                         name: LOCKS[*l],
                         holder: &holder,
                         at_most: LONG,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use baton::queue::{Backoff, Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
 use baton::store::{
-    CancelOutcome, Claim, ClaimRequest, FencingToken, Finish, Heartbeat, TaskFilter, TaskState,
+    CancelOutcome, Claim, FencingToken, Finish, Heartbeat, TaskClaim, TaskFilter, TaskState,
     CANCEL_REQUESTED, LEASE_EXPIRED,
 };
 use baton::Store;
@@ -23,7 +23,7 @@ fn task(kind: &str) -> TaskBuilder {
 async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::store::Task> {
     store
         .backend()
-        .task_claim(&ClaimRequest {
+        .task_claim(&TaskClaim {
             queue,
             worker: "test-worker",
             limit: n,
@@ -101,7 +101,7 @@ pub async fn claim_order_priority_run_at_id(ts: TestStore) {
     assert!(claim(&ts.store, "default", 10, 10_000).await.is_empty());
 }
 
-/// `ClaimRequest::buffered`: the first `limit - buffered` due tasks are
+/// `TaskClaim::buffered`: the first `limit - buffered` due tasks are
 /// taken as usual; the buffer's share only among tasks with an attempt to
 /// spare, so a task on its last attempt never waits unstarted in a worker
 /// (whose crash would have it failed by the rescue without a run). Tasks
@@ -131,7 +131,7 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
         .task_finish_many(&[(c[0].claim(), failed)])
         .await;
     assert_eq!(done.unwrap(), [true]);
-    let req = |limit, buffered| ClaimRequest {
+    let req = |limit, buffered| TaskClaim {
         queue: "default",
         worker: "test-worker",
         limit,
@@ -1596,7 +1596,7 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
     // A capped claim goes through the same check.
     let capped = other
         .backend()
-        .task_claim(&ClaimRequest {
+        .task_claim(&TaskClaim {
             queue: "held",
             worker: "w",
             limit: 10,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use baton::queue::{Worker, WorkerConfig};
 use baton::schedule::spec::{Misfire, Schedule};
 use baton::schedule::{trigger, Job, Scheduler};
-use baton::store::{Advanced, Overlap, SlotAdvance, TaskState, OVERLAP_SKIPPED};
+use baton::store::{Advanced, JobAdvance, Overlap, TaskState, OVERLAP_SKIPPED};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
@@ -40,7 +40,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
     );
     let s1 = secs(c0, 1);
     let t1 = job.task(s1, false).unwrap();
-    let adv = |expected, slot, task| SlotAdvance {
+    let adv = |expected, slot, task| JobAdvance {
         job: "cas",
         expected,
         slot,
@@ -91,7 +91,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
     assert!(!baton::schedule::set_paused(&ts.store, "nope", true)
         .await
         .unwrap());
-    let other = SlotAdvance {
+    let other = JobAdvance {
         job: "nope",
         expected: None,
         slot: s1,
@@ -133,7 +133,7 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
         job.task(s2, false).unwrap(),
         job.task(s3, false).unwrap(),
     );
-    let adv = |expected, slot, task, overlap| SlotAdvance {
+    let adv = |expected, slot, task, overlap| JobAdvance {
         job: "ov",
         expected,
         slot,
@@ -204,7 +204,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     // under overlap = forbid: the pending trigger run is this slot's own
     // run, not a previous one, so it is not "skipped".
     let t = job.task(slot, false).unwrap();
-    let adv = SlotAdvance {
+    let adv = JobAdvance {
         job: "trig",
         expected: Some(c0),
         slot,
@@ -225,7 +225,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     );
     // Even after the run finished.
     let c = b
-        .task_claim(&baton::store::ClaimRequest {
+        .task_claim(&baton::store::TaskClaim {
             queue: "default",
             worker: "w",
             limit: 1,
@@ -438,9 +438,9 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         .unwrap();
     let ahead = secs(c0, 30);
     let t = job.task(ahead, false).unwrap();
-    let adv = SlotAdvance {
+    let adv = JobAdvance {
         due_only: true,
-        ..SlotAdvance::new("due", Some(c0), ahead, Some(&t))
+        ..JobAdvance::new("due", Some(c0), ahead, Some(&t))
     };
     let Advanced::NotDue { now } = b.job_advance(&adv).await.unwrap() else {
         panic!("a slot 30 s ahead of the store is refused")
@@ -459,19 +459,19 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
     // A slot that is due, but whose `until` has passed (a stale plan).
     let past = secs(c0, -5);
     let tp = job.task(past, false).unwrap();
-    let stale = SlotAdvance {
+    let stale = JobAdvance {
         due_only: true,
         until: Some(secs(c0, -4)),
-        ..SlotAdvance::new("due", Some(c0), past, Some(&tp))
+        ..JobAdvance::new("due", Some(c0), past, Some(&tp))
     };
     assert!(matches!(
         b.job_advance(&stale).await.unwrap(),
         Advanced::NotDue { .. }
     ));
     // The CAS is checked first: a loser learns the cursor.
-    let lost = SlotAdvance {
+    let lost = JobAdvance {
         due_only: true,
-        ..SlotAdvance::new("due", Some(secs(c0, -60)), ahead, Some(&t))
+        ..JobAdvance::new("due", Some(secs(c0, -60)), ahead, Some(&t))
     };
     assert_eq!(
         b.job_advance(&lost).await.unwrap(),
@@ -486,10 +486,10 @@ pub async fn advance_is_checked_against_store_time(ts: TestStore) {
         .unwrap();
     assert!(none.is_empty(), "refused advances insert nothing: {none:?}");
     // Due, within until: taken.
-    let ok = SlotAdvance {
+    let ok = JobAdvance {
         due_only: true,
         until: Some(secs(c0, 60)),
-        ..SlotAdvance::new("due", Some(c0), secs(c0, -1), None)
+        ..JobAdvance::new("due", Some(c0), secs(c0, -1), None)
     };
     assert!(matches!(
         b.job_advance(&ok).await.unwrap(),
@@ -522,13 +522,13 @@ pub async fn run_and_skip_records(ts: TestStore) {
     let s1 = secs(c0, -3);
     let t1 = job.task(s1, false).unwrap();
     assert_eq!(t1.max_attempts, 1, "a lock-mode run has one attempt");
-    let run = |expected, slot, task, lease| SlotAdvance {
+    let run = |expected, slot, task, lease| JobAdvance {
         record: baton::store::SlotRecord::Run {
             worker: "inst-a",
             lease,
         },
         due_only: true,
-        ..SlotAdvance::new("lockjob", expected, slot, task)
+        ..JobAdvance::new("lockjob", expected, slot, task)
     };
     let Advanced::Enqueued(e1) = b
         .job_advance(&run(Some(c0), s1, Some(&t1), Duration::from_secs(10)))
@@ -553,7 +553,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
     );
     // Not claimable by a worker.
     let claimed = b
-        .task_claim(&baton::store::ClaimRequest {
+        .task_claim(&baton::store::TaskClaim {
             queue: "default",
             worker: "w",
             limit: 10,
@@ -613,11 +613,11 @@ pub async fn run_and_skip_records(ts: TestStore) {
     // A skip record.
     let s3 = secs(c0, -1);
     let t3 = job.task(s3, false).unwrap();
-    let skip = SlotAdvance {
+    let skip = JobAdvance {
         record: baton::store::SlotRecord::Skip {
             reason: "skipped by misfire = latest: 7 missed slot(s)",
         },
-        ..SlotAdvance::new("lockjob", Some(s2), s3, Some(&t3))
+        ..JobAdvance::new("lockjob", Some(s2), s3, Some(&t3))
     };
     let Advanced::Skipped(e3) = b.job_advance(&skip).await.unwrap() else {
         panic!("a skip record")
@@ -652,10 +652,10 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let tasks: Vec<_> = slots.iter().map(|s| job.task(*s, false).unwrap()).collect();
     let mut cur = Some(c0);
     for (s, t) in slots.iter().zip(&tasks) {
-        let adv = SlotAdvance {
+        let adv = JobAdvance {
             overlap: Overlap::Forbid,
             batch_after: Some(c0),
-            ..SlotAdvance::new("batch", cur, *s, Some(t))
+            ..JobAdvance::new("batch", cur, *s, Some(t))
         };
         let r = b.job_advance(&adv).await.unwrap();
         assert!(
@@ -668,10 +668,10 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     // them as a previous run.
     let s4 = secs(c0, 4);
     let t4 = job.task(s4, false).unwrap();
-    let adv = SlotAdvance {
+    let adv = JobAdvance {
         overlap: Overlap::Forbid,
         batch_after: Some(slots[2]),
-        ..SlotAdvance::new("batch", cur, s4, Some(&t4))
+        ..JobAdvance::new("batch", cur, s4, Some(&t4))
     };
     assert!(matches!(
         b.job_advance(&adv).await.unwrap(),
@@ -699,10 +699,10 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
     while ts.store.now().await.unwrap() < s2 + chrono::Duration::milliseconds(20) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let take = |expected, slot, task| SlotAdvance {
+    let take = |expected, slot, task| JobAdvance {
         overlap: Overlap::Forbid,
         due_only: true,
-        ..SlotAdvance::new("late", expected, slot, Some(task))
+        ..JobAdvance::new("late", expected, slot, Some(task))
     };
     let (t1, t2, t3) = (
         job.task(s1, false).unwrap(),
@@ -763,11 +763,11 @@ pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
     let mut cur = Some(c0);
     for s in &missed[..missed.len() - 1] {
         let task = job.task(*s, false).unwrap();
-        let adv = SlotAdvance {
+        let adv = JobAdvance {
             overlap: Overlap::Forbid,
             batch_after: after,
             due_only: true,
-            ..SlotAdvance::new("join", cur, *s, Some(&task))
+            ..JobAdvance::new("join", cur, *s, Some(&task))
         };
         let r = b.job_advance(&adv).await.unwrap();
         assert!(
@@ -1010,13 +1010,13 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
     let t1 = job.task(s1, false).unwrap();
     let existing = b.task_insert_many(std::slice::from_ref(&t1)).await.unwrap()[0];
     assert!(existing.inserted);
-    let adv = SlotAdvance {
+    let adv = JobAdvance {
         record: baton::store::SlotRecord::Run {
             worker: "inst-a",
             lease: Duration::from_secs(10),
         },
         due_only: true,
-        ..SlotAdvance::new("lockjob2", Some(c0), s1, Some(&t1))
+        ..JobAdvance::new("lockjob2", Some(c0), s1, Some(&t1))
     };
     let Advanced::Enqueued(e) = b.job_advance(&adv).await.unwrap() else {
         panic!("the slot is advanced")
@@ -1044,10 +1044,10 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         .last_slot
         .unwrap();
     let ms = |n: i64| c0 + chrono::Duration::milliseconds(n);
-    let early = |expected, slot, not_before, task| SlotAdvance {
+    let early = |expected, slot, not_before, task| JobAdvance {
         overlap: Overlap::Forbid,
         not_before: Some(not_before),
-        ..SlotAdvance::new("early", expected, slot, Some(task))
+        ..JobAdvance::new("early", expected, slot, Some(task))
     };
     let job_tasks = || async {
         b.task_list(&baton::store::TaskFilter {
@@ -1139,7 +1139,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
 /// nothing; the tombstone says what became of the slot (succeeded, or
 /// skipped with its reason). A job's queue is recorded when it registers.
 pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
-    use baton::store::{ClaimRequest, Enqueued, Finish, JobRegister, SlotRecord};
+    use baton::store::{Enqueued, Finish, JobRegister, SlotRecord, TaskClaim};
     let b = ts.store.backend();
     let job = Job::new("pruned", every(1_000)).queue("pq");
     let c0 = b
@@ -1167,7 +1167,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     let first = trigger(&ts.store, &job, s1).await.unwrap();
     assert!(first.inserted);
     let c = b
-        .task_claim(&ClaimRequest {
+        .task_claim(&TaskClaim {
             queue: "pq",
             worker: "w",
             limit: 1,
@@ -1186,9 +1186,9 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     );
     let t2 = job.task(s2, false).unwrap();
     let skipped = b
-        .job_advance(&SlotAdvance {
+        .job_advance(&JobAdvance {
             record: SlotRecord::Skip { reason: "misfire" },
-            ..SlotAdvance::new("pruned", Some(c0), s2, Some(&t2))
+            ..JobAdvance::new("pruned", Some(c0), s2, Some(&t2))
         })
         .await
         .unwrap();
@@ -1199,7 +1199,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
 
     // Retention prunes both.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(b.task_prune(Duration::ZERO).await.unwrap() >= 2);
+    assert!(b.task_prune_many(Duration::ZERO).await.unwrap() >= 2);
     assert!(b.task_get(first.id).await.unwrap().is_none());
     assert!(b.task_get(skipped.id).await.unwrap().is_none());
 
@@ -1233,9 +1233,9 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     // lags): the pruned run again, nothing recorded.
     let t1 = job.task(s1, false).unwrap();
     assert_eq!(
-        b.job_advance(&SlotAdvance {
+        b.job_advance(&JobAdvance {
             overlap: Overlap::Forbid,
-            ..SlotAdvance::new("pruned", Some(s2), s1, Some(&t1))
+            ..JobAdvance::new("pruned", Some(s2), s1, Some(&t1))
         })
         .await
         .unwrap(),
@@ -1269,7 +1269,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     assert_eq!(tomb.state, TaskState::Cancelled);
     assert_eq!(tomb.last_error.as_deref(), Some("misfire"));
     // A second prune leaves the tombstones as they are.
-    b.task_prune(Duration::ZERO).await.unwrap();
+    b.task_prune_many(Duration::ZERO).await.unwrap();
     assert_eq!(
         b.slot_get(&job.slot_key(s1))
             .await

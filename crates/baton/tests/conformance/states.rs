@@ -13,8 +13,8 @@ use std::time::Duration;
 use baton::queue::TaskBuilder;
 use baton::store::state::{next, Facts, Op, Target};
 use baton::store::{
-    Backend, CancelOutcome, Claim, ClaimRequest, FencingToken, Finish, Heartbeat,
-    TaskHeartbeatMany, TaskInfo, TaskSetProgress, TaskState,
+    Backend, CancelOutcome, Claim, FencingToken, Finish, Heartbeat, TaskClaim, TaskHeartbeatMany,
+    TaskInfo, TaskSetProgress, TaskState,
 };
 use serde_json::json;
 
@@ -69,7 +69,7 @@ async fn get(b: &dyn Backend, id: i64) -> Option<TaskInfo> {
 }
 
 async fn claim_one(b: &dyn Backend, queue: &str, lease: Duration) -> Vec<baton::store::Task> {
-    b.task_claim(&ClaimRequest {
+    b.task_claim(&TaskClaim {
         queue,
         worker: "states",
         limit: 1,
@@ -192,7 +192,7 @@ async fn apply(b: &dyn Backend, queue: &str, id: i64, claim: Claim, op: Op) -> b
             // Prune takes every finished task of this test's store; accepted
             // means ours is gone.
             tokio::time::sleep(Duration::from_millis(20)).await;
-            b.task_prune(Duration::ZERO).await.unwrap();
+            b.task_prune_many(Duration::ZERO).await.unwrap();
             get(b, id).await.is_none()
         }
     }

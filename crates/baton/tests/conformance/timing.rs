@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton::queue::{Backoff, Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
-use baton::store::{ClaimRequest, Finish, TaskInfo, TaskState};
+use baton::store::{Finish, TaskClaim, TaskInfo, TaskState};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -113,7 +113,7 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
     let got = ts
         .store
         .backend()
-        .task_claim(&ClaimRequest {
+        .task_claim(&TaskClaim {
             queue: "default",
             worker: "elsewhere",
             limit: 1,

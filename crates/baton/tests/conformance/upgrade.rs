@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use baton::store::{ClaimRequest, Finish, TaskFilter, TaskState, CANCEL_REQUESTED};
+use baton::store::{Finish, TaskClaim, TaskFilter, TaskState, CANCEL_REQUESTED};
 use baton::{Store, StoreOptions};
 
 use crate::harness::{exec_sql, Kind};
@@ -587,7 +587,7 @@ async fn mysql_versions(ts: TestStore) {
         let info = ub.task_get(traced.id).await.unwrap().unwrap();
         assert_eq!(info.traceparent.as_deref(), Some(TRACEPARENT));
         q.pause("new").await.unwrap();
-        let req = ClaimRequest {
+        let req = TaskClaim {
             queue: "new",
             worker: "w",
             limit: 10,
@@ -773,7 +773,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     );
     let floor = store.now().await.unwrap().timestamp_micros();
     let g = b
-        .lock_acquire(&baton::store::LockRequest {
+        .lock_acquire(&baton::store::LockAcquire {
             name: "L",
             holder: "new-holder",
             at_most: Duration::from_secs(10),
@@ -789,7 +789,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     // The v1 running task with a lapsed lease is rescued; the claim takes
     // it and A with fresh tokens, and never the cancel-requested B.
     assert_eq!(b.task_rescue_many().await.unwrap().requeued, 1);
-    let req = ClaimRequest {
+    let req = TaskClaim {
         queue: "up",
         worker: "w2",
         limit: 5,
@@ -854,7 +854,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     if let Kind::Redis = ts.kind {
         // baton's lock of the same name beside ShedLock's is its own.
         let g = b
-            .lock_acquire(&baton::store::LockRequest {
+            .lock_acquire(&baton::store::LockAcquire {
                 name: "daemon-runner",
                 holder: "baton",
                 at_most: Duration::from_secs(10),

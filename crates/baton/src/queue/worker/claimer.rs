@@ -131,7 +131,7 @@ pub(super) async fn claim_into(
             0
         };
         if want > 0 && more {
-            let req = ClaimRequest {
+            let req = TaskClaim {
                 queue,
                 worker: &shared.id,
                 limit: u32::try_from(want).unwrap_or(u32::MAX),
@@ -146,7 +146,7 @@ pub(super) async fn claim_into(
                     backoff = Duration::from_millis(50);
                     let full = batch.len() == want;
                     // The buffer's share is taken only among tasks with an
-                    // attempt to spare (see `ClaimRequest::buffered`), so a
+                    // attempt to spare (see `TaskClaim::buffered`), so a
                     // claim that filled the free slots but not the buffer
                     // may have stepped over tasks on their last attempt:
                     // claim again when a slot frees, gathering a few.

@@ -63,7 +63,7 @@ use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
 use crate::clock::StoreClock;
 use crate::error::Error;
-use crate::store::{Claim, ClaimRequest, Finish, Heartbeat, Store, Task, Wake, IDENTITY_CHECK};
+use crate::store::{Claim, Finish, Heartbeat, Store, Task, TaskClaim, Wake, IDENTITY_CHECK};
 
 mod claimer;
 mod completer;

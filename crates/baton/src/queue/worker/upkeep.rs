@@ -83,11 +83,11 @@ pub(super) async fn upkeep_loop(
             }
             _ = prune.tick(), if cfg.retention.is_some() => {
                 if let Some(keep) = cfg.retention {
-                    match shared.upkeep(shared.store.backend().task_prune(keep)).await {
+                    match shared.upkeep(shared.store.backend().task_prune_many(keep)).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
                         Err(e) => {
-                            shared.counters.store_error("task_prune");
+                            shared.counters.store_error("task_prune_many");
                             crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "prune failed")
                         }
                     }

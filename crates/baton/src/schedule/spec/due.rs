@@ -190,7 +190,7 @@ pub fn due_slots(
 /// the slot just before the latest `keep` slots up to `latest`. Every
 /// instance that sees the same latest due slot computes the same window,
 /// whatever cursor it read, so the tasks of one catch-up can be told apart
-/// from earlier runs (see `SlotAdvance::batch_after`). `None` when there
+/// from earlier runs (see `JobAdvance::batch_after`). `None` when there
 /// is no such slot within a year before `latest`.
 pub fn catch_up_window_start(
     schedule: &Schedule,

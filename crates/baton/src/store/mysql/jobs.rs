@@ -8,7 +8,7 @@ use super::{us, MyBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::job_state;
 use crate::store::{
-    Advanced, Enqueued, JobState, SlotAdvance, SlotRecord, OVERLAP_SKIPPED, RUN_RECORD_TOKEN,
+    Advanced, Enqueued, JobAdvance, JobState, SlotRecord, OVERLAP_SKIPPED, RUN_RECORD_TOKEN,
 };
 
 impl MyBackend {
@@ -37,7 +37,7 @@ impl MyBackend {
 
     /// One transaction: lock the job's row, check it (paused, cursor,
     /// store time), move the cursor, and record the slot's task.
-    pub(super) async fn advance_job(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+    pub(super) async fn advance_job(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
         let n = &*self.names;
         let mut tx = self.begin().await?;
         let row = sqlx::query(&format!(

@@ -9,7 +9,7 @@ use sqlx::mysql::MySqlRow;
 use super::{hex_lit, text_lit, us, MyBackend, BEGIN, NOW_US};
 use crate::error::StoreError;
 use crate::store::sql_row::{lock_info, token_arg, SqlRow};
-use crate::store::{Acquire, FencingToken, LockInfo, LockRequest};
+use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo};
 
 /// The columns [`lock_info`] reads: the record and the store's now.
 const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, UTC_TIMESTAMP(6) AS now";
@@ -39,7 +39,7 @@ impl MyBackend {
     /// take gives it the store's now as its first token. The take always
     /// changes the row (the token rises), so the count is the same with
     /// or without `CLIENT_FOUND_ROWS`.
-    pub(super) async fn acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+    pub(super) async fn acquire(&self, req: &LockAcquire<'_>) -> Result<Acquire, StoreError> {
         let l = &self.names.locks;
         let name = hex_lit(req.name.as_bytes());
         let holder = text_lit(req.holder);

@@ -55,9 +55,9 @@ use sqlx::{Executor, MySqlConnection, Row};
 use tokio::sync::broadcast;
 
 use super::{
-    ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
-    Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SchemaStatus,
-    SlotAdvance, StoreOptions, Task, TaskFilter, TaskInfo, Wake,
+    ms, Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat, JobAdvance,
+    JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, SchemaStatus, StoreOptions,
+    Task, TaskClaim, TaskFilter, TaskInfo, Wake,
 };
 use crate::error::StoreError;
 use crate::store::sql_row::{self, SqlRow};
@@ -658,7 +658,7 @@ impl Backend for MyBackend {
         Ok(out)
     }
 
-    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+    async fn lock_acquire(&self, req: &LockAcquire<'_>) -> Result<Acquire, StoreError> {
         self.acquire(req).await
     }
 
@@ -710,7 +710,7 @@ impl Backend for MyBackend {
         self.enqueue_tasks(tasks).await
     }
 
-    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
         self.claim_tasks(req).await
     }
 
@@ -789,7 +789,7 @@ impl Backend for MyBackend {
         self.queue_stats().await
     }
 
-    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         // One transaction and one cutoff: every slot task deleted leaves
         // its tombstone.
         let n = &self.names;
@@ -847,7 +847,7 @@ impl Backend for MyBackend {
         .transpose()
     }
 
-    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+    async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
         self.advance_job(adv).await
     }
 

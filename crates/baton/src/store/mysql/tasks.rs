@@ -11,7 +11,7 @@ use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, Names, BEGIN, NOW
 use crate::error::StoreError;
 use crate::store::sql_row::{claimed_task, token_arg, SqlRow, CLAIM_COLS};
 use crate::store::{
-    Claim, ClaimRequest, Enqueued, Finish, Heartbeat, NewTask, RunAt, Task, Wake, CANCEL_REQUESTED,
+    Claim, Enqueued, Finish, Heartbeat, NewTask, RunAt, Task, TaskClaim, Wake, CANCEL_REQUESTED,
 };
 
 /// Rows per multi-row `INSERT` (16 placeholders each, well under MySQL's
@@ -323,10 +323,7 @@ impl MyBackend {
     /// One transaction: (with a cap, lock the queue's row in `<p>queues`
     /// and count its running tasks), lock up to `limit` due pending rows
     /// with `FOR UPDATE SKIP LOCKED`, claim them, read them back.
-    pub(super) async fn claim_tasks(
-        &self,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Vec<Task>, StoreError> {
+    pub(super) async fn claim_tasks(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -396,7 +393,7 @@ impl MyBackend {
     /// batch and a `ROLLBACK`.
     async fn claim_in_two_batches(
         &self,
-        req: &ClaimRequest<'_>,
+        req: &TaskClaim<'_>,
         walk: i64,
     ) -> Result<Vec<Task>, StoreError> {
         let queue = hex_lit(req.queue.as_bytes());
@@ -695,9 +692,9 @@ impl MyBackend {
 /// The claimed ids among the locked candidates `(id, spare)` (in claim
 /// order), at most `limit`: the first `req.limit - req.buffered` start at
 /// once, the later ones only with an attempt to spare
-/// (`ClaimRequest::buffered`). The others stay locked, unchanged, until
+/// (`TaskClaim::buffered`). The others stay locked, unchanged, until
 /// the claim commits.
-fn claim_pick(rows: Vec<(i64, i64)>, req: &ClaimRequest<'_>, limit: u32) -> Vec<i64> {
+fn claim_pick(rows: Vec<(i64, i64)>, req: &TaskClaim<'_>, limit: u32) -> Vec<i64> {
     let now_share = req.limit.saturating_sub(req.buffered) as usize;
     rows.into_iter()
         .enumerate()

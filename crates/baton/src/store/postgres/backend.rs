@@ -19,8 +19,8 @@ use crate::store::sql_row::{
 };
 use crate::store::SchemaStatus;
 use crate::store::{
-    Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish, Heartbeat,
-    JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance, SlotRecord, Task,
+    Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat, JobAdvance,
+    JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, SlotRecord, Task, TaskClaim,
     TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 
@@ -64,7 +64,7 @@ impl Backend for PgBackend {
 
     // ---- locks -------------------------------------------------------------
 
-    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+    async fn lock_acquire(&self, req: &LockAcquire<'_>) -> Result<Acquire, StoreError> {
         // When our snapshot and the latest version disagree (a concurrent
         // grant or release), try again (bounded) rather than report a lapsed
         // holder as busy.
@@ -189,7 +189,7 @@ impl Backend for PgBackend {
         Ok(out)
     }
 
-    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -452,7 +452,7 @@ impl Backend for PgBackend {
         Ok(out)
     }
 
-    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         let n: i64 = self
             .qs(&self.sql.prune)
             .bind(dur(older_than))
@@ -490,7 +490,7 @@ impl Backend for PgBackend {
             .transpose()
     }
 
-    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+    async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
         let n = &*self.names;
         let mut tx = self.begin().await?;
         let row = self

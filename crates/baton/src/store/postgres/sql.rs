@@ -327,7 +327,7 @@ impl Sql {
     }
 
     /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, `$4`
-    /// the limit, then `buffered` (`ClaimRequest::buffered`) as `$5`, or
+    /// the limit, then `buffered` (`TaskClaim::buffered`) as `$5`, or
     /// with `capped` the queue's cluster-wide cap on running tasks as `$5`
     /// (the caller holds the queue's advisory lock) and `buffered` as `$6`.
     ///
@@ -359,7 +359,7 @@ impl Sql {
 /// The claim statements (uncapped, capped) of one limit bucket.
 fn claim_sqls(n: &Names, bucket: u64) -> [String; 2] {
     let (t, q) = (&n.tasks, &n.queues);
-    // `buffered`: the parameter holding `ClaimRequest::buffered`. The rows
+    // `buffered`: the parameter holding `TaskClaim::buffered`. The rows
     // are numbered as the locking walk yields them: the first `$4 -
     // buffered` start at once, the later ones only with an attempt to
     // spare. Rows stepped over stay locked (unchanged) until the commit.

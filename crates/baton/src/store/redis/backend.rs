@@ -15,10 +15,10 @@ use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
 use crate::error::StoreError;
 use crate::store::SchemaStatus;
 use crate::store::{
-    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued,
-    FencingToken, Finish, Heartbeat, JobState, LockInfo, LockRequest, NewTask, Overlap, QueueStats,
-    Rescued, SlotAdvance, SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake,
-    CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, FencingToken, Finish,
+    Heartbeat, JobAdvance, JobState, LockAcquire, LockInfo, NewTask, Overlap, QueueStats, Rescued,
+    SlotRecord, Task, TaskClaim, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED,
+    LEASE_EXPIRED, OVERLAP_SKIPPED,
 };
 
 #[async_trait]
@@ -111,7 +111,7 @@ impl Backend for RedisBackend {
 
     // ---- locks -------------------------------------------------------------
 
-    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+    async fn lock_acquire(&self, req: &LockAcquire<'_>) -> Result<Acquire, StoreError> {
         let acquire = self.l::<Vec<redis::Value>>(
             &self.scripts.lock_acquire,
             req.name,
@@ -341,7 +341,7 @@ impl Backend for RedisBackend {
             .collect()
     }
 
-    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -594,7 +594,7 @@ impl Backend for RedisBackend {
         Ok(out)
     }
 
-    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         let mut total = 0u64;
         for queue in self.queues().await? {
             loop {
@@ -670,7 +670,7 @@ impl Backend for RedisBackend {
         }))
     }
 
-    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+    async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
         let opt_ms = |t: Option<DateTime<Utc>>| {
             t.map(|t| t.timestamp_millis().to_string())
                 .unwrap_or_default()

@@ -19,9 +19,9 @@ use crate::store::sql_row::{
 };
 use crate::store::SchemaStatus;
 use crate::store::{
-    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, ClaimRequest, Enqueued, Finish,
-    Heartbeat, JobState, LockInfo, LockRequest, NewTask, QueueStats, Rescued, SlotAdvance,
-    SlotRecord, Task, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
+    from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat,
+    JobAdvance, JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, SlotRecord, Task,
+    TaskClaim, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
     OVERLAP_SKIPPED,
 };
 
@@ -109,7 +109,7 @@ impl Backend for SqliteBackend {
 
     // ---- locks ---------------------------------------------------------------
 
-    async fn lock_acquire(&self, req: &LockRequest<'_>) -> Result<Acquire, StoreError> {
+    async fn lock_acquire(&self, req: &LockAcquire<'_>) -> Result<Acquire, StoreError> {
         // A lease granted before a forward host clock step is not taken
         // over early (sqlite/step.rs).
         let grace = super::step::check();
@@ -213,7 +213,7 @@ impl Backend for SqliteBackend {
         Ok(inserted.results)
     }
 
-    async fn task_claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<Task>, StoreError> {
+    async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -541,7 +541,7 @@ impl Backend for SqliteBackend {
         Ok(out)
     }
 
-    async fn task_prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+    async fn task_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         // One cutoff for both statements, so every slot task deleted left
         // its tombstone.
         let mut tx = self.immediate().await?;
@@ -589,7 +589,7 @@ impl Backend for SqliteBackend {
             .transpose()
     }
 
-    async fn job_advance(&self, adv: &SlotAdvance<'_>) -> Result<Advanced, StoreError> {
+    async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
         let mut tx = self.immediate().await?;
         let row = sqlx::query(&self.sql.job_get)
             .bind(adv.job)

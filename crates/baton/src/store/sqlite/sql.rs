@@ -240,7 +240,7 @@ impl Sql {
                 );
                 // The first tasks in order start at once; the buffer's
                 // share comes after them, among tasks with an attempt to
-                // spare (`ClaimRequest::buffered`), in a walk that steps
+                // spare (`TaskClaim::buffered`), in a walk that steps
                 // over at most as many as the buffer's share.
                 let now_share = format!("min({total}, max(0, ?4 - ?6))");
                 format!(

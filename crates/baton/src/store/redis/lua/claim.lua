@@ -2,7 +2,7 @@
 -- ''), the `last_error` of a pending task found with its cancel requested,
 -- how many of the claimed start at once (the rest wait in the worker's
 -- prefetch buffer, so they are taken only among tasks with an attempt to
--- spare: `ClaimRequest::buffered`).
+-- spare: `TaskClaim::buffered`).
 local now = now_ms()
 local queue = ARGV[2]
 -- A paused queue claims nothing (its tasks stay where they are).
