@@ -2,44 +2,8 @@
 //! own database transaction, so the change and its task commit together or
 //! not at all.
 //!
-//! [`Queue::enqueue_in`], [`Queue::enqueue_many_in`] and
-//! [`Queue::insert_in`] take the application's connection — a
-//! `sqlx::Transaction`, a pooled connection or a bare connection of the
-//! same database as the queue's store — and know the store's table prefix,
-//! so the call names nothing but the task. The connection types are
-//! [`OutboxConnection`]; the `sqlx` they come from is re-exported as
-//! [`baton::sqlx`](crate::sqlx), so the application needs no `sqlx`
-//! dependency of its own (nor one that must match baton's version).
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), baton::Error> {
-//! use baton::queue::{Queue, TaskBuilder};
-//! use baton::sqlx;
-//!
-//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app")
-//!     .await
-//!     .map_err(baton::StoreError::from)?;
-//! let queue = Queue::new(baton::Store::from_pg_pool(pool.clone(), None).await?);
-//!
-//! let mut tx = pool.begin().await.map_err(baton::StoreError::from)?;
-//! sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
-//!     .execute(&mut *tx)
-//!     .await
-//!     .map_err(baton::StoreError::from)?;
-//! let receipt = TaskBuilder::new("receipt", serde_json::json!({"order": 7}));
-//! let enqueued = queue.enqueue_in(&mut tx, receipt).await?;
-//! tx.commit().await.map_err(baton::StoreError::from)?; // the order and its task, or neither
-//! # let _ = enqueued; Ok(()) }
-//! ```
-//!
-//! Per store: on PostgreSQL the workers are woken at the commit (the
-//! notification is part of the transaction); on SQLite (begin with
-//! `BEGIN IMMEDIATE`: a deferred transaction that reads first may fail to
-//! become a writer) and MySQL (run it at `READ COMMITTED`, as baton's own
-//! sessions do, so a unique key's holder committed meanwhile is found)
-//! nothing is notified, and workers find the task at their next poll.
-//! Redis has no transactions with an application's data: a Redis store
-//! refuses these calls.
+//! (The module is private; its items are re-exported from [`crate::queue`]
+//! and documented on [`Queue::enqueue_in`].)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -146,10 +110,48 @@ outbox_connection!(
 
 impl Queue {
     /// Enqueue one task on `conn`, inside the application's transaction:
-    /// it becomes visible at the commit and vanishes with a rollback (see
-    /// the [module docs](self) for an example and what each store wakes).
+    /// it becomes visible at the commit and vanishes with a rollback.
     /// Validated before anything is written; with a unique key that is
     /// taken, returns the existing task (`inserted == false`).
+    ///
+    /// [`Queue::enqueue_in`], [`Queue::enqueue_many_in`] and
+    /// [`Queue::insert_in`] take the application's connection — a
+    /// `sqlx::Transaction`, a pooled connection or a bare connection of the
+    /// same database as the queue's store — and know the store's table prefix,
+    /// so the call names nothing but the task. The connection types are
+    /// [`OutboxConnection`]; the `sqlx` they come from is re-exported as
+    /// [`baton::sqlx`](crate::sqlx), so the application needs no `sqlx`
+    /// dependency of its own (nor one that must match baton's version).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), baton::Error> {
+    /// use baton::queue::{Queue, TaskBuilder};
+    /// use baton::sqlx;
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app")
+    ///     .await
+    ///     .map_err(baton::StoreError::from)?;
+    /// let queue = Queue::new(baton::Store::from_pg_pool(pool.clone(), None).await?);
+    ///
+    /// let mut tx = pool.begin().await.map_err(baton::StoreError::from)?;
+    /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
+    ///     .execute(&mut *tx)
+    ///     .await
+    ///     .map_err(baton::StoreError::from)?;
+    /// let receipt = TaskBuilder::new("receipt", serde_json::json!({"order": 7}));
+    /// let enqueued = queue.enqueue_in(&mut tx, receipt).await?;
+    /// tx.commit().await.map_err(baton::StoreError::from)?; // the order and its task, or neither
+    /// # let _ = enqueued; Ok(()) }
+    /// ```
+    ///
+    /// Per store: on PostgreSQL the workers are woken at the commit (the
+    /// notification is part of the transaction); on SQLite (begin with
+    /// `BEGIN IMMEDIATE`: a deferred transaction that reads first may fail to
+    /// become a writer) and MySQL (run it at `READ COMMITTED`, as baton's own
+    /// sessions do, so a unique key's holder committed meanwhile is found)
+    /// nothing is notified, and workers find the task at their next poll.
+    /// Redis has no transactions with an application's data: a Redis store
+    /// refuses these calls.
     ///
     /// Fails with [`Error::Invalid`] naming `connection` when `conn` is not
     /// a connection to the queue's store kind (a PostgreSQL transaction on
