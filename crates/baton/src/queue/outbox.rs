@@ -34,55 +34,44 @@ pub trait OutboxConnection: sealed::Sealed + Send {
     fn insert<'a>(&'a mut self, prefix: Option<&'a str>, tasks: &'a [NewTask]) -> InsertFuture<'a>;
 }
 
+/// Implement [`OutboxConnection`] for one type, reaching its bare
+/// connection with `$bare`.
+macro_rules! outbox_impl {
+    ($feature:literal, $ty:ty, $kind:literal, $insert:path, |$c:ident| $bare:expr) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $ty {}
+        #[cfg(feature = $feature)]
+        impl OutboxConnection for $ty {
+            fn store_kind(&self) -> &'static str {
+                $kind
+            }
+            fn insert<'a>(
+                &'a mut self,
+                prefix: Option<&'a str>,
+                tasks: &'a [NewTask],
+            ) -> InsertFuture<'a> {
+                let $c = self;
+                Box::pin($insert($bare, prefix, tasks))
+            }
+        }
+    };
+}
+
 /// Implement [`OutboxConnection`] for a database's connection, pooled
 /// connection and transaction, all through its bare connection.
 macro_rules! outbox_connection {
     ($feature:literal, $db:ty, $conn:ty, $kind:literal, $insert:path) => {
-        #[cfg(feature = $feature)]
-        impl sealed::Sealed for $conn {}
-        #[cfg(feature = $feature)]
-        impl OutboxConnection for $conn {
-            fn store_kind(&self) -> &'static str {
-                $kind
-            }
-            fn insert<'a>(
-                &'a mut self,
-                prefix: Option<&'a str>,
-                tasks: &'a [NewTask],
-            ) -> InsertFuture<'a> {
-                Box::pin($insert(self, prefix, tasks))
-            }
-        }
-        #[cfg(feature = $feature)]
-        impl sealed::Sealed for sqlx::pool::PoolConnection<$db> {}
-        #[cfg(feature = $feature)]
-        impl OutboxConnection for sqlx::pool::PoolConnection<$db> {
-            fn store_kind(&self) -> &'static str {
-                $kind
-            }
-            fn insert<'a>(
-                &'a mut self,
-                prefix: Option<&'a str>,
-                tasks: &'a [NewTask],
-            ) -> InsertFuture<'a> {
-                Box::pin($insert(&mut **self, prefix, tasks))
-            }
-        }
-        #[cfg(feature = $feature)]
-        impl sealed::Sealed for sqlx::Transaction<'_, $db> {}
-        #[cfg(feature = $feature)]
-        impl OutboxConnection for sqlx::Transaction<'_, $db> {
-            fn store_kind(&self) -> &'static str {
-                $kind
-            }
-            fn insert<'a>(
-                &'a mut self,
-                prefix: Option<&'a str>,
-                tasks: &'a [NewTask],
-            ) -> InsertFuture<'a> {
-                Box::pin($insert(&mut **self, prefix, tasks))
-            }
-        }
+        outbox_impl!($feature, $conn, $kind, $insert, |c| c);
+        outbox_impl!(
+            $feature,
+            sqlx::pool::PoolConnection<$db>,
+            $kind,
+            $insert,
+            |c| &mut **c
+        );
+        outbox_impl!($feature, sqlx::Transaction<'_, $db>, $kind, $insert, |c| {
+            &mut **c
+        });
     };
 }
 
