@@ -29,6 +29,13 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod identity;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
+mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod params;

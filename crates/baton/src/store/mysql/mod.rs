@@ -66,88 +66,10 @@ mod admin;
 mod jobs;
 mod locks;
 mod rows;
+mod schema;
 mod tasks;
 
 pub use tasks::enqueue_in;
-
-/// The version [`Names::schema_sql`] creates. MySQL's first schema is the
-/// current one of the other backends (with claim tokens), so it starts at 2;
-/// [`UPGRADES`] take it from there.
-const BASE_VERSION: i32 = 2;
-
-/// The schema version this build creates and understands.
-const SCHEMA_VERSION: i32 = BASE_VERSION + UPGRADES.len() as i32;
-
-/// One schema upgrade step: statements (each idempotent) taking the schema
-/// from version `n` to `n + 1`, where `n - BASE_VERSION` is the step's index.
-type Upgrade = fn(&Names) -> Vec<String>;
-
-/// The upgrade steps, in order; each runs once per prefix under the
-/// migration lock, followed by its version bump. Add a step at the end.
-const UPGRADES: &[Upgrade] = &[
-    add_enqueue_mark,
-    add_queue_paused,
-    add_traceparent,
-    add_slot_tombstones,
-];
-
-/// 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md S1)
-/// and each job's queue.
-fn add_slot_tombstones(n: &Names) -> Vec<String> {
-    let mut out = vec![format!(
-        "CREATE TABLE IF NOT EXISTS {} ( \
-         unique_key VARBINARY(1024) PRIMARY KEY, \
-         job VARBINARY(255) NOT NULL, \
-         slot DATETIME(6) NULL, \
-         task_id BIGINT NOT NULL, \
-         state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
-         last_error MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
-         finished_at DATETIME(6) NULL \
-         ) ENGINE=InnoDB",
-        n.slots
-    )];
-    out.extend(add_column(n, "jobs", "queue VARBINARY(255) NULL"));
-    out
-}
-
-/// 2 → 3: the `enqueue_mark` column, by which a multi-row insert finds its
-/// own rows' ids (see `tasks::insert_tasks`).
-fn add_enqueue_mark(n: &Names) -> Vec<String> {
-    add_column(n, "tasks", "enqueue_mark BIGINT NULL")
-}
-
-/// 3 → 4: the `paused` flag on `<p>queues` (claims skip a paused queue).
-fn add_queue_paused(n: &Names) -> Vec<String> {
-    add_column(n, "queues", "paused TINYINT(1) NOT NULL DEFAULT 0")
-}
-
-/// 4 → 5: the enqueuer's trace context on each task.
-fn add_traceparent(n: &Names) -> Vec<String> {
-    add_column(n, "tasks", "traceparent VARCHAR(512) NULL")
-}
-
-/// Add a column (`decl` starts with its name) to `<prefix><table>` unless
-/// it is there. MySQL 8 has no `ADD COLUMN IF NOT EXISTS`, so the `ALTER`
-/// is prepared only when the column is missing; adding a nullable (or
-/// defaulted) last column is an instant change on MySQL 8.0.12+ and
-/// MariaDB 10.3+.
-fn add_column(n: &Names, table: &str, decl: &str) -> Vec<String> {
-    // The prefix is validated (letters, digits, '_', ':', '-'), so it can
-    // stand inside a string literal.
-    let name = format!("{}{table}", n.prefix);
-    let column = decl.split_whitespace().next().unwrap_or_default();
-    vec![
-        format!(
-            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
-             WHERE table_schema = DATABASE() AND table_name = '{name}' \
-             AND column_name = '{column}') = 0, \
-             'ALTER TABLE `{name}` ADD COLUMN {decl}', 'DO 0')"
-        ),
-        "PREPARE baton_ddl FROM @baton_ddl".to_string(),
-        "EXECUTE baton_ddl".to_string(),
-        "DEALLOCATE PREPARE baton_ddl".to_string(),
-    ]
-}
 
 /// The default table prefix.
 const DEFAULT_PREFIX: &str = "baton_";
@@ -190,83 +112,6 @@ impl Names {
             slots: format!("`{p}slots`"),
             prefix: p,
         }
-    }
-
-    /// The base schema, one statement each (MySQL runs DDL one at a time
-    /// and commits it at once, so each is `IF NOT EXISTS`).
-    fn schema_sql(&self) -> Vec<String> {
-        let (meta, locks, tasks, jobs, queues) = (
-            &self.meta,
-            &self.locks,
-            &self.tasks,
-            &self.jobs,
-            &self.queues,
-        );
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {meta} ( \
-                 `key` VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
-                 value VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL \
-                 ) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {locks} ( \
-                 name VARBINARY(255) PRIMARY KEY, \
-                 holder VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
-                 token BIGINT NOT NULL, \
-                 locked_at DATETIME(6) NOT NULL, \
-                 lock_until DATETIME(6) NOT NULL \
-                 ) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {tasks} ( \
-                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
-                 queue VARBINARY(255) NOT NULL, \
-                 kind VARBINARY(255) NOT NULL, \
-                 payload LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
-                 state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
-                 priority INT NOT NULL DEFAULT 0, \
-                 attempt INT NOT NULL DEFAULT 0, \
-                 max_attempts INT NOT NULL DEFAULT 1, \
-                 timeout_ms BIGINT NULL, \
-                 run_at DATETIME(6) NOT NULL, \
-                 created_at DATETIME(6) NOT NULL, \
-                 started_at DATETIME(6) NULL, \
-                 finished_at DATETIME(6) NULL, \
-                 lease_until DATETIME(6) NULL, \
-                 worker VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
-                 unique_key VARBINARY(1024) NULL, \
-                 unique_forever TINYINT(1) NOT NULL DEFAULT 0, \
-                 cancel_requested TINYINT(1) NOT NULL DEFAULT 0, \
-                 claim_token BIGINT NOT NULL DEFAULT 0, \
-                 last_error MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
-                 errors LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
-                 progress LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
-                 job VARBINARY(255) NULL, \
-                 slot DATETIME(6) NULL, \
-                 enqueue_mark BIGINT NULL, \
-                 live_key VARBINARY(1024) AS (CASE WHEN unique_forever = 1 \
-                     OR state IN ('pending', 'running') THEN unique_key END) STORED, \
-                 UNIQUE KEY live_key (live_key), \
-                 KEY claim (queue, state, priority, run_at, id), \
-                 KEY lease (state, lease_until), \
-                 KEY prune (state, finished_at), \
-                 KEY job (job, state, slot) \
-                 ) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {jobs} ( \
-                 name VARBINARY(255) PRIMARY KEY, \
-                 last_slot DATETIME(6) NULL, \
-                 paused TINYINT(1) NOT NULL DEFAULT 0 \
-                 ) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {queues} ( \
-                 queue VARBINARY(255) PRIMARY KEY \
-                 ) ENGINE=InnoDB"
-            ),
-        ]
     }
 }
 
@@ -494,46 +339,7 @@ impl Backend for MyBackend {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        let n = &*self.names;
-        let read_version = format!(
-            "SELECT value FROM {} WHERE `key` = 'schema_version'",
-            n.meta
-        );
-        // Fast path: a schema at this version needs no DDL.
-        let current: Result<Option<Vec<u8>>, sqlx::Error> = sqlx::query_scalar(&read_version)
-            .fetch_optional(&self.pool)
-            .await;
-        if let Ok(Some(v)) = &current {
-            if std::str::from_utf8(v)
-                .ok()
-                .and_then(|v| v.parse::<i32>().ok())
-                == Some(SCHEMA_VERSION)
-            {
-                return self.write_identity().await;
-            }
-        }
-        // DDL commits at once in MySQL, so the migration is serialized by a
-        // named lock held by this one connection instead of a transaction.
-        let mut conn = self.pool.acquire().await?;
-        let lock = format!("baton-migrate:{}", n.prefix);
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
-            .bind(&lock)
-            .fetch_one(&mut *conn)
-            .await?;
-        if got != Some(1) {
-            return Err(StoreError::Unavailable(format!(
-                "migration of tables with prefix {:?}: could not take the migration lock within 60 s",
-                n.prefix
-            )));
-        }
-        let result = self.migrate_locked(&mut conn).await;
-        let released = sqlx::query("DO RELEASE_LOCK(?)")
-            .bind(&lock)
-            .execute(&mut *conn)
-            .await;
-        result?;
-        released?;
-        self.write_identity().await
+        schema::migrate(self).await
     }
 
     async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
@@ -615,7 +421,7 @@ impl Backend for MyBackend {
     }
 
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
-        self.schema_read().await
+        schema::status(self).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -873,95 +679,5 @@ impl Backend for MyBackend {
 
     async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
         crate::store::job_from_list(self, job).await
-    }
-}
-
-impl MyBackend {
-    /// Write the store's identity if none is recorded (once; see
-    /// `StoreIdentity`): a read, and a row insert only when it is missing
-    /// (so a connect to a migrated store by a read-only user writes
-    /// nothing).
-    async fn write_identity(&self) -> Result<(), StoreError> {
-        let have: Option<Vec<u8>> = sqlx::query_scalar(&format!(
-            "SELECT value FROM {} WHERE `key` = 'store_id'",
-            self.names.meta
-        ))
-        .fetch_optional(&self.pool)
-        .await?;
-        if have.is_some() {
-            return Ok(());
-        }
-        sqlx::query(&format!(
-            "INSERT INTO {} (`key`, value) VALUES ('store_id', ?) \
-             ON DUPLICATE KEY UPDATE `key` = `key`",
-            self.names.meta
-        ))
-        .bind(crate::store::new_store_id())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
-    async fn schema_read(&self) -> Result<SchemaStatus, StoreError> {
-        let read: Result<Option<Vec<u8>>, sqlx::Error> = sqlx::query_scalar(&format!(
-            "SELECT value FROM {} WHERE `key` = 'schema_version'",
-            self.names.meta
-        ))
-        .fetch_optional(&self.pool)
-        .await;
-        let read = read.map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()));
-        sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
-    }
-
-    /// The migration proper, under the named lock.
-    async fn migrate_locked(&self, conn: &mut MySqlConnection) -> Result<(), StoreError> {
-        let n = &*self.names;
-        for stmt in n.schema_sql() {
-            conn.execute(stmt.as_str()).await?;
-        }
-        sqlx::query(&format!(
-            "INSERT INTO {} (`key`, value) VALUES ('schema_version', ?) \
-             ON DUPLICATE KEY UPDATE `key` = `key`",
-            n.meta
-        ))
-        .bind(BASE_VERSION.to_string())
-        .execute(&mut *conn)
-        .await?;
-        let v: Vec<u8> = sqlx::query_scalar(&format!(
-            "SELECT value FROM {} WHERE `key` = 'schema_version'",
-            n.meta
-        ))
-        .fetch_one(&mut *conn)
-        .await?;
-        let v = String::from_utf8_lossy(&v);
-        let v: i32 = v
-            .parse()
-            .map_err(|e| StoreError::Corrupt(format!("schema version {v:?}: {e}")))?;
-        if v > SCHEMA_VERSION {
-            return Err(StoreError::Config(format!(
-                "tables with prefix {:?} have schema version {v}, newer than this build's {SCHEMA_VERSION}; upgrade baton",
-                n.prefix
-            )));
-        }
-        for from in v.max(BASE_VERSION)..SCHEMA_VERSION {
-            let step = usize::try_from(from - BASE_VERSION)
-                .ok()
-                .and_then(|i| UPGRADES.get(i))
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!("schema version {from}: no upgrade step"))
-                })?;
-            for stmt in step(n) {
-                conn.execute(stmt.as_str()).await?;
-            }
-            sqlx::query(&format!(
-                "UPDATE {} SET value = ? WHERE `key` = 'schema_version'",
-                n.meta
-            ))
-            .bind((from + 1).to_string())
-            .execute(&mut *conn)
-            .await?;
-        }
-        Ok(())
     }
 }
