@@ -29,6 +29,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod identity;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod job_advance;
 #[cfg(any(
     feature = "sqlite",
     feature = "postgres",

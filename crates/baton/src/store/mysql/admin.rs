@@ -1,7 +1,5 @@
-//! The queue's maintenance and inspection on MySQL: rescue, cancel, retry,
+//! The queue's maintenance and inspection on MySQL: rescue, retry,
 //! listing, stats.
-
-use std::str::FromStr;
 
 use sqlx::Row;
 
@@ -9,10 +7,8 @@ use super::rows::attempt_of;
 use super::tasks::APPEND_ERROR;
 use super::{marks, MyBackend};
 use crate::error::StoreError;
-use crate::store::sql_row::{corrupt, queue_stats, task_info, SqlRow, TASK_COLS};
-use crate::store::{
-    CancelOutcome, QueueStats, Rescued, TaskFilter, TaskInfo, TaskState, Wake, LEASE_EXPIRED,
-};
+use crate::store::sql_row::{queue_stats, task_info, SqlRow, TASK_COLS};
+use crate::store::{QueueStats, Rescued, TaskFilter, TaskInfo, Wake, LEASE_EXPIRED};
 
 /// Expired leases rescued per transaction.
 const RESCUE_BATCH: usize = 1000;
@@ -79,43 +75,6 @@ impl MyBackend {
         }
         self.announce(wakes);
         Ok(total)
-    }
-
-    pub(super) async fn cancel_task(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        let t = &self.names.tasks;
-        let mut tx = self.begin().await?;
-        let state: Option<Vec<u8>> =
-            sqlx::query_scalar(&format!("SELECT state FROM {t} WHERE id = ? FOR UPDATE"))
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(state) = state else {
-            tx.rollback().await?;
-            return Ok(CancelOutcome::NotFound);
-        };
-        let state = String::from_utf8(state).map_err(|e| corrupt("state", e))?;
-        let outcome = match TaskState::from_str(&state)? {
-            TaskState::Pending => {
-                sqlx::query(&format!(
-                    "UPDATE {t} SET state = 'cancelled', finished_at = UTC_TIMESTAMP(6), \
-                     lease_until = NULL WHERE id = ?"
-                ))
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-                CancelOutcome::Cancelled
-            }
-            TaskState::Running => {
-                sqlx::query(&format!("UPDATE {t} SET cancel_requested = 1 WHERE id = ?"))
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                CancelOutcome::Requested
-            }
-            s => CancelOutcome::AlreadyFinished(s),
-        };
-        tx.commit().await?;
-        Ok(outcome)
     }
 
     pub(super) async fn retry_task(&self, id: i64) -> Result<bool, StoreError> {

@@ -63,6 +63,7 @@ use crate::error::StoreError;
 use crate::store::sql_row::{self, SqlRow};
 
 mod admin;
+mod advance;
 mod jobs;
 mod locks;
 mod rows;
@@ -555,7 +556,7 @@ impl Backend for MyBackend {
     }
 
     async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        self.cancel_task(id).await
+        crate::store::job_advance::task_cancel(self.tx().await?, id).await
     }
 
     async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
@@ -654,7 +655,7 @@ impl Backend for MyBackend {
     }
 
     async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
-        self.advance_job(adv).await
+        crate::store::job_advance::job_advance(self.tx().await?, adv).await
     }
 
     async fn job_set_paused(
