@@ -105,8 +105,12 @@ impl SlotTx for Tx<'_> {
         Ok(self.tx.commit().await?)
     }
 
+    /// Dropped: sqlx rolls the transaction back as the connection goes
+    /// back to the pool, without the caller waiting for it (as before the
+    /// shared decision).
     async fn rollback(self) -> Result<(), StoreError> {
-        Ok(self.tx.rollback().await?)
+        drop(self.tx);
+        Ok(())
     }
 }
 
@@ -144,7 +148,11 @@ impl CancelTx for Tx<'_> {
         Ok(self.tx.commit().await?)
     }
 
+    /// Dropped: sqlx rolls the transaction back as the connection goes
+    /// back to the pool, without the caller waiting for it (as before the
+    /// shared decision).
     async fn rollback(self) -> Result<(), StoreError> {
-        Ok(self.tx.rollback().await?)
+        drop(self.tx);
+        Ok(())
     }
 }

@@ -113,8 +113,12 @@ impl SlotTx for Tx<'_> {
         Ok(())
     }
 
+    /// Dropped: sqlx rolls the transaction back as the connection goes
+    /// back to the pool, without the caller waiting for it (as before the
+    /// shared decision).
     async fn rollback(self) -> Result<(), StoreError> {
-        Ok(self.tx.rollback().await?)
+        drop(self.tx);
+        Ok(())
     }
 }
 
@@ -148,7 +152,11 @@ impl CancelTx for Tx<'_> {
         Ok(self.tx.commit().await?)
     }
 
+    /// Dropped: sqlx rolls the transaction back as the connection goes
+    /// back to the pool, without the caller waiting for it (as before the
+    /// shared decision).
     async fn rollback(self) -> Result<(), StoreError> {
-        Ok(self.tx.rollback().await?)
+        drop(self.tx);
+        Ok(())
     }
 }
