@@ -29,8 +29,18 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod identity;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod job_advance;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
+mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod options;
 mod params;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod pool;
@@ -51,6 +61,7 @@ mod wake;
 mod writable;
 
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
+pub use options::StoreOptions;
 pub use params::*;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
@@ -297,86 +308,6 @@ macro_rules! backend_trait {
 }
 
 crate::seam_methods!(backend_trait);
-
-/// Options for [`Store::connect_with`].
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    /// Prefix for table names (SQL) or keys (Redis). Default `baton_` for
-    /// SQL tables and empty for Redis keys (so locks live at
-    /// `{baton}:lock:<name>`, in baton's own namespace like every other key).
-    pub prefix: Option<String>,
-    /// Maximum connections in the pool (SQL backends; default 16). A
-    /// PostgreSQL or MySQL URL's `pool_size=N` (PostgreSQL also
-    /// `pool_max_conns=N`, pgxpool's name) wins over it. The pool opens
-    /// connections as calls need them and closes them again when idle
-    /// (see [`StoreOptions::idle_timeout`]).
-    pub max_connections: u32,
-    /// How long the pool of a server store (PostgreSQL, MySQL) keeps a
-    /// connection that no load needed (default 10 s): a connection is
-    /// closed once the pool has held more connections than were in use at
-    /// once for one to two of these, down to one; an unused pool closes
-    /// its last after twice this.
-    pub idle_timeout: Duration,
-    /// Run migrations on connect (default true).
-    pub migrate: bool,
-    /// How long connecting, or waiting for a pooled connection, may take
-    /// (default 5 s). PostgreSQL: connect and pool-acquire timeout; Redis:
-    /// connection timeout.
-    pub connect_timeout: Duration,
-    /// How long one store call may take (default 30 s). PostgreSQL:
-    /// `statement_timeout` and `idle_in_transaction_session_timeout` on every
-    /// connection; Redis: the response timeout; SQLite: the busy timeout.
-    /// Every call is also bounded on the client, at `connect_timeout +
-    /// statement_timeout + 1 s`, so a connection that went dark (no reply,
-    /// no close) still ends in [`StoreError::Unavailable`] saying it timed
-    /// out. Workers and lock keep-alives bound their calls further by the
-    /// lease at stake.
-    pub statement_timeout: Duration,
-    /// Keep succeeded tasks until the workers' retention prunes them
-    /// (default true). False (PostgreSQL only): a success deletes the task
-    /// in its finish (still fenced by the claim token), which writes far
-    /// less than keeping it, when the history is not wanted. Tasks with a
-    /// unique key or a schedule job are kept either way: they hold their key
-    /// and the job's run history.
-    pub keep_succeeded: bool,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            prefix: None,
-            max_connections: 16,
-            idle_timeout: Duration::from_secs(10),
-            migrate: true,
-            connect_timeout: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(30),
-            keep_succeeded: true,
-        }
-    }
-}
-
-impl StoreOptions {
-    fn validate(&self) -> Result<(), StoreError> {
-        for (field, d) in [
-            ("connect_timeout", self.connect_timeout),
-            ("statement_timeout", self.statement_timeout),
-            ("idle_timeout", self.idle_timeout),
-        ] {
-            if d < Duration::from_millis(10) || d > Duration::from_secs(24 * 3600) {
-                return Err(StoreError::Config(format!(
-                    "{field}: {} is out of range; use 10ms to 24h (e.g. 5s, 30s)",
-                    crate::format_duration(d)
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The client-side bound on one store call.
-    fn call_deadline(&self) -> Duration {
-        self.connect_timeout + self.statement_timeout + Duration::from_secs(1)
-    }
-}
 
 /// A connected store: a cheap, cloneable handle to one backend.
 ///

@@ -7,13 +7,17 @@
 //! [`next`]. DESIGN.md ("Task states") lists the same rows with what each
 //! one changes besides the state.
 //!
-//! Inserting a task (`task_insert_many`) creates it `pending`; it is not a
-//! transition of an existing task and is not in the table.
+//! A task's birth is a row too, with no from-state (`from: None`): an
+//! insert ([`Op::Insert`]: `task_insert_many`, or `job_advance` enqueueing
+//! a slot) makes it `pending`; `job_advance` makes a skipped slot's task
+//! `cancelled` ([`Op::AdvanceSkip`]) and a lock-mode run record `running`
+//! ([`Op::AdvanceRun`]), each in the insert's own transaction or script.
+//! No backend inserts a task in any other state.
 
 use super::TaskState;
 use TaskState::{Cancelled, Failed, Pending, Running, Succeeded};
 
-/// An operation on one existing task, as the seam names it.
+/// An operation on one task, as the seam names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     /// `task_claim` picks the task (it is due and first in order).
@@ -42,10 +46,21 @@ pub enum Op {
     Retry,
     /// `task_prune_many` once the task finished longer ago than `older_than`.
     Prune,
+    /// A birth: `task_insert_many` (or `job_advance` enqueueing the slot's
+    /// task) inserts the task.
+    Insert,
+    /// A birth: `job_advance` records a skipped slot (`SlotRecord::Skip`, or
+    /// an unfinished previous run under `Overlap::Forbid`), its task
+    /// inserted `cancelled` with the reason.
+    AdvanceSkip,
+    /// A birth: `job_advance` with `SlotRecord::Run` inserts the slot's task
+    /// as the caller's running attempt.
+    AdvanceRun,
 }
 
 impl Op {
-    /// Every operation, for tests that try each one in each state.
+    /// Every operation on an existing task, for tests that try each one in
+    /// each state.
     pub const ALL: [Op; 12] = [
         Op::Claim,
         Op::Heartbeat,
@@ -60,6 +75,9 @@ impl Op {
         Op::Retry,
         Op::Prune,
     ];
+
+    /// Every birth: the operations that make a task.
+    pub const BIRTHS: [Op; 3] = [Op::Insert, Op::AdvanceSkip, Op::AdvanceRun];
 }
 
 /// What is true of the task when the operation runs.
@@ -107,8 +125,8 @@ pub enum Target {
 /// One row of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
-    /// The state the task is in.
-    pub from: TaskState,
+    /// The state the task is in; `None` for a birth (no task yet).
+    pub from: Option<TaskState>,
     /// What is done to it.
     pub op: Op,
     /// When the row applies.
@@ -125,7 +143,7 @@ const fn row(
     to: Target,
 ) -> Transition {
     Transition {
-        from,
+        from: Some(from),
         op,
         guard: Guard {
             cancel_requested: cancel,
@@ -135,13 +153,27 @@ const fn row(
     }
 }
 
+/// A birth: `op` makes a task in state `to`.
+const fn birth_row(op: Op, to: TaskState) -> Transition {
+    Transition {
+        from: None,
+        op,
+        guard: Guard::ANY,
+        to: Target::State(to),
+    }
+}
+
 const fn to(s: TaskState) -> Target {
     Target::State(s)
 }
 
-/// Every transition of an existing task. For one `(from, op)` the guards do
-/// not overlap, so at most one row applies.
+/// Every transition a backend makes: the births, then every transition of
+/// an existing task. For one `(from, op)` the guards do not overlap, so at
+/// most one row applies.
 pub const TRANSITIONS: &[Transition] = &[
+    birth_row(Op::Insert, Pending),
+    birth_row(Op::AdvanceSkip, Cancelled),
+    birth_row(Op::AdvanceRun, Running),
     row(Pending, Op::Claim, None, None, to(Running)),
     row(Pending, Op::Cancel, None, None, to(Cancelled)),
     row(Running, Op::Heartbeat, None, None, to(Running)),
@@ -187,7 +219,27 @@ pub const TRANSITIONS: &[Transition] = &[
 pub fn transition(from: TaskState, op: Op, facts: Facts) -> Option<&'static Transition> {
     TRANSITIONS
         .iter()
-        .find(|t| t.from == from && t.op == op && t.guard.admits(facts))
+        .find(|t| t.from == Some(from) && t.op == op && t.guard.admits(facts))
+}
+
+/// The state `op` makes a new task in, when `op` is a birth.
+///
+/// ```
+/// use baton::store::state::{born, Op};
+/// use baton::store::TaskState;
+///
+/// assert_eq!(born(Op::Insert), Some(TaskState::Pending));
+/// assert_eq!(born(Op::AdvanceSkip), Some(TaskState::Cancelled));
+/// assert_eq!(born(Op::Claim), None);
+/// ```
+pub fn born(op: Op) -> Option<TaskState> {
+    TRANSITIONS
+        .iter()
+        .find(|t| t.from.is_none() && t.op == op)
+        .and_then(|t| match t.to {
+            Target::State(s) => Some(s),
+            Target::Deleted => None,
+        })
 }
 
 /// Where `op` takes a task in `from` given `facts`; `None` when the table
@@ -223,7 +275,7 @@ mod tests {
                 for f in all_facts() {
                     let n = TRANSITIONS
                         .iter()
-                        .filter(|t| t.from == from && t.op == op && t.guard.admits(f))
+                        .filter(|t| t.from == Some(from) && t.op == op && t.guard.admits(f))
                         .count();
                     assert!(n <= 1, "{from:?} {op:?} {f:?}: {n} rows");
                 }
@@ -236,9 +288,10 @@ mod tests {
         // Failed retries, hand-backs and rescues depend on the facts; every
         // (from, op) pair in the table covers all four combinations.
         for t in TRANSITIONS {
+            let Some(from) = t.from else { continue };
             for f in all_facts() {
                 assert!(
-                    next(t.from, t.op, f).is_some(),
+                    next(from, t.op, f).is_some(),
                     "{:?} {:?} {f:?} has no row",
                     t.from,
                     t.op
@@ -250,9 +303,24 @@ mod tests {
     #[test]
     fn terminal_states_only_retry_or_prune() {
         for from in [Succeeded, Failed, Cancelled] {
-            for t in TRANSITIONS.iter().filter(|t| t.from == from) {
+            for t in TRANSITIONS.iter().filter(|t| t.from == Some(from)) {
                 assert!(matches!(t.op, Op::Retry | Op::Prune), "{t:?}");
             }
+        }
+    }
+
+    #[test]
+    fn births_have_no_from_state_and_each_one_row() {
+        for t in TRANSITIONS {
+            assert_eq!(t.from.is_none(), Op::BIRTHS.contains(&t.op), "{t:?}");
+        }
+        for op in Op::BIRTHS {
+            let rows = TRANSITIONS.iter().filter(|t| t.op == op).count();
+            assert_eq!(rows, 1, "{op:?}");
+            assert!(born(op).is_some(), "{op:?}");
+        }
+        for op in Op::ALL {
+            assert_eq!(born(op), None, "{op:?}");
         }
     }
 }

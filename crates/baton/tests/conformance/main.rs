@@ -70,6 +70,7 @@ conformance! {
     locks::revoke_refuses_the_holder_and_frees_within_the_bound,
     locks::holder_learns_of_a_revocation_within_the_confirm_period,
     states::every_transition_matches_the_table,
+    states::every_birth_matches_the_table,
     queue::claim_order_priority_run_at_id,
     queue::claim_buffer_share_skips_last_attempts,
     queue::unique_key_race_gives_one_task,

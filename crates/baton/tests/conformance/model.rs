@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use baton::store::state::{next, Facts, Op as StateOp, Target};
+use baton::store::state::{born, next, Facts, Op as StateOp, Target};
 use baton::store::{
     Acquire, Backend, CancelOutcome, Claim, FencingToken, Finish, Heartbeat, LockAcquire, NewTask,
     RunAt, Task, TaskClaim, TaskFilter, TaskState,
@@ -566,9 +566,16 @@ impl Model {
     /// Where the library's table takes a running task; the table has a row
     /// for every operation a current claim makes.
     fn to_state(op: StateOp, facts: Facts) -> TaskState {
-        match next(TaskState::Running, op, facts) {
+        Self::table(TaskState::Running, op, facts)
+    }
+
+    /// Where the library's table takes a task in `from` by `op`, for an
+    /// operation the model has decided is accepted (the table must have
+    /// the row).
+    fn table(from: TaskState, op: StateOp, facts: Facts) -> TaskState {
+        match next(from, op, facts) {
             Some(Target::State(s)) => s,
-            other => panic!("the state table gives {other:?} for running {op:?} {facts:?}"),
+            other => panic!("the state table gives {other:?} for {from:?} {op:?} {facts:?}"),
         }
     }
 
@@ -637,7 +644,7 @@ impl Model {
                         queue: s.queue,
                         prio: s.prio,
                         run_at: if s.later { LATER } else { now },
-                        state: TaskState::Pending,
+                        state: born(StateOp::Insert).expect("the table has the insert's birth"),
                         attempt: 0,
                         max_attempts: s.max_attempts,
                         key: s.key,
@@ -681,7 +688,7 @@ impl Model {
                 for i in due {
                     let c = self.claims.len();
                     let t = &mut self.tasks[i];
-                    t.state = TaskState::Running;
+                    t.state = Self::table(t.state, StateOp::Claim, Self::facts(t));
                     t.attempt += 1;
                     t.cur = Some(c);
                     t.lapsed = false;
@@ -731,22 +738,27 @@ impl Model {
                 Ans::Cancel(if t.pruned {
                     CancelOutcome::NotFound
                 } else {
-                    match t.state {
-                        TaskState::Pending => {
-                            t.state = TaskState::Cancelled;
-                            CancelOutcome::Cancelled
-                        }
-                        TaskState::Running => {
+                    // The table decides: a cancel that ends the task, one
+                    // that leaves it running (requested), or none.
+                    match next(t.state, StateOp::Cancel, Self::facts(t)) {
+                        Some(Target::State(TaskState::Running)) => {
                             t.cancel_requested = true;
                             CancelOutcome::Requested
                         }
-                        s => CancelOutcome::AlreadyFinished(s),
+                        Some(Target::State(to)) => {
+                            t.state = to;
+                            CancelOutcome::Cancelled
+                        }
+                        _ => CancelOutcome::AlreadyFinished(t.state),
                     }
                 })
             }
             Step::Retry(i) => {
                 let t = &self.tasks[*i];
-                if t.pruned || !matches!(t.state, TaskState::Failed | TaskState::Cancelled) {
+                let Some(Target::State(to)) = next(t.state, StateOp::Retry, Self::facts(t)) else {
+                    return Ans::Retry(Some(false));
+                };
+                if t.pruned {
                     return Ans::Retry(Some(false));
                 }
                 if let Some(k) = t.key {
@@ -755,7 +767,7 @@ impl Model {
                     }
                 }
                 let t = &mut self.tasks[*i];
-                t.state = TaskState::Pending;
+                t.state = to;
                 t.run_at = now;
                 t.cancel_requested = false;
                 t.max_attempts = t.max_attempts.max(t.attempt + 1);
@@ -764,7 +776,9 @@ impl Model {
             Step::Prune => {
                 let mut n = 0;
                 for t in &mut self.tasks {
-                    if !t.pruned && t.terminal() {
+                    let gone =
+                        next(t.state, StateOp::Prune, Self::facts(t)) == Some(Target::Deleted);
+                    if !t.pruned && gone {
                         t.pruned = true;
                         n += 1;
                     }

@@ -1,7 +1,5 @@
-//! The queue's maintenance and inspection on MySQL: rescue, cancel, retry,
+//! The queue's maintenance and inspection on MySQL: rescue, retry,
 //! listing, stats.
-
-use std::str::FromStr;
 
 use sqlx::Row;
 
@@ -9,231 +7,189 @@ use super::rows::attempt_of;
 use super::tasks::APPEND_ERROR;
 use super::{marks, MyBackend};
 use crate::error::StoreError;
-use crate::store::sql_row::{corrupt, queue_stats, task_info, SqlRow, TASK_COLS};
-use crate::store::{
-    CancelOutcome, QueueStats, Rescued, TaskFilter, TaskInfo, TaskState, Wake, LEASE_EXPIRED,
-};
+use crate::store::sql_row::{self, task_info, SqlRow, TASK_COLS};
+use crate::store::{QueueStats, Rescued, TaskFilter, TaskInfo, Wake, LEASE_EXPIRED};
 
 /// Expired leases rescued per transaction.
 const RESCUE_BATCH: usize = 1000;
 
-impl MyBackend {
-    /// Rescue in batches: lock expired running rows (`SKIP LOCKED`: a row
-    /// locked right now is being finished or heartbeated, and the next pass
-    /// sees it), move them on as the state table says, count by outcome.
-    pub(super) async fn rescue_expired(&self) -> Result<Rescued, StoreError> {
-        let t = &self.names.tasks;
-        let mut total = Rescued::default();
-        let mut wakes: Vec<Wake> = Vec::new();
-        loop {
-            let mut tx = self.begin().await?;
-            let rows = sqlx::query(&format!(
-                "SELECT id, queue, cancel_requested, attempt, max_attempts FROM {t} \
-                 WHERE state = 'running' AND lease_until < UTC_TIMESTAMP(6) \
-                 ORDER BY lease_until LIMIT {RESCUE_BATCH} FOR UPDATE SKIP LOCKED"
-            ))
-            .fetch_all(&mut *tx)
-            .await?;
-            if rows.is_empty() {
-                tx.rollback().await?;
-                break;
-            }
-            let mut ids = Vec::with_capacity(rows.len());
-            for row in &rows {
-                ids.push(row.try_get::<i64, _>("id")?);
-                let cancel: bool = row.try_get("cancel_requested")?;
-                if cancel {
-                    total.cancelled += 1;
-                } else if attempt_of(row, "attempt")? >= attempt_of(row, "max_attempts")? {
-                    total.failed += 1;
-                } else {
-                    total.requeued += 1;
-                    let q = row.text("queue")?;
-                    if !wakes.iter().any(|w| w.queue == q) {
-                        wakes.push(Wake::now(q));
-                    }
+/// Rescue in batches: lock expired running rows (`SKIP LOCKED`: a row
+/// locked right now is being finished or heartbeated, and the next pass
+/// sees it), move them on as the state table says, count by outcome.
+pub(super) async fn task_rescue_many(b: &MyBackend) -> Result<Rescued, StoreError> {
+    let t = &b.names.tasks;
+    let mut total = Rescued::default();
+    let mut wakes: Vec<Wake> = Vec::new();
+    loop {
+        let mut tx = b.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT id, queue, cancel_requested, attempt, max_attempts FROM {t} \
+             WHERE state = 'running' AND lease_until < UTC_TIMESTAMP(6) \
+             ORDER BY lease_until LIMIT {RESCUE_BATCH} FOR UPDATE SKIP LOCKED"
+        ))
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            tx.rollback().await?;
+            break;
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in &rows {
+            ids.push(row.try_get::<i64, _>("id")?);
+            let cancel: bool = row.try_get("cancel_requested")?;
+            if cancel {
+                total.cancelled += 1;
+            } else if attempt_of(row, "attempt")? >= attempt_of(row, "max_attempts")? {
+                total.failed += 1;
+            } else {
+                total.requeued += 1;
+                let q = row.text("queue")?;
+                if !wakes.iter().any(|w| w.queue == q) {
+                    wakes.push(Wake::now(q));
                 }
             }
-            // `state` is assigned last: the other assignments read the row
-            // as it was (MySQL assigns left to right).
-            let sql = format!(
-                "UPDATE {t} SET \
-                     finished_at = CASE WHEN cancel_requested = 1 OR attempt >= max_attempts \
-                         THEN UTC_TIMESTAMP(6) END, \
-                     lease_until = NULL, last_error = ?, errors = {APPEND_ERROR}, \
-                     state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
-                                  WHEN attempt >= max_attempts THEN 'failed' \
-                                  ELSE 'pending' END \
-                 WHERE id IN ({})",
-                marks(ids.len())
-            );
-            let mut u = sqlx::query(&sql).bind(LEASE_EXPIRED).bind(LEASE_EXPIRED);
-            for id in &ids {
-                u = u.bind(id);
-            }
-            u.execute(&mut *tx).await?;
-            tx.commit().await?;
-            if rows.len() < RESCUE_BATCH {
-                break;
-            }
         }
-        self.announce(wakes);
-        Ok(total)
-    }
-
-    pub(super) async fn cancel_task(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        let t = &self.names.tasks;
-        let mut tx = self.begin().await?;
-        let state: Option<Vec<u8>> =
-            sqlx::query_scalar(&format!("SELECT state FROM {t} WHERE id = ? FOR UPDATE"))
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(state) = state else {
-            tx.rollback().await?;
-            return Ok(CancelOutcome::NotFound);
-        };
-        let state = String::from_utf8(state).map_err(|e| corrupt("state", e))?;
-        let outcome = match TaskState::from_str(&state)? {
-            TaskState::Pending => {
-                sqlx::query(&format!(
-                    "UPDATE {t} SET state = 'cancelled', finished_at = UTC_TIMESTAMP(6), \
-                     lease_until = NULL WHERE id = ?"
-                ))
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-                CancelOutcome::Cancelled
-            }
-            TaskState::Running => {
-                sqlx::query(&format!("UPDATE {t} SET cancel_requested = 1 WHERE id = ?"))
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                CancelOutcome::Requested
-            }
-            s => CancelOutcome::AlreadyFinished(s),
-        };
-        tx.commit().await?;
-        Ok(outcome)
-    }
-
-    pub(super) async fn retry_task(&self, id: i64) -> Result<bool, StoreError> {
-        let t = &self.names.tasks;
-        // `state` last: `max_attempts` reads `attempt`, which stays.
-        let r = sqlx::query(&format!(
-            "UPDATE {t} SET run_at = UTC_TIMESTAMP(6), finished_at = NULL, lease_until = NULL, \
-                 cancel_requested = 0, max_attempts = GREATEST(max_attempts, attempt + 1), \
-                 state = 'pending' \
-             WHERE id = ? AND state IN ('failed', 'cancelled')"
-        ))
-        .bind(id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| match StoreError::from(e) {
-            StoreError::Conflict(_) => StoreError::Conflict(format!(
-                "task {id}: its unique key is taken by another unfinished task"
-            )),
-            other => other,
-        })?;
-        if r.rows_affected() != 1 {
-            return Ok(false);
-        }
-        let queue: Option<Vec<u8>> =
-            sqlx::query_scalar(&format!("SELECT queue FROM {t} WHERE id = ?"))
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
-        if let Some(q) = queue.and_then(|q| String::from_utf8(q).ok()) {
-            self.announce(vec![Wake::now(q)]);
-        }
-        Ok(true)
-    }
-
-    /// A page of tasks, or (with `id`) the one task.
-    pub(super) async fn list_tasks(
-        &self,
-        filter: &TaskFilter,
-        id: Option<i64>,
-    ) -> Result<Vec<TaskInfo>, StoreError> {
-        let mut conds: Vec<&str> = Vec::new();
-        if id.is_some() {
-            conds.push("id = ?");
-        }
-        if filter.queue.is_some() {
-            conds.push("queue = ?");
-        }
-        if filter.state.is_some() {
-            conds.push("state = ?");
-        }
-        if filter.job.is_some() {
-            conds.push("job = ?");
-        }
-        if filter.before_id.is_some() {
-            conds.push("id < ?");
-        }
-        let wh = if conds.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conds.join(" AND "))
-        };
-        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        // `state` is assigned last: the other assignments read the row
+        // as it was (MySQL assigns left to right).
         let sql = format!(
-            "SELECT {TASK_COLS} FROM {} {wh} ORDER BY id DESC LIMIT {limit}",
-            self.names.tasks
+            "UPDATE {t} SET \
+                 finished_at = CASE WHEN cancel_requested = 1 OR attempt >= max_attempts \
+                     THEN UTC_TIMESTAMP(6) END, \
+                 lease_until = NULL, last_error = ?, errors = {APPEND_ERROR}, \
+                 state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
+                              WHEN attempt >= max_attempts THEN 'failed' \
+                              ELSE 'pending' END \
+             WHERE id IN ({})",
+            marks(ids.len())
         );
-        let mut q = sqlx::query(&sql);
-        if let Some(id) = id {
-            q = q.bind(id);
+        let mut u = sqlx::query(&sql).bind(LEASE_EXPIRED).bind(LEASE_EXPIRED);
+        for id in &ids {
+            u = u.bind(id);
         }
-        if let Some(v) = &filter.queue {
-            q = q.bind(v.as_str());
+        u.execute(&mut *tx).await?;
+        tx.commit().await?;
+        if rows.len() < RESCUE_BATCH {
+            break;
         }
-        if let Some(v) = filter.state {
-            q = q.bind(v.as_str());
-        }
-        if let Some(v) = &filter.job {
-            q = q.bind(v.as_str());
-        }
-        if let Some(v) = filter.before_id {
-            q = q.bind(v);
-        }
-        let rows = q.fetch_all(&self.pool).await?;
-        rows.iter().map(task_info).collect()
     }
+    b.announce(wakes);
+    Ok(total)
+}
 
-    pub(super) async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT queue, \
-                 CAST(SUM(state = 'pending') AS SIGNED) AS pending, \
-                 CAST(SUM(state = 'running') AS SIGNED) AS running, \
-                 CAST(SUM(state = 'succeeded') AS SIGNED) AS succeeded, \
-                 CAST(SUM(state = 'failed') AS SIGNED) AS failed, \
-                 CAST(SUM(state = 'cancelled') AS SIGNED) AS cancelled, \
-                 CAST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' \
-                     AND run_at <= UTC_TIMESTAMP(6) THEN run_at END), UTC_TIMESTAMP(6)) DIV 1000 \
-                     AS SIGNED) AS oldest_ms \
-             FROM {} GROUP BY queue ORDER BY queue",
-            self.names.tasks
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        let mut out = rows
-            .iter()
-            .map(queue_stats)
-            .collect::<Result<Vec<_>, _>>()?;
-        let paused: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
-            "SELECT queue FROM {} WHERE paused = 1 ORDER BY queue",
-            self.names.queues
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        crate::store::mark_paused(
-            &mut out,
-            paused
-                .into_iter()
-                .map(|q| String::from_utf8_lossy(&q).into_owned()),
-        );
-        Ok(out)
+pub(super) async fn task_retry(b: &MyBackend, id: i64) -> Result<bool, StoreError> {
+    let t = &b.names.tasks;
+    // `state` last: `max_attempts` reads `attempt`, which stays.
+    let r = sqlx::query(&format!(
+        "UPDATE {t} SET run_at = UTC_TIMESTAMP(6), finished_at = NULL, lease_until = NULL, \
+             cancel_requested = 0, max_attempts = GREATEST(max_attempts, attempt + 1), \
+             state = 'pending' \
+         WHERE id = ? AND state IN ('failed', 'cancelled')"
+    ))
+    .bind(id)
+    .execute(&b.pool)
+    .await
+    .map_err(|e| match StoreError::from(e) {
+        StoreError::Conflict(_) => StoreError::Conflict(format!(
+            "task {id}: its unique key is taken by another unfinished task"
+        )),
+        other => other,
+    })?;
+    if r.rows_affected() != 1 {
+        return Ok(false);
     }
+    let queue: Option<Vec<u8>> = sqlx::query_scalar(&format!("SELECT queue FROM {t} WHERE id = ?"))
+        .bind(id)
+        .fetch_optional(&b.pool)
+        .await?;
+    if let Some(q) = queue.and_then(|q| String::from_utf8(q).ok()) {
+        b.announce(vec![Wake::now(q)]);
+    }
+    Ok(true)
+}
+
+/// A page of tasks, or (with `id`) the one task.
+pub(super) async fn task_list(
+    b: &MyBackend,
+    filter: &TaskFilter,
+    id: Option<i64>,
+) -> Result<Vec<TaskInfo>, StoreError> {
+    let mut conds: Vec<&str> = Vec::new();
+    if id.is_some() {
+        conds.push("id = ?");
+    }
+    if filter.queue.is_some() {
+        conds.push("queue = ?");
+    }
+    if filter.state.is_some() {
+        conds.push("state = ?");
+    }
+    if filter.job.is_some() {
+        conds.push("job = ?");
+    }
+    if filter.before_id.is_some() {
+        conds.push("id < ?");
+    }
+    let wh = if conds.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conds.join(" AND "))
+    };
+    let limit = if filter.limit == 0 { 100 } else { filter.limit };
+    let sql = format!(
+        "SELECT {TASK_COLS} FROM {} {wh} ORDER BY id DESC LIMIT {limit}",
+        b.names.tasks
+    );
+    let mut q = sqlx::query(&sql);
+    if let Some(id) = id {
+        q = q.bind(id);
+    }
+    if let Some(v) = &filter.queue {
+        q = q.bind(v.as_str());
+    }
+    if let Some(v) = filter.state {
+        q = q.bind(v.as_str());
+    }
+    if let Some(v) = &filter.job {
+        q = q.bind(v.as_str());
+    }
+    if let Some(v) = filter.before_id {
+        q = q.bind(v);
+    }
+    let rows = q.fetch_all(&b.pool).await?;
+    rows.iter().map(task_info).collect()
+}
+
+pub(super) async fn queue_stats(b: &MyBackend) -> Result<Vec<QueueStats>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT queue, \
+             CAST(SUM(state = 'pending') AS SIGNED) AS pending, \
+             CAST(SUM(state = 'running') AS SIGNED) AS running, \
+             CAST(SUM(state = 'succeeded') AS SIGNED) AS succeeded, \
+             CAST(SUM(state = 'failed') AS SIGNED) AS failed, \
+             CAST(SUM(state = 'cancelled') AS SIGNED) AS cancelled, \
+             CAST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' \
+                 AND run_at <= UTC_TIMESTAMP(6) THEN run_at END), UTC_TIMESTAMP(6)) DIV 1000 \
+                 AS SIGNED) AS oldest_ms \
+         FROM {} GROUP BY queue ORDER BY queue",
+        b.names.tasks
+    ))
+    .fetch_all(&b.pool)
+    .await?;
+    let mut out = rows
+        .iter()
+        .map(sql_row::queue_stats)
+        .collect::<Result<Vec<_>, _>>()?;
+    let paused: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
+        "SELECT queue FROM {} WHERE paused = 1 ORDER BY queue",
+        b.names.queues
+    ))
+    .fetch_all(&b.pool)
+    .await?;
+    crate::store::mark_paused(
+        &mut out,
+        paused
+            .into_iter()
+            .map(|q| String::from_utf8_lossy(&q).into_owned()),
+    );
+    Ok(out)
 }

@@ -29,87 +29,6 @@ fn one_row<'r>(rows: &'r [MySqlRow], name: &str) -> Result<&'r MySqlRow, StoreEr
 }
 
 impl MyBackend {
-    /// Grant, in one round trip ([`MyBackend::batch`]): one transaction
-    /// that makes sure the name's row exists (an upsert that changes
-    /// nothing on an existing row, so its only effect there is the row's
-    /// exclusive lock, which serializes grants of the name), takes the row
-    /// if its lease lapsed, and reads it back with `ROW_COUNT()` of the
-    /// take: 1 if this call took it, else 0 and the row is the live
-    /// holder's. A new row starts lapsed at the epoch with token 0, so the
-    /// take gives it the store's now as its first token. The take always
-    /// changes the row (the token rises), so the count is the same with
-    /// or without `CLIENT_FOUND_ROWS`.
-    pub(super) async fn acquire(&self, req: &LockAcquire<'_>) -> Result<Acquire, StoreError> {
-        let l = &self.names.locks;
-        let name = hex_lit(req.name.as_bytes());
-        let holder = text_lit(req.holder);
-        let at_most = us(req.at_most);
-        let rows = self
-            .batch(&format!(
-                "{BEGIN}; \
-                 INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
-                 VALUES ({name}, '', 0, '{EPOCH}', '{EPOCH}') \
-                 ON DUPLICATE KEY UPDATE name = name; \
-                 UPDATE {l} SET holder = {holder}, token = GREATEST(token + 1, {NOW_US}), \
-                 locked_at = UTC_TIMESTAMP(6), \
-                 lock_until = UTC_TIMESTAMP(6) + INTERVAL {at_most} MICROSECOND \
-                 WHERE name = {name} AND lock_until <= UTC_TIMESTAMP(6); \
-                 SELECT {LOCK_COLS}, ROW_COUNT() AS taken FROM {l} WHERE name = {name}; \
-                 COMMIT"
-            ))
-            .await?;
-        let row = one_row(&rows, req.name)?;
-        let info = lock_info(row)?;
-        if row.big("taken")? != 1 {
-            return Ok(Acquire::Busy(info));
-        }
-        Ok(Acquire::Granted {
-            token: info.token,
-            locked_at: info.locked_at,
-            lock_until: info.lock_until,
-        })
-    }
-
-    /// Extend, in one round trip: the conditional update and the new
-    /// `lock_until` read back in one transaction.
-    pub(super) async fn extend(
-        &self,
-        name: &str,
-        token: FencingToken,
-        at_most: Duration,
-    ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        self.lock_until_after(
-            name,
-            token,
-            &format!(
-                "lock_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
-                us(at_most)
-            ),
-        )
-        .await
-    }
-
-    /// Revoke (an operator's force-release), in one round trip: the
-    /// conditional update and the new `lock_until` read back in one
-    /// transaction.
-    pub(super) async fn revoke(
-        &self,
-        name: &str,
-        token: FencingToken,
-        within: Duration,
-    ) -> Result<Option<DateTime<Utc>>, StoreError> {
-        self.lock_until_after(
-            name,
-            token,
-            &format!(
-                "token = token + 1, holder = LEFT(CONCAT('revoked:', holder), 1024), \
-                 lock_until = LEAST(lock_until, UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
-                us(within)
-            ),
-        )
-        .await
-    }
-
     /// `SET set` on the lease `token` holds on `name` while it is current,
     /// and the new `lock_until` read back, in one transaction; `None` when
     /// the lease was not current (or the name was never locked).
@@ -140,43 +59,130 @@ impl MyBackend {
         }
         Ok(Some(row.time("lock_until")?))
     }
+}
 
-    pub(super) async fn release(
-        &self,
-        name: &str,
-        token: FencingToken,
-        at_least: Duration,
-    ) -> Result<bool, StoreError> {
-        let r = sqlx::query(&format!(
-            "UPDATE {} SET lock_until = GREATEST(UTC_TIMESTAMP(6), \
-                 locked_at + INTERVAL ? MICROSECOND) \
-             WHERE name = ? AND token = ? AND lock_until > UTC_TIMESTAMP(6)",
-            self.names.locks
+/// Grant, in one round trip ([`MyBackend::batch`]): one transaction
+/// that makes sure the name's row exists (an upsert that changes
+/// nothing on an existing row, so its only effect there is the row's
+/// exclusive lock, which serializes grants of the name), takes the row
+/// if its lease lapsed, and reads it back with `ROW_COUNT()` of the
+/// take: 1 if this call took it, else 0 and the row is the live
+/// holder's. A new row starts lapsed at the epoch with token 0, so the
+/// take gives it the store's now as its first token. The take always
+/// changes the row (the token rises), so the count is the same with
+/// or without `CLIENT_FOUND_ROWS`.
+pub(super) async fn lock_acquire(
+    b: &MyBackend,
+    req: &LockAcquire<'_>,
+) -> Result<Acquire, StoreError> {
+    let l = &b.names.locks;
+    let name = hex_lit(req.name.as_bytes());
+    let holder = text_lit(req.holder);
+    let at_most = us(req.at_most);
+    let rows = b
+        .batch(&format!(
+            "{BEGIN}; \
+             INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
+             VALUES ({name}, '', 0, '{EPOCH}', '{EPOCH}') \
+             ON DUPLICATE KEY UPDATE name = name; \
+             UPDATE {l} SET holder = {holder}, token = GREATEST(token + 1, {NOW_US}), \
+             locked_at = UTC_TIMESTAMP(6), \
+             lock_until = UTC_TIMESTAMP(6) + INTERVAL {at_most} MICROSECOND \
+             WHERE name = {name} AND lock_until <= UTC_TIMESTAMP(6); \
+             SELECT {LOCK_COLS}, ROW_COUNT() AS taken FROM {l} WHERE name = {name}; \
+             COMMIT"
         ))
-        .bind(us(at_least))
-        .bind(name)
-        .bind(token_arg(token))
-        .execute(&self.pool)
         .await?;
-        Ok(r.rows_affected() == 1)
+    let row = one_row(&rows, req.name)?;
+    let info = lock_info(row)?;
+    if row.big("taken")? != 1 {
+        return Ok(Acquire::Busy(info));
     }
+    Ok(Acquire::Granted {
+        token: info.token,
+        locked_at: info.locked_at,
+        lock_until: info.lock_until,
+    })
+}
 
-    /// One lock (`Some(name)`) or all of them, by name.
-    pub(super) async fn lock_read(&self, name: Option<&str>) -> Result<Vec<LockInfo>, StoreError> {
-        let l = &self.names.locks;
-        let rows = match name {
-            Some(name) => {
-                sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} WHERE name = ?"))
-                    .bind(name)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            None => {
-                sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"))
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-        };
-        rows.iter().map(lock_info).collect()
-    }
+/// Extend, in one round trip: the conditional update and the new
+/// `lock_until` read back in one transaction.
+pub(super) async fn lock_extend(
+    b: &MyBackend,
+    name: &str,
+    token: FencingToken,
+    at_most: Duration,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    b.lock_until_after(
+        name,
+        token,
+        &format!(
+            "lock_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
+            us(at_most)
+        ),
+    )
+    .await
+}
+
+/// Revoke (an operator's force-release), in one round trip: the
+/// conditional update and the new `lock_until` read back in one
+/// transaction.
+pub(super) async fn lock_revoke(
+    b: &MyBackend,
+    name: &str,
+    token: FencingToken,
+    within: Duration,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    b.lock_until_after(
+        name,
+        token,
+        &format!(
+            "token = token + 1, holder = LEFT(CONCAT('revoked:', holder), 1024), \
+             lock_until = LEAST(lock_until, UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
+            us(within)
+        ),
+    )
+    .await
+}
+
+pub(super) async fn lock_release(
+    b: &MyBackend,
+    name: &str,
+    token: FencingToken,
+    at_least: Duration,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query(&format!(
+        "UPDATE {} SET lock_until = GREATEST(UTC_TIMESTAMP(6), \
+             locked_at + INTERVAL ? MICROSECOND) \
+         WHERE name = ? AND token = ? AND lock_until > UTC_TIMESTAMP(6)",
+        b.names.locks
+    ))
+    .bind(us(at_least))
+    .bind(name)
+    .bind(token_arg(token))
+    .execute(&b.pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// One lock (`Some(name)`) or all of them, by name.
+pub(super) async fn lock_read(
+    b: &MyBackend,
+    name: Option<&str>,
+) -> Result<Vec<LockInfo>, StoreError> {
+    let l = &b.names.locks;
+    let rows = match name {
+        Some(name) => {
+            sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} WHERE name = ?"))
+                .bind(name)
+                .fetch_all(&b.pool)
+                .await?
+        }
+        None => {
+            sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"))
+                .fetch_all(&b.pool)
+                .await?
+        }
+    };
+    rows.iter().map(lock_info).collect()
 }

@@ -306,87 +306,6 @@ fn bind_task<'q>(
 }
 
 impl MyBackend {
-    pub(super) async fn enqueue_tasks(
-        &self,
-        tasks: &[NewTask],
-    ) -> Result<Vec<Enqueued>, StoreError> {
-        if tasks.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut tx = self.begin().await?;
-        let (out, wakes) = insert_tasks(&mut tx, &self.names, tasks, None).await?;
-        tx.commit().await?;
-        self.announce(wakes);
-        Ok(out)
-    }
-
-    /// One transaction: (with a cap, lock the queue's row in `<p>queues`
-    /// and count its running tasks), lock up to `limit` due pending rows
-    /// with `FOR UPDATE SKIP LOCKED`, claim them, read them back.
-    pub(super) async fn claim_tasks(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
-        if req.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let t = &self.names.tasks;
-        let mut limit = i64::from(req.limit);
-        // With a buffer share the walk may step over as many tasks on their
-        // last attempt (see `claim_pick`).
-        let walk_extra = i64::from(req.buffered.min(req.limit));
-        // Uncapped (the common case): two round trips in all, each a batch
-        // of statements sent as text (see `MyBackend::batch`).
-        let Some(max) = req.max_running else {
-            return self.claim_in_two_batches(req, limit + walk_extra).await;
-        };
-        let mut tx = self.begin().await?;
-        // Claimers of a capped queue take turns on its row, so each
-        // counts the running tasks after the previous one committed.
-        sqlx::query(&format!(
-            "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
-            self.names.queues
-        ))
-        .bind(req.queue)
-        .execute(&mut *tx)
-        .await?;
-        let running: i64 = sqlx::query_scalar(&format!(
-            "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
-        ))
-        .bind(req.queue)
-        .fetch_one(&mut *tx)
-        .await?;
-        limit = limit.min(i64::from(max) - running);
-        if limit <= 0 {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        let cap = u32::try_from(limit).unwrap_or(u32::MAX);
-        let select = self.claim_select(limit + walk_extra, "?", "?");
-        let rows: Vec<(i64, i64)> = sqlx::query_as(&select)
-            .bind(req.queue.as_bytes())
-            .bind(req.queue.as_bytes())
-            .fetch_all(&mut *tx)
-            .await?;
-        let ids = claim_pick(rows, req, cap);
-        if ids.is_empty() {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        let list = marks(ids.len());
-        let update = self.claim_update(&list, "?", "?");
-        let mut u = sqlx::query(&update).bind(us(req.lease)).bind(req.worker);
-        for id in &ids {
-            u = u.bind(id);
-        }
-        u.execute(&mut *tx).await?;
-        let read = self.claim_read(&list);
-        let mut s = sqlx::query(&read);
-        for id in &ids {
-            s = s.bind(id);
-        }
-        let rows = s.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        rows.iter().map(claimed_task).collect()
-    }
-
     /// An uncapped claim in two round trips: `BEGIN` with the locking
     /// select, then the update, the read-back and `COMMIT` (was five:
     /// `BEGIN`, select, update, read, `COMMIT`). Nothing due: the select's
@@ -472,221 +391,6 @@ impl MyBackend {
             self.names.tasks
         )
     }
-
-    pub(super) async fn heartbeat_claims(
-        &self,
-        claims: &[Claim],
-        lease: Duration,
-    ) -> Result<Vec<Heartbeat>, StoreError> {
-        if claims.is_empty() {
-            return Ok(Vec::new());
-        }
-        let t = &self.names.tasks;
-        let mut found: HashMap<(i64, i64), bool> = HashMap::new();
-        let mut tx = self.begin().await?;
-        for chunk in claims.chunks(ID_CHUNK) {
-            let ids = marks(chunk.len());
-            let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
-            let cond =
-                format!("id IN ({ids}) AND (id, claim_token) IN ({pairs}) AND state = 'running'");
-            let sql = format!(
-                "UPDATE {t} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE {cond}"
-            );
-            let mut u = sqlx::query(&sql).bind(us(lease));
-            for c in chunk {
-                u = u.bind(c.id);
-            }
-            for c in chunk {
-                u = u.bind(c.id).bind(token_arg(c.token));
-            }
-            u.execute(&mut *tx).await?;
-            let sql = format!("SELECT id, claim_token, cancel_requested FROM {t} WHERE {cond}");
-            let mut s = sqlx::query(&sql);
-            for c in chunk {
-                s = s.bind(c.id);
-            }
-            for c in chunk {
-                s = s.bind(c.id).bind(token_arg(c.token));
-            }
-            for row in s.fetch_all(&mut *tx).await? {
-                found.insert(
-                    (row.try_get("id")?, row.try_get("claim_token")?),
-                    row.try_get("cancel_requested")?,
-                );
-            }
-        }
-        tx.commit().await?;
-        Ok(claims
-            .iter()
-            .map(|c| match found.get(&(c.id, token_arg(c.token))) {
-                Some(true) => Heartbeat::CancelRequested,
-                Some(false) => Heartbeat::Extended,
-                None => Heartbeat::Lost,
-            })
-            .collect())
-    }
-
-    /// Every finish, in one transaction: lock the named running rows, decide
-    /// each item against its locked row (compare-and-set on the claim
-    /// token; a claim already used earlier in the batch is refused), write
-    /// the successes in one statement and the rest one by one.
-    pub(super) async fn finish_batch(
-        &self,
-        items: &[(Claim, Finish)],
-    ) -> Result<Vec<bool>, StoreError> {
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        let t = &self.names.tasks;
-        let mut out = vec![false; items.len()];
-        let mut wakes = Vec::new();
-        let mut tx = self.begin().await?;
-        // id → (token, cancel_requested, attempt, max_attempts, queue)
-        let mut rows: HashMap<i64, (i64, bool, u32, u32, String)> = HashMap::new();
-        let mut ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        for chunk in ids.chunks(ID_CHUNK) {
-            let sql = format!(
-                "SELECT id, claim_token, cancel_requested, attempt, max_attempts, queue \
-                 FROM {t} WHERE id IN ({}) AND state = 'running' ORDER BY id FOR UPDATE",
-                marks(chunk.len())
-            );
-            let mut s = sqlx::query(&sql);
-            for id in chunk {
-                s = s.bind(id);
-            }
-            for row in s.fetch_all(&mut *tx).await? {
-                rows.insert(
-                    row.try_get("id")?,
-                    (
-                        row.try_get("claim_token")?,
-                        row.try_get("cancel_requested")?,
-                        attempt_of(&row, "attempt")?,
-                        attempt_of(&row, "max_attempts")?,
-                        row.text("queue")?,
-                    ),
-                );
-            }
-        }
-        let mut used: HashSet<i64> = HashSet::new();
-        let mut succeeded: Vec<i64> = Vec::new();
-        let mut retried: Vec<i64> = Vec::new();
-        for (k, (claim, finish)) in items.iter().enumerate() {
-            let Some((token, cancel, attempt, max, queue)) = rows.get(&claim.id) else {
-                continue;
-            };
-            if *token != token_arg(claim.token) || !used.insert(claim.id) {
-                continue;
-            }
-            out[k] = true;
-            match finish {
-                Finish::Succeeded => succeeded.push(claim.id),
-                Finish::Failed { error, retry_in } => {
-                    let allowed = retry_in.is_some() && attempt < max;
-                    let (state, last_error) = if allowed && !cancel {
-                        ("pending", error.clone())
-                    } else if allowed {
-                        ("cancelled", format!("{CANCEL_REQUESTED}: {error}"))
-                    } else {
-                        ("failed", error.clone())
-                    };
-                    let again = state == "pending";
-                    // `errors` first: it reads `attempt`, which stays.
-                    sqlx::query(&format!(
-                        "UPDATE {t} SET errors = {APPEND_ERROR}, last_error = ?, state = ?, \
-                             run_at = IF(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, run_at), \
-                             finished_at = IF(?, NULL, UTC_TIMESTAMP(6)), lease_until = NULL \
-                         WHERE id = ?"
-                    ))
-                    .bind(error)
-                    .bind(last_error)
-                    .bind(state)
-                    .bind(again)
-                    .bind(retry_in.map(us).unwrap_or(0))
-                    .bind(again)
-                    .bind(claim.id)
-                    .execute(&mut *tx)
-                    .await?;
-                    if again {
-                        retried.push(claim.id);
-                    }
-                }
-                Finish::Cancelled { reason } => {
-                    sqlx::query(&format!(
-                        "UPDATE {t} SET state = 'cancelled', last_error = ?, \
-                         finished_at = UTC_TIMESTAMP(6), lease_until = NULL WHERE id = ?"
-                    ))
-                    .bind(reason)
-                    .bind(claim.id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                Finish::HandBack => {
-                    // The attempt is not counted; a requested cancel ends it.
-                    if *cancel {
-                        sqlx::query(&format!(
-                            "UPDATE {t} SET state = 'cancelled', attempt = attempt - 1, \
-                             lease_until = NULL, last_error = ?, \
-                             finished_at = UTC_TIMESTAMP(6) WHERE id = ?"
-                        ))
-                        .bind(CANCEL_REQUESTED)
-                        .bind(claim.id)
-                        .execute(&mut *tx)
-                        .await?;
-                    } else {
-                        sqlx::query(&format!(
-                            "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
-                             lease_until = NULL WHERE id = ?"
-                        ))
-                        .bind(claim.id)
-                        .execute(&mut *tx)
-                        .await?;
-                        if !wakes
-                            .iter()
-                            .any(|w: &Wake| w.queue == *queue && w.due.is_none())
-                        {
-                            wakes.push(Wake::now(queue.clone()));
-                        }
-                    }
-                }
-            }
-        }
-        for chunk in succeeded.chunks(ID_CHUNK) {
-            let sql = format!(
-                "UPDATE {t} SET state = 'succeeded', finished_at = UTC_TIMESTAMP(6), \
-                 lease_until = NULL WHERE id IN ({})",
-                marks(chunk.len())
-            );
-            let mut u = sqlx::query(&sql);
-            for id in chunk {
-                u = u.bind(id);
-            }
-            u.execute(&mut *tx).await?;
-        }
-        // A retry is announced with its due time, so a worker starts it
-        // when the backoff ends rather than at a later poll.
-        for chunk in retried.chunks(ID_CHUNK) {
-            let sql = format!(
-                "SELECT queue, run_at FROM {t} WHERE id IN ({})",
-                marks(chunk.len())
-            );
-            let mut s = sqlx::query(&sql);
-            for id in chunk {
-                s = s.bind(id);
-            }
-            for row in s.fetch_all(&mut *tx).await? {
-                wakes.push(Wake {
-                    queue: row.text("queue")?,
-                    due: Some(row.try_get("run_at")?),
-                });
-            }
-        }
-        tx.commit().await?;
-        self.announce(wakes);
-        Ok(out)
-    }
 }
 
 /// The claimed ids among the locked candidates `(id, spare)` (in claim
@@ -702,4 +406,303 @@ fn claim_pick(rows: Vec<(i64, i64)>, req: &TaskClaim<'_>, limit: u32) -> Vec<i64
         .map(|(_, (id, _))| id)
         .take(limit as usize)
         .collect()
+}
+
+pub(super) async fn task_insert_many(
+    b: &MyBackend,
+    tasks: &[NewTask],
+) -> Result<Vec<Enqueued>, StoreError> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = b.begin().await?;
+    let (out, wakes) = insert_tasks(&mut tx, &b.names, tasks, None).await?;
+    tx.commit().await?;
+    b.announce(wakes);
+    Ok(out)
+}
+
+/// One transaction: (with a cap, lock the queue's row in `<p>queues`
+/// and count its running tasks), lock up to `limit` due pending rows
+/// with `FOR UPDATE SKIP LOCKED`, claim them, read them back.
+pub(super) async fn task_claim(
+    b: &MyBackend,
+    req: &TaskClaim<'_>,
+) -> Result<Vec<Task>, StoreError> {
+    if req.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let t = &b.names.tasks;
+    let mut limit = i64::from(req.limit);
+    // With a buffer share the walk may step over as many tasks on their
+    // last attempt (see `claim_pick`).
+    let walk_extra = i64::from(req.buffered.min(req.limit));
+    // Uncapped (the common case): two round trips in all, each a batch
+    // of statements sent as text (see `MyBackend::batch`).
+    let Some(max) = req.max_running else {
+        return b.claim_in_two_batches(req, limit + walk_extra).await;
+    };
+    let mut tx = b.begin().await?;
+    // Claimers of a capped queue take turns on its row, so each
+    // counts the running tasks after the previous one committed.
+    sqlx::query(&format!(
+        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
+        b.names.queues
+    ))
+    .bind(req.queue)
+    .execute(&mut *tx)
+    .await?;
+    let running: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
+    ))
+    .bind(req.queue)
+    .fetch_one(&mut *tx)
+    .await?;
+    limit = limit.min(i64::from(max) - running);
+    if limit <= 0 {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    let cap = u32::try_from(limit).unwrap_or(u32::MAX);
+    let select = b.claim_select(limit + walk_extra, "?", "?");
+    let rows: Vec<(i64, i64)> = sqlx::query_as(&select)
+        .bind(req.queue.as_bytes())
+        .bind(req.queue.as_bytes())
+        .fetch_all(&mut *tx)
+        .await?;
+    let ids = claim_pick(rows, req, cap);
+    if ids.is_empty() {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    let list = marks(ids.len());
+    let update = b.claim_update(&list, "?", "?");
+    let mut u = sqlx::query(&update).bind(us(req.lease)).bind(req.worker);
+    for id in &ids {
+        u = u.bind(id);
+    }
+    u.execute(&mut *tx).await?;
+    let read = b.claim_read(&list);
+    let mut s = sqlx::query(&read);
+    for id in &ids {
+        s = s.bind(id);
+    }
+    let rows = s.fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    rows.iter().map(claimed_task).collect()
+}
+
+pub(super) async fn task_heartbeat_many(
+    b: &MyBackend,
+    claims: &[Claim],
+    lease: Duration,
+) -> Result<Vec<Heartbeat>, StoreError> {
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = &b.names.tasks;
+    let mut found: HashMap<(i64, i64), bool> = HashMap::new();
+    let mut tx = b.begin().await?;
+    for chunk in claims.chunks(ID_CHUNK) {
+        let ids = marks(chunk.len());
+        let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+        let cond =
+            format!("id IN ({ids}) AND (id, claim_token) IN ({pairs}) AND state = 'running'");
+        let sql = format!(
+            "UPDATE {t} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE {cond}"
+        );
+        let mut u = sqlx::query(&sql).bind(us(lease));
+        for c in chunk {
+            u = u.bind(c.id);
+        }
+        for c in chunk {
+            u = u.bind(c.id).bind(token_arg(c.token));
+        }
+        u.execute(&mut *tx).await?;
+        let sql = format!("SELECT id, claim_token, cancel_requested FROM {t} WHERE {cond}");
+        let mut s = sqlx::query(&sql);
+        for c in chunk {
+            s = s.bind(c.id);
+        }
+        for c in chunk {
+            s = s.bind(c.id).bind(token_arg(c.token));
+        }
+        for row in s.fetch_all(&mut *tx).await? {
+            found.insert(
+                (row.try_get("id")?, row.try_get("claim_token")?),
+                row.try_get("cancel_requested")?,
+            );
+        }
+    }
+    tx.commit().await?;
+    Ok(claims
+        .iter()
+        .map(|c| match found.get(&(c.id, token_arg(c.token))) {
+            Some(true) => Heartbeat::CancelRequested,
+            Some(false) => Heartbeat::Extended,
+            None => Heartbeat::Lost,
+        })
+        .collect())
+}
+
+/// Every finish, in one transaction: lock the named running rows, decide
+/// each item against its locked row (compare-and-set on the claim
+/// token; a claim already used earlier in the batch is refused), write
+/// the successes in one statement and the rest one by one.
+pub(super) async fn task_finish_many(
+    b: &MyBackend,
+    items: &[(Claim, Finish)],
+) -> Result<Vec<bool>, StoreError> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = &b.names.tasks;
+    let mut out = vec![false; items.len()];
+    let mut wakes = Vec::new();
+    let mut tx = b.begin().await?;
+    // id → (token, cancel_requested, attempt, max_attempts, queue)
+    let mut rows: HashMap<i64, (i64, bool, u32, u32, String)> = HashMap::new();
+    let mut ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for chunk in ids.chunks(ID_CHUNK) {
+        let sql = format!(
+            "SELECT id, claim_token, cancel_requested, attempt, max_attempts, queue \
+             FROM {t} WHERE id IN ({}) AND state = 'running' ORDER BY id FOR UPDATE",
+            marks(chunk.len())
+        );
+        let mut s = sqlx::query(&sql);
+        for id in chunk {
+            s = s.bind(id);
+        }
+        for row in s.fetch_all(&mut *tx).await? {
+            rows.insert(
+                row.try_get("id")?,
+                (
+                    row.try_get("claim_token")?,
+                    row.try_get("cancel_requested")?,
+                    attempt_of(&row, "attempt")?,
+                    attempt_of(&row, "max_attempts")?,
+                    row.text("queue")?,
+                ),
+            );
+        }
+    }
+    let mut used: HashSet<i64> = HashSet::new();
+    let mut succeeded: Vec<i64> = Vec::new();
+    let mut retried: Vec<i64> = Vec::new();
+    for (k, (claim, finish)) in items.iter().enumerate() {
+        let Some((token, cancel, attempt, max, queue)) = rows.get(&claim.id) else {
+            continue;
+        };
+        if *token != token_arg(claim.token) || !used.insert(claim.id) {
+            continue;
+        }
+        out[k] = true;
+        match finish {
+            Finish::Succeeded => succeeded.push(claim.id),
+            Finish::Failed { error, retry_in } => {
+                let allowed = retry_in.is_some() && attempt < max;
+                let (state, last_error) = if allowed && !cancel {
+                    ("pending", error.clone())
+                } else if allowed {
+                    ("cancelled", format!("{CANCEL_REQUESTED}: {error}"))
+                } else {
+                    ("failed", error.clone())
+                };
+                let again = state == "pending";
+                // `errors` first: it reads `attempt`, which stays.
+                sqlx::query(&format!(
+                    "UPDATE {t} SET errors = {APPEND_ERROR}, last_error = ?, state = ?, \
+                         run_at = IF(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, run_at), \
+                         finished_at = IF(?, NULL, UTC_TIMESTAMP(6)), lease_until = NULL \
+                     WHERE id = ?"
+                ))
+                .bind(error)
+                .bind(last_error)
+                .bind(state)
+                .bind(again)
+                .bind(retry_in.map(us).unwrap_or(0))
+                .bind(again)
+                .bind(claim.id)
+                .execute(&mut *tx)
+                .await?;
+                if again {
+                    retried.push(claim.id);
+                }
+            }
+            Finish::Cancelled { reason } => {
+                sqlx::query(&format!(
+                    "UPDATE {t} SET state = 'cancelled', last_error = ?, \
+                     finished_at = UTC_TIMESTAMP(6), lease_until = NULL WHERE id = ?"
+                ))
+                .bind(reason)
+                .bind(claim.id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Finish::HandBack => {
+                // The attempt is not counted; a requested cancel ends it.
+                if *cancel {
+                    sqlx::query(&format!(
+                        "UPDATE {t} SET state = 'cancelled', attempt = attempt - 1, \
+                         lease_until = NULL, last_error = ?, \
+                         finished_at = UTC_TIMESTAMP(6) WHERE id = ?"
+                    ))
+                    .bind(CANCEL_REQUESTED)
+                    .bind(claim.id)
+                    .execute(&mut *tx)
+                    .await?;
+                } else {
+                    sqlx::query(&format!(
+                        "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
+                         lease_until = NULL WHERE id = ?"
+                    ))
+                    .bind(claim.id)
+                    .execute(&mut *tx)
+                    .await?;
+                    if !wakes
+                        .iter()
+                        .any(|w: &Wake| w.queue == *queue && w.due.is_none())
+                    {
+                        wakes.push(Wake::now(queue.clone()));
+                    }
+                }
+            }
+        }
+    }
+    for chunk in succeeded.chunks(ID_CHUNK) {
+        let sql = format!(
+            "UPDATE {t} SET state = 'succeeded', finished_at = UTC_TIMESTAMP(6), \
+             lease_until = NULL WHERE id IN ({})",
+            marks(chunk.len())
+        );
+        let mut u = sqlx::query(&sql);
+        for id in chunk {
+            u = u.bind(id);
+        }
+        u.execute(&mut *tx).await?;
+    }
+    // A retry is announced with its due time, so a worker starts it
+    // when the backoff ends rather than at a later poll.
+    for chunk in retried.chunks(ID_CHUNK) {
+        let sql = format!(
+            "SELECT queue, run_at FROM {t} WHERE id IN ({})",
+            marks(chunk.len())
+        );
+        let mut s = sqlx::query(&sql);
+        for id in chunk {
+            s = s.bind(id);
+        }
+        for row in s.fetch_all(&mut *tx).await? {
+            wakes.push(Wake {
+                queue: row.text("queue")?,
+                due: Some(row.try_get("run_at")?),
+            });
+        }
+    }
+    tx.commit().await?;
+    b.announce(wakes);
+    Ok(out)
 }

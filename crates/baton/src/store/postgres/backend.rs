@@ -2,7 +2,6 @@
 //! statements of [`super::sql`] and reads the rows back.
 
 use std::collections::{HashMap, HashSet};
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,8 +19,8 @@ use crate::store::sql_row::{
 use crate::store::SchemaStatus;
 use crate::store::{
     Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat, JobAdvance,
-    JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, SlotRecord, Task, TaskClaim,
-    TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED, OVERLAP_SKIPPED,
+    JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim, TaskFilter,
+    TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
 
 #[async_trait]
@@ -355,34 +354,7 @@ impl Backend for PgBackend {
     }
 
     async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        let mut tx = self.begin().await?;
-        let state: Option<String> = self
-            .qs(&self.sql.task_state)
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(state) = state else {
-            return Ok(CancelOutcome::NotFound);
-        };
-        let outcome = match TaskState::from_str(&state)? {
-            TaskState::Pending => {
-                self.q(&self.sql.cancel_pending)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                CancelOutcome::Cancelled
-            }
-            TaskState::Running => {
-                self.q(&self.sql.cancel_running)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                CancelOutcome::Requested
-            }
-            s => CancelOutcome::AlreadyFinished(s),
-        };
-        tx.commit().await?;
-        Ok(outcome)
+        crate::store::job_advance::task_cancel(self.tx().await?, id).await
     }
 
     async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
@@ -491,91 +463,7 @@ impl Backend for PgBackend {
     }
 
     async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
-        let n = &*self.names;
-        let mut tx = self.begin().await?;
-        let row = self
-            .q(&self.sql.job_lock)
-            .bind(adv.job)
-            .bind(adv.expected)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = row else {
-            return Ok(Advanced::UnknownJob);
-        };
-        let paused: bool = row.try_get("paused")?;
-        if paused {
-            return Ok(Advanced::Paused);
-        }
-        if !row.try_get::<bool, _>("matches")? {
-            return Ok(Advanced::Moved(row.try_get("last_slot")?));
-        }
-        let now: DateTime<Utc> = row.try_get("now")?;
-        if adv.refused_at(now) {
-            return Ok(Advanced::NotDue { now });
-        }
-        let busy = if adv.checks_overlap() {
-            self.qs(&self.sql.job_overlapping)
-                .bind(adv.job)
-                .bind(adv.batch_after)
-                .bind(adv.slot)
-                .fetch_one(&mut *tx)
-                .await?
-        } else {
-            false
-        };
-        if busy && adv.early_at(now) {
-            // Early, and the previous run is unfinished: judge the overlap
-            // rule at the slot, not before it.
-            return Ok(Advanced::NotDue { now });
-        }
-        self.q(&self.sql.job_set_slot)
-            .bind(adv.job)
-            .bind(adv.slot)
-            .execute(&mut *tx)
-            .await?;
-        let Some(task) = adv.task else {
-            tx.commit().await?;
-            return Ok(Advanced::Enqueued(Enqueued {
-                id: 0,
-                inserted: false,
-            }));
-        };
-        let skip = match adv.record {
-            SlotRecord::Skip { reason } => Some(reason),
-            _ if busy => Some(OVERLAP_SKIPPED),
-            _ => None,
-        };
-        let out = insert_tasks(
-            &mut tx,
-            &self.sql.insert,
-            &n.chan,
-            std::slice::from_ref(task),
-            skip,
-        )
-        .await?;
-        let e = out
-            .first()
-            .copied()
-            .ok_or_else(|| StoreError::Corrupt("job_advance: no insert result".into()))?;
-        let result = if !e.inserted {
-            // The slot's task exists already (a trigger made it): the slot
-            // is not skipped, it runs as that task.
-            Advanced::Enqueued(e)
-        } else if skip.is_some() {
-            Advanced::Skipped(e)
-        } else {
-            if let SlotRecord::Run { worker, lease } = adv.record {
-                self.q(&self.sql.job_run)
-                    .bind(e.id)
-                    .bind(dur(lease))
-                    .bind(worker)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Advanced::Enqueued(e)
-        };
-        tx.commit().await?;
-        Ok(result)
+        crate::store::job_advance::job_advance(self.tx().await?, adv).await
     }
 
     async fn job_set_paused(

@@ -57,6 +57,7 @@ use tokio_util::sync::CancellationToken;
 use super::{ms, Backend, StoreOptions, Wake};
 use crate::error::StoreError;
 
+mod advance;
 mod backend;
 mod exec;
 mod listener;

@@ -4,6 +4,7 @@
 use super::sql::UNIQUE_PRED;
 use super::{Names, PgBackend};
 use crate::error::StoreError;
+use crate::store::migrate::{parse_version, Dialect};
 use crate::store::sql_row::{self, corrupt};
 use crate::store::SchemaStatus;
 use crate::store::CANCEL_REQUESTED;
@@ -172,89 +173,137 @@ pub(super) async fn status(b: &PgBackend) -> Result<SchemaStatus, StoreError> {
 
 /// Create the schema if absent and run the upgrade steps from the recorded
 /// version, in one transaction under an advisory lock per prefix (so
-/// processes that connect at once take turns).
+/// processes that connect at once take turns), through the shared runner
+/// (`store::migrate`). A schema already at this version gets no DDL:
+/// running `CREATE INDEX IF NOT EXISTS` anyway takes table locks that can
+/// deadlock with live workers' transactions.
 pub(super) async fn migrate(b: &PgBackend) -> Result<(), StoreError> {
-    let n = &*b.names;
-    // Fast path: a schema already at this version needs no DDL. (Running
-    // `CREATE INDEX IF NOT EXISTS` anyway takes table locks that can
-    // deadlock with live workers' transactions.) A missing meta table is
-    // an error here and falls through to the full migration.
-    let current: Result<Option<String>, sqlx::Error> =
-        b.qs(&b.sql.schema_version).fetch_optional(b.exec()).await;
-    if let Ok(Some(v)) = &current {
-        if v.parse::<i32>() == Ok(SCHEMA_VERSION) {
-            return write_identity(b).await;
-        }
+    crate::store::migrate::run(&mut Migration { b, tx: None }).await
+}
+
+/// The PostgreSQL side of the shared migration runner: the lock is a
+/// transaction holding `pg_advisory_xact_lock` on the prefix.
+struct Migration<'a> {
+    b: &'a PgBackend,
+    tx: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
+}
+
+impl Migration<'_> {
+    /// The transaction [`Dialect::lock`] began.
+    fn tx(&mut self) -> Result<&mut sqlx::PgConnection, StoreError> {
+        self.tx
+            .as_deref_mut()
+            .ok_or_else(|| StoreError::Backend("postgres migration: not locked".into()))
     }
-    let mut tx = b.begin().await?;
-    b.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("baton-migrate:{}", n.prefix))
-        .execute(&mut *tx)
-        .await?;
-    // The base DDL runs on a store without a recorded version only: on an
-    // upgraded one it would recreate what a later step dropped.
-    let has_meta: bool = b
-        .qs("SELECT to_regclass($1) IS NOT NULL")
-        .bind(&n.meta)
-        .fetch_one(&mut *tx)
-        .await?;
-    let fresh = !has_meta
-        || b.qs::<String>(&b.sql.schema_version)
-            .fetch_optional(&mut *tx)
-            .await?
-            .is_none();
-    if fresh {
-        let schema = schema_sql(n);
-        sqlx::Executor::execute(&mut *tx, schema.as_str()).await?;
+}
+
+#[async_trait::async_trait]
+impl Dialect for Migration<'_> {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn prefix(&self) -> &str {
+        &self.b.names.prefix
+    }
+
+    fn base_version(&self) -> i64 {
+        BASE_VERSION.into()
+    }
+
+    fn step_count(&self) -> usize {
+        UPGRADES.len()
+    }
+
+    async fn peek_version(&mut self) -> Result<Option<i64>, StoreError> {
+        let b = self.b;
+        let v: Option<String> = b.qs(&b.sql.schema_version).fetch_optional(b.exec()).await?;
+        v.as_deref().map(parse_version).transpose()
+    }
+
+    async fn lock(&mut self) -> Result<(), StoreError> {
+        let b = self.b;
+        let mut tx = b.begin().await?;
+        b.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("baton-migrate:{}", b.names.prefix))
+            .execute(&mut *tx)
+            .await?;
+        self.tx = Some(tx);
+        Ok(())
+    }
+
+    async fn recorded_version(&mut self) -> Result<Option<i64>, StoreError> {
+        let b = self.b;
+        let has_meta: bool = b
+            .qs("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&b.names.meta)
+            .fetch_one(self.tx()?)
+            .await?;
+        if !has_meta {
+            return Ok(None);
+        }
+        let v: Option<String> = b
+            .qs(&b.sql.schema_version)
+            .fetch_optional(self.tx()?)
+            .await?;
+        v.as_deref().map(parse_version).transpose()
+    }
+
+    /// The base DDL runs on a store without a recorded version only: on an
+    /// upgraded one it would recreate what a later step dropped.
+    async fn create(&mut self) -> Result<i64, StoreError> {
+        let b = self.b;
+        let schema = schema_sql(&b.names);
+        sqlx::Executor::execute(self.tx()?, schema.as_str()).await?;
         b.q(&format!(
             "INSERT INTO {} (key, value) VALUES ('schema_version', $1) \
              ON CONFLICT (key) DO NOTHING",
-            n.meta
+            b.names.meta
         ))
         .bind(BASE_VERSION.to_string())
-        .execute(&mut *tx)
+        .execute(self.tx()?)
         .await?;
+        Ok(BASE_VERSION.into())
     }
-    let v: String = b
-        .qs(&format!(
-            "SELECT value FROM {} WHERE key = 'schema_version'",
-            n.meta
-        ))
-        .fetch_one(&mut *tx)
-        .await?;
-    let v: i32 = v.parse().map_err(|_| corrupt("schema version", &v))?;
-    if v > SCHEMA_VERSION {
-        return Err(StoreError::Config(format!(
-            "tables with prefix {:?} have schema version {v}, newer than this build's {SCHEMA_VERSION}; upgrade baton",
-            n.prefix
-        )));
+
+    async fn run_step(&mut self, index: usize) -> Result<(), StoreError> {
+        let step = UPGRADES
+            .get(index)
+            .ok_or_else(|| corrupt("schema upgrade step", index))?;
+        let sql = step(&self.b.names);
+        sqlx::Executor::execute(self.tx()?, sql.as_str()).await?;
+        Ok(())
     }
-    for from in v.max(BASE_VERSION)..SCHEMA_VERSION {
-        let step = usize::try_from(from - BASE_VERSION)
-            .ok()
-            .and_then(|i| UPGRADES.get(i))
-            .ok_or_else(|| corrupt("schema version", from))?;
-        sqlx::Executor::execute(&mut *tx, step(n).as_str()).await?;
+
+    async fn record_version(&mut self, version: i64) -> Result<(), StoreError> {
+        let b = self.b;
         b.q(&format!(
             "UPDATE {} SET value = $1 WHERE key = 'schema_version'",
-            n.meta
+            b.names.meta
         ))
-        .bind((from + 1).to_string())
-        .execute(&mut *tx)
+        .bind(version.to_string())
+        .execute(self.tx()?)
         .await?;
-        tracing::info!(
-            prefix = %n.prefix,
-            "postgres: upgraded the baton schema from version {from} to {}",
-            from + 1
-        );
+        Ok(())
     }
-    tx.commit().await?;
-    write_identity(b).await
+
+    async fn unlock(&mut self, commit: bool) -> Result<(), StoreError> {
+        match self.tx.take() {
+            Some(tx) if commit => Ok(tx.commit().await?),
+            // Dropped: rolled back, and the advisory lock with it.
+            _ => Ok(()),
+        }
+    }
+
+    /// A read, and a row insert only when it is missing (so a connect to
+    /// a migrated store by a read-only user writes nothing).
+    async fn write_identity(&mut self) -> Result<(), StoreError> {
+        write_identity(self.b).await
+    }
 }
 
 /// Write the store's identity if none is recorded (once; see
-/// `StoreIdentity`): a read, and a row insert only when it is missing (so
-/// a connect to a migrated store by a read-only user writes nothing).
+/// `StoreIdentity`).
 async fn write_identity(b: &PgBackend) -> Result<(), StoreError> {
     let n = &*b.names;
     let have: Option<String> = b

@@ -173,6 +173,7 @@ mod backend;
 mod cluster;
 mod conn;
 mod decode;
+mod jobs;
 mod listener;
 mod schema;
 mod scripts;

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use super::RedisBackend;
 use crate::error::StoreError;
+use crate::store::migrate::Dialect;
 use crate::store::SchemaStatus;
 
 /// The version a store without a recorded version is taken to have: the
@@ -109,49 +110,95 @@ pub(super) async fn status(b: &RedisBackend) -> Result<SchemaStatus, StoreError>
 }
 
 /// Record the schema version of a new store, or run the upgrade steps from
-/// the recorded one, recording each as it completes.
+/// the recorded one, recording each as it completes, through the shared
+/// runner (`store::migrate`).
 pub(super) async fn migrate(b: &RedisBackend) -> Result<(), StoreError> {
-    let found: i64 = b.q(&b.scripts.migrate, sargs![""]).await?;
-    if found <= SCHEMA_VERSION {
-        // The store's identity, written once (see `StoreIdentity`).
-        let mut conn = b.conn.clone();
+    crate::store::migrate::run(&mut Migration { b }).await
+}
+
+/// The Redis side of the shared migration runner. Redis has no migration
+/// lock: each step is idempotent and safe while other processes use the
+/// keys (see [`Upgrade`]).
+struct Migration<'a> {
+    b: &'a RedisBackend,
+}
+
+impl Migration<'_> {
+    /// The recorded version (`None`: nothing recorded), read by the
+    /// migrate script with no version to record.
+    async fn read(&self) -> Result<Option<i64>, StoreError> {
+        let found: i64 = self.b.q(&self.b.scripts.migrate, sargs![""]).await?;
+        Ok((found != 0).then_some(found))
+    }
+}
+
+#[async_trait::async_trait]
+impl Dialect for Migration<'_> {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn prefix(&self) -> &str {
+        &self.b.prefix
+    }
+
+    fn base_version(&self) -> i64 {
+        BASE_VERSION
+    }
+
+    fn step_count(&self) -> usize {
+        UPGRADES.len()
+    }
+
+    async fn peek_version(&mut self) -> Result<Option<i64>, StoreError> {
+        self.read().await
+    }
+
+    async fn lock(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn recorded_version(&mut self) -> Result<Option<i64>, StoreError> {
+        self.read().await
+    }
+
+    /// Nothing recorded: a new store (every version records itself at
+    /// connect), with nothing to convert.
+    async fn create(&mut self) -> Result<i64, StoreError> {
+        self.record_version(SCHEMA_VERSION).await?;
+        Ok(SCHEMA_VERSION)
+    }
+
+    async fn run_step(&mut self, index: usize) -> Result<(), StoreError> {
+        let step = UPGRADES
+            .get(index)
+            .ok_or_else(|| StoreError::Corrupt(format!("redis schema upgrade step {index}")))?;
+        upgrade(self.b, *step).await
+    }
+
+    /// Recorded step by step, so an interrupted upgrade resumes.
+    async fn record_version(&mut self, version: i64) -> Result<(), StoreError> {
+        self.b
+            .q::<i64>(&self.b.scripts.migrate, sargs![version])
+            .await?;
+        Ok(())
+    }
+
+    async fn unlock(&mut self, _commit: bool) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The store's identity, written once (see `StoreIdentity`).
+    async fn write_identity(&mut self) -> Result<(), StoreError> {
+        let mut conn = self.b.conn.clone();
         redis::cmd("SET")
-            .arg(b.key(STORE_ID))
+            .arg(self.b.key(STORE_ID))
             .arg(crate::store::new_store_id())
             .arg("NX")
             .query_async::<()>(&mut conn)
             .await?;
+        Ok(())
     }
-    if found > SCHEMA_VERSION {
-        return Err(StoreError::Config(format!(
-            "redis schema version {found} is newer than this baton's ({SCHEMA_VERSION})"
-        )));
-    }
-    if found == SCHEMA_VERSION {
-        return Ok(());
-    }
-    if found == 0 {
-        // Nothing recorded: a new store (every version records itself
-        // at connect), with nothing to convert.
-        b.q::<i64>(&b.scripts.migrate, sargs![SCHEMA_VERSION])
-            .await?;
-        return Ok(());
-    }
-    for from in found.max(BASE_VERSION)..SCHEMA_VERSION {
-        let step = usize::try_from(from - BASE_VERSION)
-            .ok()
-            .and_then(|i| UPGRADES.get(i))
-            .ok_or_else(|| StoreError::Corrupt(format!("redis schema version {from}")))?;
-        upgrade(b, *step).await?;
-        // Recorded step by step, so an interrupted upgrade resumes.
-        b.q::<i64>(&b.scripts.migrate, sargs![from + 1]).await?;
-        tracing::info!(
-            prefix = %b.prefix,
-            "redis: upgraded the baton schema from version {from} to {}",
-            from + 1
-        );
-    }
-    Ok(())
 }
 
 /// Run one upgrade step (idempotent).

@@ -20,9 +20,8 @@ use crate::store::sql_row::{
 use crate::store::SchemaStatus;
 use crate::store::{
     from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat,
-    JobAdvance, JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, SlotRecord, Task,
-    TaskClaim, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
-    OVERLAP_SKIPPED,
+    JobAdvance, JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim,
+    TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
 
 impl SqliteBackend {
@@ -201,7 +200,7 @@ impl Backend for SqliteBackend {
             return Ok(Vec::new());
         }
         let mut tx = self.immediate().await?;
-        let inserted = insert_tasks(&mut tx, &self.sql.insert, tasks).await?;
+        let inserted = insert_tasks(&mut tx, &self.sql.insert, tasks, None).await?;
         tx.commit().await?;
         self.wake(inserted.due_queues.iter().map(|&i| tasks[i].queue.as_str()));
         self.wake_later(
@@ -393,31 +392,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_cancel(&self, id: i64) -> Result<CancelOutcome, StoreError> {
-        let mut tx = self.immediate().await?;
-        let state: Option<String> = sqlx::query_scalar(&self.sql.task_state)
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let outcome = match state.as_deref().map(TaskState::from_str).transpose()? {
-            None => CancelOutcome::NotFound,
-            Some(TaskState::Pending) => {
-                sqlx::query(&self.sql.cancel_pending)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                CancelOutcome::Cancelled
-            }
-            Some(TaskState::Running) => {
-                sqlx::query(&self.sql.cancel_running)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                CancelOutcome::Requested
-            }
-            Some(done) => CancelOutcome::AlreadyFinished(done),
-        };
-        tx.commit().await?;
-        Ok(outcome)
+        crate::store::job_advance::task_cancel(self.tx().await?, id).await
     }
 
     async fn task_retry(&self, id: i64) -> Result<bool, StoreError> {
@@ -590,103 +565,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn job_advance(&self, adv: &JobAdvance<'_>) -> Result<Advanced, StoreError> {
-        let mut tx = self.immediate().await?;
-        let row = sqlx::query(&self.sql.job_get)
-            .bind(adv.job)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = row else {
-            return Ok(Advanced::UnknownJob);
-        };
-        if row.try_get::<i64, _>("paused")? != 0 {
-            return Ok(Advanced::Paused);
-        }
-        let current: Option<i64> = row.try_get("last_slot")?;
-        if current != adv.expected.map(|e| e.timestamp_millis()) {
-            return Ok(Advanced::Moved(opt_time(current)?));
-        }
-        let now: i64 = row.try_get("now")?;
-        let now_t = from_ms(now)?;
-        if adv.refused_at(now_t) {
-            return Ok(Advanced::NotDue { now: now_t });
-        }
-        let overlapping = if adv.checks_overlap() {
-            sqlx::query_scalar::<_, i64>(&self.sql.job_overlapping)
-                .bind(adv.job)
-                .bind(adv.batch_after.map(|t| t.timestamp_millis()))
-                .bind(adv.slot.timestamp_millis())
-                .fetch_optional(&mut *tx)
-                .await?
-                .is_some()
-        } else {
-            false
-        };
-        if overlapping && adv.early_at(now_t) {
-            // Early, and the previous run is unfinished: judge the overlap
-            // rule at the slot, not before it.
-            return Ok(Advanced::NotDue { now: now_t });
-        }
-        sqlx::query(&self.sql.job_set_slot)
-            .bind(adv.job)
-            .bind(adv.slot.timestamp_millis())
-            .execute(&mut *tx)
-            .await?;
-        let Some(task) = adv.task else {
-            tx.commit().await?;
-            return Ok(Advanced::Enqueued(Enqueued {
-                id: 0,
-                inserted: false,
-            }));
-        };
-        let inserted = insert_tasks(&mut tx, &self.sql.insert, std::slice::from_ref(task)).await?;
-        let enq = inserted
-            .results
-            .first()
-            .copied()
-            .ok_or_else(|| StoreError::Backend("insert returned no result".into()))?;
-        let skip_reason = match adv.record {
-            SlotRecord::Skip { reason } => Some(reason),
-            _ if overlapping => Some(OVERLAP_SKIPPED),
-            _ => None,
-        };
-        let answer = if !enq.inserted {
-            // The slot's task already exists (made by a trigger): the slot
-            // has its task.
-            Advanced::Enqueued(enq)
-        } else if let Some(reason) = skip_reason {
-            sqlx::query(&self.sql.job_skip)
-                .bind(enq.id)
-                .bind(reason)
-                .execute(&mut *tx)
-                .await?;
-            Advanced::Skipped(enq)
-        } else if let SlotRecord::Run { worker, lease } = adv.record {
-            sqlx::query(&self.sql.job_run)
-                .bind(enq.id)
-                .bind(ms(lease))
-                .bind(worker)
-                .execute(&mut *tx)
-                .await?;
-            Advanced::Enqueued(enq)
-        } else {
-            Advanced::Enqueued(enq)
-        };
-        tx.commit().await?;
-        if adv.record == SlotRecord::Enqueue
-            && matches!(answer, Advanced::Enqueued(_))
-            && !inserted.due_queues.is_empty()
-        {
-            self.wake([task.queue.as_str()]);
-        }
-        if adv.record == SlotRecord::Enqueue && matches!(answer, Advanced::Enqueued(_)) {
-            self.wake_later(
-                inserted
-                    .later
-                    .iter()
-                    .map(|&(_, at)| (task.queue.as_str(), at)),
-            );
-        }
-        Ok(answer)
+        crate::store::job_advance::job_advance(self.tx().await?, adv).await
     }
 
     async fn job_set_paused(

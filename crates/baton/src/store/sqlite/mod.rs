@@ -37,6 +37,7 @@ use tokio::sync::broadcast;
 use super::{from_ms, Backend, StoreOptions, Wake};
 use crate::error::StoreError;
 
+mod advance;
 mod backend;
 mod outbox;
 mod rows;

@@ -12,7 +12,7 @@ use super::Tables;
 use crate::error::StoreError;
 use crate::store::{ms, Enqueued, NewTask, RunAt};
 
-/// Rows per multi-row `INSERT` (13 bound values each, well inside SQLite's
+/// Rows per multi-row `INSERT` (16 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
 const INSERT_CHUNK: usize = 1000;
 
@@ -27,11 +27,14 @@ pub(super) struct Inserted {
 /// Insert `tasks` in order on `conn`, which the caller has put inside a
 /// transaction. Tasks without a unique key are always inserted; a task whose
 /// key is taken yields the holder's id with `inserted = false`, and so does
-/// a slot's task whose slot was pruned (its tombstone keeps the key).
+/// a slot's task whose slot was pruned (its tombstone keeps the key). With
+/// `skipped`, the tasks are born `cancelled` with that reason (a skipped
+/// schedule slot, `state::Op::AdvanceSkip`), else `pending`.
 pub(super) async fn insert_tasks(
     conn: &mut SqliteConnection,
     sql: &InsertSql,
     tasks: &[NewTask],
+    skipped: Option<&str>,
 ) -> Result<Inserted, StoreError> {
     let keys: Vec<&str> = tasks
         .iter()
@@ -39,7 +42,7 @@ pub(super) async fn insert_tasks(
         .filter_map(|t| t.unique_key.as_deref())
         .collect();
     if keys.is_empty() {
-        return insert_live(conn, sql, tasks).await;
+        return insert_live(conn, sql, tasks, skipped).await;
     }
     let list = serde_json::Value::Array(keys.iter().map(|&k| k.into()).collect());
     let found: HashMap<String, i64> = sqlx::query(&sql.tombstones)
@@ -50,10 +53,10 @@ pub(super) async fn insert_tasks(
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
         .collect::<Result<_, StoreError>>()?;
     if found.is_empty() {
-        return insert_live(conn, sql, tasks).await;
+        return insert_live(conn, sql, tasks, skipped).await;
     }
     let split = Tombstoned::split(tasks, &found);
-    let live = insert_live(conn, sql, &split.rest).await?;
+    let live = insert_live(conn, sql, &split.rest, skipped).await?;
     Ok(Inserted {
         due_queues: live.due_queues.iter().map(|&i| split.index[i]).collect(),
         later: live
@@ -70,6 +73,7 @@ async fn insert_live(
     conn: &mut SqliteConnection,
     sql: &InsertSql,
     tasks: &[NewTask],
+    skipped: Option<&str>,
 ) -> Result<Inserted, StoreError> {
     let mut results = Vec::with_capacity(tasks.len());
     let mut due_queues = Vec::new();
@@ -99,6 +103,7 @@ async fn insert_live(
                 .bind(task.queue.as_str())
                 .bind(task.kind.as_str())
                 .bind(json_text(&task.payload)?)
+                .bind(skipped)
                 .bind(i64::from(task.priority))
                 .bind(i64::from(task.max_attempts))
                 .bind(task.timeout.map(ms))
@@ -108,7 +113,9 @@ async fn insert_live(
                 .bind(task.unique_forever)
                 .bind(task.job.as_deref())
                 .bind(task.slot.map(|s| s.timestamp_millis()))
-                .bind(task.traceparent.as_deref());
+                .bind(task.traceparent.as_deref())
+                .bind(skipped)
+                .bind(skipped);
         }
         let mut rows: Vec<(i64, Option<String>, bool, i64)> = q
             .fetch_all(&mut *conn)
@@ -217,7 +224,7 @@ pub async fn enqueue_in(
     tasks: &[NewTask],
 ) -> Result<Vec<Enqueued>, StoreError> {
     let t = Tables::new(prefix)?;
-    Ok(insert_tasks(conn, &InsertSql::new(&t), tasks)
+    Ok(insert_tasks(conn, &InsertSql::new(&t), tasks, None)
         .await?
         .results)
 }

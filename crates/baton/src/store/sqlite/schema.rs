@@ -6,6 +6,7 @@ use sqlx::sqlite::SqliteConnection;
 use super::sql::KEY_TAKEN;
 use super::{SqliteBackend, Tables, NOW, NOW_US};
 use crate::error::StoreError;
+use crate::store::migrate::{parse_version, Dialect};
 use crate::store::sql_row::{self, corrupt};
 use crate::store::SchemaStatus;
 use crate::store::CANCEL_REQUESTED;
@@ -230,58 +231,123 @@ pub(super) async fn status(b: &SqliteBackend) -> Result<SchemaStatus, StoreError
 
 /// Create the schema if absent and run the upgrade steps from the recorded
 /// version, in one `BEGIN IMMEDIATE` transaction (so processes that connect
-/// at once take turns).
+/// at once take turns), through the shared runner (`store::migrate`).
 pub(super) async fn migrate(b: &SqliteBackend) -> Result<(), StoreError> {
-    let mut tx = b.immediate().await?;
-    for stmt in schema_sql(&b.t) {
-        sqlx::query(&stmt).execute(&mut *tx).await?;
+    crate::store::migrate::run(&mut Migration { b, tx: None }).await
+}
+
+/// The SQLite side of the shared migration runner: the lock is a `BEGIN
+/// IMMEDIATE` transaction.
+struct Migration<'a> {
+    b: &'a SqliteBackend,
+    tx: Option<sqlx::Transaction<'static, sqlx::Sqlite>>,
+}
+
+impl Migration<'_> {
+    /// The transaction [`Dialect::lock`] began.
+    fn tx(&mut self) -> Result<&mut SqliteConnection, StoreError> {
+        self.tx
+            .as_deref_mut()
+            .ok_or_else(|| StoreError::Backend("sqlite migration: not locked".into()))
     }
-    let version: String = sqlx::query_scalar(&format!(
-        "SELECT value FROM {} WHERE key = 'schema_version'",
-        b.t.meta
-    ))
-    .fetch_one(&mut *tx)
-    .await?;
-    let version: i64 = version
-        .parse()
-        .map_err(|_| corrupt("schema_version", &version))?;
-    if version > SCHEMA_VERSION {
-        return Err(StoreError::Config(format!(
-            "the database's baton schema is version {version}, newer than this build's \
-             {SCHEMA_VERSION}; upgrade baton"
-        )));
+
+    fn read_version_sql(&self) -> String {
+        format!(
+            "SELECT value FROM {} WHERE key = 'schema_version'",
+            self.b.t.meta
+        )
     }
-    for from in version.max(BASE_VERSION)..SCHEMA_VERSION {
-        let step = usize::try_from(from - BASE_VERSION)
-            .ok()
-            .and_then(|i| UPGRADES.get(i))
-            .ok_or_else(|| corrupt("schema_version", from))?;
-        for ddl in step(&b.t) {
-            run_ddl(&mut tx, &ddl).await?;
+}
+
+#[async_trait::async_trait]
+impl Dialect for Migration<'_> {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn prefix(&self) -> &str {
+        &self.b.t.prefix
+    }
+
+    fn base_version(&self) -> i64 {
+        BASE_VERSION
+    }
+
+    fn step_count(&self) -> usize {
+        UPGRADES.len()
+    }
+
+    async fn peek_version(&mut self) -> Result<Option<i64>, StoreError> {
+        let v: Option<String> = sqlx::query_scalar(&self.read_version_sql())
+            .fetch_optional(&*self.b.pool)
+            .await?;
+        v.as_deref().map(parse_version).transpose()
+    }
+
+    async fn lock(&mut self) -> Result<(), StoreError> {
+        self.tx = Some(self.b.immediate().await?);
+        Ok(())
+    }
+
+    async fn recorded_version(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = self.read_version_sql();
+        let read: Result<Option<String>, sqlx::Error> =
+            sqlx::query_scalar(&sql).fetch_optional(self.tx()?).await;
+        match read {
+            Ok(v) => v.as_deref().map(parse_version).transpose(),
+            Err(e) if sql_row::is_missing_table(&e) => Ok(None),
+            Err(e) => Err(e.into()),
         }
-        sqlx::query(&format!(
-            "UPDATE {} SET value = ?1 WHERE key = 'schema_version'",
-            b.t.meta
-        ))
-        .bind((from + 1).to_string())
-        .execute(&mut *tx)
-        .await?;
-        tracing::info!(
-            prefix = %b.t.prefix,
-            "sqlite: upgraded the baton schema from version {from} to {}",
-            from + 1
-        );
     }
-    // The store's identity, written once (see `StoreIdentity`).
-    sqlx::query(&format!(
-        "INSERT INTO {} (key, value) VALUES ('store_id', ?1) ON CONFLICT (key) DO NOTHING",
-        b.t.meta
-    ))
-    .bind(crate::store::new_store_id())
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(())
+
+    async fn create(&mut self) -> Result<i64, StoreError> {
+        for stmt in schema_sql(&self.b.t) {
+            sqlx::query(&stmt).execute(self.tx()?).await?;
+        }
+        Ok(BASE_VERSION)
+    }
+
+    async fn run_step(&mut self, index: usize) -> Result<(), StoreError> {
+        let step = UPGRADES
+            .get(index)
+            .ok_or_else(|| corrupt("schema upgrade step", index))?;
+        for ddl in step(&self.b.t) {
+            run_ddl(self.tx()?, &ddl).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_version(&mut self, version: i64) -> Result<(), StoreError> {
+        let sql = format!(
+            "UPDATE {} SET value = ?1 WHERE key = 'schema_version'",
+            self.b.t.meta
+        );
+        sqlx::query(&sql)
+            .bind(version.to_string())
+            .execute(self.tx()?)
+            .await?;
+        Ok(())
+    }
+
+    async fn unlock(&mut self, commit: bool) -> Result<(), StoreError> {
+        match self.tx.take() {
+            Some(tx) if commit => Ok(tx.commit().await?),
+            // Dropped: rolled back.
+            _ => Ok(()),
+        }
+    }
+
+    async fn write_identity(&mut self) -> Result<(), StoreError> {
+        // The store's identity, written once (see `StoreIdentity`).
+        sqlx::query(&format!(
+            "INSERT INTO {} (key, value) VALUES ('store_id', ?1) ON CONFLICT (key) DO NOTHING",
+            self.b.t.meta
+        ))
+        .bind(crate::store::new_store_id())
+        .execute(&*self.b.pool)
+        .await?;
+        Ok(())
+    }
 }
 
 /// The store's identity and task id counter (a read; nothing at all when

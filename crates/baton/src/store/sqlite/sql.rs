@@ -79,8 +79,6 @@ pub(super) struct Sql {
     /// `?1` job, `?2` batch_after ms, `?3` slot ms → 1 if an earlier run is
     /// unfinished.
     pub job_overlapping: String,
-    /// `?1` id, `?2` reason: an inserted slot task recorded as skipped.
-    pub job_skip: String,
     /// `?1` id, `?2` lease ms, `?3` worker: an inserted slot task made the
     /// caller's running run record (claim token 1).
     pub job_run: String,
@@ -122,10 +120,12 @@ impl InsertSql {
             head: format!(
                 "INSERT INTO {tasks} (queue, kind, payload, state, priority, attempt, \
                  max_attempts, timeout_ms, run_at, created_at, unique_key, unique_forever, job, \
-                 slot, traceparent) VALUES "
+                 slot, traceparent, last_error, finished_at) VALUES "
             ),
             row: format!(
-                "(?, ?, ?, 'pending', ?, 0, ?, ?, COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?)"
+                "(?, ?, ?, CASE WHEN ? IS NULL THEN 'pending' ELSE 'cancelled' END, ?, 0, ?, ?, \
+                 COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?, ?, \
+                 CASE WHEN ? IS NULL THEN NULL ELSE {NOW} END)"
             ),
             tail: format!(
                 " ON CONFLICT DO NOTHING RETURNING id, unique_key, run_at <= {NOW} AS due, run_at"
@@ -348,10 +348,6 @@ impl Sql {
             job_overlapping: format!(
                 "SELECT 1 FROM {tasks} WHERE job = ?1 AND state IN ('pending', 'running') \
                  AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) AND created_at < ?3 LIMIT 1"
-            ),
-            job_skip: format!(
-                "UPDATE {tasks} SET state = 'cancelled', last_error = ?2, finished_at = {NOW} \
-                 WHERE id = ?1"
             ),
             job_run: format!(
                 "UPDATE {tasks} SET state = 'running', attempt = 1, started_at = {NOW}, \

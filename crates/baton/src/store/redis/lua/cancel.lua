@@ -1,3 +1,8 @@
+-- The one decision of `task_cancel` (crates/baton/src/store/job_advance.rs,
+-- `task_cancel`), which the SQL backends run over a transaction, mirrored
+-- step for step: a script is atomic, so Redis needs no row locks. A
+-- change to the decision is made there and here together; every birth
+-- and transition is a row of `store::state::TRANSITIONS`.
 -- ARGV: B, id. Returns {outcome, state}.
 local now = now_ms()
 local sid = ARGV[2]

@@ -1,3 +1,8 @@
+-- The one decision of `job_advance` (crates/baton/src/store/job_advance.rs,
+-- `job_advance`), which the SQL backends run over a transaction, mirrored
+-- step for step: a script is atomic, so Redis needs no row locks. A
+-- change to the decision is made there and here together; every birth
+-- and transition is a row of `store::state::TRANSITIONS`.
 -- ARGV: B, job, expected or '', slot, overlap (f/a), skip reason, record
 -- (e enqueue / r run / s skip), lease ms, worker, batch_after or '',
 -- due_only (0/1), until or '', has task (0/1), not_before or '' (an early

@@ -1,0 +1,182 @@
+//! `job_advance` and `task_cancel` decided once, over a small per-backend
+//! transaction trait each ([`SlotTx`], [`CancelTx`]): the decisions are
+//! here, the SQL in each backend's own files. Redis runs the same decisions
+//! in one Lua script each (`redis/lua/job_advance.lua`, `cancel.lua`),
+//! since a script is atomic where a SQL backend needs a transaction with
+//! row locks; those scripts mirror [`job_advance`] and [`task_cancel`] step
+//! for step.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::state::{self, Facts, Op, Target};
+use super::{
+    Advanced, CancelOutcome, Enqueued, JobAdvance, NewTask, SlotRecord, TaskState, OVERLAP_SKIPPED,
+};
+use crate::error::StoreError;
+
+/// The job's row as the advance reads it, locked until the transaction
+/// ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobRow {
+    /// The job is paused.
+    pub paused: bool,
+    /// The cursor is the advance's `expected`.
+    pub cursor_matches: bool,
+    /// The cursor.
+    pub last_slot: Option<DateTime<Utc>>,
+    /// The store's clock.
+    pub now: DateTime<Utc>,
+}
+
+/// How the slot's task comes into the store: the births of
+/// [`state::TRANSITIONS`] that `job_advance` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Birth<'a> {
+    /// `pending`, like any enqueued task ([`Op::Insert`]).
+    Pending,
+    /// `cancelled` with this reason kept in `last_error` and `finished_at`
+    /// now: a skipped slot ([`Op::AdvanceSkip`]).
+    Cancelled {
+        /// Why the slot is skipped.
+        reason: &'a str,
+    },
+    /// `running`, attempt 1, claim token [`super::RUN_RECORD_TOKEN`],
+    /// leased to `worker` for `lease` ([`Op::AdvanceRun`]).
+    Running {
+        /// The worker recorded on the task.
+        worker: &'a str,
+        /// The lease from the store's now.
+        lease: Duration,
+    },
+}
+
+/// One backend's side of `job_advance`: one transaction, which ends with
+/// [`SlotTx::commit`] or (dropped, or [`SlotTx::rollback`]) rolls back.
+#[async_trait]
+pub(crate) trait SlotTx: Send + Sized {
+    /// Lock the job's row and read it; `None` when there is no such job.
+    async fn job_row(&mut self, adv: &JobAdvance<'_>) -> Result<Option<JobRow>, StoreError>;
+    /// Whether an unfinished previous run of the job exists (the overlap
+    /// rule, with `adv.batch_after` and the task's creation before the
+    /// slot: see [`JobAdvance::batch_after`]).
+    async fn previous_run_unfinished(&mut self, adv: &JobAdvance<'_>) -> Result<bool, StoreError>;
+    /// Move the job's cursor to `adv.slot`.
+    async fn set_cursor(&mut self, adv: &JobAdvance<'_>) -> Result<(), StoreError>;
+    /// Insert the slot's task born as `birth` (a taken key or a tombstoned
+    /// slot: the holder's id, `inserted = false`, nothing written).
+    async fn insert(&mut self, task: &NewTask, birth: Birth<'_>) -> Result<Enqueued, StoreError>;
+    /// Commit; then, with `announce`, wake the workers for the task
+    /// inserted (as an enqueue does).
+    async fn commit(self, announce: bool) -> Result<(), StoreError>;
+    /// Roll back (nothing was written).
+    async fn rollback(self) -> Result<(), StoreError>;
+}
+
+/// `job_advance` on a backend's [`SlotTx`]: the one decision of which
+/// slot is taken and how it is recorded (docs/STORE.md, "Schedules").
+pub(crate) async fn job_advance<T: SlotTx>(
+    mut tx: T,
+    adv: &JobAdvance<'_>,
+) -> Result<Advanced, StoreError> {
+    let Some(row) = tx.job_row(adv).await? else {
+        tx.rollback().await?;
+        return Ok(Advanced::UnknownJob);
+    };
+    if row.paused {
+        tx.rollback().await?;
+        return Ok(Advanced::Paused);
+    }
+    if !row.cursor_matches {
+        tx.rollback().await?;
+        return Ok(Advanced::Moved(row.last_slot));
+    }
+    let now = row.now;
+    if adv.refused_at(now) {
+        tx.rollback().await?;
+        return Ok(Advanced::NotDue { now });
+    }
+    let busy = adv.checks_overlap() && tx.previous_run_unfinished(adv).await?;
+    if busy && adv.early_at(now) {
+        // Early, and the previous run is unfinished: judge the overlap
+        // rule at the slot, not before it.
+        tx.rollback().await?;
+        return Ok(Advanced::NotDue { now });
+    }
+    tx.set_cursor(adv).await?;
+    let Some(task) = adv.task else {
+        tx.commit(false).await?;
+        return Ok(Advanced::Enqueued(Enqueued {
+            id: 0,
+            inserted: false,
+        }));
+    };
+    let birth = match adv.record {
+        SlotRecord::Skip { reason } => Birth::Cancelled { reason },
+        _ if busy => Birth::Cancelled {
+            reason: OVERLAP_SKIPPED,
+        },
+        SlotRecord::Run { worker, lease } => Birth::Running { worker, lease },
+        SlotRecord::Enqueue => Birth::Pending,
+    };
+    let e = tx.insert(task, birth).await?;
+    let answer = if !e.inserted {
+        // The slot's task exists already (a trigger made it): the slot is
+        // not skipped, it runs as that task.
+        Advanced::Enqueued(e)
+    } else if matches!(birth, Birth::Cancelled { .. }) {
+        Advanced::Skipped(e)
+    } else {
+        Advanced::Enqueued(e)
+    };
+    tx.commit(e.inserted && birth == Birth::Pending).await?;
+    Ok(answer)
+}
+
+/// One backend's side of `task_cancel`: one transaction, as [`SlotTx`].
+#[async_trait]
+pub(crate) trait CancelTx: Send + Sized {
+    /// The task's state, its row locked; `None` when there is no such task.
+    async fn state(&mut self, id: i64) -> Result<Option<TaskState>, StoreError>;
+    /// Pending → `cancelled` now (`finished_at` now, no lease).
+    async fn cancel_pending(&mut self, id: i64) -> Result<(), StoreError>;
+    /// Running: set `cancel_requested` (the worker learns it at its next
+    /// heartbeat).
+    async fn request_cancel(&mut self, id: i64) -> Result<(), StoreError>;
+    /// Commit.
+    async fn commit(self) -> Result<(), StoreError>;
+    /// Roll back (nothing was written).
+    async fn rollback(self) -> Result<(), StoreError>;
+}
+
+/// `task_cancel` on a backend's [`CancelTx`], by the state table's
+/// [`Op::Cancel`] rows: pending → `Cancelled`, running → `Requested`,
+/// finished → `AlreadyFinished`, missing → `NotFound`.
+pub(crate) async fn task_cancel<T: CancelTx>(
+    mut tx: T,
+    id: i64,
+) -> Result<CancelOutcome, StoreError> {
+    let Some(from) = tx.state(id).await? else {
+        tx.rollback().await?;
+        return Ok(CancelOutcome::NotFound);
+    };
+    // The facts do not matter to a cancel's rows.
+    let outcome = match state::next(from, Op::Cancel, Facts::default()) {
+        Some(Target::State(TaskState::Cancelled)) => {
+            tx.cancel_pending(id).await?;
+            CancelOutcome::Cancelled
+        }
+        Some(Target::State(TaskState::Running)) => {
+            tx.request_cancel(id).await?;
+            CancelOutcome::Requested
+        }
+        _ => {
+            tx.rollback().await?;
+            return Ok(CancelOutcome::AlreadyFinished(from));
+        }
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}

@@ -1,0 +1,341 @@
+//! The MySQL / MariaDB schema: the base DDL (version 2), the numbered
+//! upgrade steps ([`UPGRADES`]) and their side of the shared migration
+//! runner (`store::migrate`). DDL commits at once in MySQL, so the
+//! migration is serialized by a named lock (`GET_LOCK`) held by one
+//! connection instead of a transaction.
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, MySql};
+
+use super::{MyBackend, Names};
+use crate::error::StoreError;
+use crate::store::migrate::{parse_version, Dialect};
+use crate::store::sql_row;
+use crate::store::SchemaStatus;
+
+/// The version [`schema_sql`] creates. MySQL's first schema is the
+/// current one of the other backends (with claim tokens), so it starts at 2;
+/// [`UPGRADES`] take it from there.
+const BASE_VERSION: i32 = 2;
+
+/// The schema version this build creates and understands.
+pub(super) const SCHEMA_VERSION: i32 = BASE_VERSION + UPGRADES.len() as i32;
+
+/// One schema upgrade step: statements (each idempotent) taking the schema
+/// from version `n` to `n + 1`, where `n - BASE_VERSION` is the step's index.
+type Upgrade = fn(&Names) -> Vec<String>;
+
+/// The upgrade steps, in order; each runs once per prefix under the
+/// migration lock, followed by its version bump. Add a step at the end.
+const UPGRADES: &[Upgrade] = &[
+    add_enqueue_mark,
+    add_queue_paused,
+    add_traceparent,
+    add_slot_tombstones,
+];
+
+/// 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md S1)
+/// and each job's queue.
+fn add_slot_tombstones(n: &Names) -> Vec<String> {
+    let mut out = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+         unique_key VARBINARY(1024) PRIMARY KEY, \
+         job VARBINARY(255) NOT NULL, \
+         slot DATETIME(6) NULL, \
+         task_id BIGINT NOT NULL, \
+         state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+         last_error MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+         finished_at DATETIME(6) NULL \
+         ) ENGINE=InnoDB",
+        n.slots
+    )];
+    out.extend(add_column(n, "jobs", "queue VARBINARY(255) NULL"));
+    out
+}
+
+/// 2 → 3: the `enqueue_mark` column, by which a multi-row insert finds its
+/// own rows' ids (see `tasks::insert_tasks`).
+fn add_enqueue_mark(n: &Names) -> Vec<String> {
+    add_column(n, "tasks", "enqueue_mark BIGINT NULL")
+}
+
+/// 3 → 4: the `paused` flag on `<p>queues` (claims skip a paused queue).
+fn add_queue_paused(n: &Names) -> Vec<String> {
+    add_column(n, "queues", "paused TINYINT(1) NOT NULL DEFAULT 0")
+}
+
+/// 4 → 5: the enqueuer's trace context on each task.
+fn add_traceparent(n: &Names) -> Vec<String> {
+    add_column(n, "tasks", "traceparent VARCHAR(512) NULL")
+}
+
+/// Add a column (`decl` starts with its name) to `<prefix><table>` unless
+/// it is there. MySQL 8 has no `ADD COLUMN IF NOT EXISTS`, so the `ALTER`
+/// is prepared only when the column is missing; adding a nullable (or
+/// defaulted) last column is an instant change on MySQL 8.0.12+ and
+/// MariaDB 10.3+.
+fn add_column(n: &Names, table: &str, decl: &str) -> Vec<String> {
+    // The prefix is validated (letters, digits, '_', ':', '-'), so it can
+    // stand inside a string literal.
+    let name = format!("{}{table}", n.prefix);
+    let column = decl.split_whitespace().next().unwrap_or_default();
+    vec![
+        format!(
+            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = '{name}' \
+             AND column_name = '{column}') = 0, \
+             'ALTER TABLE `{name}` ADD COLUMN {decl}', 'DO 0')"
+        ),
+        "PREPARE baton_ddl FROM @baton_ddl".to_string(),
+        "EXECUTE baton_ddl".to_string(),
+        "DEALLOCATE PREPARE baton_ddl".to_string(),
+    ]
+}
+
+/// The base schema, one statement each (MySQL runs DDL one at a time
+/// and commits it at once, so each is `IF NOT EXISTS`).
+fn schema_sql(n: &Names) -> Vec<String> {
+    let (meta, locks, tasks, jobs, queues) = (&n.meta, &n.locks, &n.tasks, &n.jobs, &n.queues);
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {meta} ( \
+             `key` VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
+             value VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL \
+             ) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {locks} ( \
+             name VARBINARY(255) PRIMARY KEY, \
+             holder VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             token BIGINT NOT NULL, \
+             locked_at DATETIME(6) NOT NULL, \
+             lock_until DATETIME(6) NOT NULL \
+             ) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {tasks} ( \
+             id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             queue VARBINARY(255) NOT NULL, \
+             kind VARBINARY(255) NOT NULL, \
+             payload LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             state VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+             priority INT NOT NULL DEFAULT 0, \
+             attempt INT NOT NULL DEFAULT 0, \
+             max_attempts INT NOT NULL DEFAULT 1, \
+             timeout_ms BIGINT NULL, \
+             run_at DATETIME(6) NOT NULL, \
+             created_at DATETIME(6) NOT NULL, \
+             started_at DATETIME(6) NULL, \
+             finished_at DATETIME(6) NULL, \
+             lease_until DATETIME(6) NULL, \
+             worker VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+             unique_key VARBINARY(1024) NULL, \
+             unique_forever TINYINT(1) NOT NULL DEFAULT 0, \
+             cancel_requested TINYINT(1) NOT NULL DEFAULT 0, \
+             claim_token BIGINT NOT NULL DEFAULT 0, \
+             last_error MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+             errors LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             progress LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+             job VARBINARY(255) NULL, \
+             slot DATETIME(6) NULL, \
+             enqueue_mark BIGINT NULL, \
+             live_key VARBINARY(1024) AS (CASE WHEN unique_forever = 1 \
+                 OR state IN ('pending', 'running') THEN unique_key END) STORED, \
+             UNIQUE KEY live_key (live_key), \
+             KEY claim (queue, state, priority, run_at, id), \
+             KEY lease (state, lease_until), \
+             KEY prune (state, finished_at), \
+             KEY job (job, state, slot) \
+             ) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {jobs} ( \
+             name VARBINARY(255) PRIMARY KEY, \
+             last_slot DATETIME(6) NULL, \
+             paused TINYINT(1) NOT NULL DEFAULT 0 \
+             ) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {queues} ( \
+             queue VARBINARY(255) PRIMARY KEY \
+             ) ENGINE=InnoDB"
+        ),
+    ]
+}
+
+/// Create the schema if absent and run the upgrade steps from the recorded
+/// version under the migration lock (see the module docs).
+pub(super) async fn migrate(b: &MyBackend) -> Result<(), StoreError> {
+    crate::store::migrate::run(&mut Migration { b, conn: None }).await
+}
+
+/// The recorded version against [`SCHEMA_VERSION`] (a read, no DDL).
+pub(super) async fn status(b: &MyBackend) -> Result<SchemaStatus, StoreError> {
+    let read: Result<Option<Vec<u8>>, sqlx::Error> =
+        sqlx::query_scalar(&read_version_sql(&b.names))
+            .fetch_optional(&b.pool)
+            .await;
+    let read = read.map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()));
+    sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
+}
+
+fn read_version_sql(n: &Names) -> String {
+    format!(
+        "SELECT value FROM {} WHERE `key` = 'schema_version'",
+        n.meta
+    )
+}
+
+/// A version read from the meta table (bytes), parsed.
+fn version_of(v: Option<Vec<u8>>) -> Result<Option<i64>, StoreError> {
+    v.map(|v| parse_version(&String::from_utf8_lossy(&v)))
+        .transpose()
+}
+
+/// The name of the migration lock, one per prefix.
+fn lock_name(n: &Names) -> String {
+    format!("baton-migrate:{}", n.prefix)
+}
+
+/// The MySQL side of the shared migration runner: the lock is `GET_LOCK`
+/// on the one connection every locked step runs on.
+struct Migration<'a> {
+    b: &'a MyBackend,
+    conn: Option<PoolConnection<MySql>>,
+}
+
+impl Migration<'_> {
+    /// The connection [`Dialect::lock`] took the lock on.
+    fn conn(&mut self) -> Result<&mut sqlx::MySqlConnection, StoreError> {
+        self.conn
+            .as_deref_mut()
+            .ok_or_else(|| StoreError::Backend("mysql migration: not locked".into()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Dialect for Migration<'_> {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn prefix(&self) -> &str {
+        &self.b.names.prefix
+    }
+
+    fn base_version(&self) -> i64 {
+        BASE_VERSION.into()
+    }
+
+    fn step_count(&self) -> usize {
+        UPGRADES.len()
+    }
+
+    async fn peek_version(&mut self) -> Result<Option<i64>, StoreError> {
+        let v: Option<Vec<u8>> = sqlx::query_scalar(&read_version_sql(&self.b.names))
+            .fetch_optional(&self.b.pool)
+            .await?;
+        version_of(v)
+    }
+
+    async fn lock(&mut self) -> Result<(), StoreError> {
+        let mut conn = self.b.pool.acquire().await?;
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(lock_name(&self.b.names))
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(StoreError::Unavailable(format!(
+                "migration of tables with prefix {:?}: could not take the migration lock within 60 s",
+                self.b.names.prefix
+            )));
+        }
+        self.conn = Some(conn);
+        Ok(())
+    }
+
+    async fn recorded_version(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = read_version_sql(&self.b.names);
+        let read: Result<Option<Vec<u8>>, sqlx::Error> =
+            sqlx::query_scalar(&sql).fetch_optional(self.conn()?).await;
+        match read {
+            Ok(v) => version_of(v),
+            Err(e) if sql_row::is_missing_table(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn create(&mut self) -> Result<i64, StoreError> {
+        let n = &*self.b.names;
+        for stmt in schema_sql(n) {
+            self.conn()?.execute(stmt.as_str()).await?;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {} (`key`, value) VALUES ('schema_version', ?) \
+             ON DUPLICATE KEY UPDATE `key` = `key`",
+            n.meta
+        ))
+        .bind(BASE_VERSION.to_string())
+        .execute(self.conn()?)
+        .await?;
+        Ok(BASE_VERSION.into())
+    }
+
+    async fn run_step(&mut self, index: usize) -> Result<(), StoreError> {
+        let step = UPGRADES.get(index).ok_or_else(|| {
+            StoreError::Corrupt(format!("schema upgrade step {index}: no such step"))
+        })?;
+        for stmt in step(&self.b.names) {
+            self.conn()?.execute(stmt.as_str()).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_version(&mut self, version: i64) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "UPDATE {} SET value = ? WHERE `key` = 'schema_version'",
+            self.b.names.meta
+        ))
+        .bind(version.to_string())
+        .execute(self.conn()?)
+        .await?;
+        Ok(())
+    }
+
+    /// The named lock is released whatever happened (each DDL statement
+    /// committed on its own).
+    async fn unlock(&mut self, _commit: bool) -> Result<(), StoreError> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        sqlx::query("DO RELEASE_LOCK(?)")
+            .bind(lock_name(&self.b.names))
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// A read, and a row insert only when it is missing (so a connect to
+    /// a migrated store by a read-only user writes nothing).
+    async fn write_identity(&mut self) -> Result<(), StoreError> {
+        let b = self.b;
+        let have: Option<Vec<u8>> = sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE `key` = 'store_id'",
+            b.names.meta
+        ))
+        .fetch_optional(&b.pool)
+        .await?;
+        if have.is_some() {
+            return Ok(());
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {} (`key`, value) VALUES ('store_id', ?) \
+             ON DUPLICATE KEY UPDATE `key` = `key`",
+            b.names.meta
+        ))
+        .bind(crate::store::new_store_id())
+        .execute(&b.pool)
+        .await?;
+        Ok(())
+    }
+}
