@@ -573,7 +573,14 @@ fn main() -> ExitCode {
     if let Some(code) = child::supervise_if_asked() {
         return ExitCode::from(code);
     }
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // A `baton chaos` run's instance: its own command, with the verifier's
+    // stop hook installed (nothing else installs it).
+    if let Command::Chaos(a) = &cli.command {
+        if let Some(args) = a.become_instance() {
+            cli = Cli::parse_from(std::iter::once("baton".to_string()).chain(args));
+        }
+    }
     let daemon = matches!(cli.command, Command::Serve(_) | Command::Work(_));
     init_tracing(cli.log_format, daemon);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -258,7 +258,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     let config = a.store.config()?;
     let queues = work_queues(&a, config.as_ref());
     for q in &queues {
-        baton::lock::validate_name("--queue", &q.name).map_err(Error::from)?;
+        baton::names::validate_name("--queue", &q.name).map_err(Error::from)?;
     }
     let jobs = config.as_ref().map_or(&[][..], |c| &c.jobs[..]);
     let store = crate::connect_resolved(&a.store.resolve(config.as_ref()), true)
@@ -444,7 +444,7 @@ fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
 /// characters), before connecting.
 fn check_filter(what: &str, name: &Option<String>) -> Result<(), Error> {
     match name {
-        Some(n) => baton::lock::validate_name(what, n).map_err(Error::from),
+        Some(n) => baton::names::validate_name(what, n).map_err(Error::from),
         None => Ok(()),
     }
 }
@@ -645,7 +645,7 @@ pub async fn queues(cmd: QueuesCmd) -> anyhow::Result<u8> {
         QueuesCmd::Pause { store, queue } => (store, queue, true),
         QueuesCmd::Resume { store, queue } => (store, queue, false),
     };
-    baton::lock::validate_name("QUEUE", &queue).map_err(Error::from)?;
+    baton::names::validate_name("QUEUE", &queue).map_err(Error::from)?;
     let q = Queue::new(connect(&store).await.context("connecting to the store")?);
     if paused {
         q.pause(&queue).await?;

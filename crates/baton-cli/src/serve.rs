@@ -236,7 +236,7 @@ pub struct TriggerArgs {
 
 /// `baton trigger`.
 pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
-    baton::lock::validate_name("job name", &a.job).map_err(Error::from)?;
+    baton::names::validate_name("job name", &a.job).map_err(Error::from)?;
     let cfg = a.store.config()?;
     let job = match &cfg {
         Some(cfg) => {
@@ -431,7 +431,7 @@ pub enum JobsCmd {
 pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     let cfg = a.store.config()?;
     if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
-        baton::lock::validate_name("JOB", job).map_err(Error::from)?;
+        baton::names::validate_name("JOB", job).map_err(Error::from)?;
     }
     let store = crate::connect_resolved(&a.store.resolve(cfg.as_ref()), true)
         .await

@@ -233,7 +233,7 @@ pub async fn metrics(Extract(state): S) -> Response {
 // ---- jobs ---------------------------------------------------------------------
 
 fn check_name(field: &str, name: &str) -> Result<(), ApiError> {
-    baton::lock::validate_name(field, name).map_err(|e| ApiError::bad(&e.field, e.problem))
+    baton::names::validate_name(field, name).map_err(|e| ApiError::bad(&e.field, e.problem))
 }
 
 /// `GET /api/v1/jobs`.

@@ -91,6 +91,30 @@ enum Internal {
     /// The workload's effect recorder (run by the generated commands).
     #[command(name = "__effect", hide = true)]
     Effect(history::EffectArgs),
+    /// A run's instance: `baton ARGS` with the verifier's stop hook
+    /// installed (what `baton chaos` starts its instances as).
+    #[command(name = INSTANCE, hide = true)]
+    Instance {
+        /// The instance's own `baton` arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+        args: Vec<String>,
+    },
+}
+
+/// The hidden subcommand `baton chaos` starts its instances with.
+const INSTANCE: &str = "__instance";
+
+impl ChaosArgs {
+    /// For `baton chaos __instance ARGS`: install the verifier's stop hook
+    /// in this process and give back ARGS, the `baton` command it runs.
+    /// `None` for every other `baton chaos`.
+    pub fn become_instance(&self) -> Option<Vec<String>> {
+        let Some(Internal::Instance { args }) = &self.internal else {
+            return None;
+        };
+        history::install_stop_hook();
+        Some(args.clone())
+    }
 }
 
 /// A small seeded generator (splitmix64): the same seed gives the same
@@ -167,7 +191,7 @@ impl Run {
             c
         } else {
             let mut c = tokio::process::Command::new(&self.exe);
-            c.args(argv);
+            c.args(["chaos", INSTANCE, "--"]).args(argv);
             c
         };
         c.env("BATON_STORE", &self.url)
@@ -194,8 +218,12 @@ impl Run {
 
 /// `baton chaos`.
 pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
-    if let Some(Internal::Effect(e)) = a.internal {
-        return history::effect(e).await;
+    match a.internal {
+        Some(Internal::Effect(e)) => return history::effect(e).await,
+        Some(Internal::Instance { .. }) => {
+            anyhow::bail!("chaos {INSTANCE}: handled in main, before the command runs")
+        }
+        None => {}
     }
     let enabled = faults_of(&a)?;
     if a.store.is_none() && a.private.is_none() {

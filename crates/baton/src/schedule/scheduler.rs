@@ -43,11 +43,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::spec::{catch_up_window_start, due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use crate::error::{Error, InvalidInput};
-use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
+use crate::lock::{LeaseHandle, LockOptions, Locker};
+use crate::names::validate_name;
 use crate::queue::TaskBuilder;
 use crate::store::{
-    Advanced, Claim, Enqueued, Finish, Heartbeat, JobAdvance, NewTask, Overlap, SlotRecord, Store,
-    TaskState, IDENTITY_CHECK,
+    slot_key, Advanced, Claim, Enqueued, Finish, Heartbeat, JobAdvance, NewTask, Overlap,
+    SlotRecord, Store, TaskState, IDENTITY_CHECK,
 };
 
 /// How a job's slots are run.
@@ -210,22 +211,6 @@ impl Job {
         }
         t.build()
     }
-}
-
-/// The unique key of `job`'s run for `slot`.
-pub fn slot_key(job: &str, slot: DateTime<Utc>) -> String {
-    format!(
-        "{job}|{}",
-        slot.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-    )
-}
-
-/// Whether `key` has the form of a slot key (`JOB|RFC3339`), which is
-/// reserved for the scheduler and triggers: a task enqueued with such a key
-/// would take that slot's place.
-pub fn is_slot_key(key: &str) -> bool {
-    key.rsplit_once('|')
-        .is_some_and(|(job, t)| !job.is_empty() && DateTime::parse_from_rfc3339(t).is_ok())
 }
 
 fn random_upto(d: Duration) -> Duration {
@@ -663,7 +648,7 @@ impl LockRun {
                 f,
                 opts,
                 locker: Locker::new(store.clone()),
-                worker: format!("{LOCK_RUN_WORKER}{}", crate::lock::node_id()),
+                worker: format!("{LOCK_RUN_WORKER}{}", crate::node::node_id()),
             }),
             Err(e) => {
                 tracing::error!(job = %job.name, error = %crate::error::chain(&e), "bad lock options");

@@ -40,6 +40,7 @@ pub mod postgres;
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sizing;
+mod slot_key;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_row;
 #[cfg(feature = "sqlite")]
@@ -54,6 +55,7 @@ pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use params::*;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
+pub use slot_key::{is_slot_key, slot_key};
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
 pub(crate) use writable::warn_unless_read_only;
