@@ -8,7 +8,8 @@ use baton::Error;
 
 use crate::child::{self, Signals};
 use crate::output::{self, Align, Table};
-use crate::{connect, duration_arg, StoreArg, EXIT_BUSY, EXIT_LEASE_LOST};
+use crate::values::duration_arg;
+use crate::{connect, StoreArg, EXIT_BUSY, EXIT_LEASE_LOST};
 
 /// Arguments of `baton lock`.
 #[derive(clap::Args, Debug)]
@@ -275,7 +276,7 @@ pub struct LocksArgs {
 /// `baton locks`.
 pub async fn locks(a: LocksArgs) -> anyhow::Result<u8> {
     let store = connect(&a.store).await.context("connecting to the store")?;
-    let list = store.backend().lock_list().await.map_err(Error::from)?;
+    let list = Locker::new(store).list().await?;
     if a.json {
         let rows: Vec<_> = list.iter().map(crate::shapes::lock).collect();
         output::json(&serde_json::Value::Array(rows))?;

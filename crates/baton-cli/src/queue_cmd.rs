@@ -11,9 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::output::{self, Align, Table};
 use crate::runtime::shutdown_on_signals;
-use crate::{
-    command_task, connect, duration_arg, note, outln, rfc3339_arg, StoreArg, EXIT_NOT_FOUND,
-};
+use crate::values::{duration_arg, rfc3339_arg};
+use crate::{command_task, connect, note, outln, StoreArg, EXIT_NOT_FOUND};
 
 /// Arguments of `baton enqueue`.
 #[derive(clap::Args, Debug)]
@@ -139,7 +138,7 @@ pub struct WorkArgs {
     pub poll: Duration,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
-    #[arg(long, value_parser = crate::listen_arg)]
+    #[arg(long, value_parser = crate::values::listen_arg)]
     pub listen: Option<String>,
 }
 
@@ -264,7 +263,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     let store = crate::connect_resolved(&a.store.resolve(config.as_ref()), true)
         .await
         .context("connecting to the store")?;
-    for w in store.backend().warnings().await.unwrap_or_default() {
+    for w in store.warnings().await.unwrap_or_default() {
         note!("baton: warning: {w}");
     }
     let workers =

@@ -15,6 +15,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use baton::lock::Locker;
 use baton::queue::{Queue, TaskBuilder};
 use baton::schedule;
 use baton::store::{CancelOutcome, FencingToken, SchemaStatus, TaskFilter, TaskState};
@@ -163,7 +164,7 @@ async fn ready(state: &State) -> Result<(), Unready> {
         }
         Err(_) => {}
     }
-    match tokio::time::timeout(READY_TIMEOUT, state.store.backend().schema_status()).await {
+    match tokio::time::timeout(READY_TIMEOUT, state.store.schema_status()).await {
         Ok(Ok(st)) => match st.problem() {
             None => Ok(()),
             Some(why) => Err(Unready {
@@ -455,7 +456,7 @@ impl Form for TriggerBody {
 }
 
 fn rfc3339(field: &str, s: &str) -> Result<DateTime<Utc>, ApiError> {
-    crate::rfc3339_arg(s).map_err(|e| ApiError::bad(field, e))
+    crate::values::rfc3339_arg(s).map_err(|e| ApiError::bad(field, e))
 }
 
 /// `POST /api/v1/jobs/{name}/trigger` with `{"slot"?: RFC 3339}`.
@@ -611,7 +612,7 @@ impl Form for EnqueueBody {
 }
 
 fn duration(field: &str, s: &str) -> Result<Duration, ApiError> {
-    crate::duration_arg(s).map_err(|e| ApiError::bad(field, e))
+    crate::values::duration_arg(s).map_err(|e| ApiError::bad(field, e))
 }
 
 /// `POST /api/v1/tasks`: enqueue a command task. A `traceparent` request
@@ -884,7 +885,7 @@ pub async fn queue_history(Extract(state): S) -> Answer {
 
 /// `GET /api/v1/locks`.
 pub async fn locks(Extract(state): S) -> Answer {
-    let list = state.store.backend().lock_list().await?;
+    let list = Locker::new(state.store.clone()).list().await?;
     Ok(Json(Value::Array(list.iter().map(shapes::lock).collect())))
 }
 
@@ -919,18 +920,11 @@ pub async fn lock_release(
             format!("is missing; send {}", ReleaseBody::FORM),
         ));
     };
-    let backend = state.store.backend();
-    let Some(info) = backend.lock_get(&name).await? else {
+    let locker = Locker::new(state.store.clone());
+    let Some(info) = locker.get(&name).await? else {
         return Err(ApiError::not_found(format!("no lock {name:?}")));
     };
-    if let Some(free_at) = backend
-        .lock_revoke(&baton::store::LockRevoke {
-            name: &name,
-            token: FencingToken(token),
-            within: baton::lock::RELEASE_BOUND,
-        })
-        .await?
-    {
+    if let Some(free_at) = locker.revoke(&name, FencingToken(token)).await? {
         tracing::info!(lock = %name, token, free_at = %free_at, "admin: lock force-released (revoked; its holder stops, then the lock is free)");
         return Ok(Json(json!({
             "name": name,

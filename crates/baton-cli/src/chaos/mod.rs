@@ -22,7 +22,7 @@ use baton::queue::{Queue, TaskBuilder};
 use baton::store::TaskFilter;
 use tokio_util::sync::CancellationToken;
 
-use crate::duration_arg;
+use crate::values::duration_arg;
 use history::{now_us, History, Record, KILLED_ENV, PROC_ENV};
 
 /// libfaketime's preload library, for client clock offsets.

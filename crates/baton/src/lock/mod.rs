@@ -52,6 +52,7 @@ use crate::names::validate_name;
 use crate::node::{node_id, short_id};
 use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo, Store};
 
+mod inspect;
 mod keep_alive;
 mod lease;
 mod options;

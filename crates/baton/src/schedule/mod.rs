@@ -15,7 +15,7 @@ pub mod spec;
 /// here where a schedule's user looks for them.
 pub use crate::store::{is_slot_key, slot_key};
 pub use scheduler::{
-    is_lock_run_record, job_statuses, latest_slot, run_skipped, set_paused, slot_report, trigger,
-    trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotOutcome, SlotReport,
-    SlotRun, StoreClock, LOCK_BUSY,
+    is_lock_run_record, job_state, job_statuses, latest_slot, run_skipped, set_paused, slot_report,
+    trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotOutcome,
+    SlotReport, SlotRun, StoreClock, LOCK_BUSY,
 };

@@ -1259,6 +1259,23 @@ pub struct JobStatus {
     pub last_run: Option<crate::store::TaskInfo>,
 }
 
+/// The state the store keeps of `job` (its cursor, queue and pause flag,
+/// as the schedulers that ran it registered it); `None` when no scheduler
+/// registered a job of that name in this store.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), baton::Error> {
+/// let store = baton::Store::connect("sqlite://app.db").await?;
+/// if let Some(j) = baton::schedule::job_state(&store, "nightly-report").await? {
+///     println!("last slot {:?}, paused: {}", j.last_slot, j.paused);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn job_state(store: &Store, job: &str) -> Result<Option<crate::store::JobState>, Error> {
+    validate_name("job name", job)?;
+    Ok(store.backend().job_get(job).await?)
+}
+
 /// Every job the store knows, with its latest run.
 pub async fn job_statuses(store: &Store) -> Result<Vec<JobStatus>, Error> {
     let b = store.backend();

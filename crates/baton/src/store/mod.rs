@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod identity;
+mod inspect;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod params;
