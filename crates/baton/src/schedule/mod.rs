@@ -8,8 +8,13 @@
 //! cursor compare-and-set (DESIGN.md S1) is all that is needed to run each
 //! slot once.
 
+mod job;
+mod lock_run;
+mod plan;
 pub mod scheduler;
+mod slots;
 pub mod spec;
+mod status;
 
 /// Slot keys are the store's (the queue checks them too); re-exported
 /// here where a schedule's user looks for them.
