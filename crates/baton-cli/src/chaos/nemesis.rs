@@ -126,6 +126,28 @@ pub(super) async fn nemesis(
                     tracing::warn!("chaos: restart: {e:#}");
                 }
             }
+            "failover" => {
+                let ps = private.clone();
+                let crash = rng.range(0, 2) == 1;
+                let down = Duration::from_millis(rng.range(500, 2000));
+                let res = tokio::task::spawn_blocking(move || -> anyhow::Result<u16> {
+                    let mut g = ps.lock().unwrap_or_else(|p| p.into_inner());
+                    match g.as_mut() {
+                        Some(p) => p.failover(crash, down),
+                        None => Ok(0),
+                    }
+                })
+                .await;
+                match res.map_err(anyhow::Error::from) {
+                    Ok(Ok(old)) => {
+                        target = format!(
+                            "{} master :{old}",
+                            if crash { "crashed" } else { "switched over" }
+                        );
+                    }
+                    Ok(Err(e)) | Err(e) => tracing::warn!("chaos: failover: {e:#}"),
+                }
+            }
             _ => {}
         }
         run.record(Record {

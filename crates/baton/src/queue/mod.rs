@@ -27,6 +27,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+mod outbox;
 mod trace;
 mod typed;
 pub mod worker;
@@ -36,6 +37,7 @@ pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
+pub use outbox::{InsertFuture, OutboxConnection};
 pub use trace::validate_traceparent;
 pub use typed::{InsertOpts, TaskArgs};
 pub use worker::{TaskContext, TaskError, Worker};
@@ -154,8 +156,9 @@ impl TaskBuilder {
         self
     }
 
-    /// Validate and return the task (for the outbox helpers
-    /// `store::postgres::enqueue_in` / `store::sqlite::enqueue_in`).
+    /// Validate and return the task (what the store's seam and the
+    /// lower-level `store::{postgres,mysql,sqlite}::enqueue_in` take;
+    /// [`Queue::enqueue`] and [`Queue::enqueue_in`] build it for you).
     pub fn build(self) -> Result<NewTask, InvalidInput> {
         #[allow(unused_mut)]
         let mut t = self.task;
@@ -233,6 +236,21 @@ pub struct Queue {
     store: Store,
 }
 
+/// Build every task, or fail naming the first bad one (`task N: field`)
+/// before anything is written.
+fn build_all(tasks: Vec<TaskBuilder>) -> Result<Vec<NewTask>, InvalidInput> {
+    tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.build().map_err(|mut e| {
+                e.field = format!("task {i}: {}", e.field);
+                e
+            })
+        })
+        .collect()
+}
+
 impl Queue {
     /// A queue client on `store`.
     pub fn new(store: Store) -> Queue {
@@ -263,16 +281,7 @@ impl Queue {
     /// Enqueue many tasks in one call (batched inside the store). Every task
     /// is validated before anything is written.
     pub async fn enqueue_many(&self, tasks: Vec<TaskBuilder>) -> Result<Vec<Enqueued>, Error> {
-        let built = tasks
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| {
-                t.build().map_err(|mut e| {
-                    e.field = format!("task {i}: {}", e.field);
-                    e
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let built = build_all(tasks)?;
         Ok(self.store.backend().task_insert_many(&built).await?)
     }
 
