@@ -71,6 +71,32 @@ pub const SUPERVISE: &str = "__supervise";
 /// (SIGTERM/SIGKILL, or dropped while running) is seen gone.
 pub type OnGone = Box<dyn FnOnce(libc::pid_t) + Send + 'static>;
 
+/// What a command ran for: a task's attempt (id, attempt number) or a
+/// lease's fencing token (a `baton lock` command, a lock-mode job's run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RanFor {
+    /// The task and attempt, for a task's command.
+    pub task: Option<(i64, u32)>,
+    /// The fencing token of the lease the command ran under.
+    pub token: Option<i64>,
+}
+
+/// A process-wide hook told of every command baton stopped, once its
+/// group is gone ([`Proc::report_stop`]), with what it ran for and its
+/// group id.
+pub type StopHook = fn(RanFor, libc::pid_t);
+
+/// The one [`StopHook`] of this process, if any. Only `baton chaos`'s
+/// instances set it (the verifier dates each death); in any other baton
+/// process it stays empty and a stop reports to nothing.
+static STOP_HOOK: std::sync::OnceLock<StopHook> = std::sync::OnceLock::new();
+
+/// Set this process's [`StopHook`]; `false` if one was set already (the
+/// first stays).
+pub fn set_stop_hook(hook: StopHook) -> bool {
+    STOP_HOOK.set(hook).is_ok()
+}
+
 /// How long baton looks for the group to be gone after stopping it.
 const GONE_WITHIN: Duration = Duration::from_secs(5);
 
@@ -256,6 +282,15 @@ impl Proc {
     /// by itself, nor if the group is not seen gone within 5 s.
     pub fn on_gone(&mut self, hook: OnGone) {
         self.on_gone = Some(hook);
+    }
+
+    /// Tell the process's [`StopHook`] (when one is set) once a stop of
+    /// this command by baton left its group gone, as [`Proc::on_gone`]
+    /// does; without a hook this does nothing.
+    pub fn report_stop(&mut self, ran: RanFor) {
+        if let Some(hook) = STOP_HOOK.get().copied() {
+            self.on_gone(Box::new(move |pgid| hook(ran, pgid)));
+        }
     }
 
     /// SIGKILL the group and wait for it: for the supervisor, then (at

@@ -8,7 +8,6 @@ use std::time::Duration;
 use baton::queue::{TaskContext, TaskError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::chaos::history;
 use crate::child;
 
 /// The task kind of command tasks.
@@ -125,16 +124,15 @@ pub async fn run_command(
     if let Some(s) = stop_by {
         proc.follow(s);
     }
-    // Under `baton chaos`: date the death of a command baton stopped.
+    // Tell the process's stop hook (set under `baton chaos` only).
     let token = env
         .iter()
         .find(|(k, _)| *k == "BATON_FENCING_TOKEN")
         .and_then(|(_, v)| v.parse().ok());
-    history::date_death(
-        &mut proc,
-        ctx.map(|c| (c.task().id, c.task().attempt)),
+    proc.report_stop(child::RanFor {
+        task: ctx.map(|c| (c.task().id, c.task().attempt)),
         token,
-    );
+    });
     let kept = Arc::new(Mutex::new(Vec::new()));
     let mut tee = tee_stderr(proc.take_stderr(), kept.clone());
     let status = tokio::select! {

@@ -8,7 +8,8 @@ use baton::Error;
 
 use crate::child::{self, Signals};
 use crate::output::{self, Align, Table};
-use crate::{connect, duration_arg, StoreArg, EXIT_BUSY, EXIT_LEASE_LOST};
+use crate::values::duration_arg;
+use crate::{connect, StoreArg, EXIT_BUSY, EXIT_LEASE_LOST};
 
 /// Arguments of `baton lock`.
 #[derive(clap::Args, Debug)]
@@ -44,7 +45,7 @@ const GRACE: Duration = Duration::from_secs(10);
 
 /// `baton lock`.
 pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
-    baton::lock::validate_name("lock name", &a.name).map_err(Error::from)?;
+    baton::names::validate_name("lock name", &a.name).map_err(Error::from)?;
     if a.at_most.is_zero() {
         return Err(Error::from(baton::InvalidInput::new(
             "--at-most",
@@ -102,7 +103,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         // Extensions come early enough that SIGTERM (`grace` before the
         // stop margin) is never reached while they succeed.
         .and_then(|o| {
-            let m = grace + baton::lock::stop_margin(a.at_most);
+            let m = grace + baton::lease::stop_margin(a.at_most);
             o.renew_margin(if m < a.at_most { m } else { grace })
         })
         .map_err(|mut e| {
@@ -172,7 +173,10 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
     // stop-by instant by itself unless an extension moved it on, so even a
     // frozen baton never lets the command outlive the lease.
     cmd.follow(lease.watch_stop_by());
-    crate::chaos::history::date_death(&mut cmd, None, i64::try_from(lease.token().0).ok());
+    cmd.report_stop(crate::child::RanFor {
+        task: None,
+        token: i64::try_from(lease.token().0).ok(),
+    });
     let handle = lease.handle();
     // SIGTERM sent because the lease could not be extended in time.
     let mut at_risk = false;
@@ -272,7 +276,7 @@ pub struct LocksArgs {
 /// `baton locks`.
 pub async fn locks(a: LocksArgs) -> anyhow::Result<u8> {
     let store = connect(&a.store).await.context("connecting to the store")?;
-    let list = store.backend().lock_list().await.map_err(Error::from)?;
+    let list = Locker::new(store).list().await?;
     if a.json {
         let rows: Vec<_> = list.iter().map(crate::shapes::lock).collect();
         output::json(&serde_json::Value::Array(rows))?;

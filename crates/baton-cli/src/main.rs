@@ -16,12 +16,15 @@ mod queue_cmd;
 mod runtime;
 mod serve;
 mod shapes;
+mod values;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+
+use values::pool_size_arg;
 
 /// Exit code when the lock is held by someone else (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -41,8 +44,6 @@ pub const EXIT_CONFLICT: u8 = 65;
 /// and for stopping the command, so every run would end "lease lost".
 pub const MIN_LOCK_AT_MOST: Duration = Duration::from_secs(1);
 
-/// The longest duration any flag accepts.
-pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// The longest `--prefix` (as the stores accept).
 const MAX_PREFIX: usize = 32;
 
@@ -206,57 +207,6 @@ enum Command {
     },
     /// Print the man page (roff; e.g. `baton man | man -l -`).
     Man,
-}
-
-/// Parse a duration flag (`500ms`, `30s`, `15m`, `1h30m`, `PT15M`).
-/// At most [`MAX_DURATION`] (10 years).
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    let d = baton::parse_duration("duration", s).map_err(|e| e.problem)?;
-    if d > MAX_DURATION {
-        return Err(format!(
-            "{} is too long; use at most 10 years (3650d)",
-            baton::format_duration(d)
-        ));
-    }
-    Ok(d)
-}
-
-/// Parse `--pool-size`: 1 to [`baton::store::MAX_POOL_SIZE`] connections.
-pub fn pool_size_arg(s: &str) -> Result<u32, String> {
-    match s.parse::<u32>() {
-        Ok(n) if (1..=baton::store::MAX_POOL_SIZE).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{s:?} is not a pool size; use a number of connections from 1 to {}, e.g. 4",
-            baton::store::MAX_POOL_SIZE
-        )),
-    }
-}
-
-/// Parse `--listen`: `HOST:PORT` (`127.0.0.1:9090`, `[::1]:9090`,
-/// `localhost:9090`); port 0 picks a free one.
-pub fn listen_arg(s: &str) -> Result<String, String> {
-    let bad = || format!("{s:?} is not an address; use HOST:PORT, e.g. 127.0.0.1:9090");
-    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host.is_empty() || host.contains(['/', ' ']) || port.parse::<u16>().is_err() {
-        return Err(bad());
-    }
-    if host.contains(':') && !s.starts_with('[') {
-        return Err(format!(
-            "{s:?}: write an IPv6 address in brackets, e.g. [::1]:9090"
-        ));
-    }
-    Ok(s.to_string())
-}
-
-/// Parse an RFC 3339 time flag (`2026-01-31T06:00:00Z`).
-pub fn rfc3339_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    chrono::DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
 }
 
 /// Connect to the store named by the flags (resolved as
@@ -498,7 +448,6 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     let r = store.resolve(store.config()?.as_ref());
     let probe = connect_resolved(&r, false).await.context("migrate")?;
     let before = probe
-        .backend()
         .schema_status()
         .await
         .map_err(baton::Error::from)
@@ -515,7 +464,7 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     .context("migrate")?;
     let prefix = r.prefix.as_deref().unwrap_or("(default)");
     let to = before.expected;
-    let redis_layout = s.backend().kind() == "redis"
+    let redis_layout = s.kind() == "redis"
         && before
             .found
             .is_some_and(|v| v < baton::store::redis::CLUSTER_LAYOUT_VERSION);
@@ -573,7 +522,14 @@ fn main() -> ExitCode {
     if let Some(code) = child::supervise_if_asked() {
         return ExitCode::from(code);
     }
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // A `baton chaos` run's instance: its own command, with the verifier's
+    // stop hook installed (nothing else installs it).
+    if let Command::Chaos(a) = &cli.command {
+        if let Some(args) = a.become_instance() {
+            cli = Cli::parse_from(std::iter::once("baton".to_string()).chain(args));
+        }
+    }
     let daemon = matches!(cli.command, Command::Serve(_) | Command::Work(_));
     init_tracing(cli.log_format, daemon);
     let rt = match tokio::runtime::Builder::new_multi_thread()

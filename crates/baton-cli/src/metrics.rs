@@ -29,8 +29,8 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     use baton::store::TaskState;
     let stats = Queue::new(store.clone()).stats().await?;
     let jobs = schedule::job_statuses(store).await?;
-    let locks = store.backend().lock_list().await?;
-    let now = store.backend().now().await?;
+    let locks = baton::lock::Locker::new(store.clone()).list().await?;
+    let now = store.now().await?;
     let secs = |t: chrono::DateTime<chrono::Utc>| t.timestamp_millis() as f64 / 1000.0;
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
 

@@ -11,9 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::output::{self, Align, Table};
 use crate::runtime::shutdown_on_signals;
-use crate::{
-    command_task, connect, duration_arg, note, outln, rfc3339_arg, StoreArg, EXIT_NOT_FOUND,
-};
+use crate::values::{duration_arg, rfc3339_arg};
+use crate::{command_task, connect, note, outln, StoreArg, EXIT_NOT_FOUND};
 
 /// Arguments of `baton enqueue`.
 #[derive(clap::Args, Debug)]
@@ -139,7 +138,7 @@ pub struct WorkArgs {
     pub poll: Duration,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
-    #[arg(long, value_parser = crate::listen_arg)]
+    #[arg(long, value_parser = crate::values::listen_arg)]
     pub listen: Option<String>,
 }
 
@@ -258,13 +257,13 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     let config = a.store.config()?;
     let queues = work_queues(&a, config.as_ref());
     for q in &queues {
-        baton::lock::validate_name("--queue", &q.name).map_err(Error::from)?;
+        baton::names::validate_name("--queue", &q.name).map_err(Error::from)?;
     }
     let jobs = config.as_ref().map_or(&[][..], |c| &c.jobs[..]);
     let store = crate::connect_resolved(&a.store.resolve(config.as_ref()), true)
         .await
         .context("connecting to the store")?;
-    for w in store.backend().warnings().await.unwrap_or_default() {
+    for w in store.warnings().await.unwrap_or_default() {
         note!("baton: warning: {w}");
     }
     let workers =
@@ -444,7 +443,7 @@ fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
 /// characters), before connecting.
 fn check_filter(what: &str, name: &Option<String>) -> Result<(), Error> {
     match name {
-        Some(n) => baton::lock::validate_name(what, n).map_err(Error::from),
+        Some(n) => baton::names::validate_name(what, n).map_err(Error::from),
         None => Ok(()),
     }
 }
@@ -645,7 +644,7 @@ pub async fn queues(cmd: QueuesCmd) -> anyhow::Result<u8> {
         QueuesCmd::Pause { store, queue } => (store, queue, true),
         QueuesCmd::Resume { store, queue } => (store, queue, false),
     };
-    baton::lock::validate_name("QUEUE", &queue).map_err(Error::from)?;
+    baton::names::validate_name("QUEUE", &queue).map_err(Error::from)?;
     let q = Queue::new(connect(&store).await.context("connecting to the store")?);
     if paused {
         q.pause(&queue).await?;

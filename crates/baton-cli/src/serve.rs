@@ -23,14 +23,14 @@ pub struct ServeArgs {
     pub store: crate::StoreArg,
     /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
     /// Prometheus), e.g. 127.0.0.1:9090.
-    #[arg(long, value_parser = crate::listen_arg)]
+    #[arg(long, value_parser = crate::values::listen_arg)]
     pub listen: Option<String>,
     /// On SIGTERM, how long running tasks may finish before they are handed
     /// back, and lock-mode runs before their command is stopped.
-    #[arg(long, default_value = "10s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = crate::values::duration_arg)]
     pub shutdown_grace: Duration,
     /// After SIGTERM to a command, how long before SIGKILL.
-    #[arg(long, default_value = "5s", value_parser = crate::duration_arg)]
+    #[arg(long, default_value = "5s", value_parser = crate::values::duration_arg)]
     pub grace: Duration,
 }
 
@@ -79,7 +79,7 @@ async fn stop_before_lapse(lease: &baton::lock::LeaseHandle, grace: Duration) ->
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let (cfg, store) = open(&a.store).await?;
-    for w in store.backend().warnings().await.unwrap_or_default() {
+    for w in store.warnings().await.unwrap_or_default() {
         crate::note!("baton: warning: {w}");
     }
     let stop = CancellationToken::new();
@@ -211,7 +211,7 @@ pub struct TriggerArgs {
     pub store: crate::StoreArg,
     /// The slot this run stands for (RFC 3339); the same slot always gives
     /// the same run. Default: the job's latest due slot (needs --config).
-    #[arg(long, value_parser = crate::rfc3339_arg)]
+    #[arg(long, value_parser = crate::values::rfc3339_arg)]
     pub slot: Option<chrono::DateTime<chrono::Utc>>,
     /// The job's queue. Default: the job's queue in --config, else as the
     /// store recorded it when the job registered (else `default`, for a
@@ -236,7 +236,7 @@ pub struct TriggerArgs {
 
 /// `baton trigger`.
 pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
-    baton::lock::validate_name("job name", &a.job).map_err(Error::from)?;
+    baton::names::validate_name("job name", &a.job).map_err(Error::from)?;
     let cfg = a.store.config()?;
     let job = match &cfg {
         Some(cfg) => {
@@ -290,8 +290,7 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
         .context("connecting to the store")?;
     if cfg.is_none() {
         // The store knows every job a scheduler registered.
-        let known = store.backend().job_list().await.map_err(Error::from)?;
-        let Some(state) = known.into_iter().find(|j| j.name == a.job) else {
+        let Some(state) = schedule::job_state(&store, &a.job).await? else {
             return Err(Error::from(baton::InvalidInput::new(
                 "JOB",
                 format!(
@@ -442,10 +441,10 @@ pub enum JobsCmd {
 pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     let cfg = a.store.config()?;
     if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
-        baton::lock::validate_name("JOB", job).map_err(Error::from)?;
+        baton::names::validate_name("JOB", job).map_err(Error::from)?;
     }
     if let Some(JobsCmd::Next { job, .. }) = &a.cmd {
-        baton::lock::validate_name("JOB", job).map_err(Error::from)?;
+        baton::names::validate_name("JOB", job).map_err(Error::from)?;
         if !cfg
             .as_ref()
             .is_some_and(|c| c.jobs.iter().any(|j| &j.name == job))

@@ -67,9 +67,9 @@ impl Db {
 }
 
 /// This host's node id for a child process: `host:pid`, as
-/// `baton::lock::node_id` makes it in the child.
+/// `baton::node::node_id` makes it in the child.
 fn node_of(child: &Child) -> String {
-    let me = baton::lock::node_id();
+    let me = baton::node::node_id();
     let host = me.rsplit_once(':').map_or(me.as_str(), |(h, _)| h);
     format!("{host}:{}", child.id())
 }

@@ -403,7 +403,8 @@ fn pgrp_of(pid: i32) -> i64 {
         .expect("a pgrp in /proc/PID/stat")
 }
 
-/// Under `baton chaos` (`BATON_CHAOS_HISTORY` set), a worker that stops a
+/// Under `baton chaos` (an instance, `baton chaos __instance -- work`, with
+/// `BATON_CHAOS_HISTORY` set), a worker that stops a
 /// task's command — here one that ignores SIGTERM, so SIGKILL after the
 /// grace, stopped because the task was cancelled — appends one `killed`
 /// record for the attempt and its process group, and only once no process
@@ -426,7 +427,19 @@ async fn work_records_killed_once_the_group_is_gone() {
     let id = common::stdout(&out).trim().to_string();
     let log = std::fs::File::create(e.path("baton-work.log")).unwrap();
     let mut w = e
-        .cmd(&["work", "--poll", "200ms", "--lease", "3s", "--grace", "1s"])
+        // A chaos run's instance: only these install the stop hook.
+        .cmd(&[
+            "chaos",
+            "__instance",
+            "--",
+            "work",
+            "--poll",
+            "200ms",
+            "--lease",
+            "3s",
+            "--grace",
+            "1s",
+        ])
         .env("BATON_CHAOS_HISTORY", &hist)
         .env("BATON_LOG", "info")
         .stdout(Stdio::null())

@@ -57,7 +57,10 @@ compile_error!(
 pub mod clock;
 pub mod duration;
 pub mod error;
+pub mod lease;
 pub mod lock;
+pub mod names;
+pub mod node;
 pub mod queue;
 pub mod schedule;
 pub mod store;

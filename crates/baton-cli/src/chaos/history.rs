@@ -121,22 +121,27 @@ impl History {
     }
 }
 
-/// Under `baton chaos` (its instances have [`KILLED_ENV`]): have `proc`
-/// append a `killed` record once baton stopped its command and no process
-/// of its group is alive — for a task's attempt `task` (id, attempt), or
-/// for the holder of fencing token `token` (a lock-mode job's run, a
-/// `baton lock` command). It is appended after that was seen, so every
-/// record after it in the file was written after the command's death.
-/// Outside a chaos run this does nothing.
-pub fn date_death(proc: &mut crate::child::Proc, task: Option<(i64, u32)>, token: Option<i64>) {
+/// The [`crate::child::StopHook`] `baton chaos`'s instances install
+/// (`baton chaos __instance`, [`install_stop_hook`]): append a `killed`
+/// record once baton stopped a command and no process of its group is
+/// alive — for a task's attempt, or for the holder of a fencing token (a
+/// lock-mode job's run, a `baton lock` command). It is appended after that
+/// was seen, so every record after it in the file was written after the
+/// command's death.
+fn date_death(ran: crate::child::RanFor, pgid: libc::pid_t) {
     let Some(path) = std::env::var_os(KILLED_ENV) else {
         return;
     };
-    proc.on_gone(Box::new(move |pgid| {
-        if let Err(e) = append_killed(Path::new(&path), task, token, i64::from(pgid)) {
-            tracing::warn!(?task, ?token, "chaos history: {e:#}");
-        }
-    }));
+    if let Err(e) = append_killed(Path::new(&path), ran.task, ran.token, i64::from(pgid)) {
+        tracing::warn!(task = ?ran.task, token = ?ran.token, "chaos history: {e:#}");
+    }
+}
+
+/// Make this process a chaos instance: every command it stops is dated in
+/// the run's history ([`KILLED_ENV`]). Called only by `baton chaos
+/// __instance`, never by a production command.
+pub fn install_stop_hook() {
+    crate::child::set_stop_hook(date_death);
 }
 
 fn append_killed(

@@ -9,9 +9,12 @@
 
 pub mod check;
 pub mod history;
+mod nemesis;
 pub mod proxy;
+mod run;
 mod sentinel;
 mod server;
+mod workload;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,8 +26,11 @@ use baton::queue::{Queue, TaskBuilder};
 use baton::store::TaskFilter;
 use tokio_util::sync::CancellationToken;
 
-use crate::duration_arg;
+use crate::values::duration_arg;
 use history::{now_us, History, Record, KILLED_ENV, PROC_ENV};
+use nemesis::*;
+use run::*;
+use workload::*;
 
 /// libfaketime's preload library, for client clock offsets.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -95,111 +101,40 @@ enum Internal {
     /// The workload's effect recorder (run by the generated commands).
     #[command(name = "__effect", hide = true)]
     Effect(history::EffectArgs),
+    /// A run's instance: `baton ARGS` with the verifier's stop hook
+    /// installed (what `baton chaos` starts its instances as).
+    #[command(name = INSTANCE, hide = true)]
+    Instance {
+        /// The instance's own `baton` arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+        args: Vec<String>,
+    },
 }
 
-/// A small seeded generator (splitmix64): the same seed gives the same
-/// fault schedule and workload.
-struct Rng(u64);
+/// The hidden subcommand `baton chaos` starts its instances with.
+const INSTANCE: &str = "__instance";
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// A number in `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo).max(1)
-    }
-}
-
-/// An instance: its label, `baton` arguments and extra environment.
-type Instance = (String, Vec<String>, Vec<(&'static str, String)>);
-
-/// Everything the run's tasks share.
-struct Run {
-    exe: PathBuf,
-    dir: PathBuf,
-    url: String,
-    prefix: String,
-    unsafe_: bool,
-    /// Live processes the nemesis may hit: label → pid.
-    live: Mutex<HashMap<String, u32>>,
-    history: Mutex<History>,
-}
-
-impl Run {
-    fn record(&self, r: Record) {
-        let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = h.append(&r) {
-            tracing::warn!("chaos: {e:#}");
-        }
-    }
-
-    /// The shell wrapper that records an effect (twice at once, unfenced,
-    /// with `--unsafe`).
-    fn wrapper(&self, kind: &str, name: &str, hold_ms: u64) -> String {
-        let one = format!(
-            "env -u LD_PRELOAD -u FAKETIME '{}' chaos __effect --dir '{}' --kind {kind} --name '{name}' --hold-ms {hold_ms}",
-            self.exe.display(),
-            self.dir.display()
-        );
-        if self.unsafe_ {
-            format!("{one} --unfenced & {one} --unfenced; wait")
-        } else {
-            format!("exec {one}")
-        }
-    }
-
-    /// Spawn `baton ARGS` (or `argv` itself when `raw`) as instance `label`.
-    fn spawn(
-        &self,
-        label: &str,
-        argv: &[String],
-        raw: bool,
-        env: &[(&str, String)],
-    ) -> anyhow::Result<tokio::process::Child> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("logs").join(format!("{label}.log")))?;
-        let mut c = if raw {
-            let mut c = tokio::process::Command::new(&argv[0]);
-            c.args(&argv[1..]);
-            c
-        } else {
-            let mut c = tokio::process::Command::new(&self.exe);
-            c.args(argv);
-            c
+impl ChaosArgs {
+    /// For `baton chaos __instance ARGS`: install the verifier's stop hook
+    /// in this process and give back ARGS, the `baton` command it runs.
+    /// `None` for every other `baton chaos`.
+    pub fn become_instance(&self) -> Option<Vec<String>> {
+        let Some(Internal::Instance { args }) = &self.internal else {
+            return None;
         };
-        c.env("BATON_STORE", &self.url)
-            .env("BATON_PREFIX", &self.prefix)
-            .env("BATON_LOG", "info")
-            .env(PROC_ENV, label)
-            .env(KILLED_ENV, self.dir.join(history::HISTORY))
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true);
-        let child = c.spawn().with_context(|| format!("starting {label}"))?;
-        if let Some(pid) = child.id() {
-            self.lock_live().insert(label.to_string(), pid);
-        }
-        Ok(child)
-    }
-
-    fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+        history::install_stop_hook();
+        Some(args.clone())
     }
 }
 
 /// `baton chaos`.
 pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
-    if let Some(Internal::Effect(e)) = a.internal {
-        return history::effect(e).await;
+    match a.internal {
+        Some(Internal::Effect(e)) => return history::effect(e).await,
+        Some(Internal::Instance { .. }) => {
+            anyhow::bail!("chaos {INSTANCE}: handled in main, before the command runs")
+        }
+        None => {}
     }
     let enabled = faults_of(&a)?;
     if a.store.is_none() && a.private.is_none() {
@@ -536,387 +471,6 @@ command = ["sh", "-c", {lockjob}]
         durable = q(run.wrapper("job", "chaos-durable", 300)),
         lockjob = q(run.wrapper("lockjob", "chaos-lockjob", 300)),
     )
-}
-
-/// Keep every instance running (restart one the nemesis killed) until
-/// `drained`; then SIGTERM them all and wait (SIGKILL after 20 s). Once
-/// `quiesce` is cancelled the schedulers (`s…`) are stopped the same way
-/// and not restarted, and `schedulers_gone` is sent when they have exited.
-async fn supervise(
-    run: Arc<Run>,
-    instances: Vec<Instance>,
-    quiesce: CancellationToken,
-    schedulers_gone: tokio::sync::oneshot::Sender<()>,
-    drained: CancellationToken,
-) {
-    let mut kids: Vec<(String, u32, Option<tokio::process::Child>)> = instances
-        .iter()
-        .map(|(l, _, _)| (l.clone(), 0, None))
-        .collect();
-    let mut schedulers_gone = Some(schedulers_gone);
-    loop {
-        if quiesce.is_cancelled() && schedulers_gone.is_some() {
-            let mut schedulers: Vec<_> = kids
-                .iter_mut()
-                .filter(|(label, _, _)| label.starts_with('s'))
-                .collect();
-            stop_all(&run, &mut schedulers).await;
-            for (_, _, child) in schedulers {
-                *child = None;
-            }
-            if let Some(tx) = schedulers_gone.take() {
-                let _ = tx.send(());
-            }
-        }
-        for (n, (label, gen, child)) in kids.iter_mut().enumerate() {
-            if quiesce.is_cancelled() && label.starts_with('s') {
-                continue;
-            }
-            let dead = match child {
-                None => true,
-                Some(c) => !matches!(c.try_wait(), Ok(None)),
-            };
-            if dead {
-                if child.is_some() {
-                    run.lock_live().remove(&format!("{label}.{gen}"));
-                    *gen += 1;
-                }
-                let (_, args, env) = &instances[n];
-                match run.spawn(&format!("{label}.{gen}"), args, false, env) {
-                    Ok(c) => *child = Some(c),
-                    Err(e) => tracing::warn!("chaos: {e:#}"),
-                }
-            }
-        }
-        tokio::select! {
-            _ = drained.cancelled() => break,
-            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
-        }
-    }
-    let mut all: Vec<_> = kids.iter_mut().collect();
-    stop_all(&run, &mut all).await;
-}
-
-/// SIGTERM these instances (thawed first) and wait; SIGKILL after 20 s.
-async fn stop_all(run: &Run, kids: &mut [&mut (String, u32, Option<tokio::process::Child>)]) {
-    for (label, gen, child) in kids.iter_mut().map(|k| &mut **k) {
-        run.lock_live().remove(&format!("{label}.{gen}"));
-        if let Some(pid) = child.as_ref().and_then(|c| c.id()) {
-            signal_tree(pid, libc::SIGCONT);
-            // SAFETY: kill(2) on a child we spawned and have not reaped.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-    }
-    for (_, _, child) in kids.iter_mut().map(|k| &mut **k) {
-        if let Some(c) = child {
-            if tokio::time::timeout(Duration::from_secs(20), c.wait())
-                .await
-                .is_err()
-            {
-                let _ = c.kill().await;
-            }
-        }
-    }
-}
-
-/// Contend for the lock: `baton lock chaos-lock -- sh -c '…'` in a loop
-/// (with `--unsafe`, the command without the lock, and a made-up token).
-async fn lock_loop(run: Arc<Run>, i: u64, seed: u64, stop: CancellationToken) {
-    let mut rng = Rng(seed);
-    let mut n = 0;
-    while !stop.is_cancelled() {
-        n += 1;
-        let label = format!("l{i}.{n}");
-        // Mostly short holds; some longer than a keep-alive period, so a
-        // holder frozen alone (`freeze`) may have its command outlive the
-        // lease unless its supervisor kills it.
-        let hold = if rng.range(0, 4) == 0 {
-            rng.range(3000, 5000)
-        } else {
-            rng.range(200, 600)
-        };
-        let wrapper = run.wrapper("lock", LOCK, hold);
-        let child = if run.unsafe_ {
-            let argv = ["sh".to_string(), "-c".to_string(), wrapper];
-            let token = rng.range(1, 1000).to_string();
-            run.spawn(&label, &argv, true, &[("BATON_FENCING_TOKEN", token)])
-        } else {
-            let argv: Vec<String> = [
-                "lock",
-                LOCK,
-                "--at-most",
-                "3s",
-                "--grace",
-                "1s",
-                "--wait",
-                "5s",
-                "--",
-                "sh",
-                "-c",
-                &wrapper,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            run.spawn(&label, &argv, false, &[])
-        };
-        match child {
-            Ok(mut c) => {
-                tokio::select! {
-                    _ = c.wait() => {}
-                    // A stuck holder (frozen, store dark) is waited for
-                    // only so long after the run; then it is killed.
-                    _ = async { stop.cancelled().await; tokio::time::sleep(Duration::from_secs(15)).await } => {
-                        if let Some(pid) = c.id() { signal_tree(pid, libc::SIGCONT); }
-                        let _ = c.kill().await;
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("chaos: {e:#}"),
-        }
-        run.lock_live().remove(&label);
-        tokio::time::sleep(Duration::from_millis(rng.range(20, 200))).await;
-    }
-}
-
-/// Enqueue unique-keyed command tasks, re-sending some keys (T4).
-async fn produce(run: Arc<Run>, store: baton::Store, seed: u64, stop: CancellationToken) {
-    let mut rng = Rng(seed);
-    let q = Queue::new(store);
-    let mut n = 0u64;
-    while !stop.is_cancelled() {
-        let key = if n > 0 && rng.range(0, 3) == 0 {
-            format!("chaos-k{}", rng.range(1, n + 1))
-        } else {
-            n += 1;
-            format!("chaos-k{n}")
-        };
-        // Mostly short tasks; some longer than a heartbeat interval.
-        let hold = if rng.range(0, 4) == 0 {
-            rng.range(1500, 4000)
-        } else {
-            rng.range(100, 800)
-        };
-        let argv = serde_json::json!({ "argv": ["sh", "-c", run.wrapper("task", &key, hold)] });
-        // Kind "command": a task `baton work` runs as a command.
-        let mut t = TaskBuilder::new("command", argv)
-            .queue(QUEUE)
-            .max_attempts(5);
-        if !run.unsafe_ {
-            t = t.unique_key(&key).unique_forever(true);
-        }
-        let t0 = now_us();
-        let res = tokio::time::timeout(Duration::from_secs(10), q.enqueue(t)).await;
-        let task = match res {
-            Ok(Ok(e)) => Some(e.id),
-            Ok(Err(e)) => {
-                tracing::warn!("chaos: enqueue {key}: {e}");
-                None
-            }
-            Err(_) => None,
-        };
-        run.record(Record {
-            op: "enqueue".into(),
-            proc: "producer".into(),
-            name: key,
-            task,
-            t: t0,
-            until: Some(now_us()),
-            ..Default::default()
-        });
-        tokio::time::sleep(Duration::from_millis(rng.range(100, 300))).await;
-    }
-}
-
-/// Inject the enabled faults on a seeded schedule until `stop`; leave
-/// everything healed.
-async fn nemesis(
-    run: Arc<Run>,
-    proxy: Option<Arc<proxy::Proxy>>,
-    private: Arc<Mutex<Option<server::Private>>>,
-    enabled: Vec<String>,
-    seed: u64,
-    stop: CancellationToken,
-) {
-    let mut rng = Rng(seed);
-    if enabled.is_empty() {
-        return;
-    }
-    // Sleep `ms`, or less if the run ends.
-    let nap = |ms: u64| {
-        let stop = stop.clone();
-        async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
-            }
-        }
-    };
-    nap(1500).await;
-    // Faults come in rounds: each round is every enabled kind once, in a
-    // seeded random order, so a short run still meets each kind.
-    let mut round: Vec<String> = Vec::new();
-    while !stop.is_cancelled() {
-        if round.is_empty() {
-            round = enabled.clone();
-            for i in (1..round.len()).rev() {
-                let j = rng.range(0, i as u64 + 1) as usize;
-                round.swap(i, j);
-            }
-        }
-        let Some(kind) = round.pop() else { return };
-        let t = now_us();
-        let mut target = String::new();
-        match kind.as_str() {
-            "kill-9" | "pause" | "freeze" => {
-                let mut live: Vec<(String, u32)> = run
-                    .lock_live()
-                    .iter()
-                    .map(|(k, v)| (k.clone(), *v))
-                    .collect();
-                live.sort();
-                if kind == "freeze" {
-                    // Freeze one that is running a command (it has a
-                    // supervisor child): the case the fault is for.
-                    let busy: Vec<(String, u32)> = live
-                        .iter()
-                        .filter(|(_, pid)| signal_tree(*pid, 0).len() > 1)
-                        .cloned()
-                        .collect();
-                    if !busy.is_empty() {
-                        live = busy;
-                    }
-                }
-                if live.is_empty() {
-                    nap(500).await;
-                    continue;
-                }
-                let (label, pid) = live[rng.range(0, live.len() as u64) as usize].clone();
-                target = label;
-                if kind == "kill-9" {
-                    // SAFETY: kill(2) on a process this run started.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                } else if kind == "freeze" {
-                    // Freeze the baton process alone, past its lease: its
-                    // commands run on, and only their supervisors' own
-                    // deadlines can stop them before the lease lapses (a
-                    // command outliving it would overlap the next holder,
-                    // which the checker does not excuse).
-                    // SAFETY: kill(2) on a process this run started.
-                    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-                    tokio::time::sleep(Duration::from_millis(rng.range(3500, 5000))).await;
-                    // SAFETY: as above.
-                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-                } else {
-                    // Freeze the instance and its commands past the lease.
-                    let pids = signal_tree(pid, libc::SIGSTOP);
-                    tokio::time::sleep(Duration::from_millis(rng.range(3500, 5000))).await;
-                    for p in pids {
-                        // SAFETY: kill(2) on processes we froze.
-                        unsafe { libc::kill(p, libc::SIGCONT) };
-                    }
-                }
-            }
-            "cut" | "dark" | "latency" => {
-                let Some(p) = &proxy else { continue };
-                match kind.as_str() {
-                    "cut" => p.set(proxy::Mode::Cut),
-                    "dark" => p.set(proxy::Mode::Dark),
-                    _ => p.latency(Duration::from_millis(rng.range(20, 200))),
-                }
-                let ms = if kind == "dark" {
-                    rng.range(3000, 5000)
-                } else {
-                    rng.range(1000, 3000)
-                };
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                p.set(proxy::Mode::Pass);
-                p.latency(Duration::ZERO);
-            }
-            "restart" => {
-                let ps = private.clone();
-                let down = rng.range(500, 2000);
-                let res = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-                    let mut g = ps.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(p) = g.as_mut() {
-                        p.stop();
-                        std::thread::sleep(Duration::from_millis(down));
-                        p.start()?;
-                    }
-                    Ok(())
-                })
-                .await;
-                if let Ok(Err(e)) | Err(e) = res.map_err(anyhow::Error::from) {
-                    tracing::warn!("chaos: restart: {e:#}");
-                }
-            }
-            "failover" => {
-                let ps = private.clone();
-                let crash = rng.range(0, 2) == 1;
-                let down = Duration::from_millis(rng.range(500, 2000));
-                let res = tokio::task::spawn_blocking(move || -> anyhow::Result<u16> {
-                    let mut g = ps.lock().unwrap_or_else(|p| p.into_inner());
-                    match g.as_mut() {
-                        Some(p) => p.failover(crash, down),
-                        None => Ok(0),
-                    }
-                })
-                .await;
-                match res.map_err(anyhow::Error::from) {
-                    Ok(Ok(old)) => {
-                        target = format!(
-                            "{} master :{old}",
-                            if crash { "crashed" } else { "switched over" }
-                        );
-                    }
-                    Ok(Err(e)) | Err(e) => tracing::warn!("chaos: failover: {e:#}"),
-                }
-            }
-            _ => {}
-        }
-        run.record(Record {
-            op: "fault".into(),
-            kind,
-            proc: target,
-            t,
-            until: Some(now_us()),
-            ..Default::default()
-        });
-        nap(rng.range(800, 2500)).await;
-    }
-}
-
-/// Send `sig` to `pid` and every descendant (parents first; 0 sends
-/// nothing, to list them); returns them.
-fn signal_tree(pid: u32, sig: i32) -> Vec<i32> {
-    let mut parent: Vec<(i32, i32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // The fields after the command name (which may hold spaces).
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        if let Some(pp) = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
-            parent.push((p, pp));
-        }
-    }
-    let mut tree = vec![pid as i32];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    for &p in &tree {
-        // SAFETY: kill(2) on a process of this run's tree.
-        unsafe { libc::kill(p, sig) };
-    }
-    tree
 }
 
 /// Every task in the run's store (all pages).

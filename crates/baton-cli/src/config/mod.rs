@@ -262,8 +262,8 @@ fn syntax_line(text: &str, e: &toml::de::Error) -> String {
     format!("line {line}, column {column}: {message}")
 }
 
-/// The longest duration a config key accepts.
-pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// The longest duration a config key accepts (the same as a flag's).
+pub use crate::values::MAX_DURATION;
 
 /// A duration of at most [`MAX_DURATION`] (10 years).
 fn duration(field: &str, s: &str) -> Result<Duration, InvalidInput> {

@@ -47,8 +47,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, InvalidInput};
+use crate::lease::stop_margin;
+use crate::names::validate_name;
+use crate::node::{node_id, short_id};
 use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo, Store};
 
+mod inspect;
 mod keep_alive;
 mod lease;
 mod options;
@@ -70,36 +74,6 @@ pub use options::LockOptions;
 /// longer than this bound tolerates a store outage of about this bound
 /// (less the work's stop time), not of `at_most`.
 pub const RELEASE_BOUND: Duration = Duration::from_secs(30);
-
-/// The longest accepted lock name, in bytes.
-pub const MAX_NAME_LEN: usize = 255;
-
-/// Check a name (lock, queue, job): 1 to 255 bytes, no control characters.
-/// `what` names the field in the error.
-pub fn validate_name(what: &str, name: &str) -> Result<(), InvalidInput> {
-    if name.is_empty() {
-        return Err(InvalidInput::new(
-            what,
-            "is empty; give 1 to 255 bytes of text",
-        ));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(InvalidInput::new(
-            what,
-            format!(
-                "is {} bytes long; at most {MAX_NAME_LEN} bytes are accepted",
-                name.len()
-            ),
-        ));
-    }
-    if let Some(c) = name.chars().find(|c| c.is_control()) {
-        return Err(InvalidInput::new(
-            what,
-            format!("contains the control character {c:?}; use printable text"),
-        ));
-    }
-    Ok(())
-}
 
 /// Grants leases on lock names from one store.
 #[derive(Debug, Clone)]
@@ -253,31 +227,4 @@ fn busy_error(info: LockInfo) -> Error {
         until: info.lock_until,
         token: info.token.0,
     }
-}
-
-/// `host:pid`, the stable part of every holder id from this process.
-pub fn node_id() -> String {
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("{host}:{}", std::process::id())
-}
-
-/// How long before a lease's local deadline the work under it must be
-/// gone (killed, dropped): a tenth of the lease, at most 100 ms. The
-/// deadline itself is safe by the request's one-way latency only; this
-/// margin absorbs a late timer on a busy host and the teardown itself, so
-/// the work is gone before the store could grant the lease again.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(baton::lock::stop_margin(Duration::from_secs(30)), Duration::from_millis(100));
-/// assert_eq!(baton::lock::stop_margin(Duration::from_millis(500)), Duration::from_millis(50));
-/// ```
-pub fn stop_margin(lease: Duration) -> Duration {
-    (lease / 10).min(Duration::from_millis(100))
-}
-
-/// A short random id (12 hex digits), unique per acquisition beside the
-/// `host:pid` it follows.
-pub(crate) fn short_id() -> String {
-    format!("{:012x}", fastrand::u64(..) >> 16)
 }

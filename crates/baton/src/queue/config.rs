@@ -342,7 +342,7 @@ impl WorkerConfig {
             ));
         }
         for (q, c) in &self.queues {
-            crate::lock::validate_name("queue", q)?;
+            crate::names::validate_name("queue", q)?;
             if *c == 0 {
                 return Err(InvalidInput::new(
                     "concurrency",

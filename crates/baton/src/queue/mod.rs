@@ -19,7 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, InvalidInput};
-use crate::lock::validate_name;
+use crate::names::validate_name;
 use crate::store::{
     CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
 };
@@ -212,10 +212,10 @@ impl TaskBuilder {
             // `JOB|RFC3339` is the scheduler's key for a job's slot; a task
             // that took it would take that slot's place.
             let own = match (&t.job, t.slot) {
-                (Some(j), Some(s)) => *k == crate::schedule::slot_key(j, s),
+                (Some(j), Some(s)) => *k == crate::store::slot_key(j, s),
                 _ => false,
             };
-            if !own && crate::schedule::is_slot_key(k) {
+            if !own && crate::store::is_slot_key(k) {
                 return Err(InvalidInput::new(
                     "unique key",
                     format!(

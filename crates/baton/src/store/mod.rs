@@ -38,6 +38,7 @@ pub(crate) mod job_advance;
     feature = "redis"
 ))]
 mod migrate;
+mod inspect;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod options;
@@ -50,6 +51,7 @@ pub mod postgres;
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sizing;
+mod slot_key;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_row;
 #[cfg(feature = "sqlite")]
@@ -65,6 +67,7 @@ pub use options::StoreOptions;
 pub use params::*;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
+pub use slot_key::{is_slot_key, slot_key};
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
 pub(crate) use writable::warn_unless_read_only;

@@ -21,7 +21,7 @@ pub async fn grant_busy_release(ts: TestStore) {
         .unwrap()
         .expect("free lock is granted");
     assert_eq!(lease.name(), "job");
-    assert!(lease.holder().starts_with(&baton::lock::node_id()));
+    assert!(lease.holder().starts_with(&baton::node::node_id()));
     assert!(lease.expires_at() > lease.locked_at());
     assert!(
         b.try_lock("job", &opts(10_000)).await.unwrap().is_none(),

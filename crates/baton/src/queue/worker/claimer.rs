@@ -320,7 +320,7 @@ pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContex
         exit_code: Arc::default(),
         store: shared.store.clone(),
         lease_bound: Arc::new(tokio::sync::watch::Sender::new(sent + shared.config.lease)),
-        margin: crate::lock::stop_margin(shared.config.lease),
+        margin: crate::lease::stop_margin(shared.config.lease),
     };
     lock(&shared.running).insert(
         ctx.claim(),

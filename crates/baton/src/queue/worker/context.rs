@@ -66,7 +66,7 @@ pub struct TaskContext {
     /// The attempt's local lease bound (last confirmed heartbeat's send
     /// time + lease), as the heartbeat loop moves it.
     pub(super) lease_bound: Arc<tokio::sync::watch::Sender<Instant>>,
-    /// [`crate::lock::stop_margin`] of the queue's lease.
+    /// [`crate::lease::stop_margin`] of the queue's lease.
     pub(super) margin: Duration,
 }
 
@@ -92,7 +92,7 @@ impl TaskContext {
     /// The instant by which this attempt's work must be gone: its local
     /// lease bound (the last confirmed heartbeat's send time + the lease,
     /// moved on by every confirmed heartbeat) less
-    /// [`crate::lock::stop_margin`] of the lease. The worker drops the
+    /// [`crate::lease::stop_margin`] of the lease. The worker drops the
     /// handler there at the latest; a process run for the task should be
     /// killed by then too, even if this process is frozen (see
     /// [`TaskContext::watch_stop_by`]).

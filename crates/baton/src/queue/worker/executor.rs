@@ -229,7 +229,7 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             let why = tokio::select! {
                 r = &mut join.0 => Ok(r),
                 _ = tokio::time::sleep(shared.config.stop_grace) => Err("the grace period"),
-                _ = shared.lease_end(claim, crate::lock::stop_margin(shared.config.lease)) => {
+                _ = shared.lease_end(claim, crate::lease::stop_margin(shared.config.lease)) => {
                     expired = true;
                     Err("its lease's end")
                 }

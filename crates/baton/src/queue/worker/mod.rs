@@ -103,7 +103,7 @@ impl Worker {
         Worker {
             store,
             config,
-            id: format!("{}:{}", crate::lock::node_id(), crate::lock::short_id()),
+            id: format!("{}:{}", crate::node::node_id(), crate::node::short_id()),
             handlers: HashMap::new(),
             fallback: None,
             counters: WorkerCounters::default(),

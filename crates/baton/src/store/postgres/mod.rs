@@ -276,7 +276,7 @@ fn options_of(
         // `host:pid` begins every worker id this process hands out (the
         // `worker` of its tasks in the admin API), so a task's worker
         // leads to its connections.
-        connect = connect.application_name(&format!("baton {}", crate::lock::node_id()));
+        connect = connect.application_name(&format!("baton {}", crate::node::node_id()));
     }
     if mode != PoolMode::Direct {
         // PgBouncer refuses startup parameters it does not track (sqlx

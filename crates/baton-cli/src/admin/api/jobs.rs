@@ -1,0 +1,90 @@
+//! `/api/v1/jobs`: list the jobs, pause and resume one cluster-wide,
+//! trigger one of its slots.
+
+use super::*;
+
+/// `GET /api/v1/jobs`.
+pub async fn jobs(Extract(state): S) -> Answer {
+    let now = state.store.now().await?;
+    let statuses =
+        shapes::with_config_jobs(schedule::job_statuses(&state.store).await?, &state.jobs);
+    let rows: Vec<Value> = statuses
+        .iter()
+        .map(|s| {
+            let cfg = state.jobs.iter().find(|j| j.name == s.state.name);
+            shapes::job(s, cfg, now)
+        })
+        .collect();
+    Ok(Json(Value::Array(rows)))
+}
+
+async fn set_paused(state: &State, name: &str, paused: bool) -> Answer {
+    check_name("job", name)?;
+    if schedule::set_paused(&state.store, name, paused).await? {
+        Ok(Json(json!({"name": name, "paused": paused})))
+    } else {
+        Err(ApiError::not_found(format!(
+            "no job {name:?} in this store (it appears once a scheduler has run it)"
+        )))
+    }
+}
+
+/// `POST /api/v1/jobs/{name}/pause`.
+pub async fn job_pause(Extract(state): S, PathText(name): PathText) -> Answer {
+    set_paused(&state, &name, true).await
+}
+
+/// `POST /api/v1/jobs/{name}/resume`.
+pub async fn job_resume(Extract(state): S, PathText(name): PathText) -> Answer {
+    set_paused(&state, &name, false).await
+}
+
+/// The body of a trigger.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBody {
+    /// The slot (RFC 3339); default: the latest due slot.
+    slot: Option<String>,
+    /// Run the slot even if the scheduler skipped it (once).
+    #[serde(default)]
+    run_skipped: bool,
+}
+
+impl Form for TriggerBody {
+    const FORM: &'static str = r#"no body, {} (the latest due slot) or {"slot": "2026-01-31T06:00:00Z"} (a slot of the job's schedule, RFC 3339), optionally with "run_skipped": true"#;
+}
+
+/// `POST /api/v1/jobs/{name}/trigger` with `{"slot"?: RFC 3339}`.
+pub async fn job_trigger(
+    Extract(state): S,
+    PathText(name): PathText,
+    Body(b): Body<TriggerBody>,
+) -> Answer {
+    check_name("job", &name)?;
+    let Some(cfg) = state.jobs.iter().find(|j| j.name == name) else {
+        return Err(ApiError::not_found(format!(
+            "no job {name:?} in this server's config (only configured jobs can be triggered here)"
+        )));
+    };
+    let job = cfg.job();
+    let slot = match &b.slot {
+        // The library's hint names the CLI's --any-slot, which this API
+        // does not have.
+        Some(s) => schedule::trigger_slot(&job, rfc3339("slot", s)?, false).map_err(|e| {
+            ApiError::bad("slot", e.problem.replace(", or --any-slot", " (RFC 3339)"))
+        })?,
+        None => {
+            let now = state.store.now().await?;
+            schedule::latest_slot(&job.schedule, now).ok_or_else(|| {
+                ApiError::bad("slot", "the job has no slot in the past year; give a slot")
+            })?
+        }
+    };
+    let report = if b.run_skipped {
+        schedule::run_skipped(&state.store, &job, slot, false).await?
+    } else {
+        let e = schedule::trigger_with(&state.store, &job, slot, false).await?;
+        schedule::slot_report(&state.store, &job, slot, e).await?
+    };
+    Ok(Json(shapes::triggered(&report, &name, slot)))
+}

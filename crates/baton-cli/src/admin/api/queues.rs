@@ -1,0 +1,141 @@
+//! `/api/v1/queues`: the queues' counts, their throughput history
+//! (sampled every [`SAMPLE_EVERY`]), and pause and resume.
+
+use super::*;
+
+/// One sample of every queue: pending, running and finished (succeeded +
+/// failed + cancelled) counts.
+#[derive(Clone)]
+struct Sample {
+    at: DateTime<Utc>,
+    queues: BTreeMap<String, [u64; 3]>,
+}
+
+/// The last hour of samples, for throughput and the dashboard's chart.
+#[derive(Default)]
+pub struct History {
+    samples: VecDeque<Sample>,
+}
+
+impl History {
+    fn push(&mut self, s: Sample) {
+        if self.samples.len() == SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(s);
+    }
+
+    /// Tasks finished per queue over the samples kept (pruning can lower a
+    /// count; such a step counts as zero).
+    fn finished(&self, queue: &str) -> u64 {
+        let counts: Vec<u64> = self
+            .samples
+            .iter()
+            .filter_map(|s| s.queues.get(queue).map(|c| c[2]))
+            .collect();
+        counts.windows(2).map(|w| w[1].saturating_sub(w[0])).sum()
+    }
+}
+
+async fn sample(state: &State) -> Result<(), baton::Error> {
+    let stats = Queue::new(state.store.clone()).stats().await?;
+    let at = state.store.now().await?;
+    let queues = stats
+        .into_iter()
+        .map(|s| {
+            (
+                s.queue,
+                [s.pending, s.running, s.succeeded + s.failed + s.cancelled],
+            )
+        })
+        .collect();
+    if let Ok(mut h) = state.history.lock() {
+        h.push(Sample { at, queues });
+    }
+    Ok(())
+}
+
+/// Sample the queues every [`SAMPLE_EVERY`] for as long as the process runs.
+pub async fn sample_loop(state: Arc<State>) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = sample(&state).await {
+            tracing::debug!(error = %e, "admin: sampling the queues failed");
+        }
+    }
+}
+
+/// `GET /api/v1/queues`: per queue, the counts by state, the oldest due
+/// pending task's age, the paused flag and the tasks finished over the last hour (as
+/// sampled by this server since it started).
+pub async fn queues(Extract(state): S) -> Answer {
+    let stats = Queue::new(state.store.clone()).stats().await?;
+    let h = state
+        .history
+        .lock()
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "history poisoned"))?;
+    let since = h.samples.front().map(|s| output::ts(s.at));
+    let rows: Vec<Value> = stats
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            v["finished_last_hour"] = json!(h.finished(&s.queue));
+            v["sampled_since"] = json!(since);
+            v
+        })
+        .collect();
+    Ok(Json(Value::Array(rows)))
+}
+
+/// `GET /api/v1/queues/history`: the samples behind the dashboard's chart.
+pub async fn queue_history(Extract(state): S) -> Answer {
+    let h = state
+        .history
+        .lock()
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "history poisoned"))?;
+    let samples: Vec<Value> = h
+        .samples
+        .iter()
+        .map(|s| {
+            let queues: serde_json::Map<String, Value> = s
+                .queues
+                .iter()
+                .map(|(q, c)| {
+                    (
+                        q.clone(),
+                        json!({"pending": c[0], "running": c[1], "finished": c[2]}),
+                    )
+                })
+                .collect();
+            json!({"at": output::ts(s.at), "queues": queues})
+        })
+        .collect();
+    Ok(Json(
+        json!({"interval_secs": SAMPLE_EVERY.as_secs(), "samples": samples}),
+    ))
+}
+
+/// Pause or resume a queue cluster-wide: `{"queue": name, "paused": bool}`.
+async fn set_queue_paused(state: &State, name: &str, paused: bool) -> Answer {
+    check_name("queue", name)?;
+    let q = Queue::new(state.store.clone());
+    if paused {
+        q.pause(name).await?;
+    } else {
+        q.resume(name).await?;
+    }
+    tracing::info!(queue = %name, paused, "admin API: queue paused flag set");
+    Ok(Json(json!({"queue": name, "paused": paused})))
+}
+
+/// `POST /api/v1/queues/{name}/pause`.
+pub async fn queue_pause(Extract(state): S, PathText(name): PathText) -> Answer {
+    set_queue_paused(&state, &name, true).await
+}
+
+/// `POST /api/v1/queues/{name}/resume`.
+pub async fn queue_resume(Extract(state): S, PathText(name): PathText) -> Answer {
+    set_queue_paused(&state, &name, false).await
+}

@@ -1,0 +1,183 @@
+//! A job's definition: its name, schedule, mode (durable or lock) and
+//! policies, and the task that runs one of its slots.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::spec::{Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
+use crate::error::InvalidInput;
+use crate::lock::LockOptions;
+use crate::names::validate_name;
+use crate::queue::TaskBuilder;
+use crate::store::{slot_key, NewTask, Overlap};
+
+/// How a job's slots are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobMode {
+    /// Each slot is a durable task in the queue.
+    Durable,
+    /// Each instance fires; a lease lock lets one run (ShedLock).
+    Lock {
+        /// Lease length (the run's upper bound if its holder dies).
+        at_most: Duration,
+        /// Minimum hold after the grant.
+        at_least: Duration,
+    },
+}
+
+/// A job definition.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Name: unique per store; the cursor's key and the lock's name.
+    pub name: String,
+    /// When its slots are.
+    pub schedule: Schedule,
+    /// Durable (queued) or lock mode.
+    pub mode: JobMode,
+    /// Lock mode only: wait this long after each run instead of firing at
+    /// slot instants (ShedLock's `fixedDelay`).
+    pub fixed_delay: Option<Duration>,
+    /// Missed-slot policy (durable mode).
+    pub misfire: Misfire,
+    /// Most missed slots run with [`Misfire::All`].
+    pub max_catch_up: usize,
+    /// How old a slot may be and still run with [`Misfire::None`].
+    pub misfire_grace: Duration,
+    /// What to do when the previous run is unfinished.
+    pub overlap: Overlap,
+    /// Random delay up to this long added to each run (not to the slot).
+    pub jitter: Duration,
+    /// Queue for durable runs.
+    pub queue: String,
+    /// Task kind for durable runs (default: the job's name).
+    pub kind: String,
+    /// Task payload for durable runs.
+    pub payload: serde_json::Value,
+    /// Task priority.
+    pub priority: i32,
+    /// Attempts per slot.
+    pub max_attempts: u32,
+    /// Timeout per attempt.
+    pub timeout: Option<Duration>,
+    /// Durable mode: take each on-time slot this long before it (by store
+    /// time), so its task, due at the slot, is queued and announced ahead
+    /// and a worker claims it as the slot comes (at most a quarter of the
+    /// gap to the following slot). The store refuses the take before
+    /// `slot - lead` by its clock; pause is judged that much earlier, but
+    /// `overlap = forbid` still at the slot (an unfinished previous run
+    /// defers the take to the slot, where the rule applies). Missed slots
+    /// (misfire, catch-up) are taken only once due. Lock mode ignores it:
+    /// its run starts at once.
+    pub lead: Duration,
+}
+
+/// The default [`Job::lead`].
+pub const DEFAULT_LEAD: Duration = Duration::from_millis(150);
+
+impl Job {
+    /// A durable job on the default queue, misfire `latest`, overlap
+    /// `forbid`, 3 attempts, kind = name.
+    pub fn new(name: impl Into<String>, schedule: Schedule) -> Job {
+        let name = name.into();
+        Job {
+            kind: name.clone(),
+            name,
+            schedule,
+            mode: JobMode::Durable,
+            fixed_delay: None,
+            misfire: Misfire::Latest,
+            max_catch_up: DEFAULT_MAX_CATCH_UP,
+            misfire_grace: Duration::from_secs(60),
+            overlap: Overlap::Forbid,
+            jitter: Duration::ZERO,
+            queue: crate::queue::DEFAULT_QUEUE.into(),
+            payload: serde_json::json!({}),
+            priority: 0,
+            max_attempts: crate::queue::DEFAULT_MAX_ATTEMPTS,
+            timeout: None,
+            lead: DEFAULT_LEAD,
+        }
+    }
+    /// Lock mode with these lease bounds.
+    pub fn lock_mode(mut self, at_most: Duration, at_least: Duration) -> Job {
+        self.mode = JobMode::Lock { at_most, at_least };
+        self
+    }
+    /// Set the misfire policy.
+    pub fn misfire(mut self, m: Misfire) -> Job {
+        self.misfire = m;
+        self
+    }
+    /// Set the overlap rule.
+    pub fn overlap(mut self, o: Overlap) -> Job {
+        self.overlap = o;
+        self
+    }
+    /// Set the queue.
+    pub fn queue(mut self, q: impl Into<String>) -> Job {
+        self.queue = q.into();
+        self
+    }
+    /// Set attempts per slot.
+    pub fn max_attempts(mut self, n: u32) -> Job {
+        self.max_attempts = n;
+        self
+    }
+
+    pub(super) fn validate(&self) -> Result<(), InvalidInput> {
+        let ctx = |e: InvalidInput| {
+            InvalidInput::new(format!("job {:?}: {}", self.name, e.field), e.problem)
+        };
+        validate_name("job name", &self.name)?;
+        if let JobMode::Lock { at_most, at_least } = self.mode {
+            LockOptions::new(at_most)
+                .and_then(|o| o.at_least(at_least))
+                .map_err(ctx)?;
+        } else if self.fixed_delay.is_some() {
+            return Err(ctx(InvalidInput::new(
+                "fixed_delay",
+                "applies only to lock mode",
+            )));
+        }
+        self.task(Utc::now(), false).map(|_| ()).map_err(ctx)
+    }
+
+    /// The unique key of this job's run for `slot`: `job|RFC3339`.
+    pub fn slot_key(&self, slot: DateTime<Utc>) -> String {
+        slot_key(&self.name, slot)
+    }
+
+    /// The task that runs `slot`. Triggered runs are due now; scheduled
+    /// runs at the slot (plus jitter).
+    pub fn task(&self, slot: DateTime<Utc>, triggered: bool) -> Result<NewTask, InvalidInput> {
+        let mut t = TaskBuilder::new(self.kind.clone(), self.payload.clone())
+            .queue(self.queue.clone())
+            .priority(self.priority)
+            // A lock-mode run is its instance's one attempt: if that
+            // instance dies, rescue fails it ("lease expired").
+            .max_attempts(match self.mode {
+                JobMode::Durable => self.max_attempts,
+                JobMode::Lock { .. } => 1,
+            })
+            .unique_key(self.slot_key(slot))
+            .unique_forever(true)
+            .slot(self.name.clone(), slot);
+        if !triggered {
+            let jitter = random_upto(self.jitter);
+            t = t.run_at(slot + chrono::Duration::from_std(jitter).unwrap_or_default());
+        }
+        if let Some(d) = self.timeout {
+            t = t.timeout(d);
+        }
+        t.build()
+    }
+}
+
+pub(super) fn random_upto(d: Duration) -> Duration {
+    if d.is_zero() {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(fastrand::u64(0..=d.as_millis() as u64))
+    }
+}
