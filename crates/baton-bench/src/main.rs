@@ -667,7 +667,7 @@ async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let used = cfg.clone().with_store_defaults(kind);
     for _ in 0..a.workers {
         let s = ctx.connect().await?;
-        let mut w = Worker::new(s, cfg.clone());
+        let mut w = Worker::new(s, cfg.clone())?;
         let c = started.clone();
         w.handle("noop", move |_ctx| {
             c.fetch_add(1, Ordering::Relaxed);
@@ -764,7 +764,7 @@ async fn latency_bench(a: LatencyArgs) -> Result<()> {
     let cfg = WorkerConfig::default()
         .queue(queue, 4)
         .poll_interval(Duration::from_millis(a.poll_ms));
-    let mut w = Worker::new(ctx.connect().await?, cfg);
+    let mut w = Worker::new(ctx.connect().await?, cfg)?;
     w.handle("ping", move |tctx| {
         let at = Instant::now();
         let seq = tctx.task().payload["seq"].as_u64().unwrap_or(u64::MAX);
@@ -1074,7 +1074,7 @@ async fn precision_bench(a: PrecisionArgs) -> Result<()> {
         let cfg = WorkerConfig::default()
             .queue(queue, 4)
             .poll_interval(Duration::from_millis(a.poll_ms));
-        let mut w = Worker::new(handle.clone(), cfg);
+        let mut w = Worker::new(handle.clone(), cfg)?;
         let tx = tx.clone();
         w.handle("tick", move |tctx| {
             let at = clock.now();

@@ -23,7 +23,7 @@
 //! # async fn demo() -> Result<(), baton::Error> {
 //! let store = baton::Store::connect("sqlite://app.db").await?;
 //! Queue::new(store.clone()).insert(&SendEmail { to: "ada@example.com".into() }).await?;
-//! let mut worker = Worker::new(store, WorkerConfig::new().queue("default", 4));
+//! let mut worker = Worker::new(store, WorkerConfig::new().queue("default", 4))?;
 //! worker.register(|_ctx, m: SendEmail| async move {
 //!     println!("mail to {}", m.to);
 //!     Ok::<_, TaskError>(())

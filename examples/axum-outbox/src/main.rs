@@ -163,12 +163,12 @@ async fn open(path: &str) -> Result<(SqlitePool, Store), BoxError> {
 }
 
 /// The worker that sends receipts.
-fn worker(store: Store) -> Worker {
+fn worker(store: Store) -> Result<Worker, baton::Error> {
     let config = WorkerConfig::new()
         .queue("default", 4)
         .poll_interval(Duration::from_millis(200))
         .shutdown_grace(Duration::from_secs(10));
-    let mut worker = Worker::new(store, config);
+    let mut worker = Worker::new(store, config)?;
     worker.register(|ctx, r: SendReceipt| async move {
         // A real service would call its mailer here (and stop early when
         // `ctx.stopped()` fires).
@@ -181,7 +181,7 @@ fn worker(store: Store) -> Worker {
         );
         Ok::<_, TaskError>(())
     });
-    worker
+    Ok(worker)
 }
 
 /// Serve on `listener` and run the worker until `shutdown` fires; then stop
@@ -192,7 +192,7 @@ async fn run(
     store: Store,
     shutdown: CancellationToken,
 ) -> Result<(), BoxError> {
-    let worker = tokio::spawn(worker(store).run(shutdown.clone()));
+    let worker = tokio::spawn(worker(store)?.run(shutdown.clone()));
     let served = axum::serve(listener, router(pool))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;

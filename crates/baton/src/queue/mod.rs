@@ -27,6 +27,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+mod task_error;
 mod trace;
 mod typed;
 pub mod worker;
@@ -36,9 +37,10 @@ pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
+pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
 pub use typed::{InsertOpts, TaskArgs};
-pub use worker::{TaskContext, TaskError, Worker};
+pub use worker::{StopReason, TaskContext, Worker};
 
 /// The queue tasks go to when none is named.
 pub const DEFAULT_QUEUE: &str = "default";

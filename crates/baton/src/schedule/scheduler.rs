@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use super::spec::{catch_up_window_start, due_slots, Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use crate::error::{Error, InvalidInput};
 use crate::lock::{validate_name, LeaseHandle, LockOptions, Locker};
-use crate::queue::TaskBuilder;
+use crate::queue::{TaskAction, TaskBuilder, TaskError};
 use crate::store::{
     Advanced, Claim, Enqueued, Finish, Heartbeat, JobAdvance, NewTask, Overlap, SlotRecord, Store,
     TaskState, IDENTITY_CHECK,
@@ -489,7 +489,7 @@ pub struct SlotRun {
     pub lease: LeaseHandle,
 }
 
-type SlotFut = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+type SlotFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 type SlotFn = Arc<dyn Fn(SlotRun) -> SlotFut + Send + Sync>;
 
 pub use crate::clock::StoreClock;
@@ -521,10 +521,15 @@ impl Scheduler {
     }
 
     /// Add a lock-mode job that runs `f` on whichever instance takes the lock.
+    ///
+    /// `f` returns the handlers' [`TaskError`]. A lock-mode run is one
+    /// slot's run, never retried: an error records the run as `failed`
+    /// with its message, except [`TaskError::cancel`], which records it
+    /// `cancelled` with its reason (a snooze is a failure here, saying so).
     pub fn add_locked<F, Fut>(&mut self, job: Job, f: F) -> Result<&mut Self, InvalidInput>
     where
         F: Fn(SlotRun) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), String>> + Send + 'static,
+        Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
     {
         if job.mode == JobMode::Durable {
             return Err(InvalidInput::new(
@@ -1050,10 +1055,22 @@ async fn run_locked(
             tracing::info!(job = %job.name, %slot, "ran under lock");
             Finish::Succeeded
         }
+        Ok(Some(Err(e))) if e.action() == TaskAction::Cancel => {
+            tracing::info!(job = %job.name, %slot, reason = %e, "run cancelled");
+            Finish::Cancelled {
+                reason: e.message().to_string(),
+            }
+        }
         Ok(Some(Err(e))) => {
             tracing::warn!(job = %job.name, %slot, error = %e, "run failed");
+            let error = match e.action() {
+                TaskAction::Snooze { .. } => {
+                    format!("{e} (a lock-mode run is not run again; it failed)")
+                }
+                _ => e.message().to_string(),
+            };
             Finish::Failed {
-                error: e,
+                error,
                 retry_in: None,
             }
         }

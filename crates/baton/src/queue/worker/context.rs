@@ -1,6 +1,5 @@
 //! What a handler sees: its [`TaskContext`] (the task, its stop signal and
-//! lease), the [`TaskError`] it returns, and why it was asked to stop
-//! ([`StopReason`]).
+//! lease) and why it was asked to stop ([`StopReason`]).
 
 use super::*;
 
@@ -21,38 +20,6 @@ pub enum StopReason {
     /// dropped when it would. Treated like [`StopReason::LeaseLost`]:
     /// nothing is written, and the task is rescued after its lease.
     LeaseExpiring,
-}
-
-/// An error from a handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskError {
-    /// The message kept on the task.
-    pub message: String,
-    /// False: fail the task now without further attempts.
-    pub retry: bool,
-}
-
-impl TaskError {
-    /// A failure that is retried (while attempts are left).
-    pub fn retryable(msg: impl Into<String>) -> TaskError {
-        TaskError {
-            message: msg.into(),
-            retry: true,
-        }
-    }
-    /// A failure that ends the task as `failed` at once.
-    pub fn permanent(msg: impl Into<String>) -> TaskError {
-        TaskError {
-            message: msg.into(),
-            retry: false,
-        }
-    }
-}
-
-impl<E: std::fmt::Display> From<E> for TaskError {
-    fn from(e: E) -> Self {
-        TaskError::retryable(e.to_string())
-    }
 }
 
 /// What a handler gets: the task, a stop signal, progress reporting.

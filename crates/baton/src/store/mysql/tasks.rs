@@ -623,8 +623,10 @@ impl MyBackend {
                     .execute(&mut *tx)
                     .await?;
                 }
-                Finish::HandBack => {
+                Finish::HandBack | Finish::Snoozed { .. } => {
                     // The attempt is not counted; a requested cancel ends it.
+                    // A snooze is due `run_in` after now; a hand-back keeps
+                    // its run_at (its place in line).
                     if *cancel {
                         sqlx::query(&format!(
                             "UPDATE {t} SET state = 'cancelled', attempt = attempt - 1, \
@@ -635,6 +637,17 @@ impl MyBackend {
                         .bind(claim.id)
                         .execute(&mut *tx)
                         .await?;
+                    } else if let Finish::Snoozed { run_in } = finish {
+                        sqlx::query(&format!(
+                            "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
+                             run_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+                             lease_until = NULL WHERE id = ?"
+                        ))
+                        .bind(us(*run_in))
+                        .bind(claim.id)
+                        .execute(&mut *tx)
+                        .await?;
+                        retried.push(claim.id);
                     } else {
                         sqlx::query(&format!(
                             "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
@@ -665,8 +678,8 @@ impl MyBackend {
             }
             u.execute(&mut *tx).await?;
         }
-        // A retry is announced with its due time, so a worker starts it
-        // when the backoff ends rather than at a later poll.
+        // A retry (or a snooze) is announced with its due time, so a worker
+        // starts it when the backoff ends rather than at a later poll.
         for chunk in retried.chunks(ID_CHUNK) {
             let sql = format!(
                 "SELECT queue, run_at FROM {t} WHERE id IN ({})",
