@@ -22,6 +22,7 @@ mod locks;
 mod model;
 mod queue;
 mod schedule;
+mod snooze;
 mod states;
 mod timing;
 mod typed;
@@ -70,6 +71,8 @@ conformance! {
     locks::revoke_refuses_the_holder_and_frees_within_the_bound,
     locks::holder_learns_of_a_revocation_within_the_confirm_period,
     states::every_transition_matches_the_table,
+    snooze::snoozed_task_is_pending_later_and_uncounted,
+    snooze::handler_snooze_cancel_and_retry_delays,
     queue::claim_order_priority_run_at_id,
     queue::claim_buffer_share_skips_last_attempts,
     queue::unique_key_race_gives_one_task,
