@@ -61,9 +61,31 @@ pub mod lock;
 pub mod queue;
 pub mod schedule;
 pub mod store;
+pub mod testing;
+
+/// The names most programs use, in one import: `use baton::prelude::*;`.
+///
+/// ```
+/// use baton::prelude::*;
+/// fn handler_result(ok: bool) -> TaskResult {
+///     if ok { Ok(()) } else { Err(TaskError::retry("not yet")) }
+/// }
+/// assert!(handler_result(true).is_ok());
+/// ```
+pub mod prelude {
+    pub use crate::error::{Error, InvalidInput, StoreError};
+    pub use crate::lock::{LockOptions, Locker};
+    pub use crate::queue::{
+        Backoff, InsertOpts, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder, TaskContext,
+        TaskError, TaskResult, Worker, WorkerConfig,
+    };
+    pub use crate::schedule::{Job, Scheduler};
+    pub use crate::store::{Store, StoreOptions, TaskState};
+}
 
 pub use duration::{format_duration, parse_duration, parse_positive_duration};
 pub use error::{Error, InvalidInput, Result, StoreError};
+pub use queue::{TaskError, TaskResult};
 pub use store::{FencingToken, Store, StoreOptions, DEFAULT_STORE_URL};
 
 /// The README's Rust examples, compiled as doctests.

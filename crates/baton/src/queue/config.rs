@@ -33,6 +33,7 @@ pub const MIN_LEASE: Duration = Duration::from_millis(30);
 /// assert_eq!(cfg.lease_duration(), Duration::from_secs(60));
 /// ```
 #[derive(Debug, Clone)]
+#[must_use = "a WorkerConfig does nothing until a Worker is made with it"]
 pub struct WorkerConfig {
     pub(super) queues: Vec<(String, usize)>,
     pub(super) lease: Duration,

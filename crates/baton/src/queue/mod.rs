@@ -74,6 +74,7 @@ fn json_len(v: &serde_json::Value) -> usize {
 
 /// Builds a [`NewTask`], validating every field.
 #[derive(Debug, Clone)]
+#[must_use = "a TaskBuilder enqueues nothing until it is passed to Queue::enqueue"]
 pub struct TaskBuilder {
     task: NewTask,
 }

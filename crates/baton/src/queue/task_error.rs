@@ -237,7 +237,7 @@ mod tests {
             TaskError::permanent("x").retry_in(d).action(),
             TaskAction::Retry { after: Some(d) }
         );
-        assert_eq!(TaskError::snooze(d).message(), "snoozed for 1.5s");
+        assert_eq!(TaskError::snooze(d).message(), "snoozed for 1500ms");
         assert_eq!(TaskError::cancel("gone").message(), "gone");
     }
 }

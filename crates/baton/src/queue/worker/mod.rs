@@ -80,6 +80,7 @@ mod upkeep;
 
 use claimer::*;
 use completer::*;
+use context::ProgressSink;
 pub use context::{StopReason, TaskContext};
 pub use super::task_error::TaskError;
 use executor::*;
@@ -121,6 +122,16 @@ impl Worker {
     /// readable while it runs.
     pub fn counters(&self) -> WorkerCounters {
         self.counters.clone()
+    }
+
+    /// The store this worker runs on.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Its config.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
     }
 
     /// This worker's id, recorded on the tasks it claims.
