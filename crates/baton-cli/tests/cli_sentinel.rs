@@ -87,15 +87,7 @@ fn readyz_becomes(addr: &str, code: u16, secs: u64, log: &std::path::Path) -> Va
     }
 }
 
-// Ignored on main (session 14): merged with the read-only watch and the
-// 10 s identity cadence, about one run in two finds the promoted master
-// without the store's identity key (`store identity changed from X to Y`
-// right after the failover, /readyz 503 for good), which the same test on
-// the Sentinel branch alone never did (8 of 8). A real defect to find, not a
-// flaky bound: run it with `--ignored`. The library test `redis_sentinel`
-// (the same failovers, every task once) passes on main.
 #[test]
-#[ignore = "one run in two the promoted master lacks the store identity key after the merge; see the comment"]
 fn baton_work_follows_a_sentinel_failover() {
     let Some(mut set) = SentinelSet::start() else {
         return;

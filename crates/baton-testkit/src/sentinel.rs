@@ -226,8 +226,17 @@ impl SentinelSet {
     /// Ask for a failover (`SENTINEL FAILOVER`) and return at once with the
     /// old master's port ([`SentinelSet::wait_new_master`] waits for the
     /// new one).
+    ///
+    /// A planned switchover: it first waits until every replica has the
+    /// master's writes. `SENTINEL FAILOVER` itself does not wait, and a
+    /// replica whose link is up may still be behind (right after its
+    /// initial sync it applies the stream only once it has acknowledged
+    /// the snapshot); promoting it then loses what it lacks — the store
+    /// identity key included, which baton then rightly reports as a store
+    /// that lost its data.
     pub fn start_failover(&self) -> u16 {
         let old = self.master_port();
+        self.ports().wait_caught_up(old, &self.other_nodes(old));
         let s = self.sentinels[0].0;
         wait_for(
             "SENTINEL FAILOVER accepted",
@@ -298,6 +307,25 @@ impl Ports {
         // "OK", or "OK Already connected to specified master".
         assert!(said.starts_with("OK"), "REPLICAOF: {said}");
         self.wait_settled(master, &[old]);
+    }
+
+    /// Wait until every replica in `replicas` has processed the
+    /// replication stream up to `master`'s offset as read now.
+    pub fn wait_caught_up(&self, master: u16, replicas: &[u16]) {
+        let offset = |port: u16| -> Option<u64> {
+            cli(port, &["INFO", "replication"])
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("master_repl_offset:"))
+                .and_then(|v| v.parse().ok())
+        };
+        let target = offset(master).unwrap_or(0);
+        for r in replicas {
+            wait_for(
+                "the replicas caught up with the master",
+                Duration::from_secs(20),
+                || offset(*r).is_some_and(|o| o >= target),
+            );
+        }
     }
 
     /// Wait until the replicas are in sync with `master` and every
