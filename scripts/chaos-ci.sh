@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI's chaos step: one seeded `baton chaos` run per store (SQLite, PostgreSQL,
-# Redis, MySQL/MariaDB), each against a private server it starts itself (so
-# the nemesis may also crash and restart it), all four at once. Prints each
+# Redis, MySQL/MariaDB, and a Redis Sentinel deployment), each against a
+# private server it starts itself (so the nemesis may also crash and restart
+# it, or fail the Sentinel master over), all five at once. Prints each
 # run's table and exits non-zero if any run reports a violation or fails.
 #
 #   scripts/chaos-ci.sh                 # 60 s of faults per store (CI)
@@ -30,6 +31,7 @@ runs=(
   "postgres 102 kill-9,pause,cut,dark,latency,restart,skew,freeze"
   "redis 103 kill-9,pause,cut,dark,latency,restart,skew,freeze"
   "mysql 104 kill-9,pause,cut,dark,latency,restart,skew,freeze"
+  "redis-sentinel 105 kill-9,pause,freeze,failover"
 )
 
 declare -A pids cmds

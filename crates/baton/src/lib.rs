@@ -88,6 +88,12 @@ pub use error::{Error, InvalidInput, Result, StoreError};
 pub use queue::{TaskError, TaskResult};
 pub use store::{FencingToken, Store, StoreOptions, DEFAULT_STORE_URL};
 
+/// The `sqlx` baton is built with (for [`queue::Queue::enqueue_in`] on the
+/// application's own transaction, without a `sqlx` dependency that must
+/// match baton's).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use sqlx;
+
 /// The README's Rust examples, compiled as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

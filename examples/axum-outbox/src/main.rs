@@ -2,7 +2,7 @@
 //!
 //! `POST /orders {"email": "...", "total_cents": 1200}` inserts an order
 //! and enqueues its `send_receipt` task in the same transaction
-//! (`baton::store::sqlite::enqueue_in`): the order and its task are
+//! (`Queue::enqueue_in`): the order and its task are
 //! committed together or not at all. A worker in the same process runs the
 //! receipts. Ctrl-C or SIGTERM stops the HTTP server from taking requests,
 //! lets running receipts finish within the worker's shutdown grace, and
@@ -23,7 +23,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use baton::queue::{TaskArgs, TaskBuilder, TaskError, Worker, WorkerConfig};
+use baton::queue::{Queue, TaskArgs, TaskBuilder, TaskError, Worker, WorkerConfig};
+use baton::sqlx;
 use baton::Store;
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -57,10 +58,11 @@ struct Created {
     task: i64,
 }
 
-/// The handlers' state: the pool shared with baton.
+/// The handlers' state: the pool shared with baton, and the queue.
 #[derive(Clone)]
 struct AppState {
     pool: SqlitePool,
+    queue: Queue,
 }
 
 /// A handler failure, answered as 400 (bad input) or 500 (anything else).
@@ -99,6 +101,15 @@ impl From<baton::InvalidInput> for AppError {
     }
 }
 
+impl From<baton::Error> for AppError {
+    fn from(e: baton::Error) -> Self {
+        match e {
+            baton::Error::Invalid(e) => e.into(),
+            e => AppError::Internal(e.to_string()),
+        }
+    }
+}
+
 /// `POST /orders`: the order row and its receipt task in one transaction.
 async fn create_order(
     State(app): State<AppState>,
@@ -121,22 +132,23 @@ async fn create_order(
         order_id: order,
         email: req.email,
     })?
-    .unique_key(format!("receipt-{order}"))
-    .build()?;
-    let enqueued = baton::store::sqlite::enqueue_in(&mut tx, None, &[receipt]).await?;
+    .unique_key(format!("receipt-{order}"));
+    let enqueued = app.queue.enqueue_in(&mut tx, receipt).await?;
     tx.commit().await?;
-    let task = enqueued
-        .first()
-        .map(|e| e.id)
-        .ok_or_else(|| AppError::Internal("enqueue answered nothing".into()))?;
-    Ok((StatusCode::CREATED, Json(Created { order, task })))
+    Ok((
+        StatusCode::CREATED,
+        Json(Created {
+            order,
+            task: enqueued.id,
+        }),
+    ))
 }
 
 /// The HTTP routes.
-fn router(pool: SqlitePool) -> Router {
+fn router(pool: SqlitePool, queue: Queue) -> Router {
     Router::new()
         .route("/orders", post(create_order))
-        .with_state(AppState { pool })
+        .with_state(AppState { pool, queue })
 }
 
 /// The pool (WAL, busy timeout), the application's table and baton's.
@@ -192,8 +204,9 @@ async fn run(
     store: Store,
     shutdown: CancellationToken,
 ) -> Result<(), BoxError> {
+    let queue = Queue::new(store.clone());
     let worker = tokio::spawn(worker(store)?.run(shutdown.clone()));
-    let served = axum::serve(listener, router(pool))
+    let served = axum::serve(listener, router(pool, queue))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
     // The server ended (signal or error): stop the worker either way.

@@ -10,6 +10,7 @@
 pub mod check;
 pub mod history;
 pub mod proxy;
+mod sentinel;
 mod server;
 
 use std::collections::HashMap;
@@ -32,8 +33,8 @@ const QUEUE: &str = "chaos";
 /// The contended lock's name.
 const LOCK: &str = "chaos-lock";
 /// Every fault kind, in the order `--faults` documents.
-const FAULTS: [&str; 8] = [
-    "kill-9", "pause", "cut", "dark", "latency", "restart", "skew", "freeze",
+const FAULTS: [&str; 9] = [
+    "kill-9", "pause", "cut", "dark", "latency", "restart", "skew", "freeze", "failover",
 ];
 
 /// Arguments of `baton chaos`.
@@ -48,8 +49,10 @@ pub struct ChaosArgs {
     /// Table or key prefix [default: chaos_SEED_PID].
     #[arg(long)]
     prefix: Option<String>,
-    /// Start a private store for the run: sqlite, postgres, redis or mysql
-    /// (a `mariadbd`; the nemesis may then crash and restart it).
+    /// Start a private store for the run: sqlite, postgres, redis, mysql
+    /// (a `mariadbd`; the nemesis may then crash and restart it) or
+    /// redis-sentinel (a master, two replicas and three sentinels; the
+    /// nemesis then fails the master over).
     #[arg(long, value_parser = server::kind_arg)]
     private: Option<server::Kind>,
     /// How long faults are injected (then the run drains and is checked).
@@ -66,8 +69,9 @@ pub struct ChaosArgs {
     seed: u64,
     /// Faults to inject, comma-separated: kill-9, pause (an instance and
     /// its commands), cut, dark, latency, restart, skew, freeze (the baton
-    /// process alone, its commands run on) [default: all that apply to the
-    /// store].
+    /// process alone, its commands run on), failover (`--private
+    /// redis-sentinel`: a forced switchover or a master killed and
+    /// replaced) [default: all that apply to the store].
     #[arg(long, value_delimiter = ',')]
     faults: Option<Vec<String>>,
     /// Turn off fencing and compare-and-set in the workload (the register
@@ -251,8 +255,9 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     let store = baton::Store::connect_with(&url, opts.clone())
         .await
         .with_context(|| format!("store {}", baton::store::redact(&url)))?;
-    // Network stores: every instance goes through the fault proxy.
-    let proxy = if sqlite {
+    // Network stores: every instance goes through the fault proxy (not a
+    // Sentinel deployment: the sentinels name the master's own address).
+    let proxy = if sqlite || url.starts_with("redis+sentinel:") {
         None
     } else {
         Some(proxy::Proxy::try_start(&proxy::host_port(&url)).context("starting the fault proxy")?)
@@ -262,6 +267,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     enabled.retain(|f| match f.as_str() {
         "cut" | "dark" | "latency" => proxy.is_some(),
         "restart" => private.as_ref().is_some_and(|p| p.restartable()),
+        "failover" => private.as_ref().is_some_and(|p| p.fails_over()),
         _ => true,
     });
     let skew = enabled.iter().any(|f| f == "skew");
@@ -842,6 +848,28 @@ async fn nemesis(
                 .await;
                 if let Ok(Err(e)) | Err(e) = res.map_err(anyhow::Error::from) {
                     tracing::warn!("chaos: restart: {e:#}");
+                }
+            }
+            "failover" => {
+                let ps = private.clone();
+                let crash = rng.range(0, 2) == 1;
+                let down = Duration::from_millis(rng.range(500, 2000));
+                let res = tokio::task::spawn_blocking(move || -> anyhow::Result<u16> {
+                    let mut g = ps.lock().unwrap_or_else(|p| p.into_inner());
+                    match g.as_mut() {
+                        Some(p) => p.failover(crash, down),
+                        None => Ok(0),
+                    }
+                })
+                .await;
+                match res.map_err(anyhow::Error::from) {
+                    Ok(Ok(old)) => {
+                        target = format!(
+                            "{} master :{old}",
+                            if crash { "crashed" } else { "switched over" }
+                        );
+                    }
+                    Ok(Err(e)) | Err(e) => tracing::warn!("chaos: failover: {e:#}"),
                 }
             }
             _ => {}

@@ -1,12 +1,15 @@
 //! Private store servers for `baton chaos --private`: a SQLite file, or a
 //! `redis-server` / `postgres` / `mariadbd` of the run's own on a free port
-//! in the run directory, which the nemesis may crash and restart.
+//! in the run directory, which the nemesis may crash and restart; or a
+//! Redis Sentinel deployment ([`super::sentinel`]) it fails over.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+use super::sentinel::SentinelStore;
 
 /// The kind of a private store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +22,9 @@ pub enum Kind {
     Redis,
     /// A private `mariadbd` (the MySQL backend), `mariadb-install-db`'d.
     Mysql,
+    /// Three `redis-server`s (a master, two replicas) and three
+    /// `redis-sentinel`s; the nemesis fails the master over.
+    Sentinel,
 }
 
 /// Parse `--private`.
@@ -28,7 +34,10 @@ pub fn kind_arg(s: &str) -> Result<Kind, String> {
         "postgres" => Ok(Kind::Postgres),
         "redis" => Ok(Kind::Redis),
         "mysql" | "mariadb" => Ok(Kind::Mysql),
-        _ => Err(format!("{s:?}: use sqlite, postgres, redis or mysql")),
+        "redis-sentinel" => Ok(Kind::Sentinel),
+        _ => Err(format!(
+            "{s:?}: use sqlite, postgres, redis, redis-sentinel or mysql"
+        )),
     }
 }
 
@@ -39,6 +48,8 @@ pub struct Private {
     dir: PathBuf,
     /// The server process we spawned ourselves (Redis, MariaDB).
     child: Option<std::process::Child>,
+    /// The Sentinel deployment, once started.
+    sentinel: Option<SentinelStore>,
 }
 
 /// Whether `bin` is on PATH (or in PostgreSQL's usual bin directory).
@@ -99,13 +110,14 @@ impl Private {
     pub fn new(kind: Kind, dir: &Path) -> anyhow::Result<Private> {
         let dir = dir.join("store");
         std::fs::create_dir_all(&dir)?;
-        let need = match kind {
-            Kind::Sqlite => None,
-            Kind::Redis => Some("redis-server"),
-            Kind::Postgres => Some("initdb"),
-            Kind::Mysql => Some("mariadbd"),
+        let need: &[&str] = match kind {
+            Kind::Sqlite => &[],
+            Kind::Redis => &["redis-server"],
+            Kind::Postgres => &["initdb"],
+            Kind::Mysql => &["mariadbd"],
+            Kind::Sentinel => &SentinelStore::NEEDS,
         };
-        if let Some(b) = need {
+        for b in need {
             if !installed(b) {
                 bail!("--private: {b} is not installed");
             }
@@ -115,6 +127,7 @@ impl Private {
             port: free_port()?,
             dir,
             child: None,
+            sentinel: None,
         };
         if kind == Kind::Postgres {
             if is_root() {
@@ -163,18 +176,41 @@ impl Private {
             Kind::Redis => format!("redis://127.0.0.1:{}", self.port),
             Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", self.port),
             Kind::Mysql => format!("mysql://root@127.0.0.1:{}/test", self.port),
+            Kind::Sentinel => self
+                .sentinel
+                .as_ref()
+                .map_or_else(String::new, SentinelStore::url),
         }
     }
 
-    /// Whether it is a server that can be restarted.
+    /// Whether it is a server that can be restarted (a Sentinel
+    /// deployment fails over instead).
     pub fn restartable(&self) -> bool {
-        self.kind != Kind::Sqlite
+        !matches!(self.kind, Kind::Sqlite | Kind::Sentinel)
+    }
+
+    /// Whether it can fail over (the `failover` fault).
+    pub fn fails_over(&self) -> bool {
+        self.kind == Kind::Sentinel
+    }
+
+    /// Fail the master over (see [`SentinelStore::failover`]); the old
+    /// master's port.
+    pub fn failover(&mut self, crash: bool, down: Duration) -> anyhow::Result<u16> {
+        match &mut self.sentinel {
+            Some(s) => s.failover(crash, down),
+            None => bail!("the private store is not a Sentinel deployment"),
+        }
     }
 
     /// Start the server and wait until it accepts connections.
     pub fn start(&mut self) -> anyhow::Result<()> {
         match self.kind {
             Kind::Sqlite => return Ok(()),
+            Kind::Sentinel => {
+                self.sentinel = Some(SentinelStore::start(&self.dir, free_port)?);
+                return Ok(());
+            }
             Kind::Redis => {
                 let child = Command::new("redis-server")
                     .args(["--bind", "127.0.0.1", "--save", ""])
@@ -245,6 +281,7 @@ impl Private {
     pub fn stop(&mut self) {
         match self.kind {
             Kind::Sqlite => {}
+            Kind::Sentinel => self.sentinel = None,
             Kind::Redis | Kind::Mysql => {
                 if let Some(mut c) = self.child.take() {
                     let _ = c.kill();

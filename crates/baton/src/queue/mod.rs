@@ -27,6 +27,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+mod outbox;
 mod task_error;
 mod trace;
 mod typed;
@@ -37,6 +38,7 @@ pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
+pub use outbox::{InsertFuture, OutboxConnection};
 pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
 pub use typed::{InsertOpts, TaskArgs};
@@ -157,8 +159,9 @@ impl TaskBuilder {
         self
     }
 
-    /// Validate and return the task (for the outbox helpers
-    /// `store::postgres::enqueue_in` / `store::sqlite::enqueue_in`).
+    /// Validate and return the task (what the store's seam and the
+    /// lower-level `store::{postgres,mysql,sqlite}::enqueue_in` take;
+    /// [`Queue::enqueue`] and [`Queue::enqueue_in`] build it for you).
     pub fn build(self) -> Result<NewTask, InvalidInput> {
         #[allow(unused_mut)]
         let mut t = self.task;
@@ -236,6 +239,21 @@ pub struct Queue {
     store: Store,
 }
 
+/// Build every task, or fail naming the first bad one (`task N: field`)
+/// before anything is written.
+fn build_all(tasks: Vec<TaskBuilder>) -> Result<Vec<NewTask>, InvalidInput> {
+    tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.build().map_err(|mut e| {
+                e.field = format!("task {i}: {}", e.field);
+                e
+            })
+        })
+        .collect()
+}
+
 impl Queue {
     /// A queue client on `store`.
     pub fn new(store: Store) -> Queue {
@@ -266,16 +284,7 @@ impl Queue {
     /// Enqueue many tasks in one call (batched inside the store). Every task
     /// is validated before anything is written.
     pub async fn enqueue_many(&self, tasks: Vec<TaskBuilder>) -> Result<Vec<Enqueued>, Error> {
-        let built = tasks
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| {
-                t.build().map_err(|mut e| {
-                    e.field = format!("task {i}: {}", e.field);
-                    e
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let built = build_all(tasks)?;
         Ok(self.store.backend().task_insert_many(&built).await?)
     }
 

@@ -401,6 +401,9 @@ pub struct Store {
     /// readings and identity checks): an idle worker skips a poll for
     /// each, so a process stays at one store call per poll interval.
     upkeep: Arc<std::sync::atomic::AtomicUsize>,
+    /// The table or key prefix it was opened with (`None`: the default),
+    /// for the outbox calls on the application's own connection.
+    prefix: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -468,13 +471,7 @@ impl Store {
         if opts.migrate {
             backend.migrate().await?;
         }
-        let store = Store {
-            backend,
-            url: url.into(),
-            identity: Arc::new(IdentityWatch::default()),
-            writes,
-            upkeep: Arc::default(),
-        };
+        let store = Store::on(backend, url, writes).with_prefix(opts.prefix.as_deref());
         // The identity seen at connect. A read that fails here (a store
         // not migrated, a moment's outage) only leaves it to the first
         // check that succeeds.
@@ -498,7 +495,20 @@ impl Store {
             identity: Arc::new(IdentityWatch::default()),
             writes,
             upkeep: Arc::default(),
+            prefix: None,
         }
+    }
+
+    /// The same store, recording the prefix its backend was opened with.
+    pub(crate) fn with_prefix(mut self, prefix: Option<&str>) -> Store {
+        self.prefix = prefix.map(Arc::from);
+        self
+    }
+
+    /// The table or key prefix the store was opened with (`None`: the
+    /// default, `baton_` for the SQL stores).
+    pub fn prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
     }
 
     /// Why the store refuses writes, while it does: the first read-only

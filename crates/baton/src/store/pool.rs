@@ -1,6 +1,6 @@
 //! [`Store`]s on sqlx pools the application already has, so that its own
 //! queries and baton share connections, and a task can be enqueued inside
-//! the application's transaction (`enqueue_in` of the backend's module).
+//! the application's transaction (`Queue::enqueue_in`).
 
 #[cfg(feature = "mysql")]
 use sqlx::MySqlPool;
@@ -35,7 +35,7 @@ impl Store {
     /// [`Store::connect`] does. The pool's sessions keep their own
     /// settings; every call is bounded on the client as with
     /// [`StoreOptions::default`]. Enqueue inside a transaction of the same
-    /// pool with [`crate::store::postgres::enqueue_in`] and the same prefix.
+    /// pool with [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,22 +44,23 @@ impl Store {
     ///
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
-    /// let task = baton::queue::TaskBuilder::new("receipt", serde_json::json!({"order": 7})).build()?;
-    /// baton::store::postgres::enqueue_in(&mut tx, None, &[task]).await?;
+    /// let queue = baton::queue::Queue::new(store);
+    /// let task = baton::queue::TaskBuilder::new("receipt", serde_json::json!({"order": 7}));
+    /// queue.enqueue_in(&mut tx, task).await?;
     /// tx.commit().await?; // the order and its task, or neither
-    /// # drop(store); Ok(()) }
+    /// # Ok(()) }
     /// ```
     #[cfg(feature = "postgres")]
     pub async fn from_pg_pool(pool: PgPool, prefix: Option<&str>) -> Result<Store, StoreError> {
         let url = redacted_url!("postgres", pool);
-        Store::wrap(super::postgres::from_pool(pool, prefix)?, url).await
+        Store::wrap(super::postgres::from_pool(pool, prefix)?, url, prefix).await
     }
 
     /// A store on an existing SQLite pool, with tables named by `prefix`
     /// (`None`: `baton_`), created or upgraded as [`Store::connect`] does;
     /// see [`SqliteBackend::from_pool`](crate::store::sqlite::SqliteBackend::from_pool)
     /// for the pool's settings. Enqueue inside a transaction of the same
-    /// pool with [`crate::store::sqlite::enqueue_in`] and the same prefix.
+    /// pool with [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -82,7 +83,7 @@ impl Store {
             pool.connect_options().get_filename().display()
         );
         let backend = super::sqlite::SqliteBackend::from_pool(pool, prefix)?;
-        Store::wrap(Arc::new(backend), url).await
+        Store::wrap(Arc::new(backend), url, prefix).await
     }
 
     /// A store on an existing MySQL or MariaDB pool, with tables named by
@@ -92,7 +93,7 @@ impl Store {
     /// the client as with [`StoreOptions::default`]), and each of baton's
     /// own transactions runs at `READ COMMITTED` whatever the sessions'
     /// default. Enqueue inside a transaction of the same pool with
-    /// [`crate::store::mysql::enqueue_in`] and the same prefix; MySQL has
+    /// [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in); MySQL has
     /// no notifications, so workers find such tasks at their next poll.
     ///
     /// ```no_run
@@ -102,10 +103,11 @@ impl Store {
     ///
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
-    /// let task = baton::queue::TaskBuilder::new("receipt", serde_json::json!({"order": 7})).build()?;
-    /// baton::store::mysql::enqueue_in(&mut tx, None, &[task]).await?;
+    /// let queue = baton::queue::Queue::new(store);
+    /// let task = baton::queue::TaskBuilder::new("receipt", serde_json::json!({"order": 7}));
+    /// queue.enqueue_in(&mut tx, task).await?;
     /// tx.commit().await?; // the order and its task, or neither
-    /// # drop(store); Ok(()) }
+    /// # Ok(()) }
     /// ```
     #[cfg(feature = "mysql")]
     pub async fn from_mysql_pool(
@@ -113,12 +115,16 @@ impl Store {
         prefix: Option<&str>,
     ) -> Result<Store, StoreError> {
         let url = redacted_url!("mysql", pool);
-        Store::wrap(super::mysql::from_pool(pool, prefix)?, url).await
+        Store::wrap(super::mysql::from_pool(pool, prefix)?, url, prefix).await
     }
 
     /// Bound every call as [`Store::connect_with`] does, then migrate and
     /// read the store's identity.
-    async fn wrap(backend: Arc<dyn Backend>, url: String) -> Result<Store, StoreError> {
+    async fn wrap(
+        backend: Arc<dyn Backend>,
+        url: String,
+        prefix: Option<&str>,
+    ) -> Result<Store, StoreError> {
         let writes = Arc::new(super::WriteWatch::default());
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
             inner: backend,
@@ -126,7 +132,7 @@ impl Store {
             writes: writes.clone(),
         });
         backend.migrate().await?;
-        let store = Store::on(backend, &url, writes);
+        let store = Store::on(backend, &url, writes).with_prefix(prefix);
         // The identity seen at connect (see `Store::check_identity`).
         if let Err(e) = store.check_identity().await {
             tracing::debug!(error = %crate::error::chain(&e), "could not read the store's identity at connect");
