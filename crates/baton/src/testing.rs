@@ -59,9 +59,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::queue::{
-    Queue, StopReason, TaskArgs, TaskBuilder, TaskContext, TaskResult, Worker,
-};
+use crate::queue::{Queue, StopReason, TaskArgs, TaskBuilder, TaskContext, TaskResult, Worker};
 use crate::store::{FencingToken, RunAt, Task, TaskFilter, TaskInfo, TaskState};
 use crate::Store;
 
@@ -140,7 +138,12 @@ pub fn stop(ctx: &TaskContext, why: StopReason) {
 /// task that keeps failing fast).
 pub async fn run_until_idle(worker: Worker, timeout: Duration) -> Result<(), Error> {
     let store = worker.store().clone();
-    let queues: Vec<String> = worker.config().queues().iter().map(|(q, _)| q.clone()).collect();
+    let queues: Vec<String> = worker
+        .config()
+        .queues()
+        .iter()
+        .map(|(q, _)| q.clone())
+        .collect();
     let stop = tokio_util::sync::CancellationToken::new();
     let mut run = tokio::spawn(worker.run(stop.clone()));
     let deadline = tokio::time::Instant::now() + timeout;
@@ -150,7 +153,11 @@ pub async fn run_until_idle(worker: Worker, timeout: Duration) -> Result<(), Err
             r = &mut run => return joined(r),
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
-        quiet = if idle(&store, &queues).await? { quiet + 1 } else { 0 };
+        quiet = if idle(&store, &queues).await? {
+            quiet + 1
+        } else {
+            0
+        };
         if quiet >= 2 {
             break;
         }
@@ -185,7 +192,11 @@ async fn idle(store: &Store, queues: &[String]) -> Result<bool, Error> {
 }
 
 /// Every task in `state` (of `queue`, or of every queue), oldest first.
-async fn tasks(store: &Store, queue: Option<&str>, state: TaskState) -> Result<Vec<TaskInfo>, Error> {
+async fn tasks(
+    store: &Store,
+    queue: Option<&str>,
+    state: TaskState,
+) -> Result<Vec<TaskInfo>, Error> {
     let q = Queue::new(store.clone());
     let mut out = Vec::new();
     let mut before_id = None;
@@ -231,7 +242,12 @@ fn decode<A: TaskArgs>(t: &TaskInfo) -> Result<A, Error> {
     serde_json::from_value(t.payload.clone()).map_err(|e| {
         Error::Invalid(crate::InvalidInput::new(
             "payload",
-            format!("task {} of kind {:?} does not decode as {}: {e}", t.id, A::KIND, std::any::type_name::<A>()),
+            format!(
+                "task {} of kind {:?} does not decode as {}: {e}",
+                t.id,
+                A::KIND,
+                std::any::type_name::<A>()
+            ),
         ))
     })
 }

@@ -234,16 +234,28 @@ async fn in_memory_stores_are_private_and_shared_by_clones() {
     let qa = Queue::new(a.clone());
     let calls = (0..20).map(|i| {
         let q = Queue::new(a.clone());
-        async move { q.enqueue(TaskBuilder::new("m", serde_json::json!({ "i": i }))).await }
+        async move {
+            q.enqueue(TaskBuilder::new("m", serde_json::json!({ "i": i })))
+                .await
+        }
     });
     for r in futures_util::future::join_all(calls).await {
         assert!(r.unwrap().inserted);
     }
     let pending = |q: Queue| async move {
-        q.stats().await.unwrap().iter().map(|s| s.pending).sum::<u64>()
+        q.stats()
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.pending)
+            .sum::<u64>()
     };
     assert_eq!(pending(qa).await, 20);
-    assert_eq!(pending(Queue::new(b)).await, 0, "another connect, another database");
+    assert_eq!(
+        pending(Queue::new(b)).await,
+        0,
+        "another connect, another database"
+    );
 }
 
 /// Measures (prints, does not assert) a 100k-task enqueue and claiming all

@@ -56,7 +56,10 @@ pub async fn snoozed_task_is_pending_later_and_uncounted(ts: TestStore) {
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Pending);
     assert_eq!(info.attempt, 0, "a snooze does not count the attempt");
-    assert!(info.errors.is_empty() && info.last_error.is_none(), "{info:?}");
+    assert!(
+        info.errors.is_empty() && info.last_error.is_none(),
+        "{info:?}"
+    );
     assert!(info.lease_until.is_none() && info.finished_at.is_none());
     let run_in = chrono::Duration::from_std(run_in).unwrap();
     let slack = chrono::Duration::milliseconds(5);
@@ -89,10 +92,7 @@ pub async fn snoozed_task_is_pending_later_and_uncounted(ts: TestStore) {
         b.task_finish_many(&[(t.claim(), snooze)]).await.unwrap(),
         [false]
     );
-    assert_eq!(
-        q.task(id).await.unwrap().unwrap().state,
-        TaskState::Running
-    );
+    assert_eq!(q.task(id).await.unwrap().unwrap().state, TaskState::Running);
     assert_eq!(
         b.task_finish_many(&[(again[0].claim(), Finish::Succeeded)])
             .await
@@ -165,7 +165,9 @@ pub async fn handler_snooze_cancel_and_retry_delays(ts: TestStore) {
             Ok(())
         }
     });
-    w.handle("doomed", |_| async { Err(TaskError::cancel("account closed")) });
+    w.handle("doomed", |_| async {
+        Err(TaskError::cancel("account closed"))
+    });
     let retry_once = |ctx: baton::queue::TaskContext| async move {
         if ctx.task().attempt == 1 {
             return Err(TaskError::retry("flaky"));
@@ -198,7 +200,10 @@ pub async fn handler_snooze_cancel_and_retry_delays(ts: TestStore) {
     assert_eq!(naps.load(Ordering::SeqCst), 3);
     assert_eq!(napped.attempt, 1);
     assert!(napped.errors.is_empty(), "{napped:?}");
-    assert_eq!(doomed.attempt, 1, "cancelled on its first attempt, not retried");
+    assert_eq!(
+        doomed.attempt, 1,
+        "cancelled on its first attempt, not retried"
+    );
     assert_eq!(doomed.last_error.as_deref(), Some("account closed"));
     assert_eq!((soon.attempt, own.attempt), (2, 2));
     assert_eq!(soon.errors[0].error, "rate limited");

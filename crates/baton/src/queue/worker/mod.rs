@@ -78,11 +78,11 @@ mod tests;
 mod ticker;
 mod upkeep;
 
+pub use super::task_error::TaskError;
 use claimer::*;
 use completer::*;
 use context::ProgressSink;
 pub use context::{StopReason, TaskContext};
-pub use super::task_error::TaskError;
 use executor::*;
 use heartbeat::*;
 use shared::*;
