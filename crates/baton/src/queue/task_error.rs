@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn the_message_holds_the_causes_once_and_the_source_is_kept() {
-        let io = std::io::Error::new(std::io::ErrorKind::Other, "disk full");
+        let io = std::io::Error::other("disk full");
         let e = TaskError::retry(StoreError::Driver {
             retryable: true,
             context: "writing".into(),
