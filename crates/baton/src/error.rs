@@ -329,7 +329,7 @@ pub enum Error {
     #[error("lease on {0:?} lost")]
     LeaseLost(String),
     /// A handler's error, outside a worker (a handler run by
-    /// [`crate::testing::run_handler`], a payload decoded with
+    /// [`crate::testing::perform`], a payload decoded with
     /// [`TaskContext::args`](crate::queue::TaskContext::args)).
     #[error(transparent)]
     Task(#[from] crate::queue::TaskError),
