@@ -406,11 +406,11 @@ pub struct JobsArgs {
     #[command(flatten)]
     pub store: crate::StoreArg,
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
 }
 
-/// `baton jobs pause|resume`.
+/// `baton jobs pause|resume|next`.
 #[derive(clap::Subcommand, Debug)]
 pub enum JobsCmd {
     /// Stop enqueueing a job's slots, cluster-wide.
@@ -423,6 +423,17 @@ pub enum JobsCmd {
         /// The job's name.
         job: String,
     },
+    /// Print a job's next fire times (from `--config`) in its own time
+    /// zone, with the offset and zone abbreviation, so a daylight saving
+    /// change shows; computed from the store's clock.
+    Next {
+        /// The job's name (in the config file).
+        job: String,
+        /// How many fire times.
+        #[arg(short = 'n', long = "count", default_value_t = 5,
+              value_parser = clap::value_parser!(u32).range(1..=1000))]
+        count: u32,
+    },
 }
 
 /// `baton jobs`.
@@ -431,14 +442,66 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
         baton::lock::validate_name("JOB", job).map_err(Error::from)?;
     }
+    if let Some(JobsCmd::Next { job, .. }) = &a.cmd {
+        baton::lock::validate_name("JOB", job).map_err(Error::from)?;
+        if !cfg
+            .as_ref()
+            .is_some_and(|c| c.jobs.iter().any(|j| &j.name == job))
+        {
+            return Err(Error::from(baton::InvalidInput::new(
+                "JOB",
+                format!(
+                    "{job:?} is not a job of the config file{}; `baton jobs next` reads the \
+                     job's schedule from --config FILE (or env BATON_CONFIG)",
+                    if cfg.is_some() { "" } else { " (none given)" }
+                ),
+            ))
+            .into());
+        }
+    }
     let store = crate::connect_resolved(&a.store.resolve(cfg.as_ref()), true)
         .await
         .context("connecting to the store")?;
-    if let Some(cmd) = a.cmd {
-        let (job, paused) = match cmd {
-            JobsCmd::Pause { job } => (job, true),
-            JobsCmd::Resume { job } => (job, false),
-        };
+    if let Some(JobsCmd::Next { job, count }) = &a.cmd {
+        let j = cfg
+            .as_ref()
+            .and_then(|c| c.jobs.iter().find(|j| &j.name == job))
+            .context("the job vanished from the config")?;
+        let now = store.now().await.map_err(Error::from)?;
+        let fires = j.schedule.next_fires(now, *count as usize);
+        if a.json {
+            output::json(&serde_json::json!({
+                "job": job,
+                "schedule": j.schedule.to_string(),
+                "next": fires.iter().map(|f| serde_json::json!({
+                    "at": output::ts(f.at), "local": f.local, "zone": f.zone, "dst": f.dst,
+                })).collect::<Vec<_>>(),
+            }))?;
+            return Ok(0);
+        }
+        crate::outln!("{job}: {}", j.schedule);
+        let mut table = Table::new(&[
+            ("FIRE (JOB'S ZONE)", Align::Left),
+            ("ZONE", Align::Left),
+            ("UTC", Align::Left),
+        ]);
+        for f in fires {
+            let zone = if f.dst {
+                format!("{} (DST)", f.zone)
+            } else {
+                f.zone
+            };
+            table.row(vec![f.local, zone, output::ts(f.at)]);
+        }
+        table.print()?;
+        return Ok(0);
+    }
+    let toggle = match a.cmd {
+        Some(JobsCmd::Pause { job }) => Some((job, true)),
+        Some(JobsCmd::Resume { job }) => Some((job, false)),
+        Some(JobsCmd::Next { .. }) | None => None,
+    };
+    if let Some((job, paused)) = toggle {
         if schedule::set_paused(&store, &job, paused).await? {
             crate::outln!("job {job} {}", if paused { "paused" } else { "resumed" });
             return Ok(0);

@@ -1121,3 +1121,79 @@ async fn trigger_answers_say_what_became_of_the_slot(e: Env) {
         "a pruned slot was enqueued again"
     );
 }
+
+/// `baton jobs next JOB -n N`: the next fire times in the job's zone, a
+/// daylight saving change shown (offset and abbreviation), the wall-clock
+/// time a spring-forward skips run once right after the gap (03:00); an
+/// interval job in UTC; a job not
+/// in the config file is bad input naming `JOB`.
+#[test]
+fn jobs_next_prints_fire_times_in_the_jobs_zone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("baton.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "store = \"sqlite://{}/s.db\"\n\
+             [[job]]\nname = \"nightly\"\ncron = \"30 2 * * *\"\ntz = \"America/Los_Angeles\"\ncommand = [\"true\"]\n\
+             [[job]]\nname = \"tick\"\nevery = \"90s\"\ncommand = [\"true\"]\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(common::BATON)
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap()
+    };
+    // A year of nights crosses both changes of the zone's offset.
+    let out = run(&["jobs", "next", "nightly", "-n", "366", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let next = v["next"].as_array().unwrap();
+    assert_eq!(next.len(), 366);
+    let zones: std::collections::BTreeSet<&str> =
+        next.iter().map(|f| f["zone"].as_str().unwrap()).collect();
+    assert_eq!(zones, ["PDT", "PST"].into(), "{v}");
+    let mut after_gap = Vec::new();
+    for f in next {
+        let local = f["local"].as_str().unwrap();
+        if local.contains("T03:00:00") {
+            after_gap.push(local);
+        } else {
+            assert!(local.contains("T02:30:00-0"), "{local}");
+        }
+        let dst = f["dst"].as_bool().unwrap();
+        assert_eq!(dst, local.ends_with("-07:00"), "{f}");
+        assert_eq!(dst, f["zone"] == "PDT", "{f}");
+    }
+    // The spring-forward night (02:00 → 03:00) has no 02:30: it fires
+    // once at 03:00 PDT; every night once, none skipped.
+    assert_eq!(after_gap.len(), 1, "{after_gap:?}");
+    assert!(after_gap[0].ends_with("-07:00"), "{after_gap:?}");
+    let days: std::collections::BTreeSet<&str> = next
+        .iter()
+        .map(|f| &f["local"].as_str().unwrap()[..10])
+        .collect();
+    assert_eq!(days.len(), 366);
+    let first = chrono::NaiveDate::parse_from_str(days.first().unwrap(), "%Y-%m-%d").unwrap();
+    let last = chrono::NaiveDate::parse_from_str(days.last().unwrap(), "%Y-%m-%d").unwrap();
+    assert_eq!((last - first).num_days(), 365, "{first} .. {last}");
+
+    let out = run(&["jobs", "next", "tick", "-n", "3"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("tick: every 1m30s"), "{text}");
+    assert_eq!(text.matches(" UTC ").count(), 3, "{text}");
+
+    let out = run(&["jobs", "next", "nope"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("JOB: \"nope\" is not a job"),
+        "{}",
+        stderr(&out)
+    );
+}

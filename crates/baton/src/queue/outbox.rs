@@ -2,44 +2,8 @@
 //! own database transaction, so the change and its task commit together or
 //! not at all.
 //!
-//! [`Queue::enqueue_in`], [`Queue::enqueue_many_in`] and
-//! [`Queue::insert_in`] take the application's connection — a
-//! `sqlx::Transaction`, a pooled connection or a bare connection of the
-//! same database as the queue's store — and know the store's table prefix,
-//! so the call names nothing but the task. The connection types are
-//! [`OutboxConnection`]; the `sqlx` they come from is re-exported as
-//! [`baton::sqlx`](crate::sqlx), so the application needs no `sqlx`
-//! dependency of its own (nor one that must match baton's version).
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), baton::Error> {
-//! use baton::queue::{Queue, TaskBuilder};
-//! use baton::sqlx;
-//!
-//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app")
-//!     .await
-//!     .map_err(baton::StoreError::from)?;
-//! let queue = Queue::new(baton::Store::from_pg_pool(pool.clone(), None).await?);
-//!
-//! let mut tx = pool.begin().await.map_err(baton::StoreError::from)?;
-//! sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
-//!     .execute(&mut *tx)
-//!     .await
-//!     .map_err(baton::StoreError::from)?;
-//! let receipt = TaskBuilder::new("receipt", serde_json::json!({"order": 7}));
-//! let enqueued = queue.enqueue_in(&mut tx, receipt).await?;
-//! tx.commit().await.map_err(baton::StoreError::from)?; // the order and its task, or neither
-//! # let _ = enqueued; Ok(()) }
-//! ```
-//!
-//! Per store: on PostgreSQL the workers are woken at the commit (the
-//! notification is part of the transaction); on SQLite (begin with
-//! `BEGIN IMMEDIATE`: a deferred transaction that reads first may fail to
-//! become a writer) and MySQL (run it at `READ COMMITTED`, as baton's own
-//! sessions do, so a unique key's holder committed meanwhile is found)
-//! nothing is notified, and workers find the task at their next poll.
-//! Redis has no transactions with an application's data: a Redis store
-//! refuses these calls.
+//! (The module is private; its items are re-exported from [`crate::queue`]
+//! and documented on [`Queue::enqueue_in`].)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -70,55 +34,44 @@ pub trait OutboxConnection: sealed::Sealed + Send {
     fn insert<'a>(&'a mut self, prefix: Option<&'a str>, tasks: &'a [NewTask]) -> InsertFuture<'a>;
 }
 
+/// Implement [`OutboxConnection`] for one type, reaching its bare
+/// connection with `$bare`.
+macro_rules! outbox_impl {
+    ($feature:literal, $ty:ty, $kind:literal, $insert:path, |$c:ident| $bare:expr) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $ty {}
+        #[cfg(feature = $feature)]
+        impl OutboxConnection for $ty {
+            fn store_kind(&self) -> &'static str {
+                $kind
+            }
+            fn insert<'a>(
+                &'a mut self,
+                prefix: Option<&'a str>,
+                tasks: &'a [NewTask],
+            ) -> InsertFuture<'a> {
+                let $c = self;
+                Box::pin($insert($bare, prefix, tasks))
+            }
+        }
+    };
+}
+
 /// Implement [`OutboxConnection`] for a database's connection, pooled
 /// connection and transaction, all through its bare connection.
 macro_rules! outbox_connection {
     ($feature:literal, $db:ty, $conn:ty, $kind:literal, $insert:path) => {
-        #[cfg(feature = $feature)]
-        impl sealed::Sealed for $conn {}
-        #[cfg(feature = $feature)]
-        impl OutboxConnection for $conn {
-            fn store_kind(&self) -> &'static str {
-                $kind
-            }
-            fn insert<'a>(
-                &'a mut self,
-                prefix: Option<&'a str>,
-                tasks: &'a [NewTask],
-            ) -> InsertFuture<'a> {
-                Box::pin($insert(self, prefix, tasks))
-            }
-        }
-        #[cfg(feature = $feature)]
-        impl sealed::Sealed for sqlx::pool::PoolConnection<$db> {}
-        #[cfg(feature = $feature)]
-        impl OutboxConnection for sqlx::pool::PoolConnection<$db> {
-            fn store_kind(&self) -> &'static str {
-                $kind
-            }
-            fn insert<'a>(
-                &'a mut self,
-                prefix: Option<&'a str>,
-                tasks: &'a [NewTask],
-            ) -> InsertFuture<'a> {
-                Box::pin($insert(&mut **self, prefix, tasks))
-            }
-        }
-        #[cfg(feature = $feature)]
-        impl sealed::Sealed for sqlx::Transaction<'_, $db> {}
-        #[cfg(feature = $feature)]
-        impl OutboxConnection for sqlx::Transaction<'_, $db> {
-            fn store_kind(&self) -> &'static str {
-                $kind
-            }
-            fn insert<'a>(
-                &'a mut self,
-                prefix: Option<&'a str>,
-                tasks: &'a [NewTask],
-            ) -> InsertFuture<'a> {
-                Box::pin($insert(&mut **self, prefix, tasks))
-            }
-        }
+        outbox_impl!($feature, $conn, $kind, $insert, |c| c);
+        outbox_impl!(
+            $feature,
+            sqlx::pool::PoolConnection<$db>,
+            $kind,
+            $insert,
+            |c| &mut **c
+        );
+        outbox_impl!($feature, sqlx::Transaction<'_, $db>, $kind, $insert, |c| {
+            &mut **c
+        });
     };
 }
 
@@ -146,10 +99,48 @@ outbox_connection!(
 
 impl Queue {
     /// Enqueue one task on `conn`, inside the application's transaction:
-    /// it becomes visible at the commit and vanishes with a rollback (see
-    /// the [module docs](self) for an example and what each store wakes).
+    /// it becomes visible at the commit and vanishes with a rollback.
     /// Validated before anything is written; with a unique key that is
     /// taken, returns the existing task (`inserted == false`).
+    ///
+    /// [`Queue::enqueue_in`], [`Queue::enqueue_many_in`] and
+    /// [`Queue::insert_in`] take the application's connection — a
+    /// `sqlx::Transaction`, a pooled connection or a bare connection of the
+    /// same database as the queue's store — and know the store's table prefix,
+    /// so the call names nothing but the task. The connection types are
+    /// [`OutboxConnection`]; the `sqlx` they come from is re-exported as
+    /// [`baton::sqlx`](crate::sqlx), so the application needs no `sqlx`
+    /// dependency of its own (nor one that must match baton's version).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), baton::Error> {
+    /// use baton::queue::{Queue, TaskBuilder};
+    /// use baton::sqlx;
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app")
+    ///     .await
+    ///     .map_err(baton::StoreError::from)?;
+    /// let queue = Queue::new(baton::Store::from_pg_pool(pool.clone(), None).await?);
+    ///
+    /// let mut tx = pool.begin().await.map_err(baton::StoreError::from)?;
+    /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
+    ///     .execute(&mut *tx)
+    ///     .await
+    ///     .map_err(baton::StoreError::from)?;
+    /// let receipt = TaskBuilder::new("receipt", serde_json::json!({"order": 7}));
+    /// let enqueued = queue.enqueue_in(&mut tx, receipt).await?;
+    /// tx.commit().await.map_err(baton::StoreError::from)?; // the order and its task, or neither
+    /// # let _ = enqueued; Ok(()) }
+    /// ```
+    ///
+    /// Per store: on PostgreSQL the workers are woken at the commit (the
+    /// notification is part of the transaction); on SQLite (begin with
+    /// `BEGIN IMMEDIATE`: a deferred transaction that reads first may fail to
+    /// become a writer) and MySQL (run it at `READ COMMITTED`, as baton's own
+    /// sessions do, so a unique key's holder committed meanwhile is found)
+    /// nothing is notified, and workers find the task at their next poll.
+    /// Redis has no transactions with an application's data: a Redis store
+    /// refuses these calls.
     ///
     /// Fails with [`Error::Invalid`] naming `connection` when `conn` is not
     /// a connection to the queue's store kind (a PostgreSQL transaction on

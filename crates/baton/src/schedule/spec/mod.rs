@@ -290,6 +290,72 @@ impl Schedule {
     }
 }
 
+/// One fire time of a schedule, as an operator reads it: the instant, and
+/// the wall clock of the schedule's zone (UTC for an interval).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FireTime {
+    /// The slot (UTC).
+    pub at: DateTime<Utc>,
+    /// RFC 3339 with the zone's offset, e.g. `2027-03-14T03:00:00-07:00`.
+    pub local: String,
+    /// The zone's abbreviation then, e.g. `PDT`, `KST`, `UTC`.
+    pub zone: String,
+    /// Whether daylight saving time is in effect then.
+    pub dst: bool,
+}
+
+impl Schedule {
+    /// The next `n` slots strictly after `t`, each with its wall clock in
+    /// the schedule's zone (what `baton jobs next` prints). A daylight
+    /// saving change shows as the offset and abbreviation changing, and
+    /// the slots are the scheduler's own under the rules of the module
+    /// docs (a wall-clock time a spring-forward skips fires once, at the
+    /// first instant after the gap).
+    ///
+    /// ```
+    /// use baton::schedule::spec::Schedule;
+    /// use chrono::{TimeZone, Utc};
+    ///
+    /// let s = Schedule::cron("30 2 * * *", "America/Los_Angeles").unwrap();
+    /// let from = Utc.with_ymd_and_hms(2027, 3, 12, 12, 0, 0).unwrap();
+    /// let next: Vec<String> = s.next_fires(from, 3).into_iter().map(|f| f.local).collect();
+    /// // 2:30 does not exist on 14 March 2027 (clocks go from 2:00 to 3:00):
+    /// // that night's run is at 3:00, right after the gap.
+    /// assert_eq!(next, ["2027-03-13T02:30:00-08:00", "2027-03-14T03:00:00-07:00", "2027-03-15T02:30:00-07:00"]);
+    /// ```
+    pub fn next_fires(&self, t: DateTime<Utc>, n: usize) -> Vec<FireTime> {
+        use chrono_tz::OffsetComponents;
+        let mut out = Vec::with_capacity(n.min(1000));
+        let mut at = t;
+        while out.len() < n {
+            let Some(next) = self.next_after(at) else {
+                break;
+            };
+            let fire = match self {
+                Schedule::Cron { tz, .. } => {
+                    let local = next.with_timezone(tz);
+                    let offset = *local.offset();
+                    FireTime {
+                        at: next,
+                        local: local.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                        zone: offset.to_string(),
+                        dst: !offset.dst_offset().is_zero(),
+                    }
+                }
+                Schedule::Every { .. } => FireTime {
+                    at: next,
+                    local: next.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                    zone: "UTC".into(),
+                    dst: false,
+                },
+            };
+            out.push(fire);
+            at = next;
+        }
+        out
+    }
+}
+
 impl Schedule {
     /// `t` truncated to the schedule's precision: whole seconds for cron,
     /// whole milliseconds for `Every`. Every slot is already at that
