@@ -182,7 +182,7 @@ pub(crate) async fn fleet_bench(a: FleetArgs) -> Result<()> {
     for i in 0..a.instances {
         let store = ctx.connect().await?;
         let clock = StoreClock::new(store.clone()).await?;
-        let mut w = Worker::new(store.clone(), WorkerConfig::default().queue(queue, 2));
+        let mut w = Worker::new(store.clone(), WorkerConfig::default().queue(queue, 2))?;
         let (s, c) = (starts.clone(), clock.clone());
         w.handle("tick", move |t| {
             if let Some(slot) = t.task().slot {

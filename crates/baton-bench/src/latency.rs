@@ -27,7 +27,7 @@ pub(super) async fn latency_bench(a: LatencyArgs) -> Result<()> {
     let cfg = WorkerConfig::default()
         .queue(queue, 4)
         .poll_interval(Duration::from_millis(a.poll_ms));
-    let mut w = Worker::new(ctx.connect().await?, cfg);
+    let mut w = Worker::new(ctx.connect().await?, cfg)?;
     w.handle("ping", move |tctx| {
         let at = Instant::now();
         let seq = tctx.task().payload["seq"].as_u64().unwrap_or(u64::MAX);

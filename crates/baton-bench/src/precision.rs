@@ -58,7 +58,7 @@ pub(super) async fn precision_bench(a: PrecisionArgs) -> Result<()> {
         let cfg = WorkerConfig::default()
             .queue(queue, 4)
             .poll_interval(Duration::from_millis(a.poll_ms));
-        let mut w = Worker::new(handle.clone(), cfg);
+        let mut w = Worker::new(handle.clone(), cfg)?;
         let tx = tx.clone();
         w.handle("tick", move |tctx| {
             let at = clock.now();

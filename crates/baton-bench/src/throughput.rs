@@ -100,7 +100,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let used = cfg.clone().with_store_defaults(kind);
     for _ in 0..a.workers {
         let s = ctx.connect().await?;
-        let mut w = Worker::new(s, cfg.clone());
+        let mut w = Worker::new(s, cfg.clone())?;
         let c = started.clone();
         w.handle("noop", move |_ctx| {
             c.fetch_add(1, Ordering::Relaxed);

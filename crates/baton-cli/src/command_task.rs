@@ -120,7 +120,7 @@ pub async fn run_command(
     stop_by: Option<baton::lock::StopBy>,
 ) -> Result<(), TaskError> {
     let mut proc =
-        child::spawn(argv, env, true, grace).map_err(|e| TaskError::retryable(format!("{e:#}")))?;
+        child::spawn(argv, env, true, grace).map_err(|e| TaskError::retry(format!("{e:#}")))?;
     if let Some(s) = stop_by {
         proc.follow(s);
     }
@@ -139,7 +139,7 @@ pub async fn run_command(
         st = proc.wait() => st,
         g = stop => proc.stop(g).await,
     }
-    .map_err(|e| TaskError::retryable(format!("waiting for {:?}: {e}", argv[0])))?;
+    .map_err(|e| TaskError::retry(format!("waiting for {:?}: {e}", argv[0])))?;
     if tokio::time::timeout(DRAIN, &mut tee).await.is_err() {
         tee.abort();
     }
@@ -197,7 +197,7 @@ fn outcome(status: std::process::ExitStatus, kept: Vec<u8>) -> Result<(), TaskEr
         .find(|i| text.is_char_boundary(*i))
         .unwrap_or(text.len());
     let code = child::code_of(status);
-    Err(TaskError::retryable(if text.is_empty() {
+    Err(TaskError::retry(if text.is_empty() {
         format!("exit {code}")
     } else {
         format!("exit {code}: {}", &text[start..])

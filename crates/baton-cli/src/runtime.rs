@@ -61,7 +61,7 @@ pub fn queue_workers(
             e.problem = format!("queue {:?}: {}", q.name, e.problem);
             baton::Error::Invalid(e)
         })?;
-        let mut w = Worker::new(store.clone(), cfg);
+        let mut w = Worker::new(store.clone(), cfg)?;
         handle_commands(&mut w, grace);
         for j in jobs
             .iter()
@@ -173,8 +173,8 @@ pub async fn run_action(
                 .collect();
             let t = timeout.unwrap_or(Duration::from_secs(60));
             tokio::select! {
-                r = http_client::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retryable(format!("{e:#}"))),
-                _ = stop => Err(TaskError::retryable("stopped")),
+                r = http_client::request(method, url, headers, body.as_deref(), &extra, t) => r.map(|_| ()).map_err(|e| TaskError::retry(format!("{e:#}"))),
+                _ = stop => Err(TaskError::retry("stopped")),
             }
         }
     }

@@ -142,9 +142,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                                 }
                             };
                             let stop_by = Some(run.lease.watch_stop_by());
-                            run_action(&action, env, stop, grace, timeout, stop_by)
-                                .await
-                                .map_err(|e| e.message)
+                            run_action(&action, env, stop, grace, timeout, stop_by).await
                         }
                     })
                     .map_err(Error::from)?;

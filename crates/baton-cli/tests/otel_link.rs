@@ -98,7 +98,8 @@ async fn the_attempt_span_links_to_the_enqueuers_span() {
         WorkerConfig::default()
             .queue("otel", 3)
             .poll_interval(Duration::from_millis(100)),
-    );
+    )
+    .unwrap();
     w.handle("k", |_| async { Ok(()) });
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));

@@ -23,12 +23,12 @@ use tokio_util::sync::CancellationToken;
 const STEPS: u32 = 10;
 const STEP: Duration = Duration::from_millis(300);
 
-fn worker(store: Store, name: &'static str) -> Worker {
+fn worker(store: Store, name: &'static str) -> Result<Worker, baton::Error> {
     let cfg = WorkerConfig::default()
         .queue("excel", 2)
         .lease(Duration::from_millis(1_500))
         .poll_interval(Duration::from_millis(500));
-    let mut w = Worker::new(store, cfg);
+    let mut w = Worker::new(store, cfg)?;
     w.handle("excel-export", move |ctx| async move {
         let t = ctx.task();
         println!(
@@ -38,20 +38,19 @@ fn worker(store: Store, name: &'static str) -> Worker {
         for step in 1..=STEPS {
             tokio::select! {
                 _ = tokio::time::sleep(STEP) => {}
-                _ = ctx.stopped() => return Err(TaskError::retryable("stopped")),
+                _ = ctx.stopped() => return Err(TaskError::retry("stopped")),
             }
             // Progress is visible in `baton tasks show ID`.
-            ctx.progress(json!({ "rows_done": step * 1000 }))
-                .await
-                .map_err(|e| e.to_string())?;
+            // A store failure (or a lost lease) is retried: `?` says so.
+            ctx.progress(json!({ "rows_done": step * 1000 })).await?;
         }
         if t.payload["request"] == 1 && t.attempt == 1 {
-            return Err(TaskError::retryable("external API timed out"));
+            return Err(TaskError::retry("external API timed out"));
         }
         println!("  [{name}] export {} done", t.payload["request"]);
         Ok(())
     });
-    w
+    Ok(w)
 }
 
 #[tokio::main]
@@ -84,14 +83,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Server A runs in its own runtime so it can "crash" like kill -9.
     let crash_rt = tokio::runtime::Runtime::new()?;
-    let a = worker(Store::connect_with(&url, opts()).await?, "server-a");
+    let a = worker(Store::connect_with(&url, opts()).await?, "server-a")?;
     let _a = crash_rt.spawn(a.run(CancellationToken::new()));
     let stop = CancellationToken::new();
     let b = tokio::spawn(
-        worker(Store::connect_with(&url, opts()).await?, "server-b").run(stop.clone()),
+        worker(Store::connect_with(&url, opts()).await?, "server-b")?.run(stop.clone()),
     );
     let c = tokio::spawn(
-        worker(Store::connect_with(&url, opts()).await?, "server-c").run(stop.clone()),
+        worker(Store::connect_with(&url, opts()).await?, "server-c")?.run(stop.clone()),
     );
 
     tokio::time::sleep(Duration::from_millis(1_200)).await;

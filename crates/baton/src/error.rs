@@ -328,6 +328,11 @@ pub enum Error {
     /// The lease was lost (lapsed, taken over, or could not be extended).
     #[error("lease on {0:?} lost")]
     LeaseLost(String),
+    /// A handler's error, outside a worker (a handler run by
+    /// [`crate::testing::perform`], a payload decoded with
+    /// [`TaskContext::args`](crate::queue::TaskContext::args)).
+    #[error(transparent)]
+    Task(#[from] crate::queue::TaskError),
 }
 
 /// Result alias.

@@ -23,7 +23,7 @@
 //! # async fn demo() -> Result<(), baton::Error> {
 //! let store = baton::Store::connect("sqlite://app.db").await?;
 //! Queue::new(store.clone()).insert(&SendEmail { to: "ada@example.com".into() }).await?;
-//! let mut worker = Worker::new(store, WorkerConfig::new().queue("default", 4));
+//! let mut worker = Worker::new(store, WorkerConfig::new().queue("default", 4))?;
 //! worker.register(|_ctx, m: SendEmail| async move {
 //!     println!("mail to {}", m.to);
 //!     Ok::<_, TaskError>(())
@@ -64,9 +64,31 @@ pub mod node;
 pub mod queue;
 pub mod schedule;
 pub mod store;
+pub mod testing;
+
+/// The names most programs use, in one import: `use baton::prelude::*;`.
+///
+/// ```
+/// use baton::prelude::*;
+/// fn handler_result(ok: bool) -> TaskResult {
+///     if ok { Ok(()) } else { Err(TaskError::retry("not yet")) }
+/// }
+/// assert!(handler_result(true).is_ok());
+/// ```
+pub mod prelude {
+    pub use crate::error::{Error, InvalidInput, StoreError};
+    pub use crate::lock::{LockOptions, Locker};
+    pub use crate::queue::{
+        Backoff, InsertOpts, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder, TaskContext,
+        TaskError, TaskResult, Worker, WorkerConfig,
+    };
+    pub use crate::schedule::{Job, Scheduler};
+    pub use crate::store::{Store, StoreOptions, TaskState};
+}
 
 pub use duration::{format_duration, parse_duration, parse_positive_duration};
 pub use error::{Error, InvalidInput, Result, StoreError};
+pub use queue::{TaskError, TaskResult};
 pub use store::{FencingToken, Store, StoreOptions, DEFAULT_STORE_URL};
 
 /// The `sqlx` baton is built with (for [`queue::Queue::enqueue_in`] on the

@@ -172,7 +172,7 @@ async fn no_task_lost_across_a_restart(kind: Kind) {
             .queue("default", 4)
             .lease(Duration::from_millis(1_500))
             .poll_interval(Duration::from_millis(100));
-        let mut w = Worker::new(connect(&srv.url()).await, cfg);
+        let mut w = Worker::new(connect(&srv.url()).await, cfg).unwrap();
         let r = ran.clone();
         w.handle("t", move |_| {
             let r = r.clone();

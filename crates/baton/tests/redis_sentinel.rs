@@ -76,7 +76,7 @@ fn worker(store: Store, runs: Arc<Mutex<Vec<i64>>>) -> Worker {
         // its task runs again, as designed.
         .lease(Duration::from_secs(15))
         .poll_interval(Duration::from_millis(200));
-    let mut w = Worker::new(store, cfg);
+    let mut w = Worker::new(store, cfg).unwrap();
     w.handle("t", move |ctx| {
         let runs = runs.clone();
         async move {

@@ -217,10 +217,45 @@ async fn claim_plan_is_an_index_walk() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_urls_are_config_errors() {
-    for url in ["sqlite://", "sqlite::memory:", "sqlite://:memory:"] {
+    for url in ["sqlite://", "sqlite:file:x.db?mode=memory"] {
         let err = Store::connect(url).await.unwrap_err();
         assert!(matches!(err, baton::StoreError::Config(_)), "{url}: {err}");
     }
+}
+
+/// `sqlite::memory:` (and `sqlite://:memory:`): a private database per
+/// connect, shared by the store's clones, that holds its tasks across
+/// many concurrent calls on its one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_memory_stores_are_private_and_shared_by_clones() {
+    use baton::queue::{Queue, TaskBuilder};
+    let a = Store::connect("sqlite::memory:").await.unwrap();
+    let b = Store::connect("sqlite://:memory:").await.unwrap();
+    let qa = Queue::new(a.clone());
+    let calls = (0..20).map(|i| {
+        let q = Queue::new(a.clone());
+        async move {
+            q.enqueue(TaskBuilder::new("m", serde_json::json!({ "i": i })))
+                .await
+        }
+    });
+    for r in futures_util::future::join_all(calls).await {
+        assert!(r.unwrap().inserted);
+    }
+    let pending = |q: Queue| async move {
+        q.stats()
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.pending)
+            .sum::<u64>()
+    };
+    assert_eq!(pending(qa).await, 20);
+    assert_eq!(
+        pending(Queue::new(b)).await,
+        0,
+        "another connect, another database"
+    );
 }
 
 /// Measures (prints, does not assert) a 100k-task enqueue and claiming all

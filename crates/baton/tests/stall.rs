@@ -53,7 +53,7 @@ fn worker(store: Store, ledger: Arc<Mutex<Ledger>>) -> Worker {
         .poll_interval(Duration::from_millis(200))
         .stop_grace(STOP_GRACE)
         .shutdown_grace(Duration::from_secs(2));
-    let mut w = Worker::new(store, cfg);
+    let mut w = Worker::new(store, cfg).unwrap();
     // An uncooperative handler: it notes the stop but keeps working, so
     // only dropping it ends its ticks.
     w.handle("long", move |ctx| {

@@ -100,7 +100,7 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
     let cfg = WorkerConfig::default()
         .queue("q", 2)
         .poll_interval(Duration::from_millis(50));
-    let mut w = Worker::new(store.clone(), cfg);
+    let mut w = Worker::new(store.clone(), cfg).unwrap();
     w.handle("greet", |_ctx| async move {
         tracing::info!(marker = "inside", "handler says hi");
         Ok::<_, TaskError>(())

@@ -175,12 +175,12 @@ async fn open(path: &str) -> Result<(SqlitePool, Store), BoxError> {
 }
 
 /// The worker that sends receipts.
-fn worker(store: Store) -> Worker {
+fn worker(store: Store) -> Result<Worker, baton::Error> {
     let config = WorkerConfig::new()
         .queue("default", 4)
         .poll_interval(Duration::from_millis(200))
         .shutdown_grace(Duration::from_secs(10));
-    let mut worker = Worker::new(store, config);
+    let mut worker = Worker::new(store, config)?;
     worker.register(|ctx, r: SendReceipt| async move {
         // A real service would call its mailer here (and stop early when
         // `ctx.stopped()` fires).
@@ -193,7 +193,7 @@ fn worker(store: Store) -> Worker {
         );
         Ok::<_, TaskError>(())
     });
-    worker
+    Ok(worker)
 }
 
 /// Serve on `listener` and run the worker until `shutdown` fires; then stop
@@ -205,7 +205,7 @@ async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), BoxError> {
     let queue = Queue::new(store.clone());
-    let worker = tokio::spawn(worker(store).run(shutdown.clone()));
+    let worker = tokio::spawn(worker(store)?.run(shutdown.clone()));
     let served = axum::serve(listener, router(pool, queue))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;

@@ -153,6 +153,23 @@ impl Locker {
     /// busy. The lease is passed in; if it is lost while `work` runs, `work`
     /// is dropped at its next await point and [`Error::LeaseLost`] returned.
     /// Afterwards the lease is released (honouring `at_least`).
+    ///
+    /// Both answers matter: `None` says the work did not run here, and a
+    /// `T` that is a `Result` holds the work's own error.
+    ///
+    /// ```no_run
+    /// # async fn scan(_token: baton::FencingToken) -> Result<(), std::io::Error> { Ok(()) }
+    /// # async fn demo(store: baton::Store) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use baton::lock::{LockOptions, Locker};
+    /// let opts = LockOptions::new(Duration::from_secs(900))?;
+    /// match Locker::new(store).run("daemon-runner", &opts, |lease| scan(lease.token())).await? {
+    ///     Some(result) => result?,                        // ran here: its own error, if any
+    ///     None => println!("another instance runs it"),   // busy: skipped
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[must_use = "None means the work did not run, and the work's own result is inside"]
     pub async fn run<F, Fut, T>(
         &self,
         name: &str,

@@ -5,6 +5,7 @@ use super::*;
 
 /// How long a lease lasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "LockOptions do nothing until passed to a Locker"]
 pub struct LockOptions {
     pub(super) at_most: Duration,
     pub(super) at_least: Duration,

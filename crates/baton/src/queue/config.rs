@@ -1,6 +1,6 @@
 //! [`WorkerConfig`]: how a [`Worker`](super::Worker) runs, built with
 //! chained setters from [`WorkerConfig::default`] (no public fields) and
-//! checked when the worker starts.
+//! checked when the worker is made ([`Worker::new`](super::Worker::new)).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,8 +16,8 @@ pub const MIN_LEASE: Duration = Duration::from_millis(30);
 
 /// How a worker runs: a builder, starting from [`WorkerConfig::default`] (or
 /// [`WorkerConfig::new`]), every setter taking and returning the config.
-/// [`Worker::run`](super::Worker::run) refuses an invalid config with an
-/// [`InvalidInput`] naming the field.
+/// [`Worker::new`](super::Worker::new) refuses an invalid config with an
+/// [`InvalidInput`] naming the field (as does [`WorkerConfig::validate`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -33,6 +33,7 @@ pub const MIN_LEASE: Duration = Duration::from_millis(30);
 /// assert_eq!(cfg.lease_duration(), Duration::from_secs(60));
 /// ```
 #[derive(Debug, Clone)]
+#[must_use = "a WorkerConfig does nothing until a Worker is made with it"]
 pub struct WorkerConfig {
     pub(super) queues: Vec<(String, usize)>,
     pub(super) lease: Duration,
@@ -332,8 +333,15 @@ impl WorkerConfig {
     }
 
     /// Check every field (queues, concurrency, caps, lease, intervals);
-    /// [`Worker::run`](super::Worker::run) does this first. Call it to refuse a bad config
-    /// before anything else starts.
+    /// [`Worker::new`](super::Worker::new) does this. A cap
+    /// ([`max_running`](Self::max_running)) on a queue the worker does not
+    /// serve is refused (field `max_running`).
+    ///
+    /// ```
+    /// use baton::queue::WorkerConfig;
+    /// let e = WorkerConfig::new().queue("default", 2).max_running("exports", 1).validate().unwrap_err();
+    /// assert_eq!(e.field, "max_running");
+    /// ```
     pub fn validate(&self) -> Result<(), InvalidInput> {
         if self.queues.is_empty() {
             return Err(InvalidInput::new(
@@ -351,6 +359,15 @@ impl WorkerConfig {
             }
         }
         for (q, m) in &self.max_running {
+            if !self.queues.iter().any(|(served, _)| served == q) {
+                return Err(InvalidInput::new(
+                    "max_running",
+                    format!(
+                        "queue {q:?}: this worker does not serve it; serve it with \
+                         .queue({q:?}, n) or drop the cap"
+                    ),
+                ));
+            }
             if *m == 0 {
                 return Err(InvalidInput::new(
                     "max_running",

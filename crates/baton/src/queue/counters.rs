@@ -21,6 +21,9 @@ pub enum Outcome {
     Cancelled,
     /// Shutdown handed the task back without using up the attempt.
     HandedBack,
+    /// The handler snoozed the task ([`TaskError::snooze`](super::TaskError::snooze)):
+    /// due again later, the attempt not counted.
+    Snoozed,
     /// The lease was lost (or the result refused): the store will rescue
     /// the task and run it again.
     Lost,
@@ -28,22 +31,24 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in a fixed order.
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Cancelled,
         Outcome::HandedBack,
+        Outcome::Snoozed,
         Outcome::Lost,
     ];
 
     /// The outcome's name: `succeeded`, `failed`, `cancelled`,
-    /// `handed_back`, `lost`.
+    /// `handed_back`, `snoozed`, `lost`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed => "failed",
             Outcome::Cancelled => "cancelled",
             Outcome::HandedBack => "handed_back",
+            Outcome::Snoozed => "snoozed",
             Outcome::Lost => "lost",
         }
     }
@@ -176,15 +181,15 @@ struct Inner {
 /// [`Worker::counters`](super::Worker::counters) before running the worker.
 ///
 /// ```no_run
-/// # async fn demo(store: baton::Store) {
+/// # async fn demo(store: baton::Store) -> Result<(), baton::Error> {
 /// use baton::queue::{Worker, WorkerConfig};
-/// let worker = Worker::new(store, WorkerConfig::default());
+/// let worker = Worker::new(store, WorkerConfig::default().queue("default", 4))?;
 /// let counters = worker.counters();
 /// // … run the worker; elsewhere, e.g. in a metrics endpoint:
 /// for (queue, c) in counters.snapshot() {
 ///     println!("{queue}: {} running, {:?}", c.running, c.ended);
 /// }
-/// # }
+/// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct WorkerCounters(Arc<Mutex<Inner>>);

@@ -28,6 +28,7 @@ mod backoff;
 mod config;
 pub mod counters;
 mod outbox;
+mod task_error;
 mod trace;
 mod typed;
 pub mod worker;
@@ -38,9 +39,10 @@ pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
 pub use outbox::{InsertFuture, OutboxConnection};
+pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
 pub use typed::{InsertOpts, TaskArgs};
-pub use worker::{TaskContext, TaskError, Worker};
+pub use worker::{StopReason, TaskContext, Worker};
 
 /// The queue tasks go to when none is named.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -74,6 +76,7 @@ fn json_len(v: &serde_json::Value) -> usize {
 
 /// Builds a [`NewTask`], validating every field.
 #[derive(Debug, Clone)]
+#[must_use = "a TaskBuilder enqueues nothing until it is passed to Queue::enqueue"]
 pub struct TaskBuilder {
     task: NewTask,
 }

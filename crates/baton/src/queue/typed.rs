@@ -23,7 +23,7 @@
 //! let store = baton::Store::connect("sqlite://baton.db").await?;
 //! Queue::new(store.clone()).insert(&SendEmail { to: "ada@example.com".into() }).await?;
 //!
-//! let mut worker = Worker::new(store, WorkerConfig::default().queue("default", 4));
+//! let mut worker = Worker::new(store, WorkerConfig::default().queue("default", 4))?;
 //! worker.register(|_ctx, email: SendEmail| async move {
 //!     println!("mail to {}", email.to);
 //!     Ok::<_, TaskError>(())
@@ -37,7 +37,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Queue, TaskBuilder, TaskContext, TaskError, Worker};
+use super::{Backoff, Queue, TaskBuilder, TaskContext, TaskError, Worker};
 use crate::error::{Error, InvalidInput};
 use crate::store::Enqueued;
 
@@ -74,6 +74,16 @@ pub trait TaskArgs: Serialize + DeserializeOwned + Send + 'static {
     /// [`TaskBuilder`] after [`TaskBuilder::from_args`] override them.
     fn insert_opts() -> InsertOpts {
         InsertOpts::default()
+    }
+
+    /// This kind's retry schedule (Oban's `backoff/1`), which
+    /// [`Worker::register`] sets for the kind
+    /// ([`Worker::backoff_for`]); `None` (the default): the worker's
+    /// ([`WorkerConfig::backoff`](super::WorkerConfig::backoff)). A handler
+    /// that knows better for one failure returns
+    /// [`TaskError::retry_in`].
+    fn backoff() -> Option<Backoff> {
+        None
     }
 }
 
@@ -150,7 +160,8 @@ impl Worker {
     /// Handle tasks of kind `A::KIND` with an async function of the
     /// context and the decoded payload. A payload that does not decode as
     /// `A` fails the task at once, without retries, with a message naming
-    /// the kind and serde's error; the handler does not run.
+    /// the kind and serde's error; the handler does not run. The kind's
+    /// [`TaskArgs::backoff`], if any, becomes its retry schedule.
     ///
     /// ```no_run
     /// # fn demo(worker: &mut baton::queue::Worker) {
@@ -169,6 +180,9 @@ impl Worker {
         F: Fn(TaskContext, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
     {
+        if let Some(b) = A::backoff() {
+            self.backoff_for(A::KIND, b);
+        }
         let f = std::sync::Arc::new(f);
         self.handle(A::KIND, move |ctx| {
             let f = f.clone();

@@ -28,6 +28,7 @@ pub enum JobMode {
 
 /// A job definition.
 #[derive(Debug, Clone)]
+#[must_use = "a Job does nothing until added to a Scheduler"]
 pub struct Job {
     /// Name: unique per store; the cursor's key and the lock's name.
     pub name: String,
@@ -131,7 +132,8 @@ impl Job {
         };
         validate_name("job name", &self.name)?;
         if let JobMode::Lock { at_most, at_least } = self.mode {
-            LockOptions::new(at_most)
+            // Checked only: the scheduler builds its own when it runs.
+            let _checked = LockOptions::new(at_most)
                 .and_then(|o| o.at_least(at_least))
                 .map_err(ctx)?;
         } else if self.fixed_delay.is_some() {

@@ -15,6 +15,7 @@ use super::job::{random_upto, Job, JobMode};
 use super::scheduler::{pause, read_cursor, StoreClock};
 use crate::error::Error;
 use crate::lock::{LeaseHandle, LockOptions, Locker};
+use crate::queue::{TaskAction, TaskError};
 use crate::store::{Advanced, Claim, Finish, Heartbeat, JobAdvance, SlotRecord, Store};
 
 /// A run in lock mode, as the job's function sees it.
@@ -29,7 +30,7 @@ pub struct SlotRun {
     pub lease: LeaseHandle,
 }
 
-pub(super) type SlotFut = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+pub(super) type SlotFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 pub(super) type SlotFn = Arc<dyn Fn(SlotRun) -> SlotFut + Send + Sync>;
 
 /// How long a lock-mode run's outcome may still take to be written once
@@ -191,10 +192,22 @@ pub(super) async fn run_locked(
             tracing::info!(job = %job.name, %slot, "ran under lock");
             Finish::Succeeded
         }
+        Ok(Some(Err(e))) if e.action() == TaskAction::Cancel => {
+            tracing::info!(job = %job.name, %slot, reason = %e, "run cancelled");
+            Finish::Cancelled {
+                reason: e.message().to_string(),
+            }
+        }
         Ok(Some(Err(e))) => {
             tracing::warn!(job = %job.name, %slot, error = %e, "run failed");
+            let error = match e.action() {
+                TaskAction::Snooze { .. } => {
+                    format!("{e} (a lock-mode run is not run again; it failed)")
+                }
+                _ => e.message().to_string(),
+            };
             Finish::Failed {
-                error: e,
+                error,
                 retry_in: None,
             }
         }

@@ -82,10 +82,16 @@ impl Scheduler {
     }
 
     /// Add a lock-mode job that runs `f` on whichever instance takes the lock.
+    ///
+    /// `f` returns the handlers' [`TaskError`](crate::queue::TaskError). A
+    /// lock-mode run is one slot's run, never retried: an error records the
+    /// run as `failed` with its message, except
+    /// [`TaskError::cancel`](crate::queue::TaskError::cancel), which records
+    /// it `cancelled` with its reason (a snooze is a failure here, saying so).
     pub fn add_locked<F, Fut>(&mut self, job: Job, f: F) -> Result<&mut Self, InvalidInput>
     where
         F: Fn(SlotRun) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), String>> + Send + 'static,
+        Fut: Future<Output = Result<(), crate::queue::TaskError>> + Send + 'static,
     {
         if job.mode == JobMode::Durable {
             return Err(InvalidInput::new(

@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod identity;
+mod inspect;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod job_advance;
 #[cfg(any(
@@ -38,7 +39,6 @@ pub(crate) mod job_advance;
     feature = "redis"
 ))]
 mod migrate;
-mod inspect;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod options;

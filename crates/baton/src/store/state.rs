@@ -38,6 +38,9 @@ pub enum Op {
     FinishCancelled,
     /// `task_finish_many` with [`Finish::HandBack`](super::Finish::HandBack).
     FinishHandBack,
+    /// `task_finish_many` with [`Finish::Snoozed`](super::Finish::Snoozed):
+    /// a hand-back due later.
+    FinishSnoozed,
     /// `task_rescue_many` after the task's lease lapsed.
     Rescue,
     /// `task_cancel`.
@@ -61,7 +64,7 @@ pub enum Op {
 impl Op {
     /// Every operation on an existing task, for tests that try each one in
     /// each state.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Claim,
         Op::Heartbeat,
         Op::SetProgress,
@@ -70,6 +73,7 @@ impl Op {
         Op::FinishFailedFinal,
         Op::FinishCancelled,
         Op::FinishHandBack,
+        Op::FinishSnoozed,
         Op::Rescue,
         Op::Cancel,
         Op::Retry,
@@ -204,6 +208,8 @@ pub const TRANSITIONS: &[Transition] = &[
     row(Running, Op::FinishCancelled, None, None, to(Cancelled)),
     row(Running, Op::FinishHandBack, Some(false), None, to(Pending)),
     row(Running, Op::FinishHandBack, Some(true), None, to(Cancelled)),
+    row(Running, Op::FinishSnoozed, Some(false), None, to(Pending)),
+    row(Running, Op::FinishSnoozed, Some(true), None, to(Cancelled)),
     row(Running, Op::Rescue, Some(true), None, to(Cancelled)),
     row(Running, Op::Rescue, Some(false), Some(false), to(Failed)),
     row(Running, Op::Rescue, Some(false), Some(true), to(Pending)),

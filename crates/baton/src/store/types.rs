@@ -305,8 +305,17 @@ pub enum Finish {
         reason: String,
     },
     /// Shutdown: back to pending now, and the attempt is not counted (or
-    /// `cancelled` when cancellation was requested meanwhile).
+    /// `cancelled` when cancellation was requested meanwhile). The task
+    /// keeps its `run_at`, so its place in line.
     HandBack,
+    /// The handler snoozed the task: back to pending, due `run_in` after
+    /// the store's now, and the attempt is not counted (or `cancelled`
+    /// when cancellation was requested meanwhile), like
+    /// [`Finish::HandBack`] with a delay. Its last error is kept.
+    Snoozed {
+        /// How long after the store's now the task is due again.
+        run_in: Duration,
+    },
 }
 
 /// What `cancel` did.

@@ -72,7 +72,7 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
         .queue("a", 4)
         .queue("b", 4)
         .poll_interval(tick);
-    let mut w = Worker::new(counted, cfg);
+    let mut w = Worker::new(counted, cfg).unwrap();
     w.handle_any(|_| async { Ok(()) });
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));

@@ -22,6 +22,7 @@ mod locks;
 mod model;
 mod queue;
 mod schedule;
+mod snooze;
 mod states;
 mod timing;
 mod typed;
@@ -71,6 +72,8 @@ conformance! {
     locks::holder_learns_of_a_revocation_within_the_confirm_period,
     states::every_transition_matches_the_table,
     states::every_birth_matches_the_table,
+    snooze::snoozed_task_is_pending_later_and_uncounted,
+    snooze::handler_snooze_cancel_and_retry_delays,
     queue::claim_order_priority_run_at_id,
     queue::claim_buffer_share_skips_last_attempts,
     queue::unique_key_race_gives_one_task,

@@ -383,7 +383,7 @@ pub async fn retries_with_backoff_then_succeeds(ts: TestStore) {
     let id = q.enqueue(task("flaky").max_attempts(5)).await.unwrap().id;
     let calls = Arc::new(AtomicU32::new(0));
     let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2)).unwrap();
     let (c2, s2) = (calls.clone(), starts.clone());
     w.handle("flaky", move |ctx| {
         let (c, s) = (c2.clone(), s2.clone());
@@ -392,7 +392,7 @@ pub async fn retries_with_backoff_then_succeeds(ts: TestStore) {
             let n = c.fetch_add(1, Ordering::SeqCst) + 1;
             assert_eq!(ctx.task().attempt, n);
             if n < 3 {
-                Err(TaskError::retryable(format!("boom {n}")))
+                Err(TaskError::retry(format!("boom {n}")))
             } else {
                 Ok(())
             }
@@ -428,9 +428,9 @@ pub async fn out_of_attempts_is_dead_lettered_and_retryable(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("bad").max_attempts(2)).await.unwrap().id;
     let perm = q.enqueue(task("fatal").max_attempts(5)).await.unwrap().id;
-    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2)).unwrap();
     w.handle("bad", |ctx| async move {
-        Err(TaskError::retryable(format!(
+        Err(TaskError::retry(format!(
             "always fails (attempt {})",
             ctx.task().attempt
         )))
@@ -476,14 +476,14 @@ pub async fn cancel_pending_and_running(ts: TestStore) {
 
     let id = q.enqueue(task("slow")).await.unwrap().id;
     let saw_stop = Arc::new(AtomicU32::new(0));
-    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1)).unwrap();
     let s2 = saw_stop.clone();
     w.handle("slow", move |ctx| {
         let s = s2.clone();
         async move {
             ctx.stopped().await;
             s.fetch_add(1, Ordering::SeqCst);
-            Err(TaskError::retryable("stopped"))
+            Err(TaskError::retry("stopped"))
         }
     });
     let stop = CancellationToken::new();
@@ -509,10 +509,10 @@ pub async fn cancel_pending_and_running(ts: TestStore) {
 pub async fn shutdown_hands_back_without_burning_an_attempt(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("long").max_attempts(1)).await.unwrap().id;
-    let mut a = Worker::new(ts.store.clone(), fast_config("default", 1));
+    let mut a = Worker::new(ts.store.clone(), fast_config("default", 1)).unwrap();
     a.handle("long", |ctx| async move {
         ctx.stopped().await;
-        Err(TaskError::retryable("interrupted"))
+        Err(TaskError::retry("interrupted"))
     });
     let stop_a = CancellationToken::new();
     let run_a = tokio::spawn(a.run(stop_a.clone()));
@@ -527,7 +527,7 @@ pub async fn shutdown_hands_back_without_burning_an_attempt(ts: TestStore) {
     assert_eq!(info.state, TaskState::Pending, "handed back");
     assert_eq!(info.attempt, 0, "the interrupted attempt does not count");
     // Another instance resumes it at once, with its single attempt intact.
-    let mut b = Worker::new(ts.open().await, fast_config("default", 1));
+    let mut b = Worker::new(ts.open().await, fast_config("default", 1)).unwrap();
     b.handle("long", |_| async move { Ok(()) });
     let stop_b = CancellationToken::new();
     let run_b = tokio::spawn(b.run(stop_b.clone()));
@@ -540,7 +540,7 @@ pub async fn shutdown_hands_back_without_burning_an_attempt(ts: TestStore) {
 pub async fn shutdown_lets_short_handlers_finish(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("short")).await.unwrap().id;
-    let mut a = Worker::new(ts.store.clone(), fast_config("default", 1));
+    let mut a = Worker::new(ts.store.clone(), fast_config("default", 1)).unwrap();
     a.handle("short", |_| async move {
         tokio::time::sleep(Duration::from_millis(150)).await;
         Ok(())
@@ -560,7 +560,7 @@ pub async fn heartbeats_keep_a_long_task_alive(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("long")).await.unwrap().id;
     let cfg = fast_config("default", 1).lease(Duration::from_millis(300));
-    let mut w = Worker::new(ts.store.clone(), cfg);
+    let mut w = Worker::new(ts.store.clone(), cfg).unwrap();
     w.handle("long", |_| async move {
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         Ok(())
@@ -595,7 +595,7 @@ pub async fn timeout_fails_the_attempt(ts: TestStore) {
         .await
         .unwrap()
         .id;
-    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1)).unwrap();
     w.handle("hang", |_| async move {
         tokio::time::sleep(Duration::from_secs(60)).await;
         Ok(())
@@ -612,7 +612,7 @@ pub async fn wake_up_without_waiting_for_a_poll(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let cfg = fast_config("default", 1).poll_interval(Duration::from_secs(30));
     let started = Arc::new(std::sync::Mutex::new(None));
-    let mut w = Worker::new(ts.store.clone(), cfg);
+    let mut w = Worker::new(ts.store.clone(), cfg).unwrap();
     let s2 = started.clone();
     w.handle("ping", move |_| {
         let s = s2.clone();
@@ -662,7 +662,7 @@ async fn many_tasks_four_workers(ts: TestStore, n: usize, pipeline: bool) {
             .free_slot_on_return(pipeline)
             .result_batches_in_flight(if pipeline { 2 } else { 1 })
             .prefetch(if pipeline { 16 } else { 0 });
-        let mut w = Worker::new(ts.open().await, cfg);
+        let mut w = Worker::new(ts.open().await, cfg).unwrap();
         let (d, s) = (done.clone(), seen.clone());
         w.handle("n", move |ctx| {
             let (d, s) = (d.clone(), s.clone());
@@ -728,7 +728,7 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
             .prefetch(prefetch)
             .rescue(false)
             .shutdown_grace(Duration::from_secs(3));
-        let mut w = Worker::new(store, cfg);
+        let mut w = Worker::new(store, cfg).unwrap();
         w.handle("pf", move |ctx| {
             let runs = runs.clone();
             async move {
@@ -834,7 +834,7 @@ pub async fn prefetch_never_holds_a_last_attempt(ts: TestStore) {
     let cfg = fast_config("pl", 1)
         .prefetch(8)
         .shutdown_grace(Duration::from_secs(3));
-    let mut w = Worker::new(ts.open().await, cfg);
+    let mut w = Worker::new(ts.open().await, cfg).unwrap();
     {
         let (runs, seen, store) = (runs.clone(), seen.clone(), ts.store.clone());
         w.handle("pl", move |ctx| {
@@ -1067,7 +1067,7 @@ pub async fn worker_counters_count_outcomes(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let ok = q.enqueue(task("ok")).await.unwrap().id;
     let bad = q.enqueue(task("bad").max_attempts(1)).await.unwrap().id;
-    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2));
+    let mut w = Worker::new(ts.store.clone(), fast_config("default", 2)).unwrap();
     w.handle("ok", |_| async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(())
@@ -1116,7 +1116,7 @@ pub async fn max_running_caps_the_whole_cluster(ts: TestStore) {
     let mut runs = Vec::new();
     for _ in 0..3 {
         let cfg = fast_config("default", 3).max_running("default", 2);
-        let mut w = Worker::new(ts.open().await, cfg);
+        let mut w = Worker::new(ts.open().await, cfg).unwrap();
         let (now, peak, done) = (now.clone(), peak.clone(), done.clone());
         w.handle("cap", move |_| {
             let (now, peak, done) = (now.clone(), peak.clone(), done.clone());
@@ -1146,11 +1146,8 @@ pub async fn max_running_caps_the_whole_cluster(ts: TestStore) {
     );
     // A cap of zero is refused with the field's name.
     let bad = fast_config("default", 1).max_running("default", 0);
-    let e = Worker::new(ts.store.clone(), bad)
-        .run(CancellationToken::new())
-        .await
-        .unwrap_err();
-    assert!(e.to_string().contains("max_running"), "{e}");
+    let e = Worker::new(ts.store.clone(), bad).err().unwrap();
+    assert_eq!(e.field, "max_running", "{e}");
 }
 
 /// A claim handed back and claimed again carries a new, higher token: a
@@ -1622,7 +1619,7 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
     assert_eq!(empty.pending, 0);
     // A worker of another client leaves the paused queue alone.
     let ran = Arc::new(AtomicUsize::new(0));
-    let mut w = Worker::new(other.clone(), fast_config("held", 4));
+    let mut w = Worker::new(other.clone(), fast_config("held", 4)).unwrap();
     let r2 = ran.clone();
     w.handle_any(move |_| {
         let r = r2.clone();
@@ -1653,7 +1650,7 @@ pub async fn resume_makes_tasks_claimable_and_wakes_workers(ts: TestStore) {
     q.pause("default").await.unwrap();
     let id = q.enqueue(task("ping")).await.unwrap().id;
     let cfg = fast_config("default", 1).poll_interval(Duration::from_secs(30));
-    let mut w = Worker::new(ts.store.clone(), cfg);
+    let mut w = Worker::new(ts.store.clone(), cfg).unwrap();
     w.handle("ping", |_| async { Ok(()) });
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));

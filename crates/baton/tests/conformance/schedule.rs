@@ -271,7 +271,7 @@ async fn run_cluster_counted(
         let cfg = WorkerConfig::default()
             .queue("default", 4)
             .poll_interval(Duration::from_millis(200));
-        let mut w = Worker::new(store, cfg);
+        let mut w = Worker::new(store, cfg).unwrap();
         let l = ledger.clone();
         w.handle(job.kind.clone(), move |ctx| {
             let l = l.clone();
@@ -825,7 +825,7 @@ pub async fn lock_mode_without_at_least_runs_each_slot_once(ts: TestStore) {
         s.add_locked(job, move |run| {
             let (l, store) = (l.clone(), store.clone());
             async move {
-                let now = store.now().await.map_err(|e| e.to_string())?;
+                let now = store.now().await?;
                 l.lock().unwrap().push((run.slot, now));
                 Ok(())
             }
@@ -921,9 +921,9 @@ pub async fn fixed_delay_counts_from_the_previous_end(ts: TestStore) {
         s.add_locked(job, move |_run| {
             let (l, store) = (l.clone(), store.clone());
             async move {
-                let start = store.now().await.map_err(|e| e.to_string())?;
+                let start = store.now().await?;
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let end = store.now().await.map_err(|e| e.to_string())?;
+                let end = store.now().await?;
                 l.lock().unwrap().push((start, end));
                 Ok(())
             }

@@ -170,6 +170,10 @@ async fn apply(b: &dyn Backend, queue: &str, id: i64, claim: Claim, op: Op) -> b
             finish(b, claim, f).await
         }
         Op::FinishHandBack => finish(b, claim, Finish::HandBack).await,
+        Op::FinishSnoozed => {
+            let run_in = Duration::from_secs(60);
+            finish(b, claim, Finish::Snoozed { run_in }).await
+        }
         Op::Rescue => {
             // Let the lease lapse (refused unless the claim is current).
             let beat = b

@@ -39,14 +39,14 @@ async fn start_worker(
     Arc<Mutex<Vec<Instant>>>,
 ) {
     let starts = Arc::new(Mutex::new(Vec::new()));
-    let mut w = Worker::new(ts.open().await, slow_poll_config());
+    let mut w = Worker::new(ts.open().await, slow_poll_config()).unwrap();
     let s2 = starts.clone();
     w.handle_any(move |ctx| {
         let s = s2.clone();
         async move {
             s.lock().unwrap().push(Instant::now());
             if fail_first && ctx.task().attempt == 1 {
-                return Err(TaskError::retryable("first attempt fails"));
+                return Err(TaskError::retry("first attempt fails"));
             }
             Ok(())
         }

@@ -88,7 +88,8 @@ pub async fn typed_tasks_decode_or_fail_permanently(ts: TestStore) {
         WorkerConfig::default()
             .queue("images", 2)
             .poll_interval(Duration::from_millis(100)),
-    );
+    )
+    .unwrap();
     let s = seen.clone();
     w.register(move |ctx, r: Resize| {
         let s = s.clone();

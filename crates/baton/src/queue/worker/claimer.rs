@@ -318,7 +318,7 @@ pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContex
         stop: CancellationToken::new(),
         reason: Arc::default(),
         exit_code: Arc::default(),
-        store: shared.store.clone(),
+        progress: ProgressSink::Store(shared.store.clone()),
         lease_bound: Arc::new(tokio::sync::watch::Sender::new(sent + shared.config.lease)),
         margin: crate::lease::stop_margin(shared.config.lease),
     };

@@ -1,6 +1,5 @@
 //! What a handler sees: its [`TaskContext`] (the task, its stop signal and
-//! lease), the [`TaskError`] it returns, and why it was asked to stop
-//! ([`StopReason`]).
+//! lease) and why it was asked to stop ([`StopReason`]).
 
 use super::*;
 
@@ -23,36 +22,13 @@ pub enum StopReason {
     LeaseExpiring,
 }
 
-/// An error from a handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskError {
-    /// The message kept on the task.
-    pub message: String,
-    /// False: fail the task now without further attempts.
-    pub retry: bool,
-}
-
-impl TaskError {
-    /// A failure that is retried (while attempts are left).
-    pub fn retryable(msg: impl Into<String>) -> TaskError {
-        TaskError {
-            message: msg.into(),
-            retry: true,
-        }
-    }
-    /// A failure that ends the task as `failed` at once.
-    pub fn permanent(msg: impl Into<String>) -> TaskError {
-        TaskError {
-            message: msg.into(),
-            retry: false,
-        }
-    }
-}
-
-impl<E: std::fmt::Display> From<E> for TaskError {
-    fn from(e: E) -> Self {
-        TaskError::retryable(e.to_string())
-    }
+/// Where a context's progress reports go.
+#[derive(Clone)]
+pub(super) enum ProgressSink {
+    /// A worker's attempt: the store, fenced on the claim.
+    Store(Store),
+    /// A test context ([`TaskContext::for_test`]): kept in order.
+    Recorded(Arc<Mutex<Vec<serde_json::Value>>>),
 }
 
 /// What a handler gets: the task, a stop signal, progress reporting.
@@ -62,7 +38,8 @@ pub struct TaskContext {
     pub(super) stop: CancellationToken,
     pub(super) reason: Arc<Mutex<Option<StopReason>>>,
     pub(super) exit_code: Arc<Mutex<Option<i32>>>,
-    pub(super) store: Store,
+    /// Where progress goes: the store, or a test context's list.
+    pub(super) progress: ProgressSink,
     /// The attempt's local lease bound (last confirmed heartbeat's send
     /// time + lease), as the heartbeat loop moves it.
     pub(super) lease_bound: Arc<tokio::sync::watch::Sender<Instant>>,
@@ -115,11 +92,61 @@ impl TaskContext {
     pub fn set_exit_code(&self, code: i32) {
         *lock(&self.exit_code) = Some(code);
     }
+    /// A context for running a handler in a test, without a worker or a
+    /// store: the task as given (see [`crate::testing::task`]), never
+    /// stopped unless [`crate::testing::stop`] stops it, its lease bound an
+    /// hour away, its progress reports kept for
+    /// [`TaskContext::recorded_progress`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), baton::Error> {
+    /// use baton::queue::{TaskBuilder, TaskContext};
+    /// let task = baton::testing::task_of(TaskBuilder::new("export", serde_json::json!({"report": 7})))?;
+    /// let ctx = TaskContext::for_test(task);
+    /// ctx.progress(serde_json::json!({"rows": 10})).await?;
+    /// assert_eq!(ctx.recorded_progress(), [serde_json::json!({"rows": 10})]);
+    /// assert_eq!(ctx.task().attempt, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn for_test(task: Task) -> TaskContext {
+        let lease = Duration::from_secs(3600);
+        TaskContext {
+            task: Arc::new(task),
+            stop: CancellationToken::new(),
+            reason: Arc::default(),
+            exit_code: Arc::default(),
+            progress: ProgressSink::Recorded(Arc::default()),
+            lease_bound: Arc::new(tokio::sync::watch::Sender::new(Instant::now() + lease)),
+            margin: crate::lease::stop_margin(lease),
+        }
+    }
+
+    /// The progress a handler reported on a test context
+    /// ([`TaskContext::for_test`]), in order; empty on a worker's (whose
+    /// progress is on the task in the store).
+    pub fn recorded_progress(&self) -> Vec<serde_json::Value> {
+        match &self.progress {
+            ProgressSink::Recorded(list) => lock(list).clone(),
+            ProgressSink::Store(_) => Vec::new(),
+        }
+    }
+
+    /// The exit code a handler set ([`TaskContext::set_exit_code`]).
+    pub fn exit_code(&self) -> Option<i32> {
+        *lock(&self.exit_code)
+    }
+
     /// Record progress on the task (any JSON). Fails with
     /// [`Error::LeaseLost`] when the claim is no longer this worker's.
     pub async fn progress(&self, value: serde_json::Value) -> Result<(), Error> {
-        if self
-            .store
+        let store = match &self.progress {
+            ProgressSink::Store(store) => store,
+            ProgressSink::Recorded(list) => {
+                lock(list).push(value);
+                return Ok(());
+            }
+        };
+        if store
             .backend()
             .task_set_progress(&crate::store::TaskSetProgress {
                 claim: self.claim(),
@@ -132,7 +159,7 @@ impl TaskContext {
             Err(Error::LeaseLost(format!("task {}", self.task.id)))
         }
     }
-    pub(super) fn stop_with(&self, why: StopReason) {
+    pub(crate) fn stop_with(&self, why: StopReason) {
         let mut r = lock(&self.reason);
         if r.is_none() {
             *r = Some(why);

@@ -58,12 +58,14 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
                 Some(Finish::Failed { error, .. }) => Some(error.clone()),
                 _ => None,
             };
-            // A retry we write falls due `retry_in` after the store's now at
-            // the write, which is no later than our now when the write returns.
+            // A retry (or a snooze) we write falls due `retry_in` after the
+            // store's now at the write, which is no later than our now when
+            // the write returns.
             let retry_in = match &result {
                 Some(Finish::Failed {
                     retry_in: Some(d), ..
                 }) if ctx.task().attempt < ctx.task().max_attempts => Some(*d),
+                Some(Finish::Snoozed { run_in }) => Some(*run_in),
                 _ => None,
             };
             if result.is_some() {
@@ -76,6 +78,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
                         Finish::Failed { .. } => Outcome::Failed,
                         Finish::Cancelled { .. } => Outcome::Cancelled,
                         Finish::HandBack => Outcome::HandedBack,
+                        Finish::Snoozed { .. } => Outcome::Snoozed,
                     }
                 }
                 _ => Outcome::Lost,
@@ -87,7 +90,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             o = attempt => o,
             _ = shared.abandon.cancelled() => (Outcome::Lost, None, None),
         };
-        if let (Some(d), Outcome::Failed) = (retry_in, &outcome) {
+        if let (Some(d), Outcome::Failed | Outcome::Snoozed) = (retry_in, &outcome) {
             let _ = shared.due.send((queue.clone(), Instant::now() + d));
         }
         let took = sent.elapsed();
@@ -116,7 +119,9 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             };
         }
         match outcome {
-            Outcome::Succeeded | Outcome::Cancelled | Outcome::HandedBack => ended!(info),
+            Outcome::Succeeded | Outcome::Cancelled | Outcome::HandedBack | Outcome::Snoozed => {
+                ended!(info)
+            }
             Outcome::Failed | Outcome::Lost => ended!(warn),
         }
         if outcome == Outcome::Lost {
@@ -198,7 +203,7 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
     let Some(handler) = handler else {
         return Some(Finish::Failed {
             error: format!("no handler for kind {:?} on this worker", task.kind),
-            retry_in: Some(shared.config.backoff.delay(task.attempt)),
+            retry_in: Some(shared.retry_delay(&task)),
         });
     };
     // The handler runs in its own task so a panic is caught as a failure,
@@ -249,7 +254,7 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
                         before = when,
                         "handler did not stop in time; dropped"
                     );
-                    Ok(Err(TaskError::retryable(format!(
+                    Ok(Err(TaskError::retry(format!(
                         "handler did not stop before {when}"
                     ))))
                 }
@@ -269,7 +274,7 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
     }
     let reason = ctx.stop_reason();
     let attempt_error = |msg: String, retry: bool| Finish::Failed {
-        retry_in: retry.then(|| shared.config.backoff.delay(task.attempt)),
+        retry_in: retry.then(|| shared.retry_delay(&task)),
         error: msg,
     };
     match (reason, result) {
@@ -294,7 +299,18 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             ),
             true,
         )),
-        (None, Ok(Err(e))) => Some(attempt_error(e.message, e.retry)),
+        (None, Ok(Err(e))) => Some(match e.action() {
+            TaskAction::Retry { after: Some(d) } => Finish::Failed {
+                error: e.message().to_string(),
+                retry_in: Some(d),
+            },
+            TaskAction::Retry { after: None } => attempt_error(e.message().to_string(), true),
+            TaskAction::Fail => attempt_error(e.message().to_string(), false),
+            TaskAction::Cancel => Finish::Cancelled {
+                reason: e.message().to_string(),
+            },
+            TaskAction::Snooze { after } => Finish::Snoozed { run_in: after },
+        }),
         (None, Err(join_err)) if join_err.is_panic() => {
             let msg = join_err
                 .into_panic()

@@ -37,7 +37,7 @@
 //! # async fn demo() -> Result<(), baton::Error> {
 //! use baton::queue::{Worker, WorkerConfig, TaskError};
 //! let store = baton::Store::connect("sqlite://baton.db").await?;
-//! let mut worker = Worker::new(store, WorkerConfig::default().queue("default", 2));
+//! let mut worker = Worker::new(store, WorkerConfig::default().queue("default", 2))?;
 //! worker.handle("export", |ctx| async move {
 //!     println!("task {} attempt {}", ctx.task().id, ctx.task().attempt);
 //!     Ok::<_, TaskError>(())
@@ -61,6 +61,7 @@ use tracing::Instrument;
 
 use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
+use super::TaskAction;
 use crate::clock::StoreClock;
 use crate::error::Error;
 use crate::store::{Claim, Finish, Heartbeat, Store, Task, TaskClaim, Wake, IDENTITY_CHECK};
@@ -77,9 +78,11 @@ mod tests;
 mod ticker;
 mod upkeep;
 
+pub use super::task_error::TaskError;
 use claimer::*;
 use completer::*;
-pub use context::{StopReason, TaskContext, TaskError};
+use context::ProgressSink;
+pub use context::{StopReason, TaskContext};
 use executor::*;
 use heartbeat::*;
 use shared::*;
@@ -94,26 +97,41 @@ pub struct Worker {
     id: String,
     handlers: HashMap<String, HandlerFn>,
     fallback: Option<HandlerFn>,
+    backoffs: HashMap<String, super::Backoff>,
     counters: WorkerCounters,
 }
 
 impl Worker {
-    /// A worker on `store`; add handlers, then [`Worker::run`].
-    pub fn new(store: Store, config: WorkerConfig) -> Worker {
-        Worker {
+    /// A worker on `store`; add handlers, then [`Worker::run`]. Refuses a
+    /// config that does not [`validate`](WorkerConfig::validate), with an
+    /// [`InvalidInput`](crate::InvalidInput) naming the field.
+    pub fn new(store: Store, config: WorkerConfig) -> Result<Worker, crate::InvalidInput> {
+        config.validate()?;
+        Ok(Worker {
             store,
             config,
             id: format!("{}:{}", crate::node::node_id(), crate::node::short_id()),
             handlers: HashMap::new(),
             fallback: None,
+            backoffs: HashMap::new(),
             counters: WorkerCounters::default(),
-        }
+        })
     }
 
     /// A handle on this worker's counters (attempts by queue and outcome),
     /// readable while it runs.
     pub fn counters(&self) -> WorkerCounters {
         self.counters.clone()
+    }
+
+    /// The store this worker runs on.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Its config.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
     }
 
     /// This worker's id, recorded on the tasks it claims.
@@ -129,6 +147,24 @@ impl Worker {
     {
         self.handlers
             .insert(kind.into(), Arc::new(move |c| Box::pin(f(c)) as BoxFut));
+        self
+    }
+
+    /// Retry failures of `kind` on this schedule instead of the worker's
+    /// ([`WorkerConfig::backoff`]); a [`TaskError::retry_in`] still wins
+    /// for its own failure. [`Worker::register`] sets it from
+    /// [`TaskArgs::backoff`](super::TaskArgs::backoff).
+    ///
+    /// ```no_run
+    /// # fn demo(worker: &mut baton::queue::Worker) {
+    /// use std::time::Duration;
+    /// use baton::queue::Backoff;
+    /// // Webhooks: retry after 10 s, 20 s, 40 s … at most an hour apart.
+    /// worker.backoff_for("webhook", Backoff { base: Duration::from_secs(10), ..Backoff::default() });
+    /// # }
+    /// ```
+    pub fn backoff_for(&mut self, kind: impl Into<String>, backoff: super::Backoff) -> &mut Self {
+        self.backoffs.insert(kind.into(), backoff);
         self
     }
 
@@ -182,7 +218,6 @@ impl Worker {
         shutdown: CancellationToken,
         urgent: CancellationToken,
     ) -> Result<(), Error> {
-        self.config.validate()?;
         let kind = self.store.backend().kind();
         self.config = std::mem::take(&mut self.config).with_store_defaults(kind);
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -200,6 +235,7 @@ impl Worker {
             id: self.id.clone(),
             handlers: self.handlers,
             fallback: self.fallback,
+            backoffs: self.backoffs,
             running: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
             drained: Notify::new(),

@@ -37,6 +37,8 @@ pub(super) struct Shared {
     pub(super) id: String,
     pub(super) handlers: HashMap<String, HandlerFn>,
     pub(super) fallback: Option<HandlerFn>,
+    /// Retry schedules of kinds that have their own.
+    pub(super) backoffs: HashMap<String, super::super::Backoff>,
     pub(super) running: Mutex<HashMap<Claim, Running>>,
     pub(super) stop_claiming: CancellationToken,
     pub(super) drained: Notify,
@@ -51,6 +53,15 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The delay before retrying `task` after its failed attempt: its
+    /// kind's backoff, else the worker's.
+    pub(super) fn retry_delay(&self, task: &Task) -> Duration {
+        self.backoffs
+            .get(&task.kind)
+            .unwrap_or(&self.config.backoff)
+            .delay(task.attempt)
+    }
+
     /// An upkeep store call, counted on the store: the ticker skips a
     /// poll for each, so an idle worker stays at one store call per poll
     /// interval.

@@ -642,8 +642,10 @@ pub(super) async fn task_finish_many(
                 .execute(&mut *tx)
                 .await?;
             }
-            Finish::HandBack => {
+            Finish::HandBack | Finish::Snoozed { .. } => {
                 // The attempt is not counted; a requested cancel ends it.
+                // A snooze is due `run_in` after now; a hand-back keeps
+                // its run_at (its place in line).
                 if *cancel {
                     sqlx::query(&format!(
                         "UPDATE {t} SET state = 'cancelled', attempt = attempt - 1, \
@@ -654,6 +656,17 @@ pub(super) async fn task_finish_many(
                     .bind(claim.id)
                     .execute(&mut *tx)
                     .await?;
+                } else if let Finish::Snoozed { run_in } = finish {
+                    sqlx::query(&format!(
+                        "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
+                         run_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+                         lease_until = NULL WHERE id = ?"
+                    ))
+                    .bind(us(*run_in))
+                    .bind(claim.id)
+                    .execute(&mut *tx)
+                    .await?;
+                    retried.push(claim.id);
                 } else {
                     sqlx::query(&format!(
                         "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
@@ -684,8 +697,8 @@ pub(super) async fn task_finish_many(
         }
         u.execute(&mut *tx).await?;
     }
-    // A retry is announced with its due time, so a worker starts it
-    // when the backoff ends rather than at a later poll.
+    // A retry (or a snooze) is announced with its due time, so a worker
+    // starts it when the backoff ends rather than at a later poll.
     for chunk in retried.chunks(ID_CHUNK) {
         let sql = format!(
             "SELECT queue, run_at FROM {t} WHERE id IN ({})",

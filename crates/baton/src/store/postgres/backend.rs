@@ -293,6 +293,7 @@ impl Backend for PgBackend {
                     (FinishKind::Cancelled, Some(reason.as_str()), None)
                 }
                 Finish::HandBack => (FinishKind::HandBack, None, None),
+                Finish::Snoozed { run_in } => (FinishKind::HandBack, None, Some(dur(*run_in))),
             };
             kinds.push(kind.code());
             texts.push(text);

@@ -45,7 +45,8 @@ pub(super) struct Sql {
     pub heartbeat: String,
     /// Every kind of finish in one statement: `$1` ids, `$2` tokens,
     /// `$3` kinds (see [`FinishKind`]), `$4` texts (a failure's error or a
-    /// cancel's reason), `$5` retry delays ms (a failure's, or NULL),
+    /// cancel's reason), `$5` delays ms (a failure's retry, a
+    /// snooze's, or NULL),
     /// `$6` channel, `$7` the reason a requested cancel ends a hand-back
     /// → (id, claim_token) of the attempts it finished. A success deletes
     /// the task instead when the backend does not keep succeeded tasks
@@ -425,7 +426,8 @@ impl FinishKind {
 /// worker starts it when the backoff ends rather than at a later poll),
 /// unless its cancel was requested; a hand-back goes back to pending now
 /// without counting the attempt (announced), or is cancelled when its
-/// cancel was requested. With `keep_succeeded: false` a success deletes
+/// cancel was requested; a snooze (kind `h` with a `retry_ms`) is a
+/// hand-back due `retry_ms` after now (announced with its due time). With `keep_succeeded: false` a success deletes
 /// the task, except rows that hold a unique key or a job's run history,
 /// which are kept as succeeded.
 fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
@@ -434,6 +436,8 @@ fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
                   AND NOT t.cancel_requested)";
     let stop = "(c.kind = 'f' AND c.retry_ms IS NOT NULL AND t.attempt < t.max_attempts \
                  AND t.cancel_requested)";
+    // A snooze is a hand-back with a delay.
+    let snooze = "(c.kind = 'h' AND c.retry_ms IS NOT NULL AND NOT t.cancel_requested)";
     let errs = append_error("c.msg");
     let deleted = "c.kind = 's' AND t.unique_key IS NULL AND t.job IS NULL";
     let (delete, kept) = if keep_succeeded {
@@ -470,13 +474,15 @@ fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
                  WHEN 'h' THEN CASE WHEN t.cancel_requested THEN $7 ELSE t.last_error END \
                  ELSE CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || c.msg ELSE c.msg END END, \
              errors = CASE WHEN c.kind = 'f' THEN {errs} ELSE t.errors END, \
-             run_at = CASE WHEN {again} THEN now() + c.retry_ms * interval '1 millisecond' \
-                 ELSE t.run_at END, \
+             run_at = CASE WHEN {again} OR {snooze} \
+                 THEN now() + c.retry_ms * interval '1 millisecond' ELSE t.run_at END, \
              attempt = CASE WHEN c.kind = 'h' THEN t.attempt - 1 ELSE t.attempt END \
          FROM c \
          WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running'{kept} \
-         RETURNING t.id, t.claim_token AS token, t.queue, t.state, t.run_at, c.kind), \
-         n AS (SELECT count(pg_notify($6, CASE WHEN u.kind = 'h' THEN u.queue \
+         RETURNING t.id, t.claim_token AS token, t.queue, t.state, t.run_at, c.kind, \
+             c.retry_ms), \
+         n AS (SELECT count(pg_notify($6, CASE WHEN u.kind = 'h' AND u.retry_ms IS NULL \
+                 THEN u.queue \
                  ELSE u.queue || chr(10) || {WAKE_AT} END)) AS n \
              FROM u WHERE u.state = 'pending') \
          SELECT r.id, r.token FROM (SELECT id, token FROM d UNION ALL SELECT id, token FROM u) \

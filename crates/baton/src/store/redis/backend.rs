@@ -415,6 +415,7 @@ impl Backend for RedisBackend {
                         ),
                         Finish::Cancelled { reason } => ("c", reason.as_str(), String::new()),
                         Finish::HandBack => ("h", "", String::new()),
+                        Finish::Snoozed { run_in } => ("h", "", ms(*run_in).to_string()),
                     };
                     args.extend(sargs![claim.id, claim.token.0, kind, text, retry]);
                 }

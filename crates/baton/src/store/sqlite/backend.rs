@@ -37,6 +37,7 @@ impl SqliteBackend {
             }
             Finish::Cancelled { reason } => (&f.cancelled, Some(reason.as_str()), None),
             Finish::HandBack => (&f.hand_back, Some(CANCEL_REQUESTED), None),
+            Finish::Snoozed { run_in } => (&f.hand_back, Some(CANCEL_REQUESTED), Some(ms(*run_in))),
         }
     }
 
@@ -57,7 +58,9 @@ impl SqliteBackend {
                 let queue: String = row.try_get("queue")?;
                 self.wake([queue.as_str()]);
             }
-            Finish::Failed { .. } if row.try_get::<String, _>("state")? == "pending" => {
+            Finish::Failed { .. } | Finish::Snoozed { .. }
+                if row.try_get::<String, _>("state")? == "pending" =>
+            {
                 // A retry: announce when its backoff ends.
                 let queue: String = row.try_get("queue")?;
                 self.wake_later([(queue.as_str(), row.try_get::<i64, _>("run_at")?)]);
@@ -328,7 +331,7 @@ impl Backend for SqliteBackend {
                     {
                         woken.push(row.try_get("queue")?)
                     }
-                    (Some(row), Finish::Failed { .. })
+                    (Some(row), Finish::Failed { .. } | Finish::Snoozed { .. })
                         if row.try_get::<String, _>("state")? == "pending" =>
                     {
                         retried.push((row.try_get("queue")?, row.try_get("run_at")?));

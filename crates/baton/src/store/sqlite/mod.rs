@@ -148,7 +148,11 @@ fn canonical_of(path: &Path) -> PathBuf {
         .unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// The file path of a `sqlite://PATH` or `sqlite:PATH` URL.
+/// The path of an in-memory database (`sqlite::memory:`).
+const MEMORY: &str = ":memory:";
+
+/// The file path of a `sqlite://PATH` or `sqlite:PATH` URL (`:memory:`
+/// for `sqlite::memory:` and `sqlite://:memory:`).
 fn parse_url(url: &str) -> Result<PathBuf, StoreError> {
     let rest = url
         .strip_prefix("sqlite://")
@@ -160,10 +164,10 @@ fn parse_url(url: &str) -> Result<PathBuf, StoreError> {
             "store URL {url:?}: no file path; use sqlite://PATH (e.g. sqlite://baton.db)"
         )));
     }
-    if path == ":memory:" || path.starts_with("file:") {
+    if path.starts_with("file:") {
         return Err(StoreError::Config(format!(
-            "store URL {url:?}: in-memory SQLite is not supported (each pooled connection would \
-             see its own database); use a file path"
+            "store URL {url:?}: SQLite URI filenames are not supported; use a file path, or \
+             sqlite::memory: for a private in-memory database"
         )));
     }
     Ok(PathBuf::from(path))
@@ -187,6 +191,9 @@ impl SqliteBackend {
     pub async fn connect(url: &str, opts: &StoreOptions) -> Result<SqliteBackend, StoreError> {
         let t = Tables::new(opts.prefix.as_deref())?;
         let path = parse_url(url)?;
+        if path == Path::new(MEMORY) {
+            return SqliteBackend::in_memory(t, opts).await;
+        }
         let key = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
         if let Some((pool, reader)) = live_pools(&key) {
             let wake = wake_for(&canonical_of(&path), &t.prefix);
@@ -232,6 +239,41 @@ impl SqliteBackend {
             sql: Arc::new(Sql::new(&t)),
             t,
             wake,
+        })
+    }
+
+    /// A private in-memory database (`sqlite::memory:` or
+    /// `sqlite://:memory:`), for tests: one connection, kept open as long
+    /// as the store (its database goes with it), so every handle of this
+    /// store sees the same tables and another `connect` gets a database
+    /// of its own. Its wake-up channel is its own too.
+    async fn in_memory(t: Tables, opts: &StoreOptions) -> Result<SqliteBackend, StoreError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let options = SqliteConnectOptions::new()
+            .filename(MEMORY)
+            .journal_mode(SqliteJournalMode::Memory)
+            .busy_timeout(opts.statement_timeout)
+            .foreign_keys(false);
+        // One connection that never idles out nor is recycled: the
+        // database lives exactly as long as it.
+        let pool = Arc::new(
+            SqlitePoolOptions::new()
+                .min_connections(1)
+                .max_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await?,
+        );
+        let key = format!("{MEMORY}#{}#{n}", std::process::id());
+        Ok(SqliteBackend {
+            reader: pool.clone(),
+            pool,
+            sql: Arc::new(Sql::new(&t)),
+            wake: wake_for(Path::new(&key), &t.prefix),
+            t,
         })
     }
 

@@ -96,6 +96,8 @@ pub(super) struct FinishSql {
     pub succeeded: String,
     pub failed: String,
     pub cancelled: String,
+    /// A hand-back (`?4` NULL: `run_at` kept) or a snooze (`?4` its delay
+    /// in ms: due that long after now).
     pub hand_back: String,
 }
 
@@ -178,6 +180,8 @@ impl FinishSql {
             hand_back: cas(format!(
                 "state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END, \
                  attempt = attempt - 1, \
+                 run_at = CASE WHEN ?4 IS NULL OR cancel_requested THEN run_at \
+                     ELSE {NOW} + ?4 END, \
                  last_error = CASE WHEN cancel_requested THEN ?3 ELSE last_error END, \
                  finished_at = CASE WHEN cancel_requested THEN {NOW} ELSE NULL END"
             )),

@@ -1,5 +1,5 @@
 -- ARGV: B, the cancel-requested text, then per item: id, claim token,
--- kind (s/f/c/h), text, retry ms or ''. Returns 1 or 0 per item (0: the
+-- kind (s/f/c/h), text, retry ms or '' (for h: a snooze's delay). Returns 1 or 0 per item (0: the
 -- claim is no longer current). Transitions: DESIGN.md's task state table.
 local now = now_ms()
 local CANCEL_REQUESTED = ARGV[2]
@@ -38,6 +38,14 @@ local function finish_one(sid, tok, kind, text, retry)
     -- Handed back after its cancel was requested: cancelled, uncounted.
     redis.call('HSET', k, 'attempt', fmt(attempt - 1), 'last_error', CANCEL_REQUESTED)
     terminal(sid, queue, 'running', 'cancelled', now, uk, forever, job)
+  elseif retry ~= '' then
+    -- Snoozed: a hand-back due `retry` ms from now.
+    local at = now + tonumber(retry)
+    if running_to_pending(sid, queue, tonumber(h[8]), at, now, {'attempt', fmt(attempt - 1)}) == 1 then
+      redis.call('PUBLISH', WAKE, queue)
+    else
+      keep_min(later, queue, at)
+    end
   else
     -- Handed back: keep its place in line (its run_at), resume at once.
     running_to_pending(sid, queue, tonumber(h[8]), tonumber(h[9] or '') or now, now, {'attempt', fmt(attempt - 1)})
