@@ -352,7 +352,7 @@ fn catalogue() -> Vec<Case> {
             "chaos unknown private store",
             &["chaos", "--private", "oracle"],
             2,
-            &["--private", "use sqlite, postgres, redis or mysql"],
+            &["--private", "use sqlite, postgres, redis, redis-sentinel or mysql"],
         ),
         case(
             "chaos unknown fault",
