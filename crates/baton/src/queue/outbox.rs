@@ -165,7 +165,7 @@ impl Queue {
     where
         C: OutboxConnection + ?Sized,
     {
-        let kind = self.store().backend().kind();
+        let kind = self.store().kind();
         if conn.store_kind() != kind {
             return Err(InvalidInput::new(
                 "connection",
