@@ -60,6 +60,7 @@ pub(crate) fn expected_version(d: &impl Dialect) -> i64 {
 }
 
 /// A recorded version as text (SQL keeps it in the meta table).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn parse_version(text: &str) -> Result<i64, StoreError> {
     text.trim()
         .parse()
