@@ -82,7 +82,7 @@ pub mod prelude {
         Backoff, InsertOpts, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder, TaskContext,
         TaskError, TaskResult, Worker, WorkerConfig,
     };
-    pub use crate::schedule::{Job, Scheduler};
+    pub use crate::schedule::{Job, Misfire, Schedule, Scheduler};
     pub use crate::store::{Store, StoreOptions, TaskState};
 }
 

@@ -41,6 +41,7 @@ pub use counters::{
 pub use outbox::{InsertFuture, OutboxConnection};
 pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
+pub(crate) use typed::payload_of;
 pub use typed::{InsertOpts, TaskArgs};
 pub use worker::{StopReason, TaskContext, Worker};
 
