@@ -19,6 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, InvalidInput};
+use crate::format_duration;
 use crate::names::validate_name;
 use crate::store::{
     CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
@@ -56,6 +57,12 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// The largest accepted payload, in bytes of JSON (8 MiB): every store
 /// takes it in one statement (MySQL's default packet limit is 16 MiB).
 pub const MAX_PAYLOAD_BYTES: usize = 8 << 20;
+
+/// The longest a task may be put off: a delay, a `run_at` ahead of now,
+/// a snooze or a handler's retry delay (10 years, which every store's time
+/// type holds). Longer delays are refused at enqueue (field `delay` or
+/// `run_at`); a longer snooze or retry delay is shortened to it.
+pub const MAX_DELAY: Duration = Duration::from_secs(3650 * 24 * 3600);
 
 /// The length of `v` as JSON, without building the text.
 fn json_len(v: &serde_json::Value) -> usize {
@@ -206,6 +213,7 @@ impl TaskBuilder {
                 "must be greater than 0 (e.g. 30s, 5m)",
             ));
         }
+        check_run_at(&t.run_at)?;
         if let Some(k) = &t.unique_key {
             if k.is_empty() || k.len() > MAX_KEY_LEN {
                 return Err(InvalidInput::new(
@@ -231,6 +239,33 @@ impl TaskBuilder {
             }
         }
         Ok(t)
+    }
+}
+
+/// A task's due time within [`MAX_DELAY`] of now (by this host's clock:
+/// the bound is far from any skew).
+fn check_run_at(run_at: &RunAt) -> Result<(), InvalidInput> {
+    let limit = "10 years (e.g. 30s, 5m, 7d)";
+    match run_at {
+        RunAt::Delay(d) if *d > MAX_DELAY => Err(InvalidInput::new(
+            "delay",
+            format!("{} is too long; use at most {limit}", format_duration(*d)),
+        )),
+        RunAt::At(t) => {
+            let ahead = (*t - Utc::now()).to_std().unwrap_or_default();
+            if ahead > MAX_DELAY {
+                Err(InvalidInput::new(
+                    "run_at",
+                    format!(
+                        "{} is too far ahead; use an instant at most {limit} from now",
+                        t.to_rfc3339()
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        _ => Ok(()),
     }
 }
 
@@ -350,3 +385,29 @@ impl Queue {
 
 /// The default retention for finished tasks.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_or_run_at_beyond_max_delay_is_refused_naming_the_field() {
+        let t = || TaskBuilder::new("k", serde_json::json!({}));
+        let e = t()
+            .delay(MAX_DELAY + Duration::from_secs(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.field, "delay", "{e}");
+        assert!(e.to_string().contains("at most 10 years"), "{e}");
+        let e = t()
+            .run_at(Utc::now() + chrono::Duration::days(3660))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.field, "run_at", "{e}");
+        assert!(t().delay(MAX_DELAY).build().is_ok());
+        assert!(t()
+            .run_at(Utc::now() - chrono::Duration::days(3660))
+            .build()
+            .is_ok());
+    }
+}
