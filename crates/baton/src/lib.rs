@@ -59,6 +59,8 @@ pub mod duration;
 pub mod error;
 pub mod lease;
 pub mod lock;
+#[cfg(feature = "prometheus")]
+pub mod metrics;
 pub mod names;
 pub mod node;
 pub mod queue;
