@@ -81,8 +81,8 @@ pub mod prelude {
     pub use crate::error::{Error, InvalidInput, StoreError};
     pub use crate::lock::{LockOptions, Locker};
     pub use crate::queue::{
-        Backoff, InsertOpts, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder, TaskContext,
-        TaskError, TaskResult, Worker, WorkerConfig,
+        Backoff, InsertOpts, Next, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder,
+        TaskContext, TaskError, TaskResult, Worker, WorkerConfig, WorkerEvent,
     };
     pub use crate::schedule::{Job, Misfire, Schedule, Scheduler};
     pub use crate::store::{Store, StoreOptions, TaskState};

@@ -14,6 +14,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -28,6 +29,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+pub mod hooks;
 mod outbox;
 mod task_error;
 mod trace;
@@ -39,6 +41,7 @@ pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
+pub use hooks::{AttemptMiddleware, InsertMiddleware, Next, WorkerEvent};
 pub use outbox::{InsertFuture, OutboxConnection};
 pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
@@ -270,30 +273,68 @@ fn check_run_at(run_at: &RunAt) -> Result<(), InvalidInput> {
 }
 
 /// The client side of the queue: enqueue, inspect, cancel, retry, prune.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Queue {
     store: Store,
+    /// Run at every enqueue, in order ([`Queue::with_insert_middleware`]).
+    inserts: Vec<Arc<dyn InsertMiddleware>>,
 }
 
-/// Build every task, or fail naming the first bad one (`task N: field`)
-/// before anything is written.
-fn build_all(tasks: Vec<TaskBuilder>) -> Result<Vec<NewTask>, InvalidInput> {
-    tasks
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.build().map_err(|mut e| {
-                e.field = format!("task {i}: {}", e.field);
-                e
-            })
-        })
-        .collect()
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("store", &self.store)
+            .field("insert_middleware", &self.inserts.len())
+            .finish()
+    }
 }
 
 impl Queue {
     /// A queue client on `store`.
     pub fn new(store: Store) -> Queue {
-        Queue { store }
+        Queue {
+            store,
+            inserts: Vec::new(),
+        }
+    }
+
+    /// The same queue client, running `m` at every enqueue after the
+    /// middleware added before it (see [`InsertMiddleware`]).
+    pub fn with_insert_middleware(mut self, m: impl InsertMiddleware) -> Queue {
+        self.inserts.push(Arc::new(m));
+        self
+    }
+
+    /// Build every task and pass it through the insert middleware, then
+    /// validate it again; fail naming the first bad one (`task N: field`
+    /// when `numbered`) before anything is written.
+    pub(crate) fn prepare(
+        &self,
+        tasks: Vec<TaskBuilder>,
+        numbered: bool,
+    ) -> Result<Vec<NewTask>, InvalidInput> {
+        let one = |t: TaskBuilder| -> Result<NewTask, InvalidInput> {
+            let mut task = t.build()?;
+            if self.inserts.is_empty() {
+                return Ok(task);
+            }
+            for m in &self.inserts {
+                m.before_insert(&mut task)?;
+            }
+            TaskBuilder { task }.build()
+        };
+        tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                one(t).map_err(|mut e| {
+                    if numbered {
+                        e.field = format!("task {i}: {}", e.field);
+                    }
+                    e
+                })
+            })
+            .collect()
     }
 
     /// The store.
@@ -304,12 +345,8 @@ impl Queue {
     /// Enqueue one task. With a unique key that is taken, returns the
     /// existing task (`inserted == false`).
     pub async fn enqueue(&self, task: TaskBuilder) -> Result<Enqueued, Error> {
-        let t = task.build()?;
-        let mut out = self
-            .store
-            .backend()
-            .task_insert_many(std::slice::from_ref(&t))
-            .await?;
+        let t = self.prepare(vec![task], false)?;
+        let mut out = self.store.backend().task_insert_many(&t).await?;
         out.pop().ok_or_else(|| {
             Error::Store(crate::StoreError::Corrupt(
                 "enqueue returned nothing".into(),
@@ -320,7 +357,7 @@ impl Queue {
     /// Enqueue many tasks in one call (batched inside the store). Every task
     /// is validated before anything is written.
     pub async fn enqueue_many(&self, tasks: Vec<TaskBuilder>) -> Result<Vec<Enqueued>, Error> {
-        let built = build_all(tasks)?;
+        let built = self.prepare(tasks, true)?;
         Ok(self.store.backend().task_insert_many(&built).await?)
     }
 

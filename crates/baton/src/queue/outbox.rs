@@ -182,7 +182,7 @@ impl Queue {
             )
             .into());
         }
-        let built = super::build_all(tasks)?;
+        let built = self.prepare(tasks, true)?;
         Ok(conn.insert(self.store().prefix(), &built).await?)
     }
 
