@@ -158,15 +158,12 @@ async fn migrate_remove_needs_yes_and_removes_everything(e: Env) {
         "{}",
         stderr(&out)
     );
-    let tasks = stdout(&e.run(&["tasks", "list", "--prefix", &prefix, "--json"]));
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&tasks)
-            .unwrap()
-            .as_array()
-            .map(Vec::len),
-        Some(1),
-        "{tasks}"
-    );
+    let tasks = |e: &Env| {
+        let text = stdout(&e.run(&["tasks", "list", "--prefix", &prefix, "--json"]));
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_array().map(Vec::len)
+    };
+    assert_eq!(tasks(&e), Some(1));
     let out = e.run(&["migrate", "--prefix", &prefix, "--remove", "--yes"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
@@ -180,15 +177,7 @@ async fn migrate_remove_needs_yes_and_removes_everything(e: Env) {
         "{}",
         stdout(&out)
     );
-    let tasks = stdout(&e.run(&["tasks", "list", "--prefix", &prefix, "--json"]));
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&tasks)
-            .unwrap()
-            .as_array()
-            .map(Vec::len),
-        Some(0),
-        "{tasks}"
-    );
+    assert_eq!(tasks(&e), Some(0));
 }
 
 /// GUIDE.md "Exit codes": 66 when the task or job named does not exist.

@@ -96,18 +96,6 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    /// Every table of the prefix (what `schema::remove` drops).
-    fn all(&self) -> [&str; 6] {
-        [
-            &self.meta,
-            &self.locks,
-            &self.tasks,
-            &self.jobs,
-            &self.queues,
-            &self.slots,
-        ]
-    }
-
     fn new(prefix: Option<&str>) -> Names {
         let p = prefix.unwrap_or(DEFAULT_PREFIX).to_string();
         Names {

@@ -194,12 +194,10 @@ pub(super) async fn remove(b: &MyBackend) -> Result<(), StoreError> {
             b.names.prefix
         )));
     }
-    let dropped = sqlx::query(&format!(
-        "DROP TABLE IF EXISTS {}",
-        b.names.all().join(", ")
-    ))
-    .execute(&mut *conn)
-    .await;
+    let tables = crate::store::migrate::quoted_tables(&b.names.prefix, '`');
+    let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {tables}"))
+        .execute(&mut *conn)
+        .await;
     let released = sqlx::query("SELECT RELEASE_LOCK(?)")
         .bind(lock_name(&b.names))
         .execute(&mut *conn)

@@ -209,18 +209,6 @@ struct Names {
 }
 
 impl Names {
-    /// Every table of the prefix (what [`schema::remove`] drops).
-    fn tables(&self) -> [&str; 6] {
-        [
-            &self.meta,
-            &self.locks,
-            &self.tasks,
-            &self.jobs,
-            &self.queues,
-            &self.slots,
-        ]
-    }
-
     fn new(prefix: Option<&str>) -> Names {
         let p = prefix.unwrap_or(DEFAULT_PREFIX).to_string();
         Names {

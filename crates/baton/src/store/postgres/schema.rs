@@ -4,7 +4,7 @@
 use super::sql::UNIQUE_PRED;
 use super::{Names, PgBackend};
 use crate::error::StoreError;
-use crate::store::migrate::{parse_version, Dialect};
+use crate::store::migrate::{parse_version, quoted_tables, Dialect};
 use crate::store::sql_row::{self, corrupt};
 use crate::store::SchemaStatus;
 use crate::store::CANCEL_REQUESTED;
@@ -188,7 +188,7 @@ pub(super) async fn remove(b: &PgBackend) -> Result<(), StoreError> {
         .await?;
     let drop = format!(
         "DROP TABLE IF EXISTS {} CASCADE; DROP SEQUENCE IF EXISTS \"{}tasks_id_seq\"",
-        n.tables().join(", "),
+        quoted_tables(&n.prefix, '"'),
         n.prefix
     );
     sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&drop)).await?;

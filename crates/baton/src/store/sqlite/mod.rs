@@ -83,19 +83,6 @@ impl Tables {
         })
     }
 
-    /// Every table of the prefix (what `schema::remove` drops; their
-    /// indexes and triggers go with them).
-    fn all(&self) -> [&str; 6] {
-        [
-            &self.meta,
-            &self.locks,
-            &self.tasks,
-            &self.jobs,
-            &self.queues,
-            &self.slots,
-        ]
-    }
-
     /// A quoted index name (index names share one namespace per database).
     fn index(&self, name: &str) -> String {
         format!("\"{}{name}\"", self.prefix)

@@ -233,8 +233,10 @@ pub(super) async fn status(b: &SqliteBackend) -> Result<SchemaStatus, StoreError
 /// (a migration takes the same lock, so it runs before or after, whole).
 pub(super) async fn remove(b: &SqliteBackend) -> Result<(), StoreError> {
     let mut tx = b.immediate().await?;
-    for t in b.t.all() {
-        sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
+    // One table a statement (SQLite's DROP TABLE takes one); indexes and
+    // triggers go with their table.
+    for t in crate::store::migrate::SQL_TABLES {
+        sqlx::query(&format!("DROP TABLE IF EXISTS \"{}{t}\"", b.t.prefix))
             .execute(&mut *tx)
             .await?;
     }
