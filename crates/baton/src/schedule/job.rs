@@ -47,7 +47,11 @@ pub struct Job {
     pub misfire_grace: Duration,
     /// What to do when the previous run is unfinished.
     pub overlap: Overlap,
-    /// Random delay up to this long added to each run (not to the slot).
+    /// A delay of up to this long added to each slot's run (not to the
+    /// slot itself), the same on every instance: derived from the job's
+    /// name and the slot ([`Job::jitter_at`]), so a fleet of jobs on one
+    /// cron spreads its runs instead of stampeding, while every instance
+    /// agrees on each run's time.
     pub jitter: Duration,
     /// Queue for durable runs.
     pub queue: String,
@@ -234,6 +238,24 @@ impl Job {
         self.task(Utc::now(), false).map(|_| ()).map_err(ctx)
     }
 
+    /// The offset of `slot`'s run from the slot, from 0 to
+    /// [`Job::jitter`]: a hash of the job's name and the slot, the same on
+    /// every instance and every build (FNV-1a, not the standard library's
+    /// per-process hasher).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use baton::schedule::{Job, Schedule};
+    /// let job = Job::new("hourly", Schedule::cron("0 * * * *", None)?).jitter(Duration::from_secs(30));
+    /// let slot = chrono::DateTime::parse_from_rfc3339("2026-12-03T10:00:00Z")?.to_utc();
+    /// assert_eq!(job.jitter_at(slot), job.jitter_at(slot));
+    /// assert!(job.jitter_at(slot) <= Duration::from_secs(30));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn jitter_at(&self, slot: DateTime<Utc>) -> Duration {
+        jitter_of(&self.name, slot, self.jitter)
+    }
+
     /// The unique key of this job's run for `slot`: `job|RFC3339`.
     pub fn slot_key(&self, slot: DateTime<Utc>) -> String {
         slot_key(&self.name, slot)
@@ -255,7 +277,7 @@ impl Job {
             .unique_forever(true)
             .slot(self.name.clone(), slot);
         if !triggered {
-            let jitter = random_upto(self.jitter);
+            let jitter = self.jitter_at(slot);
             t = t.run_at(slot + chrono::Duration::from_std(jitter).unwrap_or_default());
         }
         if let Some(d) = self.timeout {
@@ -265,10 +287,65 @@ impl Job {
     }
 }
 
+/// `max` scaled by a hash of `job` and `slot` (see [`Job::jitter_at`]), in
+/// whole milliseconds.
+fn jitter_of(job: &str, slot: DateTime<Utc>, max: Duration) -> Duration {
+    let span = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    if span == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a, 64-bit, over the name, a separator and the slot's µs.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let micros = slot.timestamp_micros().to_le_bytes();
+    let bytes = job.as_bytes().iter().chain(&[0u8]).chain(&micros);
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Duration::from_millis(h % span.saturating_add(1))
+}
+
 pub(super) fn random_upto(d: Duration) -> Duration {
     if d.is_zero() {
         Duration::ZERO
     } else {
         Duration::from_millis(fastrand::u64(0..=d.as_millis() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().to_utc()
+    }
+
+    /// The same offset for a (job, slot) wherever it is computed, within
+    /// the bound, and spread: jobs on one slot, and one job's slots, get
+    /// different offsets.
+    #[test]
+    fn jitter_is_per_job_and_slot_alike_everywhere_and_spread() {
+        let max = Duration::from_secs(60);
+        let slot = at("2026-12-03T10:00:00Z");
+        assert_eq!(jitter_of("a", slot, max), jitter_of("a", slot, max));
+        // A fixed value: the hash may not change between builds.
+        assert_eq!(jitter_of("report", slot, max), Duration::from_millis(26_773));
+        let offsets: std::collections::BTreeSet<Duration> = (0..50)
+            .map(|i| jitter_of(&format!("job-{i}"), slot, max))
+            .collect();
+        assert!(
+            offsets.len() > 40,
+            "50 jobs share {} offsets",
+            offsets.len()
+        );
+        assert!(offsets.iter().all(|d| *d <= max));
+        let mut slots = std::collections::BTreeSet::new();
+        for h in 0..24 {
+            slots.insert(jitter_of("a", slot + chrono::Duration::hours(h), max));
+        }
+        assert!(slots.len() > 20, "24 slots share {} offsets", slots.len());
+        assert_eq!(jitter_of("a", slot, Duration::ZERO), Duration::ZERO);
+        assert!(jitter_of("a", slot, Duration::from_millis(1)) <= Duration::from_millis(1));
     }
 }
