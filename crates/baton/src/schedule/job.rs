@@ -75,6 +75,13 @@ pub struct Job {
     /// (misfire, catch-up) are taken only once due. Lock mode ignores it:
     /// its run starts at once.
     pub lead: Duration,
+    /// No slot before this instant runs (Temporal's start time, a
+    /// CronJob that begins later): the first slot is the first at or after
+    /// it. `None`: from when the job is first seen.
+    pub start_at: Option<DateTime<Utc>>,
+    /// No slot after this instant runs; once the store's clock passes it
+    /// the job runs nothing more, not even slots it missed before it.
+    pub end_at: Option<DateTime<Utc>>,
 }
 
 /// The default [`Job::lead`].
@@ -102,6 +109,8 @@ impl Job {
             max_attempts: crate::queue::DEFAULT_MAX_ATTEMPTS,
             timeout: None,
             lead: DEFAULT_LEAD,
+            start_at: None,
+            end_at: None,
         }
     }
     /// A durable job whose slots run as typed tasks: kind `A::KIND`,
@@ -211,6 +220,21 @@ impl Job {
         self.lead = d;
         self
     }
+    /// Run no slot before `t` (see [`Job::start_at`]).
+    pub fn starts_at(mut self, t: DateTime<Utc>) -> Job {
+        self.start_at = Some(t);
+        self
+    }
+    /// Run no slot after `t` (see [`Job::end_at`]); must be after
+    /// [`Job::start_at`], checked when the job is added.
+    pub fn ends_at(mut self, t: DateTime<Utc>) -> Job {
+        self.end_at = Some(t);
+        self
+    }
+    /// Whether `slot` is within the job's start and end.
+    pub fn in_window(&self, slot: DateTime<Utc>) -> bool {
+        self.start_at.is_none_or(|s| slot >= s) && self.end_at.is_none_or(|e| slot <= e)
+    }
     /// Lock mode only: wait `d` after each run instead of firing at slot
     /// instants (ShedLock's `fixedDelay`); refused for durable jobs when
     /// the job is added.
@@ -224,6 +248,18 @@ impl Job {
             InvalidInput::new(format!("job {:?}: {}", self.name, e.field), e.problem)
         };
         validate_name("job name", &self.name)?;
+        if let (Some(s), Some(e)) = (self.start_at, self.end_at) {
+            if e <= s {
+                return Err(ctx(InvalidInput::new(
+                    "end_at",
+                    format!(
+                        "{} is not after start_at {}; the job would never run",
+                        e.to_rfc3339(),
+                        s.to_rfc3339()
+                    ),
+                )));
+            }
+        }
         if let JobMode::Lock { at_most, at_least } = self.mode {
             // Checked only: the scheduler builds its own when it runs.
             let _checked = LockOptions::new(at_most)
@@ -254,6 +290,20 @@ impl Job {
     /// ```
     pub fn jitter_at(&self, slot: DateTime<Utc>) -> Duration {
         jitter_of(&self.name, slot, self.jitter)
+    }
+
+    /// The next `n` slots after `t` that this job runs, within its
+    /// [`start_at`](Job::start_at) and [`end_at`](Job::end_at), each with
+    /// its time in the schedule's zone; a slot's run is
+    /// [`Job::jitter_at`] after it.
+    pub fn next_fires(&self, t: DateTime<Utc>, n: usize) -> Vec<super::spec::FireTime> {
+        let from = match self.start_at {
+            Some(s) => t.max(s - chrono::Duration::nanoseconds(1)),
+            None => t,
+        };
+        let mut fires = self.schedule.next_fires(from, n);
+        fires.retain(|f| self.in_window(f.at));
+        fires
     }
 
     /// The unique key of this job's run for `slot`: `job|RFC3339`.
@@ -330,7 +380,10 @@ mod tests {
         let slot = at("2026-12-03T10:00:00Z");
         assert_eq!(jitter_of("a", slot, max), jitter_of("a", slot, max));
         // A fixed value: the hash may not change between builds.
-        assert_eq!(jitter_of("report", slot, max), Duration::from_millis(26_773));
+        assert_eq!(
+            jitter_of("report", slot, max),
+            Duration::from_millis(26_773)
+        );
         let offsets: std::collections::BTreeSet<Duration> = (0..50)
             .map(|i| jitter_of(&format!("job-{i}"), slot, max))
             .collect();
@@ -347,5 +400,26 @@ mod tests {
         assert!(slots.len() > 20, "24 slots share {} offsets", slots.len());
         assert_eq!(jitter_of("a", slot, Duration::ZERO), Duration::ZERO);
         assert!(jitter_of("a", slot, Duration::from_millis(1)) <= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn next_fires_keep_within_start_and_end() {
+        let every_hour = Schedule::every(Duration::from_secs(3600)).unwrap();
+        let job = Job::new("h", every_hour)
+            .starts_at(at("2027-01-01T03:00:00Z"))
+            .ends_at(at("2027-01-01T05:00:00Z"));
+        let fires: Vec<_> = job
+            .next_fires(at("2026-12-31T00:00:00Z"), 10)
+            .into_iter()
+            .map(|f| f.at)
+            .collect();
+        assert_eq!(
+            fires,
+            [
+                at("2027-01-01T03:00:00Z"),
+                at("2027-01-01T04:00:00Z"),
+                at("2027-01-01T05:00:00Z")
+            ]
+        );
     }
 }
