@@ -425,7 +425,7 @@ async fn progress_only_on_a_terminal() {
         return;
     }
     let e = sqlite().await;
-    let opts = baton::lock::LockOptions::new(Duration::from_secs(600)).unwrap();
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(600));
     let _held = baton::lock::Locker::new(e.ts.store.clone())
         .try_lock("held", &opts)
         .await

@@ -262,8 +262,9 @@ impl Job {
         }
         if let JobMode::Lock { at_most, at_least } = self.mode {
             // Checked only: the scheduler builds its own when it runs.
-            let _checked = LockOptions::new(at_most)
-                .and_then(|o| o.at_least(at_least))
+            LockOptions::new(at_most)
+                .at_least(at_least)
+                .validate()
                 .map_err(ctx)?;
         } else if self.fixed_delay.is_some() {
             return Err(ctx(InvalidInput::new(

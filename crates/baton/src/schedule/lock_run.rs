@@ -71,8 +71,9 @@ impl LockRun {
         let JobMode::Lock { at_most, at_least } = job.mode else {
             return None;
         };
-        match LockOptions::new(at_most).and_then(|o| o.at_least(at_least)) {
-            Ok(opts) => Some(LockRun {
+        let opts = LockOptions::new(at_most).at_least(at_least);
+        match opts.validate() {
+            Ok(()) => Some(LockRun {
                 f,
                 opts,
                 locker: Locker::new(store.clone()),

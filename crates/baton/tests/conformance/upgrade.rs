@@ -960,7 +960,7 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
             .await
             .unwrap();
         q.pause("default").await.unwrap();
-        let opts = LockOptions::new(Duration::from_secs(60)).unwrap();
+        let opts = LockOptions::new(Duration::from_secs(60));
         let lease = Locker::new(s.clone()).try_lock("l", &opts).await.unwrap();
         std::mem::forget(lease); // held, as by a process that died
         s.backend()
