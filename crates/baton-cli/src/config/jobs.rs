@@ -43,6 +43,8 @@ pub struct JobConfig {
     /// Each slot's run is up to this much after it (an offset derived from
     /// the job and the slot, alike on every instance).
     pub jitter: Duration,
+    /// Missed slots older than this are recorded as skipped.
+    pub catch_up_window: Option<Duration>,
     /// No slot before this instant runs.
     pub start_at: Option<chrono::DateTime<chrono::Utc>>,
     /// No slot after this instant runs.
@@ -69,6 +71,7 @@ impl JobConfig {
             .max_attempts(self.max_attempts);
         job.timeout = self.timeout;
         job.start_at = self.start_at;
+        job.catch_up_window = self.catch_up_window;
         job.end_at = self.end_at;
         if let Mode::Lock { at_most, at_least } = self.mode {
             job = job.lock_mode(at_most, at_least);
@@ -123,6 +126,7 @@ pub(super) struct RawJob {
     priority: Option<i64>,
     start_at: Option<String>,
     end_at: Option<String>,
+    catch_up_window: Option<String>,
 }
 
 /// Refuse the Quartz forms that cron would read differently: a 7th (year)
@@ -328,6 +332,10 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
             }),
     }
     };
+    let catch_up_window = match &j.catch_up_window {
+        Some(s) => Some(positive_duration("catch_up_window", s).map_err(input)?),
+        None => None,
+    };
     let start_at = instant("start_at", &j.start_at)?;
     let end_at = instant("end_at", &j.end_at)?;
     if let (Some(s), Some(e)) = (start_at, end_at) {
@@ -356,6 +364,7 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
         max_attempts,
         timeout,
         jitter,
+        catch_up_window,
         start_at,
         end_at,
         priority,

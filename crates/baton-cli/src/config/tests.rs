@@ -544,6 +544,13 @@ fn start_and_end_at() {
         Some("2027-01-01T00:00:00+00:00")
     );
     assert_eq!(j.job().end_at, j.end_at);
+    let c = Config::parse(&job("catch_up_window = \"1h\"")).unwrap();
+    assert_eq!(
+        c.jobs[0].job().catch_up_window,
+        Some(Duration::from_secs(3600))
+    );
+    let e = err(&job("catch_up_window = \"0s\""));
+    assert!(e.contains("catch_up_window"), "{e}");
     let e = err(&job("start_at = \"tomorrow\""));
     assert!(e.contains("start_at") && e.contains("RFC 3339"), "{e}");
     let e = err(&job(

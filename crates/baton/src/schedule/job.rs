@@ -79,6 +79,11 @@ pub struct Job {
     /// CronJob that begins later): the first slot is the first at or after
     /// it. `None`: from when the job is first seen.
     pub start_at: Option<DateTime<Utc>>,
+    /// Missed slots older than this (by the store's clock when the cursor
+    /// moves) are recorded as skipped whatever the misfire policy
+    /// (Temporal's catch-up window): after a long outage, `misfire = all`
+    /// runs only the last window's slots. `None`: no window.
+    pub catch_up_window: Option<Duration>,
     /// No slot after this instant runs; once the store's clock passes it
     /// the job runs nothing more, not even slots it missed before it.
     pub end_at: Option<DateTime<Utc>>,
@@ -110,6 +115,7 @@ impl Job {
             timeout: None,
             lead: DEFAULT_LEAD,
             start_at: None,
+            catch_up_window: None,
             end_at: None,
         }
     }
@@ -218,6 +224,12 @@ impl Job {
     /// Set how early an on-time slot is taken (see [`Job::lead`]).
     pub fn lead(mut self, d: Duration) -> Job {
         self.lead = d;
+        self
+    }
+    /// Record missed slots older than `d` as skipped (see
+    /// [`Job::catch_up_window`]).
+    pub fn catch_up_window(mut self, d: Duration) -> Job {
+        self.catch_up_window = Some(d);
         self
     }
     /// Run no slot before `t` (see [`Job::start_at`]).

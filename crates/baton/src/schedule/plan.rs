@@ -163,7 +163,7 @@ impl<'a> Planner<'a> {
             Some(s) => from.max(s - chrono::Duration::nanoseconds(1)),
             None => from,
         };
-        let due = due_slots(
+        let mut due = due_slots(
             &job.schedule,
             from,
             now,
@@ -171,6 +171,7 @@ impl<'a> Planner<'a> {
             job.max_catch_up,
             job.misfire_grace,
         );
+        let windowed = self.apply_window(&mut due, now);
         // First a record of the slots the policy skips (one cancelled task,
         // at the latest of them, saying how many), then the slots to run.
         let mut steps = Vec::new();
@@ -178,7 +179,7 @@ impl<'a> Planner<'a> {
             if let Some(last) = due.skipped_last {
                 steps.push(Step {
                     slot: last,
-                    skip: Some(misfire_reason(self.misfire, &due)),
+                    skip: Some(skip_reason(self.misfire, windowed, &due)),
                     early: false,
                     until: None,
                     not_before: None,
@@ -241,6 +242,24 @@ impl<'a> Planner<'a> {
         }
     }
 
+    /// Move the due slots older than the job's catch-up window (`now -
+    /// window`) to the skipped ones; the window that cut any, for the
+    /// record's reason. The skipped slots stay one run: the policy's are
+    /// older than every due slot, the window's the oldest due ones.
+    fn apply_window(&self, due: &mut Due, now: DateTime<Utc>) -> Option<Duration> {
+        let window = self.job.catch_up_window?;
+        let edge = now - chrono::Duration::from_std(window).ok()?;
+        let cut = due.slots.iter().take_while(|s| **s < edge).count();
+        if cut == 0 {
+            return None;
+        }
+        let gone: Vec<_> = due.slots.drain(..cut).collect();
+        due.skipped += gone.len() as u64;
+        due.skipped_first = due.skipped_first.or(gone.first().copied());
+        due.skipped_last = gone.last().copied();
+        Some(window)
+    }
+
     /// When the store stops taking a run of `slot`: under misfire `latest`
     /// at the next slot, under `none` once it is older than the grace;
     /// never under `all`.
@@ -272,17 +291,22 @@ impl<'a> Planner<'a> {
     }
 }
 
-/// The reason kept on the record of slots a misfire policy did not run.
-fn misfire_reason(misfire: Misfire, due: &Due) -> String {
+/// The reason kept on the record of slots a misfire policy (or the
+/// catch-up `window`) did not run.
+fn skip_reason(misfire: Misfire, window: Option<Duration>, due: &Due) -> String {
     let text = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
     let range = match (due.skipped_first, due.skipped_last) {
         (Some(a), Some(b)) if a != b => format!(" ({} to {})", text(a), text(b)),
         _ => String::new(),
     };
-    format!(
-        "skipped by misfire = {misfire}: {} missed slot(s){range}",
-        due.skipped
-    )
+    let by = match window {
+        Some(w) => format!(
+            "misfire = {misfire} and catch_up_window = {}",
+            crate::format_duration(w)
+        ),
+        None => format!("misfire = {misfire}"),
+    };
+    format!("skipped by {by}: {} missed slot(s){range}", due.skipped)
 }
 
 #[cfg(test)]

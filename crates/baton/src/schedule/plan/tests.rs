@@ -260,3 +260,35 @@ fn an_end_not_after_the_start_is_refused_naming_end_at() {
     let e = job.validate().unwrap_err();
     assert!(e.field.ends_with("end_at"), "{e}");
 }
+
+/// A catch-up window records missed slots older than it as skipped, in
+/// the same one record as the policy's own skips, whatever the policy.
+#[test]
+fn catch_up_window_skips_older_missed_slots() {
+    let job = every_minute(Misfire::All).catch_up_window(Duration::from_secs(150));
+    let round = Planner::durable(&job).plan(Some(at(0)), at(600), None);
+    // Due: 60..=600; within 150 s of 600: 480, 540, 600.
+    let runs: Vec<_> = round
+        .steps
+        .iter()
+        .filter(|s| s.skip.is_none())
+        .map(|s| s.slot)
+        .collect();
+    assert_eq!(runs, [at(480), at(540), at(600)]);
+    let skip = &round.steps[0];
+    assert_eq!(skip.slot, at(420));
+    let why = skip.skip.as_deref().unwrap();
+    assert!(
+        why.contains("catch_up_window = 2m30s") && why.contains("7 missed slot(s)"),
+        "{why}"
+    );
+    // Latest: its one slot too old is skipped, not run.
+    let job = every_minute(Misfire::Latest).catch_up_window(Duration::from_secs(30));
+    let round = Planner::durable(&job).plan(Some(at(0)), at(170), None);
+    assert_eq!(round.steps.len(), 1, "{round:?}");
+    assert_eq!(round.steps[0].slot, at(120));
+    assert!(round.steps[0].skip.is_some());
+    // On time: nothing cut.
+    let round = Planner::durable(&job).plan(Some(at(60)), at(120), None);
+    assert_eq!(round.steps, vec![run(at(120), Some(at(180)))]);
+}
