@@ -27,13 +27,7 @@ impl Drop for Bouncer {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use baton_testkit::free_port;
 
 /// `postgres://USER@HOST:PORT/DB` of the test's PostgreSQL, in parts.
 fn upstream(url: &str) -> (String, String, u16, String) {
