@@ -86,7 +86,8 @@ pub fn skipped(why: &str) {
 /// gives `test` what it takes (a [`harness::TestStore`]: see
 /// [`harness::run`]; the CLI tests' own environment), `threads` the
 /// runtime's worker threads. Tests are named `module::name` (the function
-/// `crate::module::name`) or `name` (the function `crate::name`).
+/// `module::name` of the module the macro is called in) or `name` (its
+/// function `name`).
 ///
 /// ```ignore
 /// baton_testkit::per_backend! {
@@ -96,7 +97,6 @@ pub fn skipped(why: &str) {
 /// }
 /// ```
 #[macro_export]
-#[allow(clippy::crate_in_macro_def)] // the tests live in the calling crate
 macro_rules! per_backend {
     (run: $run:path, threads: $n:literal; $($module:ident :: $name:ident),* $(,)?) => {
         $crate::per_backend! { @each $run, $n, [sqlite Sqlite] [postgres Postgres] [redis Redis] [mysql Mysql]; ($(($module :: $name) $name),*) }
@@ -112,7 +112,7 @@ macro_rules! per_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = $n)]
                 async fn $name() {
-                    $run($crate::harness::Kind::$kind, crate::$($f)::+).await
+                    $run($crate::harness::Kind::$kind, super::$($f)::+).await
                 }
             )*
         }

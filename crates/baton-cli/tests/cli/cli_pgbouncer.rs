@@ -5,7 +5,7 @@
 //! once, every slot of a 1-second job once; a URL without `pool_mode`
 //! gets the pooler's refusal named, not "wrong protocol".
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};

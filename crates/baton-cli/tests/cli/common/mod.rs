@@ -397,8 +397,8 @@ where
 }
 
 /// Instantiate `async fn NAME(Env)` tests for every backend (the test
-/// kit's macro, with an [`Env`] per test).
-#[macro_export]
+/// kit's macro, with an [`Env`] per test; in scope in every module after
+/// `#[macro_use] mod common`).
 macro_rules! per_backend {
     ($($name:ident),* $(,)?) => {
         baton_testkit::per_backend! { run: crate::common::run, threads: 2; $($name),* }
