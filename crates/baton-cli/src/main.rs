@@ -8,7 +8,6 @@ mod command_task;
 mod config;
 mod http_client;
 mod lock_cmd;
-mod metrics;
 #[cfg(feature = "otel")]
 mod otel;
 mod output;

@@ -59,6 +59,8 @@ pub mod duration;
 pub mod error;
 pub mod lease;
 pub mod lock;
+#[cfg(feature = "prometheus")]
+pub mod metrics;
 pub mod names;
 pub mod node;
 pub mod queue;
@@ -79,10 +81,10 @@ pub mod prelude {
     pub use crate::error::{Error, InvalidInput, StoreError};
     pub use crate::lock::{LockOptions, Locker};
     pub use crate::queue::{
-        Backoff, InsertOpts, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder, TaskContext,
-        TaskError, TaskResult, Worker, WorkerConfig,
+        Backoff, InsertOpts, Next, Queue, StopReason, TaskAction, TaskArgs, TaskBuilder,
+        TaskContext, TaskError, TaskResult, Worker, WorkerConfig, WorkerEvent,
     };
-    pub use crate::schedule::{Job, Scheduler};
+    pub use crate::schedule::{Job, Misfire, Schedule, Scheduler};
     pub use crate::store::{Store, StoreOptions, TaskState};
 }
 

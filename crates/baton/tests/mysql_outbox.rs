@@ -191,7 +191,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
         Err(e) => panic!("mysql required but unavailable at {url}: {e}"),
     };
     let prefix = format!("p{:08x}_", fastrand::u32(..));
-    let store = baton::Store::from_mysql_pool(pool.clone(), Some(&prefix))
+    let store = baton::Store::from_mysql_pool(pool.clone(), baton::StoreOptions::prefixed(&prefix))
         .await
         .expect("migrated on the pool");
     assert!(store.url().starts_with("mysql://"), "{}", store.url());
@@ -232,7 +232,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
     assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), [r[0].id]);
 
     // A bad prefix is refused before anything is written.
-    let e = baton::Store::from_mysql_pool(pool, Some("bad prefix"))
+    let e = baton::Store::from_mysql_pool(pool, baton::StoreOptions::prefixed("bad prefix"))
         .await
         .unwrap_err();
     assert!(e.to_string().contains("prefix"), "{e}");

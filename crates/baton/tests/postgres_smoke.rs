@@ -344,7 +344,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
         Err(e) => panic!("postgres required but unavailable: {e}"),
     };
     let prefix = format!("p{:08x}_", fastrand::u32(..));
-    let store = Store::from_pg_pool(pool.clone(), Some(&prefix))
+    let store = Store::from_pg_pool(pool.clone(), baton::StoreOptions::prefixed(&prefix))
         .await
         .expect("migrated on the pool");
     let f = Fixture {

@@ -393,7 +393,7 @@ async fn from_pool_shares_the_pool_and_the_wake_ups() {
         )
         .await
         .unwrap();
-    let store = Store::from_sqlite_pool(pool.clone(), Some("app_"))
+    let store = Store::from_sqlite_pool(pool.clone(), StoreOptions::prefixed("app_"))
         .await
         .expect("migrated on the pool");
     let tables: i64 = sqlx::query_scalar(
@@ -448,8 +448,30 @@ async fn from_pool_shares_the_pool_and_the_wake_ups() {
         .unwrap();
     assert_eq!(w.queue, "w");
     // A bad prefix is refused before anything is written.
-    let e = Store::from_sqlite_pool(pool, Some("bad prefix"))
+    let e = Store::from_sqlite_pool(pool.clone(), StoreOptions::prefixed("bad prefix"))
         .await
         .unwrap_err();
     assert!(e.to_string().contains("prefix"), "{e}");
+    // Options a pool cannot honour are refused naming the field, and
+    // `migrate = false` leaves a new prefix's tables uncreated.
+    let opts = StoreOptions {
+        keep_succeeded: false,
+        ..StoreOptions::default()
+    };
+    let e = Store::from_sqlite_pool(pool.clone(), opts)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("keep_succeeded"), "{e}");
+    let opts = StoreOptions {
+        migrate: false,
+        ..StoreOptions::prefixed("unmade_")
+    };
+    let store = Store::from_sqlite_pool(pool.clone(), opts).await.unwrap();
+    assert_eq!(store.prefix(), Some("unmade_"));
+    let tables: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name LIKE 'unmade_%'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(tables, 0, "migrate = false created tables");
 }

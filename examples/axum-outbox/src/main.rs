@@ -170,7 +170,7 @@ async fn open(path: &str) -> Result<(SqlitePool, Store), BoxError> {
     .execute(&pool)
     .await?;
     // baton's tables in the same file, created or upgraded here.
-    let store = Store::from_sqlite_pool(pool.clone(), None).await?;
+    let store = Store::from_sqlite_pool(pool.clone(), baton::StoreOptions::default()).await?;
     Ok((pool, store))
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use baton::schedule::spec::{Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
-use baton::schedule::{Job, JobMode};
+use baton::schedule::Job;
 use baton::store::Overlap;
 use baton::InvalidInput;
 use serde::Deserialize;
@@ -53,18 +53,18 @@ impl JobConfig {
     /// The library's job for this `[[job]]`: what the scheduler runs, and
     /// what a trigger (CLI or admin API) computes its slot from.
     pub fn job(&self) -> Job {
-        let mut job = Job::new(self.name.clone(), self.schedule.clone());
-        job.misfire = self.misfire;
-        job.max_catch_up = self.max_catch_up;
-        job.misfire_grace = self.grace;
-        job.overlap = self.overlap;
-        job.jitter = self.jitter;
-        job.queue = self.queue.clone();
-        job.priority = self.priority;
-        job.max_attempts = self.max_attempts;
+        let mut job = Job::new(self.name.clone(), self.schedule.clone())
+            .misfire(self.misfire)
+            .max_catch_up(self.max_catch_up)
+            .misfire_grace(self.grace)
+            .overlap(self.overlap)
+            .jitter(self.jitter)
+            .queue(self.queue.clone())
+            .priority(self.priority)
+            .max_attempts(self.max_attempts);
         job.timeout = self.timeout;
         if let Mode::Lock { at_most, at_least } = self.mode {
-            job.mode = JobMode::Lock { at_most, at_least };
+            job = job.lock_mode(at_most, at_least);
             job.fixed_delay = self.fixed_delay;
         }
         job

@@ -232,6 +232,7 @@ impl StopBy {
 /// the keep-alive, and the lease then lapses `at_most` after its last
 /// extension.
 #[derive(Debug)]
+#[must_use = "dropping a Lease stops its keep-alive at once; hold it while the work runs and release it with Lease::release"]
 pub struct Lease {
     pub(super) handle: LeaseHandle,
     pub(super) store: Store,

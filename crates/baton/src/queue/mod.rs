@@ -14,11 +14,13 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, InvalidInput};
+use crate::format_duration;
 use crate::names::validate_name;
 use crate::store::{
     CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
@@ -27,6 +29,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+pub mod hooks;
 mod outbox;
 mod task_error;
 mod trace;
@@ -38,9 +41,11 @@ pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };
+pub use hooks::{AttemptMiddleware, InsertMiddleware, Next, WorkerEvent};
 pub use outbox::{InsertFuture, OutboxConnection};
 pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
+pub(crate) use typed::payload_of;
 pub use typed::{InsertOpts, TaskArgs};
 pub use worker::{StopReason, TaskContext, Worker};
 
@@ -55,6 +60,12 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// The largest accepted payload, in bytes of JSON (8 MiB): every store
 /// takes it in one statement (MySQL's default packet limit is 16 MiB).
 pub const MAX_PAYLOAD_BYTES: usize = 8 << 20;
+
+/// The longest a task may be put off: a delay, a `run_at` ahead of now,
+/// a snooze or a handler's retry delay (10 years, which every store's time
+/// type holds). Longer delays are refused at enqueue (field `delay` or
+/// `run_at`); a longer snooze or retry delay is shortened to it.
+pub const MAX_DELAY: Duration = Duration::from_secs(3650 * 24 * 3600);
 
 /// The length of `v` as JSON, without building the text.
 fn json_len(v: &serde_json::Value) -> usize {
@@ -205,6 +216,7 @@ impl TaskBuilder {
                 "must be greater than 0 (e.g. 30s, 5m)",
             ));
         }
+        check_run_at(&t.run_at)?;
         if let Some(k) = &t.unique_key {
             if k.is_empty() || k.len() > MAX_KEY_LEN {
                 return Err(InvalidInput::new(
@@ -233,31 +245,96 @@ impl TaskBuilder {
     }
 }
 
-/// The client side of the queue: enqueue, inspect, cancel, retry, prune.
-#[derive(Debug, Clone)]
-pub struct Queue {
-    store: Store,
+/// A task's due time within [`MAX_DELAY`] of now (by this host's clock:
+/// the bound is far from any skew).
+fn check_run_at(run_at: &RunAt) -> Result<(), InvalidInput> {
+    let limit = "10 years (e.g. 30s, 5m, 7d)";
+    match run_at {
+        RunAt::Delay(d) if *d > MAX_DELAY => Err(InvalidInput::new(
+            "delay",
+            format!("{} is too long; use at most {limit}", format_duration(*d)),
+        )),
+        RunAt::At(t) => {
+            let ahead = (*t - Utc::now()).to_std().unwrap_or_default();
+            if ahead > MAX_DELAY {
+                Err(InvalidInput::new(
+                    "run_at",
+                    format!(
+                        "{} is too far ahead; use an instant at most {limit} from now",
+                        t.to_rfc3339()
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
-/// Build every task, or fail naming the first bad one (`task N: field`)
-/// before anything is written.
-fn build_all(tasks: Vec<TaskBuilder>) -> Result<Vec<NewTask>, InvalidInput> {
-    tasks
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.build().map_err(|mut e| {
-                e.field = format!("task {i}: {}", e.field);
-                e
-            })
-        })
-        .collect()
+/// The client side of the queue: enqueue, inspect, cancel, retry, prune.
+#[derive(Clone)]
+pub struct Queue {
+    store: Store,
+    /// Run at every enqueue, in order ([`Queue::with_insert_middleware`]).
+    inserts: Vec<Arc<dyn InsertMiddleware>>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("store", &self.store)
+            .field("insert_middleware", &self.inserts.len())
+            .finish()
+    }
 }
 
 impl Queue {
     /// A queue client on `store`.
     pub fn new(store: Store) -> Queue {
-        Queue { store }
+        Queue {
+            store,
+            inserts: Vec::new(),
+        }
+    }
+
+    /// The same queue client, running `m` at every enqueue after the
+    /// middleware added before it (see [`InsertMiddleware`]).
+    pub fn with_insert_middleware(mut self, m: impl InsertMiddleware) -> Queue {
+        self.inserts.push(Arc::new(m));
+        self
+    }
+
+    /// Build every task and pass it through the insert middleware, then
+    /// validate it again; fail naming the first bad one (`task N: field`
+    /// when `numbered`) before anything is written.
+    pub(crate) fn prepare(
+        &self,
+        tasks: Vec<TaskBuilder>,
+        numbered: bool,
+    ) -> Result<Vec<NewTask>, InvalidInput> {
+        let one = |t: TaskBuilder| -> Result<NewTask, InvalidInput> {
+            let mut task = t.build()?;
+            if self.inserts.is_empty() {
+                return Ok(task);
+            }
+            for m in &self.inserts {
+                m.before_insert(&mut task)?;
+            }
+            TaskBuilder { task }.build()
+        };
+        tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                one(t).map_err(|mut e| {
+                    if numbered {
+                        e.field = format!("task {i}: {}", e.field);
+                    }
+                    e
+                })
+            })
+            .collect()
     }
 
     /// The store.
@@ -268,12 +345,8 @@ impl Queue {
     /// Enqueue one task. With a unique key that is taken, returns the
     /// existing task (`inserted == false`).
     pub async fn enqueue(&self, task: TaskBuilder) -> Result<Enqueued, Error> {
-        let t = task.build()?;
-        let mut out = self
-            .store
-            .backend()
-            .task_insert_many(std::slice::from_ref(&t))
-            .await?;
+        let t = self.prepare(vec![task], false)?;
+        let mut out = self.store.backend().task_insert_many(&t).await?;
         out.pop().ok_or_else(|| {
             Error::Store(crate::StoreError::Corrupt(
                 "enqueue returned nothing".into(),
@@ -284,7 +357,7 @@ impl Queue {
     /// Enqueue many tasks in one call (batched inside the store). Every task
     /// is validated before anything is written.
     pub async fn enqueue_many(&self, tasks: Vec<TaskBuilder>) -> Result<Vec<Enqueued>, Error> {
-        let built = build_all(tasks)?;
+        let built = self.prepare(tasks, true)?;
         Ok(self.store.backend().task_insert_many(&built).await?)
     }
 
@@ -349,3 +422,29 @@ impl Queue {
 
 /// The default retention for finished tasks.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_or_run_at_beyond_max_delay_is_refused_naming_the_field() {
+        let t = || TaskBuilder::new("k", serde_json::json!({}));
+        let e = t()
+            .delay(MAX_DELAY + Duration::from_secs(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.field, "delay", "{e}");
+        assert!(e.to_string().contains("at most 10 years"), "{e}");
+        let e = t()
+            .run_at(Utc::now() + chrono::Duration::days(3660))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.field, "run_at", "{e}");
+        assert!(t().delay(MAX_DELAY).build().is_ok());
+        assert!(t()
+            .run_at(Utc::now() - chrono::Duration::days(3660))
+            .build()
+            .is_ok());
+    }
+}

@@ -120,7 +120,7 @@ impl Queue {
     /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app")
     ///     .await
     ///     .map_err(baton::StoreError::from)?;
-    /// let queue = Queue::new(baton::Store::from_pg_pool(pool.clone(), None).await?);
+    /// let queue = Queue::new(baton::Store::from_pg_pool(pool.clone(), baton::StoreOptions::default()).await?);
     ///
     /// let mut tx = pool.begin().await.map_err(baton::StoreError::from)?;
     /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7")
@@ -182,7 +182,7 @@ impl Queue {
             )
             .into());
         }
-        let built = super::build_all(tasks)?;
+        let built = self.prepare(tasks, true)?;
         Ok(conn.insert(self.store().prefix(), &built).await?)
     }
 

@@ -123,7 +123,11 @@ impl TaskError {
     /// is not ready yet (a file not uploaded, a rate limit's window). The
     /// task is pending meanwhile, keeps its last error, and a cancel
     /// requested while it ran cancels it instead.
+    ///
+    /// A snooze longer than [`MAX_DELAY`](super::MAX_DELAY) is shortened
+    /// to it.
     pub fn snooze(after: Duration) -> TaskError {
+        let after = after.min(super::MAX_DELAY);
         TaskError {
             action: TaskAction::Snooze { after },
             message: format!("snoozed for {}", crate::format_duration(after)),
@@ -132,10 +136,13 @@ impl TaskError {
     }
 
     /// Retry this failure `after` the store's now (instead of the
-    /// backoff), while attempts are left.
+    /// backoff), while attempts are left; at most
+    /// [`MAX_DELAY`](super::MAX_DELAY).
     #[must_use]
     pub fn retry_in(mut self, after: Duration) -> TaskError {
-        self.action = TaskAction::Retry { after: Some(after) };
+        self.action = TaskAction::Retry {
+            after: Some(after.min(super::MAX_DELAY)),
+        };
         self
     }
 
@@ -239,5 +246,19 @@ mod tests {
         );
         assert_eq!(TaskError::snooze(d).message(), "snoozed for 1500ms");
         assert_eq!(TaskError::cancel("gone").message(), "gone");
+    }
+
+    #[test]
+    fn a_snooze_or_retry_delay_is_at_most_max_delay() {
+        let forever = Duration::MAX;
+        let max = crate::queue::MAX_DELAY;
+        assert_eq!(
+            TaskError::snooze(forever).action(),
+            TaskAction::Snooze { after: max }
+        );
+        assert_eq!(
+            TaskError::retry("x").retry_in(forever).action(),
+            TaskAction::Retry { after: Some(max) }
+        );
     }
 }

@@ -102,18 +102,24 @@ pub struct InsertOpts {
     pub timeout: Option<Duration>,
 }
 
+/// `args` as a task payload; [`InvalidInput`] (field `payload`) when it
+/// does not serialize to JSON.
+pub(crate) fn payload_of<A: TaskArgs>(args: &A) -> Result<serde_json::Value, InvalidInput> {
+    serde_json::to_value(args).map_err(|e| {
+        InvalidInput::new(
+            "payload",
+            format!("task kind {:?}: does not serialize to JSON: {e}", A::KIND),
+        )
+    })
+}
+
 impl TaskBuilder {
     /// A task of kind `A::KIND` whose payload is `args` as JSON, with `A`'s
     /// [`insert_opts`](TaskArgs::insert_opts) applied. Fails with
     /// [`InvalidInput`] (field `payload`) when `args` does not serialize to
     /// JSON (e.g. a map with non-string keys).
     pub fn from_args<A: TaskArgs>(args: &A) -> Result<TaskBuilder, InvalidInput> {
-        let payload = serde_json::to_value(args).map_err(|e| {
-            InvalidInput::new(
-                "payload",
-                format!("task kind {:?}: does not serialize to JSON: {e}", A::KIND),
-            )
-        })?;
+        let payload = payload_of(args)?;
         let opts = A::insert_opts();
         let mut b = TaskBuilder::new(A::KIND, payload);
         if let Some(q) = opts.queue {

@@ -100,6 +100,47 @@ impl Job {
             lead: DEFAULT_LEAD,
         }
     }
+    /// A durable job whose slots run as typed tasks: kind `A::KIND`,
+    /// payload `args`, and `A`'s [`insert_opts`](crate::queue::TaskArgs::insert_opts)
+    /// (queue, priority, attempts, timeout) where they are set. Fails with
+    /// [`InvalidInput`] (field `payload`) when `args` does not serialize.
+    ///
+    /// ```
+    /// use baton::queue::TaskArgs;
+    /// use baton::schedule::{Job, Schedule};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Report { region: String }
+    /// impl TaskArgs for Report { const KIND: &'static str = "report"; }
+    ///
+    /// let schedule = Schedule::cron("0 */6 * * *", "Asia/Seoul")?;
+    /// let job = Job::durable("six-hourly-report", schedule, &Report { region: "kr".into() })?;
+    /// assert_eq!(job.kind, "report");
+    /// assert_eq!(job.payload["region"], "kr");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn durable<A: crate::queue::TaskArgs>(
+        name: impl Into<String>,
+        schedule: Schedule,
+        args: &A,
+    ) -> Result<Job, InvalidInput> {
+        let mut job = Job::new(name, schedule);
+        job.kind = A::KIND.into();
+        job.payload = crate::queue::payload_of(args)?;
+        let opts = A::insert_opts();
+        if let Some(q) = opts.queue {
+            job.queue = q;
+        }
+        if let Some(p) = opts.priority {
+            job.priority = p;
+        }
+        if let Some(n) = opts.max_attempts {
+            job.max_attempts = n;
+        }
+        job.timeout = opts.timeout.or(job.timeout);
+        Ok(job)
+    }
+
     /// Lock mode with these lease bounds.
     pub fn lock_mode(mut self, at_most: Duration, at_least: Duration) -> Job {
         self.mode = JobMode::Lock { at_most, at_least };
@@ -123,6 +164,54 @@ impl Job {
     /// Set attempts per slot.
     pub fn max_attempts(mut self, n: u32) -> Job {
         self.max_attempts = n;
+        self
+    }
+    /// Set the task kind of durable runs (default: the job's name).
+    pub fn kind(mut self, kind: impl Into<String>) -> Job {
+        self.kind = kind.into();
+        self
+    }
+    /// Set the task payload of durable runs (default `{}`).
+    pub fn payload(mut self, payload: serde_json::Value) -> Job {
+        self.payload = payload;
+        self
+    }
+    /// Set the task priority (-100..=100, lower first; checked when the
+    /// job is added).
+    pub fn priority(mut self, p: i32) -> Job {
+        self.priority = p;
+        self
+    }
+    /// Set the timeout per attempt.
+    pub fn timeout(mut self, d: Duration) -> Job {
+        self.timeout = Some(d);
+        self
+    }
+    /// Set the most missed slots run with [`Misfire::All`].
+    pub fn max_catch_up(mut self, n: usize) -> Job {
+        self.max_catch_up = n;
+        self
+    }
+    /// Set how old a slot may be and still run with [`Misfire::None`].
+    pub fn misfire_grace(mut self, d: Duration) -> Job {
+        self.misfire_grace = d;
+        self
+    }
+    /// Set the random delay added to each run (see [`Job::jitter`]).
+    pub fn jitter(mut self, d: Duration) -> Job {
+        self.jitter = d;
+        self
+    }
+    /// Set how early an on-time slot is taken (see [`Job::lead`]).
+    pub fn lead(mut self, d: Duration) -> Job {
+        self.lead = d;
+        self
+    }
+    /// Lock mode only: wait `d` after each run instead of firing at slot
+    /// instants (ShedLock's `fixedDelay`); refused for durable jobs when
+    /// the job is added.
+    pub fn fixed_delay(mut self, d: Duration) -> Job {
+        self.fixed_delay = Some(d);
         self
     }
 

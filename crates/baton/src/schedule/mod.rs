@@ -24,3 +24,4 @@ pub use scheduler::{
     trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotOutcome,
     SlotReport, SlotRun, StoreClock, LOCK_BUSY,
 };
+pub use spec::{Misfire, Schedule};

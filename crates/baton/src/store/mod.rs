@@ -357,23 +357,16 @@ impl Store {
 
     /// Connect with explicit options.
     pub async fn connect_with(url: &str, opts: StoreOptions) -> Result<Store, StoreError> {
-        if let Some(p) = &opts.prefix {
-            validate_prefix(p)?;
-        }
-        opts.validate()?;
         let scheme = match url.split_once("://") {
             Some((s, _)) => s,
             // `sqlite:PATH` (no slashes) is accepted too.
             None if url.starts_with("sqlite:") => "sqlite",
             None => "",
         };
-        if !opts.keep_succeeded && !matches!(scheme, "postgres" | "postgresql") {
-            return Err(StoreError::Config(format!(
-                "keep_succeeded = false: supported on PostgreSQL only (store URL {:?}); \
-                 keep it true and let the retention prune succeeded tasks",
-                redact(url)
-            )));
-        }
+        opts.check(
+            matches!(scheme, "postgres" | "postgresql"),
+            &format!("store URL {:?}", redact(url)),
+        )?;
         let backend: Arc<dyn Backend> = match scheme {
             #[cfg(feature = "sqlite")]
             "sqlite" => sqlite::connect(url, &opts).await?,

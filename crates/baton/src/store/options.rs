@@ -62,7 +62,38 @@ impl Default for StoreOptions {
 }
 
 impl StoreOptions {
-    pub(super) fn validate(&self) -> Result<(), StoreError> {
+    /// The default options with tables (SQL) or keys (Redis) named by
+    /// `prefix`.
+    ///
+    /// ```
+    /// let opts = baton::StoreOptions::prefixed("app_");
+    /// assert_eq!(opts.prefix.as_deref(), Some("app_"));
+    /// ```
+    pub fn prefixed(prefix: impl Into<String>) -> StoreOptions {
+        StoreOptions {
+            prefix: Some(prefix.into()),
+            ..StoreOptions::default()
+        }
+    }
+
+    /// Check the options for a store at `place` (its URL or pool, for the
+    /// message): the prefix, the timeouts, and `keep_succeeded = false`
+    /// only where the backend has it (`keep_succeeded_ok`).
+    pub(super) fn check(&self, keep_succeeded_ok: bool, place: &str) -> Result<(), StoreError> {
+        if let Some(p) = &self.prefix {
+            super::validate_prefix(p)?;
+        }
+        self.validate()?;
+        if !self.keep_succeeded && !keep_succeeded_ok {
+            return Err(StoreError::Config(format!(
+                "keep_succeeded = false: supported on PostgreSQL only ({place}); \
+                 keep it true and let the retention prune succeeded tasks"
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
         for (field, d) in [
             ("connect_timeout", self.connect_timeout),
             ("statement_timeout", self.statement_timeout),

@@ -30,17 +30,25 @@ macro_rules! redacted_url {
 }
 
 impl Store {
-    /// A store on an existing PostgreSQL pool, with tables named by
-    /// `prefix` (`None`: `baton_`), created or upgraded as
-    /// [`Store::connect`] does. The pool's sessions keep their own
-    /// settings; every call is bounded on the client as with
-    /// [`StoreOptions::default`]. Enqueue inside a transaction of the same
-    /// pool with [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in).
+    /// A store on an existing PostgreSQL pool, created or upgraded as
+    /// [`Store::connect_with`] does with `opts` (see [the options a pool
+    /// honours](#options-on-a-pool)). The pool's sessions keep their own
+    /// settings. Enqueue inside a transaction of the same pool with
+    /// [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in).
+    ///
+    /// # Options on a pool
+    ///
+    /// Of [`StoreOptions`], a store on a pool honours `prefix`, `migrate`,
+    /// `keep_succeeded` (PostgreSQL only) and the call bound
+    /// (`connect_timeout + statement_timeout + 1 s`, on the client: the
+    /// pool's sessions are not given a `statement_timeout`). The pool's
+    /// own shape is the application's: `max_connections` and
+    /// `idle_timeout` are not used.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
-    /// let store = baton::Store::from_pg_pool(pool.clone(), None).await?;
+    /// let store = baton::Store::from_pg_pool(pool.clone(), baton::StoreOptions::default()).await?;
     ///
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
@@ -51,13 +59,16 @@ impl Store {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "postgres")]
-    pub async fn from_pg_pool(pool: PgPool, prefix: Option<&str>) -> Result<Store, StoreError> {
+    pub async fn from_pg_pool(pool: PgPool, opts: StoreOptions) -> Result<Store, StoreError> {
         let url = redacted_url!("postgres", pool);
-        Store::wrap(super::postgres::from_pool(pool, prefix)?, url, prefix).await
+        opts.check(true, "a PostgreSQL pool")?;
+        let backend = super::postgres::from_pool(pool, &opts)?;
+        Store::wrap(backend, url, &opts).await
     }
 
-    /// A store on an existing SQLite pool, with tables named by `prefix`
-    /// (`None`: `baton_`), created or upgraded as [`Store::connect`] does;
+    /// A store on an existing SQLite pool, created or upgraded as
+    /// [`Store::connect_with`] does with `opts` (the options a pool
+    /// honours are [`Store::from_pg_pool`]'s, without `keep_succeeded`);
     /// see [`SqliteBackend::from_pool`](crate::store::sqlite::SqliteBackend::from_pool)
     /// for the pool's settings. Enqueue inside a transaction of the same
     /// pool with [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in).
@@ -70,27 +81,28 @@ impl Store {
     ///     .create_if_missing(true)
     ///     .journal_mode(SqliteJournalMode::Wal);
     /// let pool = SqlitePool::connect_with(opts).await?;
-    /// let store = baton::Store::from_sqlite_pool(pool.clone(), None).await?;
+    /// let store = baton::Store::from_sqlite_pool(pool.clone(), baton::StoreOptions::default()).await?;
     /// # drop(store); Ok(()) }
     /// ```
     #[cfg(feature = "sqlite")]
     pub async fn from_sqlite_pool(
         pool: SqlitePool,
-        prefix: Option<&str>,
+        opts: StoreOptions,
     ) -> Result<Store, StoreError> {
         let url = format!(
             "sqlite://{}",
             pool.connect_options().get_filename().display()
         );
-        let backend = super::sqlite::SqliteBackend::from_pool(pool, prefix)?;
-        Store::wrap(Arc::new(backend), url, prefix).await
+        opts.check(false, "an SQLite pool")?;
+        let backend = super::sqlite::SqliteBackend::from_pool(pool, opts.prefix.as_deref())?;
+        Store::wrap(Arc::new(backend), url, &opts).await
     }
 
-    /// A store on an existing MySQL or MariaDB pool, with tables named by
-    /// `prefix` (`None`: `baton_`), created or upgraded as
-    /// [`Store::connect`] does. The pool's sessions keep their own
-    /// settings (baton sets no session variables; every call is bounded on
-    /// the client as with [`StoreOptions::default`]), and each of baton's
+    /// A store on an existing MySQL or MariaDB pool, created or upgraded as
+    /// [`Store::connect_with`] does with `opts` (the options a pool
+    /// honours are [`Store::from_pg_pool`]'s, without `keep_succeeded`).
+    /// The pool's sessions keep their own settings (baton sets no session
+    /// variables; every call is bounded on the client), and each of baton's
     /// own transactions runs at `READ COMMITTED` whatever the sessions'
     /// default. Enqueue inside a transaction of the same pool with
     /// [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in); MySQL has
@@ -99,7 +111,7 @@ impl Store {
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1/app").await?;
-    /// let store = baton::Store::from_mysql_pool(pool.clone(), None).await?;
+    /// let store = baton::Store::from_mysql_pool(pool.clone(), baton::StoreOptions::default()).await?;
     ///
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
@@ -110,12 +122,11 @@ impl Store {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "mysql")]
-    pub async fn from_mysql_pool(
-        pool: MySqlPool,
-        prefix: Option<&str>,
-    ) -> Result<Store, StoreError> {
+    pub async fn from_mysql_pool(pool: MySqlPool, opts: StoreOptions) -> Result<Store, StoreError> {
         let url = redacted_url!("mysql", pool);
-        Store::wrap(super::mysql::from_pool(pool, prefix)?, url, prefix).await
+        opts.check(false, "a MySQL pool")?;
+        let backend = super::mysql::from_pool(pool, opts.prefix.as_deref())?;
+        Store::wrap(backend, url, &opts).await
     }
 
     /// Bound every call as [`Store::connect_with`] does, then migrate and
@@ -123,16 +134,18 @@ impl Store {
     async fn wrap(
         backend: Arc<dyn Backend>,
         url: String,
-        prefix: Option<&str>,
+        opts: &StoreOptions,
     ) -> Result<Store, StoreError> {
         let writes = Arc::new(super::WriteWatch::default());
         let backend: Arc<dyn Backend> = Arc::new(Bounded {
             inner: backend,
-            limit: StoreOptions::default().call_deadline(),
+            limit: opts.call_deadline(),
             writes: writes.clone(),
         });
-        backend.migrate().await?;
-        let store = Store::on(backend, &url, writes).with_prefix(prefix);
+        if opts.migrate {
+            backend.migrate().await?;
+        }
+        let store = Store::on(backend, &url, writes).with_prefix(opts.prefix.as_deref());
         // The identity seen at connect (see `Store::check_identity`).
         if let Err(e) = store.check_identity().await {
             tracing::debug!(error = %crate::error::chain(&e), "could not read the store's identity at connect");

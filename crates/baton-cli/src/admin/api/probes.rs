@@ -99,8 +99,8 @@ pub async fn stats_raw(Extract(state): S) -> Answer {
 
 /// `GET /metrics`: Prometheus metrics (OpenMetrics text).
 pub async fn metrics(Extract(state): S) -> Response {
-    match crate::metrics::render(&state.store, &state.workers).await {
-        Ok(body) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response(),
+    match baton::metrics::render(&state.store, &state.workers).await {
+        Ok(body) => ([(header::CONTENT_TYPE, baton::metrics::CONTENT_TYPE)], body).into_response(),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             &baton::error::chain(&e),

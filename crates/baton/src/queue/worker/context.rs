@@ -52,6 +52,10 @@ impl TaskContext {
     pub fn task(&self) -> &Task {
         &self.task
     }
+    /// The task, shared (for [`WorkerEvent`](crate::queue::WorkerEvent)s).
+    pub(crate) fn task_shared(&self) -> Arc<Task> {
+        self.task.clone()
+    }
     /// The claim this attempt holds.
     pub fn claim(&self) -> Claim {
         self.task.claim()

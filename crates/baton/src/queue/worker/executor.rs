@@ -51,6 +51,9 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         slot_lag_ms = lag.map(ms),
         "task started"
     );
+    let _ = shared.events.send(WorkerEvent::AttemptStarted {
+        task: ctx.task_shared(),
+    });
     tokio::spawn(async move {
         let attempt = async {
             let result = execute(&shared, ctx.clone()).await;
@@ -128,6 +131,12 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             shared.counters.lease_lost(&queue);
         }
         shared.counters.ended(&queue, outcome, took);
+        let _ = shared.events.send(WorkerEvent::AttemptEnded {
+            task: ctx.task_shared(),
+            outcome,
+            duration: took,
+            error,
+        });
         lock(&shared.running).remove(&claim);
         drop(slot);
         shared.drained.notify_waiters();

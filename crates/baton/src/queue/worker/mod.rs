@@ -49,7 +49,6 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +60,7 @@ use tracing::Instrument;
 
 use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
+use super::hooks::{AttemptMiddleware, WorkerEvent};
 use super::TaskAction;
 use crate::clock::StoreClock;
 use crate::error::Error;
@@ -99,6 +99,8 @@ pub struct Worker {
     fallback: Option<HandlerFn>,
     backoffs: HashMap<String, super::Backoff>,
     counters: WorkerCounters,
+    middleware: Vec<Arc<dyn AttemptMiddleware>>,
+    events: tokio::sync::broadcast::Sender<WorkerEvent>,
 }
 
 impl Worker {
@@ -115,7 +117,38 @@ impl Worker {
             fallback: None,
             backoffs: HashMap::new(),
             counters: WorkerCounters::default(),
+            middleware: Vec::new(),
+            events: tokio::sync::broadcast::Sender::new(super::hooks::EVENT_BUFFER),
         })
+    }
+
+    /// Run `m` around every attempt, inside the middleware added before
+    /// it (see [`AttemptMiddleware`]; a closure `|ctx, next| async move {
+    /// … next.run(ctx).await }` is one).
+    pub fn around(&mut self, m: impl AttemptMiddleware) -> &mut Self {
+        self.middleware.push(Arc::new(m));
+        self
+    }
+
+    /// Receive this worker's [`WorkerEvent`]s from now on: each attempt's
+    /// start and end, and the start of its shutdown. Subscribe before
+    /// [`Worker::run`]; the worker never waits for a slow subscriber.
+    ///
+    /// ```no_run
+    /// # async fn demo(worker: baton::queue::Worker) {
+    /// use baton::queue::WorkerEvent;
+    /// let mut events = worker.subscribe();
+    /// tokio::spawn(async move {
+    ///     while let Ok(e) = events.recv().await {
+    ///         if let WorkerEvent::AttemptEnded { task, outcome, .. } = e {
+    ///             println!("task {} {}", task.id, outcome.as_str());
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<WorkerEvent> {
+        self.events.subscribe()
     }
 
     /// A handle on this worker's counters (attempts by queue and outcome),
@@ -233,8 +266,17 @@ impl Worker {
             store: self.store.clone(),
             config: self.config.clone(),
             id: self.id.clone(),
-            handlers: self.handlers,
-            fallback: self.fallback,
+            handlers: {
+                let chain = self.middleware.clone().into();
+                self.handlers
+                    .into_iter()
+                    .map(|(k, h)| (k, super::hooks::wrap(h, &chain)))
+                    .collect()
+            },
+            fallback: {
+                let chain = self.middleware.into();
+                self.fallback.map(|h| super::hooks::wrap(h, &chain))
+            },
             backoffs: self.backoffs,
             running: Mutex::new(HashMap::new()),
             stop_claiming: CancellationToken::new(),
@@ -243,6 +285,7 @@ impl Worker {
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
             due,
+            events: self.events.clone(),
         });
         // Either signal ends the ticker below; `urgent` also cuts the grace.
         let shutdown = shutdown.child_token();
@@ -305,6 +348,7 @@ impl Worker {
         )
         .await;
         upkeep.abort();
+        let _ = shared.events.send(WorkerEvent::Stopping);
 
         drain(&shared, tasks, &urgent).await;
         heart.abort();

@@ -10,9 +10,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-pub(super) type BoxFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
-
-pub(super) type HandlerFn = Arc<dyn Fn(TaskContext) -> BoxFut + Send + Sync>;
+pub(super) use crate::queue::hooks::{AttemptFuture as BoxFut, HandlerFn};
 
 /// A running attempt, as the heartbeat loop sees it.
 pub(super) struct Running {
@@ -50,6 +48,8 @@ pub(super) struct Shared {
     /// Fired when shutdown gives up on attempts that could not finish in
     /// time: their handlers are dropped and nothing more is written.
     pub(super) abandon: CancellationToken,
+    /// Where [`WorkerEvent`]s go ([`Worker::subscribe`]).
+    pub(super) events: tokio::sync::broadcast::Sender<WorkerEvent>,
 }
 
 impl Shared {

@@ -416,8 +416,9 @@ impl PgBackend {
 /// opened with the pool's connect options.
 pub(crate) fn from_pool(
     pool: PgPool,
-    prefix: Option<&str>,
+    opts: &crate::StoreOptions,
 ) -> Result<Arc<dyn Backend>, StoreError> {
+    let prefix = opts.prefix.as_deref();
     if let Some(p) = prefix {
         super::validate_prefix(p)?;
     }
@@ -431,7 +432,7 @@ pub(crate) fn from_pool(
         mode: PoolMode::Direct,
         listen: None,
         begin_sql: None,
-        sql: Arc::new(Sql::new(&names, true)),
+        sql: Arc::new(Sql::new(&names, opts.keep_succeeded)),
         names: Arc::new(names),
         wake,
         listener: OnceLock::new(),

@@ -1,5 +1,7 @@
-//! Prometheus metrics for `baton serve --listen` (`GET /metrics`), in the
-//! OpenMetrics text format written by `prometheus-client` ([`CONTENT_TYPE`]).
+//! Prometheus metrics (feature `prometheus`): the text `baton serve
+//! --listen` answers on `GET /metrics`, for a service that runs baton's
+//! workers itself to answer the same, in the OpenMetrics text format
+//! written by `prometheus-client` ([`CONTENT_TYPE`]).
 //! `baton_tasks…`, `baton_queue…`, `baton_job…` and `baton_lock…` are the
 //! store's view, read when scraped, so every instance reports the same
 //! cluster-wide numbers (scrape one, or aggregate with `max`);
@@ -10,9 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use baton::queue::{Histogram, Outcome, Queue, QueueCounters, WorkerCounters};
-use baton::schedule;
-use baton::Store;
+use crate::queue::{Histogram, Outcome, Queue, QueueCounters, WorkerCounters};
+use crate::schedule;
+use crate::Store;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -24,12 +26,19 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 type Sample<'a> = (Vec<(&'static str, &'a str)>, f64);
 
 /// Render every metric, or the store's error. `workers` are this process's
-/// workers.
-pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String, baton::Error> {
-    use baton::store::TaskState;
+/// workers ([`Worker::counters`](crate::queue::Worker::counters)).
+///
+/// ```no_run
+/// # async fn demo(store: baton::Store, worker: &baton::queue::Worker) -> Result<(), baton::Error> {
+/// let text = baton::metrics::render(&store, &[worker.counters()]).await?;
+/// // serve `text` with `Content-Type: baton::metrics::CONTENT_TYPE`
+/// # Ok(()) }
+/// ```
+pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String, crate::Error> {
+    use crate::store::TaskState;
     let stats = Queue::new(store.clone()).stats().await?;
     let jobs = schedule::job_statuses(store).await?;
-    let locks = baton::lock::Locker::new(store.clone()).list().await?;
+    let locks = crate::lock::Locker::new(store.clone()).list().await?;
     let now = store.now().await?;
     let secs = |t: chrono::DateTime<chrono::Utc>| t.timestamp_millis() as f64 / 1000.0;
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
@@ -211,7 +220,7 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
         "baton_worker_store_errors",
         "Store calls of this process's workers that failed, by operation.",
         // Every operation, zeros too.
-        baton::queue::STORE_OPERATIONS.iter().map(|op| {
+        crate::queue::STORE_OPERATIONS.iter().map(|op| {
             let n = store_errors.get(op).copied().unwrap_or(0);
             (vec![("operation", *op)], n as f64)
         }),
@@ -243,7 +252,7 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     registry.register_collector(Box::new(out));
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|_| {
-        baton::Error::Invalid(baton::InvalidInput::new("metrics", "could not be encoded"))
+        crate::Error::Invalid(crate::InvalidInput::new("metrics", "could not be encoded"))
     })?;
     Ok(text)
 }
@@ -369,7 +378,7 @@ fn histogram<'a>(
     let samples = per_queue.into_iter().map(|(q, h)| {
         // prometheus-client takes each bucket's own count (it sums them)
         // and writes `+Inf` for `f64::MAX`.
-        let bounds = baton::queue::counters::BUCKETS
+        let bounds = crate::queue::counters::BUCKETS
             .iter()
             .copied()
             .chain([f64::MAX]);
