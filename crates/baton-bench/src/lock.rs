@@ -31,7 +31,7 @@ pub(super) async fn lock_bench(a: LockArgs) -> Result<()> {
     let store = ctx.connect().await?;
     let kind = store.backend().kind();
     let locker = Locker::new(store.clone());
-    let opts = LockOptions::new(Duration::from_secs(30))?.keep_alive(false);
+    let opts = LockOptions::new(Duration::from_secs(30)).keep_alive(false);
     let measure = Duration::from_secs_f64(a.duration);
     let warmup = Duration::from_millis(500);
     let start = Instant::now() + warmup;

@@ -98,18 +98,16 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         Some(g) => g,
         None => GRACE.min(a.at_most / 3),
     };
+    // Extensions come early enough that SIGTERM (`grace` before the stop
+    // margin) is never reached while they succeed.
+    let margin = grace + baton::lease::stop_margin(a.at_most);
     let opts = LockOptions::new(a.at_most)
-        .and_then(|o| o.at_least(a.at_least))
-        // Extensions come early enough that SIGTERM (`grace` before the
-        // stop margin) is never reached while they succeed.
-        .and_then(|o| {
-            let m = grace + baton::lease::stop_margin(a.at_most);
-            o.renew_margin(if m < a.at_most { m } else { grace })
-        })
-        .map_err(|mut e| {
-            e.field = format!("--{}", e.field.replace('_', "-"));
-            Error::from(e)
-        })?;
+        .at_least(a.at_least)
+        .renew_margin(if margin < a.at_most { margin } else { grace });
+    opts.validate().map_err(|mut e| {
+        e.field = format!("--{}", e.field.replace('_', "-"));
+        Error::from(e)
+    })?;
     // `connect` names the store in its errors.
     let store = connect(&a.store).await?;
     let locker = Locker::new(store);

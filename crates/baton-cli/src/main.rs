@@ -193,10 +193,20 @@ enum Command {
     Jobs(serve::JobsArgs),
     /// Check a store Jepsen-style: a workload, a nemesis, a history, a checker.
     Chaos(chaos::ChaosArgs),
-    /// Create or upgrade the store's schema.
+    /// Create or upgrade the store's schema (or, with --remove --yes,
+    /// remove it with all its data).
     Migrate {
         #[command(flatten)]
         store: StoreArg,
+        /// Remove baton's schema at the prefix instead: every task, lock,
+        /// job cursor and queue flag (the tables and sequence, or the
+        /// Redis keys, baton made; nothing else). Stop every baton process
+        /// on the prefix first. Needs --yes.
+        #[arg(long)]
+        remove: bool,
+        /// Confirm --remove.
+        #[arg(long, requires = "remove")]
+        yes: bool,
     },
     /// Print a shell completion script (e.g. `baton completions bash >
     /// /etc/bash_completion.d/baton`).
@@ -493,6 +503,44 @@ async fn migrate(store: StoreArg) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// `baton migrate --remove`: remove the schema at the prefix, once
+/// confirmed with `--yes` (without it, say what would go and change
+/// nothing).
+async fn remove_schema(store: StoreArg, yes: bool) -> anyhow::Result<u8> {
+    let r = store.resolve(store.config()?.as_ref());
+    let s = connect_resolved(&r, false)
+        .await
+        .context("migrate --remove")?;
+    let found = s
+        .schema_status()
+        .await
+        .map_err(baton::Error::from)
+        .context("migrate --remove")?
+        .found;
+    let prefix = r.prefix.as_deref().unwrap_or("(default)");
+    let what = match found {
+        Some(v) => format!("the baton schema (version {v})"),
+        None => "what is left of a baton schema (no version is recorded)".into(),
+    };
+    if !yes {
+        return Err(baton::Error::from(baton::InvalidInput::new(
+            "--yes",
+            format!(
+                "--remove would delete {what} on {} (prefix {prefix}), with every task, \
+                 lock, job cursor and queue flag in it; add --yes to do it",
+                s.url()
+            ),
+        ))
+        .into());
+    }
+    s.remove_schema()
+        .await
+        .map_err(baton::Error::from)
+        .context("migrate --remove")?;
+    outln!("removed {what} on {} (prefix {prefix})", s.url());
+    Ok(0)
+}
+
 fn completions(shell: clap_complete::Shell) -> anyhow::Result<u8> {
     use clap::CommandFactory;
     let mut buf = Vec::new();
@@ -553,7 +601,12 @@ fn main() -> ExitCode {
             Command::Trigger(a) => serve::trigger(a).await,
             Command::Jobs(a) => serve::jobs(a).await,
             Command::Chaos(a) => chaos::chaos(a).await,
-            Command::Migrate { store } => migrate(store).await,
+            Command::Migrate {
+                store,
+                remove: true,
+                yes,
+            } => remove_schema(store, yes).await,
+            Command::Migrate { store, .. } => migrate(store).await,
             Command::Completions { shell } => completions(shell),
             Command::Man => man(),
         }

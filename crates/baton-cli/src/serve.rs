@@ -467,30 +467,44 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             .and_then(|c| c.jobs.iter().find(|j| &j.name == job))
             .context("the job vanished from the config")?;
         let now = store.now().await.map_err(Error::from)?;
-        let fires = j.schedule.next_fires(now, *count as usize);
+        let lib = j.job();
+        let fires = lib.next_fires(now, *count as usize);
+        // With jitter, when each slot's run is due (the slot plus its offset).
+        let runs =
+            |at| output::ts(at + chrono::Duration::from_std(lib.jitter_at(at)).unwrap_or_default());
         if a.json {
             output::json(&serde_json::json!({
                 "job": job,
                 "schedule": j.schedule.to_string(),
                 "next": fires.iter().map(|f| serde_json::json!({
                     "at": output::ts(f.at), "local": f.local, "zone": f.zone, "dst": f.dst,
+                    "runs_at": runs(f.at),
                 })).collect::<Vec<_>>(),
             }))?;
             return Ok(0);
         }
         crate::outln!("{job}: {}", j.schedule);
-        let mut table = Table::new(&[
+        let jittered = !lib.jitter.is_zero();
+        let mut cols = vec![
             ("FIRE (JOB'S ZONE)", Align::Left),
             ("ZONE", Align::Left),
             ("UTC", Align::Left),
-        ]);
+        ];
+        if jittered {
+            cols.push(("RUNS AT (UTC, WITH JITTER)", Align::Left));
+        }
+        let mut table = Table::new(&cols);
         for f in fires {
             let zone = if f.dst {
                 format!("{} (DST)", f.zone)
             } else {
                 f.zone
             };
-            table.row(vec![f.local, zone, output::ts(f.at)]);
+            let mut row = vec![f.local, zone, output::ts(f.at)];
+            if jittered {
+                row.push(runs(f.at));
+            }
+            table.row(row);
         }
         table.print()?;
         return Ok(0);

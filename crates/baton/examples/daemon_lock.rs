@@ -32,8 +32,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "sqlite://daemon_lock.db".into());
-    let opts = LockOptions::new(scaled(15.0 * 60.0))? // lockAtMostFor = PT15M
-        .at_least(scaled(30.0))?; // lockAtLeastFor = PT30S
+    let opts = LockOptions::new(scaled(15.0 * 60.0)) // lockAtMostFor = PT15M
+        .at_least(scaled(30.0)); // lockAtLeastFor = PT30S
     let fixed_delay = scaled(30.0); // @Scheduled(fixedDelay = 30s)
     let runs = Arc::new(AtomicU32::new(0));
     println!("{INSTANCES} instances on {url}; each cycle exactly one runs scanAllChannels");

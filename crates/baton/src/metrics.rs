@@ -199,7 +199,7 @@ pub async fn render(store: &Store, workers: &[WorkerCounters]) -> Result<String,
     histogram(
         &mut out,
         "baton_worker_slot_lag_seconds",
-        "Scheduled tasks: from the slot to the claim that started the attempt (store time), by queue.",
+        "Scheduled tasks: from the task's due time (its slot plus jitter, or its trigger or retry) to the claim that started the attempt (store time), by queue.",
         mine.iter().map(|(q, c)| (q.as_str(), &c.slot_lag)),
     );
     counter(

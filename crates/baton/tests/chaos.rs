@@ -33,7 +33,7 @@ async fn locks_survive_a_restart(kind: Kind) {
     srv.start();
     let store = connect(&srv.url()).await;
     let locker = Locker::new(store.clone());
-    let opts = LockOptions::new(Duration::from_secs(2)).unwrap();
+    let opts = LockOptions::new(Duration::from_secs(2));
     let lease = locker.try_lock("chaos", &opts).await.unwrap().unwrap();
     let before = lease.token();
     lease.release().await.unwrap();
@@ -95,9 +95,7 @@ async fn postgres_grants_and_extensions_survive_a_crash() {
     srv.start();
     let store = connect(&srv.url()).await;
     let locker = Locker::new(store.clone());
-    let opts = LockOptions::new(Duration::from_secs(60))
-        .unwrap()
-        .keep_alive(false);
+    let opts = LockOptions::new(Duration::from_secs(60)).keep_alive(false);
     // A released lease first, so the grant below is not the row's first.
     let first = locker.try_lock("crash", &opts).await.unwrap().unwrap();
     let first_token = first.token();

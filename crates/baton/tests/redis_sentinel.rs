@@ -257,7 +257,7 @@ async fn sentinel_failover_is_followed() {
 
     // ---- 2. a failover that loses the last writes -------------------------
     let locker = Locker::new(store.clone());
-    let opts = LockOptions::new(Duration::from_secs(2)).unwrap();
+    let opts = LockOptions::new(Duration::from_secs(2));
     let kept = locker
         .try_lock("fence", &opts)
         .await

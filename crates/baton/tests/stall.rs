@@ -331,9 +331,7 @@ async fn release_on_a_stalled_store_returns_by_the_deadline(kind: Kind) {
     };
     let (store, mut stall) = stallable(&ts, opts).await;
     let at_most = Duration::from_secs(2);
-    let lock = baton::lock::LockOptions::new(at_most)
-        .unwrap()
-        .keep_alive(false);
+    let lock = baton::lock::LockOptions::new(at_most).keep_alive(false);
     let lease = baton::lock::Locker::new(store)
         .try_lock("stalled-release", &lock)
         .await

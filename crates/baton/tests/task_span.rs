@@ -91,7 +91,8 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
             TaskBuilder::new("fail", serde_json::json!({}))
                 .queue("q")
                 .max_attempts(1)
-                .slot("nightly", slot),
+                .slot("nightly", slot)
+                .run_at(slot),
         )
         .await
         .expect("enqueue")
@@ -196,7 +197,8 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
     drop(seen);
 
     // Histograms: every claim answered, both attempts' durations, the
-    // scheduled task's lag (≥ 2 s: its slot was 2 s before the enqueue).
+    // scheduled task's lag (≥ 2 s: it was due at its slot, 2 s before the
+    // enqueue; the lag counts from the due time, not the slot).
     let c = counters.snapshot()["q"].clone();
     assert!(c.claim_latency.count >= 1, "{:?}", c.claim_latency);
     assert_eq!(c.run_duration.count, 2, "{:?}", c.run_duration);

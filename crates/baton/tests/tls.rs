@@ -25,7 +25,7 @@ async fn connect(url: &str) -> Result<Store, baton::Error> {
 async fn works_over(url: &str) {
     let store = connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let locker = Locker::new(store.clone());
-    let opts = LockOptions::new(Duration::from_secs(10)).unwrap();
+    let opts = LockOptions::new(Duration::from_secs(10));
     let lease = locker.try_lock("tls", &opts).await.unwrap().expect("free");
     assert!(locker.try_lock("tls", &opts).await.unwrap().is_none());
     lease.release().await.unwrap();

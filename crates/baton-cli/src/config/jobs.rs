@@ -40,8 +40,13 @@ pub struct JobConfig {
     pub max_attempts: u32,
     /// Time limit per attempt.
     pub timeout: Option<Duration>,
-    /// A random delay of up to this much before each run.
+    /// Each slot's run is up to this much after it (an offset derived from
+    /// the job and the slot, alike on every instance).
     pub jitter: Duration,
+    /// No slot before this instant runs.
+    pub start_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// No slot after this instant runs.
+    pub end_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Task priority, -100..=100, lower first (durable mode).
     pub priority: i32,
     /// Lock mode only: run, then wait this long (ShedLock's `fixedDelay`)
@@ -63,6 +68,8 @@ impl JobConfig {
             .priority(self.priority)
             .max_attempts(self.max_attempts);
         job.timeout = self.timeout;
+        job.start_at = self.start_at;
+        job.end_at = self.end_at;
         if let Mode::Lock { at_most, at_least } = self.mode {
             job = job.lock_mode(at_most, at_least);
             job.fixed_delay = self.fixed_delay;
@@ -114,6 +121,8 @@ pub(super) struct RawJob {
     timeout: Option<String>,
     jitter: Option<String>,
     priority: Option<i64>,
+    start_at: Option<String>,
+    end_at: Option<String>,
 }
 
 /// Refuse the Quartz forms that cron would read differently: a 7th (year)
@@ -306,6 +315,33 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
         Some(s) => duration("jitter", s).map_err(input)?,
         None => Duration::ZERO,
     };
+    let instant = |field: &str, v: &Option<String>| {
+        match v {
+        None => Ok(None),
+        Some(s) => chrono::DateTime::parse_from_rfc3339(s.trim())
+            .map(|t| Some(t.to_utc()))
+            .map_err(|e| {
+                input(InvalidInput::new(
+                    field,
+                    format!("{s:?} is not an RFC 3339 instant ({e}); use e.g. \"2027-01-01T09:00:00+09:00\""),
+                ))
+            }),
+    }
+    };
+    let start_at = instant("start_at", &j.start_at)?;
+    let end_at = instant("end_at", &j.end_at)?;
+    if let (Some(s), Some(e)) = (start_at, end_at) {
+        if e <= s {
+            return Err(input(InvalidInput::new(
+                "end_at",
+                format!(
+                    "{} is not after start_at {}; the job would never run",
+                    e.to_rfc3339(),
+                    s.to_rfc3339()
+                ),
+            )));
+        }
+    }
 
     Ok(JobConfig {
         name: j.name,
@@ -320,6 +356,8 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
         max_attempts,
         timeout,
         jitter,
+        start_at,
+        end_at,
         priority,
         fixed_delay,
     })

@@ -529,3 +529,28 @@ fn quartz_forms_get_a_hint() {
     Config::parse(&job("cron = \"0 0 12 ? * MON-FRI\"")).unwrap();
     Config::parse(&job("cron = \"*/10 * * * * *\"")).unwrap();
 }
+
+/// `start_at` and `end_at` are RFC 3339 instants, the end after the
+/// start; a bad one is refused naming the field and the form.
+#[test]
+fn start_and_end_at() {
+    let c = Config::parse(&job(
+        "start_at = \"2027-01-01T09:00:00+09:00\"\nend_at = \"2027-02-01T00:00:00Z\"",
+    ))
+    .unwrap();
+    let j = &c.jobs[0];
+    assert_eq!(
+        j.start_at.map(|t| t.to_rfc3339()).as_deref(),
+        Some("2027-01-01T00:00:00+00:00")
+    );
+    assert_eq!(j.job().end_at, j.end_at);
+    let e = err(&job("start_at = \"tomorrow\""));
+    assert!(e.contains("start_at") && e.contains("RFC 3339"), "{e}");
+    let e = err(&job(
+        "start_at = \"2027-01-01T00:00:00Z\"\nend_at = \"2026-01-01T00:00:00Z\"",
+    ));
+    assert!(
+        e.contains("end_at") && e.contains("not after start_at"),
+        "{e}"
+    );
+}

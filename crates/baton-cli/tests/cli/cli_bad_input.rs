@@ -695,7 +695,7 @@ async fn catalogue_on(kind: Kind) {
     ))
     .await
     .unwrap();
-    let opts = baton::lock::LockOptions::new(Duration::from_secs(10)).unwrap();
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(10));
     let lease = baton::lock::Locker::new(ts.store.clone())
         .try_lock("seed-lock", &opts)
         .await
@@ -1384,7 +1384,7 @@ async fn http_catalogue_on(kind: Kind) {
         .enqueue(baton::queue::TaskBuilder::new("seed", serde_json::json!({})).queue("parked"))
         .await
         .unwrap();
-    let opts = baton::lock::LockOptions::new(Duration::from_secs(600)).unwrap();
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(600));
     let _held = baton::lock::Locker::new(ts.store.clone())
         .try_lock("held", &opts)
         .await

@@ -14,6 +14,7 @@ use common::{stderr, stdout, wait_for, Env, Kind};
 per_backend! {
     tables_align_and_timestamps_have_milliseconds,
     migrate_says_created_then_up_to_date,
+    migrate_remove_needs_yes_and_removes_everything,
     missing_things_exit_66,
     duplicate_key_says_nothing_was_inserted,
     lock_wait_says_what_it_waits_for,
@@ -141,6 +142,42 @@ async fn migrate_says_created_then_up_to_date(e: Env) {
         "{}",
         stdout(&out)
     );
+}
+
+/// `baton migrate --remove` says what it would delete and changes nothing
+/// without `--yes`; with it the prefix's schema and data are gone (the next
+/// `migrate` creates it anew, empty).
+async fn migrate_remove_needs_yes_and_removes_everything(e: Env) {
+    let prefix = format!("{}_r", e.ts.prefix);
+    let out = e.run(&["enqueue", "--prefix", &prefix, "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = e.run(&["migrate", "--prefix", &prefix, "--remove"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--yes") && stderr(&out).contains("every task"),
+        "{}",
+        stderr(&out)
+    );
+    let tasks = |e: &Env| {
+        let text = stdout(&e.run(&["tasks", "list", "--prefix", &prefix, "--json"]));
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_array().map(Vec::len)
+    };
+    assert_eq!(tasks(&e), Some(1));
+    let out = e.run(&["migrate", "--prefix", &prefix, "--remove", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("removed the baton schema"),
+        "{}",
+        stdout(&out)
+    );
+    let out = e.run(&["migrate", "--prefix", &prefix]);
+    assert!(
+        stdout(&out).starts_with("created the baton schema"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(tasks(&e), Some(0));
 }
 
 /// GUIDE.md "Exit codes": 66 when the task or job named does not exist.
@@ -388,7 +425,7 @@ async fn progress_only_on_a_terminal() {
         return;
     }
     let e = sqlite().await;
-    let opts = baton::lock::LockOptions::new(Duration::from_secs(600)).unwrap();
+    let opts = baton::lock::LockOptions::new(Duration::from_secs(600));
     let _held = baton::lock::Locker::new(e.ts.store.clone())
         .try_lock("held", &opts)
         .await

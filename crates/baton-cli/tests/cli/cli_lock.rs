@@ -248,7 +248,7 @@ async fn lost_lease_stops_the_command(e: Env) {
     let thief = locker
         .try_lock(
             "lost",
-            &baton::lock::LockOptions::new(Duration::from_secs(30)).unwrap(),
+            &baton::lock::LockOptions::new(Duration::from_secs(30)),
         )
         .await
         .unwrap()

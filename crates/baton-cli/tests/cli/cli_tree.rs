@@ -130,7 +130,7 @@ async fn lock_lost_lease_kills_the_whole_tree_at_once() {
     let thief = locker
         .try_lock(
             "tree-lost",
-            &baton::lock::LockOptions::new(Duration::from_secs(30)).unwrap(),
+            &baton::lock::LockOptions::new(Duration::from_secs(30)),
         )
         .await
         .unwrap()

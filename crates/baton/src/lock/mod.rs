@@ -23,8 +23,8 @@
 //!
 //! let store = baton::Store::connect("sqlite://baton.db").await?;
 //! let locker = Locker::new(store);
-//! let opts = LockOptions::new(Duration::from_secs(15 * 60))?
-//!     .at_least(Duration::from_secs(30))?;
+//! let opts = LockOptions::new(Duration::from_secs(15 * 60))
+//!     .at_least(Duration::from_secs(30));
 //! // Run only if no other instance holds "daemon-runner"; skip otherwise.
 //! let ran = locker
 //!     .run("daemon-runner", &opts, |lease| async move {
@@ -162,7 +162,7 @@ impl Locker {
     /// # async fn demo(store: baton::Store) -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use baton::lock::{LockOptions, Locker};
-    /// let opts = LockOptions::new(Duration::from_secs(900))?;
+    /// let opts = LockOptions::new(Duration::from_secs(900));
     /// match Locker::new(store).run("daemon-runner", &opts, |lease| scan(lease.token())).await? {
     ///     Some(result) => result?,                        // ran here: its own error, if any
     ///     None => println!("another instance runs it"),   // busy: skipped
@@ -192,6 +192,7 @@ impl Locker {
         opts: &LockOptions,
     ) -> Result<Result<Lease, LockInfo>, Error> {
         validate_name("lock name", name)?;
+        opts.validate()?;
         let holder = format!("{}:{}", self.node, short_id());
         let sent = Instant::now();
         let answer = self

@@ -15,37 +15,64 @@ pub struct LockOptions {
 
 impl LockOptions {
     /// A lease that lapses `at_most` after its grant or last extension.
-    /// `at_most` must be at least 1 ms. Keep-alive is on, `at_least` is 0.
-    pub fn new(at_most: Duration) -> Result<LockOptions, InvalidInput> {
-        if at_most < Duration::from_millis(1) {
+    /// Keep-alive is on, `at_least` is 0. The options are checked where
+    /// they are used ([`Locker`]'s calls, [`LockOptions::validate`]),
+    /// as every builder of the crate is: `at_most` at least 1 ms.
+    pub fn new(at_most: Duration) -> LockOptions {
+        LockOptions {
+            at_most,
+            at_least: Duration::ZERO,
+            keep_alive: true,
+            margin: Duration::ZERO,
+        }
+    }
+
+    /// Keep the lease at least this long after its grant, even when released
+    /// earlier. Must not exceed `at_most` (checked at use).
+    pub fn at_least(mut self, at_least: Duration) -> LockOptions {
+        self.at_least = at_least;
+        self
+    }
+
+    /// Check the options, naming the field: `at_most` at least 1 ms,
+    /// `at_least` at most `at_most`, the renew margin shorter than
+    /// `at_most`. [`Locker`]'s calls check them first; call it to check
+    /// earlier (at startup, say).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use baton::lock::LockOptions;
+    /// let bad = LockOptions::new(Duration::from_secs(10)).at_least(Duration::from_secs(30));
+    /// assert_eq!(bad.validate().unwrap_err().field, "at_least");
+    /// ```
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        if self.at_most < Duration::from_millis(1) {
             return Err(InvalidInput::new(
                 "at_most",
                 "must be greater than 0 (e.g. 30s, 15m, PT15M)",
             ));
         }
-        Ok(LockOptions {
-            at_most,
-            at_least: Duration::ZERO,
-            keep_alive: true,
-            margin: Duration::ZERO,
-        })
-    }
-
-    /// Keep the lease at least this long after its grant, even when released
-    /// earlier. Must not exceed `at_most`.
-    pub fn at_least(mut self, at_least: Duration) -> Result<LockOptions, InvalidInput> {
-        if at_least > self.at_most {
+        if self.at_least > self.at_most {
             return Err(InvalidInput::new(
                 "at_least",
                 format!(
                     "{} is longer than at_most {}; at_least must be at most at_most",
-                    crate::format_duration(at_least),
+                    crate::format_duration(self.at_least),
                     crate::format_duration(self.at_most)
                 ),
             ));
         }
-        self.at_least = at_least;
-        Ok(self)
+        if self.margin >= self.at_most {
+            return Err(InvalidInput::new(
+                "margin",
+                format!(
+                    "{} is not shorter than at_most {}; the margin must be shorter than the lease",
+                    crate::format_duration(self.margin),
+                    crate::format_duration(self.at_most)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Turn the automatic keep-alive on (default) or off. Without it the
@@ -60,7 +87,7 @@ impl LockOptions {
     /// than `margin` ahead while the store answers: the keep-alive extends
     /// every `min(at_most / 3, (at_most - margin) / 2)`. For work that needs
     /// `margin` to shut down once the store stops answering (stop it at
-    /// `deadline() - margin`). Must be shorter than `at_most`.
+    /// `deadline() - margin`). Must be shorter than `at_most` (checked at use).
     ///
     /// ```
     /// use std::time::Duration;
@@ -69,30 +96,19 @@ impl LockOptions {
     /// // A command that needs up to 2 s to stop, under a 3 s lease:
     /// // extensions every 500 ms, so `deadline() - 2s` is never reached
     /// // while they succeed.
-    /// let opts = LockOptions::new(Duration::from_secs(3))?
-    ///     .renew_margin(Duration::from_secs(2))?;
+    /// let opts = LockOptions::new(Duration::from_secs(3))
+    ///     .renew_margin(Duration::from_secs(2));
     /// assert_eq!(opts.renew_period(), Duration::from_millis(500));
-    /// # Ok::<(), baton::InvalidInput>(())
     /// ```
-    pub fn renew_margin(mut self, margin: Duration) -> Result<LockOptions, InvalidInput> {
-        if margin >= self.at_most {
-            return Err(InvalidInput::new(
-                "margin",
-                format!(
-                    "{} is not shorter than at_most {}; the margin must be shorter than the lease",
-                    crate::format_duration(margin),
-                    crate::format_duration(self.at_most)
-                ),
-            ));
-        }
+    pub fn renew_margin(mut self, margin: Duration) -> LockOptions {
         self.margin = margin;
-        Ok(self)
+        self
     }
 
     /// How often the keep-alive extends the lease:
     /// `min(at_most / 3, (at_most - margin) / 2)`.
     pub fn renew_period(&self) -> Duration {
-        (self.at_most / 3).min((self.at_most - self.margin) / 2)
+        (self.at_most / 3).min(self.at_most.saturating_sub(self.margin) / 2)
     }
 
     /// How often a kept-alive lease whose [`LockOptions::renew_period`] is

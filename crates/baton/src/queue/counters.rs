@@ -139,8 +139,10 @@ pub struct QueueCounters {
     pub claim_latency: Histogram,
     /// Each ended attempt's duration, from claim to outcome.
     pub run_duration: Histogram,
-    /// For scheduled tasks (those with a slot): from the slot to the claim
-    /// that started the attempt, both by the store's clock.
+    /// For scheduled tasks (those with a slot): from the task's due time
+    /// (its slot plus the job's jitter, or when it was triggered or its
+    /// retry fell due) to the claim that started the attempt, both by the
+    /// store's clock.
     pub slot_lag: Histogram,
     /// Attempts whose lease was lost (no heartbeat confirmed it in time,
     /// another claim took the task, or the result was refused): nothing

@@ -47,7 +47,11 @@ pub struct Job {
     pub misfire_grace: Duration,
     /// What to do when the previous run is unfinished.
     pub overlap: Overlap,
-    /// Random delay up to this long added to each run (not to the slot).
+    /// A delay of up to this long added to each slot's run (not to the
+    /// slot itself), the same on every instance: derived from the job's
+    /// name and the slot ([`Job::jitter_at`]), so a fleet of jobs on one
+    /// cron spreads its runs instead of stampeding, while every instance
+    /// agrees on each run's time.
     pub jitter: Duration,
     /// Queue for durable runs.
     pub queue: String,
@@ -71,6 +75,13 @@ pub struct Job {
     /// (misfire, catch-up) are taken only once due. Lock mode ignores it:
     /// its run starts at once.
     pub lead: Duration,
+    /// No slot before this instant runs (Temporal's start time, a
+    /// CronJob that begins later): the first slot is the first at or after
+    /// it. `None`: from when the job is first seen.
+    pub start_at: Option<DateTime<Utc>>,
+    /// No slot after this instant runs; once the store's clock passes it
+    /// the job runs nothing more, not even slots it missed before it.
+    pub end_at: Option<DateTime<Utc>>,
 }
 
 /// The default [`Job::lead`].
@@ -98,6 +109,8 @@ impl Job {
             max_attempts: crate::queue::DEFAULT_MAX_ATTEMPTS,
             timeout: None,
             lead: DEFAULT_LEAD,
+            start_at: None,
+            end_at: None,
         }
     }
     /// A durable job whose slots run as typed tasks: kind `A::KIND`,
@@ -207,6 +220,21 @@ impl Job {
         self.lead = d;
         self
     }
+    /// Run no slot before `t` (see [`Job::start_at`]).
+    pub fn starts_at(mut self, t: DateTime<Utc>) -> Job {
+        self.start_at = Some(t);
+        self
+    }
+    /// Run no slot after `t` (see [`Job::end_at`]); must be after
+    /// [`Job::start_at`], checked when the job is added.
+    pub fn ends_at(mut self, t: DateTime<Utc>) -> Job {
+        self.end_at = Some(t);
+        self
+    }
+    /// Whether `slot` is within the job's start and end.
+    pub fn in_window(&self, slot: DateTime<Utc>) -> bool {
+        self.start_at.is_none_or(|s| slot >= s) && self.end_at.is_none_or(|e| slot <= e)
+    }
     /// Lock mode only: wait `d` after each run instead of firing at slot
     /// instants (ShedLock's `fixedDelay`); refused for durable jobs when
     /// the job is added.
@@ -220,10 +248,23 @@ impl Job {
             InvalidInput::new(format!("job {:?}: {}", self.name, e.field), e.problem)
         };
         validate_name("job name", &self.name)?;
+        if let (Some(s), Some(e)) = (self.start_at, self.end_at) {
+            if e <= s {
+                return Err(ctx(InvalidInput::new(
+                    "end_at",
+                    format!(
+                        "{} is not after start_at {}; the job would never run",
+                        e.to_rfc3339(),
+                        s.to_rfc3339()
+                    ),
+                )));
+            }
+        }
         if let JobMode::Lock { at_most, at_least } = self.mode {
             // Checked only: the scheduler builds its own when it runs.
-            let _checked = LockOptions::new(at_most)
-                .and_then(|o| o.at_least(at_least))
+            LockOptions::new(at_most)
+                .at_least(at_least)
+                .validate()
                 .map_err(ctx)?;
         } else if self.fixed_delay.is_some() {
             return Err(ctx(InvalidInput::new(
@@ -232,6 +273,38 @@ impl Job {
             )));
         }
         self.task(Utc::now(), false).map(|_| ()).map_err(ctx)
+    }
+
+    /// The offset of `slot`'s run from the slot, from 0 to
+    /// [`Job::jitter`]: a hash of the job's name and the slot, the same on
+    /// every instance and every build (FNV-1a, not the standard library's
+    /// per-process hasher).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use baton::schedule::{Job, Schedule};
+    /// let job = Job::new("hourly", Schedule::cron("0 * * * *", None)?).jitter(Duration::from_secs(30));
+    /// let slot = chrono::DateTime::parse_from_rfc3339("2026-12-03T10:00:00Z")?.to_utc();
+    /// assert_eq!(job.jitter_at(slot), job.jitter_at(slot));
+    /// assert!(job.jitter_at(slot) <= Duration::from_secs(30));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn jitter_at(&self, slot: DateTime<Utc>) -> Duration {
+        jitter_of(&self.name, slot, self.jitter)
+    }
+
+    /// The next `n` slots after `t` that this job runs, within its
+    /// [`start_at`](Job::start_at) and [`end_at`](Job::end_at), each with
+    /// its time in the schedule's zone; a slot's run is
+    /// [`Job::jitter_at`] after it.
+    pub fn next_fires(&self, t: DateTime<Utc>, n: usize) -> Vec<super::spec::FireTime> {
+        let from = match self.start_at {
+            Some(s) => t.max(s - chrono::Duration::nanoseconds(1)),
+            None => t,
+        };
+        let mut fires = self.schedule.next_fires(from, n);
+        fires.retain(|f| self.in_window(f.at));
+        fires
     }
 
     /// The unique key of this job's run for `slot`: `job|RFC3339`.
@@ -255,7 +328,7 @@ impl Job {
             .unique_forever(true)
             .slot(self.name.clone(), slot);
         if !triggered {
-            let jitter = random_upto(self.jitter);
+            let jitter = self.jitter_at(slot);
             t = t.run_at(slot + chrono::Duration::from_std(jitter).unwrap_or_default());
         }
         if let Some(d) = self.timeout {
@@ -265,10 +338,89 @@ impl Job {
     }
 }
 
+/// `max` scaled by a hash of `job` and `slot` (see [`Job::jitter_at`]), in
+/// whole milliseconds.
+fn jitter_of(job: &str, slot: DateTime<Utc>, max: Duration) -> Duration {
+    let span = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    if span == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a, 64-bit, over the name, a separator and the slot's µs.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let micros = slot.timestamp_micros().to_le_bytes();
+    let bytes = job.as_bytes().iter().chain(&[0u8]).chain(&micros);
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Duration::from_millis(h % span.saturating_add(1))
+}
+
 pub(super) fn random_upto(d: Duration) -> Duration {
     if d.is_zero() {
         Duration::ZERO
     } else {
         Duration::from_millis(fastrand::u64(0..=d.as_millis() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().to_utc()
+    }
+
+    /// The same offset for a (job, slot) wherever it is computed, within
+    /// the bound, and spread: jobs on one slot, and one job's slots, get
+    /// different offsets.
+    #[test]
+    fn jitter_is_per_job_and_slot_alike_everywhere_and_spread() {
+        let max = Duration::from_secs(60);
+        let slot = at("2026-12-03T10:00:00Z");
+        assert_eq!(jitter_of("a", slot, max), jitter_of("a", slot, max));
+        // A fixed value: the hash may not change between builds.
+        assert_eq!(
+            jitter_of("report", slot, max),
+            Duration::from_millis(26_773)
+        );
+        let offsets: std::collections::BTreeSet<Duration> = (0..50)
+            .map(|i| jitter_of(&format!("job-{i}"), slot, max))
+            .collect();
+        assert!(
+            offsets.len() > 40,
+            "50 jobs share {} offsets",
+            offsets.len()
+        );
+        assert!(offsets.iter().all(|d| *d <= max));
+        let mut slots = std::collections::BTreeSet::new();
+        for h in 0..24 {
+            slots.insert(jitter_of("a", slot + chrono::Duration::hours(h), max));
+        }
+        assert!(slots.len() > 20, "24 slots share {} offsets", slots.len());
+        assert_eq!(jitter_of("a", slot, Duration::ZERO), Duration::ZERO);
+        assert!(jitter_of("a", slot, Duration::from_millis(1)) <= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn next_fires_keep_within_start_and_end() {
+        let every_hour = Schedule::every(Duration::from_secs(3600)).unwrap();
+        let job = Job::new("h", every_hour)
+            .starts_at(at("2027-01-01T03:00:00Z"))
+            .ends_at(at("2027-01-01T05:00:00Z"));
+        let fires: Vec<_> = job
+            .next_fires(at("2026-12-31T00:00:00Z"), 10)
+            .into_iter()
+            .map(|f| f.at)
+            .collect();
+        assert_eq!(
+            fires,
+            [
+                at("2027-01-01T03:00:00Z"),
+                at("2027-01-01T04:00:00Z"),
+                at("2027-01-01T05:00:00Z")
+            ]
+        );
     }
 }

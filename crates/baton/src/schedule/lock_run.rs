@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::job::{random_upto, Job, JobMode};
+use super::job::{Job, JobMode};
 use super::scheduler::{pause, read_cursor, StoreClock};
 use crate::error::Error;
 use crate::lock::{LeaseHandle, LockOptions, Locker};
@@ -71,8 +71,9 @@ impl LockRun {
         let JobMode::Lock { at_most, at_least } = job.mode else {
             return None;
         };
-        match LockOptions::new(at_most).and_then(|o| o.at_least(at_least)) {
-            Ok(opts) => Some(LockRun {
+        let opts = LockOptions::new(at_most).at_least(at_least);
+        match opts.validate() {
+            Ok(()) => Some(LockRun {
                 f,
                 opts,
                 locker: Locker::new(store.clone()),
@@ -128,7 +129,9 @@ pub(super) async fn run_locked(
         attempt: 1,
         token: crate::store::RUN_RECORD_TOKEN,
     };
-    tokio::time::sleep(random_upto(job.jitter)).await;
+    // The slot's own offset, the same on every instance; counted from
+    // now, which is at the slot or after it.
+    tokio::time::sleep(job.jitter_at(slot)).await;
     let lease = l.opts.at_most_duration();
     let name = job.name.clone();
     let f = l.f.clone();

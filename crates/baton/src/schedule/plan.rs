@@ -147,8 +147,22 @@ impl<'a> Planner<'a> {
         catch_up: Option<CatchUp>,
     ) -> Round {
         let job = self.job;
+        if job.end_at.is_some_and(|e| now > e) {
+            // Ended: nothing more runs.
+            return Round {
+                steps: Vec::new(),
+                batch_after: None,
+                catch_up: None,
+            };
+        }
         let base = cursor.unwrap_or(now);
         let from = self.floor.map_or(base, |f| base.max(f));
+        // Slots after `from` are due: a start moves it to just before
+        // the start, so a slot at the start runs.
+        let from = match job.start_at {
+            Some(s) => from.max(s - chrono::Duration::nanoseconds(1)),
+            None => from,
+        };
         let due = due_slots(
             &job.schedule,
             from,
@@ -183,7 +197,7 @@ impl<'a> Planner<'a> {
         // clock, and under `overlap = forbid` an unfinished previous run
         // makes it wait for the slot (`JobAdvance::not_before`).
         if steps.is_empty() && self.lead > chrono::Duration::zero() {
-            if let Some(next) = job.schedule.next_after(from) {
+            if let Some(next) = job.schedule.next_after(from).filter(|n| job.in_window(*n)) {
                 if next - self.lead_for(next) <= now {
                     steps.push(Step {
                         slot: next,
@@ -244,11 +258,17 @@ impl<'a> Planner<'a> {
     /// with the cursor it left: the next slot less its lead (a minute on
     /// when the schedule has no next slot).
     pub fn wake_at(&self, cursor: Option<DateTime<Utc>>, now: DateTime<Utc>) -> DateTime<Utc> {
-        self.job
-            .schedule
-            .next_after(now.max(cursor.unwrap_or(now)))
-            .map(|n| n - self.lead_for(n))
-            .unwrap_or(now + chrono::Duration::seconds(60))
+        let idle = now + chrono::Duration::seconds(60);
+        let mut after = now.max(cursor.unwrap_or(now));
+        if let Some(s) = self.job.start_at {
+            after = after.max(s - chrono::Duration::nanoseconds(1));
+        }
+        match self.job.schedule.next_after(after) {
+            // Past the end: look again now and then (nothing will run).
+            Some(n) if !self.job.in_window(n) => idle,
+            Some(n) => n - self.lead_for(n),
+            None => idle,
+        }
     }
 }
 

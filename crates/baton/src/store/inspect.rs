@@ -30,6 +30,27 @@ impl Store {
         self.backend().schema_status().await
     }
 
+    /// Remove baton's schema at this store's prefix, with every task, lock,
+    /// job cursor and queue flag in it: the tables and sequence (SQL) or
+    /// keys (Redis) baton made, nothing of the application's nor of other
+    /// prefixes. Stop every baton process on the prefix first (one still
+    /// running would recreate the schema at its next connect, empty). The
+    /// CLI's `baton migrate --remove --yes` calls this.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), baton::Error> {
+    /// let store = baton::Store::connect_with(
+    ///     "postgres://app@db/app",
+    ///     baton::StoreOptions { migrate: false, ..baton::StoreOptions::prefixed("baton_") },
+    /// ).await?;
+    /// store.remove_schema().await?;
+    /// assert_eq!(store.schema_status().await?.found, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn remove_schema(&self) -> Result<(), StoreError> {
+        self.backend().schema_remove().await
+    }
+
     /// Warnings about the store's configuration that weaken a guarantee
     /// (e.g. Redis without AOF, MySQL with `sync_binlog` off), one
     /// sentence each; empty when there is nothing to say.

@@ -54,6 +54,17 @@ pub(crate) trait Dialect: Send {
     async fn write_identity(&mut self) -> Result<(), StoreError>;
 }
 
+/// The table names (after the prefix) of every SQL backend: what
+/// `schema_remove` drops. A backend that adds a table adds it here.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) const SQL_TABLES: [&str; 6] = ["meta", "locks", "tasks", "jobs", "queues", "slots"];
+
+/// Every table of `prefix`, each quoted with `q`, comma-separated.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn quoted_tables(prefix: &str, q: char) -> String {
+    SQL_TABLES.map(|t| format!("{q}{prefix}{t}{q}")).join(", ")
+}
+
 /// The version this build writes and reads for `d`.
 pub(crate) fn expected_version(d: &impl Dialect) -> i64 {
     d.base_version() + i64::try_from(d.step_count()).unwrap_or(i64::MAX)

@@ -120,6 +120,13 @@ macro_rules! seam_methods {
             /// one this process can serve.
             fn schema_status() -> $crate::store::SchemaStatus;
 
+            /// Remove baton's schema at this prefix with all its data: every
+            /// table and sequence (SQL) or key (Redis) baton made there; the
+            /// application's own objects, and other prefixes', are untouched.
+            /// Idempotent (nothing there is not an error). Not safe while a
+            /// baton process uses the prefix: stop them first.
+            fn schema_remove() -> ();
+
             /// The store's identity and task id counter (a read only: the id is
             /// written by [`Backend::migrate`], once). See [`StoreIdentity`].
             fn store_identity() -> $crate::store::StoreIdentity;

@@ -9,7 +9,7 @@ use baton::{Error, FencingToken};
 use crate::TestStore;
 
 fn opts(at_most_ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(at_most_ms)).unwrap()
+    LockOptions::new(Duration::from_millis(at_most_ms))
 }
 
 pub async fn grant_busy_release(ts: TestStore) {
@@ -217,7 +217,7 @@ pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
 pub async fn at_least_is_honoured(ts: TestStore) {
     let a = Locker::new(ts.store.clone());
     let b = Locker::new(ts.open().await);
-    let o = opts(10_000).at_least(Duration::from_millis(1_000)).unwrap();
+    let o = opts(10_000).at_least(Duration::from_millis(1_000));
     let lease = a.try_lock("least", &o).await.unwrap().unwrap();
     let granted = Instant::now();
     let locked_at = lease.locked_at();
@@ -249,7 +249,7 @@ pub async fn at_least_is_honoured(ts: TestStore) {
         "free only after {waited:?}"
     );
     // A release after at_least has passed frees the lock at once.
-    let o2 = opts(10_000).at_least(Duration::from_millis(100)).unwrap();
+    let o2 = opts(10_000).at_least(Duration::from_millis(100));
     lease.release().await.unwrap();
     let l2 = a.try_lock("least2", &o2).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -419,9 +419,19 @@ pub async fn bad_input_is_refused(ts: TestStore) {
             .is_some(),
         "255 bytes is fine"
     );
-    assert!(LockOptions::new(Duration::ZERO).is_err());
-    let e = opts(1_000).at_least(Duration::from_secs(2)).unwrap_err();
-    assert_eq!(e.field, "at_least");
+    // Options are checked where they are used, naming the field, before
+    // any store call.
+    for (bad, field) in [
+        (LockOptions::new(Duration::ZERO), "at_most"),
+        (opts(1_000).at_least(Duration::from_secs(2)), "at_least"),
+        (opts(1_000).renew_margin(Duration::from_secs(1)), "margin"),
+    ] {
+        match a.try_lock("bad-opts", &bad).await {
+            Err(Error::Invalid(e)) => assert_eq!(e.field, field, "{e}"),
+            other => panic!("{field}: {other:?}"),
+        }
+        assert_eq!(bad.validate().unwrap_err().field, field);
+    }
     assert_eq!(
         ts.store.backend().lock_list().await.unwrap().len(),
         1,

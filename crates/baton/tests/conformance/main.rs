@@ -108,6 +108,7 @@ baton_testkit::per_backend! {
     schedule::a_pruned_slot_is_never_run_again,
     upgrade::v1_store_upgrades_in_place,
     upgrade::schema_status_reports_the_recorded_version,
+    upgrade::remove_schema_leaves_nothing_of_the_prefix,
     model::store_agrees_with_the_model,
     timing::delayed_task_starts_at_its_run_at,
     timing::retry_written_elsewhere_starts_when_its_backoff_ends,

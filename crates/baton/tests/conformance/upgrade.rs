@@ -930,3 +930,70 @@ pub async fn schema_status_reports_the_recorded_version(ts: TestStore) {
     let st = other.backend().schema_status().await.unwrap();
     assert_eq!(st.found, None, "{st:?}");
 }
+
+/// `Store::remove_schema` leaves nothing of the prefix — connecting again
+/// finds no version, and a new schema there is empty (no task, lock, job
+/// cursor or queue flag survived) — and nothing of a neighbouring prefix
+/// is touched, even one that begins with this one.
+pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
+    use baton::lock::{LockOptions, Locker};
+    use baton::queue::{Queue, TaskBuilder};
+    let p = ts.prefix.clone();
+    let neighbour = match ts.kind {
+        Kind::Redis => format!("{p}x:"),
+        _ => format!("{p}x_"),
+    };
+    let open = |prefix: String, migrate: bool| {
+        let url = ts.url.clone();
+        async move {
+            let opts = StoreOptions {
+                migrate,
+                max_connections: 2,
+                ..StoreOptions::prefixed(prefix)
+            };
+            Store::connect_with(&url, opts).await.unwrap()
+        }
+    };
+    let fill = |s: Store| async move {
+        let q = Queue::new(s.clone());
+        q.enqueue(TaskBuilder::new("k", serde_json::json!({})).unique_key("u"))
+            .await
+            .unwrap();
+        q.pause("default").await.unwrap();
+        let opts = LockOptions::new(Duration::from_secs(60));
+        let lease = Locker::new(s.clone()).try_lock("l", &opts).await.unwrap();
+        std::mem::forget(lease); // held, as by a process that died
+        s.backend()
+            .job_register(&baton::store::JobRegister::new("j"))
+            .await
+            .unwrap();
+    };
+    fill(ts.store.clone()).await;
+    let other = open(neighbour.clone(), true).await;
+    fill(other.clone()).await;
+
+    ts.store.remove_schema().await.unwrap();
+    assert_eq!(ts.store.schema_status().await.unwrap().found, None);
+    ts.store.remove_schema().await.unwrap(); // nothing there: fine
+
+    let again = open(p.clone(), true).await;
+    let q = Queue::new(again.clone());
+    assert!(q.tasks(&TaskFilter::default()).await.unwrap().is_empty());
+    assert!(q.stats().await.unwrap().iter().all(|s| !s.paused));
+    assert!(Locker::new(again.clone()).list().await.unwrap().is_empty());
+    assert!(baton::schedule::job_statuses(&again)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The neighbour kept everything.
+    let q = Queue::new(other.clone());
+    assert_eq!(q.tasks(&TaskFilter::default()).await.unwrap().len(), 1);
+    assert!(q.stats().await.unwrap().iter().any(|s| s.paused));
+    assert_eq!(Locker::new(other.clone()).list().await.unwrap().len(), 1);
+    assert_eq!(
+        baton::schedule::job_statuses(&other).await.unwrap().len(),
+        1
+    );
+    other.remove_schema().await.unwrap();
+}

@@ -12,12 +12,14 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     let task = ctx.task();
     let queue = task.queue.clone();
     shared.counters.started(&queue);
-    // The slot's lag: from the slot to this claim, by the store's clock
-    // (the claim set the lease to end `lease` after its own now).
-    let lag = task.slot.map(|slot| {
+    // The slot's lag: from the slot task's due time (the slot plus its
+    // jitter; a trigger's or a retry's own time) to this claim, by the
+    // store's clock (the claim set the lease to end `lease` after its own
+    // now). A slot triggered long after it was due is not late.
+    let lag = task.slot.map(|_| {
         let claimed_at =
             task.lease_until - chrono::Duration::from_std(shared.config.lease).unwrap_or_default();
-        (claimed_at - slot).to_std().unwrap_or_default()
+        (claimed_at - task.run_at).to_std().unwrap_or_default()
     });
     if let Some(lag) = lag {
         shared.counters.slot_lag(&queue, lag);

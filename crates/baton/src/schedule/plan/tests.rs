@@ -214,3 +214,49 @@ fn overlap_forbid_defers_an_early_take_to_the_slot_without_recalibrating() {
         }
     );
 }
+
+/// A job with a start runs nothing before it (not even as catch-up) and
+/// its slot at the start; one with an end runs nothing once the store's
+/// clock is past it, and takes no early slot beyond it.
+#[test]
+fn start_and_end_bound_the_slots_that_run() {
+    let job = every_minute(Misfire::All).starts_at(at(120));
+    let p = Planner::durable(&job);
+    // Before the start: nothing, and the next plan at the start's slot.
+    let round = p.plan(Some(at(0)), at(90), None);
+    assert!(round.steps.iter().all(|s| s.slot >= at(120)), "{round:?}");
+    assert!(round.steps.iter().all(|s| s.early), "{round:?}");
+    assert_eq!(
+        p.wake_at(Some(at(0)), at(30)),
+        at(120) - p.lead_for(at(120))
+    );
+    // Down from 0 to 250 with misfire = all: slots 120, 180, 240 only.
+    let round = p.plan(Some(at(0)), at(250), None);
+    let slots: Vec<_> = round.steps.iter().map(|s| s.slot).collect();
+    assert_eq!(slots, [at(120), at(180), at(240)]);
+    assert!(round.steps.iter().all(|s| s.skip.is_none()));
+
+    let job = every_minute(Misfire::Latest).ends_at(at(180));
+    let p = Planner::durable(&job);
+    let round = p.plan(Some(at(120)), at(180), None);
+    assert_eq!(round.steps, vec![run(at(180), Some(at(240)))]);
+    // Within the lead of 240, beyond the end: no early take.
+    let round = p.plan(Some(at(180)), at(240) - ms(50), None);
+    assert!(round.steps.is_empty(), "{round:?}");
+    // Past the end: nothing, even the slots missed before it.
+    let round = p.plan(Some(at(0)), at(181), None);
+    assert!(round.steps.is_empty(), "{round:?}");
+    assert_eq!(
+        p.wake_at(Some(at(180)), at(181)),
+        at(181) + chrono::Duration::seconds(60)
+    );
+}
+
+#[test]
+fn an_end_not_after_the_start_is_refused_naming_end_at() {
+    let job = every_minute(Misfire::Latest)
+        .starts_at(at(120))
+        .ends_at(at(120));
+    let e = job.validate().unwrap_err();
+    assert!(e.field.ends_with("end_at"), "{e}");
+}

@@ -110,6 +110,10 @@ impl Backend for MyBackend {
         schema::status(self).await
     }
 
+    async fn schema_remove(&self) -> Result<(), StoreError> {
+        schema::remove(self).await
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
             .fetch_one(&self.pool)

@@ -179,6 +179,34 @@ pub(super) async fn status(b: &MyBackend) -> Result<SchemaStatus, StoreError> {
     sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
 }
 
+/// Drop every table of the prefix in one statement, under the migration's
+/// lock (a migration at that moment runs before or after). DDL commits on
+/// its own in MySQL: there is no transaction to roll back.
+pub(super) async fn remove(b: &MyBackend) -> Result<(), StoreError> {
+    let mut conn = b.pool.acquire().await?;
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+        .bind(lock_name(&b.names))
+        .fetch_one(&mut *conn)
+        .await?;
+    if got != Some(1) {
+        return Err(StoreError::Unavailable(format!(
+            "removing tables with prefix {:?}: could not take the migration lock within 60 s",
+            b.names.prefix
+        )));
+    }
+    let tables = crate::store::migrate::quoted_tables(&b.names.prefix, '`');
+    let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {tables}"))
+        .execute(&mut *conn)
+        .await;
+    let released = sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(lock_name(&b.names))
+        .execute(&mut *conn)
+        .await;
+    dropped?;
+    released?;
+    Ok(())
+}
+
 fn read_version_sql(n: &Names) -> String {
     format!(
         "SELECT value FROM {} WHERE `key` = 'schema_version'",

@@ -4,7 +4,7 @@
 use super::sql::UNIQUE_PRED;
 use super::{Names, PgBackend};
 use crate::error::StoreError;
-use crate::store::migrate::{parse_version, Dialect};
+use crate::store::migrate::{parse_version, quoted_tables, Dialect};
 use crate::store::sql_row::{self, corrupt};
 use crate::store::SchemaStatus;
 use crate::store::CANCEL_REQUESTED;
@@ -171,6 +171,31 @@ pub(super) async fn status(b: &PgBackend) -> Result<SchemaStatus, StoreError> {
     sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
 }
 
+/// The key of the migration's advisory lock for the prefix.
+fn migration_lock_key(n: &Names) -> String {
+    format!("baton-migrate:{}", n.prefix)
+}
+
+/// Drop every table of the prefix and its id sequence, in one transaction
+/// under the migration's advisory lock (a process migrating at that moment
+/// waits, then creates the schema anew).
+pub(super) async fn remove(b: &PgBackend) -> Result<(), StoreError> {
+    let n = &b.names;
+    let mut tx = b.begin().await?;
+    b.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(migration_lock_key(n))
+        .execute(&mut *tx)
+        .await?;
+    let drop = format!(
+        "DROP TABLE IF EXISTS {} CASCADE; DROP SEQUENCE IF EXISTS \"{}tasks_id_seq\"",
+        quoted_tables(&n.prefix, '"'),
+        n.prefix
+    );
+    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&drop)).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Create the schema if absent and run the upgrade steps from the recorded
 /// version, in one transaction under an advisory lock per prefix (so
 /// processes that connect at once take turns), through the shared runner
@@ -225,7 +250,7 @@ impl Dialect for Migration<'_> {
         let b = self.b;
         let mut tx = b.begin().await?;
         b.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("baton-migrate:{}", b.names.prefix))
+            .bind(migration_lock_key(&b.names))
             .execute(&mut *tx)
             .await?;
         self.tx = Some(tx);

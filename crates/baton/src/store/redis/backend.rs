@@ -30,6 +30,10 @@ impl Backend for RedisBackend {
         schema::migrate(self).await
     }
 
+    async fn schema_remove(&self) -> Result<(), StoreError> {
+        schema::remove(self).await
+    }
+
     async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
         schema::status(self).await
     }

@@ -109,6 +109,22 @@ pub(super) async fn status(b: &RedisBackend) -> Result<SchemaStatus, StoreError>
     })
 }
 
+/// Delete every key of the prefix — `P{baton}:…`, `P{baton:lock:…}` and
+/// `P{baton:q:…}:…`, all starting `P{baton` — found by `SCAN` (on a
+/// cluster, on every master), in pipelines of `UNLINK`s.
+pub(super) async fn remove(b: &RedisBackend) -> Result<(), StoreError> {
+    let keys = b.conn.scan(&format!("{}{{baton*", b.prefix)).await?;
+    let mut conn = b.conn.clone();
+    for chunk in keys.chunks(500) {
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.cmd("UNLINK").arg(k).ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await?;
+    }
+    Ok(())
+}
+
 /// Record the schema version of a new store, or run the upgrade steps from
 /// the recorded one, recording each as it completes, through the shared
 /// runner (`store::migrate`).

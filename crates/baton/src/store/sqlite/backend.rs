@@ -89,6 +89,10 @@ impl Backend for SqliteBackend {
         schema::status(self).await
     }
 
+    async fn schema_remove(&self) -> Result<(), StoreError> {
+        schema::remove(self).await
+    }
+
     async fn store_identity(&self) -> Result<crate::store::StoreIdentity, StoreError> {
         schema::identity(self).await
     }

@@ -229,6 +229,21 @@ pub(super) async fn status(b: &SqliteBackend) -> Result<SchemaStatus, StoreError
     sql_row::schema_status(read, SCHEMA_VERSION)
 }
 
+/// Drop every table of the prefix, in one `BEGIN IMMEDIATE` transaction
+/// (a migration takes the same lock, so it runs before or after, whole).
+pub(super) async fn remove(b: &SqliteBackend) -> Result<(), StoreError> {
+    let mut tx = b.immediate().await?;
+    // One table a statement (SQLite's DROP TABLE takes one); indexes and
+    // triggers go with their table.
+    for t in crate::store::migrate::SQL_TABLES {
+        sqlx::query(&format!("DROP TABLE IF EXISTS \"{}{t}\"", b.t.prefix))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Create the schema if absent and run the upgrade steps from the recorded
 /// version, in one `BEGIN IMMEDIATE` transaction (so processes that connect
 /// at once take turns), through the shared runner (`store::migrate`).
