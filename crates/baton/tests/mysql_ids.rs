@@ -9,9 +9,7 @@
 //! with `--innodb-autoinc-lock-mode=2` (skipped when `mariadbd` is not
 //! installed, a failure under `BATON_REQUIRE_BACKENDS=1`).
 
-#[path = "conformance/harness.rs"]
-#[allow(dead_code)]
-mod harness;
+use baton_testkit::harness;
 
 use std::collections::HashMap;
 

@@ -5,9 +5,7 @@
 //! `BATON_REQUIRE_BACKENDS=1`).
 #![cfg(feature = "mysql")]
 
-#[path = "conformance/harness.rs"]
-#[allow(dead_code)]
-mod harness;
+use baton_testkit::harness;
 
 use std::time::Duration;
 

@@ -430,13 +430,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use baton_testkit::free_port;
 
 /// Retry `f` until it succeeds or `limit` passes.
 async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T

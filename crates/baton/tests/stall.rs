@@ -6,10 +6,8 @@
 //! after rescuing the task never overlaps it; and `Worker::run` returns
 //! within a bound after shutdown while the store is still dark.
 
-#[allow(dead_code)]
-#[path = "conformance/harness.rs"]
-mod harness;
 use baton_testkit as support;
+use baton_testkit::harness;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -10,11 +10,13 @@
 pub mod check;
 pub mod history;
 mod nemesis;
-pub mod proxy;
 mod run;
 mod sentinel;
 mod server;
 mod workload;
+
+/// The fault proxy (the `baton-proxy` crate, shared with the test kit).
+pub use baton_proxy as proxy;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -76,10 +76,9 @@ fn path() -> String {
     )
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// A free loopback port (the fault proxy's helper).
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    Ok(baton_proxy::free_port()?)
 }
 
 fn is_root() -> bool {

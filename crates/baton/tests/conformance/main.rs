@@ -1,12 +1,12 @@
 //! The conformance suite: one set of tests, run against every backend.
 //!
 //! Each test is an `async fn(TestStore)` in one of the modules below; the
-//! `conformance!` macro instantiates it once per backend, as
+//! test kit's `per_backend!` instantiates it once per backend, as
 //! `sqlite::NAME`, `postgres::NAME`, `redis::NAME` and `mysql::NAME`. Run one backend with
 //! `cargo test -p baton --test conformance -- sqlite::`.
 //!
 //! A backend is done when this suite passes on it. Adding a backend is one
-//! file in `src/store/` and one line in `backends!` below.
+//! file in `src/store/` and one line in the test kit's `per_backend!`.
 //!
 //! Backends find their servers through `BATON_TEST_POSTGRES` (default
 //! `postgres://postgres@127.0.0.1:5432/test`), `BATON_TEST_REDIS`
@@ -15,7 +15,6 @@
 //! its tests print one `SKIPPED` line and pass, unless
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
-mod harness;
 mod identity;
 mod idle;
 mod locks;
@@ -28,30 +27,11 @@ mod timing;
 mod typed;
 mod upgrade;
 
+pub use baton_testkit::harness;
 pub use harness::TestStore;
 
-/// Instantiate every listed test for every backend.
-macro_rules! conformance {
-    ($($module:ident :: $name:ident),* $(,)?) => {
-        backends! { $($module :: $name),* }
-    };
-}
-
-/// One module per backend compiled in (its cargo feature is on).
-macro_rules! backends {
-    ($($module:ident :: $name:ident),*) => {
-        #[cfg(feature = "sqlite")]
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Sqlite, crate::$module::$name).await } )* }
-        #[cfg(feature = "postgres")]
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Postgres, crate::$module::$name).await } )* }
-        #[cfg(feature = "redis")]
-        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Redis, crate::$module::$name).await } )* }
-        #[cfg(feature = "mysql")]
-        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $name() { crate::harness::run(crate::harness::Kind::Mysql, crate::$module::$name).await } )* }
-    };
-}
-
-conformance! {
+baton_testkit::per_backend! {
+    run: crate::harness::run, threads: 4;
     idle::idle_worker_makes_about_one_query_per_second,
     identity::a_store_that_forgot_is_noticed,
     identity::task_ids_never_repeat_after_a_restore,

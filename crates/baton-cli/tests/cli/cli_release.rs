@@ -6,7 +6,7 @@
 //! bound (30 s; the holder confirms its lease between extensions) and for
 //! a shorter one (its refused extension). On every store that answers.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -14,7 +14,7 @@
 //!   policy's skip record, or overlap's);
 //! - from the first run after the outage on, no slot is missing.
 
-mod common;
+use crate::common;
 
 use baton_testkit as support;
 

@@ -4,7 +4,7 @@
 //! say why, documented exit codes, completions and the man page, and
 //! progress lines on a terminal only.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

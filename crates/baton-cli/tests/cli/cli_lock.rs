@@ -1,7 +1,7 @@
 //! `baton lock` and `baton locks`, as a user runs them: real processes on
 //! every backend.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,15 +1,29 @@
-//! Finding the servers and giving each test its own isolated store.
+//! Finding the servers and giving each test its own isolated store: the
+//! conformance suite's harness, shared by every test crate.
+//!
+//! The servers come from `BATON_TEST_POSTGRES` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), `BATON_TEST_REDIS` (default
+//! `redis://127.0.0.1:6379`) and `BATON_TEST_MYSQL` (default
+//! `mysql://root@127.0.0.1:3306/test`); SQLite gets a file in a temporary
+//! directory. A server that does not answer makes [`connect`] print one
+//! `SKIPPED` line and return `None`, unless `BATON_REQUIRE_BACKENDS=1`.
 
 use std::future::Future;
 
 use baton::{Store, StoreOptions};
 
+pub use crate::required;
+
 /// The backends under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A SQLite file of the test's own.
     Sqlite,
+    /// The PostgreSQL server of `BATON_TEST_POSTGRES`.
     Postgres,
+    /// The Redis server (or cluster, sentinel) of `BATON_TEST_REDIS`.
     Redis,
+    /// The MySQL/MariaDB server of `BATON_TEST_MYSQL`.
     Mysql,
 }
 
@@ -17,9 +31,13 @@ pub enum Kind {
 /// table prefix or Redis key prefix. `open()` makes another independent handle
 /// (another "instance") on the same data.
 pub struct TestStore {
+    /// Which backend.
     pub kind: Kind,
+    /// The store's URL (as `Store::connect` takes it).
     pub url: String,
+    /// The test's own table or key prefix.
     pub prefix: String,
+    /// The first handle on it.
     pub store: Store,
     _dir: Option<tempfile::TempDir>,
 }
@@ -52,22 +70,20 @@ fn options(prefix: &str) -> StoreOptions {
     }
 }
 
+/// The PostgreSQL server's URL (`BATON_TEST_POSTGRES` or the default).
 pub fn postgres_url() -> String {
     std::env::var("BATON_TEST_POSTGRES")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// The MySQL/MariaDB server's URL (`BATON_TEST_MYSQL` or the default).
 pub fn mysql_url() -> String {
     std::env::var("BATON_TEST_MYSQL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
+/// The Redis server's URL (`BATON_TEST_REDIS` or the default).
 pub fn redis_url() -> String {
     std::env::var("BATON_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// Whether a missing backend or tool fails the run (CI) instead of skipping.
-pub fn required() -> bool {
-    std::env::var("BATON_REQUIRE_BACKENDS").is_ok_and(|v| v == "1")
 }
 
 /// Connect an isolated store of `kind`, or `None` (after printing SKIPPED)
@@ -100,7 +116,8 @@ pub async fn connect(kind: Kind) -> Option<TestStore> {
     }
 }
 
-/// Run one conformance test against one backend.
+/// Run one test against one backend (the `run` of [`per_backend!`](crate::per_backend)
+/// for tests that take a [`TestStore`]).
 pub async fn run<F, Fut>(kind: Kind, test: F)
 where
     F: FnOnce(TestStore) -> Fut,
@@ -192,7 +209,7 @@ pub async fn set_schema_version(ts: &TestStore, p: &str, v: Option<i64>) {
     match ts.kind {
         Kind::Sqlite | Kind::Postgres | Kind::Mysql => exec_sql(ts, &stmt).await,
         Kind::Redis => {
-            let mut c = baton_testkit::cluster::connect(&ts.url).await;
+            let mut c = crate::cluster::connect(&ts.url).await;
             let key = format!("{p}{{baton}}:schema");
             let cmd = match v {
                 Some(v) => {

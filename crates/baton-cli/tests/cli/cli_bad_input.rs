@@ -10,7 +10,7 @@
 //! a one-line JSON error naming the field and the accepted form, and leave
 //! the store as it was.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! only in the config file, so a command that ignored the file would use a
 //! `baton.db` in its working directory, where nothing else looks.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -1,12 +1,11 @@
 //! With the `otel` feature (`cargo test -p baton-cli --features otel
-//! --test cli_otel`): `baton work` with `OTEL_EXPORTER_OTLP_ENDPOINT` set
+//! --test cli -- cli_otel::`): `baton work` with `OTEL_EXPORTER_OTLP_ENDPOINT` set
 //! posts its spans to the collector's `/v1/traces` as OTLP protobuf, the
 //! attempt's `task` span among them. The collector is a listener in this
 //! test that records what it is sent. Without the feature this file is
 //! empty.
-#![cfg(feature = "otel")]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::Stdio;

@@ -3,7 +3,7 @@
 //! between baton and its store (PostgreSQL, Redis, MySQL), commands that
 //! write timestamps.
 
-mod common;
+use crate::common;
 
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -25,20 +25,20 @@ macro_rules! behind_proxy {
         $(mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                if let Some(e) = crate::common::Env::new(crate::Kind::Postgres).await {
-                    crate::$name(e).await
+                if let Some(e) = crate::common::Env::new(super::Kind::Postgres).await {
+                    super::$name(e).await
                 }
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redis() {
-                if let Some(e) = crate::common::Env::new(crate::Kind::Redis).await {
-                    crate::$name(e).await
+                if let Some(e) = crate::common::Env::new(super::Kind::Redis).await {
+                    super::$name(e).await
                 }
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn mysql() {
-                if let Some(e) = crate::common::Env::new(crate::Kind::Mysql).await {
-                    crate::$name(e).await
+                if let Some(e) = crate::common::Env::new(super::Kind::Mysql).await {
+                    super::$name(e).await
                 }
             }
         })*

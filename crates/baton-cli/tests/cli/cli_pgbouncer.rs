@@ -5,7 +5,7 @@
 //! once, every slot of a 1-second job once; a URL without `pool_mode`
 //! gets the pooler's refusal named, not "wrong protocol".
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -27,13 +27,7 @@ impl Drop for Bouncer {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use baton_testkit::free_port;
 
 /// `postgres://USER@HOST:PORT/DB` of the test's PostgreSQL, in parts.
 fn upstream(url: &str) -> (String, String, u16, String) {

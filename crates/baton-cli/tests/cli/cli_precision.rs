@@ -5,7 +5,7 @@
 //! (which used to make every slot 0.7-1.9 s late, and every few slots
 //! "skipped" because the previous one was still pending).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Child;

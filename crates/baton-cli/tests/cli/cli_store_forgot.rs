@@ -16,7 +16,7 @@
 //!   baton's own old lock key, leaving ShedLock's alone) and "already up
 //!   to date".
 
-mod common;
+use crate::common;
 
 use baton_testkit as support;
 

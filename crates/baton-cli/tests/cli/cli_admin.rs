@@ -5,7 +5,7 @@
 //! stopped, a 1 MiB header refused with 431 and RSS flat, and a
 //! non-loopback `--listen` refused without a token.
 
-mod common;
+use crate::common;
 
 use baton_testkit as support;
 
@@ -61,8 +61,8 @@ fn tokens() -> Vec<(&'static str, &'static str)> {
 
 macro_rules! sqlite_and_redis {
     ($($name:ident),* $(,)?) => {
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { crate::$name(e).await } } )* }
-        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Redis).await { crate::$name(e).await } } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { super::$name(e).await } } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Redis).await { super::$name(e).await } } )* }
     };
 }
 

@@ -3,7 +3,7 @@
 //! workload (no fencing, no lock, tasks run twice, keys not unique) must
 //! make the checker report violations and exit non-zero.
 
-mod common;
+use crate::common;
 
 use common::{stdout, BATON};
 use std::process::{Command, Output};

@@ -2,8 +2,8 @@
 //! instances on one store run each slot once, with no gaps, through kills
 //! and skewed clocks.
 
+use crate::common;
 use baton_testkit::certs;
-mod common;
 
 use std::collections::BTreeMap;
 use std::process::Child;

@@ -8,7 +8,7 @@
 //! Each test runs in a database of its own on the test server (created and
 //! dropped here), so `pg_stat_database` counts only its own traffic.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};

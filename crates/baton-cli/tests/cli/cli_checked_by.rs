@@ -2,7 +2,7 @@
 //! demand, it is `#[ignore]`d):
 //!
 //! ```sh
-//! cargo test -p baton-cli --test cli_checked_by -- --ignored --test-threads=1
+//! cargo test -p baton-cli --test cli -- cli_checked_by:: --ignored --test-threads=1
 //! ```
 //!
 //! Three `baton serve` run a 1-second durable job (`misfire = "all"`) and a
@@ -12,7 +12,7 @@
 //! instance is down for 5 s: each durable slot missed meanwhile runs once
 //! when two come back.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Stdio};
@@ -28,7 +28,7 @@ macro_rules! on_demand {
             #[ignore = "30 s per store; run on demand with --ignored"]
             async fn checked_by_30s() {
                 if let Some(e) = crate::common::Env::new(crate::common::Kind::$kind).await {
-                    crate::checked_by_30s(e).await
+                    super::checked_by_30s(e).await
                 }
             }
         })*

@@ -6,7 +6,7 @@
 //! process, so shifting one process's clock shifts its store too. SQLite
 //! serves one host, whose processes share one clock.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

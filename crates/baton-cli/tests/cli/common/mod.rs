@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "../../../baton/tests/conformance/harness.rs"]
-pub mod harness;
+/// The isolated stores per backend (from the test kit).
+pub use baton_testkit::harness;
 
 pub use harness::{Kind, TestStore};
 
@@ -27,7 +27,7 @@ pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.
 pub fn have(what: &str, present: bool) -> bool {
     if !present {
         assert!(
-            !harness::required(),
+            !baton_testkit::required(),
             "{what} is not installed (BATON_REQUIRE_BACKENDS=1)"
         );
         skipped(&format!(
@@ -384,14 +384,23 @@ pub fn epoch_now() -> f64 {
         .as_secs_f64()
 }
 
-/// Instantiate `async fn NAME(Env)` tests for every backend.
-#[macro_export]
-#[allow(clippy::crate_in_macro_def)] // the tests live in the calling crate
+/// Run `test` with an [`Env`] on `kind` (skipped when its server does not
+/// answer and backends are not required): the runner of [`per_backend!`].
+pub async fn run<F, Fut>(kind: Kind, test: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    if let Some(e) = Env::new(kind).await {
+        test(e).await
+    }
+}
+
+/// Instantiate `async fn NAME(Env)` tests for every backend (the test
+/// kit's macro, with an [`Env`] per test; in scope in every module after
+/// `#[macro_use] mod common`).
 macro_rules! per_backend {
     ($($name:ident),* $(,)?) => {
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Sqlite).await { crate::$name(e).await } } )* }
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Postgres).await { crate::$name(e).await } } )* }
-        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Redis).await { crate::$name(e).await } } )* }
-        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { if let Some(e) = crate::common::Env::new(crate::common::Kind::Mysql).await { crate::$name(e).await } } )* }
+        baton_testkit::per_backend! { run: crate::common::run, threads: 2; $($name),* }
     };
 }

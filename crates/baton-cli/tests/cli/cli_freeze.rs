@@ -6,7 +6,7 @@
 //! the store's clock, and the instance that takes the lapsed lease over
 //! never runs beside it. On every store that answers.
 
-mod common;
+use crate::common;
 
 use common::holder::{self, holder_stops_in_time, lock_holder, task_holder, Fault};
 use common::{exit_within, have_bash, signal, sigterm_within, Env};

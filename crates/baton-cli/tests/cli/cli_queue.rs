@@ -1,7 +1,7 @@
 //! `baton enqueue`, `baton work` and `baton tasks`, as a user runs them:
 //! real processes on every backend, including a worker killed with -9.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

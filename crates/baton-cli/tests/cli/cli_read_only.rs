@@ -20,7 +20,7 @@
 //!   503 and backoff; then 200 and the task runs once after `read_only =
 //!   0`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,7 @@
 //! and a Redis database the server lacks is bad input, not "wrong
 //! protocol".
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //!   writable master is reached (the sentinels stopped, the master demoted
 //!   by `REPLICAOF`), and 200 again once there is one — by itself.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! the command's exit code; `--log-format json` makes every line a JSON
 //! object; and stderr that is not a terminal gets no ANSI codes. SQLite.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 

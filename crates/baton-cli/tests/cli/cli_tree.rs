@@ -3,7 +3,7 @@
 //! of baton, on a lost lease — and `baton lock` stops its command before
 //! the lease can lapse when the store goes dark.
 
-mod common;
+use crate::common;
 
 use baton_testkit as support;
 

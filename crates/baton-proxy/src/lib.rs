@@ -1,6 +1,6 @@
-//! A TCP fault proxy, used by `baton chaos` and by the tests (the test kit,
-//! `crates/baton-testkit`, includes this file by `#[path]`, so there is one
-//! copy): put it in front of a store and make the
+//! A TCP fault proxy, used by `baton chaos` (in the `baton` binary) and by
+//! the tests (through `baton-testkit`, a dev-dependency only): put it in
+//! front of a store and make the
 //! path between a client and the store pass, go *dark* (connections stay
 //! open but no byte passes either way until it heals: a stall, not a
 //! close), be *cut* (every connection closed, new ones refused), or slow
@@ -10,13 +10,16 @@
 //! it from sync or async code, and a `baton` child process can connect to
 //! [`Proxy::url`] while the test flips the mode.
 //!
-//! ```ignore
-//! let proxy = Proxy::start("127.0.0.1:5432");
+//! A crate of its own (tokio only) so that the production binary and the
+//! test kit share one copy without the test kit entering the binary.
+//!
+//! ```no_run
+//! use baton_proxy::{Mode, Proxy};
+//! let proxy = Proxy::try_start("127.0.0.1:5432")?;
 //! let url = proxy.url("postgres://postgres@127.0.0.1:5432/test");
 //! proxy.set(Mode::Dark);
+//! # Ok::<(), std::io::Error>(())
 //! ```
-
-#![allow(dead_code)] // each test binary uses its own part
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -107,6 +110,10 @@ impl Proxy {
 
     /// `url` with its `host:port` (the upstream given to [`Proxy::start`])
     /// replaced by the proxy's.
+    ///
+    /// # Panics
+    /// When `url` does not name the upstream (a caller's mistake: build the
+    /// upstream from the URL with [`host_port`]).
     pub fn url(&self, url: &str) -> String {
         assert!(
             url.contains(&self.upstream),
@@ -138,6 +145,19 @@ impl Drop for Proxy {
             let _ = t.join();
         }
     }
+}
+
+/// A loopback port that was free a moment ago (bound and released).
+///
+/// ```
+/// let port = baton_proxy::free_port()?;
+/// assert_ne!(port, 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The state, also after a panic elsewhere poisoned its mutex.
