@@ -559,10 +559,13 @@ pub async fn shutdown_lets_short_handlers_finish(ts: TestStore) {
 pub async fn heartbeats_keep_a_long_task_alive(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let id = q.enqueue(task("long")).await.unwrap().id;
-    let cfg = fast_config("default", 1).lease(Duration::from_millis(300));
+    // A lease of 900 ms under a 2.7 s handler: three leases' worth, so only
+    // heartbeats keep it (a shorter lease lost heartbeats on a loaded
+    // 2-core machine, which is the worker working as designed).
+    let cfg = fast_config("default", 1).lease(Duration::from_millis(900));
     let mut w = Worker::new(ts.store.clone(), cfg).unwrap();
     w.handle("long", |_| async move {
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        tokio::time::sleep(Duration::from_millis(2_700)).await;
         Ok(())
     });
     let stop = CancellationToken::new();
@@ -570,7 +573,7 @@ pub async fn heartbeats_keep_a_long_task_alive(ts: TestStore) {
     // Another instance rescues aggressively meanwhile.
     let other = ts.open().await;
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(1_200) {
+    while t0.elapsed() < Duration::from_millis(2_400) {
         assert_eq!(
             other.backend().task_rescue_many().await.unwrap().requeued,
             0,
