@@ -834,8 +834,11 @@ pub async fn prefetch_never_holds_a_last_attempt(ts: TestStore) {
     // At each handler's start: the store's running tasks of this queue,
     // (all, those with one attempt allowed).
     let seen = Arc::new(std::sync::Mutex::new(Vec::<(usize, usize)>::new()));
+    // A 2 s lease: the property is the claim's, not the heartbeat's (a
+    // 600 ms lease lost prefetched tasks' heartbeats under load).
     let cfg = fast_config("pl", 1)
         .prefetch(8)
+        .lease(Duration::from_secs(2))
         .shutdown_grace(Duration::from_secs(3));
     let mut w = Worker::new(ts.open().await, cfg).unwrap();
     {

@@ -339,9 +339,12 @@ pub async fn five_schedulers_run_each_slot_once(ts: TestStore) {
     let advances = calls.get("job_advance").copied().unwrap_or(0);
     // A slot taken while the scheduler ran but whose run had not ended yet
     // is not in the ledger: allow for two of those.
+    // The bound is loose (about one a slot on a quiet machine; baton-bench
+    // measures it): on a loaded machine the losers' stagger blurs, but five
+    // compare-and-sets a slot, every instance racing every slot, still fail.
     let slots = ledger.len() + 2;
     assert!(
-        advances <= slots * 2,
+        advances <= slots * 4,
         "{advances} compare-and-sets for {slots} slots at 5 instances (expected about one a slot): {calls:?}"
     );
 }
