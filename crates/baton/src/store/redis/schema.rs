@@ -2,7 +2,7 @@
 //! numbered upgrade steps ([`UPGRADES`]) that convert keys from one version
 //! to the next.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::RedisBackend;
 use crate::error::StoreError;
@@ -111,18 +111,33 @@ pub(super) async fn status(b: &RedisBackend) -> Result<SchemaStatus, StoreError>
 
 /// Delete every key of the prefix — `P{baton}:…`, `P{baton:lock:…}` and
 /// `P{baton:q:…}:…`, all starting `P{baton` — found by `SCAN` (on a
-/// cluster, on every master), in pipelines of `UNLINK`s.
+/// cluster, on every master), in pipelines of `UNLINK`s, one pipeline per
+/// hash tag (a cluster refuses a pipeline across slots).
 pub(super) async fn remove(b: &RedisBackend) -> Result<(), StoreError> {
     let keys = b.conn.scan(&format!("{}{{baton*", b.prefix)).await?;
+    let mut by_tag: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for k in &keys {
+        by_tag.entry(hash_tag(k)).or_default().push(k);
+    }
     let mut conn = b.conn.clone();
-    for chunk in keys.chunks(500) {
-        let mut pipe = redis::pipe();
-        for k in chunk {
-            pipe.cmd("UNLINK").arg(k).ignore();
+    for group in by_tag.values() {
+        for chunk in group.chunks(500) {
+            let mut pipe = redis::pipe();
+            for k in chunk {
+                pipe.cmd("UNLINK").arg(*k).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
         }
-        pipe.query_async::<()>(&mut conn).await?;
     }
     Ok(())
+}
+
+/// The hash tag of `key` (what a cluster hashes: the text inside its first
+/// `{…}`, or the whole key without one).
+fn hash_tag(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map_or(key, |(tag, _)| tag)
 }
 
 /// Record the schema version of a new store, or run the upgrade steps from
