@@ -140,33 +140,47 @@ command = ["true"]
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // The pg_stat_database counters trail each session's transactions by
-    // up to a second: start the window after a pause.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, x0) = db.sample(&node).await;
-    let t0 = Instant::now();
-    let mut most = 0;
-    while t0.elapsed() < Duration::from_secs(10) {
-        let (n, _) = db.sample(&node).await;
-        most = most.max(n);
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    // An idle serve's steady state: a 10-second window in which it held at
+    // most 2 connections and made about one transaction a second. On a
+    // loaded machine (the suite runs many tests on 2 cores) a starved
+    // process's calls can overlap and open a third connection for a while,
+    // and the pool gives it back within one to two idle timeouts: so the
+    // budget must hold in one of three windows, one after another. A
+    // serve that keeps what it opened (the pool's shrink off: 4 or more)
+    // or polls more than once a second (1.6/s before the upkeep moved off
+    // the ticker) fails all three.
+    let mut windows = Vec::new();
+    let mut within = false;
+    for _ in 0..3 {
+        // The pg_stat_database counters trail each session's transactions
+        // by up to a second: start each window after a pause.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (_, x0) = db.sample(&node).await;
+        let t0 = Instant::now();
+        let mut most = 0;
+        while t0.elapsed() < Duration::from_secs(10) {
+            let (n, _) = db.sample(&node).await;
+            most = most.max(n);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let (_, x1) = db.sample(&node).await;
+        let rate = (x1 - x0) as f64 / t0.elapsed().as_secs_f64();
+        windows.push(format!("{most} connections, {rate:.2} transactions/s"));
+        // One store call a poll (1 s) when idle, the worker's upkeep and
+        // the scheduler's included; a little over for counters flushed late.
+        if most <= 2 && rate <= 1.25 {
+            within = true;
+            break;
+        }
     }
-    let (_, x1) = db.sample(&node).await;
-    let secs = t0.elapsed().as_secs_f64();
     stop(serve);
     db.drop_it().await;
     assert!(seen >= 1, "no connection named \"baton {node}\" was seen");
     assert!(
-        most <= 2,
-        "an idle serve held {most} connections named \"baton {node}\" (at most 2: the pool's one and LISTEN)"
-    );
-    let rate = (x1 - x0) as f64 / secs;
-    // One store call a poll (1 s) when idle, the worker's upkeep and the
-    // scheduler's included; a little over for counters flushed late.
-    assert!(
-        rate <= 1.25,
-        "an idle serve made {} transactions in {secs:.1} s ({rate:.2}/s; at most about 1/s)",
-        x1 - x0
+        within,
+        "an idle serve (connections named \"baton {node}\") was over its budget of at most 2 \
+         connections (the pool's one and LISTEN) and about 1 transaction/s in every 10-second \
+         window: {windows:?}"
     );
 }
 
