@@ -433,6 +433,31 @@ pub enum JobsCmd {
               value_parser = clap::value_parser!(u32).range(1..=1000))]
         count: u32,
     },
+    /// Run each of a job's past slots from --from to --to once (the job's
+    /// schedule from --config): slots with no run are enqueued, due now;
+    /// slots that already ran, are pending or running, or were cancelled
+    /// are left alone and reported; skipped slots are reported (or run
+    /// once with --run-skipped). Repeating a backfill enqueues nothing new.
+    Backfill {
+        /// The job's name (in the config file).
+        job: String,
+        /// The range's first instant (RFC 3339, inclusive).
+        #[arg(long, value_parser = crate::values::rfc3339_arg)]
+        from: chrono::DateTime<chrono::Utc>,
+        /// The range's last instant (RFC 3339, inclusive); not after now.
+        #[arg(long, value_parser = crate::values::rfc3339_arg)]
+        to: chrono::DateTime<chrono::Utc>,
+        /// The most slots the range may hold; a range with more is refused
+        /// whole (nothing enqueued).
+        #[arg(long, default_value_t = baton::schedule::BACKFILL_DEFAULT_MAX)]
+        max: usize,
+        /// Print what would be done; enqueue nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also run the slots the scheduler skipped, once each.
+        #[arg(long)]
+        run_skipped: bool,
+    },
 }
 
 /// `baton jobs`.
@@ -441,7 +466,11 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     if let Some(JobsCmd::Pause { job } | JobsCmd::Resume { job }) = &a.cmd {
         baton::names::validate_name("JOB", job).map_err(Error::from)?;
     }
-    if let Some(JobsCmd::Next { job, .. }) = &a.cmd {
+    if let Some(JobsCmd::Next { job, .. } | JobsCmd::Backfill { job, .. }) = &a.cmd {
+        let what = match &a.cmd {
+            Some(JobsCmd::Backfill { .. }) => "backfill",
+            _ => "next",
+        };
         baton::names::validate_name("JOB", job).map_err(Error::from)?;
         if !cfg
             .as_ref()
@@ -450,9 +479,34 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             return Err(Error::from(baton::InvalidInput::new(
                 "JOB",
                 format!(
-                    "{job:?} is not a job of the config file{}; `baton jobs next` reads the \
+                    "{job:?} is not a job of the config file{}; `baton jobs {what}` reads the \
                      job's schedule from --config FILE (or env BATON_CONFIG)",
                     if cfg.is_some() { "" } else { " (none given)" }
+                ),
+            ))
+            .into());
+        }
+    }
+    if let Some(JobsCmd::Backfill { from, to, max, .. }) = &a.cmd {
+        // Checked before connecting, as far as the store's clock is not
+        // needed (the range's end against now is checked by the library).
+        if from > to {
+            return Err(Error::from(baton::InvalidInput::new(
+                "--from",
+                format!(
+                    "{} is after --to ({}); give --from ≤ --to",
+                    output::ts(*from),
+                    output::ts(*to)
+                ),
+            ))
+            .into());
+        }
+        if *max == 0 || *max > baton::schedule::BACKFILL_LIMIT {
+            return Err(Error::from(baton::InvalidInput::new(
+                "--max",
+                format!(
+                    "{max} is out of range; use 1 to {} slots",
+                    baton::schedule::BACKFILL_LIMIT
                 ),
             ))
             .into());
@@ -509,10 +563,33 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         table.print()?;
         return Ok(0);
     }
+    if let Some(JobsCmd::Backfill {
+        job,
+        from,
+        to,
+        max,
+        dry_run,
+        run_skipped,
+    }) = &a.cmd
+    {
+        let j = cfg
+            .as_ref()
+            .and_then(|c| c.jobs.iter().find(|j| &j.name == job))
+            .context("the job vanished from the config")?;
+        let b = schedule::Backfill::new(*from, *to)
+            .max(*max)
+            .dry_run(*dry_run)
+            .run_skipped(*run_skipped);
+        let done = schedule::backfill(&store, &j.job(), &b)
+            .await
+            .map_err(backfill_flags)?;
+        print_backfill(job, &b, &done, a.json)?;
+        return Ok(0);
+    }
     let toggle = match a.cmd {
         Some(JobsCmd::Pause { job }) => Some((job, true)),
         Some(JobsCmd::Resume { job }) => Some((job, false)),
-        Some(JobsCmd::Next { .. }) | None => None,
+        Some(JobsCmd::Next { .. } | JobsCmd::Backfill { .. }) | None => None,
     };
     if let Some((job, paused)) = toggle {
         if schedule::set_paused(&store, &job, paused).await? {
@@ -589,4 +666,78 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     }
     table.print()?;
     Ok(0)
+}
+
+/// The library's field names as this command's flags (`to` → `--to`).
+fn backfill_flags(e: baton::Error) -> anyhow::Error {
+    match e {
+        baton::Error::Invalid(mut i) if ["from", "to", "max"].contains(&i.field.as_str()) => {
+            i.field = format!("--{}", i.field);
+            i.problem = i.problem.replace("raise max", "raise --max");
+            Error::from(i).into()
+        }
+        e => e.into(),
+    }
+}
+
+/// `baton jobs backfill`'s answer: a row a slot and a summary line (or
+/// JSON: the slots and the counts).
+fn print_backfill(
+    job: &str,
+    b: &schedule::Backfill,
+    done: &[schedule::BackfilledSlot],
+    json: bool,
+) -> anyhow::Result<()> {
+    let runs = done.iter().filter(|s| s.runs_now(b)).count();
+    let left = done.len() - runs;
+    if json {
+        output::json(&crate::shapes::backfilled(job, b, done))?;
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        ("SLOT", Align::Left),
+        ("TASK", Align::Right),
+        ("BACKFILL", Align::Left),
+        ("STATE", Align::Left),
+        ("NOTE", Align::Left),
+    ]);
+    for s in done {
+        let verb = match (s.runs_now(b), b.dry_run) {
+            (true, true) => "would run",
+            (true, false) => "enqueued",
+            (false, _) => "left alone",
+        };
+        let (id, state, note) = match &s.run {
+            None => (String::new(), String::new(), String::new()),
+            Some(r) => (
+                r.id.to_string(),
+                r.outcome.as_str().to_string(),
+                match (r.pruned, &r.reason) {
+                    (true, Some(why)) => format!("pruned; {why}"),
+                    (true, None) => "pruned".into(),
+                    (false, Some(why)) if !r.inserted => why.clone(),
+                    _ => String::new(),
+                },
+            ),
+        };
+        table.row(vec![output::ts(s.slot), id, verb.into(), state, note]);
+    }
+    table.print()?;
+    crate::note!(
+        "baton: backfill of {job} from {} to {}: {} slots, {runs} {}, {left} left alone{}",
+        output::ts(b.from),
+        output::ts(b.to),
+        done.len(),
+        if b.dry_run {
+            "would be enqueued"
+        } else {
+            "enqueued"
+        },
+        if b.dry_run {
+            " (dry run: nothing enqueued)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
 }

@@ -56,6 +56,35 @@ pub fn triggered(r: &baton::schedule::SlotReport, job: &str, slot: DateTime<Utc>
     })
 }
 
+/// A backfill's answer (`baton jobs backfill --json`, the admin API): the
+/// range, the counts, and each slot as a trigger answers it, with
+/// `runs_now` (enqueued by this backfill, or would be in a dry run).
+pub fn backfilled(
+    job: &str,
+    b: &baton::schedule::Backfill,
+    done: &[baton::schedule::BackfilledSlot],
+) -> Value {
+    let runs = done.iter().filter(|s| s.runs_now(b)).count();
+    let slots: Vec<Value> = done
+        .iter()
+        .map(|s| {
+            let mut v = match &s.run {
+                Some(r) => triggered(r, job, s.slot),
+                None => json!({"job": job, "slot": output::ts(s.slot), "id": null}),
+            };
+            v["runs_now"] = Value::Bool(s.runs_now(b));
+            v
+        })
+        .collect();
+    json!({
+        "job": job, "from": output::ts(b.from), "to": output::ts(b.to),
+        "dry_run": b.dry_run, "slots": slots.len(),
+        "enqueued": if b.dry_run { 0 } else { runs },
+        "would_enqueue": if b.dry_run { runs } else { 0 },
+        "left_alone": done.len() - runs, "runs": slots,
+    })
+}
+
 /// One lock record.
 pub fn lock(l: &LockInfo) -> Value {
     json!({

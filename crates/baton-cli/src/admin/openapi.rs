@@ -124,6 +124,23 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
         )
         .add(
             RouteDoc {
+                body: &[
+                    ("from", "string", "RFC 3339: the range's first instant (inclusive)"),
+                    ("to", "string", "RFC 3339: the range's last instant (inclusive, not after now)"),
+                    ("max", "integer", "the most slots the range may hold (default 1000, at most 100000); more is refused whole"),
+                    ("dry_run", "boolean", "report what would run, enqueue nothing (default false)"),
+                    ("run_skipped", "boolean", "also run slots the scheduler skipped, once each (default false)"),
+                ],
+                ..r(
+                    "post",
+                    "/api/v1/jobs/{name}/backfill",
+                    "Run each past slot of a configured job in a range once (as `baton jobs backfill --json`): slots with no run are enqueued, those that ran or were skipped are left alone and reported.",
+                )
+            },
+            post(api::job_backfill),
+        )
+        .add(
+            RouteDoc {
                 query: &[
                     ("state", "pending, running, succeeded, failed or cancelled"),
                     ("queue", "only this queue"),

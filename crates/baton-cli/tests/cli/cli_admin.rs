@@ -319,6 +319,38 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
     wait_for(20, "the triggered run to succeed", || {
         get(a, &format!("/api/v1/tasks/{run}")).1["state"] == "succeeded"
     });
+    // Backfill three days of slots around the triggered one: the two
+    // without a run are enqueued, the triggered one is left alone.
+    let range = json!({"from": "2026-01-28T12:00:00Z", "to": "2026-01-31T12:00:00Z"});
+    let mut dry = range.clone();
+    dry["dry_run"] = json!(true);
+    let (code, body) = post(a, "/api/v1/jobs/nightly/backfill", dry);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        (&body["slots"], &body["would_enqueue"], &body["left_alone"]),
+        (&json!(3), &json!(2), &json!(1)),
+        "{body}"
+    );
+    let mut capped = range.clone();
+    capped["max"] = json!(2);
+    let (code, body) = post(a, "/api/v1/jobs/nightly/backfill", capped);
+    assert_eq!((code, &body["field"]), (400, &json!("max")), "{body}");
+    let (code, body) = post(
+        a,
+        "/api/v1/jobs/nightly/backfill",
+        json!({"from": "2026-01-31T12:00:00Z", "to": "2026-01-28T12:00:00Z"}),
+    );
+    assert_eq!((code, &body["field"]), (400, &json!("from")), "{body}");
+    let (code, body) = post(a, "/api/v1/jobs/nightly/backfill", range);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        (&body["enqueued"], &body["left_alone"]),
+        (&json!(2), &json!(1)),
+        "{body}"
+    );
+    let ran = body["runs"].as_array().unwrap();
+    assert_eq!(ran[2]["id"].as_i64(), Some(run), "{body}");
+    assert_eq!(ran[2]["outcome"], "succeeded", "{body}");
 
     // Locks: force-release needs the current token.
     let (_, locks) = get(a, "/api/v1/locks");
@@ -447,6 +479,7 @@ async fn openapi_lists_every_route_served(e: Env) {
         "POST /api/v1/jobs/{name}/pause",
         "POST /api/v1/jobs/{name}/resume",
         "POST /api/v1/jobs/{name}/trigger",
+        "POST /api/v1/jobs/{name}/backfill",
         "GET /api/v1/tasks",
         "POST /api/v1/tasks",
         "POST /api/v1/tasks/retry-failed",

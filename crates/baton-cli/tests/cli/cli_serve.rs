@@ -23,6 +23,7 @@ per_backend! {
     lock_mode_job_is_listed_and_pausable,
     trigger_slots_are_the_schedules,
     trigger_answers_say_what_became_of_the_slot,
+    backfill_runs_each_past_slot_once_and_leaves_those_that_ran,
 }
 
 const TICK: &str = r#"
@@ -1196,4 +1197,119 @@ fn jobs_next_prints_fire_times_in_the_jobs_zone() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `baton jobs backfill`: 20 past slots of a 1-second job, some of which
+/// a `baton serve` ran: a dry run says which would run and enqueues
+/// nothing; the backfill enqueues exactly the others (the ones that ran
+/// are left alone and reported), a worker runs each once, and a second
+/// backfill enqueues nothing. A range over `--max` is refused whole.
+async fn backfill_runs_each_past_slot_once_and_leaves_those_that_ran(e: Env) {
+    let kids = vec![serve(&e, TICK_WORK, &[])];
+    common::wait_for(20, "two scheduled runs", || ledger(&e).len() >= 2);
+    stop(kids);
+    let ran: Vec<chrono::DateTime<chrono::Utc>> =
+        ledger(&e).keys().map(|s| s.parse().unwrap()).collect();
+    let first = ran[0];
+    let from = first - chrono::Duration::seconds(15);
+    let to = from + chrono::Duration::seconds(19);
+    // The range must be past: wait until its end is.
+    while chrono::Utc::now() <= to + chrono::Duration::milliseconds(200) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let in_range: Vec<_> = ran.iter().filter(|s| **s >= from && **s <= to).collect();
+    let ts =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (from_s, to_s) = (ts(from), ts(to));
+    let backfill = |extra: &[&str]| {
+        let mut args = vec![
+            "jobs",
+            "backfill",
+            "tick",
+            "--config",
+            "baton.toml",
+            "--from",
+            &from_s,
+            "--to",
+            &to_s,
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = e.run(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let task_count = || {
+        let out = e.run(&[
+            "tasks", "list", "--job", "tick", "--json", "--limit", "1000",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        v.as_array().map_or(0, |a| a.len())
+    };
+    let before = task_count();
+
+    // Too many slots for --max: refused whole, naming the flag.
+    let o = e.run(&[
+        "jobs",
+        "backfill",
+        "tick",
+        "--config",
+        "baton.toml",
+        "--from",
+        &from_s,
+        "--to",
+        &to_s,
+        "--max",
+        "19",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--max"), "{}", stderr(&o));
+    assert_eq!(
+        task_count(),
+        before,
+        "a refused backfill enqueued something"
+    );
+
+    // A dry run: 20 slots, those that ran left alone, nothing enqueued.
+    let dry = backfill(&["--dry-run"]);
+    assert_eq!(dry["slots"], 20, "{dry}");
+    assert_eq!(dry["would_enqueue"], 20 - in_range.len(), "{dry}");
+    assert_eq!(dry["left_alone"], in_range.len(), "{dry}");
+    assert_eq!(task_count(), before, "a dry run enqueued something");
+
+    // The backfill: exactly the slots without a run.
+    let v = backfill(&[]);
+    assert_eq!(v["enqueued"], 20 - in_range.len(), "{v}");
+    for r in v["runs"].as_array().unwrap() {
+        let slot: chrono::DateTime<chrono::Utc> = r["slot"].as_str().unwrap().parse().unwrap();
+        let had_run = in_range.contains(&&slot);
+        assert_eq!(r["inserted"], !had_run, "{r}");
+        if had_run {
+            assert_eq!(r["outcome"], "succeeded", "{r}");
+        }
+    }
+    let mut worker = e.spawn(&["work", "--config", "baton.toml"]);
+    let want = |m: &BTreeMap<String, usize>| {
+        m.keys()
+            .filter(|s| {
+                let t: chrono::DateTime<chrono::Utc> = s.parse().unwrap();
+                t >= from && t <= to
+            })
+            .count()
+    };
+    common::wait_for(60, "every backfilled slot to run", || {
+        want(&ledger(&e)) == 20
+    });
+    // Again: nothing new.
+    let again = backfill(&[]);
+    assert_eq!(again["enqueued"], 0, "{again}");
+    assert_eq!(again["left_alone"], 20, "{again}");
+    std::thread::sleep(Duration::from_millis(1_500));
+    signal(&worker, libc::SIGTERM);
+    let _ = worker.wait();
+    let m = ledger(&e);
+    for (slot, n) in &m {
+        assert_eq!(*n, 1, "slot {slot} ran {n} times: {m:?}");
+    }
+    assert_eq!(want(&m), 20, "{m:?}");
 }

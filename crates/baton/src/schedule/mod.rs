@@ -8,6 +8,7 @@
 //! cursor compare-and-set (DESIGN.md S1) is all that is needed to run each
 //! slot once.
 
+mod backfill;
 mod job;
 mod lock_run;
 mod plan;
@@ -19,6 +20,9 @@ mod status;
 /// Slot keys are the store's (the queue checks them too); re-exported
 /// here where a schedule's user looks for them.
 pub use crate::store::{is_slot_key, slot_key};
+pub use backfill::{
+    backfill, backfill_slots, Backfill, BackfilledSlot, BACKFILL_DEFAULT_MAX, BACKFILL_LIMIT,
+};
 pub use scheduler::{
     is_lock_run_record, job_state, job_statuses, latest_slot, run_skipped, set_paused, slot_report,
     trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotOutcome,

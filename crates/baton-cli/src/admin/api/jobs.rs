@@ -1,5 +1,5 @@
 //! `/api/v1/jobs`: list the jobs, pause and resume one cluster-wide,
-//! trigger one of its slots.
+//! trigger one of its slots, backfill a range of them.
 
 use super::*;
 
@@ -87,4 +87,47 @@ pub async fn job_trigger(
         schedule::slot_report(&state.store, &job, slot, e).await?
     };
     Ok(Json(shapes::triggered(&report, &name, slot)))
+}
+
+/// The body of a backfill.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillBody {
+    /// The range's first instant (RFC 3339, inclusive).
+    from: String,
+    /// The range's last instant (RFC 3339, inclusive; not after now).
+    to: String,
+    /// The most slots the range may hold.
+    max: Option<usize>,
+    /// Report only.
+    #[serde(default)]
+    dry_run: bool,
+    /// Also run skipped slots, once each.
+    #[serde(default)]
+    run_skipped: bool,
+}
+
+impl Form for BackfillBody {
+    const FORM: &'static str = r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"} (RFC 3339, both inclusive), optionally with "max": 1000, "dry_run": true, "run_skipped": true"#;
+}
+
+/// `POST /api/v1/jobs/{name}/backfill` with `{"from", "to", "max"?,
+/// "dry_run"?, "run_skipped"?}`: as `baton jobs backfill --json`.
+pub async fn job_backfill(
+    Extract(state): S,
+    PathText(name): PathText,
+    Body(b): Body<BackfillBody>,
+) -> Answer {
+    check_name("job", &name)?;
+    let Some(cfg) = state.jobs.iter().find(|j| j.name == name) else {
+        return Err(ApiError::not_found(format!(
+            "no job {name:?} in this server's config (only configured jobs can be backfilled here)"
+        )));
+    };
+    let range = schedule::Backfill::new(rfc3339("from", &b.from)?, rfc3339("to", &b.to)?)
+        .max(b.max.unwrap_or(schedule::BACKFILL_DEFAULT_MAX))
+        .dry_run(b.dry_run)
+        .run_skipped(b.run_skipped);
+    let done = schedule::backfill(&state.store, &cfg.job(), &range).await?;
+    Ok(Json(shapes::backfilled(&name, &range, &done)))
 }
