@@ -725,9 +725,12 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
         .collect();
     let runs = Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
     let worker = |runs: Arc<std::sync::Mutex<Vec<i64>>>, store: Store, prefetch: usize| {
-        // A 600 ms lease; each handler takes 400 ms, so the sixth task
-        // waits about 2 s in the buffer.
+        // A 1.5 s lease; each handler takes 1 s, so the fifth and sixth
+        // tasks wait two leases and more in the buffer. (A 600 ms lease
+        // lost a finish to a store slowed by a loaded 2-core machine: the
+        // property is the buffer's heartbeats, not a fast store.)
         let cfg = fast_config("pf", 1)
+            .lease(Duration::from_millis(1_500))
             .prefetch(prefetch)
             .rescue(false)
             .shutdown_grace(Duration::from_secs(3));
@@ -736,7 +739,7 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
             let runs = runs.clone();
             async move {
                 runs.lock().unwrap().push(ctx.task().id);
-                tokio::time::sleep(Duration::from_millis(400)).await;
+                tokio::time::sleep(Duration::from_millis(1_000)).await;
                 Ok(())
             }
         });
@@ -758,8 +761,8 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
     };
     let stop = CancellationToken::new();
     let run = tokio::spawn(worker(runs.clone(), ts.open().await, N).run(stop.clone()));
-    // Four handlers have started by about 1.2 s (0, 0.4, 0.8, 1.2 s): the
-    // last buffered tasks have waited two leases by then.
+    // Four handlers have started by about 3 s (0, 1, 2, 3 s): the last
+    // buffered tasks have waited two leases by then.
     let t0 = Instant::now();
     while runs.lock().unwrap().len() < 4 {
         assert!(
