@@ -2,18 +2,21 @@
 //! (the test kit's [`PrivateCluster`]), as a user runs it (issue 23):
 //!
 //! - `baton lock` takes locks of a dozen names of varied shapes (braces,
-//!   spaces, slashes, non-ASCII), each a hash tag of its own: their records
-//!   land on at least two masters, and while one is held a second `baton
-//!   lock` of the name exits 75 (busy) without running its command;
+//!   spaces, slashes, colons, non-ASCII), each a hash tag of its own:
+//!   while one is held a second `baton lock` of the name exits 75 (busy)
+//!   without running its command, `baton locks` lists them held, their
+//!   records are on more than one node, and each name is free again once
+//!   released;
 //! - `baton enqueue` puts 40 tasks on three queues whose hash tags are
 //!   served by three different masters, two `baton work` processes run
-//!   them all, and each runs exactly once (a line per run in a file), on
-//!   the queue it was enqueued to; `baton tasks stats --json` agrees, and
-//!   each queue's keys are on the master its tag's slot names.
+//!   them all, and each runs exactly once (a line per run in a file), at
+//!   its first attempt, from the queue it was enqueued to; `baton tasks
+//!   stats --json` agrees, queue by queue; each queue's tasks are on one
+//!   node and the queues' on more than one.
 //!
-//! Where a key is, is asked of the nodes themselves (`EXISTS`/`KEYS` on
-//! each, not following the cluster), so a layout that put every queue or
-//! every lock in one slot fails here.
+//! Where a record is, is asked of the nodes themselves (`KEYS` on each,
+//! not following the cluster), so a key layout that put every queue or
+//! every lock in one slot fails here even though every command works.
 
 use crate::common;
 
@@ -224,31 +227,48 @@ fn locks_of_any_name(cluster: &PrivateCluster, cli: &mut Cli) {
         assert!(held.contains(name), "{name:?} not listed as held: {rows}");
     }
 
-    // Where each record is: on the master its own tag's slot names, and
-    // the dozen on more than one master.
+    // Where each record is, as the nodes say (whatever the key layout:
+    // the one node with a key ending `lock:NAME` or `lock:NAME}`): the
+    // dozen on more than one node, each on the master of the slot of its
+    // tag in the Redis store's layout (`{baton:lock:NAME}`).
+    let lock_keys: Vec<(u16, Vec<String>)> = cluster
+        .ports()
+        .into_iter()
+        .map(|p| (p, cluster.keys_on(p, "*lock:*")))
+        .collect();
     let mut on: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
     for name in LOCK_NAMES {
-        let key = format!("{{baton:lock:{name}}}");
-        let holder = cluster.holder_of(&key).unwrap_or_else(|| {
-            let keys: Vec<_> = cluster
-                .ports()
-                .iter()
-                .map(|p| (*p, cluster.keys_on(*p, "*lock*")))
-                .collect();
-            panic!("no node holds the record of lock {name:?} at {key:?}; lock keys: {keys:?}")
-        });
+        let (bare, tagged) = (format!("lock:{name}"), format!("lock:{name}}}"));
+        let nodes: Vec<u16> = lock_keys
+            .iter()
+            .filter(|(_, keys)| {
+                keys.iter()
+                    .any(|k| k.ends_with(&bare) || k.ends_with(&tagged))
+            })
+            .map(|(p, _)| *p)
+            .collect();
         assert_eq!(
-            holder,
-            cluster.master_of(&key),
-            "lock {name:?}: its record is not on the master of its slot"
+            nodes.len(),
+            1,
+            "lock {name:?}: its record is on the nodes {nodes:?}; the lock keys by node: {lock_keys:?}"
         );
-        on.entry(holder).or_default().push(name);
+        on.entry(nodes[0]).or_default().push(name);
     }
     eprintln!("cli cluster: lock records by node: {on:?}");
     assert!(
         on.len() >= 2,
-        "every lock record is on one node: {on:?} (a tag per lock spreads them)"
+        "every lock record is on one node: {on:?} (a hash tag per lock spreads them over the shards)"
     );
+    for (node, names) in &on {
+        for name in names {
+            let key = format!("{{baton:lock:{name}}}");
+            assert_eq!(
+                *node,
+                cluster.master_of(&key),
+                "lock {name:?}: its record is not on the master of the slot of {key:?}"
+            );
+        }
+    }
 
     // Released: every holder's command ends, and each name is free again.
     std::fs::remove_file(cli.path("hold")).unwrap();
@@ -284,6 +304,7 @@ fn every_task_once_on_queues_of_different_shards(cluster: &PrivateCluster, cli: 
         .collect();
 
     let mut enqueued: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut ids: BTreeMap<u64, &str> = BTreeMap::new();
     for n in 0..TASKS {
         let q = queues[n % queues.len()].as_str();
         let script = format!(
@@ -291,10 +312,13 @@ fn every_task_once_on_queues_of_different_shards(cluster: &PrivateCluster, cli: 
         );
         let out = cli.run(&["enqueue", "--queue", q, "--", "sh", "-c", &script]);
         exits(&out, 0, &format!("baton enqueue --queue {q} (task {n})"));
+        let id: u64 = stdout(&out).trim().parse().expect("enqueue prints the id");
+        ids.insert(id, q);
         *enqueued.entry(q).or_default() += 1;
     }
 
-    let lines = || -> Vec<String> { read(&cli.path("ran")).lines().map(str::to_string).collect() };
+    let ran_file = cli.path("ran");
+    let lines = || -> Vec<String> { read(&ran_file).lines().map(str::to_string).collect() };
     let t0 = Instant::now();
     loop {
         let done = stats(cli)
@@ -303,6 +327,14 @@ fn every_task_once_on_queues_of_different_shards(cluster: &PrivateCluster, cli: 
             .sum::<u64>();
         if lines().len() >= TASKS && done >= TASKS as u64 {
             break;
+        }
+        for w in &workers {
+            if let Ok(Some(status)) = cli.kids[*w].try_wait() {
+                panic!(
+                    "a baton work exited ({status}) with {} of {TASKS} tasks run",
+                    lines().len()
+                );
+            }
         }
         assert!(
             t0.elapsed() < Duration::from_secs(40),
@@ -350,31 +382,49 @@ fn every_task_once_on_queues_of_different_shards(cluster: &PrivateCluster, cli: 
         }
     }
 
-    // Each queue's keys: on one node, the master of its tag's slot; the
-    // three queues on three masters.
-    let mut nodes = BTreeSet::new();
-    for q in &queues {
-        let tag = format!("{{baton:q:{q}}}");
-        let on: Vec<u16> = cluster
-            .ports()
-            .into_iter()
-            .filter(|p| {
-                !cluster
-                    .keys_on(*p, &format!("{}*", glob_escape(&tag)))
-                    .is_empty()
-            })
-            .collect();
-        assert_eq!(
-            on,
-            vec![cluster.master_of(&tag)],
-            "queue {q:?}: its keys are on {on:?}, not only on the master of its slot"
-        );
-        nodes.insert(on[0]);
+    // Where each task is, as the nodes say (whatever the key layout: the
+    // node with a key ending `task:ID`): each queue's on one node, the
+    // queues' on more than one, and each queue's on the master of the
+    // slot of its tag in the Redis store's layout (`{baton:q:QUEUE}`).
+    let mut task_node: BTreeMap<u64, u16> = BTreeMap::new();
+    for p in cluster.ports() {
+        for k in cluster.keys_on(p, "*task:*") {
+            let Some(id) = k.rsplit("task:").next().and_then(|i| i.parse().ok()) else {
+                continue;
+            };
+            if let Some(other) = task_node.insert(id, p) {
+                panic!("task {id} is on the nodes {other} and {p}");
+            }
+        }
     }
+    let mut queue_nodes: BTreeMap<&str, BTreeSet<u16>> = BTreeMap::new();
+    for (id, q) in &ids {
+        let node = task_node
+            .get(id)
+            .unwrap_or_else(|| panic!("no node holds task {id}: {task_node:?}"));
+        queue_nodes.entry(q).or_default().insert(*node);
+    }
+    eprintln!("cli cluster: the queues' tasks by node: {queue_nodes:?}");
+    for (q, nodes) in &queue_nodes {
+        assert_eq!(
+            nodes.len(),
+            1,
+            "queue {q:?}: its tasks are on several nodes: {nodes:?}"
+        );
+    }
+    let shards: BTreeSet<u16> = queue_nodes.values().flatten().copied().collect();
     assert!(
-        nodes.len() >= 2,
-        "the queues' keys are all on one node: {nodes:?}"
+        shards.len() >= 2,
+        "the tasks of every queue are on one node: {queue_nodes:?} (a hash tag per queue spreads them over the shards)"
     );
+    for (q, nodes) in &queue_nodes {
+        let tag = format!("{{baton:q:{q}}}");
+        assert_eq!(
+            nodes.first(),
+            Some(&cluster.master_of(&tag)),
+            "queue {q:?}: its tasks are not on the master of the slot of {tag:?}"
+        );
+    }
 
     for w in workers {
         common::signal(&cli.kids[w], libc::SIGTERM);
@@ -436,16 +486,4 @@ fn queues_one_per_master(cluster: &PrivateCluster) -> Vec<String> {
         "no queue name for some master: {by_master:?}"
     );
     by_master.into_values().collect()
-}
-
-/// `s` with the glob characters of `KEYS` patterns escaped.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
