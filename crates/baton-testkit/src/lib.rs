@@ -12,6 +12,7 @@
 //! - [`process`]: a spawned server process killed when its guard drops.
 //! - [`sentinel`]: a private Redis master, replica and three sentinels.
 //! - [`certs`]: test certificates made with `openssl`.
+//! - [`redis_cluster`]: a private 3-master Redis Cluster.
 //! - [`cluster`]: raw Redis connections, one node or a cluster, for tests
 //!   that read keys behind the store's back.
 //! - [`proxy`]: the fault proxy `baton chaos` uses (the `baton-proxy` crate).
@@ -24,6 +25,7 @@ pub mod harness;
 pub mod mariadb;
 pub mod private;
 pub mod process;
+pub mod redis_cluster;
 pub mod sentinel;
 
 /// The fault proxy `baton chaos` uses (re-exported from `baton-proxy`).
@@ -31,6 +33,7 @@ pub use baton_proxy as proxy;
 
 pub use mariadb::PrivateMariadb;
 pub use private::{Kind, Private};
+pub use redis_cluster::PrivateCluster;
 
 use std::process::{Command, Stdio};
 

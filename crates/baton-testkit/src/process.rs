@@ -49,6 +49,14 @@ impl Guard {
         }
     }
 
+    /// Whether the process has exited (or was killed by [`Guard::kill`]).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
     /// Send `sig` to the process (e.g. `libc::SIGSTOP` to freeze it).
     pub fn signal(&self, sig: i32) {
         if let Some(pid) = self.pid() {

@@ -11,6 +11,7 @@ mod cli_admin;
 mod cli_bad_input;
 mod cli_chaos;
 mod cli_checked_by;
+mod cli_cluster;
 mod cli_edges;
 mod cli_first_hour;
 mod cli_fleet_budget;
