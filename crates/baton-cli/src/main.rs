@@ -336,6 +336,12 @@ fn connect_failure(url: &str, e: &baton::StoreError) -> Option<String> {
     }
     let msg = baton::error::chain(e).to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| msg.contains(n));
+    // A cluster node reached as one server: the library's words say what
+    // to write instead (and name TLS, which the sorting below would take
+    // for a TLS failure).
+    if has(&["is a cluster node"]) {
+        return None;
+    }
     if url.starts_with("sqlite:") && has(&["unable to open", "code: 14", "(code 14)"]) {
         let path = url
             .trim_start_matches("sqlite://")
