@@ -197,25 +197,13 @@ async fn tasks(
     queue: Option<&str>,
     state: TaskState,
 ) -> Result<Vec<TaskInfo>, Error> {
-    let q = Queue::new(store.clone());
-    let mut out = Vec::new();
-    let mut before_id = None;
-    loop {
-        let page = q
-            .tasks(&TaskFilter {
-                queue: queue.map(str::to_string),
-                state: Some(state),
-                before_id,
-                limit: 500,
-                ..TaskFilter::default()
-            })
-            .await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        before_id = Some(last.id);
-        out.extend(page);
-    }
+    let mut out = Queue::new(store.clone())
+        .tasks_all(&TaskFilter {
+            queue: queue.map(str::to_string),
+            state: Some(state),
+            ..TaskFilter::default()
+        })
+        .await?;
     out.reverse();
     Ok(out)
 }

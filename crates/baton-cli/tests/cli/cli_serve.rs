@@ -1221,7 +1221,7 @@ async fn backfill_runs_each_past_slot_once_and_leaves_those_that_ran(e: Env) {
     let ts =
         |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let (from_s, to_s) = (ts(from), ts(to));
-    let backfill = |extra: &[&str]| {
+    let run_backfill = |extra: &[&str]| {
         let mut args = vec![
             "jobs",
             "backfill",
@@ -1232,10 +1232,14 @@ async fn backfill_runs_each_past_slot_once_and_leaves_those_that_ran(e: Env) {
             &from_s,
             "--to",
             &to_s,
-            "--json",
         ];
         args.extend_from_slice(extra);
-        let o = e.run(&args);
+        e.run(&args)
+    };
+    let backfill = |extra: &[&str]| {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let o = run_backfill(&args);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
     };
@@ -1249,19 +1253,7 @@ async fn backfill_runs_each_past_slot_once_and_leaves_those_that_ran(e: Env) {
     let before = task_count();
 
     // Too many slots for --max: refused whole, naming the flag.
-    let o = e.run(&[
-        "jobs",
-        "backfill",
-        "tick",
-        "--config",
-        "baton.toml",
-        "--from",
-        &from_s,
-        "--to",
-        &to_s,
-        "--max",
-        "19",
-    ]);
+    let o = run_backfill(&["--max", "19"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--max"), "{}", stderr(&o));
     assert_eq!(

@@ -383,6 +383,26 @@ impl Queue {
         Ok(self.store.backend().task_list(filter).await?)
     }
 
+    /// Every task `filter` matches (its `before_id` and `limit` are
+    /// ignored), read page by page, newest first.
+    pub async fn tasks_all(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, Error> {
+        let mut page_filter = TaskFilter {
+            before_id: None,
+            limit: 500,
+            ..filter.clone()
+        };
+        let mut out = Vec::new();
+        loop {
+            let page = self.tasks(&page_filter).await?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            page_filter.before_id = Some(last.id);
+            out.extend(page);
+        }
+        Ok(out)
+    }
+
     /// Pause a queue on every instance: from now on no worker of the
     /// cluster claims its tasks (the store's claim checks the flag in the
     /// same statement or script). Running tasks finish normally and

@@ -217,40 +217,29 @@ pub async fn backfill(
     Ok(out)
 }
 
-/// The runs of `job`'s slots in `b`'s range that still have their task,
-/// read page by page (newest first) until past the range's start.
+/// The runs of `job`'s slots in `b`'s range that still have their task.
 async fn existing_runs(
     store: &Store,
     job: &Job,
     b: &Backfill,
 ) -> Result<Vec<(DateTime<Utc>, SlotReport)>, Error> {
+    let tasks = crate::queue::Queue::new(store.clone())
+        .tasks_all(&TaskFilter {
+            job: Some(job.name.clone()),
+            ..TaskFilter::default()
+        })
+        .await?;
     let mut found = Vec::new();
-    let mut before_id = None;
-    loop {
-        let page = store
-            .backend()
-            .task_list(&TaskFilter {
-                job: Some(job.name.clone()),
-                before_id,
-                limit: 500,
-                ..TaskFilter::default()
-            })
-            .await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        before_id = Some(last.id);
-        for t in page {
-            let Some(slot) = t.slot else { continue };
-            if slot < b.from || slot > b.to {
-                continue;
-            }
-            let e = crate::store::Enqueued {
-                id: t.id,
-                inserted: false,
-            };
-            found.push((slot, slot_report(store, job, slot, e).await?));
+    for t in tasks {
+        let Some(slot) = t.slot else { continue };
+        if slot < b.from || slot > b.to {
+            continue;
         }
+        let e = crate::store::Enqueued {
+            id: t.id,
+            inserted: false,
+        };
+        found.push((slot, slot_report(store, job, slot, e).await?));
     }
     Ok(found)
 }
