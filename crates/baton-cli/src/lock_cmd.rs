@@ -110,6 +110,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
     })?;
     // `connect` names the store in its errors.
     let store = connect(&a.store).await?;
+    crate::note_store_warnings(&store).await;
     let locker = Locker::new(store);
     let wait = a.wait.unwrap_or(Duration::ZERO);
     // Try at once; when it is held and we may wait, say so before waiting.

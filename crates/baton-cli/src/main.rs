@@ -327,6 +327,15 @@ async fn probe_tcp(url: &str) -> Option<String> {
     )
 }
 
+/// Print the store's configuration warnings (e.g. Redis without AOF) on
+/// stderr, once at the start of a command that runs work under the store's
+/// guarantees (`lock`, `work`, `serve`).
+pub async fn note_store_warnings(store: &baton::Store) {
+    for w in store.warnings().await.unwrap_or_default() {
+        note!("baton: warning: {w}");
+    }
+}
+
 /// What a connection failure means, from its error chain (the drivers
 /// carry their cause as text); `None` when the chain does not tell.
 fn connect_failure(url: &str, e: &baton::StoreError) -> Option<String> {

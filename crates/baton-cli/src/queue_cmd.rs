@@ -136,8 +136,9 @@ pub struct WorkArgs {
     /// Idle poll period (at least 10ms).
     #[arg(long, default_value = "1s", value_parser = poll_arg)]
     pub poll: Duration,
-    /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
-    /// Prometheus), e.g. 127.0.0.1:9090.
+    /// Admin HTTP address, e.g. 127.0.0.1:9090: the dashboard at `/`, the
+    /// JSON API under `/api/v1` (OpenAPI at `/api/v1/openapi.json`),
+    /// `/livez` and `/readyz` probes, `/metrics` for Prometheus.
     #[arg(long, value_parser = crate::values::listen_arg)]
     pub listen: Option<String>,
 }
@@ -263,9 +264,7 @@ pub async fn work(a: WorkArgs) -> anyhow::Result<u8> {
     let store = crate::connect_resolved(&a.store.resolve(config.as_ref()), true)
         .await
         .context("connecting to the store")?;
-    for w in store.warnings().await.unwrap_or_default() {
-        note!("baton: warning: {w}");
-    }
+    crate::note_store_warnings(&store).await;
     let workers =
         crate::runtime::queue_workers(&store, &queues, jobs, a.poll, a.shutdown_grace, a.grace)?;
     if let Some(addr) = &a.listen {
@@ -420,6 +419,10 @@ fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
     }
     if let Some(k) = &t.unique_key {
         f.push(("key", k.clone()));
+    }
+    // The last error (or a skipped slot's reason, which no attempt made).
+    if let Some(e) = &t.last_error {
+        f.push(("last error", e.clone()));
     }
     if let (Some(j), Some(s)) = (&t.job, t.slot) {
         f.push(("job slot", format!("{j} @ {}", output::ts(s))));

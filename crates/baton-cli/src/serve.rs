@@ -21,8 +21,9 @@ pub struct ServeArgs {
     /// queues and jobs are what serve runs).
     #[command(flatten)]
     pub store: crate::StoreArg,
-    /// Admin HTTP address (`/health`, `/jobs`, `/stats`, `/metrics` for
-    /// Prometheus), e.g. 127.0.0.1:9090.
+    /// Admin HTTP address, e.g. 127.0.0.1:9090: the dashboard at `/`, the
+    /// JSON API under `/api/v1` (OpenAPI at `/api/v1/openapi.json`),
+    /// `/livez` and `/readyz` probes, `/metrics` for Prometheus.
     #[arg(long, value_parser = crate::values::listen_arg)]
     pub listen: Option<String>,
     /// On SIGTERM, how long running tasks may finish before they are handed
@@ -79,9 +80,7 @@ async fn stop_before_lapse(lease: &baton::lock::LeaseHandle, grace: Duration) ->
 /// `baton serve`.
 pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
     let (cfg, store) = open(&a.store).await?;
-    for w in store.warnings().await.unwrap_or_default() {
-        crate::note!("baton: warning: {w}");
-    }
+    crate::note_store_warnings(&store).await;
     let stop = CancellationToken::new();
     let signals = runtime::shutdown_on_signals(stop.clone())?;
 

@@ -1006,6 +1006,13 @@ async fn trigger_answers_say_what_became_of_the_slot(e: Env) {
     stop(kids);
     let ok = find("succeeded").expect("a slot that ran");
     let skip = find("cancelled").expect("a skipped slot");
+    // `tasks show` says why (the reason no attempt made).
+    let shown = e.run(&["tasks", "show", &skip["id"].to_string()]);
+    assert!(
+        stdout(&shown).contains("last error:") && stdout(&shown).contains("skipped by misfire"),
+        "{}",
+        stdout(&shown)
+    );
     assert_eq!(ok["queue"], "work");
     let (ok_slot, skip_slot) = (
         ok["slot"].as_str().unwrap().to_string(),

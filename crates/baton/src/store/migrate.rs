@@ -97,9 +97,9 @@ pub(crate) async fn run(d: &mut impl Dialect) -> Result<(), StoreError> {
 
 /// The part of [`run`] under the lock.
 async fn upgrade_locked(d: &mut impl Dialect, expected: i64) -> Result<(), StoreError> {
-    let found = match d.recorded_version().await? {
-        Some(v) => v,
-        None => d.create().await?,
+    let (found, created) = match d.recorded_version().await? {
+        Some(v) => (v, false),
+        None => (d.create().await?, true),
     };
     if found > expected {
         return Err(StoreError::Config(format!(
@@ -119,12 +119,23 @@ async fn upgrade_locked(d: &mut impl Dialect, expected: i64) -> Result<(), Store
             })?;
         d.run_step(index).await?;
         d.record_version(from + 1).await?;
-        tracing::info!(
-            prefix = %d.prefix(),
-            "{}: upgraded the baton schema from version {from} to {}",
-            d.name(),
-            from + 1
-        );
+        // A store created just now runs the steps too (its tables were
+        // made at the base version): not an upgrade anyone needs to read.
+        if created {
+            tracing::debug!(
+                prefix = %d.prefix(),
+                "{}: new baton schema, step from version {from} to {}",
+                d.name(),
+                from + 1
+            );
+        } else {
+            tracing::info!(
+                prefix = %d.prefix(),
+                "{}: upgraded the baton schema from version {from} to {}",
+                d.name(),
+                from + 1
+            );
+        }
     }
     Ok(())
 }
