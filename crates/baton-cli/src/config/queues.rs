@@ -81,9 +81,7 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
             .transpose()?;
         let per_key_max_running = q
             .per_key_max_running
-            .map(|m| {
-                ranged(&owner, "per_key_max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32)
-            })
+            .map(|m| ranged(&owner, "per_key_max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32))
             .transpose()?;
         queues.push(QueueConfig {
             name: q.name,

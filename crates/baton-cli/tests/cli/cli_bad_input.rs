@@ -1077,7 +1077,10 @@ fn http_catalogue() -> Vec<HttpCase> {
             "concurrency key 300 bytes",
             "POST",
             t,
-            &format!(r#"{{"command": ["true"], "concurrency_key": "{}"}}"#, "c".repeat(300)),
+            &format!(
+                r#"{{"command": ["true"], "concurrency_key": "{}"}}"#,
+                "c".repeat(300)
+            ),
             400,
             Some("concurrency_key"),
             &["is 300 bytes", "use 1 to 255 bytes"],

@@ -84,9 +84,10 @@ async fn three_workers_never_run_more_than_the_cap_of_one_key(e: Env) {
     let out = stdout(&e.run(&["tasks", "list", "--limit", "1000"]));
     assert!(out.lines().next().unwrap().contains("CONC_KEY"), "{out}");
     assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().next() == Some(first.to_string().as_str())
-                && l.split_whitespace().any(|w| w == first_key)),
+        out.lines().any(
+            |l| l.split_whitespace().next() == Some(first.to_string().as_str())
+                && l.split_whitespace().any(|w| w == first_key)
+        ),
         "{out}"
     );
     std::fs::write(
@@ -168,7 +169,10 @@ async fn three_workers_never_run_more_than_the_cap_of_one_key(e: Env) {
         peaks.insert(k, peak);
     }
     let over: Vec<_> = peaks.iter().filter(|(_, p)| **p > CAP as i32).collect();
-    assert!(over.is_empty(), "more than {CAP} running of a key: {over:?}");
+    assert!(
+        over.is_empty(),
+        "more than {CAP} running of a key: {over:?}"
+    );
     assert!(
         peaks.values().any(|p| *p == CAP as i32),
         "the cap was never reached: {peaks:?}"
