@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::tasks::{claim_ids, claim_pick};
+use super::tasks::{claim_ids, claim_pick, lock_queue_row};
 use super::{marks, MyBackend};
 use crate::error::StoreError;
 use crate::store::{Task, TaskClaim};
@@ -25,13 +25,7 @@ pub(super) async fn task_claim(
 ) -> Result<Vec<Task>, StoreError> {
     let t = &b.names.tasks;
     let mut tx = b.begin().await?;
-    sqlx::query(&format!(
-        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
-        b.names.queues
-    ))
-    .bind(req.queue)
-    .execute(&mut *tx)
-    .await?;
+    lock_queue_row(b, &mut tx, req.queue).await?;
     // Every running task of the queue, by key (NULL: no key), from the
     // `claim` index's (queue, state) prefix: bounded by the workers' slots.
     let counts: Vec<(Option<Vec<u8>>, i64)> = sqlx::query_as(&format!(

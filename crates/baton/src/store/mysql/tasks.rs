@@ -447,15 +447,7 @@ pub(super) async fn task_claim(
         return b.claim_in_two_batches(req, limit + walk_extra).await;
     };
     let mut tx = b.begin().await?;
-    // Claimers of a capped queue take turns on its row, so each
-    // counts the running tasks after the previous one committed.
-    sqlx::query(&format!(
-        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
-        b.names.queues
-    ))
-    .bind(req.queue)
-    .execute(&mut *tx)
-    .await?;
+    lock_queue_row(b, &mut tx, req.queue).await?;
     let running: i64 = sqlx::query_scalar(&format!(
         "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
     ))
@@ -476,6 +468,24 @@ pub(super) async fn task_claim(
         .await?;
     let ids = claim_pick(rows, req, cap);
     claim_ids(b, tx, req, &ids).await
+}
+
+/// Lock `queue`'s row in `<p>queues` (inserting it if need be) until
+/// `tx` ends: claimers of a capped queue take turns on it, so each counts
+/// the running tasks after the previous one committed.
+pub(super) async fn lock_queue_row(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    queue: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(&format!(
+        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
+        b.names.queues
+    ))
+    .bind(queue)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// The end of a capped claim: start the attempts of `ids` (rows `tx`

@@ -219,33 +219,25 @@ impl Backend for PgBackend {
                     .bind(format!("{}:{}", self.names.chan, req.queue))
                     .execute(&mut *tx)
                     .await?;
-                let rows = match per_key {
-                    None => {
-                        self.q(self.sql.claim(walk, Cap::Queue))
-                            .bind(req.queue)
-                            .bind(req.worker)
-                            .bind(dur(req.lease))
-                            .bind(i64::from(req.limit))
-                            .bind(max.map(i64::from))
-                            .bind(i64::from(req.buffered))
-                            .fetch_all(&mut *tx)
-                            .await?
-                    }
-                    // The walk takes four times as many rows: keys with
-                    // one place left must not fill it on their own.
-                    Some(per_key) => {
-                        self.q(self.sql.claim(walk.saturating_mul(4), Cap::Key))
-                            .bind(req.queue)
-                            .bind(req.worker)
-                            .bind(dur(req.lease))
-                            .bind(i64::from(req.limit))
-                            .bind(max.map(i64::from))
-                            .bind(i64::from(req.buffered))
-                            .bind(i64::from(per_key))
-                            .fetch_all(&mut *tx)
-                            .await?
-                    }
+                // Under a per-key cap the walk takes four times as many
+                // rows: keys with one place left must not fill it on their
+                // own.
+                let sql = match per_key {
+                    None => self.sql.claim(walk, Cap::Queue),
+                    Some(_) => self.sql.claim(walk.saturating_mul(4), Cap::Key),
                 };
+                let mut q = self
+                    .q(sql)
+                    .bind(req.queue)
+                    .bind(req.worker)
+                    .bind(dur(req.lease))
+                    .bind(i64::from(req.limit))
+                    .bind(max.map(i64::from))
+                    .bind(i64::from(req.buffered));
+                if let Some(per_key) = per_key {
+                    q = q.bind(i64::from(per_key));
+                }
+                let rows = q.fetch_all(&mut *tx).await?;
                 tx.commit().await?;
                 rows
             }
