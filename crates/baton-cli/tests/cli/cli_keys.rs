@@ -16,11 +16,11 @@ per_backend! {
 }
 
 const KEYS: usize = 20;
-const PER_KEY: usize = 6;
+const PER_KEY: usize = 10;
 const CAP: usize = 2;
 
 /// The check, scaled: 3 `baton work` processes × 8 slots, 20 keys
-/// × 6 tasks with a cap of 2 per key (one worker takes the cap from a
+/// × 10 tasks with a cap of 2 per key (one worker takes the cap from a
 /// config file's `[[queue]]`, two from `--per-key-max-running`). Each
 /// command appends `key start end id` (its own clock readings, inside the
 /// store's running time) to a ledger: sweeping those intervals, no key
