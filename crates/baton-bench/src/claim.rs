@@ -136,6 +136,7 @@ pub(super) async fn claim_round(
                         limit: batch,
                         lease: Duration::from_secs(60),
                         max_running: None,
+                        per_key_max_running: None,
                         buffered: 0,
                     })
                     .await?;

@@ -28,6 +28,11 @@ pub struct EnqueueArgs {
     /// Keep the key taken after the task finished (until pruned).
     #[arg(long, requires = "key")]
     pub key_forever: bool,
+    /// Concurrency key (e.g. customer:42): a worker whose queue has a
+    /// per-key cap (`--per-key-max-running`) runs at most that many tasks
+    /// of one key at once, across every worker.
+    #[arg(long, value_name = "KEY")]
+    pub concurrency_key: Option<String>,
     /// Priority from -100 to 100; lower runs first.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = priority_arg)]
     pub priority: i32,
@@ -79,6 +84,9 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     if let Some(tp) = &a.traceparent {
         t = t.traceparent(tp);
     }
+    if let Some(k) = &a.concurrency_key {
+        t = t.concurrency_key(k);
+    }
     // Validate before connecting, so bad input never touches the store.
     t.clone().build().map_err(Error::from)?;
     let store = connect(&a.store).await.context("connecting to the store")?;
@@ -122,6 +130,12 @@ pub struct WorkArgs {
     /// config queue's `max_running`, else no cap].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_running: Option<u32>,
+    /// Cluster-wide cap per concurrency key, per queue: at most N tasks of
+    /// one `--concurrency-key` run at once across every `baton
+    /// work`/`serve` that passes it [default: the config queue's
+    /// `per_key_max_running`, else no cap].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub per_key_max_running: Option<u32>,
     /// Lease per attempt; heartbeats renew it every third of it (at least
     /// 30ms) [default: the config queue's `lease`, else 30s].
     #[arg(long, value_parser = lease_arg)]
@@ -207,6 +221,9 @@ fn work_queues(
                     .or(from.map(|q| q.lease))
                     .unwrap_or(crate::config::DEFAULT_LEASE),
                 max_running: a.max_running.or(from.and_then(|q| q.max_running)),
+                per_key_max_running: a
+                    .per_key_max_running
+                    .or(from.and_then(|q| q.per_key_max_running)),
                 name,
             }
         })
@@ -420,6 +437,9 @@ fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
     if let Some(k) = &t.unique_key {
         f.push(("key", k.clone()));
     }
+    if let Some(k) = &t.concurrency_key {
+        f.push(("concurrency key", k.clone()));
+    }
     // The last error (or a skipped slot's reason, which no attempt made).
     if let Some(e) = &t.last_error {
         f.push(("last error", e.clone()));
@@ -485,6 +505,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 ("QUEUE", Align::Left),
                 ("ATTEMPT", Align::Right),
                 ("RUN_AT", Align::Left),
+                ("CONC_KEY", Align::Left),
                 ("COMMAND/KIND", Align::Left),
             ]);
             for task in &list {
@@ -498,6 +519,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                     task.queue.clone(),
                     format!("{}/{}", task.attempt, task.max_attempts),
                     output::ts(task.run_at),
+                    task.concurrency_key.clone().unwrap_or_else(|| "-".into()),
                     what,
                 ]);
             }

@@ -57,6 +57,9 @@ pub fn queue_workers(
         if let Some(m) = q.max_running {
             cfg = cfg.max_running(q.name.clone(), m);
         }
+        if let Some(m) = q.per_key_max_running {
+            cfg = cfg.per_key_max_running(q.name.clone(), m);
+        }
         cfg.validate().map_err(|mut e| {
             e.problem = format!("queue {:?}: {}", q.name, e.problem);
             baton::Error::Invalid(e)

@@ -84,6 +84,7 @@ fn child(file: std::path::PathBuf) {
                 limit: 1,
                 lease: LEASE,
                 max_running: None,
+                per_key_max_running: None,
                 buffered: 0,
             })
             .await

@@ -36,6 +36,7 @@ fn task(w: usize, b: usize, k: usize) -> NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 

@@ -26,6 +26,7 @@ fn task(queue: &str, key: Option<&str>) -> NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -79,6 +80,7 @@ async fn outbox_commits_with_the_callers_transaction() {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await
@@ -142,6 +144,7 @@ async fn racing_capped_claims_never_overshoot() {
                         limit: 10,
                         lease: Duration::from_secs(30),
                         max_running: Some(3 * (round + 1)),
+                        per_key_max_running: None,
                         buffered: 0,
                     })
                     .await
@@ -225,6 +228,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await

@@ -73,6 +73,7 @@ fn task(queue: &str) -> NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -83,6 +84,7 @@ fn claim_req<'a>(queue: &'a str, limit: u32, lease: Duration) -> TaskClaim<'a> {
         limit,
         lease,
         max_running: None,
+        per_key_max_running: None,
         buffered: 0,
     }
 }

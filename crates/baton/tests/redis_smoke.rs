@@ -70,6 +70,7 @@ fn nt(queue: &str) -> NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -80,6 +81,7 @@ fn creq<'a>(queue: &'a str, limit: u32, lease_ms: u64) -> TaskClaim<'a> {
         limit,
         lease: Duration::from_millis(lease_ms),
         max_running: None,
+        per_key_max_running: None,
         buffered: 0,
     }
 }

@@ -58,6 +58,7 @@ fn task(queue: &str) -> NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -68,6 +69,7 @@ fn claim_req(queue: &str, limit: u32, lease: Duration) -> TaskClaim<'_> {
         limit,
         lease,
         max_running: None,
+        per_key_max_running: None,
         buffered: 0,
     }
 }
@@ -342,6 +344,7 @@ async fn concurrent_workers_timing() {
                         limit: 10,
                         lease: LONG,
                         max_running: None,
+                        per_key_max_running: None,
                         buffered: 0,
                     })
                     .await

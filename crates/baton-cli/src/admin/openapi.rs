@@ -168,6 +168,11 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                     ("timeout", "string", "timeout per attempt, e.g. 5m"),
                     ("key", "string", "idempotency key"),
                     ("key_forever", "boolean", "keep the key after the task finished"),
+                    (
+                        "concurrency_key",
+                        "string",
+                        "concurrency key, e.g. customer:42 (a queue's per_key_max_running caps it)",
+                    ),
                 ],
                 ..r(
                     "post",

@@ -12,6 +12,7 @@
 //! concurrency = 2                    # default 1
 //! lease = "30s"                      # default 30s
 //! # max_running = 5                  # cluster-wide cap, all instances together
+//! # per_key_max_running = 2          # cluster-wide cap per concurrency key
 //!
 //! [[job]]
 //! name = "tick"
@@ -405,6 +406,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 concurrency: 1,
                 lease: DEFAULT_LEASE,
                 max_running: None,
+                per_key_max_running: None,
             });
         } else {
             return Err(ConfigError::invalid(

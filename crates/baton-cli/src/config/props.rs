@@ -63,7 +63,14 @@ const JOB_KEYS: &[&str] = &[
     "priority",
     "bogus",
 ];
-const QUEUE_KEYS: &[&str] = &["name", "concurrency", "lease", "max_running", "bogus"];
+const QUEUE_KEYS: &[&str] = &[
+    "name",
+    "concurrency",
+    "lease",
+    "max_running",
+    "per_key_max_running",
+    "bogus",
+];
 
 /// A config file of a few `[[job]]` and `[[queue]]` tables with random keys.
 fn config_text() -> impl Strategy<Value = String> {

@@ -1,4 +1,4 @@
-//! `[[queue]]` tables: names, concurrency, lease and the cluster-wide cap.
+//! `[[queue]]` tables: names, concurrency, lease and the cluster-wide caps.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -21,6 +21,9 @@ pub struct QueueConfig {
     /// At most this many of the queue's tasks run at once across every
     /// instance (`None`: no cluster-wide cap).
     pub max_running: Option<u32>,
+    /// At most this many of the queue's tasks with the same concurrency
+    /// key run at once across every instance (`None`: no per-key cap).
+    pub per_key_max_running: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -30,6 +33,7 @@ pub(super) struct RawQueue {
     concurrency: Option<i64>,
     lease: Option<String>,
     max_running: Option<i64>,
+    per_key_max_running: Option<i64>,
 }
 
 /// Validate the `[[queue]]` tables, in file order.
@@ -75,11 +79,16 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
             .max_running
             .map(|m| ranged(&owner, "max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32))
             .transpose()?;
+        let per_key_max_running = q
+            .per_key_max_running
+            .map(|m| ranged(&owner, "per_key_max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32))
+            .transpose()?;
         queues.push(QueueConfig {
             name: q.name,
             concurrency,
             lease,
             max_running,
+            per_key_max_running,
         });
     }
 

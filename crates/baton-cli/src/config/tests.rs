@@ -18,6 +18,7 @@ lease = "30s"
 [[queue]]
 name = "slow"
 max_running = 3
+per_key_max_running = 2
 
 [[job]]
 name = "tick"
@@ -80,12 +81,14 @@ fn parses_a_full_file() {
                 concurrency: 2,
                 lease: Duration::from_secs(30),
                 max_running: None,
+                per_key_max_running: None,
             },
             QueueConfig {
                 name: "slow".into(),
                 concurrency: 1,
                 lease: DEFAULT_LEASE,
                 max_running: Some(3),
+                per_key_max_running: Some(2),
             },
         ]
     );
@@ -247,6 +250,7 @@ fn empty_file_and_jobs_only() {
             concurrency: 1,
             lease: DEFAULT_LEASE,
             max_running: None,
+            per_key_max_running: None,
         }]
     );
     // ...and not added for lock-mode jobs.
@@ -408,6 +412,11 @@ fn range_errors() {
     assert_eq!(
         e.to_string(),
         "queue \"q\": max_running: 0 is out of range; use 1..=10000"
+    );
+    let e = err("[[queue]]\nname = \"q\"\nper_key_max_running = 0\n");
+    assert_eq!(
+        e.to_string(),
+        "queue \"q\": per_key_max_running: 0 is out of range; use 1..=10000"
     );
     let e = err("[[queue]]\nname = \"q\"\nconcurrency = 0\n");
     assert_eq!(

@@ -153,6 +153,20 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
     }
     let (code, body) = post(a, "/api/v1/tasks", json!({"queue": "parked"}));
     assert_eq!((code, &body["field"]), (400, &json!("command")), "{body}");
+    // A concurrency key is kept on the task and shown by the API.
+    let (code, body) = post(
+        a,
+        "/api/v1/tasks",
+        json!({"command": ["true"], "queue": "keyed", "concurrency_key": "customer:42"}),
+    );
+    assert_eq!(code, 201, "{body}");
+    let keyed = body["id"].as_i64().unwrap();
+    let (code, body) = get(a, &format!("/api/v1/tasks/{keyed}"));
+    assert_eq!(
+        (code, &body["concurrency_key"]),
+        (200, &json!("customer:42")),
+        "{body}"
+    );
     let (code, body) = post(
         a,
         "/api/v1/tasks",

@@ -115,6 +115,24 @@ fn catalogue() -> Vec<Case> {
             &["unique key: is 0 bytes", "use 1 to 1024 bytes"],
         ),
         case(
+            "empty concurrency key",
+            &["enqueue", "--concurrency-key", "", "--", "true"],
+            2,
+            &["concurrency_key: is 0 bytes", "use 1 to 255 bytes"],
+        ),
+        case(
+            "concurrency key with a control character",
+            &["enqueue", "--concurrency-key", "a\u{1}b", "--", "true"],
+            2,
+            &["concurrency_key:", "control character"],
+        ),
+        case(
+            "zero per-key cap",
+            &["work", "--per-key-max-running", "0"],
+            2,
+            &["--per-key-max-running", "0 is not in 1.."],
+        ),
+        case(
             "slot-shaped key",
             &["enqueue", "--key", "job|2026-01-01T00:00:00Z", "--", "true"],
             2,
@@ -499,6 +517,11 @@ fn catalogue() -> Vec<Case> {
             &["queue \"q\": concurrency: 0 is out of range", "1..=10000"],
         ),
         config(
+            "zero per-key cap",
+            "[[queue]]\nname = \"q\"\nper_key_max_running = 0\n",
+            &["queue \"q\": per_key_max_running: 0 is out of range", "1..=10000"],
+        ),
+        config(
             "queue lease not a duration",
             "[[queue]]\nname = \"q\"\nlease = \"soon\"\n",
             &["queue \"q\": lease:", DURATION_FORM],
@@ -583,6 +606,19 @@ fn catalogue() -> Vec<Case> {
         config: None,
         code: 2,
         want: vec!["lock name: is 300 bytes long", "at most 255 bytes"],
+    });
+    v.push(Case {
+        what: "concurrency key 300 bytes",
+        args: vec![
+            "enqueue".into(),
+            "--concurrency-key".into(),
+            "c".repeat(300),
+            "--".into(),
+            "true".into(),
+        ],
+        config: None,
+        code: 2,
+        want: vec!["concurrency_key: is 300 bytes", "use 1 to 255 bytes"],
     });
     v.push(Case {
         what: "key 2000 bytes",
@@ -1027,6 +1063,27 @@ fn http_catalogue() -> Vec<HttpCase> {
             400,
             Some("unique key"),
             &["use 1 to 1024 bytes"],
+        ),
+        http(
+            "empty concurrency key",
+            "POST",
+            t,
+            r#"{"command": ["true"], "concurrency_key": ""}"#,
+            400,
+            Some("concurrency_key"),
+            &["use 1 to 255 bytes"],
+        ),
+        http(
+            "concurrency key 300 bytes",
+            "POST",
+            t,
+            &format!(
+                r#"{{"command": ["true"], "concurrency_key": "{}"}}"#,
+                "c".repeat(300)
+            ),
+            400,
+            Some("concurrency_key"),
+            &["is 300 bytes", "use 1 to 255 bytes"],
         ),
         // --- durations and times ---
         http(

@@ -16,6 +16,7 @@ mod cli_edges;
 mod cli_first_hour;
 mod cli_fleet_budget;
 mod cli_freeze;
+mod cli_keys;
 mod cli_lock;
 mod cli_logs;
 /// Spans exported over OTLP (`--features otel`).

@@ -45,6 +45,7 @@ pub struct WorkerConfig {
     pub(super) rescue: bool,
     pub(super) retention: Option<Duration>,
     pub(super) max_running: BTreeMap<String, u32>,
+    pub(super) per_key_max_running: BTreeMap<String, u32>,
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
     pub(super) prefetch: Option<Prefetch>,
@@ -89,6 +90,7 @@ impl Default for WorkerConfig {
             rescue: true,
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
+            per_key_max_running: BTreeMap::new(),
             free_slot_on_return: None,
             result_batches_in_flight: None,
             prefetch: None,
@@ -196,6 +198,26 @@ impl WorkerConfig {
         self
     }
 
+    /// Cap each concurrency key of `queue` at `max` running tasks across
+    /// every worker of the cluster: at most this many tasks with the same
+    /// [`concurrency_key`](super::TaskBuilder::concurrency_key) (e.g.
+    /// `customer:42`) run at once; the rest wait pending, no attempt
+    /// counted, while tasks of other keys (and tasks without a key) are
+    /// claimed as usual. Every worker serving the queue should declare the
+    /// same cap: a claimer without it does not look at keys. Such queues
+    /// never prefetch (a buffered task counts as running).
+    ///
+    /// ```
+    /// use baton::queue::WorkerConfig;
+    /// // At most 2 exports per customer at once, cluster-wide.
+    /// let cfg = WorkerConfig::default().queue("exports", 8).per_key_max_running("exports", 2);
+    /// assert_eq!(cfg.per_key_max_running_of("exports"), Some(2));
+    /// ```
+    pub fn per_key_max_running(mut self, queue: impl Into<String>, max: u32) -> Self {
+        self.per_key_max_running.insert(queue.into(), max);
+        self
+    }
+
     /// Free a handler's slot as soon as it returns: its result is still
     /// being written, and the attempt stays leased and heartbeated until the
     /// store answers; at most `concurrency` plus the
@@ -226,7 +248,8 @@ impl WorkerConfig {
     /// not started once its lease is too close to its end to run (it is
     /// handed back instead), and on shutdown it is handed back unstarted
     /// (the attempt is not counted). Queues under a cluster-wide
-    /// [`max_running`](Self::max_running) cap never prefetch (a buffered
+    /// [`max_running`](Self::max_running) or
+    /// [`per_key_max_running`](Self::per_key_max_running) cap never prefetch (a buffered
     /// task counts as running). Default: an adaptive buffer of at most
     /// 512 ([`prefetch_up_to`](Self::prefetch_up_to)).
     pub fn prefetch(mut self, n: usize) -> Self {
@@ -332,6 +355,18 @@ impl WorkerConfig {
         self.max_running.get(queue).copied()
     }
 
+    /// The cluster-wide cap on the running tasks of each concurrency key
+    /// of `queue`, if any ([`per_key_max_running`](Self::per_key_max_running)).
+    pub fn per_key_max_running_of(&self, queue: &str) -> Option<u32> {
+        self.per_key_max_running.get(queue).copied()
+    }
+
+    /// Whether claims of `queue` are capped (whole queue or per key), so
+    /// that a buffered task would hold a running place.
+    pub(super) fn capped(&self, queue: &str) -> bool {
+        self.max_running.contains_key(queue) || self.per_key_max_running.contains_key(queue)
+    }
+
     /// Check every field (queues, concurrency, caps, lease, intervals);
     /// [`Worker::new`](super::Worker::new) does this. A cap
     /// ([`max_running`](Self::max_running)) on a queue the worker does not
@@ -358,21 +393,26 @@ impl WorkerConfig {
                 ));
             }
         }
-        for (q, m) in &self.max_running {
-            if !self.queues.iter().any(|(served, _)| served == q) {
-                return Err(InvalidInput::new(
-                    "max_running",
-                    format!(
-                        "queue {q:?}: this worker does not serve it; serve it with \
-                         .queue({q:?}, n) or drop the cap"
-                    ),
-                ));
-            }
-            if *m == 0 {
-                return Err(InvalidInput::new(
-                    "max_running",
-                    format!("queue {q:?}: must be at least 1 (or no cap at all)"),
-                ));
+        for (field, caps) in [
+            ("max_running", &self.max_running),
+            ("per_key_max_running", &self.per_key_max_running),
+        ] {
+            for (q, m) in caps {
+                if !self.queues.iter().any(|(served, _)| served == q) {
+                    return Err(InvalidInput::new(
+                        field,
+                        format!(
+                            "queue {q:?}: this worker does not serve it; serve it with \
+                             .queue({q:?}, n) or drop the cap"
+                        ),
+                    ));
+                }
+                if *m == 0 {
+                    return Err(InvalidInput::new(
+                        field,
+                        format!("queue {q:?}: must be at least 1 (or no cap at all)"),
+                    ));
+                }
             }
         }
         if self.lease < MIN_LEASE {

@@ -55,6 +55,9 @@ pub const DEFAULT_QUEUE: &str = "default";
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -100..=100;
 /// The longest accepted unique key, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
+/// The longest accepted concurrency key ([`TaskBuilder::concurrency_key`]),
+/// in bytes.
+pub const MAX_CONCURRENCY_KEY_LEN: usize = 255;
 /// Attempts when none are given.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// The largest accepted payload, in bytes of JSON (8 MiB): every store
@@ -85,6 +88,33 @@ fn json_len(v: &serde_json::Value) -> usize {
     c.0
 }
 
+/// Check a concurrency key: 1 to [`MAX_CONCURRENCY_KEY_LEN`] bytes without
+/// control characters (field `concurrency_key`).
+///
+/// ```
+/// assert!(baton::queue::validate_concurrency_key("customer:42").is_ok());
+/// let e = baton::queue::validate_concurrency_key("").unwrap_err();
+/// assert_eq!(e.field, "concurrency_key");
+/// ```
+pub fn validate_concurrency_key(k: &str) -> Result<(), InvalidInput> {
+    if k.is_empty() || k.len() > MAX_CONCURRENCY_KEY_LEN {
+        return Err(InvalidInput::new(
+            "concurrency_key",
+            format!(
+                "is {} bytes; use 1 to {MAX_CONCURRENCY_KEY_LEN} bytes (e.g. customer:42)",
+                k.len()
+            ),
+        ));
+    }
+    if k.chars().any(char::is_control) {
+        return Err(InvalidInput::new(
+            "concurrency_key",
+            format!("{k:?} contains a control character; use printable text (e.g. customer:42)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Builds a [`NewTask`], validating every field.
 #[derive(Debug, Clone)]
 #[must_use = "a TaskBuilder enqueues nothing until it is passed to Queue::enqueue"]
@@ -110,6 +140,7 @@ impl TaskBuilder {
                 job: None,
                 slot: None,
                 traceparent: None,
+                concurrency_key: None,
             },
         }
     }
@@ -147,6 +178,25 @@ impl TaskBuilder {
     /// returns the same task.
     pub fn unique_key(mut self, k: impl Into<String>) -> Self {
         self.task.unique_key = Some(k.into());
+        self
+    }
+    /// The task's concurrency key (e.g. `customer:42`; 1 to
+    /// [`MAX_CONCURRENCY_KEY_LEN`] bytes, no control characters): a worker
+    /// whose queue declares
+    /// [`WorkerConfig::per_key_max_running`] starts at most that many
+    /// tasks of one key at once, across the whole cluster; the others wait
+    /// pending (no attempt counted) while tasks of other keys run.
+    ///
+    /// ```
+    /// use baton::queue::TaskBuilder;
+    /// let t = TaskBuilder::new("export", serde_json::json!({"customer": 42}))
+    ///     .concurrency_key("customer:42")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(t.concurrency_key.as_deref(), Some("customer:42"));
+    /// ```
+    pub fn concurrency_key(mut self, k: impl Into<String>) -> Self {
+        self.task.concurrency_key = Some(k.into());
         self
     }
     /// Keep the key taken after the task finished (until it is pruned).
@@ -215,6 +265,9 @@ impl TaskBuilder {
                 "timeout",
                 "must be greater than 0 (e.g. 30s, 5m)",
             ));
+        }
+        if let Some(k) = &t.concurrency_key {
+            validate_concurrency_key(k)?;
         }
         check_run_at(&t.run_at)?;
         if let Some(k) = &t.unique_key {

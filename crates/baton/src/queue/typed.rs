@@ -85,6 +85,14 @@ pub trait TaskArgs: Serialize + DeserializeOwned + Send + 'static {
     fn backoff() -> Option<Backoff> {
         None
     }
+
+    /// The concurrency key of this task, taken from its arguments (e.g.
+    /// `Some(format!("customer:{}", self.customer))`); `None` (the
+    /// default) uses [`InsertOpts::concurrency_key`]. See
+    /// [`TaskBuilder::concurrency_key`].
+    fn concurrency_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Default insert options of a [`TaskArgs`] kind (see
@@ -100,6 +108,10 @@ pub struct InsertOpts {
     pub max_attempts: Option<u32>,
     /// Handler timeout per attempt (default none).
     pub timeout: Option<Duration>,
+    /// A concurrency key shared by every task of the kind (default none;
+    /// a key taken from the arguments is [`TaskArgs::concurrency_key`]'s,
+    /// which wins over this one). See [`TaskBuilder::concurrency_key`].
+    pub concurrency_key: Option<String>,
 }
 
 /// `args` as a task payload; [`InvalidInput`] (field `payload`) when it
@@ -133,6 +145,9 @@ impl TaskBuilder {
         }
         if let Some(t) = opts.timeout {
             b = b.timeout(t);
+        }
+        if let Some(k) = args.concurrency_key().or(opts.concurrency_key) {
+            b = b.concurrency_key(k);
         }
         Ok(b)
     }

@@ -20,7 +20,8 @@ use crate::error::StoreError;
 /// [`task_info`] reads them (the same names on every SQL backend).
 pub(crate) const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, \
      max_attempts, timeout_ms, run_at, created_at, started_at, finished_at, lease_until, \
-     worker, unique_key, cancel_requested, last_error, errors, progress, job, slot, traceparent";
+     worker, unique_key, cancel_requested, last_error, errors, progress, job, slot, traceparent, \
+     concurrency_key";
 
 /// The columns a claim returns, read into a [`Task`] by [`claimed_task`].
 pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
@@ -149,6 +150,7 @@ pub(crate) fn task_info(row: &impl SqlRow) -> Result<TaskInfo, StoreError> {
         job: row.opt_text("job")?,
         slot: row.opt_time("slot")?,
         traceparent: row.opt_text("traceparent")?,
+        concurrency_key: row.opt_text("concurrency_key")?,
     })
 }
 

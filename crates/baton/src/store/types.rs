@@ -171,6 +171,11 @@ pub struct NewTask {
     /// The enqueuer's W3C trace context (`traceparent`, validated by
     /// `queue::TaskBuilder`): the worker's attempt span links to it.
     pub traceparent: Option<String>,
+    /// The task's concurrency key (e.g. `customer:42`, validated by
+    /// `queue::TaskBuilder`): a claim with
+    /// [`TaskClaim::per_key_max_running`] starts at most that many tasks
+    /// of one key at once, across the cluster. `None`: not limited per key.
+    pub concurrency_key: Option<String>,
 }
 
 /// The result of enqueueing one [`NewTask`].
@@ -198,6 +203,15 @@ pub struct TaskClaim<'a> {
     /// (none when that is zero or less), decided atomically with the claim
     /// so that concurrent claimers never overshoot. `None`: no cap.
     pub max_running: Option<u32>,
+    /// A cluster-wide cap on the running tasks of each concurrency key
+    /// ([`NewTask::concurrency_key`]) in this queue: a due task whose key
+    /// already has this many tasks running anywhere (counting those this
+    /// claim takes) is stepped over and stays pending, untouched (no
+    /// attempt counted), and the claim takes the next eligible ones.
+    /// Decided atomically with the claim, like `max_running`, so racing
+    /// claimers never overshoot. Tasks without a key are not limited.
+    /// `None`: no per-key cap.
+    pub per_key_max_running: Option<u32>,
     /// Of `limit`, how many the worker will hold unstarted (a prefetch
     /// buffer) rather than start at once. The claim takes the first
     /// `limit - buffered` due tasks in order as usual, then up to
@@ -394,6 +408,9 @@ pub struct TaskInfo {
     /// The enqueuer's W3C trace context, if the enqueue carried one.
     #[serde(default)]
     pub traceparent: Option<String>,
+    /// Its concurrency key, if it has one ([`NewTask::concurrency_key`]).
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
 }
 
 mod opt_duration_ms {

@@ -17,6 +17,7 @@
 
 mod identity;
 mod idle;
+mod keys;
 mod locks;
 mod model;
 mod queue;
@@ -78,6 +79,9 @@ baton_testkit::per_backend! {
     queue::inspect_list_stats_prune,
     queue::worker_counters_count_outcomes,
     queue::max_running_caps_the_whole_cluster,
+    keys::per_key_cap_holds_under_16_racing_claimers,
+    keys::saturated_key_does_not_hold_back_other_keys,
+    keys::workers_run_one_per_key_and_start_the_next_at_once,
     queue::stale_claim_after_hand_back_is_refused,
     queue::resent_finish_many_changes_nothing,
     queue::cancel_requested_then_retryable_failure_cancels,

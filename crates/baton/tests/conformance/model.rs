@@ -892,6 +892,7 @@ impl Real<'_> {
                         job: None,
                         slot: None,
                         traceparent: None,
+                        concurrency_key: None,
                     })
                     .collect();
                 let got = b
@@ -921,6 +922,7 @@ impl Real<'_> {
                         limit: *limit,
                         lease: LONG,
                         max_running: *cap,
+                        per_key_max_running: None,
                         buffered: 0,
                     })
                     .await

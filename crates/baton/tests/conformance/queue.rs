@@ -29,6 +29,7 @@ async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::
             limit: n,
             lease: Duration::from_millis(lease_ms),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await
@@ -137,6 +138,7 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
         limit,
         lease: Duration::from_secs(10),
         max_running: None,
+        per_key_max_running: None,
         buffered,
     };
     let claim_ids = |limit, buffered| {
@@ -1536,6 +1538,7 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -1608,6 +1611,7 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: Some(5),
+            per_key_max_running: None,
             buffered: 0,
         })
         .await

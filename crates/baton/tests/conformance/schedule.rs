@@ -231,6 +231,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
             limit: 1,
             lease: Duration::from_secs(5),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await
@@ -562,6 +563,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
             limit: 10,
             lease: Duration::from_secs(5),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await
@@ -1176,6 +1178,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
             limit: 1,
             lease: Duration::from_secs(30),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await

@@ -24,6 +24,7 @@ async fn claim(store: &Store, queue: &str) -> Vec<baton::store::Task> {
             limit: 5,
             lease: Duration::from_secs(10),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await

@@ -77,6 +77,7 @@ async fn claim_one(b: &dyn Backend, queue: &str, lease: Duration) -> Vec<baton::
         limit: 1,
         lease,
         max_running: None,
+        per_key_max_running: None,
         buffered: 0,
     })
     .await

@@ -119,6 +119,7 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
             limit: 1,
             lease: Duration::from_secs(30),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         })
         .await

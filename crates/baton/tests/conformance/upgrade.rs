@@ -525,15 +525,16 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
 /// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
-/// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`.
-/// A fresh store records 6; a version-2 store (the
+/// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
+/// version 7 the tasks' `concurrency_key`.
+/// A fresh store records 7; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 6);
+    assert_eq!(recorded_version(&ts, p).await, 7);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -545,6 +546,7 @@ async fn mysql_versions(ts: TestStore) {
             format!("ALTER TABLE `{p}tasks` DROP COLUMN enqueue_mark"),
             format!("ALTER TABLE `{p}queues` DROP COLUMN paused"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN traceparent"),
+            format!("ALTER TABLE `{p}tasks` DROP COLUMN concurrency_key"),
             format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
         ] {
             sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -556,7 +558,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 6, "upgraded to 6");
+        assert_eq!(recorded_version(&ts, p).await, 7, "upgraded to 7");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -593,6 +595,7 @@ async fn mysql_versions(ts: TestStore) {
             limit: 10,
             lease: Duration::from_secs(30),
             max_running: None,
+            per_key_max_running: None,
             buffered: 0,
         };
         assert!(ub.task_claim(&req).await.unwrap().is_empty(), "paused");
@@ -643,6 +646,7 @@ fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
         job: None,
         slot: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -668,9 +672,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
     if let Kind::Postgres = ts.kind {
-        // Schema 5's indexes (6 added the slot tombstones), on the
-        // upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 6);
+        // Schema 5's indexes (6 added the slot tombstones, 7 the
+        // concurrency key), on the upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 7);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -795,6 +799,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         limit: 5,
         lease: Duration::from_secs(30),
         max_running: None,
+        per_key_max_running: None,
         buffered: 0,
     };
     let got = b.task_claim(&req).await.unwrap();

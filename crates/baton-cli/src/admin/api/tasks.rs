@@ -112,10 +112,11 @@ pub struct EnqueueBody {
     key: Option<String>,
     #[serde(default)]
     key_forever: bool,
+    concurrency_key: Option<String>,
 }
 
 impl Form for EnqueueBody {
-    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" and "key_forever" (true or false)"#;
+    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" and "key_forever" (true or false), "concurrency_key" (e.g. "customer:42")"#;
 }
 
 /// `POST /api/v1/tasks`: enqueue a command task. A `traceparent` request
@@ -135,6 +136,9 @@ pub async fn enqueue(
         .max_attempts(b.max_attempts.unwrap_or(baton::queue::DEFAULT_MAX_ATTEMPTS));
     if let Some(k) = &b.key {
         t = t.unique_key(k).unique_forever(b.key_forever);
+    }
+    if let Some(k) = &b.concurrency_key {
+        t = t.concurrency_key(k);
     }
     match (&b.delay, &b.run_at) {
         (Some(_), Some(_)) => {

@@ -46,7 +46,7 @@ pub(super) async fn claim_into(
 ) {
     let slots = Arc::new(Semaphore::new(concurrency));
     let early = shared.config.free_slot_on_return_on();
-    let capped = shared.config.max_running.contains_key(queue);
+    let capped = shared.config.capped(queue);
     // A buffered task counts as running against a cluster-wide cap: capped
     // queues claim only for free slots.
     let max_prefetch = if capped {
@@ -137,6 +137,7 @@ pub(super) async fn claim_into(
                 limit: u32::try_from(want).unwrap_or(u32::MAX),
                 lease: shared.config.lease,
                 max_running: shared.config.max_running.get(queue).copied(),
+                per_key_max_running: shared.config.per_key_max_running_of(queue),
                 buffered: u32::try_from(want.saturating_sub(free)).unwrap_or(u32::MAX),
             };
             let sent = Instant::now();

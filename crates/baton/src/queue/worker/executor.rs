@@ -98,6 +98,15 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         if let (Some(d), Outcome::Failed | Outcome::Snoozed) = (retry_in, &outcome) {
             let _ = shared.due.send((queue.clone(), Instant::now() + d));
         }
+        if outcome != Outcome::Lost && shared.config.capped(&queue) {
+            // Under a cap (whole queue or per key) the store now counts one
+            // running task less (a retry or a snooze too: it is pending
+            // again): a task waiting on this one's place can start, so
+            // claim now rather than at the next poll (a slot freed when
+            // the handler returned was claimed for before the store had
+            // the result).
+            let _ = shared.due.send((queue.clone(), Instant::now()));
+        }
         let took = sent.elapsed();
         let exit_code = *lock(&ctx.exit_code);
         span.record("outcome", outcome.as_str());

@@ -59,6 +59,7 @@ mod admin;
 mod advance;
 mod backend;
 mod jobs;
+mod keyed;
 mod locks;
 mod rows;
 mod schema;

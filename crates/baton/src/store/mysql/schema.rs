@@ -32,7 +32,15 @@ const UPGRADES: &[Upgrade] = &[
     add_queue_paused,
     add_traceparent,
     add_slot_tombstones,
+    add_concurrency_key,
 ];
+
+/// 6 → 7: each task's concurrency key (a per-key capped claim counts a
+/// queue's running tasks per key through the `claim` index's
+/// `(queue, state)` prefix).
+fn add_concurrency_key(n: &Names) -> Vec<String> {
+    add_column(n, "tasks", "concurrency_key VARBINARY(255) NULL")
+}
 
 /// 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md S1)
 /// and each job's queue.

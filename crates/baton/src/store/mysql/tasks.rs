@@ -14,7 +14,7 @@ use crate::store::{
     Claim, Enqueued, Finish, Heartbeat, NewTask, RunAt, Task, TaskClaim, Wake, CANCEL_REQUESTED,
 };
 
-/// Rows per multi-row `INSERT` (16 placeholders each, well under MySQL's
+/// Rows per multi-row `INSERT` (17 placeholders each, well under MySQL's
 /// 65,535 per statement).
 const INSERT_CHUNK: usize = 1000;
 
@@ -100,10 +100,10 @@ pub(super) async fn insert_tasks(
         run_at.push(at);
     }
     let cols = "(queue, kind, payload, state, priority, run_at, created_at, max_attempts, \
-         timeout_ms, unique_key, unique_forever, job, slot, traceparent, last_error, finished_at, \
-         errors)";
+         timeout_ms, unique_key, unique_forever, job, slot, traceparent, concurrency_key, \
+         last_error, finished_at, errors)";
     let one = "(?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, \
-         ?, ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
+         ?, ?, ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
     let state = if skipped.is_some() {
         "cancelled"
     } else {
@@ -301,6 +301,7 @@ fn bind_task<'q>(
         .bind(t.job.as_deref())
         .bind(t.slot.map(trunc_us))
         .bind(t.traceparent.as_deref())
+        .bind(t.concurrency_key.as_deref())
         .bind(skipped)
         .bind(skipped.is_some())
 }
@@ -398,7 +399,7 @@ impl MyBackend {
 /// once, the later ones only with an attempt to spare
 /// (`TaskClaim::buffered`). The others stay locked, unchanged, until
 /// the claim commits.
-fn claim_pick(rows: Vec<(i64, i64)>, req: &TaskClaim<'_>, limit: u32) -> Vec<i64> {
+pub(super) fn claim_pick(rows: Vec<(i64, i64)>, req: &TaskClaim<'_>, limit: u32) -> Vec<i64> {
     let now_share = req.limit.saturating_sub(req.buffered) as usize;
     rows.into_iter()
         .enumerate()
@@ -439,19 +440,14 @@ pub(super) async fn task_claim(
     let walk_extra = i64::from(req.buffered.min(req.limit));
     // Uncapped (the common case): two round trips in all, each a batch
     // of statements sent as text (see `MyBackend::batch`).
+    if let Some(per_key) = req.per_key_max_running {
+        return super::keyed::task_claim(b, req, per_key, limit + walk_extra).await;
+    }
     let Some(max) = req.max_running else {
         return b.claim_in_two_batches(req, limit + walk_extra).await;
     };
     let mut tx = b.begin().await?;
-    // Claimers of a capped queue take turns on its row, so each
-    // counts the running tasks after the previous one committed.
-    sqlx::query(&format!(
-        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
-        b.names.queues
-    ))
-    .bind(req.queue)
-    .execute(&mut *tx)
-    .await?;
+    lock_queue_row(b, &mut tx, req.queue).await?;
     let running: i64 = sqlx::query_scalar(&format!(
         "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
     ))
@@ -471,6 +467,35 @@ pub(super) async fn task_claim(
         .fetch_all(&mut *tx)
         .await?;
     let ids = claim_pick(rows, req, cap);
+    claim_ids(b, tx, req, &ids).await
+}
+
+/// Lock `queue`'s row in `<p>queues` (inserting it if need be) until
+/// `tx` ends: claimers of a capped queue take turns on it, so each counts
+/// the running tasks after the previous one committed.
+pub(super) async fn lock_queue_row(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    queue: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(&format!(
+        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
+        b.names.queues
+    ))
+    .bind(queue)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The end of a capped claim: start the attempts of `ids` (rows `tx`
+/// holds locked), read them back, commit; nothing to claim rolls back.
+pub(super) async fn claim_ids(
+    b: &MyBackend,
+    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaim<'_>,
+    ids: &[i64],
+) -> Result<Vec<Task>, StoreError> {
     if ids.is_empty() {
         tx.rollback().await?;
         return Ok(Vec::new());
@@ -478,13 +503,13 @@ pub(super) async fn task_claim(
     let list = marks(ids.len());
     let update = b.claim_update(&list, "?", "?");
     let mut u = sqlx::query(&update).bind(us(req.lease)).bind(req.worker);
-    for id in &ids {
+    for id in ids {
         u = u.bind(id);
     }
     u.execute(&mut *tx).await?;
     let read = b.claim_read(&list);
     let mut s = sqlx::query(&read);
-    for id in &ids {
+    for id in ids {
         s = s.bind(id);
     }
     let rows = s.fetch_all(&mut *tx).await?;

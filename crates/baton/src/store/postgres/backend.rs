@@ -10,7 +10,7 @@ use sqlx::Row;
 use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
-use super::sql::FinishKind;
+use super::sql::{Cap, FinishKind};
 use super::{dur, listener, schema, PgBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::{
@@ -199,9 +199,9 @@ impl Backend for PgBackend {
         // The locking walk's bound: with a buffer share it may step over
         // as many tasks on their last attempt (see `Sql::claim`).
         let walk = req.limit.saturating_add(req.buffered.min(req.limit));
-        let rows = match req.max_running {
-            None => {
-                self.q(self.sql.claim(walk, false))
+        let rows = match (req.max_running, req.per_key_max_running) {
+            (None, None) => {
+                self.q(self.sql.claim(walk, Cap::None))
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
@@ -210,7 +210,7 @@ impl Backend for PgBackend {
                     .fetch_all(self.exec())
                     .await?
             }
-            Some(max) => {
+            (max, per_key) => {
                 // Claimers of a capped queue take turns (a transaction-scoped
                 // advisory lock per queue), so each one counts the running
                 // tasks after the previous one committed.
@@ -219,16 +219,25 @@ impl Backend for PgBackend {
                     .bind(format!("{}:{}", self.names.chan, req.queue))
                     .execute(&mut *tx)
                     .await?;
-                let rows = self
-                    .q(self.sql.claim(walk, true))
+                // Under a per-key cap the walk takes four times as many
+                // rows: keys with one place left must not fill it on their
+                // own.
+                let sql = match per_key {
+                    None => self.sql.claim(walk, Cap::Queue),
+                    Some(_) => self.sql.claim(walk.saturating_mul(4), Cap::Key),
+                };
+                let mut q = self
+                    .q(sql)
                     .bind(req.queue)
                     .bind(req.worker)
                     .bind(dur(req.lease))
                     .bind(i64::from(req.limit))
-                    .bind(i64::from(max))
-                    .bind(i64::from(req.buffered))
-                    .fetch_all(&mut *tx)
-                    .await?;
+                    .bind(max.map(i64::from))
+                    .bind(i64::from(req.buffered));
+                if let Some(per_key) = per_key {
+                    q = q.bind(i64::from(per_key));
+                }
+                let rows = q.fetch_all(&mut *tx).await?;
                 tx.commit().await?;
                 rows
             }

@@ -471,7 +471,7 @@ pub async fn explain_claim(
         &mut *tx,
         format!(
             "PREPARE baton_explain_claim(text, text, int8, int8, int8) AS {}",
-            Sql::new(&Names::new(prefix), true).claim(limit, false)
+            Sql::new(&Names::new(prefix), true).claim(limit, sql::Cap::None)
         )
         .as_str(),
     )

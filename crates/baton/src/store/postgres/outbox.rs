@@ -79,6 +79,7 @@ pub(super) async fn insert_tasks(
             let mut job: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
             let mut slot: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(chunk.len());
             let mut traceparent: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
+            let mut concurrency_key: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
             for &i in chunk {
                 let t = &tasks[i];
                 queue.push(t.queue.as_str());
@@ -106,6 +107,7 @@ pub(super) async fn insert_tasks(
                 job.push(t.job.as_deref());
                 slot.push(t.slot);
                 traceparent.push(t.traceparent.as_deref());
+                concurrency_key.push(t.concurrency_key.as_deref());
             }
             // Speculative insertion (ON CONFLICT) costs, so chunks without
             // keys use a plain INSERT.
@@ -130,6 +132,7 @@ pub(super) async fn insert_tasks(
                 .bind(&job)
                 .bind(&slot)
                 .bind(&traceparent)
+                .bind(&concurrency_key)
                 .bind(skipped.is_some())
                 .bind(skipped)
                 .bind(chan)

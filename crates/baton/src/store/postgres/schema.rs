@@ -38,7 +38,17 @@ const UPGRADES: &[Upgrade] = &[
     // 5 → 6: slot tombstones (a pruned slot's key stays taken, DESIGN.md
     // S1) and each job's queue.
     upgrade_slot_tombstones,
+    // 6 → 7: each task's concurrency key (a per-key capped claim counts
+    // the running ones per key from the `tasks_running` index of 4 → 5).
+    upgrade_concurrency_key,
 ];
+
+fn upgrade_concurrency_key(n: &Names) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS concurrency_key text;",
+        n.tasks
+    )
+}
 
 fn upgrade_slot_tombstones(n: &Names) -> String {
     format!(

@@ -38,8 +38,8 @@ pub(super) struct Sql {
     /// The inserts of tasks (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
     /// The claim statements by limit bucket (see [`Sql::claim`]):
-    /// uncapped and capped, for limits up to `1 << i`.
-    claims: Vec<[String; 2]>,
+    /// uncapped, capped and capped per key, for limits up to `1 << i`.
+    claims: Vec<[String; 3]>,
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -329,8 +329,11 @@ impl Sql {
 
     /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, `$4`
     /// the limit, then `buffered` (`TaskClaim::buffered`) as `$5`, or
-    /// with `capped` the queue's cluster-wide cap on running tasks as `$5`
-    /// (the caller holds the queue's advisory lock) and `buffered` as `$6`.
+    /// with `cap` [`Cap::Queue`] the queue's cluster-wide cap on running tasks as `$5`
+    /// (the caller holds the queue's advisory lock) and `buffered` as `$6`,
+    /// or with [`Cap::Key`] the queue's cap (or NULL) as `$5`, `buffered`
+    /// as `$6` and the cap per concurrency key as `$7` (the caller holds
+    /// the queue's advisory lock; see [`claim_keyed`]).
     ///
     /// `walk` is how many rows the locking walk may pull: the limit, plus
     /// as many more as a buffer share may step over. The text depends on it
@@ -341,24 +344,36 @@ impl Sql {
     /// sequential scan plus sort. The exact limit `$4` is applied above
     /// the row locks, which are taken as rows are pulled, so no more rows
     /// are locked than `$4` and those the buffer's share stepped over.
-    pub(super) fn claim(&self, walk: u32, capped: bool) -> &str {
+    pub(super) fn claim(&self, walk: u32, cap: Cap) -> &str {
         // Bucket i serves limits up to 2^i; the last (2^32) anything
         // above 2^31.
         let i = walk
             .max(1)
             .checked_next_power_of_two()
             .map_or(u32::BITS, u32::trailing_zeros) as usize;
-        let [plain, cap] = &self.claims[i.min(self.claims.len() - 1)];
-        if capped {
-            cap
-        } else {
-            plain
+        let [plain, capped, keyed] = &self.claims[i.min(self.claims.len() - 1)];
+        match cap {
+            Cap::None => plain,
+            Cap::Queue => capped,
+            Cap::Key => keyed,
         }
     }
 }
 
-/// The claim statements (uncapped, capped) of one limit bucket.
-fn claim_sqls(n: &Names, bucket: u64) -> [String; 2] {
+/// Which claim statement: by the caps of the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cap {
+    /// No cap.
+    None,
+    /// `TaskClaim::max_running` only.
+    Queue,
+    /// `TaskClaim::per_key_max_running`, with or without `max_running`.
+    Key,
+}
+
+/// The claim statements (uncapped, capped, capped per key) of one limit
+/// bucket.
+fn claim_sqls(n: &Names, bucket: u64) -> [String; 3] {
     let (t, q) = (&n.tasks, &n.queues);
     // `buffered`: the parameter holding `TaskClaim::buffered`. The rows
     // are numbered as the locking walk yields them: the first `$4 -
@@ -395,7 +410,52 @@ fn claim_sqls(n: &Names, bucket: u64) -> [String; 2] {
             ),
             "$6",
         ),
+        claim_keyed(n, bucket),
     ]
+}
+
+/// The claim under a cap per concurrency key (`$7`), run while the caller
+/// holds the queue's advisory lock, so the running tasks it counts are
+/// every claim's that committed before it. The keys already at the cap are
+/// left out of the locking walk (a saturated key's backlog is stepped over
+/// by the index walk, never locked); among the walked rows the `n`-th of a
+/// key in claim order is taken only while `n` plus the key's running tasks
+/// stays within the cap. The running tasks are counted from the
+/// `tasks_running` index (the queue's running set, bounded by the
+/// workers' slots). `$5` is the queue's cap or NULL.
+fn claim_keyed(n: &Names, bucket: u64) -> String {
+    let (t, q) = (&n.tasks, &n.queues);
+    format!(
+        "WITH run AS MATERIALIZED ( \
+             SELECT concurrency_key AS k, count(*) AS r FROM {t} \
+             WHERE state = 'running' AND queue = $1 AND concurrency_key IS NOT NULL \
+             GROUP BY concurrency_key), \
+         walk AS ( \
+             SELECT id, attempt, max_attempts, priority, run_at, concurrency_key FROM {t} \
+             WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+                 AND NOT cancel_requested \
+                 AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
+                 AND (concurrency_key IS NULL \
+                     OR concurrency_key NOT IN (SELECT k FROM run WHERE r >= $7)) \
+             ORDER BY priority, run_at, id \
+             LIMIT {bucket} FOR UPDATE SKIP LOCKED), \
+         ok AS ( \
+             SELECT w.id, w.attempt + 1 < w.max_attempts AS spare, \
+                 row_number() OVER (ORDER BY w.priority, w.run_at, w.id) AS n \
+             FROM (SELECT walk.*, row_number() OVER (PARTITION BY concurrency_key \
+                       ORDER BY priority, run_at, id) AS kn FROM walk) AS w \
+                 LEFT JOIN run ON run.k = w.concurrency_key \
+             WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= $7) \
+         UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+             started_at = now(), \
+             lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
+             claim_token = greatest(claim_token + 1, {NOW_US}) \
+         WHERE id IN ( \
+             SELECT id FROM ok WHERE spare OR n <= $4 - $6 ORDER BY n \
+             LIMIT greatest(0, least($4, coalesce($5::int8 - \
+                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1), $4)))) \
+         RETURNING {CLAIM_COLS}"
+    )
 }
 
 /// The kind of one finish in [`Sql::finish_many`]'s `$3`.
@@ -508,22 +568,23 @@ fn insert_sql(n: &Names, keyed: bool) -> String {
     SELECT nextval({seq}) AS id, t.*
     FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
                 $6::int8[], $7::int4[], $8::int8[], $9::text[], $10::bool[], $11::text[],
-                $12::timestamptz[], $13::text[])
+                $12::timestamptz[], $13::text[], $14::text[])
          WITH ORDINALITY AS t(queue, kind, payload, priority, run_at_abs, delay_ms,
                               max_attempts, timeout_ms, unique_key, unique_forever, job,
-                              slot, traceparent, ord)
+                              slot, traceparent, concurrency_key, ord)
 ),
 ins AS (
     INSERT INTO {tasks} (id, queue, kind, payload, state, priority, run_at, max_attempts,
                          timeout_ms, unique_key, unique_forever, job, slot, traceparent,
-                         last_error, finished_at)
+                         concurrency_key, last_error, finished_at)
     SELECT id, queue, kind, payload,
-           CASE WHEN $14::bool THEN 'cancelled' ELSE 'pending' END,
+           CASE WHEN $15::bool THEN 'cancelled' ELSE 'pending' END,
            priority,
            coalesce(run_at_abs, now() + coalesce(delay_ms, 0) * interval '1 millisecond'),
            max_attempts, timeout_ms, unique_key, unique_forever, job, slot, traceparent,
-           CASE WHEN $14::bool THEN $15::text END,
-           CASE WHEN $14::bool THEN now() END
+           concurrency_key,
+           CASE WHEN $15::bool THEN $16::text END,
+           CASE WHEN $15::bool THEN now() END
     FROM input
     ORDER BY ord
     {on_conflict}
@@ -531,7 +592,7 @@ ins AS (
               (state = 'pending' AND run_at <= now()) AS due
 ),
 woke AS (
-    SELECT count(pg_notify($16::text, q.msg)) AS n
+    SELECT count(pg_notify($17::text, q.msg)) AS n
     FROM (SELECT queue AS msg FROM ins WHERE due GROUP BY queue
           UNION ALL
           SELECT queue || chr(10) || {WAKE_AT}

@@ -359,7 +359,10 @@ impl Backend for RedisBackend {
                     ms(req.lease),
                     req.max_running.map(|m| m.to_string()).unwrap_or_default(),
                     CANCEL_REQUESTED,
-                    req.limit.saturating_sub(req.buffered)
+                    req.limit.saturating_sub(req.buffered),
+                    req.per_key_max_running
+                        .map(|m| m.to_string())
+                        .unwrap_or_default()
                 ],
             )
             .await?;

@@ -40,6 +40,7 @@ pub(super) fn task_args(t: &NewTask) -> Result<[String; TASK_ARGS], StoreError> 
             .map(|s| s.timestamp_millis().to_string())
             .unwrap_or_default(),
         opt_arg(t.traceparent.as_deref()),
+        opt_arg(t.concurrency_key.as_deref()),
     ])
 }
 
@@ -186,5 +187,6 @@ pub(super) fn task_info(m: &HashMap<String, String>) -> Result<TaskInfo, StoreEr
         job: f.opt_string("job"),
         slot: f.opt_ts("slot")?,
         traceparent: f.opt_string("traceparent"),
+        concurrency_key: f.opt_string("concurrency_key"),
     })
 }

@@ -74,6 +74,14 @@ enum Upgrade {
     /// **stop every older baton process on the store first** (they would
     /// keep writing the old keys; `baton migrate` says so).
     ClusterLayout,
+    /// 8 → 9: tasks may carry a concurrency key (the hash field
+    /// `concurrency_key`, the 14th script argument per task), counted
+    /// while running in `B krun` and parked in `B kpark:<key>` by a claim
+    /// with a cap per key. Nothing to convert (no task has a key yet); the
+    /// step marks the version, so an older build (which would pass 13
+    /// arguments per task, and neither count nor unpark keys) refuses the
+    /// store.
+    ConcurrencyKey,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -93,6 +101,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::OwnLockKeys,
     Upgrade::SlotTombstones,
     Upgrade::ClusterLayout,
+    Upgrade::ConcurrencyKey,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -235,7 +244,10 @@ impl Dialect for Migration<'_> {
 /// Run one upgrade step (idempotent).
 async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
     match step {
-        Upgrade::QueuePause | Upgrade::Traceparent | Upgrade::SlotTombstones => Ok(()),
+        Upgrade::QueuePause
+        | Upgrade::Traceparent
+        | Upgrade::SlotTombstones
+        | Upgrade::ConcurrencyKey => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

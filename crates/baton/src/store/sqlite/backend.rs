@@ -223,15 +223,21 @@ impl Backend for SqliteBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(&self.sql.claim)
+        let sql = match req.per_key_max_running {
+            Some(_) => &self.sql.claim_keyed,
+            None => &self.sql.claim,
+        };
+        let mut q = sqlx::query(sql)
             .bind(req.queue)
             .bind(req.worker)
             .bind(ms(req.lease))
             .bind(i64::from(req.limit))
             .bind(req.max_running.map(i64::from))
-            .bind(i64::from(req.buffered))
-            .fetch_all(&*self.pool)
-            .await?;
+            .bind(i64::from(req.buffered));
+        if let Some(per_key) = req.per_key_max_running {
+            q = q.bind(i64::from(per_key));
+        }
+        let rows = q.fetch_all(&*self.pool).await?;
         let mut claimed = rows
             .iter()
             .map(claimed_task)

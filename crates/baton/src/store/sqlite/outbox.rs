@@ -12,7 +12,7 @@ use super::Tables;
 use crate::error::StoreError;
 use crate::store::{ms, Enqueued, NewTask, RunAt};
 
-/// Rows per multi-row `INSERT` (16 bound values each, well inside SQLite's
+/// Rows per multi-row `INSERT` (17 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
 const INSERT_CHUNK: usize = 1000;
 
@@ -114,6 +114,7 @@ async fn insert_live(
                 .bind(task.job.as_deref())
                 .bind(task.slot.map(|s| s.timestamp_millis()))
                 .bind(task.traceparent.as_deref())
+                .bind(task.concurrency_key.as_deref())
                 .bind(skipped)
                 .bind(skipped);
         }

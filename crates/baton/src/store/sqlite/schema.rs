@@ -131,7 +131,26 @@ const UPGRADES: &[Upgrade] = &[
     // 4 → 5: slot tombstones (a pruned slot's key stays taken, DESIGN.md
     // S1) and each job's queue.
     upgrade_slot_tombstones,
+    // 5 → 6: each task's concurrency key, and the index a per-key capped
+    // claim counts a queue's running tasks per key with.
+    upgrade_concurrency_key,
 ];
+
+fn upgrade_concurrency_key(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}tasks", t.prefix),
+            column: "concurrency_key",
+            decl: "TEXT",
+        },
+        Ddl::Sql(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (queue, concurrency_key) \
+             WHERE state = 'running' AND concurrency_key IS NOT NULL",
+            t.index("tasks_key_running"),
+            t.tasks
+        )),
+    ]
+}
 
 fn upgrade_slot_tombstones(t: &Tables) -> Vec<Ddl> {
     vec![

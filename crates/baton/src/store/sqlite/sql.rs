@@ -32,6 +32,8 @@ pub(super) struct Sql {
     /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running,
     /// `?6` buffered. Claims nothing while the queue is paused.
     pub claim: String,
+    /// [`Sql::claim`] under a per-key cap, `?7` (`TaskClaim::per_key_max_running`).
+    pub claim_keyed: String,
     /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -122,11 +124,11 @@ impl InsertSql {
             head: format!(
                 "INSERT INTO {tasks} (queue, kind, payload, state, priority, attempt, \
                  max_attempts, timeout_ms, run_at, created_at, unique_key, unique_forever, job, \
-                 slot, traceparent, last_error, finished_at) VALUES "
+                 slot, traceparent, concurrency_key, last_error, finished_at) VALUES "
             ),
             row: format!(
                 "(?, ?, ?, CASE WHEN ? IS NULL THEN 'pending' ELSE 'cancelled' END, ?, 0, ?, ?, \
-                 COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?, ?, \
+                 COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?, ?, ?, \
                  CASE WHEN ? IS NULL THEN NULL ELSE {NOW} END)"
             ),
             tail: format!(
@@ -201,6 +203,8 @@ impl Sql {
         } = t;
         let lock_cols = format!("name, holder, token, locked_at, lock_until, {NOW} AS now");
         let ends = "cancel_requested OR attempt >= max_attempts";
+        // Written by `claim`'s block, from the same conditions.
+        let claim_keyed;
         Sql {
             lock_acquire: format!(
                 "INSERT INTO {locks} (name, holder, token, locked_at, lock_until) \
@@ -247,6 +251,7 @@ impl Sql {
                 // spare (`TaskClaim::buffered`), in a walk that steps
                 // over at most as many as the buffer's share.
                 let now_share = format!("min({total}, max(0, ?4 - ?6))");
+                claim_keyed = claim_keyed_sql(tasks, &due, &total);
                 format!(
                     "WITH now_share AS MATERIALIZED (SELECT id FROM {tasks} WHERE {due} \
                          ORDER BY priority, run_at, id LIMIT {now_share}) \
@@ -266,6 +271,7 @@ impl Sql {
                      RETURNING {CLAIM_COLS}"
                 )
             },
+            claim_keyed,
             heartbeat: format!(
                 "UPDATE {tasks} SET lease_until = {NOW} + ?2 \
                  FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
@@ -362,4 +368,48 @@ impl Sql {
             now: format!("SELECT {NOW}"),
         }
     }
+}
+
+/// The claim under a per-key cap (`?7`): the claim's rule of
+/// `TaskClaim::per_key_max_running`, in one statement (so inside the
+/// write lock SQLite gives each statement: racing claimers cannot
+/// overshoot). `due` is the claimable condition and `total` the claim's
+/// size (the limit, or under `max_running` what it leaves), as in
+/// [`Sql::claim`].
+///
+/// The keys already at the cap are left out by the walk itself (so a long
+/// backlog of one saturated key is stepped over, not taken as the walk's
+/// rows); among the walked rows, the `n`-th of a key in claim order is
+/// taken only while `n` plus the key's running tasks stays within the cap.
+/// The walk takes four times the claim's bound, so keys with one place
+/// left do not fill it on their own.
+fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
+    format!(
+        "WITH run AS MATERIALIZED ( \
+             SELECT concurrency_key AS k, count(*) AS r FROM {tasks} \
+             WHERE state = 'running' AND queue = ?1 AND concurrency_key IS NOT NULL \
+             GROUP BY concurrency_key), \
+         walk AS MATERIALIZED ( \
+             SELECT id, attempt, max_attempts, priority, run_at, concurrency_key, \
+                 row_number() OVER (PARTITION BY concurrency_key \
+                     ORDER BY priority, run_at, id) AS kn \
+             FROM (SELECT id, attempt, max_attempts, priority, run_at, concurrency_key \
+                 FROM {tasks} WHERE {due} \
+                     AND (concurrency_key IS NULL OR concurrency_key NOT IN \
+                         (SELECT k FROM run WHERE r >= ?7)) \
+                 ORDER BY priority, run_at, id \
+                 LIMIT 4 * ({total} + min(?6, ?4)))), \
+         ok AS MATERIALIZED ( \
+             SELECT id, attempt, max_attempts, priority, run_at, \
+                 row_number() OVER (ORDER BY priority, run_at, id) AS n \
+             FROM walk LEFT JOIN run ON run.k = walk.concurrency_key \
+             WHERE walk.concurrency_key IS NULL OR kn + coalesce(run.r, 0) <= ?7) \
+         UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+             claim_token = MAX(claim_token + 1, {NOW_US}) \
+         WHERE id IN (SELECT id FROM ok \
+             WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
+             ORDER BY priority, run_at, id LIMIT {total}) \
+         RETURNING {CLAIM_COLS}"
+    )
 }

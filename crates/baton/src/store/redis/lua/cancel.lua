@@ -6,12 +6,14 @@
 -- ARGV: B, id. Returns {outcome, state}.
 local now = now_ms()
 local sid = ARGV[2]
-local h = redis.call('HMGET', tkey(sid), 'state', 'queue', 'unique_key', 'unique_forever', 'job')
+local h = redis.call('HMGET', tkey(sid), 'state', 'queue', 'unique_key', 'unique_forever', 'job',
+  'concurrency_key')
 if not h[1] then return {'notfound', ''} end
 if h[1] == 'pending' then
   local p = pad(sid)
   redis.call('ZREM', qkey(h[2], 'ready'), p)
   redis.call('ZREM', qkey(h[2], 'sched'), p)
+  if h[6] then redis.call('ZREM', B .. 'kpark:' .. h[6], p) end
   terminal(sid, h[2], 'pending', 'cancelled', now, h[3], h[4], h[5])
   return {'cancelled', ''}
 elseif h[1] == 'running' then

@@ -2,7 +2,7 @@
 -- ''), the `last_error` of a pending task found with its cancel requested,
 -- how many of the claimed start at once (the rest wait in the worker's
 -- prefetch buffer, so they are taken only among tasks with an attempt to
--- spare: `TaskClaim::buffered`).
+-- spare: `TaskClaim::buffered`), the cap per concurrency key (or '').
 local now = now_ms()
 local queue = ARGV[2]
 -- A paused queue claims nothing (its tasks stay where they are).
@@ -37,11 +37,17 @@ if ARGV[6] ~= '' then
   if room < limit then limit = room end
 end
 local now_share = tonumber(ARGV[8])
+-- A cap per concurrency key (ARGV[9], '' for none): a task whose key has
+-- that many running is parked (see `key_left`) instead of claimed; at
+-- most PARK_MAX per call, so one call stays short.
+local per_key = tonumber(ARGV[9])
+local PARK_MAX = 1000
+local parked = 0
 local pos = 0 -- claimable tasks met, in claim order
 -- Tasks on their last attempt met beyond the first `now_share`: put back
 -- (score, member) after the walk, which steps over at most `limit` of them.
 local skipped = {}
-while #out < limit and #skipped < 2 * limit do
+while #out < limit and #skipped < 2 * limit and parked < PARK_MAX do
   local popped = redis.call('ZPOPMIN', ready, limit - #out)
   if #popped == 0 then break end
   for j = 1, #popped, 2 do
@@ -55,6 +61,10 @@ while #out < limit and #skipped < 2 * limit do
       -- Its cancel was requested while it ran: never claim it again.
       redis.call('HSET', k, 'last_error', CANCEL_REQUESTED)
       terminal(sid, queue, 'pending', 'cancelled', now, f.unique_key, f.unique_forever, f.job)
+    elseif f.state == 'pending' and per_key and f.concurrency_key
+        and tonumber(redis.call('HGET', B .. 'krun', f.concurrency_key) or '0') >= per_key then
+      parked = parked + 1
+      redis.call('ZADD', B .. 'kpark:' .. f.concurrency_key, popped[j + 1], p)
     elseif f.state == 'pending' and pos >= now_share
         and tonumber(f.attempt) + 1 >= tonumber(f.max_attempts) then
       pos = pos + 1
@@ -77,6 +87,7 @@ while #out < limit and #skipped < 2 * limit do
       end
       for f, v in pairs(set) do h[#h + 1] = f; h[#h + 1] = v end
       zacc(B .. 'running', lu, p)
+      key_claimed(f.concurrency_key)
       cacc(queue, 'pending', -1)
       cacc(queue, 'running', 1)
       out[#out + 1] = h

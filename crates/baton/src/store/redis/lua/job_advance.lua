@@ -77,6 +77,7 @@ if rec == 'r' and ins == 1 then
   redis.call('HSET', tkey(sid), 'state', 'running', 'attempt', '1', 'started_at', fmt(now),
     'lease_until', fmt(lu), 'worker', ARGV[9], 'claim_token', '1')
   redis.call('ZADD', B .. 'running', lu, p)
+  key_claimed(redis.call('HGET', tkey(sid), 'concurrency_key'))
   count(queue, 'pending', -1)
   count(queue, 'running', 1)
   return {'enqueued', sid, 1}

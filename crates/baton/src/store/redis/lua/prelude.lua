@@ -8,7 +8,7 @@ local B = ARGV[1]
 -- not a key, and a publish reaches every node of a cluster.
 local WAKE = string.sub(B, 1, string.find(B, '{baton', 1, true) - 1) .. '{baton}:wake'
 local SHIFT = 8796093022208
-local NF = 13
+local NF = 14
 local function fmt(n) return string.format('%d', n) end
 local function pad(id) return string.format('%016d', tonumber(id)) end
 local function tkey(sid) return B .. 'task:' .. sid end
@@ -88,7 +88,27 @@ local function release_uniq(sid, uk, forever)
     if redis.call('GET', k) == sid then redis.call('DEL', k) end
   end
 end
+-- Per-key caps (`TaskClaim::per_key_max_running`): `B krun` counts each
+-- concurrency key's running tasks (every claim counts, capped or not);
+-- `B kpark:<key>` holds, scored as in `ready`, the due tasks a capped
+-- claim met while their key was at its cap. Each time a task of the key
+-- leaves `running` (or leaves `ready` without starting: a cancel), the
+-- first parked task goes back to `ready`; so while tasks are parked their
+-- key has a task running or ready, and none waits forever.
+local function key_claimed(ck)
+  if ck then redis.call('HINCRBY', B .. 'krun', ck, 1) end
+end
+local function key_left(sid, from)
+  local ck = redis.call('HGET', tkey(sid), 'concurrency_key')
+  if not ck then return end
+  if from == 'running' and redis.call('HINCRBY', B .. 'krun', ck, -1) <= 0 then
+    redis.call('HDEL', B .. 'krun', ck)
+  end
+  local m = redis.call('ZPOPMIN', B .. 'kpark:' .. ck)
+  if #m > 0 then redis.call('ZADD', B .. 'ready', m[2], m[1]) end
+end
 local function terminal(sid, queue, from, state, now, uk, forever, job)
+  key_left(sid, from)
   local k = tkey(sid)
   local p = pad(sid)
   redis.call('HSET', k, 'state', state, 'finished_at', fmt(now))
@@ -101,6 +121,7 @@ local function terminal(sid, queue, from, state, now, uk, forever, job)
   if job then redis.call('SREM', B .. 'jobactive:' .. job, sid) end
 end
 local function running_to_pending(sid, queue, prio, run_at, now, extra)
+  key_left(sid, 'running')
   local k = tkey(sid)
   redis.call('HSET', k, 'state', 'pending', 'run_at', fmt(run_at))
   if extra then redis.call('HSET', k, unpack(extra)) end
@@ -152,6 +173,8 @@ local function insert(now, i, skipped)
   if ARGV[i + 11] ~= '' then add('slot', ARGV[i + 11]) end
   local tp = opt(ARGV[i + 12])
   if tp then add('traceparent', tp) end
+  local ck = opt(ARGV[i + 13])
+  if ck then add('concurrency_key', ck) end
   local state = 'pending'
   if skipped then
     state = 'cancelled'

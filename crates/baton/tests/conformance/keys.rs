@@ -1,0 +1,336 @@
+//! Per-key concurrency (`TaskClaim::per_key_max_running`,
+//! `WorkerConfig::per_key_max_running`): racing claimers never start more
+//! than the cap of one key at once, a saturated key does not hold back
+//! other keys or tasks without a key, and a task waiting on its key's cap
+//! stays pending, uncounted, and starts as soon as a place frees.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton::queue::{Queue, TaskBuilder, Worker, WorkerConfig};
+use baton::store::{Finish, Task, TaskClaim, TaskState};
+use baton::Store;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::TestStore;
+
+const CAP: u32 = 2;
+
+async fn claim_keyed(store: &Store, queue: &str, worker: &str, limit: u32) -> Vec<Task> {
+    store
+        .backend()
+        .task_claim(&TaskClaim {
+            queue,
+            worker,
+            limit,
+            lease: Duration::from_secs(30),
+            max_running: None,
+            per_key_max_running: Some(CAP),
+            buffered: 0,
+        })
+        .await
+        .unwrap()
+}
+
+async fn succeed(store: &Store, t: &Task) {
+    let ok = store
+        .backend()
+        .task_finish_many(&[(t.claim(), Finish::Succeeded)])
+        .await
+        .unwrap();
+    assert_eq!(ok, vec![true], "finish of task {}", t.id);
+}
+
+/// What the claimers saw: running per key (from claims and finishes), the
+/// peak per key, and every task claimed.
+#[derive(Default)]
+struct Seen {
+    running: HashMap<String, u32>,
+    peak: HashMap<String, u32>,
+    claimed: Vec<i64>,
+}
+
+/// 16 claimers on their own connections race for 12 keys × 10 tasks with
+/// a cap of 2 per key, plus 20 tasks without a key. The test counts a
+/// task running from its claim's answer to just before its finish is sent
+/// (inside the store's running time, so it never counts more than the
+/// store had): the peak of every key is at most the cap, and the cap is
+/// reached; every task is claimed exactly once.
+pub async fn per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
+    const KEYS: usize = 12;
+    const PER_KEY: usize = 10;
+    const FREE: usize = 20;
+    let q = Queue::new(ts.store.clone());
+    let mut batch = Vec::new();
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            batch.push(
+                TaskBuilder::new("keyed", json!({"k": k, "i": i}))
+                    .queue("keys")
+                    .concurrency_key(format!("customer:{k}")),
+            );
+        }
+    }
+    for i in 0..FREE {
+        batch.push(TaskBuilder::new("free", json!({ "i": i })).queue("keys"));
+    }
+    let ids = q.enqueue_many(batch).await.unwrap();
+    let total = ids.len();
+    let mut key_of: HashMap<i64, Option<String>> = HashMap::new();
+    let mut n = 0;
+    for _ in 0..PER_KEY {
+        for k in 0..KEYS {
+            key_of.insert(ids[n].id, Some(format!("customer:{k}")));
+            n += 1;
+        }
+    }
+    for id in &ids[n..] {
+        key_of.insert(id.id, None);
+    }
+    let key_of = Arc::new(key_of);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut claimers = Vec::new();
+    for c in 0..16u32 {
+        let store = ts.open().await;
+        let (key_of, seen, finished) = (key_of.clone(), seen.clone(), finished.clone());
+        claimers.push(tokio::spawn(async move {
+            let worker = format!("claimer-{c}");
+            while finished.load(Ordering::SeqCst) < total {
+                assert!(
+                    Instant::now() < deadline,
+                    "the tasks were not all run in 60 s"
+                );
+                let got = claim_keyed(&store, "keys", &worker, 1 + c % 4).await;
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                {
+                    let mut s = seen.lock().unwrap();
+                    for t in &got {
+                        s.claimed.push(t.id);
+                        if let Some(k) = &key_of[&t.id] {
+                            let r = s.running.entry(k.clone()).or_default();
+                            *r += 1;
+                            let r = *r;
+                            let p = s.peak.entry(k.clone()).or_default();
+                            *p = (*p).max(r);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(80 + u64::from(c % 3) * 20)).await;
+                for t in &got {
+                    if let Some(k) = &key_of[&t.id] {
+                        *seen.lock().unwrap().running.get_mut(k).unwrap() -= 1;
+                    }
+                    succeed(&store, t).await;
+                    finished.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for c in claimers {
+        c.await.unwrap();
+    }
+    {
+        let s = seen.lock().unwrap();
+        let distinct: HashSet<i64> = s.claimed.iter().copied().collect();
+        assert_eq!(
+            s.claimed.len(),
+            total,
+            "every task claimed once (no task twice)"
+        );
+        assert_eq!(distinct.len(), total, "every task claimed");
+        let over: Vec<_> = s.peak.iter().filter(|(_, p)| **p > CAP).collect();
+        assert!(over.is_empty(), "keys over the cap of {CAP}: {over:?}");
+        let at_cap = s.peak.values().filter(|p| **p == CAP).count();
+        assert!(
+            at_cap >= KEYS / 2,
+            "the cap is reached, not undershot: peaks {:?}",
+            s.peak
+        );
+    }
+    for id in &ids {
+        let t = q.task(id.id).await.unwrap().unwrap();
+        assert_eq!(t.state, TaskState::Succeeded, "task {}", id.id);
+        assert_eq!(
+            t.attempt, 1,
+            "task {}: one attempt, none counted while waiting",
+            id.id
+        );
+    }
+}
+
+/// A key at its cap is stepped over: the claims take the other keys' tasks
+/// and the tasks without a key (more than the cap of those: they are not
+/// limited), the saturated key's tasks stay pending with no attempt
+/// counted, and one finish of that key lets exactly one more start.
+pub async fn saturated_key_does_not_hold_back_other_keys(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let big: Vec<_> = (0..60)
+        .map(|i| {
+            TaskBuilder::new("big", json!(i))
+                .queue("sat")
+                .concurrency_key("tenant:big")
+        })
+        .collect();
+    let big = q.enqueue_many(big).await.unwrap();
+    let small: Vec<_> = (0..2)
+        .map(|i| {
+            TaskBuilder::new("small", json!(i))
+                .queue("sat")
+                .concurrency_key("tenant:small")
+        })
+        .chain((0..3).map(|i| TaskBuilder::new("free", json!(i)).queue("sat")))
+        .collect();
+    q.enqueue_many(small).await.unwrap();
+    let mut got = claim_keyed(&ts.store, "sat", "w", 10).await;
+    got.extend(claim_keyed(&ts.store, "sat", "w", 10).await);
+    let count = |kind: &str| got.iter().filter(|t| t.kind == kind).count();
+    assert_eq!(count("big"), 2, "the big key up to its cap, no more");
+    assert_eq!(count("small"), 2, "the other key's tasks are claimed");
+    assert_eq!(count("free"), 3, "tasks without a key are not limited");
+    assert!(
+        claim_keyed(&ts.store, "sat", "w", 10).await.is_empty(),
+        "nothing more while the big key is at its cap"
+    );
+    // The waiting tasks are untouched: pending, no attempt counted.
+    let claimed: HashSet<i64> = got.iter().map(|t| t.id).collect();
+    for e in big.iter().filter(|e| !claimed.contains(&e.id)) {
+        let t = q.task(e.id).await.unwrap().unwrap();
+        assert_eq!(
+            (t.state, t.attempt),
+            (TaskState::Pending, 0),
+            "task {}",
+            e.id
+        );
+        assert_eq!(t.concurrency_key.as_deref(), Some("tenant:big"));
+    }
+    // One big task ends: exactly one more of its key starts.
+    let first_big = got.iter().find(|t| t.kind == "big").unwrap().clone();
+    succeed(&ts.store, &first_big).await;
+    let next = claim_keyed(&ts.store, "sat", "w", 10).await;
+    assert_eq!(next.len(), 1, "one place freed: {next:?}");
+    assert_eq!(next[0].kind, "big");
+    assert!(claimed.iter().all(|id| *id != next[0].id));
+    // A failed attempt frees its place too (retried later: pending again).
+    let fail = got.iter().filter(|t| t.kind == "big").nth(1).unwrap();
+    let ok = ts
+        .store
+        .backend()
+        .task_finish_many(&[(
+            fail.claim(),
+            Finish::Failed {
+                error: "boom".into(),
+                retry_in: Some(Duration::from_secs(3600)),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(ok, vec![true]);
+    let next = claim_keyed(&ts.store, "sat", "w", 10).await;
+    assert_eq!(next.len(), 1, "the failed attempt's place: {next:?}");
+    assert_eq!(next[0].kind, "big");
+}
+
+/// Workers with `per_key_max_running(1)` and a long poll: the tasks of one
+/// key run one at a time, each starting as soon as the one before it
+/// ended (woken, not polled), while another key runs alongside; a cap of
+/// zero is refused naming the field.
+pub async fn workers_run_one_per_key_and_start_the_next_at_once(ts: TestStore) {
+    const EACH: usize = 4;
+    let q = Queue::new(ts.store.clone());
+    let mut batch = Vec::new();
+    for i in 0..EACH {
+        for key in ["a", "b"] {
+            batch.push(
+                TaskBuilder::new("one", json!({"key": key, "i": i}))
+                    .queue("serial")
+                    .concurrency_key(key),
+            );
+        }
+    }
+    let ids = q.enqueue_many(batch).await.unwrap();
+    let running: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let peak: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let both = Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    let started = Instant::now();
+    for _ in 0..2 {
+        let cfg = WorkerConfig::default()
+            .queue("serial", 4)
+            .per_key_max_running("serial", 1)
+            .lease(Duration::from_secs(5))
+            .poll_interval(Duration::from_secs(30))
+            .shutdown_grace(Duration::from_millis(300))
+            .stop_grace(Duration::from_millis(300));
+        let mut w = Worker::new(ts.open().await, cfg).unwrap();
+        let (running, peak, both) = (running.clone(), peak.clone(), both.clone());
+        w.handle("one", move |ctx| {
+            let (running, peak, both) = (running.clone(), peak.clone(), both.clone());
+            async move {
+                let key = ctx.task().payload["key"].as_str().unwrap_or("").to_string();
+                {
+                    let mut r = running.lock().unwrap();
+                    *r.entry(key.clone()).or_default() += 1;
+                    let n = r[&key];
+                    let mut p = peak.lock().unwrap();
+                    let e = p.entry(key.clone()).or_default();
+                    *e = (*e).max(n);
+                    if r.values().filter(|v| **v > 0).count() == 2 {
+                        both.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                *running.lock().unwrap().get_mut(&key).unwrap() -= 1;
+                Ok(())
+            }
+        });
+        runs.push(tokio::spawn(w.run(stop.clone())));
+    }
+    // Both workers start with a claim; after that only wake-ups start
+    // tasks (the poll is 30 s away).
+    for id in &ids {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let t = q.task(id.id).await.unwrap().unwrap();
+            if t.state == TaskState::Succeeded {
+                break;
+            }
+            assert!(Instant::now() < deadline, "task {} not run: {t:?}", id.id);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let took = started.elapsed();
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let peak = peak.lock().unwrap().clone();
+    assert_eq!(peak.get("a"), Some(&1), "{peak:?}");
+    assert_eq!(peak.get("b"), Some(&1), "{peak:?}");
+    assert!(
+        both.load(Ordering::SeqCst) > 0,
+        "the two keys ran side by side"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "each next task started when its key's place freed, not at a poll: {took:?}"
+    );
+    let bad = WorkerConfig::default()
+        .queue("serial", 1)
+        .per_key_max_running("serial", 0);
+    let e = Worker::new(ts.store.clone(), bad).err().unwrap();
+    assert_eq!(e.field, "per_key_max_running", "{e}");
+    let e = TaskBuilder::new("one", json!(1))
+        .concurrency_key("x".repeat(256))
+        .build()
+        .unwrap_err();
+    assert_eq!(e.field, "concurrency_key", "{e}");
+}
