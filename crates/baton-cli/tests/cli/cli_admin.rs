@@ -2,7 +2,8 @@
 //! bearer auth (401 without, 403 for the read-only token on a write), the
 //! `/api/v1` endpoints acting and `GET` showing the effect, the OpenAPI
 //! document listing every route served, `/readyz` 503 with the store
-//! stopped, a 1 MiB header refused with 431 and RSS flat, and a
+//! stopped, `/metrics` still 200 then (the store's last view marked stale)
+//! and clean under `promtool check metrics`, a 1 MiB header refused with 431 and RSS flat, and a
 //! non-loopback `--listen` refused without a token.
 
 use crate::common;
