@@ -66,6 +66,8 @@ pub struct Admin {
 pub(crate) struct State {
     store: Store,
     workers: Vec<WorkerCounters>,
+    /// Renders `/metrics`, keeping the store's last view for an outage.
+    metrics: baton::metrics::Scraper,
     jobs: Vec<JobConfig>,
     tokens: Tokens,
     /// Samples of the queues' finished counts, for throughput.
@@ -93,6 +95,7 @@ pub async fn spawn(addr: &str, admin: Admin) -> anyhow::Result<SocketAddr> {
     let local = listener.local_addr()?;
     crate::note!("baton: admin on http://{local}");
     let state = Arc::new(State {
+        metrics: baton::metrics::Scraper::new(admin.store.clone()),
         store: admin.store,
         workers: admin.workers,
         jobs: admin.jobs,

@@ -89,7 +89,7 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             get(api::stats_raw),
         )
         .add(
-            r("get", "/metrics", "Prometheus metrics (text format)."),
+            r("get", "/metrics", "Prometheus metrics (OpenMetrics or text format, as Accept asks)."),
             get(api::metrics),
         )
         .add(

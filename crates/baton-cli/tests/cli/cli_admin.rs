@@ -2,7 +2,8 @@
 //! bearer auth (401 without, 403 for the read-only token on a write), the
 //! `/api/v1` endpoints acting and `GET` showing the effect, the OpenAPI
 //! document listing every route served, `/readyz` 503 with the store
-//! stopped, a 1 MiB header refused with 431 and RSS flat, and a
+//! stopped, `/metrics` still 200 then (the store's last view marked stale)
+//! and clean under `promtool check metrics`, a 1 MiB header refused with 431 and RSS flat, and a
 //! non-loopback `--listen` refused without a token.
 
 use crate::common;
@@ -558,6 +559,172 @@ async fn readyz_turns_503_when_the_store_stops() {
     assert_eq!(code, 503);
     let (code, _) = call(a, "GET", "/livez", None, None);
     assert_eq!(code, 200);
+}
+
+/// `GET /metrics` as `curl` asks (no `Accept`: the classic text format):
+/// the status and the body.
+fn metrics_text(addr: &str) -> (u16, String) {
+    common::http(addr, "GET", "/metrics", None, b"")
+}
+
+/// The value of the sample `series` (name and labels as written) in
+/// `text`, if there is one.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+/// The sum of every sample of the family `name` in `text`.
+fn family_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum()
+}
+
+/// `/metrics` keeps answering 200 while the store is stopped (a private
+/// redis-server killed): this process's worker counters (its store errors
+/// counting up), `baton_build_info`, and the store's gauges from the last
+/// read with `baton_store_up 0` and the read's time unchanged; once the
+/// store is back the gauges are read afresh (`baton_store_up 1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_through_a_store_outage_marked_stale() {
+    let Some(mut redis) = support::Private::new(support::Kind::Redis) else {
+        return;
+    };
+    redis.start();
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let srv = start(&e, Some(&redis.url()), &[]);
+    let a = &srv.addr;
+    let (code, m) = metrics_text(a);
+    assert_eq!(code, 200, "{m}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        m.contains(&format!("baton_build_info{{version=\"{version}\"}} 1\n")),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "baton_store_up"), Some(1.0), "{m}");
+    let fresh = sample(&m, "baton_store_time_seconds").expect("the store's time");
+    assert!(
+        sample(&m, "baton_store_last_read_timestamp_seconds").is_some(),
+        "{m}"
+    );
+
+    redis.stop();
+    let mut stale = String::new();
+    wait_for(20, "/metrics to mark the store down", || {
+        let (code, m) = metrics_text(a);
+        assert_eq!(code, 200, "/metrics during the outage: {m}");
+        stale = m;
+        sample(&stale, "baton_store_up") == Some(0.0)
+    });
+    // The store's gauges are the last view read, with when it was read.
+    let then = sample(&stale, "baton_store_time_seconds").expect("the last view's time");
+    assert!(then >= fresh, "{stale}");
+    let read_at = sample(&stale, "baton_store_last_read_timestamp_seconds").unwrap();
+    assert!(stale.contains("# TYPE baton_queue_paused gauge"), "{stale}");
+    // This process's own metrics are all there, its workers' store errors
+    // counting the outage.
+    assert!(stale.contains("baton_build_info{"), "{stale}");
+    assert!(
+        sample(&stale, "baton_worker_heartbeat_failures_total").is_some(),
+        "{stale}"
+    );
+    assert!(
+        sample(
+            &stale,
+            r#"baton_worker_store_errors_total{operation="task_claim"}"#
+        )
+        .is_some(),
+        "{stale}"
+    );
+    wait_for(20, "the workers' store errors in /metrics", || {
+        let (code, m) = metrics_text(a);
+        assert_eq!(code, 200, "{m}");
+        assert_eq!(sample(&m, "baton_store_up"), Some(0.0), "{m}");
+        assert_eq!(sample(&m, "baton_store_time_seconds"), Some(then), "{m}");
+        assert_eq!(
+            sample(&m, "baton_store_last_read_timestamp_seconds"),
+            Some(read_at),
+            "{m}"
+        );
+        family_sum(&m, "baton_worker_store_errors_total") > 0.0
+    });
+
+    redis.start();
+    wait_for(30, "/metrics to read the store again", || {
+        let (code, m) = metrics_text(a);
+        assert_eq!(code, 200, "{m}");
+        sample(&m, "baton_store_up") == Some(1.0)
+            && sample(&m, "baton_store_time_seconds").unwrap() > then
+            && sample(&m, "baton_store_last_read_timestamp_seconds").unwrap() > read_at
+    });
+}
+
+/// `promtool check metrics` (Prometheus' own linter) finds nothing wrong
+/// in a real `/metrics` body, with tasks run so the histograms hold
+/// samples, and the OpenMetrics text is served to a client asking for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool_check() {
+    if !support::need("promtool check metrics", &["promtool"]) {
+        return;
+    }
+    let Some(e) = Env::new(Kind::Sqlite).await else {
+        return;
+    };
+    let srv = start(&e, None, &[]);
+    let a = &srv.addr;
+    let (code, body) = post(a, "/api/v1/tasks", json!({"command": ["true"]}));
+    assert!(code < 300, "{code} {body}");
+    wait_for(20, "the task to run", || {
+        let (_, m) = metrics_text(a);
+        sample(
+            &m,
+            r#"baton_worker_run_duration_seconds_count{queue="default"}"#,
+        )
+        .is_some_and(|n| n >= 1.0)
+    });
+    let (code, m) = metrics_text(a);
+    assert_eq!(code, 200, "{m}");
+    let mut check = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    check.stdin.take().unwrap().write_all(m.as_bytes()).unwrap();
+    let out = check.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {said}\non:\n{m}"
+    );
+    // Prometheus asks for OpenMetrics first, and gets it.
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\
+         Accept: application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3\r\n\r\n"
+    );
+    let mut s = std::net::TcpStream::connect(a).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.contains("application/openmetrics-text; version=1.0.0"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("# TYPE baton_worker_attempts counter\n"),
+        "{answer}"
+    );
+    assert!(answer.ends_with("# EOF\n"), "{answer}");
 }
 
 fn rss_kib(pid: u32) -> u64 {

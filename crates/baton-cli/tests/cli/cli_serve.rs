@@ -612,10 +612,12 @@ fn admin_get(e: &Env, path: &str) -> (u16, String, String) {
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    // HTTP/1.1 keeps the connection open unless the client says otherwise.
+    // HTTP/1.1 keeps the connection open unless the client says otherwise;
+    // OpenMetrics is asked for as Prometheus does.
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n"
     )
     .unwrap();
     let mut answer = String::new();

@@ -97,12 +97,17 @@ pub async fn stats_raw(Extract(state): S) -> Answer {
     )?))
 }
 
-/// `GET /metrics`: Prometheus metrics (OpenMetrics text).
-pub async fn metrics(Extract(state): S) -> Response {
-    match baton::metrics::render(&state.store, &state.workers).await {
-        Ok(body) => ([(header::CONTENT_TYPE, baton::metrics::CONTENT_TYPE)], body).into_response(),
+/// `GET /metrics`: Prometheus metrics, in OpenMetrics text or the classic
+/// text format as `Accept` asks. It answers while the store is down: this
+/// process's own metrics, and the store's last view with `baton_store_up 0`
+/// (see `baton::metrics::Scraper`).
+pub async fn metrics(Extract(state): S, headers: axum::http::HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = baton::metrics::Format::from_accept(accept);
+    match state.metrics.render(&state.workers, format).await {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::INTERNAL_SERVER_ERROR,
             &baton::error::chain(&e),
             None,
         ),
