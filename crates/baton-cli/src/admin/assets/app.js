@@ -137,11 +137,16 @@ async function renderQueues() {
 // Pending depth (line) and tasks finished per sample (bars), all queues.
 function drawChart(samples) {
   const c = $("chart");
+  // Draw at the size the page gives it (a phone's is narrower), so the
+  // text is not squeezed.
+  if (c.clientWidth > 0) { c.width = c.clientWidth; c.height = c.clientHeight; }
   const ctx = c.getContext("2d");
   const w = c.width, h = c.height, pad = 24;
   ctx.clearRect(0, 0, w, h);
   ctx.font = "11px system-ui, sans-serif";
-  ctx.fillStyle = "#67717c";
+  // The page's colours (light or dark, as the system says).
+  const css = (v) => getComputedStyle(document.documentElement).getPropertyValue(v).trim();
+  ctx.fillStyle = css("--muted");
   if (samples.length < 2) {
     ctx.fillText("collecting samples (one every 30 s)…", pad, h / 2);
     return;
@@ -153,14 +158,14 @@ function drawChart(samples) {
   const x = (i) => pad + (i * (w - 2 * pad)) / (samples.length - 1);
   const y = (v) => h - pad - (v * (h - 2 * pad)) / max;
   const bw = Math.max(2, (w - 2 * pad) / samples.length - 2);
-  ctx.fillStyle = "#2e8540";
+  ctx.fillStyle = css("--ok");
   done.forEach((v, i) => { if (v > 0) ctx.fillRect(x(i) - bw / 2, y(v), bw, h - pad - y(v)); });
-  ctx.strokeStyle = "#b7791f";
+  ctx.strokeStyle = css("--warn");
   ctx.lineWidth = 2;
   ctx.beginPath();
   pending.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
   ctx.stroke();
-  ctx.fillStyle = "#67717c";
+  ctx.fillStyle = css("--muted");
   ctx.fillText(String(max), 2, pad);
   ctx.fillText("0", 2, h - pad);
   ctx.fillText(when(samples[0].at), pad, h - 6);
