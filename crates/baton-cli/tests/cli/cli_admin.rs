@@ -1074,6 +1074,82 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
         !queue_paused(&a)
     });
 
+    // Backfill from the jobs section: a dry run says what would run and
+    // enqueues nothing; then the backfill enqueues those slots.
+    let nightly_tasks = |a: &str| {
+        get(a, "/api/v1/tasks?job=nightly&limit=1000").1["tasks"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    let before = nightly_tasks(&a);
+    let result = r#"document.getElementById('backfill-result').textContent"#;
+    b.eval(
+        r#"(() => { document.getElementById('backfill-job').value = 'nightly';
+            document.getElementById('backfill-from').value = '2026-01-01T12:00:00Z';
+            document.getElementById('backfill-to').value = '2026-01-03T12:00:00Z';
+            document.getElementById('backfill-form').requestSubmit(); })()"#,
+    );
+    let t0 = Instant::now();
+    while !b
+        .eval(result)
+        .as_str()
+        .unwrap_or("")
+        .contains("would be enqueued")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the dry run answered nothing: {} / {}",
+            b.eval(result),
+            b.eval("document.getElementById('error').textContent")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        b.eval(result),
+        json!("2 slots: 2 would be enqueued, 0 left alone (dry run: nothing enqueued)")
+    );
+    assert_eq!(nightly_tasks(&a), before, "a dry run enqueued");
+    b.eval(
+        r#"(() => { document.getElementById('backfill-dry').checked = false;
+            document.getElementById('backfill-form').requestSubmit(); })()"#,
+    );
+    let t0 = Instant::now();
+    while b.eval(result) != json!("2 slots: 2 enqueued, 0 left alone") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the backfill answered: {}",
+            b.eval(result)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(nightly_tasks(&a), before + 2);
+
+    // A phone's width in dark mode: the page itself does not scroll
+    // sideways (tables scroll in their sections) and its colours are dark.
+    b.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 390, "height": 800, "deviceScaleFactor": 1, "mobile": true}),
+    );
+    b.call(
+        "Emulation.setEmulatedMedia",
+        json!({"features": [{"name": "prefers-color-scheme", "value": "dark"}]}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        b.eval("document.documentElement.scrollWidth <= 390"),
+        json!(true),
+        "the page is {} px wide at 390",
+        b.eval("document.documentElement.scrollWidth")
+    );
+    assert_eq!(
+        b.eval("getComputedStyle(document.body).backgroundColor"),
+        json!("rgb(18, 22, 27)"),
+        "dark mode follows the system setting"
+    );
+    b.call(
+        "Emulation.setEmulatedMedia",
+        json!({"features": [{"name": "prefers-color-scheme", "value": "light"}]}),
+    );
     b.call(
         "Emulation.setDeviceMetricsOverride",
         json!({"width": 1400, "height": 1150, "deviceScaleFactor": 1, "mobile": false}),

@@ -115,6 +115,28 @@ async function renderJobs() {
         el("button", { "data-trigger": j.name, onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/trigger", {}, "trigger " + j.name) }, "Trigger")));
   });
   replaceRows($("jobs-body"), rows, "no jobs", 7);
+  // The backfill form's job list, keeping the choice across refreshes.
+  const pick = $("backfill-job");
+  const chosen = pick.value;
+  const names = jobs.filter((j) => j.schedule).map((j) => j.name);
+  if (names.join("\n") !== Array.from(pick.options, (o) => o.value).join("\n")) {
+    pick.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+    if (names.includes(chosen)) pick.value = chosen;
+  }
+}
+
+// Backfill a range of a job's past slots (POST /api/v1/jobs/{name}/backfill):
+// the answer's counts, or the error naming the field.
+async function backfill(ev) {
+  ev.preventDefault();
+  const job = $("backfill-job").value;
+  const dry = $("backfill-dry").checked;
+  const body = { from: $("backfill-from").value.trim(), to: $("backfill-to").value.trim(), dry_run: dry };
+  const r = await act("POST", "/api/v1/jobs/" + encodeURIComponent(job) + "/backfill", body,
+    (dry ? "dry run of a backfill of " : "backfill of ") + job);
+  $("backfill-result").textContent = r === null ? "" : dry
+    ? r.slots + " slots: " + r.would_enqueue + " would be enqueued, " + r.left_alone + " left alone (dry run: nothing enqueued)"
+    : r.slots + " slots: " + r.enqueued + " enqueued, " + r.left_alone + " left alone";
 }
 
 async function renderQueues() {
@@ -256,6 +278,7 @@ $("token-form").addEventListener("submit", (ev) => {
   refresh();
 });
 $("task-filter").addEventListener("submit", (ev) => { ev.preventDefault(); tasksBefore = null; refresh(); });
+$("backfill-form").addEventListener("submit", backfill);
 $("older").addEventListener("click", () => { tasksBefore = nextBefore; refresh(); });
 $("newer").addEventListener("click", () => { tasksBefore = null; refresh(); });
 $("retry-failed").addEventListener("click", () => {
