@@ -269,12 +269,31 @@ pub(super) fn emit(v: Value, human: String) {
 }
 
 pub(super) async fn insert_jobs(q: &Queue, queue: &str, n: u64, batch: u64) -> Result<f64> {
+    insert_keyed_jobs(q, queue, n, batch, 0).await
+}
+
+/// [`insert_jobs`], task `i` with the concurrency key `k{i % keys}` when
+/// `keys` > 0 (the keys round-robin through the backlog).
+pub(super) async fn insert_keyed_jobs(
+    q: &Queue,
+    queue: &str,
+    n: u64,
+    batch: u64,
+    keys: u64,
+) -> Result<f64> {
     let t0 = Instant::now();
     let mut done = 0;
     while done < n {
         let k = batch.min(n - done);
         let tasks: Vec<TaskBuilder> = (done..done + k)
-            .map(|i| TaskBuilder::new("noop", json!({ "id": i })).queue(queue))
+            .map(|i| {
+                let t = TaskBuilder::new("noop", json!({ "id": i })).queue(queue);
+                if keys > 0 {
+                    t.concurrency_key(format!("k{}", i % keys))
+                } else {
+                    t
+                }
+            })
             .collect();
         let out = q.enqueue_many(tasks).await.context("enqueue_many")?;
         if out.len() as u64 != k {

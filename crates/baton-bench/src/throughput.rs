@@ -50,6 +50,14 @@ pub(super) struct ThroughputArgs {
     /// Tasks per `enqueue_many` call while pre-inserting.
     #[arg(long, default_value_t = 10_000)]
     pub(super) insert_batch: u64,
+    /// Give each task a concurrency key, `k0`…`k{N-1}` round-robin
+    /// (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub(super) keys: u64,
+    /// Cap each key at this many running tasks per queue, cluster-wide
+    /// (`WorkerConfig::per_key_max_running`; needs `--keys`).
+    #[arg(long, requires = "keys")]
+    pub(super) per_key_cap: Option<u32>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub(super) timeout: u64,
@@ -70,7 +78,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     for (i, queue) in queues.iter().enumerate() {
         // The jobs split evenly, the first queues taking the remainder.
         let n = a.jobs / queues.len() as u64 + u64::from((i as u64) < a.jobs % queues.len() as u64);
-        insert_jobs(&q, queue, n, a.insert_batch).await?;
+        insert_keyed_jobs(&q, queue, n, a.insert_batch, a.keys).await?;
     }
     let insert_s = t_insert.elapsed().as_secs_f64();
 
@@ -79,6 +87,9 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     let mut cfg = WorkerConfig::default();
     for queue in &queues {
         cfg = cfg.queue(queue.as_str(), a.concurrency);
+        if let Some(cap) = a.per_key_cap {
+            cfg = cfg.per_key_max_running(queue.as_str(), cap);
+        }
     }
     if a.hold_slots {
         cfg = cfg.free_slot_on_return(false);
@@ -165,6 +176,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "bench": "queue-throughput", "store": kind, "jobs": a.jobs, "workers": a.workers,
             "queues": queues.len(), "queue_names": queues, "cluster": ctx.url.contains("+cluster://"),
             "concurrency": a.concurrency, "pool": ctx.pool,
+            "keys": a.keys, "per_key_cap": a.per_key_cap,
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
             "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
@@ -175,8 +187,14 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "prefetch_adaptive": used.prefetch_adaptive(),
         }),
         format!(
-            "queue-throughput {kind}{}: {} queue(s), insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
-            if ctx.url.contains("+cluster://") { " (cluster)" } else { "" }, queues.len(),
+            "queue-throughput {kind}{}{}: {} queue(s), insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
+            if ctx.url.contains("+cluster://") { " (cluster)" } else { "" },
+            match (a.keys, a.per_key_cap) {
+                (0, _) => String::new(),
+                (k, None) => format!(" ({k} keys, no cap)"),
+                (k, Some(c)) => format!(" ({k} keys, cap {c} per key)"),
+            },
+            queues.len(),
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
             used.free_slot_on_return_on(), used.result_batches(),
             if used.prefetch_adaptive() { "up to " } else { "" }, used.prefetch_tasks()
