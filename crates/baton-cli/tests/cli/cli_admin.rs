@@ -664,6 +664,46 @@ async fn metrics_answer_through_a_store_outage_marked_stale() {
     });
 }
 
+/// `/metrics` answers within its store-read bound while the store stalls
+/// (a fault proxy that passes no byte, connections kept open): each scrape
+/// 200 in well under 10 s, `baton_store_up 0` once the bound has passed,
+/// and fresh again after the path heals — never hung for the scraper's
+/// own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_the_store_stalls() {
+    use common::proxy::{host_port, Mode, Proxy};
+    let Some(e) = Env::new(Kind::Redis).await else {
+        return;
+    };
+    let proxy = Proxy::start(&host_port(&e.ts.url));
+    let via = proxy.url(&e.ts.url);
+    let srv = start(&e, Some(&via), &[]);
+    let a = &srv.addr;
+    let (code, m) = metrics_text(a);
+    assert_eq!(code, 200, "{m}");
+    assert_eq!(sample(&m, "baton_store_up"), Some(1.0), "{m}");
+    proxy.set(Mode::Dark);
+    let scrape = || {
+        let t0 = Instant::now();
+        let (code, m) = metrics_text(a);
+        let took = t0.elapsed();
+        assert_eq!(code, 200, "/metrics while the store stalls: {m}");
+        assert!(
+            took < Duration::from_secs(10),
+            "/metrics took {took:?} while the store stalled (the read bound is 5 s)"
+        );
+        m
+    };
+    wait_for(30, "/metrics to mark the stalled store down", || {
+        sample(&scrape(), "baton_store_up") == Some(0.0)
+    });
+    assert!(scrape().contains("baton_build_info{"));
+    proxy.set(Mode::Pass);
+    wait_for(30, "/metrics to read the store again", || {
+        sample(&scrape(), "baton_store_up") == Some(1.0)
+    });
+}
+
 /// `promtool check metrics` (Prometheus' own linter) finds nothing wrong
 /// in a real `/metrics` body, with tasks run so the histograms hold
 /// samples, and the OpenMetrics text is served to a client asking for it.
