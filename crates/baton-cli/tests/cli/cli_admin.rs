@@ -534,14 +534,9 @@ async fn openapi_lists_every_route_served(e: Env) {
 /// private redis-server killed), and `/livez` stays 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_turns_503_when_the_store_stops() {
-    let Some(mut redis) = support::Private::new(support::Kind::Redis) else {
+    let Some((mut redis, _e, srv)) = serve_on_private_redis().await else {
         return;
     };
-    redis.start();
-    let Some(e) = Env::new(Kind::Sqlite).await else {
-        return;
-    };
-    let srv = start(&e, Some(&redis.url()), &[]);
     let a = &srv.addr;
     let (code, body) = call(a, "GET", "/readyz", None, None);
     assert_eq!(code, 200, "{body}");
@@ -563,6 +558,17 @@ async fn readyz_turns_503_when_the_store_stops() {
 
 /// `GET /metrics` as `curl` asks (no `Accept`: the classic text format):
 /// the status and the body.
+/// `baton serve` (with the test config) on a private redis-server the
+/// test may stop and start again: the server, the test's env and the
+/// serve; `None` (a printed skip) without redis-server.
+async fn serve_on_private_redis() -> Option<(support::Private, Env, Server)> {
+    let mut redis = support::Private::new(support::Kind::Redis)?;
+    redis.start();
+    let e = Env::new(Kind::Sqlite).await?;
+    let srv = start(&e, Some(&redis.url()), &[]);
+    Some((redis, e, srv))
+}
+
 fn metrics_text(addr: &str) -> (u16, String) {
     common::http(addr, "GET", "/metrics", None, b"")
 }
@@ -590,14 +596,9 @@ fn family_sum(text: &str, name: &str) -> f64 {
 /// store is back the gauges are read afresh (`baton_store_up 1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_through_a_store_outage_marked_stale() {
-    let Some(mut redis) = support::Private::new(support::Kind::Redis) else {
+    let Some((mut redis, _e, srv)) = serve_on_private_redis().await else {
         return;
     };
-    redis.start();
-    let Some(e) = Env::new(Kind::Sqlite).await else {
-        return;
-    };
-    let srv = start(&e, Some(&redis.url()), &[]);
     let a = &srv.addr;
     let (code, m) = metrics_text(a);
     assert_eq!(code, 200, "{m}");
