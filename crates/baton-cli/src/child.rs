@@ -91,6 +91,15 @@ pub type StopHook = fn(RanFor, libc::pid_t);
 /// process it stays empty and a stop reports to nothing.
 static STOP_HOOK: std::sync::OnceLock<StopHook> = std::sync::OnceLock::new();
 
+/// What a supervisor started by a process with a [`StopHook`] calls once
+/// the tree it killed by itself at the lease's stop-by deadline is gone
+/// (baton was frozen or gone), with the group id: `baton chaos` dates that
+/// death in its history, as the stop hook does for baton's own stops.
+pub type DeadlineKillHook = fn(libc::pid_t);
+
+/// The supervisor's flag for "call the [`DeadlineKillHook`]".
+const DATE_KILLS: &str = "--date-kills";
+
 /// Set this process's [`StopHook`]; `false` if one was set already (the
 /// first stays).
 pub fn set_stop_hook(hook: StopHook) -> bool {
@@ -148,9 +157,13 @@ pub fn spawn(
     cmd.arg0("baton")
         .arg(SUPERVISE)
         .arg(read.as_raw_fd().to_string())
-        .arg(grace.as_millis().to_string())
-        .arg("--")
-        .args(argv);
+        .arg(grace.as_millis().to_string());
+    // A process with a stop hook (a `baton chaos` instance) has its
+    // supervisor date the kills it makes by itself, too.
+    if STOP_HOOK.get().is_some() {
+        cmd.arg(DATE_KILLS);
+    }
+    cmd.arg("--").args(argv);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -465,12 +478,20 @@ extern "C" fn wake(_: libc::c_int) {}
 
 /// If this process was started as the supervisor (`baton __supervise …`),
 /// run it and return its exit code; `None` for a normal `baton` run.
-pub fn supervise_if_asked() -> Option<u8> {
-    let args: Vec<OsString> = std::env::args_os().collect();
+/// `on_deadline_kill` is called only when the process that started it has
+/// a [`StopHook`] (see [`DeadlineKillHook`]).
+pub fn supervise_if_asked(on_deadline_kill: DeadlineKillHook) -> Option<u8> {
+    let mut args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).map(OsString::as_os_str) != Some(OsStr::new(SUPERVISE)) {
         return None;
     }
-    Some(match supervise(&args[2..]) {
+    let hook = if args.get(4).map(OsString::as_os_str) == Some(OsStr::new(DATE_KILLS)) {
+        args.remove(4);
+        Some(on_deadline_kill)
+    } else {
+        None
+    };
+    Some(match supervise(&args[2..], hook) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("baton: supervisor: {e}");
@@ -479,7 +500,7 @@ pub fn supervise_if_asked() -> Option<u8> {
     })
 }
 
-fn supervise(args: &[OsString]) -> Result<u8, String> {
+fn supervise(args: &[OsString], on_deadline_kill: Option<DeadlineKillHook>) -> Result<u8, String> {
     const USAGE: &str = "internal use: baton __supervise FD GRACE_MS -- CMD...";
     let fd: RawFd = args
         .first()
@@ -605,6 +626,11 @@ fn supervise(args: &[OsString]) -> Result<u8, String> {
             wait_for_event(None, Some(Duration::from_millis(20)));
         } else {
             wait_for_event(None, Some(term_until - now));
+        }
+    }
+    if expired {
+        if let Some(hook) = on_deadline_kill {
+            hook(me);
         }
     }
     Ok(match status {

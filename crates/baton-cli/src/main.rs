@@ -581,7 +581,7 @@ fn write_all_stdout(buf: &[u8]) -> anyhow::Result<u8> {
 
 fn main() -> ExitCode {
     // A command's supervisor: before clap and tokio (see `child`).
-    if let Some(code) = child::supervise_if_asked() {
+    if let Some(code) = child::supervise_if_asked(chaos::history::date_deadline_kill) {
         return ExitCode::from(code);
     }
     let mut cli = Cli::parse();

@@ -96,8 +96,13 @@ impl Effect {
     /// is the death of this effect's command: recorded by its instance, for
     /// its task and attempt, or, not being a task's, for its fencing token.
     fn died_by(&self, killed: &Record) -> bool {
-        killed.proc == self.proc
-            && match self.task {
+        // (The caller found `killed` by this effect's group.) A supervisor's
+        // record names the group alone: its command is this effect's.
+        if killed.proc != self.proc {
+            return false;
+        }
+        killed.supervisor
+            || match self.task {
                 Some(_) => killed.task == self.task && killed.attempt == self.attempt,
                 None => killed.task.is_none() && self.token.is_some() && killed.token == self.token,
             }
@@ -614,6 +619,37 @@ mod tests {
         // A record for another attempt or another group bounds nothing.
         assert_eq!(t2(&killed_history(Some((2, 100)), false)), Some(1));
         assert_eq!(t2(&killed_history(Some((1, 101)), false)), Some(1));
+    }
+
+    /// A frozen worker's command killed by its supervisor at the stop-by
+    /// deadline: the supervisor's record (group only) before attempt 2's
+    /// begin bounds attempt 1, though the worker's own record comes after
+    /// (it woke later); the worker's late record alone does not.
+    #[test]
+    fn a_supervisors_killed_record_bounds_a_frozen_workers_effect() {
+        let t2 = |h: &[Record]| check(h, &[]).violations.get("T2").map(|v| v.0);
+        let supervisor = |proc: &str, group: i64| Record {
+            op: "killed".into(),
+            proc: proc.into(),
+            group: Some(group),
+            supervisor: true,
+            t: 3_000,
+            ..Default::default()
+        };
+        // The worker's own record after attempt 2 began: an overlap.
+        let late = killed_history(Some((1, 100)), true);
+        assert_eq!(t2(&late), Some(1));
+        // Its supervisor's record before attempt 2 began: none.
+        let mut h = late.clone();
+        h.insert(1, supervisor("w1.0", 100));
+        assert_eq!(t2(&h), None, "{}", check(&h, &[]).table());
+        // A supervisor record of another group or instance bounds nothing.
+        let mut h = late.clone();
+        h.insert(1, supervisor("w1.0", 101));
+        assert_eq!(t2(&h), Some(1));
+        let mut h = late;
+        h.insert(1, supervisor("w9.0", 100));
+        assert_eq!(t2(&h), Some(1));
     }
 
     /// The same shape for a lock-mode job's run: its scheduler lost the

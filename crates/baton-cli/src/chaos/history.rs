@@ -68,6 +68,10 @@ pub struct Record {
     /// `killed` command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<i64>,
+    /// A `killed` record written by the command's supervisor (its stop-by
+    /// deadline passed while baton was frozen): it names the group only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub supervisor: bool,
     /// A register write: whether the register took it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<bool>,
@@ -134,6 +138,34 @@ fn date_death(ran: crate::child::RanFor, pgid: libc::pid_t) {
     };
     if let Err(e) = append_killed(Path::new(&path), ran.task, ran.token, i64::from(pgid)) {
         tracing::warn!(task = ?ran.task, token = ?ran.token, "chaos history: {e:#}");
+    }
+}
+
+/// The [`crate::child::DeadlineKillHook`]: a chaos instance's supervisor
+/// killed its command's tree by itself at the lease's stop-by deadline
+/// (its baton frozen) and saw it gone: append a `killed` record for the
+/// group, marked `supervisor`, so the death is dated when it happened, not
+/// when the frozen baton wakes and sees it. Does nothing outside a chaos
+/// run (no [`KILLED_ENV`]).
+pub fn date_deadline_kill(pgid: libc::pid_t) {
+    let Some(path) = std::env::var_os(KILLED_ENV) else {
+        return;
+    };
+    let rec = Record {
+        op: "killed".into(),
+        proc: std::env::var(PROC_ENV).unwrap_or_default(),
+        group: Some(i64::from(pgid)),
+        supervisor: true,
+        t: now_us(),
+        ..Default::default()
+    };
+    let appended = OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .map_err(anyhow::Error::from)
+        .and_then(|file| History { file }.append(&rec));
+    if let Err(e) = appended {
+        eprintln!("baton: supervisor: chaos history: {e:#}");
     }
 }
 
