@@ -486,31 +486,6 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             .into());
         }
     }
-    if let Some(JobsCmd::Backfill { from, to, max, .. }) = &a.cmd {
-        // Checked before connecting, as far as the store's clock is not
-        // needed (the range's end against now is checked by the library).
-        if from > to {
-            return Err(Error::from(baton::InvalidInput::new(
-                "--from",
-                format!(
-                    "{} is after --to ({}); give --from ≤ --to",
-                    output::ts(*from),
-                    output::ts(*to)
-                ),
-            ))
-            .into());
-        }
-        if *max == 0 || *max > baton::schedule::BACKFILL_LIMIT {
-            return Err(Error::from(baton::InvalidInput::new(
-                "--max",
-                format!(
-                    "{max} is out of range; use 1 to {} slots",
-                    baton::schedule::BACKFILL_LIMIT
-                ),
-            ))
-            .into());
-        }
-    }
     let store = crate::connect_resolved(&a.store.resolve(cfg.as_ref()), true)
         .await
         .context("connecting to the store")?;

@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 
 use super::job::{Job, JobMode};
-use super::slots::{run_skipped, slot_report, trigger_with, SlotOutcome, SlotReport};
+use super::slots::{report_of, run_skipped, slot_report, trigger_with, SlotOutcome, SlotReport};
 use crate::error::{Error, InvalidInput};
 use crate::store::{Store, TaskFilter};
 
@@ -235,11 +235,8 @@ async fn existing_runs(
         if slot < b.from || slot > b.to {
             continue;
         }
-        let e = crate::store::Enqueued {
-            id: t.id,
-            inserted: false,
-        };
-        found.push((slot, slot_report(store, job, slot, e).await?));
+        // The listing is the task: no second read per slot.
+        found.push((slot, report_of(t, false)));
     }
     Ok(found)
 }

@@ -125,6 +125,21 @@ fn outcome_of(state: TaskState, attempt: u32, reason: Option<&str>) -> SlotOutco
     }
 }
 
+/// A slot's run as its (unpruned) task says: what [`slot_report`]
+/// answers for a task it read, and a backfill's dry run for a task it
+/// listed.
+pub(super) fn report_of(t: crate::store::TaskInfo, inserted: bool) -> SlotReport {
+    SlotReport {
+        id: t.id,
+        inserted,
+        outcome: outcome_of(t.state, t.attempt, t.last_error.as_deref()),
+        reason: t.last_error,
+        finished_at: t.finished_at,
+        pruned: false,
+        rerun: false,
+    }
+}
+
 /// What became of `job`'s run for `slot`, whose task is `e` (the answer of
 /// [`trigger_with`]).
 pub async fn slot_report(
@@ -135,15 +150,7 @@ pub async fn slot_report(
 ) -> Result<SlotReport, Error> {
     let b = store.backend();
     if let Some(t) = b.task_get(e.id).await? {
-        return Ok(SlotReport {
-            id: e.id,
-            inserted: e.inserted,
-            outcome: outcome_of(t.state, t.attempt, t.last_error.as_deref()),
-            reason: t.last_error,
-            finished_at: t.finished_at,
-            pruned: false,
-            rerun: false,
-        });
+        return Ok(report_of(t, e.inserted));
     }
     match b.slot_get(&job.slot_key(slot)).await? {
         Some(p) => Ok(SlotReport {
