@@ -147,9 +147,10 @@ pub struct WorkArgs {
     /// After SIGTERM to a command, how long before SIGKILL.
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     pub grace: Duration,
-    /// Idle poll period (at least 10ms).
-    #[arg(long, default_value = "1s", value_parser = poll_arg)]
-    pub poll: Duration,
+    /// Idle poll period (at least 10ms) [default: 2s on PostgreSQL with
+    /// LISTEN and on Redis, whose wake-ups reach every worker; 1s elsewhere].
+    #[arg(long, value_parser = poll_arg)]
+    pub poll: Option<Duration>,
     /// Admin HTTP address, e.g. 127.0.0.1:9090: the dashboard at `/`, the
     /// JSON API under `/api/v1` (OpenAPI at `/api/v1/openapi.json`),
     /// `/livez` and `/readyz` probes, `/metrics` for Prometheus.

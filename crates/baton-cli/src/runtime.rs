@@ -20,17 +20,20 @@ use crate::http_client;
 pub fn worker_config(
     queues: &[(String, usize)],
     lease: Duration,
-    poll: Duration,
+    poll: Option<Duration>,
     shutdown_grace: Duration,
     grace: Duration,
 ) -> WorkerConfig {
-    queues
+    let cfg = queues
         .iter()
         .fold(WorkerConfig::default(), |cfg, (q, n)| cfg.queue(q, *n))
         .lease(lease)
-        .poll_interval(poll)
         .shutdown_grace(shutdown_grace)
-        .stop_grace(grace + Duration::from_secs(1))
+        .stop_grace(grace + Duration::from_secs(1));
+    match poll {
+        Some(p) => cfg.poll_interval(p),
+        None => cfg,
+    }
 }
 
 /// One worker per queue, as `serve` and `work` run them: each with its
@@ -41,7 +44,7 @@ pub fn queue_workers(
     store: &Store,
     queues: &[QueueConfig],
     jobs: &[JobConfig],
-    poll: Duration,
+    poll: Option<Duration>,
     shutdown_grace: Duration,
     grace: Duration,
 ) -> Result<Vec<Worker>, baton::Error> {

@@ -154,7 +154,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         &store,
         &cfg.queues,
         &cfg.jobs,
-        Duration::from_secs(1),
+        None,
         a.shutdown_grace,
         a.grace,
     )?;

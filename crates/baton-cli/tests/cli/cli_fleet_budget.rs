@@ -141,14 +141,17 @@ command = ["true"]
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // An idle serve's steady state: a 10-second window in which it held at
-    // most 2 connections and made about one transaction a second. On a
-    // loaded machine (the suite runs many tests on 2 cores) a starved
-    // process's calls can overlap and open a third connection for a while,
-    // and the pool gives it back within one to two idle timeouts: so the
-    // budget must hold in one of three windows, one after another. A
-    // serve that keeps what it opened (the pool's shrink off: 4 or more)
-    // or polls more than once a second (1.6/s before the upkeep moved off
-    // the ticker) fails all three.
+    // most 2 connections (the pool's one and LISTEN) and made at most one
+    // transaction a second (one store call per 2 s poll, its upkeep and the
+    // scheduler's standing in for polls: ~0.7/s). On a loaded machine (the
+    // suite runs many tests on 2 cores) a starved process's calls can
+    // overlap and open a third connection for a while, and the pool gives
+    // it back within one to two idle timeouts: so the budget must hold in
+    // one of three windows, one after another. A serve that keeps what it
+    // opened (the pool's shrink off: 4 or more) fails all three. (A 1 s
+    // poll, before the 2 s poll with LISTEN, sat at the edge: 0.98 to
+    // 1.05/s; rescues landing on the claims' beat show only in a loaded
+    // fleet: scripts/fleet-serve.sh, docs/BENCHMARKS.md.)
     let mut windows = Vec::new();
     let mut within = false;
     for _ in 0..3 {
@@ -166,9 +169,7 @@ command = ["true"]
         let (_, x1) = db.sample(&node).await;
         let rate = (x1 - x0) as f64 / t0.elapsed().as_secs_f64();
         windows.push(format!("{most} connections, {rate:.2} transactions/s"));
-        // One store call a poll (1 s) when idle, the worker's upkeep and
-        // the scheduler's included; a little over for counters flushed late.
-        if most <= 2 && rate <= 1.25 {
+        if most <= 2 && rate <= 1.0 {
             within = true;
             break;
         }
@@ -179,7 +180,7 @@ command = ["true"]
     assert!(
         within,
         "an idle serve (connections named \"baton {node}\") was over its budget of at most 2 \
-         connections (the pool's one and LISTEN) and about 1 transaction/s in every 10-second \
+         connections (the pool's one and LISTEN) and 1 transaction/s in every 10-second \
          window: {windows:?}"
     );
 }

@@ -37,7 +37,10 @@ pub const MIN_LEASE: Duration = Duration::from_millis(30);
 pub struct WorkerConfig {
     pub(super) queues: Vec<(String, usize)>,
     pub(super) lease: Duration,
-    pub(super) poll_interval: Duration,
+    pub(super) poll_interval: Option<Duration>,
+    /// Whether the store's wake-ups reach across processes (set by
+    /// [`Worker::run`](super::Worker::run) from its store).
+    pub(super) listening: bool,
     pub(super) rescue_interval: Option<Duration>,
     pub(super) shutdown_grace: Duration,
     pub(super) stop_grace: Duration,
@@ -62,6 +65,16 @@ pub(super) enum Prefetch {
     UpTo(usize),
 }
 
+/// The idle poll period of a worker whose store hears only this process's
+/// work (SQLite, MySQL; see [`WorkerConfig::poll_interval`]).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The idle poll period of a worker whose store's wake-ups reach across
+/// processes (PostgreSQL's `LISTEN`, Redis pub/sub): the poll is only the
+/// safety net for a lost wake-up, so it may be slower, as graphile-worker's
+/// and pg-boss's 2 s are (see [`WorkerConfig::poll_interval`]).
+pub const LISTENING_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
 /// An adaptive prefetch buffer ([`WorkerConfig::prefetch_up_to`]) holds
 /// what its queue starts in this long, at the queue's recent rate.
 pub const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
@@ -72,7 +85,7 @@ const DEFAULT_PREFETCH: usize = 512;
 
 impl Default for WorkerConfig {
     /// No queues (name at least one with [`WorkerConfig::queue`]), a 30 s
-    /// lease, a 1 s poll, rescue every five polls, 10 s shutdown grace, 5 s
+    /// lease, a 1 s poll (2 s where wake-ups reach across processes), rescue every 5 s, 10 s shutdown grace, 5 s
     /// stop grace, the default [`Backoff`], 7 days' retention, no cluster
     /// caps; the pipeline knobs ([`free_slot_on_return`](Self::free_slot_on_return),
     /// [`result_batches_in_flight`](Self::result_batches_in_flight),
@@ -82,7 +95,8 @@ impl Default for WorkerConfig {
         WorkerConfig {
             queues: Vec::new(),
             lease: Duration::from_secs(30),
-            poll_interval: Duration::from_secs(1),
+            poll_interval: None,
+            listening: false,
             rescue_interval: None,
             shutdown_grace: Duration::from_secs(10),
             stop_grace: Duration::from_secs(5),
@@ -128,18 +142,59 @@ impl WorkerConfig {
         self
     }
 
-    /// Idle poll period (default 1 s; also the fallback when a wake-up is
-    /// lost): each tick claims for one queue, in turn, except a tick after
-    /// an upkeep call (rescue, prune, clock reading), which stands in for
-    /// that poll (never two ticks in a row), so an idle worker makes one
-    /// store call per tick.
+    /// Idle poll period: each tick claims for one queue, in turn, except a
+    /// tick after an upkeep call (rescue, prune, clock reading), which
+    /// stands in for that poll (never two ticks in a row), so an idle
+    /// worker makes one store call per tick.
+    ///
+    /// Unset, it is [`LISTENING_POLL_INTERVAL`] (2 s) on a store whose
+    /// wake-ups reach across processes (PostgreSQL with its `LISTEN`
+    /// session, Redis), where the poll only catches a wake-up that was lost,
+    /// and [`DEFAULT_POLL_INTERVAL`] (1 s) elsewhere (SQLite, MySQL, and
+    /// PostgreSQL behind a transaction pooler without a direct URL), where
+    /// it is how work enqueued by other processes is found. Rescue and
+    /// prune keep their own timers, based on this period when it is set and
+    /// on 1 s when not.
     pub fn poll_interval(mut self, every: Duration) -> Self {
-        self.poll_interval = every;
+        self.poll_interval = Some(every);
         self
     }
 
+    /// The idle poll period this config ticks at (see
+    /// [`poll_interval`](Self::poll_interval)) on a store whose wake-ups do
+    /// (`true`) or do not reach across processes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use baton::queue::WorkerConfig;
+    /// assert_eq!(WorkerConfig::new().poll_period(true), Duration::from_secs(2));
+    /// assert_eq!(WorkerConfig::new().poll_period(false), Duration::from_secs(1));
+    /// let set = WorkerConfig::new().poll_interval(Duration::from_millis(500));
+    /// assert_eq!(set.poll_period(true), Duration::from_millis(500));
+    /// ```
+    pub fn poll_period(&self, wakes_across_processes: bool) -> Duration {
+        self.poll_interval.unwrap_or(if wakes_across_processes {
+            LISTENING_POLL_INTERVAL
+        } else {
+            DEFAULT_POLL_INTERVAL
+        })
+    }
+
+    /// The period this worker ticks at (once [`Worker::run`](super::Worker::run)
+    /// has told it whether its store's wake-ups reach across processes).
+    pub(super) fn tick(&self) -> Duration {
+        self.poll_period(self.listening)
+    }
+
+    /// The period rescue (five of them) and prune (300) are counted in:
+    /// the poll set, else [`DEFAULT_POLL_INTERVAL`], whatever the store.
+    pub(super) fn upkeep_base(&self) -> Duration {
+        self.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL)
+    }
+
     /// How often to rescue expired leases (when rescue is on), on a timer of
-    /// its own. Default: every five poll intervals.
+    /// its own. Default: every five poll intervals when
+    /// [`poll_interval`](Self::poll_interval) is set, else every 5 s.
     pub fn rescue_interval(mut self, every: Duration) -> Self {
         self.rescue_interval = Some(every);
         self
@@ -175,7 +230,7 @@ impl WorkerConfig {
     }
 
     /// Delete finished tasks older than this, every 300 poll intervals (5
-    /// min at the default poll), on a timer of its own; `None`: never.
+    /// min when no poll is set), on a timer of its own; `None`: never.
     /// Default 7 days.
     pub fn retention(mut self, keep: Option<Duration>) -> Self {
         self.retention = keep;
@@ -433,7 +488,7 @@ impl WorkerConfig {
                 "must be at least 1 (e.g. 2)",
             ));
         }
-        if self.poll_interval.is_zero() {
+        if self.poll_interval.is_some_and(|p| p.is_zero()) {
             return Err(InvalidInput::new("poll_interval", "must be greater than 0"));
         }
         if self.rescue_interval.is_some_and(|r| r.is_zero()) {

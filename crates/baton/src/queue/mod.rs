@@ -37,7 +37,9 @@ mod typed;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use config::{WorkerConfig, MIN_LEASE, PREFETCH_HORIZON};
+pub use config::{
+    WorkerConfig, DEFAULT_POLL_INTERVAL, LISTENING_POLL_INTERVAL, MIN_LEASE, PREFETCH_HORIZON,
+};
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
 };

@@ -309,6 +309,15 @@ macro_rules! backend_trait {
             /// URL now leads to a writable one. The default does nothing (no pool,
             /// or one the application owns).
             fn pool_recycle(&self) {}
+
+            /// Whether [`wake_subscribe`](Backend::wake_subscribe) hears work
+            /// that other processes add (PostgreSQL's `LISTEN`, Redis
+            /// pub/sub), so a worker's poll is only a safety net for a lost
+            /// wake-up and may be slower. The default: no (an in-process
+            /// channel; other processes' work is found by polling).
+            fn wakes_across_processes(&self) -> bool {
+                false
+            }
             $(
                 $(#[$m])*
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError>;
@@ -721,6 +730,9 @@ macro_rules! bounded_backend {
             }
             fn pool_recycle(&self) {
                 self.inner.pool_recycle()
+            }
+            fn wakes_across_processes(&self) -> bool {
+                self.inner.wakes_across_processes()
             }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {

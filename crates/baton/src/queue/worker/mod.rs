@@ -3,9 +3,11 @@
 //! and shut down without losing or double-running anything.
 //!
 //! One [`Worker`] serves several queues, each with its own concurrency.
-//! Its store traffic when idle is one call per `poll_interval`: a claim
+//! Its store traffic when idle is one call per poll interval (1 s, or 2 s
+//! where the store's wake-ups reach across processes; see
+//! [`WorkerConfig::poll_interval`]): a claim
 //! (each queue in turn), or in place of one an upkeep call — a rescue every
-//! `rescue_interval` (default five polls), a check of the store's identity
+//! `rescue_interval` (default 5 s), a check of the store's identity
 //! every 10 s (at a rescue tick; shared with every clone of the store), a
 //! prune of finished tasks past the retention every 300 polls, three
 //! readings of the store's clock (the best one is kept) once a minute —
@@ -253,6 +255,7 @@ impl Worker {
     ) -> Result<(), Error> {
         let kind = self.store.backend().kind();
         self.config = std::mem::take(&mut self.config).with_store_defaults(kind);
+        self.config.listening = self.store.backend().wakes_across_processes();
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
         let (due, due_rx) = tokio::sync::mpsc::unbounded_channel();
         let completer = tokio::spawn(complete_loop(

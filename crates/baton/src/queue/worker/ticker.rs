@@ -29,7 +29,7 @@ pub(super) async fn ticker(
     } = wakes;
     // The ticker: one claim per tick (queues in turn) when idle, claims
     // on wake-ups, and timers for work announced as due later.
-    let mut tick = tokio::time::interval(shared.config.poll_interval);
+    let mut tick = tokio::time::interval(shared.config.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut k: usize = 0;
     let n = shared.config.queues.len();

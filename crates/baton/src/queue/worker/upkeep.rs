@@ -17,9 +17,16 @@ pub(super) async fn upkeep_loop(
     clock: Arc<std::sync::OnceLock<StoreClock>>,
 ) {
     let cfg = &shared.config;
-    let rescue_every = cfg.rescue_interval.unwrap_or(cfg.poll_interval * 5);
-    let prune_every = cfg.poll_interval * 300;
-    let start = Instant::now() + cfg.poll_interval / 2;
+    // Defaults are whole numbers of ticks, so every upkeep call stays half
+    // a tick off the claims (5 s of 2 s ticks would land every other
+    // rescue on a claim, which then needs a second connection).
+    let on_beat =
+        |d: Duration| d.max(cfg.tick()).div_duration_f64(cfg.tick()).ceil() as u32 * cfg.tick();
+    let rescue_every = cfg
+        .rescue_interval
+        .unwrap_or_else(|| on_beat(cfg.upkeep_base() * 5));
+    let prune_every = on_beat(cfg.upkeep_base() * 300);
+    let start = Instant::now() + cfg.tick() / 2;
     let mut rescue = tokio::time::interval_at(start + rescue_every, rescue_every);
     rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut prune = tokio::time::interval_at(start + prune_every, prune_every);

@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
 use super::sql::{Cap, FinishKind};
-use super::{dur, listener, schema, PgBackend};
+use super::{dur, listener, schema, PgBackend, PoolMode};
 use crate::error::StoreError;
 use crate::store::sql_row::{
     claimed_task, job_state, lock_info, queue_stats, task_info, token_arg, token_of, SqlRow,
@@ -59,6 +59,12 @@ impl Backend for PgBackend {
 
     fn pool_recycle(&self) {
         self.recycle.mark();
+    }
+
+    fn wakes_across_processes(&self) -> bool {
+        // Behind a transaction pooler without a direct URL there is no
+        // LISTEN session (see `listener::subscribe`).
+        !matches!((self.mode, &self.listen), (PoolMode::Transaction, None))
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {

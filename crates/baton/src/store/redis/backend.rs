@@ -26,6 +26,10 @@ impl Backend for RedisBackend {
         "redis"
     }
 
+    fn wakes_across_processes(&self) -> bool {
+        true
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
     }
