@@ -22,11 +22,11 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, InvalidInput};
 use crate::format_duration;
 use crate::names::validate_name;
-use crate::store::{
-    CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
-};
 pub use crate::store::{
     args_hash, canonical_json, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod, UniqueScope,
+};
+use crate::store::{
+    CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
 };
 
 mod backoff;
@@ -340,7 +340,9 @@ impl TaskBuilder {
     /// beyond its queue (what a Redis store refuses).
     fn spans_queues(&self) -> bool {
         self.unique.scope.spans_queues()
-            && (self.task.unique_key.is_some() || self.unique.by_args || self.unique.period.is_some())
+            && (self.task.unique_key.is_some()
+                || self.unique.by_args
+                || self.unique.period.is_some())
             && !is_own_slot_key(&self.task)
     }
 }

@@ -397,10 +397,7 @@ pub(crate) fn validate_user_key(k: &str) -> Result<(), InvalidInput> {
     if k.is_empty() || k.len() > MAX_STORED_KEY_LEN {
         return Err(InvalidInput::new(
             "unique key",
-            format!(
-                "is {} bytes; use 1 to {MAX_STORED_KEY_LEN} bytes",
-                k.len()
-            ),
+            format!("is {} bytes; use 1 to {MAX_STORED_KEY_LEN} bytes", k.len()),
         ));
     }
     if k.chars().any(char::is_control) {
@@ -520,7 +517,9 @@ mod tests {
     fn composites_round_trip_and_differ_by_every_part() {
         let p = serde_json::json!({"a": 1});
         let mk = |q: &str, k: &str, key: Option<&str>, o: &UniqueOpts, now: i64| {
-            compose_unique_key(q, k, &p, key, o, at(now)).unwrap().unwrap()
+            compose_unique_key(q, k, &p, key, o, at(now))
+                .unwrap()
+                .unwrap()
         };
         let d = UniqueOpts::default();
         let base = mk("q", "k", Some("42"), &d, 0);
@@ -593,7 +592,8 @@ mod tests {
         let d = UniqueOpts::default();
         let e = compose_unique_key("q", "k", &p, Some("a\u{1f}b"), &d, Utc::now()).unwrap_err();
         assert_eq!(e.field, "unique key");
-        let e = compose_unique_key("q", "k", &p, Some(&"x".repeat(1020)), &d, Utc::now()).unwrap_err();
+        let e =
+            compose_unique_key("q", "k", &p, Some(&"x".repeat(1020)), &d, Utc::now()).unwrap_err();
         assert_eq!(e.field, "unique key");
         assert!(e.problem.contains("use at most 1015 bytes"), "{e}");
         assert!(compose_unique_key("q", "k", &p, Some(&"x".repeat(1015)), &d, Utc::now()).is_ok());
@@ -625,8 +625,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(UniqueKey::upgraded("q", "k", "42"), want);
-        assert_eq!(UniqueKey::upgraded("q", "k", want.as_deref().unwrap()), None);
+        assert_eq!(
+            UniqueKey::upgraded("q", "k", want.as_deref().unwrap()),
+            None
+        );
         assert_eq!(UniqueKey::upgraded("q", "k", &"x".repeat(1020)), None);
-        assert_eq!(UniqueKey::parse("job|2026-01-01T00:00:00Z").to_string(), "job|2026-01-01T00:00:00Z");
+        assert_eq!(
+            UniqueKey::parse("job|2026-01-01T00:00:00Z").to_string(),
+            "job|2026-01-01T00:00:00Z"
+        );
     }
 }

@@ -59,9 +59,7 @@ pub async fn scopes_compare_what_they_name(ts: TestStore) {
 
     for scope in [UniqueScope::Kind, UniqueScope::Global] {
         let key = format!("wide-{scope}");
-        let first = q
-            .enqueue(keyed("w", "wq1", &key).unique_scope(scope))
-            .await;
+        let first = q.enqueue(keyed("w", "wq1", &key).unique_scope(scope)).await;
         if let Kind::Redis = ts.kind {
             let err = first.unwrap_err();
             let baton::Error::Invalid(e) = &err else {
@@ -106,12 +104,24 @@ pub async fn by_args_dedupes_equal_payloads_in_any_order(ts: TestStore) {
             .queue("args")
             .unique_by_args(true)
     };
-    let a = put(&q, by_args(json!({"image": 7, "size": {"w": 640, "h": 480}}))).await;
+    let a = put(
+        &q,
+        by_args(json!({"image": 7, "size": {"w": 640, "h": 480}})),
+    )
+    .await;
     let reordered: serde_json::Value =
         serde_json::from_str(r#"{"size": {"h": 480, "w": 640}, "image": 7}"#).unwrap();
     let b = put(&q, by_args(reordered)).await;
-    assert_eq!((b.id, b.inserted), (a.id, false), "same payload, other order");
-    let c = put(&q, by_args(json!({"image": 8, "size": {"w": 640, "h": 480}}))).await;
+    assert_eq!(
+        (b.id, b.inserted),
+        (a.id, false),
+        "same payload, other order"
+    );
+    let c = put(
+        &q,
+        by_args(json!({"image": 8, "size": {"w": 640, "h": 480}})),
+    )
+    .await;
     assert!(c.inserted, "another payload is another key");
     let d = put(
         &q,
@@ -170,7 +180,10 @@ pub async fn period_keys_differ_across_buckets(ts: TestStore) {
     };
     assert_ne!(next.unique_key, first.unique_key);
     let e3 = b.task_insert_many(&[next]).await.unwrap()[0];
-    assert!(e3.inserted && e3.id != e1.id, "the next bucket is a new task");
+    assert!(
+        e3.inserted && e3.id != e1.id,
+        "the next bucket is a new task"
+    );
 }
 
 /// `task_retry` still refuses when the task's scoped key is taken by
@@ -180,17 +193,29 @@ pub async fn retry_refuses_a_taken_scoped_key(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let b = ts.store.backend();
     let first = put(&q, keyed("job", "rq", "r1")).await;
-    assert_eq!(b.task_cancel(first.id).await.unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(
+        b.task_cancel(first.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
     let second = put(&q, keyed("job", "rq", "r1")).await;
-    assert!(second.inserted && second.id != first.id, "the cancel freed the key");
+    assert!(
+        second.inserted && second.id != first.id,
+        "the cancel freed the key"
+    );
     let err = b.task_retry(first.id).await.unwrap_err();
     assert!(
         matches!(err, baton::StoreError::Conflict(_)),
         "retrying onto a taken key: {err:?}"
     );
-    assert_eq!(b.task_cancel(second.id).await.unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(
+        b.task_cancel(second.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
     // Another kind with the same key string holds another key.
     let other = put(&q, keyed("other", "rq", "r1")).await;
     assert!(other.inserted);
-    assert!(b.task_retry(first.id).await.unwrap(), "the key is free in its scope");
+    assert!(
+        b.task_retry(first.id).await.unwrap(),
+        "the key is free in its scope"
+    );
 }

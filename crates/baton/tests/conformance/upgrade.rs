@@ -1068,12 +1068,24 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
             key_of(&store, report).await,
             UniqueKey::upgraded("uq", "report", "r")
         );
-        assert_eq!(key_of(&store, long_id).await, Some(long.clone()), "did not fit");
-        assert_eq!(key_of(&store, slot_id).await, slot_task.unique_key, "a slot's key");
+        assert_eq!(
+            key_of(&store, long_id).await,
+            Some(long.clone()),
+            "did not fit"
+        );
+        assert_eq!(
+            key_of(&store, slot_id).await,
+            slot_task.unique_key,
+            "a slot's key"
+        );
     }
     let store = Store::connect_with(&ts.url, opts).await.unwrap();
     let q = Queue::new(store.clone());
-    let k = |kind: &str, key: &str| TaskBuilder::new(kind, serde_json::json!({})).queue("uq").unique_key(key);
+    let k = |kind: &str, key: &str| {
+        TaskBuilder::new(kind, serde_json::json!({}))
+            .queue("uq")
+            .unique_key(key)
+    };
     // Code that upgraded without changes still dedupes against the task
     // enqueued before the upgrade...
     let again = q.enqueue(k("email", "42")).await.unwrap();
