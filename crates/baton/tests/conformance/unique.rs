@@ -166,7 +166,7 @@ pub async fn period_keys_differ_across_buckets(ts: TestStore) {
             break (x, y);
         }
     };
-    let e1 = b.task_insert_many(&[first.clone()]).await.unwrap()[0];
+    let e1 = b.task_insert_many(std::slice::from_ref(&first)).await.unwrap()[0];
     let e2 = b.task_insert_many(&[second]).await.unwrap()[0];
     assert!(e1.inserted);
     assert_eq!((e2.id, e2.inserted), (e1.id, false), "one bucket, one task");
