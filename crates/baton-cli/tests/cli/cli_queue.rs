@@ -198,15 +198,20 @@ async fn unique_scope_flags_scope_the_key(e: Env) {
     assert_eq!(by_args(&["echo", "hi"]), x, "the same command");
     assert_ne!(by_args(&["echo", "ho"]), x, "another command");
 
-    let out = e.run(&[
-        "enqueue",
-        "--key",
-        "g",
-        "--unique-scope",
-        "global",
-        "--",
-        "true",
-    ]);
+    let global = |queue: &str| {
+        e.run(&[
+            "enqueue",
+            "--queue",
+            queue,
+            "--key",
+            "g",
+            "--unique-scope",
+            "global",
+            "--",
+            "true",
+        ])
+    };
+    let out = global("default");
     if matches!(e.ts.kind, Kind::Redis) {
         assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
         let err = stderr(&out);
@@ -217,22 +222,8 @@ async fn unique_scope_flags_scope_the_key(e: Env) {
     } else {
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let id: i64 = stdout(&out).trim().parse().unwrap();
-        let out = e.run(&[
-            "enqueue",
-            "--queue",
-            "elsewhere",
-            "--key",
-            "g",
-            "--unique-scope",
-            "global",
-            "--",
-            "true",
-        ]);
-        assert_eq!(
-            stdout(&out).trim().parse::<i64>().unwrap(),
-            id,
-            "global spans queues"
-        );
+        let again = stdout(&global("elsewhere")).trim().parse::<i64>().unwrap();
+        assert_eq!(again, id, "global spans queues");
     }
 }
 

@@ -166,7 +166,10 @@ pub async fn period_keys_differ_across_buckets(ts: TestStore) {
             break (x, y);
         }
     };
-    let e1 = b.task_insert_many(std::slice::from_ref(&first)).await.unwrap()[0];
+    let e1 = b
+        .task_insert_many(std::slice::from_ref(&first))
+        .await
+        .unwrap()[0];
     let e2 = b.task_insert_many(&[second]).await.unwrap()[0];
     assert!(e1.inserted);
     assert_eq!((e2.id, e2.inserted), (e1.id, false), "one bucket, one task");
@@ -192,21 +195,8 @@ pub async fn period_keys_differ_across_buckets(ts: TestStore) {
 pub async fn retry_refuses_a_taken_scoped_key(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let b = ts.store.backend();
-    let first = put(&q, keyed("job", "rq", "r1")).await;
-    assert_eq!(
-        b.task_cancel(first.id).await.unwrap(),
-        CancelOutcome::Cancelled
-    );
-    let second = put(&q, keyed("job", "rq", "r1")).await;
-    assert!(
-        second.inserted && second.id != first.id,
-        "the cancel freed the key"
-    );
-    let err = b.task_retry(first.id).await.unwrap_err();
-    assert!(
-        matches!(err, baton::StoreError::Conflict(_)),
-        "retrying onto a taken key: {err:?}"
-    );
+    let (first, second) =
+        crate::queue::retry_onto_a_taken_key(b, || put(&q, keyed("job", "rq", "r1"))).await;
     assert_eq!(
         b.task_cancel(second.id).await.unwrap(),
         CancelOutcome::Cancelled
