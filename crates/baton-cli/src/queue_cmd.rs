@@ -106,11 +106,7 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
             scope: a.unique_scope.unwrap_or_default(),
             by_args: a.unique_by_args,
             period: a.unique_period,
-            hold: if a.key_forever {
-                baton::queue::UniqueHold::Forever
-            } else {
-                baton::queue::UniqueHold::Unfinished
-            },
+            hold: baton::queue::UniqueHold::forever(a.key_forever),
         },
     );
     if let Some(d) = a.delay {

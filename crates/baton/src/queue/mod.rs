@@ -278,11 +278,7 @@ impl TaskBuilder {
     /// [`UniqueHold::Forever`] when `on`, else
     /// [`UniqueHold::Unfinished`].
     pub fn unique_forever(mut self, on: bool) -> Self {
-        self.unique.hold = if on {
-            UniqueHold::Forever
-        } else {
-            UniqueHold::Unfinished
-        };
+        self.unique.hold = UniqueHold::forever(on);
         self
     }
     /// Mark the task as the run of a schedule job's slot.

@@ -150,6 +150,18 @@ pub enum UniqueHold {
     Forever,
 }
 
+impl UniqueHold {
+    /// `Forever` when `on`, else `Unfinished` (what
+    /// `unique_forever(bool)` and `--key-forever` mean).
+    pub fn forever(on: bool) -> UniqueHold {
+        if on {
+            UniqueHold::Forever
+        } else {
+            UniqueHold::Unfinished
+        }
+    }
+}
+
 /// How a task's unique key is made and held, besides the key itself
 /// ([`TaskBuilder::unique`](crate::queue::TaskBuilder::unique),
 /// [`InsertOpts::unique`](crate::queue::InsertOpts::unique)). A task has a

@@ -155,11 +155,7 @@ pub async fn enqueue(
             scope,
             by_args: b.unique_by_args,
             period,
-            hold: if b.key_forever {
-                baton::queue::UniqueHold::Forever
-            } else {
-                baton::queue::UniqueHold::Unfinished
-            },
+            hold: baton::queue::UniqueHold::forever(b.key_forever),
         },
     );
     if let Some(k) = &b.concurrency_key {
