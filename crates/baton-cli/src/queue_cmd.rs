@@ -22,11 +22,27 @@ pub struct EnqueueArgs {
     /// Queue name.
     #[arg(long, default_value = baton::queue::DEFAULT_QUEUE)]
     pub queue: String,
-    /// Idempotency key: the same key returns the same task while it is unfinished.
-    #[arg(long)]
+    /// Idempotency key: the same key returns the same task while it is
+    /// unfinished. Compared with tasks of the same queue (all command
+    /// tasks are one kind) unless `--unique-scope` widens it.
+    #[arg(long, visible_alias = "unique-key")]
     pub key: Option<String>,
+    /// What the key is compared with: kind-in-queue (default), queue,
+    /// kind (every queue) or global (every task of the store, as before
+    /// scopes). kind and global are refused on Redis, which keeps keys
+    /// per queue.
+    #[arg(long, value_name = "SCOPE", value_parser = unique_scope_arg)]
+    pub unique_scope: Option<baton::queue::UniqueScope>,
+    /// Make the command (the payload) part of the key: the same command
+    /// enqueued again while its task is unfinished returns that task.
+    #[arg(long)]
+    pub unique_by_args: bool,
+    /// Make this host's clock's time bucket part of the key (e.g. 1h:
+    /// one task per key per UTC hour).
+    #[arg(long, value_name = "PERIOD", value_parser = duration_arg)]
+    pub unique_period: Option<Duration>,
     /// Keep the key taken after the task finished (until pruned).
-    #[arg(long, requires = "key")]
+    #[arg(long)]
     pub key_forever: bool,
     /// Concurrency key (e.g. customer:42): a worker whose queue has a
     /// per-key cap (`--per-key-max-running`) runs at most that many tasks
@@ -69,9 +85,30 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
         .queue(&a.queue)
         .priority(a.priority)
         .max_attempts(a.max_attempts);
-    if let Some(k) = &a.key {
-        t = t.unique_key(k).unique_forever(a.key_forever);
+    let keyed = a.key.is_some() || a.unique_by_args || a.unique_period.is_some();
+    for (flag, given) in [
+        ("--unique-scope", a.unique_scope.is_some()),
+        ("--key-forever", a.key_forever),
+    ] {
+        if given && !keyed {
+            return Err(Error::from(baton::InvalidInput::new(
+                flag,
+                "applies to a unique key; give --key (--unique-key), --unique-by-args or \
+                 --unique-period too",
+            ))
+            .into());
+        }
     }
+    t = unique_args(
+        t,
+        a.key.as_deref(),
+        &baton::queue::UniqueOpts {
+            scope: a.unique_scope.unwrap_or_default(),
+            by_args: a.unique_by_args,
+            period: a.unique_period,
+            hold: baton::queue::UniqueHold::forever(a.key_forever),
+        },
+    );
     if let Some(d) = a.delay {
         t = t.delay(d);
     }
@@ -98,12 +135,46 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     }
     if !e.inserted {
         note!(
-            "baton: key {:?} is taken by task {}; nothing was inserted",
-            a.key.as_deref().unwrap_or_default(),
+            "baton: the unique key {} is taken by task {}; nothing was inserted",
+            unique_shown(a.key.as_deref()),
             e.id
         );
     }
     Ok(0)
+}
+
+/// `t` with the caller's unique key (if any) and its options, as `baton
+/// enqueue` and the admin API take them.
+pub fn unique_args(
+    t: TaskBuilder,
+    key: Option<&str>,
+    opts: &baton::queue::UniqueOpts,
+) -> TaskBuilder {
+    let t = t.unique(opts.clone());
+    match key {
+        Some(k) => t.unique_key(k),
+        None => t,
+    }
+}
+
+/// The caller's key as a message names it.
+fn unique_shown(key: Option<&str>) -> String {
+    match key {
+        Some(k) => format!("{k:?}"),
+        None => "(by args or period)".into(),
+    }
+}
+
+/// Parse `--unique-scope`.
+fn unique_scope_arg(s: &str) -> Result<baton::queue::UniqueScope, String> {
+    s.parse().map_err(|e: baton::InvalidInput| e.problem)
+}
+
+/// A task's unique key as `tasks show` and `tasks list` print it: the
+/// caller's key and its scope (`42 [kind-in-queue]`), not the stored
+/// composite.
+pub fn unique_text(t: &TaskInfo) -> Option<String> {
+    t.unique().map(|u| u.to_string())
 }
 
 /// Arguments of `baton work`.
@@ -435,8 +506,8 @@ fn show_task(t: &TaskInfo) -> anyhow::Result<()> {
     if let Some(w) = &t.worker {
         f.push(("worker", w.clone()));
     }
-    if let Some(k) = &t.unique_key {
-        f.push(("key", k.clone()));
+    if let Some(k) = unique_text(t) {
+        f.push(("unique key", k));
     }
     if let Some(k) = &t.concurrency_key {
         f.push(("concurrency key", k.clone()));
@@ -507,6 +578,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 ("ATTEMPT", Align::Right),
                 ("RUN_AT", Align::Left),
                 ("CONC_KEY", Align::Left),
+                ("UNIQUE_KEY", Align::Left),
                 ("COMMAND/KIND", Align::Left),
             ]);
             for task in &list {
@@ -521,6 +593,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                     format!("{}/{}", task.attempt, task.max_attempts),
                     output::ts(task.run_at),
                     task.concurrency_key.clone().unwrap_or_else(|| "-".into()),
+                    unique_text(task).unwrap_or_else(|| "-".into()),
                     what,
                 ]);
             }

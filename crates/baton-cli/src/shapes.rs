@@ -21,10 +21,15 @@ const TASK_TIMES: &[&str] = &[
 ];
 
 /// A task (or a list of tasks) as JSON, with every timestamp in
-/// [`output::ts`]'s form and each attempt's error under `errors`.
+/// [`output::ts`]'s form, each attempt's error under `errors`, and its
+/// unique key decoded under `unique` (`unique_key` is the stored form).
 pub fn task(v: &impl serde::Serialize) -> Result<Value, serde_json::Error> {
     let mut v = serde_json::to_value(v)?;
     let fix = |t: &mut Value| {
+        if let Some(k) = t.get("unique_key").and_then(Value::as_str) {
+            let u = unique(&baton::queue::UniqueKey::parse(k));
+            t["unique"] = u;
+        }
         output::normalize_times(t, TASK_TIMES);
         if let Some(errors) = t.get_mut("errors") {
             output::normalize_times(errors, TASK_TIMES);
@@ -35,6 +40,17 @@ pub fn task(v: &impl serde::Serialize) -> Result<Value, serde_json::Error> {
         other => fix(other),
     }
     Ok(v)
+}
+
+/// A decoded unique key: the caller's key, scope, args hash, period
+/// bucket, and `text` (what `tasks show` prints).
+pub fn unique(u: &baton::queue::UniqueKey) -> Value {
+    json!({
+        "key": u.key, "scope": u.scope.as_str(), "args": u.args,
+        "period": u.period.map(|p| baton::format_duration(p.period)),
+        "bucket_start": u.period.map(|p| output::ts(p.start)),
+        "composed": u.composed, "text": u.to_string(),
+    })
 }
 
 /// The answer to an enqueue: the task's id and whether it was inserted

@@ -166,7 +166,14 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                     ("run_at", "string", "run no sooner than this RFC 3339 instant"),
                     ("max_attempts", "integer", "attempts in total"),
                     ("timeout", "string", "timeout per attempt, e.g. 5m"),
-                    ("key", "string", "idempotency key"),
+                    ("key", "string", "idempotency (unique) key"),
+                    (
+                        "unique_scope",
+                        "string",
+                        "kind-in-queue (default), queue, kind or global (kind and global not on Redis)",
+                    ),
+                    ("unique_by_args", "boolean", "the command is part of the unique key"),
+                    ("unique_period", "string", "the time bucket is part of the unique key, e.g. 1h"),
                     ("key_forever", "boolean", "keep the key after the task finished"),
                     (
                         "concurrency_key",

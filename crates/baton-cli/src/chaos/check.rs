@@ -380,11 +380,15 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
     }
 
     // T4: one task per unique key, by what enqueue returned and in the store.
+    // The records name the producer's keys, all of one kind in one queue,
+    // so each names one stored key whatever its scope.
     for (key, ids) in &enqueued {
         if ids.len() > 1 {
             r.violation("T4", format!("key {key:?} gave tasks {ids:?}"));
         }
     }
+    // By the stored key, which carries the key's scope (queue and kind
+    // by default): one stored key is one key, whatever the key string.
     let mut by_key: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for t in tasks {
         if let (Some(k), None) = (&t.unique_key, &t.job) {
@@ -395,7 +399,10 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
         if ids.len() > 1 {
             r.violation(
                 "T4",
-                format!("the store holds tasks {ids:?} for key {key:?}"),
+                format!(
+                    "the store holds tasks {ids:?} for key {}",
+                    baton::queue::UniqueKey::parse(key)
+                ),
             );
         }
     }

@@ -10,6 +10,7 @@ use common::{read, signal, stderr, stdout, wait_for, Env, Kind};
 per_backend! {
     two_hundred_tasks_survive_a_kill_9,
     repeated_key_gives_one_id,
+    unique_scope_flags_scope_the_key,
     fails_twice_then_succeeds_on_attempt_3,
     always_failing_ends_failed_with_stderr,
     delay_is_not_started_early,
@@ -166,6 +167,64 @@ async fn repeated_key_gives_one_id(e: Env) {
     assert_eq!(v["id"], a);
     assert_eq!(v["inserted"], false);
     assert_ne!(enqueue(&e, &["--key", "report-8"], &["true"]), a);
+}
+
+/// `--unique-key` with `--unique-scope` and `--unique-by-args`: each scope
+/// is its own key, `tasks show` prints the caller's key and scope (not the
+/// stored composite), and a scope across queues is refused on Redis with
+/// exit 2 naming the field.
+async fn unique_scope_flags_scope_the_key(e: Env) {
+    let a = enqueue(&e, &["--unique-key", "k"], &["true"]);
+    let scoped = ["--unique-key", "k", "--unique-scope", "queue"];
+    let b = enqueue(&e, &scoped, &["true"]);
+    assert_ne!(a, b, "a queue-scoped key is not the kind-in-queue one");
+    assert_eq!(enqueue(&e, &scoped, &["true"]), b);
+    let v = show(&e, a);
+    assert_eq!(v["unique"]["key"], "k");
+    assert_eq!(v["unique"]["scope"], "kind-in-queue");
+    assert_eq!(show(&e, b)["unique"]["scope"], "queue");
+    let out = e.run(&["tasks", "show", &a.to_string()]);
+    let text = stdout(&out);
+    assert!(text.contains("k [kind-in-queue]"), "{text}");
+    assert!(!text.contains('\u{1f}'), "no raw separators: {text:?}");
+    let list = stdout(&e.run(&["tasks", "list"]));
+    assert!(
+        list.contains("k [queue]") && !list.contains('\u{1f}'),
+        "{list}"
+    );
+
+    let by_args = |cmd: &[&str]| enqueue(&e, &["--unique-by-args"], cmd);
+    let x = by_args(&["echo", "hi"]);
+    assert_eq!(by_args(&["echo", "hi"]), x, "the same command");
+    assert_ne!(by_args(&["echo", "ho"]), x, "another command");
+
+    let global = |queue: &str| {
+        e.run(&[
+            "enqueue",
+            "--queue",
+            queue,
+            "--key",
+            "g",
+            "--unique-scope",
+            "global",
+            "--",
+            "true",
+        ])
+    };
+    let out = global("default");
+    if matches!(e.ts.kind, Kind::Redis) {
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("unique_scope") && err.contains("Redis") && err.contains("per queue"),
+            "{err}"
+        );
+    } else {
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let id: i64 = stdout(&out).trim().parse().unwrap();
+        let again = stdout(&global("elsewhere")).trim().parse::<i64>().unwrap();
+        assert_eq!(again, id, "global spans queues");
+    }
 }
 
 async fn fails_twice_then_succeeds_on_attempt_3(e: Env) {

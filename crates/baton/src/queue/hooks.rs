@@ -54,7 +54,9 @@ pub(crate) type HandlerFn = Arc<dyn Fn(TaskContext) -> AttemptFuture + Send + Sy
 /// cannot write a task [`TaskBuilder::build`](super::TaskBuilder::build)
 /// would refuse. An error refuses the whole call; nothing is written.
 /// Scheduled slots are enqueued by the scheduler in the store's own
-/// transaction and do not pass through it.
+/// transaction and do not pass through it. The task's `unique_key` is the
+/// stored form, scope and all ([`UniqueKey`](super::UniqueKey)); a key a
+/// hook sets without that composite is compared as given, store-wide.
 pub trait InsertMiddleware: Send + Sync + 'static {
     /// Inspect or change `task` before it is written.
     fn before_insert(&self, task: &mut NewTask) -> Result<(), InvalidInput>;

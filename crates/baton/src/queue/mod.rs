@@ -22,6 +22,9 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, InvalidInput};
 use crate::format_duration;
 use crate::names::validate_name;
+pub use crate::store::{
+    args_hash, canonical_json, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod, UniqueScope,
+};
 use crate::store::{
     CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
 };
@@ -55,8 +58,10 @@ pub use worker::{StopReason, TaskContext, Worker};
 pub const DEFAULT_QUEUE: &str = "default";
 /// Accepted priorities (lower runs first).
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -100..=100;
-/// The longest accepted unique key, in bytes.
-pub const MAX_KEY_LEN: usize = 1024;
+/// The longest stored unique key, in bytes: a key as given
+/// ([`UniqueScope::Global`]) or the composite of a scoped one, whose scope
+/// (queue, kind, period, args) takes part of it.
+pub const MAX_KEY_LEN: usize = crate::store::MAX_STORED_KEY_LEN;
 /// The longest accepted concurrency key ([`TaskBuilder::concurrency_key`]),
 /// in bytes.
 pub const MAX_CONCURRENCY_KEY_LEN: usize = 255;
@@ -121,7 +126,13 @@ pub fn validate_concurrency_key(k: &str) -> Result<(), InvalidInput> {
 #[derive(Debug, Clone)]
 #[must_use = "a TaskBuilder enqueues nothing until it is passed to Queue::enqueue"]
 pub struct TaskBuilder {
+    /// The task; its `unique_key` is the caller's key until [`build`]
+    /// composes the stored one.
+    ///
+    /// [`build`]: TaskBuilder::build
     task: NewTask,
+    /// Scope, args, period and hold of the unique key.
+    unique: UniqueOpts,
 }
 
 impl TaskBuilder {
@@ -144,6 +155,7 @@ impl TaskBuilder {
                 traceparent: None,
                 concurrency_key: None,
             },
+            unique: UniqueOpts::default(),
         }
     }
     /// The queue.
@@ -176,10 +188,73 @@ impl TaskBuilder {
         self.task.timeout = Some(d);
         self
     }
-    /// Idempotency key: enqueueing it again while the task is unfinished
-    /// returns the same task.
+    /// Idempotency key (printable text, no control characters):
+    /// enqueueing it again while the task is unfinished returns the same
+    /// task. It is compared only with tasks of the same kind in the same
+    /// queue unless [`unique_scope`](Self::unique_scope) says otherwise.
+    ///
+    /// ```
+    /// use baton::queue::{TaskBuilder, UniqueScope};
+    /// use serde_json::json;
+    /// // Same key string, two kinds: two different keys by default...
+    /// let email = TaskBuilder::new("email", json!({})).unique_key("42").build().unwrap();
+    /// let report = TaskBuilder::new("report", json!({})).unique_key("42").build().unwrap();
+    /// assert_ne!(email.unique_key, report.unique_key);
+    /// // ...one key across kinds in the queue with UniqueScope::Queue, and
+    /// // across the store (as before scopes) with UniqueScope::Global.
+    /// let g = TaskBuilder::new("report", json!({}))
+    ///     .unique_key("42")
+    ///     .unique_scope(UniqueScope::Global)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(g.unique_key.as_deref(), Some("42"));
+    /// ```
     pub fn unique_key(mut self, k: impl Into<String>) -> Self {
         self.task.unique_key = Some(k.into());
+        self
+    }
+    /// What the unique key is compared with (default
+    /// [`UniqueScope::KindInQueue`]). `Kind` and `Global` are refused on
+    /// Redis (see [`UniqueScope`]).
+    pub fn unique_scope(mut self, scope: UniqueScope) -> Self {
+        self.unique.scope = scope;
+        self
+    }
+    /// Make the payload part of the unique key: tasks whose payloads are
+    /// equal as JSON (fields in any order, [`canonical_json`]) share it.
+    /// With or without [`unique_key`](Self::unique_key).
+    ///
+    /// ```
+    /// use baton::queue::TaskBuilder;
+    /// use serde_json::json;
+    /// let a = TaskBuilder::new("k", json!({"x": 1, "y": 2})).unique_by_args(true).build().unwrap();
+    /// let b = TaskBuilder::new("k", json!({"y": 2, "x": 1})).unique_by_args(true).build().unwrap();
+    /// assert_eq!(a.unique_key, b.unique_key);
+    /// ```
+    pub fn unique_by_args(mut self, on: bool) -> Self {
+        self.unique.by_args = on;
+        self
+    }
+    /// Make the time bucket `floor(now / period)` part of the unique key,
+    /// `now` read from **this host's clock** when the task is built (UTC
+    /// from the Unix epoch, so `1d` is a UTC day): the same key enqueued
+    /// in the next bucket is a new task. At least 1 s (field
+    /// `unique_period`). With or without a key or args.
+    pub fn unique_period(mut self, period: Duration) -> Self {
+        self.unique.period = Some(period);
+        self
+    }
+    /// How long the key stays taken (default
+    /// [`UniqueHold::Unfinished`]).
+    pub fn unique_hold(mut self, hold: UniqueHold) -> Self {
+        self.unique.hold = hold;
+        self
+    }
+    /// Scope, args, period and hold at once (e.g. a kind's
+    /// [`InsertOpts::unique`]); the key itself is
+    /// [`unique_key`](Self::unique_key)'s.
+    pub fn unique(mut self, opts: UniqueOpts) -> Self {
+        self.unique = opts;
         self
     }
     /// The task's concurrency key (e.g. `customer:42`; 1 to
@@ -201,9 +276,11 @@ impl TaskBuilder {
         self.task.concurrency_key = Some(k.into());
         self
     }
-    /// Keep the key taken after the task finished (until it is pruned).
+    /// Keep the key taken after the task finished (until it is pruned):
+    /// [`UniqueHold::Forever`] when `on`, else
+    /// [`UniqueHold::Unfinished`].
     pub fn unique_forever(mut self, on: bool) -> Self {
-        self.task.unique_forever = on;
+        self.unique.hold = UniqueHold::forever(on);
         self
     }
     /// Mark the task as the run of a schedule job's slot.
@@ -224,80 +301,121 @@ impl TaskBuilder {
 
     /// Validate and return the task (what the store's seam and the
     /// lower-level `store::{postgres,mysql,sqlite}::enqueue_in` take;
-    /// [`Queue::enqueue`] and [`Queue::enqueue_in`] build it for you).
+    /// [`Queue::enqueue`] and [`Queue::enqueue_in`] build it for you). Its
+    /// `unique_key` is the stored form: the caller's key composed with
+    /// its scope, args and period ([`UniqueKey`]).
     pub fn build(self) -> Result<NewTask, InvalidInput> {
-        #[allow(unused_mut)]
-        let mut t = self.task;
-        match &t.traceparent {
+        let TaskBuilder { mut task, unique } = self;
+        match &task.traceparent {
             Some(tp) => trace::validate_traceparent(tp)?,
             #[cfg(feature = "otel")]
-            None => t.traceparent = trace::current(),
+            None => task.traceparent = trace::current(),
             #[cfg(not(feature = "otel"))]
             None => {}
         }
-        validate_name("queue", &t.queue)?;
-        validate_name("kind", &t.kind)?;
-        if !PRIORITY_RANGE.contains(&t.priority) {
-            return Err(InvalidInput::new(
-                "priority",
-                format!(
-                    "{} is out of range; use an integer from -100 to 100 (lower runs first)",
-                    t.priority
-                ),
-            ));
+        validate_name("queue", &task.queue)?;
+        validate_name("kind", &task.kind)?;
+        task.unique_forever = unique.hold == UniqueHold::Forever;
+        if let Some(k) = &task.unique_key {
+            refuse_slot_form(&task, k)?;
         }
-        if t.max_attempts == 0 || t.max_attempts > 10_000 {
-            return Err(InvalidInput::new(
-                "max_attempts",
-                format!("{} is out of range; use 1 to 10000", t.max_attempts),
-            ));
+        // A schedule slot's own key stays as the scheduler writes it.
+        if !is_own_slot_key(&task) {
+            task.unique_key = crate::store::compose_unique_key(
+                &task.queue,
+                &task.kind,
+                &task.payload,
+                task.unique_key.as_deref(),
+                &unique,
+                Utc::now(),
+            )?;
         }
-        let size = json_len(&t.payload);
-        if size > MAX_PAYLOAD_BYTES {
-            return Err(InvalidInput::new(
-                "payload",
-                format!(
-                    "is {size} bytes of JSON; at most {MAX_PAYLOAD_BYTES} (8 MiB) are accepted \
-                     (keep large data elsewhere and pass a reference)"
-                ),
-            ));
-        }
-        if t.timeout.is_some_and(|d| d.is_zero()) {
-            return Err(InvalidInput::new(
-                "timeout",
-                "must be greater than 0 (e.g. 30s, 5m)",
-            ));
-        }
-        if let Some(k) = &t.concurrency_key {
-            validate_concurrency_key(k)?;
-        }
-        check_run_at(&t.run_at)?;
-        if let Some(k) = &t.unique_key {
-            if k.is_empty() || k.len() > MAX_KEY_LEN {
-                return Err(InvalidInput::new(
-                    "unique key",
-                    format!("is {} bytes; use 1 to {MAX_KEY_LEN} bytes", k.len()),
-                ));
-            }
-            // `JOB|RFC3339` is the scheduler's key for a job's slot; a task
-            // that took it would take that slot's place.
-            let own = match (&t.job, t.slot) {
-                (Some(j), Some(s)) => *k == crate::store::slot_key(j, s),
-                _ => false,
-            };
-            if !own && crate::store::is_slot_key(k) {
-                return Err(InvalidInput::new(
-                    "unique key",
-                    format!(
-                        "{k:?} has the form JOB|RFC3339, which is reserved for scheduled \
-                         slots; use another key (e.g. without the '|'), or `baton trigger` \
-                         to run a job's slot"
-                    ),
-                ));
-            }
-        }
-        Ok(t)
+        check(&task)?;
+        Ok(task)
     }
+
+    /// Whether the task, once built, has a unique key whose scope reaches
+    /// beyond its queue (what a Redis store refuses).
+    fn spans_queues(&self) -> bool {
+        self.unique.scope.spans_queues()
+            && (self.task.unique_key.is_some()
+                || self.unique.by_args
+                || self.unique.period.is_some())
+            && !is_own_slot_key(&self.task)
+    }
+}
+
+/// Whether `t`'s key is its own schedule slot's (`JOB|RFC3339`).
+fn is_own_slot_key(t: &NewTask) -> bool {
+    match (&t.job, t.slot, &t.unique_key) {
+        (Some(j), Some(s), Some(k)) => *k == crate::store::slot_key(j, s),
+        _ => false,
+    }
+}
+
+/// `JOB|RFC3339` is the scheduler's key for a job's slot; a task that took
+/// it would take that slot's place.
+fn refuse_slot_form(t: &NewTask, k: &str) -> Result<(), InvalidInput> {
+    if !is_own_slot_key(t) && crate::store::is_slot_key(k) {
+        return Err(InvalidInput::new(
+            "unique key",
+            format!(
+                "{k:?} has the form JOB|RFC3339, which is reserved for scheduled \
+                 slots; use another key (e.g. without the '|'), or `baton trigger` \
+                 to run a job's slot"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Check every field of a built task (again after the insert middleware).
+fn check(t: &NewTask) -> Result<(), InvalidInput> {
+    validate_name("queue", &t.queue)?;
+    validate_name("kind", &t.kind)?;
+    if let Some(tp) = &t.traceparent {
+        trace::validate_traceparent(tp)?;
+    }
+    if !PRIORITY_RANGE.contains(&t.priority) {
+        return Err(InvalidInput::new(
+            "priority",
+            format!(
+                "{} is out of range; use an integer from -100 to 100 (lower runs first)",
+                t.priority
+            ),
+        ));
+    }
+    if t.max_attempts == 0 || t.max_attempts > 10_000 {
+        return Err(InvalidInput::new(
+            "max_attempts",
+            format!("{} is out of range; use 1 to 10000", t.max_attempts),
+        ));
+    }
+    let size = json_len(&t.payload);
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(InvalidInput::new(
+            "payload",
+            format!(
+                "is {size} bytes of JSON; at most {MAX_PAYLOAD_BYTES} (8 MiB) are accepted \
+                 (keep large data elsewhere and pass a reference)"
+            ),
+        ));
+    }
+    if t.timeout.is_some_and(|d| d.is_zero()) {
+        return Err(InvalidInput::new(
+            "timeout",
+            "must be greater than 0 (e.g. 30s, 5m)",
+        ));
+    }
+    if let Some(k) = &t.concurrency_key {
+        validate_concurrency_key(k)?;
+    }
+    check_run_at(&t.run_at)?;
+    if let Some(k) = &t.unique_key {
+        crate::store::validate_stored_unique_key(k)?;
+        refuse_slot_form(t, k)?;
+    }
+    Ok(())
 }
 
 /// A task's due time within [`MAX_DELAY`] of now (by this host's clock:
@@ -368,7 +486,20 @@ impl Queue {
         tasks: Vec<TaskBuilder>,
         numbered: bool,
     ) -> Result<Vec<NewTask>, InvalidInput> {
+        let redis = self.store.backend().kind() == "redis";
         let one = |t: TaskBuilder| -> Result<NewTask, InvalidInput> {
+            if redis && t.spans_queues() {
+                return Err(InvalidInput::new(
+                    "unique_scope",
+                    format!(
+                        "{} is not available on Redis, which keeps unique keys per queue \
+                         (one hash tag per queue: a Redis Cluster cannot check a key across \
+                         hash slots atomically); use kind-in-queue (the default) or queue, \
+                         or a SQL store for a key across queues",
+                        t.unique.scope
+                    ),
+                ));
+            }
             let mut task = t.build()?;
             if self.inserts.is_empty() {
                 return Ok(task);
@@ -376,7 +507,8 @@ impl Queue {
             for m in &self.inserts {
                 m.before_insert(&mut task)?;
             }
-            TaskBuilder { task }.build()
+            check(&task)?;
+            Ok(task)
         };
         tasks
             .into_iter()

@@ -37,7 +37,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Backoff, Queue, TaskBuilder, TaskContext, TaskError, Worker};
+use super::{Backoff, Queue, TaskBuilder, TaskContext, TaskError, UniqueOpts, Worker};
 use crate::error::{Error, InvalidInput};
 use crate::store::Enqueued;
 
@@ -93,6 +93,49 @@ pub trait TaskArgs: Serialize + DeserializeOwned + Send + 'static {
     fn concurrency_key(&self) -> Option<String> {
         None
     }
+
+    /// The unique key of this task, taken from its arguments (e.g.
+    /// `Some(format!("order-{}", self.order))`); `None` (the default): no
+    /// key of its own (a kind whose [`InsertOpts::unique`] asks for
+    /// `by_args` or a `period` still gets one). Its scope, args, period
+    /// and hold are the kind's [`InsertOpts::unique`] (default: the same
+    /// kind in the same queue, while unfinished). See
+    /// [`TaskBuilder::unique_key`].
+    ///
+    /// ```
+    /// use baton::queue::{InsertOpts, TaskArgs, TaskBuilder, UniqueKey, UniqueOpts, UniqueScope};
+    /// use serde::{Deserialize, Serialize};
+    /// use std::time::Duration;
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Digest { user: u64 }
+    ///
+    /// impl TaskArgs for Digest {
+    ///     const KIND: &'static str = "digest";
+    ///     // One digest per user per day, whichever queue it goes to.
+    ///     fn unique_key(&self) -> Option<String> {
+    ///         Some(format!("user-{}", self.user))
+    ///     }
+    ///     fn insert_opts() -> InsertOpts {
+    ///         InsertOpts {
+    ///             unique: Some(UniqueOpts {
+    ///                 scope: UniqueScope::Kind,
+    ///                 period: Some(Duration::from_secs(86_400)),
+    ///                 ..UniqueOpts::default()
+    ///             }),
+    ///             ..InsertOpts::default()
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let t = TaskBuilder::from_args(&Digest { user: 7 }).unwrap().build().unwrap();
+    /// let k = UniqueKey::parse(t.unique_key.as_deref().unwrap());
+    /// assert_eq!((k.scope, k.key.as_deref()), (UniqueScope::Kind, Some("user-7")));
+    /// assert!(k.period.is_some());
+    /// ```
+    fn unique_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Default insert options of a [`TaskArgs`] kind (see
@@ -112,6 +155,12 @@ pub struct InsertOpts {
     /// a key taken from the arguments is [`TaskArgs::concurrency_key`]'s,
     /// which wins over this one). See [`TaskBuilder::concurrency_key`].
     pub concurrency_key: Option<String>,
+    /// How this kind's unique keys are scoped, derived and held (default
+    /// none: [`UniqueOpts::default`], the same kind in the same queue,
+    /// while unfinished). The key itself comes from
+    /// [`TaskArgs::unique_key`] or [`TaskBuilder::unique_key`]; with
+    /// `by_args` or a `period` every task of the kind has one.
+    pub unique: Option<UniqueOpts>,
 }
 
 /// `args` as a task payload; [`InvalidInput`] (field `payload`) when it
@@ -148,6 +197,12 @@ impl TaskBuilder {
         }
         if let Some(k) = args.concurrency_key().or(opts.concurrency_key) {
             b = b.concurrency_key(k);
+        }
+        if let Some(u) = opts.unique {
+            b = b.unique(u);
+        }
+        if let Some(k) = args.unique_key() {
+            b = b.unique_key(k);
         }
         Ok(b)
     }

@@ -58,6 +58,7 @@ pub(crate) mod sql_row;
 pub mod sqlite;
 pub mod state;
 mod types;
+mod unique_key;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod wake;
 mod writable;
@@ -70,6 +71,11 @@ pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
 pub use slot_key::{is_slot_key, slot_key};
 pub use state::{Transition, TRANSITIONS};
 pub use types::*;
+pub use unique_key::{
+    args_hash, canonical_json, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod, UniqueScope,
+    MAX_STORED_KEY_LEN,
+};
+pub(crate) use unique_key::{compose_unique_key, validate_stored_unique_key};
 pub(crate) use writable::warn_unless_read_only;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use writable::Recycle;

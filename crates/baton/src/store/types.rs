@@ -159,8 +159,12 @@ pub struct NewTask {
     pub max_attempts: u32,
     /// Handler timeout per attempt.
     pub timeout: Option<Duration>,
-    /// Idempotency key: while a task with this key is unfinished (or ever,
-    /// with `unique_forever`), enqueueing the key again returns that task.
+    /// Idempotency key as stored: while a task with this key is unfinished
+    /// (or ever, with `unique_forever`), enqueueing the key again returns
+    /// that task. `queue::TaskBuilder` composes it from the caller's key
+    /// and scope ([`UniqueKey`](crate::store::UniqueKey)); a key without
+    /// that composite (control characters) is compared as given, across
+    /// the store (per queue on Redis).
     pub unique_key: Option<String>,
     /// Keep the key unique after the task finished (until it is pruned).
     pub unique_forever: bool,
@@ -391,7 +395,9 @@ pub struct TaskInfo {
     pub lease_until: Option<DateTime<Utc>>,
     /// The worker holding or last holding it.
     pub worker: Option<String>,
-    /// Its idempotency key.
+    /// Its idempotency key as stored: a composite of scope and key
+    /// ([`UniqueKey`](crate::store::UniqueKey)); read it with
+    /// [`TaskInfo::unique`].
     pub unique_key: Option<String>,
     /// Whether cancellation was requested while it ran.
     pub cancel_requested: bool,
@@ -411,6 +417,16 @@ pub struct TaskInfo {
     /// Its concurrency key, if it has one ([`NewTask::concurrency_key`]).
     #[serde(default)]
     pub concurrency_key: Option<String>,
+}
+
+impl TaskInfo {
+    /// Its unique key decoded: the caller's key, scope, period and args
+    /// hash (its `Display` is the readable form).
+    pub fn unique(&self) -> Option<crate::store::UniqueKey> {
+        self.unique_key
+            .as_deref()
+            .map(crate::store::UniqueKey::parse)
+    }
 }
 
 mod opt_duration_ms {

@@ -26,6 +26,7 @@ mod snooze;
 mod states;
 mod timing;
 mod typed;
+mod unique;
 mod upgrade;
 
 pub use baton_testkit::harness;
@@ -113,6 +114,11 @@ baton_testkit::per_backend! {
     upgrade::v1_store_upgrades_in_place,
     upgrade::schema_status_reports_the_recorded_version,
     upgrade::remove_schema_leaves_nothing_of_the_prefix,
+    upgrade::unique_keys_are_rescoped_on_upgrade,
+    unique::scopes_compare_what_they_name,
+    unique::by_args_dedupes_equal_payloads_in_any_order,
+    unique::period_keys_differ_across_buckets,
+    unique::retry_refuses_a_taken_scoped_key,
     model::store_agrees_with_the_model,
     timing::delayed_task_starts_at_its_run_at,
     timing::retry_written_elsewhere_starts_when_its_backoff_ends,

@@ -1462,6 +1462,40 @@ pub async fn claim_tokens_rise_across_hand_back_rescue_and_retry(ts: TestStore) 
 /// store time: in the past means now, in the future means not yet. And a
 /// retry of a task whose unique key another unfinished task has taken since
 /// is refused as a conflict (T4: one unfinished task per key).
+/// Enqueue a keyed task with `enqueue`, cancel it, enqueue the same key
+/// again (a new task: the cancel freed the key), and check that retrying
+/// the first is a conflict that changes nothing. Returns both.
+pub async fn retry_onto_a_taken_key<F, Fut>(
+    b: &dyn baton::store::Backend,
+    enqueue: F,
+) -> (baton::store::Enqueued, baton::store::Enqueued)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = baton::store::Enqueued>,
+{
+    let first = enqueue().await;
+    assert_eq!(
+        b.task_cancel(first.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let second = enqueue().await;
+    assert!(
+        second.inserted && second.id != first.id,
+        "the cancel freed the key"
+    );
+    let err = b.task_retry(first.id).await.unwrap_err();
+    assert!(
+        matches!(err, baton::StoreError::Conflict(_)),
+        "retrying onto a taken key: {err:?}"
+    );
+    assert_eq!(
+        b.task_get(first.id).await.unwrap().unwrap().state,
+        TaskState::Cancelled,
+        "a refused retry changes nothing"
+    );
+    (first, second)
+}
+
 pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
     let b = ts.store.backend();
     let now = ts.store.now().await.unwrap();
@@ -1494,26 +1528,10 @@ pub async fn run_at_and_retry_onto_a_taken_key(ts: TestStore) {
         unique_key: Some("rk".into()),
         ..new_task("keys")
     };
-    let first = b.task_insert_many(&[keyed()]).await.unwrap()[0];
-    assert_eq!(
-        b.task_cancel(first.id).await.unwrap(),
-        CancelOutcome::Cancelled
-    );
-    let second = b.task_insert_many(&[keyed()]).await.unwrap()[0];
-    assert!(
-        second.inserted && second.id != first.id,
-        "the cancel freed the key"
-    );
-    let err = b.task_retry(first.id).await.unwrap_err();
-    assert!(
-        matches!(err, baton::StoreError::Conflict(_)),
-        "retrying onto a taken key: {err:?}"
-    );
-    assert_eq!(
-        b.task_get(first.id).await.unwrap().unwrap().state,
-        TaskState::Cancelled,
-        "a refused retry changes nothing"
-    );
+    let (first, second) = retry_onto_a_taken_key(b, || async {
+        b.task_insert_many(&[keyed()]).await.unwrap()[0]
+    })
+    .await;
     assert_eq!(
         b.task_cancel(second.id).await.unwrap(),
         CancelOutcome::Cancelled

@@ -526,15 +526,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
 /// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
-/// version 7 the tasks' `concurrency_key`.
-/// A fresh store records 7; a version-2 store (the
+/// version 7 the tasks' `concurrency_key`, version 8 the unique keys rewritten into their default scope.
+/// A fresh store records 8; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 7);
+    assert_eq!(recorded_version(&ts, p).await, 8);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -558,7 +558,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 7, "upgraded to 7");
+        assert_eq!(recorded_version(&ts, p).await, 8, "upgraded to 8");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -674,7 +674,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     if let Kind::Postgres = ts.kind {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
         // concurrency key), on the upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 7);
+        assert_eq!(recorded_version(&ts, &p).await, 8);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -1001,4 +1001,110 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
         1
     );
     other.remove_schema().await.unwrap();
+}
+
+/// The last schema step (unique key scopes, issue 29): keys written before
+/// it (as given, store-wide) are rewritten into the default scope's
+/// composite, so an enqueue of the same key, kind and queue after the
+/// upgrade still finds the task enqueued before it; a schedule slot's key
+/// and a key whose composite would not fit stay as they were; running the
+/// step again changes nothing.
+pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
+    use baton::queue::{Queue, TaskBuilder, UniqueKey, UniqueScope};
+    let p = ts.prefix.clone();
+    let b = ts.store.backend();
+    // What a build before scopes wrote: the key as given.
+    let old = |kind: &str, key: &str| baton::store::NewTask {
+        kind: kind.into(),
+        unique_key: Some(key.into()),
+        ..task_for_upgrade("uq")
+    };
+    let long = "x".repeat(1020);
+    let slot = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let slot_task = TaskBuilder::new("nightly", serde_json::json!({}))
+        .queue("uq")
+        .slot("nightly", slot)
+        .unique_key(baton::store::slot_key("nightly", slot))
+        .unique_forever(true)
+        .build()
+        .unwrap();
+    let ids: Vec<i64> = b
+        .task_insert_many(&[
+            old("email", "42"),
+            old("report", "r"),
+            old("email", &long),
+            slot_task.clone(),
+        ])
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let [email, report, long_id, slot_id] = ids[..] else {
+        panic!("{ids:?}");
+    };
+    // A finished task's key is rewritten too (a retry takes it again).
+    b.task_cancel(report).await.unwrap();
+    let expected = b.schema_status().await.unwrap().expected;
+    let opts = StoreOptions {
+        prefix: Some(p.clone()),
+        max_connections: 2,
+        ..StoreOptions::default()
+    };
+    let key_of = |s: &Store, id: i64| {
+        let s = s.clone();
+        async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
+    };
+    for round in 0..2 {
+        crate::harness::set_schema_version(&ts, &p, Some(expected - 1)).await;
+        let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
+        assert_eq!(recorded_version(&ts, &p).await, expected, "round {round}");
+        assert_eq!(
+            key_of(&store, email).await,
+            UniqueKey::upgraded("uq", "email", "42"),
+            "round {round}: rewritten once"
+        );
+        assert_eq!(
+            key_of(&store, report).await,
+            UniqueKey::upgraded("uq", "report", "r")
+        );
+        assert_eq!(
+            key_of(&store, long_id).await,
+            Some(long.clone()),
+            "did not fit"
+        );
+        assert_eq!(
+            key_of(&store, slot_id).await,
+            slot_task.unique_key,
+            "a slot's key"
+        );
+    }
+    let store = Store::connect_with(&ts.url, opts).await.unwrap();
+    let q = Queue::new(store.clone());
+    let k = |kind: &str, key: &str| {
+        TaskBuilder::new(kind, serde_json::json!({}))
+            .queue("uq")
+            .unique_key(key)
+    };
+    // Code that upgraded without changes still dedupes against the task
+    // enqueued before the upgrade...
+    let again = q.enqueue(k("email", "42")).await.unwrap();
+    assert_eq!((again.id, again.inserted), (email, false));
+    // ...another kind with the same key string is its own task now...
+    assert!(q.enqueue(k("report", "42")).await.unwrap().inserted);
+    // ...and the rewritten key of a finished task is taken by its retry.
+    let holder = q.enqueue(k("report", "r")).await.unwrap();
+    assert!(holder.inserted);
+    assert!(matches!(
+        store.backend().task_retry(report).await,
+        Err(baton::StoreError::Conflict(_))
+    ));
+    // The key that did not fit is still compared as given (global).
+    if !matches!(ts.kind, Kind::Redis) {
+        let wide = q
+            .enqueue(k("email", &long).unique_scope(UniqueScope::Global))
+            .await
+            .unwrap();
+        assert_eq!((wide.id, wide.inserted), (long_id, false));
+    }
 }

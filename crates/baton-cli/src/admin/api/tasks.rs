@@ -112,11 +112,15 @@ pub struct EnqueueBody {
     key: Option<String>,
     #[serde(default)]
     key_forever: bool,
+    unique_scope: Option<String>,
+    #[serde(default)]
+    unique_by_args: bool,
+    unique_period: Option<String>,
     concurrency_key: Option<String>,
 }
 
 impl Form for EnqueueBody {
-    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" and "key_forever" (true or false), "concurrency_key" (e.g. "customer:42")"#;
+    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" (a unique key), "unique_scope" ("kind-in-queue", "queue", "kind" or "global"), "unique_by_args" and "key_forever" (true or false), "unique_period" (e.g. "1h"), "concurrency_key" (e.g. "customer:42")"#;
 }
 
 /// `POST /api/v1/tasks`: enqueue a command task. A `traceparent` request
@@ -134,9 +138,26 @@ pub async fn enqueue(
         .queue(b.queue.as_deref().unwrap_or(baton::queue::DEFAULT_QUEUE))
         .priority(b.priority.unwrap_or(0))
         .max_attempts(b.max_attempts.unwrap_or(baton::queue::DEFAULT_MAX_ATTEMPTS));
-    if let Some(k) = &b.key {
-        t = t.unique_key(k).unique_forever(b.key_forever);
-    }
+    let scope = match &b.unique_scope {
+        Some(s) => s
+            .parse()
+            .map_err(|e: baton::InvalidInput| ApiError::bad("unique_scope", e.problem))?,
+        None => baton::queue::UniqueScope::default(),
+    };
+    let period = match &b.unique_period {
+        Some(p) => Some(duration("unique_period", p)?),
+        None => None,
+    };
+    t = crate::queue_cmd::unique_args(
+        t,
+        b.key.as_deref(),
+        &baton::queue::UniqueOpts {
+            scope,
+            by_args: b.unique_by_args,
+            period,
+            hold: baton::queue::UniqueHold::forever(b.key_forever),
+        },
+    );
     if let Some(k) = &b.concurrency_key {
         t = t.concurrency_key(k);
     }

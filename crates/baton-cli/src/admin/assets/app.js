@@ -223,7 +223,7 @@ async function renderTasks() {
       el("td", { class: "num mono" }, t.id),
       el("td", { class: "task-state" }, badge(t.state)),
       el("td", {}, t.queue),
-      el("td", { class: "mono" }, what + (t.job && t.slot ? " @ " + when(t.slot) : "")),
+      el("td", { class: "mono" }, what + (t.job && t.slot ? " @ " + when(t.slot) : "") + (t.unique && !t.job ? " · key " + t.unique.text : "")),
       el("td", { class: "num" }, t.attempt + "/" + t.max_attempts),
       el("td", { class: "mono" }, when(t.run_at)),
       el("td", { class: "err" }, t.last_error || ""),

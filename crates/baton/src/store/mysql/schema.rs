@@ -33,7 +33,26 @@ const UPGRADES: &[Upgrade] = &[
     add_traceparent,
     add_slot_tombstones,
     add_concurrency_key,
+    rescope_unique_keys,
 ];
+
+/// 7 → 8: unique keys scoped by kind and queue (issue 29). The key of
+/// every task that is no job's run and has a key from before scopes is
+/// rewritten into the default scope's composite
+/// (`store::UniqueKey::upgraded`, spelled the same; a composite over 1024
+/// bytes leaves the key as it was). Idempotent: a composite starts with
+/// the separator and is left alone.
+fn rescope_unique_keys(n: &Names) -> Vec<String> {
+    let s = "CHAR(31)";
+    vec![format!(
+        "UPDATE {} SET unique_key = CONCAT({s}, 'k', {s}, queue, {s}, kind, {s}, {s}, {s}, \
+             unique_key) \
+         WHERE unique_key IS NOT NULL AND job IS NULL AND LEFT(unique_key, 1) <> {s} \
+             AND LENGTH(queue) + LENGTH(kind) + LENGTH(unique_key) + 7 <= {}",
+        n.tasks,
+        crate::store::MAX_STORED_KEY_LEN
+    )]
+}
 
 /// 6 → 7: each task's concurrency key (a per-key capped claim counts a
 /// queue's running tasks per key through the `claim` index's

@@ -41,7 +41,28 @@ const UPGRADES: &[Upgrade] = &[
     // 6 → 7: each task's concurrency key (a per-key capped claim counts
     // the running ones per key from the `tasks_running` index of 4 → 5).
     upgrade_concurrency_key,
+    // 7 → 8: unique keys scoped by kind and queue (issue 29): the keys of
+    // existing tasks rewritten into the default scope's composite.
+    upgrade_unique_scope,
 ];
+
+/// Rewrite the key of every task that is no job's run and has a key from
+/// before scopes into the default scope's composite
+/// (`store::UniqueKey::upgraded`, spelled the same; a composite over 1024
+/// bytes leaves the key as it was). Idempotent: a composite starts with
+/// the separator and is left alone.
+fn upgrade_unique_scope(n: &Names) -> String {
+    let s = "chr(31)";
+    format!(
+        "UPDATE {} SET unique_key = {s} || 'k' || {s} || queue || {s} || kind || {s} \
+             || {s} || {s} || unique_key \
+         WHERE unique_key IS NOT NULL AND job IS NULL AND left(unique_key, 1) <> {s} \
+             AND octet_length(queue) + octet_length(kind) + octet_length(unique_key) + 7 \
+                 <= {};",
+        n.tasks,
+        crate::store::MAX_STORED_KEY_LEN
+    )
+}
 
 fn upgrade_concurrency_key(n: &Names) -> String {
     format!(

@@ -283,6 +283,18 @@ impl Backend for RedisBackend {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
+        // A composite key scoped wider than its queue (which `Queue`
+        // refuses first, naming the field) cannot be held here.
+        if let Some(k) = tasks.iter().find_map(|t| {
+            let k = crate::store::UniqueKey::parse(t.unique_key.as_deref()?);
+            (k.composed && k.scope.spans_queues()).then_some(k)
+        }) {
+            return Err(StoreError::Config(format!(
+                "unique key {k}: scope {} is not available on Redis, which keeps unique keys \
+                 per queue; use kind-in-queue or queue",
+                k.scope
+            )));
+        }
         // One group per queue (each queue's keys are on one shard), in
         // order within each; the answer keeps the callers' order.
         let mut order: Vec<usize> = (0..tasks.len()).collect();

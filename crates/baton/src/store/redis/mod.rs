@@ -39,8 +39,10 @@
 //!   store-wide key on a cluster would take a first step on the key's own
 //!   shard and a compensating delete when the insert fails, and a window
 //!   (between the two) in which a crashed enqueuer's key looks taken or
-//!   free: not sound without leases of its own. The SQL stores still take
-//!   keys store-wide (issue 29 scopes them by queue everywhere).
+//!   free: not sound without leases of its own. So a key's scope
+//!   (`UniqueScope`) may be at most its queue here: `Kind` and `Global`
+//!   are refused (the SQL stores hold them); the default, kind-in-queue,
+//!   and `Queue` are composed into `<key>` (schema 10 rewrote older keys).
 //! - Jobs live in the tag of their *home queue* (the queue their runs go
 //!   to), so a slot advance and the task it enqueues are one script:
 //!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`;

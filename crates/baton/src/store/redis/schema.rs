@@ -82,6 +82,17 @@ enum Upgrade {
     /// arguments per task, and neither count nor unpark keys) refuses the
     /// store.
     ConcurrencyKey,
+    /// 9 → 10: unique keys scoped by kind and queue (issue 29). The key of
+    /// every task that is no job's run and has a key from before scopes
+    /// is rewritten into the default scope's composite
+    /// (`store::UniqueKey::upgraded`, spelled the same in
+    /// `lua/unique_upgrade.lua`), and `Q uniq:<key>` moves with it when it
+    /// holds that task; a composite over 1024 bytes leaves the key as it
+    /// was. One script per 500 tasks of a queue, each atomic and
+    /// idempotent (a composite starts with the separator and is left
+    /// alone), so it is safe while other processes run: an older process
+    /// finishing or pruning a task reads the key from the task's hash.
+    UniqueScopes,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -102,6 +113,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::SlotTombstones,
     Upgrade::ClusterLayout,
     Upgrade::ConcurrencyKey,
+    Upgrade::UniqueScopes,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -252,7 +264,42 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
             legacy_locks(b, step).await
         }
         Upgrade::ClusterLayout => cluster_layout(b).await,
+        Upgrade::UniqueScopes => unique_scopes(b).await,
     }
+}
+
+/// Step 9 → 10 (see [`Upgrade::UniqueScopes`]): each queue's tasks, 500
+/// ids at a time in id order, through `unique_upgrade.lua`.
+async fn unique_scopes(b: &RedisBackend) -> Result<(), StoreError> {
+    let mut conn = b.conn.clone();
+    let mut rewritten = 0i64;
+    for queue in b.queues().await? {
+        let ids_key = format!("{}ids", b.qbase(&queue));
+        let mut from = "-inf".to_string();
+        loop {
+            let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                .arg(&ids_key)
+                .arg(&from)
+                .arg("+inf")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(500)
+                .query_async(&mut conn)
+                .await?;
+            let Some(last) = ids.last() else {
+                break;
+            };
+            let last: i64 = last
+                .parse()
+                .map_err(|_| StoreError::Corrupt(format!("task id {last:?} in {ids_key}")))?;
+            from = format!("({last}");
+            rewritten += b.qs::<i64>(&queue, &b.scripts.unique_upgrade, ids).await?;
+        }
+    }
+    if rewritten > 0 {
+        tracing::info!(prefix = %b.prefix, rewritten, "redis: unique keys rewritten into the kind-in-queue scope");
+    }
+    Ok(())
 }
 
 /// Steps 1 → 2, 4 → 5 and 5 → 6 on the lock keys at `P lock:<name>`.

@@ -28,6 +28,7 @@ const MIGRATE: &str = include_str!("lua/migrate.lua");
 const IDS: &str = include_str!("lua/ids.lua");
 const JOB_IMPORT: &str = include_str!("lua/job_import.lua");
 const TASK_IMPORT: &str = include_str!("lua/task_import.lua");
+const UNIQUE_UPGRADE: &str = include_str!("lua/unique_upgrade.lua");
 const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
 const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
 const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
@@ -64,6 +65,8 @@ pub(super) struct Scripts {
     pub job_import: Script,
     /// Schema step 7 -> 8: one task into its queue's tag.
     pub task_import: Script,
+    /// Schema step 9 -> 10: unique keys into the default scope.
+    pub unique_upgrade: Script,
     pub lock_acquire: Script,
     pub lock_extend: Script,
     pub lock_release: Script,
@@ -101,6 +104,7 @@ impl Scripts {
             ids: q(IDS),
             job_import: q(JOB_IMPORT),
             task_import: q(TASK_IMPORT),
+            unique_upgrade: q(UNIQUE_UPGRADE),
             lock_acquire: l(LOCK_ACQUIRE),
             lock_extend: l(LOCK_EXTEND),
             lock_release: l(LOCK_RELEASE),

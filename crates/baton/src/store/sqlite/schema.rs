@@ -134,7 +134,31 @@ const UPGRADES: &[Upgrade] = &[
     // 5 → 6: each task's concurrency key, and the index a per-key capped
     // claim counts a queue's running tasks per key with.
     upgrade_concurrency_key,
+    // 6 → 7: unique keys scoped by kind and queue (issue 29): the keys of
+    // existing tasks rewritten into the default scope's composite.
+    upgrade_unique_scope,
 ];
+
+/// Rewrite the key of every task that is no job's run and has a key from
+/// before scopes into the default scope's composite
+/// (`store::UniqueKey::upgraded`, spelled the same; a composite over 1024
+/// bytes leaves the key as it was). Idempotent: a composite starts with
+/// the separator and is left alone.
+fn upgrade_unique_scope(t: &Tables) -> Vec<Ddl> {
+    let s = "char(31)";
+    let bytes = |c: &str| format!("length(CAST({c} AS BLOB))");
+    vec![Ddl::Sql(format!(
+        "UPDATE {tasks} SET unique_key = {s} || 'k' || {s} || queue || {s} || kind || {s} \
+             || {s} || {s} || unique_key \
+         WHERE unique_key IS NOT NULL AND job IS NULL AND substr(unique_key, 1, 1) <> {s} \
+             AND {} + {} + {} + 7 <= {max}",
+        bytes("queue"),
+        bytes("kind"),
+        bytes("unique_key"),
+        tasks = t.tasks,
+        max = crate::store::MAX_STORED_KEY_LEN,
+    ))]
+}
 
 fn upgrade_concurrency_key(t: &Tables) -> Vec<Ddl> {
     vec![
