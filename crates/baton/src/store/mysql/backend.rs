@@ -212,6 +212,15 @@ impl Backend for MyBackend {
         tasks::task_claim(self, req).await
     }
 
+    async fn task_claim_rated(
+        &self,
+        _req: &crate::store::TaskClaimRated<'_>,
+    ) -> Result<crate::store::RatedClaim, StoreError> {
+        Err(StoreError::Config(
+            "rate limits are not supported on MySQL/MariaDB yet".into(),
+        ))
+    }
+
     async fn task_heartbeat_many(
         &self,
         params: &crate::store::TaskHeartbeatMany<'_>,

@@ -41,7 +41,16 @@ const UPGRADES: &[Upgrade] = &[
     // 6 → 7: each task's concurrency key (a per-key capped claim counts
     // the running ones per key from the `tasks_running` index of 4 → 5).
     upgrade_concurrency_key,
+    // 7 → 8: rate limits' start logs.
+    upgrade_rates,
 ];
+
+fn upgrade_rates(n: &Names) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, starts text NOT NULL DEFAULT '');",
+        n.rates
+    )
+}
 
 fn upgrade_concurrency_key(n: &Names) -> String {
     format!(

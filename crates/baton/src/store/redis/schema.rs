@@ -82,6 +82,11 @@ enum Upgrade {
     /// arguments per task, and neither count nor unpark keys) refuses the
     /// store.
     ConcurrencyKey,
+    /// 9 → 10: rate limits (a queue's start log `Q rate`, a named limit's
+    /// `B rate:<name>`: sorted sets written by a rated claim). Nothing to
+    /// convert; the step marks the version, so an older build (whose
+    /// claims would not log their starts) refuses the store.
+    RateLimits,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -102,6 +107,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::SlotTombstones,
     Upgrade::ClusterLayout,
     Upgrade::ConcurrencyKey,
+    Upgrade::RateLimits,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -247,7 +253,8 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         Upgrade::QueuePause
         | Upgrade::Traceparent
         | Upgrade::SlotTombstones
-        | Upgrade::ConcurrencyKey => Ok(()),
+        | Upgrade::ConcurrencyKey
+        | Upgrade::RateLimits => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

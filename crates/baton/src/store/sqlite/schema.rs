@@ -134,7 +134,19 @@ const UPGRADES: &[Upgrade] = &[
     // 5 → 6: each task's concurrency key, and the index a per-key capped
     // claim counts a queue's running tasks per key with.
     upgrade_concurrency_key,
+    // 6 → 7: rate limits' start logs.
+    upgrade_rates,
 ];
+
+fn upgrade_rates(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             name   TEXT PRIMARY KEY, \
+             starts TEXT NOT NULL DEFAULT '' \
+         )",
+        t.rates
+    ))]
+}
 
 fn upgrade_concurrency_key(t: &Tables) -> Vec<Ddl> {
     vec![
