@@ -526,15 +526,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
 /// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
-/// version 7 the tasks' `concurrency_key`.
-/// A fresh store records 7; a version-2 store (the
+/// version 7 the tasks' `concurrency_key`, version 8 rate limits' start
+/// logs. A fresh store records 8; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 7);
+    assert_eq!(recorded_version(&ts, p).await, 8);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -558,7 +558,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 7, "upgraded to 7");
+        assert_eq!(recorded_version(&ts, p).await, 8, "upgraded to 8");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -673,8 +673,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
     if let Kind::Postgres = ts.kind {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
-        // concurrency key), on the upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 7);
+        // concurrency key, 8 rate limits), on the upgraded store and on a
+        // fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 8);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,

@@ -214,11 +214,9 @@ impl Backend for MyBackend {
 
     async fn task_claim_rated(
         &self,
-        _req: &crate::store::TaskClaimRated<'_>,
+        req: &crate::store::TaskClaimRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
-        Err(StoreError::Config(
-            "rate limits are not supported on MySQL/MariaDB yet".into(),
-        ))
+        tasks::task_claim_rated(self, req).await
     }
 
     async fn task_heartbeat_many(

@@ -33,7 +33,19 @@ const UPGRADES: &[Upgrade] = &[
     add_traceparent,
     add_slot_tombstones,
     add_concurrency_key,
+    add_rates,
 ];
+
+/// 7 → 8: rate limits' start logs (`store::rate`).
+fn add_rates(n: &Names) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+         name VARBINARY(300) PRIMARY KEY, \
+         starts MEDIUMTEXT CHARACTER SET ascii COLLATE ascii_bin NOT NULL \
+         ) ENGINE=InnoDB",
+        n.rates
+    )]
+}
 
 /// 6 → 7: each task's concurrency key (a per-key capped claim counts a
 /// queue's running tasks per key through the `claim` index's
