@@ -56,6 +56,41 @@ impl RateLimit {
         RateLimit::checked(field, max, per, text)
     }
 
+    /// Parse a queue's limit as the CLI and config files write it:
+    /// `STARTS/PERIOD` (the queue's own limit) or `NAME=STARTS/PERIOD` (the
+    /// named limit `NAME`, shared by every queue that names it). The name
+    /// is checked as other names are (1 to 255 bytes).
+    ///
+    /// ```
+    /// use baton::queue::RateLimit;
+    /// let (name, r) = RateLimit::parse_named("rate", "partner-api=10/1s")?;
+    /// assert_eq!((name.as_deref(), r.max()), (Some("partner-api"), 10));
+    /// assert_eq!(RateLimit::parse_named("rate", "100/1m")?.0, None);
+    /// assert!(RateLimit::parse_named("rate", "=10/1s").is_err());
+    /// # Ok::<(), baton::InvalidInput>(())
+    /// ```
+    pub fn parse_named(
+        field: &str,
+        text: &str,
+    ) -> Result<(Option<String>, RateLimit), InvalidInput> {
+        match text.split_once('=') {
+            None => Ok((None, RateLimit::parse(field, text)?)),
+            Some((name, rate)) => {
+                let name = name.trim();
+                crate::names::validate_name(field, name).map_err(|e| {
+                    InvalidInput::new(
+                        field,
+                        format!(
+                            "the limit's name {}; use NAME=STARTS/PERIOD, e.g. partner-api=10/1s",
+                            e.problem
+                        ),
+                    )
+                })?;
+                Ok((Some(name.to_string()), RateLimit::parse(field, rate)?))
+            }
+        }
+    }
+
     fn checked(
         field: &str,
         max: u32,
