@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::error::StoreError;
-use crate::store::{TaskClaim, TaskClaimRated};
+use crate::store::{RatedClaim, Task, TaskClaim, TaskClaimRated};
 
 /// The latest start instants of one limit (µs), latest first, at most
 /// `max`.
@@ -93,25 +93,39 @@ pub(crate) fn plan<'a>(
     })
 }
 
-/// Log the claim's `started` instants (µs) in `log`; the instant the limit
-/// next allows a start, judged at `now_us`.
-pub(crate) fn finish(
-    req: &TaskClaimRated<'_>,
-    log: &mut StartLog,
-    started: &[i64],
-    now_us: i64,
-) -> Result<Option<DateTime<Utc>>, StoreError> {
-    log.record(started, req.max);
-    log.next_start(now_us, req.max, per_us(req))
-        .map(|us| {
-            DateTime::from_timestamp_micros(us)
-                .ok_or_else(|| StoreError::Corrupt(format!("rate limit instant {us} µs")))
-        })
-        .transpose()
+/// What a rated claim decided: the log's new text to write (`None`: the
+/// claim took nothing, the row stays as it was) and the answer.
+pub(crate) struct Decided {
+    pub(crate) write: Option<String>,
+    pub(crate) answer: RatedClaim,
 }
 
-/// The store clock `now_us` as a time.
-pub(crate) fn at(now_us: i64) -> Result<DateTime<Utc>, StoreError> {
+/// Log the claimed `tasks`' `started` instants (µs) in `log`, and judge
+/// at `now_us` when the limit next allows a start.
+pub(crate) fn finish(
+    req: &TaskClaimRated<'_>,
+    mut log: StartLog,
+    tasks: Vec<Task>,
+    started: &[i64],
+    now_us: i64,
+) -> Result<Decided, StoreError> {
+    log.record(started, req.max);
+    let next_start = log
+        .next_start(now_us, req.max, per_us(req))
+        .map(at)
+        .transpose()?;
+    Ok(Decided {
+        write: (!started.is_empty()).then(|| log.encode()),
+        answer: RatedClaim {
+            tasks,
+            now: at(now_us)?,
+            next_start,
+        },
+    })
+}
+
+/// A store instant in µs as a time.
+fn at(now_us: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(now_us)
         .ok_or_else(|| StoreError::Corrupt(format!("store clock {now_us} µs")))
 }
@@ -141,13 +155,16 @@ mod tests {
     #[test]
     fn counts_the_window_and_keeps_the_latest() {
         let r = req(3, 1000, 10, 0);
-        let mut log = StartLog::default();
+        let log = StartLog::default();
         assert_eq!(plan(&r, &log, 0).unwrap().limit, 3);
-        assert_eq!(finish(&r, &mut log, &[0, 0], 0).unwrap(), None);
+        let d = finish(&r, log, Vec::new(), &[0, 0], 0).unwrap();
+        assert_eq!(d.answer.next_start, None);
+        let log = StartLog::decode(&d.write.unwrap()).unwrap();
         assert_eq!(plan(&r, &log, 500_000).unwrap().limit, 1);
-        let next = finish(&r, &mut log, &[500_000], 500_000).unwrap();
+        let d = finish(&r, log, Vec::new(), &[500_000], 500_000).unwrap();
         // Used up until the first start leaves the window.
-        assert_eq!(next, Some(at(1_000_000).unwrap()));
+        assert_eq!(d.answer.next_start, Some(at(1_000_000).unwrap()));
+        let log = StartLog::decode(&d.write.unwrap()).unwrap();
         assert!(plan(&r, &log, 999_999).is_none());
         assert_eq!(plan(&r, &log, 1_000_000).unwrap().limit, 2);
         // A later start logged before an earlier `now` still counts.

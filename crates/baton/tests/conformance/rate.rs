@@ -31,6 +31,30 @@ async fn fill(store: &Store, queue: &str, n: usize) -> Vec<i64> {
     ids.iter().map(|e| e.id).collect()
 }
 
+/// A rated claim of up to `limit` tasks of `queue` under `name`'s limit
+/// (`None`: the queue's own) at `MAX/PER`.
+fn rated<'a>(
+    queue: &'a str,
+    worker: &'a str,
+    limit: u32,
+    name: Option<&'a str>,
+) -> TaskClaimRated<'a> {
+    TaskClaimRated {
+        claim: TaskClaim {
+            queue,
+            worker,
+            limit,
+            lease: Duration::from_secs(30),
+            max_running: None,
+            per_key_max_running: None,
+            buffered: 0,
+        },
+        name,
+        max: MAX,
+        per: PER,
+    }
+}
+
 /// Claimers racing on their own connections over `queues` (claimer `c`
 /// takes `queues[c % len]`) under one limit (`name`, `MAX/PER`) until
 /// `total` tasks are claimed; each finishes its tasks at once. Checks
@@ -54,20 +78,7 @@ async fn race(ts: &TestStore, queues: &[&'static str], name: Option<&'static str
                 assert!(Instant::now() < deadline, "not all claimed in 60 s");
                 let r = store
                     .backend()
-                    .task_claim_rated(&TaskClaimRated {
-                        claim: TaskClaim {
-                            queue,
-                            worker: &worker,
-                            limit: 1 + (c as u32) % 3,
-                            lease: Duration::from_secs(30),
-                            max_running: None,
-                            per_key_max_running: None,
-                            buffered: 0,
-                        },
-                        name,
-                        max: MAX,
-                        per: PER,
-                    })
+                    .task_claim_rated(&rated(queue, &worker, 1 + (c as u32) % 3, name))
                     .await
                     .unwrap();
                 if let Some(next) = r.next_start {
@@ -165,20 +176,7 @@ pub async fn shared_rate_limit_holds_across_two_queues(ts: TestStore) {
         let e = ts
             .store
             .backend()
-            .task_claim_rated(&TaskClaimRated {
-                claim: TaskClaim {
-                    queue: "a",
-                    worker: "w",
-                    limit: 1,
-                    lease: Duration::from_secs(30),
-                    max_running: None,
-                    per_key_max_running: None,
-                    buffered: 0,
-                },
-                name: Some("partner-api"),
-                max: MAX,
-                per: PER,
-            })
+            .task_claim_rated(&rated("a", "w", 1, Some("partner-api")))
             .await
             .unwrap_err();
         assert!(e.to_string().contains("Redis Cluster"), "{e}");

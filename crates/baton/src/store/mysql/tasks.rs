@@ -534,7 +534,7 @@ pub(super) async fn task_claim_rated(
     let starts = String::from_utf8(starts).map_err(|_| {
         StoreError::Corrupt(format!("rate limit {key:?}: a start log not in ASCII"))
     })?;
-    let mut log = StartLog::decode(&starts)?;
+    let log = StartLog::decode(&starts)?;
     let tasks = match rate::plan(req, &log, now_us) {
         None => Vec::new(),
         Some(claim) => match claim.per_key_max_running {
@@ -559,20 +559,16 @@ pub(super) async fn task_claim_rated(
         }
         started = q.fetch_all(&mut *tx).await?;
     }
-    let next_start = rate::finish(req, &mut log, &started, now_us)?;
-    if !started.is_empty() {
+    let d = rate::finish(req, log, tasks, &started, now_us)?;
+    if let Some(text) = d.write {
         sqlx::query(&format!("UPDATE {r} SET starts = ? WHERE name = ?"))
-            .bind(log.encode())
+            .bind(text)
             .bind(key.as_bytes())
             .execute(&mut *tx)
             .await?;
     }
     tx.commit().await?;
-    Ok(RatedClaim {
-        tasks,
-        now: rate::at(now_us)?,
-        next_start,
-    })
+    Ok(d.answer)
 }
 
 /// Lock `queue`'s row in `<p>queues` (inserting it if need be) until

@@ -300,7 +300,7 @@ impl Backend for PgBackend {
         let (starts, now_us) = row.ok_or_else(|| {
             StoreError::Corrupt(format!("rate limit {key:?}: no row after its insert"))
         })?;
-        let mut log = StartLog::decode(&starts)?;
+        let log = StartLog::decode(&starts)?;
         let tasks = match rate::plan(req, &log, now_us) {
             Some(claim) => self.claim_in(&mut tx, &claim).await?,
             None => Vec::new(),
@@ -308,20 +308,16 @@ impl Backend for PgBackend {
         // Every task of the claim started at `now()`: the transaction's
         // start, the instant read with the row.
         let started = vec![now_us; tasks.len()];
-        let next_start = rate::finish(req, &mut log, &started, now_us)?;
-        if !started.is_empty() {
+        let d = rate::finish(req, log, tasks, &started, now_us)?;
+        if let Some(text) = d.write {
             self.q(&format!("UPDATE {r} SET starts = $2 WHERE name = $1"))
                 .bind(&key)
-                .bind(log.encode())
+                .bind(text)
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
-        Ok(RatedClaim {
-            tasks,
-            now: rate::at(now_us)?,
-            next_start,
-        })
+        Ok(d.answer)
     }
 
     async fn task_heartbeat_many(

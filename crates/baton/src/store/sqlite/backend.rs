@@ -268,7 +268,7 @@ impl Backend for SqliteBackend {
         .bind(&key)
         .fetch_one(&mut *tx)
         .await?;
-        let mut log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
+        let log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
         let tasks = match rate::plan(req, &log, now_us) {
             Some(claim) => self.claim_on(&mut *tx, &claim).await?,
             None => Vec::new(),
@@ -284,23 +284,19 @@ impl Backend for SqliteBackend {
             .fetch_all(&mut *tx)
             .await?;
         }
-        let next_start = rate::finish(req, &mut log, &started, now_us)?;
-        if !started.is_empty() {
+        let d = rate::finish(req, log, tasks, &started, now_us)?;
+        if let Some(text) = d.write {
             sqlx::query(&format!(
                 "INSERT INTO {r} (name, starts) VALUES (?1, ?2) \
                  ON CONFLICT (name) DO UPDATE SET starts = excluded.starts"
             ))
             .bind(&key)
-            .bind(log.encode())
+            .bind(text)
             .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
-        Ok(RatedClaim {
-            tasks,
-            now: rate::at(now_us)?,
-            next_start,
-        })
+        Ok(d.answer)
     }
 
     async fn task_heartbeat_many(
