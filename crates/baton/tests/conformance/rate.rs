@@ -182,6 +182,18 @@ pub async fn shared_rate_limit_holds_across_two_queues(ts: TestStore) {
         assert!(e.to_string().contains("Redis Cluster"), "{e}");
         return;
     }
+    // A paused queue answers a rated claim with nothing, and no next
+    // start (the limit is not what holds it).
+    let q = Queue::new(ts.store.clone());
+    q.pause("a").await.unwrap();
+    let r = ts
+        .store
+        .backend()
+        .task_claim_rated(&rated("a", "w", 1, Some("partner-api")))
+        .await
+        .unwrap();
+    assert!(r.tasks.is_empty() && r.next_start.is_none(), "{r:?}");
+    q.resume("a").await.unwrap();
     let mut ids = fill(&ts.store, "a", 16).await;
     ids.extend(fill(&ts.store, "b", 16).await);
     race(&ts, &["a", "b"], Some("partner-api"), ids.len()).await;

@@ -9,7 +9,10 @@
 local now = now_ms()
 local queue = ARGV[2]
 -- A paused queue claims nothing (its tasks stay where they are).
-if redis.call('GET', B .. 'paused') == '1' then return {} end
+if redis.call('GET', B .. 'paused') == '1' then
+  if ARGV[10] ~= '' then return {{'now', fmt(now), 'next', '0'}} end
+  return {}
+end
 local sched = qkey(queue, 'sched')
 local ready = qkey(queue, 'ready')
 -- Move due scheduled tasks into ready, oldest first; at most 10000 per
