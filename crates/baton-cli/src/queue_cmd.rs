@@ -207,6 +207,14 @@ pub struct WorkArgs {
     /// `per_key_max_running`, else no cap].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub per_key_max_running: Option<u32>,
+    /// Cluster-wide rate limit per queue: at most N task starts in any
+    /// window of PERIOD of the store's clock, across every `baton
+    /// work`/`serve` that passes it (`100/1m`); `NAME=N/PERIOD` shares
+    /// the named limit with every queue that names it
+    /// (`partner-api=10/1s`). Tasks over it wait pending, no attempt
+    /// counted [default: the config queue's `rate`, else none].
+    #[arg(long, value_name = "[NAME=]N/PERIOD", value_parser = rate_arg)]
+    pub rate: Option<(Option<String>, baton::queue::RateLimit)>,
     /// Lease per attempt; heartbeats renew it every third of it (at least
     /// 30ms) [default: the config queue's `lease`, else 30s].
     #[arg(long, value_parser = lease_arg)]
@@ -245,6 +253,11 @@ fn lease_arg(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// Parse `--rate`: `N/PERIOD` or `NAME=N/PERIOD`.
+fn rate_arg(s: &str) -> Result<(Option<String>, baton::queue::RateLimit), String> {
+    baton::queue::RateLimit::parse_named("rate", s).map_err(|e| e.problem)
 }
 
 /// Parse `--poll`: a duration of at least 10ms.
@@ -296,6 +309,7 @@ fn work_queues(
                 per_key_max_running: a
                     .per_key_max_running
                     .or(from.and_then(|q| q.per_key_max_running)),
+                rate: a.rate.clone().or(from.and_then(|q| q.rate.clone())),
                 name,
             }
         })

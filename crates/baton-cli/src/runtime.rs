@@ -63,6 +63,13 @@ pub fn queue_workers(
         if let Some(m) = q.per_key_max_running {
             cfg = cfg.per_key_max_running(q.name.clone(), m);
         }
+        match &q.rate {
+            Some((None, limit)) => cfg = cfg.rate_limit(q.name.clone(), *limit),
+            Some((Some(name), limit)) => {
+                cfg = cfg.shared_rate_limit(q.name.clone(), name.clone(), *limit)
+            }
+            None => {}
+        }
         cfg.validate().map_err(|mut e| {
             e.problem = format!("queue {:?}: {}", q.name, e.problem);
             baton::Error::Invalid(e)

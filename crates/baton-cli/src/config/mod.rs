@@ -13,6 +13,8 @@
 //! lease = "30s"                      # default 30s
 //! # max_running = 5                  # cluster-wide cap, all instances together
 //! # per_key_max_running = 2          # cluster-wide cap per concurrency key
+//! # rate = "100/1m"                  # at most 100 starts a minute, all instances
+//! #                                  # (or "partner-api=10/1s": a named limit shared by queues)
 //!
 //! [[job]]
 //! name = "tick"
@@ -407,6 +409,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 lease: DEFAULT_LEASE,
                 max_running: None,
                 per_key_max_running: None,
+                rate: None,
             });
         } else {
             return Err(ConfigError::invalid(

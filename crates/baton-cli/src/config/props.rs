@@ -69,6 +69,7 @@ const QUEUE_KEYS: &[&str] = &[
     "lease",
     "max_running",
     "per_key_max_running",
+    "rate",
     "bogus",
 ];
 

@@ -24,6 +24,10 @@ pub struct QueueConfig {
     /// At most this many of the queue's tasks with the same concurrency
     /// key run at once across every instance (`None`: no per-key cap).
     pub per_key_max_running: Option<u32>,
+    /// At most this many starts per period across every instance: the
+    /// queue's own limit (`None` name) or a named one shared by the queues
+    /// that name it (`rate = "100/1m"` or `rate = "partner-api=10/1s"`).
+    pub rate: Option<(Option<String>, baton::queue::RateLimit)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -34,6 +38,7 @@ pub(super) struct RawQueue {
     lease: Option<String>,
     max_running: Option<i64>,
     per_key_max_running: Option<i64>,
+    rate: Option<String>,
 }
 
 /// Validate the `[[queue]]` tables, in file order.
@@ -83,12 +88,21 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
             .per_key_max_running
             .map(|m| ranged(&owner, "per_key_max_running", m, 1, MAX_CONCURRENCY).map(|m| m as u32))
             .transpose()?;
+        let rate = q
+            .rate
+            .as_deref()
+            .map(|r| {
+                baton::queue::RateLimit::parse_named("rate", r)
+                    .map_err(|e| ConfigError::from_input(&owner, e))
+            })
+            .transpose()?;
         queues.push(QueueConfig {
             name: q.name,
             concurrency,
             lease,
             max_running,
             per_key_max_running,
+            rate,
         });
     }
 

@@ -82,6 +82,7 @@ fn parses_a_full_file() {
                 lease: Duration::from_secs(30),
                 max_running: None,
                 per_key_max_running: None,
+                rate: None,
             },
             QueueConfig {
                 name: "slow".into(),
@@ -89,6 +90,7 @@ fn parses_a_full_file() {
                 lease: DEFAULT_LEASE,
                 max_running: Some(3),
                 per_key_max_running: Some(2),
+                rate: None,
             },
         ]
     );
@@ -251,6 +253,7 @@ fn empty_file_and_jobs_only() {
             lease: DEFAULT_LEASE,
             max_running: None,
             per_key_max_running: None,
+            rate: None,
         }]
     );
     // ...and not added for lock-mode jobs.

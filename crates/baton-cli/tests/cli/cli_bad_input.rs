@@ -157,6 +157,24 @@ fn catalogue() -> Vec<Case> {
             &["--per-key-max-running", "0 is not in 1.."],
         ),
         case(
+            "zero rate",
+            &["work", "--rate", "0/1m"],
+            2,
+            &["--rate", "\"0/1m\"", "out of range", "STARTS/PERIOD"],
+        ),
+        case(
+            "rate period of zero",
+            &["work", "--rate", "10/0s"],
+            2,
+            &["--rate", "period must be at least 1ms", "STARTS/PERIOD"],
+        ),
+        case(
+            "malformed rate",
+            &["work", "--rate", "10 per minute"],
+            2,
+            &["--rate", "is not a rate", "e.g. 100/1m"],
+        ),
+        case(
             "slot-shaped key",
             &["enqueue", "--key", "job|2026-01-01T00:00:00Z", "--", "true"],
             2,
@@ -544,6 +562,11 @@ fn catalogue() -> Vec<Case> {
             "zero per-key cap",
             "[[queue]]\nname = \"q\"\nper_key_max_running = 0\n",
             &["queue \"q\": per_key_max_running: 0 is out of range", "1..=10000"],
+        ),
+        config(
+            "malformed queue rate",
+            "[[queue]]\nname = \"q\"\nrate = \"fast\"\n",
+            &["queue \"q\": rate: \"fast\" is not a rate", "STARTS/PERIOD"],
         ),
         config(
             "queue lease not a duration",

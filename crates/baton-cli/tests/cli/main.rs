@@ -26,6 +26,7 @@ mod cli_outage;
 mod cli_pgbouncer;
 mod cli_precision;
 mod cli_queue;
+mod cli_rate;
 mod cli_read_only;
 mod cli_release;
 mod cli_sentinel;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::Backoff;
+use super::{Backoff, QueueRate, RateLimit};
 use crate::error::InvalidInput;
 
 /// The largest [`WorkerConfig::prefetch`] accepted.
@@ -49,6 +49,7 @@ pub struct WorkerConfig {
     pub(super) retention: Option<Duration>,
     pub(super) max_running: BTreeMap<String, u32>,
     pub(super) per_key_max_running: BTreeMap<String, u32>,
+    pub(super) rates: BTreeMap<String, QueueRate>,
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
     pub(super) prefetch: Option<Prefetch>,
@@ -105,6 +106,7 @@ impl Default for WorkerConfig {
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
             per_key_max_running: BTreeMap::new(),
+            rates: BTreeMap::new(),
             free_slot_on_return: None,
             result_batches_in_flight: None,
             prefetch: None,
@@ -273,6 +275,65 @@ impl WorkerConfig {
         self
     }
 
+    /// Start at most `limit` tasks of `queue` per window (e.g. `100/1m`:
+    /// [`RateLimit`]), exactly, in every window of the store's clock,
+    /// counting every worker of the cluster. A task over the limit stays
+    /// pending (no attempt counted) and is claimed when the limit allows:
+    /// the claim answers when the next start is allowed and the queue's
+    /// claims wait until then (or until stopped). A start is a claim: a
+    /// claimed attempt that is handed back still counted. Every worker
+    /// serving the queue should declare the same limit: a claimer without
+    /// it does not look at the log. Such queues never prefetch (a buffered
+    /// task was started when it was claimed).
+    ///
+    /// ```
+    /// use baton::queue::{RateLimit, WorkerConfig};
+    /// let cfg = WorkerConfig::default().queue("mail", 8).rate_limit("mail", "100/1m".parse()?);
+    /// assert_eq!(cfg.rate_limit_of("mail").unwrap().1.to_string(), "100/1m");
+    /// # Ok::<(), baton::InvalidInput>(())
+    /// ```
+    pub fn rate_limit(mut self, queue: impl Into<String>, limit: RateLimit) -> Self {
+        self.rates
+            .insert(queue.into(), QueueRate { name: None, limit });
+        self
+    }
+
+    /// Like [`rate_limit`](Self::rate_limit), but the limit is the named
+    /// one `name`, shared by every queue (of any worker) that names it:
+    /// e.g. `partner-api` at `10/1s` for queues `a` and `b` starts at most
+    /// 10 tasks of `a` and `b` together per second. Every user of the name
+    /// should declare the same limit (a worker refuses one name with two
+    /// limits). On a Redis Cluster a shared limit is refused (its log and
+    /// the queues' keys would sit on different slots): give each queue its
+    /// own [`rate_limit`](Self::rate_limit) there.
+    ///
+    /// ```
+    /// use baton::queue::{RateLimit, WorkerConfig};
+    /// let api: RateLimit = "10/1s".parse()?;
+    /// let cfg = WorkerConfig::default()
+    ///     .queue("a", 4)
+    ///     .queue("b", 4)
+    ///     .shared_rate_limit("a", "partner-api", api)
+    ///     .shared_rate_limit("b", "partner-api", api);
+    /// assert_eq!(cfg.rate_limit_of("b").unwrap().0, Some("partner-api"));
+    /// # Ok::<(), baton::InvalidInput>(())
+    /// ```
+    pub fn shared_rate_limit(
+        mut self,
+        queue: impl Into<String>,
+        name: impl Into<String>,
+        limit: RateLimit,
+    ) -> Self {
+        self.rates.insert(
+            queue.into(),
+            QueueRate {
+                name: Some(name.into()),
+                limit,
+            },
+        );
+        self
+    }
+
     /// Free a handler's slot as soon as it returns: its result is still
     /// being written, and the attempt stays leased and heartbeated until the
     /// store answers; at most `concurrency` plus the
@@ -416,10 +477,19 @@ impl WorkerConfig {
         self.per_key_max_running.get(queue).copied()
     }
 
-    /// Whether claims of `queue` are capped (whole queue or per key), so
-    /// that a buffered task would hold a running place.
+    /// The rate limit of `queue`, if any: the shared limit's name (`None`:
+    /// the queue's own) and the limit.
+    pub fn rate_limit_of(&self, queue: &str) -> Option<(Option<&str>, RateLimit)> {
+        self.rates.get(queue).map(|r| (r.name.as_deref(), r.limit))
+    }
+
+    /// Whether claims of `queue` are capped (whole queue or per key) or
+    /// rated, so that a buffered task would hold a running place or have
+    /// been counted as started too early.
     pub(super) fn capped(&self, queue: &str) -> bool {
-        self.max_running.contains_key(queue) || self.per_key_max_running.contains_key(queue)
+        self.max_running.contains_key(queue)
+            || self.per_key_max_running.contains_key(queue)
+            || self.rates.contains_key(queue)
     }
 
     /// Check every field (queues, concurrency, caps, lease, intervals);
@@ -466,6 +536,31 @@ impl WorkerConfig {
                     return Err(InvalidInput::new(
                         field,
                         format!("queue {q:?}: must be at least 1 (or no cap at all)"),
+                    ));
+                }
+            }
+        }
+        let mut shared: BTreeMap<&str, RateLimit> = BTreeMap::new();
+        for (q, r) in &self.rates {
+            if !self.queues.iter().any(|(served, _)| served == q) {
+                return Err(InvalidInput::new(
+                    "rate",
+                    format!(
+                        "queue {q:?}: this worker does not serve it; serve it with \
+                         .queue({q:?}, n) or drop the rate limit"
+                    ),
+                ));
+            }
+            if let Some(name) = &r.name {
+                crate::names::validate_name("rate limit name", name)?;
+                if let Some(other) = shared.insert(name, r.limit).filter(|o| *o != r.limit) {
+                    return Err(InvalidInput::new(
+                        "rate",
+                        format!(
+                            "the shared limit {name:?} is declared as both {other} and {}; \
+                             declare one limit per name",
+                            r.limit
+                        ),
                     ));
                 }
             }

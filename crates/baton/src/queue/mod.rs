@@ -34,6 +34,7 @@ mod config;
 pub mod counters;
 pub mod hooks;
 mod outbox;
+mod rate;
 mod task_error;
 mod trace;
 mod typed;
@@ -48,6 +49,8 @@ pub use counters::{
 };
 pub use hooks::{AttemptMiddleware, InsertMiddleware, Next, WorkerEvent};
 pub use outbox::{InsertFuture, OutboxConnection};
+pub(crate) use rate::QueueRate;
+pub use rate::{RateLimit, MAX_RATE};
 pub use task_error::{BoxError, TaskAction, TaskError, TaskResult};
 pub use trace::validate_traceparent;
 pub(crate) use typed::payload_of;

@@ -47,6 +47,8 @@ mod params;
 mod pool;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod rate;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -197,6 +199,14 @@ macro_rules! seam_methods {
             /// attempt goes up by one and its token to `max(previous + 1, store
             /// clock in µs)`.
             fn task_claim(req: &$crate::store::TaskClaim<'_>) -> Vec<$crate::store::Task>;
+
+            /// [`Backend::task_claim`] under a rate limit: at most `max` starts
+            /// of the limit ([`TaskClaimRated::key`]) in any window of `per` of
+            /// the store's clock, counting every claimer's starts, decided
+            /// atomically with the claim (docs/STORE.md, "Rate limits"). Answers
+            /// the store's clock and, when the limit is used up, the instant it
+            /// next allows a start.
+            fn task_claim_rated(req: &$crate::store::TaskClaimRated<'_>) -> $crate::store::RatedClaim;
 
             /// Extend the leases of running claims to `now + lease`, in one round
             /// trip; one answer per claim, in order.

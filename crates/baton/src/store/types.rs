@@ -227,6 +227,49 @@ pub struct TaskClaim<'a> {
     pub buffered: u32,
 }
 
+/// A claim under a rate limit ([`Backend::task_claim_rated`](super::Backend::task_claim_rated)):
+/// `claim` as [`Backend::task_claim`](super::Backend::task_claim) takes it,
+/// but at most `max` starts (claims) of the limit in any window of `per`
+/// of the store's clock, counting every claimer's, decided atomically with
+/// the claim. Tasks beyond it stay pending and untouched (no attempt
+/// counted).
+#[derive(Debug, Clone)]
+pub struct TaskClaimRated<'a> {
+    /// The claim.
+    pub claim: TaskClaim<'a>,
+    /// A named limit shared by the queues that name it; `None`: the
+    /// queue's own.
+    pub name: Option<&'a str>,
+    /// Starts allowed per window (≥ 1).
+    pub max: u32,
+    /// The window (≥ 1 ms).
+    pub per: Duration,
+}
+
+impl TaskClaimRated<'_> {
+    /// The limit's key in the store: `q:<queue>` for a queue's own limit,
+    /// `n:<name>` for a named one.
+    pub fn key(&self) -> String {
+        match self.name {
+            Some(n) => format!("n:{n}"),
+            None => format!("q:{}", self.claim.queue),
+        }
+    }
+}
+
+/// What a rated claim took, and when the limit next allows a start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RatedClaim {
+    /// The tasks claimed, as [`Backend::task_claim`](super::Backend::task_claim) returns them.
+    pub tasks: Vec<Task>,
+    /// The store's clock at the claim.
+    pub now: DateTime<Utc>,
+    /// `Some(t)`: the limit is used up until `t` (store time; no claim
+    /// before it can start a task of this limit); `None`: a start is
+    /// allowed now.
+    pub next_start: Option<DateTime<Utc>>,
+}
+
 /// A task leased to a worker by a claim.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {

@@ -21,6 +21,7 @@ mod keys;
 mod locks;
 mod model;
 mod queue;
+mod rate;
 mod schedule;
 mod snooze;
 mod states;
@@ -83,6 +84,9 @@ baton_testkit::per_backend! {
     keys::per_key_cap_holds_under_16_racing_claimers,
     keys::saturated_key_does_not_hold_back_other_keys,
     keys::workers_run_one_per_key_and_start_the_next_at_once,
+    rate::rate_limit_holds_in_every_window_under_racing_claimers,
+    rate::shared_rate_limit_holds_across_two_queues,
+    rate::workers_wait_for_the_next_allowed_start,
     queue::stale_claim_after_hand_back_is_refused,
     queue::resent_finish_many_changes_nothing,
     queue::cancel_requested_then_retryable_failure_cancels,

@@ -526,15 +526,16 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// MySQL's first schema is version 2 (it never had a version 1); version 3
 /// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
-/// version 7 the tasks' `concurrency_key`, version 8 the unique keys rewritten into their default scope.
-/// A fresh store records 8; a version-2 store (the
+/// version 7 the tasks' `concurrency_key`, version 8 the unique keys
+/// rewritten into their default scope, version 9 rate limits' start logs.
+/// A fresh store records 9; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 8);
+    assert_eq!(recorded_version(&ts, p).await, 9);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -558,7 +559,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 8, "upgraded to 8");
+        assert_eq!(recorded_version(&ts, p).await, 9, "upgraded to 9");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -673,8 +674,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
     if let Kind::Postgres = ts.kind {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
-        // concurrency key), on the upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 8);
+        // concurrency key, 8 the unique keys' scopes, 9 rate limits), on
+        // the upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 9);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -1056,7 +1058,9 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
         async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
     };
     for round in 0..2 {
-        crate::harness::set_schema_version(&ts, &p, Some(expected - 1)).await;
+        // Back to before the unique-scope step (the second to last on every
+        // store; rate limits' came after it).
+        crate::harness::set_schema_version(&ts, &p, Some(expected - 2)).await;
         let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
         assert_eq!(recorded_version(&ts, &p).await, expected, "round {round}");
         assert_eq!(

@@ -86,6 +86,9 @@ pub(super) async fn claim_into(
     // up to 5 s) are lost: look often until that window has passed, so work
     // due meanwhile is not left for the next poll.
     let mut recovering_until: Option<Instant> = None;
+    let rated = shared.config.rates.get(queue).cloned();
+    // When the queue's rate limit next allows a start, if it is used up.
+    let mut rate_until: Option<Instant> = None;
     loop {
         if shared.stop_claiming.is_cancelled() {
             return;
@@ -130,7 +133,10 @@ pub(super) async fn claim_into(
         } else {
             0
         };
-        if want > 0 && more {
+        // Under a rate limit used up until `rate_until`, no claim can
+        // start a task before then: wait for it (below).
+        let rate_open = rate_until.is_none_or(|t| t <= Instant::now());
+        if want > 0 && more && rate_open {
             let req = TaskClaim {
                 queue,
                 worker: &shared.id,
@@ -141,8 +147,9 @@ pub(super) async fn claim_into(
                 buffered: u32::try_from(want.saturating_sub(free)).unwrap_or(u32::MAX),
             };
             let sent = Instant::now();
-            match shared.store.backend().task_claim(&req).await {
-                Ok(mut batch) => {
+            match claim(shared, req, rated.as_ref()).await {
+                Ok((mut batch, until)) => {
+                    rate_until = until;
                     shared.counters.claimed(queue, sent.elapsed());
                     backoff = Duration::from_millis(50);
                     let full = batch.len() == want;
@@ -205,6 +212,10 @@ pub(super) async fn claim_into(
         let recovering = recovering_until.filter(|t| *t > Instant::now());
         tokio::select! {
             _ = poke.notified() => more = true,
+            _ = sleep_until_opt(rate_until), if !rate_open => {
+                rate_until = None;
+                more = true;
+            }
             _ = tokio::time::sleep(RECOVERY_POLL), if recovering.is_some() => more = true,
             _ = freed.notified(), if more || capped || !buffer.is_empty() => {
                 more = more || capped;
@@ -217,6 +228,33 @@ pub(super) async fn claim_into(
             _ = shared.stop_claiming.cancelled() => return,
         }
     }
+}
+
+/// One claim, through the queue's rate limit if it has one: the tasks,
+/// and the local instant the limit next allows a start when it is used
+/// up (the store's answer, counted from the reply, so never early).
+async fn claim(
+    shared: &Shared,
+    req: TaskClaim<'_>,
+    rated: Option<&QueueRate>,
+) -> Result<(Vec<Task>, Option<Instant>), StoreError> {
+    let Some(rate) = rated else {
+        return Ok((shared.store.backend().task_claim(&req).await?, None));
+    };
+    let r = shared
+        .store
+        .backend()
+        .task_claim_rated(&TaskClaimRated {
+            claim: req,
+            name: rate.name.as_deref(),
+            max: rate.limit.max(),
+            per: rate.limit.per(),
+        })
+        .await?;
+    let until = r
+        .next_start
+        .map(|t| Instant::now() + (t - r.now).to_std().unwrap_or_default());
+    Ok((r.tasks, until))
 }
 
 /// A queue's recent pace (tasks started per second), which sizes an

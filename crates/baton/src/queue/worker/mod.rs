@@ -63,10 +63,12 @@ use tracing::Instrument;
 use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
 use super::hooks::{AttemptMiddleware, WorkerEvent};
-use super::TaskAction;
+use super::{QueueRate, TaskAction};
 use crate::clock::StoreClock;
-use crate::error::Error;
-use crate::store::{Claim, Finish, Heartbeat, Store, Task, TaskClaim, Wake, IDENTITY_CHECK};
+use crate::error::{Error, StoreError};
+use crate::store::{
+    Claim, Finish, Heartbeat, Store, Task, TaskClaim, TaskClaimRated, Wake, IDENTITY_CHECK,
+};
 
 mod claimer;
 mod completer;

@@ -212,6 +212,13 @@ impl Backend for MyBackend {
         tasks::task_claim(self, req).await
     }
 
+    async fn task_claim_rated(
+        &self,
+        req: &crate::store::TaskClaimRated<'_>,
+    ) -> Result<crate::store::RatedClaim, StoreError> {
+        tasks::task_claim_rated(self, req).await
+    }
+
     async fn task_heartbeat_many(
         &self,
         params: &crate::store::TaskHeartbeatMany<'_>,

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::tasks::{claim_ids, claim_pick, lock_queue_row};
+use super::tasks::{claim_ids, claim_pick, finish_claim, lock_queue_row};
 use super::{marks, MyBackend};
 use crate::error::StoreError;
 use crate::store::{Task, TaskClaim};
@@ -23,9 +23,21 @@ pub(super) async fn task_claim(
     per_key: u32,
     walk: i64,
 ) -> Result<Vec<Task>, StoreError> {
-    let t = &b.names.tasks;
     let mut tx = b.begin().await?;
-    lock_queue_row(b, &mut tx, req.queue).await?;
+    let tasks = claim_in(b, &mut tx, req, per_key, walk).await?;
+    finish_claim(tx, tasks).await
+}
+
+/// [`task_claim`] inside `tx`, committed by the caller.
+pub(super) async fn claim_in(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaim<'_>,
+    per_key: u32,
+    walk: i64,
+) -> Result<Vec<Task>, StoreError> {
+    let t = &b.names.tasks;
+    lock_queue_row(b, tx, req.queue).await?;
     // Every running task of the queue, by key (NULL: no key), from the
     // `claim` index's (queue, state) prefix: bounded by the workers' slots.
     let counts: Vec<(Option<Vec<u8>>, i64)> = sqlx::query_as(&format!(
@@ -33,7 +45,7 @@ pub(super) async fn task_claim(
          GROUP BY concurrency_key"
     ))
     .bind(req.queue)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     let running: i64 = counts.iter().map(|(_, n)| n).sum();
     let mut room: HashMap<Vec<u8>, i64> = HashMap::new();
@@ -47,7 +59,6 @@ pub(super) async fn task_claim(
         limit = limit.min(i64::from(max) - running);
     }
     if limit <= 0 {
-        tx.rollback().await?;
         return Ok(Vec::new());
     }
     let full: Vec<&Vec<u8>> = room
@@ -78,7 +89,7 @@ pub(super) async fn task_claim(
     for k in &full {
         s = s.bind(k.as_slice());
     }
-    let rows: Vec<(i64, i64, Option<Vec<u8>>)> = s.fetch_all(&mut *tx).await?;
+    let rows: Vec<(i64, i64, Option<Vec<u8>>)> = s.fetch_all(&mut **tx).await?;
     // Each key's tasks in claim order, while they fit under its cap.
     let fits: Vec<(i64, i64)> = rows
         .into_iter()

@@ -94,6 +94,8 @@ pub(crate) struct Names {
     queues: String,
     /// Slot tombstones, schema 6.
     slots: String,
+    /// Rate limits' start logs, schema 8.
+    rates: String,
 }
 
 impl Names {
@@ -106,6 +108,7 @@ impl Names {
             jobs: format!("`{p}jobs`"),
             queues: format!("`{p}queues`"),
             slots: format!("`{p}slots`"),
+            rates: format!("`{p}rates`"),
             prefix: p,
         }
     }

@@ -34,6 +34,7 @@ const UPGRADES: &[Upgrade] = &[
     add_slot_tombstones,
     add_concurrency_key,
     rescope_unique_keys,
+    add_rates,
 ];
 
 /// 7 → 8: unique keys scoped by kind and queue (issue 29). The key of
@@ -51,6 +52,17 @@ fn rescope_unique_keys(n: &Names) -> Vec<String> {
              AND LENGTH(queue) + LENGTH(kind) + LENGTH(unique_key) + 7 <= {}",
         n.tasks,
         crate::store::MAX_STORED_KEY_LEN
+    )]
+}
+
+/// 8 → 9: rate limits' start logs (`store::rate`).
+fn add_rates(n: &Names) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+         name VARBINARY(300) PRIMARY KEY, \
+         starts MEDIUMTEXT CHARACTER SET ascii COLLATE ascii_bin NOT NULL \
+         ) ENGINE=InnoDB",
+        n.rates
     )]
 }
 

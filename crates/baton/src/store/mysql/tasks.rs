@@ -9,10 +9,12 @@ use sqlx::{Executor, MySqlConnection, Row};
 use super::rows::attempt_of;
 use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, Names, BEGIN, NOW_US};
 use crate::error::StoreError;
+use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{claimed_task, token_arg, SqlRow, CLAIM_COLS};
 use crate::store::{
     Claim, Enqueued, Finish, Heartbeat, NewTask, RunAt, Task, TaskClaim, Wake, CANCEL_REQUESTED,
 };
+use crate::store::{RatedClaim, TaskClaimRated};
 
 /// Rows per multi-row `INSERT` (17 placeholders each, well under MySQL's
 /// 65,535 per statement).
@@ -433,8 +435,7 @@ pub(super) async fn task_claim(
     if req.limit == 0 {
         return Ok(Vec::new());
     }
-    let t = &b.names.tasks;
-    let mut limit = i64::from(req.limit);
+    let limit = i64::from(req.limit);
     // With a buffer share the walk may step over as many tasks on their
     // last attempt (see `claim_pick`).
     let walk_extra = i64::from(req.buffered.min(req.limit));
@@ -447,16 +448,45 @@ pub(super) async fn task_claim(
         return b.claim_in_two_batches(req, limit + walk_extra).await;
     };
     let mut tx = b.begin().await?;
-    lock_queue_row(b, &mut tx, req.queue).await?;
-    let running: i64 = sqlx::query_scalar(&format!(
-        "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
-    ))
-    .bind(req.queue)
-    .fetch_one(&mut *tx)
-    .await?;
-    limit = limit.min(i64::from(max) - running);
-    if limit <= 0 {
+    let tasks = capped_in(b, &mut tx, req, Some(max)).await?;
+    finish_claim(tx, tasks).await
+}
+
+/// Commit a claim's transaction (roll it back when it took nothing).
+pub(super) async fn finish_claim(
+    tx: sqlx::Transaction<'_, sqlx::MySql>,
+    tasks: Vec<Task>,
+) -> Result<Vec<Task>, StoreError> {
+    if tasks.is_empty() {
         tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(tasks)
+}
+
+/// A claim inside `tx`, committed by the caller: with a cap (`max`), lock
+/// the queue's row and count its running tasks first.
+async fn capped_in(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaim<'_>,
+    max: Option<u32>,
+) -> Result<Vec<Task>, StoreError> {
+    let t = &b.names.tasks;
+    let mut limit = i64::from(req.limit);
+    let walk_extra = i64::from(req.buffered.min(req.limit));
+    if let Some(max) = max {
+        lock_queue_row(b, tx, req.queue).await?;
+        let running: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
+        ))
+        .bind(req.queue)
+        .fetch_one(&mut **tx)
+        .await?;
+        limit = limit.min(i64::from(max) - running);
+    }
+    if limit <= 0 {
         return Ok(Vec::new());
     }
     let cap = u32::try_from(limit).unwrap_or(u32::MAX);
@@ -464,10 +494,81 @@ pub(super) async fn task_claim(
     let rows: Vec<(i64, i64)> = sqlx::query_as(&select)
         .bind(req.queue.as_bytes())
         .bind(req.queue.as_bytes())
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
     let ids = claim_pick(rows, req, cap);
     claim_ids(b, tx, req, &ids).await
+}
+
+/// A claim under a rate limit, in one transaction: lock the limit's row
+/// in `<p>rates` (claimers of the limit take turns on it, then on the
+/// queue's row when capped), read its start log with the store's clock,
+/// claim within the room left, log the claimed tasks' `started_at`.
+pub(super) async fn task_claim_rated(
+    b: &MyBackend,
+    req: &TaskClaimRated<'_>,
+) -> Result<RatedClaim, StoreError> {
+    let key = req.key();
+    let r = &b.names.rates;
+    let lock = format!("SELECT starts, {NOW_US} FROM {r} WHERE name = ? FOR UPDATE");
+    let mut tx = b.begin().await?;
+    let mut row: Option<(Vec<u8>, i64)> = sqlx::query_as(&lock)
+        .bind(key.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await?;
+    if row.is_none() {
+        sqlx::query(&format!(
+            "INSERT IGNORE INTO {r} (name, starts) VALUES (?, '')"
+        ))
+        .bind(key.as_bytes())
+        .execute(&mut *tx)
+        .await?;
+        row = sqlx::query_as(&lock)
+            .bind(key.as_bytes())
+            .fetch_optional(&mut *tx)
+            .await?;
+    }
+    let (starts, now_us) = row.ok_or_else(|| {
+        StoreError::Corrupt(format!("rate limit {key:?}: no row after its insert"))
+    })?;
+    let starts = String::from_utf8(starts).map_err(|_| {
+        StoreError::Corrupt(format!("rate limit {key:?}: a start log not in ASCII"))
+    })?;
+    let log = StartLog::decode(&starts)?;
+    let tasks = match rate::plan(req, &log, now_us) {
+        None => Vec::new(),
+        Some(claim) => match claim.per_key_max_running {
+            Some(per_key) => {
+                let walk = i64::from(claim.limit) + i64::from(claim.buffered.min(claim.limit));
+                super::keyed::claim_in(b, &mut tx, &claim, per_key, walk).await?
+            }
+            None => capped_in(b, &mut tx, &claim, claim.max_running).await?,
+        },
+    };
+    let mut started = Vec::with_capacity(tasks.len());
+    if !tasks.is_empty() {
+        let sql = format!(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', started_at) \
+             FROM {} WHERE id IN ({})",
+            b.names.tasks,
+            marks(tasks.len())
+        );
+        let mut q = sqlx::query_scalar(&sql);
+        for t in &tasks {
+            q = q.bind(t.id);
+        }
+        started = q.fetch_all(&mut *tx).await?;
+    }
+    let d = rate::finish(req, log, tasks, &started, now_us)?;
+    if let Some(text) = d.write {
+        sqlx::query(&format!("UPDATE {r} SET starts = ? WHERE name = ?"))
+            .bind(text)
+            .bind(key.as_bytes())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(d.answer)
 }
 
 /// Lock `queue`'s row in `<p>queues` (inserting it if need be) until
@@ -489,15 +590,14 @@ pub(super) async fn lock_queue_row(
 }
 
 /// The end of a capped claim: start the attempts of `ids` (rows `tx`
-/// holds locked), read them back, commit; nothing to claim rolls back.
+/// holds locked) and read them back; the caller commits.
 pub(super) async fn claim_ids(
     b: &MyBackend,
-    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     req: &TaskClaim<'_>,
     ids: &[i64],
 ) -> Result<Vec<Task>, StoreError> {
     if ids.is_empty() {
-        tx.rollback().await?;
         return Ok(Vec::new());
     }
     let list = marks(ids.len());
@@ -506,14 +606,13 @@ pub(super) async fn claim_ids(
     for id in ids {
         u = u.bind(id);
     }
-    u.execute(&mut *tx).await?;
+    u.execute(&mut **tx).await?;
     let read = b.claim_read(&list);
     let mut s = sqlx::query(&read);
     for id in ids {
         s = s.bind(id);
     }
-    let rows = s.fetch_all(&mut *tx).await?;
-    tx.commit().await?;
+    let rows = s.fetch_all(&mut **tx).await?;
     rows.iter().map(claimed_task).collect()
 }
 

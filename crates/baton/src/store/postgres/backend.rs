@@ -11,8 +11,9 @@ use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
 use super::sql::{Cap, FinishKind};
-use super::{dur, listener, schema, PgBackend, PoolMode};
+use super::{dur, listener, schema, PgBackend, PoolMode, NOW_US};
 use crate::error::StoreError;
+use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
     claimed_task, job_state, lock_info, queue_stats, task_info, token_arg, token_of, SqlRow,
 };
@@ -22,6 +23,67 @@ use crate::store::{
     JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim, TaskFilter,
     TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
+use crate::store::{RatedClaim, TaskClaimRated};
+use sqlx::postgres::PgRow;
+
+/// The locking walk's bound: with a buffer share it may step over as many
+/// tasks on their last attempt (see `Sql::claim`).
+fn claim_walk(req: &TaskClaim<'_>) -> u32 {
+    req.limit.saturating_add(req.buffered.min(req.limit))
+}
+
+/// Claimed rows as tasks, in claim order.
+fn claimed(rows: &[PgRow]) -> Result<Vec<Task>, StoreError> {
+    let mut tasks = rows
+        .iter()
+        .map(claimed_task)
+        .collect::<Result<Vec<_>, _>>()?;
+    tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+    Ok(tasks)
+}
+
+impl PgBackend {
+    /// A claim inside `tx`: capped claimers of a queue take turns (a
+    /// transaction-scoped advisory lock per queue), so each one counts the
+    /// running tasks after the previous one committed.
+    async fn claim_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        req: &TaskClaim<'_>,
+    ) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let walk = claim_walk(req);
+        let (max, per_key) = (req.max_running, req.per_key_max_running);
+        let sql = match (max, per_key) {
+            (None, None) => self.sql.claim(walk, Cap::None),
+            // Under a per-key cap the walk takes four times as many rows:
+            // keys with one place left must not fill it on their own.
+            (_, Some(_)) => self.sql.claim(walk.saturating_mul(4), Cap::Key),
+            (Some(_), None) => self.sql.claim(walk, Cap::Queue),
+        };
+        let mut q = self
+            .q(sql)
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(dur(req.lease))
+            .bind(i64::from(req.limit));
+        if max.is_none() && per_key.is_none() {
+            q = q.bind(i64::from(req.buffered));
+        } else {
+            self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(format!("{}:{}", self.names.chan, req.queue))
+                .execute(&mut *tx)
+                .await?;
+            q = q.bind(max.map(i64::from)).bind(i64::from(req.buffered));
+            if let Some(per_key) = per_key {
+                q = q.bind(i64::from(per_key));
+            }
+        }
+        claimed(&q.fetch_all(&mut *tx).await?)
+    }
+}
 
 #[async_trait]
 impl Backend for PgBackend {
@@ -202,58 +264,66 @@ impl Backend for PgBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        // The locking walk's bound: with a buffer share it may step over
-        // as many tasks on their last attempt (see `Sql::claim`).
-        let walk = req.limit.saturating_add(req.buffered.min(req.limit));
-        let rows = match (req.max_running, req.per_key_max_running) {
-            (None, None) => {
-                self.q(self.sql.claim(walk, Cap::None))
-                    .bind(req.queue)
-                    .bind(req.worker)
-                    .bind(dur(req.lease))
-                    .bind(i64::from(req.limit))
-                    .bind(i64::from(req.buffered))
-                    .fetch_all(self.exec())
-                    .await?
-            }
-            (max, per_key) => {
-                // Claimers of a capped queue take turns (a transaction-scoped
-                // advisory lock per queue), so each one counts the running
-                // tasks after the previous one committed.
-                let mut tx = self.begin().await?;
-                self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                    .bind(format!("{}:{}", self.names.chan, req.queue))
-                    .execute(&mut *tx)
-                    .await?;
-                // Under a per-key cap the walk takes four times as many
-                // rows: keys with one place left must not fill it on their
-                // own.
-                let sql = match per_key {
-                    None => self.sql.claim(walk, Cap::Queue),
-                    Some(_) => self.sql.claim(walk.saturating_mul(4), Cap::Key),
-                };
-                let mut q = self
-                    .q(sql)
-                    .bind(req.queue)
-                    .bind(req.worker)
-                    .bind(dur(req.lease))
-                    .bind(i64::from(req.limit))
-                    .bind(max.map(i64::from))
-                    .bind(i64::from(req.buffered));
-                if let Some(per_key) = per_key {
-                    q = q.bind(i64::from(per_key));
-                }
-                let rows = q.fetch_all(&mut *tx).await?;
-                tx.commit().await?;
-                rows
-            }
-        };
-        let mut tasks = rows
-            .iter()
-            .map(claimed_task)
-            .collect::<Result<Vec<_>, _>>()?;
-        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+        if req.max_running.is_none() && req.per_key_max_running.is_none() {
+            let walk = claim_walk(req);
+            let rows = self
+                .q(self.sql.claim(walk, Cap::None))
+                .bind(req.queue)
+                .bind(req.worker)
+                .bind(dur(req.lease))
+                .bind(i64::from(req.limit))
+                .bind(i64::from(req.buffered))
+                .fetch_all(self.exec())
+                .await?;
+            return claimed(&rows);
+        }
+        let mut tx = self.begin().await?;
+        let tasks = self.claim_in(&mut tx, req).await?;
+        tx.commit().await?;
         Ok(tasks)
+    }
+
+    async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
+        // Claimers of one limit take turns on its row in `<p>rates`, then
+        // on the queue's advisory lock when capped (always in this order).
+        let key = req.key();
+        let r = &self.names.rates;
+        let lock = format!("SELECT starts, {NOW_US} FROM {r} WHERE name = $1 FOR UPDATE");
+        let mut tx = self.begin().await?;
+        let read = |row: Option<PgRow>| -> Result<Option<(String, i64)>, StoreError> {
+            row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        };
+        let mut row = read(self.q(&lock).bind(&key).fetch_optional(&mut *tx).await?)?;
+        if row.is_none() {
+            self.q(&format!(
+                "INSERT INTO {r} (name) VALUES ($1) ON CONFLICT DO NOTHING"
+            ))
+            .bind(&key)
+            .execute(&mut *tx)
+            .await?;
+            row = read(self.q(&lock).bind(&key).fetch_optional(&mut *tx).await?)?;
+        }
+        let (starts, now_us) = row.ok_or_else(|| {
+            StoreError::Corrupt(format!("rate limit {key:?}: no row after its insert"))
+        })?;
+        let log = StartLog::decode(&starts)?;
+        let tasks = match rate::plan(req, &log, now_us) {
+            Some(claim) => self.claim_in(&mut tx, &claim).await?,
+            None => Vec::new(),
+        };
+        // Every task of the claim started at `now()`: the transaction's
+        // start, the instant read with the row.
+        let started = vec![now_us; tasks.len()];
+        let d = rate::finish(req, log, tasks, &started, now_us)?;
+        if let Some(text) = d.write {
+            self.q(&format!("UPDATE {r} SET starts = $2 WHERE name = $1"))
+                .bind(&key)
+                .bind(text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(d.answer)
     }
 
     async fn task_heartbeat_many(

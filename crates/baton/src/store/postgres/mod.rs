@@ -201,6 +201,8 @@ struct Names {
     queues: String,
     /// Slot tombstones (a pruned slot's key, kept), schema 6.
     slots: String,
+    /// Rate limits' start logs, schema 8.
+    rates: String,
     /// The task id sequence, as a quoted identifier inside a string literal
     /// (for `nextval('…')`).
     seq_lit: String,
@@ -218,6 +220,7 @@ impl Names {
             jobs: format!("\"{p}jobs\""),
             queues: format!("\"{p}queues\""),
             slots: format!("\"{p}slots\""),
+            rates: format!("\"{p}rates\""),
             seq_lit: format!("'\"{p}tasks_id_seq\"'"),
             chan: format!("{p}tasks"),
             prefix: p,

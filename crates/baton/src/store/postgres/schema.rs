@@ -44,6 +44,8 @@ const UPGRADES: &[Upgrade] = &[
     // 7 → 8: unique keys scoped by kind and queue (issue 29): the keys of
     // existing tasks rewritten into the default scope's composite.
     upgrade_unique_scope,
+    // 8 → 9: rate limits' start logs.
+    upgrade_rates,
 ];
 
 /// Rewrite the key of every task that is no job's run and has a key from
@@ -61,6 +63,13 @@ fn upgrade_unique_scope(n: &Names) -> String {
                  <= {};",
         n.tasks,
         crate::store::MAX_STORED_KEY_LEN
+    )
+}
+
+fn upgrade_rates(n: &Names) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, starts text NOT NULL DEFAULT '');",
+        n.rates
     )
 }
 

@@ -93,6 +93,11 @@ enum Upgrade {
     /// alone), so it is safe while other processes run: an older process
     /// finishing or pruning a task reads the key from the task's hash.
     UniqueScopes,
+    /// 10 → 11: rate limits (a queue's start log `Q rate`, a named limit's
+    /// `B rate:<name>`: sorted sets written by a rated claim). Nothing to
+    /// convert; the step marks the version, so an older build (whose
+    /// claims would not log their starts) refuses the store.
+    RateLimits,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -114,6 +119,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::ClusterLayout,
     Upgrade::ConcurrencyKey,
     Upgrade::UniqueScopes,
+    Upgrade::RateLimits,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -259,7 +265,8 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         Upgrade::QueuePause
         | Upgrade::Traceparent
         | Upgrade::SlotTombstones
-        | Upgrade::ConcurrencyKey => Ok(()),
+        | Upgrade::ConcurrencyKey
+        | Upgrade::RateLimits => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

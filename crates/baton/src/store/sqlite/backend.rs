@@ -12,8 +12,9 @@ use tokio::sync::broadcast;
 
 use super::outbox::insert_tasks;
 use super::rows::{json_text, opt_time};
-use super::{schema, SqliteBackend};
+use super::{schema, SqliteBackend, NOW_US};
 use crate::error::StoreError;
+use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
     claimed_task, corrupt, count_of, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
 };
@@ -23,8 +24,40 @@ use crate::store::{
     JobAdvance, JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim,
     TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
+use crate::store::{RatedClaim, TaskClaimRated};
 
 impl SqliteBackend {
+    /// The claim's one statement, on the pool or inside a transaction.
+    async fn claim_on<'c, E>(&self, on: E, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+    {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = match req.per_key_max_running {
+            Some(_) => &self.sql.claim_keyed,
+            None => &self.sql.claim,
+        };
+        let mut q = sqlx::query(sql)
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(ms(req.lease))
+            .bind(i64::from(req.limit))
+            .bind(req.max_running.map(i64::from))
+            .bind(i64::from(req.buffered));
+        if let Some(per_key) = req.per_key_max_running {
+            q = q.bind(i64::from(per_key));
+        }
+        let rows = q.fetch_all(on).await?;
+        let mut claimed = rows
+            .iter()
+            .map(claimed_task)
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.sort_by_key(|t| (t.priority, t.run_at, t.id));
+        Ok(claimed)
+    }
+
     /// The compare-and-set UPDATE that ends an attempt, and its `?3`/`?4`
     /// arguments (error text, retry delay in ms); `?1`/`?2` are id and claim
     /// token. The transitions are DESIGN.md's task state table.
@@ -220,30 +253,50 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
-        if req.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let sql = match req.per_key_max_running {
-            Some(_) => &self.sql.claim_keyed,
-            None => &self.sql.claim,
+        self.claim_on(&*self.pool, req).await
+    }
+
+    async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
+        // One `BEGIN IMMEDIATE`: the log, the claim and the log's update
+        // cannot interleave with another claim.
+        let key = req.key();
+        let r = &self.t.rates;
+        let mut tx = self.immediate().await?;
+        let (starts, now_us): (Option<String>, i64) = sqlx::query_as(&format!(
+            "SELECT (SELECT starts FROM {r} WHERE name = ?1), {NOW_US}"
+        ))
+        .bind(&key)
+        .fetch_one(&mut *tx)
+        .await?;
+        let log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
+        let tasks = match rate::plan(req, &log, now_us) {
+            Some(claim) => self.claim_on(&mut *tx, &claim).await?,
+            None => Vec::new(),
         };
-        let mut q = sqlx::query(sql)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(ms(req.lease))
-            .bind(i64::from(req.limit))
-            .bind(req.max_running.map(i64::from))
-            .bind(i64::from(req.buffered));
-        if let Some(per_key) = req.per_key_max_running {
-            q = q.bind(i64::from(per_key));
+        let mut started = Vec::with_capacity(tasks.len());
+        if !tasks.is_empty() {
+            let ids = serde_json::Value::from(tasks.iter().map(|t| t.id).collect::<Vec<_>>());
+            started = sqlx::query_scalar(&format!(
+                "SELECT started_at * 1000 FROM {} WHERE id IN (SELECT value FROM json_each(?1))",
+                self.t.tasks
+            ))
+            .bind(json_text(&ids)?)
+            .fetch_all(&mut *tx)
+            .await?;
         }
-        let rows = q.fetch_all(&*self.pool).await?;
-        let mut claimed = rows
-            .iter()
-            .map(claimed_task)
-            .collect::<Result<Vec<_>, _>>()?;
-        claimed.sort_by_key(|t| (t.priority, t.run_at, t.id));
-        Ok(claimed)
+        let d = rate::finish(req, log, tasks, &started, now_us)?;
+        if let Some(text) = d.write {
+            sqlx::query(&format!(
+                "INSERT INTO {r} (name, starts) VALUES (?1, ?2) \
+                 ON CONFLICT (name) DO UPDATE SET starts = excluded.starts"
+            ))
+            .bind(&key)
+            .bind(text)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(d.answer)
     }
 
     async fn task_heartbeat_many(

@@ -65,6 +65,7 @@ struct Tables {
     queues: String,
     meta: String,
     slots: String,
+    rates: String,
 }
 
 impl Tables {
@@ -80,6 +81,7 @@ impl Tables {
             queues: q("queues"),
             meta: q("meta"),
             slots: q("slots"),
+            rates: q("rates"),
         })
     }
 

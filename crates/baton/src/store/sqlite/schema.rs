@@ -137,6 +137,8 @@ const UPGRADES: &[Upgrade] = &[
     // 6 → 7: unique keys scoped by kind and queue (issue 29): the keys of
     // existing tasks rewritten into the default scope's composite.
     upgrade_unique_scope,
+    // 7 → 8: rate limits' start logs.
+    upgrade_rates,
 ];
 
 /// Rewrite the key of every task that is no job's run and has a key from
@@ -157,6 +159,16 @@ fn upgrade_unique_scope(t: &Tables) -> Vec<Ddl> {
         bytes("unique_key"),
         tasks = t.tasks,
         max = crate::store::MAX_STORED_KEY_LEN,
+    ))]
+}
+
+fn upgrade_rates(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             name   TEXT PRIMARY KEY, \
+             starts TEXT NOT NULL DEFAULT '' \
+         )",
+        t.rates
     ))]
 }
 

@@ -2,11 +2,17 @@
 -- ''), the `last_error` of a pending task found with its cancel requested,
 -- how many of the claimed start at once (the rest wait in the worker's
 -- prefetch buffer, so they are taken only among tasks with an attempt to
--- spare: `TaskClaim::buffered`), the cap per concurrency key (or '').
+-- spare: `TaskClaim::buffered`), the cap per concurrency key (or ''), a
+-- rate limit's start log key (or ''), its starts per window and its
+-- window in ms. With a rate limit the answer starts with {'now', now,
+-- 'next', t}: t the instant (ms) the limit next allows a start, 0 if now.
 local now = now_ms()
 local queue = ARGV[2]
 -- A paused queue claims nothing (its tasks stay where they are).
-if redis.call('GET', B .. 'paused') == '1' then return {} end
+if redis.call('GET', B .. 'paused') == '1' then
+  if ARGV[10] ~= '' then return {{'now', fmt(now), 'next', '0'}} end
+  return {}
+end
 local sched = qkey(queue, 'sched')
 local ready = qkey(queue, 'ready')
 -- Move due scheduled tasks into ready, oldest first; at most 10000 per
@@ -37,6 +43,14 @@ if ARGV[6] ~= '' then
   if room < limit then limit = room end
 end
 local now_share = tonumber(ARGV[8])
+-- A rate limit (ARGV[10], '' for none): the log is a sorted set of the
+-- latest ARGV[11] starts (score: started_at in ms, member ms:id); a claim
+-- takes at most ARGV[11] less the starts after now - ARGV[12].
+local rkey, rmax, rper = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
+if rkey ~= '' then
+  local used = redis.call('ZCOUNT', rkey, '(' .. fmt(now - rper), '+inf')
+  if rmax - used < limit then limit = rmax - used end
+end
 -- A cap per concurrency key (ARGV[9], '' for none): a task whose key has
 -- that many running is parked (see `key_left`) instead of claimed; at
 -- most PARK_MAX per call, so one call stays short.
@@ -96,4 +110,24 @@ while #out < limit and #skipped < 2 * limit and parked < PARK_MAX do
 end
 if #skipped > 0 then redis.call('ZADD', ready, unpack(skipped)) end
 flush()
+if rkey == '' then return out end
+local logged = {}
+for _, h in ipairs(out) do
+  for j = 1, #h - 1, 2 do
+    if h[j] == 'id' then
+      logged[#logged + 1] = fmt(now)
+      logged[#logged + 1] = fmt(now) .. ':' .. h[j + 1]
+    end
+  end
+end
+if #logged > 0 then
+  redis.call('ZADD', rkey, unpack(logged))
+  redis.call('ZREMRANGEBYRANK', rkey, 0, -(rmax + 1))
+  redis.call('PEXPIRE', rkey, rper)
+end
+-- Used up until the rmax-th latest start leaves the window.
+local next = 0
+local nth = redis.call('ZRANGE', rkey, -rmax, -rmax, 'WITHSCORES')
+if #nth == 2 and tonumber(nth[2]) + rper > now then next = tonumber(nth[2]) + rper end
+table.insert(out, 1, {'now', fmt(now), 'next', fmt(next)})
 return out

@@ -1,0 +1,187 @@
+//! A rate limit's start log on the SQL stores, decided once here: each
+//! backend locks the limit's row in `<p>rates` (name, starts), reads it
+//! with the store's clock, claims with [`plan`]'s room, reads the claimed
+//! tasks' `started_at` back and writes [`StartLog::encode`] of the log
+//! [`finish`] leaves, all in one transaction (docs/STORE.md, "Rate
+//! limits"). Redis keeps the same log in a sorted set (`lua/claim.lua`).
+//!
+//! The log keeps the `max` latest start instants (µs of the store's
+//! clock), latest first. A claim at `now` counts the logged starts later
+//! than `now - per`, with no upper bound: on PostgreSQL `now()` is the
+//! transaction's start, so a claim that waited for the row may see starts
+//! logged after its own `now`. Keeping the `max` latest (rather than only
+//! those in the window) keeps that exact: whenever `max` starts fall after
+//! `now - per`, the `max` latest do.
+
+use chrono::{DateTime, Utc};
+
+use crate::error::StoreError;
+use crate::store::{RatedClaim, Task, TaskClaim, TaskClaimRated};
+
+/// The latest start instants of one limit (µs), latest first, at most
+/// `max`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct StartLog(Vec<i64>);
+
+impl StartLog {
+    /// The stored text: instants in µs, separated by spaces.
+    pub(crate) fn decode(text: &str) -> Result<StartLog, StoreError> {
+        let mut v = text
+            .split_ascii_whitespace()
+            .map(|t| {
+                t.parse::<i64>()
+                    .map_err(|_| StoreError::Corrupt(format!("rate limit start log: {t:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(StartLog(v))
+    }
+
+    /// The text [`decode`](Self::decode) reads.
+    pub(crate) fn encode(&self) -> String {
+        self.0
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Starts logged after `now - per`.
+    fn in_window(&self, now_us: i64, per_us: i64) -> usize {
+        self.0.iter().take_while(|&&t| t > now_us - per_us).count()
+    }
+
+    /// Add `starts` and keep the `max` latest.
+    fn record(&mut self, starts: &[i64], max: u32) {
+        self.0.extend_from_slice(starts);
+        self.0.sort_unstable_by(|a, b| b.cmp(a));
+        self.0.truncate(max as usize);
+    }
+
+    /// When the limit next allows a start, if it is used up at `now`: the
+    /// `max`-th latest start leaves the window at its instant + `per`.
+    fn next_start(&self, now_us: i64, max: u32, per_us: i64) -> Option<i64> {
+        let nth = *self.0.get((max as usize).checked_sub(1)?)?;
+        (nth + per_us > now_us).then_some(nth + per_us)
+    }
+}
+
+fn per_us(req: &TaskClaimRated<'_>) -> i64 {
+    i64::try_from(req.per.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The claim to make at `now_us` under the log `log`: `None` when the
+/// limit allows no start now; else the request with its limit cut to the
+/// room left (the buffer share cut with it, so the tasks to start at once
+/// stay first).
+pub(crate) fn plan<'a>(
+    req: &TaskClaimRated<'a>,
+    log: &StartLog,
+    now_us: i64,
+) -> Option<TaskClaim<'a>> {
+    let used = u32::try_from(log.in_window(now_us, per_us(req))).unwrap_or(u32::MAX);
+    let room = req.max.saturating_sub(used);
+    let limit = req.claim.limit.min(room);
+    if limit == 0 {
+        return None;
+    }
+    let at_once = req.claim.limit - req.claim.buffered.min(req.claim.limit);
+    Some(TaskClaim {
+        limit,
+        buffered: limit.saturating_sub(at_once),
+        ..req.claim.clone()
+    })
+}
+
+/// What a rated claim decided: the log's new text to write (`None`: the
+/// claim took nothing, the row stays as it was) and the answer.
+pub(crate) struct Decided {
+    pub(crate) write: Option<String>,
+    pub(crate) answer: RatedClaim,
+}
+
+/// Log the claimed `tasks`' `started` instants (µs) in `log`, and judge
+/// at `now_us` when the limit next allows a start.
+pub(crate) fn finish(
+    req: &TaskClaimRated<'_>,
+    mut log: StartLog,
+    tasks: Vec<Task>,
+    started: &[i64],
+    now_us: i64,
+) -> Result<Decided, StoreError> {
+    log.record(started, req.max);
+    let next_start = log
+        .next_start(now_us, req.max, per_us(req))
+        .map(at)
+        .transpose()?;
+    Ok(Decided {
+        write: (!started.is_empty()).then(|| log.encode()),
+        answer: RatedClaim {
+            tasks,
+            now: at(now_us)?,
+            next_start,
+        },
+    })
+}
+
+/// A store instant in µs as a time.
+fn at(now_us: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_micros(now_us)
+        .ok_or_else(|| StoreError::Corrupt(format!("store clock {now_us} µs")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn req(max: u32, per_ms: u64, limit: u32, buffered: u32) -> TaskClaimRated<'static> {
+        TaskClaimRated {
+            claim: TaskClaim {
+                queue: "q",
+                worker: "w",
+                limit,
+                lease: Duration::from_secs(1),
+                max_running: None,
+                per_key_max_running: None,
+                buffered,
+            },
+            name: None,
+            max,
+            per: Duration::from_millis(per_ms),
+        }
+    }
+
+    #[test]
+    fn counts_the_window_and_keeps_the_latest() {
+        let r = req(3, 1000, 10, 0);
+        let log = StartLog::default();
+        assert_eq!(plan(&r, &log, 0).unwrap().limit, 3);
+        let d = finish(&r, log, Vec::new(), &[0, 0], 0).unwrap();
+        assert_eq!(d.answer.next_start, None);
+        let log = StartLog::decode(&d.write.unwrap()).unwrap();
+        assert_eq!(plan(&r, &log, 500_000).unwrap().limit, 1);
+        let d = finish(&r, log, Vec::new(), &[500_000], 500_000).unwrap();
+        // Used up until the first start leaves the window.
+        assert_eq!(d.answer.next_start, Some(at(1_000_000).unwrap()));
+        let log = StartLog::decode(&d.write.unwrap()).unwrap();
+        assert!(plan(&r, &log, 999_999).is_none());
+        assert_eq!(plan(&r, &log, 1_000_000).unwrap().limit, 2);
+        // A later start logged before an earlier `now` still counts.
+        let mut log = StartLog::decode("2000000 1900000 1800000 5").unwrap();
+        assert_eq!(log.0.len(), 4);
+        log.record(&[], 3);
+        assert_eq!(log.encode(), "2000000 1900000 1800000");
+        assert!(plan(&r, &log, 1_500_000).is_none());
+        assert!(StartLog::decode("12 x").is_err());
+    }
+
+    #[test]
+    fn a_cut_claim_keeps_its_start_at_once_share_first() {
+        let r = req(100, 1000, 10, 4);
+        let log = StartLog::decode(&vec!["1"; 95].join(" ")).unwrap();
+        let c = plan(&r, &log, 2).unwrap();
+        // 5 places: the 6 to start at once are cut to 5, no buffer.
+        assert_eq!((c.limit, c.buffered), (5, 0));
+    }
+}
