@@ -112,10 +112,18 @@ impl<'c> Executor<'c> for Exec<'c> {
     }
 }
 
-/// Give a connection back; when the pool has no other idle one, wait
-/// until it is back (see the module docs), so the next call reuses it.
+/// Give a connection back; when the pool has no other idle one, or this
+/// is the only one in use, wait until it is back (see the module docs).
+/// The first: the next call reuses it rather than open another. The
+/// second: a call right after this one would otherwise take another idle
+/// connection while this one is still on its way back, two in use at once
+/// to the pool's count, which then keeps both as its recent peak and never
+/// shrinks back to one (an idle `baton serve` held three connections).
 async fn settle(pool: &PgPool, mut conn: sqlx::pool::PoolConnection<Postgres>) {
-    if pool.num_idle() == 0 {
+    // sqlx's idle count is read apart from the size, and can pass it (or
+    // wrap) for a moment while connections come and go.
+    let (idle, size) = (pool.num_idle(), pool.size() as usize);
+    if idle == 0 || (idle < size && idle + 1 == size) {
         conn.return_to_pool().await;
     }
 }
