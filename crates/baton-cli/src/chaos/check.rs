@@ -514,7 +514,7 @@ fn per_key_cap(
         .filter(|t| t.queue == queue)
         .filter_map(|t| Some((t.id, t.concurrency_key.as_deref()?)))
         .collect();
-    r.op("T5: tasks with a concurrency key", key_of.len() as u64);
+    r.op("T5: tasks with a key", key_of.len() as u64);
     let mut by_key: BTreeMap<&str, Vec<&Effect>> = BTreeMap::new();
     for e in effects.iter().filter(|e| e.kind == "task") {
         if let Some(k) = e.task.and_then(|t| key_of.get(&t)) {
@@ -551,7 +551,7 @@ fn per_key_cap(
             }
         }
     }
-    r.op("T5: most tasks of one key running at once", most as u64);
+    r.op("T5: most of one key running", most as u64);
 }
 
 /// T6: no window `[t, t + P)` of the store's clock holds more than N
@@ -569,10 +569,7 @@ fn rate_limit(r: &mut Report, tasks: &[TaskInfo], queue: &str, rate: RateLimit) 
         .filter_map(|t| Some((t.started_at?.timestamp_micros(), t.id)))
         .collect();
     starts.sort_unstable();
-    r.op(
-        "T6: task starts checked (latest per task)",
-        starts.len() as u64,
-    );
+    r.op("T6: starts (latest per task)", starts.len() as u64);
     let (mut most, mut lo) = (0, 0);
     for hi in 0..starts.len() {
         while starts[hi].0 - starts[lo].0 >= p {
@@ -580,7 +577,7 @@ fn rate_limit(r: &mut Report, tasks: &[TaskInfo], queue: &str, rate: RateLimit) 
         }
         most = most.max(hi - lo + 1);
     }
-    r.op("T6: most starts in one window", most as u64);
+    r.op("T6: most starts in one period", most as u64);
     for (i, w) in starts.windows(n + 1).enumerate() {
         let t = w[0].0;
         if w[n].0 - t < p {
