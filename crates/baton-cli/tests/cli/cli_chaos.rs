@@ -106,10 +106,11 @@ fn sqlite_keyed_rated_workload_has_no_violations() {
     assert_clean_keyed(&out, &["kill-9"]);
 }
 
-#[test]
-fn postgres_keyed_rated_workload_has_no_violations() {
+/// A keyed, rated run on the shared server of `kind`, under a prefix of
+/// its own, through the fault proxy.
+fn shared_keyed_rated_run(kind: common::Kind, seed: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(ts) = rt.block_on(common::harness::connect(common::Kind::Postgres)) else {
+    let Some(ts) = rt.block_on(common::harness::connect(kind)) else {
         return;
     };
     let mut args = vec![
@@ -120,59 +121,28 @@ fn postgres_keyed_rated_workload_has_no_violations() {
         "--duration",
         "8s",
         "--seed",
-        "6",
+        seed,
         "--faults",
         "kill-9,pause,cut,dark,latency",
     ];
     args.extend(LIMITS);
     let out = chaos(&args);
     assert_clean_keyed(&out, &[]);
+}
+
+#[test]
+fn postgres_keyed_rated_workload_has_no_violations() {
+    shared_keyed_rated_run(common::Kind::Postgres, "6");
 }
 
 #[test]
 fn redis_keyed_rated_workload_has_no_violations() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(ts) = rt.block_on(common::harness::connect(common::Kind::Redis)) else {
-        return;
-    };
-    let mut args = vec![
-        "--store",
-        &ts.url,
-        "--prefix",
-        &ts.prefix,
-        "--duration",
-        "8s",
-        "--seed",
-        "7",
-        "--faults",
-        "kill-9,pause,cut,dark,latency",
-    ];
-    args.extend(LIMITS);
-    let out = chaos(&args);
-    assert_clean_keyed(&out, &[]);
+    shared_keyed_rated_run(common::Kind::Redis, "7");
 }
 
 #[test]
 fn mysql_keyed_rated_workload_has_no_violations() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(ts) = rt.block_on(common::harness::connect(common::Kind::Mysql)) else {
-        return;
-    };
-    let mut args = vec![
-        "--store",
-        &ts.url,
-        "--prefix",
-        &ts.prefix,
-        "--duration",
-        "8s",
-        "--seed",
-        "8",
-        "--faults",
-        "kill-9,pause,cut,dark,latency",
-    ];
-    args.extend(LIMITS);
-    let out = chaos(&args);
-    assert_clean_keyed(&out, &[]);
+    shared_keyed_rated_run(common::Kind::Mysql, "8");
 }
 
 #[test]
