@@ -3,12 +3,26 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use baton::queue::RateLimit;
 use baton::store::TaskInfo;
 
 use super::history::Record;
 
 /// The invariants checked, in report order.
-pub const INVARIANTS: [&str; 7] = ["L1", "L2", "T1", "T2", "T3", "T4", "S1"];
+pub const INVARIANTS: [&str; 9] = ["L1", "L2", "T1", "T2", "T3", "T4", "T5", "T6", "S1"];
+
+/// What a run asked of its workload's queue beyond the fixed invariants:
+/// the per-key cap (T5) and the rate limit (T6) the checker holds the
+/// history to. Each unset is reported as not exercised.
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    /// The queue both apply to.
+    pub queue: String,
+    /// At most this many tasks of one concurrency key running at once.
+    pub per_key_max_running: Option<u32>,
+    /// At most N starts in any window of length P of the store's clock.
+    pub rate: Option<RateLimit>,
+}
 
 /// What the checker found.
 #[derive(Debug, Default)]
@@ -19,6 +33,8 @@ pub struct Report {
     pub faults: BTreeMap<String, u64>,
     /// Violations by invariant: (count, up to 3 examples).
     pub violations: BTreeMap<&'static str, (u64, Vec<String>)>,
+    /// Invariants the run did not exercise, with why (shown as `-`).
+    pub unchecked: BTreeMap<&'static str, &'static str>,
 }
 
 impl Report {
@@ -54,6 +70,10 @@ impl Report {
         }
         s += "INVARIANT  VIOLATIONS  EXAMPLE\n";
         for inv in INVARIANTS {
+            if let Some(why) = self.unchecked.get(inv) {
+                s += &format!("  {inv:<8} {:>10}  not exercised ({why})\n", "-");
+                continue;
+            }
             match self.violations.get(inv) {
                 None => s += &format!("  {inv:<8} {:>10}\n", 0),
                 Some((n, ex)) => {
@@ -135,8 +155,8 @@ impl Effect {
 }
 
 /// Check `history` (every record of the run) against `tasks` (every task
-/// in the run's store, after the drain).
-pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
+/// in the run's store, after the drain) and the run's `limits`.
+pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report {
     let mut r = Report::default();
     let mut effects: BTreeMap<String, Effect> = BTreeMap::new();
     // Pauses and kills per instance: (from, to).
@@ -407,6 +427,19 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
         }
     }
 
+    match limits.per_key_max_running {
+        Some(cap) => per_key_cap(&mut r, &effects, tasks, &limits.queue, cap, &pauses),
+        None => {
+            r.unchecked.insert("T5", "no --per-key-max-running");
+        }
+    }
+    match limits.rate {
+        Some(rate) => rate_limit(&mut r, tasks, &limits.queue, rate),
+        None => {
+            r.unchecked.insert("T6", "no --rate");
+        }
+    }
+
     // S1: each (job, slot) is enqueued at most once (one task; lock mode:
     // one run record), and runs as one task / one lock-mode run.
     let mut slots: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
@@ -450,6 +483,130 @@ pub fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
     r
 }
 
+/// T5: at no instant more than `cap` tasks of one concurrency key running.
+///
+/// Which key a task has is the store's record. When a task ran is its
+/// commands' lifetimes (the effects' `begin` and `end`, on one clock, and
+/// an effect without `end` bounded as for T2): a command runs only while
+/// its attempt is `running` in the store (claimed before it starts,
+/// stopped before its lease's end, finished after it ends), so more than
+/// `cap` distinct tasks of a key with commands alive at one instant had
+/// more than `cap` running in the store. (The store's own times cannot
+/// serve: it keeps one `started_at` per task, the latest attempt's, and
+/// PostgreSQL dates a claim at its transaction's start, before the lock
+/// wait that orders it after the finish it saw.) The count is taken at
+/// each begin, where the most are alive. An effect whose instance was
+/// paused (it and its commands frozen) between its begin and that instant
+/// is not counted: its lease may have lapsed and the store rescued its
+/// task, which is then not running though the frozen command wakes later
+/// (fenced, as for T2). A baton frozen alone is not excused: its commands'
+/// supervisor kills them by the lease's end.
+fn per_key_cap(
+    r: &mut Report,
+    effects: &[Effect],
+    tasks: &[TaskInfo],
+    queue: &str,
+    cap: u32,
+    pauses: &HashMap<String, Vec<(i64, i64)>>,
+) {
+    let key_of: HashMap<i64, &str> = tasks
+        .iter()
+        .filter(|t| t.queue == queue)
+        .filter_map(|t| Some((t.id, t.concurrency_key.as_deref()?)))
+        .collect();
+    r.op("T5: tasks with a key", key_of.len() as u64);
+    let mut by_key: BTreeMap<&str, Vec<&Effect>> = BTreeMap::new();
+    for e in effects.iter().filter(|e| e.kind == "task") {
+        if let Some(k) = e.task.and_then(|t| key_of.get(&t)) {
+            by_key.entry(k).or_default().push(e);
+        }
+    }
+    let rescuable = |a: &Effect, at: i64| {
+        pauses
+            .get(&a.proc)
+            .is_some_and(|p| p.iter().any(|&(from, to)| from <= at && a.begin <= to))
+    };
+    let mut most = 0;
+    for (key, mut list) in by_key {
+        list.sort_by_key(|e| (e.begin, e.begin_at));
+        for (j, b) in list.iter().enumerate() {
+            let mut running: BTreeSet<i64> = b.task.into_iter().collect();
+            for a in &list[..j] {
+                if a.task != b.task && !a.ended_before(b) && !rescuable(a, b.begin) {
+                    running.extend(a.task);
+                }
+            }
+            most = most.max(running.len());
+            if running.len() > cap as usize {
+                let ids: Vec<i64> = running.into_iter().collect();
+                r.violation(
+                    "T5",
+                    format!(
+                        "key {key:?}: {} tasks running at {} ({} began), cap {cap}: tasks {ids:?}",
+                        ids.len(),
+                        at(b.begin),
+                        b.describe()
+                    ),
+                );
+            }
+        }
+    }
+    r.op("T5: most of one key running", most as u64);
+}
+
+/// T6: no window `[t, t + P)` of the store's clock holds more than N
+/// `started_at` of the queue's tasks. The store keeps each task's latest
+/// start (a task rescued and claimed again was started again and counted
+/// again; its earlier start is overwritten), so the check sees every
+/// task's last start: a subset of the starts, and N + 1 of them within P
+/// is a violation whatever the rest were.
+fn rate_limit(r: &mut Report, tasks: &[TaskInfo], queue: &str, rate: RateLimit) {
+    let p = i64::try_from(rate.per().as_micros()).unwrap_or(i64::MAX);
+    let n = rate.max() as usize;
+    let mut starts: Vec<(i64, i64)> = tasks
+        .iter()
+        .filter(|t| t.queue == queue)
+        .filter_map(|t| Some((t.started_at?.timestamp_micros(), t.id)))
+        .collect();
+    starts.sort_unstable();
+    r.op("T6: starts (latest per task)", starts.len() as u64);
+    let (mut most, mut lo) = (0, 0);
+    for hi in 0..starts.len() {
+        while starts[hi].0 - starts[lo].0 >= p {
+            lo += 1;
+        }
+        most = most.max(hi - lo + 1);
+    }
+    r.op("T6: most starts in one period", most as u64);
+    for (i, w) in starts.windows(n + 1).enumerate() {
+        let t = w[0].0;
+        if w[n].0 - t < p {
+            let ids: Vec<i64> = starts[i..]
+                .iter()
+                .take_while(|s| s.0 - t < p)
+                .map(|s| s.1)
+                .collect();
+            r.violation(
+                "T6",
+                format!(
+                    "queue {queue:?}: {} starts in [{}, +{}), limit {rate}: tasks {ids:?}",
+                    ids.len(),
+                    at(t),
+                    baton::format_duration(rate.per())
+                ),
+            );
+        }
+    }
+}
+
+/// A history or store time (µs since the epoch) as RFC 3339.
+fn at(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us).map_or_else(
+        || format!("{us}µs"),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    )
+}
+
 /// Pairs of effects whose [begin, end] intervals overlap (sweep by begin).
 fn overlaps(mut list: Vec<&Effect>) -> Vec<(&Effect, &Effect)> {
     list.sort_by_key(|e| e.begin);
@@ -471,6 +628,11 @@ fn overlaps(mut list: Vec<&Effect>) -> Vec<(&Effect, &Effect)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Check with no per-key cap or rate limit.
+    fn check(history: &[Record], tasks: &[TaskInfo]) -> Report {
+        super::check(history, tasks, &Limits::default())
+    }
 
     fn begin(effect: &str, kind: &str, task: Option<i64>, t: i64) -> Record {
         Record {
@@ -700,5 +862,161 @@ mod tests {
         assert_eq!(run(Some(killed("s1.0", 11, 100))), Some(1));
         assert_eq!(run(Some(killed("s2.0", 10, 100))), Some(1));
         assert_eq!(run(Some(killed("s1.0", 10, 101))), Some(1));
+    }
+}
+
+#[cfg(test)]
+mod limits {
+    use super::*;
+
+    /// A succeeded task of the workload queue as the store lists it.
+    fn task(id: i64, key: Option<&str>, started_ms: i64) -> TaskInfo {
+        let at = |ms: i64| {
+            chrono::DateTime::from_timestamp_millis(ms)
+                .unwrap()
+                .to_rfc3339()
+        };
+        serde_json::from_value(serde_json::json!({
+            "id": id, "queue": "chaos", "kind": "command", "payload": {},
+            "state": "succeeded", "priority": 0, "attempt": 1, "max_attempts": 5,
+            "timeout": null, "run_at": at(0), "created_at": at(0),
+            "started_at": at(started_ms), "finished_at": at(started_ms + 1),
+            "cancel_requested": false, "errors": [], "concurrency_key": key,
+        }))
+        .unwrap()
+    }
+
+    fn effect(effect: &str, proc: &str, task: i64, begin: i64, end: Option<i64>) -> Vec<Record> {
+        let b = Record {
+            op: "begin".into(),
+            kind: "task".into(),
+            proc: proc.into(),
+            effect: effect.into(),
+            task: Some(task),
+            attempt: Some(1),
+            t: begin,
+            ..Default::default()
+        };
+        let e = end.map(|t| Record {
+            op: "end".into(),
+            effect: effect.into(),
+            t,
+            ..Default::default()
+        });
+        std::iter::once(b).chain(e).collect()
+    }
+
+    fn cap(c: u32) -> Limits {
+        Limits {
+            queue: "chaos".into(),
+            per_key_max_running: Some(c),
+            rate: None,
+        }
+    }
+
+    fn t5(h: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Option<u64> {
+        let r = check(h, tasks, limits);
+        r.violations.get("T5").map(|v| v.0)
+    }
+
+    #[test]
+    fn more_tasks_of_one_key_alive_than_the_cap_is_a_t5_violation() {
+        let tasks = [
+            task(1, Some("a"), 0),
+            task(2, Some("a"), 0),
+            task(3, Some("b"), 0),
+        ];
+        let h: Vec<Record> = [
+            effect("e1", "w1.0", 1, 0, Some(100)),
+            effect("e2", "w2.0", 2, 50, Some(150)),
+            effect("e3", "w3.0", 3, 60, Some(160)),
+        ]
+        .concat();
+        // Tasks 1 and 2 (key a) overlap: over a cap of 1, within 2.
+        assert_eq!(t5(&h, &tasks, &cap(1)), Some(1));
+        let r = check(&h, &tasks, &cap(1));
+        let example = &r.violations["T5"].1[0];
+        assert!(
+            example.contains("key \"a\"") && example.contains("[1, 2]"),
+            "{example}"
+        );
+        assert_eq!(t5(&h, &tasks, &cap(2)), None);
+        // One after the other: none.
+        let h: Vec<Record> = [
+            effect("e1", "w1.0", 1, 0, Some(100)),
+            effect("e2", "w2.0", 2, 100, Some(150)),
+        ]
+        .concat();
+        assert_eq!(t5(&h, &tasks, &cap(1)), None);
+        // Without a cap the row is not exercised.
+        let r = check(&h, &tasks, &Limits::default());
+        assert!(r
+            .table()
+            .contains("not exercised (no --per-key-max-running)"));
+    }
+
+    #[test]
+    fn two_commands_of_one_task_count_once_for_t5() {
+        // The unsafe wrapper runs each command twice at once: T2's case.
+        let tasks = [task(1, Some("a"), 0)];
+        let h: Vec<Record> = [
+            effect("e1", "w1.0", 1, 0, Some(100)),
+            effect("e1b", "w1.0", 1, 0, Some(100)),
+        ]
+        .concat();
+        assert_eq!(t5(&h, &tasks, &cap(1)), None);
+    }
+
+    #[test]
+    fn a_paused_workers_command_is_not_running_once_its_task_may_be_rescued() {
+        let tasks = [task(1, Some("a"), 0), task(2, Some("a"), 0)];
+        let mut h: Vec<Record> = [
+            effect("e1", "w1.0", 1, 0, Some(9_000)),
+            effect("e2", "w2.0", 2, 5_000, Some(6_000)),
+        ]
+        .concat();
+        assert_eq!(t5(&h, &tasks, &cap(1)), Some(1));
+        // w1 (and its command) frozen from 1 000 to 8 000: its lease ran
+        // out, the store rescued task 1, task 2 of the key was claimed.
+        h.push(Record {
+            op: "fault".into(),
+            kind: "pause".into(),
+            proc: "w1.0".into(),
+            t: 1_000,
+            until: Some(8_000),
+            ..Default::default()
+        });
+        assert_eq!(t5(&h, &tasks, &cap(1)), None);
+        // A baton frozen alone is not excused (its supervisor kills).
+        h.last_mut().unwrap().kind = "freeze".into();
+        assert_eq!(t5(&h, &tasks, &cap(1)), Some(1));
+    }
+
+    #[test]
+    fn n_plus_one_starts_within_a_period_are_a_t6_violation() {
+        let limits = |n: u32| Limits {
+            queue: "chaos".into(),
+            per_key_max_running: None,
+            rate: Some(RateLimit::new(n, std::time::Duration::from_secs(1)).unwrap()),
+        };
+        // Starts at 0, 400, 999 ms: 3 in [0, 1 s).
+        let tasks = [task(1, None, 0), task(2, None, 400), task(3, None, 999)];
+        let t6 = |l: &Limits| check(&[], &tasks, l).violations.get("T6").map(|v| v.0);
+        assert_eq!(t6(&limits(3)), None);
+        assert_eq!(t6(&limits(2)), Some(1));
+        let r = check(&[], &tasks, &limits(2));
+        assert!(
+            r.violations["T6"].1[0].contains("tasks [1, 2, 3]"),
+            "{}",
+            r.table()
+        );
+        // 1 000 ms apart is the next window: [0, 1 s) is half-open.
+        let tasks = [task(1, None, 0), task(2, None, 1_000)];
+        assert_eq!(check(&[], &tasks, &limits(1)).violations.get("T6"), None);
+        // Another queue's starts do not count.
+        let mut other = task(3, None, 500);
+        other.queue = "other".into();
+        let tasks = [task(1, None, 0), other];
+        assert_eq!(check(&[], &tasks, &limits(1)).violations.get("T6"), None);
     }
 }

@@ -5,7 +5,8 @@
 //! history ([`history`]) and write a fenced register; a seeded nemesis
 //! kills, freezes and cuts them off from the store; the checker
 //! ([`check`]) then reads the history and the store and counts violations
-//! of L1, L2, T1–T4 and S1.
+//! of L1, L2, T1–T4 and S1, and with `--per-key-max-running` / `--rate`
+//! (the workers then run with that cap and limit) of T5 and T6.
 
 pub mod check;
 pub mod history;
@@ -82,9 +83,25 @@ pub struct ChaosArgs {
     /// replaced) [default: all that apply to the store].
     #[arg(long, value_delimiter = ',')]
     faults: Option<Vec<String>>,
+    /// Give the workload's command tasks concurrency keys, spread over N
+    /// keys (`chaos-c1` … `chaos-cN`, 1 to 64).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    keys: Option<u32>,
+    /// Run the workers with a per-key cap (the run's `[[queue]]
+    /// per_key_max_running`): at most C tasks of one key running at once,
+    /// checked as T5. Needs --keys.
+    #[arg(long, value_name = "C", requires = "keys", value_parser = clap::value_parser!(u32).range(1..))]
+    per_key_max_running: Option<u32>,
+    /// Run the workers with a rate limit on the workload's queue (the
+    /// run's `[[queue]] rate`, e.g. `5/1s`): at most N task starts in any
+    /// window of PERIOD of the store's clock, checked as T6.
+    #[arg(long, value_name = "N/PERIOD", value_parser = rate_arg)]
+    rate: Option<baton::queue::RateLimit>,
     /// Turn off fencing and compare-and-set in the workload (the register
     /// takes any token, lock loops skip the lock, tasks and jobs run twice,
-    /// keys are not unique): the checker must report violations.
+    /// keys are not unique, and the workers run without the
+    /// --per-key-max-running cap and --rate limit the checker still holds
+    /// them to): the checker must report violations.
     #[arg(long = "unsafe")]
     unsafe_: bool,
     /// Run directory (history, registers, logs) [default: a new temporary one].
@@ -96,6 +113,11 @@ pub struct ChaosArgs {
     /// takes long to drain but is not lost.
     #[arg(long, default_value = "90s", value_parser = duration_arg)]
     drain: Duration,
+}
+
+/// Parse `--rate`: `N/PERIOD`, the workload queue's own limit.
+fn rate_arg(s: &str) -> Result<baton::queue::RateLimit, String> {
+    baton::queue::RateLimit::parse("--rate", s).map_err(|e| e.problem)
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -233,8 +255,23 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     } else {
         "postgres"
     };
+    let limits = check::Limits {
+        queue: QUEUE.to_string(),
+        per_key_max_running: a.per_key_max_running,
+        rate: a.rate,
+    };
+    let mut shape = String::new();
+    if let Some(k) = a.keys {
+        shape += &format!(", {k} concurrency keys");
+    }
+    if let Some(c) = a.per_key_max_running {
+        shape += &format!(", at most {c} running per key");
+    }
+    if let Some(r) = a.rate {
+        shape += &format!(", rate {r}");
+    }
     crate::outln!(
-        "baton chaos: {kind} store{}, prefix {prefix}, seed {}, {} of faults ({}), {} workers, {} schedulers{}; history in {}",
+        "baton chaos: {kind} store{}, prefix {prefix}, seed {}, {} of faults ({}), {} workers, {} schedulers{shape}{}; history in {}",
         if private.is_some() { " (private)" } else { "" },
         a.seed,
         baton::format_duration(a.duration),
@@ -245,7 +282,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         dir.display()
     );
     let config = dir.join("chaos.toml");
-    std::fs::write(&config, config_text(&run)).context("writing the run's config")?;
+    std::fs::write(&config, config_text(&run, &limits)).context("writing the run's config")?;
     let cfg = config.display().to_string();
 
     // The instances: workers and schedulers, restarted when killed.
@@ -332,7 +369,8 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     {
         let (run, stop, store) = (run.clone(), stop.clone(), store.clone());
         let seed = rng.next();
-        loops.spawn(async move { produce(run, store, seed, stop).await });
+        let keys = a.keys.unwrap_or(0);
+        loops.spawn(async move { produce(run, store, keys, seed, stop).await });
     }
     let private_shared = Arc::new(Mutex::new(private.take()));
     // Kept here until the end: the instances reach the store through it.
@@ -400,7 +438,7 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         tasks = t;
     }
     let hist = history::read(&dir)?;
-    let report = check::check(&hist, &tasks);
+    let report = check::check(&hist, &tasks, &limits);
     crate::outln!("{}", report.table().trim_end());
     if let Ok(mut p) = private_shared.lock() {
         if let Some(p) = p.as_mut() {
@@ -445,16 +483,26 @@ fn faults_of(a: &ChaosArgs) -> anyhow::Result<Vec<String>> {
     Ok(list)
 }
 
-/// The generated config: the workload's queue, a 1-second durable job and
-/// a lock-mode job, both recording effects.
-fn config_text(run: &Run) -> String {
+/// The generated config: the workload's queue (with the run's per-key cap
+/// and rate limit, unless `--unsafe`), a 1-second durable job and a
+/// lock-mode job, both recording effects.
+fn config_text(run: &Run, limits: &check::Limits) -> String {
     let q = |s: String| serde_json::Value::String(s).to_string();
+    let mut caps = String::new();
+    if !run.unsafe_ {
+        if let Some(c) = limits.per_key_max_running {
+            caps += &format!("per_key_max_running = {c}\n");
+        }
+        if let Some(r) = limits.rate {
+            caps += &format!("rate = {}\n", q(r.to_string()));
+        }
+    }
     format!(
         r#"[[queue]]
 name = "{QUEUE}"
 concurrency = 2
 lease = "3s"
-
+{caps}
 [[job]]
 name = "chaos-durable"
 every = "1s"

@@ -148,10 +148,12 @@ pub(super) async fn lock_loop(run: Arc<Run>, i: u64, seed: u64, stop: Cancellati
     }
 }
 
-/// Enqueue unique-keyed command tasks, re-sending some keys (T4).
+/// Enqueue unique-keyed command tasks, re-sending some keys (T4); with
+/// `keys` > 0 each has one of that many concurrency keys (T5).
 pub(super) async fn produce(
     run: Arc<Run>,
     store: baton::Store,
+    keys: u32,
     seed: u64,
     stop: CancellationToken,
 ) {
@@ -178,6 +180,9 @@ pub(super) async fn produce(
             .max_attempts(5);
         if !run.unsafe_ {
             t = t.unique_key(&key).unique_forever(true);
+        }
+        if keys > 0 {
+            t = t.concurrency_key(format!("chaos-c{}", rng.range(1, u64::from(keys) + 1)));
         }
         let t0 = now_us();
         let res = tokio::time::timeout(Duration::from_secs(10), q.enqueue(t)).await;

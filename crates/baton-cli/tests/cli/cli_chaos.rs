@@ -1,7 +1,9 @@
 //! `baton chaos` end to end: a safe workload under faults on each store
 //! exits 0 with zero violations and a faults table; the `--unsafe`
-//! workload (no fencing, no lock, tasks run twice, keys not unique) must
-//! make the checker report violations and exit non-zero.
+//! workload (no fencing, no lock, tasks run twice, keys not unique, no
+//! per-key cap or rate limit at the workers) must make the checker report
+//! violations and exit non-zero. A short keyed, rated run per store shows
+//! the per-key cap (T5) and the rate limit (T6) hold under the faults.
 
 use crate::common;
 
@@ -66,9 +68,112 @@ fn sqlite_safe_workload_has_no_violations() {
     assert_clean(&out, &["kill-9", "pause"]);
 }
 
+/// The per-key cap and rate limit of the keyed runs below.
+const LIMITS: [&str; 6] = [
+    "--keys",
+    "3",
+    "--per-key-max-running",
+    "1",
+    "--rate",
+    "4/1s",
+];
+
+/// A keyed, rated run is clean, and the cap and limit were reached (the
+/// most of one key running at once is the cap; some period held the
+/// limit's 4 starts), so the checks had something to check.
+fn assert_clean_keyed(out: &Output, faults: &[&str]) {
+    assert_clean(out, faults);
+    let text = stdout(out);
+    for inv in ["T5", "T6"] {
+        assert_eq!(violations(&text, inv), 0, "{inv}:\n{text}");
+    }
+    assert_eq!(op(&text, "T5: most of one key running"), 1, "{text}");
+    assert_eq!(op(&text, "T6: most starts in one period"), 4, "{text}");
+}
+
+/// The count of an OPERATIONS line.
+fn op(out: &str, what: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.trim_start().strip_prefix(what)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {what:?} line in:\n{out}"))
+}
+
+#[test]
+fn sqlite_keyed_rated_workload_has_no_violations() {
+    let mut args = vec!["--private", "sqlite", "--duration", "8s", "--seed", "5"];
+    args.extend(LIMITS);
+    let out = chaos(&args);
+    assert_clean_keyed(&out, &["kill-9"]);
+}
+
+/// A keyed, rated run on the shared server of `kind`, under a prefix of
+/// its own, through the fault proxy.
+fn shared_keyed_rated_run(kind: common::Kind, seed: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(ts) = rt.block_on(common::harness::connect(kind)) else {
+        return;
+    };
+    let mut args = vec![
+        "--store",
+        &ts.url,
+        "--prefix",
+        &ts.prefix,
+        "--duration",
+        "8s",
+        "--seed",
+        seed,
+        "--faults",
+        "kill-9,pause,cut,dark,latency",
+    ];
+    args.extend(LIMITS);
+    let out = chaos(&args);
+    assert_clean_keyed(&out, &[]);
+}
+
+#[test]
+fn postgres_keyed_rated_workload_has_no_violations() {
+    shared_keyed_rated_run(common::Kind::Postgres, "6");
+}
+
+#[test]
+fn redis_keyed_rated_workload_has_no_violations() {
+    shared_keyed_rated_run(common::Kind::Redis, "7");
+}
+
+#[test]
+fn mysql_keyed_rated_workload_has_no_violations() {
+    shared_keyed_rated_run(common::Kind::Mysql, "8");
+}
+
+#[test]
+fn bad_limit_flags_exit_2_naming_the_flag() {
+    for (args, flag) in [
+        (&["--rate", "0/1s"][..], "--rate"),
+        (&["--rate", "fast"][..], "--rate"),
+        (&["--keys", "0"][..], "--keys"),
+        (
+            &["--keys", "2", "--per-key-max-running", "0"][..],
+            "--per-key-max-running",
+        ),
+        (&["--per-key-max-running", "1"][..], "--keys"),
+    ] {
+        let out = Command::new(BATON)
+            .arg("chaos")
+            .args(["--private", "sqlite"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn sqlite_unsafe_workload_is_caught() {
-    let out = chaos(&[
+    // The workers run without the per-key cap and rate limit; the checker
+    // still holds the run to them.
+    let mut args = vec![
         "--private",
         "sqlite",
         "--duration",
@@ -76,12 +181,14 @@ fn sqlite_unsafe_workload_is_caught() {
         "--seed",
         "1",
         "--unsafe",
-    ]);
+    ];
+    args.extend(LIMITS);
+    let out = chaos(&args);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("VIOLATIONS FOUND"), "{text}");
     // Each hole the unsafe workload opens is seen by its own check.
-    for inv in ["L1", "L2", "T2", "T4", "S1"] {
+    for inv in ["L1", "L2", "T2", "T4", "T5", "T6", "S1"] {
         assert!(violations(&text, inv) > 0, "{inv} not caught:\n{text}");
     }
 }
