@@ -28,6 +28,7 @@ use crate::error::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+mod claim_types;
 mod identity;
 mod inspect;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -65,6 +66,7 @@ mod unique_key;
 mod wake;
 mod writable;
 
+pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use options::StoreOptions;
 pub use params::*;

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use tokio::sync::broadcast;
 
-use super::{admin, jobs, locks, schema, tasks, us, MyBackend, NOW_US};
+use super::{admin, claim, jobs, locks, schema, tasks, us, MyBackend, NOW_US};
 use crate::error::StoreError;
 use crate::store::sql_row::{self, SqlRow};
 use crate::store::{
@@ -209,14 +209,14 @@ impl Backend for MyBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
-        tasks::task_claim(self, req).await
+        claim::task_claim(self, req).await
     }
 
     async fn task_claim_rated(
         &self,
         req: &crate::store::TaskClaimRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
-        tasks::task_claim_rated(self, req).await
+        claim::task_claim_rated(self, req).await
     }
 
     async fn task_heartbeat_many(

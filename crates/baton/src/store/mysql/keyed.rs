@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::tasks::{claim_ids, claim_pick, finish_claim, lock_queue_row};
+use super::claim::{claim_ids, claim_pick, finish_claim, lock_queue_row};
 use super::{marks, MyBackend};
 use crate::error::StoreError;
 use crate::store::{Task, TaskClaim};

@@ -58,6 +58,7 @@ use crate::error::StoreError;
 mod admin;
 mod advance;
 mod backend;
+mod claim;
 mod jobs;
 mod keyed;
 mod locks;

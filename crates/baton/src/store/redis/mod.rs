@@ -172,6 +172,7 @@ macro_rules! read_retry {
 }
 
 mod backend;
+mod claim;
 mod cluster;
 mod conn;
 mod decode;

@@ -1,0 +1,89 @@
+//! The requests a claim makes of the store: [`TaskClaim`] (up to `limit`
+//! due tasks of one queue, under its caps) and [`TaskClaimRated`] (the same
+//! under a rate limit), and what a rated claim answers ([`RatedClaim`]).
+//! Re-exported from [`crate::store`].
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::Task;
+
+/// A claim request: lease up to `limit` due tasks of one queue.
+#[derive(Debug, Clone)]
+pub struct TaskClaim<'a> {
+    /// Queue to claim from.
+    pub queue: &'a str,
+    /// Worker identity recorded on the task.
+    pub worker: &'a str,
+    /// At most this many tasks.
+    pub limit: u32,
+    /// Lease length from the store's `now()`.
+    pub lease: Duration,
+    /// A cluster-wide cap on the queue's running tasks: the claim takes at
+    /// most `max_running` minus the tasks of this queue running anywhere
+    /// (none when that is zero or less), decided atomically with the claim
+    /// so that concurrent claimers never overshoot. `None`: no cap.
+    pub max_running: Option<u32>,
+    /// A cluster-wide cap on the running tasks of each concurrency key
+    /// ([`NewTask::concurrency_key`](super::NewTask::concurrency_key)) in this queue: a due task whose key
+    /// already has this many tasks running anywhere (counting those this
+    /// claim takes) is stepped over and stays pending, untouched (no
+    /// attempt counted), and the claim takes the next eligible ones.
+    /// Decided atomically with the claim, like `max_running`, so racing
+    /// claimers never overshoot. Tasks without a key are not limited.
+    /// `None`: no per-key cap.
+    pub per_key_max_running: Option<u32>,
+    /// Of `limit`, how many the worker will hold unstarted (a prefetch
+    /// buffer) rather than start at once. The claim takes the first
+    /// `limit - buffered` due tasks in order as usual, then up to
+    /// `buffered` more among the following ones that have an attempt to
+    /// spare after this one (`attempt + 1 < max_attempts`): a task on its
+    /// last attempt is never left waiting in a worker that may crash, where
+    /// the rescue would fail it without a run. `0`: every task starts at
+    /// once (no filter).
+    pub buffered: u32,
+}
+
+/// A claim under a rate limit ([`Backend::task_claim_rated`](super::Backend::task_claim_rated)):
+/// `claim` as [`Backend::task_claim`](super::Backend::task_claim) takes it,
+/// but at most `max` starts (claims) of the limit in any window of `per`
+/// of the store's clock, counting every claimer's, decided atomically with
+/// the claim. Tasks beyond it stay pending and untouched (no attempt
+/// counted).
+#[derive(Debug, Clone)]
+pub struct TaskClaimRated<'a> {
+    /// The claim.
+    pub claim: TaskClaim<'a>,
+    /// A named limit shared by the queues that name it; `None`: the
+    /// queue's own.
+    pub name: Option<&'a str>,
+    /// Starts allowed per window (≥ 1).
+    pub max: u32,
+    /// The window (≥ 1 ms).
+    pub per: Duration,
+}
+
+impl TaskClaimRated<'_> {
+    /// The limit's key in the store: `q:<queue>` for a queue's own limit,
+    /// `n:<name>` for a named one.
+    pub fn key(&self) -> String {
+        match self.name {
+            Some(n) => format!("n:{n}"),
+            None => format!("q:{}", self.claim.queue),
+        }
+    }
+}
+
+/// What a rated claim took, and when the limit next allows a start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RatedClaim {
+    /// The tasks claimed, as [`Backend::task_claim`](super::Backend::task_claim) returns them.
+    pub tasks: Vec<Task>,
+    /// The store's clock at the claim.
+    pub now: DateTime<Utc>,
+    /// `Some(t)`: the limit is used up until `t` (store time; no claim
+    /// before it can start a task of this limit); `None`: a start is
+    /// allowed now.
+    pub next_start: Option<DateTime<Utc>>,
+}

@@ -1,0 +1,305 @@
+//! Claims on MySQL: uncapped, capped (the queue's row locked and its
+//! running tasks counted) and under a rate limit (the limit's row locked
+//! first), each one transaction.
+
+use sqlx::{Executor, Row};
+
+use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN, NOW_US};
+use crate::error::StoreError;
+use crate::store::rate::{self, StartLog};
+use crate::store::sql_row::{claimed_task, CLAIM_COLS};
+use crate::store::{RatedClaim, Task, TaskClaim, TaskClaimRated};
+
+impl MyBackend {
+    /// An uncapped claim in two round trips: `BEGIN` with the locking
+    /// select, then the update, the read-back and `COMMIT` (was five:
+    /// `BEGIN`, select, update, read, `COMMIT`). Nothing due: the select's
+    /// batch and a `ROLLBACK`.
+    async fn claim_in_two_batches(
+        &self,
+        req: &TaskClaim<'_>,
+        walk: i64,
+    ) -> Result<Vec<Task>, StoreError> {
+        let queue = hex_lit(req.queue.as_bytes());
+        let mut conn = self.pool.acquire().await?;
+        let rows = batch_on(
+            &mut conn,
+            &format!("{BEGIN}; {}", self.claim_select(walk, &queue, &queue)),
+        )
+        .await?;
+        let ids = rows
+            .iter()
+            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map(|rows| claim_pick(rows, req, req.limit));
+        let ids = match ids {
+            Ok(ids) if !ids.is_empty() => ids,
+            other => {
+                if (&mut *conn).execute("ROLLBACK").await.is_err() {
+                    conn.close_on_drop();
+                }
+                other?;
+                return Ok(Vec::new());
+            }
+        };
+        let list = ids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rows = batch_on(
+            &mut conn,
+            &format!(
+                "{}; {}; COMMIT",
+                self.claim_update(&list, &us(req.lease).to_string(), &text_lit(req.worker)),
+                self.claim_read(&list)
+            ),
+        )
+        .await?;
+        rows.iter().map(claimed_task).collect()
+    }
+
+    /// The locking select of a claim: the queue's due tasks in claim order,
+    /// `limit` of them, skipping those other claimers hold. A paused queue
+    /// claims nothing: its flag is read in the same statement that locks
+    /// the rows. `queue` and `queue_again` are the queue's name (a `?` or a
+    /// literal) for the tasks and the queues table.
+    fn claim_select(&self, limit: i64, queue: &str, queue_again: &str) -> String {
+        format!(
+            "SELECT id, CAST(attempt + 1 < max_attempts AS SIGNED) FROM {t} \
+             WHERE queue = {queue} AND state = 'pending' \
+                 AND run_at <= UTC_TIMESTAMP(6) AND cancel_requested = 0 \
+                 AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = {queue_again} AND paused = 1) \
+             ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            t = self.names.tasks,
+            q = self.names.queues
+        )
+    }
+
+    /// The update that starts the claimed attempts (`ids`: a list for
+    /// `IN (…)`; `lease_us` and `worker`: a `?` each or literals).
+    fn claim_update(&self, ids: &str, lease_us: &str, worker: &str) -> String {
+        format!(
+            "UPDATE {} SET state = 'running', attempt = attempt + 1, \
+                 started_at = UTC_TIMESTAMP(6), \
+                 lease_until = UTC_TIMESTAMP(6) + INTERVAL {lease_us} MICROSECOND, \
+                 worker = {worker}, claim_token = GREATEST(claim_token + 1, {NOW_US}) \
+             WHERE id IN ({ids})",
+            self.names.tasks
+        )
+    }
+
+    /// The claimed tasks read back in claim order.
+    fn claim_read(&self, ids: &str) -> String {
+        format!(
+            "SELECT {CLAIM_COLS} FROM {} WHERE id IN ({ids}) ORDER BY priority, run_at, id",
+            self.names.tasks
+        )
+    }
+}
+
+/// The claimed ids among the locked candidates `(id, spare)` (in claim
+/// order), at most `limit`: the first `req.limit - req.buffered` start at
+/// once, the later ones only with an attempt to spare
+/// (`TaskClaim::buffered`). The others stay locked, unchanged, until
+/// the claim commits.
+pub(super) fn claim_pick(rows: Vec<(i64, i64)>, req: &TaskClaim<'_>, limit: u32) -> Vec<i64> {
+    let now_share = req.limit.saturating_sub(req.buffered) as usize;
+    rows.into_iter()
+        .enumerate()
+        .filter(|(i, (_, spare))| *i < now_share || *spare != 0)
+        .map(|(_, (id, _))| id)
+        .take(limit as usize)
+        .collect()
+}
+
+/// One transaction: (with a cap, lock the queue's row in `<p>queues`
+/// and count its running tasks), lock up to `limit` due pending rows
+/// with `FOR UPDATE SKIP LOCKED`, claim them, read them back.
+pub(super) async fn task_claim(
+    b: &MyBackend,
+    req: &TaskClaim<'_>,
+) -> Result<Vec<Task>, StoreError> {
+    if req.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let limit = i64::from(req.limit);
+    // With a buffer share the walk may step over as many tasks on their
+    // last attempt (see `claim_pick`).
+    let walk_extra = i64::from(req.buffered.min(req.limit));
+    // Uncapped (the common case): two round trips in all, each a batch
+    // of statements sent as text (see `MyBackend::batch`).
+    if let Some(per_key) = req.per_key_max_running {
+        return super::keyed::task_claim(b, req, per_key, limit + walk_extra).await;
+    }
+    let Some(max) = req.max_running else {
+        return b.claim_in_two_batches(req, limit + walk_extra).await;
+    };
+    let mut tx = b.begin().await?;
+    let tasks = capped_in(b, &mut tx, req, Some(max)).await?;
+    finish_claim(tx, tasks).await
+}
+
+/// Commit a claim's transaction (roll it back when it took nothing).
+pub(super) async fn finish_claim(
+    tx: sqlx::Transaction<'_, sqlx::MySql>,
+    tasks: Vec<Task>,
+) -> Result<Vec<Task>, StoreError> {
+    if tasks.is_empty() {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(tasks)
+}
+
+/// A claim inside `tx`, committed by the caller: with a cap (`max`), lock
+/// the queue's row and count its running tasks first.
+async fn capped_in(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaim<'_>,
+    max: Option<u32>,
+) -> Result<Vec<Task>, StoreError> {
+    let t = &b.names.tasks;
+    let mut limit = i64::from(req.limit);
+    let walk_extra = i64::from(req.buffered.min(req.limit));
+    if let Some(max) = max {
+        lock_queue_row(b, tx, req.queue).await?;
+        let running: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {t} WHERE queue = ? AND state = 'running'"
+        ))
+        .bind(req.queue)
+        .fetch_one(&mut **tx)
+        .await?;
+        limit = limit.min(i64::from(max) - running);
+    }
+    if limit <= 0 {
+        return Ok(Vec::new());
+    }
+    let cap = u32::try_from(limit).unwrap_or(u32::MAX);
+    let select = b.claim_select(limit + walk_extra, "?", "?");
+    let rows: Vec<(i64, i64)> = sqlx::query_as(&select)
+        .bind(req.queue.as_bytes())
+        .bind(req.queue.as_bytes())
+        .fetch_all(&mut **tx)
+        .await?;
+    let ids = claim_pick(rows, req, cap);
+    claim_ids(b, tx, req, &ids).await
+}
+
+/// A claim under a rate limit, in one transaction: lock the limit's row
+/// in `<p>rates` (claimers of the limit take turns on it, then on the
+/// queue's row when capped), read its start log with the store's clock,
+/// claim within the room left, log the claimed tasks' `started_at`.
+pub(super) async fn task_claim_rated(
+    b: &MyBackend,
+    req: &TaskClaimRated<'_>,
+) -> Result<RatedClaim, StoreError> {
+    let key = req.key();
+    let r = &b.names.rates;
+    let lock = format!("SELECT starts, {NOW_US} FROM {r} WHERE name = ? FOR UPDATE");
+    let mut tx = b.begin().await?;
+    let mut row: Option<(Vec<u8>, i64)> = sqlx::query_as(&lock)
+        .bind(key.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await?;
+    if row.is_none() {
+        sqlx::query(&format!(
+            "INSERT IGNORE INTO {r} (name, starts) VALUES (?, '')"
+        ))
+        .bind(key.as_bytes())
+        .execute(&mut *tx)
+        .await?;
+        row = sqlx::query_as(&lock)
+            .bind(key.as_bytes())
+            .fetch_optional(&mut *tx)
+            .await?;
+    }
+    let (starts, now_us) = row.ok_or_else(|| {
+        StoreError::Corrupt(format!("rate limit {key:?}: no row after its insert"))
+    })?;
+    let starts = String::from_utf8(starts).map_err(|_| {
+        StoreError::Corrupt(format!("rate limit {key:?}: a start log not in ASCII"))
+    })?;
+    let log = StartLog::decode(&starts)?;
+    let tasks = match rate::plan(req, &log, now_us) {
+        None => Vec::new(),
+        Some(claim) => match claim.per_key_max_running {
+            Some(per_key) => {
+                let walk = i64::from(claim.limit) + i64::from(claim.buffered.min(claim.limit));
+                super::keyed::claim_in(b, &mut tx, &claim, per_key, walk).await?
+            }
+            None => capped_in(b, &mut tx, &claim, claim.max_running).await?,
+        },
+    };
+    let mut started = Vec::with_capacity(tasks.len());
+    if !tasks.is_empty() {
+        let sql = format!(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', started_at) \
+             FROM {} WHERE id IN ({})",
+            b.names.tasks,
+            marks(tasks.len())
+        );
+        let mut q = sqlx::query_scalar(&sql);
+        for t in &tasks {
+            q = q.bind(t.id);
+        }
+        started = q.fetch_all(&mut *tx).await?;
+    }
+    let d = rate::finish(req, log, tasks, &started, now_us)?;
+    if let Some(text) = d.write {
+        sqlx::query(&format!("UPDATE {r} SET starts = ? WHERE name = ?"))
+            .bind(text)
+            .bind(key.as_bytes())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(d.answer)
+}
+
+/// Lock `queue`'s row in `<p>queues` (inserting it if need be) until
+/// `tx` ends: claimers of a capped queue take turns on it, so each counts
+/// the running tasks after the previous one committed.
+pub(super) async fn lock_queue_row(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    queue: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(&format!(
+        "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
+        b.names.queues
+    ))
+    .bind(queue)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The end of a capped claim: start the attempts of `ids` (rows `tx`
+/// holds locked) and read them back; the caller commits.
+pub(super) async fn claim_ids(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaim<'_>,
+    ids: &[i64],
+) -> Result<Vec<Task>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = marks(ids.len());
+    let update = b.claim_update(&list, "?", "?");
+    let mut u = sqlx::query(&update).bind(us(req.lease)).bind(req.worker);
+    for id in ids {
+        u = u.bind(id);
+    }
+    u.execute(&mut **tx).await?;
+    let read = b.claim_read(&list);
+    let mut s = sqlx::query(&read);
+    for id in ids {
+        s = s.bind(id);
+    }
+    let rows = s.fetch_all(&mut **tx).await?;
+    rows.iter().map(claimed_task).collect()
+}
