@@ -177,7 +177,7 @@ pub struct NewTask {
     pub traceparent: Option<String>,
     /// The task's concurrency key (e.g. `customer:42`, validated by
     /// `queue::TaskBuilder`): a claim with
-    /// [`TaskClaim::per_key_max_running`] starts at most that many tasks
+    /// [`TaskClaim::per_key_max_running`](super::TaskClaim::per_key_max_running) starts at most that many tasks
     /// of one key at once, across the cluster. `None`: not limited per key.
     pub concurrency_key: Option<String>,
 }
