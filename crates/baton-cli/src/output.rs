@@ -77,7 +77,7 @@ macro_rules! note {
 /// A timestamp as every command prints it: RFC 3339, UTC, milliseconds
 /// (`2026-01-31T06:00:00.000Z`), whatever precision the store keeps.
 pub fn ts(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    baton::format_time(t)
 }
 
 /// [`ts`], or `-` for none.

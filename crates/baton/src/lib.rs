@@ -67,6 +67,7 @@ pub mod queue;
 pub mod schedule;
 pub mod store;
 pub mod testing;
+mod timestamp;
 
 /// The names most programs use, in one import: `use baton::prelude::*;`.
 ///
@@ -92,6 +93,7 @@ pub use duration::{format_duration, parse_duration, parse_positive_duration};
 pub use error::{Error, InvalidInput, Result, StoreError};
 pub use queue::{TaskError, TaskResult};
 pub use store::{FencingToken, Store, StoreOptions, DEFAULT_STORE_URL};
+pub use timestamp::format_time;
 
 /// The `sqlx` baton is built with (for [`queue::Queue::enqueue_in`] on the
 /// application's own transaction, without a `sqlx` dependency that must

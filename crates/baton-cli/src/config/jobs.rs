@@ -344,8 +344,8 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
                 "end_at",
                 format!(
                     "{} is not after start_at {}; the job would never run",
-                    e.to_rfc3339(),
-                    s.to_rfc3339()
+                    baton::format_time(e),
+                    baton::format_time(s)
                 ),
             )));
         }

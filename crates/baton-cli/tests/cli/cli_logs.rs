@@ -106,3 +106,69 @@ async fn json_logs_are_one_object_per_line() {
         "{lines:?}"
     );
 }
+
+/// A slot in a log line is written as every command prints a time (RFC
+/// 3339, UTC, milliseconds, `Z`; `baton::format_time`), never chrono's
+/// `2026-01-31 06:00:00 UTC`, and names the same instant the command got
+/// in `BATON_SLOT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_slots_are_rfc3339_milliseconds() {
+    let Some(e) = Env::new(common::Kind::Sqlite).await else {
+        return;
+    };
+    std::fs::write(
+        e.path("baton.toml"),
+        r#"
+[[queue]]
+name = "default"
+
+[[job]]
+name = "tick"
+every = "1s"
+command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
+"#,
+    )
+    .unwrap();
+    let log = e.path("serve.log");
+    let mut kid = e
+        .cmd(&["serve", "--config", "baton.toml", "--shutdown-grace", "1s"])
+        .env("BATON_LOG", "info")
+        .env("BATON_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("baton serve starts");
+    wait_for(20, "a slot enqueued and run", || {
+        common::read(&log).contains("slot enqueued")
+            && !common::read(&e.path("ledger")).trim().is_empty()
+    });
+    signal(&kid, libc::SIGTERM);
+    let _ = kid.wait();
+    let text = common::read(&log);
+    let slots: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["message"] == "slot enqueued")
+        .map(|l| l["slot"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(!slots.is_empty(), "{text}");
+    for s in &slots {
+        let t = chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap_or_else(|e| panic!("slot {s:?} is not RFC 3339 ({e}):\n{text}"));
+        assert_eq!(
+            s,
+            &baton::format_time(t.with_timezone(&chrono::Utc)),
+            "{text}"
+        );
+    }
+    let ran: Vec<chrono::DateTime<chrono::Utc>> = common::read(&e.path("ledger"))
+        .lines()
+        .map(|l| l.parse().expect("BATON_SLOT is RFC 3339"))
+        .collect();
+    let logged: Vec<chrono::DateTime<chrono::Utc>> =
+        slots.iter().map(|s| s.parse().unwrap()).collect();
+    assert!(
+        ran.iter().any(|t| logged.contains(t)),
+        "a run's BATON_SLOT is among the logged slots: {ran:?} vs {logged:?}"
+    );
+}

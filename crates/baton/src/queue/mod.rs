@@ -437,7 +437,7 @@ fn check_run_at(run_at: &RunAt) -> Result<(), InvalidInput> {
                     "run_at",
                     format!(
                         "{} is too far ahead; use an instant at most {limit} from now",
-                        t.to_rfc3339()
+                        crate::format_time(*t)
                     ),
                 ))
             } else {

@@ -266,8 +266,8 @@ impl Job {
                     "end_at",
                     format!(
                         "{} is not after start_at {}; the job would never run",
-                        e.to_rfc3339(),
-                        s.to_rfc3339()
+                        crate::format_time(e),
+                        crate::format_time(s)
                     ),
                 )));
             }

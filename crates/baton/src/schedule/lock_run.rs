@@ -176,7 +176,7 @@ pub(super) async fn run_locked(
                 .await
             {
                 Ok(h) if h.first() == Some(&Heartbeat::Lost) => {
-                    tracing::warn!(job = %job.name, %slot, task = id, "the run's record was rescued (its lease lapsed); the lock still guards the run");
+                    tracing::warn!(job = %job.name, slot = %crate::format_time(slot), task = id, "the run's record was rescued (its lease lapsed); the lock still guards the run");
                     std::future::pending::<()>().await;
                 }
                 Ok(_) => {}
@@ -192,17 +192,17 @@ pub(super) async fn run_locked(
     };
     let finish = match r {
         Ok(Some(Ok(()))) => {
-            tracing::info!(job = %job.name, %slot, "ran under lock");
+            tracing::info!(job = %job.name, slot = %crate::format_time(slot), "ran under lock");
             Finish::Succeeded
         }
         Ok(Some(Err(e))) if e.action() == TaskAction::Cancel => {
-            tracing::info!(job = %job.name, %slot, reason = %e, "run cancelled");
+            tracing::info!(job = %job.name, slot = %crate::format_time(slot), reason = %e, "run cancelled");
             Finish::Cancelled {
                 reason: e.message().to_string(),
             }
         }
         Ok(Some(Err(e))) => {
-            tracing::warn!(job = %job.name, %slot, error = %e, "run failed");
+            tracing::warn!(job = %job.name, slot = %crate::format_time(slot), error = %e, "run failed");
             let error = match e.action() {
                 TaskAction::Snooze { .. } => {
                     format!("{e} (a lock-mode run is not run again; it failed)")
@@ -215,13 +215,13 @@ pub(super) async fn run_locked(
             }
         }
         Ok(None) => {
-            tracing::info!(job = %job.name, %slot, "lock held elsewhere; slot recorded as skipped");
+            tracing::info!(job = %job.name, slot = %crate::format_time(slot), "lock held elsewhere; slot recorded as skipped");
             Finish::Cancelled {
                 reason: LOCK_BUSY.into(),
             }
         }
         Err(e) => {
-            tracing::warn!(job = %job.name, %slot, error = %crate::error::chain(&e), "lock-mode run ended with an error");
+            tracing::warn!(job = %job.name, slot = %crate::format_time(slot), error = %crate::error::chain(&e), "lock-mode run ended with an error");
             Finish::Failed {
                 error: e.to_string(),
                 retry_in: None,
@@ -240,7 +240,7 @@ pub(super) async fn run_locked(
             {
                 Ok(_) => return,
                 Err(e) => {
-                    crate::store::warn_unless_read_only!(e, job = %job.name, %slot, error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
+                    crate::store::warn_unless_read_only!(e, job = %job.name, slot = %crate::format_time(slot), error = %crate::error::chain(&e), "cannot record the run's outcome; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff *= 2;
                 }
@@ -253,7 +253,7 @@ pub(super) async fn run_locked(
             stop.cancelled().await;
             tokio::time::sleep(OUTCOME_ON_STOP).await;
         } => {
-            tracing::warn!(job = %job.name, %slot, task = id, "shutting down before the run's outcome could be recorded (the store does not answer); its record fails with \"lease expired\" once its lease lapses");
+            tracing::warn!(job = %job.name, slot = %crate::format_time(slot), task = id, "shutting down before the run's outcome could be recorded (the store does not answer); its record fails with \"lease expired\" once its lease lapses");
         }
     }
 }

@@ -291,19 +291,19 @@ async fn slot_loop(
                 Ok(Advanced::Enqueued(e)) => {
                     cursor = Some(slot);
                     if let Some(reason) = &step.skip {
-                        tracing::info!(job = %job.name, %slot, task = e.id, %reason, "missed slots recorded as skipped");
+                        tracing::info!(job = %job.name, slot = %crate::format_time(slot), task = e.id, %reason, "missed slots recorded as skipped");
                     } else if let Some(l) = &lock {
                         if e.inserted {
                             run_locked(b, l, &job, slot, e.id, None, &stop).await;
                         } else {
-                            tracing::debug!(job = %job.name, %slot, "the slot already has a run");
+                            tracing::debug!(job = %job.name, slot = %crate::format_time(slot), "the slot already has a run");
                         }
                     } else {
-                        tracing::info!(job = %job.name, %slot, task = e.id, new = e.inserted, "slot enqueued");
+                        tracing::info!(job = %job.name, slot = %crate::format_time(slot), task = e.id, new = e.inserted, "slot enqueued");
                     }
                 }
                 Ok(Advanced::Skipped(e)) => {
-                    tracing::info!(job = %job.name, %slot, task = e.id, "slot skipped: previous run unfinished (overlap = forbid)");
+                    tracing::info!(job = %job.name, slot = %crate::format_time(slot), task = e.id, "slot skipped: previous run unfinished (overlap = forbid)");
                     cursor = Some(slot);
                 }
                 Ok(Advanced::Moved(c)) => {
@@ -316,10 +316,10 @@ async fn slot_loop(
                     if retry.recalibrate {
                         // The clock estimate is ahead, or the plan went
                         // stale (the store passed the next slot).
-                        tracing::debug!(job = %job.name, %slot, store_now = %now, "slot not due by store time; re-planning");
+                        tracing::debug!(job = %job.name, slot = %crate::format_time(slot), store_now = %crate::format_time(now), "slot not due by store time; re-planning");
                         recalibrate = true;
                     } else {
-                        tracing::debug!(job = %job.name, %slot, "previous run unfinished; judging the slot when it comes");
+                        tracing::debug!(job = %job.name, slot = %crate::format_time(slot), "previous run unfinished; judging the slot when it comes");
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(retry.wait.min(MAX_WAIT)) => {}

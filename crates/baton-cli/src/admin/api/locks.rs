@@ -44,7 +44,7 @@ pub async fn lock_release(
         return Err(ApiError::not_found(format!("no lock {name:?}")));
     };
     if let Some(free_at) = locker.revoke(&name, FencingToken(token)).await? {
-        tracing::info!(lock = %name, token, free_at = %free_at, "admin: lock force-released (revoked; its holder stops, then the lock is free)");
+        tracing::info!(lock = %name, token, free_at = %baton::format_time(free_at), "admin: lock force-released (revoked; its holder stops, then the lock is free)");
         return Ok(Json(json!({
             "name": name,
             "token": token,

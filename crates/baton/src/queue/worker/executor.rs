@@ -24,7 +24,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     if let Some(lag) = lag {
         shared.counters.slot_lag(&queue, lag);
     }
-    let slot_at = task.slot.map(|s| s.to_rfc3339());
+    let slot_at = task.slot.map(crate::format_time);
     let span = tracing::info_span!(
         "task",
         id = task.id,
