@@ -21,9 +21,13 @@ impl MyBackend {
         walk: i64,
     ) -> Result<Vec<Task>, StoreError> {
         let queue = hex_lit(req.queue.as_bytes());
-        let mut conn = self.pool.acquire().await?;
+        let mut open = OpenTx {
+            conn: self.pool.acquire().await?,
+            open: true,
+        };
+        let conn = &mut open.conn;
         let rows = batch_on(
-            &mut conn,
+            conn,
             &format!("{BEGIN}; {}", self.claim_select(walk, &queue, &queue)),
         )
         .await?;
@@ -35,8 +39,8 @@ impl MyBackend {
         let ids = match ids {
             Ok(ids) if !ids.is_empty() => ids,
             other => {
-                if (&mut *conn).execute("ROLLBACK").await.is_err() {
-                    conn.close_on_drop();
+                if (&mut **conn).execute("ROLLBACK").await.is_ok() {
+                    open.open = false;
                 }
                 other?;
                 return Ok(Vec::new());
@@ -48,7 +52,7 @@ impl MyBackend {
             .collect::<Vec<_>>()
             .join(", ");
         let rows = batch_on(
-            &mut conn,
+            conn,
             &format!(
                 "{}; {}; COMMIT",
                 self.claim_update(&list, &us(req.lease).to_string(), &text_lit(req.worker)),
@@ -56,6 +60,7 @@ impl MyBackend {
             ),
         )
         .await?;
+        open.open = false;
         rows.iter().map(claimed_task).collect()
     }
 
@@ -302,4 +307,26 @@ pub(super) async fn claim_ids(
     }
     let rows = s.fetch_all(&mut **tx).await?;
     rows.iter().map(claimed_task).collect()
+}
+
+/// A pooled connection inside a transaction that spans round trips
+/// (`BEGIN` sent in one, `COMMIT` in a later one). Dropped while still
+/// open — the claim's future cancelled between its round trips by a
+/// shutdown or the call bound — the connection is closed, which rolls the
+/// transaction back, instead of going back to the pool with the
+/// transaction open: its row locks would make other claims skip those
+/// tasks, and the next caller's statements on it would run inside it,
+/// uncommitted (an enqueue reported done, then lost when the connection
+/// closes).
+struct OpenTx {
+    conn: sqlx::pool::PoolConnection<sqlx::MySql>,
+    open: bool,
+}
+
+impl Drop for OpenTx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
 }
