@@ -373,3 +373,98 @@ async fn redis_release_on_a_stalled_store_returns_by_the_deadline() {
 async fn mysql_release_on_a_stalled_store_returns_by_the_deadline() {
     release_on_a_stalled_store_returns_by_the_deadline(Kind::Mysql).await
 }
+
+/// A claim dropped while its answer is on the way (a caller's timeout, a
+/// worker shutting down) leaves nothing locked behind: each task it was
+/// deciding on is either taken by it (running under its lease, the answer
+/// lost — rescued when the lease ends) or claimable by the next claimer at
+/// once. A MySQL claim is a transaction over two round trips; a connection
+/// handed back to the pool with that transaction open would keep the rows
+/// locked (every other claim skips them) and run its next caller's
+/// statements inside it. The proxy's latency stretches each round trip so
+/// the drop lands in each part of the claim in turn.
+async fn dropped_claim_leaves_no_task_locked(kind: Kind) {
+    use baton::store::{TaskClaim, TaskFilter, TaskState};
+    let Some(ts) = harness::connect(kind).await else {
+        return;
+    };
+    let proxy = Proxy::start(&host_port(&ts.url));
+    let opts = StoreOptions {
+        prefix: Some(ts.prefix.clone()),
+        // One connection, so the one a dropped claim hands back is the one
+        // the next call uses.
+        max_connections: 1,
+        ..StoreOptions::default()
+    };
+    let a = Store::connect_with(&proxy.url(&ts.url), opts)
+        .await
+        .unwrap();
+    a.now().await.unwrap();
+    const HOP: u64 = 60;
+    proxy.latency(Duration::from_millis(HOP));
+    let q = Queue::new(ts.store.clone());
+    // Drops from half a hop to five hops after the call: before the first
+    // request arrives, while its answer travels, during the second round
+    // trip, after the answer.
+    for step in 1..=20u64 {
+        let queue = format!("drop{step}");
+        for _ in 0..4 {
+            q.enqueue(TaskBuilder::new("k", serde_json::json!({})).queue(&queue))
+                .await
+                .unwrap();
+        }
+        let req = TaskClaim {
+            queue: &queue,
+            worker: "dropped",
+            limit: 4,
+            lease: Duration::from_secs(60),
+            max_running: None,
+            per_key_max_running: None,
+            buffered: 0,
+        };
+        let cut = Duration::from_millis(HOP * step / 4);
+        let _ = tokio::time::timeout(cut, a.backend().task_claim(&req)).await;
+        // The next claimer takes every task the dropped claim did not.
+        let b_req = TaskClaim {
+            worker: "next",
+            ..req.clone()
+        };
+        let t0 = Instant::now();
+        loop {
+            ts.store.backend().task_claim(&b_req).await.unwrap();
+            let filter = TaskFilter {
+                queue: Some(queue.clone()),
+                state: Some(TaskState::Pending),
+                ..TaskFilter::default()
+            };
+            let pending = ts.store.backend().task_list(&filter).await.unwrap();
+            if pending.is_empty() {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{kind:?}: a claim dropped {cut:?} into its call left {} task(s) \
+                 pending but not claimable for 5 s (locked by a transaction left open)",
+                pending.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // And the dropped claim's connection serves the next call cleanly.
+        a.now().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_dropped_claim_leaves_no_task_locked() {
+    dropped_claim_leaves_no_task_locked(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_dropped_claim_leaves_no_task_locked() {
+    dropped_claim_leaves_no_task_locked(Kind::Redis).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_dropped_claim_leaves_no_task_locked() {
+    dropped_claim_leaves_no_task_locked(Kind::Mysql).await
+}
