@@ -61,7 +61,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// The hidden subcommand that runs the supervisor.
@@ -124,13 +124,27 @@ pub struct Proc {
     follower: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// Which of a command's output streams baton reads (piped) rather than
+/// leaves to the command (inherited: written straight to baton's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// Both inherited (`baton lock`: the command's output is the user's).
+    Nothing,
+    /// stderr piped (its tail becomes a failed task's error), stdout
+    /// inherited.
+    Stderr,
+    /// Both piped (under `--log-format json`, where every line baton
+    /// writes must be a JSON object).
+    Both,
+}
+
 /// Spawn `argv` with extra environment under a supervisor (see the module
 /// docs). After the command exits, leftovers of its tree get SIGTERM, then
 /// SIGKILL after `grace`; the same happens if baton dies.
 pub fn spawn(
     argv: &[String],
     env: &[(&str, String)],
-    capture_stderr: bool,
+    capture: Capture,
     grace: Duration,
 ) -> anyhow::Result<Proc> {
     let (prog, _) = argv.split_first().context("no command given after --")?;
@@ -167,8 +181,11 @@ pub fn spawn(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    if capture_stderr {
+    if capture != Capture::Nothing {
         cmd.stderr(Stdio::piped());
+    }
+    if capture == Capture::Both {
+        cmd.stdout(Stdio::piped());
     }
     // A group of its own: a terminal's Ctrl-C reaches only baton, which
     // forwards it once, and the tree can be signalled as one.
@@ -282,6 +299,11 @@ impl Proc {
     /// The captured stderr, if requested (once).
     pub fn take_stderr(&mut self) -> Option<ChildStderr> {
         self.child.stderr.take()
+    }
+
+    /// The captured stdout, if requested (once).
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
     }
 
     /// Wait until the command and its whole tree are gone; its status.

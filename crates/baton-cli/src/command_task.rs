@@ -104,7 +104,9 @@ pub async fn run_argv(
 /// SIGTERM to its whole process tree, SIGKILL after the grace `stop`
 /// resolved with (`grace` is what the tree gets once the command exits). Exit 0 is
 /// success; otherwise an error with the exit code and the tail of its
-/// stderr (which is also passed through). The command ends when it exits:
+/// stderr (which is also passed through: as it is, or under
+/// `--log-format json` line by line as log events, with stdout too). The
+/// command ends when it exits:
 /// what remains of its tree is stopped the same way (see `child`), and
 /// stderr is drained for at most [`DRAIN`] after that, however long a
 /// stray process holds it open. Shared by command tasks and job actions.
@@ -119,8 +121,14 @@ pub async fn run_command(
     ctx: Option<&TaskContext>,
     stop_by: Option<baton::lock::StopBy>,
 ) -> Result<(), TaskError> {
+    let json = crate::output::json_logs();
+    let capture = if json {
+        child::Capture::Both
+    } else {
+        child::Capture::Stderr
+    };
     let mut proc =
-        child::spawn(argv, env, true, grace).map_err(|e| TaskError::retry(format!("{e:#}")))?;
+        child::spawn(argv, env, capture, grace).map_err(|e| TaskError::retry(format!("{e:#}")))?;
     if let Some(s) = stop_by {
         proc.follow(s);
     }
@@ -134,14 +142,22 @@ pub async fn run_command(
         token,
     });
     let kept = Arc::new(Mutex::new(Vec::new()));
-    let mut tee = tee_stderr(proc.take_stderr(), kept.clone());
+    let mut tee = copy_output(proc.take_stderr(), Stream::Stderr, json, Some(kept.clone()));
+    let mut tee_out = copy_output(proc.take_stdout(), Stream::Stdout, json, None);
     let status = tokio::select! {
         st = proc.wait() => st,
         g = stop => proc.stop(g).await,
     }
     .map_err(|e| TaskError::retry(format!("waiting for {:?}: {e}", argv[0])))?;
-    if tokio::time::timeout(DRAIN, &mut tee).await.is_err() {
+    // Both drained within one DRAIN, however long a stray process holds
+    // either open.
+    let drained = tokio::time::timeout(DRAIN, async {
+        let _ = (&mut tee).await;
+        let _ = (&mut tee_out).await;
+    });
+    if drained.await.is_err() {
         tee.abort();
+        tee_out.abort();
     }
     let kept = match kept.lock() {
         Ok(g) => g.clone(),
@@ -153,36 +169,99 @@ pub async fn run_command(
     outcome(status, kept)
 }
 
-/// How long stderr is still copied after the command's tree is gone.
+/// How long output is still copied after the command's tree is gone.
 const DRAIN: Duration = Duration::from_millis(500);
 
-/// Copy the child's stderr to ours, keeping its tail (in `kept`) for the
+/// The longest output line logged as one (a longer one is split).
+const MAX_LINE: usize = 16 * 1024;
+
+/// Which of the command's streams a reader copies.
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Read the child's `stream` until it closes, a line at a time, so that
+/// a line of the command's never splits one of baton's log lines or is
+/// split by one. Under `--log-format json` each line becomes a log event
+/// of its own (target `baton::command`, field `stream`, in the task's
+/// span), so every line baton writes stays a JSON object; otherwise each
+/// line goes to baton's own stderr as it is (an unterminated last line
+/// gets its newline). A stderr reader keeps the tail (in `kept`) for the
 /// error message.
-fn tee_stderr(
-    stderr: Option<tokio::process::ChildStderr>,
-    kept: Arc<Mutex<Vec<u8>>>,
+fn copy_output(
+    source: Option<impl tokio::io::AsyncRead + Unpin + Send + 'static>,
+    stream: Stream,
+    json: bool,
+    kept: Option<Arc<Mutex<Vec<u8>>>>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    use tracing::Instrument;
+    let copy = async move {
+        let Some(mut source) = source else { return };
         let mut buf = [0u8; 4096];
-        let mut out = tokio::io::stderr();
-        if let Some(mut err) = stderr {
-            while let Ok(n) = err.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                let _ = out.write_all(&buf[..n]).await;
-                let mut k = match kept.lock() {
-                    Ok(g) => g,
-                    Err(p) => p.into_inner(),
-                };
-                k.extend_from_slice(&buf[..n]);
-                if k.len() > 2 * TAIL {
-                    let cut = k.len() - TAIL;
-                    k.drain(..cut);
+        let mut line = Vec::new();
+        while let Ok(n) = source.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let chunk = &buf[..n];
+            if let Some(kept) = &kept {
+                keep_tail(kept, chunk);
+            }
+            for &b in chunk {
+                line.push(b);
+                if b == b'\n' || line.len() >= MAX_LINE {
+                    emit_line(stream, json, &line).await;
+                    line.clear();
                 }
             }
         }
-    })
+        if !line.is_empty() {
+            emit_line(stream, json, &line).await;
+        }
+    };
+    tokio::spawn(copy.instrument(tracing::Span::current()))
+}
+
+/// One line of a command's output (with its newline, if it had one): a
+/// log event, or written through whole.
+async fn emit_line(stream: Stream, json: bool, line: &[u8]) {
+    if json {
+        let text = String::from_utf8_lossy(line);
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        let text = text.strip_suffix('\r').unwrap_or(text);
+        tracing::info!(target: "baton::command", stream = stream.name(), "{text}");
+        return;
+    }
+    let mut out = tokio::io::stderr();
+    let _ = if line.ends_with(b"\n") {
+        out.write_all(line).await
+    } else {
+        out.write_all(&[line, b"\n"].concat()).await
+    };
+}
+
+/// Append `chunk` to `kept`, keeping about the last [`TAIL`] bytes.
+fn keep_tail(kept: &Mutex<Vec<u8>>, chunk: &[u8]) {
+    let mut k = match kept.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    k.extend_from_slice(chunk);
+    if k.len() > 2 * TAIL {
+        let cut = k.len() - TAIL;
+        k.drain(..cut);
+    }
 }
 
 /// Exit 0 is success; otherwise an error with the code and stderr's tail.

@@ -161,7 +161,7 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         ("BATON_FENCING_TOKEN", lease.token().to_string()),
         ("BATON_LOCK_HOLDER", lease.holder().to_string()),
     ];
-    let mut cmd = match child::spawn(&a.command, &env, false, grace) {
+    let mut cmd = match child::spawn(&a.command, &env, child::Capture::Nothing, grace) {
         Ok(c) => c,
         Err(e) => {
             let _ = lease.release().await;

@@ -40,6 +40,11 @@ pub fn log_json(on: bool) {
     JSON_NOTES.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether logs are JSON lines (`--log-format json`).
+pub fn json_logs() -> bool {
+    JSON_NOTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Write one line to stderr, ignoring failure (unlike `eprintln!`, which
 /// panics when stderr is closed). Under `--log-format json` the line is a
 /// JSON object like the logs' (`timestamp`, `level`, `message`, `target`).

@@ -20,13 +20,26 @@ async fn run_worker(format: Option<&str>) -> Option<(String, i64, i64)> {
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         stdout(&out).trim().parse().expect("an id")
     };
-    let bad = enqueue(&["enqueue", "--max-attempts", "1", "--", "sh", "-c", "exit 3"]);
+    // It writes to both streams: a line each, a line split by a pause, and
+    // an unterminated last line.
+    let bad = enqueue(&[
+        "enqueue",
+        "--max-attempts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo out-line; printf 'err-' >&2; sleep 0.2; echo line >&2; printf 'no newline' >&2; exit 3",
+    ]);
     let ok = enqueue(&["enqueue", "--", "true"]);
     let log = e.path("work.log");
     let mut cmd = e.cmd(&["work", "--poll", "100ms", "--shutdown-grace", "1s"]);
+    // stdout and stderr into one file, as a container runtime collects
+    // them.
+    let file = std::fs::File::create(&log).unwrap();
     cmd.env_remove("BATON_LOG")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
     match format {
         Some(f) => cmd.env("BATON_LOG_FORMAT", f),
         None => cmd.env_remove("BATON_LOG_FORMAT"),
@@ -64,10 +77,17 @@ async fn text_logs_have_a_line_per_task_start_and_end() {
     }
     assert!(end.contains(" INFO "), "{end}");
     let end = line(bad, "task ended");
-    for f in ["outcome=\"failed\"", "exit_code=3", "error=\"exit 3\""] {
+    for f in [
+        "outcome=\"failed\"",
+        "exit_code=3",
+        "error=\"exit 3: err-line\\nno newline\"",
+    ] {
         assert!(end.contains(f), "{f} in {end}");
     }
     assert!(end.contains(" WARN "), "{end}");
+    // The command's own output passes through as it is.
+    assert!(log.lines().any(|l| l == "out-line"), "{log}");
+    assert!(log.lines().any(|l| l == "err-line"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,6 +124,31 @@ async fn json_logs_are_one_object_per_line() {
             .iter()
             .any(|l| l["message"] == "task started" && l["task"] == ok),
         "{lines:?}"
+    );
+    // The command's output, both streams, a log event per line in the
+    // task's span (a line split across writes is one line).
+    let output: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["target"] == "baton::command")
+        .map(|l| {
+            assert_eq!(l["span"]["id"], bad, "{l}");
+            assert_eq!(l["level"], "INFO", "{l}");
+            (
+                l["stream"].as_str().unwrap_or("?"),
+                l["message"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    let mut sorted = output.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        [
+            ("stderr", "err-line"),
+            ("stderr", "no newline"),
+            ("stdout", "out-line")
+        ],
+        "{output:?}"
     );
 }
 
