@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use baton::queue::worker::StopReason;
 use baton::queue::{TaskContext, TaskError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -93,11 +94,24 @@ pub async fn run_argv(
     let id = t.id;
     let stop = async {
         ctx.stopped().await;
-        tracing::info!(task = id, reason = ?ctx.stop_reason(), "stopping the command");
+        let reason = ctx.stop_reason().map(StopReason::as_str);
+        tracing::info!(task = id, reason, "stopping the command");
         grace
     };
     let stop_by = Some(ctx.watch_stop_by());
-    run_command(&argv, &env, stop, grace, Some(&ctx), stop_by).await
+    run_command(&argv, &env, stop, grace, RanFor::Task(&ctx), stop_by).await
+}
+
+/// What a command runs for.
+#[derive(Clone, Copy)]
+pub enum RanFor<'a> {
+    /// A task's attempt: its id and attempt on the stop record, its exit
+    /// code on its `task ended` line.
+    Task(&'a TaskContext),
+    /// A lock-mode slot: its exit code on its `run ended` line.
+    Slot(&'a baton::schedule::SlotRun),
+    /// Nothing that logs an exit code.
+    Nothing,
 }
 
 /// Run `argv` with `env` until it exits, or until `stop` resolves: then
@@ -110,7 +124,8 @@ pub async fn run_argv(
 /// what remains of its tree is stopped the same way (see `child`), and
 /// stderr is drained for at most [`DRAIN`] after that, however long a
 /// stray process holds it open. Shared by command tasks and job actions.
-/// For a task (`ctx`), the exit code goes on its `task ended` log line.
+/// The exit code goes on the `task ended` or `run ended` log line of what
+/// it ran for (`ran_for`).
 /// With `stop_by` (the lease's or attempt's) the supervisor kills the tree
 /// by itself once it passes unextended, even if baton is frozen.
 pub async fn run_command(
@@ -118,7 +133,7 @@ pub async fn run_command(
     env: &[(&str, String)],
     stop: impl std::future::Future<Output = Duration>,
     grace: Duration,
-    ctx: Option<&TaskContext>,
+    ran_for: RanFor<'_>,
     stop_by: Option<baton::lock::StopBy>,
 ) -> Result<(), TaskError> {
     let json = crate::output::json_logs();
@@ -138,7 +153,10 @@ pub async fn run_command(
         .find(|(k, _)| *k == "BATON_FENCING_TOKEN")
         .and_then(|(_, v)| v.parse().ok());
     proc.report_stop(child::RanFor {
-        task: ctx.map(|c| (c.task().id, c.task().attempt)),
+        task: match ran_for {
+            RanFor::Task(c) => Some((c.task().id, c.task().attempt)),
+            _ => None,
+        },
         token,
     });
     let kept = Arc::new(Mutex::new(Vec::new()));
@@ -163,8 +181,11 @@ pub async fn run_command(
         Ok(g) => g.clone(),
         Err(p) => p.into_inner().clone(),
     };
-    if let Some(ctx) = ctx {
-        ctx.set_exit_code(i32::from(child::code_of(status)));
+    let code = i32::from(child::code_of(status));
+    match ran_for {
+        RanFor::Task(c) => c.set_exit_code(code),
+        RanFor::Slot(r) => r.set_exit_code(code),
+        RanFor::Nothing => {}
     }
     outcome(status, kept)
 }

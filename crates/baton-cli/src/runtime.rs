@@ -169,10 +169,11 @@ pub async fn run_action(
     grace: Duration,
     timeout: Option<Duration>,
     stop_by: Option<baton::lock::StopBy>,
+    ran_for: command_task::RanFor<'_>,
 ) -> Result<(), TaskError> {
     match action {
         Action::Command(argv) => {
-            command_task::run_command(argv, &env, stop, grace, None, stop_by).await
+            command_task::run_command(argv, &env, stop, grace, ran_for, stop_by).await
         }
         Action::Http {
             method,
@@ -242,6 +243,7 @@ pub fn durable_handler(
                 grace,
                 j.timeout,
                 None,
+                command_task::RanFor::Nothing,
             )
             .await
         })

@@ -141,7 +141,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
                                 }
                             };
                             let stop_by = Some(run.lease.watch_stop_by());
-                            run_action(&action, env, stop, grace, timeout, stop_by).await
+                            let ran_for = crate::command_task::RanFor::Slot(&run);
+                            run_action(&action, env, stop, grace, timeout, stop_by, ran_for).await
                         }
                     })
                     .map_err(Error::from)?;

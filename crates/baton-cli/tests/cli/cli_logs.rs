@@ -217,3 +217,73 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
         "a run's BATON_SLOT is among the logged slots: {ran:?} vs {logged:?}"
     );
 }
+
+/// A lock-mode run logs one `run ended` line, as a task logs `task
+/// ended`: job, slot, the record's task id, outcome, duration and the
+/// command's exit code (a failure at `warn` with its error); the
+/// command's output lines are JSON too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_mode_runs_log_outcome_duration_and_exit_code() {
+    let Some(e) = Env::new(common::Kind::Sqlite).await else {
+        return;
+    };
+    std::fs::write(
+        e.path("baton.toml"),
+        r#"
+[[job]]
+name = "sync"
+every = "1s"
+mode = "lock"
+at_most = "30s"
+command = ["sh", "-c", "echo syncing; exit 4"]
+"#,
+    )
+    .unwrap();
+    let log = e.path("serve.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut kid = e
+        .cmd(&["serve", "--config", "baton.toml", "--shutdown-grace", "1s"])
+        .env("BATON_LOG", "info")
+        .env("BATON_LOG_FORMAT", "json")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .expect("baton serve starts");
+    wait_for(20, "a lock-mode run to end", || {
+        common::read(&log).contains("run ended")
+    });
+    signal(&kid, libc::SIGTERM);
+    let _ = kid.wait();
+    let text = common::read(&log);
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let ended = lines
+        .iter()
+        .find(|l| l["message"] == "run ended")
+        .expect("a run ended line");
+    assert_eq!(ended["job"], "sync", "{ended}");
+    assert_eq!(ended["outcome"], "failed", "{ended}");
+    assert_eq!(ended["exit_code"], 4, "{ended}");
+    assert_eq!(ended["level"], "WARN", "{ended}");
+    assert!(ended["duration_ms"].is_u64(), "{ended}");
+    assert!(ended["task"].is_i64(), "{ended}");
+    assert!(
+        ended["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("exit 4")),
+        "{ended}"
+    );
+    let slot = ended["slot"].as_str().unwrap_or_default();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(slot).is_ok(),
+        "{ended}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["target"] == "baton::command" && l["message"] == "syncing"),
+        "{text}"
+    );
+}

@@ -28,6 +28,18 @@ pub struct SlotRun {
     pub slot: DateTime<Utc>,
     /// The lease that makes this run exclusive.
     pub lease: LeaseHandle,
+    exit_code: Arc<std::sync::Mutex<Option<i32>>>,
+}
+
+impl SlotRun {
+    /// Record the exit code of the process this run ran, for its `run
+    /// ended` log line (as [`TaskContext::set_exit_code`](crate::queue::TaskContext::set_exit_code)
+    /// does for a task).
+    pub fn set_exit_code(&self, code: i32) {
+        if let Ok(mut c) = self.exit_code.lock() {
+            *c = Some(code);
+        }
+    }
 }
 
 pub(super) type SlotFut = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
@@ -135,6 +147,9 @@ pub(super) async fn run_locked(
     let lease = l.opts.at_most_duration();
     let name = job.name.clone();
     let f = l.f.clone();
+    let exit_code = Arc::new(std::sync::Mutex::new(None));
+    let exit_seen = exit_code.clone();
+    let started = tokio::time::Instant::now();
     // `at_least` counts from the slot, not the grant (which comes a few ms
     // later): an `at_least` equal to the interval then ends exactly at the
     // next slot instead of overlapping its grant.
@@ -151,6 +166,7 @@ pub(super) async fn run_locked(
                 job: name,
                 slot,
                 lease,
+                exit_code,
             })
             .await;
             // Fixed delay: the next run counts from this one's end, so move the
@@ -190,44 +206,60 @@ pub(super) async fn run_locked(
         r = run => r,
         _ = beat => return,
     };
-    let finish = match r {
-        Ok(Some(Ok(()))) => {
-            tracing::info!(job = %job.name, slot = %crate::format_time(slot), "ran under lock");
-            Finish::Succeeded
-        }
-        Ok(Some(Err(e))) if e.action() == TaskAction::Cancel => {
-            tracing::info!(job = %job.name, slot = %crate::format_time(slot), reason = %e, "run cancelled");
+    let (finish, outcome) = match r {
+        Ok(Some(Ok(()))) => (Finish::Succeeded, "succeeded"),
+        Ok(Some(Err(e))) if e.action() == TaskAction::Cancel => (
             Finish::Cancelled {
                 reason: e.message().to_string(),
-            }
-        }
+            },
+            "cancelled",
+        ),
         Ok(Some(Err(e))) => {
-            tracing::warn!(job = %job.name, slot = %crate::format_time(slot), error = %e, "run failed");
             let error = match e.action() {
                 TaskAction::Snooze { .. } => {
                     format!("{e} (a lock-mode run is not run again; it failed)")
                 }
                 _ => e.message().to_string(),
             };
-            Finish::Failed {
-                error,
-                retry_in: None,
-            }
+            (
+                Finish::Failed {
+                    error,
+                    retry_in: None,
+                },
+                "failed",
+            )
         }
-        Ok(None) => {
-            tracing::info!(job = %job.name, slot = %crate::format_time(slot), "lock held elsewhere; slot recorded as skipped");
+        Ok(None) => (
             Finish::Cancelled {
                 reason: LOCK_BUSY.into(),
-            }
-        }
-        Err(e) => {
-            tracing::warn!(job = %job.name, slot = %crate::format_time(slot), error = %crate::error::chain(&e), "lock-mode run ended with an error");
+            },
+            "skipped",
+        ),
+        Err(e) => (
             Finish::Failed {
                 error: e.to_string(),
                 retry_in: None,
-            }
-        }
+            },
+            "failed",
+        ),
     };
+    // One line per run, as a task's `task ended`: the outcome, how long it
+    // took, the exit code of what it ran, and why it did not succeed.
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let exit_code = exit_seen.lock().ok().and_then(|c| *c);
+    let slot_at = crate::format_time(slot);
+    match &finish {
+        Finish::Succeeded => {
+            tracing::info!(job = %job.name, slot = %slot_at, task = id, outcome, duration_ms, exit_code, "run ended")
+        }
+        Finish::Cancelled { reason } => {
+            tracing::info!(job = %job.name, slot = %slot_at, task = id, outcome, duration_ms, exit_code, reason = %reason, "run ended")
+        }
+        Finish::Failed { error, .. } => {
+            tracing::warn!(job = %job.name, slot = %slot_at, task = id, outcome, duration_ms, exit_code, error = %error, "run ended")
+        }
+        _ => {}
+    }
     // A store blip must not leave the record running; if every try fails,
     // rescue fails it with "lease expired" once its lease lapses.
     let record = async {

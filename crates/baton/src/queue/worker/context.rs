@@ -22,6 +22,32 @@ pub enum StopReason {
     LeaseExpiring,
 }
 
+impl StopReason {
+    /// The reason as logs write it: `lease_lost`, `cancelled`, `shutdown`,
+    /// `timed_out`, `lease_expiring`.
+    ///
+    /// ```
+    /// use baton::queue::worker::StopReason;
+    /// assert_eq!(StopReason::Shutdown.as_str(), "shutdown");
+    /// assert_eq!(StopReason::LeaseExpiring.to_string(), "lease_expiring");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::LeaseLost => "lease_lost",
+            StopReason::Cancelled => "cancelled",
+            StopReason::Shutdown => "shutdown",
+            StopReason::TimedOut => "timed_out",
+            StopReason::LeaseExpiring => "lease_expiring",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a context's progress reports go.
 #[derive(Clone)]
 pub(super) enum ProgressSink {

@@ -331,9 +331,17 @@ impl Worker {
         // they never take a claim's turn nor hold up a wake-up.
         let clock: Arc<std::sync::OnceLock<StoreClock>> = Arc::default();
         let upkeep = tokio::spawn(upkeep_loop(shared.clone(), pokes.clone(), clock.clone()));
+        // `name=slots`, comma-separated: a field every log reader can split.
+        let queues = self
+            .config
+            .queues
+            .iter()
+            .map(|(q, n)| format!("{q}={n}"))
+            .collect::<Vec<_>>()
+            .join(",");
         tracing::info!(
             worker = %self.id,
-            queues = ?self.config.queues,
+            queues = %queues,
             free_slot_on_return = self.config.free_slot_on_return_on(),
             result_batches_in_flight = self.config.result_batches(),
             prefetch = self.config.prefetch_tasks(),
