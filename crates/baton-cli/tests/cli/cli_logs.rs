@@ -68,7 +68,7 @@ async fn text_logs_have_a_line_per_task_start_and_end() {
         lines[0].to_string()
     };
     let start = line(ok, "task started");
-    for f in ["queue=default", "kind=command", "attempt=1"] {
+    for f in ["queue=default", "kind=command", "attempt=1", "worker="] {
         assert!(start.contains(f), "{f} in {start}");
     }
     let end = line(ok, "task ended");
@@ -115,6 +115,8 @@ async fn json_logs_are_one_object_per_line() {
     assert_eq!(e["attempt"], 1, "{e}");
     assert_eq!(e["exit_code"], 0, "{e}");
     assert!(e["duration_ms"].is_u64(), "{e}");
+    // The worker's identity (host:pid:…), as the task's record names it.
+    assert!(e["worker"].as_str().is_some_and(|w| w.contains(':')), "{e}");
     let e = ended(bad);
     assert_eq!(e["outcome"], "failed", "{e}");
     assert_eq!(e["exit_code"], 3, "{e}");

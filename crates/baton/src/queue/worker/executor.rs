@@ -44,6 +44,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     }
     tracing::info!(
         task = task.id,
+        worker = %shared.id,
         queue = %task.queue,
         kind = %task.kind,
         attempt = task.attempt,
@@ -120,6 +121,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             ($level:ident) => {
                 tracing::$level!(
                     task = t.id,
+                    worker = %shared.id,
                     queue = %t.queue,
                     kind = %t.kind,
                     attempt = t.attempt,
