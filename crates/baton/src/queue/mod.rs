@@ -23,10 +23,11 @@ use crate::error::{Error, InvalidInput};
 use crate::format_duration;
 use crate::names::validate_name;
 pub use crate::store::{
-    args_hash, canonical_json, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod, UniqueScope,
+    args_hash, canonical_json, DeleteOutcome, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod,
+    UniqueScope,
 };
 use crate::store::{
-    CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
+    CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo, TaskState,
 };
 
 mod backoff;
@@ -555,6 +556,72 @@ impl Queue {
     /// next heartbeat.
     pub async fn cancel(&self, id: i64) -> Result<CancelOutcome, Error> {
         Ok(self.store.backend().task_cancel(id).await?)
+    }
+
+    /// Delete a task that is not running: a pending one is cancelled first
+    /// (its unique key freed, a waiting task of its concurrency key let
+    /// through), then the finished task is deleted as
+    /// [`prune`](Queue::prune) deletes it (a schedule slot's task leaves its
+    /// tombstone, so the slot is not run again). A running task is left
+    /// alone ([`DeleteOutcome::Running`]): cancel it and delete it once it
+    /// has stopped. (A pending task claimed at that very moment is asked
+    /// to stop, as [`cancel`](Queue::cancel) would, and answers `Running`.)
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), baton::Error> {
+    /// use baton::queue::{DeleteOutcome, Queue, TaskBuilder};
+    /// let store = baton::testing::memory_store().await?;
+    /// let queue = Queue::new(store);
+    /// let id = queue.enqueue(TaskBuilder::new("report", serde_json::json!({}))).await?.id;
+    /// assert_eq!(queue.delete(id).await?, DeleteOutcome::Deleted);
+    /// assert_eq!(queue.task(id).await?, None);
+    /// assert_eq!(queue.delete(id).await?, DeleteOutcome::NotFound);
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete(&self, id: i64) -> Result<DeleteOutcome, Error> {
+        let b = self.store.backend();
+        match b.task_get(id).await?.map(|t| t.state) {
+            None => return Ok(DeleteOutcome::NotFound),
+            Some(TaskState::Running) => return Ok(DeleteOutcome::Running),
+            Some(TaskState::Pending) => match b.task_cancel(id).await? {
+                CancelOutcome::NotFound => return Ok(DeleteOutcome::NotFound),
+                // Claimed in between: it asked the run to stop, as a
+                // cancel does; the run is left alone otherwise.
+                CancelOutcome::Requested => return Ok(DeleteOutcome::Running),
+                CancelOutcome::Cancelled | CancelOutcome::AlreadyFinished(_) => {}
+            },
+            Some(_) => {}
+        }
+        if b.task_delete_many(&[id]).await?.is_empty() {
+            // Retried onto pending or claimed again since: not deleted.
+            return Ok(match b.task_get(id).await? {
+                None => DeleteOutcome::NotFound,
+                Some(_) => DeleteOutcome::Running,
+            });
+        }
+        Ok(DeleteOutcome::Deleted)
+    }
+
+    /// Delete every finished task (succeeded, failed or cancelled) that
+    /// `filter` matches (its `before_id` and `limit` are ignored; a filter
+    /// on `pending` or `running` matches nothing to delete), as
+    /// [`delete`](Queue::delete) deletes one; the ids deleted. For an
+    /// operator's bulk delete: show the count with
+    /// [`tasks_all`](Queue::tasks_all) first.
+    pub async fn delete_finished(&self, filter: &TaskFilter) -> Result<Vec<i64>, Error> {
+        let b = self.store.backend();
+        let mut gone = Vec::new();
+        let ids: Vec<i64> = self
+            .tasks_all(filter)
+            .await?
+            .into_iter()
+            .filter(|t| t.state.is_terminal())
+            .map(|t| t.id)
+            .collect();
+        for chunk in ids.chunks(500) {
+            gone.extend(b.task_delete_many(chunk).await?);
+        }
+        Ok(gone)
     }
 
     /// Put a failed or cancelled task back to pending, with at least one

@@ -264,6 +264,13 @@ macro_rules! seam_methods {
             /// slot, answers with the pruned task's id and `inserted = false`.
             fn task_prune_many(older_than: $crate::store::seam_types::Duration) -> u64;
 
+            /// Delete those of `ids` that are finished (succeeded, failed or
+            /// cancelled) at once, whatever their age, as
+            /// [`Backend::task_prune_many`] deletes (a slot's task leaves its
+            /// tombstone, in the same transaction or script). Pending and
+            /// running tasks and unknown ids are left alone. The ids deleted.
+            fn task_delete_many(ids: &[i64]) -> Vec<i64>;
+
             /// A stream of [`Wake`]s: queues that got new pending work, due now or
             /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,
             /// [`Backend::task_retry`]). A hint only: it may miss some, so workers poll

@@ -300,6 +300,19 @@ pub enum Finish {
     },
 }
 
+/// What [`Queue::delete`](crate::queue::Queue::delete) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeleteOutcome {
+    /// The task is gone (a pending one was cancelled first; a schedule
+    /// slot's task left its tombstone, so the slot does not run again).
+    Deleted,
+    /// The task is running: cancel it, and delete it once it has stopped.
+    Running,
+    /// No such task.
+    NotFound,
+}
+
 /// What `cancel` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -15,6 +15,7 @@
 //! its tests print one `SKIPPED` line and pass, unless
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
+mod delete;
 mod identity;
 mod idle;
 mod keys;
@@ -53,6 +54,8 @@ baton_testkit::per_backend! {
     locks::names_are_exact,
     locks::revoke_refuses_the_holder_and_frees_within_the_bound,
     locks::holder_learns_of_a_revocation_within_the_confirm_period,
+    delete::delete_takes_what_is_not_running,
+    delete::a_deleted_slot_is_never_run_again,
     states::every_transition_matches_the_table,
     states::every_birth_matches_the_table,
     snooze::snoozed_task_is_pending_later_and_uncounted,

@@ -306,27 +306,57 @@ impl Backend for MyBackend {
                 .bind(us(older_than))
                 .fetch_one(&mut *tx)
                 .await?;
-        sqlx::query(&format!(
-            "INSERT IGNORE INTO {} \
-                 (unique_key, job, slot, task_id, state, last_error, finished_at) \
-             SELECT unique_key, job, slot, id, state, LEFT(last_error, 1000), finished_at \
-             FROM {} WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < ? \
-                 AND unique_forever = 1 AND unique_key IS NOT NULL AND job IS NOT NULL",
-            n.slots, n.tasks
-        ))
-        .bind(cutoff)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(&tasks::tombstones(n, "finished_at < ?"))
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
         let r = sqlx::query(&format!(
-            "DELETE FROM {} WHERE state IN ('succeeded', 'failed', 'cancelled') \
-             AND finished_at < ?",
-            n.tasks
+            "DELETE FROM {} WHERE {} AND finished_at < ?",
+            n.tasks,
+            tasks::FINISHED
         ))
         .bind(cutoff)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         Ok(r.rows_affected())
+    }
+
+    async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = &self.names;
+        let list = ids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut tx = self.pool.begin().await?;
+        // Locked first, so the tombstones, the delete and the answer agree.
+        let gone: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT id FROM {} WHERE {} AND id IN ({list}) FOR UPDATE",
+            n.tasks,
+            tasks::FINISHED
+        ))
+        .fetch_all(&mut *tx)
+        .await?;
+        if !gone.is_empty() {
+            let list = gone
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let pred = format!("id IN ({list})");
+            sqlx::query(&tasks::tombstones(n, &pred))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(&format!("DELETE FROM {} WHERE {pred}", n.tasks))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(gone)
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {

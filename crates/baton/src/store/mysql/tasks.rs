@@ -546,3 +546,19 @@ pub(super) async fn task_finish_many(
     b.announce(wakes);
     Ok(out)
 }
+
+/// A finished task (the tasks prune and delete may take).
+pub(super) const FINISHED: &str = "state IN ('succeeded', 'failed', 'cancelled')";
+
+/// The tombstones of the finished slot tasks matching `pred` (over the
+/// tasks table), written before they are deleted, in the same transaction.
+pub(super) fn tombstones(n: &super::Names, pred: &str) -> String {
+    format!(
+        "INSERT IGNORE INTO {} \
+             (unique_key, job, slot, task_id, state, last_error, finished_at) \
+         SELECT unique_key, job, slot, id, state, LEFT(last_error, 1000), finished_at \
+         FROM {} WHERE {FINISHED} AND {pred} \
+             AND unique_forever = 1 AND unique_key IS NOT NULL AND job IS NOT NULL",
+        n.slots, n.tasks
+    )
+}

@@ -523,6 +523,17 @@ impl Backend for PgBackend {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .qs(&self.sql.delete)
+            .bind(ids)
+            .fetch_all(self.exec())
+            .await?)
+    }
+
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(listener::subscribe(self))
     }

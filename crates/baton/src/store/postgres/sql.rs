@@ -77,6 +77,8 @@ pub(super) struct Sql {
     pub queues_paused: String,
     /// `$1` older_than ms.
     pub prune: String,
+    /// `$1` ids → the ids deleted (the finished ones).
+    pub delete: String,
     /// `$1` slot key → its tombstone.
     pub slot_get: String,
     /// `$1` job, `$2` queue (or null) → the job row, created if new, its
@@ -281,19 +283,13 @@ impl Sql {
             queues_paused: format!("SELECT name FROM {q} WHERE paused ORDER BY name"),
             // The slot tasks deleted leave their tombstones in the same
             // statement.
-            prune: format!(
-                "WITH d AS (DELETE FROM {t} WHERE state IN ('succeeded', 'failed', 'cancelled') \
-                     AND finished_at < now() - $1 * interval '1 millisecond' \
-                     RETURNING id, state, unique_key, unique_forever, job, slot, last_error, \
-                         finished_at), \
-                 k AS (INSERT INTO {slots} \
-                     (unique_key, job, slot, task_id, state, last_error, finished_at) \
-                     SELECT unique_key, job, slot, id, state, left(last_error, 1000), finished_at \
-                     FROM d WHERE unique_forever AND unique_key IS NOT NULL AND job IS NOT NULL \
-                     ON CONFLICT (unique_key) DO NOTHING) \
-                 SELECT count(*) FROM d",
-                slots = n.slots
+            prune: forget(
+                t,
+                &n.slots,
+                "finished_at < now() - $1 * interval '1 millisecond'",
+                "count(*)",
             ),
+            delete: forget(t, &n.slots, "id = ANY($1)", "id"),
             slot_get: format!(
                 "SELECT unique_key, job, slot, task_id, state, last_error, finished_at \
                  FROM {} WHERE unique_key = $1",
@@ -602,5 +598,23 @@ woke AS (
 SELECT input.id, ins.id IS NOT NULL AS inserted
 FROM input LEFT JOIN ins ON ins.id = input.id CROSS JOIN woke
 ORDER BY input.ord"#
+    )
+}
+
+/// Delete the finished tasks of `{t}` matching `pred`, the slot tasks among
+/// them leaving their tombstones in `slots` in the same statement, and
+/// select `answer` over the deleted rows (`d`).
+fn forget(t: &str, slots: &str, pred: &str, answer: &str) -> String {
+    format!(
+        "WITH d AS (DELETE FROM {t} WHERE state IN ('succeeded', 'failed', 'cancelled') \
+             AND {pred} \
+             RETURNING id, state, unique_key, unique_forever, job, slot, last_error, \
+                 finished_at), \
+         k AS (INSERT INTO {slots} \
+             (unique_key, job, slot, task_id, state, last_error, finished_at) \
+             SELECT unique_key, job, slot, id, state, left(last_error, 1000), finished_at \
+             FROM d WHERE unique_forever AND unique_key IS NOT NULL AND job IS NOT NULL \
+             ON CONFLICT (unique_key) DO NOTHING) \
+         SELECT {answer} FROM d"
     )
 }

@@ -620,6 +620,26 @@ impl Backend for RedisBackend {
         Ok(total)
     }
 
+    async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
+        // One script per queue (a queue's keys share its hash tag).
+        let mut by_queue: HashMap<String, Vec<i64>> = HashMap::new();
+        for &id in ids {
+            if let Some(q) = self.queue_of(id).await? {
+                by_queue.entry(q).or_default().push(id);
+            }
+        }
+        let mut gone = Vec::new();
+        for (queue, ids) in by_queue {
+            for chunk in ids.chunks(BATCH) {
+                let args = chunk.iter().map(i64::to_string).collect();
+                let deleted: Vec<i64> = self.qs(&queue, &self.scripts.delete, args).await?;
+                self.unreserve(&deleted).await;
+                gone.extend(deleted);
+            }
+        }
+        Ok(gone)
+    }
+
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(listener::subscribe(self).await)
     }

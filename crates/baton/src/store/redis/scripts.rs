@@ -19,6 +19,7 @@ const LIST: &str = include_str!("lua/list.lua");
 const STATS: &str = include_str!("lua/stats.lua");
 const QUEUE_SET_PAUSED: &str = include_str!("lua/queue_set_paused.lua");
 const PRUNE: &str = include_str!("lua/prune.lua");
+const DELETE: &str = include_str!("lua/delete.lua");
 const JOB_REGISTER: &str = include_str!("lua/job_register.lua");
 const JOB_ADVANCE: &str = include_str!("lua/job_advance.lua");
 const JOB_SET_PAUSED: &str = include_str!("lua/job_set_paused.lua");
@@ -53,6 +54,8 @@ pub(super) struct Scripts {
     pub stats: Script,
     pub queue_set_paused: Script,
     pub prune: Script,
+    /// Delete finished tasks by id.
+    pub delete: Script,
     pub job_register: Script,
     pub job_advance: Script,
     pub job_set_paused: Script,
@@ -95,6 +98,7 @@ impl Scripts {
             stats: q(STATS),
             queue_set_paused: q(QUEUE_SET_PAUSED),
             prune: q(PRUNE),
+            delete: q(DELETE),
             job_register: q(JOB_REGISTER),
             job_advance: q(JOB_ADVANCE),
             job_set_paused: q(JOB_SET_PAUSED),

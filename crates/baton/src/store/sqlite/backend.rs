@@ -602,6 +602,24 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected())
     }
 
+    async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = serde_json::to_string(ids).map_err(|e| StoreError::Config(e.to_string()))?;
+        let mut tx = self.immediate().await?;
+        sqlx::query(&self.sql.delete_tombstones)
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        let gone: Vec<i64> = sqlx::query_scalar(&self.sql.delete)
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
         Ok(self.wake.subscribe())
     }

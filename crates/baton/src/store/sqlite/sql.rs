@@ -70,6 +70,11 @@ pub(super) struct Sql {
     /// `?1` cutoff (ms): the tombstones of the slot tasks [`Sql::prune`]
     /// deletes with the same cutoff.
     pub prune_tombstones: String,
+    /// `?1` JSON array of ids → the finished ones deleted (their ids).
+    pub delete: String,
+    /// `?1` JSON array of ids: the tombstones of the slot tasks
+    /// [`Sql::delete`] deletes.
+    pub delete_tombstones: String,
     /// `?1` slot key → its tombstone.
     pub slot_get: String,
     /// `?1` job → name, last_slot, paused.
@@ -329,19 +334,13 @@ impl Sql {
                          THEN run_at END) AS oldest \
                  FROM {tasks}, n GROUP BY queue, state ORDER BY queue"
             ),
-            prune: format!(
-                "DELETE FROM {tasks} WHERE finished_at < ?1 \
-                     AND state IN ('succeeded', 'failed', 'cancelled')"
+            prune: format!("DELETE FROM {tasks} WHERE {FINISHED} AND finished_at < ?1"),
+            prune_tombstones: tombstones(tasks, slots, "finished_at < ?1"),
+            delete: format!(
+                "DELETE FROM {tasks} WHERE {FINISHED} AND id IN (SELECT value FROM json_each(?1)) \
+                 RETURNING id"
             ),
-            prune_tombstones: format!(
-                "INSERT OR IGNORE INTO {slots} \
-                     (unique_key, job, slot, task_id, state, last_error, finished_at) \
-                 SELECT unique_key, job, slot, id, state, substr(last_error, 1, 1000), \
-                     finished_at \
-                 FROM {tasks} WHERE finished_at < ?1 \
-                     AND state IN ('succeeded', 'failed', 'cancelled') \
-                     AND unique_forever AND unique_key IS NOT NULL AND job IS NOT NULL"
-            ),
+            delete_tombstones: tombstones(tasks, slots, "id IN (SELECT value FROM json_each(?1))"),
             slot_get: format!(
                 "SELECT unique_key, job, slot, task_id, state, last_error, finished_at \
                  FROM {slots} WHERE unique_key = ?1"
@@ -411,5 +410,20 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
              WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
              ORDER BY priority, run_at, id LIMIT {total}) \
          RETURNING {CLAIM_COLS}"
+    )
+}
+
+/// A finished task (the tasks [`Sql::prune`] and [`Sql::delete`] may take).
+const FINISHED: &str = "state IN ('succeeded', 'failed', 'cancelled')";
+
+/// The tombstones of the finished slot tasks of `tasks` matching `pred`,
+/// into `slots` (before they are deleted, in the same transaction).
+fn tombstones(tasks: &str, slots: &str, pred: &str) -> String {
+    format!(
+        "INSERT OR IGNORE INTO {slots} \
+             (unique_key, job, slot, task_id, state, last_error, finished_at) \
+         SELECT unique_key, job, slot, id, state, substr(last_error, 1, 1000), finished_at \
+         FROM {tasks} WHERE {FINISHED} AND {pred} \
+             AND unique_forever AND unique_key IS NOT NULL AND job IS NOT NULL"
     )
 }

@@ -120,6 +120,33 @@ local function terminal(sid, queue, from, state, now, uk, forever, job)
   release_uniq(sid, uk, forever)
   if job then redis.call('SREM', B .. 'jobactive:' .. job, sid) end
 end
+-- The fields `forget` reads, in its order.
+local FORGET = {'state', 'queue', 'unique_key', 'job', 'finished_at', 'unique_forever', 'slot',
+  'last_error'}
+-- Delete finished task `sid` (h: its FORGET fields; the caller checked
+-- that it is finished): a slot's task leaves its tombstone, which keeps
+-- the slot's key taken, forever; its counts, indexes and key go.
+local function forget(sid, h)
+  local p = pad(sid)
+  if h[3] and h[4] and h[6] == '1' then
+    local t = {'job', h[4], 'task_id', sid, 'state', h[1], 'finished_at', h[5] or ''}
+    if h[7] then t[#t + 1] = 'slot'; t[#t + 1] = h[7] end
+    if h[8] then t[#t + 1] = 'last_error'; t[#t + 1] = string.sub(h[8], 1, 1000) end
+    redis.call('HSET', B .. 'slot:' .. h[3], unpack(t))
+  end
+  redis.call('DEL', tkey(sid))
+  count(h[2], h[1], -1)
+  redis.call('ZREM', B .. 'ids', p)
+  redis.call('ZREM', B .. 'done', p)
+  if h[3] then
+    local ukey = B .. 'uniq:' .. h[3]
+    if redis.call('GET', ukey) == sid then redis.call('DEL', ukey) end
+  end
+  if h[4] then redis.call('SREM', B .. 'jobactive:' .. h[4], sid) end
+end
+local function finished(state)
+  return state == 'succeeded' or state == 'failed' or state == 'cancelled'
+end
 local function running_to_pending(sid, queue, prio, run_at, now, extra)
   key_left(sid, 'running')
   local k = tkey(sid)
