@@ -317,7 +317,7 @@ fn work_queues(
 }
 
 /// Parse a task id: a whole number from 1 up (as `enqueue` prints it).
-fn task_id_arg(s: &str) -> Result<i64, String> {
+pub(crate) fn task_id_arg(s: &str) -> Result<i64, String> {
     match s.trim().parse::<i64>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!(
@@ -476,6 +476,9 @@ pub enum TasksCmd {
         #[arg(value_parser = task_id_arg)]
         id: i64,
     },
+    /// Delete tasks by id (any not running), or the finished tasks a
+    /// filter matches (`--yes` to delete; without it, a count).
+    Delete(crate::tasks_delete::DeleteArgs),
     /// Counts per queue and state, and whether the queue is paused.
     Stats {
         #[command(flatten)]
@@ -674,6 +677,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             }
             Ok(0)
         }
+        TasksCmd::Delete(a) => crate::tasks_delete::run(a).await,
         TasksCmd::Stats { store, json } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             let stats = q.stats().await?;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{delete, get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 
@@ -228,6 +228,30 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                 "Cancel a task (202 when running: it stops at its next heartbeat; 409 when finished).",
             ),
             post(api::task_cancel),
+        )
+        .add(
+            r(
+                "delete",
+                "/api/v1/tasks/{id}",
+                "Delete a task that is not running (a pending one is cancelled first; a schedule slot's run leaves its tombstone, so the slot does not run again); 409 while it runs.",
+            ),
+            delete(api::task_delete),
+        )
+        .add(
+            RouteDoc {
+                body: &[
+                    ("queue", "string", "only this queue"),
+                    ("job", "string", "only this job's runs"),
+                    ("state", "string", "succeeded, failed or cancelled (default: all three)"),
+                    ("confirm", "boolean", "delete them; without it, only count them (a dry run)"),
+                ],
+                ..r(
+                    "post",
+                    "/api/v1/tasks/delete",
+                    "Delete the finished tasks matching the filter (at most 10000): {dry_run, matched, deleted}. Without \"confirm\": true, a dry run that only counts.",
+                )
+            },
+            post(api::delete_finished),
         )
         .add(
             r(

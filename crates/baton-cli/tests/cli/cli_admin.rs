@@ -255,6 +255,62 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         t["state"] == "failed" && t["errors"].as_array().map_or(0, Vec::len) >= 2
     });
 
+    // Delete: the read-only token may not; a bulk delete counts first and
+    // deletes only with confirm; one task goes by id, then is gone.
+    let (code, body) = call(
+        a,
+        "DELETE",
+        &format!("/api/v1/tasks/{f}"),
+        Some(READER),
+        None,
+    );
+    assert_eq!(code, 403, "{body}");
+    let (_, c) = post(
+        a,
+        "/api/v1/tasks",
+        json!({"command": ["true"], "queue": "parked"}),
+    );
+    let c = c["id"].as_i64().unwrap();
+    let (code, _) = post(a, &format!("/api/v1/tasks/{c}/cancel"), json!({}));
+    assert_eq!(code, 200);
+    let (code, body) = post(
+        a,
+        "/api/v1/tasks/delete",
+        json!({"queue": "parked", "state": "cancelled"}),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, json!({"dry_run": true, "matched": 1, "deleted": 0}));
+    assert_eq!(get(a, &format!("/api/v1/tasks/{c}")).0, 200);
+    let (code, body) = post(a, "/api/v1/tasks/delete", json!({"state": "pending"}));
+    assert_eq!(code, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("state"), "{body}");
+    let (code, body) = post(
+        a,
+        "/api/v1/tasks/delete",
+        json!({"queue": "parked", "confirm": true}),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, json!({"dry_run": false, "matched": 1, "deleted": 1}));
+    assert_eq!(get(a, &format!("/api/v1/tasks/{c}")).0, 404);
+    let (code, body) = call(
+        a,
+        "DELETE",
+        &format!("/api/v1/tasks/{f}"),
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, json!({"id": f, "deleted": true}));
+    assert_eq!(get(a, &format!("/api/v1/tasks/{f}")).0, 404);
+    let (code, _) = call(
+        a,
+        "DELETE",
+        &format!("/api/v1/tasks/{f}"),
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!(code, 404);
+
     // Jobs: pause and resume show in the list; trigger runs a slot.
     wait_for(20, "the job to be registered", || {
         get(a, "/api/v1/jobs")
@@ -501,6 +557,8 @@ async fn openapi_lists_every_route_served(e: Env) {
         "GET /api/v1/tasks/{id}",
         "POST /api/v1/tasks/{id}/retry",
         "POST /api/v1/tasks/{id}/cancel",
+        "DELETE /api/v1/tasks/{id}",
+        "POST /api/v1/tasks/delete",
         "GET /api/v1/queues",
         "GET /api/v1/queues/history",
         "POST /api/v1/queues/{name}/pause",
@@ -1088,6 +1146,44 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
         b.eval(r#"document.getElementById('error').hidden"#),
         json!(true)
     );
+    // Delete asks first: declined, nothing happens; accepted, the task is
+    // gone from the store and the table.
+    let (_, d) = post(
+        &a,
+        "/api/v1/tasks",
+        json!({"command": ["true"], "queue": "doomed", "delay": "1h"}),
+    );
+    let t = d["id"].as_i64().unwrap();
+    let shown = format!(r#"!!document.querySelector('[data-delete="{t}"]')"#);
+    let t0 = Instant::now();
+    while b.eval(&shown) != json!(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the new task's row never showed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.eval("window.confirm = () => false");
+    b.eval(&format!(
+        r#"document.querySelector('[data-delete="{t}"]').click()"#
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(get(&a, &format!("/api/v1/tasks/{t}")).0, 200);
+    b.eval("window.confirm = () => true");
+    b.eval(&format!(
+        r#"document.querySelector('[data-delete="{t}"]').click()"#
+    ));
+    let row = format!(r#"!!document.querySelector('[data-task="{t}"]')"#);
+    let t0 = Instant::now();
+    while b.eval(&row) != json!(false) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the delete click did not remove the task's row: {}",
+            b.eval("document.getElementById('error').textContent")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(get(&a, &format!("/api/v1/tasks/{t}")).0, 404);
     // The queue table's pause button pauses the queue in the store; the
     // row then offers resume, which resumes it.
     let queue_paused = |a: &str| {

@@ -14,6 +14,7 @@ use common::{signal, stderr, stdout, wait_for, Env, Kind};
 per_backend! {
     state_conflicts_exit_65,
     a_lock_mode_run_is_not_retried_through_the_queue,
+    tasks_delete_by_id_and_in_bulk,
 }
 
 /// The exit code of a request the task's state does not allow.
@@ -44,6 +45,58 @@ async fn state_conflicts_exit_65(e: Env) {
     // A task that does not exist is still 66.
     let out = e.run(&["tasks", "cancel", "999999999"]);
     assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
+}
+
+/// `baton tasks delete`: by id (a pending task goes, a running one is
+/// refused with 65, a missing one is 66), or the finished tasks a filter
+/// matches — counted without `--yes`, deleted with it; a filter on an
+/// unfinished state, or ids with a filter, is bad input (2).
+async fn tasks_delete_by_id_and_in_bulk(e: Env) {
+    let enqueue = |queue: &str| -> String {
+        let out = e.run(&["enqueue", "--queue", queue, "--delay", "1h", "--", "true"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let id = enqueue("default");
+    let out = e.run(&["tasks", "delete", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), format!("task {id} deleted"));
+    let out = e.run(&["tasks", "show", &id]);
+    assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
+    let out = e.run(&["tasks", "delete", &id]);
+    assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
+
+    let bulk: Vec<String> = (0..3).map(|_| enqueue("bulk")).collect();
+    let kept = enqueue("bulk");
+    for id in &bulk {
+        let out = e.run(&["tasks", "cancel", id]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let out = e.run(&["tasks", "delete", "--queue", "bulk"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("3 finished tasks match"),
+        "{}",
+        stdout(&out)
+    );
+    let out = e.run(&["tasks", "show", &bulk[0]]);
+    assert_eq!(out.status.code(), Some(0), "a count deleted nothing");
+    let out = e.run(&["tasks", "delete", "--queue", "bulk", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "deleted 3 finished tasks");
+    for id in &bulk {
+        assert_eq!(e.run(&["tasks", "show", id]).status.code(), Some(66));
+    }
+    assert_eq!(e.run(&["tasks", "show", &kept]).status.code(), Some(0));
+
+    for bad in [
+        &["tasks", "delete"][..],
+        &["tasks", "delete", "--state", "pending"],
+        &["tasks", "delete", &kept, "--queue", "bulk"],
+    ] {
+        let out = e.run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+    }
 }
 
 async fn a_lock_mode_run_is_not_retried_through_the_queue(e: Env) {

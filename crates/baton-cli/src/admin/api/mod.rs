@@ -18,7 +18,9 @@ use axum::Json;
 use baton::lock::Locker;
 use baton::queue::{Queue, TaskBuilder};
 use baton::schedule;
-use baton::store::{CancelOutcome, FencingToken, SchemaStatus, TaskFilter, TaskState};
+use baton::store::{
+    CancelOutcome, DeleteOutcome, FencingToken, SchemaStatus, TaskFilter, TaskState,
+};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -1,5 +1,5 @@
-//! `/api/v1/tasks`: list, show, enqueue, retry and cancel tasks, and
-//! retry failed ones in bulk.
+//! `/api/v1/tasks`: list, show, enqueue, retry, cancel and delete tasks,
+//! and retry failed ones or delete finished ones in bulk.
 
 use super::*;
 
@@ -291,4 +291,92 @@ pub async fn retry_failed(Extract(state): S, Body(b): Body<BulkRetryBody>) -> An
         }
     }
     Ok(Json(json!({"retried": ids.len(), "ids": ids})))
+}
+
+/// `DELETE /api/v1/tasks/{id}`: a task that is not running, deleted (a
+/// pending one cancelled first; a slot's run leaves its tombstone); 409
+/// while it runs.
+pub async fn task_delete(Extract(state): S, TaskId(id): TaskId) -> Answer {
+    match Queue::new(state.store.clone()).delete(id).await? {
+        DeleteOutcome::Deleted => Ok(Json(json!({"id": id, "deleted": true}))),
+        DeleteOutcome::Running => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("task {id} is running; cancel it, then delete it once it has stopped"),
+        )),
+        DeleteOutcome::NotFound => Err(ApiError::not_found(format!("no task {id}"))),
+    }
+}
+
+/// The body of a bulk delete: which finished tasks, and whether to delete
+/// them (without `confirm`, only count them).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BulkDeleteBody {
+    queue: Option<String>,
+    job: Option<String>,
+    state: Option<String>,
+    #[serde(default)]
+    confirm: bool,
+}
+
+impl Form for BulkDeleteBody {
+    const FORM: &'static str = r#"{"queue"?: NAME, "job"?: NAME, "state"?: "succeeded" | "failed" | "cancelled", "confirm"?: true} (without confirm: a dry run that counts)"#;
+}
+
+/// `POST /api/v1/tasks/delete` with `{"queue"?, "job"?, "state"?,
+/// "confirm"?}`: the finished tasks matching (at most 10000) counted, or
+/// with `"confirm": true` deleted.
+pub async fn delete_finished(Extract(state): S, Body(b): Body<BulkDeleteBody>) -> Answer {
+    if let Some(q) = &b.queue {
+        check_name("queue", q)?;
+    }
+    if let Some(j) = &b.job {
+        check_name("job", j)?;
+    }
+    let st = b.state.as_deref().map(state_of).transpose()?;
+    if st.is_some_and(|s| !s.is_terminal()) {
+        return Err(ApiError::bad(
+            "state",
+            "only finished tasks are deleted in bulk: use succeeded, failed or cancelled (or no state: all three)",
+        ));
+    }
+    let filter = TaskFilter {
+        queue: b.queue,
+        state: st,
+        job: b.job,
+        ..TaskFilter::default()
+    };
+    let q = Queue::new(state.store.clone());
+    let mut matched: Vec<i64> = Vec::new();
+    let mut page_filter = TaskFilter {
+        limit: MAX_PAGE,
+        ..filter
+    };
+    while matched.len() < MAX_BULK {
+        let page = q.tasks(&page_filter).await?;
+        let Some(last) = page.last() else { break };
+        page_filter.before_id = Some(last.id);
+        let full = page.len() == MAX_PAGE as usize;
+        matched.extend(
+            page.iter()
+                .filter(|t| t.state.is_terminal())
+                .map(|t| t.id)
+                .take(MAX_BULK - matched.len()),
+        );
+        if !full {
+            break;
+        }
+    }
+    if !b.confirm {
+        return Ok(Json(
+            json!({"dry_run": true, "matched": matched.len(), "deleted": 0}),
+        ));
+    }
+    let mut deleted = 0usize;
+    for chunk in matched.chunks(500) {
+        deleted += state.store.backend().task_delete_many(chunk).await?.len();
+    }
+    Ok(Json(
+        json!({"dry_run": false, "matched": matched.len(), "deleted": deleted}),
+    ))
 }

@@ -219,6 +219,13 @@ async function renderTasks() {
     if (t.state === "pending" || t.state === "running") {
       buttons.push(el("button", { "data-cancel": t.id, onclick: () => act("POST", "/api/v1/tasks/" + t.id + "/cancel", {}, "cancel task " + t.id) }, "Cancel"));
     }
+    if (t.state !== "running") {
+      buttons.push(el("button", { "data-delete": t.id, onclick: () => {
+        if (confirm("Delete task " + t.id + " (" + t.state + ")? This cannot be undone.")) {
+          act("DELETE", "/api/v1/tasks/" + t.id, undefined, "delete task " + t.id);
+        }
+      } }, "Delete"));
+    }
     return el("tr", { "data-task": t.id },
       el("td", { class: "num mono" }, t.id),
       el("td", { class: "task-state" }, badge(t.state)),
@@ -281,11 +288,34 @@ $("task-filter").addEventListener("submit", (ev) => { ev.preventDefault(); tasks
 $("backfill-form").addEventListener("submit", backfill);
 $("older").addEventListener("click", () => { tasksBefore = nextBefore; refresh(); });
 $("newer").addEventListener("click", () => { tasksBefore = null; refresh(); });
-$("retry-failed").addEventListener("click", () => {
+// The queue and job filters as a bulk action's body.
+function bulkBody() {
   const body = {};
   if ($("f-queue").value.trim()) body.queue = $("f-queue").value.trim();
   if ($("f-job").value.trim()) body.job = $("f-job").value.trim();
-  act("POST", "/api/v1/tasks/retry-failed", body, "retry failed tasks");
+  return body;
+}
+function scope(body) {
+  return (body.queue ? " of queue " + body.queue : "") + (body.job ? " of job " + body.job : "");
+}
+$("retry-failed").addEventListener("click", () => {
+  const body = bulkBody();
+  if (confirm("Retry every failed task" + scope(body) + "?")) {
+    act("POST", "/api/v1/tasks/retry-failed", body, "retry failed tasks");
+  }
+});
+$("delete-finished").addEventListener("click", async () => {
+  const body = bulkBody();
+  const st = $("f-state").value.trim();
+  if (st) body.state = st;
+  try {
+    const dry = await api("POST", "/api/v1/tasks/delete", body);
+    if (confirm("Delete " + dry.matched + " finished task(s)" + scope(body) + (st ? " in state " + st : "") + "? This cannot be undone.")) {
+      act("POST", "/api/v1/tasks/delete", Object.assign({ confirm: true }, body), "delete finished tasks");
+    }
+  } catch (e) {
+    showError("delete finished tasks: " + e.message);
+  }
 });
 
 refresh();
