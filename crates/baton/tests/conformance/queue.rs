@@ -1552,7 +1552,7 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         max_attempts: 3,
         timeout: None,
         unique_key: None,
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,

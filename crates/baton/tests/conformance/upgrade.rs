@@ -643,7 +643,7 @@ fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
         max_attempts: 1,
         timeout: None,
         unique_key: None,
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,
