@@ -227,7 +227,10 @@ pub(crate) async fn run_one(b: &dyn baton::store::Backend, queue: &str, how: Fin
     let [t] = &claimed[..] else {
         panic!("{queue}: claimed {claimed:?}");
     };
-    assert_eq!(b.task_finish_many(&[(t.claim(), how)]).await.unwrap(), [true]);
+    assert_eq!(
+        b.task_finish_many(&[(t.claim(), how)]).await.unwrap(),
+        [true]
+    );
     t.clone()
 }
 
@@ -253,7 +256,11 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
     let done = put(&q, hold("uf-ok", "k")).await;
     assert!(done.inserted);
     let again = put(&q, hold("uf-ok", "k")).await;
-    assert_eq!((again.id, again.inserted), (done.id, false), "pending holds");
+    assert_eq!(
+        (again.id, again.inserted),
+        (done.id, false),
+        "pending holds"
+    );
     run_one(b, "uf-ok", Finish::Succeeded).await;
     for h in UniqueHold::ALL {
         let again = put(&q, keyed("job", "uf-ok", "k").unique_hold(h)).await;
@@ -279,7 +286,10 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
         TaskState::Failed
     );
     let redo = put(&q, hold("uf-fail", "k")).await;
-    assert!(redo.inserted && redo.id != dead.id, "a failed task frees it");
+    assert!(
+        redo.inserted && redo.id != dead.id,
+        "a failed task frees it"
+    );
     // Retry onto the key: refused while the new task is pending, and
     // still refused once it succeeded (it holds the key then).
     let refused = |r: Result<bool, baton::StoreError>, when: &str| {

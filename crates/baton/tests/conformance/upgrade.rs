@@ -1133,8 +1133,14 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
             .max_attempts(1)
     };
     let forever = q.enqueue(k("hf", "f", UniqueHold::Forever)).await.unwrap();
-    let plain = q.enqueue(k("hu", "u", UniqueHold::Unfinished)).await.unwrap();
-    let pending = q.enqueue(k("hp", "p", UniqueHold::Unfinished)).await.unwrap();
+    let plain = q
+        .enqueue(k("hu", "u", UniqueHold::Unfinished))
+        .await
+        .unwrap();
+    let pending = q
+        .enqueue(k("hp", "p", UniqueHold::Unfinished))
+        .await
+        .unwrap();
     for queue in ["hf", "hu"] {
         crate::unique::run_one(b, queue, baton::store::Finish::Succeeded).await;
     }
@@ -1173,17 +1179,42 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
     let q = Queue::new(store.clone());
     let again = |queue: &'static str, key: &'static str| {
         let q = q.clone();
-        async move { q.enqueue(k(queue, key, UniqueHold::Unfinished)).await.unwrap() }
+        async move {
+            q.enqueue(k(queue, key, UniqueHold::Unfinished))
+                .await
+                .unwrap()
+        }
     };
     let f = again("hf", "f").await;
-    assert_eq!((f.id, f.inserted), (forever.id, false), "forever stays forever");
+    assert_eq!(
+        (f.id, f.inserted),
+        (forever.id, false),
+        "forever stays forever"
+    );
     let u = again("hu", "u").await;
-    assert!(u.inserted && u.id != plain.id, "unfinished stays unfinished");
+    assert!(
+        u.inserted && u.id != plain.id,
+        "unfinished stays unfinished"
+    );
     let pend = again("hp", "p").await;
-    assert_eq!((pend.id, pend.inserted), (pending.id, false), "pending holds");
+    assert_eq!(
+        (pend.id, pend.inserted),
+        (pending.id, false),
+        "pending holds"
+    );
     // The upgraded store keeps an until-failed key through success.
-    let uf = q.enqueue(k("huf", "x", UniqueHold::UntilFailed)).await.unwrap();
+    let uf = q
+        .enqueue(k("huf", "x", UniqueHold::UntilFailed))
+        .await
+        .unwrap();
     crate::unique::run_one(store.backend(), "huf", baton::store::Finish::Succeeded).await;
-    let dup = q.enqueue(k("huf", "x", UniqueHold::Unfinished)).await.unwrap();
-    assert_eq!((dup.id, dup.inserted), (uf.id, false), "until-failed after the upgrade");
+    let dup = q
+        .enqueue(k("huf", "x", UniqueHold::Unfinished))
+        .await
+        .unwrap();
+    assert_eq!(
+        (dup.id, dup.inserted),
+        (uf.id, false),
+        "until-failed after the upgrade"
+    );
 }

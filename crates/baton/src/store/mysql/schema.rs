@@ -44,7 +44,11 @@ const UPGRADES: &[Upgrade] = &[
 /// the rest unfinished) and `live_key` recomputed by [`LIVE_KEY`], which
 /// reads it (a table rebuild; running it again sets the same expression).
 fn add_unique_until_failed(n: &Names) -> Vec<String> {
-    let mut out = add_column(n, "tasks", "unique_until_failed TINYINT(1) NOT NULL DEFAULT 0");
+    let mut out = add_column(
+        n,
+        "tasks",
+        "unique_until_failed TINYINT(1) NOT NULL DEFAULT 0",
+    );
     out.push(format!(
         "ALTER TABLE {} MODIFY COLUMN live_key VARBINARY(1024) AS ({LIVE_KEY}) STORED",
         n.tasks
