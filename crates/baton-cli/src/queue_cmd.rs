@@ -188,7 +188,8 @@ fn unique_hold_arg(s: &str) -> Result<baton::queue::UniqueHold, String> {
 /// caller's key and its scope (`42 [kind-in-queue]`), not the stored
 /// composite.
 pub fn unique_text(t: &TaskInfo) -> Option<String> {
-    t.unique().map(|u| u.to_string())
+    t.unique()
+        .map(|u| crate::shapes::unique_text(&u, t.unique_hold))
 }
 
 /// Arguments of `baton work`.

@@ -255,6 +255,14 @@ async fn unique_hold_until_failed_keeps_a_succeeded_key(e: Env) {
         ok,
         "succeeded: held"
     );
+    let v = show(&e, ok);
+    assert_eq!(v["unique_hold"], "until-failed", "{v}");
+    assert_eq!(v["unique"]["hold"], "until-failed", "{v}");
+    let text = stdout(&e.run(&["tasks", "show", &ok.to_string()]));
+    assert!(
+        text.contains("uf-ok [kind-in-queue] (until-failed)"),
+        "{text}"
+    );
     let out = e.run(&["enqueue", "--key", "uf-ok", "--json", "--", "true"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(

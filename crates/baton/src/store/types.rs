@@ -364,6 +364,10 @@ pub struct TaskInfo {
     /// ([`UniqueKey`](crate::store::UniqueKey)); read it with
     /// [`TaskInfo::unique`].
     pub unique_key: Option<String>,
+    /// How long its unique key stays taken (`Unfinished` for a task
+    /// without one).
+    #[serde(default)]
+    pub unique_hold: crate::store::UniqueHold,
     /// Whether cancellation was requested while it ran.
     pub cancel_requested: bool,
     /// The last error, if any.

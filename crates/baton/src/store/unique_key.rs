@@ -195,6 +195,16 @@ impl UniqueHold {
         }
     }
 
+    /// The hold a store's two flags spell (`unique_forever`,
+    /// `unique_until_failed`; forever wins).
+    pub(crate) fn from_flags(forever: bool, until_failed: bool) -> UniqueHold {
+        match (forever, until_failed) {
+            (true, _) => UniqueHold::Forever,
+            (false, true) => UniqueHold::UntilFailed,
+            (false, false) => UniqueHold::Unfinished,
+        }
+    }
+
     /// The name: `unfinished`, `until-failed`, `forever`.
     pub fn as_str(self) -> &'static str {
         match self {

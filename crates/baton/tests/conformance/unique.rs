@@ -262,6 +262,12 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
         "pending holds"
     );
     run_one(b, "uf-ok", Finish::Succeeded).await;
+    let info = b.task_get(done.id).await.unwrap().unwrap();
+    assert_eq!(
+        (info.state, info.unique_hold),
+        (TaskState::Succeeded, UniqueHold::UntilFailed),
+        "the hold is read back"
+    );
     for h in UniqueHold::ALL {
         let again = put(&q, keyed("job", "uf-ok", "k").unique_hold(h)).await;
         assert_eq!(

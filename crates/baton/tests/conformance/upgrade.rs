@@ -1185,6 +1185,12 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
                 .unwrap()
         }
     };
+    let hold_of = |id: i64| {
+        let s = store.clone();
+        async move { s.backend().task_get(id).await.unwrap().unwrap().unique_hold }
+    };
+    assert_eq!(hold_of(forever.id).await, UniqueHold::Forever);
+    assert_eq!(hold_of(plain.id).await, UniqueHold::Unfinished);
     let f = again("hf", "f").await;
     assert_eq!(
         (f.id, f.inserted),

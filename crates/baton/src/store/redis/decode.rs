@@ -187,6 +187,10 @@ pub(super) fn task_info(m: &HashMap<String, String>) -> Result<TaskInfo, StoreEr
         lease_until: f.opt_ts("lease_until")?,
         worker: f.opt_string("worker"),
         unique_key: f.opt_string("unique_key"),
+        unique_hold: UniqueHold::from_flags(
+            f.opt("unique_forever") == Some("1"),
+            f.opt("unique_until_failed") == Some("1"),
+        ),
         cancel_requested: f.opt("cancel_requested") == Some("1"),
         last_error: f.opt_string("last_error"),
         errors,
