@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use baton::queue::{Queue, TaskBuilder, UniqueHold, UniqueKey, UniqueScope};
-use baton::store::{CancelOutcome, Enqueued, Finish, Task, TaskClaim, TaskState};
+use baton::store::{CancelOutcome, Enqueued, Finish, Task, TaskState};
 use serde_json::json;
 
 use crate::harness::Kind;
@@ -211,19 +211,9 @@ pub async fn retry_refuses_a_taken_scoped_key(ts: TestStore) {
 }
 
 /// Claim the one due task of `queue` and finish it as `how`.
-pub(crate) async fn run_one(b: &dyn baton::store::Backend, queue: &str, how: Finish) -> Task {
-    let claimed = b
-        .task_claim(&TaskClaim {
-            queue,
-            worker: "hold-worker",
-            limit: 1,
-            lease: Duration::from_secs(30),
-            max_running: None,
-            per_key_max_running: None,
-            buffered: 0,
-        })
-        .await
-        .unwrap();
+pub(crate) async fn run_one(store: &baton::Store, queue: &str, how: Finish) -> Task {
+    let b = store.backend();
+    let claimed = crate::queue::claim(store, queue, 1, 30_000).await;
     let [t] = &claimed[..] else {
         panic!("{queue}: claimed {claimed:?}");
     };
@@ -261,7 +251,7 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
         (done.id, false),
         "pending holds"
     );
-    run_one(b, "uf-ok", Finish::Succeeded).await;
+    run_one(&ts.store, "uf-ok", Finish::Succeeded).await;
     let info = b.task_get(done.id).await.unwrap().unwrap();
     assert_eq!(
         (info.state, info.unique_hold),
@@ -280,13 +270,13 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
     assert!(put(&q, keyed("other", "uf-ok", "k")).await.inserted);
     // An unfinished hold's succeeded task frees its key (unchanged).
     let plain = put(&q, keyed("job", "uf-plain", "k").max_attempts(1)).await;
-    run_one(b, "uf-plain", Finish::Succeeded).await;
+    run_one(&ts.store, "uf-plain", Finish::Succeeded).await;
     let next = put(&q, keyed("job", "uf-plain", "k")).await;
     assert!(next.inserted && next.id != plain.id, "unfinished: freed");
 
     // Failed for good: the key is free.
     let dead = put(&q, hold("uf-fail", "k")).await;
-    run_one(b, "uf-fail", failed()).await;
+    run_one(&ts.store, "uf-fail", failed()).await;
     assert_eq!(
         b.task_get(dead.id).await.unwrap().unwrap().state,
         TaskState::Failed
@@ -305,7 +295,7 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
         );
     };
     refused(b.task_retry(dead.id).await, "while pending");
-    run_one(b, "uf-fail", Finish::Succeeded).await;
+    run_one(&ts.store, "uf-fail", Finish::Succeeded).await;
     refused(b.task_retry(dead.id).await, "after success");
     assert_eq!(
         b.task_get(dead.id).await.unwrap().unwrap().state,
@@ -324,7 +314,7 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
     b.task_cancel(after.id).await.unwrap();
     let running = put(&q, hold("uf-cancel", "r")).await;
     run_one(
-        b,
+        &ts.store,
         "uf-cancel",
         Finish::Cancelled {
             reason: "stop".into(),

@@ -1142,7 +1142,7 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
         .await
         .unwrap();
     for queue in ["hf", "hu"] {
-        crate::unique::run_one(b, queue, baton::store::Finish::Succeeded).await;
+        crate::unique::run_one(&ts.store, queue, baton::store::Finish::Succeeded).await;
     }
     let old_pred = "unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'))";
     let undo: Vec<String> = match ts.kind {
@@ -1213,7 +1213,7 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
         .enqueue(k("huf", "x", UniqueHold::UntilFailed))
         .await
         .unwrap();
-    crate::unique::run_one(store.backend(), "huf", baton::store::Finish::Succeeded).await;
+    crate::unique::run_one(&store, "huf", baton::store::Finish::Succeeded).await;
     let dup = q
         .enqueue(k("huf", "x", UniqueHold::Unfinished))
         .await
