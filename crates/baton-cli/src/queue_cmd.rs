@@ -41,9 +41,16 @@ pub struct EnqueueArgs {
     /// one task per key per UTC hour).
     #[arg(long, value_name = "PERIOD", value_parser = duration_arg)]
     pub unique_period: Option<Duration>,
-    /// Keep the key taken after the task finished (until pruned).
-    #[arg(long)]
+    /// Keep the key taken after the task finished (until pruned): the
+    /// same as `--unique-hold forever`.
+    #[arg(long, conflicts_with = "unique_hold")]
     pub key_forever: bool,
+    /// How long the key stays taken: unfinished (default: while the task
+    /// is pending or running), until-failed (also once it succeeded; a
+    /// task that failed for good or was cancelled frees it) or forever
+    /// (until pruned).
+    #[arg(long, value_name = "HOLD", value_parser = unique_hold_arg)]
+    pub unique_hold: Option<baton::queue::UniqueHold>,
     /// Concurrency key (e.g. customer:42): a worker whose queue has a
     /// per-key cap (`--per-key-max-running`) runs at most that many tasks
     /// of one key at once, across every worker.
@@ -89,6 +96,7 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
     for (flag, given) in [
         ("--unique-scope", a.unique_scope.is_some()),
         ("--key-forever", a.key_forever),
+        ("--unique-hold", a.unique_hold.is_some()),
     ] {
         if given && !keyed {
             return Err(Error::from(baton::InvalidInput::new(
@@ -106,7 +114,9 @@ pub async fn enqueue(a: EnqueueArgs) -> anyhow::Result<u8> {
             scope: a.unique_scope.unwrap_or_default(),
             by_args: a.unique_by_args,
             period: a.unique_period,
-            hold: baton::queue::UniqueHold::forever(a.key_forever),
+            hold: a
+                .unique_hold
+                .unwrap_or(baton::queue::UniqueHold::forever(a.key_forever)),
         },
     );
     if let Some(d) = a.delay {
@@ -170,11 +180,16 @@ fn unique_scope_arg(s: &str) -> Result<baton::queue::UniqueScope, String> {
     s.parse().map_err(|e: baton::InvalidInput| e.problem)
 }
 
+fn unique_hold_arg(s: &str) -> Result<baton::queue::UniqueHold, String> {
+    s.parse().map_err(|e: baton::InvalidInput| e.problem)
+}
+
 /// A task's unique key as `tasks show` and `tasks list` print it: the
 /// caller's key and its scope (`42 [kind-in-queue]`), not the stored
 /// composite.
 pub fn unique_text(t: &TaskInfo) -> Option<String> {
-    t.unique().map(|u| u.to_string())
+    t.unique()
+        .map(|u| crate::shapes::unique_text(&u, t.unique_hold))
 }
 
 /// Arguments of `baton work`.

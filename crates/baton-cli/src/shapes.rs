@@ -22,12 +22,21 @@ const TASK_TIMES: &[&str] = &[
 
 /// A task (or a list of tasks) as JSON, with every timestamp in
 /// [`output::ts`]'s form, each attempt's error under `errors`, and its
-/// unique key decoded under `unique` (`unique_key` is the stored form).
+/// unique key decoded under `unique` with its `hold` (`unique_key` is the
+/// stored form).
 pub fn task(v: &impl serde::Serialize) -> Result<Value, serde_json::Error> {
     let mut v = serde_json::to_value(v)?;
     let fix = |t: &mut Value| {
         if let Some(k) = t.get("unique_key").and_then(Value::as_str) {
-            let u = unique(&baton::queue::UniqueKey::parse(k));
+            let hold: baton::queue::UniqueHold = t
+                .get("unique_hold")
+                .and_then(Value::as_str)
+                .and_then(|h| h.parse().ok())
+                .unwrap_or_default();
+            let key = baton::queue::UniqueKey::parse(k);
+            let mut u = unique(&key);
+            u["hold"] = hold.as_str().into();
+            u["text"] = unique_text(&key, hold).into();
             t["unique"] = u;
         }
         output::normalize_times(t, TASK_TIMES);
@@ -51,6 +60,16 @@ pub fn unique(u: &baton::queue::UniqueKey) -> Value {
         "bucket_start": u.period.map(|p| output::ts(p.start)),
         "composed": u.composed, "text": u.to_string(),
     })
+}
+
+/// A unique key as `tasks show`, `tasks list` and the dashboard print it:
+/// the decoded key (`42 [kind-in-queue]`), and its hold when it is not the
+/// default (`42 [kind-in-queue] (until-failed)`).
+pub fn unique_text(key: &baton::queue::UniqueKey, hold: baton::queue::UniqueHold) -> String {
+    match hold {
+        baton::queue::UniqueHold::Unfinished => key.to_string(),
+        other => format!("{key} ({other})"),
+    }
 }
 
 /// The answer to an enqueue: the task's id and whether it was inserted

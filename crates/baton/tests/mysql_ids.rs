@@ -32,7 +32,7 @@ fn task(w: usize, b: usize, k: usize) -> NewTask {
         timeout: None,
         // A keyed task now and then splits a batch into several inserts.
         unique_key: (k % 250 == 249).then(|| format!("{w}-{b}-{k}")),
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,

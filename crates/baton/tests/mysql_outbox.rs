@@ -22,7 +22,7 @@ fn task(queue: &str, key: Option<&str>) -> NewTask {
         max_attempts: 1,
         timeout: None,
         unique_key: key.map(Into::into),
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,

@@ -69,7 +69,7 @@ fn task(queue: &str) -> NewTask {
         max_attempts: 3,
         timeout: Some(Duration::from_secs(30)),
         unique_key: None,
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,

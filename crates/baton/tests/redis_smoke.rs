@@ -66,7 +66,7 @@ fn nt(queue: &str) -> NewTask {
         max_attempts: 3,
         timeout: None,
         unique_key: None,
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,

@@ -174,7 +174,12 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                     ),
                     ("unique_by_args", "boolean", "the command is part of the unique key"),
                     ("unique_period", "string", "the time bucket is part of the unique key, e.g. 1h"),
-                    ("key_forever", "boolean", "keep the key after the task finished"),
+                    ("key_forever", "boolean", "keep the key after the task finished (unique_hold forever)"),
+                    (
+                        "unique_hold",
+                        "string",
+                        "unfinished (default: while pending or running), until-failed (also once succeeded) or forever (until pruned)",
+                    ),
                     (
                         "concurrency_key",
                         "string",

@@ -168,6 +168,24 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         (200, &json!("customer:42")),
         "{body}"
     );
+    // A unique hold is kept on the task and shown, with the key.
+    let held =
+        json!({"command": ["true"], "queue": "keyed", "key": "h", "unique_hold": "until-failed"});
+    let (code, body) = post(a, "/api/v1/tasks", held.clone());
+    assert_eq!(code, 201, "{body}");
+    let id = body["id"].as_i64().unwrap();
+    let (code, body) = get(a, &format!("/api/v1/tasks/{id}"));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["unique_hold"], "until-failed", "{body}");
+    assert_eq!(
+        body["unique"]["text"], "h [kind-in-queue] (until-failed)",
+        "{body}"
+    );
+    let (_, body) = post(a, "/api/v1/tasks", held);
+    assert_eq!(
+        (body["id"].as_i64(), &body["inserted"]),
+        (Some(id), &json!(false))
+    );
     let (code, body) = post(
         a,
         "/api/v1/tasks",

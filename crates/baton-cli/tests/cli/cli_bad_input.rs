@@ -127,6 +127,18 @@ fn catalogue() -> Vec<Case> {
             &["--unique-scope", "use kind-in-queue, queue, kind or global"],
         ),
         case(
+            "unique hold without a key",
+            &["enqueue", "--unique-hold", "until-failed", "--", "true"],
+            2,
+            &["--unique-hold: applies to a unique key", "--key"],
+        ),
+        case(
+            "unique hold and --key-forever",
+            &["enqueue", "--key", "k", "--key-forever", "--unique-hold", "forever", "--", "true"],
+            2,
+            &["--key-forever", "--unique-hold", "cannot be used with"],
+        ),
+        case(
             "unique scope without a key",
             &["enqueue", "--unique-scope", "queue", "--", "true"],
             2,
@@ -1047,6 +1059,27 @@ fn http_catalogue() -> Vec<HttpCase> {
             400,
             Some("key_forever"),
             &["invalid type", "true or false"],
+        ),
+        http(
+            "unknown unique hold",
+            "POST",
+            t,
+            r#"{"command": ["true"], "key": "k", "unique_hold": "always"}"#,
+            400,
+            Some("unique_hold"),
+            &[
+                "\"always\" is not a hold",
+                "unfinished, until-failed or forever",
+            ],
+        ),
+        http(
+            "unique hold and key_forever",
+            "POST",
+            t,
+            r#"{"command": ["true"], "key": "k", "unique_hold": "forever", "key_forever": true}"#,
+            400,
+            Some("unique_hold"),
+            &["not both"],
         ),
         http(
             "unknown field",

@@ -14,6 +14,12 @@
 //!   stats --json` agrees, queue by queue; each queue's tasks are on one
 //!   node and the queues' on more than one.
 //!
+//! - what a cluster cannot hold is refused naming it: `baton enqueue`
+//!   with a unique scope across queues (`kind`, `global`) exits 2 naming
+//!   `unique_scope` and writes nothing, and a `baton work` with a shared
+//!   (named) rate limit logs its claims refused naming the limit and the
+//!   cluster, and runs nothing.
+//!
 //! Where a record is, is asked of the nodes themselves (`KEYS` on each,
 //! not following the cluster), so a key layout that put every queue or
 //! every lock in one slot fails here even though every command works.
@@ -165,6 +171,7 @@ fn locks_and_queues_spread_over_a_private_three_node_cluster() {
     exits(&cli.run(&["migrate"]), 0, "baton migrate on the cluster");
     locks_of_any_name(&cluster, &mut cli);
     every_task_once_on_queues_of_different_shards(&cluster, &mut cli);
+    refusals_name_what_a_cluster_cannot_hold(&mut cli);
     eprintln!("cli cluster: done in {:?}", t0.elapsed());
 }
 
@@ -486,4 +493,81 @@ fn queues_one_per_master(cluster: &PrivateCluster) -> Vec<String> {
         "no queue name for some master: {by_master:?}"
     );
     by_master.into_values().collect()
+}
+
+/// The refusals of a Redis Cluster, as a user meets them: a unique scope
+/// across queues at `baton enqueue` (exit 2, the field named, nothing
+/// written), a shared rate limit at `baton work`'s claims (each refused,
+/// logged naming the limit; the queue's task stays pending).
+fn refusals_name_what_a_cluster_cannot_hold(cli: &mut Cli) {
+    for scope in ["kind", "global"] {
+        let out = cli.run(&[
+            "enqueue",
+            "--queue",
+            "wide",
+            "--key",
+            "k",
+            "--unique-scope",
+            scope,
+            "--",
+            "true",
+        ]);
+        exits(&out, 2, &format!("--unique-scope {scope} on a cluster"));
+        let err = stderr(&out);
+        for word in ["unique_scope", scope, "Redis", "per queue", "kind-in-queue"] {
+            assert!(
+                err.contains(word),
+                "--unique-scope {scope}: {word:?} in {err}"
+            );
+        }
+    }
+    let out = cli.run(&["tasks", "list", "--queue", "wide", "--json"]);
+    exits(&out, 0, "baton tasks list --queue wide");
+    assert_eq!(
+        stdout(&out).trim(),
+        "[]",
+        "a refused enqueue writes nothing"
+    );
+
+    let out = cli.run(&["enqueue", "--queue", "rated", "--", "touch", "rated-ran"]);
+    exits(&out, 0, "baton enqueue --queue rated");
+    let id = stdout(&out).trim().to_string();
+    let w = cli.spawn_logged(
+        "rated",
+        &[
+            "work",
+            "--queue",
+            "rated",
+            "--rate",
+            "partner-api=10/1s",
+            "--poll",
+            "100ms",
+        ],
+        &[],
+    );
+    let log = cli.path("rated.log");
+    let t0 = Instant::now();
+    while !read(&log).contains("claim failed") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no refused claim logged within 30 s:\n{}",
+            read(&log)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = read(&log);
+    for word in [
+        "partner-api",
+        "shared by queues",
+        "Redis Cluster",
+        "its own rate limit",
+    ] {
+        assert!(text.contains(word), "{word:?} in the worker's log:\n{text}");
+    }
+    let out = cli.run(&["tasks", "show", &id, "--json"]);
+    exits(&out, 0, "baton tasks show");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["state"], "pending", "a refused claim starts nothing: {v}");
+    assert!(!cli.path("rated-ran").exists());
+    let _ = cli.kids[w].kill();
 }

@@ -11,6 +11,7 @@ per_backend! {
     two_hundred_tasks_survive_a_kill_9,
     repeated_key_gives_one_id,
     unique_scope_flags_scope_the_key,
+    unique_hold_until_failed_keeps_a_succeeded_key,
     fails_twice_then_succeeds_on_attempt_3,
     always_failing_ends_failed_with_stderr,
     delay_is_not_started_early,
@@ -225,6 +226,76 @@ async fn unique_scope_flags_scope_the_key(e: Env) {
         let again = stdout(&global("elsewhere")).trim().parse::<i64>().unwrap();
         assert_eq!(again, id, "global spans queues");
     }
+}
+
+/// `--unique-hold until-failed`: the key of a task that succeeded stays
+/// taken (enqueueing it again answers that task), the key of one that
+/// failed for good is free (a new task); a bad hold is refused with exit 2
+/// naming the flag and the accepted values.
+async fn unique_hold_until_failed_keeps_a_succeeded_key(e: Env) {
+    let hold = |key: &'static str| {
+        [
+            "--key",
+            key,
+            "--unique-hold",
+            "until-failed",
+            "--max-attempts",
+            "1",
+        ]
+    };
+    let ok = enqueue(&e, &hold("uf-ok"), &["true"]);
+    let bad = enqueue(&e, &hold("uf-bad"), &["false"]);
+    let mut w = worker(&e, &[]);
+    wait_state(&e, ok, "succeeded", 30);
+    wait_state(&e, bad, "failed", 30);
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
+    assert_eq!(
+        enqueue(&e, &hold("uf-ok"), &["true"]),
+        ok,
+        "succeeded: held"
+    );
+    let v = show(&e, ok);
+    assert_eq!(v["unique_hold"], "until-failed", "{v}");
+    assert_eq!(v["unique"]["hold"], "until-failed", "{v}");
+    let text = stdout(&e.run(&["tasks", "show", &ok.to_string()]));
+    assert!(
+        text.contains("uf-ok [kind-in-queue] (until-failed)"),
+        "{text}"
+    );
+    let out = e.run(&["enqueue", "--key", "uf-ok", "--json", "--", "true"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        (v["id"].as_i64(), v["inserted"].as_bool()),
+        (Some(ok), Some(false))
+    );
+    assert_ne!(
+        enqueue(&e, &hold("uf-bad"), &["false"]),
+        bad,
+        "failed: freed"
+    );
+    // Without the hold, a succeeded task's key is free (the default).
+    let plain = enqueue(&e, &["--key", "plain", "--max-attempts", "1"], &["true"]);
+    let mut w = worker(&e, &[]);
+    wait_state(&e, plain, "succeeded", 30);
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
+    assert_ne!(enqueue(&e, &["--key", "plain"], &["true"]), plain);
+    let out = e.run(&[
+        "enqueue",
+        "--key",
+        "k",
+        "--unique-hold",
+        "always",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--unique-hold") && err.contains("unfinished, until-failed or forever"),
+        "{err}"
+    );
 }
 
 async fn fails_twice_then_succeeds_on_attempt_3(e: Env) {

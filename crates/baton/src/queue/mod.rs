@@ -153,7 +153,7 @@ impl TaskBuilder {
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 timeout: None,
                 unique_key: None,
-                unique_forever: false,
+                unique_hold: UniqueHold::Unfinished,
                 job: None,
                 slot: None,
                 traceparent: None,
@@ -319,7 +319,7 @@ impl TaskBuilder {
         }
         validate_name("queue", &task.queue)?;
         validate_name("kind", &task.kind)?;
-        task.unique_forever = unique.hold == UniqueHold::Forever;
+        task.unique_hold = unique.hold;
         if let Some(k) = &task.unique_key {
             refuse_slot_form(&task, k)?;
         }

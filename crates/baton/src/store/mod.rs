@@ -689,7 +689,7 @@ fn redact_query(url: &str, key: &str) -> String {
 /// a forever unique key).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn tombstoned_kind(t: &NewTask) -> bool {
-    t.unique_forever && t.job.is_some() && t.unique_key.is_some()
+    t.unique_hold == UniqueHold::Forever && t.job.is_some() && t.unique_key.is_some()
 }
 
 /// Duration to whole milliseconds as i64, saturating.

@@ -20,8 +20,8 @@ use crate::error::StoreError;
 /// [`task_info`] reads them (the same names on every SQL backend).
 pub(crate) const TASK_COLS: &str = "id, queue, kind, payload, state, priority, attempt, \
      max_attempts, timeout_ms, run_at, created_at, started_at, finished_at, lease_until, \
-     worker, unique_key, cancel_requested, last_error, errors, progress, job, slot, traceparent, \
-     concurrency_key";
+     worker, unique_key, unique_forever, unique_until_failed, cancel_requested, last_error, \
+     errors, progress, job, slot, traceparent, concurrency_key";
 
 /// The columns a claim returns, read into a [`Task`] by [`claimed_task`].
 pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
@@ -143,6 +143,10 @@ pub(crate) fn task_info(row: &impl SqlRow) -> Result<TaskInfo, StoreError> {
         lease_until: row.opt_time("lease_until")?,
         worker: row.opt_text("worker")?,
         unique_key: row.opt_text("unique_key")?,
+        unique_hold: crate::store::UniqueHold::from_flags(
+            row.flag("unique_forever")?,
+            row.flag("unique_until_failed")?,
+        ),
         cancel_requested: row.flag("cancel_requested")?,
         last_error: row.opt_text("last_error")?,
         errors: row.errors("errors")?,

@@ -159,15 +159,16 @@ pub struct NewTask {
     pub max_attempts: u32,
     /// Handler timeout per attempt.
     pub timeout: Option<Duration>,
-    /// Idempotency key as stored: while a task with this key is unfinished
-    /// (or ever, with `unique_forever`), enqueueing the key again returns
+    /// Idempotency key as stored: while a task with this key holds it
+    /// ([`unique_hold`](Self::unique_hold)), enqueueing the key again returns
     /// that task. `queue::TaskBuilder` composes it from the caller's key
     /// and scope ([`UniqueKey`](crate::store::UniqueKey)); a key without
     /// that composite (control characters) is compared as given, across
     /// the store (per queue on Redis).
     pub unique_key: Option<String>,
-    /// Keep the key unique after the task finished (until it is pruned).
-    pub unique_forever: bool,
+    /// How long the key stays taken: while the task is unfinished, also
+    /// once it succeeded, or in any state until it is pruned.
+    pub unique_hold: crate::store::UniqueHold,
     /// The schedule job this task runs for, if any.
     pub job: Option<String>,
     /// The schedule slot this task runs for, if any.
@@ -376,6 +377,10 @@ pub struct TaskInfo {
     /// ([`UniqueKey`](crate::store::UniqueKey)); read it with
     /// [`TaskInfo::unique`].
     pub unique_key: Option<String>,
+    /// How long its unique key stays taken (`Unfinished` for a task
+    /// without one).
+    #[serde(default)]
+    pub unique_hold: crate::store::UniqueHold,
     /// Whether cancellation was requested while it ran.
     pub cancel_requested: bool,
     /// The last error, if any.

@@ -138,19 +138,53 @@ impl FromStr for UniqueScope {
     }
 }
 
-/// How long a unique key stays taken.
+/// How long a unique key stays taken: by which of the holding task's
+/// states. Enqueueing a key that is taken returns the task holding it
+/// (`inserted = false`); a key that is free is taken by the new task.
+///
+/// | hold | taken while the task is | freed when it | like |
+/// |---|---|---|---|
+/// | `Unfinished` (default) | pending, running | succeeded, failed, was cancelled | Oban's `states: :incomplete` |
+/// | `UntilFailed` | pending, running, succeeded | failed (for good), was cancelled | River's default unique states, Oban's `:successful` (its default) |
+/// | `Forever` | in any state | is pruned | Oban's `states: :all` |
+///
+/// `UntilFailed` is "do this work once, unless it did not happen": a
+/// task that succeeded keeps its key (a second enqueue returns it), one
+/// that failed for good (dead-lettered) or was cancelled frees it, so the
+/// work can be enqueued again. Every hold frees its key when the task is
+/// pruned (a schedule slot's key excepted: its tombstone keeps it). A
+/// retried failed or cancelled task takes its key back, and the retry is
+/// refused while another task holds the key.
+///
+/// ```
+/// use baton::queue::UniqueHold;
+/// assert_eq!(UniqueHold::default(), UniqueHold::Unfinished);
+/// assert_eq!("until-failed".parse::<UniqueHold>().unwrap(), UniqueHold::UntilFailed);
+/// assert_eq!(UniqueHold::Forever.to_string(), "forever");
+/// assert_eq!("always".parse::<UniqueHold>().unwrap_err().field, "unique_hold");
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum UniqueHold {
     /// While the task holding it is pending or running (the default).
     #[default]
     Unfinished,
+    /// While the task is pending, running or succeeded: a task that
+    /// failed for good or was cancelled frees it (River's default).
+    UntilFailed,
     /// In any state, until the task is pruned
     /// ([`TaskBuilder::unique_forever`](crate::queue::TaskBuilder::unique_forever)).
     Forever,
 }
 
 impl UniqueHold {
+    /// Every hold, shortest first.
+    pub const ALL: [UniqueHold; 3] = [
+        UniqueHold::Unfinished,
+        UniqueHold::UntilFailed,
+        UniqueHold::Forever,
+    ];
+
     /// `Forever` when `on`, else `Unfinished` (what
     /// `unique_forever(bool)` and `--key-forever` mean).
     pub fn forever(on: bool) -> UniqueHold {
@@ -159,6 +193,46 @@ impl UniqueHold {
         } else {
             UniqueHold::Unfinished
         }
+    }
+
+    /// The hold a store's two flags spell (`unique_forever`,
+    /// `unique_until_failed`; forever wins).
+    pub(crate) fn from_flags(forever: bool, until_failed: bool) -> UniqueHold {
+        match (forever, until_failed) {
+            (true, _) => UniqueHold::Forever,
+            (false, true) => UniqueHold::UntilFailed,
+            (false, false) => UniqueHold::Unfinished,
+        }
+    }
+
+    /// The name: `unfinished`, `until-failed`, `forever`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UniqueHold::Unfinished => "unfinished",
+            UniqueHold::UntilFailed => "until-failed",
+            UniqueHold::Forever => "forever",
+        }
+    }
+}
+
+impl fmt::Display for UniqueHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for UniqueHold {
+    type Err = InvalidInput;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        UniqueHold::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| {
+                InvalidInput::new(
+                    "unique_hold",
+                    format!("{s:?} is not a hold; use unfinished, until-failed or forever"),
+                )
+            })
     }
 }
 

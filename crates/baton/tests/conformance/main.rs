@@ -126,6 +126,8 @@ baton_testkit::per_backend! {
     unique::by_args_dedupes_equal_payloads_in_any_order,
     unique::period_keys_differ_across_buckets,
     unique::retry_refuses_a_taken_scoped_key,
+    unique::until_failed_holds_through_success_only,
+    upgrade::unique_holds_survive_the_hold_upgrade,
     model::store_agrees_with_the_model,
     timing::delayed_task_starts_at_its_run_at,
     timing::retry_written_elsewhere_starts_when_its_backoff_ends,

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use baton::store::state::{born, next, Facts, Op as StateOp, Target};
 use baton::store::{
     Acquire, Backend, CancelOutcome, Claim, FencingToken, Finish, Heartbeat, LockAcquire, NewTask,
-    RunAt, Task, TaskClaim, TaskFilter, TaskState,
+    RunAt, Task, TaskClaim, TaskFilter, TaskState, UniqueHold,
 };
 use baton::StoreError;
 use serde_json::json;
@@ -84,7 +84,7 @@ struct Spec {
     later: bool,
     max_attempts: u32,
     key: Option<usize>,
-    forever: bool,
+    hold: UniqueHold,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -175,7 +175,7 @@ fn gen_ops(rng: &mut fastrand::Rng, n: usize) -> Vec<Op> {
                 later: false,
                 max_attempts: rng.u32(1..4),
                 key: Some(rng.usize(0..KEYS.len())),
-                forever: false,
+                hold: UniqueHold::Unfinished,
             }]);
             let take = Op::Claim {
                 queue: 0,
@@ -250,7 +250,11 @@ fn gen_ops(rng: &mut fastrand::Rng, n: usize) -> Vec<Op> {
                                 later: rng.u32(0..7) == 0,
                                 max_attempts: rng.u32(1..4),
                                 key,
-                                forever: key.is_some() && rng.u32(0..3) == 0,
+                                hold: match key.map(|_| rng.u32(0..3)) {
+                                    Some(0) => UniqueHold::Forever,
+                                    Some(1) => UniqueHold::UntilFailed,
+                                    _ => UniqueHold::Unfinished,
+                                },
                             }
                         })
                         .collect(),
@@ -302,7 +306,7 @@ struct MTask {
     attempt: u32,
     max_attempts: u32,
     key: Option<usize>,
-    forever: bool,
+    hold: UniqueHold,
     cancel_requested: bool,
     last_error: bool,
     errors: usize,
@@ -325,7 +329,16 @@ impl MTask {
     fn takes_key(&self, k: usize) -> bool {
         self.key == Some(k)
             && !self.pruned
-            && (self.forever || matches!(self.state, TaskState::Pending | TaskState::Running))
+            && match self.hold {
+                UniqueHold::Forever => true,
+                UniqueHold::UntilFailed => matches!(
+                    self.state,
+                    TaskState::Pending | TaskState::Running | TaskState::Succeeded
+                ),
+                UniqueHold::Unfinished => {
+                    matches!(self.state, TaskState::Pending | TaskState::Running)
+                }
+            }
     }
 }
 
@@ -648,7 +661,7 @@ impl Model {
                         attempt: 0,
                         max_attempts: s.max_attempts,
                         key: s.key,
-                        forever: s.forever,
+                        hold: s.hold,
                         cancel_requested: false,
                         last_error: false,
                         errors: 0,
@@ -888,7 +901,7 @@ impl Real<'_> {
                         max_attempts: s.max_attempts,
                         timeout: None,
                         unique_key: s.key.map(|k| KEYS[k].to_string()),
-                        unique_forever: s.forever,
+                        unique_hold: s.hold,
                         job: None,
                         slot: None,
                         traceparent: None,
@@ -1337,7 +1350,9 @@ fn describe(step: &Step, m: &Model) -> String {
                         if s.later { "in 1h" } else { "now" },
                         s.max_attempts,
                         match s.key {
-                            Some(k) if s.forever => format!(" key {} forever", KEYS[k]),
+                            Some(k) if s.hold != UniqueHold::Unfinished => {
+                                format!(" key {} {}", KEYS[k], s.hold)
+                            }
                             Some(k) => format!(" key {}", KEYS[k]),
                             None => String::new(),
                         }

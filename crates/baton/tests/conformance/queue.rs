@@ -20,7 +20,12 @@ fn task(kind: &str) -> TaskBuilder {
     TaskBuilder::new(kind, json!({"k": kind}))
 }
 
-async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::store::Task> {
+pub(crate) async fn claim(
+    store: &Store,
+    queue: &str,
+    n: u32,
+    lease_ms: u64,
+) -> Vec<baton::store::Task> {
     store
         .backend()
         .task_claim(&TaskClaim {
@@ -1552,7 +1557,7 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         max_attempts: 3,
         timeout: None,
         unique_key: None,
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use baton::queue::{Queue, TaskBuilder, UniqueKey, UniqueScope};
-use baton::store::{CancelOutcome, Enqueued};
+use baton::queue::{Queue, TaskBuilder, UniqueHold, UniqueKey, UniqueScope};
+use baton::store::{CancelOutcome, Enqueued, Finish, Task, TaskState};
 use serde_json::json;
 
 use crate::harness::Kind;
@@ -208,4 +208,134 @@ pub async fn retry_refuses_a_taken_scoped_key(ts: TestStore) {
         b.task_retry(first.id).await.unwrap(),
         "the key is free in its scope"
     );
+}
+
+/// Claim the one due task of `queue` and finish it as `how`.
+pub(crate) async fn run_one(store: &baton::Store, queue: &str, how: Finish) -> Task {
+    let b = store.backend();
+    let claimed = crate::queue::claim(store, queue, 1, 30_000).await;
+    let [t] = &claimed[..] else {
+        panic!("{queue}: claimed {claimed:?}");
+    };
+    assert_eq!(
+        b.task_finish_many(&[(t.claim(), how)]).await.unwrap(),
+        [true]
+    );
+    t.clone()
+}
+
+/// `UniqueHold::UntilFailed` (River's default): the key is taken while
+/// the task is pending, running or succeeded; a task that failed for good
+/// or was cancelled (pending or running) frees it, and so does a prune. A
+/// retry of a failed task is refused while a succeeded task holds its key,
+/// as while an unfinished one does.
+pub async fn until_failed_holds_through_success_only(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    let hold = |queue: &str, key: &str| {
+        keyed("job", queue, key)
+            .max_attempts(1)
+            .unique_hold(UniqueHold::UntilFailed)
+    };
+    let failed = || Finish::Failed {
+        error: "boom".into(),
+        retry_in: None,
+    };
+
+    // Succeeded: the key stays taken, for every hold of the new enqueue.
+    let done = put(&q, hold("uf-ok", "k")).await;
+    assert!(done.inserted);
+    let again = put(&q, hold("uf-ok", "k")).await;
+    assert_eq!(
+        (again.id, again.inserted),
+        (done.id, false),
+        "pending holds"
+    );
+    run_one(&ts.store, "uf-ok", Finish::Succeeded).await;
+    let info = b.task_get(done.id).await.unwrap().unwrap();
+    assert_eq!(
+        (info.state, info.unique_hold),
+        (TaskState::Succeeded, UniqueHold::UntilFailed),
+        "the hold is read back"
+    );
+    for h in UniqueHold::ALL {
+        let again = put(&q, keyed("job", "uf-ok", "k").unique_hold(h)).await;
+        assert_eq!(
+            (again.id, again.inserted),
+            (done.id, false),
+            "a succeeded task holds its key ({h} enqueue)"
+        );
+    }
+    // The same key string of another kind is another key.
+    assert!(put(&q, keyed("other", "uf-ok", "k")).await.inserted);
+    // An unfinished hold's succeeded task frees its key (unchanged).
+    let plain = put(&q, keyed("job", "uf-plain", "k").max_attempts(1)).await;
+    run_one(&ts.store, "uf-plain", Finish::Succeeded).await;
+    let next = put(&q, keyed("job", "uf-plain", "k")).await;
+    assert!(next.inserted && next.id != plain.id, "unfinished: freed");
+
+    // Failed for good: the key is free.
+    let dead = put(&q, hold("uf-fail", "k")).await;
+    run_one(&ts.store, "uf-fail", failed()).await;
+    assert_eq!(
+        b.task_get(dead.id).await.unwrap().unwrap().state,
+        TaskState::Failed
+    );
+    let redo = put(&q, hold("uf-fail", "k")).await;
+    assert!(
+        redo.inserted && redo.id != dead.id,
+        "a failed task frees it"
+    );
+    // Retry onto the key: refused while the new task is pending, and
+    // still refused once it succeeded (it holds the key then).
+    let refused = |r: Result<bool, baton::StoreError>, when: &str| {
+        assert!(
+            matches!(r, Err(baton::StoreError::Conflict(_))),
+            "retry {when}: {r:?}"
+        );
+    };
+    refused(b.task_retry(dead.id).await, "while pending");
+    run_one(&ts.store, "uf-fail", Finish::Succeeded).await;
+    refused(b.task_retry(dead.id).await, "after success");
+    assert_eq!(
+        b.task_get(dead.id).await.unwrap().unwrap().state,
+        TaskState::Failed,
+        "a refused retry changes nothing"
+    );
+
+    // Cancelled while pending, and while running: the key is free.
+    let pending = put(&q, hold("uf-cancel", "p")).await;
+    assert_eq!(
+        b.task_cancel(pending.id).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let after = put(&q, hold("uf-cancel", "p")).await;
+    assert!(after.inserted && after.id != pending.id, "cancel frees it");
+    b.task_cancel(after.id).await.unwrap();
+    let running = put(&q, hold("uf-cancel", "r")).await;
+    run_one(
+        &ts.store,
+        "uf-cancel",
+        Finish::Cancelled {
+            reason: "stop".into(),
+        },
+    )
+    .await;
+    let after = put(&q, hold("uf-cancel", "r")).await;
+    assert!(
+        after.inserted && after.id != running.id,
+        "a cancelled run frees it"
+    );
+    // A retry of the cancelled run takes the key back once it is free.
+    b.task_cancel(after.id).await.unwrap();
+    assert!(b.task_retry(running.id).await.unwrap());
+    let dup = put(&q, hold("uf-cancel", "r")).await;
+    assert_eq!((dup.id, dup.inserted), (running.id, false), "retried: held");
+
+    // A prune frees the succeeded task's key.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(q.prune(Duration::ZERO).await.unwrap() > 0);
+    assert!(b.task_get(done.id).await.unwrap().is_none());
+    let fresh = put(&q, hold("uf-ok", "k")).await;
+    assert!(fresh.inserted && fresh.id != done.id, "pruned: freed");
 }

@@ -527,15 +527,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// added `enqueue_mark`, version 4 the queues' `paused`, version 5 the
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
 /// version 7 the tasks' `concurrency_key`, version 8 the unique keys
-/// rewritten into their default scope, version 9 rate limits' start logs.
-/// A fresh store records 9; a version-2 store (the
+/// rewritten into their default scope, version 9 rate limits' start logs,
+/// version 10 the until-failed hold. A fresh store records 10; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 9);
+    assert_eq!(recorded_version(&ts, p).await, 10);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -559,7 +559,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 9, "upgraded to 9");
+        assert_eq!(recorded_version(&ts, p).await, 10, "upgraded to 10");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -643,7 +643,7 @@ fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
         max_attempts: 1,
         timeout: None,
         unique_key: None,
-        unique_forever: false,
+        unique_hold: baton::queue::UniqueHold::Unfinished,
         job: None,
         slot: None,
         traceparent: None,
@@ -674,9 +674,10 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
     if let Kind::Postgres = ts.kind {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
-        // concurrency key, 8 the unique keys' scopes, 9 rate limits), on
-        // the upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 9);
+        // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
+        // the until-failed hold's column and unique predicate), on the
+        // upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 10);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -1058,9 +1059,9 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
         async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
     };
     for round in 0..2 {
-        // Back to before the unique-scope step (the second to last on every
-        // store; rate limits' came after it).
-        crate::harness::set_schema_version(&ts, &p, Some(expected - 2)).await;
+        // Back to before the unique-scope step (the third to last on every
+        // store; rate limits' and the until-failed hold's came after it).
+        crate::harness::set_schema_version(&ts, &p, Some(expected - 3)).await;
         let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
         assert_eq!(recorded_version(&ts, &p).await, expected, "round {round}");
         assert_eq!(
@@ -1111,4 +1112,115 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
             .unwrap();
         assert_eq!((wide.id, wide.inserted), (long_id, false));
     }
+}
+
+/// The until-failed hold's step (SQLite 8 → 9, PostgreSQL and MySQL
+/// 9 → 10, Redis 11 → 12) keeps every existing task's hold: a forever key
+/// stays taken by its succeeded task, an unfinished key is free once its
+/// task succeeded and taken while it is pending. The SQL stores are put
+/// back as the step found them (no `unique_until_failed` column, the old
+/// unique predicate); Redis had nothing to convert.
+pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
+    use baton::queue::{Queue, TaskBuilder, UniqueHold};
+    let p = ts.prefix.clone();
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    let k = |queue: &str, key: &str, hold: UniqueHold| {
+        TaskBuilder::new("k", serde_json::json!({}))
+            .queue(queue)
+            .unique_key(key)
+            .unique_hold(hold)
+            .max_attempts(1)
+    };
+    let forever = q.enqueue(k("hf", "f", UniqueHold::Forever)).await.unwrap();
+    let plain = q
+        .enqueue(k("hu", "u", UniqueHold::Unfinished))
+        .await
+        .unwrap();
+    let pending = q
+        .enqueue(k("hp", "p", UniqueHold::Unfinished))
+        .await
+        .unwrap();
+    for queue in ["hf", "hu"] {
+        crate::unique::run_one(&ts.store, queue, baton::store::Finish::Succeeded).await;
+    }
+    let old_pred = "unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'))";
+    let undo: Vec<String> = match ts.kind {
+        Kind::Sqlite | Kind::Postgres => vec![
+            format!("DROP INDEX \"{p}tasks_unique\""),
+            format!("ALTER TABLE \"{p}tasks\" DROP COLUMN unique_until_failed"),
+            format!(
+                "CREATE UNIQUE INDEX \"{p}tasks_unique\" ON \"{p}tasks\" (unique_key) \
+                 WHERE {old_pred}"
+            ),
+        ],
+        Kind::Mysql => vec![
+            format!(
+                "ALTER TABLE `{p}tasks` MODIFY COLUMN live_key VARBINARY(1024) AS \
+                 (CASE WHEN unique_forever = 1 OR state IN ('pending', 'running') \
+                 THEN unique_key END) STORED"
+            ),
+            format!("ALTER TABLE `{p}tasks` DROP COLUMN unique_until_failed"),
+        ],
+        Kind::Redis => vec![],
+    };
+    for sql in &undo {
+        exec_sql(&ts, sql).await;
+    }
+    let expected = b.schema_status().await.unwrap().expected;
+    crate::harness::set_schema_version(&ts, &p, Some(expected - 1)).await;
+    let opts = StoreOptions {
+        prefix: Some(p.clone()),
+        max_connections: 2,
+        ..StoreOptions::default()
+    };
+    let store = Store::connect_with(&ts.url, opts).await.unwrap();
+    assert_eq!(recorded_version(&ts, &p).await, expected);
+    let q = Queue::new(store.clone());
+    let again = |queue: &'static str, key: &'static str| {
+        let q = q.clone();
+        async move {
+            q.enqueue(k(queue, key, UniqueHold::Unfinished))
+                .await
+                .unwrap()
+        }
+    };
+    let hold_of = |id: i64| {
+        let s = store.clone();
+        async move { s.backend().task_get(id).await.unwrap().unwrap().unique_hold }
+    };
+    assert_eq!(hold_of(forever.id).await, UniqueHold::Forever);
+    assert_eq!(hold_of(plain.id).await, UniqueHold::Unfinished);
+    let f = again("hf", "f").await;
+    assert_eq!(
+        (f.id, f.inserted),
+        (forever.id, false),
+        "forever stays forever"
+    );
+    let u = again("hu", "u").await;
+    assert!(
+        u.inserted && u.id != plain.id,
+        "unfinished stays unfinished"
+    );
+    let pend = again("hp", "p").await;
+    assert_eq!(
+        (pend.id, pend.inserted),
+        (pending.id, false),
+        "pending holds"
+    );
+    // The upgraded store keeps an until-failed key through success.
+    let uf = q
+        .enqueue(k("huf", "x", UniqueHold::UntilFailed))
+        .await
+        .unwrap();
+    crate::unique::run_one(&store, "huf", baton::store::Finish::Succeeded).await;
+    let dup = q
+        .enqueue(k("huf", "x", UniqueHold::Unfinished))
+        .await
+        .unwrap();
+    assert_eq!(
+        (dup.id, dup.inserted),
+        (uf.id, false),
+        "until-failed after the upgrade"
+    );
 }

@@ -112,6 +112,7 @@ pub struct EnqueueBody {
     key: Option<String>,
     #[serde(default)]
     key_forever: bool,
+    unique_hold: Option<String>,
     unique_scope: Option<String>,
     #[serde(default)]
     unique_by_args: bool,
@@ -120,7 +121,7 @@ pub struct EnqueueBody {
 }
 
 impl Form for EnqueueBody {
-    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" (a unique key), "unique_scope" ("kind-in-queue", "queue", "kind" or "global"), "unique_by_args" and "key_forever" (true or false), "unique_period" (e.g. "1h"), "concurrency_key" (e.g. "customer:42")"#;
+    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" (a unique key), "unique_scope" ("kind-in-queue", "queue", "kind" or "global"), "unique_hold" ("unfinished", "until-failed" or "forever"), "unique_by_args" and "key_forever" (true or false; key_forever is unique_hold "forever"), "unique_period" (e.g. "1h"), "concurrency_key" (e.g. "customer:42")"#;
 }
 
 /// `POST /api/v1/tasks`: enqueue a command task. A `traceparent` request
@@ -144,6 +145,18 @@ pub async fn enqueue(
             .map_err(|e: baton::InvalidInput| ApiError::bad("unique_scope", e.problem))?,
         None => baton::queue::UniqueScope::default(),
     };
+    let hold = match (&b.unique_hold, b.key_forever) {
+        (Some(_), true) => {
+            return Err(ApiError::bad(
+                "unique_hold",
+                "give unique_hold or key_forever, not both",
+            ));
+        }
+        (Some(h), false) => h
+            .parse()
+            .map_err(|e: baton::InvalidInput| ApiError::bad("unique_hold", e.problem))?,
+        (None, on) => baton::queue::UniqueHold::forever(on),
+    };
     let period = match &b.unique_period {
         Some(p) => Some(duration("unique_period", p)?),
         None => None,
@@ -155,7 +168,7 @@ pub async fn enqueue(
             scope,
             by_args: b.unique_by_args,
             period,
-            hold: baton::queue::UniqueHold::forever(b.key_forever),
+            hold,
         },
     );
     if let Some(k) = &b.concurrency_key {

@@ -35,7 +35,33 @@ const UPGRADES: &[Upgrade] = &[
     add_concurrency_key,
     rescope_unique_keys,
     add_rates,
+    add_unique_until_failed,
 ];
+
+/// 9 → 10: a third unique hold, `UniqueHold::UntilFailed` (a succeeded
+/// task keeps its key, issue 29): the column `unique_until_failed` (0 on
+/// every existing task, so each keeps its hold: `unique_forever` forever,
+/// the rest unfinished) and `live_key` recomputed by [`LIVE_KEY`], which
+/// reads it (a table rebuild; running it again sets the same expression).
+fn add_unique_until_failed(n: &Names) -> Vec<String> {
+    let mut out = add_column(
+        n,
+        "tasks",
+        "unique_until_failed TINYINT(1) NOT NULL DEFAULT 0",
+    );
+    out.push(format!(
+        "ALTER TABLE {} MODIFY COLUMN live_key VARBINARY(1024) AS ({LIVE_KEY}) STORED",
+        n.tasks
+    ));
+    out
+}
+
+/// `live_key`: the task's unique key while it is taken (its
+/// `UniqueHold`: `unique_forever`, `unique_until_failed` or neither), else
+/// NULL; unique. The expression since schema 10.
+const LIVE_KEY: &str = "CASE WHEN unique_forever = 1 \
+     OR state IN ('pending', 'running') \
+     OR (unique_until_failed = 1 AND state = 'succeeded') THEN unique_key END";
 
 /// 7 → 8: unique keys scoped by kind and queue (issue 29). The key of
 /// every task that is no job's run and has a key from before scopes is

@@ -11,7 +11,9 @@ use super::rows::attempt_of;
 use super::{marks, us, MyBackend, Names};
 use crate::error::StoreError;
 use crate::store::sql_row::{token_arg, SqlRow};
-use crate::store::{Claim, Enqueued, Finish, Heartbeat, NewTask, RunAt, Wake, CANCEL_REQUESTED};
+use crate::store::{
+    Claim, Enqueued, Finish, Heartbeat, NewTask, RunAt, UniqueHold, Wake, CANCEL_REQUESTED,
+};
 
 /// Rows per multi-row `INSERT` (17 placeholders each, well under MySQL's
 /// 65,535 per statement).
@@ -99,10 +101,10 @@ pub(super) async fn insert_tasks(
         run_at.push(at);
     }
     let cols = "(queue, kind, payload, state, priority, run_at, created_at, max_attempts, \
-         timeout_ms, unique_key, unique_forever, job, slot, traceparent, concurrency_key, \
-         last_error, finished_at, errors)";
+         timeout_ms, unique_key, unique_forever, unique_until_failed, job, slot, traceparent, \
+         concurrency_key, last_error, finished_at, errors)";
     let one = "(?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, \
-         ?, ?, ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
+         ?, ?, ?, ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
     let state = if skipped.is_some() {
         "cancelled"
     } else {
@@ -296,7 +298,8 @@ fn bind_task<'q>(
         .bind(i32::try_from(t.max_attempts).unwrap_or(i32::MAX).max(1))
         .bind(t.timeout.map(|d| us(d) / 1000))
         .bind(t.unique_key.as_deref())
-        .bind(t.unique_forever)
+        .bind(t.unique_hold == UniqueHold::Forever)
+        .bind(t.unique_hold == UniqueHold::UntilFailed)
         .bind(t.job.as_deref())
         .bind(t.slot.map(trunc_us))
         .bind(t.traceparent.as_deref())

@@ -9,7 +9,7 @@ use sqlx::{PgConnection, Row};
 use super::sql::InsertSql;
 use super::{dur, Names};
 use crate::error::StoreError;
-use crate::store::{Enqueued, NewTask, RunAt};
+use crate::store::{Enqueued, NewTask, RunAt, UniqueHold};
 
 /// Rows per `INSERT … SELECT FROM UNNEST(…)` statement when enqueueing.
 pub(super) const INSERT_CHUNK: usize = 10_000;
@@ -76,6 +76,7 @@ pub(super) async fn insert_tasks(
             let mut timeout_ms: Vec<Option<i64>> = Vec::with_capacity(chunk.len());
             let mut unique_key: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
             let mut unique_forever = Vec::with_capacity(chunk.len());
+            let mut unique_until_failed = Vec::with_capacity(chunk.len());
             let mut job: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
             let mut slot: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(chunk.len());
             let mut traceparent: Vec<Option<&str>> = Vec::with_capacity(chunk.len());
@@ -103,7 +104,8 @@ pub(super) async fn insert_tasks(
                 max_attempts.push(i32::try_from(t.max_attempts).unwrap_or(i32::MAX).max(1));
                 timeout_ms.push(t.timeout.map(dur));
                 unique_key.push(t.unique_key.as_deref());
-                unique_forever.push(t.unique_forever);
+                unique_forever.push(t.unique_hold == UniqueHold::Forever);
+                unique_until_failed.push(t.unique_hold == UniqueHold::UntilFailed);
                 job.push(t.job.as_deref());
                 slot.push(t.slot);
                 traceparent.push(t.traceparent.as_deref());
@@ -129,6 +131,7 @@ pub(super) async fn insert_tasks(
                 .bind(&timeout_ms)
                 .bind(&unique_key)
                 .bind(&unique_forever)
+                .bind(&unique_until_failed)
                 .bind(&job)
                 .bind(&slot)
                 .bind(&traceparent)

@@ -46,7 +46,30 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_unique_scope,
     // 8 → 9: rate limits' start logs.
     upgrade_rates,
+    // 9 → 10: a third unique hold, `UntilFailed` (issue 29).
+    upgrade_unique_until_failed,
 ];
+
+/// The unique index's predicate before schema 10 (the base DDL creates it
+/// so; step 9 → 10 replaces it with [`UNIQUE_PRED`]).
+const UNIQUE_PRED_BEFORE_10: &str =
+    "unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'))";
+
+/// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):
+/// the column `unique_until_failed` (false on every existing task, so
+/// each keeps its hold: `unique_forever` forever, the rest unfinished) and
+/// the unique index rebuilt on [`UNIQUE_PRED`], which reads it (in the
+/// migration's transaction: enqueues wait for it).
+fn upgrade_unique_until_failed(n: &Names) -> String {
+    let (p, t) = (&n.prefix, &n.tasks);
+    format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS unique_until_failed boolean NOT NULL \
+             DEFAULT false; \
+         DROP INDEX IF EXISTS \"{p}tasks_unique\"; \
+         CREATE UNIQUE INDEX IF NOT EXISTS \"{p}tasks_unique\" ON {t} (unique_key) \
+             WHERE {UNIQUE_PRED};"
+    )
+}
 
 /// Rewrite the key of every task that is no job's run and has a key from
 /// before scopes into the default scope's composite
@@ -191,7 +214,7 @@ WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS "{p}tasks_lease" ON {tasks} (lease_until)
 WHERE state = 'running';
 CREATE UNIQUE INDEX IF NOT EXISTS "{p}tasks_unique" ON {tasks} (unique_key)
-WHERE {UNIQUE_PRED};
+WHERE {UNIQUE_PRED_BEFORE_10};
 CREATE INDEX IF NOT EXISTS "{p}tasks_prune" ON {tasks} (finished_at)
 WHERE state IN ('succeeded', 'failed', 'cancelled');
 CREATE INDEX IF NOT EXISTS "{p}tasks_job" ON {tasks} (job, slot)

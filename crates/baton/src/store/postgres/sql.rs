@@ -8,9 +8,11 @@ use super::{Names, NOW_US};
 use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
-/// The partial-index predicate under which a unique key is taken.
-pub(super) const UNIQUE_PRED: &str =
-    "unique_key IS NOT NULL AND (unique_forever OR state IN ('pending', 'running'))";
+/// The partial-index predicate under which a unique key is taken (its
+/// `UniqueHold`: `unique_forever`, `unique_until_failed` or neither; the
+/// index's since schema 10).
+pub(super) const UNIQUE_PRED: &str = "unique_key IS NOT NULL AND (unique_forever \
+     OR state IN ('pending', 'running') OR (unique_until_failed AND state = 'succeeded'))";
 
 /// A wake-up's due time for a row's `run_at` (see [`crate::store::Wake`]):
 /// microseconds since the epoch, rounded up so a timer armed for it never
@@ -563,24 +565,25 @@ fn insert_sql(n: &Names, keyed: bool) -> String {
         r#"WITH input AS MATERIALIZED (
     SELECT nextval({seq}) AS id, t.*
     FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::int4[], $5::timestamptz[],
-                $6::int8[], $7::int4[], $8::int8[], $9::text[], $10::bool[], $11::text[],
-                $12::timestamptz[], $13::text[], $14::text[])
+                $6::int8[], $7::int4[], $8::int8[], $9::text[], $10::bool[], $11::bool[],
+                $12::text[], $13::timestamptz[], $14::text[], $15::text[])
          WITH ORDINALITY AS t(queue, kind, payload, priority, run_at_abs, delay_ms,
-                              max_attempts, timeout_ms, unique_key, unique_forever, job,
-                              slot, traceparent, concurrency_key, ord)
+                              max_attempts, timeout_ms, unique_key, unique_forever,
+                              unique_until_failed, job, slot, traceparent,
+                              concurrency_key, ord)
 ),
 ins AS (
     INSERT INTO {tasks} (id, queue, kind, payload, state, priority, run_at, max_attempts,
-                         timeout_ms, unique_key, unique_forever, job, slot, traceparent,
-                         concurrency_key, last_error, finished_at)
+                         timeout_ms, unique_key, unique_forever, unique_until_failed, job,
+                         slot, traceparent, concurrency_key, last_error, finished_at)
     SELECT id, queue, kind, payload,
-           CASE WHEN $15::bool THEN 'cancelled' ELSE 'pending' END,
+           CASE WHEN $16::bool THEN 'cancelled' ELSE 'pending' END,
            priority,
            coalesce(run_at_abs, now() + coalesce(delay_ms, 0) * interval '1 millisecond'),
-           max_attempts, timeout_ms, unique_key, unique_forever, job, slot, traceparent,
-           concurrency_key,
-           CASE WHEN $15::bool THEN $16::text END,
-           CASE WHEN $15::bool THEN now() END
+           max_attempts, timeout_ms, unique_key, unique_forever, unique_until_failed, job,
+           slot, traceparent, concurrency_key,
+           CASE WHEN $16::bool THEN $17::text END,
+           CASE WHEN $16::bool THEN now() END
     FROM input
     ORDER BY ord
     {on_conflict}
@@ -588,7 +591,7 @@ ins AS (
               (state = 'pending' AND run_at <= now()) AS due
 ),
 woke AS (
-    SELECT count(pg_notify($17::text, q.msg)) AS n
+    SELECT count(pg_notify($18::text, q.msg)) AS n
     FROM (SELECT queue AS msg FROM ins WHERE due GROUP BY queue
           UNION ALL
           SELECT queue || chr(10) || {WAKE_AT}

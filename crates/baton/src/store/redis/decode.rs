@@ -9,7 +9,9 @@ use serde::Deserialize;
 
 use super::TASK_ARGS;
 use crate::error::StoreError;
-use crate::store::{from_ms, ms, AttemptError, FencingToken, NewTask, RunAt, Task, TaskInfo};
+use crate::store::{
+    from_ms, ms, AttemptError, FencingToken, NewTask, RunAt, Task, TaskInfo, UniqueHold,
+};
 
 pub(super) fn opt_arg(s: Option<&str>) -> String {
     s.map(|s| format!("={s}")).unwrap_or_default()
@@ -34,7 +36,12 @@ pub(super) fn task_args(t: &NewTask) -> Result<[String; TASK_ARGS], StoreError> 
         t.max_attempts.to_string(),
         t.timeout.map(|d| ms(d).to_string()).unwrap_or_default(),
         opt_arg(t.unique_key.as_deref()),
-        if t.unique_forever { "1" } else { "0" }.to_string(),
+        match t.unique_hold {
+            UniqueHold::Unfinished => "0",
+            UniqueHold::Forever => "1",
+            UniqueHold::UntilFailed => "2",
+        }
+        .to_string(),
         opt_arg(t.job.as_deref()),
         t.slot
             .map(|s| s.timestamp_millis().to_string())
@@ -180,6 +187,10 @@ pub(super) fn task_info(m: &HashMap<String, String>) -> Result<TaskInfo, StoreEr
         lease_until: f.opt_ts("lease_until")?,
         worker: f.opt_string("worker"),
         unique_key: f.opt_string("unique_key"),
+        unique_hold: UniqueHold::from_flags(
+            f.opt("unique_forever") == Some("1"),
+            f.opt("unique_until_failed") == Some("1"),
+        ),
         cancel_requested: f.opt("cancel_requested") == Some("1"),
         last_error: f.opt_string("last_error"),
         errors,

@@ -98,6 +98,14 @@ enum Upgrade {
     /// convert; the step marks the version, so an older build (whose
     /// claims would not log their starts) refuses the store.
     RateLimits,
+    /// 11 → 12: a third unique hold, `UniqueHold::UntilFailed` (issue
+    /// 29): a task may carry the hash field `unique_until_failed` (`1`),
+    /// and a script ending it as succeeded keeps its `Q uniq:<key>`.
+    /// Nothing to convert (no task has the field: each keeps its hold,
+    /// `unique_forever` forever, the rest unfinished); the step marks the
+    /// version, so an older build (whose finish would free such a key)
+    /// refuses the store.
+    UniqueUntilFailed,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -120,6 +128,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::ConcurrencyKey,
     Upgrade::UniqueScopes,
     Upgrade::RateLimits,
+    Upgrade::UniqueUntilFailed,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -266,7 +275,8 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         | Upgrade::Traceparent
         | Upgrade::SlotTombstones
         | Upgrade::ConcurrencyKey
-        | Upgrade::RateLimits => Ok(()),
+        | Upgrade::RateLimits
+        | Upgrade::UniqueUntilFailed => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

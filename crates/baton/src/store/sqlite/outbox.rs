@@ -10,9 +10,9 @@ use super::rows::json_text;
 use super::sql::InsertSql;
 use super::Tables;
 use crate::error::StoreError;
-use crate::store::{ms, Enqueued, NewTask, RunAt};
+use crate::store::{ms, Enqueued, NewTask, RunAt, UniqueHold};
 
-/// Rows per multi-row `INSERT` (17 bound values each, well inside SQLite's
+/// Rows per multi-row `INSERT` (18 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
 const INSERT_CHUNK: usize = 1000;
 
@@ -110,7 +110,8 @@ async fn insert_live(
                 .bind(abs)
                 .bind(rel)
                 .bind(task.unique_key.as_deref())
-                .bind(task.unique_forever)
+                .bind(task.unique_hold == UniqueHold::Forever)
+                .bind(task.unique_hold == UniqueHold::UntilFailed)
                 .bind(task.job.as_deref())
                 .bind(task.slot.map(|s| s.timestamp_millis()))
                 .bind(task.traceparent.as_deref())

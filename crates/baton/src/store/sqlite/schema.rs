@@ -18,6 +18,10 @@ const BASE_VERSION: i64 = 1;
 /// upgrade step.
 const SCHEMA_VERSION: i64 = BASE_VERSION + UPGRADES.len() as i64;
 
+/// The unique index's condition before schema 9 (the base DDL creates it
+/// so; step 8 → 9 replaces it with [`KEY_TAKEN`]).
+const KEY_TAKEN_BEFORE_9: &str = "(unique_forever OR state IN ('pending', 'running'))";
+
 /// The schema's statements, each idempotent.
 fn schema_sql(t: &Tables) -> Vec<String> {
     let Tables {
@@ -75,7 +79,7 @@ CREATE INDEX IF NOT EXISTS {claim_idx} ON {tasks} (queue, priority, run_at, id)
 CREATE INDEX IF NOT EXISTS {lease_idx} ON {tasks} (lease_until)
     WHERE state = 'running';
 CREATE UNIQUE INDEX IF NOT EXISTS {unique_idx} ON {tasks} (unique_key)
-    WHERE unique_key IS NOT NULL AND {KEY_TAKEN};
+    WHERE unique_key IS NOT NULL AND {KEY_TAKEN_BEFORE_9};
 CREATE INDEX IF NOT EXISTS {finished_idx} ON {tasks} (finished_at)
     WHERE finished_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {job_idx} ON {tasks} (job, slot)
@@ -139,7 +143,30 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_unique_scope,
     // 7 → 8: rate limits' start logs.
     upgrade_rates,
+    // 8 → 9: a third unique hold, `UntilFailed` (issue 29).
+    upgrade_unique_until_failed,
 ];
+
+/// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):
+/// the column `unique_until_failed` (0 on every existing task, so each
+/// keeps its hold: `unique_forever` forever, the rest unfinished) and the
+/// unique index rebuilt on [`KEY_TAKEN`], which reads it.
+fn upgrade_unique_until_failed(t: &Tables) -> Vec<Ddl> {
+    let unique_idx = t.index("tasks_unique");
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}tasks", t.prefix),
+            column: "unique_until_failed",
+            decl: "INTEGER NOT NULL DEFAULT 0",
+        },
+        Ddl::Sql(format!("DROP INDEX IF EXISTS {unique_idx}")),
+        Ddl::Sql(format!(
+            "CREATE UNIQUE INDEX IF NOT EXISTS {unique_idx} ON {} (unique_key) \
+             WHERE unique_key IS NOT NULL AND {KEY_TAKEN}",
+            t.tasks
+        )),
+    ]
+}
 
 /// Rewrite the key of every task that is no job's run and has a key from
 /// before scopes into the default scope's composite

@@ -8,9 +8,12 @@ use super::{Tables, NOW, NOW_US};
 use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
-/// The condition under which a task's unique key is taken; the same text as
-/// the partial unique index's `WHERE`, so lookups use that index.
-pub(super) const KEY_TAKEN: &str = "(unique_forever OR state IN ('pending', 'running'))";
+/// The condition under which a task's unique key is taken (its
+/// `UniqueHold`: `unique_forever`, `unique_until_failed` or neither); the
+/// same text as the partial unique index's `WHERE` (since schema 9), so
+/// lookups use that index.
+pub(super) const KEY_TAKEN: &str = "(unique_forever OR state IN ('pending', 'running') \
+     OR (unique_until_failed AND state = 'succeeded'))";
 
 /// The statements of one table prefix.
 #[derive(Debug)]
@@ -128,12 +131,13 @@ impl InsertSql {
         InsertSql {
             head: format!(
                 "INSERT INTO {tasks} (queue, kind, payload, state, priority, attempt, \
-                 max_attempts, timeout_ms, run_at, created_at, unique_key, unique_forever, job, \
-                 slot, traceparent, concurrency_key, last_error, finished_at) VALUES "
+                 max_attempts, timeout_ms, run_at, created_at, unique_key, unique_forever, \
+                 unique_until_failed, job, slot, traceparent, concurrency_key, last_error, \
+                 finished_at) VALUES "
             ),
             row: format!(
                 "(?, ?, ?, CASE WHEN ? IS NULL THEN 'pending' ELSE 'cancelled' END, ?, 0, ?, ?, \
-                 COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?, ?, ?, \
+                 COALESCE(?, {NOW} + ?), {NOW}, ?, ?, ?, ?, ?, ?, ?, ?, \
                  CASE WHEN ? IS NULL THEN NULL ELSE {NOW} END)"
             ),
             tail: format!(

@@ -82,7 +82,14 @@ local function flush()
   end
   acc_z, acc_c = {}, {}
 end
-local function release_uniq(sid, uk, forever)
+-- A task that ends in `state` frees its unique key unless its hold keeps
+-- it: `unique_forever` in every state, `unique_until_failed` (the hold
+-- UntilFailed) when it succeeded.
+local function release_uniq(sid, uk, forever, state)
+  if state == 'succeeded' and uk
+      and redis.call('HGET', tkey(sid), 'unique_until_failed') == '1' then
+    return
+  end
   if uk and forever ~= '1' then
     local k = B .. 'uniq:' .. uk
     if redis.call('GET', k) == sid then redis.call('DEL', k) end
@@ -117,7 +124,7 @@ local function terminal(sid, queue, from, state, now, uk, forever, job)
   redis.call('ZADD', B .. 'done', now, p)
   count(queue, from, -1)
   count(queue, state, 1)
-  release_uniq(sid, uk, forever)
+  release_uniq(sid, uk, forever, state)
   if job then redis.call('SREM', B .. 'jobactive:' .. job, sid) end
 end
 -- The fields `forget` reads, in its order.
@@ -177,7 +184,9 @@ local function insert(now, i, skipped)
   if mode == 'd' then run_at = now + tonumber(ARGV[i + 5])
   elseif mode == 'a' then run_at = tonumber(ARGV[i + 5]) end
   local uk = opt(ARGV[i + 8])
-  local forever = ARGV[i + 9]
+  -- The hold: '0' unfinished, '1' forever, '2' until failed.
+  local hold = ARGV[i + 9]
+  local forever = hold == '1' and '1' or '0'
   local job = opt(ARGV[i + 10])
   if uk and not skipped then
     local ex = redis.call('GET', B .. 'uniq:' .. uk)
@@ -195,7 +204,11 @@ local function insert(now, i, skipped)
     'run_at', fmt(run_at), 'created_at', fmt(now), 'cancel_requested', '0'}
   local function add(k, v) f[#f + 1] = k; f[#f + 1] = v end
   if ARGV[i + 7] ~= '' then add('timeout_ms', ARGV[i + 7]) end
-  if uk then add('unique_key', uk); add('unique_forever', forever) end
+  if uk then
+    add('unique_key', uk)
+    add('unique_forever', forever)
+    if hold == '2' then add('unique_until_failed', '1') end
+  end
   if job then add('job', job) end
   if ARGV[i + 11] ~= '' then add('slot', ARGV[i + 11]) end
   local tp = opt(ARGV[i + 12])

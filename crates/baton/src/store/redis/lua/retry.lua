@@ -10,8 +10,9 @@ if uk then
   local ukey = B .. 'uniq:' .. uk
   local ex = redis.call('GET', ukey)
   if ex and ex ~= sid then
-    local o = redis.call('HMGET', tkey(ex), 'state', 'unique_forever')
-    if o[1] == 'pending' or o[1] == 'running' or (o[1] and o[2] == '1') then return -1 end
+    local o = redis.call('HMGET', tkey(ex), 'state', 'unique_forever', 'unique_until_failed')
+    if o[1] == 'pending' or o[1] == 'running' or (o[1] and o[2] == '1')
+        or (o[1] == 'succeeded' and o[3] == '1') then return -1 end
   end
   redis.call('SET', ukey, sid)
 end
