@@ -185,10 +185,10 @@ impl Scheduler {
 
 /// How often a scheduler asks the store to start a job's waiting slot
 /// (overlap `buffer_one`, `buffer_all`, `cancel_other`), plus up to
-/// [`BEAT_JITTER`]: the store starts it only once the job's earlier runs
-/// have all finished, so this bounds how long a waiting slot stays
-/// waiting after the previous run ended.
-const RELEASE_POLL: Duration = Duration::from_millis(250);
+/// [`BEAT_JITTER`]. The worker that ends a slot's run asks at once; this
+/// poll covers a run ended otherwise (rescued, cancelled while pending,
+/// its worker gone before it asked).
+const RELEASE_POLL: Duration = Duration::from_secs(1);
 
 /// Start a job's waiting slots as the runs before them finish, until
 /// `stop` fires (every instance runs it; the store decides once).
@@ -198,15 +198,7 @@ async fn release_loop(store: Store, job: String, stop: CancellationToken) {
             _ = tokio::time::sleep(RELEASE_POLL + random_upto(BEAT_JITTER)) => {}
             _ = stop.cancelled() => return,
         }
-        match store.backend().job_release(&job).await {
-            Ok(Some(id)) => {
-                tracing::info!(job = %job, task = id, "waiting slot started: the previous run finished");
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::debug!(job = %job, error = %crate::error::chain(&e), "releasing a waiting slot failed");
-            }
-        }
+        crate::store::release_waiting(&store, &job).await;
     }
 }
 

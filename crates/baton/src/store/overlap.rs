@@ -119,6 +119,21 @@ pub fn is_waiting(run_at: DateTime<Utc>) -> bool {
     run_at.timestamp_millis() >= WAITING_RUN_AT_MS
 }
 
+/// [`Backend::job_release`](super::Backend::job_release) for `job`,
+/// logged: what the worker calls when a slot's run ends and the scheduler
+/// on a short poll (its own runs may end on a worker that is gone).
+pub(crate) async fn release_waiting(store: &super::Store, job: &str) {
+    match store.backend().job_release(job).await {
+        Ok(Some(id)) => {
+            tracing::info!(job = %job, task = id, "waiting slot started: the previous run finished");
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::debug!(job = %job, error = %crate::error::chain(&e), "releasing a waiting slot failed");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

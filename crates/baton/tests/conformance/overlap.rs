@@ -221,5 +221,9 @@ pub async fn racing_releases_start_a_waiting_slot_once(ts: TestStore) {
     while let Some(r) = set.join_next().await {
         released.extend(r.unwrap());
     }
-    assert_eq!(released, [w2.id], "one release, of the earliest waiting slot");
+    assert_eq!(
+        released,
+        [w2.id],
+        "one release, of the earliest waiting slot"
+    );
 }

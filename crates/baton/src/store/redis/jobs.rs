@@ -185,7 +185,11 @@ pub(super) async fn job_release(b: &RedisBackend, job: &str) -> Result<Option<i6
         return Ok(None);
     };
     let id: String = b
-        .qs(&home, &b.scripts.job_release, sargs![job, WAITING_RUN_AT_MS])
+        .qs(
+            &home,
+            &b.scripts.job_release,
+            sargs![job, WAITING_RUN_AT_MS],
+        )
         .await?;
     if id.is_empty() {
         return Ok(None);

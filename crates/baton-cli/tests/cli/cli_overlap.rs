@@ -1,0 +1,171 @@
+//! Overlap policies through `baton serve` (issue 26's checked-by): three
+//! instances on one store, a 1 s job whose runs last 2.5 s. Each run
+//! writes its start and end (ns, the machine's clock) to `runs`.
+
+use crate::cli_serve::{serve, stop};
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{read, stdout, Env};
+
+per_backend! {
+    buffer_one_runs_back_to_back_without_overlap,
+    cancel_other_never_runs_two_at_once,
+}
+
+/// The job under `overlap`; the command records its end even when stopped
+/// (SIGTERM reaches the whole tree: `sleep` ends, then the trap writes).
+fn config(overlap: &str) -> String {
+    format!(
+        r#"
+[[queue]]
+name = "default"
+concurrency = 4
+lease = "3s"
+
+[[job]]
+name = "slow"
+every = "1s"
+overlap = "{overlap}"
+command = ["sh", "-c", 'trap "echo end $BATON_SLOT $(date +%s%N) >> runs; exit 143" TERM; echo start $BATON_SLOT $(date +%s%N) >> runs; sleep 2.5 & wait $!; echo end $BATON_SLOT $(date +%s%N) >> runs']
+"#
+    )
+}
+
+/// One run: its slot, start and end (ns since the epoch).
+#[derive(Debug)]
+struct Run {
+    slot: chrono::DateTime<chrono::Utc>,
+    start: i64,
+    end: i64,
+}
+
+/// The runs, by start; every run that started has ended (the trap writes
+/// the end of a stopped one).
+fn runs(e: &Env) -> Vec<Run> {
+    let mut by_slot: BTreeMap<String, (Option<i64>, Option<i64>)> = BTreeMap::new();
+    for l in read(&e.path("runs")).lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [what, slot, at] = f[..] else {
+            panic!("bad line {l:?}")
+        };
+        let at: i64 = at.parse().unwrap();
+        let r = by_slot.entry(slot.to_string()).or_default();
+        let field = if what == "start" { &mut r.0 } else { &mut r.1 };
+        assert!(
+            field.is_none(),
+            "slot {slot} has two {what} lines: ran twice"
+        );
+        *field = Some(at);
+    }
+    let mut out: Vec<Run> = by_slot
+        .into_iter()
+        .map(|(slot, (s, end))| Run {
+            slot: slot.parse().expect("BATON_SLOT is RFC 3339"),
+            start: s.unwrap_or_else(|| panic!("slot {slot} ended but never started")),
+            end: end.unwrap_or_else(|| panic!("slot {slot} started but never ended")),
+        })
+        .collect();
+    out.sort_by_key(|r| r.start);
+    out
+}
+
+/// No two runs at once: each starts only after the one before ended.
+fn assert_no_overlap(runs: &[Run]) {
+    for w in runs.windows(2) {
+        assert!(
+            w[1].start >= w[0].end,
+            "slot {} started {} ms before slot {} ended: {runs:#?}",
+            w[1].slot,
+            (w[0].end - w[1].start) / 1_000_000,
+            w[0].slot
+        );
+        assert!(w[1].slot > w[0].slot, "runs out of slot order: {runs:#?}");
+    }
+}
+
+/// The job's cancelled tasks' reasons.
+fn cancelled_reasons(e: &Env) -> Vec<String> {
+    let out = e.run(&[
+        "tasks",
+        "list",
+        "--job",
+        "slow",
+        "--state",
+        "cancelled",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["last_error"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+async fn buffer_one_runs_back_to_back_without_overlap(e: Env) {
+    let cfg = config("buffer_one");
+    let kids: Vec<_> = (0..3).map(|_| serve(&e, &cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(18));
+    stop(kids);
+    std::thread::sleep(Duration::from_millis(300));
+    let runs = runs(&e);
+    assert!(runs.len() >= 5, "too few runs: {runs:#?}");
+    assert_no_overlap(&runs);
+    let full = runs
+        .iter()
+        .filter(|r| r.end - r.start >= 2_400_000_000)
+        .count();
+    assert!(
+        full + 1 >= runs.len(),
+        "buffered runs are not stopped: {runs:#?}"
+    );
+    for w in runs.windows(2) {
+        // Back to back: the waiting slot starts as the previous ends.
+        let idle_ms = (w[1].start - w[0].end) / 1_000_000;
+        assert!(
+            idle_ms < 1_000,
+            "{idle_ms} ms idle before slot {}: {runs:#?}",
+            w[1].slot
+        );
+        // Every other slot (or every third, when the wait crosses a slot).
+        let gap = (w[1].slot - w[0].slot).num_seconds();
+        assert!(
+            (1..=3).contains(&gap),
+            "slots {} → {}: {runs:#?}",
+            w[0].slot,
+            w[1].slot
+        );
+    }
+    // The slots not run say why.
+    let reasons = cancelled_reasons(&e);
+    assert!(
+        reasons.iter().filter(|r| r.contains("buffer_one")).count() >= 3,
+        "{reasons:?}"
+    );
+    let out = e.run(&["jobs", "--config", "baton.toml"]);
+    assert!(stdout(&out).contains("buffer_one"), "{}", stdout(&out));
+}
+
+async fn cancel_other_never_runs_two_at_once(e: Env) {
+    let cfg = config("cancel_other");
+    let kids: Vec<_> = (0..3).map(|_| serve(&e, &cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(14));
+    stop(kids);
+    std::thread::sleep(Duration::from_millis(300));
+    let runs = runs(&e);
+    assert!(runs.len() >= 4, "too few runs: {runs:#?}");
+    assert_no_overlap(&runs);
+    // Each run but the last was stopped by the next slot, well before its
+    // 2.5 s were up.
+    let stopped = runs
+        .iter()
+        .filter(|r| r.end - r.start < 2_300_000_000)
+        .count();
+    assert!(stopped + 1 >= runs.len(), "runs not stopped: {runs:#?}");
+    // Each stopped run is recorded cancelled.
+    let reasons = cancelled_reasons(&e);
+    assert!(reasons.len() + 1 >= runs.len(), "{reasons:?} {runs:#?}");
+}
