@@ -383,7 +383,7 @@ command = ["sh", "-c", "echo $BATON_SLOT $(date +%s.%N) >> runs"]
     );
 }
 
-/// `misfire = "all"` with the default overlap ("forbid"): after every
+/// `misfire = "all"` with the default overlap ("skip"): after every
 /// instance was down for ~5 s, each missed slot runs once.
 async fn misfire_all_with_default_overlap_runs_every_missed_slot(e: Env) {
     let cfg = r#"

@@ -201,7 +201,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         Some(c0)
     );
     // The scheduler reaching the triggered slot finds the same task — also
-    // under overlap = forbid: the pending trigger run is this slot's own
+    // under overlap = skip: the pending trigger run is this slot's own
     // run, not a previous one, so it is not "skipped".
     let t = job.task(slot, false).unwrap();
     let adv = JobAdvance {
@@ -643,7 +643,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
 }
 
 /// With `batch_after`, tasks of the same catch-up (slots after it) are not
-/// a previous run for overlap = forbid; a task of an earlier slot still is.
+/// a previous run for overlap = skip; a task of an earlier slot still is.
 pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("batch", every(1_000));
@@ -731,7 +731,7 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
 
 /// A scheduler that starts while another instance is part-way through a
 /// `misfire = all` catch-up (the cursor one slot short of the latest due
-/// slot) sees only that last slot due: under `overlap = forbid` it still
+/// slot) sees only that last slot due: under `overlap = skip` it still
 /// runs it as part of the catch-up, not as skipped behind the catch-up's
 /// pending tasks.
 pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
@@ -1036,7 +1036,7 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
 
 /// An early take (`not_before`, the scheduler's lead) is judged by the
 /// store in the one advance call: refused before `not_before` by the
-/// store's clock; under `overlap = forbid` with the previous run unfinished
+/// store's clock; under `overlap = skip` with the previous run unfinished
 /// it answers `NotDue` before the slot (nothing recorded, cursor unmoved);
 /// at the slot the overlap rule applies as before (a skip is recorded).
 pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
