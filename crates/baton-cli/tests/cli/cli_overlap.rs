@@ -49,7 +49,9 @@ struct Run {
 /// The runs, by start; every run that started has ended (the trap writes
 /// the end of a stopped one).
 fn runs(e: &Env) -> Vec<Run> {
-    let mut by_slot: BTreeMap<String, (Option<i64>, Option<(i64, bool)>)> = BTreeMap::new();
+    // slot → (start, (end, stopped)).
+    type Lines = (Option<i64>, Option<(i64, bool)>);
+    let mut by_slot: BTreeMap<String, Lines> = BTreeMap::new();
     for l in read(&e.path("runs")).lines() {
         let f: Vec<&str> = l.split_whitespace().collect();
         let [what, slot, at] = f[..] else {

@@ -448,4 +448,25 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn lock_mode_refuses_the_waiting_overlap_policies_naming_the_field() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        let lock = |o| {
+            Job::new("l", every.clone())
+                .lock_mode(Duration::from_secs(30), Duration::ZERO)
+                .overlap(o)
+                .validate()
+        };
+        for o in [Overlap::BufferOne, Overlap::BufferAll, Overlap::CancelOther] {
+            let e = lock(o).unwrap_err();
+            assert_eq!(e.field, "job \"l\": overlap", "{e}");
+            assert!(e.problem.contains(o.as_str()), "{e}");
+        }
+        assert!(lock(Overlap::Skip).is_ok() && lock(Overlap::Allow).is_ok());
+        assert!(Job::new("d", every)
+            .overlap(Overlap::CancelOther)
+            .validate()
+            .is_ok());
+    }
 }
