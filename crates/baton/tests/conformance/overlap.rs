@@ -9,7 +9,7 @@ use baton::schedule::spec::Schedule;
 use baton::schedule::Job;
 use baton::store::{
     is_waiting, Advanced, Enqueued, Finish, JobAdvance, JobRegister, Overlap, SlotRecord, Task,
-    TaskClaim, TaskState, OVERLAP_BUFFER_FULL, OVERLAP_REPLACED,
+    TaskState, OVERLAP_BUFFER_FULL, OVERLAP_REPLACED,
 };
 use chrono::{DateTime, Utc};
 
@@ -52,23 +52,9 @@ async fn take(ts: &TestStore, job: &Job, c0: DateTime<Utc>, n: i64, ov: Overlap)
         .unwrap()
 }
 
-/// Claim what is claimable on the default queue now (slot tasks are due
-/// at their slot: the tests' slots are a few seconds ahead, so the claim
-/// looks only at waiting vs due, after `make_due`).
+/// Claim what is claimable on the default queue now.
 async fn claim(ts: &TestStore) -> Vec<Task> {
-    ts.store
-        .backend()
-        .task_claim(&TaskClaim {
-            queue: "default",
-            worker: "w",
-            limit: 10,
-            lease: Duration::from_secs(30),
-            max_running: None,
-            per_key_max_running: None,
-            buffered: 0,
-        })
-        .await
-        .unwrap()
+    crate::queue::claim(&ts.store, "default", 10, 30_000).await
 }
 
 async fn state(ts: &TestStore, id: i64) -> baton::store::TaskInfo {

@@ -20,7 +20,12 @@ fn task(kind: &str) -> TaskBuilder {
     TaskBuilder::new(kind, json!({"k": kind}))
 }
 
-async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::store::Task> {
+pub(crate) async fn claim(
+    store: &Store,
+    queue: &str,
+    n: u32,
+    lease_ms: u64,
+) -> Vec<baton::store::Task> {
     store
         .backend()
         .task_claim(&TaskClaim {
