@@ -119,11 +119,23 @@ pub(crate) async fn job_advance<T: SlotTx>(
         SlotTx::rollback(tx).await?;
         return Ok(Advanced::NotDue { now });
     }
-    let previous = if adv.checks_overlap() {
+    let mut previous = if adv.checks_overlap() {
         tx.previous_runs(adv).await?
     } else {
         Vec::new()
     };
+    if adv.overlap == Overlap::CancelOther {
+        // The runs to stop, each row locked and its state read again: a
+        // pending one claimed since the read above is running now, and
+        // must be waited for rather than cancelled as pending.
+        let mut locked = Vec::with_capacity(previous.len());
+        for p in previous {
+            if let Some(state @ (TaskState::Pending | TaskState::Running)) = tx.state(p.id).await? {
+                locked.push(PreviousRun { state, ..p });
+            }
+        }
+        previous = locked;
+    }
     let busy = !previous.is_empty();
     if busy && adv.early_at(now) {
         // Early, and the previous run is unfinished: judge the overlap
