@@ -583,6 +583,7 @@ fn overlap_policies_parse_forbid_is_skip_and_unknown_names_the_field() {
         ("buffer_one", Overlap::BufferOne),
         ("buffer_all", Overlap::BufferAll),
         ("cancel_other", Overlap::CancelOther),
+        ("terminate_other", Overlap::TerminateOther),
     ] {
         let c = Config::parse(&job(&format!("overlap = \"{text}\""))).unwrap();
         assert_eq!(c.jobs[0].overlap, want, "{text}");

@@ -13,6 +13,7 @@ use common::{read, stdout, Env};
 per_backend! {
     buffer_one_runs_back_to_back_without_overlap,
     cancel_other_never_runs_two_at_once,
+    terminate_other_kills_the_previous_run_at_once,
 }
 
 /// The job under `overlap`; the command records its end even when stopped
@@ -36,18 +37,18 @@ command = ["sh", "-c", "trap 'sleep 0.8; echo stop $BATON_SLOT $(date +%s%N) >> 
     )
 }
 
-/// One run: its slot, start and end (ns since the epoch), and whether it
-/// was stopped (SIGTERM) rather than ending by itself.
+/// One run: its slot, start and end (ns since the epoch; none when it was
+/// killed before its trap could write), and whether it was stopped
+/// (SIGTERM) rather than ending by itself.
 #[derive(Debug)]
 struct Run {
     slot: chrono::DateTime<chrono::Utc>,
     start: i64,
-    end: i64,
+    end: Option<i64>,
     stopped: bool,
 }
 
-/// The runs, by start; every run that started has ended (the trap writes
-/// the end of a stopped one).
+/// The runs, by start (the trap writes the end of a stopped one).
 fn runs(e: &Env) -> Vec<Run> {
     // slot → (start, (end, stopped)).
     type Lines = (Option<i64>, Option<(i64, bool)>);
@@ -68,29 +69,29 @@ fn runs(e: &Env) -> Vec<Run> {
     }
     let mut out: Vec<Run> = by_slot
         .into_iter()
-        .map(|(slot, (s, end))| {
-            let (end, stopped) =
-                end.unwrap_or_else(|| panic!("slot {slot} started but never ended"));
-            Run {
-                slot: slot.parse().expect("BATON_SLOT is RFC 3339"),
-                start: s.unwrap_or_else(|| panic!("slot {slot} ended but never started")),
-                end,
-                stopped,
-            }
+        .map(|(slot, (s, end))| Run {
+            slot: slot.parse().expect("BATON_SLOT is RFC 3339"),
+            start: s.unwrap_or_else(|| panic!("slot {slot} ended but never started")),
+            end: end.map(|(at, _)| at),
+            stopped: end.is_some_and(|(_, stopped)| stopped),
         })
         .collect();
     out.sort_by_key(|r| r.start);
     out
 }
 
-/// No two runs at once: each starts only after the one before ended.
+/// No two runs at once: each starts only after the one before ended
+/// (every run wrote its end).
 fn assert_no_overlap(runs: &[Run]) {
     for w in runs.windows(2) {
+        let Some(end) = w[0].end else {
+            panic!("slot {} started but never ended: {runs:#?}", w[0].slot)
+        };
         assert!(
-            w[1].start >= w[0].end,
+            w[1].start >= end,
             "slot {} started {} ms before slot {} ended: {runs:#?}",
             w[1].slot,
-            (w[0].end - w[1].start) / 1_000_000,
+            (end - w[1].start) / 1_000_000,
             w[0].slot
         );
         assert!(w[1].slot > w[0].slot, "runs out of slot order: {runs:#?}");
@@ -130,7 +131,7 @@ async fn buffer_one_runs_back_to_back_without_overlap(e: Env) {
     assert!(stopped <= 1, "buffered runs were stopped: {runs:#?}");
     for w in runs.windows(2) {
         // Back to back: the waiting slot starts as the previous ends.
-        let idle_ms = (w[1].start - w[0].end) / 1_000_000;
+        let idle_ms = (w[1].start - w[0].end.unwrap_or(i64::MAX)) / 1_000_000;
         assert!(
             idle_ms < 1_000,
             "{idle_ms} ms idle before slot {}: {runs:#?}",
@@ -170,4 +171,43 @@ async fn cancel_other_never_runs_two_at_once(e: Env) {
     // Each stopped run is recorded cancelled.
     let reasons = cancelled_reasons(&e);
     assert!(reasons.len() + 1 >= runs.len(), "{reasons:?} {runs:#?}");
+}
+
+async fn terminate_other_kills_the_previous_run_at_once(e: Env) {
+    let cfg = config("terminate_other");
+    let kids: Vec<_> = (0..3).map(|_| serve(&e, &cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(12));
+    stop(kids);
+    std::thread::sleep(Duration::from_millis(300));
+    let runs = runs(&e);
+    assert!(runs.len() >= 4, "too few runs: {runs:#?}");
+    // Killed at once: no replaced run lived the 0.8 s its trap needs to
+    // write "stop" (the last one may, stopped by the shutdown's grace).
+    let (last, replaced) = runs.split_last().unwrap();
+    assert!(
+        replaced.iter().all(|r| r.end.is_none()),
+        "a replaced run was stopped gracefully: {runs:#?}"
+    );
+    assert!(last.end.is_none() || last.stopped, "{runs:#?}");
+    // Never two at once, by the store's records: each run started after
+    // the one before had finished.
+    let out = e.run(&["tasks", "list", "--job", "slow", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let mut ran: Vec<(String, String)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| {
+            let start = t["started_at"].as_str()?.to_string();
+            Some((start, t["finished_at"].as_str().unwrap_or("~").to_string()))
+        })
+        .collect();
+    ran.sort();
+    assert!(ran.len() >= 4, "{ran:?}");
+    for w in ran.windows(2) {
+        assert!(
+            w[1].0 >= w[0].1,
+            "a run started before the previous finished: {ran:?}"
+        );
+    }
 }

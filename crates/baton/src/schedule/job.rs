@@ -458,7 +458,12 @@ mod tests {
                 .overlap(o)
                 .validate()
         };
-        for o in [Overlap::BufferOne, Overlap::BufferAll, Overlap::CancelOther] {
+        for o in [
+            Overlap::BufferOne,
+            Overlap::BufferAll,
+            Overlap::CancelOther,
+            Overlap::TerminateOther,
+        ] {
             let e = lock(o).unwrap_err();
             assert_eq!(e.field, "job \"l\": overlap", "{e}");
             assert!(e.problem.contains(o.as_str()), "{e}");

@@ -124,7 +124,7 @@ pub(crate) async fn job_advance<T: SlotTx>(
     } else {
         Vec::new()
     };
-    if adv.overlap == Overlap::CancelOther {
+    if adv.overlap.replaces() {
         // The runs to stop, each row locked and its state read again: a
         // pending one claimed since the read above is running now, and
         // must be waited for rather than cancelled as pending.
@@ -168,7 +168,7 @@ pub(crate) async fn job_advance<T: SlotTx>(
         task
     };
     let e = tx.insert(task, birth).await?;
-    if e.inserted && adv.overlap == Overlap::CancelOther && busy {
+    if e.inserted && adv.overlap.replaces() && busy {
         // The slot replaces the previous runs: those not started are
         // cancelled with the reason, a running one is asked to stop (it
         // learns it at its next heartbeat; its lease keeps it fenced).
@@ -209,10 +209,12 @@ fn overlap_birth(overlap: Overlap, previous: &[PreviousRun]) -> Birth<'static> {
         Overlap::BufferOne | Overlap::BufferAll => Birth::Waiting,
         // The pending previous runs are cancelled (never started): only a
         // running one is waited for.
-        Overlap::CancelOther if previous.iter().any(|p| p.state == TaskState::Running) => {
+        Overlap::CancelOther | Overlap::TerminateOther
+            if previous.iter().any(|p| p.state == TaskState::Running) =>
+        {
             Birth::Waiting
         }
-        Overlap::CancelOther => Birth::Pending,
+        Overlap::CancelOther | Overlap::TerminateOther => Birth::Pending,
     }
 }
 

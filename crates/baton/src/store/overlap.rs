@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// How the scheduler treats a slot when the job's previous run is
 /// unfinished (pending or running). Written in config and the API in
 /// snake case (`skip`, `allow`, `buffer_one`, `buffer_all`,
-/// `cancel_other`); `forbid` is read as `skip`.
+/// `cancel_other`, `terminate_other`); `forbid` is read as `skip`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Overlap {
@@ -38,10 +38,18 @@ pub enum Overlap {
     /// not started ([`OVERLAP_REPLACED`]), and record the slot waiting
     /// until the previous run has stopped.
     CancelOther,
+    /// Decided in the store as [`Overlap::CancelOther`]; the running
+    /// previous run is then stopped at once rather than gracefully: `baton
+    /// serve` kills a job command's process tree without its `--grace`
+    /// when the run is cancelled. An in-process handler sees
+    /// [`StopReason::Cancelled`](crate::queue::StopReason) as under
+    /// `CancelOther` and should return at once.
+    TerminateOther,
 }
 
 /// Every accepted spelling, for error messages.
-pub const OVERLAP_FORMS: &str = "skip (or forbid), allow, buffer_one, buffer_all, cancel_other";
+pub const OVERLAP_FORMS: &str =
+    "skip (or forbid), allow, buffer_one, buffer_all, cancel_other, terminate_other";
 
 impl Overlap {
     /// The config/API spelling.
@@ -52,6 +60,7 @@ impl Overlap {
             Overlap::BufferOne => "buffer_one",
             Overlap::BufferAll => "buffer_all",
             Overlap::CancelOther => "cancel_other",
+            Overlap::TerminateOther => "terminate_other",
         }
     }
 
@@ -60,8 +69,17 @@ impl Overlap {
     pub fn may_wait(self) -> bool {
         matches!(
             self,
-            Overlap::BufferOne | Overlap::BufferAll | Overlap::CancelOther
+            Overlap::BufferOne
+                | Overlap::BufferAll
+                | Overlap::CancelOther
+                | Overlap::TerminateOther
         )
+    }
+
+    /// Whether a slot under this policy stops the job's previous run
+    /// ([`Overlap::CancelOther`], [`Overlap::TerminateOther`]).
+    pub fn replaces(self) -> bool {
+        matches!(self, Overlap::CancelOther | Overlap::TerminateOther)
     }
 }
 
@@ -86,6 +104,7 @@ impl FromStr for Overlap {
             "buffer_one" => Overlap::BufferOne,
             "buffer_all" => Overlap::BufferAll,
             "cancel_other" => Overlap::CancelOther,
+            "terminate_other" => Overlap::TerminateOther,
             _ => return Err(UnknownOverlap(s.to_string())),
         })
     }
@@ -146,6 +165,7 @@ mod tests {
             Overlap::BufferOne,
             Overlap::BufferAll,
             Overlap::CancelOther,
+            Overlap::TerminateOther,
         ] {
             assert_eq!(o.as_str().parse::<Overlap>(), Ok(o));
             let json = serde_json::to_string(&o).unwrap();

@@ -102,6 +102,7 @@ baton_testkit::per_backend! {
     overlap::buffer_one_waits_for_the_running_run_and_keeps_one,
     overlap::buffer_all_runs_each_waiting_slot_in_order,
     overlap::cancel_other_stops_the_previous_and_waits_for_it,
+    overlap::terminate_other_is_decided_as_cancel_other,
     overlap::racing_releases_start_a_waiting_slot_once,
     schedule::trigger_and_scheduler_share_a_slot,
     schedule::five_schedulers_run_each_slot_once,

@@ -151,16 +151,25 @@ pub async fn buffer_all_runs_each_waiting_slot_in_order(ts: TestStore) {
 }
 
 pub async fn cancel_other_stops_the_previous_and_waits_for_it(ts: TestStore) {
+    replaces_the_previous(ts, Overlap::CancelOther).await
+}
+
+/// Decided in the store as cancel_other (the stop differs in the worker).
+pub async fn terminate_other_is_decided_as_cancel_other(ts: TestStore) {
+    replaces_the_previous(ts, Overlap::TerminateOther).await
+}
+
+async fn replaces_the_previous(ts: TestStore, ov: Overlap) {
     let b = ts.store.backend();
     let (job, c0) = setup(&ts, "co").await;
-    let first = enqueued(take(&ts, &job, c0, 1, Overlap::CancelOther).await);
+    let first = enqueued(take(&ts, &job, c0, 1, ov).await);
     let running = claim_first(&ts, first.id).await;
-    let w2 = waiting(take(&ts, &job, c0, 2, Overlap::CancelOther).await);
+    let w2 = waiting(take(&ts, &job, c0, 2, ov).await);
     assert!(state(&ts, first.id).await.cancel_requested, "stop asked");
     assert!(claim(&ts).await.is_empty(), "the new run waits");
     // A later slot replaces the waiting one (never started: cancelled,
     // saying why) and waits in its place.
-    let w3 = waiting(take(&ts, &job, c0, 3, Overlap::CancelOther).await);
+    let w3 = waiting(take(&ts, &job, c0, 3, ov).await);
     let info = state(&ts, w2.id).await;
     assert_eq!(info.state, TaskState::Cancelled);
     assert_eq!(info.last_error.as_deref(), Some(OVERLAP_REPLACED));
@@ -181,8 +190,8 @@ pub async fn cancel_other_stops_the_previous_and_waits_for_it(ts: TestStore) {
     // A previous run that had not started is cancelled, and the new slot
     // runs at once (nothing to wait for).
     let (job2, c2) = setup(&ts, "co2").await;
-    let p = enqueued(take(&ts, &job2, c2, 1, Overlap::CancelOther).await);
-    let n = enqueued(take(&ts, &job2, c2, 2, Overlap::CancelOther).await);
+    let p = enqueued(take(&ts, &job2, c2, 1, ov).await);
+    let n = enqueued(take(&ts, &job2, c2, 2, ov).await);
     assert!(n.inserted);
     let info = state(&ts, p.id).await;
     assert_eq!(info.state, TaskState::Cancelled);

@@ -106,7 +106,9 @@ pub(super) async fn job_advance(
             Overlap::Allow => "a",
             Overlap::BufferOne => "b1",
             Overlap::BufferAll => "ba",
-            Overlap::CancelOther => "c",
+            // The store's decision is the same; the stop differs (the
+            // worker's, see `Overlap::TerminateOther`).
+            Overlap::CancelOther | Overlap::TerminateOther => "c",
         })
         .arg(reason)
         .arg(record)
