@@ -80,6 +80,16 @@ fn runs(e: &Env) -> Vec<Run> {
     out
 }
 
+/// Three `baton serve` running the job under `overlap` for `secs`; its runs.
+fn three_serves(e: &Env, overlap: &str, secs: u64) -> Vec<Run> {
+    let cfg = config(overlap);
+    let kids: Vec<_> = (0..3).map(|_| serve(e, &cfg, &[])).collect();
+    std::thread::sleep(Duration::from_secs(secs));
+    stop(kids);
+    std::thread::sleep(Duration::from_millis(300));
+    runs(e)
+}
+
 /// No two runs at once: each starts only after the one before ended
 /// (every run wrote its end).
 fn assert_no_overlap(runs: &[Run]) {
@@ -118,12 +128,7 @@ fn cancelled_reasons(e: &Env) -> Vec<String> {
 }
 
 async fn buffer_one_runs_back_to_back_without_overlap(e: Env) {
-    let cfg = config("buffer_one");
-    let kids: Vec<_> = (0..3).map(|_| serve(&e, &cfg, &[])).collect();
-    std::thread::sleep(Duration::from_secs(18));
-    stop(kids);
-    std::thread::sleep(Duration::from_millis(300));
-    let runs = runs(&e);
+    let runs = three_serves(&e, "buffer_one", 18);
     assert!(runs.len() >= 5, "too few runs: {runs:#?}");
     assert_no_overlap(&runs);
     // Nothing is stopped but the last run, by the shutdown.
@@ -157,12 +162,7 @@ async fn buffer_one_runs_back_to_back_without_overlap(e: Env) {
 }
 
 async fn cancel_other_never_runs_two_at_once(e: Env) {
-    let cfg = config("cancel_other");
-    let kids: Vec<_> = (0..3).map(|_| serve(&e, &cfg, &[])).collect();
-    std::thread::sleep(Duration::from_secs(14));
-    stop(kids);
-    std::thread::sleep(Duration::from_millis(300));
-    let runs = runs(&e);
+    let runs = three_serves(&e, "cancel_other", 14);
     assert!(runs.len() >= 4, "too few runs: {runs:#?}");
     assert_no_overlap(&runs);
     // Runs are stopped by the next slot (most before their 2.5 s are up).
@@ -174,12 +174,7 @@ async fn cancel_other_never_runs_two_at_once(e: Env) {
 }
 
 async fn terminate_other_kills_the_previous_run_at_once(e: Env) {
-    let cfg = config("terminate_other");
-    let kids: Vec<_> = (0..3).map(|_| serve(&e, &cfg, &[])).collect();
-    std::thread::sleep(Duration::from_secs(12));
-    stop(kids);
-    std::thread::sleep(Duration::from_millis(300));
-    let runs = runs(&e);
+    let runs = three_serves(&e, "terminate_other", 12);
     assert!(runs.len() >= 4, "too few runs: {runs:#?}");
     // Killed at once: no replaced run lived the 0.8 s its trap needs to
     // write "stop" (the last one may, stopped by the shutdown's grace).
