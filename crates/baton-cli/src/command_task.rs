@@ -75,6 +75,18 @@ pub async fn run_argv(
     argv: Vec<String>,
     grace: Duration,
 ) -> Result<(), TaskError> {
+    run_argv_stopping(ctx, argv, grace, grace).await
+}
+
+/// [`run_argv`], giving the tree `cancel_grace` instead of `grace` when
+/// the stop is a cancel (zero for a job under `overlap =
+/// "terminate_other"`: its process tree is killed at once).
+pub async fn run_argv_stopping(
+    ctx: TaskContext,
+    argv: Vec<String>,
+    grace: Duration,
+    cancel_grace: Duration,
+) -> Result<(), TaskError> {
     let t = ctx.task();
     let mut env = vec![
         ("BATON_TASK_ID", t.id.to_string()),
@@ -94,9 +106,16 @@ pub async fn run_argv(
     let id = t.id;
     let stop = async {
         ctx.stopped().await;
-        let reason = ctx.stop_reason().map(StopReason::as_str);
-        tracing::info!(task = id, reason, "stopping the command");
-        grace
+        let reason = ctx.stop_reason();
+        tracing::info!(
+            task = id,
+            reason = reason.map(StopReason::as_str),
+            "stopping the command"
+        );
+        match reason {
+            Some(StopReason::Cancelled) => cancel_grace,
+            _ => grace,
+        }
     };
     let stop_by = Some(ctx.watch_stop_by());
     run_command(&argv, &env, stop, grace, RanFor::Task(&ctx), stop_by).await

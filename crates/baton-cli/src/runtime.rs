@@ -220,8 +220,21 @@ pub fn durable_handler(
         let j = j.clone();
         Box::pin(async move {
             let t = ctx.task();
+            // terminate_other: a cancelled run (replaced by a later slot)
+            // is killed at once, without the grace.
+            let cancel_grace = if j.overlap == baton::store::Overlap::TerminateOther {
+                Duration::ZERO
+            } else {
+                grace
+            };
             if let Action::Command(argv) = &j.action {
-                return command_task::run_argv(ctx.clone(), argv.clone(), grace).await;
+                return command_task::run_argv_stopping(
+                    ctx.clone(),
+                    argv.clone(),
+                    grace,
+                    cancel_grace,
+                )
+                .await;
             }
             let mut env = vec![
                 ("BATON_JOB", j.name.clone()),
@@ -238,7 +251,10 @@ pub fn durable_handler(
                 env,
                 async move {
                     c2.stopped().await;
-                    grace
+                    match c2.stop_reason() {
+                        Some(baton::queue::StopReason::Cancelled) => cancel_grace,
+                        _ => grace,
+                    }
                 },
                 grace,
                 j.timeout,

@@ -600,6 +600,7 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
     let mut table = Table::new(&[
         ("JOB", Align::Left),
         ("PAUSED", Align::Left),
+        ("OVERLAP", Align::Left),
         ("LAST SLOT", Align::Left),
         ("NEXT FIRE", Align::Left),
         ("LAST RUN", Align::Left),
@@ -631,9 +632,14 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
                 "(give --config)".into()
             }
         });
+        let overlap = cfg_jobs
+            .iter()
+            .find(|j| j.name == s.state.name)
+            .map_or_else(|| "-".to_string(), |j| j.overlap.to_string());
         table.row(vec![
             s.state.name,
             s.state.paused.to_string(),
+            overlap,
             output::ts_or_dash(s.state.last_slot),
             next,
             last,

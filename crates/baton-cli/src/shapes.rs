@@ -141,12 +141,13 @@ pub fn next_fire(j: &JobConfig, now: DateTime<Utc>) -> Option<String> {
     })
 }
 
-/// One job: its schedule and next fire (when its config is known), pause
+/// One job: its schedule, overlap policy and next fire (when its config is known), pause
 /// flag, last slot and last run with its outcome.
 pub fn job(s: &JobStatus, cfg: Option<&JobConfig>, now: DateTime<Utc>) -> Value {
     json!({
         "name": s.state.name,
         "schedule": cfg.map(|j| j.schedule.to_string()),
+        "overlap": cfg.map(|j| j.overlap.as_str()),
         "paused": s.state.paused,
         "last_slot": s.state.last_slot.map(output::ts),
         "next_fire": cfg.and_then(|j| next_fire(j, now)),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use baton::schedule::spec::{Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use baton::schedule::Job;
-use baton::store::Overlap;
+use baton::store::{Overlap, OVERLAP_FORMS};
 use baton::InvalidInput;
 use serde::Deserialize;
 
@@ -119,7 +119,7 @@ pub(super) struct RawJob {
     misfire: Option<Misfire>,
     max_catch_up: Option<i64>,
     grace: Option<String>,
-    overlap: Option<Overlap>,
+    overlap: Option<String>,
     max_attempts: Option<i64>,
     timeout: Option<String>,
     jitter: Option<String>,
@@ -336,6 +336,16 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
         Some(s) => Some(positive_duration("catch_up_window", s).map_err(input)?),
         None => None,
     };
+    let overlap = match &j.overlap {
+        Some(o) => o.parse::<Overlap>().map_err(|_| {
+            ConfigError::invalid(
+                owner,
+                Some("overlap"),
+                format!("{o:?} is not a policy; expected one of {OVERLAP_FORMS}"),
+            )
+        })?,
+        None => Overlap::default(),
+    };
     let start_at = instant("start_at", &j.start_at)?;
     let end_at = instant("end_at", &j.end_at)?;
     if let (Some(s), Some(e)) = (start_at, end_at) {
@@ -360,7 +370,7 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
         misfire: j.misfire.unwrap_or_default(),
         max_catch_up,
         grace,
-        overlap: j.overlap.unwrap_or_default(),
+        overlap,
         max_attempts,
         timeout,
         jitter,

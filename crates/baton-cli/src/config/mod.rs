@@ -26,7 +26,7 @@
 //! misfire = "latest"                 # latest | all | none
 //! max_catch_up = 100                 # misfire = "all"/"none": at most this many
 //! grace = "1m"                       # misfire = "none": how late a slot may still run
-//! overlap = "forbid"                 # durable mode: forbid | allow
+//! overlap = "skip"                   # durable mode: skip (alias forbid) | allow | buffer_one | buffer_all | cancel_other | terminate_other
 //! max_attempts = 3                   # durable mode
 //! timeout = "5m"                     # per attempt; default none
 //! jitter = "0s"

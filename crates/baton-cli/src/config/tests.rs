@@ -139,7 +139,7 @@ fn parses_a_full_file() {
     assert_eq!(nightly.mode, Mode::Durable);
     assert_eq!(nightly.misfire, Misfire::Latest);
     assert_eq!(nightly.max_catch_up, DEFAULT_MAX_CATCH_UP);
-    assert_eq!(nightly.overlap, Overlap::Forbid);
+    assert_eq!(nightly.overlap, Overlap::Skip);
     assert_eq!(nightly.max_attempts, DEFAULT_MAX_ATTEMPTS);
     assert_eq!(nightly.timeout, None);
     assert_eq!(nightly.jitter, Duration::ZERO);
@@ -570,6 +570,28 @@ fn start_and_end_at() {
     ));
     assert!(
         e.contains("end_at") && e.contains("not after start_at"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overlap_policies_parse_forbid_is_skip_and_unknown_names_the_field() {
+    for (text, want) in [
+        ("skip", Overlap::Skip),
+        ("forbid", Overlap::Skip),
+        ("allow", Overlap::Allow),
+        ("buffer_one", Overlap::BufferOne),
+        ("buffer_all", Overlap::BufferAll),
+        ("cancel_other", Overlap::CancelOther),
+        ("terminate_other", Overlap::TerminateOther),
+    ] {
+        let c = Config::parse(&job(&format!("overlap = \"{text}\""))).unwrap();
+        assert_eq!(c.jobs[0].overlap, want, "{text}");
+        assert_eq!(c.jobs[0].job().overlap, want, "{text}");
+    }
+    let e = err(&job("overlap = \"replace\""));
+    assert!(
+        e.contains("overlap") && e.contains("replace") && e.contains("buffer_one"),
         "{e}"
     );
 }

@@ -348,6 +348,7 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
     };
     let j = job(a);
     assert_eq!(j["paused"], false, "{j}");
+    assert_eq!(j["overlap"], "skip", "the default policy, shown: {j}");
     assert!(
         j["next_fire"].as_str().unwrap().ends_with("+09:00"),
         "next fire in the job's zone: {j}"

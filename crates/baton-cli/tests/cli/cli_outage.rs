@@ -156,7 +156,7 @@ fn scenario(dir: &Path, url: &str, prefix: &str, outage: impl FnOnce()) {
     // From then on, every slot ran (the last one or two may still be
     // pending when the instances stop). One exception: when the store came
     // back just before a slot, the catch-up run (the latest due slot) can
-    // still be running at the next slot, which `overlap = forbid` then
+    // still be running at the next slot, which `overlap = skip` then
     // skips, with a record (checked below).
     let after: Vec<_> = m.keys().filter(|s| **s >= first_slot).copied().collect();
     assert!(after.len() >= 3, "too few runs after the outage\n{report}");

@@ -119,7 +119,7 @@ async fn three_instances_start_each_slot_on_time(e: Env) {
             ))
             .collect::<Vec<_>>()
     );
-    // No slot was recorded as skipped (overlap = forbid finding the previous
+    // No slot was recorded as skipped (overlap = skip finding the previous
     // slot's task still pending).
     let out = e.run(&[
         "tasks", "list", "--job", "tick", "--limit", "1000", "--json",

@@ -40,7 +40,7 @@ misfire = "all"
 command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
 "#;
 
-fn serve(e: &Env, config: &str, extra_env: &[(&str, &str)]) -> Child {
+pub(crate) fn serve(e: &Env, config: &str, extra_env: &[(&str, &str)]) -> Child {
     // Written whole and renamed into place: an instance starting while the
     // next one is spawned must never read a half-written (empty) file.
     let tmp = e.path(&format!("baton.toml.{}", fastrand::u64(..)));
@@ -68,7 +68,7 @@ fn serve(e: &Env, config: &str, extra_env: &[(&str, &str)]) -> Child {
     c.spawn().unwrap()
 }
 
-fn stop(mut kids: Vec<Child>) {
+pub(crate) fn stop(mut kids: Vec<Child>) {
     for k in &kids {
         signal(k, libc::SIGTERM);
     }
@@ -383,7 +383,7 @@ command = ["sh", "-c", "echo $BATON_SLOT $(date +%s.%N) >> runs"]
     );
 }
 
-/// `misfire = "all"` with the default overlap ("forbid"): after every
+/// `misfire = "all"` with the default overlap ("skip"): after every
 /// instance was down for ~5 s, each missed slot runs once.
 async fn misfire_all_with_default_overlap_runs_every_missed_slot(e: Env) {
     let cfg = r#"

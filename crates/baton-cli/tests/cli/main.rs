@@ -23,6 +23,7 @@ mod cli_logs;
 #[cfg(feature = "otel")]
 mod cli_otel;
 mod cli_outage;
+mod cli_overlap;
 mod cli_pgbouncer;
 mod cli_precision;
 mod cli_queue;

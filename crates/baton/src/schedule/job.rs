@@ -70,7 +70,7 @@ pub struct Job {
     /// and a worker claims it as the slot comes (at most a quarter of the
     /// gap to the following slot). The store refuses the take before
     /// `slot - lead` by its clock; pause is judged that much earlier, but
-    /// `overlap = forbid` still at the slot (an unfinished previous run
+    /// the overlap rule still at the slot (an unfinished previous run
     /// defers the take to the slot, where the rule applies). Missed slots
     /// (misfire, catch-up) are taken only once due. Lock mode ignores it:
     /// its run starts at once.
@@ -94,7 +94,7 @@ pub const DEFAULT_LEAD: Duration = Duration::from_millis(150);
 
 impl Job {
     /// A durable job on the default queue, misfire `latest`, overlap
-    /// `forbid`, 3 attempts, kind = name.
+    /// `skip`, 3 attempts, kind = name.
     pub fn new(name: impl Into<String>, schedule: Schedule) -> Job {
         let name = name.into();
         Job {
@@ -106,7 +106,7 @@ impl Job {
             misfire: Misfire::Latest,
             max_catch_up: DEFAULT_MAX_CATCH_UP,
             misfire_grace: Duration::from_secs(60),
-            overlap: Overlap::Forbid,
+            overlap: Overlap::Skip,
             jitter: Duration::ZERO,
             queue: crate::queue::DEFAULT_QUEUE.into(),
             payload: serde_json::json!({}),
@@ -273,6 +273,19 @@ impl Job {
             }
         }
         if let JobMode::Lock { at_most, at_least } = self.mode {
+            if self.overlap.may_wait() {
+                // A lock-mode run holds the job's lease lock for its whole
+                // run, so runs never overlap and there is no queued slot
+                // to hold back or previous task to cancel.
+                return Err(ctx(InvalidInput::new(
+                    "overlap",
+                    format!(
+                        "{} applies to durable jobs only (a lock-mode job runs one slot at a \
+                         time under its lease lock); use skip or allow",
+                        self.overlap
+                    ),
+                )));
+            }
             // Checked only: the scheduler builds its own when it runs.
             LockOptions::new(at_most)
                 .at_least(at_least)
@@ -434,5 +447,31 @@ mod tests {
                 at("2027-01-01T05:00:00Z")
             ]
         );
+    }
+
+    #[test]
+    fn lock_mode_refuses_the_waiting_overlap_policies_naming_the_field() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        let lock = |o| {
+            Job::new("l", every.clone())
+                .lock_mode(Duration::from_secs(30), Duration::ZERO)
+                .overlap(o)
+                .validate()
+        };
+        for o in [
+            Overlap::BufferOne,
+            Overlap::BufferAll,
+            Overlap::CancelOther,
+            Overlap::TerminateOther,
+        ] {
+            let e = lock(o).unwrap_err();
+            assert_eq!(e.field, "job \"l\": overlap", "{e}");
+            assert!(e.problem.contains(o.as_str()), "{e}");
+        }
+        assert!(lock(Overlap::Skip).is_ok() && lock(Overlap::Allow).is_ok());
+        assert!(Job::new("d", every)
+            .overlap(Overlap::CancelOther)
+            .validate()
+            .is_ok());
     }
 }

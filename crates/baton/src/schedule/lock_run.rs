@@ -371,7 +371,7 @@ pub(super) async fn fixed_delay_loop(
             ..JobAdvance::new(&job.name, cursor, target, Some(&task))
         };
         match b.job_advance(&adv).await {
-            Ok(Advanced::Enqueued(e)) | Ok(Advanced::Skipped(e)) => {
+            Ok(Advanced::Enqueued(e) | Advanced::Skipped(e) | Advanced::Waiting(e)) => {
                 cursor = Some(target);
                 if e.inserted {
                     // The delay counts from the run's end: run_locked moves

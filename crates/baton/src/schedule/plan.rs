@@ -70,7 +70,7 @@ pub(crate) struct NotDueRetry {
 impl Step {
     /// The answer to the store's "not due" for this step at its clock's
     /// `now`. An early take the store deferred because the previous run is
-    /// unfinished (`overlap = forbid`; `now` already past `not_before`) is
+    /// unfinished (any overlap policy but `allow`; `now` already past `not_before`) is
     /// judged again at the slot, as the rule says. Otherwise the estimate
     /// was ahead or the plan stale: recalibrate and come back when the
     /// store will take it.
@@ -195,7 +195,7 @@ impl<'a> Planner<'a> {
         }));
         // On time (nothing due): take the next slot within its lead. The
         // store judges it in the same call: not before `slot - lead` by its
-        // clock, and under `overlap = forbid` an unfinished previous run
+        // clock, and under any overlap policy but `allow` an unfinished previous run
         // makes it wait for the slot (`JobAdvance::not_before`).
         if steps.is_empty() && self.lead > chrono::Duration::zero() {
             if let Some(next) = job.schedule.next_after(from).filter(|n| job.in_window(*n)) {

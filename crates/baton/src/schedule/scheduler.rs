@@ -123,6 +123,9 @@ impl Scheduler {
             let (store, clock, stop) = (self.store.clone(), clock.clone(), shutdown.clone());
             match f {
                 None => {
+                    if job.overlap.may_wait() {
+                        set.spawn(release_loop(store.clone(), job.name.clone(), stop.clone()));
+                    }
                     set.spawn(slot_loop(store, clock, job, None, stop));
                 }
                 Some(f) => {
@@ -177,6 +180,25 @@ impl Scheduler {
         calib.abort();
         identity.abort();
         Ok(())
+    }
+}
+
+/// How often a scheduler asks the store to start a job's waiting slot
+/// (overlap `buffer_one`, `buffer_all`, `cancel_other`), plus up to
+/// [`BEAT_JITTER`]. The worker that ends a slot's run asks at once; this
+/// poll covers a run ended otherwise (rescued, cancelled while pending,
+/// its worker gone before it asked).
+const RELEASE_POLL: Duration = Duration::from_secs(1);
+
+/// Start a job's waiting slots as the runs before them finish, until
+/// `stop` fires (every instance runs it; the store decides once).
+async fn release_loop(store: Store, job: String, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(RELEASE_POLL + random_upto(BEAT_JITTER)) => {}
+            _ = stop.cancelled() => return,
+        }
+        crate::store::release_waiting(&store, &job).await;
     }
 }
 
@@ -303,7 +325,11 @@ async fn slot_loop(
                     }
                 }
                 Ok(Advanced::Skipped(e)) => {
-                    tracing::info!(job = %job.name, slot = %crate::format_time(slot), task = e.id, "slot skipped: previous run unfinished (overlap = forbid)");
+                    tracing::info!(job = %job.name, slot = %crate::format_time(slot), task = e.id, overlap = %job.overlap, "slot skipped: previous run unfinished");
+                    cursor = Some(slot);
+                }
+                Ok(Advanced::Waiting(e)) => {
+                    tracing::info!(job = %job.name, slot = %crate::format_time(slot), task = e.id, overlap = %job.overlap, "slot waiting for the previous run");
                     cursor = Some(slot);
                 }
                 Ok(Advanced::Moved(c)) => {

@@ -43,6 +43,7 @@ mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 mod options;
+mod overlap;
 mod params;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod pool;
@@ -69,6 +70,7 @@ mod writable;
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use options::StoreOptions;
+pub use overlap::*;
 pub use params::*;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
@@ -291,6 +293,14 @@ macro_rules! seam_methods {
             /// Move the cursor and record the slot's task, atomically (see
             /// [`JobAdvance`] and docs/STORE.md).
             fn job_advance(adv: &$crate::store::JobAdvance<'_>) -> $crate::store::Advanced;
+
+            /// Start the job's earliest slot waiting for its previous run
+            /// ([`Advanced::Waiting`]) once no other run of the job is pending
+            /// or running: its `run_at` becomes the store's now and its queue
+            /// is woken. Decided under the job's row lock (or in one script),
+            /// so two callers release it once. Answers the released task's id,
+            /// `None` when nothing was released.
+            fn job_release(job: &str) -> Option<i64>;
 
             /// Pause or resume a job cluster-wide. False if the job is unknown.
             fn job_set_paused(params: &$crate::store::JobSetPaused<'_>) -> bool;

@@ -53,7 +53,7 @@ pub enum Op {
     /// task) inserts the task.
     Insert,
     /// A birth: `job_advance` records a skipped slot (`SlotRecord::Skip`, or
-    /// an unfinished previous run under `Overlap::Forbid`), its task
+    /// an unfinished previous run under `Overlap::Skip` (or `BufferOne` with a slot already waiting)), its task
     /// inserted `cancelled` with the reason.
     AdvanceSkip,
     /// A birth: `job_advance` with `SlotRecord::Run` inserts the slot's task

@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::Overlap;
 use crate::error::StoreError;
 
 /// A fencing token: strictly greater than every earlier grant's for the same
@@ -564,20 +565,6 @@ pub const LEASE_EXPIRED: &str = "lease expired";
 /// retried keeps `"cancel requested: <its error>"` instead.
 pub const CANCEL_REQUESTED: &str = "cancel requested";
 
-/// How the scheduler treats a slot when the job's previous run is unfinished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Overlap {
-    /// Record the slot as skipped (a `cancelled` task saying why).
-    #[default]
-    Forbid,
-    /// Enqueue it anyway.
-    Allow,
-}
-
-/// The reason kept on a slot skipped by [`Overlap::Forbid`].
-pub const OVERLAP_SKIPPED: &str = "skipped: previous run still pending or running";
-
 /// A request to move a job's cursor from `expected` to `slot` and record
 /// the slot's run (`task`), atomically (DESIGN.md S1).
 #[derive(Debug, Clone)]
@@ -615,7 +602,7 @@ pub struct JobAdvance<'a> {
     /// An early take (the scheduler's lead): refuse ([`Advanced::NotDue`])
     /// while the store's now is before this instant (normally
     /// `slot - lead`). While the store's now is also still before `slot`,
-    /// the take is early, and under [`Overlap::Forbid`] an unfinished
+    /// the take is early, and under any policy but [`Overlap::Allow`] an unfinished
     /// previous run answers [`Advanced::NotDue`] (nothing recorded, the
     /// cursor unmoved) instead of recording a skip: the overlap rule is
     /// judged at the slot, not `lead` before it. Once the store's now has
@@ -657,16 +644,18 @@ impl<'a> JobAdvance<'a> {
     }
 
     /// Whether a take at store time `now` is early (`not_before` set and
-    /// `now` still before the slot): then, under [`Overlap::Forbid`] with an
-    /// unfinished previous run, the store answers [`Advanced::NotDue`].
+    /// `now` still before the slot): then, under any policy but
+    /// [`Overlap::Allow`] with an unfinished previous run, the store answers
+    /// [`Advanced::NotDue`].
     pub fn early_at(&self, now: DateTime<Utc>) -> bool {
         self.not_before.is_some() && now < self.slot
     }
 
     /// Whether the store must look for an unfinished previous run (the
-    /// overlap rule applies: an enqueue under [`Overlap::Forbid`]).
+    /// overlap rule applies: an enqueue under any policy but
+    /// [`Overlap::Allow`]).
     pub fn checks_overlap(&self) -> bool {
-        self.task.is_some() && self.record == SlotRecord::Enqueue && self.overlap == Overlap::Forbid
+        self.task.is_some() && self.record == SlotRecord::Enqueue && self.overlap != Overlap::Allow
     }
 }
 
@@ -706,6 +695,12 @@ pub enum Advanced {
     Enqueued(Enqueued),
     /// The cursor moved; the slot was recorded as skipped (overlap).
     Skipped(Enqueued),
+    /// The cursor moved; the slot's task was recorded waiting for the
+    /// job's previous run ([`Overlap::BufferOne`], [`Overlap::BufferAll`],
+    /// [`Overlap::CancelOther`]): pending with `run_at` at
+    /// [`WAITING_RUN_AT_MS`](super::WAITING_RUN_AT_MS) until
+    /// [`Backend::job_release`](super::Backend::job_release) lets it start.
+    Waiting(Enqueued),
     /// The cursor was not `expected` (another instance moved it): here is
     /// the current one.
     Moved(Option<DateTime<Utc>>),

@@ -21,6 +21,7 @@ mod idle;
 mod keys;
 mod locks;
 mod model;
+mod overlap;
 mod queue;
 mod rate;
 mod schedule;
@@ -101,6 +102,11 @@ baton_testkit::per_backend! {
     queue::pause_leaves_running_tasks_alone,
     schedule::cursor_is_compare_and_set,
     schedule::overlap_forbid_records_a_skip,
+    overlap::buffer_one_waits_for_the_running_run_and_keeps_one,
+    overlap::buffer_all_runs_each_waiting_slot_in_order,
+    overlap::cancel_other_stops_the_previous_and_waits_for_it,
+    overlap::terminate_other_is_decided_as_cancel_other,
+    overlap::racing_releases_start_a_waiting_slot_once,
     schedule::trigger_and_scheduler_share_a_slot,
     schedule::five_schedulers_run_each_slot_once,
     schedule::catch_up_all_runs_every_missed_slot_once,

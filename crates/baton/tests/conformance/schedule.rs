@@ -146,14 +146,14 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
         not_before: None,
     };
     let Advanced::Enqueued(first) = b
-        .job_advance(&adv(Some(c0), s1, &t1, Overlap::Forbid))
+        .job_advance(&adv(Some(c0), s1, &t1, Overlap::Skip))
         .await
         .unwrap()
     else {
         panic!()
     };
     let Advanced::Skipped(skip) = b
-        .job_advance(&adv(Some(s1), s2, &t2, Overlap::Forbid))
+        .job_advance(&adv(Some(s1), s2, &t2, Overlap::Skip))
         .await
         .unwrap()
     else {
@@ -201,7 +201,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         Some(c0)
     );
     // The scheduler reaching the triggered slot finds the same task — also
-    // under overlap = forbid: the pending trigger run is this slot's own
+    // under overlap = skip: the pending trigger run is this slot's own
     // run, not a previous one, so it is not "skipped".
     let t = job.task(slot, false).unwrap();
     let adv = JobAdvance {
@@ -209,7 +209,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         expected: Some(c0),
         slot,
         task: Some(&t),
-        overlap: Overlap::Forbid,
+        overlap: Overlap::Skip,
         record: baton::store::SlotRecord::Enqueue,
         batch_after: None,
         due_only: false,
@@ -643,7 +643,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
 }
 
 /// With `batch_after`, tasks of the same catch-up (slots after it) are not
-/// a previous run for overlap = forbid; a task of an earlier slot still is.
+/// a previous run for overlap = skip; a task of an earlier slot still is.
 pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let b = ts.store.backend();
     let job = Job::new("batch", every(1_000));
@@ -658,7 +658,7 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let mut cur = Some(c0);
     for (s, t) in slots.iter().zip(&tasks) {
         let adv = JobAdvance {
-            overlap: Overlap::Forbid,
+            overlap: Overlap::Skip,
             batch_after: Some(c0),
             ..JobAdvance::new("batch", cur, *s, Some(t))
         };
@@ -674,7 +674,7 @@ pub async fn catch_up_batch_is_not_its_own_previous_run(ts: TestStore) {
     let s4 = secs(c0, 4);
     let t4 = job.task(s4, false).unwrap();
     let adv = JobAdvance {
-        overlap: Overlap::Forbid,
+        overlap: Overlap::Skip,
         batch_after: Some(slots[2]),
         ..JobAdvance::new("batch", cur, s4, Some(&t4))
     };
@@ -705,7 +705,7 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let take = |expected, slot, task| JobAdvance {
-        overlap: Overlap::Forbid,
+        overlap: Overlap::Skip,
         due_only: true,
         ..JobAdvance::new("late", expected, slot, Some(task))
     };
@@ -731,7 +731,7 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
 
 /// A scheduler that starts while another instance is part-way through a
 /// `misfire = all` catch-up (the cursor one slot short of the latest due
-/// slot) sees only that last slot due: under `overlap = forbid` it still
+/// slot) sees only that last slot due: under `overlap = skip` it still
 /// runs it as part of the catch-up, not as skipped behind the catch-up's
 /// pending tasks.
 pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
@@ -769,7 +769,7 @@ pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
     for s in &missed[..missed.len() - 1] {
         let task = job.task(*s, false).unwrap();
         let adv = JobAdvance {
-            overlap: Overlap::Forbid,
+            overlap: Overlap::Skip,
             batch_after: after,
             due_only: true,
             ..JobAdvance::new("join", cur, *s, Some(&task))
@@ -871,7 +871,7 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let back = ts.store.now().await.unwrap();
     let job = Job::new("cu-forbid", every(250)).misfire(Misfire::All);
-    assert_eq!(job.overlap, Overlap::Forbid);
+    assert_eq!(job.overlap, Overlap::Skip);
     let ledger = run_cluster(&ts, 3, job.clone(), Duration::from_millis(1_500)).await;
     // Every slot missed while all were down ran exactly once. (Slots after
     // the catch-up may be skipped while its tasks are still running.)
@@ -1036,7 +1036,7 @@ pub async fn run_record_leaves_an_existing_slot_task_alone(ts: TestStore) {
 
 /// An early take (`not_before`, the scheduler's lead) is judged by the
 /// store in the one advance call: refused before `not_before` by the
-/// store's clock; under `overlap = forbid` with the previous run unfinished
+/// store's clock; under `overlap = skip` with the previous run unfinished
 /// it answers `NotDue` before the slot (nothing recorded, cursor unmoved);
 /// at the slot the overlap rule applies as before (a skip is recorded).
 pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
@@ -1050,7 +1050,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
         .unwrap();
     let ms = |n: i64| c0 + chrono::Duration::milliseconds(n);
     let early = |expected, slot, not_before, task| JobAdvance {
-        overlap: Overlap::Forbid,
+        overlap: Overlap::Skip,
         not_before: Some(not_before),
         ..JobAdvance::new("early", expected, slot, Some(task))
     };
@@ -1240,7 +1240,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     let t1 = job.task(s1, false).unwrap();
     assert_eq!(
         b.job_advance(&JobAdvance {
-            overlap: Overlap::Forbid,
+            overlap: Overlap::Skip,
             ..JobAdvance::new("pruned", Some(s2), s1, Some(&t1))
         })
         .await

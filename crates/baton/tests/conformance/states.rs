@@ -297,12 +297,12 @@ async fn give_birth(b: &dyn Backend, op: Op, n: usize) -> i64 {
             .unwrap(),
         Op::AdvanceSkip => {
             // The other skip: an unfinished previous run under
-            // Overlap::Forbid.
+            // Overlap::Skip.
             let earlier = job.task(cursor, false).unwrap();
             b.task_insert_many(&[earlier]).await.unwrap();
             tokio::time::sleep(Duration::from_millis(5)).await;
             let adv = JobAdvance {
-                overlap: Overlap::Forbid,
+                overlap: Overlap::Skip,
                 ..advance(SlotRecord::Enqueue)
             };
             b.job_advance(&adv).await.unwrap()

@@ -102,7 +102,7 @@ async function renderJobs() {
     const last = j.last_run;
     return el("tr", { "data-job": j.name },
       el("td", {}, el("strong", {}, j.name)),
-      el("td", { class: "mono" }, j.schedule || "–"),
+      el("td", { class: "mono" }, (j.schedule || "–") + (j.overlap ? " · overlap " + j.overlap : "")),
       el("td", { class: "mono" }, when(j.next_fire)),
       el("td", { class: "mono" }, when(j.last_slot)),
       el("td", {}, marks),

@@ -99,6 +99,12 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         if let (Some(d), Outcome::Failed | Outcome::Snoozed) = (retry_in, &outcome) {
             let _ = shared.due.send((queue.clone(), Instant::now() + d));
         }
+        if let (Some(job), true) = (&ctx.task().job, outcome != Outcome::Lost) {
+            // A slot's run ended: a later slot of its job may be waiting for
+            // it (overlap buffer_one, buffer_all, cancel_other); the store
+            // starts it only if no run of the job is left unfinished.
+            release_waiting_slot(&shared, job);
+        }
         if outcome != Outcome::Lost && shared.config.capped(&queue) {
             // Under a cap (whole queue or per key) the store now counts one
             // running task less (a retry or a snooze too: it is pending
@@ -154,6 +160,13 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         drop(slot);
         shared.drained.notify_waiters();
     });
+}
+
+/// Ask the store to start `job`'s waiting slot, without holding up the
+/// worker (the schedulers poll for it too).
+fn release_waiting_slot(shared: &Shared, job: &str) {
+    let (store, job) = (shared.store.clone(), job.to_string());
+    tokio::spawn(async move { crate::store::release_waiting(&store, &job).await });
 }
 
 /// Hand claimed tasks back unstarted (the attempt is not counted), in one

@@ -12,9 +12,11 @@ use sqlx::Row;
 use super::tasks::insert_tasks;
 use super::{us, MyBackend};
 use crate::error::StoreError;
-use crate::store::job_advance::{Birth, CancelTx, JobRow, SlotTx};
+use crate::store::job_advance::{Birth, CancelTx, JobRow, PreviousRun, SlotTx};
 use crate::store::sql_row::corrupt;
-use crate::store::{Enqueued, JobAdvance, NewTask, TaskState, Wake, RUN_RECORD_TOKEN};
+use crate::store::{
+    waiting_run_at, Enqueued, JobAdvance, NewTask, TaskState, Wake, RUN_RECORD_TOKEN,
+};
 
 /// One transaction of `job_advance` or `task_cancel`.
 pub(super) struct Tx<'a> {
@@ -56,20 +58,56 @@ impl SlotTx for Tx<'_> {
         }))
     }
 
-    async fn previous_run_unfinished(&mut self, adv: &JobAdvance<'_>) -> Result<bool, StoreError> {
-        let busy: i64 = sqlx::query_scalar(&format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE job = ? \
+    async fn previous_runs(
+        &mut self,
+        adv: &JobAdvance<'_>,
+    ) -> Result<Vec<PreviousRun>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT id, state, run_at >= ? AS waiting FROM {} WHERE job = ? \
              AND state IN ('pending', 'running') \
-             AND (? IS NULL OR slot IS NULL OR slot <= ?) AND created_at < ?)",
+             AND (? IS NULL OR slot IS NULL OR slot <= ?) AND created_at < ? \
+             ORDER BY id LIMIT 100",
             self.b.names.tasks
         ))
+        .bind(waiting_run_at())
         .bind(adv.job)
         .bind(adv.batch_after)
         .bind(adv.batch_after)
         .bind(adv.slot)
-        .fetch_one(&mut *self.tx)
+        .fetch_all(&mut *self.tx)
         .await?;
-        Ok(busy != 0)
+        rows.iter()
+            .map(|r| {
+                let state = String::from_utf8(r.try_get::<Vec<u8>, _>("state")?)
+                    .map_err(|e| corrupt("state", e))?;
+                Ok(PreviousRun {
+                    id: r.try_get("id")?,
+                    state: TaskState::from_str(&state)?,
+                    waiting: r.try_get::<i64, _>("waiting")? != 0,
+                })
+            })
+            .collect()
+    }
+
+    async fn release(&mut self, id: i64) -> Result<(), StoreError> {
+        let queue: Option<Vec<u8>> = sqlx::query_scalar(&format!(
+            "SELECT queue FROM {} WHERE id = ? AND state = 'pending' FOR UPDATE",
+            self.b.names.tasks
+        ))
+        .bind(id)
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        let Some(queue) = queue else { return Ok(()) };
+        let queue = String::from_utf8(queue).map_err(|e| corrupt("queue", e))?;
+        sqlx::query(&format!(
+            "UPDATE {} SET run_at = UTC_TIMESTAMP(6) WHERE id = ?",
+            self.b.names.tasks
+        ))
+        .bind(id)
+        .execute(&mut *self.tx)
+        .await?;
+        self.wakes.push(Wake::now(queue));
+        Ok(())
     }
 
     async fn set_cursor(&mut self, adv: &JobAdvance<'_>) -> Result<(), StoreError> {
@@ -152,12 +190,13 @@ impl CancelTx for Tx<'_> {
             .transpose()
     }
 
-    async fn cancel_pending(&mut self, id: i64) -> Result<(), StoreError> {
+    async fn cancel_pending(&mut self, id: i64, reason: Option<&str>) -> Result<(), StoreError> {
         sqlx::query(&format!(
             "UPDATE {} SET state = 'cancelled', finished_at = UTC_TIMESTAMP(6), \
-             lease_until = NULL WHERE id = ?",
+             lease_until = NULL, last_error = coalesce(?, last_error) WHERE id = ?",
             self.b.names.tasks
         ))
+        .bind(reason)
         .bind(id)
         .execute(&mut *self.tx)
         .await?;

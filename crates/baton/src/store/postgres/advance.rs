@@ -11,8 +11,8 @@ use sqlx::Row;
 use super::outbox::insert_tasks;
 use super::{dur, PgBackend};
 use crate::error::StoreError;
-use crate::store::job_advance::{Birth, CancelTx, JobRow, SlotTx};
-use crate::store::{Enqueued, JobAdvance, NewTask, TaskState};
+use crate::store::job_advance::{Birth, CancelTx, JobRow, PreviousRun, SlotTx};
+use crate::store::{waiting_run_at, Enqueued, JobAdvance, NewTask, TaskState};
 
 /// One transaction of `job_advance` or `task_cancel`.
 pub(super) struct Tx<'a> {
@@ -49,15 +49,38 @@ impl SlotTx for Tx<'_> {
         }))
     }
 
-    async fn previous_run_unfinished(&mut self, adv: &JobAdvance<'_>) -> Result<bool, StoreError> {
-        Ok(self
+    async fn previous_runs(
+        &mut self,
+        adv: &JobAdvance<'_>,
+    ) -> Result<Vec<PreviousRun>, StoreError> {
+        let rows = self
             .b
-            .qs(&self.b.sql.job_overlapping)
+            .q(&self.b.sql.job_overlapping)
             .bind(adv.job)
             .bind(adv.batch_after)
             .bind(adv.slot)
-            .fetch_one(&mut *self.tx)
-            .await?)
+            .bind(waiting_run_at())
+            .fetch_all(&mut *self.tx)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PreviousRun {
+                    id: r.try_get("id")?,
+                    state: TaskState::from_str(r.try_get("state")?)?,
+                    waiting: r.try_get("waiting")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn release(&mut self, id: i64) -> Result<(), StoreError> {
+        self.b
+            .q(&self.b.sql.job_release)
+            .bind(id)
+            .bind(&self.b.names.chan)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        Ok(())
     }
 
     async fn set_cursor(&mut self, adv: &JobAdvance<'_>) -> Result<(), StoreError> {
@@ -126,10 +149,11 @@ impl CancelTx for Tx<'_> {
         state.as_deref().map(TaskState::from_str).transpose()
     }
 
-    async fn cancel_pending(&mut self, id: i64) -> Result<(), StoreError> {
+    async fn cancel_pending(&mut self, id: i64, reason: Option<&str>) -> Result<(), StoreError> {
         self.b
             .q(&self.b.sql.cancel_pending)
             .bind(id)
+            .bind(reason)
             .execute(&mut *self.tx)
             .await?;
         Ok(())

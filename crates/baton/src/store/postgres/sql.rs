@@ -60,7 +60,7 @@ pub(super) struct Sql {
     pub rescue: String,
     /// `$1` id → state, row locked.
     pub task_state: String,
-    /// `$1` id.
+    /// `$1` id, `$2` reason or NULL.
     pub cancel_pending: String,
     /// `$1` id.
     pub cancel_running: String,
@@ -90,9 +90,12 @@ pub(super) struct Sql {
     pub job_lock: String,
     /// `$1` job, `$2` slot.
     pub job_set_slot: String,
-    /// `$1` job, `$2` batch_after, `$3` slot → whether an earlier run is
-    /// unfinished.
+    /// `$1` job, `$2` batch_after, `$3` slot, `$4` the waiting `run_at` →
+    /// the unfinished earlier runs (id, state, waiting).
     pub job_overlapping: String,
+    /// `$1` id, `$2` channel: a waiting slot's task made due now, its queue
+    /// notified.
+    pub job_release: String,
     /// `$1` id, `$2` lease ms, `$3` worker: the caller's run record.
     pub job_run: String,
     /// `$1` job, `$2` paused.
@@ -245,8 +248,8 @@ impl Sql {
             ),
             task_state: format!("SELECT state FROM {t} WHERE id = $1 FOR UPDATE"),
             cancel_pending: format!(
-                "UPDATE {t} SET state = 'cancelled', finished_at = now(), lease_until = NULL \
-                 WHERE id = $1"
+                "UPDATE {t} SET state = 'cancelled', finished_at = now(), lease_until = NULL, \
+                 last_error = coalesce($2, last_error) WHERE id = $1"
             ),
             cancel_running: format!("UPDATE {t} SET cancel_requested = true WHERE id = $1"),
             retry: format!(
@@ -308,10 +311,14 @@ impl Sql {
             ),
             job_set_slot: format!("UPDATE {j} SET last_slot = $2 WHERE name = $1"),
             job_overlapping: format!(
-                "SELECT EXISTS (SELECT 1 FROM {t} WHERE job = $1 \
+                "SELECT id, state::text AS state, run_at >= $4 AS waiting FROM {t} WHERE job = $1 \
                  AND state IN ('pending', 'running') \
                  AND ($2::timestamptz IS NULL OR slot IS NULL OR slot <= $2) \
-                 AND created_at < $3)"
+                 AND created_at < $3 ORDER BY id LIMIT 100"
+            ),
+            job_release: format!(
+                "WITH u AS (UPDATE {t} SET run_at = now() WHERE id = $1 AND state = 'pending' \
+                 RETURNING queue) SELECT pg_notify($2, u.queue) FROM u"
             ),
             job_run: format!(
                 "UPDATE {t} SET state = 'running', attempt = 1, started_at = now(), \

@@ -661,6 +661,10 @@ impl Backend for RedisBackend {
         jobs::job_advance(self, adv).await
     }
 
+    async fn job_release(&self, job: &str) -> Result<Option<i64>, StoreError> {
+        jobs::job_release(self, job).await
+    }
+
     async fn job_set_paused(
         &self,
         params: &crate::store::JobSetPaused<'_>,

@@ -12,7 +12,8 @@ use super::decode::{opt_ts, parse_i64, task_args};
 use super::RedisBackend;
 use crate::error::StoreError;
 use crate::store::{
-    ms, Advanced, Enqueued, JobAdvance, JobState, Overlap, SlotRecord, OVERLAP_SKIPPED,
+    ms, Advanced, Enqueued, JobAdvance, JobState, Overlap, SlotRecord, OVERLAP_BUFFER_FULL,
+    OVERLAP_REPLACED, OVERLAP_SKIPPED, WAITING_RUN_AT_MS,
 };
 
 pub(super) async fn job_register(
@@ -101,8 +102,13 @@ pub(super) async fn job_advance(
         .arg(opt_ms(adv.expected))
         .arg(adv.slot.timestamp_millis())
         .arg(match adv.overlap {
-            Overlap::Forbid => "f",
+            Overlap::Skip => "f",
             Overlap::Allow => "a",
+            Overlap::BufferOne => "b1",
+            Overlap::BufferAll => "ba",
+            // The store's decision is the same; the stop differs (the
+            // worker's, see `Overlap::TerminateOther`).
+            Overlap::CancelOther | Overlap::TerminateOther => "c",
         })
         .arg(reason)
         .arg(record)
@@ -118,6 +124,9 @@ pub(super) async fn job_advance(
         for a in task_args(task)? {
             inv.arg(a);
         }
+        inv.arg(OVERLAP_BUFFER_FULL)
+            .arg(OVERLAP_REPLACED)
+            .arg(WAITING_RUN_AT_MS);
     }
     let mut conn = b.conn.clone();
     let reply: Result<(String, String, i64), redis::RedisError> = inv.invoke_async(&mut conn).await;
@@ -131,7 +140,7 @@ pub(super) async fn job_advance(
             return Err(e);
         }
     };
-    let id = (what == "enqueued" || what == "skipped")
+    let id = matches!(what.as_str(), "enqueued" | "skipped" | "waiting")
         .then(|| parse_i64(&val, "id"))
         .transpose()?;
     if let Some(r) = reserved {
@@ -159,6 +168,10 @@ pub(super) async fn job_advance(
             id: parse_i64(&val, "id")?,
             inserted: true,
         })),
+        "waiting" => Ok(Advanced::Waiting(Enqueued {
+            id: parse_i64(&val, "id")?,
+            inserted: true,
+        })),
         "enqueued" => Ok(Advanced::Enqueued(Enqueued {
             id: parse_i64(&val, "id")?,
             inserted: ins == 1,
@@ -167,6 +180,23 @@ pub(super) async fn job_advance(
             "job advance: unexpected reply {other:?}"
         ))),
     }
+}
+
+pub(super) async fn job_release(b: &RedisBackend, job: &str) -> Result<Option<i64>, StoreError> {
+    let Some(home) = b.job_home(job, false).await? else {
+        return Ok(None);
+    };
+    let id: String = b
+        .qs(
+            &home,
+            &b.scripts.job_release,
+            sargs![job, WAITING_RUN_AT_MS],
+        )
+        .await?;
+    if id.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(parse_i64(&id, "id")?))
 }
 
 pub(super) async fn job_set_paused(

@@ -22,6 +22,7 @@ const PRUNE: &str = include_str!("lua/prune.lua");
 const DELETE: &str = include_str!("lua/delete.lua");
 const JOB_REGISTER: &str = include_str!("lua/job_register.lua");
 const JOB_ADVANCE: &str = include_str!("lua/job_advance.lua");
+const JOB_RELEASE: &str = include_str!("lua/job_release.lua");
 const JOB_SET_PAUSED: &str = include_str!("lua/job_set_paused.lua");
 const JOB_LIST: &str = include_str!("lua/job_list.lua");
 const SLOT_GET: &str = include_str!("lua/slot_get.lua");
@@ -58,6 +59,7 @@ pub(super) struct Scripts {
     pub delete: Script,
     pub job_register: Script,
     pub job_advance: Script,
+    pub job_release: Script,
     pub job_set_paused: Script,
     pub job_list: Script,
     pub slot_get: Script,
@@ -101,6 +103,7 @@ impl Scripts {
             delete: q(DELETE),
             job_register: q(JOB_REGISTER),
             job_advance: q(JOB_ADVANCE),
+            job_release: q(JOB_RELEASE),
             job_set_paused: q(JOB_SET_PAUSED),
             job_list: q(JOB_LIST),
             slot_get: q(SLOT_GET),

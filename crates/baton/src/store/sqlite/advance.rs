@@ -11,8 +11,8 @@ use super::outbox::{insert_tasks, Inserted};
 use super::rows::opt_time;
 use super::SqliteBackend;
 use crate::error::StoreError;
-use crate::store::job_advance::{Birth, CancelTx, JobRow, SlotTx};
-use crate::store::{from_ms, ms, Enqueued, JobAdvance, NewTask, TaskState};
+use crate::store::job_advance::{Birth, CancelTx, JobRow, PreviousRun, SlotTx};
+use crate::store::{from_ms, ms, Enqueued, JobAdvance, NewTask, TaskState, WAITING_RUN_AT_MS};
 
 /// One transaction of `job_advance` or `task_cancel`.
 pub(super) struct Tx<'a> {
@@ -21,6 +21,8 @@ pub(super) struct Tx<'a> {
     /// The queue and what the insert of a slot's task produced (for its
     /// wake-ups after the commit).
     inserted: Option<(String, Inserted)>,
+    /// The queue of a waiting task made due (`release`).
+    released: Option<String>,
 }
 
 impl SqliteBackend {
@@ -30,6 +32,7 @@ impl SqliteBackend {
             b: self,
             tx: self.immediate().await?,
             inserted: None,
+            released: None,
         })
     }
 }
@@ -51,14 +54,34 @@ impl SlotTx for Tx<'_> {
         }))
     }
 
-    async fn previous_run_unfinished(&mut self, adv: &JobAdvance<'_>) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar::<_, i64>(&self.b.sql.job_overlapping)
+    async fn previous_runs(
+        &mut self,
+        adv: &JobAdvance<'_>,
+    ) -> Result<Vec<PreviousRun>, StoreError> {
+        let rows = sqlx::query(&self.b.sql.job_overlapping)
             .bind(adv.job)
             .bind(adv.batch_after.map(|t| t.timestamp_millis()))
             .bind(adv.slot.timestamp_millis())
+            .bind(WAITING_RUN_AT_MS)
+            .fetch_all(&mut *self.tx)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PreviousRun {
+                    id: r.try_get("id")?,
+                    state: TaskState::from_str(r.try_get("state")?)?,
+                    waiting: r.try_get::<i64, _>("waiting")? != 0,
+                })
+            })
+            .collect()
+    }
+
+    async fn release(&mut self, id: i64) -> Result<(), StoreError> {
+        self.released = sqlx::query_scalar(&self.b.sql.job_release)
+            .bind(id)
             .fetch_optional(&mut *self.tx)
-            .await?
-            .is_some())
+            .await?;
+        Ok(())
     }
 
     async fn set_cursor(&mut self, adv: &JobAdvance<'_>) -> Result<(), StoreError> {
@@ -103,6 +126,9 @@ impl SlotTx for Tx<'_> {
 
     async fn commit(self, announce: bool) -> Result<(), StoreError> {
         self.tx.commit().await?;
+        if let (true, Some(queue)) = (announce, &self.released) {
+            self.b.wake([queue.as_str()]);
+        }
         if let (true, Some((queue, inserted))) = (announce, &self.inserted) {
             if !inserted.due_queues.is_empty() {
                 self.b.wake([queue.as_str()]);
@@ -132,9 +158,10 @@ impl CancelTx for Tx<'_> {
         state.as_deref().map(TaskState::from_str).transpose()
     }
 
-    async fn cancel_pending(&mut self, id: i64) -> Result<(), StoreError> {
+    async fn cancel_pending(&mut self, id: i64, reason: Option<&str>) -> Result<(), StoreError> {
         sqlx::query(&self.b.sql.cancel_pending)
             .bind(id)
+            .bind(reason)
             .execute(&mut *self.tx)
             .await?;
         Ok(())

@@ -652,6 +652,10 @@ impl Backend for SqliteBackend {
         crate::store::job_advance::job_advance(self.tx().await?, adv).await
     }
 
+    async fn job_release(&self, job: &str) -> Result<Option<i64>, StoreError> {
+        crate::store::job_advance::job_release(self.tx().await?, job).await
+    }
+
     async fn job_set_paused(
         &self,
         params: &crate::store::JobSetPaused<'_>,

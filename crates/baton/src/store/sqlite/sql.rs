@@ -52,7 +52,7 @@ pub(super) struct Sql {
     pub rescue: String,
     /// `?1` id → state.
     pub task_state: String,
-    /// `?1` id: a pending task cancelled now.
+    /// `?1` id, `?2` reason or NULL: a pending task cancelled now.
     pub cancel_pending: String,
     /// `?1` id: a running task asked to stop.
     pub cancel_running: String,
@@ -86,9 +86,11 @@ pub(super) struct Sql {
     pub job_get: String,
     /// `?1` job, `?2` slot ms.
     pub job_set_slot: String,
-    /// `?1` job, `?2` batch_after ms, `?3` slot ms → 1 if an earlier run is
-    /// unfinished.
+    /// `?1` job, `?2` batch_after ms, `?3` slot ms, `?4` the waiting
+    /// `run_at` → the unfinished earlier runs (id, state, waiting).
     pub job_overlapping: String,
+    /// `?1` id: a waiting slot's task made due now → queue.
+    pub job_release: String,
     /// `?1` id, `?2` lease ms, `?3` worker: an inserted slot task made the
     /// caller's running run record (claim token 1).
     pub job_run: String,
@@ -315,7 +317,8 @@ impl Sql {
             ),
             task_state: format!("SELECT state FROM {tasks} WHERE id = ?1"),
             cancel_pending: format!(
-                "UPDATE {tasks} SET state = 'cancelled', finished_at = {NOW} WHERE id = ?1"
+                "UPDATE {tasks} SET state = 'cancelled', finished_at = {NOW}, \
+                 last_error = coalesce(?2, last_error) WHERE id = ?1"
             ),
             cancel_running: format!("UPDATE {tasks} SET cancel_requested = 1 WHERE id = ?1"),
             retry: format!(
@@ -359,8 +362,14 @@ impl Sql {
             job_get: format!("SELECT last_slot, paused, {NOW} AS now FROM {jobs} WHERE name = ?1"),
             job_set_slot: format!("UPDATE {jobs} SET last_slot = ?2 WHERE name = ?1"),
             job_overlapping: format!(
-                "SELECT 1 FROM {tasks} WHERE job = ?1 AND state IN ('pending', 'running') \
-                 AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) AND created_at < ?3 LIMIT 1"
+                "SELECT id, state, run_at >= ?4 AS waiting FROM {tasks} \
+                 WHERE job = ?1 AND state IN ('pending', 'running') \
+                 AND (?2 IS NULL OR slot IS NULL OR slot <= ?2) AND created_at < ?3 \
+                 ORDER BY id LIMIT 100"
+            ),
+            job_release: format!(
+                "UPDATE {tasks} SET run_at = {NOW} WHERE id = ?1 AND state = 'pending' \
+                 RETURNING queue"
             ),
             job_run: format!(
                 "UPDATE {tasks} SET state = 'running', attempt = 1, started_at = {NOW}, \

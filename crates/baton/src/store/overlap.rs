@@ -1,0 +1,184 @@
+//! A job's overlap policy: what a slot does when the job's previous run is
+//! unfinished, and the records it leaves (DESIGN.md S7). The decision is
+//! the store's, taken with the slot's compare-and-set
+//! (`store::job_advance`); a slot that waits is a pending task whose
+//! `run_at` is [`WAITING_RUN_AT`] (so no claim takes it) until
+//! [`Backend::job_release`](super::Backend::job_release) finds the job's
+//! earlier runs all finished and makes it due.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// How the scheduler treats a slot when the job's previous run is
+/// unfinished (pending or running). Written in config and the API in
+/// snake case (`skip`, `allow`, `buffer_one`, `buffer_all`,
+/// `cancel_other`, `terminate_other`); `forbid` is read as `skip`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overlap {
+    /// Record the slot as skipped (a `cancelled` task whose `last_error`
+    /// is [`OVERLAP_SKIPPED`]). Formerly `forbid`, still accepted.
+    #[default]
+    #[serde(alias = "forbid")]
+    Skip,
+    /// Enqueue it anyway: runs may overlap.
+    Allow,
+    /// Record the slot waiting; it starts once every earlier run of the
+    /// job has finished. At most one slot waits: a further slot while one
+    /// waits is recorded skipped ([`OVERLAP_BUFFER_FULL`]).
+    BufferOne,
+    /// Record every such slot waiting; they start one at a time, in slot
+    /// order, each once the earlier runs have finished.
+    BufferAll,
+    /// Ask the running previous run to stop (a cancel request, seen at
+    /// its next heartbeat: lease-safe), cancel previous runs that have
+    /// not started ([`OVERLAP_REPLACED`]), and record the slot waiting
+    /// until the previous run has stopped.
+    CancelOther,
+    /// Decided in the store as [`Overlap::CancelOther`]; the running
+    /// previous run is then stopped at once rather than gracefully: `baton
+    /// serve` kills a job command's process tree without its `--grace`
+    /// when the run is cancelled. An in-process handler sees
+    /// [`StopReason::Cancelled`](crate::queue::StopReason) as under
+    /// `CancelOther` and should return at once.
+    TerminateOther,
+}
+
+/// Every accepted spelling, for error messages.
+pub const OVERLAP_FORMS: &str =
+    "skip (or forbid), allow, buffer_one, buffer_all, cancel_other, terminate_other";
+
+impl Overlap {
+    /// The config/API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Skip => "skip",
+            Overlap::Allow => "allow",
+            Overlap::BufferOne => "buffer_one",
+            Overlap::BufferAll => "buffer_all",
+            Overlap::CancelOther => "cancel_other",
+            Overlap::TerminateOther => "terminate_other",
+        }
+    }
+
+    /// Whether a slot under this policy may wait for the previous run
+    /// (then the scheduler releases waiting slots as runs finish).
+    pub fn may_wait(self) -> bool {
+        matches!(
+            self,
+            Overlap::BufferOne
+                | Overlap::BufferAll
+                | Overlap::CancelOther
+                | Overlap::TerminateOther
+        )
+    }
+
+    /// Whether a slot under this policy stops the job's previous run
+    /// ([`Overlap::CancelOther`], [`Overlap::TerminateOther`]).
+    pub fn replaces(self) -> bool {
+        matches!(self, Overlap::CancelOther | Overlap::TerminateOther)
+    }
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown overlap policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("overlap: unknown policy {0:?}; expected one of {OVERLAP_FORMS}")]
+pub struct UnknownOverlap(pub String);
+
+impl FromStr for Overlap {
+    type Err = UnknownOverlap;
+
+    fn from_str(s: &str) -> Result<Overlap, UnknownOverlap> {
+        Ok(match s {
+            "skip" | "forbid" => Overlap::Skip,
+            "allow" => Overlap::Allow,
+            "buffer_one" => Overlap::BufferOne,
+            "buffer_all" => Overlap::BufferAll,
+            "cancel_other" => Overlap::CancelOther,
+            "terminate_other" => Overlap::TerminateOther,
+            _ => return Err(UnknownOverlap(s.to_string())),
+        })
+    }
+}
+
+/// The reason kept on a slot skipped by [`Overlap::Skip`].
+pub const OVERLAP_SKIPPED: &str = "skipped: previous run still pending or running";
+
+/// The reason kept on a slot skipped by [`Overlap::BufferOne`] because a
+/// slot already waits.
+pub const OVERLAP_BUFFER_FULL: &str =
+    "skipped: a slot is already waiting for the previous run (overlap = buffer_one)";
+
+/// The reason kept on a previous run that had not started when a later
+/// slot replaced it under [`Overlap::CancelOther`] (it is cancelled).
+pub const OVERLAP_REPLACED: &str = "cancelled: replaced by a later slot (overlap = cancel_other)";
+
+/// `run_at` of a slot's task waiting for the job's previous run, in ms
+/// since the epoch (9999-01-01T00:00:00Z): never due, so no claim takes
+/// it; `job_release` sets it to the store's now.
+pub const WAITING_RUN_AT_MS: i64 = 253_370_764_800_000;
+
+/// [`WAITING_RUN_AT_MS`] as an instant.
+pub fn waiting_run_at() -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(WAITING_RUN_AT_MS).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// Whether a pending task's `run_at` marks it waiting for the job's
+/// previous run.
+pub fn is_waiting(run_at: DateTime<Utc>) -> bool {
+    run_at.timestamp_millis() >= WAITING_RUN_AT_MS
+}
+
+/// [`Backend::job_release`](super::Backend::job_release) for `job`,
+/// logged: what the worker calls when a slot's run ends and the scheduler
+/// on a short poll (its own runs may end on a worker that is gone).
+pub(crate) async fn release_waiting(store: &super::Store, job: &str) {
+    match store.backend().job_release(job).await {
+        Ok(Some(id)) => {
+            tracing::info!(job = %job, task = id, "waiting slot started: the previous run finished");
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::debug!(job = %job, error = %crate::error::chain(&e), "releasing a waiting slot failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_policy_round_trips_and_forbid_reads_as_skip() {
+        for o in [
+            Overlap::Skip,
+            Overlap::Allow,
+            Overlap::BufferOne,
+            Overlap::BufferAll,
+            Overlap::CancelOther,
+            Overlap::TerminateOther,
+        ] {
+            assert_eq!(o.as_str().parse::<Overlap>(), Ok(o));
+            let json = serde_json::to_string(&o).unwrap();
+            assert_eq!(json, format!("\"{o}\""));
+            assert_eq!(serde_json::from_str::<Overlap>(&json).unwrap(), o);
+        }
+        assert_eq!("forbid".parse::<Overlap>(), Ok(Overlap::Skip));
+        assert_eq!(
+            serde_json::from_str::<Overlap>("\"forbid\"").unwrap(),
+            Overlap::Skip
+        );
+        let e = "replace".parse::<Overlap>().unwrap_err().to_string();
+        assert!(e.contains("overlap") && e.contains("buffer_one"), "{e}");
+        assert_eq!(waiting_run_at().to_rfc3339(), "9999-01-01T00:00:00+00:00");
+    }
+}

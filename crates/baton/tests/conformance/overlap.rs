@@ -1,0 +1,224 @@
+//! S7 overlap policies: each decided by `job_advance` with the slot's
+//! compare-and-set; a slot that waits is not claimable until
+//! `job_release` finds the job's earlier runs finished; each slot not run
+//! keeps its reason.
+
+use std::time::Duration;
+
+use baton::schedule::spec::Schedule;
+use baton::schedule::Job;
+use baton::store::{
+    is_waiting, Advanced, Enqueued, Finish, JobAdvance, JobRegister, Overlap, SlotRecord, Task,
+    TaskState, OVERLAP_BUFFER_FULL, OVERLAP_REPLACED,
+};
+use chrono::{DateTime, Utc};
+
+use crate::TestStore;
+
+/// A job on a 1 s interval, registered; its first cursor.
+async fn setup(ts: &TestStore, name: &str) -> (Job, DateTime<Utc>) {
+    let job = Job::new(name, Schedule::every(Duration::from_secs(1)).unwrap());
+    let c0 = ts
+        .store
+        .backend()
+        .job_register(&JobRegister::new(name))
+        .await
+        .unwrap()
+        .last_slot
+        .unwrap();
+    (job, c0)
+}
+
+/// Take slot `n` (seconds after `c0`) from the cursor at slot `n - 1`.
+async fn take(ts: &TestStore, job: &Job, c0: DateTime<Utc>, n: i64, ov: Overlap) -> Advanced {
+    let at = |k: i64| c0 + chrono::Duration::seconds(k);
+    let expected = if n == 1 { c0 } else { at(n - 1) };
+    let task = job.task(at(n), false).unwrap();
+    ts.store
+        .backend()
+        .job_advance(&JobAdvance {
+            job: &job.name,
+            expected: Some(expected),
+            slot: at(n),
+            task: Some(&task),
+            overlap: ov,
+            record: SlotRecord::Enqueue,
+            batch_after: None,
+            due_only: false,
+            until: None,
+            not_before: None,
+        })
+        .await
+        .unwrap()
+}
+
+/// Claim what is claimable on the default queue now.
+async fn claim(ts: &TestStore) -> Vec<Task> {
+    crate::queue::claim(&ts.store, "default", 10, 30_000).await
+}
+
+async fn state(ts: &TestStore, id: i64) -> baton::store::TaskInfo {
+    ts.store.backend().task_get(id).await.unwrap().unwrap()
+}
+
+async fn finish(ts: &TestStore, t: &Task, f: Finish) {
+    let ok = ts
+        .store
+        .backend()
+        .task_finish_many(&[(t.claim(), f)])
+        .await
+        .unwrap();
+    assert_eq!(ok, vec![true]);
+}
+
+fn enqueued(a: Advanced) -> Enqueued {
+    match a {
+        Advanced::Enqueued(e) => e,
+        other => panic!("expected enqueued, got {other:?}"),
+    }
+}
+
+fn waiting(a: Advanced) -> Enqueued {
+    match a {
+        Advanced::Waiting(e) => e,
+        other => panic!("expected waiting, got {other:?}"),
+    }
+}
+
+fn skipped(a: Advanced) -> Enqueued {
+    match a {
+        Advanced::Skipped(e) => e,
+        other => panic!("expected skipped, got {other:?}"),
+    }
+}
+
+/// The slots are in the future (1-4 s after registering): the first
+/// runs with `RunAt::At(slot)`; claim it once due.
+async fn claim_first(ts: &TestStore, id: i64) -> Task {
+    for _ in 0..100 {
+        if let Some(t) = claim(ts).await.into_iter().find(|t| t.id == id) {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("task {id} never became claimable");
+}
+
+pub async fn buffer_one_waits_for_the_running_run_and_keeps_one(ts: TestStore) {
+    let b = ts.store.backend();
+    let (job, c0) = setup(&ts, "b1").await;
+    let first = enqueued(take(&ts, &job, c0, 1, Overlap::BufferOne).await);
+    let running = claim_first(&ts, first.id).await;
+    let second = waiting(take(&ts, &job, c0, 2, Overlap::BufferOne).await);
+    let info = state(&ts, second.id).await;
+    assert_eq!(info.state, TaskState::Pending);
+    assert!(is_waiting(info.run_at), "{:?}", info.run_at);
+    // The gate: while the first runs, the waiting one is not claimable
+    // and not released.
+    assert!(claim(&ts).await.is_empty());
+    assert_eq!(b.job_release(&job.name).await.unwrap(), None);
+    // A further slot while one waits: skipped, saying why.
+    let third = skipped(take(&ts, &job, c0, 3, Overlap::BufferOne).await);
+    let info = state(&ts, third.id).await;
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.last_error.as_deref(), Some(OVERLAP_BUFFER_FULL));
+    // The first ends: the waiting one is released once, then claimable.
+    finish(&ts, &running, Finish::Succeeded).await;
+    assert_eq!(b.job_release(&job.name).await.unwrap(), Some(second.id));
+    assert_eq!(b.job_release(&job.name).await.unwrap(), None);
+    let got = claim(&ts).await;
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), [second.id]);
+}
+
+pub async fn buffer_all_runs_each_waiting_slot_in_order(ts: TestStore) {
+    let b = ts.store.backend();
+    let (job, c0) = setup(&ts, "ba").await;
+    let first = enqueued(take(&ts, &job, c0, 1, Overlap::BufferAll).await);
+    let running = claim_first(&ts, first.id).await;
+    let w2 = waiting(take(&ts, &job, c0, 2, Overlap::BufferAll).await);
+    let w3 = waiting(take(&ts, &job, c0, 3, Overlap::BufferAll).await);
+    assert!(claim(&ts).await.is_empty());
+    assert_eq!(b.job_release(&job.name).await.unwrap(), None);
+    finish(&ts, &running, Finish::Succeeded).await;
+    // One at a time, in slot order: w3 waits while w2 is pending or running.
+    assert_eq!(b.job_release(&job.name).await.unwrap(), Some(w2.id));
+    assert_eq!(b.job_release(&job.name).await.unwrap(), None);
+    let got = claim(&ts).await;
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), [w2.id]);
+    assert_eq!(b.job_release(&job.name).await.unwrap(), None);
+    finish(&ts, &got[0], Finish::Succeeded).await;
+    assert_eq!(b.job_release(&job.name).await.unwrap(), Some(w3.id));
+}
+
+pub async fn cancel_other_stops_the_previous_and_waits_for_it(ts: TestStore) {
+    replaces_the_previous(ts, Overlap::CancelOther).await
+}
+
+/// Decided in the store as cancel_other (the stop differs in the worker).
+pub async fn terminate_other_is_decided_as_cancel_other(ts: TestStore) {
+    replaces_the_previous(ts, Overlap::TerminateOther).await
+}
+
+async fn replaces_the_previous(ts: TestStore, ov: Overlap) {
+    let b = ts.store.backend();
+    let (job, c0) = setup(&ts, "co").await;
+    let first = enqueued(take(&ts, &job, c0, 1, ov).await);
+    let running = claim_first(&ts, first.id).await;
+    let w2 = waiting(take(&ts, &job, c0, 2, ov).await);
+    assert!(state(&ts, first.id).await.cancel_requested, "stop asked");
+    assert!(claim(&ts).await.is_empty(), "the new run waits");
+    // A later slot replaces the waiting one (never started: cancelled,
+    // saying why) and waits in its place.
+    let w3 = waiting(take(&ts, &job, c0, 3, ov).await);
+    let info = state(&ts, w2.id).await;
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.last_error.as_deref(), Some(OVERLAP_REPLACED));
+    assert_eq!(b.job_release(&job.name).await.unwrap(), None);
+    // The previous run stops (its worker saw the request): the new one
+    // may start.
+    finish(
+        &ts,
+        &running,
+        Finish::Cancelled {
+            reason: "cancel requested".into(),
+        },
+    )
+    .await;
+    assert_eq!(b.job_release(&job.name).await.unwrap(), Some(w3.id));
+    let got = claim(&ts).await;
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), [w3.id]);
+    // A previous run that had not started is cancelled, and the new slot
+    // runs at once (nothing to wait for).
+    let (job2, c2) = setup(&ts, "co2").await;
+    let p = enqueued(take(&ts, &job2, c2, 1, ov).await);
+    let n = enqueued(take(&ts, &job2, c2, 2, ov).await);
+    assert!(n.inserted);
+    let info = state(&ts, p.id).await;
+    assert_eq!(info.state, TaskState::Cancelled);
+    assert_eq!(info.last_error.as_deref(), Some(OVERLAP_REPLACED));
+    assert!(!is_waiting(state(&ts, n.id).await.run_at));
+}
+
+pub async fn racing_releases_start_a_waiting_slot_once(ts: TestStore) {
+    let (job, c0) = setup(&ts, "race").await;
+    let first = enqueued(take(&ts, &job, c0, 1, Overlap::BufferAll).await);
+    let running = claim_first(&ts, first.id).await;
+    let w2 = waiting(take(&ts, &job, c0, 2, Overlap::BufferAll).await);
+    waiting(take(&ts, &job, c0, 3, Overlap::BufferAll).await);
+    finish(&ts, &running, Finish::Succeeded).await;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let store = ts.open().await;
+        let name = job.name.clone();
+        set.spawn(async move { store.backend().job_release(&name).await.unwrap() });
+    }
+    let mut released = Vec::new();
+    while let Some(r) = set.join_next().await {
+        released.extend(r.unwrap());
+    }
+    assert_eq!(
+        released,
+        [w2.id],
+        "one release, of the earliest waiting slot"
+    );
+}
