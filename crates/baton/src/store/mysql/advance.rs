@@ -38,8 +38,9 @@ impl MyBackend {
 #[async_trait]
 impl SlotTx for Tx<'_> {
     async fn job_row(&mut self, adv: &JobAdvance<'_>) -> Result<Option<JobRow>, StoreError> {
+        let now = &self.b.names.now;
         let row = sqlx::query(&format!(
-            "SELECT last_slot, paused, last_slot <=> ? AS matches, UTC_TIMESTAMP(6) AS now \
+            "SELECT last_slot, paused, last_slot <=> ? AS matches, {now} AS now \
              FROM {} WHERE name = ? FOR UPDATE",
             self.b.names.jobs
         ))
@@ -85,6 +86,7 @@ impl SlotTx for Tx<'_> {
     }
 
     async fn insert(&mut self, task: &NewTask, birth: Birth<'_>) -> Result<Enqueued, StoreError> {
+        let now = &self.b.names.now;
         let skipped = match birth {
             Birth::Cancelled { reason } => Some(reason),
             _ => None,
@@ -105,8 +107,8 @@ impl SlotTx for Tx<'_> {
             // own transaction (never seen pending).
             sqlx::query(&format!(
                 "UPDATE {} SET state = 'running', attempt = 1, \
-                 started_at = UTC_TIMESTAMP(6), \
-                 lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, worker = ?, \
+                 started_at = {now}, \
+                 lease_until = {now} + INTERVAL ? MICROSECOND, worker = ?, \
                  claim_token = ? WHERE id = ?",
                 self.b.names.tasks
             ))
@@ -153,8 +155,9 @@ impl CancelTx for Tx<'_> {
     }
 
     async fn cancel_pending(&mut self, id: i64) -> Result<(), StoreError> {
+        let now = &self.b.names.now;
         sqlx::query(&format!(
-            "UPDATE {} SET state = 'cancelled', finished_at = UTC_TIMESTAMP(6), \
+            "UPDATE {} SET state = 'cancelled', finished_at = {now}, \
              lease_until = NULL WHERE id = ?",
             self.b.names.tasks
         ))
