@@ -379,6 +379,10 @@ pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
     let a = Locker::new(ts.store.clone());
     let b = Locker::new(ts.open().await);
     let hour = 3_600_000_000;
+    // The local deadline of a lease taken with no skew, for comparison.
+    let lease = a.try_lock("skew-none", &opts(60_000)).await.unwrap().unwrap();
+    let base_left = lease.deadline().saturating_duration_since(tokio::time::Instant::now());
+    lease.release().await.unwrap();
     for (name, offset) in [("skew-ahead", hour), ("skew-behind", -hour)] {
         clock::set_offset(&ts, offset).await;
         let lease = a.try_lock(name, &opts(60_000)).await.unwrap().unwrap();
@@ -392,11 +396,12 @@ pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
         assert!(drift < 5_000, "{name}: grant time is store time ({drift} ms away)");
         let skew = (chrono::Utc::now() - lease.locked_at()).num_minutes().abs();
         assert!(skew >= 59, "{name}: the store's clock is {skew} min from this one");
-        // The local deadline is at_most from the grant, whatever the skew.
+        // The local deadline is as far as without skew.
         let left = lease.deadline().saturating_duration_since(tokio::time::Instant::now());
+        let diff = left.abs_diff(base_left);
         assert!(
-            left > Duration::from_secs(50) && left <= Duration::from_secs(60),
-            "{name}: local deadline {left:?} away"
+            diff < Duration::from_secs(2),
+            "{name}: local deadline {left:?} away, {base_left:?} without skew"
         );
         drop(lease);
         assert!(

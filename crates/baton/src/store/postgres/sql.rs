@@ -566,6 +566,13 @@ fn finish_many_sql(t: &str, now: &str, keep_succeeded: bool) -> String {
 fn insert_sql(n: &Names, keyed: bool) -> String {
     let (tasks, seq) = (&n.tasks, &n.seq_lit);
     let now = &n.now;
+    // `created_at` is the column's default, `now()`, except on the test
+    // clock (a default cannot read its offset).
+    let (created_col, created_val) = if cfg!(feature = "test-clock") {
+        (", created_at", format!(", {now}"))
+    } else {
+        ("", String::new())
+    };
     let on_conflict = if keyed {
         format!("ON CONFLICT (unique_key) WHERE {UNIQUE_PRED} DO NOTHING")
     } else {
@@ -584,7 +591,7 @@ fn insert_sql(n: &Names, keyed: bool) -> String {
 ins AS (
     INSERT INTO {tasks} (id, queue, kind, payload, state, priority, run_at, max_attempts,
                          timeout_ms, unique_key, unique_forever, job, slot, traceparent,
-                         concurrency_key, last_error, finished_at)
+                         concurrency_key, last_error, finished_at{created_col})
     SELECT id, queue, kind, payload,
            CASE WHEN $15::bool THEN 'cancelled' ELSE 'pending' END,
            priority,
@@ -592,7 +599,7 @@ ins AS (
            max_attempts, timeout_ms, unique_key, unique_forever, job, slot, traceparent,
            concurrency_key,
            CASE WHEN $15::bool THEN $16::text END,
-           CASE WHEN $15::bool THEN {now} END
+           CASE WHEN $15::bool THEN {now} END{created_val}
     FROM input
     ORDER BY ord
     {on_conflict}
