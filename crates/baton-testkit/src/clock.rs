@@ -58,7 +58,10 @@ async fn shift(ts: &TestStore, us: i64, absolute: bool) {
     };
     match ts.kind {
         Kind::Sqlite => {
-            let sql = format!("UPDATE baton_test_clock SET offset_us = {}", value("offset_us"));
+            let sql = format!(
+                "UPDATE baton_test_clock SET offset_us = {}",
+                value("offset_us")
+            );
             exec_sql(ts, &sql).await;
         }
         Kind::Postgres => {

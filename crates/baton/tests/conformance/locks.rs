@@ -380,8 +380,14 @@ pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
     let b = Locker::new(ts.open().await);
     let hour = 3_600_000_000;
     // The local deadline of a lease taken with no skew, for comparison.
-    let lease = a.try_lock("skew-none", &opts(60_000)).await.unwrap().unwrap();
-    let base_left = lease.deadline().saturating_duration_since(tokio::time::Instant::now());
+    let lease = a
+        .try_lock("skew-none", &opts(60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let base_left = lease
+        .deadline()
+        .saturating_duration_since(tokio::time::Instant::now());
     lease.release().await.unwrap();
     for (name, offset) in [("skew-ahead", hour), ("skew-behind", -hour)] {
         clock::set_offset(&ts, offset).await;
@@ -393,11 +399,19 @@ pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
         );
         let store_now = ts.store.now().await.unwrap();
         let drift = (store_now - lease.locked_at()).num_milliseconds().abs();
-        assert!(drift < 5_000, "{name}: grant time is store time ({drift} ms away)");
+        assert!(
+            drift < 5_000,
+            "{name}: grant time is store time ({drift} ms away)"
+        );
         let skew = (chrono::Utc::now() - lease.locked_at()).num_minutes().abs();
-        assert!(skew >= 59, "{name}: the store's clock is {skew} min from this one");
+        assert!(
+            skew >= 59,
+            "{name}: the store's clock is {skew} min from this one"
+        );
         // The local deadline is as far as without skew.
-        let left = lease.deadline().saturating_duration_since(tokio::time::Instant::now());
+        let left = lease
+            .deadline()
+            .saturating_duration_since(tokio::time::Instant::now());
         let diff = left.abs_diff(base_left);
         assert!(
             diff < Duration::from_secs(2),
@@ -410,7 +424,10 @@ pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
         );
         clock::advance(&ts, Duration::from_secs(61)).await;
         let next = b.try_lock(name, &opts(10_000)).await.unwrap();
-        assert!(next.is_some(), "{name}: free after at_most on the store's clock");
+        assert!(
+            next.is_some(),
+            "{name}: free after at_most on the store's clock"
+        );
     }
     clock::set_offset(&ts, 0).await;
 }

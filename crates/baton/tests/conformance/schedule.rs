@@ -420,12 +420,21 @@ pub async fn a_running_scheduler_follows_the_store_clock(ts: TestStore) {
         .unwrap()
     };
     let t0 = std::time::Instant::now();
-    while !b.job_list().await.unwrap().iter().any(|j| j.name == "hourly") {
+    while !b
+        .job_list()
+        .await
+        .unwrap()
+        .iter()
+        .any(|j| j.name == "hourly")
+    {
         assert!(t0.elapsed() < Duration::from_secs(10), "never registered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(tasks().await.is_empty(), "no slot before the store's clock reaches it");
+    assert!(
+        tasks().await.is_empty(),
+        "no slot before the store's clock reaches it"
+    );
     clock::advance(&ts, Duration::from_secs(3_601)).await;
     let t0 = std::time::Instant::now();
     while tasks().await.is_empty() {

@@ -121,10 +121,7 @@ pub(super) async fn lock_extend(
     b.lock_until_after(
         name,
         token,
-        &format!(
-            "lock_until = {now} + INTERVAL {} MICROSECOND",
-            us(at_most)
-        ),
+        &format!("lock_until = {now} + INTERVAL {} MICROSECOND", us(at_most)),
     )
     .await
 }

@@ -86,7 +86,9 @@ fn now_sql(_prefix: &str) -> String {
 /// The store's clock as SQL, plus the test clock's offset (see above).
 #[cfg(feature = "test-clock")]
 fn now_sql(prefix: &str) -> String {
-    format!("(UTC_TIMESTAMP(6) + INTERVAL (SELECT offset_us FROM `test_clock_{prefix}`) MICROSECOND)")
+    format!(
+        "(UTC_TIMESTAMP(6) + INTERVAL (SELECT offset_us FROM `test_clock_{prefix}`) MICROSECOND)"
+    )
 }
 
 /// Create the prefix's clock table with offset 0 unless it exists

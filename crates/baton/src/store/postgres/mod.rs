@@ -260,7 +260,10 @@ mod test_clock {
 
     #[cfg(feature = "test-clock")]
     pub(super) fn now_us(prefix: &str) -> String {
-        format!("floor(extract(epoch FROM {}) * 1000000)::bigint", now(prefix))
+        format!(
+            "floor(extract(epoch FROM {}) * 1000000)::bigint",
+            now(prefix)
+        )
     }
 
     /// Create the prefix's clock table with offset 0 unless it exists. A

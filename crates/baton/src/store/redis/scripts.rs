@@ -78,7 +78,10 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
-        let (prelude, lock_prelude) = (test_clock(PRELUDE, "ARGV[1]"), test_clock(LOCK_PRELUDE, "KEYS[1]"));
+        let (prelude, lock_prelude) = (
+            test_clock(PRELUDE, "ARGV[1]"),
+            test_clock(LOCK_PRELUDE, "KEYS[1]"),
+        );
         let q = |body: &str| Script::new(&format!("{prelude}{body}"));
         let l = |body: &str| Script::new(&format!("{lock_prelude}{body}"));
         let enqueue_code = format!("{prelude}{ENQUEUE}");
@@ -143,5 +146,8 @@ fn test_clock(prelude: &str, base: &str) -> String {
          \x20 return {{sec, us - sec * 1000000}}\n\
          end\n"
     );
-    format!("{time}{}", prelude.replace("redis.call('TIME')", "baton_test_time()"))
+    format!(
+        "{time}{}",
+        prelude.replace("redis.call('TIME')", "baton_test_time()")
+    )
 }

@@ -71,7 +71,8 @@ const NOW_US: &str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) \
 /// µs every [`NOW`] adds. Created on connect, not a schema step; one per
 /// database file (the file is the store), outside every prefix.
 #[cfg(feature = "test-clock")]
-const TEST_CLOCK: &str = "CREATE TABLE IF NOT EXISTS baton_test_clock (offset_us INTEGER NOT NULL); \
+const TEST_CLOCK: &str =
+    "CREATE TABLE IF NOT EXISTS baton_test_clock (offset_us INTEGER NOT NULL); \
     INSERT INTO baton_test_clock (offset_us) \
     SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM baton_test_clock)";
 
