@@ -33,7 +33,7 @@ pub struct StoreClock {
 }
 
 /// The test clock's jumps in this process (feature `test-clock`, tests
-/// only): a test that shifts the store's clock calls [`jumped`] (the test
+/// only): a test that shifts the store's clock calls [`test_jumps::jumped`] (the test
 /// kit's `clock::advance` does), and every [`StoreClock`] of the process
 /// recalibrates at its next look (a scheduler's sleep ends at once).
 /// Other processes follow at their next recalibration.

@@ -17,8 +17,6 @@ pub(super) const UNIQUE_PRED: &str =
 /// fires before the row is due.
 const WAKE_AT: &str = "ceil(extract(epoch FROM run_at) * 1000000)::int8";
 
-/// The lock columns with `now` (see [`crate::store::sql_row::lock_info`]).
-
 /// The statements of one table prefix.
 #[derive(Debug)]
 pub(super) struct Sql {
