@@ -56,28 +56,15 @@ async fn shift(ts: &TestStore, us: i64, absolute: bool) {
             format!("{col} + {us}")
         }
     };
+    let table = match ts.kind {
+        Kind::Sqlite => "baton_test_clock".to_string(),
+        Kind::Postgres => format!("\"test_clock_{}\"", ts.prefix),
+        Kind::Mysql => format!("`test_clock_{}`", ts.prefix),
+        Kind::Redis => String::new(),
+    };
     match ts.kind {
-        Kind::Sqlite => {
-            let sql = format!(
-                "UPDATE baton_test_clock SET offset_us = {}",
-                value("offset_us")
-            );
-            exec_sql(ts, &sql).await;
-        }
-        Kind::Postgres => {
-            let sql = format!(
-                "UPDATE \"test_clock_{}\" SET offset_us = {}",
-                ts.prefix,
-                value("offset_us")
-            );
-            exec_sql(ts, &sql).await;
-        }
-        Kind::Mysql => {
-            let sql = format!(
-                "UPDATE `test_clock_{}` SET offset_us = {}",
-                ts.prefix,
-                value("offset_us")
-            );
+        Kind::Sqlite | Kind::Postgres | Kind::Mysql => {
+            let sql = format!("UPDATE {table} SET offset_us = {}", value("offset_us"));
             exec_sql(ts, &sql).await;
         }
         Kind::Redis => {

@@ -236,17 +236,7 @@ pub async fn at_least_is_honoured(ts: TestStore) {
         b.try_lock("least", &opts(10_000)).await.unwrap().is_none(),
         "at_least keeps a second caller off"
     );
-    clock::advance(&ts, Duration::from_secs(58)).await;
-    assert!(
-        b.try_lock("least", &opts(10_000)).await.unwrap().is_none(),
-        "still held 58 s into an at_least of 60 s"
-    );
-    clock::advance(&ts, Duration::from_secs(3)).await;
-    let lease = b
-        .try_lock("least", &opts(10_000))
-        .await
-        .unwrap()
-        .expect("free once at_least has passed");
+    let lease = held_for_60_s(&ts, &b, "least").await;
     // A release after at_least has passed frees the lock at once.
     lease.release().await.unwrap();
     let o2 = opts(600_000).at_least(Duration::from_secs(1));
@@ -268,21 +258,24 @@ pub async fn at_most_lapses_a_dropped_lease(ts: TestStore) {
         .await
         .unwrap()
         .is_none());
-    clock::advance(&ts, Duration::from_secs(58)).await;
+    let got = held_for_60_s(&ts, &b, "dropped").await;
+    got.release().await.unwrap();
+}
+
+/// Lock `name`, held for 60 s from now by another holder, is still held
+/// 58 s on by the store's clock (the test clock) and free 61 s on: the
+/// lease `b` then takes.
+async fn held_for_60_s(ts: &TestStore, b: &Locker, name: &str) -> baton::lock::Lease {
+    clock::advance(ts, Duration::from_secs(58)).await;
     assert!(
-        b.try_lock("dropped", &opts(10_000))
-            .await
-            .unwrap()
-            .is_none(),
-        "still held 58 s into an at_most of 60 s"
+        b.try_lock(name, &opts(10_000)).await.unwrap().is_none(),
+        "{name}: still held 58 s into a bound of 60 s"
     );
-    clock::advance(&ts, Duration::from_secs(3)).await;
-    let got = b
-        .try_lock("dropped", &opts(10_000))
+    clock::advance(ts, Duration::from_secs(3)).await;
+    b.try_lock(name, &opts(10_000))
         .await
         .unwrap()
-        .expect("free once at_most has passed");
-    got.release().await.unwrap();
+        .unwrap_or_else(|| panic!("{name}: free once the 60 s have passed"))
 }
 
 pub async fn keep_alive_extends_and_signals_loss(ts: TestStore) {
