@@ -83,9 +83,10 @@ impl Backend for MyBackend {
         self.batch(&format!(
             "START TRANSACTION; \
              INSERT INTO {} (id, queue, kind, payload, state, run_at, created_at, errors) \
-             VALUES ({now}, X'', X'', '', 'cancelled', {now}, {now}, '[]'); \
+             VALUES ({now}, X'', X'', '', 'cancelled', {clock}, {clock}, '[]'); \
              ROLLBACK",
-            self.names.tasks
+            self.names.tasks,
+            clock = self.names.now
         ))
         .await
         .map(|_| ())
