@@ -1,5 +1,7 @@
 //! baton's test kit: what the test binaries of every crate share.
 //!
+//! - [`clock`]: the test clock: shift a store's own clock instead of
+//!   sleeping.
 //! - [`harness`]: an isolated store of each backend for one test
 //!   ([`harness::TestStore`]), and [`per_backend!`], which instantiates a
 //!   test once per backend (`sqlite::NAME`, `postgres::NAME`, …).
@@ -20,6 +22,7 @@
 //! A dev-dependency only: nothing here ships.
 
 pub mod certs;
+pub mod clock;
 pub mod cluster;
 pub mod harness;
 pub mod mariadb;

@@ -26,6 +26,41 @@ pub struct StoreClock {
     /// estimate can be off by, apart from drift).
     base: Arc<std::sync::Mutex<(DateTime<Utc>, Instant, Duration)>>,
     wall: Arc<std::sync::Mutex<(std::time::SystemTime, Instant)>>,
+    /// The test clock's jump count this estimate was read after (feature
+    /// `test-clock`, see [`test_jumps`]).
+    #[cfg(feature = "test-clock")]
+    jumps_seen: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The test clock's jumps in this process (feature `test-clock`, tests
+/// only): a test that shifts the store's clock calls [`test_jumps::jumped`] (the test
+/// kit's `clock::advance` does), and every [`StoreClock`] of the process
+/// recalibrates at its next look (a scheduler's sleep ends at once).
+/// Other processes follow at their next recalibration.
+#[cfg(feature = "test-clock")]
+pub mod test_jumps {
+    use std::sync::OnceLock;
+    use tokio::sync::watch;
+
+    fn channel() -> &'static watch::Sender<u64> {
+        static JUMPS: OnceLock<watch::Sender<u64>> = OnceLock::new();
+        JUMPS.get_or_init(|| watch::channel(0).0)
+    }
+
+    /// Tell this process's store clocks that the store's clock jumped.
+    pub fn jumped() {
+        channel().send_modify(|n| *n += 1);
+    }
+
+    /// How many jumps this process was told of.
+    pub(crate) fn count() -> u64 {
+        *channel().borrow()
+    }
+
+    /// A receiver that sees the next jump.
+    pub(crate) fn subscribe() -> watch::Receiver<u64> {
+        channel().subscribe()
+    }
 }
 
 /// One reading of the store's clock: (store now, local mid-point, half RTT).
@@ -39,6 +74,8 @@ async fn sample(store: &Store) -> Result<(DateTime<Utc>, Instant, Duration), Err
 impl StoreClock {
     /// Calibrate against the store.
     pub async fn new(store: Store) -> Result<StoreClock, Error> {
+        #[cfg(feature = "test-clock")]
+        let jumps = test_jumps::count();
         let base = sample(&store).await?;
         Ok(StoreClock {
             store,
@@ -47,13 +84,31 @@ impl StoreClock {
                 std::time::SystemTime::now(),
                 Instant::now(),
             ))),
+            #[cfg(feature = "test-clock")]
+            jumps_seen: Arc::new(std::sync::atomic::AtomicU64::new(jumps)),
         })
+    }
+
+    /// Whether the test clock jumped since this estimate was read (always
+    /// false without the feature `test-clock`).
+    fn jumped(&self) -> bool {
+        #[cfg(feature = "test-clock")]
+        {
+            test_jumps::count() != self.jumps_seen.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        #[cfg(not(feature = "test-clock"))]
+        false
     }
 
     /// Recalibrate if the machine was suspended long enough that the
     /// monotonic clock (which stands still during suspend) fell behind the
     /// wall clock.
     pub async fn recalibrate_if_suspended(&self) {
+        if self.jumped() {
+            tracing::debug!("the test clock jumped; recalibrating the store clock");
+            self.recalibrate().await;
+            return;
+        }
         let (sys, mono) = match self.wall.lock() {
             Ok(g) => *g,
             Err(p) => *p.into_inner(),
@@ -102,6 +157,8 @@ impl StoreClock {
     /// Read the store's clock `n` times and keep the reading with the
     /// shortest round trip (the most precise). Errors keep the old estimate.
     pub async fn recalibrate_best_of(&self, n: usize) {
+        #[cfg(feature = "test-clock")]
+        let jumps = test_jumps::count();
         let mut best: Option<(DateTime<Utc>, Instant, Duration)> = None;
         for _ in 0..n.max(1) {
             if let Ok(s) = sample(&self.store).await {
@@ -111,6 +168,9 @@ impl StoreClock {
             }
         }
         let Some(best) = best else { return };
+        #[cfg(feature = "test-clock")]
+        self.jumps_seen
+            .store(jumps, std::sync::atomic::Ordering::Relaxed);
         match self.base.lock() {
             Ok(mut g) => *g = best,
             Err(p) => *p.into_inner() = best,
@@ -125,6 +185,21 @@ impl StoreClock {
     /// Sleep until the store's clock reaches `t` (or `max`, whichever first).
     pub async fn sleep_until(&self, t: DateTime<Utc>, max: Duration) {
         let wait = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
-        tokio::time::sleep(wait.min(max).max(Duration::from_millis(2))).await;
+        let sleep = tokio::time::sleep(wait.min(max).max(Duration::from_millis(2)));
+        #[cfg(feature = "test-clock")]
+        {
+            // A jump of the test clock ends the sleep: the caller
+            // recalibrates and looks again.
+            let mut jumps = test_jumps::subscribe();
+            if self.jumped() {
+                return;
+            }
+            tokio::select! {
+                _ = sleep => {}
+                _ = jumps.changed() => {}
+            }
+        }
+        #[cfg(not(feature = "test-clock"))]
+        sleep.await;
     }
 }

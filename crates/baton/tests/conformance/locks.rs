@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 use baton::lock::{LockOptions, Locker};
 use baton::{Error, FencingToken};
 
+use baton_testkit::clock;
+
 use crate::TestStore;
 
 fn opts(at_most_ms: u64) -> LockOptions {
@@ -215,71 +217,65 @@ pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
 }
 
 pub async fn at_least_is_honoured(ts: TestStore) {
+    // On the store's clock (the test clock moves it; nothing sleeps): a
+    // release before at_least has passed holds the lock until
+    // `locked_at + at_least`, and not a moment longer.
     let a = Locker::new(ts.store.clone());
     let b = Locker::new(ts.open().await);
-    let o = opts(10_000).at_least(Duration::from_millis(1_000));
+    let o = opts(600_000).at_least(Duration::from_secs(60));
     let lease = a.try_lock("least", &o).await.unwrap().unwrap();
-    let granted = Instant::now();
     let locked_at = lease.locked_at();
     lease.release().await.unwrap();
     let info = ts.store.backend().lock_get("least").await.unwrap().unwrap();
     assert_eq!(
         info.lock_until - locked_at,
-        chrono::Duration::milliseconds(1_000),
+        chrono::Duration::seconds(60),
         "held until granted_at + at_least"
     );
     assert!(
         b.try_lock("least", &opts(10_000)).await.unwrap().is_none(),
         "at_least keeps a second caller off"
     );
-    // Poll until free; it must not be free before ~1 s after the grant.
-    let lease = loop {
-        if let Some(l) = b.try_lock("least", &opts(10_000)).await.unwrap() {
-            break l;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let waited = granted.elapsed();
-    assert!(
-        waited >= Duration::from_millis(900),
-        "free after {waited:?}"
-    );
-    assert!(
-        waited < Duration::from_millis(3_000),
-        "free only after {waited:?}"
-    );
+    let lease = held_for_60_s(&ts, &b, "least").await;
     // A release after at_least has passed frees the lock at once.
-    let o2 = opts(10_000).at_least(Duration::from_millis(100));
     lease.release().await.unwrap();
+    let o2 = opts(600_000).at_least(Duration::from_secs(1));
     let l2 = a.try_lock("least2", &o2).await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock::advance(&ts, Duration::from_secs(2)).await;
     l2.release().await.unwrap();
     assert!(b.try_lock("least2", &opts(10_000)).await.unwrap().is_some());
 }
 
 pub async fn at_most_lapses_a_dropped_lease(ts: TestStore) {
+    // A holder that crashed (no release, its keep-alive gone) keeps the
+    // lock until at_most has passed on the store's clock, then it is free.
     let a = Locker::new(ts.store.clone());
     let b = Locker::new(ts.open().await);
-    let lease = a.try_lock("dropped", &opts(600)).await.unwrap().unwrap();
-    let t0 = Instant::now();
+    let lease = a.try_lock("dropped", &opts(60_000)).await.unwrap().unwrap();
     drop(lease); // crashed holder: no release, and the keep-alive stops
     assert!(b
         .try_lock("dropped", &opts(10_000))
         .await
         .unwrap()
         .is_none());
-    let got = loop {
-        if let Some(l) = b.try_lock("dropped", &opts(10_000)).await.unwrap() {
-            break l;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let waited = t0.elapsed();
-    assert!(
-        waited >= Duration::from_millis(450) && waited < Duration::from_millis(2_500),
-        "free after {waited:?}"
-    );
+    let got = held_for_60_s(&ts, &b, "dropped").await;
     got.release().await.unwrap();
+}
+
+/// Lock `name`, held for 60 s from now by another holder, is still held
+/// 58 s on by the store's clock (the test clock) and free 61 s on: the
+/// lease `b` then takes.
+async fn held_for_60_s(ts: &TestStore, b: &Locker, name: &str) -> baton::lock::Lease {
+    clock::advance(ts, Duration::from_secs(58)).await;
+    assert!(
+        b.try_lock(name, &opts(10_000)).await.unwrap().is_none(),
+        "{name}: still held 58 s into a bound of 60 s"
+    );
+    clock::advance(ts, Duration::from_secs(3)).await;
+    b.try_lock(name, &opts(10_000))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name}: free once the 60 s have passed"))
 }
 
 pub async fn keep_alive_extends_and_signals_loss(ts: TestStore) {
@@ -369,18 +365,64 @@ pub async fn wait_gets_the_lock_when_released(ts: TestStore) {
 }
 
 pub async fn client_clock_skew_changes_nothing(ts: TestStore) {
-    // Expiry is decided by the store's clock alone: the lease length seen in
-    // the store equals at_most exactly, whatever the client's clock says.
+    // Expiry is decided by the store's clock alone. The test clock puts
+    // the store an hour ahead of this client's clock, then an hour behind
+    // it: a client that wrote or compared its own time would grant a lease
+    // that is already over (ahead) or one that lasts an hour (behind).
     let a = Locker::new(ts.store.clone());
-    let lease = a.try_lock("skew", &opts(700)).await.unwrap().unwrap();
-    assert_eq!(
-        lease.expires_at() - lease.locked_at(),
-        chrono::Duration::milliseconds(700)
-    );
-    let store_now = ts.store.now().await.unwrap();
-    let drift = (store_now - lease.locked_at()).num_milliseconds().abs();
-    assert!(drift < 5_000, "grant time is store time ({drift} ms away)");
-    drop(lease);
+    let b = Locker::new(ts.open().await);
+    let hour = 3_600_000_000;
+    // The local deadline of a lease taken with no skew, for comparison.
+    let lease = a
+        .try_lock("skew-none", &opts(60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let base_left = lease
+        .deadline()
+        .saturating_duration_since(tokio::time::Instant::now());
+    lease.release().await.unwrap();
+    for (name, offset) in [("skew-ahead", hour), ("skew-behind", -hour)] {
+        clock::set_offset(&ts, offset).await;
+        let lease = a.try_lock(name, &opts(60_000)).await.unwrap().unwrap();
+        assert_eq!(
+            lease.expires_at() - lease.locked_at(),
+            chrono::Duration::seconds(60),
+            "the lease is at_most long, on the store's clock"
+        );
+        let store_now = ts.store.now().await.unwrap();
+        let drift = (store_now - lease.locked_at()).num_milliseconds().abs();
+        assert!(
+            drift < 5_000,
+            "{name}: grant time is store time ({drift} ms away)"
+        );
+        let skew = (chrono::Utc::now() - lease.locked_at()).num_minutes().abs();
+        assert!(
+            skew >= 59,
+            "{name}: the store's clock is {skew} min from this one"
+        );
+        // The local deadline is as far as without skew.
+        let left = lease
+            .deadline()
+            .saturating_duration_since(tokio::time::Instant::now());
+        let diff = left.abs_diff(base_left);
+        assert!(
+            diff < Duration::from_secs(2),
+            "{name}: local deadline {left:?} away, {base_left:?} without skew"
+        );
+        drop(lease);
+        assert!(
+            b.try_lock(name, &opts(10_000)).await.unwrap().is_none(),
+            "{name}: a fresh lease holds"
+        );
+        clock::advance(&ts, Duration::from_secs(61)).await;
+        let next = b.try_lock(name, &opts(10_000)).await.unwrap();
+        assert!(
+            next.is_some(),
+            "{name}: free after at_most on the store's clock"
+        );
+    }
+    clock::set_offset(&ts, 0).await;
 }
 
 pub async fn list_and_get(ts: TestStore) {

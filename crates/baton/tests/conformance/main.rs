@@ -111,6 +111,7 @@ baton_testkit::per_backend! {
     schedule::five_schedulers_run_each_slot_once,
     schedule::catch_up_all_runs_every_missed_slot_once,
     schedule::catch_up_latest_runs_one_missed_slot,
+    schedule::a_running_scheduler_follows_the_store_clock,
     schedule::lock_mode_runs_each_slot_on_one_instance,
     schedule::advance_is_checked_against_store_time,
     schedule::run_and_skip_records,

@@ -12,6 +12,8 @@ use baton::store::{Advanced, JobAdvance, Overlap, TaskState, OVERLAP_SKIPPED};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
+use baton_testkit::clock;
+
 use crate::TestStore;
 
 fn every(ms: u64) -> Schedule {
@@ -351,13 +353,13 @@ pub async fn five_schedulers_run_each_slot_once(ts: TestStore) {
 }
 
 pub async fn catch_up_all_runs_every_missed_slot_once(ts: TestStore) {
-    // Registered, then every instance is down for 3 s.
+    // Registered, then every instance is down for 3 s of store time.
     ts.store
         .backend()
         .job_register(&baton::store::JobRegister::new("catchup"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    clock::advance(&ts, Duration::from_millis(3_000)).await;
     let job = Job::new("catchup", every(250))
         .misfire(Misfire::All)
         .overlap(Overlap::Allow);
@@ -374,7 +376,8 @@ pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
         .unwrap()
         .last_slot
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Down for a minute of store time: 59 and more slots missed.
+    clock::advance(&ts, Duration::from_secs(60)).await;
     let back = ts.store.now().await.unwrap();
     let job = Job::new("latest", every(1_000))
         .misfire(Misfire::Latest)
@@ -393,6 +396,57 @@ pub async fn catch_up_latest_runs_one_missed_slot(ts: TestStore) {
     );
     assert!(!ledger.is_empty(), "the latest missed slot ran");
     assert!(ledger.values().all(|n| *n == 1));
+}
+
+/// A running scheduler follows a jump of the store's clock (the test
+/// clock): the next slot of an hourly job, up to an hour away in real
+/// time, runs within moments of the store's clock passing it, and not
+/// before.
+pub async fn a_running_scheduler_follows_the_store_clock(ts: TestStore) {
+    let b = ts.store.backend();
+    let job = Job::new("hourly", every(3_600_000))
+        .misfire(Misfire::Latest)
+        .overlap(Overlap::Allow);
+    let stop = CancellationToken::new();
+    let mut s = Scheduler::new(ts.store.clone());
+    s.add(job).unwrap();
+    let run = tokio::spawn(s.run(stop.clone()));
+    let tasks = || async {
+        b.task_list(&baton::store::TaskFilter {
+            job: Some("hourly".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    };
+    let t0 = std::time::Instant::now();
+    while !b
+        .job_list()
+        .await
+        .unwrap()
+        .iter()
+        .any(|j| j.name == "hourly")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tasks().await.is_empty(),
+        "no slot before the store's clock reaches it"
+    );
+    clock::advance(&ts, Duration::from_secs(3_601)).await;
+    let t0 = std::time::Instant::now();
+    while tasks().await.is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the slot the store's clock passed never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(tasks().await.len(), 1, "one slot, once");
 }
 
 pub async fn lock_mode_runs_each_slot_on_one_instance(ts: TestStore) {
@@ -743,7 +797,7 @@ pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
         .unwrap()
         .last_slot
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    clock::advance(&ts, Duration::from_millis(2_000)).await;
     // Start just after a slot fell due, so the scheduler below plans before
     // the next one (then the latest due slot is its only one).
     let now = loop {
@@ -868,7 +922,7 @@ pub async fn catch_up_all_with_overlap_forbid(ts: TestStore) {
         .unwrap()
         .last_slot
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    clock::advance(&ts, Duration::from_millis(2_500)).await;
     let back = ts.store.now().await.unwrap();
     let job = Job::new("cu-forbid", every(250)).misfire(Misfire::All);
     assert_eq!(job.overlap, Overlap::Skip);

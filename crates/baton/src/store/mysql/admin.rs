@@ -4,7 +4,6 @@
 use sqlx::Row;
 
 use super::rows::attempt_of;
-use super::tasks::APPEND_ERROR;
 use super::{marks, MyBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::{self, task_info, SqlRow, TASK_COLS};
@@ -17,6 +16,7 @@ const RESCUE_BATCH: usize = 1000;
 /// locked right now is being finished or heartbeated, and the next pass
 /// sees it), move them on as the state table says, count by outcome.
 pub(super) async fn task_rescue_many(b: &MyBackend) -> Result<Rescued, StoreError> {
+    let (append_error, now) = (&b.names.append_error, &b.names.now);
     let t = &b.names.tasks;
     let mut total = Rescued::default();
     let mut wakes: Vec<Wake> = Vec::new();
@@ -24,7 +24,7 @@ pub(super) async fn task_rescue_many(b: &MyBackend) -> Result<Rescued, StoreErro
         let mut tx = b.begin().await?;
         let rows = sqlx::query(&format!(
             "SELECT id, queue, cancel_requested, attempt, max_attempts FROM {t} \
-             WHERE state = 'running' AND lease_until < UTC_TIMESTAMP(6) \
+             WHERE state = 'running' AND lease_until < {now} \
              ORDER BY lease_until LIMIT {RESCUE_BATCH} FOR UPDATE SKIP LOCKED"
         ))
         .fetch_all(&mut *tx)
@@ -54,8 +54,8 @@ pub(super) async fn task_rescue_many(b: &MyBackend) -> Result<Rescued, StoreErro
         let sql = format!(
             "UPDATE {t} SET \
                  finished_at = CASE WHEN cancel_requested = 1 OR attempt >= max_attempts \
-                     THEN UTC_TIMESTAMP(6) END, \
-                 lease_until = NULL, last_error = ?, errors = {APPEND_ERROR}, \
+                     THEN {now} END, \
+                 lease_until = NULL, last_error = ?, errors = {append_error}, \
                  state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
                               WHEN attempt >= max_attempts THEN 'failed' \
                               ELSE 'pending' END \
@@ -77,10 +77,11 @@ pub(super) async fn task_rescue_many(b: &MyBackend) -> Result<Rescued, StoreErro
 }
 
 pub(super) async fn task_retry(b: &MyBackend, id: i64) -> Result<bool, StoreError> {
+    let now = &b.names.now;
     let t = &b.names.tasks;
     // `state` last: `max_attempts` reads `attempt`, which stays.
     let r = sqlx::query(&format!(
-        "UPDATE {t} SET run_at = UTC_TIMESTAMP(6), finished_at = NULL, lease_until = NULL, \
+        "UPDATE {t} SET run_at = {now}, finished_at = NULL, lease_until = NULL, \
              cancel_requested = 0, max_attempts = GREATEST(max_attempts, attempt + 1), \
              state = 'pending' \
          WHERE id = ? AND state IN ('failed', 'cancelled')"
@@ -160,6 +161,7 @@ pub(super) async fn task_list(
 }
 
 pub(super) async fn queue_stats(b: &MyBackend) -> Result<Vec<QueueStats>, StoreError> {
+    let now = &b.names.now;
     let rows = sqlx::query(&format!(
         "SELECT queue, \
              CAST(SUM(state = 'pending') AS SIGNED) AS pending, \
@@ -168,7 +170,7 @@ pub(super) async fn queue_stats(b: &MyBackend) -> Result<Vec<QueueStats>, StoreE
              CAST(SUM(state = 'failed') AS SIGNED) AS failed, \
              CAST(SUM(state = 'cancelled') AS SIGNED) AS cancelled, \
              CAST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' \
-                 AND run_at <= UTC_TIMESTAMP(6) THEN run_at END), UTC_TIMESTAMP(6)) DIV 1000 \
+                 AND run_at <= {now} THEN run_at END), {now}) DIV 1000 \
                  AS SIGNED) AS oldest_ms \
          FROM {} GROUP BY queue ORDER BY queue",
         b.names.tasks

@@ -40,8 +40,9 @@ impl MyBackend {
 #[async_trait]
 impl SlotTx for Tx<'_> {
     async fn job_row(&mut self, adv: &JobAdvance<'_>) -> Result<Option<JobRow>, StoreError> {
+        let now = &self.b.names.now;
         let row = sqlx::query(&format!(
-            "SELECT last_slot, paused, last_slot <=> ? AS matches, UTC_TIMESTAMP(6) AS now \
+            "SELECT last_slot, paused, last_slot <=> ? AS matches, {now} AS now \
              FROM {} WHERE name = ? FOR UPDATE",
             self.b.names.jobs
         ))
@@ -100,8 +101,8 @@ impl SlotTx for Tx<'_> {
         let Some(queue) = queue else { return Ok(()) };
         let queue = String::from_utf8(queue).map_err(|e| corrupt("queue", e))?;
         sqlx::query(&format!(
-            "UPDATE {} SET run_at = UTC_TIMESTAMP(6) WHERE id = ?",
-            self.b.names.tasks
+            "UPDATE {} SET run_at = {} WHERE id = ?",
+            self.b.names.tasks, self.b.names.now
         ))
         .bind(id)
         .execute(&mut *self.tx)
@@ -123,6 +124,7 @@ impl SlotTx for Tx<'_> {
     }
 
     async fn insert(&mut self, task: &NewTask, birth: Birth<'_>) -> Result<Enqueued, StoreError> {
+        let now = &self.b.names.now;
         let skipped = match birth {
             Birth::Cancelled { reason } => Some(reason),
             _ => None,
@@ -143,8 +145,8 @@ impl SlotTx for Tx<'_> {
             // own transaction (never seen pending).
             sqlx::query(&format!(
                 "UPDATE {} SET state = 'running', attempt = 1, \
-                 started_at = UTC_TIMESTAMP(6), \
-                 lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, worker = ?, \
+                 started_at = {now}, \
+                 lease_until = {now} + INTERVAL ? MICROSECOND, worker = ?, \
                  claim_token = ? WHERE id = ?",
                 self.b.names.tasks
             ))
@@ -191,8 +193,9 @@ impl CancelTx for Tx<'_> {
     }
 
     async fn cancel_pending(&mut self, id: i64, reason: Option<&str>) -> Result<(), StoreError> {
+        let now = &self.b.names.now;
         sqlx::query(&format!(
-            "UPDATE {} SET state = 'cancelled', finished_at = UTC_TIMESTAMP(6), \
+            "UPDATE {} SET state = 'cancelled', finished_at = {now}, \
              lease_until = NULL, last_error = coalesce(?, last_error) WHERE id = ?",
             self.b.names.tasks
         ))

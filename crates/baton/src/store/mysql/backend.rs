@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use tokio::sync::broadcast;
 
-use super::{admin, claim, jobs, locks, schema, tasks, us, MyBackend, NOW_US};
+use super::{admin, claim, jobs, locks, schema, tasks, us, MyBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::{self, SqlRow};
 use crate::store::{
@@ -61,9 +61,10 @@ impl Backend for MyBackend {
     /// AUTO_INCREMENT` would wait for, and then stall, every transaction on
     /// the table for its metadata lock), and no row is ever seen.
     async fn task_id_floor(&self) -> Result<(), StoreError> {
+        let now_us = &self.names.now_us;
         let read: Result<(Option<u64>, i64), sqlx::Error> = sqlx::query_as(&format!(
             "SELECT (SELECT CAST(AUTO_INCREMENT AS UNSIGNED) FROM information_schema.TABLES \
-                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?), CAST({NOW_US} AS SIGNED)"
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?), CAST({now_us} AS SIGNED)"
         ))
         .bind(format!("{}tasks", self.names.prefix))
         .fetch_one(&self.pool)
@@ -82,9 +83,10 @@ impl Backend for MyBackend {
         self.batch(&format!(
             "START TRANSACTION; \
              INSERT INTO {} (id, queue, kind, payload, state, run_at, created_at, errors) \
-             VALUES ({now}, X'', X'', '', 'cancelled', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '[]'); \
+             VALUES ({now}, X'', X'', '', 'cancelled', {clock}, {clock}, '[]'); \
              ROLLBACK",
-            self.names.tasks
+            self.names.tasks,
+            clock = self.names.now
         ))
         .await
         .map(|_| ())
@@ -115,7 +117,7 @@ impl Backend for MyBackend {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+        Ok(sqlx::query_scalar(&self.names.now_select)
             .fetch_one(&self.pool)
             .await?)
     }
@@ -302,7 +304,7 @@ impl Backend for MyBackend {
         let n = &self.names;
         let mut tx = self.pool.begin().await?;
         let cutoff: DateTime<Utc> =
-            sqlx::query_scalar("SELECT UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND")
+            sqlx::query_scalar(&format!("SELECT {} - INTERVAL ? MICROSECOND", n.now))
                 .bind(us(older_than))
                 .fetch_one(&mut *tx)
                 .await?;

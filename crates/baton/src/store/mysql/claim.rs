@@ -4,7 +4,7 @@
 
 use sqlx::{Executor, Row};
 
-use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN, NOW_US};
+use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN};
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
@@ -70,10 +70,11 @@ impl MyBackend {
     /// the rows. `queue` and `queue_again` are the queue's name (a `?` or a
     /// literal) for the tasks and the queues table.
     fn claim_select(&self, limit: i64, queue: &str, queue_again: &str) -> String {
+        let now = &self.names.now;
         format!(
             "SELECT id, CAST(attempt + 1 < max_attempts AS SIGNED) FROM {t} \
              WHERE queue = {queue} AND state = 'pending' \
-                 AND run_at <= UTC_TIMESTAMP(6) AND cancel_requested = 0 \
+                 AND run_at <= {now} AND cancel_requested = 0 \
                  AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = {queue_again} AND paused = 1) \
              ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
             t = self.names.tasks,
@@ -84,11 +85,12 @@ impl MyBackend {
     /// The update that starts the claimed attempts (`ids`: a list for
     /// `IN (…)`; `lease_us` and `worker`: a `?` each or literals).
     fn claim_update(&self, ids: &str, lease_us: &str, worker: &str) -> String {
+        let (now, now_us) = (&self.names.now, &self.names.now_us);
         format!(
             "UPDATE {} SET state = 'running', attempt = attempt + 1, \
-                 started_at = UTC_TIMESTAMP(6), \
-                 lease_until = UTC_TIMESTAMP(6) + INTERVAL {lease_us} MICROSECOND, \
-                 worker = {worker}, claim_token = GREATEST(claim_token + 1, {NOW_US}) \
+                 started_at = {now}, \
+                 lease_until = {now} + INTERVAL {lease_us} MICROSECOND, \
+                 worker = {worker}, claim_token = GREATEST(claim_token + 1, {now_us}) \
              WHERE id IN ({ids})",
             self.names.tasks
         )
@@ -201,9 +203,10 @@ pub(super) async fn task_claim_rated(
     b: &MyBackend,
     req: &TaskClaimRated<'_>,
 ) -> Result<RatedClaim, StoreError> {
+    let now_us = &b.names.now_us;
     let key = req.key();
     let r = &b.names.rates;
-    let lock = format!("SELECT starts, {NOW_US} FROM {r} WHERE name = ? FOR UPDATE");
+    let lock = format!("SELECT starts, {now_us} FROM {r} WHERE name = ? FOR UPDATE");
     let mut tx = b.begin().await?;
     let mut row: Option<(Vec<u8>, i64)> = sqlx::query_as(&lock)
         .bind(key.as_bytes())

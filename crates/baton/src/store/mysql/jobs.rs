@@ -9,10 +9,11 @@ pub(super) async fn job_register(
     b: &MyBackend,
     params: &crate::store::JobRegister<'_>,
 ) -> Result<JobState, StoreError> {
+    let now = &b.names.now;
     let j = &b.names.jobs;
     let job = params.job;
     sqlx::query(&format!(
-        "INSERT INTO {j} (name, last_slot, paused, queue) VALUES (?, UTC_TIMESTAMP(6), 0, ?) \
+        "INSERT INTO {j} (name, last_slot, paused, queue) VALUES (?, {now}, 0, ?) \
          ON DUPLICATE KEY UPDATE queue = COALESCE(VALUES(queue), queue)"
     ))
     .bind(job)

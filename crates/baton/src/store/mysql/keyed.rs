@@ -36,6 +36,7 @@ pub(super) async fn claim_in(
     per_key: u32,
     walk: i64,
 ) -> Result<Vec<Task>, StoreError> {
+    let now = &b.names.now;
     let t = &b.names.tasks;
     lock_queue_row(b, tx, req.queue).await?;
     // Every running task of the queue, by key (NULL: no key), from the
@@ -77,7 +78,7 @@ pub(super) async fn claim_in(
     let select = format!(
         "SELECT id, CAST(attempt + 1 < max_attempts AS SIGNED), concurrency_key FROM {t} \
          WHERE queue = ? AND state = 'pending' \
-             AND run_at <= UTC_TIMESTAMP(6) AND cancel_requested = 0 \
+             AND run_at <= {now} AND cancel_requested = 0 \
              AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ? AND paused = 1) {skip} \
          ORDER BY priority, run_at, id LIMIT {n} FOR UPDATE SKIP LOCKED",
         q = b.names.queues,

@@ -6,13 +6,15 @@ use chrono::{DateTime, Utc};
 
 use sqlx::mysql::MySqlRow;
 
-use super::{hex_lit, text_lit, us, MyBackend, BEGIN, NOW_US};
+use super::{hex_lit, text_lit, us, MyBackend, BEGIN};
 use crate::error::StoreError;
 use crate::store::sql_row::{lock_info, token_arg, SqlRow};
 use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo};
 
-/// The columns [`lock_info`] reads: the record and the store's now.
-const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, UTC_TIMESTAMP(6) AS now";
+/// The columns [`lock_info`] reads: the record and the store's `now`.
+fn lock_cols(now: &str) -> String {
+    format!("name, holder, token, locked_at, lock_until, {now} AS now")
+}
 
 /// Where a new lock row starts: lapsed long ago.
 const EPOCH: &str = "1970-01-01 00:00:00";
@@ -38,13 +40,14 @@ impl MyBackend {
         token: FencingToken,
         set: &str,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let now = &self.names.now;
         let l = &self.names.locks;
         let lit = hex_lit(name.as_bytes());
         let rows = self
             .batch(&format!(
                 "{BEGIN}; \
                  UPDATE {l} SET {set} \
-                 WHERE name = {lit} AND token = {} AND lock_until > UTC_TIMESTAMP(6); \
+                 WHERE name = {lit} AND token = {} AND lock_until > {now}; \
                  SELECT lock_until, ROW_COUNT() AS changed FROM {l} WHERE name = {lit}; \
                  COMMIT",
                 token_arg(token)
@@ -75,7 +78,8 @@ pub(super) async fn lock_acquire(
     b: &MyBackend,
     req: &LockAcquire<'_>,
 ) -> Result<Acquire, StoreError> {
-    let l = &b.names.locks;
+    let (now, now_us) = (&b.names.now, &b.names.now_us);
+    let (l, cols) = (&b.names.locks, lock_cols(now));
     let name = hex_lit(req.name.as_bytes());
     let holder = text_lit(req.holder);
     let at_most = us(req.at_most);
@@ -85,11 +89,11 @@ pub(super) async fn lock_acquire(
              INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
              VALUES ({name}, '', 0, '{EPOCH}', '{EPOCH}') \
              ON DUPLICATE KEY UPDATE name = name; \
-             UPDATE {l} SET holder = {holder}, token = GREATEST(token + 1, {NOW_US}), \
-             locked_at = UTC_TIMESTAMP(6), \
-             lock_until = UTC_TIMESTAMP(6) + INTERVAL {at_most} MICROSECOND \
-             WHERE name = {name} AND lock_until <= UTC_TIMESTAMP(6); \
-             SELECT {LOCK_COLS}, ROW_COUNT() AS taken FROM {l} WHERE name = {name}; \
+             UPDATE {l} SET holder = {holder}, token = GREATEST(token + 1, {now_us}), \
+             locked_at = {now}, \
+             lock_until = {now} + INTERVAL {at_most} MICROSECOND \
+             WHERE name = {name} AND lock_until <= {now}; \
+             SELECT {cols}, ROW_COUNT() AS taken FROM {l} WHERE name = {name}; \
              COMMIT"
         ))
         .await?;
@@ -113,13 +117,11 @@ pub(super) async fn lock_extend(
     token: FencingToken,
     at_most: Duration,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let now = &b.names.now;
     b.lock_until_after(
         name,
         token,
-        &format!(
-            "lock_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
-            us(at_most)
-        ),
+        &format!("lock_until = {now} + INTERVAL {} MICROSECOND", us(at_most)),
     )
     .await
 }
@@ -133,12 +135,13 @@ pub(super) async fn lock_revoke(
     token: FencingToken,
     within: Duration,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let now = &b.names.now;
     b.lock_until_after(
         name,
         token,
         &format!(
             "token = token + 1, holder = LEFT(CONCAT('revoked:', holder), 1024), \
-             lock_until = LEAST(lock_until, UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
+             lock_until = LEAST(lock_until, {now} + INTERVAL {} MICROSECOND)",
             us(within)
         ),
     )
@@ -151,10 +154,11 @@ pub(super) async fn lock_release(
     token: FencingToken,
     at_least: Duration,
 ) -> Result<bool, StoreError> {
+    let now = &b.names.now;
     let r = sqlx::query(&format!(
-        "UPDATE {} SET lock_until = GREATEST(UTC_TIMESTAMP(6), \
+        "UPDATE {} SET lock_until = GREATEST({now}, \
              locked_at + INTERVAL ? MICROSECOND) \
-         WHERE name = ? AND token = ? AND lock_until > UTC_TIMESTAMP(6)",
+         WHERE name = ? AND token = ? AND lock_until > {now}",
         b.names.locks
     ))
     .bind(us(at_least))
@@ -170,16 +174,16 @@ pub(super) async fn lock_read(
     b: &MyBackend,
     name: Option<&str>,
 ) -> Result<Vec<LockInfo>, StoreError> {
-    let l = &b.names.locks;
+    let (l, cols) = (&b.names.locks, lock_cols(&b.names.now));
     let rows = match name {
         Some(name) => {
-            sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} WHERE name = ?"))
+            sqlx::query(&format!("SELECT {cols} FROM {l} WHERE name = ?"))
                 .bind(name)
                 .fetch_all(&b.pool)
                 .await?
         }
         None => {
-            sqlx::query(&format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"))
+            sqlx::query(&format!("SELECT {cols} FROM {l} ORDER BY name"))
                 .fetch_all(&b.pool)
                 .await?
         }

@@ -75,9 +75,36 @@ const DEFAULT_PREFIX: &str = "baton_";
 /// the `DATETIME` range.
 const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
 
-/// The store's clock in microseconds since the epoch, independent of the
-/// session time zone: the floor of every fencing and claim token.
-const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+/// The store's clock as SQL, chosen at compile time: `UTC_TIMESTAMP(6)`,
+/// or with the feature `test-clock` (tests only) plus the offset in the
+/// prefix's one-row table `test_clock_<prefix>`, created on connect.
+#[cfg(not(feature = "test-clock"))]
+fn now_sql(_prefix: &str) -> String {
+    "UTC_TIMESTAMP(6)".into()
+}
+
+/// The store's clock as SQL, plus the test clock's offset (see above).
+#[cfg(feature = "test-clock")]
+fn now_sql(prefix: &str) -> String {
+    format!(
+        "(UTC_TIMESTAMP(6) + INTERVAL (SELECT offset_us FROM `test_clock_{prefix}`) MICROSECOND)"
+    )
+}
+
+/// Create the prefix's clock table with offset 0 unless it exists
+/// (feature `test-clock`). A failure (a read-only server) is left to the
+/// first statement that reads the clock.
+#[cfg(feature = "test-clock")]
+async fn create_test_clock(pool: &MySqlPool, prefix: &str) {
+    let t = format!("`test_clock_{prefix}`");
+    let sql = format!(
+        "CREATE TABLE IF NOT EXISTS {t} (offset_us BIGINT NOT NULL); \
+         INSERT INTO {t} (offset_us) SELECT 0 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {t})"
+    );
+    if let Err(e) = sqlx::raw_sql(&sql).execute(pool).await {
+        tracing::debug!(error = %e, "creating the test clock's table");
+    }
+}
 
 /// A duration as clamped microseconds for `INTERVAL ? MICROSECOND`.
 fn us(d: Duration) -> i64 {
@@ -97,11 +124,22 @@ pub(crate) struct Names {
     slots: String,
     /// Rate limits' start logs, schema 8.
     rates: String,
+    /// The store's clock (see [`now_sql`]).
+    now: String,
+    /// [`Names::now`] in µs since the epoch, independent of the session
+    /// time zone: the floor of every fencing and claim token.
+    now_us: String,
+    /// `SELECT` [`Names::now`].
+    now_select: String,
+    /// The SQL that appends `{attempt, at, error}` (error text bound to the
+    /// one `?`) to `errors`, with `at` as RFC 3339 UTC.
+    append_error: String,
 }
 
 impl Names {
     fn new(prefix: Option<&str>) -> Names {
         let p = prefix.unwrap_or(DEFAULT_PREFIX).to_string();
+        let now = now_sql(&p);
         Names {
             meta: format!("`{p}meta`"),
             locks: format!("`{p}locks`"),
@@ -110,6 +148,13 @@ impl Names {
             queues: format!("`{p}queues`"),
             slots: format!("`{p}slots`"),
             rates: format!("`{p}rates`"),
+            now_us: format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {now})"),
+            now_select: format!("SELECT {now}"),
+            append_error: format!(
+                "JSON_ARRAY_APPEND(errors, '$', JSON_OBJECT('attempt', \
+                 attempt, 'at', DATE_FORMAT({now}, '%Y-%m-%dT%H:%i:%s.%fZ'), 'error', ?))"
+            ),
+            now,
             prefix: p,
         }
     }
@@ -170,6 +215,8 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         .await?;
     sized.attach(&pool);
     let mut backend = MyBackend::on_pool(pool, opts.prefix.as_deref());
+    #[cfg(feature = "test-clock")]
+    create_test_clock(&backend.pool, &backend.names.prefix).await;
     backend.recycle = recycle;
     backend._sized = Some(sized);
     Ok(Arc::new(backend))

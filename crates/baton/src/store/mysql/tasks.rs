@@ -22,11 +22,6 @@ const INSERT_CHUNK: usize = 1000;
 /// Ids per `IN (…)` list.
 const ID_CHUNK: usize = 1000;
 
-/// The SQL that appends `{attempt, at, error}` (error text bound to the
-/// one `?`) to `errors`, with `at` as RFC 3339 UTC.
-pub(super) const APPEND_ERROR: &str = "JSON_ARRAY_APPEND(errors, '$', JSON_OBJECT('attempt', \
-     attempt, 'at', DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ'), 'error', ?))";
-
 /// A timestamp cut to the microseconds `DATETIME(6)` keeps.
 fn trunc_us(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
@@ -81,7 +76,7 @@ pub(super) async fn insert_tasks(
         .any(|t| !matches!(t.run_at, RunAt::Now | RunAt::Delay(Duration::ZERO)));
     let now: Option<DateTime<Utc>> = if needs_now {
         Some(
-            sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+            sqlx::query_scalar(&n.now_select)
                 .fetch_one(&mut *conn)
                 .await?,
         )
@@ -103,8 +98,11 @@ pub(super) async fn insert_tasks(
     let cols = "(queue, kind, payload, state, priority, run_at, created_at, max_attempts, \
          timeout_ms, unique_key, unique_forever, unique_until_failed, job, slot, traceparent, \
          concurrency_key, last_error, finished_at, errors)";
-    let one = "(?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, \
-         ?, ?, ?, ?, IF(?, UTC_TIMESTAMP(6), NULL), '[]')";
+    let one = format!(
+        "(?, ?, ?, ?, ?, COALESCE(?, {now}), {now}, ?, ?, ?, ?, ?, ?, \
+         ?, ?, ?, ?, IF(?, {now}, NULL), '[]')",
+        now = n.now
+    );
     let state = if skipped.is_some() {
         "cancelled"
     } else {
@@ -327,6 +325,7 @@ pub(super) async fn task_heartbeat_many(
     claims: &[Claim],
     lease: Duration,
 ) -> Result<Vec<Heartbeat>, StoreError> {
+    let now = &b.names.now;
     if claims.is_empty() {
         return Ok(Vec::new());
     }
@@ -339,7 +338,7 @@ pub(super) async fn task_heartbeat_many(
         let cond =
             format!("id IN ({ids}) AND (id, claim_token) IN ({pairs}) AND state = 'running'");
         let sql = format!(
-            "UPDATE {t} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+            "UPDATE {t} SET lease_until = {now} + INTERVAL ? MICROSECOND \
              WHERE {cond}"
         );
         let mut u = sqlx::query(&sql).bind(us(lease));
@@ -384,6 +383,7 @@ pub(super) async fn task_finish_many(
     b: &MyBackend,
     items: &[(Claim, Finish)],
 ) -> Result<Vec<bool>, StoreError> {
+    let (append_error, now) = (&b.names.append_error, &b.names.now);
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -444,9 +444,9 @@ pub(super) async fn task_finish_many(
                 let again = state == "pending";
                 // `errors` first: it reads `attempt`, which stays.
                 sqlx::query(&format!(
-                    "UPDATE {t} SET errors = {APPEND_ERROR}, last_error = ?, state = ?, \
-                         run_at = IF(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, run_at), \
-                         finished_at = IF(?, NULL, UTC_TIMESTAMP(6)), lease_until = NULL \
+                    "UPDATE {t} SET errors = {append_error}, last_error = ?, state = ?, \
+                         run_at = IF(?, {now} + INTERVAL ? MICROSECOND, run_at), \
+                         finished_at = IF(?, NULL, {now}), lease_until = NULL \
                      WHERE id = ?"
                 ))
                 .bind(error)
@@ -465,7 +465,7 @@ pub(super) async fn task_finish_many(
             Finish::Cancelled { reason } => {
                 sqlx::query(&format!(
                     "UPDATE {t} SET state = 'cancelled', last_error = ?, \
-                     finished_at = UTC_TIMESTAMP(6), lease_until = NULL WHERE id = ?"
+                     finished_at = {now}, lease_until = NULL WHERE id = ?"
                 ))
                 .bind(reason)
                 .bind(claim.id)
@@ -480,7 +480,7 @@ pub(super) async fn task_finish_many(
                     sqlx::query(&format!(
                         "UPDATE {t} SET state = 'cancelled', attempt = attempt - 1, \
                          lease_until = NULL, last_error = ?, \
-                         finished_at = UTC_TIMESTAMP(6) WHERE id = ?"
+                         finished_at = {now} WHERE id = ?"
                     ))
                     .bind(CANCEL_REQUESTED)
                     .bind(claim.id)
@@ -489,7 +489,7 @@ pub(super) async fn task_finish_many(
                 } else if let Finish::Snoozed { run_in } = finish {
                     sqlx::query(&format!(
                         "UPDATE {t} SET state = 'pending', attempt = attempt - 1, \
-                         run_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+                         run_at = {now} + INTERVAL ? MICROSECOND, \
                          lease_until = NULL WHERE id = ?"
                     ))
                     .bind(us(*run_in))
@@ -517,7 +517,7 @@ pub(super) async fn task_finish_many(
     }
     for chunk in succeeded.chunks(ID_CHUNK) {
         let sql = format!(
-            "UPDATE {t} SET state = 'succeeded', finished_at = UTC_TIMESTAMP(6), \
+            "UPDATE {t} SET state = 'succeeded', finished_at = {now}, \
              lease_until = NULL WHERE id IN ({})",
             marks(chunk.len())
         );

@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
 use super::sql::{Cap, FinishKind};
-use super::{dur, listener, schema, PgBackend, PoolMode, NOW_US};
+use super::{dur, listener, schema, PgBackend, PoolMode};
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
@@ -130,7 +130,7 @@ impl Backend for PgBackend {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(self.qs("SELECT now()").fetch_one(self.exec()).await?)
+        Ok(self.qs(&self.sql.now).fetch_one(self.exec()).await?)
     }
 
     // ---- locks -------------------------------------------------------------
@@ -287,8 +287,8 @@ impl Backend for PgBackend {
         // Claimers of one limit take turns on its row in `<p>rates`, then
         // on the queue's advisory lock when capped (always in this order).
         let key = req.key();
-        let r = &self.names.rates;
-        let lock = format!("SELECT starts, {NOW_US} FROM {r} WHERE name = $1 FOR UPDATE");
+        let (r, now_us) = (&self.names.rates, &self.names.now_us);
+        let lock = format!("SELECT starts, {now_us} FROM {r} WHERE name = $1 FOR UPDATE");
         let mut tx = self.begin().await?;
         let read = |row: Option<PgRow>| -> Result<Option<(String, i64)>, StoreError> {
             row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()

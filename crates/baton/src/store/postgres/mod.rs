@@ -71,6 +71,7 @@ use sql::Sql;
 
 /// The store's clock in microseconds since the epoch: the floor of every
 /// fencing token.
+#[cfg(not(feature = "test-clock"))]
 const NOW_US: &str = "floor(extract(epoch FROM now()) * 1000000)::bigint";
 
 /// The default table prefix.
@@ -208,6 +209,12 @@ struct Names {
     seq_lit: String,
     /// The notification channel (a plain string, used with `pg_notify`).
     chan: String,
+    /// The store's clock: `now()`, plus the test clock's offset with the
+    /// feature `test-clock` (see [`test_clock`]).
+    now: String,
+    /// [`Names::now`] in µs since the epoch: the floor of every fencing
+    /// token.
+    now_us: String,
 }
 
 impl Names {
@@ -223,7 +230,54 @@ impl Names {
             rates: format!("\"{p}rates\""),
             seq_lit: format!("'\"{p}tasks_id_seq\"'"),
             chan: format!("{p}tasks"),
+            now: test_clock::now(&p),
+            now_us: test_clock::now_us(&p),
             prefix: p,
+        }
+    }
+}
+
+/// The store's clock as SQL, chosen at compile time: `now()`, or with the
+/// feature `test-clock` (tests only) `now()` plus the offset in the
+/// prefix's one-row table `test_clock_<prefix>`, created on connect.
+mod test_clock {
+    #[cfg(not(feature = "test-clock"))]
+    pub(super) fn now(_prefix: &str) -> String {
+        "now()".into()
+    }
+
+    #[cfg(not(feature = "test-clock"))]
+    pub(super) fn now_us(_prefix: &str) -> String {
+        super::NOW_US.into()
+    }
+
+    #[cfg(feature = "test-clock")]
+    pub(super) fn now(prefix: &str) -> String {
+        format!(
+            "(now() + (SELECT offset_us FROM \"test_clock_{prefix}\") * interval '1 microsecond')"
+        )
+    }
+
+    #[cfg(feature = "test-clock")]
+    pub(super) fn now_us(prefix: &str) -> String {
+        format!(
+            "floor(extract(epoch FROM {}) * 1000000)::bigint",
+            now(prefix)
+        )
+    }
+
+    /// Create the prefix's clock table with offset 0 unless it exists. A
+    /// failure (a read-only server) is left to the first statement that
+    /// reads the clock.
+    #[cfg(feature = "test-clock")]
+    pub(super) async fn create(pool: &sqlx::PgPool, prefix: &str) {
+        let t = format!("\"test_clock_{prefix}\"");
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (offset_us int8 NOT NULL); \
+             INSERT INTO {t} (offset_us) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM {t})"
+        );
+        if let Err(e) = sqlx::raw_sql(&sql).execute(pool).await {
+            tracing::debug!(error = %e, "creating the test clock's table");
         }
     }
 }
@@ -352,6 +406,8 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
     sized.attach(&pool);
     let (wake, _) = broadcast::channel(1024);
     let names = Names::new(opts.prefix.as_deref());
+    #[cfg(feature = "test-clock")]
+    test_clock::create(&pool, &names.prefix).await;
     let mut sql = Sql::new(&names, opts.keep_succeeded);
     sql.insert.persistent = mode != PoolMode::Transaction;
     Ok(Arc::new(PgBackend {

@@ -4,7 +4,7 @@
 //! Parameters are `$1`, `$2`, …; each statement's comment says what they
 //! are. Durations travel as milliseconds (`$n * interval '1 millisecond'`).
 
-use super::{Names, NOW_US};
+use super::Names;
 use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
@@ -18,9 +18,6 @@ pub(super) const UNIQUE_PRED: &str = "unique_key IS NOT NULL AND (unique_forever
 /// microseconds since the epoch, rounded up so a timer armed for it never
 /// fires before the row is due.
 const WAKE_AT: &str = "ceil(extract(epoch FROM run_at) * 1000000)::int8";
-
-/// The lock columns with `now` (see [`crate::store::sql_row::lock_info`]).
-const LOCK_COLS: &str = "name, holder, token, locked_at, lock_until, now() AS now";
 
 /// The statements of one table prefix.
 #[derive(Debug)]
@@ -37,6 +34,8 @@ pub(super) struct Sql {
     pub lock_get: String,
     /// Every lock row, by name.
     pub lock_list: String,
+    /// The store's clock (`Backend::now`).
+    pub now: String,
     /// The inserts of tasks (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
     /// The claim statements by limit bucket (see [`Sql::claim`]):
@@ -148,10 +147,10 @@ impl InsertSql {
 
 /// The SQL fragment that appends `{attempt, at, error}` (error text in `$e`)
 /// to `errors`, with `at` as RFC 3339 UTC.
-fn append_error(e: &str) -> String {
+fn append_error(now: &str, e: &str) -> String {
     format!(
         "errors || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', \
-         to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), 'error', {e}))"
+         to_char({now} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), 'error', {e}))"
     )
 }
 
@@ -160,6 +159,9 @@ impl Sql {
     /// success delete the task (see [`crate::StoreOptions::keep_succeeded`]).
     pub(super) fn new(n: &Names, keep_succeeded: bool) -> Sql {
         let (l, t, j, q) = (&n.locks, &n.tasks, &n.jobs, &n.queues);
+        let (now, now_us) = (&n.now, &n.now_us);
+        // The lock columns with `now` (see [`crate::store::sql_row::lock_info`]).
+        let lock_cols = format!("name, holder, token, locked_at, lock_until, {now} AS now");
         let gone = "(cancel_requested OR attempt >= max_attempts)";
         Sql {
             // A live lease in the statement's snapshot answers Busy with a
@@ -172,55 +174,56 @@ impl Sql {
                 "WITH cur AS ( \
                      SELECT name, holder, token, locked_at, lock_until FROM {l} WHERE name = $1), \
                  up AS ( \
-                     UPDATE {l} AS l SET holder = $2, token = greatest(l.token + 1, {NOW_US}), \
-                         locked_at = now(), \
-                         lock_until = now() + $3 * interval '1 millisecond' \
+                     UPDATE {l} AS l SET holder = $2, token = greatest(l.token + 1, {now_us}), \
+                         locked_at = {now}, \
+                         lock_until = {now} + $3 * interval '1 millisecond' \
                      WHERE l.name = $1 AND l.name IN ( \
-                         SELECT name FROM {l} WHERE name = $1 AND lock_until <= now() \
+                         SELECT name FROM {l} WHERE name = $1 AND lock_until <= {now} \
                          FOR UPDATE SKIP LOCKED) \
                      RETURNING name, holder, token, locked_at, lock_until), \
                  ins AS ( \
                      INSERT INTO {l} (name, holder, token, locked_at, lock_until) \
-                     SELECT $1, $2, {NOW_US}, now(), now() + $3 * interval '1 millisecond' \
+                     SELECT $1, $2, {now_us}, {now}, {now} + $3 * interval '1 millisecond' \
                      WHERE NOT EXISTS (SELECT 1 FROM cur) \
                      ON CONFLICT (name) DO NOTHING \
                      RETURNING name, holder, token, locked_at, lock_until), \
                  g AS (SELECT * FROM up UNION ALL SELECT * FROM ins) \
                  SELECT true AS granted, name, holder, token, locked_at, lock_until, \
-                     now() AS now FROM g \
+                     {now} AS now FROM g \
                  UNION ALL \
-                 SELECT false, name, holder, token, locked_at, lock_until, now() \
+                 SELECT false, name, holder, token, locked_at, lock_until, {now} \
                      FROM cur WHERE NOT EXISTS (SELECT 1 FROM g)"
             ),
             lock_extend: format!(
-                "UPDATE {l} SET lock_until = now() + $3 * interval '1 millisecond' \
-                 WHERE name = $1 AND token = $2 AND lock_until > now() RETURNING lock_until"
+                "UPDATE {l} SET lock_until = {now} + $3 * interval '1 millisecond' \
+                 WHERE name = $1 AND token = $2 AND lock_until > {now} RETURNING lock_until"
             ),
             // Committed with `synchronous_commit = off` for this one
             // transaction: see `lock_release` for why that is safe.
             lock_release: format!(
                 "UPDATE {l} AS l \
-                 SET lock_until = greatest(now(), l.locked_at + $3 * interval '1 millisecond') \
+                 SET lock_until = greatest({now}, l.locked_at + $3 * interval '1 millisecond') \
                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-                 WHERE l.name = $1 AND l.token = $2 AND l.lock_until > now()"
+                 WHERE l.name = $1 AND l.token = $2 AND l.lock_until > {now}"
             ),
             lock_revoke: format!(
                 "UPDATE {l} SET token = token + 1, holder = 'revoked:' || holder, \
-                     lock_until = least(lock_until, now() + $3 * interval '1 millisecond') \
-                 WHERE name = $1 AND token = $2 AND lock_until > now() RETURNING lock_until"
+                     lock_until = least(lock_until, {now} + $3 * interval '1 millisecond') \
+                 WHERE name = $1 AND token = $2 AND lock_until > {now} RETURNING lock_until"
             ),
-            lock_get: format!("SELECT {LOCK_COLS} FROM {l} WHERE name = $1"),
-            lock_list: format!("SELECT {LOCK_COLS} FROM {l} ORDER BY name"),
+            lock_get: format!("SELECT {lock_cols} FROM {l} WHERE name = $1"),
+            lock_list: format!("SELECT {lock_cols} FROM {l} ORDER BY name"),
+            now: format!("SELECT {now}"),
             insert: InsertSql::new(n),
             claims: (0..=u32::BITS).map(|i| claim_sqls(n, 1u64 << i)).collect(),
             heartbeat: format!(
-                "UPDATE {t} AS t SET lease_until = now() + $3 * interval '1 millisecond' \
+                "UPDATE {t} AS t SET lease_until = {now} + $3 * interval '1 millisecond' \
                  FROM (SELECT DISTINCT id, token \
                        FROM UNNEST($1::int8[], $2::int8[]) AS u(id, token)) AS c \
                  WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
                  RETURNING t.id, t.claim_token, t.cancel_requested"
             ),
-            finish_many: finish_many_sql(t, keep_succeeded),
+            finish_many: finish_many_sql(t, now, keep_succeeded),
             progress: format!(
                 "UPDATE {t} SET progress = $3 \
                  WHERE id = $1 AND claim_token = $2 AND state = 'running'"
@@ -231,11 +234,11 @@ impl Sql {
                          state = CASE WHEN cancel_requested THEN 'cancelled' \
                                       WHEN attempt >= max_attempts THEN 'failed' \
                                       ELSE 'pending' END, \
-                         finished_at = CASE WHEN {gone} THEN now() END, \
+                         finished_at = CASE WHEN {gone} THEN {now} END, \
                          lease_until = NULL, \
                          last_error = $1, \
                          errors = {errs} \
-                     WHERE state = 'running' AND lease_until < now() \
+                     WHERE state = 'running' AND lease_until < {now} \
                      RETURNING state, queue), \
                  n AS (SELECT pg_notify($2, q.queue) FROM (SELECT DISTINCT queue FROM r \
                        WHERE state = 'pending') AS q) \
@@ -244,16 +247,16 @@ impl Sql {
                         count(*) FILTER (WHERE state = 'cancelled') AS cancelled, \
                         (SELECT count(*) FROM n) AS notified \
                  FROM r",
-                errs = append_error("$1::text")
+                errs = append_error(now, "$1::text")
             ),
             task_state: format!("SELECT state FROM {t} WHERE id = $1 FOR UPDATE"),
             cancel_pending: format!(
-                "UPDATE {t} SET state = 'cancelled', finished_at = now(), lease_until = NULL, \
+                "UPDATE {t} SET state = 'cancelled', finished_at = {now}, lease_until = NULL, \
                  last_error = coalesce($2, last_error) WHERE id = $1"
             ),
             cancel_running: format!("UPDATE {t} SET cancel_requested = true WHERE id = $1"),
             retry: format!(
-                "WITH u AS (UPDATE {t} SET state = 'pending', run_at = now(), \
+                "WITH u AS (UPDATE {t} SET state = 'pending', run_at = {now}, \
                      finished_at = NULL, lease_until = NULL, cancel_requested = false, \
                      max_attempts = greatest(max_attempts, attempt + 1) \
                  WHERE id = $1 AND state IN ('failed', 'cancelled') RETURNING id, queue) \
@@ -273,8 +276,8 @@ impl Sql {
                      count(*) FILTER (WHERE state = 'succeeded') AS succeeded, \
                      count(*) FILTER (WHERE state = 'failed') AS failed, \
                      count(*) FILTER (WHERE state = 'cancelled') AS cancelled, \
-                     floor(extract(epoch FROM now() - min(run_at) \
-                         FILTER (WHERE state = 'pending' AND run_at <= now())) * 1000)::int8 \
+                     floor(extract(epoch FROM {now} - min(run_at) \
+                         FILTER (WHERE state = 'pending' AND run_at <= {now})) * 1000)::int8 \
                          AS oldest_ms \
                  FROM {t} GROUP BY queue ORDER BY queue"
             ),
@@ -291,7 +294,7 @@ impl Sql {
             prune: forget(
                 t,
                 &n.slots,
-                "finished_at < now() - $1 * interval '1 millisecond'",
+                &format!("finished_at < {now} - $1 * interval '1 millisecond'"),
                 "count(*)",
             ),
             delete: forget(t, &n.slots, "id = ANY($1)", "id"),
@@ -301,13 +304,13 @@ impl Sql {
                 n.slots
             ),
             job_insert: format!(
-                "INSERT INTO {j} (name, last_slot, paused, queue) VALUES ($1, now(), false, $2) \
+                "INSERT INTO {j} (name, last_slot, paused, queue) VALUES ($1, {now}, false, $2) \
                  ON CONFLICT (name) DO UPDATE SET queue = COALESCE($2, {j}.queue) \
                  RETURNING name, last_slot, paused, queue"
             ),
             job_lock: format!(
                 "SELECT last_slot, paused, last_slot IS NOT DISTINCT FROM $2 AS matches, \
-                 now() AS now FROM {j} WHERE name = $1 FOR UPDATE"
+                 {now} AS now FROM {j} WHERE name = $1 FOR UPDATE"
             ),
             job_set_slot: format!("UPDATE {j} SET last_slot = $2 WHERE name = $1"),
             job_overlapping: format!(
@@ -317,12 +320,12 @@ impl Sql {
                  AND created_at < $3 ORDER BY id LIMIT 100"
             ),
             job_release: format!(
-                "WITH u AS (UPDATE {t} SET run_at = now() WHERE id = $1 AND state = 'pending' \
+                "WITH u AS (UPDATE {t} SET run_at = {now} WHERE id = $1 AND state = 'pending' \
                  RETURNING queue) SELECT pg_notify($2, u.queue) FROM u"
             ),
             job_run: format!(
-                "UPDATE {t} SET state = 'running', attempt = 1, started_at = now(), \
-                 lease_until = now() + $2 * interval '1 millisecond', worker = $3, \
+                "UPDATE {t} SET state = 'running', attempt = 1, started_at = {now}, \
+                 lease_until = {now} + $2 * interval '1 millisecond', worker = $3, \
                  claim_token = 1 WHERE id = $1"
             ),
             job_set_paused: format!("UPDATE {j} SET paused = $2 WHERE name = $1"),
@@ -380,6 +383,7 @@ pub(super) enum Cap {
 /// bucket.
 fn claim_sqls(n: &Names, bucket: u64) -> [String; 3] {
     let (t, q) = (&n.tasks, &n.queues);
+    let (now, now_us) = (&n.now, &n.now_us);
     // `buffered`: the parameter holding `TaskClaim::buffered`. The rows
     // are numbered as the locking walk yields them: the first `$4 -
     // buffered` start at once, the later ones only with an attempt to
@@ -387,16 +391,16 @@ fn claim_sqls(n: &Names, bucket: u64) -> [String; 3] {
     let stmt = |limit: &str, buffered: &str| {
         format!(
             "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-                 started_at = now(), \
-                 lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
-                 claim_token = greatest(claim_token + 1, {NOW_US}) \
+                 started_at = {now}, \
+                 lease_until = {now} + $3 * interval '1 millisecond', worker = $2, \
+                 claim_token = greatest(claim_token + 1, {now_us}) \
              WHERE id IN ( \
                  SELECT id FROM ( \
                      SELECT id, attempt + 1 < max_attempts AS spare, \
                          row_number() OVER () AS n \
                      FROM ( \
                          SELECT id, attempt, max_attempts FROM {t} \
-                         WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+                         WHERE state = 'pending' AND queue = $1 AND run_at <= {now} \
                              AND NOT cancel_requested \
                              AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
                          ORDER BY priority, run_at, id \
@@ -430,6 +434,7 @@ fn claim_sqls(n: &Names, bucket: u64) -> [String; 3] {
 /// workers' slots). `$5` is the queue's cap or NULL.
 fn claim_keyed(n: &Names, bucket: u64) -> String {
     let (t, q) = (&n.tasks, &n.queues);
+    let (now, now_us) = (&n.now, &n.now_us);
     format!(
         "WITH run AS MATERIALIZED ( \
              SELECT concurrency_key AS k, count(*) AS r FROM {t} \
@@ -437,7 +442,7 @@ fn claim_keyed(n: &Names, bucket: u64) -> String {
              GROUP BY concurrency_key), \
          walk AS ( \
              SELECT id, attempt, max_attempts, priority, run_at, concurrency_key FROM {t} \
-             WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+             WHERE state = 'pending' AND queue = $1 AND run_at <= {now} \
                  AND NOT cancel_requested \
                  AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
                  AND (concurrency_key IS NULL \
@@ -452,9 +457,9 @@ fn claim_keyed(n: &Names, bucket: u64) -> String {
                  LEFT JOIN run ON run.k = w.concurrency_key \
              WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= $7) \
          UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-             started_at = now(), \
-             lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
-             claim_token = greatest(claim_token + 1, {NOW_US}) \
+             started_at = {now}, \
+             lease_until = {now} + $3 * interval '1 millisecond', worker = $2, \
+             claim_token = greatest(claim_token + 1, {now_us}) \
          WHERE id IN ( \
              SELECT id FROM ok WHERE spare OR n <= $4 - $6 ORDER BY n \
              LIMIT greatest(0, least($4, coalesce($5::int8 - \
@@ -495,7 +500,7 @@ impl FinishKind {
 /// hand-back due `retry_ms` after now (announced with its due time). With `keep_succeeded: false` a success deletes
 /// the task, except rows that hold a unique key or a job's run history,
 /// which are kept as succeeded.
-fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
+fn finish_many_sql(t: &str, now: &str, keep_succeeded: bool) -> String {
     // A retry whose cancellation was requested is not retried.
     let again = "(c.kind = 'f' AND c.retry_ms IS NOT NULL AND t.attempt < t.max_attempts \
                   AND NOT t.cancel_requested)";
@@ -503,7 +508,7 @@ fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
                  AND t.cancel_requested)";
     // A snooze is a hand-back with a delay.
     let snooze = "(c.kind = 'h' AND c.retry_ms IS NOT NULL AND NOT t.cancel_requested)";
-    let errs = append_error("c.msg");
+    let errs = append_error(now, "c.msg");
     let deleted = "c.kind = 's' AND t.unique_key IS NULL AND t.job IS NULL";
     let (delete, kept) = if keep_succeeded {
         (
@@ -531,16 +536,16 @@ fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
                  WHEN 'h' THEN CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'pending' END \
                  ELSE CASE WHEN {again} THEN 'pending' WHEN {stop} THEN 'cancelled' \
                      ELSE 'failed' END END, \
-             finished_at = CASE c.kind WHEN 'h' THEN CASE WHEN t.cancel_requested THEN now() END \
-                 WHEN 'f' THEN CASE WHEN {again} THEN NULL ELSE now() END \
-                 ELSE now() END, \
+             finished_at = CASE c.kind WHEN 'h' THEN CASE WHEN t.cancel_requested THEN {now} END \
+                 WHEN 'f' THEN CASE WHEN {again} THEN NULL ELSE {now} END \
+                 ELSE {now} END, \
              lease_until = NULL, \
              last_error = CASE c.kind WHEN 's' THEN t.last_error WHEN 'c' THEN c.msg \
                  WHEN 'h' THEN CASE WHEN t.cancel_requested THEN $7 ELSE t.last_error END \
                  ELSE CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || c.msg ELSE c.msg END END, \
              errors = CASE WHEN c.kind = 'f' THEN {errs} ELSE t.errors END, \
              run_at = CASE WHEN {again} OR {snooze} \
-                 THEN now() + c.retry_ms * interval '1 millisecond' ELSE t.run_at END, \
+                 THEN {now} + c.retry_ms * interval '1 millisecond' ELSE t.run_at END, \
              attempt = CASE WHEN c.kind = 'h' THEN t.attempt - 1 ELSE t.attempt END \
          FROM c \
          WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running'{kept} \
@@ -563,6 +568,14 @@ fn finish_many_sql(t: &str, keep_succeeded: bool) -> String {
 /// for rows due now, and once with the earliest `run_at` of rows due later.
 fn insert_sql(n: &Names, keyed: bool) -> String {
     let (tasks, seq) = (&n.tasks, &n.seq_lit);
+    let now = &n.now;
+    // `created_at` is the column's default, `now()`, except on the test
+    // clock (a default cannot read its offset).
+    let (created_col, created_val) = if cfg!(feature = "test-clock") {
+        (", created_at", format!(", {now}"))
+    } else {
+        ("", String::new())
+    };
     let on_conflict = if keyed {
         format!("ON CONFLICT (unique_key) WHERE {UNIQUE_PRED} DO NOTHING")
     } else {
@@ -582,20 +595,20 @@ fn insert_sql(n: &Names, keyed: bool) -> String {
 ins AS (
     INSERT INTO {tasks} (id, queue, kind, payload, state, priority, run_at, max_attempts,
                          timeout_ms, unique_key, unique_forever, unique_until_failed, job,
-                         slot, traceparent, concurrency_key, last_error, finished_at)
+                         slot, traceparent, concurrency_key, last_error, finished_at{created_col})
     SELECT id, queue, kind, payload,
            CASE WHEN $16::bool THEN 'cancelled' ELSE 'pending' END,
            priority,
-           coalesce(run_at_abs, now() + coalesce(delay_ms, 0) * interval '1 millisecond'),
+           coalesce(run_at_abs, {now} + coalesce(delay_ms, 0) * interval '1 millisecond'),
            max_attempts, timeout_ms, unique_key, unique_forever, unique_until_failed, job,
            slot, traceparent, concurrency_key,
            CASE WHEN $16::bool THEN $17::text END,
-           CASE WHEN $16::bool THEN now() END
+           CASE WHEN $16::bool THEN {now} END{created_val}
     FROM input
     ORDER BY ord
     {on_conflict}
     RETURNING id, queue, state = 'pending' AS pending, run_at,
-              (state = 'pending' AND run_at <= now()) AS due
+              (state = 'pending' AND run_at <= {now}) AS due
 ),
 woke AS (
     SELECT count(pg_notify($18::text, q.msg)) AS n

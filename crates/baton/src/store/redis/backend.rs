@@ -82,7 +82,21 @@ impl Backend for RedisBackend {
                 .await
                 .map_err(StoreError::from)
         })?;
-        from_ms(s * 1000 + us / 1000)
+        #[cfg(feature = "test-clock")]
+        let us = us + {
+            // The test clock's offset (see `scripts::test_clock`).
+            let key = self.key("test_clock");
+            let offset: Option<i64> = read_retry!({
+                let mut conn = self.conn.clone();
+                redis::cmd("GET")
+                    .arg(&key)
+                    .query_async::<Option<i64>>(&mut conn)
+                    .await
+                    .map_err(StoreError::from)
+            })?;
+            offset.unwrap_or(0)
+        };
+        from_ms(s * 1000 + us.div_euclid(1000))
     }
 
     async fn warnings(&self) -> Result<Vec<String>, StoreError> {

@@ -83,9 +83,13 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
-        let q = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
-        let l = |body: &str| Script::new(&format!("{LOCK_PRELUDE}{body}"));
-        let enqueue_code = format!("{PRELUDE}{ENQUEUE}");
+        let (prelude, lock_prelude) = (
+            test_clock(PRELUDE, "ARGV[1]"),
+            test_clock(LOCK_PRELUDE, "KEYS[1]"),
+        );
+        let q = |body: &str| Script::new(&format!("{prelude}{body}"));
+        let l = |body: &str| Script::new(&format!("{lock_prelude}{body}"));
+        let enqueue_code = format!("{prelude}{ENQUEUE}");
         Scripts {
             enqueue: Script::new(&enqueue_code),
             enqueue_code,
@@ -120,4 +124,37 @@ impl Scripts {
             lock_upgrade: l(LOCK_UPGRADE),
         }
     }
+}
+
+/// The prelude as it is: without the feature `test-clock` the scripts read
+/// the server's `TIME`, nothing else.
+#[cfg(not(feature = "test-clock"))]
+fn test_clock(prelude: &str, _base: &str) -> String {
+    prelude.to_string()
+}
+
+/// The prelude with every `TIME` shifted by the test clock's offset
+/// (feature `test-clock`, tests only): µs in the key
+/// `<prefix>{baton}:test_clock`, the prefix read from `base` (a key or key
+/// base of the script, which holds `{baton`). In a Redis Cluster the queue
+/// scripts run on their queue's shard, where reading that key fails: they
+/// take no offset there (`redis.pcall`).
+#[cfg(feature = "test-clock")]
+fn test_clock(prelude: &str, base: &str) -> String {
+    let time = format!(
+        "local function baton_test_time()\n\
+         \x20 local t = redis.call('TIME')\n\
+         \x20 local s = {base}\n\
+         \x20 local i = type(s) == 'string' and string.find(s, '{{baton', 1, true)\n\
+         \x20 local o = 0\n\
+         \x20 if i then o = tonumber(redis.pcall('GET', string.sub(s, 1, i - 1) .. '{{baton}}:test_clock')) or 0 end\n\
+         \x20 local us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + o\n\
+         \x20 local sec = math.floor(us / 1000000)\n\
+         \x20 return {{sec, us - sec * 1000000}}\n\
+         end\n"
+    );
+    format!(
+        "{time}{}",
+        prelude.replace("redis.call('TIME')", "baton_test_time()")
+    )
 }

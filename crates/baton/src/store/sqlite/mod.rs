@@ -49,11 +49,42 @@ pub use outbox::enqueue_in;
 use sql::Sql;
 
 /// The store's clock in milliseconds since the epoch, evaluated by SQLite.
+#[cfg(not(feature = "test-clock"))]
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+/// The store's clock in milliseconds since the epoch, evaluated by SQLite,
+/// plus the test clock's offset (feature `test-clock`: one per database
+/// file, in [`TEST_CLOCK`]).
+#[cfg(feature = "test-clock")]
+const NOW: &str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+    + (SELECT offset_us FROM baton_test_clock) / 1000)";
 
 /// The store's clock in microseconds since the epoch (millisecond
 /// resolution): the floor of every fencing token.
+#[cfg(not(feature = "test-clock"))]
 const NOW_US: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER) * 1000";
+/// [`NOW`] in microseconds (feature `test-clock`).
+#[cfg(feature = "test-clock")]
+const NOW_US: &str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+    + (SELECT offset_us FROM baton_test_clock) / 1000) * 1000";
+
+/// The test clock's table (feature `test-clock`): one row, the offset in
+/// µs every [`NOW`] adds. Created on connect, not a schema step; one per
+/// database file (the file is the store), outside every prefix.
+#[cfg(feature = "test-clock")]
+const TEST_CLOCK: &str =
+    "CREATE TABLE IF NOT EXISTS baton_test_clock (offset_us INTEGER NOT NULL); \
+    INSERT INTO baton_test_clock (offset_us) \
+    SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM baton_test_clock)";
+
+/// Create the test clock's table with offset 0 unless it exists (feature
+/// `test-clock`). A failure (a read-only file) is left to the first
+/// statement that reads the clock.
+#[cfg(feature = "test-clock")]
+async fn create_test_clock(pool: &SqlitePool) {
+    if let Err(e) = sqlx::raw_sql(TEST_CLOCK).execute(pool).await {
+        tracing::debug!(error = %e, "creating the test clock's table");
+    }
+}
 
 /// Quoted table names for one prefix.
 #[derive(Debug, Clone)]
@@ -228,6 +259,8 @@ impl SqliteBackend {
                 .connect_with(options)
                 .await?,
         );
+        #[cfg(feature = "test-clock")]
+        create_test_clock(&pool).await;
         pools()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -269,6 +302,8 @@ impl SqliteBackend {
                 .connect_with(options)
                 .await?,
         );
+        #[cfg(feature = "test-clock")]
+        create_test_clock(&pool).await;
         let key = format!("{MEMORY}#{}#{n}", std::process::id());
         Ok(SqliteBackend {
             reader: pool.clone(),
