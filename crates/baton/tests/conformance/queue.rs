@@ -31,6 +31,7 @@ async fn claim(store: &Store, queue: &str, n: u32, lease_ms: u64) -> Vec<baton::
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap()
@@ -140,6 +141,7 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
         max_running: None,
         per_key_max_running: None,
         buffered,
+        fair: false,
     };
     let claim_ids = |limit, buffered| {
         let store = ts.store.clone();
@@ -1631,6 +1633,7 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
             max_running: Some(5),
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();

@@ -598,6 +598,7 @@ async fn mysql_versions(ts: TestStore) {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         };
         assert!(ub.task_claim(&req).await.unwrap().is_empty(), "paused");
         q.resume("new").await.unwrap();
@@ -803,6 +804,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     };
     let got = b.task_claim(&req).await.unwrap();
     let mut ids: Vec<i64> = got.iter().map(|t| t.id).collect();

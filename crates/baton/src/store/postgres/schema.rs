@@ -46,7 +46,23 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_unique_scope,
     // 8 → 9: rate limits' start logs.
     upgrade_rates,
+    // 9 → 10: fair claiming: each queue's rotation cursor and the index
+    // the fair claim finds each key's first pending task with.
+    upgrade_fair,
 ];
+
+/// The fair claim (`store::fair`) walks the distinct keys of a queue's
+/// pending tasks and each key's first due one on this index, and keeps the
+/// group it served last in `queues.fair_cursor`.
+fn upgrade_fair(n: &Names) -> String {
+    let (p, t) = (&n.prefix, &n.tasks);
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS fair_cursor text; \
+         CREATE INDEX IF NOT EXISTS \"{p}tasks_key_pending\" \
+             ON {t} (queue, concurrency_key, priority, run_at, id) WHERE state = 'pending';",
+        n.queues
+    )
+}
 
 /// Rewrite the key of every task that is no job's run and has a key from
 /// before scopes into the default scope's composite

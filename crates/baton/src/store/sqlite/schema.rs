@@ -139,7 +139,29 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_unique_scope,
     // 7 → 8: rate limits' start logs.
     upgrade_rates,
+    // 8 → 9: fair claiming: each queue's rotation cursor and the index
+    // the fair claim finds each key's first pending task with.
+    upgrade_fair,
 ];
+
+/// The fair claim (`store::fair`) walks the distinct keys of a queue's
+/// pending tasks and each key's first due one on this index, and keeps the
+/// group it served last in `queues.fair_cursor`.
+fn upgrade_fair(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}queues", t.prefix),
+            column: "fair_cursor",
+            decl: "TEXT",
+        },
+        Ddl::Sql(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (queue, concurrency_key, priority, run_at, id) \
+             WHERE state = 'pending'",
+            t.index("tasks_key_pending"),
+            t.tasks
+        )),
+    ]
+}
 
 /// Rewrite the key of every task that is no job's run and has a key from
 /// before scopes into the default scope's composite

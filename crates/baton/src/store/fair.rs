@@ -1,0 +1,305 @@
+//! The fair claim's plan (`TaskClaim::fair`), shared by the backends that
+//! read the candidates and write the claim: which groups (concurrency keys,
+//! and the tasks without a key as one group) a claim serves and which of
+//! their tasks it takes.
+//!
+//! The rule (DESIGN.md, "Fair claiming"): a candidate task ranks by
+//! `(priority, n + running, after cursor, group)`, where `n` is its place
+//! among its group's due tasks in `(priority, run_at, id)` order (1 for the
+//! first), `running` its group's running tasks in the queue, and the cursor
+//! the group the queue's previous fair claim served last: groups after it
+//! (by name) come before the groups up to it, so ties rotate round-robin.
+//! Priority wins across priorities; within one, the group with the fewest
+//! tasks running or just taken goes first. The backend reads only the
+//! first due task (the head) of every group with pending tasks, then at
+//! most `limit` tasks of each of the at most `limit` groups whose heads rank
+//! first: a group's `n`-th task ranks after its head, so no task of another
+//! group can make the cut. The reads scale with the number of groups with
+//! pending tasks, not with the backlog of any of them.
+
+use std::collections::HashMap;
+
+use super::TaskClaim;
+use crate::error::StoreError;
+
+/// The backends (`Backend::kind`) whose claims honour `TaskClaim::fair`.
+pub(crate) const FAIR_STORES: &[&str] = &["sqlite", "postgres"];
+
+/// The refusal of a fair claim by a backend without it.
+pub(crate) fn unsupported(kind: &str) -> StoreError {
+    StoreError::Config(format!(
+        "fair claiming (TaskClaim::fair) is not supported on the {kind} store yet \
+         (only on {})",
+        FAIR_STORES.join(" and ")
+    ))
+}
+
+/// The name the group of tasks without a concurrency key goes by in the
+/// rotation (and in the stored cursor): the empty string, which no
+/// concurrency key can be (`queue::validate_concurrency_key`).
+pub(crate) const NO_KEY: &str = "";
+
+/// The name of a task's group.
+pub(crate) fn group_of(key: Option<&str>) -> &str {
+    key.unwrap_or(NO_KEY)
+}
+
+/// A group's first due task, as the backend read it.
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    /// The group's concurrency key (`None`: the tasks without one).
+    pub(crate) key: Option<String>,
+    /// The head's priority.
+    pub(crate) priority: i32,
+}
+
+/// A due task of a chosen group, as the backend read it.
+#[derive(Debug, Clone)]
+pub(crate) struct Candidate {
+    /// Task id.
+    pub(crate) id: i64,
+    /// Its group's concurrency key.
+    pub(crate) key: Option<String>,
+    /// Its priority.
+    pub(crate) priority: i32,
+    /// Attempts so far.
+    pub(crate) attempt: i32,
+    /// Its attempt budget.
+    pub(crate) max_attempts: i32,
+}
+
+/// The queue's state a fair claim plans from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Running {
+    /// Running tasks per group name ([`group_of`]).
+    pub(crate) by_group: HashMap<String, u32>,
+    /// Running tasks of the queue.
+    pub(crate) total: u32,
+}
+
+impl Running {
+    /// From `(concurrency key, running count)` rows.
+    pub(crate) fn from_rows(rows: impl IntoIterator<Item = (Option<String>, i64)>) -> Running {
+        let mut r = Running::default();
+        for (key, n) in rows {
+            let n = u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+            r.total = r.total.saturating_add(n);
+            *r.by_group.entry(group_of(key.as_deref()).to_string()).or_default() += n;
+        }
+        r
+    }
+
+    fn of(&self, key: Option<&str>) -> u32 {
+        self.by_group.get(group_of(key)).copied().unwrap_or(0)
+    }
+}
+
+/// A group chosen by [`choose`]: read up to `take` of its due tasks.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Chosen {
+    /// Its concurrency key (`None`: the tasks without one).
+    pub(crate) key: Option<String>,
+    /// How many of its due tasks, in `(priority, run_at, id)` order.
+    pub(crate) take: u32,
+}
+
+/// What a fair claim takes: the ids in claim order, and the cursor to
+/// store (`None`: the claim took nothing; leave the cursor as it is).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Plan {
+    /// The ids to claim, best first.
+    pub(crate) ids: Vec<i64>,
+    /// The group served last.
+    pub(crate) cursor: Option<String>,
+}
+
+/// The rank of a group's `n`-th candidate (1-based): smaller first.
+fn rank<'k>(
+    priority: i32,
+    n: u32,
+    running: u32,
+    key: Option<&'k str>,
+    cursor: Option<&str>,
+) -> (i32, u32, bool, &'k str) {
+    let name = group_of(key);
+    let after = name > cursor.unwrap_or(NO_KEY);
+    (priority, n.saturating_add(running), !after, name)
+}
+
+/// Room left in a group under the per-key cap (the tasks without a key are
+/// not capped).
+fn room(req: &TaskClaim<'_>, key: Option<&str>, running: &Running) -> u32 {
+    match (key, req.per_key_max_running) {
+        (Some(_), Some(cap)) => cap.saturating_sub(running.of(key)),
+        _ => u32::MAX,
+    }
+}
+
+/// The claim's size: the limit, or under `max_running` what it leaves.
+fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
+    match req.max_running {
+        Some(max) => req.limit.min(max.saturating_sub(running.total)),
+        None => req.limit,
+    }
+}
+
+/// The groups to read the candidates of, from every group's head: the
+/// at most `limit` groups whose heads rank first, leaving out the keys at
+/// their cap.
+pub(crate) fn choose(
+    req: &TaskClaim<'_>,
+    heads: &[Head],
+    running: &Running,
+    cursor: Option<&str>,
+) -> Vec<Chosen> {
+    let total = total(req, running);
+    if total == 0 {
+        return Vec::new();
+    }
+    let mut open: Vec<(&Head, u32)> = heads
+        .iter()
+        .map(|h| (h, room(req, h.key.as_deref(), running)))
+        .filter(|(_, room)| *room > 0)
+        .collect();
+    open.sort_by_cached_key(|(h, _)| {
+        let key = h.key.as_deref();
+        rank(h.priority, 1, running.of(key), key, cursor)
+    });
+    // A buffer share may step over tasks on their last attempt: read as
+    // many more per group as the claim may step over.
+    let per_group = total.saturating_add(req.buffered.min(req.limit));
+    open.into_iter()
+        .take(total as usize)
+        .map(|(h, room)| Chosen {
+            key: h.key.clone(),
+            take: room.min(per_group),
+        })
+        .collect()
+}
+
+/// The tasks to claim among the chosen groups' candidates (each group's
+/// in `(priority, run_at, id)` order): by rank, the first `limit -
+/// buffered` at once, the rest only with an attempt to spare
+/// (`TaskClaim::buffered`), at most the claim's size.
+pub(crate) fn pick(
+    req: &TaskClaim<'_>,
+    candidates: &[Candidate],
+    running: &Running,
+    cursor: Option<&str>,
+) -> Plan {
+    let total = total(req, running) as usize;
+    let mut seen: HashMap<&str, u32> = HashMap::new();
+    let mut ranked: Vec<(_, &Candidate)> = candidates
+        .iter()
+        .filter_map(|c| {
+            let key = c.key.as_deref();
+            let n = seen.entry(group_of(key)).or_default();
+            *n += 1;
+            (*n <= room(req, key, running))
+                .then(|| (rank(c.priority, *n, running.of(key), key, cursor), c))
+        })
+        .collect();
+    ranked.sort_by(|a, b| a.0.cmp(&b.0));
+    let at_once = req.limit.saturating_sub(req.buffered) as usize;
+    let taken: Vec<&Candidate> = ranked
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (_, c))| *i < at_once || c.attempt + 1 < c.max_attempts)
+        .map(|(_, (_, c))| c)
+        .take(total)
+        .collect();
+    Plan {
+        ids: taken.iter().map(|c| c.id).collect(),
+        cursor: taken
+            .last()
+            .map(|c| group_of(c.key.as_deref()).to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn req(limit: u32) -> TaskClaim<'static> {
+        TaskClaim {
+            queue: "q",
+            worker: "w",
+            limit,
+            lease: Duration::from_secs(1),
+            max_running: None,
+            per_key_max_running: None,
+            buffered: 0,
+            fair: true,
+        }
+    }
+
+    fn cand(id: i64, key: Option<&str>, priority: i32) -> Candidate {
+        Candidate {
+            id,
+            key: key.map(str::to_string),
+            priority,
+            attempt: 0,
+            max_attempts: 3,
+        }
+    }
+
+    #[test]
+    fn interleaves_groups_and_rotates_from_the_cursor() {
+        let c = [
+            cand(1, Some("a"), 0),
+            cand(2, Some("a"), 0),
+            cand(3, Some("a"), 0),
+            cand(9, Some("b"), 0),
+            cand(10, None, 0),
+        ];
+        let run = Running::default();
+        let p = pick(&req(4), &c, &run, None);
+        assert_eq!(p.ids, vec![1, 9, 10, 2]);
+        assert_eq!(p.cursor.as_deref(), Some("a"));
+        // After "a", "b" comes first, then the wrap: "" then "a".
+        let p = pick(&req(1), &c, &run, Some("a"));
+        assert_eq!(p.ids, vec![9]);
+        let p = pick(&req(2), &c, &run, Some("b"));
+        assert_eq!(p.ids, vec![10, 1]);
+    }
+
+    #[test]
+    fn priority_wins_and_running_groups_wait() {
+        let c = [cand(1, Some("a"), 0), cand(2, Some("b"), 1)];
+        let run = Running::from_rows([(Some("a".to_string()), 5)]);
+        assert_eq!(pick(&req(1), &c, &run, None).ids, vec![1]);
+        let c = [cand(1, Some("a"), 1), cand(2, Some("b"), 1)];
+        assert_eq!(pick(&req(1), &c, &run, None).ids, vec![2]);
+    }
+
+    #[test]
+    fn caps_per_key_and_queue() {
+        let c = [cand(1, Some("a"), 0), cand(2, Some("a"), 0), cand(3, Some("b"), 0)];
+        let run = Running::from_rows([(Some("a".to_string()), 1)]);
+        let mut r = req(8);
+        r.per_key_max_running = Some(2);
+        assert_eq!(pick(&r, &c, &run, None).ids, vec![3, 1]);
+        r.max_running = Some(2);
+        assert_eq!(pick(&r, &c, &run, None).ids, vec![3]);
+        let heads = [
+            Head {
+                key: Some("a".into()),
+                priority: 0,
+            },
+            Head {
+                key: Some("b".into()),
+                priority: 0,
+            },
+        ];
+        r.max_running = None;
+        r.per_key_max_running = Some(1);
+        assert_eq!(
+            choose(&r, &heads, &run, None),
+            vec![Chosen {
+                key: Some("b".into()),
+                take: 1
+            }]
+        );
+    }
+}

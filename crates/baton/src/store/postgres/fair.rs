@@ -1,0 +1,157 @@
+//! The fair claim of the PostgreSQL backend (`TaskClaim::fair`, planned by
+//! `store::fair`): inside the claim's transaction and under the queue's
+//! advisory lock, it reads the queue's paused flag and cursor, its running
+//! tasks per key, the first due task of each key (a loose index scan over
+//! the distinct keys of the pending tasks, on `tasks_key_pending`), the
+//! first tasks of the chosen keys, then claims the planned ones and moves
+//! the cursor.
+
+use sqlx::Row;
+
+use super::{dur, PgBackend, NOW_US};
+use crate::error::StoreError;
+use crate::store::fair::{self, Candidate, Head, Running};
+use crate::store::sql_row::{claimed_task, CLAIM_COLS};
+use crate::store::{Task, TaskClaim};
+
+impl PgBackend {
+    /// A fair claim inside `tx`; the caller holds the queue's advisory lock.
+    pub(super) async fn claim_fair(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        req: &TaskClaim<'_>,
+    ) -> Result<Vec<Task>, StoreError> {
+        let (t, q) = (&self.names.tasks, &self.names.queues);
+        let queue_row = self
+            .q(&format!(
+                "SELECT paused, fair_cursor FROM {q} WHERE name = $1"
+            ))
+            .bind(req.queue)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let cursor: Option<String> = match queue_row {
+            Some(row) if row.try_get::<bool, _>(0)? => return Ok(Vec::new()),
+            Some(row) => row.try_get(1)?,
+            None => None,
+        };
+        let running = Running::from_rows(
+            self.q(&format!(
+                "SELECT concurrency_key, count(*) FROM {t} \
+                 WHERE state = 'running' AND queue = $1 GROUP BY concurrency_key"
+            ))
+            .bind(req.queue)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?,
+        );
+        let due = "state = 'pending' AND queue = $1 AND run_at <= now() AND NOT cancel_requested";
+        let heads = self
+            .q(&format!(
+                "WITH RECURSIVE keys(k) AS ( \
+                     (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = $1 \
+                         AND concurrency_key IS NOT NULL ORDER BY concurrency_key LIMIT 1) \
+                     UNION ALL \
+                     SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
+                             AND queue = $1 AND concurrency_key > keys.k \
+                             ORDER BY concurrency_key LIMIT 1) \
+                     FROM keys WHERE keys.k IS NOT NULL) \
+                 SELECT h.concurrency_key, h.priority FROM keys \
+                     CROSS JOIN LATERAL (SELECT concurrency_key, priority FROM {t} \
+                         WHERE {due} AND concurrency_key = keys.k \
+                         ORDER BY priority, run_at, id LIMIT 1) AS h \
+                 UNION ALL \
+                 (SELECT NULL, priority FROM {t} WHERE {due} AND concurrency_key IS NULL \
+                     ORDER BY priority, run_at, id LIMIT 1)"
+            ))
+            .bind(req.queue)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(Head {
+                    key: r.try_get(0)?,
+                    priority: r.try_get(1)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
+        if chosen.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (mut keys, mut takes, mut no_key) = (Vec::new(), Vec::new(), 0i64);
+        for c in &chosen {
+            match &c.key {
+                Some(k) => {
+                    keys.push(k.as_str());
+                    takes.push(i64::from(c.take));
+                }
+                None => no_key = i64::from(c.take),
+            }
+        }
+        let cols = "id, concurrency_key, priority, attempt, max_attempts, run_at";
+        let candidates = self
+            .q(&format!(
+                "SELECT * FROM ( \
+                     SELECT c.* FROM unnest($2::text[], $3::int8[]) AS g(k, m) \
+                         CROSS JOIN LATERAL (SELECT {cols} FROM {t} \
+                             WHERE {due} AND concurrency_key = g.k \
+                             ORDER BY priority, run_at, id LIMIT g.m) AS c \
+                     UNION ALL \
+                     (SELECT {cols} FROM {t} WHERE {due} AND concurrency_key IS NULL \
+                         ORDER BY priority, run_at, id LIMIT $4)) AS c \
+                 ORDER BY concurrency_key NULLS FIRST, priority, run_at, id"
+            ))
+            .bind(req.queue)
+            .bind(&keys)
+            .bind(&takes)
+            .bind(no_key)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(Candidate {
+                    id: r.try_get(0)?,
+                    key: r.try_get(1)?,
+                    priority: r.try_get(2)?,
+                    attempt: r.try_get(3)?,
+                    max_attempts: r.try_get(4)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let plan = fair::pick(req, &candidates, &running, cursor.as_deref());
+        let Some(cursor) = plan.cursor else {
+            return Ok(Vec::new());
+        };
+        let rows = self
+            .q(&format!(
+                "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = now(), \
+                     lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
+                     claim_token = greatest(claim_token + 1, {NOW_US}) \
+                 WHERE id = ANY($4::int8[]) AND state = 'pending' AND queue = $1 \
+                 RETURNING {CLAIM_COLS}"
+            ))
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(dur(req.lease))
+            .bind(&plan.ids)
+            .fetch_all(&mut *tx)
+            .await?;
+        self.q(&format!(
+            "INSERT INTO {q} (name, fair_cursor) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor"
+        ))
+        .bind(req.queue)
+        .bind(cursor)
+        .execute(&mut *tx)
+        .await?;
+        let mut tasks = rows
+            .iter()
+            .map(claimed_task)
+            .collect::<Result<Vec<_>, _>>()?;
+        let order = |id: i64| plan.ids.iter().position(|&x| x == id);
+        tasks.sort_by_key(|t| order(t.id));
+        Ok(tasks)
+    }
+}

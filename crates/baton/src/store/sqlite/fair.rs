@@ -1,0 +1,141 @@
+//! The fair claim of the SQLite backend (`TaskClaim::fair`, planned by
+//! `store::fair`): inside one `BEGIN IMMEDIATE` transaction (so no other
+//! claim interleaves), it reads the queue's paused flag and cursor, its
+//! running tasks per key, the first due task of each key (a loose index
+//! scan over the distinct keys of the pending tasks, on
+//! `tasks_key_pending`), the first tasks of the chosen keys, then claims
+//! the planned ones and moves the cursor.
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row;
+
+use super::{SqliteBackend, NOW, NOW_US};
+use crate::error::StoreError;
+use crate::store::fair::{self, Candidate, Head, Running};
+use crate::store::sql_row::{claimed_task, CLAIM_COLS};
+use crate::store::{ms, Task, TaskClaim};
+
+impl SqliteBackend {
+    /// A fair claim on `tx`, a connection inside `BEGIN IMMEDIATE`.
+    pub(super) async fn claim_fair(
+        &self,
+        tx: &mut SqliteConnection,
+        req: &TaskClaim<'_>,
+    ) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (t, q) = (&self.t.tasks, &self.t.queues);
+        let queue_row = sqlx::query(&format!(
+            "SELECT paused, fair_cursor FROM {q} WHERE name = ?1"
+        ))
+        .bind(req.queue)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let cursor: Option<String> = match queue_row {
+            Some(row) if row.try_get::<bool, _>(0)? => return Ok(Vec::new()),
+            Some(row) => row.try_get(1)?,
+            None => None,
+        };
+        let running = Running::from_rows(
+            sqlx::query(&format!(
+                "SELECT concurrency_key, count(*) FROM {t} \
+                 WHERE state = 'running' AND queue = ?1 GROUP BY concurrency_key"
+            ))
+            .bind(req.queue)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?,
+        );
+        let due =
+            format!("state = 'pending' AND queue = ?1 AND run_at <= {NOW} AND NOT cancel_requested");
+        let order = "ORDER BY priority, run_at, id";
+        let heads = sqlx::query(&format!(
+            "WITH RECURSIVE keys(k) AS ( \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = ?1 \
+                     AND concurrency_key IS NOT NULL ORDER BY concurrency_key LIMIT 1) \
+                 UNION ALL \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
+                         AND queue = ?1 AND concurrency_key > keys.k \
+                         ORDER BY concurrency_key LIMIT 1) \
+                 FROM keys WHERE keys.k IS NOT NULL) \
+             SELECT k, (SELECT priority FROM {t} WHERE {due} AND concurrency_key = keys.k \
+                     {order} LIMIT 1) AS p FROM keys WHERE k IS NOT NULL \
+             UNION ALL \
+             SELECT NULL, (SELECT priority FROM {t} WHERE {due} AND concurrency_key IS NULL \
+                 {order} LIMIT 1)"
+        ))
+        .bind(req.queue)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .filter_map(|r| match r.try_get::<Option<i32>, _>(1) {
+            Ok(Some(priority)) => Some(r.try_get(0).map(|key| Head { key, priority })),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+        let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
+        let mut candidates = Vec::new();
+        for c in &chosen {
+            let group = if c.key.is_some() {
+                "concurrency_key = ?2"
+            } else {
+                "concurrency_key IS NULL"
+            };
+            let rows = sqlx::query(&format!(
+                "SELECT id, concurrency_key, priority, attempt, max_attempts FROM {t} \
+                 WHERE {due} AND {group} {order} LIMIT ?3"
+            ))
+            .bind(req.queue)
+            .bind(c.key.as_deref())
+            .bind(i64::from(c.take))
+            .fetch_all(&mut *tx)
+            .await?;
+            for r in &rows {
+                candidates.push(Candidate {
+                    id: r.try_get(0)?,
+                    key: r.try_get(1)?,
+                    priority: r.try_get(2)?,
+                    attempt: r.try_get(3)?,
+                    max_attempts: r.try_get(4)?,
+                });
+            }
+        }
+        let plan = fair::pick(req, &candidates, &running, cursor.as_deref());
+        let Some(cursor) = plan.cursor else {
+            return Ok(Vec::new());
+        };
+        let ids = serde_json::Value::from(plan.ids.clone()).to_string();
+        let rows = sqlx::query(&format!(
+            "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+                 started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+                 claim_token = MAX(claim_token + 1, {NOW_US}) \
+             WHERE id IN (SELECT value FROM json_each(?4)) AND state = 'pending' AND queue = ?1 \
+             RETURNING {CLAIM_COLS}"
+        ))
+        .bind(req.queue)
+        .bind(req.worker)
+        .bind(ms(req.lease))
+        .bind(ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "INSERT INTO {q} (name, fair_cursor) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor"
+        ))
+        .bind(req.queue)
+        .bind(cursor)
+        .execute(&mut *tx)
+        .await?;
+        let mut tasks = rows
+            .iter()
+            .map(claimed_task)
+            .collect::<Result<Vec<_>, _>>()?;
+        let order = |id: i64| plan.ids.iter().position(|&x| x == id);
+        tasks.sort_by_key(|t| order(t.id));
+        Ok(tasks)
+    }
+}
