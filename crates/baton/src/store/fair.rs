@@ -84,7 +84,9 @@ impl Running {
         for (key, n) in rows {
             let n = u32::try_from(n.max(0)).unwrap_or(u32::MAX);
             r.total = r.total.saturating_add(n);
-            *r.by_group.entry(group_of(key.as_deref()).to_string()).or_default() += n;
+            *r.by_group
+                .entry(group_of(key.as_deref()).to_string())
+                .or_default() += n;
         }
         r
     }
@@ -210,9 +212,7 @@ pub(crate) fn pick(
         .collect();
     Plan {
         ids: taken.iter().map(|c| c.id).collect(),
-        cursor: taken
-            .last()
-            .map(|c| group_of(c.key.as_deref()).to_string()),
+        cursor: taken.last().map(|c| group_of(c.key.as_deref()).to_string()),
     }
 }
 
@@ -275,7 +275,11 @@ mod tests {
 
     #[test]
     fn caps_per_key_and_queue() {
-        let c = [cand(1, Some("a"), 0), cand(2, Some("a"), 0), cand(3, Some("b"), 0)];
+        let c = [
+            cand(1, Some("a"), 0),
+            cand(2, Some("a"), 0),
+            cand(3, Some("b"), 0),
+        ];
         let run = Running::from_rows([(Some("a".to_string()), 1)]);
         let mut r = req(8);
         r.per_key_max_running = Some(2);

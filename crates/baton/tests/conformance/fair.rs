@@ -44,7 +44,10 @@ async fn claim(store: &Store, queue: &str, limit: u32) -> Vec<Task> {
 }
 
 async fn succeed(store: &Store, tasks: &[Task]) {
-    let done: Vec<_> = tasks.iter().map(|t| (t.claim(), Finish::Succeeded)).collect();
+    let done: Vec<_> = tasks
+        .iter()
+        .map(|t| (t.claim(), Finish::Succeeded))
+        .collect();
     let ok = store.backend().task_finish_many(&done).await.unwrap();
     assert!(ok.iter().all(|b| *b), "finishes {ok:?}");
 }
@@ -64,7 +67,13 @@ async fn enqueue(q: &Queue, queue: &str, key: Option<&str>, n: usize, priority: 
                 None => t,
             }
         });
-        ids.extend(q.enqueue_many(batch.collect()).await.unwrap().iter().map(|e| e.id));
+        ids.extend(
+            q.enqueue_many(batch.collect())
+                .await
+                .unwrap()
+                .iter()
+                .map(|e| e.id),
+        );
     }
     ids
 }
@@ -97,7 +106,11 @@ pub async fn backlog_of_one_key_does_not_hold_back_the_others(ts: TestStore) {
         order.extend(got);
     }
     let ids_of = |kind: &str| -> Vec<i64> {
-        order.iter().filter(|t| t.kind == kind).map(|t| t.id).collect()
+        order
+            .iter()
+            .filter(|t| t.kind == kind)
+            .map(|t| t.id)
+            .collect()
     };
     assert_eq!(ids_of("b"), b, "key b: all 4, in order, within 16 claims");
     assert_eq!(ids_of("c"), c, "key c: all 4, in order");
@@ -106,7 +119,11 @@ pub async fn backlog_of_one_key_does_not_hold_back_the_others(ts: TestStore) {
     for w in order[..12].chunks(4) {
         let mut kinds: Vec<&str> = w.iter().map(|t| t.kind.as_str()).collect();
         kinds.sort();
-        assert_eq!(kinds, ["b", "big", "c", "free"], "one of each group per round");
+        assert_eq!(
+            kinds,
+            ["b", "big", "c", "free"],
+            "one of each group per round"
+        );
     }
     // Claims left running: the group with the fewest running goes first.
     let b2 = enqueue(&q, "fair", Some("b"), 5, 0).await;
@@ -114,13 +131,22 @@ pub async fn backlog_of_one_key_does_not_hold_back_the_others(ts: TestStore) {
     let first = claim(&ts.store, "fair", 3).await;
     let mut kinds: Vec<&str> = first.iter().map(|t| t.kind.as_str()).collect();
     kinds.sort();
-    assert_eq!(kinds, ["b", "big", "c"], "one task of each group: {first:?}");
+    assert_eq!(
+        kinds,
+        ["b", "big", "c"],
+        "one task of each group: {first:?}"
+    );
     let second = claim(&ts.store, "fair", 3).await;
     let mut kinds: Vec<&str> = second.iter().map(|t| t.kind.as_str()).collect();
     kinds.sort();
     assert_eq!(kinds, ["b", "big", "c"], "again one of each: {second:?}");
     let taken = |kind: &str| -> Vec<i64> {
-        first.iter().chain(&second).filter(|t| t.kind == kind).map(|t| t.id).collect()
+        first
+            .iter()
+            .chain(&second)
+            .filter(|t| t.kind == kind)
+            .map(|t| t.id)
+            .collect()
     };
     assert_eq!(taken("b"), b2[..2].to_vec(), "key b in order");
     assert_eq!(taken("c"), c2[..2].to_vec(), "key c in order");
@@ -138,7 +164,11 @@ pub async fn fair_claim_keeps_priority_first(ts: TestStore) {
     let c = enqueue(&q, "prio", Some("c"), 2, 1).await;
     let urgent = enqueue(&q, "prio", Some("b"), 2, 0).await;
     let got = claim(&ts.store, "prio", 2).await;
-    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), urgent, "priority 0 first");
+    assert_eq!(
+        got.iter().map(|t| t.id).collect::<Vec<_>>(),
+        urgent,
+        "priority 0 first"
+    );
     succeed(&ts.store, &got).await;
     let mut next = Vec::new();
     for _ in 0..4 {
@@ -186,7 +216,10 @@ pub async fn fair_workers_run_a_small_key_past_a_backlog(ts: TestStore) {
     }
     let q = Queue::new(ts.store.clone());
     let bad = WorkerConfig::default().queue("x", 1).fair("y");
-    assert_eq!(Worker::new(ts.store.clone(), bad).err().unwrap().field, "fair");
+    assert_eq!(
+        Worker::new(ts.store.clone(), bad).err().unwrap().field,
+        "fair"
+    );
     let big = enqueue(&q, "fairw", Some("big"), 400, 0).await;
     let small = enqueue(&q, "fairw", Some("small"), 5, 0).await;
     let mut w = Worker::new(ts.open().await, cfg()).unwrap();
@@ -207,7 +240,10 @@ pub async fn fair_workers_run_a_small_key_past_a_backlog(ts: TestStore) {
         if states.values().all(|s| *s == TaskState::Succeeded) {
             break;
         }
-        assert!(Instant::now() < deadline, "the small key's tasks not run: {states:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the small key's tasks not run: {states:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop.cancel();

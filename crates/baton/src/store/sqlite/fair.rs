@@ -49,8 +49,9 @@ impl SqliteBackend {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<Vec<_>, StoreError>>()?,
         );
-        let due =
-            format!("state = 'pending' AND queue = ?1 AND run_at <= {NOW} AND NOT cancel_requested");
+        let due = format!(
+            "state = 'pending' AND queue = ?1 AND run_at <= {NOW} AND NOT cancel_requested"
+        );
         let order = "ORDER BY priority, run_at, id";
         let heads = sqlx::query(&format!(
             "WITH RECURSIVE keys(k) AS ( \
