@@ -1,10 +1,10 @@
 //! The fair claim of the PostgreSQL backend (`TaskClaim::fair`, planned by
 //! `store::fair`): inside the claim's transaction and under the queue's
-//! advisory lock, it reads the queue's paused flag and cursor, its running
-//! tasks per key, the first due task of each key (a loose index scan over
-//! the distinct keys of the pending tasks, on `tasks_key_pending`), the
-//! first tasks of the chosen keys, then claims the planned ones and moves
-//! the cursor.
+//! advisory lock, it reads in one round trip the queue's paused flag and
+//! cursor, its running tasks per key and the first due task of each key (a
+//! loose index scan over the distinct keys of the pending tasks, on
+//! `tasks_key_pending`); in a second the first tasks of the chosen keys;
+//! then in one statement it claims the planned ones and moves the cursor.
 
 use sqlx::Row;
 
@@ -22,32 +22,15 @@ impl PgBackend {
         req: &TaskClaim<'_>,
     ) -> Result<Vec<Task>, StoreError> {
         let (t, q) = (&self.names.tasks, &self.names.queues);
-        let queue_row = self
-            .q(&format!(
-                "SELECT paused, fair_cursor FROM {q} WHERE name = $1"
-            ))
-            .bind(req.queue)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let cursor: Option<String> = match queue_row {
-            Some(row) if row.try_get::<bool, _>(0)? => return Ok(Vec::new()),
-            Some(row) => row.try_get(1)?,
-            None => None,
-        };
-        let running = Running::from_rows(
-            self.q(&format!(
-                "SELECT concurrency_key, count(*) FROM {t} \
-                 WHERE state = 'running' AND queue = $1 GROUP BY concurrency_key"
-            ))
-            .bind(req.queue)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?,
-        );
         let due = "state = 'pending' AND queue = $1 AND run_at <= now() AND NOT cancel_requested";
-        let heads = self
+        // Within one group (an equality on the key), the order of the
+        // index `tasks_key_pending`: spelled with the key so the planner
+        // walks that index, not the claim index filtering on the key
+        // (which steps over every other key's backlog).
+        let order = "ORDER BY concurrency_key, priority, run_at, id";
+        // One round trip: the queue's row (`q`: paused as 1, the cursor),
+        // its running tasks per key (`r`) and each key's head (`h`).
+        let rows = self
             .q(&format!(
                 "WITH RECURSIVE keys(k) AS ( \
                      (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = $1 \
@@ -57,25 +40,38 @@ impl PgBackend {
                              AND queue = $1 AND concurrency_key > keys.k \
                              ORDER BY concurrency_key LIMIT 1) \
                      FROM keys WHERE keys.k IS NOT NULL) \
-                 SELECT h.concurrency_key, h.priority FROM keys \
-                     CROSS JOIN LATERAL (SELECT concurrency_key, priority FROM {t} \
-                         WHERE {due} AND concurrency_key = keys.k \
-                         ORDER BY priority, run_at, id LIMIT 1) AS h \
+                 SELECT 'q', fair_cursor, paused::int4::int8 FROM {q} WHERE name = $1 \
                  UNION ALL \
-                 (SELECT NULL, priority FROM {t} WHERE {due} AND concurrency_key IS NULL \
-                     ORDER BY priority, run_at, id LIMIT 1)"
+                 SELECT 'r', concurrency_key, count(*) FROM {t} \
+                     WHERE state = 'running' AND queue = $1 GROUP BY concurrency_key \
+                 UNION ALL \
+                 SELECT 'h', h.concurrency_key, h.priority::int8 FROM keys \
+                     CROSS JOIN LATERAL (SELECT concurrency_key, priority FROM {t} \
+                         WHERE {due} AND concurrency_key = keys.k {order} LIMIT 1) AS h \
+                 UNION ALL \
+                 (SELECT 'h', NULL, priority::int8 FROM {t} \
+                     WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1)"
             ))
             .bind(req.queue)
             .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(Head {
-                    key: r.try_get(0)?,
-                    priority: r.try_get(1)?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+            .await?;
+        let (mut cursor, mut running, mut heads) = (None, Vec::new(), Vec::new());
+        for r in &rows {
+            let (tag, key, n): (String, Option<String>, i64) =
+                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            match tag.as_str() {
+                "q" if n != 0 => return Ok(Vec::new()),
+                "q" => cursor = key,
+                "r" => running.push((key, n)),
+                _ => heads.push(Head {
+                    key,
+                    priority: i32::try_from(n).map_err(|_| {
+                        StoreError::Corrupt(format!("task priority {n} out of range"))
+                    })?,
+                }),
+            }
+        }
+        let running = Running::from_rows(running);
         let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
         if chosen.is_empty() {
             return Ok(Vec::new());
@@ -96,11 +92,10 @@ impl PgBackend {
                 "SELECT * FROM ( \
                      SELECT c.* FROM unnest($2::text[], $3::int8[]) AS g(k, m) \
                          CROSS JOIN LATERAL (SELECT {cols} FROM {t} \
-                             WHERE {due} AND concurrency_key = g.k \
-                             ORDER BY priority, run_at, id LIMIT g.m) AS c \
+                             WHERE {due} AND concurrency_key = g.k {order} LIMIT g.m) AS c \
                      UNION ALL \
                      (SELECT {cols} FROM {t} WHERE {due} AND concurrency_key IS NULL \
-                         ORDER BY priority, run_at, id LIMIT $4)) AS c \
+                         {order} LIMIT $4)) AS c \
                  ORDER BY concurrency_key NULLS FIRST, priority, run_at, id"
             ))
             .bind(req.queue)
@@ -124,9 +119,12 @@ impl PgBackend {
         let Some(cursor) = plan.cursor else {
             return Ok(Vec::new());
         };
+        // The claim and the cursor's move, in one statement.
         let rows = self
             .q(&format!(
-                "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = now(), \
+                "WITH c AS (INSERT INTO {q} (name, fair_cursor) VALUES ($1, $5) \
+                     ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor) \
+                 UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = now(), \
                      lease_until = now() + $3 * interval '1 millisecond', worker = $2, \
                      claim_token = greatest(claim_token + 1, {NOW_US}) \
                  WHERE id = ANY($4::int8[]) AND state = 'pending' AND queue = $1 \
@@ -136,16 +134,9 @@ impl PgBackend {
             .bind(req.worker)
             .bind(dur(req.lease))
             .bind(&plan.ids)
+            .bind(cursor)
             .fetch_all(&mut *tx)
             .await?;
-        self.q(&format!(
-            "INSERT INTO {q} (name, fair_cursor) VALUES ($1, $2) \
-             ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor"
-        ))
-        .bind(req.queue)
-        .bind(cursor)
-        .execute(&mut *tx)
-        .await?;
         let mut tasks = rows
             .iter()
             .map(claimed_task)

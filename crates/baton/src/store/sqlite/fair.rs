@@ -52,7 +52,10 @@ impl SqliteBackend {
         let due = format!(
             "state = 'pending' AND queue = ?1 AND run_at <= {NOW} AND NOT cancel_requested"
         );
-        let order = "ORDER BY priority, run_at, id";
+        // Within one group (an equality on the key), the order of the
+        // index `tasks_key_pending`, spelled with the key so the planner
+        // walks that index.
+        let order = "ORDER BY concurrency_key, priority, run_at, id";
         let heads = sqlx::query(&format!(
             "WITH RECURSIVE keys(k) AS ( \
                  SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = ?1 \
