@@ -44,7 +44,11 @@ pub(super) struct FairArgs {
 }
 
 /// The three cases: `B` alone, behind the backlog in order, behind it fair.
-const CASES: [(&str, bool, bool); 3] = [("empty", false, false), ("off", true, false), ("on", true, true)];
+const CASES: [(&str, bool, bool); 3] = [
+    ("empty", false, false),
+    ("off", true, false),
+    ("on", true, true),
+];
 
 /// One case once: `B`'s start latencies (ms from its enqueue), sorted;
 /// fewer than `--small` when some did not start in time.

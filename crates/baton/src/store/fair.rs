@@ -17,15 +17,19 @@
 //! group can make the cut. The reads scale with the number of groups with
 //! pending tasks, not with the backlog of any of them.
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::collections::HashMap;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use super::TaskClaim;
+#[cfg(any(feature = "mysql", feature = "redis"))]
 use crate::error::StoreError;
 
 /// The backends (`Backend::kind`) whose claims honour `TaskClaim::fair`.
 pub(crate) const FAIR_STORES: &[&str] = &["sqlite", "postgres"];
 
 /// The refusal of a fair claim by a backend without it.
+#[cfg(any(feature = "mysql", feature = "redis"))]
 pub(crate) fn unsupported(kind: &str) -> StoreError {
     StoreError::Config(format!(
         "fair claiming (TaskClaim::fair) is not supported on the {kind} store yet \
@@ -34,16 +38,19 @@ pub(crate) fn unsupported(kind: &str) -> StoreError {
     ))
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The name the group of tasks without a concurrency key goes by in the
 /// rotation (and in the stored cursor): the empty string, which no
 /// concurrency key can be (`queue::validate_concurrency_key`).
 pub(crate) const NO_KEY: &str = "";
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The name of a task's group.
 pub(crate) fn group_of(key: Option<&str>) -> &str {
     key.unwrap_or(NO_KEY)
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// A group's first due task, as the backend read it.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
@@ -53,6 +60,7 @@ pub(crate) struct Head {
     pub(crate) priority: i32,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// A due task of a chosen group, as the backend read it.
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {
@@ -68,6 +76,7 @@ pub(crate) struct Candidate {
     pub(crate) max_attempts: i32,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The queue's state a fair claim plans from.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Running {
@@ -77,6 +86,7 @@ pub(crate) struct Running {
     pub(crate) total: u32,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl Running {
     /// From `(concurrency key, running count)` rows.
     pub(crate) fn from_rows(rows: impl IntoIterator<Item = (Option<String>, i64)>) -> Running {
@@ -96,6 +106,7 @@ impl Running {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// A group chosen by [`choose`]: read up to `take` of its due tasks.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Chosen {
@@ -105,6 +116,7 @@ pub(crate) struct Chosen {
     pub(crate) take: u32,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// What a fair claim takes: the ids in claim order, and the cursor to
 /// store (`None`: the claim took nothing; leave the cursor as it is).
 #[derive(Debug, Clone, PartialEq)]
@@ -115,6 +127,7 @@ pub(crate) struct Plan {
     pub(crate) cursor: Option<String>,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The rank of a group's `n`-th candidate (1-based): smaller first.
 fn rank<'k>(
     priority: i32,
@@ -128,6 +141,7 @@ fn rank<'k>(
     (priority, n.saturating_add(running), !after, name)
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// Room left in a group under the per-key cap (the tasks without a key are
 /// not capped).
 fn room(req: &TaskClaim<'_>, key: Option<&str>, running: &Running) -> u32 {
@@ -137,6 +151,7 @@ fn room(req: &TaskClaim<'_>, key: Option<&str>, running: &Running) -> u32 {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The claim's size: the limit, or under `max_running` what it leaves.
 fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
     match req.max_running {
@@ -145,6 +160,7 @@ fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The groups to read the candidates of, from every group's head: the
 /// at most `limit` groups whose heads rank first, leaving out the keys at
 /// their cap.
@@ -179,6 +195,7 @@ pub(crate) fn choose(
         .collect()
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The tasks to claim among the chosen groups' candidates (each group's
 /// in `(priority, run_at, id)` order): by rank, the first `limit -
 /// buffered` at once, the rest only with an attempt to spare
@@ -216,6 +233,7 @@ pub(crate) fn pick(
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg(test)]
 mod tests {
     use super::*;
