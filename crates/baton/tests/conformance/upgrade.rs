@@ -675,15 +675,17 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     assert!(recorded_version(&ts, &p).await > 1, "the version moved on");
     if let Kind::Postgres = ts.kind {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
-        // concurrency key, 8 the unique keys' scopes, 9 rate limits), on
-        // the upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 9);
+        // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
+        // fair claiming's `key_pending`), on the upgraded store and on a
+        // fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 10);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
                 [
                     "claim btree WHERE pending",
                     "job btree",
+                    "key_pending btree WHERE pending",
                     "pkey btree",
                     "prune btree",
                     "running btree WHERE running",
@@ -1060,9 +1062,13 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
         async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
     };
     for round in 0..2 {
-        // Back to before the unique-scope step (the second to last on every
-        // store; rate limits' came after it).
-        crate::harness::set_schema_version(&ts, &p, Some(expected - 2)).await;
+        // Back to before the unique-scope step (rate limits' came after it
+        // on every store, and fair claiming's on SQLite and PostgreSQL).
+        let after_scope = match ts.kind {
+            Kind::Sqlite | Kind::Postgres => 3,
+            _ => 2,
+        };
+        crate::harness::set_schema_version(&ts, &p, Some(expected - after_scope)).await;
         let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
         assert_eq!(recorded_version(&ts, &p).await, expected, "round {round}");
         assert_eq!(
