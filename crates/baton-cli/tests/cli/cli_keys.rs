@@ -63,13 +63,7 @@ async fn fair_work_runs_a_small_key_past_a_backlog(e: Env) {
         .await
         .unwrap();
     let mut w = e.spawn_logged(&args);
-    let lines = || -> Vec<String> {
-        std::fs::read_to_string(&ledger)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    };
+    let lines = || ledger_lines(&ledger);
     wait_for(60, "the small key's tasks to run", || {
         lines().iter().filter(|l| *l == "small").count() == 3
     });
@@ -81,6 +75,15 @@ async fn fair_work_runs_a_small_key_past_a_backlog(e: Env) {
         last_small < 12,
         "the small key's 3 tasks among the first 12 started: {lines:?}"
     );
+}
+
+/// The lines the commands appended to the ledger so far.
+fn ledger_lines(ledger: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(ledger)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 const KEYS: usize = 20;
@@ -189,13 +192,7 @@ async fn three_workers_never_run_more_than_the_cap_of_one_key(e: Env) {
         e.spawn_logged(&from_flags),
         e.spawn_logged(&from_flags),
     ];
-    let lines = || -> Vec<String> {
-        std::fs::read_to_string(&ledger)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    };
+    let lines = || ledger_lines(&ledger);
     wait_for(90, "every task to run", || lines().len() >= total);
     let took = started.elapsed();
     // A task run twice would add a line a little later.

@@ -233,6 +233,14 @@ pub(crate) fn pick(
     }
 }
 
+/// The claimed tasks in the plan's order (best first), as the claim
+/// returns them.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn in_plan_order(mut tasks: Vec<super::Task>, ids: &[i64]) -> Vec<super::Task> {
+    tasks.sort_by_key(|t| ids.iter().position(|&x| x == t.id));
+    tasks
+}
+
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg(test)]
 mod tests {

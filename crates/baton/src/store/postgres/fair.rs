@@ -137,12 +137,7 @@ impl PgBackend {
             .bind(cursor)
             .fetch_all(&mut *tx)
             .await?;
-        let mut tasks = rows
-            .iter()
-            .map(claimed_task)
-            .collect::<Result<Vec<_>, _>>()?;
-        let order = |id: i64| plan.ids.iter().position(|&x| x == id);
-        tasks.sort_by_key(|t| order(t.id));
-        Ok(tasks)
+        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
+        Ok(fair::in_plan_order(tasks, &plan.ids))
     }
 }

@@ -134,12 +134,7 @@ impl SqliteBackend {
         .bind(cursor)
         .execute(&mut *tx)
         .await?;
-        let mut tasks = rows
-            .iter()
-            .map(claimed_task)
-            .collect::<Result<Vec<_>, _>>()?;
-        let order = |id: i64| plan.ids.iter().position(|&x| x == id);
-        tasks.sort_by_key(|t| order(t.id));
-        Ok(tasks)
+        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
+        Ok(fair::in_plan_order(tasks, &plan.ids))
     }
 }
