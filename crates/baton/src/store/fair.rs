@@ -153,7 +153,7 @@ fn room(req: &TaskClaim<'_>, key: Option<&str>, running: &Running) -> u32 {
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The claim's size: the limit, or under `max_running` what it leaves.
-fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
+pub(crate) fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
     match req.max_running {
         Some(max) => req.limit.min(max.saturating_sub(running.total)),
         None => req.limit,
@@ -230,6 +230,107 @@ pub(crate) fn pick(
     Plan {
         ids: taken.iter().map(|c| c.id).collect(),
         cursor: taken.last().map(|c| group_of(c.key.as_deref()).to_string()),
+    }
+}
+
+/// The walk over a queue's keys in rotation order (after the cursor, then
+/// from the first key up to the cursor), a page of keys with their heads
+/// at a time, which stops as soon as it has found as many keys as the
+/// claim takes whose head is at the queue's best due priority and which
+/// have nothing running. Every key it has not walked has nothing running
+/// either (the keys with running tasks, at most the workers' slots, are
+/// read apart, as is the group without a key), a head no better than the
+/// best and a later place in the rotation, so it ranks after each of the
+/// keys found: [`choose`] over the heads read is exact, and a claim reads
+/// about `limit` + running keys' heads, however many keys wait.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Debug)]
+pub(crate) struct KeyWalk {
+    cursor: Option<String>,
+    best: i32,
+    need: u32,
+    found: u32,
+    page: u32,
+    from: String,
+    wrapped: bool,
+    done: bool,
+    seen: std::collections::HashSet<String>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl KeyWalk {
+    /// A walk for a claim of `req` with `running`, from the queue's
+    /// `cursor`, its best due priority `best`, and the heads read apart
+    /// (`heads`: those of the keys with running tasks and of the group
+    /// without a key).
+    pub(crate) fn new(
+        req: &TaskClaim<'_>,
+        running: &Running,
+        cursor: Option<&str>,
+        best: i32,
+        heads: &[Head],
+    ) -> KeyWalk {
+        let need = total(req, running);
+        KeyWalk {
+            cursor: cursor.filter(|c| !c.is_empty()).map(str::to_string),
+            best,
+            need,
+            found: 0,
+            page: need
+                .saturating_add(u32::try_from(running.by_group.len()).unwrap_or(u32::MAX))
+                .saturating_add(8),
+            from: cursor.unwrap_or(NO_KEY).to_string(),
+            wrapped: false,
+            done: need == 0,
+            seen: heads.iter().filter_map(|h| h.key.clone()).collect(),
+        }
+    }
+
+    /// The next page to read: at most `.1` keys after `.0`, in key order,
+    /// each with its head's priority (none without a due task); `None`:
+    /// the walk is over.
+    pub(crate) fn next_page(&self) -> Option<(&str, u32)> {
+        (!self.done).then_some((self.from.as_str(), self.page))
+    }
+
+    /// Take a page read for [`next_page`](Self::next_page), adding the
+    /// heads of keys not seen yet to `heads`.
+    pub(crate) fn take(
+        &mut self,
+        rows: Vec<(String, Option<i32>)>,
+        heads: &mut Vec<Head>,
+        running: &Running,
+    ) {
+        let full = rows.len() as u64 >= u64::from(self.page);
+        for (key, priority) in rows {
+            if self.wrapped && self.cursor.as_deref().is_some_and(|c| key.as_str() > c) {
+                self.done = true;
+                return;
+            }
+            self.from.clone_from(&key);
+            let Some(priority) = priority else { continue };
+            if !self.seen.insert(key.clone()) {
+                continue;
+            }
+            if priority == self.best && running.of(Some(&key)) == 0 {
+                self.found += 1;
+            }
+            heads.push(Head {
+                key: Some(key),
+                priority,
+            });
+        }
+        if self.found >= self.need {
+            self.done = true;
+        } else if !full {
+            // The last key: wrap to the first, unless this was the wrap.
+            if self.wrapped || self.cursor.is_none() {
+                self.done = true;
+            } else {
+                self.wrapped = true;
+                self.from = NO_KEY.to_string();
+            }
+        }
     }
 }
 
@@ -330,6 +431,57 @@ mod tests {
                 key: Some("b".into()),
                 take: 1
             }]
+        );
+    }
+
+    #[test]
+    fn the_key_walk_stops_once_enough_keys_are_found_and_wraps() {
+        // Keys k00..k19 all at priority 0; k05 runs one task; cursor k10.
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i:02}")).collect();
+        let run = Running::from_rows([(Some("k05".to_string()), 1)]);
+        let heads = vec![Head {
+            key: Some("k05".into()),
+            priority: 0,
+        }];
+        let read = |from: &str, n: u32| -> Vec<(String, Option<i32>)> {
+            keys.iter()
+                .filter(|k| k.as_str() > from)
+                .take(n as usize)
+                .map(|k| (k.clone(), Some(0)))
+                .collect()
+        };
+        let mut got = heads.clone();
+        let mut walk = KeyWalk::new(&req(3), &run, Some("k10"), 0, &heads);
+        let mut pages = 0;
+        while let Some((from, n)) = walk.next_page() {
+            let rows = read(from, n);
+            walk.take(rows, &mut got, &run);
+            pages += 1;
+        }
+        assert_eq!(
+            pages, 1,
+            "one page: 3 + 1 running + 8 keys after the cursor"
+        );
+        let chosen: Vec<_> = choose(&req(3), &got, &run, Some("k10"))
+            .into_iter()
+            .map(|c| c.key.unwrap())
+            .collect();
+        assert_eq!(chosen, ["k11", "k12", "k13"]);
+        // Near the end of the keys the walk wraps to the first ones, and
+        // stops before passing the cursor again.
+        let mut got = heads.clone();
+        let mut walk = KeyWalk::new(&req(8), &run, Some("k17"), 0, &heads);
+        while let Some((from, n)) = walk.next_page() {
+            let rows = read(from, n);
+            walk.take(rows, &mut got, &run);
+        }
+        let chosen: Vec<_> = choose(&req(8), &got, &run, Some("k17"))
+            .into_iter()
+            .map(|c| c.key.unwrap())
+            .collect();
+        assert_eq!(
+            chosen,
+            ["k18", "k19", "k00", "k01", "k02", "k03", "k04", "k06"]
         );
     }
 }

@@ -166,9 +166,13 @@ pub(crate) async fn per_key_cap_holds_under_racing_claimers(ts: TestStore, fair:
         assert_eq!(distinct.len(), total, "every task claimed");
         let over: Vec<_> = s.peak.iter().filter(|(_, p)| **p > CAP).collect();
         assert!(over.is_empty(), "keys over the cap of {CAP}: {over:?}");
+        // Fair claims spread the slots over the keys (the fewest running
+        // first), so a key's second place is taken only while every other
+        // group has one: how often a key reaches the cap then depends on
+        // timing, and only the bound is checked.
         let at_cap = s.peak.values().filter(|p| **p == CAP).count();
         assert!(
-            at_cap >= KEYS / 2,
+            fair || at_cap >= KEYS / 2,
             "the cap is reached, not undershot: peaks {:?}",
             s.peak
         );

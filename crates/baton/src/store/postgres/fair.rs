@@ -1,16 +1,19 @@
 //! The fair claim of the PostgreSQL backend (`TaskClaim::fair`, planned by
 //! `store::fair`): inside the claim's transaction and under the queue's
 //! advisory lock, it reads in one round trip the queue's paused flag and
-//! cursor, its running tasks per key and the first due task of each key (a
-//! loose index scan over the distinct keys of the pending tasks, on
-//! `tasks_key_pending`); in a second the first tasks of the chosen keys;
-//! then in one statement it claims the planned ones and moves the cursor.
+//! cursor, its running tasks per key, its best due priority and the heads
+//! of the group without a key and of the keys running; then the other
+//! keys' heads in rotation order, a page at a time, until enough are found
+//! (`fair::KeyWalk`: a loose index scan over the distinct keys of the
+//! pending tasks, on `tasks_key_pending`), usually one page; then the
+//! first tasks of the chosen keys; then in one statement it claims the
+//! planned ones and moves the cursor.
 
 use sqlx::Row;
 
 use super::{dur, PgBackend, NOW_US};
 use crate::error::StoreError;
-use crate::store::fair::{self, Candidate, Head, Running};
+use crate::store::fair::{self, Candidate, Head, KeyWalk, Running};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{Task, TaskClaim};
 
@@ -29,49 +32,87 @@ impl PgBackend {
         // (which steps over every other key's backlog).
         let order = "ORDER BY concurrency_key, priority, run_at, id";
         // One round trip: the queue's row (`q`: paused as 1, the cursor),
-        // its running tasks per key (`r`) and each key's head (`h`).
+        // its running tasks per key (`r`), its best due priority (`b`) and
+        // the heads (`h`) of the group without a key and of the keys with
+        // running tasks; the other keys' heads come from the walk below.
+        let head = format!("(SELECT priority::int8 FROM {t} WHERE {due} AND concurrency_key = k.k {order} LIMIT 1)");
         let rows = self
             .q(&format!(
-                "WITH RECURSIVE keys(k) AS ( \
-                     (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = $1 \
-                         AND concurrency_key IS NOT NULL ORDER BY concurrency_key LIMIT 1) \
-                     UNION ALL \
-                     SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
-                             AND queue = $1 AND concurrency_key > keys.k \
-                             ORDER BY concurrency_key LIMIT 1) \
-                     FROM keys WHERE keys.k IS NOT NULL) \
-                 SELECT 'q', fair_cursor, paused::int4::int8 FROM {q} WHERE name = $1 \
+                "SELECT 'q', fair_cursor, paused::int4::int8 FROM {q} WHERE name = $1 \
                  UNION ALL \
                  SELECT 'r', concurrency_key, count(*) FROM {t} \
                      WHERE state = 'running' AND queue = $1 GROUP BY concurrency_key \
                  UNION ALL \
-                 SELECT 'h', h.concurrency_key, h.priority::int8 FROM keys \
-                     CROSS JOIN LATERAL (SELECT concurrency_key, priority FROM {t} \
-                         WHERE {due} AND concurrency_key = keys.k {order} LIMIT 1) AS h \
+                 (SELECT 'b', NULL, priority::int8 FROM {t} WHERE {due} \
+                     ORDER BY priority, run_at, id LIMIT 1) \
                  UNION ALL \
                  (SELECT 'h', NULL, priority::int8 FROM {t} \
-                     WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1)"
+                     WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1) \
+                 UNION ALL \
+                 SELECT 'h', k.k, {head} FROM (SELECT DISTINCT concurrency_key AS k FROM {t} \
+                     WHERE state = 'running' AND queue = $1 AND concurrency_key IS NOT NULL) AS k"
             ))
             .bind(req.queue)
             .fetch_all(&mut *tx)
             .await?;
-        let (mut cursor, mut running, mut heads) = (None, Vec::new(), Vec::new());
+        let (mut cursor, mut running, mut heads, mut best) = (None, Vec::new(), Vec::new(), None);
         for r in &rows {
-            let (tag, key, n): (String, Option<String>, i64) =
+            let (tag, key, n): (String, Option<String>, Option<i64>) =
                 (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            let priority = || {
+                n.map(|n| {
+                    i32::try_from(n)
+                        .map_err(|_| StoreError::Corrupt(format!("task priority {n} out of range")))
+                })
+                .transpose()
+            };
             match tag.as_str() {
-                "q" if n != 0 => return Ok(Vec::new()),
+                "q" if n != Some(0) => return Ok(Vec::new()),
                 "q" => cursor = key,
-                "r" => running.push((key, n)),
-                _ => heads.push(Head {
-                    key,
-                    priority: i32::try_from(n).map_err(|_| {
-                        StoreError::Corrupt(format!("task priority {n} out of range"))
-                    })?,
-                }),
+                "r" => running.push((key, n.unwrap_or(0))),
+                "b" => best = priority()?,
+                _ => {
+                    if let Some(priority) = priority()? {
+                        heads.push(Head { key, priority });
+                    }
+                }
             }
         }
+        let Some(best) = best else {
+            return Ok(Vec::new());
+        };
         let running = Running::from_rows(running);
+        // The keys in rotation order, a page at a time (a loose index scan
+        // over the distinct keys of the pending tasks, on
+        // `tasks_key_pending`), until enough are found.
+        let page = format!(
+            "WITH RECURSIVE k(k, n) AS ( \
+                 (SELECT concurrency_key, 1 FROM {t} WHERE state = 'pending' AND queue = $1 \
+                     AND concurrency_key > $2 ORDER BY concurrency_key LIMIT 1) \
+                 UNION ALL \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
+                         AND queue = $1 AND concurrency_key > k.k \
+                         ORDER BY concurrency_key LIMIT 1), n + 1 \
+                 FROM k WHERE k.k IS NOT NULL AND n < $3) \
+             SELECT k.k, {head} FROM k WHERE k.k IS NOT NULL ORDER BY n"
+        );
+        let mut walk = KeyWalk::new(req, &running, cursor.as_deref(), best, &heads);
+        while let Some((from, n)) = walk.next_page() {
+            let rows = self
+                .q(&page)
+                .bind(req.queue)
+                .bind(from)
+                .bind(i64::from(n))
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| {
+                    let p: Option<i64> = r.try_get(1)?;
+                    Ok((r.try_get(0)?, p.and_then(|p| i32::try_from(p).ok())))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            walk.take(rows, &mut heads, &running);
+        }
         let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
         if chosen.is_empty() {
             return Ok(Vec::new());

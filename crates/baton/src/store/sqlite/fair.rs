@@ -1,7 +1,9 @@
 //! The fair claim of the SQLite backend (`TaskClaim::fair`, planned by
 //! `store::fair`): inside one `BEGIN IMMEDIATE` transaction (so no other
 //! claim interleaves), it reads the queue's paused flag and cursor, its
-//! running tasks per key, the first due task of each key (a loose index
+//! running tasks per key, its best due priority, the heads of the group
+//! without a key and of the keys running, the other keys' heads in
+//! rotation order until enough are found (`fair::KeyWalk`: a loose index
 //! scan over the distinct keys of the pending tasks, on
 //! `tasks_key_pending`), the first tasks of the chosen keys, then claims
 //! the planned ones and moves the cursor.
@@ -11,7 +13,7 @@ use sqlx::Row;
 
 use super::{SqliteBackend, NOW, NOW_US};
 use crate::error::StoreError;
-use crate::store::fair::{self, Candidate, Head, Running};
+use crate::store::fair::{self, Candidate, Head, KeyWalk, Running};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{ms, Task, TaskClaim};
 
@@ -56,20 +58,27 @@ impl SqliteBackend {
         // index `tasks_key_pending`, spelled with the key so the planner
         // walks that index.
         let order = "ORDER BY concurrency_key, priority, run_at, id";
-        let heads = sqlx::query(&format!(
-            "WITH RECURSIVE keys(k) AS ( \
-                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = ?1 \
-                     AND concurrency_key IS NOT NULL ORDER BY concurrency_key LIMIT 1) \
-                 UNION ALL \
-                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
-                         AND queue = ?1 AND concurrency_key > keys.k \
-                         ORDER BY concurrency_key LIMIT 1) \
-                 FROM keys WHERE keys.k IS NOT NULL) \
-             SELECT k, (SELECT priority FROM {t} WHERE {due} AND concurrency_key = keys.k \
-                     {order} LIMIT 1) AS p FROM keys WHERE k IS NOT NULL \
+        let head = format!(
+            "(SELECT priority FROM {t} WHERE {due} AND concurrency_key = k.k {order} LIMIT 1)"
+        );
+        // The queue's best due priority (on the claim index).
+        let best: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT priority FROM {t} WHERE {due} ORDER BY priority, run_at, id LIMIT 1"
+        ))
+        .bind(req.queue)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(best) = best else {
+            return Ok(Vec::new());
+        };
+        // The heads of the group without a key and of the keys with
+        // running tasks; the other keys' heads come from the walk below.
+        let mut heads: Vec<Head> = sqlx::query(&format!(
+            "SELECT NULL, (SELECT priority FROM {t} WHERE {due} AND concurrency_key IS NULL \
+                 {order} LIMIT 1) \
              UNION ALL \
-             SELECT NULL, (SELECT priority FROM {t} WHERE {due} AND concurrency_key IS NULL \
-                 {order} LIMIT 1)"
+             SELECT k.k, {head} FROM (SELECT DISTINCT concurrency_key AS k FROM {t} \
+                 WHERE state = 'running' AND queue = ?1 AND concurrency_key IS NOT NULL) AS k"
         ))
         .bind(req.queue)
         .fetch_all(&mut *tx)
@@ -81,6 +90,33 @@ impl SqliteBackend {
             Err(e) => Some(Err(e)),
         })
         .collect::<Result<Vec<_>, _>>()?;
+        // The keys in rotation order, a page at a time (a loose index scan
+        // over the distinct keys of the pending tasks, on
+        // `tasks_key_pending`), until enough are found.
+        let page = format!(
+            "WITH RECURSIVE k(k, n) AS ( \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = ?1 \
+                     AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1), 1 \
+                 UNION ALL \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
+                         AND queue = ?1 AND concurrency_key > k.k \
+                         ORDER BY concurrency_key LIMIT 1), n + 1 \
+                 FROM k WHERE k.k IS NOT NULL AND n < ?3) \
+             SELECT k.k, {head} FROM k WHERE k.k IS NOT NULL ORDER BY n"
+        );
+        let mut walk = KeyWalk::new(req, &running, cursor.as_deref(), best, &heads);
+        while let Some((from, n)) = walk.next_page() {
+            let rows = sqlx::query(&page)
+                .bind(req.queue)
+                .bind(from)
+                .bind(i64::from(n))
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            walk.take(rows, &mut heads, &running);
+        }
         let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
         let mut candidates = Vec::new();
         for c in &chosen {
