@@ -287,15 +287,36 @@ impl KeyWalk {
     }
 
     /// The next page to read: at most `.1` keys after `.0`, in key order,
-    /// each with its head's priority (none without a due task); `None`:
-    /// the walk is over.
-    pub(crate) fn next_page(&self) -> Option<(&str, u32)> {
-        (!self.done).then_some((self.from.as_str(), self.page))
+    /// each with its head's priority (none without a due task), and (in
+    /// the same round trip, for the wrap) at most `.2` keys from the first
+    /// one; `None`: the walk is over.
+    pub(crate) fn next_page(&self) -> Option<(&str, u32, u32)> {
+        let wrap = if self.wrapped || self.cursor.is_none() {
+            0
+        } else {
+            self.page
+        };
+        (!self.done).then_some((self.from.as_str(), self.page, wrap))
     }
 
-    /// Take a page read for [`next_page`](Self::next_page), adding the
+    /// Take a page read for [`next_page`](Self::next_page) (`after`: the
+    /// keys after `.0`; `first`: the keys from the first one), adding the
     /// heads of keys not seen yet to `heads`.
     pub(crate) fn take(
+        &mut self,
+        after: Vec<(String, Option<i32>)>,
+        first: Vec<(String, Option<i32>)>,
+        heads: &mut Vec<Head>,
+        running: &Running,
+    ) {
+        let was_wrapped = self.wrapped;
+        self.take_page(after, heads, running);
+        if !self.done && self.wrapped && !was_wrapped {
+            self.take_page(first, heads, running);
+        }
+    }
+
+    fn take_page(
         &mut self,
         rows: Vec<(String, Option<i32>)>,
         heads: &mut Vec<Head>,
@@ -453,9 +474,9 @@ mod tests {
         let mut got = heads.clone();
         let mut walk = KeyWalk::new(&req(3), &run, Some("k10"), 0, &heads);
         let mut pages = 0;
-        while let Some((from, n)) = walk.next_page() {
-            let rows = read(from, n);
-            walk.take(rows, &mut got, &run);
+        while let Some((from, n, wrap)) = walk.next_page() {
+            let (after, first) = (read(from, n), read("", wrap));
+            walk.take(after, first, &mut got, &run);
             pages += 1;
         }
         assert_eq!(
@@ -471,10 +492,13 @@ mod tests {
         // stops before passing the cursor again.
         let mut got = heads.clone();
         let mut walk = KeyWalk::new(&req(8), &run, Some("k17"), 0, &heads);
-        while let Some((from, n)) = walk.next_page() {
-            let rows = read(from, n);
-            walk.take(rows, &mut got, &run);
+        let mut pages = 0;
+        while let Some((from, n, wrap)) = walk.next_page() {
+            let (after, first) = (read(from, n), read("", wrap));
+            walk.take(after, first, &mut got, &run);
+            pages += 1;
         }
+        assert_eq!(pages, 1, "the wrap read in the same round trip");
         let chosen: Vec<_> = choose(&req(8), &got, &run, Some("k17"))
             .into_iter()
             .map(|c| c.key.unwrap())

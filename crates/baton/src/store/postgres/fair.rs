@@ -85,33 +85,45 @@ impl PgBackend {
         // The keys in rotation order, a page at a time (a loose index scan
         // over the distinct keys of the pending tasks, on
         // `tasks_key_pending`), until enough are found.
+        // Part 1: at most $3 keys after $2; part 2 (the wrap): at most $4
+        // keys from the first.
         let page = format!(
-            "WITH RECURSIVE k(k, n) AS ( \
-                 (SELECT concurrency_key, 1 FROM {t} WHERE state = 'pending' AND queue = $1 \
-                     AND concurrency_key > $2 ORDER BY concurrency_key LIMIT 1) \
+            "WITH RECURSIVE k(k, n, part) AS ( \
+                 (SELECT concurrency_key, 1, 1 FROM {t} WHERE state = 'pending' \
+                     AND queue = $1 AND concurrency_key > $2 \
+                     ORDER BY concurrency_key LIMIT 1) \
+                 UNION ALL \
+                 (SELECT concurrency_key, 1, 2 FROM {t} WHERE state = 'pending' \
+                     AND queue = $1 AND concurrency_key IS NOT NULL AND $4 > 0 \
+                     ORDER BY concurrency_key LIMIT 1) \
                  UNION ALL \
                  SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
                          AND queue = $1 AND concurrency_key > k.k \
-                         ORDER BY concurrency_key LIMIT 1), n + 1 \
-                 FROM k WHERE k.k IS NOT NULL AND n < $3) \
-             SELECT k.k, {head} FROM k WHERE k.k IS NOT NULL ORDER BY n"
+                         ORDER BY concurrency_key LIMIT 1), n + 1, part \
+                 FROM k WHERE k.k IS NOT NULL \
+                     AND n < CASE part WHEN 1 THEN $3 ELSE $4 END) \
+             SELECT k.k, {head}, part FROM k WHERE k.k IS NOT NULL ORDER BY part, n"
         );
         let mut walk = KeyWalk::new(req, &running, cursor.as_deref(), best, &heads);
-        while let Some((from, n)) = walk.next_page() {
-            let rows = self
+        while let Some((from, n, wrap)) = walk.next_page() {
+            let (mut after, mut first) = (Vec::new(), Vec::new());
+            for r in self
                 .q(&page)
                 .bind(req.queue)
                 .bind(from)
                 .bind(i64::from(n))
+                .bind(i64::from(wrap))
                 .fetch_all(&mut *tx)
                 .await?
-                .iter()
-                .map(|r| {
-                    let p: Option<i64> = r.try_get(1)?;
-                    Ok((r.try_get(0)?, p.and_then(|p| i32::try_from(p).ok())))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            walk.take(rows, &mut heads, &running);
+            {
+                let p: Option<i64> = r.try_get(1)?;
+                let row = (r.try_get(0)?, p.and_then(|p| i32::try_from(p).ok()));
+                match r.try_get::<i32, _>(2)? {
+                    1 => after.push(row),
+                    _ => first.push(row),
+                }
+            }
+            walk.take(after, first, &mut heads, &running);
         }
         let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
         if chosen.is_empty() {

@@ -105,17 +105,24 @@ impl SqliteBackend {
              SELECT k.k, {head} FROM k WHERE k.k IS NOT NULL ORDER BY n"
         );
         let mut walk = KeyWalk::new(req, &running, cursor.as_deref(), best, &heads);
-        while let Some((from, n)) = walk.next_page() {
-            let rows = sqlx::query(&page)
-                .bind(req.queue)
-                .bind(from)
-                .bind(i64::from(n))
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            walk.take(rows, &mut heads, &running);
+        while let Some((from, n, wrap)) = walk.next_page() {
+            let mut read = async |from: &str, n: u32| -> Result<Vec<_>, StoreError> {
+                if n == 0 {
+                    return Ok(Vec::new());
+                }
+                sqlx::query(&page)
+                    .bind(req.queue)
+                    .bind(from)
+                    .bind(i64::from(n))
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                    .collect()
+            };
+            let after = read(from, n).await?;
+            let first = read(fair::NO_KEY, wrap).await?;
+            walk.take(after, first, &mut heads, &running);
         }
         let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
         let mut candidates = Vec::new();
