@@ -35,7 +35,12 @@ impl PgBackend {
         // its running tasks per key (`r`), its best due priority (`b`) and
         // the heads (`h`) of the group without a key and of the keys with
         // running tasks; the other keys' heads come from the walk below.
-        let head = format!("(SELECT priority::int8 FROM {t} WHERE {due} AND concurrency_key = k.k {order} LIMIT 1)");
+        // The casts to int8 stay outside the ordered selects: inside, the
+        // ORDER BY would sort by the cast expression instead of walking an
+        // index (a sort of every key's backlog).
+        let head = format!(
+            "(SELECT priority FROM {t} WHERE {due} AND concurrency_key = k.k {order} LIMIT 1)::int8"
+        );
         let rows = self
             .q(&format!(
                 "SELECT 'q', fair_cursor, paused::int4::int8 FROM {q} WHERE name = $1 \
@@ -43,11 +48,11 @@ impl PgBackend {
                  SELECT 'r', concurrency_key, count(*) FROM {t} \
                      WHERE state = 'running' AND queue = $1 GROUP BY concurrency_key \
                  UNION ALL \
-                 (SELECT 'b', NULL, priority::int8 FROM {t} WHERE {due} \
-                     ORDER BY priority, run_at, id LIMIT 1) \
+                 SELECT 'b', NULL, (SELECT priority FROM {t} WHERE {due} \
+                     ORDER BY priority, run_at, id LIMIT 1)::int8 \
                  UNION ALL \
-                 (SELECT 'h', NULL, priority::int8 FROM {t} \
-                     WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1) \
+                 SELECT 'h', NULL, (SELECT priority FROM {t} \
+                     WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1)::int8 \
                  UNION ALL \
                  SELECT 'h', k.k, {head} FROM (SELECT DISTINCT concurrency_key AS k FROM {t} \
                      WHERE state = 'running' AND queue = $1 AND concurrency_key IS NOT NULL) AS k"
