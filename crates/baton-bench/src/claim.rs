@@ -138,6 +138,7 @@ pub(super) async fn claim_round(
                         max_running: None,
                         per_key_max_running: None,
                         buffered: 0,
+                        fair: false,
                     })
                     .await?;
                 claim_lat.push(c0.elapsed());

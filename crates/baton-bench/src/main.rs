@@ -22,6 +22,7 @@ use sqlx::Connection;
 use tokio_util::sync::CancellationToken;
 
 mod claim;
+mod fair;
 mod fleet;
 mod harness;
 mod latency;
@@ -61,6 +62,10 @@ enum Cmd {
     /// own) on one store, idle then under a trickle: server connections,
     /// transactions or commands a second, slot lag.
     Fleet(fleet::FleetArgs),
+    /// Fair claiming: a backlog of one key, then a few tasks of another;
+    /// their start latency with fair claiming off and on, against the same
+    /// tasks on an empty queue.
+    FairLatency(fair::FairArgs),
 }
 
 fn main() -> Result<()> {
@@ -72,6 +77,7 @@ fn main() -> Result<()> {
         Cmd::ClaimScale(a) => &a.common,
         Cmd::SchedulePrecision(a) => &a.common,
         Cmd::Fleet(a) => &a.common,
+        Cmd::FairLatency(a) => &a.common,
     };
     let rt = match common.runtime {
         Flavor::Multi => tokio::runtime::Builder::new_multi_thread(),
@@ -88,6 +94,7 @@ fn main() -> Result<()> {
             Cmd::ClaimScale(a) => claim_bench(a).await,
             Cmd::SchedulePrecision(a) => precision_bench(a).await,
             Cmd::Fleet(a) => fleet::fleet_bench(a).await,
+            Cmd::FairLatency(a) => fair::fair_bench(a).await,
         }
     })
 }

@@ -58,6 +58,9 @@ pub(super) struct ThroughputArgs {
     /// (`WorkerConfig::per_key_max_running`; needs `--keys`).
     #[arg(long, requires = "keys")]
     pub(super) per_key_cap: Option<u32>,
+    /// Claim fairly across the keys (`WorkerConfig::fair`).
+    #[arg(long)]
+    pub(super) fair: bool,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub(super) timeout: u64,
@@ -89,6 +92,9 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         cfg = cfg.queue(queue.as_str(), a.concurrency);
         if let Some(cap) = a.per_key_cap {
             cfg = cfg.per_key_max_running(queue.as_str(), cap);
+        }
+        if a.fair {
+            cfg = cfg.fair(queue.as_str());
         }
     }
     if a.hold_slots {
@@ -176,7 +182,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "bench": "queue-throughput", "store": kind, "jobs": a.jobs, "workers": a.workers,
             "queues": queues.len(), "queue_names": queues, "cluster": ctx.url.contains("+cluster://"),
             "concurrency": a.concurrency, "pool": ctx.pool,
-            "keys": a.keys, "per_key_cap": a.per_key_cap,
+            "keys": a.keys, "per_key_cap": a.per_key_cap, "fair": a.fair,
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
             "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
@@ -187,13 +193,14 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "prefetch_adaptive": used.prefetch_adaptive(),
         }),
         format!(
-            "queue-throughput {kind}{}{}: {} queue(s), insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
+            "queue-throughput {kind}{}{}{}: {} queue(s), insert {:.0}/s ({insert_s:.2} s), drain {:.0} jobs/s ({drain_s:.2} s) with {}x{} (free slots on return {}, {} result batches, prefetch {}{})",
             if ctx.url.contains("+cluster://") { " (cluster)" } else { "" },
             match (a.keys, a.per_key_cap) {
                 (0, _) => String::new(),
                 (k, None) => format!(" ({k} keys, no cap)"),
                 (k, Some(c)) => format!(" ({k} keys, cap {c} per key)"),
             },
+            if a.fair { " fair" } else { "" },
             queues.len(),
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
             used.free_slot_on_return_on(), used.result_batches(),

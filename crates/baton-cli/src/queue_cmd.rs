@@ -230,6 +230,13 @@ pub struct WorkArgs {
     /// counted [default: the config queue's `rate`, else none].
     #[arg(long, value_name = "[NAME=]N/PERIOD", value_parser = rate_arg)]
     pub rate: Option<(Option<String>, baton::queue::RateLimit)>,
+    /// Claim fairly across concurrency keys: each claim interleaves the
+    /// keys with due tasks (the one with the fewest running first, ties
+    /// round-robin), so one key's backlog does not hold back another key's
+    /// tasks; priority still wins. SQLite and PostgreSQL only [default:
+    /// the config queue's `fair`, else off].
+    #[arg(long)]
+    pub fair: bool,
     /// Lease per attempt; heartbeats renew it every third of it (at least
     /// 30ms) [default: the config queue's `lease`, else 30s].
     #[arg(long, value_parser = lease_arg)]
@@ -325,6 +332,7 @@ fn work_queues(
                     .per_key_max_running
                     .or(from.and_then(|q| q.per_key_max_running)),
                 rate: a.rate.clone().or(from.and_then(|q| q.rate.clone())),
+                fair: a.fair || from.is_some_and(|q| q.fair),
                 name,
             }
         })

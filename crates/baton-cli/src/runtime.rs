@@ -63,6 +63,9 @@ pub fn queue_workers(
         if let Some(m) = q.per_key_max_running {
             cfg = cfg.per_key_max_running(q.name.clone(), m);
         }
+        if q.fair {
+            cfg = cfg.fair(q.name.clone());
+        }
         match &q.rate {
             Some((None, limit)) => cfg = cfg.rate_limit(q.name.clone(), *limit),
             Some((Some(name), limit)) => {

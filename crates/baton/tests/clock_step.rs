@@ -86,6 +86,7 @@ fn child(file: std::path::PathBuf) {
                 max_running: None,
                 per_key_max_running: None,
                 buffered: 0,
+                fair: false,
             })
             .await
             .unwrap();

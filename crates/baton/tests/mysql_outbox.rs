@@ -82,6 +82,7 @@ async fn outbox_commits_with_the_callers_transaction() {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();
@@ -146,6 +147,7 @@ async fn racing_capped_claims_never_overshoot() {
                         max_running: Some(3 * (round + 1)),
                         per_key_max_running: None,
                         buffered: 0,
+                        fair: false,
                     })
                     .await
                     .unwrap()
@@ -230,6 +232,7 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();

@@ -86,6 +86,7 @@ fn claim_req<'a>(queue: &'a str, limit: u32, lease: Duration) -> TaskClaim<'a> {
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     }
 }
 

@@ -83,6 +83,7 @@ fn creq<'a>(queue: &'a str, limit: u32, lease_ms: u64) -> TaskClaim<'a> {
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     }
 }
 

@@ -71,6 +71,7 @@ fn claim_req(queue: &str, limit: u32, lease: Duration) -> TaskClaim<'_> {
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     }
 }
 
@@ -346,6 +347,7 @@ async fn concurrent_workers_timing() {
                         max_running: None,
                         per_key_max_running: None,
                         buffered: 0,
+                        fair: false,
                     })
                     .await
                     .unwrap();

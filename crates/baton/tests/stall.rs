@@ -421,6 +421,7 @@ async fn dropped_claim_leaves_no_task_locked(kind: Kind) {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         };
         let cut = Duration::from_millis(HOP * step / 4);
         let _ = tokio::time::timeout(cut, a.backend().task_claim(&req)).await;

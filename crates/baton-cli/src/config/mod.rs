@@ -15,6 +15,7 @@
 //! # per_key_max_running = 2          # cluster-wide cap per concurrency key
 //! # rate = "100/1m"                  # at most 100 starts a minute, all instances
 //! #                                  # (or "partner-api=10/1s": a named limit shared by queues)
+//! # fair = true                      # claims interleave concurrency keys (SQLite, PostgreSQL)
 //!
 //! [[job]]
 //! name = "tick"
@@ -410,6 +411,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 max_running: None,
                 per_key_max_running: None,
                 rate: None,
+                fair: false,
             });
         } else {
             return Err(ConfigError::invalid(

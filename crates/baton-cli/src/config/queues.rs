@@ -28,6 +28,9 @@ pub struct QueueConfig {
     /// queue's own limit (`None` name) or a named one shared by the queues
     /// that name it (`rate = "100/1m"` or `rate = "partner-api=10/1s"`).
     pub rate: Option<(Option<String>, baton::queue::RateLimit)>,
+    /// Claims interleave the concurrency keys (`fair = true`), so one
+    /// key's backlog does not hold back another's tasks.
+    pub fair: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,6 +42,8 @@ pub(super) struct RawQueue {
     max_running: Option<i64>,
     per_key_max_running: Option<i64>,
     rate: Option<String>,
+    /// Any TOML value, so that a wrong type is refused naming the field.
+    fair: Option<toml::Value>,
 }
 
 /// Validate the `[[queue]]` tables, in file order.
@@ -103,6 +108,17 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
             max_running,
             per_key_max_running,
             rate,
+            fair: match q.fair {
+                None => false,
+                Some(toml::Value::Boolean(b)) => b,
+                Some(v) => {
+                    return Err(ConfigError::invalid(
+                        &owner,
+                        Some("fair"),
+                        format!("{v} is not a boolean; use fair = true or fair = false"),
+                    ))
+                }
+            },
         });
     }
 

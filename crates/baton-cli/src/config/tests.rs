@@ -19,6 +19,7 @@ lease = "30s"
 name = "slow"
 max_running = 3
 per_key_max_running = 2
+fair = true
 
 [[job]]
 name = "tick"
@@ -83,6 +84,7 @@ fn parses_a_full_file() {
                 max_running: None,
                 per_key_max_running: None,
                 rate: None,
+                fair: false,
             },
             QueueConfig {
                 name: "slow".into(),
@@ -91,6 +93,7 @@ fn parses_a_full_file() {
                 max_running: Some(3),
                 per_key_max_running: Some(2),
                 rate: None,
+                fair: true,
             },
         ]
     );
@@ -254,6 +257,7 @@ fn empty_file_and_jobs_only() {
             max_running: None,
             per_key_max_running: None,
             rate: None,
+            fair: false,
         }]
     );
     // ...and not added for lock-mode jobs.
@@ -420,6 +424,11 @@ fn range_errors() {
     assert_eq!(
         e.to_string(),
         "queue \"q\": per_key_max_running: 0 is out of range; use 1..=10000"
+    );
+    let e = err("[[queue]]\nname = \"q\"\nfair = \"yes\"\n");
+    assert_eq!(
+        e,
+        "queue \"q\": fair: \"yes\" is not a boolean; use fair = true or fair = false"
     );
     let e = err("[[queue]]\nname = \"q\"\nconcurrency = 0\n");
     assert_eq!(

@@ -2,7 +2,7 @@
 //! chained setters from [`WorkerConfig::default`] (no public fields) and
 //! checked when the worker is made ([`Worker::new`](super::Worker::new)).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::{Backoff, QueueRate, RateLimit};
@@ -49,6 +49,7 @@ pub struct WorkerConfig {
     pub(super) retention: Option<Duration>,
     pub(super) max_running: BTreeMap<String, u32>,
     pub(super) per_key_max_running: BTreeMap<String, u32>,
+    pub(super) fair: BTreeSet<String>,
     pub(super) rates: BTreeMap<String, QueueRate>,
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
@@ -106,6 +107,7 @@ impl Default for WorkerConfig {
             retention: Some(super::DEFAULT_RETENTION),
             max_running: BTreeMap::new(),
             per_key_max_running: BTreeMap::new(),
+            fair: BTreeSet::new(),
             rates: BTreeMap::new(),
             free_slot_on_return: None,
             result_batches_in_flight: None,
@@ -272,6 +274,31 @@ impl WorkerConfig {
     /// ```
     pub fn per_key_max_running(mut self, queue: impl Into<String>, max: u32) -> Self {
         self.per_key_max_running.insert(queue.into(), max);
+        self
+    }
+
+    /// Claim `queue`'s tasks fairly across concurrency keys
+    /// ([`TaskBuilder::concurrency_key`](super::TaskBuilder::concurrency_key)):
+    /// instead of strict `(priority, run_at, id)` order, each claim
+    /// interleaves the keys with due tasks (the tasks without a key are one
+    /// group of their own), the key with the fewest tasks running first,
+    /// ties taken round-robin, so one tenant's backlog does not hold back
+    /// another tenant's few tasks. Priority still wins across priorities,
+    /// and each key's own tasks keep their order. Decided atomically with
+    /// the claim, and combined with the caps and the rate limit. Every
+    /// worker serving the queue should declare it (a claimer without it
+    /// takes tasks in order). Fair queues never prefetch (a buffer would
+    /// hold one key's tasks ahead of the others). Supported on SQLite and
+    /// PostgreSQL; a worker on another store refuses it at start (field
+    /// `fair`).
+    ///
+    /// ```
+    /// use baton::queue::WorkerConfig;
+    /// let cfg = WorkerConfig::default().queue("exports", 8).fair("exports");
+    /// assert!(cfg.fair_of("exports"));
+    /// ```
+    pub fn fair(mut self, queue: impl Into<String>) -> Self {
+        self.fair.insert(queue.into());
         self
     }
 
@@ -477,19 +504,27 @@ impl WorkerConfig {
         self.per_key_max_running.get(queue).copied()
     }
 
+    /// Whether `queue`'s claims are fair across concurrency keys
+    /// ([`fair`](Self::fair)).
+    pub fn fair_of(&self, queue: &str) -> bool {
+        self.fair.contains(queue)
+    }
+
     /// The rate limit of `queue`, if any: the shared limit's name (`None`:
     /// the queue's own) and the limit.
     pub fn rate_limit_of(&self, queue: &str) -> Option<(Option<&str>, RateLimit)> {
         self.rates.get(queue).map(|r| (r.name.as_deref(), r.limit))
     }
 
-    /// Whether claims of `queue` are capped (whole queue or per key) or
-    /// rated, so that a buffered task would hold a running place or have
-    /// been counted as started too early.
+    /// Whether claims of `queue` are capped (whole queue or per key),
+    /// rated or fair, so that a buffered task would hold a running place,
+    /// have been counted as started too early, or wait ahead of other
+    /// keys' tasks.
     pub(super) fn capped(&self, queue: &str) -> bool {
         self.max_running.contains_key(queue)
             || self.per_key_max_running.contains_key(queue)
             || self.rates.contains_key(queue)
+            || self.fair.contains(queue)
     }
 
     /// Check every field (queues, concurrency, caps, lease, intervals);
@@ -539,6 +574,19 @@ impl WorkerConfig {
                     ));
                 }
             }
+        }
+        if let Some(q) = self
+            .fair
+            .iter()
+            .find(|q| !self.queues.iter().any(|(served, _)| served == *q))
+        {
+            return Err(InvalidInput::new(
+                "fair",
+                format!(
+                    "queue {q:?}: this worker does not serve it; serve it with \
+                     .queue({q:?}, n) or drop the fair setting"
+                ),
+            ));
         }
         let mut shared: BTreeMap<&str, RateLimit> = BTreeMap::new();
         for (q, r) in &self.rates {

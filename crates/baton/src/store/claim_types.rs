@@ -43,6 +43,18 @@ pub struct TaskClaim<'a> {
     /// the rescue would fail it without a run. `0`: every task starts at
     /// once (no filter).
     pub buffered: u32,
+    /// Fair claiming across concurrency keys: instead of `(priority,
+    /// run_at, id)` order, the claim interleaves the groups of the queue's
+    /// due tasks (each concurrency key, and the tasks without a key as one
+    /// group): within a priority, the group with the fewest tasks running
+    /// (counting those this claim takes) first, ties round-robin from the
+    /// group the queue's previous fair claim served last. Priority still
+    /// wins across priorities; a group's own tasks keep their order. Its
+    /// reads scale with the number of groups with pending tasks, not with
+    /// any group's backlog. Decided atomically with the claim, like the
+    /// caps, which it honours. A backend without it refuses the claim
+    /// ([`StoreError::Config`](crate::StoreError::Config)).
+    pub fair: bool,
 }
 
 /// A claim under a rate limit ([`Backend::task_claim_rated`](super::Backend::task_claim_rated)):

@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod claim_types;
+pub(crate) mod fair;
 mod identity;
 mod inspect;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

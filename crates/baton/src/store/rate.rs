@@ -145,6 +145,7 @@ mod tests {
                 max_running: None,
                 per_key_max_running: None,
                 buffered,
+                fair: false,
             },
             name: None,
             max,

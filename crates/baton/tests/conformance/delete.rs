@@ -22,6 +22,7 @@ fn claim_req(queue: &str) -> TaskClaim<'_> {
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     }
 }
 

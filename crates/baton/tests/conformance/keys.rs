@@ -20,6 +20,17 @@ use crate::TestStore;
 const CAP: u32 = 2;
 
 async fn claim_keyed(store: &Store, queue: &str, worker: &str, limit: u32) -> Vec<Task> {
+    claim_capped(store, queue, worker, limit, false).await
+}
+
+/// A claim under the per-key cap [`CAP`], fair across keys or not.
+pub(crate) async fn claim_capped(
+    store: &Store,
+    queue: &str,
+    worker: &str,
+    limit: u32,
+    fair: bool,
+) -> Vec<Task> {
     store
         .backend()
         .task_claim(&TaskClaim {
@@ -30,6 +41,7 @@ async fn claim_keyed(store: &Store, queue: &str, worker: &str, limit: u32) -> Ve
             max_running: None,
             per_key_max_running: Some(CAP),
             buffered: 0,
+            fair,
         })
         .await
         .unwrap()
@@ -60,6 +72,12 @@ struct Seen {
 /// store had): the peak of every key is at most the cap, and the cap is
 /// reached; every task is claimed exactly once.
 pub async fn per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
+    per_key_cap_holds_under_racing_claimers(ts, false).await
+}
+
+/// The 16 racing claimers of [`per_key_cap_holds_under_16_racing_claimers`],
+/// fair across keys or not.
+pub(crate) async fn per_key_cap_holds_under_racing_claimers(ts: TestStore, fair: bool) {
     const KEYS: usize = 12;
     const PER_KEY: usize = 10;
     const FREE: usize = 20;
@@ -105,7 +123,7 @@ pub async fn per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
                     Instant::now() < deadline,
                     "the tasks were not all run in 60 s"
                 );
-                let got = claim_keyed(&store, "keys", &worker, 1 + c % 4).await;
+                let got = claim_capped(&store, "keys", &worker, 1 + c % 4, fair).await;
                 if got.is_empty() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
@@ -148,9 +166,13 @@ pub async fn per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
         assert_eq!(distinct.len(), total, "every task claimed");
         let over: Vec<_> = s.peak.iter().filter(|(_, p)| **p > CAP).collect();
         assert!(over.is_empty(), "keys over the cap of {CAP}: {over:?}");
+        // Fair claims spread the slots over the keys (the fewest running
+        // first), so a key's second place is taken only while every other
+        // group has one: how often a key reaches the cap then depends on
+        // timing, and only the bound is checked.
         let at_cap = s.peak.values().filter(|p| **p == CAP).count();
         assert!(
-            at_cap >= KEYS / 2,
+            fair || at_cap >= KEYS / 2,
             "the cap is reached, not undershot: peaks {:?}",
             s.peak
         );

@@ -16,6 +16,7 @@
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
 mod delete;
+mod fair;
 mod identity;
 mod idle;
 mod keys;
@@ -88,6 +89,10 @@ baton_testkit::per_backend! {
     keys::per_key_cap_holds_under_16_racing_claimers,
     keys::saturated_key_does_not_hold_back_other_keys,
     keys::workers_run_one_per_key_and_start_the_next_at_once,
+    fair::backlog_of_one_key_does_not_hold_back_the_others,
+    fair::fair_claim_keeps_priority_first,
+    fair::fair_claims_keep_the_per_key_cap_under_16_racing_claimers,
+    fair::fair_workers_run_a_small_key_past_a_backlog,
     rate::rate_limit_holds_in_every_window_under_racing_claimers,
     rate::shared_rate_limit_holds_across_two_queues,
     rate::workers_wait_for_the_next_allowed_start,

@@ -937,6 +937,7 @@ impl Real<'_> {
                         max_running: *cap,
                         per_key_max_running: None,
                         buffered: 0,
+                        fair: false,
                     })
                     .await
                     .map_err(|e| err("claim", e))?;

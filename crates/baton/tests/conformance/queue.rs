@@ -38,6 +38,7 @@ pub(crate) async fn claim(
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap()
@@ -150,6 +151,7 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
         max_running: None,
         per_key_max_running: None,
         buffered,
+        fair: false,
     };
     let claim_ids = |limit, buffered| {
         let store = ts.store.clone();
@@ -1647,6 +1649,7 @@ pub async fn paused_queue_gives_no_claims_while_others_do(ts: TestStore) {
             max_running: Some(5),
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();

@@ -48,6 +48,7 @@ fn rated<'a>(
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         },
         name,
         max: MAX,

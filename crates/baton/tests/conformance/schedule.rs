@@ -235,6 +235,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();
@@ -619,6 +620,7 @@ pub async fn run_and_skip_records(ts: TestStore) {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();
@@ -1234,6 +1236,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();

@@ -26,6 +26,7 @@ async fn claim(store: &Store, queue: &str) -> Vec<baton::store::Task> {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap()

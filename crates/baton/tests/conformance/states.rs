@@ -79,6 +79,7 @@ async fn claim_one(b: &dyn Backend, queue: &str, lease: Duration) -> Vec<baton::
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     })
     .await
     .unwrap()

@@ -121,6 +121,7 @@ pub async fn retry_written_elsewhere_starts_when_its_backoff_ends(ts: TestStore)
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         })
         .await
         .unwrap();

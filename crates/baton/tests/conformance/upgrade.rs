@@ -598,6 +598,7 @@ async fn mysql_versions(ts: TestStore) {
             max_running: None,
             per_key_max_running: None,
             buffered: 0,
+            fair: false,
         };
         assert!(ub.task_claim(&req).await.unwrap().is_empty(), "paused");
         q.resume("new").await.unwrap();
@@ -675,15 +676,17 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     if let Kind::Postgres = ts.kind {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
         // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
-        // the until-failed hold's column and unique predicate), on the
-        // upgraded store and on a fresh one.
-        assert_eq!(recorded_version(&ts, &p).await, 10);
+        // the until-failed hold's column and unique predicate, 11 fair
+        // claiming's `key_pending`), on the upgraded store and on a fresh
+        // one.
+        assert_eq!(recorded_version(&ts, &p).await, 11);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
                 [
                     "claim btree WHERE pending",
                     "job btree",
+                    "key_pending btree WHERE pending",
                     "pkey btree",
                     "prune btree",
                     "running btree WHERE running",
@@ -804,6 +807,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         max_running: None,
         per_key_max_running: None,
         buffered: 0,
+        fair: false,
     };
     let got = b.task_claim(&req).await.unwrap();
     let mut ids: Vec<i64> = got.iter().map(|t| t.id).collect();
@@ -1059,9 +1063,14 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
         async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
     };
     for round in 0..2 {
-        // Back to before the unique-scope step (the third to last on every
-        // store; rate limits' and the until-failed hold's came after it).
-        crate::harness::set_schema_version(&ts, &p, Some(expected - 3)).await;
+        // Back to before the unique-scope step (rate limits' and the
+        // until-failed hold's came after it on every store, and fair
+        // claiming's on SQLite and PostgreSQL).
+        let after_scope = match ts.kind {
+            Kind::Sqlite | Kind::Postgres => 4,
+            _ => 3,
+        };
+        crate::harness::set_schema_version(&ts, &p, Some(expected - after_scope)).await;
         let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
         assert_eq!(recorded_version(&ts, &p).await, expected, "round {round}");
         assert_eq!(
@@ -1168,7 +1177,13 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
         exec_sql(&ts, sql).await;
     }
     let expected = b.schema_status().await.unwrap().expected;
-    crate::harness::set_schema_version(&ts, &p, Some(expected - 1)).await;
+    // Back to before the hold's step (fair claiming's came after it on
+    // SQLite and PostgreSQL).
+    let after_hold = match ts.kind {
+        Kind::Sqlite | Kind::Postgres => 2,
+        _ => 1,
+    };
+    crate::harness::set_schema_version(&ts, &p, Some(expected - after_hold)).await;
     let opts = StoreOptions {
         prefix: Some(p.clone()),
         max_connections: 2,

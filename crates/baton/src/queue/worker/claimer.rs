@@ -145,6 +145,7 @@ pub(super) async fn claim_into(
                 max_running: shared.config.max_running.get(queue).copied(),
                 per_key_max_running: shared.config.per_key_max_running_of(queue),
                 buffered: u32::try_from(want.saturating_sub(free)).unwrap_or(u32::MAX),
+                fair: shared.config.fair_of(queue),
             };
             let sent = Instant::now();
             match claim(shared, req, rated.as_ref()).await {

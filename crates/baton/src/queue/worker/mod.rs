@@ -256,6 +256,19 @@ impl Worker {
         urgent: CancellationToken,
     ) -> Result<(), Error> {
         let kind = self.store.backend().kind();
+        if let Some(q) = self.config.fair.iter().next() {
+            if !crate::store::fair::FAIR_STORES.contains(&kind) {
+                return Err(crate::InvalidInput::new(
+                    "fair",
+                    format!(
+                        "queue {q:?}: fair claiming is not supported on the {kind} store yet \
+                         (only on {}); drop the fair setting",
+                        crate::store::fair::FAIR_STORES.join(" and ")
+                    ),
+                )
+                .into());
+            }
+        }
         self.config = std::mem::take(&mut self.config).with_store_defaults(kind);
         self.config.listening = self.store.backend().wakes_across_processes();
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -211,6 +211,9 @@ impl Backend for MyBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
+        if req.fair {
+            return Err(crate::store::fair::unsupported("mysql"));
+        }
         claim::task_claim(self, req).await
     }
 
@@ -218,6 +221,9 @@ impl Backend for MyBackend {
         &self,
         req: &crate::store::TaskClaimRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
+        if req.claim.fair {
+            return Err(crate::store::fair::unsupported("mysql"));
+        }
         claim::task_claim_rated(self, req).await
     }
 

@@ -54,6 +54,10 @@ impl PgBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
+        if req.fair {
+            self.lock_queue(tx, req.queue).await?;
+            return self.claim_fair(tx, req).await;
+        }
         let walk = claim_walk(req);
         let (max, per_key) = (req.max_running, req.per_key_max_running);
         let sql = match (max, per_key) {
@@ -72,16 +76,23 @@ impl PgBackend {
         if max.is_none() && per_key.is_none() {
             q = q.bind(i64::from(req.buffered));
         } else {
-            self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(format!("{}:{}", self.names.chan, req.queue))
-                .execute(&mut *tx)
-                .await?;
+            self.lock_queue(tx, req.queue).await?;
             q = q.bind(max.map(i64::from)).bind(i64::from(req.buffered));
             if let Some(per_key) = per_key {
                 q = q.bind(i64::from(per_key));
             }
         }
         claimed(&q.fetch_all(&mut *tx).await?)
+    }
+
+    /// Take the queue's advisory lock (transaction-scoped): capped and
+    /// fair claimers of a queue take turns on it.
+    async fn lock_queue(&self, tx: &mut sqlx::PgConnection, queue: &str) -> Result<(), StoreError> {
+        self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("{}:{}", self.names.chan, queue))
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
     }
 }
 
@@ -264,7 +275,7 @@ impl Backend for PgBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        if req.max_running.is_none() && req.per_key_max_running.is_none() {
+        if req.max_running.is_none() && req.per_key_max_running.is_none() && !req.fair {
             let walk = claim_walk(req);
             let rows = self
                 .q(self.sql.claim(walk, Cap::None))

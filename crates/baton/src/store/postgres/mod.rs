@@ -60,6 +60,7 @@ use crate::error::StoreError;
 mod advance;
 mod backend;
 mod exec;
+mod fair;
 mod listener;
 mod outbox;
 mod rows;

@@ -48,6 +48,9 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_rates,
     // 9 → 10: a third unique hold, `UntilFailed` (issue 29).
     upgrade_unique_until_failed,
+    // 10 → 11: fair claiming: each queue's rotation cursor and the index
+    // the fair claim finds each key's first pending task with.
+    upgrade_fair,
 ];
 
 /// The unique index's predicate before schema 10 (the base DDL creates it
@@ -68,6 +71,19 @@ fn upgrade_unique_until_failed(n: &Names) -> String {
          DROP INDEX IF EXISTS \"{p}tasks_unique\"; \
          CREATE UNIQUE INDEX IF NOT EXISTS \"{p}tasks_unique\" ON {t} (unique_key) \
              WHERE {UNIQUE_PRED};"
+    )
+}
+
+/// The fair claim (`store::fair`) walks the distinct keys of a queue's
+/// pending tasks and each key's first due one on this index, and keeps the
+/// group it served last in `queues.fair_cursor`.
+fn upgrade_fair(n: &Names) -> String {
+    let (p, t) = (&n.prefix, &n.tasks);
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS fair_cursor text; \
+         CREATE INDEX IF NOT EXISTS \"{p}tasks_key_pending\" \
+             ON {t} (queue, concurrency_key, priority, run_at, id) WHERE state = 'pending';",
+        n.queues
     )
 }
 

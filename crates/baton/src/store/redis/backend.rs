@@ -376,6 +376,9 @@ impl Backend for RedisBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
+        if req.fair {
+            return Err(crate::store::fair::unsupported("redis"));
+        }
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -384,6 +387,9 @@ impl Backend for RedisBackend {
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
+        if req.claim.fair {
+            return Err(crate::store::fair::unsupported("redis"));
+        }
         self.claim_rated(req).await
     }
 

@@ -253,6 +253,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
+        if req.fair {
+            let mut tx = self.immediate().await?;
+            let tasks = self.claim_fair(&mut tx, req).await?;
+            tx.commit().await?;
+            return Ok(tasks);
+        }
         self.claim_on(&*self.pool, req).await
     }
 
@@ -270,6 +276,7 @@ impl Backend for SqliteBackend {
         .await?;
         let log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
         let tasks = match rate::plan(req, &log, now_us) {
+            Some(claim) if claim.fair => self.claim_fair(&mut tx, &claim).await?,
             Some(claim) => self.claim_on(&mut *tx, &claim).await?,
             None => Vec::new(),
         };

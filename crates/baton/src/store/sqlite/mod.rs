@@ -39,6 +39,7 @@ use crate::error::StoreError;
 
 mod advance;
 mod backend;
+mod fair;
 mod outbox;
 mod rows;
 mod schema;

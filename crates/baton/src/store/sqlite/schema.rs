@@ -145,6 +145,9 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_rates,
     // 8 → 9: a third unique hold, `UntilFailed` (issue 29).
     upgrade_unique_until_failed,
+    // 9 → 10: fair claiming: each queue's rotation cursor and the index
+    // the fair claim finds each key's first pending task with.
+    upgrade_fair,
 ];
 
 /// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):
@@ -163,6 +166,25 @@ fn upgrade_unique_until_failed(t: &Tables) -> Vec<Ddl> {
         Ddl::Sql(format!(
             "CREATE UNIQUE INDEX IF NOT EXISTS {unique_idx} ON {} (unique_key) \
              WHERE unique_key IS NOT NULL AND {KEY_TAKEN}",
+            t.tasks
+        )),
+    ]
+}
+
+/// The fair claim (`store::fair`) walks the distinct keys of a queue's
+/// pending tasks and each key's first due one on this index, and keeps the
+/// group it served last in `queues.fair_cursor`.
+fn upgrade_fair(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}queues", t.prefix),
+            column: "fair_cursor",
+            decl: "TEXT",
+        },
+        Ddl::Sql(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (queue, concurrency_key, priority, run_at, id) \
+             WHERE state = 'pending'",
+            t.index("tasks_key_pending"),
             t.tasks
         )),
     ]

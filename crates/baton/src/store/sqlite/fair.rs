@@ -1,0 +1,183 @@
+//! The fair claim of the SQLite backend (`TaskClaim::fair`, planned by
+//! `store::fair`): inside one `BEGIN IMMEDIATE` transaction (so no other
+//! claim interleaves), it reads the queue's paused flag and cursor, its
+//! running tasks per key, its best due priority, the heads of the group
+//! without a key and of the keys running, the other keys' heads in
+//! rotation order until enough are found (`fair::KeyWalk`: a loose index
+//! scan over the distinct keys of the pending tasks, on
+//! `tasks_key_pending`), the first tasks of the chosen keys, then claims
+//! the planned ones and moves the cursor.
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row;
+
+use super::{SqliteBackend, NOW, NOW_US};
+use crate::error::StoreError;
+use crate::store::fair::{self, Candidate, Head, KeyWalk, Running};
+use crate::store::sql_row::{claimed_task, CLAIM_COLS};
+use crate::store::{ms, Task, TaskClaim};
+
+impl SqliteBackend {
+    /// A fair claim on `tx`, a connection inside `BEGIN IMMEDIATE`.
+    pub(super) async fn claim_fair(
+        &self,
+        tx: &mut SqliteConnection,
+        req: &TaskClaim<'_>,
+    ) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (t, q) = (&self.t.tasks, &self.t.queues);
+        let queue_row = sqlx::query(&format!(
+            "SELECT paused, fair_cursor FROM {q} WHERE name = ?1"
+        ))
+        .bind(req.queue)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let cursor: Option<String> = match queue_row {
+            Some(row) if row.try_get::<bool, _>(0)? => return Ok(Vec::new()),
+            Some(row) => row.try_get(1)?,
+            None => None,
+        };
+        let running = Running::from_rows(
+            sqlx::query(&format!(
+                "SELECT concurrency_key, count(*) FROM {t} \
+                 WHERE state = 'running' AND queue = ?1 GROUP BY concurrency_key"
+            ))
+            .bind(req.queue)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?,
+        );
+        let due = format!(
+            "state = 'pending' AND queue = ?1 AND run_at <= {NOW} AND NOT cancel_requested"
+        );
+        // Within one group (an equality on the key), the order of the
+        // index `tasks_key_pending`, spelled with the key so the planner
+        // walks that index.
+        let order = "ORDER BY concurrency_key, priority, run_at, id";
+        let head = format!(
+            "(SELECT priority FROM {t} WHERE {due} AND concurrency_key = k.k {order} LIMIT 1)"
+        );
+        // The queue's best due priority (on the claim index).
+        let best: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT priority FROM {t} WHERE {due} ORDER BY priority, run_at, id LIMIT 1"
+        ))
+        .bind(req.queue)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(best) = best else {
+            return Ok(Vec::new());
+        };
+        // The heads of the group without a key and of the keys with
+        // running tasks; the other keys' heads come from the walk below.
+        let mut heads: Vec<Head> = sqlx::query(&format!(
+            "SELECT NULL, (SELECT priority FROM {t} WHERE {due} AND concurrency_key IS NULL \
+                 {order} LIMIT 1) \
+             UNION ALL \
+             SELECT k.k, {head} FROM (SELECT DISTINCT concurrency_key AS k FROM {t} \
+                 WHERE state = 'running' AND queue = ?1 AND concurrency_key IS NOT NULL) AS k"
+        ))
+        .bind(req.queue)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .filter_map(|r| match r.try_get::<Option<i32>, _>(1) {
+            Ok(Some(priority)) => Some(r.try_get(0).map(|key| Head { key, priority })),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+        // The keys in rotation order, a page at a time (a loose index scan
+        // over the distinct keys of the pending tasks, on
+        // `tasks_key_pending`), until enough are found.
+        let page = format!(
+            "WITH RECURSIVE k(k, n) AS ( \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' AND queue = ?1 \
+                     AND concurrency_key > ?2 ORDER BY concurrency_key LIMIT 1), 1 \
+                 UNION ALL \
+                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
+                         AND queue = ?1 AND concurrency_key > k.k \
+                         ORDER BY concurrency_key LIMIT 1), n + 1 \
+                 FROM k WHERE k.k IS NOT NULL AND n < ?3) \
+             SELECT k.k, {head} FROM k WHERE k.k IS NOT NULL ORDER BY n"
+        );
+        let mut walk = KeyWalk::new(req, &running, cursor.as_deref(), best, &heads);
+        while let Some((from, n, wrap)) = walk.next_page() {
+            let mut read = async |from: &str, n: u32| -> Result<Vec<_>, StoreError> {
+                if n == 0 {
+                    return Ok(Vec::new());
+                }
+                sqlx::query(&page)
+                    .bind(req.queue)
+                    .bind(from)
+                    .bind(i64::from(n))
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                    .collect()
+            };
+            let after = read(from, n).await?;
+            let first = read(fair::NO_KEY, wrap).await?;
+            walk.take(after, first, &mut heads, &running);
+        }
+        let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
+        let mut candidates = Vec::new();
+        for c in &chosen {
+            let group = if c.key.is_some() {
+                "concurrency_key = ?2"
+            } else {
+                "concurrency_key IS NULL"
+            };
+            let rows = sqlx::query(&format!(
+                "SELECT id, concurrency_key, priority, attempt, max_attempts FROM {t} \
+                 WHERE {due} AND {group} {order} LIMIT ?3"
+            ))
+            .bind(req.queue)
+            .bind(c.key.as_deref())
+            .bind(i64::from(c.take))
+            .fetch_all(&mut *tx)
+            .await?;
+            for r in &rows {
+                candidates.push(Candidate {
+                    id: r.try_get(0)?,
+                    key: r.try_get(1)?,
+                    priority: r.try_get(2)?,
+                    attempt: r.try_get(3)?,
+                    max_attempts: r.try_get(4)?,
+                });
+            }
+        }
+        let plan = fair::pick(req, &candidates, &running, cursor.as_deref());
+        let Some(cursor) = plan.cursor else {
+            return Ok(Vec::new());
+        };
+        let ids = serde_json::Value::from(plan.ids.clone()).to_string();
+        let rows = sqlx::query(&format!(
+            "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+                 started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+                 claim_token = MAX(claim_token + 1, {NOW_US}) \
+             WHERE id IN (SELECT value FROM json_each(?4)) AND state = 'pending' AND queue = ?1 \
+             RETURNING {CLAIM_COLS}"
+        ))
+        .bind(req.queue)
+        .bind(req.worker)
+        .bind(ms(req.lease))
+        .bind(ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "INSERT INTO {q} (name, fair_cursor) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor"
+        ))
+        .bind(req.queue)
+        .bind(cursor)
+        .execute(&mut *tx)
+        .await?;
+        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
+        Ok(fair::in_plan_order(tasks, &plan.ids))
+    }
+}
