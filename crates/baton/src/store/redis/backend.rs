@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use super::decode::{parse_i64, parse_u64, push_task_args, task_info};
 use super::schema::LOCK_INDEX;
-use super::{jobs, listener, schema, RedisBackend};
+use super::{forget, jobs, listener, schema, RedisBackend};
 use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
 use crate::error::StoreError;
 use crate::store::SchemaStatus;
@@ -622,42 +622,11 @@ impl Backend for RedisBackend {
     }
 
     async fn task_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let mut total = 0u64;
-        for queue in self.queues().await? {
-            loop {
-                let (n, examined, gone): (i64, i64, Vec<i64>) = self
-                    .qs(&queue, &self.scripts.prune, sargs![ms(older_than), BATCH])
-                    .await?;
-                total += n.max(0) as u64;
-                // The pruned ids leave the id index (a failure leaves
-                // entries pointing at tasks that are gone: harmless).
-                self.unreserve(&gone).await;
-                if (examined as usize) < BATCH {
-                    break;
-                }
-            }
-        }
-        Ok(total)
+        forget::prune_many(self, older_than).await
     }
 
     async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
-        // One script per queue (a queue's keys share its hash tag).
-        let mut by_queue: HashMap<String, Vec<i64>> = HashMap::new();
-        for &id in ids {
-            if let Some(q) = self.queue_of(id).await? {
-                by_queue.entry(q).or_default().push(id);
-            }
-        }
-        let mut gone = Vec::new();
-        for (queue, ids) in by_queue {
-            for chunk in ids.chunks(BATCH) {
-                let args = chunk.iter().map(i64::to_string).collect();
-                let deleted: Vec<i64> = self.qs(&queue, &self.scripts.delete, args).await?;
-                self.unreserve(&deleted).await;
-                gone.extend(deleted);
-            }
-        }
-        Ok(gone)
+        forget::delete_many(self, ids).await
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {

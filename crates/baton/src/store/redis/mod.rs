@@ -176,6 +176,7 @@ mod claim;
 mod cluster;
 mod conn;
 mod decode;
+mod forget;
 mod jobs;
 mod listener;
 mod schema;
