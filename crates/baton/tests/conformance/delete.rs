@@ -9,22 +9,9 @@ use std::time::Duration;
 use baton::queue::{DeleteOutcome, Queue, TaskBuilder};
 use baton::schedule::spec::Schedule;
 use baton::schedule::{trigger, Job};
-use baton::store::{Finish, JobRegister, TaskClaim, TaskFilter, TaskState};
+use baton::store::{Finish, JobRegister, TaskFilter, TaskState};
 
 use crate::TestStore;
-
-fn claim_req(queue: &str) -> TaskClaim<'_> {
-    TaskClaim {
-        queue,
-        worker: "w",
-        limit: 10,
-        lease: Duration::from_secs(30),
-        max_running: None,
-        per_key_max_running: None,
-        buffered: 0,
-        fair: false,
-    }
-}
 
 pub async fn delete_takes_what_is_not_running(ts: TestStore) {
     let b = ts.store.backend();
@@ -42,7 +29,7 @@ pub async fn delete_takes_what_is_not_running(ts: TestStore) {
     assert_eq!(q.delete(pending).await.unwrap(), DeleteOutcome::NotFound);
 
     // Running: left alone, by the operation and by the seam.
-    let running = b.task_claim(&claim_req("del")).await.unwrap();
+    let running = crate::queue::claim(&ts.store, "del", 10, 30_000).await;
     assert_eq!(running.len(), 1);
     let r = running[0].id;
     assert_eq!(q.delete(r).await.unwrap(), DeleteOutcome::Running);
