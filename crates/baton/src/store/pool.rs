@@ -62,6 +62,8 @@ impl Store {
     pub async fn from_pg_pool(pool: PgPool, opts: StoreOptions) -> Result<Store, StoreError> {
         let url = redacted_url!("postgres", pool);
         opts.check(true, "a PostgreSQL pool")?;
+        #[cfg(feature = "test-clock")]
+        super::postgres::create_test_clock(&pool, opts.prefix.as_deref()).await;
         let backend = super::postgres::from_pool(pool, &opts)?;
         Store::wrap(backend, url, &opts).await
     }
@@ -94,6 +96,8 @@ impl Store {
             pool.connect_options().get_filename().display()
         );
         opts.check(false, "an SQLite pool")?;
+        #[cfg(feature = "test-clock")]
+        super::sqlite::create_test_clock(&pool).await;
         let backend = super::sqlite::SqliteBackend::from_pool(pool, opts.prefix.as_deref())?;
         Store::wrap(Arc::new(backend), url, &opts).await
     }
@@ -125,6 +129,14 @@ impl Store {
     pub async fn from_mysql_pool(pool: MySqlPool, opts: StoreOptions) -> Result<Store, StoreError> {
         let url = redacted_url!("mysql", pool);
         opts.check(false, "a MySQL pool")?;
+        #[cfg(feature = "test-clock")]
+        super::mysql::create_test_clock(
+            &pool,
+            opts.prefix
+                .as_deref()
+                .unwrap_or(super::mysql::DEFAULT_PREFIX),
+        )
+        .await;
         let backend = super::mysql::from_pool(pool, opts.prefix.as_deref())?;
         Store::wrap(backend, url, &opts).await
     }

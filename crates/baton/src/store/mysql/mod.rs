@@ -69,7 +69,7 @@ mod tasks;
 pub use tasks::enqueue_in;
 
 /// The default table prefix.
-const DEFAULT_PREFIX: &str = "baton_";
+pub(crate) const DEFAULT_PREFIX: &str = "baton_";
 
 /// Durations are clamped to this (about 100 years) so `now + d` stays in
 /// the `DATETIME` range.
@@ -95,7 +95,7 @@ fn now_sql(prefix: &str) -> String {
 /// (feature `test-clock`). A failure (a read-only server) is left to the
 /// first statement that reads the clock.
 #[cfg(feature = "test-clock")]
-async fn create_test_clock(pool: &MySqlPool, prefix: &str) {
+pub(crate) async fn create_test_clock(pool: &MySqlPool, prefix: &str) {
     let t = format!("`test_clock_{prefix}`");
     let sql = format!(
         "CREATE TABLE IF NOT EXISTS {t} (offset_us BIGINT NOT NULL); \

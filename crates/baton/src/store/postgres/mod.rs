@@ -474,6 +474,13 @@ impl PgBackend {
 /// baton's `statement_timeout` is not set on them (every call is still
 /// bounded on the client). Wake-ups listen on a connection of their own,
 /// opened with the pool's connect options.
+/// Create the test clock's table for a pool the application gave (feature
+/// `test-clock`; [`connect`] does it for its own pool).
+#[cfg(feature = "test-clock")]
+pub(crate) async fn create_test_clock(pool: &PgPool, prefix: Option<&str>) {
+    test_clock::create(pool, &Names::new(prefix).prefix).await;
+}
+
 pub(crate) fn from_pool(
     pool: PgPool,
     opts: &crate::StoreOptions,

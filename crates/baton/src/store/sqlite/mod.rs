@@ -81,7 +81,7 @@ const TEST_CLOCK: &str =
 /// `test-clock`). A failure (a read-only file) is left to the first
 /// statement that reads the clock.
 #[cfg(feature = "test-clock")]
-async fn create_test_clock(pool: &SqlitePool) {
+pub(crate) async fn create_test_clock(pool: &SqlitePool) {
     if let Err(e) = sqlx::raw_sql(TEST_CLOCK).execute(pool).await {
         tracing::debug!(error = %e, "creating the test clock's table");
     }
