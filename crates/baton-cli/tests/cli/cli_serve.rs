@@ -139,13 +139,31 @@ async fn instances_killed_at_random_still_once_per_slot(e: Env) {
         kids[i] = serve(&e, TICK, &[]);
     }
     stop(kids);
-    // Killed workers' tasks are rescued after their 3 s lease: give them time.
+    // A survivor runs on; the job is paused cluster-wide so it drains what
+    // is queued, and killed workers' tasks are rescued after their 3 s
+    // lease (at the survivor's first rescue, a few seconds after it
+    // starts): wait until no run is left unfinished.
     let survivor = vec![serve(&e, TICK, &[])];
-    std::thread::sleep(Duration::from_secs(5));
-    // Pause the job cluster-wide so the survivor drains what is queued.
+    std::thread::sleep(Duration::from_secs(2));
     let out = e.run(&["jobs", "pause", "tick"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    std::thread::sleep(Duration::from_secs(2));
+    let unfinished = || -> usize {
+        ["running", "pending"]
+            .iter()
+            .map(|st| {
+                let out = e.run(&[
+                    "tasks", "list", "--job", "tick", "--state", st, "--limit", "1000", "--json",
+                ]);
+                serde_json::from_str::<serde_json::Value>(&stdout(&out))
+                    .ok()
+                    .and_then(|v| v.as_array().map(Vec::len))
+                    .unwrap_or(usize::MAX)
+            })
+            .sum()
+    };
+    common::wait_for(30, "the survivor to finish every unfinished run", || {
+        unfinished() == 0
+    });
     stop(survivor);
     let m = ledger(&e);
     // A killed worker's command may have written its line and died before
