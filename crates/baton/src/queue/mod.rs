@@ -609,8 +609,6 @@ impl Queue {
     /// operator's bulk delete: show the count with
     /// [`tasks_all`](Queue::tasks_all) first.
     pub async fn delete_finished(&self, filter: &TaskFilter) -> Result<Vec<i64>, Error> {
-        let b = self.store.backend();
-        let mut gone = Vec::new();
         let ids: Vec<i64> = self
             .tasks_all(filter)
             .await?
@@ -618,6 +616,16 @@ impl Queue {
             .filter(|t| t.state.is_terminal())
             .map(|t| t.id)
             .collect();
+        self.delete_finished_ids(&ids).await
+    }
+
+    /// Delete those of `ids` that are finished (succeeded, failed or
+    /// cancelled), as [`delete`](Queue::delete) deletes one, in batches;
+    /// the ids deleted. Pending and running tasks and unknown ids are left
+    /// alone.
+    pub async fn delete_finished_ids(&self, ids: &[i64]) -> Result<Vec<i64>, Error> {
+        let b = self.store.backend();
+        let mut gone = Vec::new();
         for chunk in ids.chunks(500) {
             gone.extend(b.task_delete_many(chunk).await?);
         }

@@ -385,10 +385,7 @@ pub async fn delete_finished(Extract(state): S, Body(b): Body<BulkDeleteBody>) -
             json!({"dry_run": true, "matched": matched.len(), "deleted": 0}),
         ));
     }
-    let mut deleted = 0usize;
-    for chunk in matched.chunks(500) {
-        deleted += state.store.backend().task_delete_many(chunk).await?.len();
-    }
+    let deleted = q.delete_finished_ids(&matched).await?.len();
     Ok(Json(
         json!({"dry_run": false, "matched": matched.len(), "deleted": deleted}),
     ))
