@@ -6,8 +6,6 @@
 
 use crate::common;
 
-use std::process::Stdio;
-
 use common::{signal, stderr, stdout, wait_for, Env};
 
 /// Enqueue a command that exits 3 (one attempt) and one that succeeds,
@@ -154,6 +152,26 @@ async fn json_logs_are_one_object_per_line() {
     );
 }
 
+/// Run `baton serve --config baton.toml` with JSON logs at info, its
+/// stdout and stderr into one file (as a container runtime collects them),
+/// until `done` holds for that file's text; stop it and return the text.
+fn serve_json_until(e: &Env, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let log = e.path("serve.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut kid = e
+        .cmd(&["serve", "--config", "baton.toml", "--shutdown-grace", "1s"])
+        .env("BATON_LOG", "info")
+        .env("BATON_LOG_FORMAT", "json")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .expect("baton serve starts");
+    wait_for(20, what, || done(&common::read(&log)));
+    signal(&kid, libc::SIGTERM);
+    let _ = kid.wait();
+    common::read(&log)
+}
+
 /// A slot in a log line is written as every command prints a time (RFC
 /// 3339, UTC, milliseconds, `Z`; `baton::format_time`), never chrono's
 /// `2026-01-31 06:00:00 UTC`, and names the same instant the command got
@@ -176,22 +194,9 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
 "#,
     )
     .unwrap();
-    let log = e.path("serve.log");
-    let mut kid = e
-        .cmd(&["serve", "--config", "baton.toml", "--shutdown-grace", "1s"])
-        .env("BATON_LOG", "info")
-        .env("BATON_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("baton serve starts");
-    wait_for(20, "a slot enqueued and run", || {
-        common::read(&log).contains("slot enqueued")
-            && !common::read(&e.path("ledger")).trim().is_empty()
+    let text = serve_json_until(&e, "a slot enqueued and run", |log| {
+        log.contains("slot enqueued") && !common::read(&e.path("ledger")).trim().is_empty()
     });
-    signal(&kid, libc::SIGTERM);
-    let _ = kid.wait();
-    let text = common::read(&log);
     let slots: Vec<String> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -241,22 +246,9 @@ command = ["sh", "-c", "echo syncing; exit 4"]
 "#,
     )
     .unwrap();
-    let log = e.path("serve.log");
-    let file = std::fs::File::create(&log).unwrap();
-    let mut kid = e
-        .cmd(&["serve", "--config", "baton.toml", "--shutdown-grace", "1s"])
-        .env("BATON_LOG", "info")
-        .env("BATON_LOG_FORMAT", "json")
-        .stdout(file.try_clone().unwrap())
-        .stderr(file)
-        .spawn()
-        .expect("baton serve starts");
-    wait_for(20, "a lock-mode run to end", || {
-        common::read(&log).contains("run ended")
+    let text = serve_json_until(&e, "a lock-mode run to end", |log| {
+        log.contains("run ended")
     });
-    signal(&kid, libc::SIGTERM);
-    let _ = kid.wait();
-    let text = common::read(&log);
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
