@@ -643,8 +643,10 @@ impl Queue {
         Ok(self.store.backend().task_get(id).await?)
     }
 
-    /// A page of tasks, newest first.
+    /// A page of tasks, newest first; the filter's search terms are
+    /// checked first ([`TaskFilter::validate`]).
     pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, Error> {
+        filter.validate()?;
         Ok(self.store.backend().task_list(filter).await?)
     }
 

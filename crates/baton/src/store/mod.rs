@@ -62,6 +62,7 @@ pub(crate) mod sql_row;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod state;
+pub(crate) mod task_search;
 mod types;
 mod unique_key;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -77,6 +78,7 @@ pub use params::*;
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
 pub use slot_key::{is_slot_key, slot_key};
 pub use state::{Transition, TRANSITIONS};
+pub use task_search::MAX_SEARCH_TEXT;
 pub use types::*;
 pub use unique_key::{
     args_hash, canonical_json, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod, UniqueScope,

@@ -433,6 +433,19 @@ pub struct TaskFilter {
     pub state: Option<TaskState>,
     /// Only this job's tasks.
     pub job: Option<String>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only tasks with this key: a unique key (the caller's key, whatever
+    /// its scope, or a slot key) or a concurrency key.
+    pub key: Option<String>,
+    /// Only tasks whose payload's JSON text contains this text (search a
+    /// value, e.g. `alice@example.com`; how a store spaces its JSON
+    /// differs, so not a `"field": value` fragment).
+    pub text: Option<String>,
+    /// Only tasks enqueued at or after this instant.
+    pub created_from: Option<DateTime<Utc>>,
+    /// Only tasks enqueued before this instant.
+    pub created_to: Option<DateTime<Utc>>,
     /// Only ids below this one (the previous page's last id).
     pub before_id: Option<i64>,
     /// Page size (0 means 100).

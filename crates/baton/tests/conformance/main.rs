@@ -26,6 +26,7 @@ mod overlap;
 mod queue;
 mod rate;
 mod schedule;
+mod search;
 mod snooze;
 mod states;
 mod timing;
@@ -84,6 +85,8 @@ baton_testkit::per_backend! {
     queue::prefetched_tasks_heartbeated_handed_back_run_once,
     queue::prefetch_never_holds_a_last_attempt,
     queue::inspect_list_stats_prune,
+    search::search_by_kind_key_text_and_time,
+    search::bad_search_terms_are_refused_by_name,
     queue::worker_counters_count_outcomes,
     queue::max_running_caps_the_whole_cluster,
     keys::per_key_cap_holds_under_16_racing_claimers,

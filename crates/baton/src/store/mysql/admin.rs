@@ -7,6 +7,7 @@ use super::rows::attempt_of;
 use super::{marks, MyBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::{self, task_info, SqlRow, TASK_COLS};
+use crate::store::task_search::{self, SearchArg, SearchDialect};
 use crate::store::{QueueStats, Rescued, TaskFilter, TaskInfo, Wake, LEASE_EXPIRED};
 
 /// Expired leases rescued per transaction.
@@ -108,34 +109,36 @@ pub(super) async fn task_retry(b: &MyBackend, id: i64) -> Result<bool, StoreErro
     Ok(true)
 }
 
+/// MySQL's spelling of a task search (the payload as its JSON text).
+struct Search;
+
+impl SearchDialect for Search {
+    fn ph(_: usize) -> String {
+        "?".into()
+    }
+    fn contains(col: &str, p: &str) -> String {
+        format!("LOCATE({p}, CAST({col} AS CHAR)) > 0")
+    }
+    fn ends_with(col: &str, p: &str, q: &str) -> String {
+        format!("RIGHT({col}, LENGTH({p})) = {q}")
+    }
+}
+
 /// A page of tasks, or (with `id`) the one task.
 pub(super) async fn task_list(
     b: &MyBackend,
     filter: &TaskFilter,
     id: Option<i64>,
 ) -> Result<Vec<TaskInfo>, StoreError> {
-    let mut conds: Vec<&str> = Vec::new();
+    let (mut wh, args) = task_search::where_clause::<Search>(filter);
     if id.is_some() {
-        conds.push("id = ?");
+        wh = if wh.is_empty() {
+            "WHERE id = ?".into()
+        } else {
+            format!("WHERE id = ? AND {}", &wh["WHERE ".len()..])
+        };
     }
-    if filter.queue.is_some() {
-        conds.push("queue = ?");
-    }
-    if filter.state.is_some() {
-        conds.push("state = ?");
-    }
-    if filter.job.is_some() {
-        conds.push("job = ?");
-    }
-    if filter.before_id.is_some() {
-        conds.push("id < ?");
-    }
-    let wh = if conds.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", conds.join(" AND "))
-    };
-    let limit = if filter.limit == 0 { 100 } else { filter.limit };
+    let limit = task_search::page_size(filter);
     let sql = format!(
         "SELECT {TASK_COLS} FROM {} {wh} ORDER BY id DESC LIMIT {limit}",
         b.names.tasks
@@ -144,17 +147,12 @@ pub(super) async fn task_list(
     if let Some(id) = id {
         q = q.bind(id);
     }
-    if let Some(v) = &filter.queue {
-        q = q.bind(v.as_str());
-    }
-    if let Some(v) = filter.state {
-        q = q.bind(v.as_str());
-    }
-    if let Some(v) = &filter.job {
-        q = q.bind(v.as_str());
-    }
-    if let Some(v) = filter.before_id {
-        q = q.bind(v);
+    for a in args {
+        q = match a {
+            SearchArg::Text(v) => q.bind(v),
+            SearchArg::Int(v) => q.bind(v),
+            SearchArg::Time(t) => q.bind(t),
+        };
     }
     let rows = q.fetch_all(&b.pool).await?;
     rows.iter().map(task_info).collect()

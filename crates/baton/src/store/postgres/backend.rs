@@ -17,13 +17,29 @@ use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
     claimed_task, job_state, lock_info, queue_stats, task_info, token_arg, token_of, SqlRow,
 };
+use crate::store::task_search::{self, SearchArg, SearchDialect};
 use crate::store::SchemaStatus;
 use crate::store::{
     Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat, JobAdvance,
     JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim, TaskFilter,
-    TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
+    TaskInfo, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
 use crate::store::{RatedClaim, TaskClaimRated};
+
+/// PostgreSQL's spelling of a task search (the payload as its JSON text).
+struct Search;
+
+impl SearchDialect for Search {
+    fn ph(n: usize) -> String {
+        format!("${n}")
+    }
+    fn contains(col: &str, p: &str) -> String {
+        format!("strpos({col}::text, {p}) > 0")
+    }
+    fn ends_with(col: &str, p: &str, q: &str) -> String {
+        format!("right({col}, length({p})) = {q}")
+    }
+}
 use sqlx::postgres::PgRow;
 
 /// The locking walk's bound: with a buffer share it may step over as many
@@ -484,16 +500,18 @@ impl Backend for PgBackend {
     }
 
     async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
-        let limit = if filter.limit == 0 { 100 } else { filter.limit };
-        let rows = self
-            .q(&self.sql.tasks)
-            .bind(filter.queue.as_deref())
-            .bind(filter.state.map(TaskState::as_str))
-            .bind(filter.job.as_deref())
-            .bind(filter.before_id)
-            .bind(i64::from(limit))
-            .fetch_all(self.exec())
-            .await?;
+        let (where_, args) = task_search::where_clause::<Search>(filter);
+        let limit = task_search::page_size(filter);
+        let sql = format!("{} {where_} ORDER BY id DESC LIMIT {limit}", self.sql.tasks);
+        let mut q = self.q(&sql);
+        for a in args {
+            q = match a {
+                SearchArg::Text(v) => q.bind(v),
+                SearchArg::Int(v) => q.bind(v),
+                SearchArg::Time(t) => q.bind(t),
+            };
+        }
+        let rows = q.fetch_all(self.exec()).await?;
         rows.iter().map(task_info).collect()
     }
 

@@ -67,7 +67,7 @@ pub(super) struct Sql {
     pub retry: String,
     /// `$1` id → [`TASK_COLS`].
     pub task: String,
-    /// `$1` queue, `$2` state, `$3` job, `$4` before id, `$5` limit.
+    /// The task columns, for a search to add its `WHERE` and page to.
     pub tasks: String,
     /// Per queue: counts per state and the oldest due pending age.
     pub stats: String,
@@ -263,12 +263,7 @@ impl Sql {
                  SELECT id FROM u, LATERAL (SELECT pg_notify($2, u.queue)) AS n"
             ),
             task: format!("SELECT {TASK_COLS} FROM {t} WHERE id = $1"),
-            tasks: format!(
-                "SELECT {TASK_COLS} FROM {t} \
-                 WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
-                   AND ($3::text IS NULL OR job = $3) AND ($4::int8 IS NULL OR id < $4) \
-                 ORDER BY id DESC LIMIT $5"
-            ),
+            tasks: format!("SELECT {TASK_COLS} FROM {t}"),
             stats: format!(
                 "SELECT queue, \
                      count(*) FILTER (WHERE state = 'pending') AS pending, \

@@ -688,6 +688,10 @@ impl RedisBackend {
     ) -> Result<Vec<TaskInfo>, StoreError> {
         let state = filter.state.map(|s| s.as_str()).unwrap_or("");
         let job = opt_arg(filter.job.as_deref());
+        let ms_arg = |t: Option<chrono::DateTime<chrono::Utc>>| {
+            t.map(|t| t.timestamp_millis().to_string())
+                .unwrap_or_default()
+        };
         let mut before = filter.before_id.map(|b| b.to_string()).unwrap_or_default();
         let mut out = Vec::new();
         loop {
@@ -696,7 +700,19 @@ impl RedisBackend {
                 .qs(
                     queue,
                     &self.scripts.list,
-                    sargs![before, want, state, opt_arg(Some(queue)), job, LIST_SCAN],
+                    sargs![
+                        before,
+                        want,
+                        state,
+                        opt_arg(Some(queue)),
+                        job,
+                        LIST_SCAN,
+                        opt_arg(filter.kind.as_deref()),
+                        opt_arg(filter.key.as_deref()),
+                        opt_arg(filter.text.as_deref()),
+                        ms_arg(filter.created_from),
+                        ms_arg(filter.created_to)
+                    ],
                 )
                 .await?;
             for m in &maps {

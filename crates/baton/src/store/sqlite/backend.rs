@@ -18,6 +18,7 @@ use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
     claimed_task, corrupt, count_of, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
 };
+use crate::store::task_search::{self, SearchArg, SearchDialect};
 use crate::store::SchemaStatus;
 use crate::store::{
     from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat,
@@ -25,6 +26,21 @@ use crate::store::{
     TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
 use crate::store::{RatedClaim, TaskClaimRated};
+
+/// SQLite's spelling of a task search.
+struct Search;
+
+impl SearchDialect for Search {
+    fn ph(n: usize) -> String {
+        format!("?{n}")
+    }
+    fn contains(col: &str, p: &str) -> String {
+        format!("instr({col}, {p}) > 0")
+    }
+    fn ends_with(col: &str, p: &str, q: &str) -> String {
+        format!("substr({col}, -length({p})) = {q}")
+    }
+}
 
 impl SqliteBackend {
     /// The claim's one statement, on the pool or inside a transaction.
@@ -499,41 +515,25 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_list(&self, filter: &TaskFilter) -> Result<Vec<TaskInfo>, StoreError> {
-        // Only the conditions asked for, so the planner sees plain terms.
-        let mut conds: Vec<&str> = Vec::new();
-        if filter.queue.is_some() {
-            conds.push("queue = ?1");
-        }
-        if filter.state.is_some() {
-            conds.push("state = ?2");
-        }
-        if filter.job.is_some() {
-            conds.push("job = ?3");
-        }
-        if filter.before_id.is_some() {
-            conds.push("id < ?4");
-        }
-        let where_ = if conds.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conds.join(" AND "))
-        };
-        let limit = if filter.limit == 0 { 100 } else { filter.limit };
-        // Every parameter is bound (unused ones are harmless) so the numbers
-        // stay fixed; the limit is a literal.
-        sqlx::query(&format!(
+        let (where_, args) = task_search::where_clause::<Search>(filter);
+        let limit = task_search::page_size(filter);
+        let sql = format!(
             "{} {where_} ORDER BY id DESC LIMIT {limit}",
             self.sql.tasks_select
-        ))
-        .bind(filter.queue.as_deref())
-        .bind(filter.state.map(TaskState::as_str))
-        .bind(filter.job.as_deref())
-        .bind(filter.before_id)
-        .fetch_all(&*self.reader)
-        .await?
-        .iter()
-        .map(task_info)
-        .collect()
+        );
+        let mut q = sqlx::query(&sql);
+        for a in args {
+            q = match a {
+                SearchArg::Text(v) => q.bind(v),
+                SearchArg::Int(v) => q.bind(v),
+                SearchArg::Time(t) => q.bind(t.timestamp_millis()),
+            };
+        }
+        q.fetch_all(&*self.reader)
+            .await?
+            .iter()
+            .map(task_info)
+            .collect()
     }
 
     async fn queue_set_paused(
