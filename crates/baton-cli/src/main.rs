@@ -15,6 +15,7 @@ mod queue_cmd;
 mod runtime;
 mod serve;
 mod shapes;
+mod task_search;
 mod tasks_delete;
 mod values;
 

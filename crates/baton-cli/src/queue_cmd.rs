@@ -462,6 +462,8 @@ pub enum TasksCmd {
         /// Only the runs of this scheduled job.
         #[arg(long)]
         job: Option<String>,
+        #[command(flatten)]
+        search: crate::task_search::SearchArgs,
         /// Only tasks with ids below this (the previous page's last id).
         #[arg(long, value_name = "ID")]
         before: Option<i64>,
@@ -591,6 +593,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             queue,
             state,
             job,
+            search,
             before,
             limit,
             json,
@@ -598,15 +601,16 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             check_filter("--queue", &queue)?;
             check_filter("--job", &job)?;
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-            let list = q
-                .tasks(&TaskFilter {
-                    queue,
-                    state,
-                    job,
-                    before_id: before,
-                    limit,
-                })
-                .await?;
+            let mut filter = TaskFilter {
+                queue,
+                state,
+                job,
+                before_id: before,
+                limit,
+                ..TaskFilter::default()
+            };
+            search.apply(&mut filter)?;
+            let list = q.tasks(&filter).await?;
             if json {
                 output::json(&crate::shapes::task(&list)?)?;
                 return Ok(0);

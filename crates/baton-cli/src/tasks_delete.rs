@@ -28,6 +28,9 @@ pub struct DeleteArgs {
     /// Instead of ids: the finished runs of this scheduled job.
     #[arg(long)]
     job: Option<String>,
+    /// Instead of ids: the finished tasks these search terms match.
+    #[command(flatten)]
+    search: crate::task_search::SearchArgs,
     /// Delete what the filter matches; without it, only count it.
     #[arg(long)]
     yes: bool,
@@ -45,13 +48,13 @@ fn finished_state(s: &str) -> Result<TaskState, String> {
 
 /// Run `baton tasks delete`.
 pub async fn run(a: DeleteArgs) -> anyhow::Result<u8> {
-    let filtered = a.queue.is_some() || a.state.is_some() || a.job.is_some();
+    let filtered = a.queue.is_some() || a.state.is_some() || a.job.is_some() || a.search.any();
     if a.ids.is_empty() && !filtered {
-        note!("baton: name task ids, or a filter (--queue, --state, --job) for a bulk delete");
+        note!("baton: name task ids, or a filter (--queue, --state, --job, --kind, --key, --text, --since, --until) for a bulk delete");
         return Ok(EXIT_USAGE);
     }
     if !a.ids.is_empty() && filtered {
-        note!("baton: give task ids or a filter (--queue, --state, --job), not both");
+        note!("baton: give task ids or a filter (--queue, --state, --job, --kind, --key, --text, --since, --until), not both");
         return Ok(EXIT_USAGE);
     }
     let q = Queue::new(connect(&a.store).await.context("connecting to the store")?);
@@ -74,12 +77,13 @@ pub async fn run(a: DeleteArgs) -> anyhow::Result<u8> {
         }
         return Ok(code);
     }
-    let filter = TaskFilter {
+    let mut filter = TaskFilter {
         queue: a.queue,
         state: a.state,
         job: a.job,
         ..TaskFilter::default()
     };
+    a.search.apply(&mut filter)?;
     if !a.yes {
         let n = q
             .tasks_all(&filter)

@@ -57,3 +57,19 @@ pub fn rfc3339_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
         .map(|t| t.with_timezone(&chrono::Utc))
         .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-31T06:00:00Z ({e})"))
 }
+
+/// Parse a point in time for a search: an RFC 3339 instant
+/// (`2026-01-31T06:00:00Z`) or a duration meaning that long ago (`90m`,
+/// `7d`, by this machine's clock).
+pub fn since_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    let ago = duration_arg(s).map_err(|_| {
+        format!("{s:?}: use an RFC 3339 time like 2026-01-31T06:00:00Z or a duration ago like 90m or 7d")
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|d| chrono::Utc::now().checked_sub_signed(d))
+        .ok_or_else(|| format!("{s:?} reaches before the first representable time"))
+}

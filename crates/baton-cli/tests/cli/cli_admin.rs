@@ -1165,6 +1165,24 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
         b.eval(r#"document.getElementById('error').hidden"#),
         json!(true)
     );
+    // Search by payload text: only the backup task stays listed; cleared,
+    // the failed one is back.
+    let search = |text: &str| {
+        format!(
+            r#"document.getElementById('f-text').value = {text:?}; document.getElementById('task-filter').requestSubmit()"#
+        )
+    };
+    let listed = format!(
+        r#"[!!document.querySelector('[data-task="{t}"]'), !!document.querySelector('[data-task="{f}"]')]"#
+    );
+    b.eval(&search("backup"));
+    wait_for(20, "the search to leave only the backup task", || {
+        b.eval(&listed) == json!([true, false])
+    });
+    b.eval(&search(""));
+    wait_for(20, "the cleared search to list both", || {
+        b.eval(&listed) == json!([true, true])
+    });
     // Delete asks first: declined, nothing happens; accepted, the task is
     // gone from the store and the table.
     let (_, d) = post(

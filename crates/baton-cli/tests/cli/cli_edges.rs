@@ -15,6 +15,7 @@ per_backend! {
     state_conflicts_exit_65,
     a_lock_mode_run_is_not_retried_through_the_queue,
     tasks_delete_by_id_and_in_bulk,
+    tasks_search_by_key_text_and_time,
 }
 
 /// The exit code of a request the task's state does not allow.
@@ -96,6 +97,70 @@ async fn tasks_delete_by_id_and_in_bulk(e: Env) {
     ] {
         let out = e.run(bad);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+    }
+}
+
+/// `baton tasks list` and `tasks delete` search: by unique or
+/// concurrency key, payload text (literally) and enqueue time; a bulk
+/// delete takes only what the search matches; bad terms are exit 2,
+/// naming the flag.
+async fn tasks_search_by_key_text_and_time(e: Env) {
+    let enqueue = |extra: &[&str], argv: &[&str]| -> i64 {
+        let mut args = vec!["enqueue", "--delay", "1h"];
+        args.extend_from_slice(extra);
+        args.push("--");
+        args.extend_from_slice(argv);
+        let out = e.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out).trim().parse().unwrap()
+    };
+    let alice = enqueue(
+        &["--unique-key", "order:7"],
+        &["notify", "alice@example.com"],
+    );
+    let bob = enqueue(
+        &["--concurrency-key", "customer:42"],
+        &["notify", "bob@example.com"],
+    );
+    let list = |terms: &[&str]| -> Vec<i64> {
+        let mut args = vec!["tasks", "list", "--json"];
+        args.extend_from_slice(terms);
+        let out = e.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{terms:?}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(list(&["--text", "alice@"]), [alice]);
+    assert_eq!(list(&["--key", "order:7"]), [alice]);
+    assert_eq!(list(&["--key", "customer:42"]), [bob]);
+    assert_eq!(list(&["--kind", "command", "--since", "1h"]), [bob, alice]);
+    assert_eq!(list(&["--until", "1h"]), Vec::<i64>::new());
+    assert_eq!(list(&["--text", "carol"]), Vec::<i64>::new());
+
+    for id in [alice, bob] {
+        let out = e.run(&["tasks", "cancel", &id.to_string()]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let out = e.run(&["tasks", "delete", "--text", "alice", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "deleted 1 finished tasks");
+    assert_eq!(list(&[]), [bob]);
+
+    for (bad, flag) in [
+        (&["tasks", "list", "--since", "yesterday"][..], "--since"),
+        (
+            &["tasks", "list", "--since", "1h", "--until", "2h"],
+            "--since",
+        ),
+        (&["tasks", "list", "--text", ""], "text"),
+    ] {
+        let out = e.run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(flag), "{bad:?}: {}", stderr(&out));
     }
 }
 

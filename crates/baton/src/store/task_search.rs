@@ -169,7 +169,7 @@ impl TaskFilter {
                 return Err(InvalidInput::new(
                     "created_from",
                     format!(
-                        "{} is not before created_to {}",
+                        "{} is not before the range's end {}",
                         a.to_rfc3339(),
                         b.to_rfc3339()
                     ),

@@ -22,7 +22,32 @@ fn name_param(q: &HashMap<String, String>, key: &str) -> Result<Option<String>, 
     }
 }
 
-/// `GET /api/v1/tasks?state=&queue=&job=&before=&limit=`: newest first;
+/// The search terms a list or a bulk delete may carry (`kind`, `key`,
+/// `text`, `since`, `until`), laid onto `f`; `get` reads one by name
+/// (empty counts as absent). Times are RFC 3339 or a duration ago.
+fn apply_search(f: &mut TaskFilter, get: impl Fn(&str) -> Option<String>) -> Result<(), ApiError> {
+    let time = |k: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+        get(k)
+            .map(|v| crate::values::since_arg(&v).map_err(|e| ApiError::bad(k, e)))
+            .transpose()
+    };
+    f.kind = get("kind");
+    f.key = get("key");
+    f.text = get("text");
+    f.created_from = time("since")?;
+    f.created_to = time("until")?;
+    f.validate().map_err(|e| {
+        // The library names its fields; the API calls the range since/until.
+        let field = match e.field.as_str() {
+            "created_from" => "since",
+            "created_to" => "until",
+            other => other,
+        };
+        ApiError::bad(field, e.problem)
+    })
+}
+
+/// `GET /api/v1/tasks?state=&queue=&job=&kind=&key=&text=&since=&until=&before=&limit=`: newest first;
 /// `next_before` is the cursor for the next page (null on the last).
 pub async fn tasks(
     Extract(state): S,
@@ -32,16 +57,28 @@ pub async fn tasks(
         ApiError::bad(
             "query",
             format!(
-                "{}; use ?state=&queue=&job=&before=&limit= with percent-encoded UTF-8 values",
+                "{}; use ?state=&queue=&job=&kind=&key=&text=&since=&until=&before=&limit= with percent-encoded UTF-8 values",
                 e.body_text()
             ),
         )
     })?;
     for k in q.keys() {
-        if !matches!(k.as_str(), "state" | "queue" | "job" | "before" | "limit") {
+        if !matches!(
+            k.as_str(),
+            "state"
+                | "queue"
+                | "job"
+                | "kind"
+                | "key"
+                | "text"
+                | "since"
+                | "until"
+                | "before"
+                | "limit"
+        ) {
             return Err(ApiError::bad(
                 k,
-                "unknown parameter; use state, queue, job, before or limit",
+                "unknown parameter; use state, queue, job, kind, key, text, since, until, before or limit",
             ));
         }
     }
@@ -74,13 +111,15 @@ pub async fn tasks(
             })?,
         None => 50,
     };
-    let filter = TaskFilter {
+    let mut filter = TaskFilter {
         queue: name_param(&q, "queue")?,
         state: st,
         job: name_param(&q, "job")?,
         before_id: before,
         limit,
+        ..TaskFilter::default()
     };
+    apply_search(&mut filter, |k| q.get(k).filter(|v| !v.is_empty()).cloned())?;
     let list = Queue::new(state.store.clone()).tasks(&filter).await?;
     let next = (list.len() == limit as usize)
         .then(|| list.last().map(|t| t.id))
@@ -253,54 +292,111 @@ pub async fn task_cancel(
     }
 }
 
-/// The body of a bulk retry: which failed tasks.
+/// The body of a bulk action: which tasks, by the list's filters and
+/// search terms, and for a delete whether to delete them.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct BulkRetryBody {
+pub struct BulkBody {
     queue: Option<String>,
     job: Option<String>,
+    state: Option<String>,
+    kind: Option<String>,
+    key: Option<String>,
+    text: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    #[serde(default)]
+    confirm: bool,
 }
 
-impl Form for BulkRetryBody {
-    const FORM: &'static str =
-        r#"no body, {} (every failed task) or {"queue": NAME, "job": NAME} (either or both)"#;
+impl Form for BulkBody {
+    const FORM: &'static str = r#"no body, {} (every task the action applies to) or {"queue"?: NAME, "job"?: NAME, "state"?: STATE, "kind"?: KIND, "key"?: KEY, "text"?: TEXT, "since"?: TIME, "until"?: TIME, "confirm"?: true} (times RFC 3339 or a duration ago like "7d"; state and confirm only for a delete, which without confirm is a dry run that counts)"#;
 }
 
-/// `POST /api/v1/tasks/retry-failed` with `{"queue"?, "job"?}`: every
-/// failed task matching (at most 10000) back to pending.
-pub async fn retry_failed(Extract(state): S, Body(b): Body<BulkRetryBody>) -> Answer {
-    if let Some(q) = &b.queue {
-        check_name("queue", q)?;
+impl BulkBody {
+    /// The filter the body names: names checked, state parsed, search
+    /// terms applied and checked.
+    fn filter(&self) -> Result<TaskFilter, ApiError> {
+        if let Some(q) = &self.queue {
+            check_name("queue", q)?;
+        }
+        if let Some(j) = &self.job {
+            check_name("job", j)?;
+        }
+        let mut f = TaskFilter {
+            queue: self.queue.clone(),
+            job: self.job.clone(),
+            state: self.state.as_deref().map(state_of).transpose()?,
+            ..TaskFilter::default()
+        };
+        let terms = [
+            ("kind", &self.kind),
+            ("key", &self.key),
+            ("text", &self.text),
+            ("since", &self.since),
+            ("until", &self.until),
+        ];
+        apply_search(&mut f, |k| {
+            terms
+                .iter()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, v)| v.as_ref())
+                .filter(|v| !v.is_empty())
+                .cloned()
+        })?;
+        Ok(f)
     }
-    if let Some(j) = &b.job {
-        check_name("job", j)?;
-    }
-    let q = Queue::new(state.store.clone());
-    let mut before = None;
+}
+
+/// The ids of the tasks `filter` matches that `keep` keeps, newest first,
+/// at most [`MAX_BULK`].
+async fn matching(
+    q: &Queue,
+    filter: TaskFilter,
+    keep: impl Fn(&baton::store::TaskInfo) -> bool,
+) -> Result<Vec<i64>, ApiError> {
+    let mut page_filter = TaskFilter {
+        limit: MAX_PAGE,
+        ..filter
+    };
     let mut ids = Vec::new();
     while ids.len() < MAX_BULK {
-        let page = q
-            .tasks(&TaskFilter {
-                queue: b.queue.clone(),
-                state: Some(TaskState::Failed),
-                job: b.job.clone(),
-                before_id: before,
-                limit: MAX_PAGE,
-            })
-            .await?;
+        let page = q.tasks(&page_filter).await?;
         let Some(last) = page.last() else { break };
-        before = Some(last.id);
+        page_filter.before_id = Some(last.id);
         let full = page.len() == MAX_PAGE as usize;
-        for t in page {
-            if ids.len() < MAX_BULK
-                && crate::runtime::not_retryable(&t).is_none()
-                && q.retry(t.id).await?
-            {
-                ids.push(t.id);
-            }
-        }
+        ids.extend(
+            page.iter()
+                .filter(|t| keep(t))
+                .map(|t| t.id)
+                .take(MAX_BULK - ids.len()),
+        );
         if !full {
             break;
+        }
+    }
+    Ok(ids)
+}
+
+/// `POST /api/v1/tasks/retry-failed` with the list's filters and search
+/// terms (`{"queue"?, "job"?, "kind"?, …}`): every failed task matching
+/// (at most 10000) back to pending.
+pub async fn retry_failed(Extract(state): S, Body(b): Body<BulkBody>) -> Answer {
+    if b.state.as_deref().is_some_and(|s| s != "failed") || b.confirm {
+        let field = if b.confirm { "confirm" } else { "state" };
+        return Err(ApiError::bad(
+            field,
+            "a retry takes failed tasks and needs no confirmation; leave it out",
+        ));
+    }
+    let mut filter = b.filter()?;
+    filter.state = Some(TaskState::Failed);
+    let q = Queue::new(state.store.clone());
+    let candidates = matching(&q, filter, |t| crate::runtime::not_retryable(t).is_none()).await?;
+    let mut ids = Vec::new();
+    for id in candidates {
+        if q.retry(id).await? {
+            ids.push(id);
         }
     }
     Ok(Json(json!({"retried": ids.len(), "ids": ids})))
@@ -320,66 +416,19 @@ pub async fn task_delete(Extract(state): S, TaskId(id): TaskId) -> Answer {
     }
 }
 
-/// The body of a bulk delete: which finished tasks, and whether to delete
-/// them (without `confirm`, only count them).
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct BulkDeleteBody {
-    queue: Option<String>,
-    job: Option<String>,
-    state: Option<String>,
-    #[serde(default)]
-    confirm: bool,
-}
-
-impl Form for BulkDeleteBody {
-    const FORM: &'static str = r#"{"queue"?: NAME, "job"?: NAME, "state"?: "succeeded" | "failed" | "cancelled", "confirm"?: true} (without confirm: a dry run that counts)"#;
-}
-
-/// `POST /api/v1/tasks/delete` with `{"queue"?, "job"?, "state"?,
-/// "confirm"?}`: the finished tasks matching (at most 10000) counted, or
-/// with `"confirm": true` deleted.
-pub async fn delete_finished(Extract(state): S, Body(b): Body<BulkDeleteBody>) -> Answer {
-    if let Some(q) = &b.queue {
-        check_name("queue", q)?;
-    }
-    if let Some(j) = &b.job {
-        check_name("job", j)?;
-    }
-    let st = b.state.as_deref().map(state_of).transpose()?;
-    if st.is_some_and(|s| !s.is_terminal()) {
+/// `POST /api/v1/tasks/delete` with the list's filters and search terms
+/// and `"confirm"?`: the finished tasks matching (at most 10000) counted,
+/// or with `"confirm": true` deleted.
+pub async fn delete_finished(Extract(state): S, Body(b): Body<BulkBody>) -> Answer {
+    let filter = b.filter()?;
+    if filter.state.is_some_and(|s| !s.is_terminal()) {
         return Err(ApiError::bad(
             "state",
             "only finished tasks are deleted in bulk: use succeeded, failed or cancelled (or no state: all three)",
         ));
     }
-    let filter = TaskFilter {
-        queue: b.queue,
-        state: st,
-        job: b.job,
-        ..TaskFilter::default()
-    };
     let q = Queue::new(state.store.clone());
-    let mut matched: Vec<i64> = Vec::new();
-    let mut page_filter = TaskFilter {
-        limit: MAX_PAGE,
-        ..filter
-    };
-    while matched.len() < MAX_BULK {
-        let page = q.tasks(&page_filter).await?;
-        let Some(last) = page.last() else { break };
-        page_filter.before_id = Some(last.id);
-        let full = page.len() == MAX_PAGE as usize;
-        matched.extend(
-            page.iter()
-                .filter(|t| t.state.is_terminal())
-                .map(|t| t.id)
-                .take(MAX_BULK - matched.len()),
-        );
-        if !full {
-            break;
-        }
-    }
+    let matched = matching(&q, filter, |t| t.state.is_terminal()).await?;
     if !b.confirm {
         return Ok(Json(
             json!({"dry_run": true, "matched": matched.len(), "deleted": 0}),

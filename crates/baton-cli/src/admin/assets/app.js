@@ -195,12 +195,19 @@ function drawChart(samples) {
   ctx.fillText(last, w - pad - ctx.measureText(last).width, h - 6);
 }
 
-function taskQuery() {
-  const q = new URLSearchParams({ limit: "50" });
-  for (const [id, key] of [["f-state", "state"], ["f-queue", "queue"], ["f-job", "job"]]) {
-    const v = $(id).value.trim();
-    if (v) q.set(key, v);
+// The task filters and search terms, by API name (state last: a bulk
+// retry leaves it out).
+const SEARCH = ["queue", "job", "kind", "key", "text", "since", "until"];
+function searchTerms(withState) {
+  const terms = {};
+  for (const key of withState ? SEARCH.concat(["state"]) : SEARCH) {
+    const v = $("f-" + key).value.trim();
+    if (v) terms[key] = v;
   }
+  return terms;
+}
+function taskQuery() {
+  const q = new URLSearchParams(Object.assign({ limit: "50" }, searchTerms(true)));
   if (tasksBefore !== null) q.set("before", String(tasksBefore));
   return q.toString();
 }
@@ -288,29 +295,21 @@ $("task-filter").addEventListener("submit", (ev) => { ev.preventDefault(); tasks
 $("backfill-form").addEventListener("submit", backfill);
 $("older").addEventListener("click", () => { tasksBefore = nextBefore; refresh(); });
 $("newer").addEventListener("click", () => { tasksBefore = null; refresh(); });
-// The queue and job filters as a bulk action's body.
-function bulkBody() {
-  const body = {};
-  if ($("f-queue").value.trim()) body.queue = $("f-queue").value.trim();
-  if ($("f-job").value.trim()) body.job = $("f-job").value.trim();
-  return body;
-}
 function scope(body) {
-  return (body.queue ? " of queue " + body.queue : "") + (body.job ? " of job " + body.job : "");
+  const parts = Object.entries(body).map(([k, v]) => k + " " + v);
+  return parts.length ? " matching " + parts.join(", ") : "";
 }
 $("retry-failed").addEventListener("click", () => {
-  const body = bulkBody();
+  const body = searchTerms(false);
   if (confirm("Retry every failed task" + scope(body) + "?")) {
     act("POST", "/api/v1/tasks/retry-failed", body, "retry failed tasks");
   }
 });
 $("delete-finished").addEventListener("click", async () => {
-  const body = bulkBody();
-  const st = $("f-state").value.trim();
-  if (st) body.state = st;
+  const body = searchTerms(true);
   try {
     const dry = await api("POST", "/api/v1/tasks/delete", body);
-    if (confirm("Delete " + dry.matched + " finished task(s)" + scope(body) + (st ? " in state " + st : "") + "? This cannot be undone.")) {
+    if (confirm("Delete " + dry.matched + " finished task(s)" + scope(body) + "? This cannot be undone.")) {
       act("POST", "/api/v1/tasks/delete", Object.assign({ confirm: true }, body), "delete finished tasks");
     }
   } catch (e) {
