@@ -4,11 +4,11 @@
 //! Each condition is added only when asked for (the planner sees plain
 //! terms); a dialect says how it spells a placeholder, "contains" and
 //! "ends with", and binds the [`SearchArg`]s in order. Listing walks the
-//! primary key backwards (`ORDER BY id DESC LIMIT n`, from `before_id`), so
-//! a page costs the rows it must look at: queue, job and time-range terms
-//! also narrow by index (the claim index leads with `queue`, the job index
-//! with `job`); kind, key and payload text are checked row by row on that
-//! walk (docs/GUIDE.md, "Finding tasks").
+//! primary key backwards (`ORDER BY id DESC LIMIT n`, from `before_id`) and
+//! stops at a full page, so a search that matches often is quick at any
+//! size; the terms have no index of their own (each would cost every
+//! enqueue and state change), so one that matches little reads up to the
+//! whole table (docs/GUIDE.md, "Finding tasks").
 
 use chrono::{DateTime, Utc};
 

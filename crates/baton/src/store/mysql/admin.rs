@@ -109,7 +109,8 @@ pub(super) async fn task_retry(b: &MyBackend, id: i64) -> Result<bool, StoreErro
     Ok(true)
 }
 
-/// MySQL's spelling of a task search (the payload as its JSON text).
+/// MySQL's spelling of a task search (the payload is `utf8mb4_bin` text, so
+/// `LOCATE` is case-sensitive, as on the other stores).
 struct Search;
 
 impl SearchDialect for Search {
@@ -117,7 +118,7 @@ impl SearchDialect for Search {
         "?".into()
     }
     fn contains(col: &str, p: &str) -> String {
-        format!("LOCATE({p}, CAST({col} AS CHAR)) > 0")
+        format!("LOCATE({p}, {col}) > 0")
     }
     fn ends_with(col: &str, p: &str, q: &str) -> String {
         format!("RIGHT({col}, LENGTH({p})) = {q}")
