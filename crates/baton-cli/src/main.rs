@@ -17,6 +17,7 @@ mod serve;
 mod shapes;
 mod task_search;
 mod tasks_delete;
+mod tasks_view;
 mod values;
 
 use std::process::ExitCode;

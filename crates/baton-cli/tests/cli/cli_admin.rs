@@ -1183,6 +1183,34 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
     wait_for(20, "the cleared search to list both", || {
         b.eval(&listed) == json!([true, true])
     });
+    // The failed task's page: its attempt, with the worker that ran it and
+    // the command's stderr in the error; payload; timeline.
+    b.eval(&format!(
+        r#"document.querySelector('[data-open="{f}"]').click()"#
+    ));
+    let page = r#"(() => { const d = document.getElementById('task-dialog'); const a = d.querySelector('[data-attempt="1"]'); return d.open && a ? [a.children[1].textContent, d.querySelector('#task-body').innerText] : null; })()"#;
+    wait_for(20, "the task's page to open", || b.eval(page).is_array());
+    let shown = b.eval(page);
+    let worker = shown[0].as_str().unwrap();
+    let text = shown[1].as_str().unwrap();
+    assert!(!worker.is_empty() && worker != "–", "{shown}");
+    for want in [
+        "exit 3: disk full",
+        "echo disk full",
+        "enqueued",
+        "attempt 1 failed",
+        "failed",
+    ] {
+        assert!(
+            text.contains(want),
+            "the task's page lacks {want:?}: {text}"
+        );
+    }
+    b.eval("document.getElementById('task-close').click()");
+    assert_eq!(
+        b.eval("document.getElementById('task-dialog').open"),
+        json!(false)
+    );
     // Delete asks first: declined, nothing happens; accepted, the task is
     // gone from the store and the table.
     let (_, d) = post(
@@ -1329,24 +1357,36 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
         json!({"width": 1400, "height": 1150, "deviceScaleFactor": 1, "mobile": false}),
     );
     std::thread::sleep(Duration::from_millis(300));
-    let shot = b.call("Page.captureScreenshot", json!({"format": "png"}));
+    screenshot(&mut b, "dashboard.png");
+    // The failed task's page, over the dashboard.
+    b.eval(&format!(
+        r#"document.querySelector('[data-open="{f}"]').click()"#
+    ));
+    wait_for(20, "the task's page to open again", || {
+        b.eval(page).is_array()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    screenshot(&mut b, "task.png");
+    // Any console error or exception so far fails the test.
+    b.eval("1");
+    assert!(b.errors.is_empty(), "console errors: {:#?}", b.errors);
+}
+
+/// A PNG of the page into the test's temporary directory, and into
+/// docs/ with BATON_UPDATE_SCREENSHOT=1 (`scripts/screenshots.sh`).
+fn screenshot(b: &mut Browser, name: &str) {
     use base64::Engine as _;
+    let shot = b.call("Page.captureScreenshot", json!({"format": "png"}));
     let png = base64::engine::general_purpose::STANDARD
         .decode(shot["data"].as_str().unwrap())
         .unwrap();
     assert!(png.starts_with(b"\x89PNG"));
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::write(&out, &png).unwrap();
     if std::env::var_os("BATON_UPDATE_SCREENSHOT").is_some() {
-        std::fs::write(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/dashboard.png"),
-            &png,
-        )
-        .unwrap();
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        std::fs::write(docs.join(name), &png).unwrap();
     }
-    // Any console error or exception so far fails the test.
-    b.eval("1");
-    assert!(b.errors.is_empty(), "console errors: {:#?}", b.errors);
 }
 
 /// Out of file descriptors, the accept loop logs the error and backs off

@@ -336,8 +336,15 @@ pub struct AttemptError {
     pub attempt: u32,
     /// When it failed (store time).
     pub at: DateTime<Utc>,
-    /// The error text.
+    /// The error text (a command task's ends with its stderr's tail).
     pub error: String,
+    /// The worker that ran it (absent in records kept before this field).
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// When it started (store time; absent in records kept before this
+    /// field).
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
 }
 
 /// Everything the store keeps about a task.

@@ -384,6 +384,14 @@ pub async fn rescue_out_of_attempts_fails_with_reason(ts: TestStore) {
     let info = q.task(id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);
     assert_eq!(info.last_error.as_deref(), Some(LEASE_EXPIRED));
+    // The rescued attempt's record says who ran it and when it started.
+    let rec = &info.errors[0];
+    assert_eq!(
+        (rec.attempt, rec.worker.as_deref()),
+        (1, Some("test-worker"))
+    );
+    let started = rec.started_at.expect("the attempt's start is recorded");
+    assert!(info.created_at <= started && started < rec.at, "{rec:?}");
     assert_eq!(
         q.task(cancel_me).await.unwrap().unwrap().state,
         TaskState::Cancelled
@@ -468,6 +476,15 @@ pub async fn out_of_attempts_is_dead_lettered_and_retryable(ts: TestStore) {
     let info = wait_state(&q, id, TaskState::Failed, 10).await;
     assert_eq!(info.attempt, 3);
     assert_eq!(info.errors.len(), 3);
+    // Every attempt's record: its number, worker, start before its end.
+    for (n, rec) in info.errors.iter().enumerate() {
+        assert_eq!(rec.attempt as usize, n + 1, "{rec:?}");
+        assert!(
+            rec.worker.as_deref().is_some_and(|w| !w.is_empty()),
+            "{rec:?}"
+        );
+        assert!(rec.started_at.is_some_and(|s| s <= rec.at), "{rec:?}");
+    }
     assert!(!q.retry(id + 1_000_000).await.unwrap());
     stop.cancel();
     run.await.unwrap().unwrap();

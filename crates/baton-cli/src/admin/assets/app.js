@@ -234,7 +234,7 @@ async function renderTasks() {
       } }, "Delete"));
     }
     return el("tr", { "data-task": t.id },
-      el("td", { class: "num mono" }, t.id),
+      el("td", { class: "num mono" }, el("button", { class: "link", "data-open": t.id, title: "open task " + t.id, onclick: () => openTask(t.id) }, t.id)),
       el("td", { class: "task-state" }, badge(t.state)),
       el("td", {}, t.queue),
       el("td", { class: "mono" }, what + (t.job && t.slot ? " @ " + when(t.slot) : "") + (t.unique && !t.job ? " · key " + t.unique.text : "")),
@@ -245,6 +245,56 @@ async function renderTasks() {
   });
   replaceRows($("tasks-body"), rows, "no tasks match", 8);
 }
+
+// One task in the dialog: its fields, payload, every failed attempt (with
+// its worker, start, end and error — a command's stderr tail is in it) and
+// a timeline from enqueue to now.
+function took(from, to) {
+  if (!from || !to) return "–";
+  const ms = Date.parse(to) - Date.parse(from);
+  return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(1) + " s";
+}
+function taskTimeline(t) {
+  const ev = [[t.created_at, "enqueued"]];
+  for (const e of t.errors || []) {
+    if (e.started_at) ev.push([e.started_at, "attempt " + e.attempt + " started" + (e.worker ? " on " + e.worker : "")]);
+    ev.push([e.at, "attempt " + e.attempt + " failed"]);
+  }
+  const failedLast = (t.errors || []).some((e) => e.attempt === t.attempt && e.started_at === t.started_at);
+  if (t.started_at && !failedLast) ev.push([t.started_at, "attempt " + t.attempt + " started" + (t.worker ? " on " + t.worker : "")]);
+  if (t.finished_at) ev.push([t.finished_at, t.state]);
+  ev.sort((a, b) => Date.parse(a[0]) - Date.parse(b[0]));
+  return el("ol", { class: "timeline" }, ...ev.map(([at, what]) => el("li", {}, el("span", { class: "mono" }, when(at)), " ", what)));
+}
+async function openTask(id) {
+  let t;
+  try { t = await api("GET", "/api/v1/tasks/" + id); } catch (e) { showError("task " + id + ": " + e.message); return; }
+  $("task-title").replaceChildren("Task " + t.id + " ", badge(t.state));
+  const field = (name, value) => value === null || value === undefined || value === "" ? [] : [el("dt", {}, name), el("dd", {}, value)];
+  const dl = el("dl", {},
+    ...field("queue", t.queue), ...field("kind", t.kind),
+    ...field("attempt", t.attempt + " of " + t.max_attempts), ...field("priority", t.priority),
+    ...field("created", when(t.created_at)), ...field("run at", when(t.run_at)),
+    ...field("started", t.started_at && when(t.started_at)), ...field("finished", t.finished_at && when(t.finished_at)),
+    ...field("lease until", t.lease_until && when(t.lease_until)), ...field("worker", t.worker),
+    ...field("unique key", t.unique && t.unique.text), ...field("concurrency key", t.concurrency_key),
+    ...field("made by", t.job ? "job " + t.job + (t.slot ? " @ " + when(t.slot) : "") : null),
+    ...field("trace", t.traceparent), ...field("last error", t.last_error),
+    ...field("progress", t.progress === null || t.progress === undefined ? null : JSON.stringify(t.progress)));
+  const attempts = (t.errors || []).map((e) => el("tr", { "data-attempt": e.attempt },
+    el("td", { class: "num" }, e.attempt), el("td", {}, e.worker || "–"),
+    el("td", { class: "mono" }, when(e.started_at)), el("td", { class: "mono" }, when(e.at)),
+    el("td", { class: "num" }, took(e.started_at, e.at)), el("td", { class: "err" }, el("pre", {}, e.error))));
+  const tbody = el("tbody", {});
+  replaceRows(tbody, attempts, "no failed attempts", 6);
+  $("task-body").replaceChildren(dl,
+    el("h3", {}, "Payload"), el("pre", { class: "payload" }, JSON.stringify(t.payload, null, 2)),
+    el("h3", {}, "Failed attempts"),
+    el("table", {}, el("thead", {}, el("tr", {}, ...["#", "Worker", "Started", "Failed at", "Took", "Error"].map((h) => el("th", {}, h)))), tbody),
+    el("h3", {}, "Timeline"), taskTimeline(t));
+  if (!$("task-dialog").open) $("task-dialog").showModal();
+}
+$("task-close").addEventListener("click", () => $("task-dialog").close());
 
 async function renderLocks() {
   const locks = await api("GET", "/api/v1/locks");

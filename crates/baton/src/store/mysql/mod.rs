@@ -131,8 +131,9 @@ pub(crate) struct Names {
     now_us: String,
     /// `SELECT` [`Names::now`].
     now_select: String,
-    /// The SQL that appends `{attempt, at, error}` (error text bound to the
-    /// one `?`) to `errors`, with `at` as RFC 3339 UTC.
+    /// The SQL that appends `{attempt, at, error, worker, started_at}`
+    /// (error text bound to the one `?`) to `errors`, with the times as
+    /// RFC 3339 UTC.
     append_error: String,
 }
 
@@ -152,7 +153,9 @@ impl Names {
             now_select: format!("SELECT {now}"),
             append_error: format!(
                 "JSON_ARRAY_APPEND(errors, '$', JSON_OBJECT('attempt', \
-                 attempt, 'at', DATE_FORMAT({now}, '%Y-%m-%dT%H:%i:%s.%fZ'), 'error', ?))"
+                 attempt, 'at', DATE_FORMAT({now}, '%Y-%m-%dT%H:%i:%s.%fZ'), 'error', ?, \
+                 'worker', worker, 'started_at', \
+                 DATE_FORMAT(started_at, '%Y-%m-%dT%H:%i:%s.%fZ')))"
             ),
             now,
             prefix: p,

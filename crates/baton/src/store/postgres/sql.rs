@@ -145,12 +145,17 @@ impl InsertSql {
     }
 }
 
-/// The SQL fragment that appends `{attempt, at, error}` (error text in `$e`)
-/// to `errors`, with `at` as RFC 3339 UTC.
+/// The SQL fragment that appends `{attempt, at, error, worker,
+/// started_at}` (error text in `$e`) to `errors`, with the times as RFC
+/// 3339 UTC.
 fn append_error(now: &str, e: &str) -> String {
+    let rfc3339 =
+        |t: &str| format!("to_char({t} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')");
     format!(
-        "errors || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', \
-         to_char({now} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), 'error', {e}))"
+        "errors || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', {}, \
+         'error', {e}, 'worker', worker, 'started_at', {}))",
+        rfc3339(now),
+        rfc3339("started_at")
     )
 }
 

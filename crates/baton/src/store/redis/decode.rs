@@ -147,6 +147,10 @@ struct RawAttemptError {
     attempt: u32,
     at: i64,
     error: String,
+    #[serde(default)]
+    worker: Option<String>,
+    #[serde(default)]
+    started_at: Option<i64>,
 }
 
 /// Everything about a task from its hash.
@@ -162,6 +166,8 @@ pub(super) fn task_info(m: &HashMap<String, String>) -> Result<TaskInfo, StoreEr
                     attempt: r.attempt,
                     at: from_ms(r.at)?,
                     error: r.error,
+                    worker: r.worker,
+                    started_at: r.started_at.map(from_ms).transpose()?,
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?,

@@ -52,6 +52,8 @@ impl SqlRow for SqliteRow {
                     attempt: e.attempt,
                     at: from_ms(e.at)?,
                     error: e.error,
+                    worker: e.worker,
+                    started_at: opt_time(e.started_at)?,
                 })
             })
             .collect()
@@ -74,4 +76,8 @@ struct StoredError {
     attempt: u32,
     at: i64,
     error: String,
+    #[serde(default)]
+    worker: Option<String>,
+    #[serde(default)]
+    started_at: Option<i64>,
 }

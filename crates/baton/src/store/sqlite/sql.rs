@@ -159,6 +159,15 @@ impl InsertSql {
     }
 }
 
+/// The record a failed attempt appends to `errors` (error text in `e`):
+/// its number, when it failed and started (ms), its worker.
+fn attempt_record(e: &str) -> String {
+    format!(
+        "json_object('attempt', attempt, 'at', {NOW}, 'error', {e}, 'worker', worker, \
+         'started_at', started_at)"
+    )
+}
+
 impl FinishSql {
     fn new(t: &Tables) -> FinishSql {
         let tasks = &t.tasks;
@@ -173,11 +182,11 @@ impl FinishSql {
         // A retry whose cancellation was requested is not retried.
         let again = "?4 IS NOT NULL AND attempt < max_attempts AND NOT cancel_requested";
         let stop = "?4 IS NOT NULL AND attempt < max_attempts AND cancel_requested";
+        let record = attempt_record("?3");
         FinishSql {
             succeeded: cas(format!("state = 'succeeded', finished_at = {NOW}")),
             failed: cas(format!(
-                "errors = json_insert(errors, '$[#]', \
-                     json_object('attempt', attempt, 'at', {NOW}, 'error', ?3)), \
+                "errors = json_insert(errors, '$[#]', {record}), \
                  last_error = CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || ?3 \
                      ELSE ?3 END, \
                  state = CASE WHEN {again} THEN 'pending' \
@@ -308,12 +317,12 @@ impl Sql {
                                   WHEN attempt >= max_attempts THEN 'failed' \
                                   ELSE 'pending' END, \
                      finished_at = CASE WHEN {ends} THEN {NOW} ELSE NULL END, \
-                     errors = json_insert(errors, '$[#]', \
-                         json_object('attempt', attempt, 'at', {NOW}, 'error', ?1)), \
+                     errors = json_insert(errors, '$[#]', {}), \
                      last_error = ?1, \
                      lease_until = NULL \
                  WHERE state = 'running' AND lease_until < {NOW} - ?2 \
-                 RETURNING queue, state"
+                 RETURNING queue, state",
+                attempt_record("?1")
             ),
             task_state: format!("SELECT state FROM {tasks} WHERE id = ?1"),
             cancel_pending: format!(

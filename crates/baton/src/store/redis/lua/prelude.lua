@@ -36,8 +36,12 @@ local function opt(s)
   return string.sub(s, 2)
 end
 local function append_error(sid, attempt, now, err)
-  local item = '{"attempt":' .. fmt(attempt) .. ',"at":' .. fmt(now) .. ',"error":' .. cjson.encode(err) .. '}'
   local k = tkey(sid)
+  local w = redis.call('HMGET', k, 'worker', 'started_at')
+  local item = '{"attempt":' .. fmt(attempt) .. ',"at":' .. fmt(now) .. ',"error":' .. cjson.encode(err)
+  if w[1] then item = item .. ',"worker":' .. cjson.encode(w[1]) end
+  if w[2] and w[2] ~= '' then item = item .. ',"started_at":' .. w[2] end
+  item = item .. '}'
   local cur = redis.call('HGET', k, 'errors')
   local v
   if (not cur) or cur == '' or cur == '[]' then
