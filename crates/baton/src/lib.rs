@@ -54,6 +54,7 @@ compile_error!(
     "baton needs at least one backend: enable the cargo feature `sqlite`, `postgres`, `mysql` or `redis`"
 );
 
+pub mod audit;
 pub mod clock;
 pub mod duration;
 pub mod error;

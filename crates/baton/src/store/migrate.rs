@@ -57,8 +57,9 @@ pub(crate) trait Dialect: Send {
 /// The table names (after the prefix) of every SQL backend: what
 /// `schema_remove` drops. A backend that adds a table adds it here.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) const SQL_TABLES: [&str; 7] =
-    ["meta", "locks", "tasks", "jobs", "queues", "slots", "rates"];
+pub(crate) const SQL_TABLES: [&str; 8] = [
+    "meta", "locks", "tasks", "jobs", "queues", "slots", "rates", "audit",
+];
 
 /// Every table of `prefix`, each quoted with `q`, comma-separated.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -28,6 +28,7 @@ use crate::error::StoreError;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub(crate) mod audit;
 mod claim_types;
 pub(crate) mod fair;
 mod identity;
@@ -69,6 +70,7 @@ mod unique_key;
 mod wake;
 mod writable;
 
+pub use audit::{AuditAppend, AuditPage, AuditRecord, MAX_AUDIT_FIELD};
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use options::StoreOptions;
@@ -275,6 +277,17 @@ macro_rules! seam_methods {
             /// tombstone, in the same transaction or script). Pending and
             /// running tasks and unknown ids are left alone. The ids deleted.
             fn task_delete_many(ids: &[i64]) -> Vec<i64>;
+
+            /// Record one operator action in the audit log, at the store's
+            /// now (fields already cut to [`MAX_AUDIT_FIELD`]).
+            fn audit_append(entry: &$crate::store::AuditAppend<'_>) -> ();
+
+            /// A page of the audit log, newest first.
+            fn audit_list(page: &$crate::store::AuditPage) -> Vec<$crate::store::AuditRecord>;
+
+            /// Delete the audit records older than `older_than` (store time);
+            /// how many.
+            fn audit_prune_many(older_than: $crate::store::seam_types::Duration) -> u64;
 
             /// A stream of [`Wake`]s: queues that got new pending work, due now or
             /// at a later `run_at` (enqueue, retry with backoff, hand-back, rescue,

@@ -180,6 +180,19 @@ pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<Task, StoreError> {
 
 /// A lock row with the store's `now`: `name, holder, token, locked_at,
 /// lock_until, now`. Held while `lock_until > now`.
+/// One audit record from `id, at, actor, action, target, source, outcome`.
+pub(crate) fn audit_record(row: &impl SqlRow) -> Result<crate::store::AuditRecord, StoreError> {
+    Ok(crate::store::AuditRecord {
+        id: row.big("id")?,
+        at: row.time("at")?,
+        actor: row.text("actor")?,
+        action: row.text("action")?,
+        target: row.text("target")?,
+        source: row.text("source")?,
+        outcome: row.text("outcome")?,
+    })
+}
+
 pub(crate) fn lock_info(row: &impl SqlRow) -> Result<LockInfo, StoreError> {
     let lock_until = row.time("lock_until")?;
     let now = row.time("now")?;

@@ -15,6 +15,7 @@
 //! its tests print one `SKIPPED` line and pass, unless
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
+mod audit;
 mod delete;
 mod fair;
 mod identity;
@@ -86,6 +87,7 @@ baton_testkit::per_backend! {
     queue::prefetch_never_holds_a_last_attempt,
     queue::inspect_list_stats_prune,
     search::search_by_kind_key_text_and_time,
+    audit::audit_records_list_page_and_prune,
     search::bad_search_terms_are_refused_by_name,
     queue::worker_counters_count_outcomes,
     queue::max_running_caps_the_whole_cluster,

@@ -88,7 +88,7 @@ pub(super) async fn upkeep_loop(
                     }
                 }
             }
-            _ = prune.tick(), if cfg.retention.is_some() => {
+            _ = prune.tick() => {
                 if let Some(keep) = cfg.retention {
                     match shared.upkeep(shared.store.backend().task_prune_many(keep)).await {
                         Ok(0) => {}
@@ -97,6 +97,15 @@ pub(super) async fn upkeep_loop(
                             shared.counters.store_error("task_prune_many");
                             crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "prune failed")
                         }
+                    }
+                }
+                let audit = shared.store.backend().audit_prune_many(crate::audit::RETENTION);
+                match shared.upkeep(audit).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(pruned = n, "pruned audit records"),
+                    Err(e) => {
+                        shared.counters.store_error("audit_prune_many");
+                        crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "audit prune failed")
                     }
                 }
             }

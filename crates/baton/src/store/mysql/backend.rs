@@ -330,6 +330,21 @@ impl Backend for MyBackend {
         Ok(r.rows_affected())
     }
 
+    async fn audit_append(&self, entry: &crate::store::AuditAppend<'_>) -> Result<(), StoreError> {
+        super::audit::append(self, entry).await
+    }
+
+    async fn audit_list(
+        &self,
+        page: &crate::store::AuditPage,
+    ) -> Result<Vec<crate::store::AuditRecord>, StoreError> {
+        super::audit::list(self, page).await
+    }
+
+    async fn audit_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
+        super::audit::prune(self, older_than).await
+    }
+
     async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());

@@ -57,6 +57,7 @@ use crate::error::StoreError;
 
 mod admin;
 mod advance;
+mod audit;
 mod backend;
 mod claim;
 mod jobs;
@@ -124,6 +125,8 @@ pub(crate) struct Names {
     slots: String,
     /// Rate limits' start logs, schema 8.
     rates: String,
+    /// The audit log, schema 11.
+    audit: String,
     /// The store's clock (see [`now_sql`]).
     now: String,
     /// [`Names::now`] in µs since the epoch, independent of the session
@@ -149,6 +152,7 @@ impl Names {
             queues: format!("`{p}queues`"),
             slots: format!("`{p}slots`"),
             rates: format!("`{p}rates`"),
+            audit: format!("`{p}audit`"),
             now_us: format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {now})"),
             now_select: format!("SELECT {now}"),
             append_error: format!(

@@ -36,7 +36,26 @@ const UPGRADES: &[Upgrade] = &[
     rescope_unique_keys,
     add_rates,
     add_unique_until_failed,
+    add_audit,
 ];
+
+/// 10 → 11: the audit log (issue 27), one row an operator action, pruned
+/// by `at`.
+fn add_audit(n: &Names) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             at DATETIME(6) NOT NULL, \
+             actor VARCHAR(1024) NOT NULL, \
+             action VARCHAR(1024) NOT NULL, \
+             target VARCHAR(1024) NOT NULL, \
+             source VARCHAR(1024) NOT NULL, \
+             outcome VARCHAR(1024) NOT NULL, \
+             KEY at_idx (at) \
+         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+        n.audit
+    )]
+}
 
 /// 9 → 10: a third unique hold, `UniqueHold::UntilFailed` (a succeeded
 /// task keeps its key, issue 29): the column `unique_until_failed` (0 on

@@ -58,6 +58,7 @@ use super::{ms, Backend, StoreOptions, Wake};
 use crate::error::StoreError;
 
 mod advance;
+mod audit;
 mod backend;
 mod exec;
 mod fair;
@@ -205,6 +206,8 @@ struct Names {
     slots: String,
     /// Rate limits' start logs, schema 8.
     rates: String,
+    /// The audit log, schema 12.
+    audit: String,
     /// The task id sequence, as a quoted identifier inside a string literal
     /// (for `nextval('…')`).
     seq_lit: String,
@@ -229,6 +232,7 @@ impl Names {
             queues: format!("\"{p}queues\""),
             slots: format!("\"{p}slots\""),
             rates: format!("\"{p}rates\""),
+            audit: format!("\"{p}audit\""),
             seq_lit: format!("'\"{p}tasks_id_seq\"'"),
             chan: format!("{p}tasks"),
             now: test_clock::now(&p),

@@ -171,6 +171,7 @@ macro_rules! read_retry {
     };
 }
 
+mod audit;
 mod backend;
 mod claim;
 mod cluster;

@@ -16,6 +16,7 @@ const RESCUE: &str = include_str!("lua/rescue.lua");
 const CANCEL: &str = include_str!("lua/cancel.lua");
 const RETRY: &str = include_str!("lua/retry.lua");
 const LIST: &str = include_str!("lua/list.lua");
+const AUDIT: &str = include_str!("lua/audit.lua");
 const STATS: &str = include_str!("lua/stats.lua");
 const QUEUE_SET_PAUSED: &str = include_str!("lua/queue_set_paused.lua");
 const PRUNE: &str = include_str!("lua/prune.lua");
@@ -52,6 +53,7 @@ pub(super) struct Scripts {
     pub cancel: Script,
     pub retry: Script,
     pub list: Script,
+    pub audit: Script,
     pub stats: Script,
     pub queue_set_paused: Script,
     pub prune: Script,
@@ -101,6 +103,7 @@ impl Scripts {
             cancel: q(CANCEL),
             retry: q(RETRY),
             list: q(LIST),
+            audit: q(AUDIT),
             stats: q(STATS),
             queue_set_paused: q(QUEUE_SET_PAUSED),
             prune: q(PRUNE),

@@ -38,6 +38,7 @@ use super::{from_ms, Backend, StoreOptions, Wake};
 use crate::error::StoreError;
 
 mod advance;
+mod audit;
 mod backend;
 mod fair;
 mod outbox;
@@ -98,6 +99,7 @@ struct Tables {
     meta: String,
     slots: String,
     rates: String,
+    audit: String,
 }
 
 impl Tables {
@@ -114,6 +116,7 @@ impl Tables {
             meta: q("meta"),
             slots: q("slots"),
             rates: q("rates"),
+            audit: q("audit"),
         })
     }
 

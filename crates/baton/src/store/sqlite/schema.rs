@@ -148,7 +148,32 @@ const UPGRADES: &[Upgrade] = &[
     // 9 → 10: fair claiming: each queue's rotation cursor and the index
     // the fair claim finds each key's first pending task with.
     upgrade_fair,
+    // 10 → 11: the audit log (issue 27).
+    upgrade_audit,
 ];
+
+/// The audit log: one row an operator action, pruned by `at`.
+fn upgrade_audit(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::Sql(format!(
+            "CREATE TABLE IF NOT EXISTS {} ( \
+                 id      INTEGER PRIMARY KEY AUTOINCREMENT, \
+                 at      INTEGER NOT NULL, \
+                 actor   TEXT NOT NULL, \
+                 action  TEXT NOT NULL, \
+                 target  TEXT NOT NULL, \
+                 source  TEXT NOT NULL, \
+                 outcome TEXT NOT NULL \
+             )",
+            t.audit
+        )),
+        Ddl::Sql(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (at)",
+            t.index("audit_at"),
+            t.audit
+        )),
+    ]
+}
 
 /// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):
 /// the column `unique_until_failed` (0 on every existing task, so each
