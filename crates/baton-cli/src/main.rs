@@ -2,6 +2,7 @@
 //! leaderless scheduler, on SQLite, PostgreSQL or Redis.
 
 mod admin;
+mod audit_cmd;
 mod chaos;
 mod child;
 mod command_task;
@@ -196,6 +197,9 @@ enum Command {
     Jobs(serve::JobsArgs),
     /// Check a store Jepsen-style: a workload, a nemesis, a history, a checker.
     Chaos(chaos::ChaosArgs),
+    /// The audit log, newest first: who did what to which target, from
+    /// where, and how it ended.
+    Audit(audit_cmd::AuditArgs),
     /// Create or upgrade the store's schema (or, with --remove --yes,
     /// remove it with all its data).
     Migrate {
@@ -611,6 +615,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Lock(a) => lock_cmd::lock(a).await,
             Command::Locks(a) => lock_cmd::locks(a).await,
+            Command::Audit(a) => audit_cmd::run(a).await,
             Command::Enqueue(a) => queue_cmd::enqueue(a).await,
             Command::Work(a) => queue_cmd::work(a).await,
             Command::Tasks(c) => queue_cmd::tasks(c).await,

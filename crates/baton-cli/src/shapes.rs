@@ -51,6 +51,18 @@ pub fn task(v: &impl serde::Serialize) -> Result<Value, serde_json::Error> {
     Ok(v)
 }
 
+/// Audit records as JSON, each `at` in [`output::ts`]'s form (`baton
+/// audit --json` and `GET /api/v1/audit`).
+pub fn audit(records: &[baton::store::AuditRecord]) -> Result<Value, serde_json::Error> {
+    let mut v = serde_json::to_value(records)?;
+    if let Value::Array(items) = &mut v {
+        for r in items {
+            output::normalize_times(r, &["at"]);
+        }
+    }
+    Ok(v)
+}
+
 /// A decoded unique key: the caller's key, scope, args hash, period
 /// bucket, and `text` (what `tasks show` prints).
 pub fn unique(u: &baton::queue::UniqueKey) -> Value {

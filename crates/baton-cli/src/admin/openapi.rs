@@ -306,6 +306,20 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             get(api::queue_history),
         )
         .add(
+            RouteDoc {
+                query: &[
+                    ("before", "cursor: only ids below this (the previous page's next_before)"),
+                    ("limit", "page size, 1 to 1000 (default 50)"),
+                ],
+                ..r(
+                    "get",
+                    "/api/v1/audit",
+                    "The audit log, newest first, as {records, next_before} (records as `baton audit --json`): who (actor), what (action), on what (target), from where (source) and how it ended (outcome), at.",
+                )
+            },
+            get(api::audit),
+        )
+        .add(
             r("get", "/api/v1/locks", "Locks: holder, token, expiry (as `baton locks --json`)."),
             get(api::locks),
         )

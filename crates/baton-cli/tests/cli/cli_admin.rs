@@ -584,6 +584,7 @@ async fn openapi_lists_every_route_served(e: Env) {
         "POST /api/v1/queues/{name}/resume",
         "GET /api/v1/locks",
         "POST /api/v1/locks/{name}/release",
+        "GET /api/v1/audit",
         "GET /api/v1/openapi.json",
     ]
     .iter()

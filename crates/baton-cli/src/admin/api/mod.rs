@@ -126,6 +126,7 @@ pub async fn not_found() -> Response {
     )
 }
 
+mod audit;
 mod extract;
 mod jobs;
 mod locks;
@@ -133,6 +134,7 @@ mod probes;
 mod queues;
 mod tasks;
 
+pub use audit::*;
 pub use extract::*;
 pub use jobs::*;
 pub use locks::*;

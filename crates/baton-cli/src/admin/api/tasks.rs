@@ -22,6 +22,37 @@ fn name_param(q: &HashMap<String, String>, key: &str) -> Result<Option<String>, 
     }
 }
 
+/// A list's `before` cursor (a positive id) and `limit` (1 to
+/// [`MAX_PAGE`], default 50), checked.
+pub(super) fn page_params(q: &HashMap<String, String>) -> Result<(Option<i64>, u32), ApiError> {
+    let before = match q.get("before").filter(|v| !v.is_empty()) {
+        Some(b) => Some(b.parse::<i64>().ok().filter(|&id| id > 0).ok_or_else(|| {
+            ApiError::bad(
+                "before",
+                format!(
+                    "{:?} is not a cursor; use the next_before of the previous page (a positive task id)",
+                    clip(b)
+                ),
+            )
+        })?),
+        None => None,
+    };
+    let limit = match q.get("limit").filter(|v| !v.is_empty()) {
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "limit",
+                    format!("{:?}: use a whole number from 1 to {MAX_PAGE}", clip(l)),
+                )
+            })?,
+        None => 50,
+    };
+    Ok((before, limit))
+}
+
 /// The search terms a list or a bulk delete may carry (`kind`, `key`,
 /// `text`, `since`, `until`), laid onto `f`; `get` reads one by name
 /// (empty counts as absent). Times are RFC 3339 or a duration ago.
@@ -86,31 +117,7 @@ pub async fn tasks(
         Some(s) => Some(state_of(s)?),
         None => None,
     };
-    let before = match q.get("before").filter(|v| !v.is_empty()) {
-        Some(b) => Some(b.parse::<i64>().ok().filter(|&id| id > 0).ok_or_else(|| {
-            ApiError::bad(
-                "before",
-                format!(
-                    "{:?} is not a cursor; use the next_before of the previous page (a positive task id)",
-                    clip(b)
-                ),
-            )
-        })?),
-        None => None,
-    };
-    let limit = match q.get("limit").filter(|v| !v.is_empty()) {
-        Some(l) => l
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=MAX_PAGE).contains(n))
-            .ok_or_else(|| {
-                ApiError::bad(
-                    "limit",
-                    format!("{:?}: use a whole number from 1 to {MAX_PAGE}", clip(l)),
-                )
-            })?,
-        None => 50,
-    };
+    let (before, limit) = page_params(&q)?;
     let mut filter = TaskFilter {
         queue: name_param(&q, "queue")?,
         state: st,

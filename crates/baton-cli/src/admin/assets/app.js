@@ -315,10 +315,19 @@ async function renderLocks() {
   replaceRows($("locks-body"), rows, "no locks", 7);
 }
 
+// The audit log's newest records: who did what, from where, how it ended.
+async function renderAudit() {
+  const page = await api("GET", "/api/v1/audit?limit=20");
+  const rows = page.records.map((r) => el("tr", { "data-audit": r.id },
+    el("td", { class: "mono" }, when(r.at)), el("td", {}, r.actor), el("td", {}, r.source),
+    el("td", { class: "mono" }, r.action), el("td", {}, r.target), el("td", {}, r.outcome)));
+  replaceRows($("audit-body"), rows, "no operator actions recorded yet", 6);
+}
+
 async function refresh() {
   clearTimeout(timer);
   try {
-    await Promise.all([renderJobs(), renderQueues(), renderTasks(), renderLocks()]);
+    await Promise.all([renderJobs(), renderQueues(), renderTasks(), renderLocks(), renderAudit()]);
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
     showError("");
     timer = setTimeout(refresh, REFRESH_MS);
