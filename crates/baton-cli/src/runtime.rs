@@ -271,8 +271,8 @@ pub fn durable_handler(
 
 /// Serve the admin server on `addr` in the background (for `serve` and
 /// `work`); logs the bound address. The tokens come from the environment
-/// (`BATON_ADMIN_TOKEN`, `BATON_ADMIN_READ_TOKEN`), else the config's
-/// `[admin]`.
+/// (`BATON_ADMIN_TOKEN`, `BATON_ADMIN_READ_TOKEN`,
+/// `BATON_ADMIN_TOKENS_FILE`), else the config's `[admin]`.
 pub async fn spawn_admin(
     addr: &str,
     store: &Store,
@@ -281,10 +281,19 @@ pub async fn spawn_admin(
 ) -> anyhow::Result<()> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let from_config = config.map(|c| c.admin.clone()).unwrap_or_default();
-    let tokens = crate::admin::Tokens {
-        full: env("BATON_ADMIN_TOKEN").or(from_config.token),
-        read: env("BATON_ADMIN_READ_TOKEN").or(from_config.read_token),
-    };
+    use crate::admin::{Credential, Role};
+    let mut fixed = Vec::new();
+    if let Some(t) = env("BATON_ADMIN_TOKEN").or(from_config.token) {
+        fixed.push(Credential::new("admin", Role::Admin, &t));
+    }
+    if let Some(t) = env("BATON_ADMIN_READ_TOKEN").or(from_config.read_token) {
+        fixed.push(Credential::new("read", Role::Read, &t));
+    }
+    let file = env("BATON_ADMIN_TOKENS_FILE")
+        .map(std::path::PathBuf::from)
+        .or(from_config.tokens_file);
+    let tokens = crate::admin::Tokens::new(fixed, file.as_deref())
+        .map_err(|e| anyhow::anyhow!("the admin tokens file: {e}"))?;
     crate::admin::spawn(
         addr,
         crate::admin::Admin {

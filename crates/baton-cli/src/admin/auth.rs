@@ -1,71 +1,24 @@
-//! Bearer-token auth for the admin server: with a token set, every route
-//! but `/livez`, `/readyz` and the dashboard's static page and assets needs
-//! `Authorization: Bearer <token>`; the optional read-only token may only
-//! read (GET/HEAD). Tokens are compared in constant time and never logged.
+//! Bearer-token auth for the admin server: with any token set, every
+//! route but `/livez`, `/readyz` and the dashboard's static page and
+//! assets needs `Authorization: Bearer <token>` of a named token whose
+//! [`Role`] allows the request (see [`super::tokens`]). The handlers learn
+//! who called ([`Caller`]).
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State as Extract};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use subtle::ConstantTimeEq;
 
+use super::tokens::Role;
+pub use super::tokens::TokenSet as Tokens;
 use super::{api, State};
 
-/// The admin tokens: full access and read-only. Its `Debug` hides them.
-#[derive(Clone, Default)]
-pub struct Tokens {
-    /// Reads and writes.
-    pub full: Option<String>,
-    /// Reads only.
-    pub read: Option<String>,
-}
-
-impl std::fmt::Debug for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens")
-            .field("full", &self.full.as_ref().map(|_| "<hidden>"))
-            .field("read", &self.read.as_ref().map(|_| "<hidden>"))
-            .finish()
-    }
-}
-
-impl Tokens {
-    /// No token at all: the server is open, so it binds loopback only.
-    pub fn is_empty(&self) -> bool {
-        self.full.is_none() && self.read.is_none()
-    }
-}
-
-/// What a request's credentials allow.
-#[derive(Debug, PartialEq, Eq)]
-enum Access {
-    Full,
-    Read,
-    None,
-}
-
-fn same(a: &str, b: &str) -> bool {
-    // Lengths are not secret; the bytes are compared in constant time.
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
-}
-
-fn access(tokens: &Tokens, given: Option<&str>) -> Access {
-    let Some(given) = given else {
-        return Access::None;
-    };
-    // Both are compared, so the time does not tell which one matched.
-    let full = tokens.full.as_deref().is_some_and(|t| same(t, given));
-    let read = tokens.read.as_deref().is_some_and(|t| same(t, given));
-    if full {
-        Access::Full
-    } else if read {
-        Access::Read
-    } else {
-        Access::None
-    }
-}
+/// Who a request is, as records show it: `api:NAME` for the named token
+/// it came with, `api:open` on a server without tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
 
 /// Paths anyone may read: the probes and the dashboard's page and assets
 /// (they hold no data; the page asks for the token).
@@ -73,10 +26,18 @@ fn public(path: &str) -> bool {
     matches!(path, "/livez" | "/readyz" | "/") || path.starts_with("/assets/")
 }
 
-/// The auth middleware.
-pub async fn require(Extract(state): Extract<Arc<State>>, req: Request, next: Next) -> Response {
+/// The auth middleware; it tells the handlers who called ([`Caller`]).
+pub async fn require(
+    Extract(state): Extract<Arc<State>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let tokens = &state.tokens;
-    if tokens.is_empty() || public(req.uri().path()) {
+    if tokens.is_empty() {
+        req.extensions_mut().insert(Caller("api:open".into()));
+        return next.run(req).await;
+    }
+    if public(req.uri().path()) {
         return next.run(req).await;
     }
     let given = req
@@ -85,47 +46,34 @@ pub async fn require(Extract(state): Extract<Arc<State>>, req: Request, next: Ne
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let reads = matches!(*req.method(), Method::GET | Method::HEAD);
-    match access(tokens, given) {
-        Access::Full => next.run(req).await,
-        Access::Read if reads => next.run(req).await,
-        Access::Read => api::error(
-            StatusCode::FORBIDDEN,
-            "the read-only token may only read (GET); use the admin token (BATON_ADMIN_TOKEN) to change anything",
-            None,
-        ),
-        Access::None => {
-            let why = if given.is_none() {
-                "missing credentials: send Authorization: Bearer <token> (BATON_ADMIN_TOKEN)"
-            } else {
-                "the bearer token does not match the admin token"
-            };
-            let mut r = api::error(StatusCode::UNAUTHORIZED, why, None);
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            r
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_grant_what_they_should() {
-        let t = Tokens {
-            full: Some("admin-secret".into()),
-            read: Some("reader".into()),
+    let Some(cred) = given.and_then(|g| tokens.check(g)) else {
+        let why = if given.is_none() {
+            "missing credentials: send Authorization: Bearer <token> (BATON_ADMIN_TOKEN or a named token)"
+        } else {
+            "the bearer token matches no admin token"
         };
-        assert_eq!(access(&t, Some("admin-secret")), Access::Full);
-        assert_eq!(access(&t, Some("reader")), Access::Read);
-        assert_eq!(access(&t, Some("admin-secreT")), Access::None);
-        assert_eq!(access(&t, Some("admin")), Access::None);
-        assert_eq!(access(&t, Some("")), Access::None);
-        assert_eq!(access(&t, None), Access::None);
-        assert!(!format!("{t:?}").contains("secret"));
+        let mut r = api::error(StatusCode::UNAUTHORIZED, why, None);
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    };
+    let needed = Role::needed(req.method(), req.uri().path());
+    if cred.role < needed {
+        let why = format!(
+            "the token {:?} has the role {}; this needs {} ({})",
+            cred.name,
+            cred.role.as_str(),
+            needed.as_str(),
+            match needed {
+                Role::Admin => "deleting tasks and force-releasing locks",
+                _ => "changing anything",
+            }
+        );
+        return api::error(StatusCode::FORBIDDEN, &why, None);
     }
+    req.extensions_mut()
+        .insert(Caller(format!("api:{}", cred.name)));
+    next.run(req).await
 }

@@ -16,6 +16,8 @@ mod api;
 mod auth;
 mod dashboard;
 mod openapi;
+mod record;
+mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -34,6 +36,7 @@ use tokio::sync::Semaphore;
 use crate::config::JobConfig;
 
 pub use auth::Tokens;
+pub use tokens::{Credential, Role};
 
 /// The largest request head (request line and headers) accepted.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -111,6 +114,12 @@ pub async fn spawn(addr: &str, admin: Admin) -> anyhow::Result<SocketAddr> {
 /// Every route, with the limits and auth around them.
 fn router(state: Arc<State>) -> Router {
     let (api, _) = openapi::routes();
+    // Writes are recorded in the audit log (a route layer: inside auth,
+    // with the matched route).
+    let api = api.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        record::record,
+    ));
     Router::new()
         .merge(api)
         .merge(dashboard::routes())

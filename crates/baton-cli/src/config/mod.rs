@@ -112,6 +112,9 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// A token that may only read.
     pub read_token: Option<String>,
+    /// A file of named tokens with roles (`NAME ROLE SECRET` a line), read
+    /// again when it changes (`BATON_ADMIN_TOKENS_FILE` wins).
+    pub tokens_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for AdminConfig {
@@ -119,6 +122,7 @@ impl std::fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("token", &self.token.as_ref().map(|_| "<hidden>"))
             .field("read_token", &self.read_token.as_ref().map(|_| "<hidden>"))
+            .field("tokens_file", &self.tokens_file)
             .finish()
     }
 }

@@ -27,6 +27,8 @@ async function api(method, path, body) {
   const headers = { "Accept": "application/json" };
   if (token()) headers["Authorization"] = "Bearer " + token();
   if (body !== undefined) headers["Content-Type"] = "application/json";
+  // A pause or resume records that it came from this page.
+  if (method !== "GET") headers["X-Baton-Source"] = "dashboard";
   const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let data = null;
   try { data = await r.json(); } catch (_) { data = null; }
