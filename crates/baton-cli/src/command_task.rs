@@ -98,10 +98,7 @@ pub async fn run_argv_stopping(
         env.push(("BATON_JOB", job.clone()));
     }
     if let Some(slot) = t.slot {
-        env.push((
-            "BATON_SLOT",
-            slot.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-        ));
+        env.push(("BATON_SLOT", crate::runtime::slot_text(slot)));
     }
     let id = t.id;
     let stop = async {

@@ -156,9 +156,12 @@ pub fn not_retryable(t: &baton::store::TaskInfo) -> Option<String> {
     })
 }
 
-/// A slot or time as the jobs' environment and output show it.
+/// A slot as the jobs' environment (`BATON_SLOT`) and the `Baton-Slot`
+/// header show it: the one form of every time baton writes
+/// ([`baton::format_time`], `2026-01-31T06:00:00.000Z`), so a slot greps
+/// the same in the environment, the logs, the CLI and the API.
 pub fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+    baton::format_time(t)
 }
 
 /// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the

@@ -172,7 +172,7 @@ async fn work_with_a_config_serves_its_queues(e: Env) {
     // The durable job's run on the declared queue runs.
     let ledger = e.path("ledger");
     wait_for(20, "the job's run on queue exports", || {
-        read(&ledger).contains("2025-12-31T21:00:00Z")
+        read(&ledger).contains("2025-12-31T21:00:00.000Z")
     });
     signal(&w, libc::SIGTERM);
     let out = tokio::task::spawn_blocking(move || {
