@@ -46,6 +46,7 @@ pub mod mysql;
 mod options;
 mod overlap;
 mod params;
+mod pause_note;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod pool;
 #[cfg(feature = "postgres")]
@@ -73,6 +74,7 @@ pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use options::StoreOptions;
 pub use overlap::*;
 pub use params::*;
+pub use pause_note::{PauseChange, PauseNote, MAX_PAUSE_BY_LEN, MAX_PAUSE_NOTE_LEN};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
 pub use slot_key::{is_slot_key, slot_key};

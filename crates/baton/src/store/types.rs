@@ -461,24 +461,39 @@ pub struct QueueStats {
     /// A paused queue is listed even when it holds no tasks.
     #[serde(default)]
     pub paused: bool,
+    /// The last pause or resume of the queue: its note, author and time
+    /// (`None`: never paused or resumed since the store recorded them).
+    #[serde(default)]
+    pub pause_change: Option<super::PauseChange>,
 }
 
-/// Mark the paused queues in `stats`, adding an empty entry for a paused
-/// queue that holds no tasks (then the list is sorted by queue again).
+/// One row of the SQL stores' queues table as `queue_stats` reads it: the
+/// queue, its paused flag and its last pause or resume.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, paused: impl IntoIterator<Item = String>) {
+pub(crate) type QueueRow = (String, bool, Option<super::PauseChange>);
+
+/// Mark the paused queues in `stats` and attach each queue's last pause or
+/// resume, adding an empty entry for a paused queue that holds no tasks
+/// (then the list is sorted by queue again).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, rows: impl IntoIterator<Item = QueueRow>) {
     let mut added = false;
-    for queue in paused {
+    for (queue, paused, change) in rows {
         match stats.iter_mut().find(|s| s.queue == queue) {
-            Some(s) => s.paused = true,
-            None => {
+            Some(s) => {
+                s.paused = paused;
+                s.pause_change = change;
+            }
+            None if paused => {
                 stats.push(QueueStats {
                     queue,
                     paused: true,
+                    pause_change: change,
                     ..QueueStats::default()
                 });
                 added = true;
             }
+            None => {}
         }
     }
     if added {
@@ -728,6 +743,14 @@ pub struct JobState {
     /// The queue its slot runs go to, as last registered (`None`: a store
     /// that has not seen this job register since it recorded queues).
     pub queue: Option<String>,
+    /// Its overlap policy, as last registered (`None`: not registered
+    /// since the store recorded policies).
+    #[serde(default)]
+    pub overlap: Option<super::Overlap>,
+    /// The last pause or resume: its note, author and time (`None`: never
+    /// paused or resumed since the store recorded them).
+    #[serde(default)]
+    pub pause_change: Option<super::PauseChange>,
 }
 
 /// What is kept of a slot's run once pruning deleted its task (the slot's

@@ -36,7 +36,30 @@ const UPGRADES: &[Upgrade] = &[
     rescope_unique_keys,
     add_rates,
     add_unique_until_failed,
+    add_pause_notes,
 ];
+
+/// 10 → 11: each job's overlap policy (what a worker ending a run reads
+/// to skip `job_release` under `skip`/`allow`), and the note, author and
+/// time of a job's or queue's last pause or resume (issue 26); all
+/// nullable, nothing to convert.
+fn add_pause_notes(n: &Names) -> Vec<String> {
+    let mut out = add_column(n, "jobs", "overlap VARCHAR(32) NULL");
+    for table in ["jobs", "queues"] {
+        out.extend(add_column(
+            n,
+            table,
+            "pause_note TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+        ));
+        out.extend(add_column(
+            n,
+            table,
+            "pause_by VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+        ));
+        out.extend(add_column(n, table, "pause_at DATETIME(6) NULL"));
+    }
+    out
+}
 
 /// 9 → 10: a third unique hold, `UniqueHold::UntilFailed` (a succeeded
 /// task keeps its key, issue 29): the column `unique_until_failed` (0 on

@@ -148,7 +148,31 @@ const UPGRADES: &[Upgrade] = &[
     // 9 → 10: fair claiming: each queue's rotation cursor and the index
     // the fair claim finds each key's first pending task with.
     upgrade_fair,
+    // 10 → 11: each job's overlap policy, and the note, author and time
+    // of a job's or queue's last pause or resume (issue 26).
+    upgrade_pause_notes,
 ];
+
+/// The jobs' `overlap` (what a worker ending a run reads to skip
+/// `job_release` under `skip`/`allow`) and the pause records of jobs and
+/// queues (`pause_note`, `pause_by`, `pause_at`), all nullable: nothing to
+/// convert.
+fn upgrade_pause_notes(t: &Tables) -> Vec<Ddl> {
+    let col = |table: &str, column: &'static str, decl: &'static str| Ddl::AddColumn {
+        table: format!("{}{table}", t.prefix),
+        column,
+        decl,
+    };
+    vec![
+        col("jobs", "overlap", "TEXT"),
+        col("jobs", "pause_note", "TEXT"),
+        col("jobs", "pause_by", "TEXT"),
+        col("jobs", "pause_at", "INTEGER"),
+        col("queues", "pause_note", "TEXT"),
+        col("queues", "pause_by", "TEXT"),
+        col("queues", "pause_at", "INTEGER"),
+    ]
+}
 
 /// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):
 /// the column `unique_until_failed` (0 on every existing task, so each
