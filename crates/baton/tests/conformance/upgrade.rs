@@ -528,14 +528,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
 /// version 7 the tasks' `concurrency_key`, version 8 the unique keys
 /// rewritten into their default scope, version 9 rate limits' start logs,
-/// version 10 the until-failed hold. A fresh store records 10; a version-2 store (the
+/// version 10 the until-failed hold, version 11 the jobs' policies and the
+/// pause notes of jobs and queues. A fresh store records 11; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 10);
+    assert_eq!(recorded_version(&ts, p).await, 11);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -548,6 +549,14 @@ async fn mysql_versions(ts: TestStore) {
             format!("ALTER TABLE `{p}queues` DROP COLUMN paused"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN traceparent"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN concurrency_key"),
+            format!(
+                "ALTER TABLE `{p}jobs` DROP COLUMN overlap, DROP COLUMN pause_note, \
+                 DROP COLUMN pause_by, DROP COLUMN pause_at"
+            ),
+            format!(
+                "ALTER TABLE `{p}queues` DROP COLUMN pause_note, DROP COLUMN pause_by, \
+                 DROP COLUMN pause_at"
+            ),
             format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
         ] {
             sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -559,7 +568,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 10, "upgraded to 10");
+        assert_eq!(recorded_version(&ts, p).await, 11, "upgraded to 11");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -677,9 +686,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
         // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
         // the until-failed hold's column and unique predicate, 11 fair
-        // claiming's `key_pending`), on the upgraded store and on a fresh
-        // one.
-        assert_eq!(recorded_version(&ts, &p).await, 11);
+        // claiming's `key_pending`, 12 the jobs' policies and pause
+        // notes), on the upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 12);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -863,6 +872,25 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     q.pause("up").await.unwrap();
     assert!(b.task_claim(&req).await.unwrap().is_empty(), "paused");
     q.resume("up").await.unwrap();
+    // It keeps pause notes (the pause-notes step's columns or fields):
+    // on a queue, and on the version-1 job `J`, which has no recorded
+    // policy.
+    let why = baton::store::PauseNote::default().note("after upgrade").by("t");
+    q.pause_with("up", why).await.unwrap();
+    let st = q.stats().await.unwrap();
+    let up = st.iter().find(|s| s.queue == "up").unwrap();
+    assert_eq!(
+        up.pause_change.as_ref().and_then(|c| c.note.as_deref()),
+        Some("after upgrade")
+    );
+    q.resume("up").await.unwrap();
+    assert!(baton::schedule::set_paused_with(&store, "J", true, why)
+        .await
+        .unwrap());
+    let j = b.job_get("J").await.unwrap().unwrap();
+    assert_eq!(j.overlap, None);
+    assert_eq!(j.pause_change.unwrap().by.as_deref(), Some("t"));
+    baton::schedule::set_paused(&store, "J", false).await.unwrap();
     if let Kind::Redis = ts.kind {
         // baton's lock of the same name beside ShedLock's is its own.
         let g = b
@@ -1063,12 +1091,12 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
         async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
     };
     for round in 0..2 {
-        // Back to before the unique-scope step (rate limits' and the
-        // until-failed hold's came after it on every store, and fair
-        // claiming's on SQLite and PostgreSQL).
+        // Back to before the unique-scope step (rate limits', the
+        // until-failed hold's and the pause notes' came after it on every
+        // store, and fair claiming's on SQLite and PostgreSQL).
         let after_scope = match ts.kind {
-            Kind::Sqlite | Kind::Postgres => 4,
-            _ => 3,
+            Kind::Sqlite | Kind::Postgres => 5,
+            _ => 4,
         };
         crate::harness::set_schema_version(&ts, &p, Some(expected - after_scope)).await;
         let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
@@ -1177,11 +1205,11 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
         exec_sql(&ts, sql).await;
     }
     let expected = b.schema_status().await.unwrap().expected;
-    // Back to before the hold's step (fair claiming's came after it on
-    // SQLite and PostgreSQL).
+    // Back to before the hold's step (the pause notes' came after it on
+    // every store, fair claiming's on SQLite and PostgreSQL).
     let after_hold = match ts.kind {
-        Kind::Sqlite | Kind::Postgres => 2,
-        _ => 1,
+        Kind::Sqlite | Kind::Postgres => 3,
+        _ => 2,
     };
     crate::harness::set_schema_version(&ts, &p, Some(expected - after_hold)).await;
     let opts = StoreOptions {
