@@ -705,8 +705,10 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
             let stats = q.stats().await?;
             if json {
-                // The same array as the admin endpoint's /stats.
-                output::json(&serde_json::to_value(&stats)?)?;
+                // The admin endpoint's /api/v1/queues rows, without the
+                // throughput it samples.
+                let rows: Vec<_> = stats.iter().map(crate::shapes::queue).collect();
+                output::json(&serde_json::Value::Array(rows))?;
                 return Ok(0);
             }
             let mut t = Table::new(&[
@@ -755,45 +757,4 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             Ok(0)
         }
     }
-}
-
-/// `baton queues pause|resume`.
-#[derive(clap::Subcommand, Debug)]
-pub enum QueuesCmd {
-    /// Stop every worker of the cluster claiming the queue's tasks (running
-    /// tasks finish; enqueue is still accepted).
-    Pause {
-        #[command(flatten)]
-        store: StoreArg,
-        /// The queue's name.
-        queue: String,
-    },
-    /// Resume a paused queue; its workers are woken.
-    Resume {
-        #[command(flatten)]
-        store: StoreArg,
-        /// The queue's name.
-        queue: String,
-    },
-}
-
-/// Run `baton queues …`: 0 done (also when the queue already was in that
-/// state), 2 for a bad name.
-pub async fn queues(cmd: QueuesCmd) -> anyhow::Result<u8> {
-    let (store, queue, paused) = match cmd {
-        QueuesCmd::Pause { store, queue } => (store, queue, true),
-        QueuesCmd::Resume { store, queue } => (store, queue, false),
-    };
-    baton::names::validate_name("QUEUE", &queue).map_err(Error::from)?;
-    let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-    if paused {
-        q.pause(&queue).await?;
-        outln!(
-            "queue {queue} paused: no worker claims its tasks until `baton queues resume {queue}`"
-        );
-    } else {
-        q.resume(&queue).await?;
-        outln!("queue {queue} resumed");
-    }
-    Ok(0)
 }

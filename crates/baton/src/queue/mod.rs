@@ -27,7 +27,8 @@ pub use crate::store::{
     UniqueScope,
 };
 use crate::store::{
-    CancelOutcome, Enqueued, NewTask, PauseNote, QueueStats, RunAt, Store, TaskFilter, TaskInfo, TaskState,
+    CancelOutcome, Enqueued, NewTask, PauseNote, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
+    TaskState,
 };
 
 mod backoff;
@@ -699,7 +700,12 @@ impl Queue {
         self.set_paused(queue, false, note).await
     }
 
-    async fn set_paused(&self, queue: &str, paused: bool, note: PauseNote<'_>) -> Result<(), Error> {
+    async fn set_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        note: PauseNote<'_>,
+    ) -> Result<(), Error> {
         validate_name("queue", queue)?;
         note.validate()?;
         Ok(self

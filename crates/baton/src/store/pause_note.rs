@@ -120,7 +120,9 @@ mod tests {
 
     #[test]
     fn bad_notes_and_authors_are_refused_naming_the_field() {
-        let ok = PauseNote::default().note("line one\nline two\tx").by("bob@host via cli");
+        let ok = PauseNote::default()
+            .note("line one\nline two\tx")
+            .by("bob@host via cli");
         assert!(ok.validate().is_ok());
         assert!(PauseNote::default().validate().is_ok());
         let cases = [
@@ -142,6 +144,9 @@ mod tests {
         let exact = "x".repeat(MAX_PAUSE_NOTE_LEN);
         assert!(PauseNote::default().note(&exact).validate().is_ok());
         let by = "x".repeat(MAX_PAUSE_BY_LEN + 1);
-        assert_eq!(PauseNote::default().by(&by).validate().unwrap_err().field, "by");
+        assert_eq!(
+            PauseNote::default().by(&by).validate().unwrap_err().field,
+            "by"
+        );
     }
 }

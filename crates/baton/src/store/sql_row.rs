@@ -205,7 +205,10 @@ pub(crate) fn lock_info(row: &impl SqlRow) -> Result<LockInfo, StoreError> {
 pub(crate) fn job_state(row: &impl SqlRow) -> Result<JobState, StoreError> {
     let overlap = row
         .opt_text("overlap")?
-        .map(|o| o.parse::<super::Overlap>().map_err(|_| corrupt("job overlap", &o)))
+        .map(|o| {
+            o.parse::<super::Overlap>()
+                .map_err(|_| corrupt("job overlap", &o))
+        })
         .transpose()?;
     Ok(JobState {
         name: row.text("name")?,

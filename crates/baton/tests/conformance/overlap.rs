@@ -260,7 +260,14 @@ pub async fn a_worker_releases_only_for_jobs_that_may_wait(ts: TestStore) {
     });
     let stop = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));
-    let releases = || calls.lock().unwrap().get("job_release").copied().unwrap_or(0);
+    let releases = || {
+        calls
+            .lock()
+            .unwrap()
+            .get("job_release")
+            .copied()
+            .unwrap_or(0)
+    };
     let ended = |ts: &TestStore, id: i64| {
         let store = ts.store.clone();
         async move {
@@ -284,13 +291,23 @@ pub async fn a_worker_releases_only_for_jobs_that_may_wait(ts: TestStore) {
     let s2 = enqueued(take(&ts, &job, c0, 2, Overlap::Skip).await);
     ended(&ts, s2.id).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(releases(), 0, "a skip job's runs make no job_release: {:?}", calls.lock().unwrap());
+    assert_eq!(
+        releases(),
+        0,
+        "a skip job's runs make no job_release: {:?}",
+        calls.lock().unwrap()
+    );
 
     // A buffer_one job: the slot waiting for the running run starts when
     // that run ends, released by the worker.
     gate.store(false, Ordering::SeqCst);
     let name = "gate-b1";
-    let (job, c0) = register(&ts, name, JobRegister::new(name).overlap(Overlap::BufferOne)).await;
+    let (job, c0) = register(
+        &ts,
+        name,
+        JobRegister::new(name).overlap(Overlap::BufferOne),
+    )
+    .await;
     let first = enqueued(take(&ts, &job, c0, 1, Overlap::BufferOne).await);
     for _ in 0..200 {
         if state(&ts, first.id).await.state == TaskState::Running {
@@ -303,7 +320,10 @@ pub async fn a_worker_releases_only_for_jobs_that_may_wait(ts: TestStore) {
     gate.store(true, Ordering::SeqCst);
     ended(&ts, first.id).await;
     ended(&ts, second.id).await;
-    assert!(releases() >= 1, "the buffer_one job's run released its waiter");
+    assert!(
+        releases() >= 1,
+        "the buffer_one job's run released its waiter"
+    );
     stop.cancel();
     run.await.unwrap().unwrap();
 }

@@ -36,7 +36,9 @@ async fn both(ts: &TestStore, job: &str) -> JobState {
 
 pub async fn job_records_its_policy_and_pause_notes(ts: TestStore) {
     let b = ts.store.backend();
-    let reg = JobRegister::new("noted").queue("q1").overlap(Overlap::BufferAll);
+    let reg = JobRegister::new("noted")
+        .queue("q1")
+        .overlap(Overlap::BufferAll);
     let st = b.job_register(&reg).await.unwrap();
     assert_eq!(st.overlap, Some(Overlap::BufferAll));
     assert_eq!(st.pause_change, None, "never paused");
@@ -80,7 +82,9 @@ pub async fn job_records_its_policy_and_pause_notes(ts: TestStore) {
     assert_eq!(c2.by.as_deref(), Some("api:operate via api"));
     assert!(c2.at > c.at, "the resume is later than the pause");
     // The old call records a change without note or author.
-    assert!(schedule::set_paused(&ts.store, "noted", true).await.unwrap());
+    assert!(schedule::set_paused(&ts.store, "noted", true)
+        .await
+        .unwrap());
     let c3 = both(&ts, "noted").await.pause_change.unwrap();
     assert_eq!((c3.note, c3.by), (None, None));
 
@@ -92,14 +96,9 @@ pub async fn job_records_its_policy_and_pause_notes(ts: TestStore) {
     assert_eq!(b.job_get("nope").await.unwrap(), None);
     // A note over the bound is refused before the store, naming the field.
     let long = "n".repeat(baton::store::MAX_PAUSE_NOTE_LEN + 1);
-    let e = schedule::set_paused_with(
-        &ts.store,
-        "noted",
-        false,
-        PauseNote::default().note(&long),
-    )
-    .await
-    .unwrap_err();
+    let e = schedule::set_paused_with(&ts.store, "noted", false, PauseNote::default().note(&long))
+        .await
+        .unwrap_err();
     assert!(e.to_string().starts_with("note:"), "{e}");
     assert!(both(&ts, "noted").await.paused, "nothing changed");
 }
@@ -108,7 +107,13 @@ pub async fn queue_pause_notes_are_kept_and_shown(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let stats = |name: &'static str| {
         let q = q.clone();
-        async move { q.stats().await.unwrap().into_iter().find(|s| s.queue == name) }
+        async move {
+            q.stats()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|s| s.queue == name)
+        }
     };
     // A paused queue without tasks is listed, with its note.
     let why = PauseNote::default()
@@ -136,7 +141,10 @@ pub async fn queue_pause_notes_are_kept_and_shown(ts: TestStore) {
         .unwrap();
     let s = stats("busy").await.unwrap();
     assert!(s.paused);
-    assert_eq!(s.pause_change.as_ref().unwrap().note.as_deref(), Some("hold"));
+    assert_eq!(
+        s.pause_change.as_ref().unwrap().note.as_deref(),
+        Some("hold")
+    );
     assert_eq!(s.pause_change.as_ref().unwrap().by, None);
     q.resume_with("busy", PauseNote::default().note("fixed").by("carol"))
         .await

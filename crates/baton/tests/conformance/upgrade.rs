@@ -875,7 +875,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     // It keeps pause notes (the pause-notes step's columns or fields):
     // on a queue, and on the version-1 job `J`, which has no recorded
     // policy.
-    let why = baton::store::PauseNote::default().note("after upgrade").by("t");
+    let why = baton::store::PauseNote::default()
+        .note("after upgrade")
+        .by("t");
     q.pause_with("up", why).await.unwrap();
     let st = q.stats().await.unwrap();
     let up = st.iter().find(|s| s.queue == "up").unwrap();
@@ -890,7 +892,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     let j = b.job_get("J").await.unwrap().unwrap();
     assert_eq!(j.overlap, None);
     assert_eq!(j.pause_change.unwrap().by.as_deref(), Some("t"));
-    baton::schedule::set_paused(&store, "J", false).await.unwrap();
+    baton::schedule::set_paused(&store, "J", false)
+        .await
+        .unwrap();
     if let Kind::Redis = ts.kind {
         // baton's lock of the same name beside ShedLock's is its own.
         let g = b

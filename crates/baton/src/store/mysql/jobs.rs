@@ -23,9 +23,9 @@ pub(super) async fn job_register(
     .execute(&b.pool)
     .await?;
     let row = sqlx::query(&format!("SELECT {JOB_COLS} FROM {j} WHERE name = ?"))
-    .bind(job)
-    .fetch_one(&b.pool)
-    .await?;
+        .bind(job)
+        .fetch_one(&b.pool)
+        .await?;
     job_state(&row)
 }
 

@@ -15,7 +15,8 @@ use super::{dur, listener, schema, PgBackend, PoolMode};
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
-    claimed_task, job_state, lock_info, queue_row, queue_stats, task_info, token_arg, token_of, SqlRow,
+    claimed_task, job_state, lock_info, queue_row, queue_stats, task_info, token_arg, token_of,
+    SqlRow,
 };
 use crate::store::SchemaStatus;
 use crate::store::{

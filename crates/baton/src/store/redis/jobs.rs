@@ -12,8 +12,8 @@ use super::decode::{opt_ts, parse_i64, task_args};
 use super::RedisBackend;
 use crate::error::StoreError;
 use crate::store::{
-    ms, Advanced, Enqueued, JobAdvance, JobState, Overlap, PauseChange, SlotRecord, OVERLAP_BUFFER_FULL,
-    OVERLAP_REPLACED, OVERLAP_SKIPPED, WAITING_RUN_AT_MS,
+    ms, Advanced, Enqueued, JobAdvance, JobState, Overlap, PauseChange, SlotRecord,
+    OVERLAP_BUFFER_FULL, OVERLAP_REPLACED, OVERLAP_SKIPPED, WAITING_RUN_AT_MS,
 };
 
 pub(super) async fn job_register(

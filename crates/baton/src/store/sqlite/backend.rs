@@ -16,7 +16,8 @@ use super::{schema, SqliteBackend, NOW_US};
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
-    claimed_task, corrupt, count_of, job_state, lock_info, queue_row, task_info, token_arg, token_of, SqlRow,
+    claimed_task, corrupt, count_of, job_state, lock_info, queue_row, task_info, token_arg,
+    token_of, SqlRow,
 };
 use crate::store::SchemaStatus;
 use crate::store::{
