@@ -73,10 +73,25 @@ fn public(path: &str) -> bool {
     matches!(path, "/livez" | "/readyz" | "/") || path.starts_with("/assets/")
 }
 
-/// The auth middleware.
-pub async fn require(Extract(state): Extract<Arc<State>>, req: Request, next: Next) -> Response {
+/// Who a request is to the API, as a pause or resume records it: the
+/// credential it came with (`api:admin`, the admin token; `api:open`, a
+/// server without tokens). The read-only token cannot change anything,
+/// so it never records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller(pub &'static str);
+
+/// The auth middleware; it tells the handlers who called ([`Caller`]).
+pub async fn require(
+    Extract(state): Extract<Arc<State>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let tokens = &state.tokens;
-    if tokens.is_empty() || public(req.uri().path()) {
+    if tokens.is_empty() {
+        req.extensions_mut().insert(Caller("api:open"));
+        return next.run(req).await;
+    }
+    if public(req.uri().path()) {
         return next.run(req).await;
     }
     let given = req
@@ -87,7 +102,10 @@ pub async fn require(Extract(state): Extract<Arc<State>>, req: Request, next: Ne
         .map(str::trim);
     let reads = matches!(*req.method(), Method::GET | Method::HEAD);
     match access(tokens, given) {
-        Access::Full => next.run(req).await,
+        Access::Full => {
+            req.extensions_mut().insert(Caller("api:admin"));
+            next.run(req).await
+        }
         Access::Read if reads => next.run(req).await,
         Access::Read => api::error(
             StatusCode::FORBIDDEN,
