@@ -41,13 +41,21 @@ pub fn pause_note<'a>(
     args: &'a PauseNoteArgs,
     by: &'a str,
 ) -> Result<PauseNote<'a>, baton::InvalidInput> {
+    let flag = |mut e: baton::InvalidInput| {
+        e.field = format!("--{}", e.field);
+        e
+    };
+    // The name as given (an empty one is refused), then as recorded.
+    PauseNote {
+        note: args.note.as_deref(),
+        by: args.by.as_deref(),
+    }
+    .validate()
+    .map_err(flag)?;
     let n = PauseNote {
         note: args.note.as_deref(),
         by: Some(by),
     };
-    n.validate().map_err(|mut e| {
-        e.field = format!("--{}", e.field);
-        e
-    })?;
+    n.validate().map_err(flag)?;
     Ok(n)
 }
