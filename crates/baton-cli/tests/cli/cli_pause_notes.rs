@@ -147,7 +147,7 @@ async fn job_pause_notes_and_policies_are_shown(e: Env) {
     );
     // An unknown job: not found.
     let out = e.run(&["jobs", "show", "nope"]);
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
 }
 
 async fn queue_pause_notes_are_shown(e: Env) {
