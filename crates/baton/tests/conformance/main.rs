@@ -114,6 +114,7 @@ baton_testkit::per_backend! {
     overlap::terminate_other_is_decided_as_cancel_other,
     overlap::racing_releases_start_a_waiting_slot_once,
     overlap::a_worker_releases_only_for_jobs_that_may_wait,
+    overlap::schedulers_poll_releases_only_for_waiting_policies,
     pause_notes::job_records_its_policy_and_pause_notes,
     pause_notes::queue_pause_notes_are_kept_and_shown,
     schedule::trigger_and_scheduler_share_a_slot,

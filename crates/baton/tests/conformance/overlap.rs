@@ -327,3 +327,48 @@ pub async fn a_worker_releases_only_for_jobs_that_may_wait(ts: TestStore) {
     stop.cancel();
     run.await.unwrap().unwrap();
 }
+
+/// The schedulers' release poll (once a second) runs only for jobs under a
+/// policy that may leave a slot waiting: a scheduler of a `skip` job makes
+/// no `job_release` call, one of a `buffer_one` job does. Each registers
+/// its job's policy in the store, which the workers read.
+pub async fn schedulers_poll_releases_only_for_waiting_policies(ts: TestStore) {
+    use baton::schedule::Scheduler;
+    use std::sync::Arc;
+    let hourly = || Schedule::every(Duration::from_secs(3600)).unwrap();
+    let mut counts = Vec::new();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut runs = Vec::new();
+    for (name, ov) in [
+        ("poll-skip", Overlap::Skip),
+        ("poll-b1", Overlap::BufferOne),
+    ] {
+        let calls: crate::idle::Calls = Arc::default();
+        let mut s = Scheduler::new(crate::idle::counted(&ts.store, &calls));
+        s.add(Job::new(name, hourly()).overlap(ov)).unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+        counts.push(calls);
+    }
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let releases = |c: &crate::idle::Calls| c.lock().unwrap().get("job_release").copied();
+    assert_eq!(
+        releases(&counts[0]),
+        None,
+        "skip: {:?}",
+        counts[0].lock().unwrap()
+    );
+    assert!(
+        releases(&counts[1]).unwrap_or(0) >= 1,
+        "buffer_one: {:?}",
+        counts[1].lock().unwrap()
+    );
+    let b = ts.store.backend();
+    let policy =
+        |name: &'static str| async move { b.job_get(name).await.unwrap().unwrap().overlap };
+    assert_eq!(policy("poll-skip").await, Some(Overlap::Skip));
+    assert_eq!(policy("poll-b1").await, Some(Overlap::BufferOne));
+}
