@@ -11,8 +11,8 @@ pub struct PauseNoteArgs {
     /// later pause or resume replaces it).
     #[arg(long, value_name = "TEXT")]
     pub note: Option<String>,
-    /// Who, recorded as "NAME via cli" [default: $USER@HOSTNAME, or
-    /// $USERNAME@HOSTNAME, or unknown@HOSTNAME]
+    /// Who, recorded as "NAME via cli" (default: `$USER@HOSTNAME`, or
+    /// `$USERNAME@HOSTNAME`, or `unknown@HOSTNAME`)
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
 }

@@ -114,6 +114,43 @@ impl PauseChange {
     }
 }
 
+/// One row of the SQL stores' queues table as `queue_stats` reads it: the
+/// queue, its paused flag and its last pause or resume.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) type QueueRow = (String, bool, Option<PauseChange>);
+
+/// Mark the paused queues in `stats` and attach each queue's last pause or
+/// resume, adding an empty entry for a paused queue that holds no tasks
+/// (then the list is sorted by queue again).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn mark_paused(
+    stats: &mut Vec<super::QueueStats>,
+    rows: impl IntoIterator<Item = QueueRow>,
+) {
+    let mut added = false;
+    for (queue, paused, change) in rows {
+        match stats.iter_mut().find(|s| s.queue == queue) {
+            Some(s) => {
+                s.paused = paused;
+                s.pause_change = change;
+            }
+            None if paused => {
+                stats.push(super::QueueStats {
+                    queue,
+                    paused: true,
+                    pause_change: change,
+                    ..super::QueueStats::default()
+                });
+                added = true;
+            }
+            None => {}
+        }
+    }
+    if added {
+        stats.sort_by(|a, b| a.queue.cmp(&b.queue));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,9 @@ pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt
 pub(crate) const JOB_COLS: &str =
     "name, last_slot, paused, queue, overlap, pause_note, pause_by, pause_at";
 
-/// The columns of the queues table read by [`queue_row`].
+/// The columns of the queues table read by [`queue_row`] (MySQL's table
+/// names its key `queue`: it reads `queue AS name`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const QUEUE_COLS: &str = "name, paused, pause_note, pause_by, pause_at";
 
 /// One column of each kind, as a backend stores it.

@@ -467,40 +467,6 @@ pub struct QueueStats {
     pub pause_change: Option<super::PauseChange>,
 }
 
-/// One row of the SQL stores' queues table as `queue_stats` reads it: the
-/// queue, its paused flag and its last pause or resume.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) type QueueRow = (String, bool, Option<super::PauseChange>);
-
-/// Mark the paused queues in `stats` and attach each queue's last pause or
-/// resume, adding an empty entry for a paused queue that holds no tasks
-/// (then the list is sorted by queue again).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, rows: impl IntoIterator<Item = QueueRow>) {
-    let mut added = false;
-    for (queue, paused, change) in rows {
-        match stats.iter_mut().find(|s| s.queue == queue) {
-            Some(s) => {
-                s.paused = paused;
-                s.pause_change = change;
-            }
-            None if paused => {
-                stats.push(QueueStats {
-                    queue,
-                    paused: true,
-                    pause_change: change,
-                    ..QueueStats::default()
-                });
-                added = true;
-            }
-            None => {}
-        }
-    }
-    if added {
-        stats.sort_by(|a, b| a.queue.cmp(&b.queue));
-    }
-}
-
 /// The schema version a store records at this prefix against the one this
 /// build creates and understands ([`Backend::schema_status`](super::Backend::schema_status)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
