@@ -703,41 +703,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
         TasksCmd::Delete(a) => crate::tasks_delete::run(a).await,
         TasksCmd::Stats { store, json } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-            let stats = q.stats().await?;
-            if json {
-                // The admin endpoint's /api/v1/queues rows, without the
-                // throughput it samples.
-                let rows: Vec<_> = stats.iter().map(crate::shapes::queue).collect();
-                output::json(&serde_json::Value::Array(rows))?;
-                return Ok(0);
-            }
-            let mut t = Table::new(&[
-                ("QUEUE", Align::Left),
-                ("PENDING", Align::Right),
-                ("RUNNING", Align::Right),
-                ("SUCCEEDED", Align::Right),
-                ("FAILED", Align::Right),
-                ("CANCELLED", Align::Right),
-                ("OLDEST_DUE", Align::Right),
-                ("PAUSED", Align::Left),
-            ]);
-            for s in stats {
-                let age = s
-                    .oldest_pending_ms
-                    .map(|ms| baton::format_duration(Duration::from_millis(ms)))
-                    .unwrap_or_else(|| "-".into());
-                t.row(vec![
-                    s.queue,
-                    s.pending.to_string(),
-                    s.running.to_string(),
-                    s.succeeded.to_string(),
-                    s.failed.to_string(),
-                    s.cancelled.to_string(),
-                    age,
-                    if s.paused { "paused" } else { "-" }.into(),
-                ]);
-            }
-            t.print()?;
+            crate::queues_cmd::print(&q.stats().await?, json)?;
             Ok(0)
         }
         TasksCmd::Prune { store, older_than } => {

@@ -72,17 +72,27 @@ pub async fn queues(a: QueuesArgs) -> anyhow::Result<u8> {
 /// `baton queues`: a row a queue.
 async fn list(store: &crate::StoreArg, json: bool) -> anyhow::Result<u8> {
     let q = Queue::new(connect(store).await.context("connecting to the store")?);
-    let stats = q.stats().await?;
+    print(&q.stats().await?, json)?;
+    Ok(0)
+}
+
+/// The queues' counts, paused flags and last pause or resume, as `baton
+/// queues` and `baton tasks stats` print them: a table, or with `json`
+/// the admin API's `/api/v1/queues` rows without the throughput it
+/// samples.
+pub fn print(stats: &[baton::store::QueueStats], json: bool) -> anyhow::Result<()> {
     if json {
         let rows: Vec<_> = stats.iter().map(crate::shapes::queue).collect();
         output::json(&serde_json::Value::Array(rows))?;
-        return Ok(0);
+        return Ok(());
     }
     let mut t = Table::new(&[
         ("QUEUE", Align::Left),
         ("PENDING", Align::Right),
         ("RUNNING", Align::Right),
+        ("SUCCEEDED", Align::Right),
         ("FAILED", Align::Right),
+        ("CANCELLED", Align::Right),
         ("OLDEST_DUE", Align::Right),
         ("PAUSED", Align::Left),
         ("PAUSE NOTE", Align::Left),
@@ -96,12 +106,14 @@ async fn list(store: &crate::StoreArg, json: bool) -> anyhow::Result<u8> {
             s.queue.clone(),
             s.pending.to_string(),
             s.running.to_string(),
+            s.succeeded.to_string(),
             s.failed.to_string(),
+            s.cancelled.to_string(),
             age,
             if s.paused { "paused" } else { "-" }.into(),
             crate::shapes::pause_text(s.pause_change.as_ref()),
         ]);
     }
     t.print()?;
-    Ok(0)
+    Ok(())
 }

@@ -75,11 +75,7 @@ pub(super) async fn queue_set_paused(
     b: &MyBackend,
     params: &crate::store::QueueSetPaused<'_>,
 ) -> Result<(), StoreError> {
-    let crate::store::QueueSetPaused {
-        queue,
-        paused,
-        note,
-    } = *params;
+    let (queue, paused, note) = (params.queue, params.paused, params.note);
     sqlx::query(&format!(
         "INSERT INTO {} (queue, paused, pause_note, pause_by, pause_at) VALUES (?, ?, ?, ?, {}) \
          ON DUPLICATE KEY UPDATE paused = VALUES(paused), pause_note = VALUES(pause_note), \

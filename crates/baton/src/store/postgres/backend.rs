@@ -502,11 +502,7 @@ impl Backend for PgBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused {
-            queue,
-            paused,
-            note,
-        } = *params;
+        let (queue, paused, note) = (params.queue, params.paused, params.note);
         self.q(&self.sql.queue_set_paused)
             .bind(queue)
             .bind(paused)

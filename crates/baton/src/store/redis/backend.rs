@@ -558,11 +558,7 @@ impl Backend for RedisBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused {
-            queue,
-            paused,
-            note,
-        } = *params;
+        let (queue, paused, note) = (params.queue, params.paused, params.note);
         // The queue's flag (what its claims read), then the index of
         // paused queues (what the stats list); a resume in the other order.
         let index = || {

@@ -541,11 +541,7 @@ impl Backend for SqliteBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused {
-            queue,
-            paused,
-            note,
-        } = *params;
+        let (queue, paused, note) = (params.queue, params.paused, params.note);
         sqlx::query(&self.sql.queue_set_paused)
             .bind(queue)
             .bind(paused)
