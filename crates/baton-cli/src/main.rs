@@ -193,7 +193,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run a durable job now for a slot (idempotent per job and slot).
     Trigger(serve::TriggerArgs),
-    /// List jobs (last slot, next fire, last run); pause or resume one.
+    /// List jobs (policies, last slot, next fire, last run, pause note);
+    /// show one; pause or resume one with a note.
     Jobs(jobs_cmd::JobsArgs),
     /// Check a store Jepsen-style: a workload, a nemesis, a history, a checker.
     Chaos(chaos::ChaosArgs),
