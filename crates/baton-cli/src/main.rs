@@ -8,11 +8,14 @@ mod child;
 mod command_task;
 mod config;
 mod http_client;
+mod jobs_cmd;
 mod lock_cmd;
 #[cfg(feature = "otel")]
 mod otel;
 mod output;
+mod pause_args;
 mod queue_cmd;
+mod queues_cmd;
 mod runtime;
 mod serve;
 mod shapes;
@@ -186,15 +189,16 @@ enum Command {
     /// Inspect and manage tasks.
     #[command(subcommand)]
     Tasks(queue_cmd::TasksCmd),
-    /// Pause or resume a queue, cluster-wide.
-    #[command(subcommand)]
-    Queues(queue_cmd::QueuesCmd),
+    /// List the queues (counts, paused, the last pause's note); pause or
+    /// resume one, cluster-wide.
+    Queues(queues_cmd::QueuesArgs),
     /// Run the scheduler and workers for a config file's jobs and queues.
     Serve(serve::ServeArgs),
     /// Run a durable job now for a slot (idempotent per job and slot).
     Trigger(serve::TriggerArgs),
-    /// List jobs (last slot, next fire, last run); pause or resume one.
-    Jobs(serve::JobsArgs),
+    /// List jobs (policies, last slot, next fire, last run, pause note);
+    /// show one; pause or resume one with a note.
+    Jobs(jobs_cmd::JobsArgs),
     /// Check a store Jepsen-style: a workload, a nemesis, a history, a checker.
     Chaos(chaos::ChaosArgs),
     /// The audit log, newest first: who did what to which target, from
@@ -619,10 +623,10 @@ fn main() -> ExitCode {
             Command::Enqueue(a) => queue_cmd::enqueue(a).await,
             Command::Work(a) => queue_cmd::work(a).await,
             Command::Tasks(c) => queue_cmd::tasks(c).await,
-            Command::Queues(c) => queue_cmd::queues(c).await,
+            Command::Queues(a) => queues_cmd::queues(a).await,
             Command::Serve(a) => serve::serve(a).await,
             Command::Trigger(a) => serve::trigger(a).await,
-            Command::Jobs(a) => serve::jobs(a).await,
+            Command::Jobs(a) => jobs_cmd::jobs(a).await,
             Command::Chaos(a) => chaos::chaos(a).await,
             Command::Migrate {
                 store,

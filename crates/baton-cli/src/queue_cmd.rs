@@ -9,7 +9,7 @@ use baton::Error;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use crate::output::{self, Align, Table};
+use crate::output;
 use crate::runtime::shutdown_on_signals;
 use crate::values::{duration_arg, rfc3339_arg};
 use crate::{command_task, connect, note, outln, StoreArg, EXIT_NOT_FOUND};
@@ -632,39 +632,7 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
         TasksCmd::Delete(a) => crate::tasks_delete::run(a).await,
         TasksCmd::Stats { store, json } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-            let stats = q.stats().await?;
-            if json {
-                // The same array as the admin endpoint's /stats.
-                output::json(&serde_json::to_value(&stats)?)?;
-                return Ok(0);
-            }
-            let mut t = Table::new(&[
-                ("QUEUE", Align::Left),
-                ("PENDING", Align::Right),
-                ("RUNNING", Align::Right),
-                ("SUCCEEDED", Align::Right),
-                ("FAILED", Align::Right),
-                ("CANCELLED", Align::Right),
-                ("OLDEST_DUE", Align::Right),
-                ("PAUSED", Align::Left),
-            ]);
-            for s in stats {
-                let age = s
-                    .oldest_pending_ms
-                    .map(|ms| baton::format_duration(Duration::from_millis(ms)))
-                    .unwrap_or_else(|| "-".into());
-                t.row(vec![
-                    s.queue,
-                    s.pending.to_string(),
-                    s.running.to_string(),
-                    s.succeeded.to_string(),
-                    s.failed.to_string(),
-                    s.cancelled.to_string(),
-                    age,
-                    if s.paused { "paused" } else { "-" }.into(),
-                ]);
-            }
-            t.print()?;
+            crate::queues_cmd::print(&q.stats().await?, json)?;
             Ok(0)
         }
         TasksCmd::Prune { store, older_than } => {
@@ -684,45 +652,4 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
             Ok(0)
         }
     }
-}
-
-/// `baton queues pause|resume`.
-#[derive(clap::Subcommand, Debug)]
-pub enum QueuesCmd {
-    /// Stop every worker of the cluster claiming the queue's tasks (running
-    /// tasks finish; enqueue is still accepted).
-    Pause {
-        #[command(flatten)]
-        store: StoreArg,
-        /// The queue's name.
-        queue: String,
-    },
-    /// Resume a paused queue; its workers are woken.
-    Resume {
-        #[command(flatten)]
-        store: StoreArg,
-        /// The queue's name.
-        queue: String,
-    },
-}
-
-/// Run `baton queues …`: 0 done (also when the queue already was in that
-/// state), 2 for a bad name.
-pub async fn queues(cmd: QueuesCmd) -> anyhow::Result<u8> {
-    let (store, queue, paused) = match cmd {
-        QueuesCmd::Pause { store, queue } => (store, queue, true),
-        QueuesCmd::Resume { store, queue } => (store, queue, false),
-    };
-    baton::names::validate_name("QUEUE", &queue).map_err(Error::from)?;
-    let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-    if paused {
-        q.pause(&queue).await?;
-        outln!(
-            "queue {queue} paused: no worker claims its tasks until `baton queues resume {queue}`"
-        );
-    } else {
-        q.resume(&queue).await?;
-        outln!("queue {queue} resumed");
-    }
-    Ok(0)
 }

@@ -153,21 +153,71 @@ pub fn next_fire(j: &JobConfig, now: DateTime<Utc>) -> Option<String> {
     })
 }
 
-/// One job: its schedule, overlap policy and next fire (when its config is known), pause
-/// flag, last slot and last run with its outcome.
+/// How many next fire times a job's JSON (and the dashboard) lists.
+pub const NEXT_FIRES: usize = 3;
+
+/// A job's next [`NEXT_FIRES`] fire times after `now`, each `{at (UTC),
+/// local (the job's zone, with its offset), zone, dst}`.
+pub fn next_fires(j: &JobConfig, now: DateTime<Utc>) -> Vec<Value> {
+    j.job()
+        .next_fires(now, NEXT_FIRES)
+        .into_iter()
+        .map(|f| json!({"at": output::ts(f.at), "local": f.local, "zone": f.zone, "dst": f.dst}))
+        .collect()
+}
+
+/// The last pause or resume of a job or queue: `{note, by, at}`, or null.
+pub fn pause_change(c: Option<&baton::store::PauseChange>) -> Value {
+    c.map_or(
+        Value::Null,
+        |c| json!({"note": c.note, "by": c.by, "at": output::ts(c.at)}),
+    )
+}
+
+/// A pause change as one line of text: `"note" — by, at` (`-` when none).
+pub fn pause_text(c: Option<&baton::store::PauseChange>) -> String {
+    let Some(c) = c else { return "-".into() };
+    let mut parts = Vec::new();
+    if let Some(n) = &c.note {
+        parts.push(format!("{:?}", n));
+    }
+    if let Some(b) = &c.by {
+        parts.push(format!("by {b}"));
+    }
+    parts.push(format!("at {}", output::ts(c.at)));
+    parts.join(" ")
+}
+
+/// One job: its schedule, overlap policy (the config's, else the one the
+/// store recorded), misfire policy and next fire times (when its config is
+/// known), pause flag with the last pause or resume (`pause_change`:
+/// note, by, at), last slot and last run with its outcome.
 pub fn job(s: &JobStatus, cfg: Option<&JobConfig>, now: DateTime<Utc>) -> Value {
+    let overlap = cfg.map(|j| j.overlap).or(s.state.overlap);
     json!({
         "name": s.state.name,
+        "queue": cfg.map(|j| j.queue.clone()).or_else(|| s.state.queue.clone()),
         "schedule": cfg.map(|j| j.schedule.to_string()),
-        "overlap": cfg.map(|j| j.overlap.as_str()),
+        "overlap": overlap.map(|o| o.as_str()),
+        "misfire": cfg.map(|j| j.misfire.to_string()),
         "paused": s.state.paused,
+        "pause_change": pause_change(s.state.pause_change.as_ref()),
         "last_slot": s.state.last_slot.map(output::ts),
         "next_fire": cfg.and_then(|j| next_fire(j, now)),
+        "next_fires": cfg.map(|j| next_fires(j, now)).unwrap_or_default(),
         "last_run": s.last_run.as_ref().map(|t| json!({
             "task": t.id, "slot": t.slot.map(output::ts), "state": t.state, "attempt": t.attempt, "last_error": t.last_error,
             "started_at": t.started_at.map(output::ts), "finished_at": t.finished_at.map(output::ts),
         })),
     })
+}
+
+/// A queue's counts (as [`baton::store::QueueStats`] serializes them) with
+/// its last pause or resume (`pause_change`) in this module's time format.
+pub fn queue(s: &baton::store::QueueStats) -> Value {
+    let mut v = serde_json::to_value(s).unwrap_or_default();
+    v["pause_change"] = pause_change(s.pause_change.as_ref());
+    v
 }
 
 /// The job list: the store's jobs plus the config's jobs the store has not
@@ -181,6 +231,8 @@ pub fn with_config_jobs(mut statuses: Vec<JobStatus>, jobs: &[JobConfig]) -> Vec
                     last_slot: None,
                     paused: false,
                     queue: Some(j.queue.clone()),
+                    overlap: Some(j.overlap),
+                    pause_change: None,
                 },
                 last_run: None,
             });

@@ -10,8 +10,12 @@
 /// assert!(id.ends_with(&format!(":{}", std::process::id())));
 /// ```
 pub fn node_id() -> String {
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("{host}:{}", std::process::id())
+    format!("{}:{}", host_name(), std::process::id())
+}
+
+/// This host's name, as [`node_id`] starts with it.
+pub fn host_name() -> String {
+    gethostname::gethostname().to_string_lossy().into_owned()
 }
 
 /// A short random id (12 hex digits), unique per acquisition beside the

@@ -40,6 +40,20 @@ impl Table {
     }
 }
 
+/// The body of every pause and resume.
+const PAUSE_BODY: &[(&str, &str, &str)] = &[
+    (
+        "note",
+        "string",
+        "why (at most 1000 bytes); kept until the next pause or resume",
+    ),
+    (
+        "by",
+        "string",
+        "who, as the caller says; recorded as `BY (CALLER via SOURCE)`",
+    ),
+];
+
 const fn r(method: &'static str, path: &'static str, summary: &'static str) -> RouteDoc {
     RouteDoc {
         method,
@@ -96,16 +110,30 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             r(
                 "get",
                 "/api/v1/jobs",
-                "Jobs: schedule, pause flag, last slot, next fire in the job's zone, last run and outcome (as `baton jobs --json`).",
+                "Jobs: schedule, overlap and misfire policies, pause flag with the last pause or resume (pause_change: note, by, at), last slot, next fire and the next 3 fire times in the job's zone, last run and outcome (as `baton jobs --json`).",
             ),
             get(api::jobs),
         )
         .add(
-            r("post", "/api/v1/jobs/{name}/pause", "Pause a job, cluster-wide."),
+            RouteDoc {
+                body: PAUSE_BODY,
+                ..r(
+                    "post",
+                    "/api/v1/jobs/{name}/pause",
+                    "Pause a job, cluster-wide, recording the change: the note, who (the body's by, with the credential, api:admin or api:open, and the source, api or dashboard) and the store's time; shown by GET /api/v1/jobs as pause_change.",
+                )
+            },
             post(api::job_pause),
         )
         .add(
-            r("post", "/api/v1/jobs/{name}/resume", "Resume a paused job."),
+            RouteDoc {
+                body: PAUSE_BODY,
+                ..r(
+                    "post",
+                    "/api/v1/jobs/{name}/resume",
+                    "Resume a paused job, recording the change as pause does.",
+                )
+            },
             post(api::job_resume),
         )
         .add(
@@ -277,24 +305,30 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             r(
                 "get",
                 "/api/v1/queues",
-                "Per queue: counts by state, oldest due pending age, paused flag, tasks finished over the last hour.",
+                "Per queue: counts by state, oldest due pending age, paused flag with the last pause or resume (pause_change: note, by, at), tasks finished over the last hour.",
             ),
             get(api::queues),
         )
         .add(
-            r(
-                "post",
-                "/api/v1/queues/{name}/pause",
-                "Pause a queue cluster-wide: no worker claims its tasks; running tasks finish, enqueue is accepted.",
-            ),
+            RouteDoc {
+                body: PAUSE_BODY,
+                ..r(
+                    "post",
+                    "/api/v1/queues/{name}/pause",
+                    "Pause a queue cluster-wide: no worker claims its tasks; running tasks finish, enqueue is accepted. Records the note, who and when, as a job's pause does.",
+                )
+            },
             post(api::queue_pause),
         )
         .add(
-            r(
-                "post",
-                "/api/v1/queues/{name}/resume",
-                "Resume a paused queue and wake its workers.",
-            ),
+            RouteDoc {
+                body: PAUSE_BODY,
+                ..r(
+                    "post",
+                    "/api/v1/queues/{name}/resume",
+                "Resume a paused queue and wake its workers, recording the change as pause does.",
+                )
+            },
             post(api::queue_resume),
         )
         .add(

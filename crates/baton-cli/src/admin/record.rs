@@ -12,11 +12,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use baton::store::AuditAppend;
 
+use super::api::SOURCE_HEADER;
 use super::auth::Caller;
 use super::State;
-
-/// The header the dashboard's page sends with its writes.
-pub const SOURCE_HEADER: &str = "x-baton-source";
 
 /// The route's parameters in `path`, by its `template`:
 /// `/api/v1/queues/{name}/pause` and `/api/v1/queues/emails/pause` give

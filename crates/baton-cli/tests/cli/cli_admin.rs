@@ -503,12 +503,47 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         j["next_fire"].as_str().unwrap().ends_with("+09:00"),
         "next fire in the job's zone: {j}"
     );
-    let (code, body) = post(a, "/api/v1/jobs/nightly/pause", json!({}));
+    assert_eq!(j["misfire"], "latest", "{j}");
+    assert_eq!(j["pause_change"], Value::Null, "never paused: {j}");
+    let fires = j["next_fires"].as_array().unwrap();
+    assert_eq!(fires.len(), 3, "{j}");
+    for f in fires {
+        assert!(
+            f["local"].as_str().unwrap().ends_with("T03:00:00+09:00") && f["zone"] == "KST",
+            "3 am in Seoul: {f}"
+        );
+    }
+    // Pause with a note and a name: recorded with the credential and the
+    // source, shown by the list.
+    let (code, body) = post(
+        a,
+        "/api/v1/jobs/nightly/pause",
+        json!({"note": "disk swap", "by": "alice"}),
+    );
     assert_eq!(code, 200, "{body}");
+    assert_eq!(body["by"], "alice (api:admin via api)", "{body}");
+    let j = job(a);
+    assert_eq!(j["paused"], true);
+    assert_eq!(j["pause_change"]["note"], "disk swap", "{j}");
+    assert_eq!(j["pause_change"]["by"], "alice (api:admin via api)", "{j}");
+    assert!(
+        j["pause_change"]["at"].as_str().unwrap().ends_with('Z'),
+        "{j}"
+    );
+    // A note over the bound, or a field the body does not take: 400
+    // naming it, nothing changed.
+    let long = "x".repeat(1001);
+    let (code, body) = post(a, "/api/v1/jobs/nightly/resume", json!({"note": long}));
+    assert_eq!((code, &body["field"]), (400, &json!("note")), "{body}");
+    let (code, body) = post(a, "/api/v1/jobs/nightly/resume", json!({"why": "x"}));
+    assert_eq!((code, &body["field"]), (400, &json!("why")), "{body}");
     assert_eq!(job(a)["paused"], true);
     let (code, _) = post(a, "/api/v1/jobs/nightly/resume", json!({}));
     assert_eq!(code, 200);
-    assert_eq!(job(a)["paused"], false);
+    let j = job(a);
+    assert_eq!(j["paused"], false);
+    assert_eq!(j["pause_change"]["note"], Value::Null, "{j}");
+    assert_eq!(j["pause_change"]["by"], "api:admin via api", "{j}");
     let (code, body) = post(a, "/api/v1/jobs/nope/pause", json!({}));
     assert_eq!(code, 404, "{body}");
     let (code, body) = post(
@@ -681,11 +716,33 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
     };
     let (code, body) = post(a, "/api/v1/queues/parked/pause", json!({}));
     assert_eq!(code, 200, "{body}");
-    assert_eq!(body, json!({"queue": "parked", "paused": true}));
+    assert_eq!(
+        body,
+        json!({"queue": "parked", "paused": true, "note": null, "by": "api:admin via api"})
+    );
     assert_eq!(paused_flag("parked"), Some(json!(true)));
-    let (code, _) = post(a, "/api/v1/queues/idle-q/pause", json!({}));
+    let (code, _) = post(
+        a,
+        "/api/v1/queues/idle-q/pause",
+        json!({"note": "not yet", "by": "bob"}),
+    );
     assert_eq!(code, 200);
     assert_eq!(paused_flag("idle-q"), Some(json!(true)));
+    let idle = get(a, "/api/v1/queues").1;
+    let idle = idle
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "idle-q")
+        .unwrap()
+        .clone();
+    assert_eq!(idle["pause_change"]["note"], "not yet", "{idle}");
+    assert_eq!(
+        idle["pause_change"]["by"], "bob (api:admin via api)",
+        "{idle}"
+    );
+    let (code, body) = post(a, "/api/v1/queues/idle-q/resume", json!({"by": "a\u{7}"}));
+    assert_eq!((code, &body["field"]), (400, &json!("by")), "{body}");
     let (code, body) = post(a, "/api/v1/queues/parked/resume", json!({}));
     assert_eq!((code, &body["paused"]), (200, &json!(false)), "{body}");
     assert_eq!(paused_flag("parked"), Some(json!(false)));
@@ -1415,22 +1472,72 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
             .iter()
             .any(|q| q["queue"] == "parked" && q["paused"] == true)
     };
+    // The pause asks for a note (cancelled: nothing happens), which is
+    // recorded with "via dashboard" and shown in the queue's row.
+    b.eval("window.prompt = () => null");
+    b.eval(r#"document.querySelector('[data-queue-pause="parked"]').click()"#);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!queue_paused(&a), "a cancelled prompt pauses nothing");
+    b.eval("window.prompt = () => 'vendor outage'");
     b.eval(r#"document.querySelector('[data-queue-pause="parked"]').click()"#);
     wait_for(20, "the pause click to pause the queue", || {
         queue_paused(&a)
     });
+    let parked = get(&a, "/api/v1/queues").1;
+    let parked = parked
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "parked")
+        .unwrap()
+        .clone();
+    assert_eq!(parked["pause_change"]["note"], "vendor outage", "{parked}");
+    assert_eq!(
+        parked["pause_change"]["by"], "api:admin via dashboard",
+        "{parked}"
+    );
     let t0 = Instant::now();
-    while b.eval(r#"!!document.querySelector('[data-queue-resume="parked"]')"#) != json!(true) {
+    while b.eval(r#"!!document.querySelector('[data-queue-resume="parked"]') && document.querySelector('[data-queue="parked"]').textContent.includes('vendor outage')"#) != json!(true) {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the paused queue's row offers no resume"
+            "the paused queue's row offers no resume or lacks its note: {}",
+            b.eval(r#"document.querySelector('[data-queue="parked"]').textContent"#)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    b.eval("window.prompt = () => ''");
     b.eval(r#"document.querySelector('[data-queue-resume="parked"]').click()"#);
     wait_for(20, "the resume click to resume the queue", || {
         !queue_paused(&a)
     });
+
+    // Each job row shows its policies, its next three fire times in its
+    // zone, and the last pause's note and author.
+    let (code, _) = post(
+        &a,
+        "/api/v1/jobs/nightly/pause",
+        json!({"note": "disk swap", "by": "alice"}),
+    );
+    assert_eq!(code, 200);
+    let shown = r#"(() => {
+        const p = document.querySelector('[data-policies="nightly"]');
+        const n = document.querySelectorAll('[data-next="nightly"] .fires div');
+        const q = document.querySelector('[data-pause="nightly"]');
+        return !!(p && p.textContent.includes('overlap skip') && p.textContent.includes('misfire latest')
+            && n.length === 3 && Array.from(n).every((d) => d.textContent.includes('03:00:00+09:00 KST'))
+            && q && q.textContent.includes('disk swap') && q.textContent.includes('alice (api:admin via api)'));
+    })()"#;
+    let t0 = Instant::now();
+    while b.eval(shown) != json!(true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the job row lacks its policies, fires or note: {}",
+            b.eval(r#"document.querySelector('[data-job="nightly"]').textContent"#)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, _) = post(&a, "/api/v1/jobs/nightly/resume", json!({}));
+    assert_eq!(code, 200);
 
     // Backfill from the jobs section: a dry run says what would run and
     // enqueues nothing; then the backfill enqueues those slots.

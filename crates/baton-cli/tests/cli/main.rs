@@ -24,6 +24,7 @@ mod cli_logs;
 mod cli_otel;
 mod cli_outage;
 mod cli_overlap;
+mod cli_pause_notes;
 mod cli_pgbouncer;
 mod cli_precision;
 mod cli_queue;

@@ -27,7 +27,8 @@ pub use crate::store::{
     UniqueScope,
 };
 use crate::store::{
-    CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo, TaskState,
+    CancelOutcome, Enqueued, NewTask, PauseNote, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
+    TaskState,
 };
 
 mod backoff;
@@ -676,7 +677,16 @@ impl Queue {
     /// enqueues are still accepted. Pausing a paused queue, or a queue with
     /// no tasks yet, is fine.
     pub async fn pause(&self, queue: &str) -> Result<(), Error> {
-        self.set_paused(queue, true).await
+        self.set_paused(queue, true, PauseNote::default()).await
+    }
+
+    /// [`Queue::pause`] recording `note` (why, and who) with the store's
+    /// time as the queue's [`PauseChange`](crate::store::PauseChange),
+    /// shown by `baton queues`, the admin API and the dashboard. A note or
+    /// author too long or holding control characters is refused naming the
+    /// field.
+    pub async fn pause_with(&self, queue: &str, note: PauseNote<'_>) -> Result<(), Error> {
+        self.set_paused(queue, true, note).await
     }
 
     /// Resume a paused queue on every instance and wake its workers, so
@@ -684,15 +694,30 @@ impl Queue {
     /// MySQL stores, which have no cross-process wake-up, within their poll
     /// interval). Resuming a queue that is not paused is fine.
     pub async fn resume(&self, queue: &str) -> Result<(), Error> {
-        self.set_paused(queue, false).await
+        self.set_paused(queue, false, PauseNote::default()).await
     }
 
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<(), Error> {
+    /// [`Queue::resume`] recording `note`, as [`Queue::pause_with`].
+    pub async fn resume_with(&self, queue: &str, note: PauseNote<'_>) -> Result<(), Error> {
+        self.set_paused(queue, false, note).await
+    }
+
+    async fn set_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        note: PauseNote<'_>,
+    ) -> Result<(), Error> {
         validate_name("queue", queue)?;
+        note.validate()?;
         Ok(self
             .store
             .backend()
-            .queue_set_paused(&crate::store::QueueSetPaused { queue, paused })
+            .queue_set_paused(&crate::store::QueueSetPaused {
+                queue,
+                paused,
+                note,
+            })
             .await?)
     }
 

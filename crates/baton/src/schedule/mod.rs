@@ -24,8 +24,8 @@ pub use backfill::{
     backfill, backfill_slots, Backfill, BackfilledSlot, BACKFILL_DEFAULT_MAX, BACKFILL_LIMIT,
 };
 pub use scheduler::{
-    is_lock_run_record, job_state, job_statuses, latest_slot, run_skipped, set_paused, slot_report,
-    trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus, Scheduler, SlotOutcome,
-    SlotReport, SlotRun, StoreClock, LOCK_BUSY,
+    is_lock_run_record, job_state, job_statuses, latest_slot, run_skipped, set_paused,
+    set_paused_with, slot_report, trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus,
+    Scheduler, SlotOutcome, SlotReport, SlotRun, StoreClock, LOCK_BUSY,
 };
 pub use spec::{Misfire, Schedule};

@@ -49,7 +49,7 @@ pub use super::slots::{
     latest_slot, run_skipped, slot_report, trigger, trigger_slot, trigger_with, SlotOutcome,
     SlotReport,
 };
-pub use super::status::{job_state, job_statuses, set_paused, JobStatus};
+pub use super::status::{job_state, job_statuses, set_paused, set_paused_with, JobStatus};
 use crate::error::{Error, InvalidInput};
 use crate::store::{Advanced, JobAdvance, SlotRecord, Store, IDENTITY_CHECK};
 
@@ -390,7 +390,9 @@ pub(super) async fn read_cursor(
     stop: &CancellationToken,
     backoff: &mut Duration,
 ) -> Option<Option<DateTime<Utc>>> {
-    let reg = crate::store::JobRegister::new(&job.name).queue(&job.queue);
+    let reg = crate::store::JobRegister::new(&job.name)
+        .queue(&job.queue)
+        .overlap(job.overlap);
     let job = job.name.as_str();
     match b.job_register(&reg).await {
         Ok(st) => {

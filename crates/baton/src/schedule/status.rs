@@ -3,15 +3,39 @@
 
 use crate::error::Error;
 use crate::names::validate_name;
-use crate::store::Store;
+use crate::store::{PauseNote, Store};
 
 /// Pause (or resume) a job cluster-wide: while paused, no instance
-/// enqueues its slots. False if the store has never seen the job.
+/// enqueues its slots. False if the store has never seen the job. The
+/// change is recorded without a note or author; see [`set_paused_with`].
 pub async fn set_paused(store: &Store, job: &str, paused: bool) -> Result<bool, Error> {
+    set_paused_with(store, job, paused, PauseNote::default()).await
+}
+
+/// [`set_paused`] recording `note` (why, and who) with the store's time as
+/// the job's [`PauseChange`](crate::store::PauseChange), shown by `baton
+/// jobs`, the admin API and the dashboard. A note or author too long or
+/// holding control characters is refused naming the field.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), baton::Error> {
+/// use baton::store::PauseNote;
+/// let store = baton::Store::connect("sqlite://app.db").await?;
+/// let why = PauseNote::default().note("upstream API down").by("ops@host-1 via app");
+/// baton::schedule::set_paused_with(&store, "nightly-report", true, why).await?;
+/// # Ok(()) }
+/// ```
+pub async fn set_paused_with(
+    store: &Store,
+    job: &str,
+    paused: bool,
+    note: PauseNote<'_>,
+) -> Result<bool, Error> {
     validate_name("job name", job)?;
+    note.validate()?;
     Ok(store
         .backend()
-        .job_set_paused(&crate::store::JobSetPaused { job, paused })
+        .job_set_paused(&crate::store::JobSetPaused { job, paused, note })
         .await?)
 }
 

@@ -47,6 +47,7 @@ pub mod mysql;
 mod options;
 mod overlap;
 mod params;
+mod pause_note;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod pool;
 #[cfg(feature = "postgres")]
@@ -76,6 +77,9 @@ pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use options::StoreOptions;
 pub use overlap::*;
 pub use params::*;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) use pause_note::{mark_paused, QueueRow};
+pub use pause_note::{PauseChange, PauseNote, MAX_PAUSE_BY_LEN, MAX_PAUSE_NOTE_LEN};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use sizing::{url_pool_size, MAX_POOL_SIZE, POOL_SIZE_PARAM};
 pub use slot_key::{is_slot_key, slot_key};

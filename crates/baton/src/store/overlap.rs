@@ -139,8 +139,9 @@ pub fn is_waiting(run_at: DateTime<Utc>) -> bool {
 }
 
 /// [`Backend::job_release`](super::Backend::job_release) for `job`,
-/// logged: what the worker calls when a slot's run ends and the scheduler
-/// on a short poll (its own runs may end on a worker that is gone).
+/// logged: what the scheduler calls on a short poll (for jobs under a
+/// policy that may wait) and the worker when a slot's run ends (through
+/// [`WaitingJobs`]).
 pub(crate) async fn release_waiting(store: &super::Store, job: &str) {
     match store.backend().job_release(job).await {
         Ok(Some(id)) => {
@@ -149,6 +150,64 @@ pub(crate) async fn release_waiting(store: &super::Store, job: &str) {
         Ok(None) => {}
         Err(e) => {
             tracing::debug!(job = %job, error = %crate::error::chain(&e), "releasing a waiting slot failed");
+        }
+    }
+}
+
+/// How long a worker trusts the overlap policy it read for a job.
+pub(crate) const POLICY_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The most jobs a worker remembers a policy of (past it, the memory
+/// starts afresh).
+const POLICY_MEMORY: usize = 10_000;
+
+/// A worker's memory of its jobs' overlap policies, as the jobs' records
+/// say (registered by the schedulers, [`JobRegister::overlap`](super::JobRegister::overlap)):
+/// when a slot's run ends, the worker asks the store to start a waiting
+/// slot only for a job whose policy may leave one waiting. A run of a
+/// `skip` or `allow` job then costs no `job_release` (a transaction
+/// locking the job's row and reading its unfinished runs), only one
+/// `job_get` per job every [`POLICY_TTL`]. A job with no recorded
+/// policy (registered by an older build) is released as before. A
+/// policy changed to a waiting one since the read is covered by the
+/// schedulers' poll ([`release_waiting`] every second for such jobs).
+#[derive(Debug, Default)]
+pub(crate) struct WaitingJobs {
+    known: std::sync::Mutex<std::collections::HashMap<String, (bool, std::time::Instant)>>,
+}
+
+impl WaitingJobs {
+    /// Whether `job`'s runs may have a slot waiting for them, from memory
+    /// or (stale or unknown) the job's record; `true` when the record
+    /// cannot be read.
+    pub(crate) async fn may_wait(&self, store: &super::Store, job: &str) -> bool {
+        let now = std::time::Instant::now();
+        if let Ok(known) = self.known.lock() {
+            if let Some((waits, at)) = known.get(job) {
+                if now.duration_since(*at) < POLICY_TTL {
+                    return *waits;
+                }
+            }
+        }
+        let waits = match store.backend().job_get(job).await {
+            Ok(Some(state)) => state.overlap.is_none_or(Overlap::may_wait),
+            // Unknown (nothing to release) or unreadable: let the release
+            // decide, without remembering it.
+            Ok(None) | Err(_) => return true,
+        };
+        if let Ok(mut known) = self.known.lock() {
+            if known.len() >= POLICY_MEMORY {
+                known.clear();
+            }
+            known.insert(job.to_string(), (waits, now));
+        }
+        waits
+    }
+
+    /// [`release_waiting`] for `job` when [`WaitingJobs::may_wait`] says so.
+    pub(crate) async fn release(&self, store: &super::Store, job: &str) {
+        if self.may_wait(store, job).await {
+            release_waiting(store, job).await;
         }
     }
 }

@@ -78,6 +78,10 @@ pub struct JobSetPaused<'a> {
     pub job: &'a str,
     /// True to pause, false to resume.
     pub paused: bool,
+    /// The note and author recorded with the change (already validated,
+    /// [`PauseNote::validate`](super::PauseNote::validate)), kept with the
+    /// store's now as the job's [`PauseChange`](super::PauseChange).
+    pub note: super::PauseNote<'a>,
 }
 
 /// Params of [`Backend::queue_set_paused`](super::Backend::queue_set_paused):
@@ -88,6 +92,10 @@ pub struct QueueSetPaused<'a> {
     pub queue: &'a str,
     /// True to pause, false to resume.
     pub paused: bool,
+    /// The note and author recorded with the change (already validated),
+    /// kept with the store's now as the queue's
+    /// [`PauseChange`](super::PauseChange).
+    pub note: super::PauseNote<'a>,
 }
 
 /// Params of [`Backend::job_register`](super::Backend::job_register):
@@ -100,12 +108,28 @@ pub struct JobRegister<'a> {
     /// in the job's record so that a trigger without the job's
     /// configuration can use it. `None` leaves a recorded queue as it is.
     pub queue: Option<&'a str>,
+    /// The job's overlap policy, kept in the job's record: a worker ending
+    /// one of the job's runs asks the store to start a waiting slot
+    /// ([`Backend::job_release`](super::Backend::job_release)) only when
+    /// the recorded policy may leave one waiting ([`Overlap::may_wait`](super::Overlap::may_wait)).
+    /// `None` leaves a recorded policy as it is.
+    pub overlap: Option<super::Overlap>,
 }
 
 impl<'a> JobRegister<'a> {
-    /// Register `job` without naming its queue.
+    /// Register `job` without naming its queue or policy.
     pub fn new(job: &'a str) -> JobRegister<'a> {
-        JobRegister { job, queue: None }
+        JobRegister {
+            job,
+            queue: None,
+            overlap: None,
+        }
+    }
+
+    /// Record `overlap` as the job's overlap policy.
+    pub fn overlap(mut self, overlap: super::Overlap) -> JobRegister<'a> {
+        self.overlap = Some(overlap);
+        self
     }
 
     /// Record `queue` as the job's queue.

@@ -27,6 +27,15 @@ pub(crate) const TASK_COLS: &str = "id, queue, kind, payload, state, priority, a
 pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
      max_attempts, timeout_ms, run_at, lease_until, job, slot, traceparent";
 
+/// The columns of the jobs table read into a [`JobState`] by [`job_state`].
+pub(crate) const JOB_COLS: &str =
+    "name, last_slot, paused, queue, overlap, pause_note, pause_by, pause_at";
+
+/// The columns of the queues table read by [`queue_row`] (MySQL's table
+/// names its key `queue`: it reads `queue AS name`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) const QUEUE_COLS: &str = "name, paused, pause_note, pause_by, pause_at";
+
 /// One column of each kind, as a backend stores it.
 pub(crate) trait SqlRow {
     /// A text column.
@@ -207,14 +216,37 @@ pub(crate) fn lock_info(row: &impl SqlRow) -> Result<LockInfo, StoreError> {
     })
 }
 
-/// A job row: `name, last_slot, paused`.
+/// A job row: [`JOB_COLS`].
 pub(crate) fn job_state(row: &impl SqlRow) -> Result<JobState, StoreError> {
+    let overlap = row
+        .opt_text("overlap")?
+        .map(|o| {
+            o.parse::<super::Overlap>()
+                .map_err(|_| corrupt("job overlap", &o))
+        })
+        .transpose()?;
     Ok(JobState {
         name: row.text("name")?,
         last_slot: row.opt_time("last_slot")?,
         paused: row.flag("paused")?,
         queue: row.opt_text("queue")?,
+        overlap,
+        pause_change: pause_change(row)?,
     })
+}
+
+/// The `pause_note, pause_by, pause_at` columns of a job or queue row.
+fn pause_change(row: &impl SqlRow) -> Result<Option<super::PauseChange>, StoreError> {
+    Ok(super::PauseChange::from_parts(
+        row.opt_text("pause_note")?,
+        row.opt_text("pause_by")?,
+        row.opt_time("pause_at")?,
+    ))
+}
+
+/// A queues row: [`QUEUE_COLS`].
+pub(crate) fn queue_row(row: &impl SqlRow) -> Result<super::QueueRow, StoreError> {
+    Ok((row.text("name")?, row.flag("paused")?, pause_change(row)?))
 }
 
 /// A slot tombstone row: `unique_key, job, slot, task_id, state,
@@ -250,6 +282,7 @@ pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<crate::store::QueueStats,
             .map(|v| u64::try_from(v).unwrap_or(0)),
         // Set afterwards from the queues table (`mark_paused`).
         paused: false,
+        pause_change: None,
     })
 }
 

@@ -481,29 +481,10 @@ pub struct QueueStats {
     /// A paused queue is listed even when it holds no tasks.
     #[serde(default)]
     pub paused: bool,
-}
-
-/// Mark the paused queues in `stats`, adding an empty entry for a paused
-/// queue that holds no tasks (then the list is sorted by queue again).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) fn mark_paused(stats: &mut Vec<QueueStats>, paused: impl IntoIterator<Item = String>) {
-    let mut added = false;
-    for queue in paused {
-        match stats.iter_mut().find(|s| s.queue == queue) {
-            Some(s) => s.paused = true,
-            None => {
-                stats.push(QueueStats {
-                    queue,
-                    paused: true,
-                    ..QueueStats::default()
-                });
-                added = true;
-            }
-        }
-    }
-    if added {
-        stats.sort_by(|a, b| a.queue.cmp(&b.queue));
-    }
+    /// The last pause or resume of the queue: its note, author and time
+    /// (`None`: never paused or resumed since the store recorded them).
+    #[serde(default)]
+    pub pause_change: Option<super::PauseChange>,
 }
 
 /// The schema version a store records at this prefix against the one this
@@ -748,6 +729,14 @@ pub struct JobState {
     /// The queue its slot runs go to, as last registered (`None`: a store
     /// that has not seen this job register since it recorded queues).
     pub queue: Option<String>,
+    /// Its overlap policy, as last registered (`None`: not registered
+    /// since the store recorded policies).
+    #[serde(default)]
+    pub overlap: Option<super::Overlap>,
+    /// The last pause or resume: its note, author and time (`None`: never
+    /// paused or resumed since the store recorded them).
+    #[serde(default)]
+    pub pause_change: Option<super::PauseChange>,
 }
 
 /// What is kept of a slot's run once pruning deleted its task (the slot's

@@ -24,6 +24,7 @@ mod keys;
 mod locks;
 mod model;
 mod overlap;
+mod pause_notes;
 mod queue;
 mod rate;
 mod schedule;
@@ -117,6 +118,10 @@ baton_testkit::per_backend! {
     overlap::cancel_other_stops_the_previous_and_waits_for_it,
     overlap::terminate_other_is_decided_as_cancel_other,
     overlap::racing_releases_start_a_waiting_slot_once,
+    overlap::a_worker_releases_only_for_jobs_that_may_wait,
+    overlap::schedulers_poll_releases_only_for_waiting_policies,
+    pause_notes::job_records_its_policy_and_pause_notes,
+    pause_notes::queue_pause_notes_are_kept_and_shown,
     schedule::trigger_and_scheduler_share_a_slot,
     schedule::five_schedulers_run_each_slot_once,
     schedule::catch_up_all_runs_every_missed_slot_once,

@@ -17,11 +17,16 @@ use crate::TestStore;
 
 /// A job on a 1 s interval, registered; its first cursor.
 async fn setup(ts: &TestStore, name: &str) -> (Job, DateTime<Utc>) {
+    register(ts, name, JobRegister::new(name)).await
+}
+
+/// A job on a 1 s interval, registered as `reg` says; its first cursor.
+async fn register(ts: &TestStore, name: &str, reg: JobRegister<'_>) -> (Job, DateTime<Utc>) {
     let job = Job::new(name, Schedule::every(Duration::from_secs(1)).unwrap());
     let c0 = ts
         .store
         .backend()
-        .job_register(&JobRegister::new(name))
+        .job_register(&reg)
         .await
         .unwrap()
         .last_slot
@@ -221,4 +226,149 @@ pub async fn racing_releases_start_a_waiting_slot_once(ts: TestStore) {
         [w2.id],
         "one release, of the earliest waiting slot"
     );
+}
+
+/// Issue 26, the release's hot path: a worker ending a run of a `skip`
+/// (or `allow`) job makes no `job_release` call (the job's recorded
+/// policy cannot leave a slot waiting), and one ending a run of a
+/// `buffer_one` job still starts the slot waiting for it — with no
+/// scheduler polling, so the worker's call is what starts it.
+pub async fn a_worker_releases_only_for_jobs_that_may_wait(ts: TestStore) {
+    use baton::queue::{Worker, WorkerConfig};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let calls: crate::idle::Calls = Arc::default();
+    let counted = crate::idle::counted(&ts.store, &calls);
+    let gate = Arc::new(AtomicBool::new(false));
+    let mut w = Worker::new(
+        counted,
+        WorkerConfig::default()
+            .queue("default", 4)
+            .poll_interval(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let open = gate.clone();
+    w.handle_any(move |_| {
+        let open = open.clone();
+        async move {
+            // The buffer_one job's first run lasts until the gate opens.
+            while !open.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(())
+        }
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let releases = || {
+        calls
+            .lock()
+            .unwrap()
+            .get("job_release")
+            .copied()
+            .unwrap_or(0)
+    };
+    let ended = |ts: &TestStore, id: i64| {
+        let store = ts.store.clone();
+        async move {
+            for _ in 0..200 {
+                let t = store.backend().task_get(id).await.unwrap().unwrap();
+                if t.state == TaskState::Succeeded {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("task {id} never succeeded");
+        }
+    };
+
+    // A skip job: its run ends, and nothing asks for a release.
+    gate.store(true, Ordering::SeqCst);
+    let name = "gate-skip";
+    let (job, c0) = register(&ts, name, JobRegister::new(name).overlap(Overlap::Skip)).await;
+    let s1 = enqueued(take(&ts, &job, c0, 1, Overlap::Skip).await);
+    ended(&ts, s1.id).await;
+    let s2 = enqueued(take(&ts, &job, c0, 2, Overlap::Skip).await);
+    ended(&ts, s2.id).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        releases(),
+        0,
+        "a skip job's runs make no job_release: {:?}",
+        calls.lock().unwrap()
+    );
+
+    // A buffer_one job: the slot waiting for the running run starts when
+    // that run ends, released by the worker.
+    gate.store(false, Ordering::SeqCst);
+    let name = "gate-b1";
+    let (job, c0) = register(
+        &ts,
+        name,
+        JobRegister::new(name).overlap(Overlap::BufferOne),
+    )
+    .await;
+    let first = enqueued(take(&ts, &job, c0, 1, Overlap::BufferOne).await);
+    for _ in 0..200 {
+        if state(&ts, first.id).await.state == TaskState::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state(&ts, first.id).await.state, TaskState::Running);
+    let second = waiting(take(&ts, &job, c0, 2, Overlap::BufferOne).await);
+    gate.store(true, Ordering::SeqCst);
+    ended(&ts, first.id).await;
+    ended(&ts, second.id).await;
+    assert!(
+        releases() >= 1,
+        "the buffer_one job's run released its waiter"
+    );
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+/// The schedulers' release poll (once a second) runs only for jobs under a
+/// policy that may leave a slot waiting: a scheduler of a `skip` job makes
+/// no `job_release` call, one of a `buffer_one` job does. Each registers
+/// its job's policy in the store, which the workers read.
+pub async fn schedulers_poll_releases_only_for_waiting_policies(ts: TestStore) {
+    use baton::schedule::Scheduler;
+    use std::sync::Arc;
+    let hourly = || Schedule::every(Duration::from_secs(3600)).unwrap();
+    let mut counts = Vec::new();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut runs = Vec::new();
+    for (name, ov) in [
+        ("poll-skip", Overlap::Skip),
+        ("poll-b1", Overlap::BufferOne),
+    ] {
+        let calls: crate::idle::Calls = Arc::default();
+        let mut s = Scheduler::new(crate::idle::counted(&ts.store, &calls));
+        s.add(Job::new(name, hourly()).overlap(ov)).unwrap();
+        runs.push(tokio::spawn(s.run(stop.clone())));
+        counts.push(calls);
+    }
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    stop.cancel();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let releases = |c: &crate::idle::Calls| c.lock().unwrap().get("job_release").copied();
+    assert_eq!(
+        releases(&counts[0]),
+        None,
+        "skip: {:?}",
+        counts[0].lock().unwrap()
+    );
+    assert!(
+        releases(&counts[1]).unwrap_or(0) >= 1,
+        "buffer_one: {:?}",
+        counts[1].lock().unwrap()
+    );
+    let b = ts.store.backend();
+    let policy =
+        |name: &'static str| async move { b.job_get(name).await.unwrap().unwrap().overlap };
+    assert_eq!(policy("poll-skip").await, Some(Overlap::Skip));
+    assert_eq!(policy("poll-b1").await, Some(Overlap::BufferOne));
 }

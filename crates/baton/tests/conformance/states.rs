@@ -270,10 +270,7 @@ async fn give_birth(b: &dyn Backend, op: Op, n: usize) -> i64 {
     let every = Schedule::every(Duration::from_secs(1)).unwrap();
     let job = Job::new(&name, every).queue(&name);
     let cursor = b
-        .job_register(&JobRegister {
-            job: &name,
-            queue: Some(&name),
-        })
+        .job_register(&JobRegister::new(&name).queue(&name))
         .await
         .unwrap()
         .last_slot

@@ -528,7 +528,8 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
 /// version 7 the tasks' `concurrency_key`, version 8 the unique keys
 /// rewritten into their default scope, version 9 rate limits' start logs,
-/// version 10 the until-failed hold, version 11 the audit log. A fresh
+/// version 10 the until-failed hold, version 11 the jobs' policies and the pause notes
+/// of jobs and queues, version 12 the audit log. A fresh
 /// store records the current version; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
@@ -550,6 +551,14 @@ async fn mysql_versions(ts: TestStore) {
             format!("ALTER TABLE `{p}queues` DROP COLUMN paused"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN traceparent"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN concurrency_key"),
+            format!(
+                "ALTER TABLE `{p}jobs` DROP COLUMN overlap, DROP COLUMN pause_note, \
+                 DROP COLUMN pause_by, DROP COLUMN pause_at"
+            ),
+            format!(
+                "ALTER TABLE `{p}queues` DROP COLUMN pause_note, DROP COLUMN pause_by, \
+                 DROP COLUMN pause_at"
+            ),
             format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
         ] {
             sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -683,8 +692,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
         // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
         // the until-failed hold's column and unique predicate, 11 fair
-        // claiming's `key_pending`; 12 the audit log, its own table), on
-        // the upgraded store and on a fresh one.
+        // claiming's `key_pending`, 12 the jobs' policies and pause notes, 13
+        // the audit log, its own table), on the upgraded store and on a
+        // fresh one.
         let current = ts.store.backend().schema_status().await.unwrap().expected;
         assert_eq!(recorded_version(&ts, &p).await, current);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
@@ -870,6 +880,29 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     q.pause("up").await.unwrap();
     assert!(b.task_claim(&req).await.unwrap().is_empty(), "paused");
     q.resume("up").await.unwrap();
+    // It keeps pause notes (the pause-notes step's columns or fields):
+    // on a queue, and on the version-1 job `J`, which has no recorded
+    // policy.
+    let why = baton::store::PauseNote::default()
+        .note("after upgrade")
+        .by("t");
+    q.pause_with("up", why).await.unwrap();
+    let st = q.stats().await.unwrap();
+    let up = st.iter().find(|s| s.queue == "up").unwrap();
+    assert_eq!(
+        up.pause_change.as_ref().and_then(|c| c.note.as_deref()),
+        Some("after upgrade")
+    );
+    q.resume("up").await.unwrap();
+    assert!(baton::schedule::set_paused_with(&store, "J", true, why)
+        .await
+        .unwrap());
+    let j = b.job_get("J").await.unwrap().unwrap();
+    assert_eq!(j.overlap, None);
+    assert_eq!(j.pause_change.unwrap().by.as_deref(), Some("t"));
+    baton::schedule::set_paused(&store, "J", false)
+        .await
+        .unwrap();
     if let Kind::Redis = ts.kind {
         // baton's lock of the same name beside ShedLock's is its own.
         let g = b

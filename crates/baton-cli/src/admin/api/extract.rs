@@ -159,3 +159,86 @@ pub(super) fn rfc3339(field: &str, s: &str) -> Result<DateTime<Utc>, ApiError> {
 pub(super) fn duration(field: &str, s: &str) -> Result<Duration, ApiError> {
     crate::values::duration_arg(s).map_err(|e| ApiError::bad(field, e))
 }
+
+/// The header the dashboard's page sends with its writes, so a pause or
+/// resume records `via dashboard` rather than `via api`.
+pub const SOURCE_HEADER: &str = "x-baton-source";
+
+/// Who made a change, as a pause or resume records it: the caller's
+/// credential ([`crate::admin::auth::Caller`]) and where the request came
+/// from (`dashboard` when the page says so in [`SOURCE_HEADER`], else
+/// `api`).
+pub struct Who {
+    caller: String,
+    source: &'static str,
+}
+
+impl Who {
+    /// The author to record: `NAME (CALLER via SOURCE)` when the body
+    /// names someone, else `CALLER via SOURCE`.
+    pub(super) fn recorded(&self, name: Option<&str>) -> String {
+        match name {
+            Some(n) => format!("{n} ({} via {})", self.caller, self.source),
+            None => format!("{} via {}", self.caller, self.source),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let caller = parts
+            .extensions
+            .get::<crate::admin::auth::Caller>()
+            .map_or_else(|| "api:unknown".to_string(), |c| c.0.clone());
+        let dashboard = parts
+            .headers
+            .get(SOURCE_HEADER)
+            .is_some_and(|v| v.as_bytes() == b"dashboard");
+        Ok(Who {
+            caller,
+            source: if dashboard { "dashboard" } else { "api" },
+        })
+    }
+}
+
+/// The body of a pause or resume (of a job or a queue).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    /// Why (at most 1000 bytes).
+    note: Option<String>,
+    /// Who, as the caller says; recorded with the credential and source.
+    by: Option<String>,
+}
+
+impl Form for PauseBody {
+    const FORM: &'static str =
+        r#"no body, {} or {"note": "why (at most 1000 bytes)", "by": "who"} (both optional)"#;
+}
+
+impl PauseBody {
+    /// The change's note and recorded author (`by`, made by
+    /// [`Who::recorded`]), checked: a bad one is 400 naming `note` or
+    /// `by`.
+    pub(super) fn note<'a>(&'a self, by: &'a str) -> Result<baton::store::PauseNote<'a>, ApiError> {
+        let n = baton::store::PauseNote {
+            note: self.note.as_deref(),
+            by: Some(by),
+        };
+        n.validate()
+            .map_err(|e| ApiError::bad(&e.field, e.problem))?;
+        Ok(n)
+    }
+
+    /// The name the body gives, if any.
+    pub(super) fn by(&self) -> Option<&str> {
+        self.by.as_deref()
+    }
+
+    /// The note the body gives, if any.
+    pub(super) fn note_text(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+}

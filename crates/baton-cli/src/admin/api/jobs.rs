@@ -18,10 +18,14 @@ pub async fn jobs(Extract(state): S) -> Answer {
     Ok(Json(Value::Array(rows)))
 }
 
-async fn set_paused(state: &State, name: &str, paused: bool) -> Answer {
+async fn set_paused(state: &State, name: &str, paused: bool, who: Who, b: PauseBody) -> Answer {
     check_name("job", name)?;
-    if schedule::set_paused(&state.store, name, paused).await? {
-        Ok(Json(json!({"name": name, "paused": paused})))
+    let by = who.recorded(b.by());
+    if schedule::set_paused_with(&state.store, name, paused, b.note(&by)?).await? {
+        tracing::info!(job = %name, paused, by = %by, "admin API: job paused flag set");
+        Ok(Json(
+            json!({"name": name, "paused": paused, "note": b.note_text(), "by": by}),
+        ))
     } else {
         Err(ApiError::not_found(format!(
             "no job {name:?} in this store (it appears once a scheduler has run it)"
@@ -29,14 +33,24 @@ async fn set_paused(state: &State, name: &str, paused: bool) -> Answer {
     }
 }
 
-/// `POST /api/v1/jobs/{name}/pause`.
-pub async fn job_pause(Extract(state): S, PathText(name): PathText) -> Answer {
-    set_paused(&state, &name, true).await
+/// `POST /api/v1/jobs/{name}/pause` with `{"note"?, "by"?}`.
+pub async fn job_pause(
+    Extract(state): S,
+    PathText(name): PathText,
+    who: Who,
+    Body(b): Body<PauseBody>,
+) -> Answer {
+    set_paused(&state, &name, true, who, b).await
 }
 
-/// `POST /api/v1/jobs/{name}/resume`.
-pub async fn job_resume(Extract(state): S, PathText(name): PathText) -> Answer {
-    set_paused(&state, &name, false).await
+/// `POST /api/v1/jobs/{name}/resume` with `{"note"?, "by"?}`.
+pub async fn job_resume(
+    Extract(state): S,
+    PathText(name): PathText,
+    who: Who,
+    Body(b): Body<PauseBody>,
+) -> Answer {
+    set_paused(&state, &name, false, who, b).await
 }
 
 /// The body of a trigger.

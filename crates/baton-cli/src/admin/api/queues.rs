@@ -80,7 +80,7 @@ pub async fn queues(Extract(state): S) -> Answer {
     let rows: Vec<Value> = stats
         .iter()
         .map(|s| {
-            let mut v = serde_json::to_value(s).unwrap_or_default();
+            let mut v = shapes::queue(s);
             v["finished_last_hour"] = json!(h.finished(&s.queue));
             v["sampled_since"] = json!(since);
             v
@@ -117,25 +117,46 @@ pub async fn queue_history(Extract(state): S) -> Answer {
     ))
 }
 
-/// Pause or resume a queue cluster-wide: `{"queue": name, "paused": bool}`.
-async fn set_queue_paused(state: &State, name: &str, paused: bool) -> Answer {
+/// Pause or resume a queue cluster-wide: `{"queue": name, "paused":
+/// bool, "note", "by"}`.
+async fn set_queue_paused(
+    state: &State,
+    name: &str,
+    paused: bool,
+    who: Who,
+    b: PauseBody,
+) -> Answer {
     check_name("queue", name)?;
+    let by = who.recorded(b.by());
+    let note = b.note(&by)?;
     let q = Queue::new(state.store.clone());
     if paused {
-        q.pause(name).await?;
+        q.pause_with(name, note).await?;
     } else {
-        q.resume(name).await?;
+        q.resume_with(name, note).await?;
     }
-    tracing::info!(queue = %name, paused, "admin API: queue paused flag set");
-    Ok(Json(json!({"queue": name, "paused": paused})))
+    tracing::info!(queue = %name, paused, by = %by, "admin API: queue paused flag set");
+    Ok(Json(
+        json!({"queue": name, "paused": paused, "note": b.note_text(), "by": by}),
+    ))
 }
 
-/// `POST /api/v1/queues/{name}/pause`.
-pub async fn queue_pause(Extract(state): S, PathText(name): PathText) -> Answer {
-    set_queue_paused(&state, &name, true).await
+/// `POST /api/v1/queues/{name}/pause` with `{"note"?, "by"?}`.
+pub async fn queue_pause(
+    Extract(state): S,
+    PathText(name): PathText,
+    who: Who,
+    Body(b): Body<PauseBody>,
+) -> Answer {
+    set_queue_paused(&state, &name, true, who, b).await
 }
 
-/// `POST /api/v1/queues/{name}/resume`.
-pub async fn queue_resume(Extract(state): S, PathText(name): PathText) -> Answer {
-    set_queue_paused(&state, &name, false).await
+/// `POST /api/v1/queues/{name}/resume` with `{"note"?, "by"?}`.
+pub async fn queue_resume(
+    Extract(state): S,
+    PathText(name): PathText,
+    who: Who,
+    Body(b): Body<PauseBody>,
+) -> Answer {
+    set_queue_paused(&state, &name, false, who, b).await
 }

@@ -88,6 +88,35 @@ async function act(method, path, body, what) {
   }
 }
 
+// Pause or resume a job or queue, asking for an optional note (recorded
+// with the change, shown in the tables); cancelling the prompt does nothing.
+function toggle(kind, name, verb) {
+  const note = window.prompt(verb + " " + kind + " " + name + ": note (optional)", "");
+  if (note === null) return null;
+  const body = note.trim() ? { note: note.trim() } : {};
+  const base = kind === "job" ? "/api/v1/jobs/" : "/api/v1/queues/";
+  return act("POST", base + encodeURIComponent(name) + "/" + verb, body, verb + " " + kind + " " + name);
+}
+
+// The last pause or resume of a job or queue: "note" — by, at.
+function pauseNote(c) {
+  if (!c) return null;
+  const parts = [];
+  if (c.note) parts.push("\u201c" + c.note + "\u201d");
+  parts.push([c.by, when(c.at)].filter(Boolean).join(", "));
+  return el("div", { class: "muted note", title: (c.note || "") + "\n" + (c.by || "") + " " + c.at }, parts.join(" \u2014 "));
+}
+
+// The next fire times in the job's zone, one a line (DST marked).
+function nextFires(j) {
+  if (!j.next_fires || !j.next_fires.length) return el("span", { class: "muted" }, "–");
+  const box = el("div", { class: "fires" });
+  for (const f of j.next_fires) {
+    box.append(el("div", { class: "mono", title: "UTC " + f.at }, f.local.replace("T", " ") + " " + f.zone + (f.dst ? " (DST)" : "")));
+  }
+  return box;
+}
+
 function replaceRows(tbody, rows, empty, cols) {
   tbody.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { class: "muted", colSpan: cols }, empty))]));
 }
@@ -104,19 +133,23 @@ async function renderJobs() {
     const last = j.last_run;
     return el("tr", { "data-job": j.name },
       el("td", {}, el("strong", {}, j.name)),
-      el("td", { class: "mono" }, (j.schedule || "–") + (j.overlap ? " · overlap " + j.overlap : "")),
-      el("td", { class: "mono" }, when(j.next_fire)),
+      el("td", { class: "mono" }, j.schedule || "–"),
+      el("td", { class: "mono", "data-policies": j.name },
+        "overlap " + (j.overlap || "–"), el("br"), "misfire " + (j.misfire || "–")),
+      el("td", { "data-next": j.name }, nextFires(j)),
       el("td", { class: "mono" }, when(j.last_slot)),
       el("td", {}, marks),
-      el("td", {}, j.paused ? badge("paused") : (last ? badge(last.state) : el("span", { class: "muted" }, "no run yet"))),
+      el("td", { "data-pause": j.name },
+        j.paused ? badge("paused") : (last ? badge(last.state) : el("span", { class: "muted" }, "no run yet")),
+        pauseNote(j.pause_change)),
       el("td", {},
         j.paused
-          ? el("button", { onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/resume", {}, "resume " + j.name) }, "Resume")
-          : el("button", { onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/pause", {}, "pause " + j.name) }, "Pause"),
+          ? el("button", { onclick: () => toggle("job", j.name, "resume") }, "Resume")
+          : el("button", { onclick: () => toggle("job", j.name, "pause") }, "Pause"),
         " ",
         el("button", { "data-trigger": j.name, onclick: () => act("POST", "/api/v1/jobs/" + encodeURIComponent(j.name) + "/trigger", {}, "trigger " + j.name) }, "Trigger")));
   });
-  replaceRows($("jobs-body"), rows, "no jobs", 7);
+  replaceRows($("jobs-body"), rows, "no jobs", 8);
   // The backfill form's job list, keeping the choice across refreshes.
   const pick = $("backfill-job");
   const chosen = pick.value;
@@ -149,11 +182,12 @@ async function renderQueues() {
     el("td", { class: "num" }, q.succeeded), el("td", { class: "num" }, q.failed),
     el("td", { class: "num" }, q.cancelled), el("td", { class: "num" }, ago(q.oldest_pending_ms)),
     el("td", { class: "num" }, q.finished_last_hour),
-    el("td", {}, q.paused ? badge("paused") : el("span", { class: "muted" }, "claiming")),
+    el("td", {}, q.paused ? badge("paused") : el("span", { class: "muted" }, "claiming"),
+      pauseNote(q.pause_change)),
     el("td", {},
       q.paused
-        ? el("button", { "data-queue-resume": q.queue, onclick: () => act("POST", "/api/v1/queues/" + encodeURIComponent(q.queue) + "/resume", {}, "resume queue " + q.queue) }, "Resume")
-        : el("button", { "data-queue-pause": q.queue, onclick: () => act("POST", "/api/v1/queues/" + encodeURIComponent(q.queue) + "/pause", {}, "pause queue " + q.queue) }, "Pause"))));
+        ? el("button", { "data-queue-resume": q.queue, onclick: () => toggle("queue", q.queue, "resume") }, "Resume")
+        : el("button", { "data-queue-pause": q.queue, onclick: () => toggle("queue", q.queue, "pause") }, "Pause"))));
   replaceRows($("queues-body"), rows, "no tasks yet", 10);
   drawChart(history.samples);
 }

@@ -163,10 +163,11 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
 }
 
 /// Ask the store to start `job`'s waiting slot, without holding up the
-/// worker (the schedulers poll for it too).
-fn release_waiting_slot(shared: &Shared, job: &str) {
-    let (store, job) = (shared.store.clone(), job.to_string());
-    tokio::spawn(async move { crate::store::release_waiting(&store, &job).await });
+/// worker (the schedulers poll for it too), when the job's overlap policy
+/// may leave one waiting ([`WaitingJobs`](crate::store::WaitingJobs)).
+fn release_waiting_slot(shared: &Arc<Shared>, job: &str) {
+    let (shared, job) = (shared.clone(), job.to_string());
+    tokio::spawn(async move { shared.waiting_jobs.release(&shared.store, &job).await });
 }
 
 /// Hand claimed tasks back unstarted (the attempt is not counted), in one

@@ -302,6 +302,7 @@ impl Worker {
             counters: self.counters.clone(),
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
+            waiting_jobs: crate::store::WaitingJobs::default(),
             due,
             events: self.events.clone(),
         });

@@ -50,6 +50,9 @@ pub(super) struct Shared {
     pub(super) abandon: CancellationToken,
     /// Where [`WorkerEvent`]s go ([`Worker::subscribe`]).
     pub(super) events: tokio::sync::broadcast::Sender<WorkerEvent>,
+    /// The overlap policies of the jobs whose runs this worker ended:
+    /// whether a run's end may start a waiting slot.
+    pub(super) waiting_jobs: crate::store::WaitingJobs,
 }
 
 impl Shared {

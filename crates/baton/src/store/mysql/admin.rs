@@ -180,17 +180,16 @@ pub(super) async fn queue_stats(b: &MyBackend) -> Result<Vec<QueueStats>, StoreE
         .iter()
         .map(sql_row::queue_stats)
         .collect::<Result<Vec<_>, _>>()?;
-    let paused: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
-        "SELECT queue FROM {} WHERE paused = 1 ORDER BY queue",
+    let paused = sqlx::query(&format!(
+        "SELECT queue AS name, paused, pause_note, pause_by, pause_at FROM {} \
+         WHERE paused = 1 OR pause_at IS NOT NULL ORDER BY queue",
         b.names.queues
     ))
     .fetch_all(&b.pool)
-    .await?;
-    crate::store::mark_paused(
-        &mut out,
-        paused
-            .into_iter()
-            .map(|q| String::from_utf8_lossy(&q).into_owned()),
-    );
+    .await?
+    .iter()
+    .map(sql_row::queue_row)
+    .collect::<Result<Vec<_>, _>>()?;
+    crate::store::mark_paused(&mut out, paused);
     Ok(out)
 }

@@ -284,20 +284,7 @@ impl Backend for MyBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused { queue, paused } = *params;
-        sqlx::query(&format!(
-            "INSERT INTO {} (queue, paused) VALUES (?, ?) \
-             ON DUPLICATE KEY UPDATE paused = VALUES(paused)",
-            self.names.queues
-        ))
-        .bind(queue.as_bytes())
-        .bind(paused)
-        .execute(&self.pool)
-        .await?;
-        if !paused {
-            self.announce(vec![Wake::now(queue)]);
-        }
-        Ok(())
+        jobs::queue_set_paused(self, params).await
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
@@ -419,16 +406,7 @@ impl Backend for MyBackend {
         &self,
         params: &crate::store::JobSetPaused<'_>,
     ) -> Result<bool, StoreError> {
-        let crate::store::JobSetPaused { job, paused } = *params;
-        let r = sqlx::query(&format!(
-            "UPDATE {} SET paused = ? WHERE name = ?",
-            self.names.jobs
-        ))
-        .bind(paused)
-        .bind(job.as_bytes())
-        .execute(&self.pool)
-        .await?;
-        Ok(r.rows_affected() == 1)
+        jobs::job_set_paused(self, params).await
     }
 
     async fn job_list(&self) -> Result<Vec<JobState>, StoreError> {
@@ -436,6 +414,6 @@ impl Backend for MyBackend {
     }
 
     async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
-        crate::store::job_from_list(self, job).await
+        jobs::job_get(self, job).await
     }
 }

@@ -125,7 +125,7 @@ pub(crate) struct Names {
     slots: String,
     /// Rate limits' start logs, schema 8.
     rates: String,
-    /// The audit log, schema 11.
+    /// The audit log, schema 12.
     audit: String,
     /// The store's clock (see [`now_sql`]).
     now: String,

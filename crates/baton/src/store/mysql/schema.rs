@@ -36,10 +36,33 @@ const UPGRADES: &[Upgrade] = &[
     rescope_unique_keys,
     add_rates,
     add_unique_until_failed,
+    add_pause_notes,
     add_audit,
 ];
 
-/// 10 → 11: the audit log (issue 27), one row an operator action, pruned
+/// 10 → 11: each job's overlap policy (what a worker ending a run reads
+/// to skip `job_release` under `skip`/`allow`), and the note, author and
+/// time of a job's or queue's last pause or resume (issue 26); all
+/// nullable, nothing to convert.
+fn add_pause_notes(n: &Names) -> Vec<String> {
+    let mut out = add_column(n, "jobs", "overlap VARCHAR(32) NULL");
+    for table in ["jobs", "queues"] {
+        out.extend(add_column(
+            n,
+            table,
+            "pause_note TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+        ));
+        out.extend(add_column(
+            n,
+            table,
+            "pause_by VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+        ));
+        out.extend(add_column(n, table, "pause_at DATETIME(6) NULL"));
+    }
+    out
+}
+
+/// 11 → 12: the audit log (issue 27), one row an operator action, pruned
 /// by `at`.
 fn add_audit(n: &Names) -> Vec<String> {
     vec![format!(

@@ -15,7 +15,8 @@ use super::{dur, listener, schema, PgBackend, PoolMode};
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
-    claimed_task, job_state, lock_info, queue_stats, task_info, token_arg, token_of, SqlRow,
+    claimed_task, job_state, lock_info, queue_row, queue_stats, task_info, token_arg, token_of,
+    SqlRow,
 };
 use crate::store::task_search::{self, SearchArg, SearchDialect};
 use crate::store::SchemaStatus;
@@ -519,21 +520,26 @@ impl Backend for PgBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused { queue, paused } = *params;
+        let (queue, paused, note) = (params.queue, params.paused, params.note);
         self.q(&self.sql.queue_set_paused)
             .bind(queue)
             .bind(paused)
             .bind(&self.names.chan)
+            .bind(note.note)
+            .bind(note.by)
             .fetch_all(self.exec())
             .await?;
         Ok(())
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        let paused: Vec<String> = self
-            .qs(&self.sql.queues_paused)
+        let paused = self
+            .q(&self.sql.queues_paused)
             .fetch_all(self.exec())
-            .await?;
+            .await?
+            .iter()
+            .map(queue_row)
+            .collect::<Result<Vec<_>, _>>()?;
         let rows = self.q(&self.sql.stats).fetch_all(self.exec()).await?;
         let mut out = rows
             .iter()
@@ -592,6 +598,7 @@ impl Backend for PgBackend {
             .q(&self.sql.job_insert)
             .bind(params.job)
             .bind(params.queue)
+            .bind(params.overlap.map(|o| o.as_str()))
             .fetch_one(self.exec())
             .await?;
         job_state(&row)
@@ -619,11 +626,13 @@ impl Backend for PgBackend {
         &self,
         params: &crate::store::JobSetPaused<'_>,
     ) -> Result<bool, StoreError> {
-        let crate::store::JobSetPaused { job, paused } = *params;
+        let crate::store::JobSetPaused { job, paused, note } = *params;
         let r = self
             .q(&self.sql.job_set_paused)
             .bind(job)
             .bind(paused)
+            .bind(note.note)
+            .bind(note.by)
             .execute(self.exec())
             .await?;
         Ok(r.rows_affected() == 1)

@@ -206,7 +206,7 @@ struct Names {
     slots: String,
     /// Rate limits' start logs, schema 8.
     rates: String,
-    /// The audit log, schema 12.
+    /// The audit log, schema 13.
     audit: String,
     /// The task id sequence, as a quoted identifier inside a string literal
     /// (for `nextval('…')`).

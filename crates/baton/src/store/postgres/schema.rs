@@ -51,9 +51,27 @@ const UPGRADES: &[Upgrade] = &[
     // 10 → 11: fair claiming: each queue's rotation cursor and the index
     // the fair claim finds each key's first pending task with.
     upgrade_fair,
-    // 11 → 12: the audit log (issue 27).
+    // 11 → 12: each job's overlap policy, and the note, author and time
+    // of a job's or queue's last pause or resume (issue 26).
+    upgrade_pause_notes,
+    // 12 → 13: the audit log (issue 27).
     upgrade_audit,
 ];
+
+/// The jobs' `overlap` (what a worker ending a run reads to skip
+/// `job_release` under `skip`/`allow`) and the pause records of jobs and
+/// queues (`pause_note`, `pause_by`, `pause_at`), all nullable: nothing to
+/// convert.
+fn upgrade_pause_notes(n: &Names) -> String {
+    let notes = "ADD COLUMN IF NOT EXISTS pause_note text, \
+         ADD COLUMN IF NOT EXISTS pause_by text, \
+         ADD COLUMN IF NOT EXISTS pause_at timestamptz";
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS overlap text, {notes}; \
+         ALTER TABLE {} {notes};",
+        n.jobs, n.queues
+    )
+}
 
 /// The audit log: one row an operator action, pruned by `at`.
 fn upgrade_audit(n: &Names) -> String {

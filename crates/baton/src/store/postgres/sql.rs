@@ -5,7 +5,7 @@
 //! are. Durations travel as milliseconds (`$n * interval '1 millisecond'`).
 
 use super::Names;
-use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
+use crate::store::sql_row::{CLAIM_COLS, JOB_COLS, QUEUE_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
 /// The partial-index predicate under which a unique key is taken (its
@@ -282,13 +282,18 @@ impl Sql {
                  FROM {t} GROUP BY queue ORDER BY queue"
             ),
             queue_set_paused: format!(
-                "WITH u AS (INSERT INTO {q} (name, paused) VALUES ($1, $2) \
-                     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused \
+                "WITH u AS (INSERT INTO {q} (name, paused, pause_note, pause_by, pause_at) \
+                     VALUES ($1, $2, $4, $5, {now}) \
+                     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, \
+                         pause_note = excluded.pause_note, pause_by = excluded.pause_by, \
+                         pause_at = excluded.pause_at \
                      RETURNING name, paused) \
                  SELECT name FROM u LEFT JOIN LATERAL \
                      (SELECT pg_notify($3, u.name) WHERE NOT u.paused) AS n ON true"
             ),
-            queues_paused: format!("SELECT name FROM {q} WHERE paused ORDER BY name"),
+            queues_paused: format!(
+                "SELECT {QUEUE_COLS} FROM {q} WHERE paused OR pause_at IS NOT NULL ORDER BY name"
+            ),
             // The slot tasks deleted leave their tombstones in the same
             // statement.
             prune: forget(
@@ -304,9 +309,11 @@ impl Sql {
                 n.slots
             ),
             job_insert: format!(
-                "INSERT INTO {j} (name, last_slot, paused, queue) VALUES ($1, {now}, false, $2) \
-                 ON CONFLICT (name) DO UPDATE SET queue = COALESCE($2, {j}.queue) \
-                 RETURNING name, last_slot, paused, queue"
+                "INSERT INTO {j} (name, last_slot, paused, queue, overlap) \
+                 VALUES ($1, {now}, false, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE SET queue = COALESCE($2, {j}.queue), \
+                     overlap = COALESCE($3, {j}.overlap) \
+                 RETURNING {JOB_COLS}"
             ),
             job_lock: format!(
                 "SELECT last_slot, paused, last_slot IS NOT DISTINCT FROM $2 AS matches, \
@@ -328,9 +335,12 @@ impl Sql {
                  lease_until = {now} + $2 * interval '1 millisecond', worker = $3, \
                  claim_token = 1 WHERE id = $1"
             ),
-            job_set_paused: format!("UPDATE {j} SET paused = $2 WHERE name = $1"),
-            job_list: format!("SELECT name, last_slot, paused, queue FROM {j} ORDER BY name"),
-            job_get: format!("SELECT name, last_slot, paused, queue FROM {j} WHERE name = $1"),
+            job_set_paused: format!(
+                "UPDATE {j} SET paused = $2, pause_note = $3, pause_by = $4, pause_at = {now} \
+                 WHERE name = $1"
+            ),
+            job_list: format!("SELECT {JOB_COLS} FROM {j} ORDER BY name"),
+            job_get: format!("SELECT {JOB_COLS} FROM {j} WHERE name = $1"),
             schema_version: format!("SELECT value FROM {} WHERE key = 'schema_version'", n.meta),
         }
     }

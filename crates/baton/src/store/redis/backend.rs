@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
-use super::decode::{parse_i64, parse_u64, push_task_args, task_info};
+use super::decode::{opt_ts, parse_i64, parse_u64, push_task_args, task_info};
 use super::schema::LOCK_INDEX;
 use super::{forget, jobs, listener, schema, RedisBackend};
 use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
@@ -558,7 +558,7 @@ impl Backend for RedisBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused { queue, paused } = *params;
+        let (queue, paused, note) = (params.queue, params.paused, params.note);
         // The queue's flag (what its claims read), then the index of
         // paused queues (what the stats list); a resume in the other order.
         let index = || {
@@ -570,12 +570,10 @@ impl Backend for RedisBackend {
         if !paused {
             index().query_async::<()>(&mut conn).await?;
         }
-        self.qs::<i64>(
-            queue,
-            &self.scripts.queue_set_paused,
-            sargs![queue, if paused { "1" } else { "0" }],
-        )
-        .await?;
+        let mut args = vec![queue.to_string()];
+        args.extend(jobs::pause_args(paused, &note));
+        self.qs::<i64>(queue, &self.scripts.queue_set_paused, args)
+            .await?;
         if paused {
             index().query_async::<()>(&mut conn).await?;
         }
@@ -595,9 +593,21 @@ impl Backend for RedisBackend {
         queues.extend(paused);
         let mut out = Vec::new();
         for queue in queues {
-            type Row = (HashMap<String, i64>, String, String);
-            let (counts, age, paused): Row =
+            type Row = (
+                HashMap<String, i64>,
+                String,
+                String,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+            );
+            let (counts, age, paused, note, by, at): Row =
                 read_retry!(self.qs(&queue, &self.scripts.stats, sargs![queue]).await)?;
+            let pause_change = crate::store::PauseChange::from_parts(
+                note,
+                by,
+                opt_ts(at.as_deref().unwrap_or_default(), "pause_at")?,
+            );
             let paused = paused == "1";
             let c = |s: TaskState| counts.get(s.as_str()).copied().unwrap_or(0).max(0) as u64;
             let st = QueueStats {
@@ -612,6 +622,7 @@ impl Backend for RedisBackend {
                     Some(parse_u64(&age, "oldest pending age")?)
                 },
                 paused,
+                pause_change,
                 queue,
             };
             if paused || st.pending + st.running + st.succeeded + st.failed + st.cancelled > 0 {
@@ -681,7 +692,7 @@ impl Backend for RedisBackend {
     }
 
     async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
-        crate::store::job_from_list(self, job).await
+        jobs::job_get(self, job).await
     }
 }
 

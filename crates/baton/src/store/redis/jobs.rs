@@ -12,8 +12,8 @@ use super::decode::{opt_ts, parse_i64, task_args};
 use super::RedisBackend;
 use crate::error::StoreError;
 use crate::store::{
-    ms, Advanced, Enqueued, JobAdvance, JobState, Overlap, SlotRecord, OVERLAP_BUFFER_FULL,
-    OVERLAP_REPLACED, OVERLAP_SKIPPED, WAITING_RUN_AT_MS,
+    ms, Advanced, Enqueued, JobAdvance, JobState, Overlap, PauseChange, SlotRecord,
+    OVERLAP_BUFFER_FULL, OVERLAP_REPLACED, OVERLAP_SKIPPED, WAITING_RUN_AT_MS,
 };
 
 pub(super) async fn job_register(
@@ -22,19 +22,59 @@ pub(super) async fn job_register(
 ) -> Result<JobState, StoreError> {
     let job = params.job;
     let home = b.ensure_job_home(job, params.queue).await?;
-    let (slot, paused, queue): (String, String, String) = b
+    let fields: Vec<Option<String>> = b
         .qs(
             &home,
             &b.scripts.job_register,
-            sargs![job, params.queue.unwrap_or_default()],
+            sargs![
+                job,
+                params.queue.unwrap_or_default(),
+                params.overlap.map(|o| o.as_str()).unwrap_or_default()
+            ],
         )
         .await?;
+    job_state(job.to_string(), &fields)
+}
+
+/// A job's state from its hash fields as `job_list.lua` answers them
+/// (after the name): `last_slot, paused, queue, overlap, pause_note,
+/// pause_by, pause_at`, each `None` when absent.
+fn job_state(name: String, f: &[Option<String>]) -> Result<JobState, StoreError> {
+    let [slot, paused, queue, overlap, note, by, at] = f else {
+        return Err(StoreError::Corrupt(format!(
+            "job {name:?}: {} fields",
+            f.len()
+        )));
+    };
+    let text = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+    let ts = |v: &Option<String>, what| opt_ts(v.as_deref().unwrap_or_default(), what);
+    let overlap = text(overlap)
+        .map(|o| {
+            o.parse::<Overlap>()
+                .map_err(|_| StoreError::Corrupt(format!("job {name:?}: overlap {o:?}")))
+        })
+        .transpose()?;
     Ok(JobState {
-        name: job.to_string(),
-        last_slot: opt_ts(&slot, "last_slot")?,
-        paused: paused == "1",
-        queue: (!queue.is_empty()).then_some(queue),
+        last_slot: ts(slot, "last_slot")?,
+        paused: paused.as_deref() == Some("1"),
+        queue: text(queue),
+        overlap,
+        pause_change: PauseChange::from_parts(text(note), text(by), ts(at, "pause_at")?),
+        name,
     })
+}
+
+/// The arguments of a pause or resume script after the name: the flag,
+/// then the note and the author, each a presence flag and its text.
+pub(super) fn pause_args(paused: bool, note: &crate::store::PauseNote<'_>) -> [String; 5] {
+    let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+    [
+        flag(paused),
+        flag(note.note.is_some()),
+        note.note.unwrap_or_default().to_string(),
+        flag(note.by.is_some()),
+        note.by.unwrap_or_default().to_string(),
+    ]
 }
 
 pub(super) async fn slot_get(
@@ -203,17 +243,13 @@ pub(super) async fn job_set_paused(
     b: &RedisBackend,
     params: &crate::store::JobSetPaused<'_>,
 ) -> Result<bool, StoreError> {
-    let crate::store::JobSetPaused { job, paused } = *params;
+    let crate::store::JobSetPaused { job, paused, note } = *params;
     let Some(home) = b.job_home(job, false).await? else {
         return Ok(false);
     };
-    let v: i64 = b
-        .qs(
-            &home,
-            &b.scripts.job_set_paused,
-            sargs![job, if paused { "1" } else { "0" }],
-        )
-        .await?;
+    let mut args = vec![job.to_string()];
+    args.extend(pause_args(paused, &note));
+    let v: i64 = b.qs(&home, &b.scripts.job_set_paused, args).await?;
     Ok(v == 1)
 }
 
@@ -232,17 +268,32 @@ pub(super) async fn job_list(b: &RedisBackend) -> Result<Vec<JobState>, StoreErr
     }
     let mut out = Vec::new();
     for (home, jobs) in by_home {
-        let rows: Vec<(String, String, String, String)> =
-            read_retry!(b.qs(home, &b.scripts.job_list, jobs.clone()).await)?;
-        for (name, slot, paused, queue) in rows {
-            out.push(JobState {
-                last_slot: opt_ts(&slot, "last_slot")?,
-                paused: paused == "1",
-                queue: (!queue.is_empty()).then_some(queue),
-                name,
-            });
-        }
+        out.extend(jobs_at(b, home, jobs).await?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+/// One job's state: `job_list.lua` on the job's home alone.
+pub(super) async fn job_get(b: &RedisBackend, job: &str) -> Result<Option<JobState>, StoreError> {
+    let Some(home) = read_retry!(b.job_home(job, false).await)? else {
+        return Ok(None);
+    };
+    Ok(jobs_at(b, &home, vec![job.to_string()]).await?.pop())
+}
+
+/// The states of `jobs`, all living at `home`.
+async fn jobs_at(
+    b: &RedisBackend,
+    home: &str,
+    jobs: Vec<String>,
+) -> Result<Vec<JobState>, StoreError> {
+    let rows: Vec<Vec<Option<String>>> =
+        read_retry!(b.qs(home, &b.scripts.job_list, jobs.clone()).await)?;
+    rows.into_iter()
+        .map(|mut row| {
+            let name = row.first_mut().and_then(Option::take).unwrap_or_default();
+            job_state(name, row.get(1..).unwrap_or_default())
+        })
+        .collect()
 }

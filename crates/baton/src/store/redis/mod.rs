@@ -32,7 +32,9 @@
 //! - `Q done` — zset of terminal tasks, score `finished_at` (prune).
 //! - `Q ids` — zset of the queue's task ids (listing, newest first).
 //! - `Q counts` — hash state → count (stats); `Q paused` — `"1"` while the
-//!   queue is paused (schema 3; the claim script returns nothing then).
+//!   queue is paused (schema 3; the claim script returns nothing then);
+//!   `Q pause` — hash `note`, `by`, `at` (ms) of the queue's last pause or
+//!   resume (schema 13).
 //! - `Q uniq:<key>` — the id holding a unique key. **Unique keys are scoped
 //!   by queue** (schema 8; before, store-wide): the check and the take are
 //!   one script with the insert only when the key lives with the queue. A
@@ -45,7 +47,8 @@
 //!   and `Queue` are composed into `<key>` (schema 10 rewrote older keys).
 //! - Jobs live in the tag of their *home queue* (the queue their runs go
 //!   to), so a slot advance and the task it enqueues are one script:
-//!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`;
+//!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`, and
+//!   (schema 13) `overlap`, `pause_note`, `pause_by`, `pause_at` (ms);
 //!   `Q jobactive:<job>` — set of the job's pending/running task ids;
 //!   `Q slot:<job|slot>` — the tombstone of a slot whose task was pruned.
 //!   A job registered without a queue lives in the empty queue's tag until

@@ -106,6 +106,13 @@ enum Upgrade {
     /// version, so an older build (whose finish would free such a key)
     /// refuses the store.
     UniqueUntilFailed,
+    /// 12 → 13: a job's hash may carry `overlap` (its policy, which a
+    /// worker ending a run reads to skip `job_release` under `skip` and
+    /// `allow`) and `pause_note`, `pause_by`, `pause_at` (its last pause
+    /// or resume); a queue's last pause or resume is the hash `Q pause`
+    /// (`note`, `by`, `at`). Nothing to convert; the step marks the
+    /// version (issue 26).
+    PauseNotes,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -129,6 +136,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::UniqueScopes,
     Upgrade::RateLimits,
     Upgrade::UniqueUntilFailed,
+    Upgrade::PauseNotes,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -276,7 +284,8 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         | Upgrade::SlotTombstones
         | Upgrade::ConcurrencyKey
         | Upgrade::RateLimits
-        | Upgrade::UniqueUntilFailed => Ok(()),
+        | Upgrade::UniqueUntilFailed
+        | Upgrade::PauseNotes => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

@@ -16,7 +16,8 @@ use super::{schema, SqliteBackend, NOW_US};
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
-    claimed_task, corrupt, count_of, job_state, lock_info, task_info, token_arg, token_of, SqlRow,
+    claimed_task, corrupt, count_of, job_state, lock_info, queue_row, task_info, token_arg,
+    token_of, SqlRow,
 };
 use crate::store::task_search::{self, SearchArg, SearchDialect};
 use crate::store::SchemaStatus;
@@ -540,10 +541,12 @@ impl Backend for SqliteBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let crate::store::QueueSetPaused { queue, paused } = *params;
+        let (queue, paused, note) = (params.queue, params.paused, params.note);
         sqlx::query(&self.sql.queue_set_paused)
             .bind(queue)
             .bind(paused)
+            .bind(note.note)
+            .bind(note.by)
             .execute(&*self.pool)
             .await?;
         if !paused {
@@ -553,9 +556,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        let paused: Vec<String> = sqlx::query_scalar(&self.sql.queues_paused)
+        let paused = sqlx::query(&self.sql.queues_paused)
             .fetch_all(&*self.reader)
-            .await?;
+            .await?
+            .iter()
+            .map(queue_row)
+            .collect::<Result<Vec<_>, _>>()?;
         let rows = sqlx::query(&self.sql.stats)
             .fetch_all(&*self.reader)
             .await?;
@@ -655,6 +661,7 @@ impl Backend for SqliteBackend {
         let row = sqlx::query(&self.sql.job_register)
             .bind(params.job)
             .bind(params.queue)
+            .bind(params.overlap.map(|o| o.as_str()))
             .fetch_one(&*self.pool)
             .await?;
         job_state(&row)
@@ -682,10 +689,12 @@ impl Backend for SqliteBackend {
         &self,
         params: &crate::store::JobSetPaused<'_>,
     ) -> Result<bool, StoreError> {
-        let crate::store::JobSetPaused { job, paused } = *params;
+        let crate::store::JobSetPaused { job, paused, note } = *params;
         let done = sqlx::query(&self.sql.job_set_paused)
             .bind(job)
             .bind(paused)
+            .bind(note.note)
+            .bind(note.by)
             .execute(&*self.pool)
             .await?;
         Ok(done.rows_affected() > 0)
@@ -701,7 +710,13 @@ impl Backend for SqliteBackend {
     }
 
     async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
-        crate::store::job_from_list(self, job).await
+        sqlx::query(&self.sql.job_one)
+            .bind(job)
+            .fetch_optional(&*self.reader)
+            .await?
+            .as_ref()
+            .map(job_state)
+            .transpose()
     }
 }
 

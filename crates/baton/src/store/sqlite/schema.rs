@@ -148,9 +148,33 @@ const UPGRADES: &[Upgrade] = &[
     // 9 → 10: fair claiming: each queue's rotation cursor and the index
     // the fair claim finds each key's first pending task with.
     upgrade_fair,
-    // 10 → 11: the audit log (issue 27).
+    // 10 → 11: each job's overlap policy, and the note, author and time
+    // of a job's or queue's last pause or resume (issue 26).
+    upgrade_pause_notes,
+    // 11 → 12: the audit log (issue 27).
     upgrade_audit,
 ];
+
+/// The jobs' `overlap` (what a worker ending a run reads to skip
+/// `job_release` under `skip`/`allow`) and the pause records of jobs and
+/// queues (`pause_note`, `pause_by`, `pause_at`), all nullable: nothing to
+/// convert.
+fn upgrade_pause_notes(t: &Tables) -> Vec<Ddl> {
+    let col = |table: &str, column: &'static str, decl: &'static str| Ddl::AddColumn {
+        table: format!("{}{table}", t.prefix),
+        column,
+        decl,
+    };
+    vec![
+        col("jobs", "overlap", "TEXT"),
+        col("jobs", "pause_note", "TEXT"),
+        col("jobs", "pause_by", "TEXT"),
+        col("jobs", "pause_at", "INTEGER"),
+        col("queues", "pause_note", "TEXT"),
+        col("queues", "pause_by", "TEXT"),
+        col("queues", "pause_at", "INTEGER"),
+    ]
+}
 
 /// The audit log: one row an operator action, pruned by `at`.
 fn upgrade_audit(t: &Tables) -> Vec<Ddl> {

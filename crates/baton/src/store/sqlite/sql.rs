@@ -5,7 +5,7 @@
 //! what they are. Every "now" is [`NOW`] inside the statement.
 
 use super::{Tables, NOW, NOW_US};
-use crate::store::sql_row::{CLAIM_COLS, TASK_COLS};
+use crate::store::sql_row::{CLAIM_COLS, JOB_COLS, QUEUE_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
 /// The condition under which a task's unique key is taken (its
@@ -98,6 +98,8 @@ pub(super) struct Sql {
     pub job_set_paused: String,
     /// Every job row, by name.
     pub job_list: String,
+    /// `?1` job → [`JOB_COLS`] of that job.
+    pub job_one: String,
     /// The store's clock.
     pub now: String,
 }
@@ -339,10 +341,16 @@ impl Sql {
             task: format!("SELECT {TASK_COLS} FROM {tasks} WHERE id = ?1"),
             tasks_select: format!("SELECT {TASK_COLS} FROM {tasks}"),
             queue_set_paused: format!(
-                "INSERT INTO {queues} (name, paused) VALUES (?1, ?2) \
-                 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused"
+                "INSERT INTO {queues} (name, paused, pause_note, pause_by, pause_at) \
+                 VALUES (?1, ?2, ?3, ?4, {NOW}) \
+                 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, \
+                     pause_note = excluded.pause_note, pause_by = excluded.pause_by, \
+                     pause_at = excluded.pause_at"
             ),
-            queues_paused: format!("SELECT name FROM {queues} WHERE paused ORDER BY name"),
+            queues_paused: format!(
+                "SELECT {QUEUE_COLS} FROM {queues} WHERE paused OR pause_at IS NOT NULL \
+                 ORDER BY name"
+            ),
             stats: format!(
                 "WITH n(now) AS (SELECT {NOW}) \
                  SELECT queue, state, COUNT(*) AS count, \
@@ -364,9 +372,11 @@ impl Sql {
             // The no-op DO UPDATE makes RETURNING answer for an existing row
             // too.
             job_register: format!(
-                "INSERT INTO {jobs} (name, last_slot, paused, queue) VALUES (?1, {NOW}, 0, ?2) \
-                 ON CONFLICT (name) DO UPDATE SET queue = COALESCE(?2, {jobs}.queue) \
-                 RETURNING name, last_slot, paused, queue"
+                "INSERT INTO {jobs} (name, last_slot, paused, queue, overlap) \
+                 VALUES (?1, {NOW}, 0, ?2, ?3) \
+                 ON CONFLICT (name) DO UPDATE SET queue = COALESCE(?2, {jobs}.queue), \
+                     overlap = COALESCE(?3, {jobs}.overlap) \
+                 RETURNING {JOB_COLS}"
             ),
             job_get: format!("SELECT last_slot, paused, {NOW} AS now FROM {jobs} WHERE name = ?1"),
             job_set_slot: format!("UPDATE {jobs} SET last_slot = ?2 WHERE name = ?1"),
@@ -384,8 +394,12 @@ impl Sql {
                 "UPDATE {tasks} SET state = 'running', attempt = 1, started_at = {NOW}, \
                  lease_until = {NOW} + ?2, worker = ?3, claim_token = 1 WHERE id = ?1"
             ),
-            job_set_paused: format!("UPDATE {jobs} SET paused = ?2 WHERE name = ?1"),
-            job_list: format!("SELECT name, last_slot, paused, queue FROM {jobs} ORDER BY name"),
+            job_set_paused: format!(
+                "UPDATE {jobs} SET paused = ?2, pause_note = ?3, pause_by = ?4, \
+                 pause_at = {NOW} WHERE name = ?1"
+            ),
+            job_list: format!("SELECT {JOB_COLS} FROM {jobs} ORDER BY name"),
+            job_one: format!("SELECT {JOB_COLS} FROM {jobs} WHERE name = ?1"),
             now: format!("SELECT {NOW}"),
         }
     }

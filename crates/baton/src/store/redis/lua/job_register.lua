@@ -1,9 +1,12 @@
--- ARGV: B, job, queue ('' = leave as recorded). Returns {last_slot or '', paused, queue or ''}.
+-- ARGV: B, job, queue ('' = leave as recorded), overlap ('' = leave as
+-- recorded). Returns the job's fields as job_list.lua does (without the
+-- name).
 local now = now_ms()
 local k = B .. 'job:' .. ARGV[2]
 if redis.call('EXISTS', k) == 0 then
   redis.call('HSET', k, 'last_slot', fmt(now), 'paused', '0')
 end
 if ARGV[3] ~= '' then redis.call('HSET', k, 'queue', ARGV[3]) end
-local h = redis.call('HMGET', k, 'last_slot', 'paused', 'queue')
-return {h[1] or '', h[2] or '0', h[3] or ''}
+if ARGV[4] ~= '' then redis.call('HSET', k, 'overlap', ARGV[4]) end
+return redis.call('HMGET', k, 'last_slot', 'paused', 'queue', 'overlap', 'pause_note',
+  'pause_by', 'pause_at')

@@ -1,5 +1,6 @@
 -- ARGV: B, queue. Returns {flat counts, oldest due pending age ms or '',
--- paused 0/1} of B's queue.
+-- paused 0/1, last pause or resume: note, by, at (each nil when absent)}
+-- of B's queue.
 local now = now_ms()
 local q = ARGV[2]
 local c = redis.call('HGETALL', B .. 'counts')
@@ -24,4 +25,5 @@ if oldest then
 end
 local p = '0'
 if redis.call('GET', B .. 'paused') == '1' then p = '1' end
-return {c, age, p}
+local n = redis.call('HMGET', B .. 'pause', 'note', 'by', 'at')
+return {c, age, p, n[1], n[2], n[3]}
