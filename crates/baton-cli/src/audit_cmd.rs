@@ -71,3 +71,27 @@ pub async fn run(a: AuditArgs) -> anyhow::Result<u8> {
     t.print()?;
     Ok(0)
 }
+
+/// Record an operator command of the CLI in the audit log: `actor` (a
+/// pause's `--by`, else `$USER@HOSTNAME`), `action` (`tasks retry`),
+/// `target` (`id=42`), source `cli`, `outcome`. A record that cannot be
+/// written is logged, never fails the command (its change is made).
+pub async fn record_cli(
+    store: &baton::Store,
+    actor: Option<&str>,
+    action: &str,
+    target: &str,
+    outcome: &str,
+) {
+    let me = crate::pause_args::default_by();
+    let entry = baton::store::AuditAppend {
+        actor: actor.unwrap_or(&me),
+        action,
+        target,
+        source: "cli",
+        outcome,
+    };
+    if let Err(e) = baton::audit::record(store, &entry).await {
+        tracing::warn!(error = %baton::error::chain(&e), %action, %target, "could not record this command in the audit log");
+    }
+}

@@ -185,6 +185,18 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         let done = schedule::backfill(&store, &j.job(), &b)
             .await
             .map_err(backfill_flags)?;
+        if !*dry_run {
+            let target = format!(
+                "name={job} from={} to={}",
+                baton::format_time(*from),
+                baton::format_time(*to)
+            );
+            let outcome = format!(
+                "{} enqueued",
+                done.iter().filter(|s| s.runs_now(&b)).count()
+            );
+            crate::audit_cmd::record_cli(&store, None, "jobs backfill", &target, &outcome).await;
+        }
         print_backfill(job, &b, &done, a.json)?;
         return Ok(0);
     }
@@ -197,6 +209,10 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         let by = why.recorded_by();
         let note = pause_note(why, &by).map_err(Error::from)?;
         if schedule::set_paused_with(&store, job, paused, note).await? {
+            let who = why.by.clone().unwrap_or_else(crate::pause_args::default_by);
+            let action = if paused { "jobs pause" } else { "jobs resume" };
+            let target = format!("name={job}");
+            crate::audit_cmd::record_cli(&store, Some(&who), action, &target, "done").await;
             crate::outln!(
                 "job {job} {} (by {by})",
                 if paused { "paused" } else { "resumed" }

@@ -594,6 +594,8 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 return Ok(crate::EXIT_CONFLICT);
             }
             if q.retry(id).await? {
+                let target = format!("id={id}");
+                crate::audit_cmd::record_cli(q.store(), None, "tasks retry", &target, "done").await;
                 outln!("task {id} is pending again");
                 return Ok(0);
             }
@@ -613,7 +615,17 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
         }
         TasksCmd::Cancel { store, id } => {
             let q = Queue::new(connect(&store).await.context("connecting to the store")?);
-            match q.cancel(id).await? {
+            let outcome = q.cancel(id).await?;
+            if matches!(outcome, CancelOutcome::Cancelled | CancelOutcome::Requested) {
+                let done = if outcome == CancelOutcome::Cancelled {
+                    "cancelled"
+                } else {
+                    "requested"
+                };
+                let target = format!("id={id}");
+                crate::audit_cmd::record_cli(q.store(), None, "tasks cancel", &target, done).await;
+            }
+            match outcome {
                 CancelOutcome::Cancelled => outln!("task {id} cancelled"),
                 CancelOutcome::Requested => {
                     outln!("task {id} is running; its worker stops it at the next heartbeat")
@@ -645,6 +657,9 @@ pub async fn tasks(cmd: TasksCmd) -> anyhow::Result<u8> {
                 q.prune(older_than),
             )
             .await?;
+            let target = format!("older_than={}", baton::format_duration(older_than));
+            let done = format!("pruned {n}");
+            crate::audit_cmd::record_cli(q.store(), None, "tasks prune", &target, &done).await;
             outln!(
                 "pruned {n} finished tasks older than {}",
                 baton::format_duration(older_than)

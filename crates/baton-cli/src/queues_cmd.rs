@@ -57,6 +57,11 @@ pub async fn queues(a: QueuesArgs) -> anyhow::Result<u8> {
     let by = why.recorded_by();
     let note = pause_note(&why, &by).map_err(Error::from)?;
     let q = Queue::new(connect(&a.store).await.context("connecting to the store")?);
+    let action = if paused {
+        "queues pause"
+    } else {
+        "queues resume"
+    };
     if paused {
         q.pause_with(&queue, note).await?;
         outln!(
@@ -66,6 +71,9 @@ pub async fn queues(a: QueuesArgs) -> anyhow::Result<u8> {
         q.resume_with(&queue, note).await?;
         outln!("queue {queue} resumed (by {by})");
     }
+    let who = why.by.clone().unwrap_or_else(crate::pause_args::default_by);
+    let target = format!("name={queue}");
+    crate::audit_cmd::record_cli(q.store(), Some(&who), action, &target, "done").await;
     Ok(0)
 }
 

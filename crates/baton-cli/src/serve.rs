@@ -337,6 +337,14 @@ pub async fn trigger(a: TriggerArgs) -> anyhow::Result<u8> {
         let e = schedule::trigger_with(&store, &job, slot, a.any_slot).await?;
         schedule::slot_report(&store, &job, slot, e).await?
     };
+    let target = format!("name={} slot={}", a.job, baton::format_time(slot));
+    let outcome = format!("task {}", report.id);
+    let action = if a.run_skipped {
+        "trigger --run-skipped"
+    } else {
+        "trigger"
+    };
+    crate::audit_cmd::record_cli(&store, None, action, &target, &outcome).await;
     if a.json {
         crate::outln!("{}", crate::shapes::triggered(&report, &a.job, slot));
     } else {

@@ -65,3 +65,27 @@ impl SearchArgs {
         Ok(())
     }
 }
+
+/// A filter's terms as an audit record's target: `queue=q kind=k …`, only
+/// those set.
+pub fn filter_text(f: &TaskFilter) -> String {
+    let mut parts = Vec::new();
+    let mut add = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            parts.push(format!("{k}={v}"));
+        }
+    };
+    add("queue", f.queue.clone());
+    add("state", f.state.map(|s| s.to_string()));
+    add("job", f.job.clone());
+    add("kind", f.kind.clone());
+    add("key", f.key.clone());
+    add("text", f.text.clone());
+    add("since", f.created_from.map(baton::format_time));
+    add("until", f.created_to.map(baton::format_time));
+    if parts.is_empty() {
+        "all".into()
+    } else {
+        parts.join(" ")
+    }
+}

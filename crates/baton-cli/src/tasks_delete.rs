@@ -62,7 +62,18 @@ pub async fn run(a: DeleteArgs) -> anyhow::Result<u8> {
         let mut code = 0;
         for id in a.ids {
             match q.delete(id).await? {
-                DeleteOutcome::Deleted => outln!("task {id} deleted"),
+                DeleteOutcome::Deleted => {
+                    let target = format!("id={id}");
+                    crate::audit_cmd::record_cli(
+                        q.store(),
+                        None,
+                        "tasks delete",
+                        &target,
+                        "deleted",
+                    )
+                    .await;
+                    outln!("task {id} deleted")
+                }
                 DeleteOutcome::Running => {
                     note!("baton: task {id} is running; cancel it, then delete it once it has stopped");
                     code = EXIT_CONFLICT;
@@ -95,6 +106,9 @@ pub async fn run(a: DeleteArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     let gone = q.delete_finished(&filter).await?;
+    let target = crate::task_search::filter_text(&filter);
+    let done = format!("deleted {}", gone.len());
+    crate::audit_cmd::record_cli(q.store(), None, "tasks delete (bulk)", &target, &done).await;
     outln!("deleted {} finished tasks", gone.len());
     Ok(0)
 }

@@ -149,6 +149,29 @@ async fn tasks_search_by_key_text_and_time(e: Env) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "deleted 1 finished tasks");
     assert_eq!(list(&[]), [bob]);
+    // The CLI's changes are in the audit log, newest first, from the cli.
+    let out = e.run(&["audit", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let seen: Vec<(String, String, String)> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let f = |k: &str| r[k].as_str().unwrap().to_string();
+            assert_eq!(f("source"), "cli", "{r}");
+            (f("action"), f("target"), f("outcome"))
+        })
+        .collect();
+    let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+    assert_eq!(
+        seen,
+        [
+            s("tasks delete (bulk)", "text=alice", "deleted 1"),
+            s("tasks cancel", &format!("id={bob}"), "cancelled"),
+            s("tasks cancel", &format!("id={alice}"), "cancelled"),
+        ]
+    );
 
     for (bad, flag) in [
         (&["tasks", "list", "--since", "yesterday"][..], "--since"),
