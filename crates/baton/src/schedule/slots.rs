@@ -210,10 +210,7 @@ pub async fn run_skipped(
         store,
         job,
         slot,
-        Enqueued {
-            id: report.id,
-            inserted: false,
-        },
+        Enqueued::existing(report.id),
     )
     .await?;
     again.rerun = retried;

@@ -32,6 +32,7 @@ mod claim_types;
 pub(crate) mod fair;
 mod identity;
 mod inspect;
+mod key_policy;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod job_advance;
 #[cfg(any(
@@ -70,6 +71,8 @@ mod writable;
 
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
+pub(crate) use key_policy::{check_key_policy, plan as key_plan, KeyPlan, KeySeen};
+pub use key_policy::{EnqueueOutcome, Enqueued, KeyPolicy, MAX_DEBOUNCE, MAX_THROTTLE};
 pub use options::StoreOptions;
 pub use overlap::*;
 pub use params::*;

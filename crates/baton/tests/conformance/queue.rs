@@ -253,10 +253,7 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
         .unwrap();
     assert_eq!(
         f2,
-        baton::store::Enqueued {
-            id: f1.id,
-            inserted: false
-        }
+        baton::store::Enqueued::existing(f1.id)
     );
 }
 

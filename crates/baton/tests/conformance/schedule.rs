@@ -220,10 +220,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     };
     assert_eq!(
         b.job_advance(&adv).await.unwrap(),
-        Advanced::Enqueued(baton::store::Enqueued {
-            id: a.id,
-            inserted: false
-        })
+        Advanced::Enqueued(baton::store::Enqueued::existing(a.id))
     );
     // Even after the run finished.
     let c = b
@@ -1270,10 +1267,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     let again = trigger(&ts.open().await, &job, s1).await.unwrap();
     assert_eq!(
         again,
-        Enqueued {
-            id: first.id,
-            inserted: false
-        }
+        Enqueued::existing(first.id)
     );
     // A batch with the slot's task and a plain one: only the plain one.
     let plain = baton::queue::TaskBuilder::new("other", serde_json::json!({}))
@@ -1286,10 +1280,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
         .unwrap();
     assert_eq!(
         out[0],
-        Enqueued {
-            id: first.id,
-            inserted: false
-        }
+        Enqueued::existing(first.id)
     );
     assert!(out[1].inserted);
     // The scheduler reaching slot 1 (say, a second scheduler whose cursor
@@ -1302,10 +1293,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
         })
         .await
         .unwrap(),
-        Advanced::Enqueued(Enqueued {
-            id: first.id,
-            inserted: false
-        })
+        Advanced::Enqueued(Enqueued::existing(first.id))
     );
     let runs = b
         .task_list(&baton::store::TaskFilter {

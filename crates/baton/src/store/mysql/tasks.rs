@@ -178,7 +178,7 @@ pub(super) async fn insert_tasks(
                         found.len()
                     ))
                 })?;
-                out.push(Enqueued { id, inserted: true });
+                out.push(Enqueued::new(id));
             }
             i = end;
             continue;
@@ -196,7 +196,7 @@ pub(super) async fn insert_tasks(
                 Ok(r) => {
                     let id = i64::try_from(r.last_insert_id())
                         .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
-                    done = Some(Enqueued { id, inserted: true });
+                    done = Some(Enqueued::new(id));
                     if crate::store::tombstoned_kind(t) {
                         // A slot whose task was pruned keeps its key in a
                         // tombstone: take the insert back and answer with
@@ -212,10 +212,7 @@ pub(super) async fn insert_tasks(
                                 .bind(id)
                                 .execute(&mut *conn)
                                 .await?;
-                            done = Some(Enqueued {
-                                id: old,
-                                inserted: false,
-                            });
+                            done = Some(Enqueued::existing(old));
                         }
                     }
                     break;
@@ -228,10 +225,7 @@ pub(super) async fn insert_tasks(
                         .fetch_optional(&mut *conn)
                         .await?;
                     if let Some(id) = holder {
-                        done = Some(Enqueued {
-                            id,
-                            inserted: false,
-                        });
+                        done = Some(Enqueued::existing(id));
                         break;
                     }
                     // The holder finished between the two: insert again.

@@ -152,7 +152,7 @@ pub(super) async fn insert_tasks(
                 let id: i64 = row.try_get(0)?;
                 let inserted: bool = row.try_get(1)?;
                 if inserted {
-                    out[i] = Some(Enqueued { id, inserted: true });
+                    out[i] = Some(Enqueued::new(id));
                 } else {
                     conflicted.push(i);
                 }
@@ -182,10 +182,7 @@ pub(super) async fn insert_tasks(
         for i in conflicted {
             match tasks[i].unique_key.as_deref().and_then(|k| holders.get(k)) {
                 Some(&id) => {
-                    out[i] = Some(Enqueued {
-                        id,
-                        inserted: false,
-                    })
+                    out[i] = Some(Enqueued::existing(id))
                 }
                 None => todo.push(i),
             }
@@ -217,10 +214,7 @@ pub(super) async fn insert_tasks(
                 if let (true, Some(e)) = (hit, out[i].as_mut()) {
                     if e.inserted {
                         undo.push(e.id);
-                        *e = Enqueued {
-                            id: old,
-                            inserted: false,
-                        };
+                        *e = Enqueued::existing(old);
                     }
                 }
             }

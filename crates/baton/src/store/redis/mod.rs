@@ -204,7 +204,7 @@ const BATCH: usize = 1000;
 /// Ids examined per listing script call.
 const LIST_SCAN: usize = 2000;
 /// Fields per task in the flattened enqueue arguments.
-const TASK_ARGS: usize = 14;
+const TASK_ARGS: usize = 15;
 
 /// The wake-up listener, started by the first `subscribe()`.
 struct Listener {

@@ -149,7 +149,7 @@ async fn insert_live(
                 } else {
                     later.push((base + i, run_at));
                 }
-                results.push(Enqueued { id, inserted: true });
+                results.push(Enqueued::new(id));
             } else {
                 // The key is taken: by an existing task, or by an earlier
                 // task of this very batch. Look the holders up below.
@@ -157,10 +157,7 @@ async fn insert_live(
                     results.len(),
                     task.unique_key.as_deref().unwrap_or_default(),
                 ));
-                results.push(Enqueued {
-                    id: 0,
-                    inserted: false,
-                });
+                results.push(Enqueued::existing(0));
             }
         }
         if !taken.is_empty() {
@@ -258,10 +255,7 @@ impl Tombstoned {
                 .filter(|_| crate::store::tombstoned_kind(t))
                 .and_then(|k| found.get(k));
             match pruned {
-                Some(&id) => out.answers.push(Some(Enqueued {
-                    id,
-                    inserted: false,
-                })),
+                Some(&id) => out.answers.push(Some(Enqueued::existing(id))),
                 None => {
                     out.answers.push(None);
                     out.index.push(i);

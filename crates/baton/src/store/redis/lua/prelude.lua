@@ -8,7 +8,7 @@ local B = ARGV[1]
 -- not a key, and a publish reaches every node of a cluster.
 local WAKE = string.sub(B, 1, string.find(B, '{baton', 1, true) - 1) .. '{baton}:wake'
 local SHIFT = 8796093022208
-local NF = 14
+local NF = 15
 local function fmt(n) return string.format('%d', n) end
 local function pad(id) return string.format('%016d', tonumber(id)) end
 local function tkey(sid) return B .. 'task:' .. sid end
