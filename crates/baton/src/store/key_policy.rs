@@ -19,9 +19,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::InvalidInput;
+use crate::error::{InvalidInput, StoreError};
 use crate::store::{from_ms, ms, NewTask, RunAt, TaskState, UniqueHold};
 
 /// The longest debounce accepted (30 days).
@@ -185,7 +186,7 @@ pub(crate) fn plan(policy: KeyPolicy, seen: KeySeen) -> KeyPlan {
 impl KeyPlan {
     /// The answer for a plan that writes no new task (`None` for `Insert`
     /// and `HandOver`, whose answer is the insert's).
-    pub(crate) fn answer(self) -> Result<Option<Enqueued>, crate::StoreError> {
+    pub(crate) fn answer(self) -> Result<Option<Enqueued>, StoreError> {
         Ok(match self {
             KeyPlan::Insert | KeyPlan::HandOver(_) => None,
             KeyPlan::Replace { id, .. } => Some(Enqueued {
@@ -203,6 +204,70 @@ impl KeyPlan {
             }),
         })
     }
+}
+
+/// One SQL backend's side of an enqueue with a [`KeyPolicy`], inside the
+/// insert's transaction (SQLite `BEGIN IMMEDIATE`; PostgreSQL and MySQL
+/// with the holder's row locked by [`KeyTx::key_seen`]).
+#[async_trait]
+pub(crate) trait KeyTx: Send {
+    /// The key's holder (its row locked), its last start, the store's now.
+    async fn key_seen(&mut self, key: &str) -> Result<KeySeen, StoreError>;
+    /// Clear running task `id`'s unique key: it passes to the task about
+    /// to be inserted.
+    async fn key_hand_over(&mut self, id: i64) -> Result<(), StoreError>;
+    /// Give pending task `id` the payload and priority of `task` and the
+    /// due time `run_at_ms`; false when it is no longer pending.
+    async fn key_replace(
+        &mut self,
+        id: i64,
+        task: &NewTask,
+        run_at_ms: i64,
+    ) -> Result<bool, StoreError>;
+    /// Insert `task` as `task_insert_many` does.
+    async fn key_insert(&mut self, task: &NewTask) -> Result<Enqueued, StoreError>;
+}
+
+/// Enqueue `task` (which has a policy and a key) on `tx`: read, [`plan`],
+/// act. A plan overtaken by a writer that does not lock what was read (a
+/// claim taking the pending task on MySQL, a plain enqueue inserting the
+/// key) is made again from a fresh read; three rounds are plenty, since
+/// each overtaking write moves the key forward once.
+pub(crate) async fn enqueue_keyed<T: KeyTx>(
+    tx: &mut T,
+    task: &NewTask,
+) -> Result<Enqueued, StoreError> {
+    let (Some(policy), Some(key)) = (task.key_policy, task.unique_key.as_deref()) else {
+        return Err(StoreError::Config(
+            "debounce and throttle need a unique key".into(),
+        ));
+    };
+    for _ in 0..3 {
+        let p = plan(policy, tx.key_seen(key).await?);
+        match p {
+            KeyPlan::Insert | KeyPlan::HandOver(_) => {
+                if let KeyPlan::HandOver(id) = p {
+                    tx.key_hand_over(id).await?;
+                }
+                let e = tx.key_insert(task).await?;
+                if e.inserted {
+                    return Ok(e);
+                }
+            }
+            KeyPlan::Replace { id, run_at_ms } => {
+                if tx.key_replace(id, task, run_at_ms).await? {
+                    return Ok(p.answer()?.unwrap_or(Enqueued::existing(id)));
+                }
+            }
+            KeyPlan::Existing(id) | KeyPlan::Throttled { id, .. } => {
+                return Ok(p.answer()?.unwrap_or(Enqueued::existing(id)));
+            }
+        }
+    }
+    Err(StoreError::Conflict(format!(
+        "{}: the key {key:?} kept changing while the enqueue read it; try again",
+        policy.field()
+    )))
 }
 
 /// Check a task's policy where it enters (the builder and again after the

@@ -71,7 +71,7 @@ mod writable;
 
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
-pub(crate) use key_policy::{check_key_policy, plan as key_plan, KeyPlan, KeySeen};
+pub(crate) use key_policy::{check_key_policy, enqueue_keyed, KeySeen, KeyTx};
 pub use key_policy::{EnqueueOutcome, Enqueued, KeyPolicy, MAX_DEBOUNCE, MAX_THROTTLE};
 pub use options::StoreOptions;
 pub use overlap::*;

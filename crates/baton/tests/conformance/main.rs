@@ -15,6 +15,7 @@
 //! its tests print one `SKIPPED` line and pass, unless
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
+mod debounce;
 mod delete;
 mod fair;
 mod identity;
@@ -135,6 +136,10 @@ baton_testkit::per_backend! {
     upgrade::remove_schema_leaves_nothing_of_the_prefix,
     upgrade::unique_keys_are_rescoped_on_upgrade,
     unique::scopes_compare_what_they_name,
+    debounce::debounce_racing_enqueuers_leave_one_pending_task,
+    debounce::debounce_leaves_a_running_task_alone,
+    debounce::throttle_refuses_within_the_period_and_accepts_after,
+    debounce::debounce_and_throttle_bad_input_is_refused,
     unique::by_args_dedupes_equal_payloads_in_any_order,
     unique::period_keys_differ_across_buckets,
     unique::retry_refuses_a_taken_scoped_key,

@@ -1572,6 +1572,7 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

@@ -649,6 +649,7 @@ fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

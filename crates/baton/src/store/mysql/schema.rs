@@ -36,7 +36,25 @@ const UPGRADES: &[Upgrade] = &[
     rescope_unique_keys,
     add_rates,
     add_unique_until_failed,
+    add_key_starts,
 ];
+
+/// 10 → 11: debounce and throttle: the index a throttled enqueue finds its
+/// key's last start with (the tasks by unique key and start).
+fn add_key_starts(n: &Names) -> Vec<String> {
+    let name = format!("{}tasks", n.prefix);
+    vec![
+        format!(
+            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.statistics \
+             WHERE table_schema = DATABASE() AND table_name = '{name}' \
+             AND index_name = 'tasks_key_starts') = 0, \
+             'CREATE INDEX tasks_key_starts ON `{name}` (unique_key, started_at)', 'DO 0')"
+        ),
+        "PREPARE baton_ddl FROM @baton_ddl".to_string(),
+        "EXECUTE baton_ddl".to_string(),
+        "DEALLOCATE PREPARE baton_ddl".to_string(),
+    ]
+}
 
 /// 9 → 10: a third unique hold, `UniqueHold::UntilFailed` (a succeeded
 /// task keeps its key, issue 29): the column `unique_until_failed` (0 on

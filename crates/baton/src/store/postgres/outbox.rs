@@ -9,7 +9,7 @@ use sqlx::{PgConnection, Row};
 use super::sql::InsertSql;
 use super::{dur, Names};
 use crate::error::StoreError;
-use crate::store::{Enqueued, NewTask, RunAt, UniqueHold};
+use crate::store::{Enqueued, KeySeen, KeyTx, NewTask, RunAt, TaskState, UniqueHold};
 
 /// Rows per `INSERT … SELECT FROM UNNEST(…)` statement when enqueueing.
 pub(super) const INSERT_CHUNK: usize = 10_000;
@@ -40,8 +40,107 @@ pub async fn enqueue_in(
 /// tasks are inserted directly as `cancelled` with that reason.
 ///
 /// Returns one [`Enqueued`] per task. Due work is announced by the insert
-/// statement itself.
+/// statement itself. A task with a debounce or throttle
+/// (`NewTask::key_policy`) is decided by `store::enqueue_keyed`, on the
+/// same connection (the caller's transaction).
 pub(super) async fn insert_tasks(
+    conn: &mut PgConnection,
+    sql: &InsertSql,
+    chan: &str,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<Vec<Enqueued>, StoreError> {
+    if tasks.iter().all(|t| t.key_policy.is_none()) {
+        return insert_plain(conn, sql, chan, tasks, skipped).await;
+    }
+    if skipped.is_some() {
+        return Err(StoreError::Config(
+            "a skipped slot's task cannot be debounced or throttled".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let mut tx = KeyedTx {
+            conn: &mut *conn,
+            sql,
+            chan,
+        };
+        out.push(if task.key_policy.is_some() {
+            crate::store::enqueue_keyed(&mut tx, task).await?
+        } else {
+            tx.key_insert(task).await?
+        });
+    }
+    Ok(out)
+}
+
+/// One task of a batch with policies, on the batch's connection.
+struct KeyedTx<'a> {
+    conn: &'a mut PgConnection,
+    sql: &'a InsertSql,
+    chan: &'a str,
+}
+
+#[async_trait::async_trait]
+impl KeyTx for KeyedTx<'_> {
+    async fn key_seen(&mut self, key: &str) -> Result<KeySeen, StoreError> {
+        let r = sqlx::query(&self.sql.key_seen)
+            .persistent(self.sql.persistent)
+            .bind(key)
+            .fetch_one(&mut *self.conn)
+            .await?;
+        let holder = match (r.try_get::<Option<i64>, _>(0)?, r.try_get::<Option<String>, _>(1)?) {
+            (Some(id), Some(st)) => Some((id, st.parse::<TaskState>()?)),
+            _ => None,
+        };
+        let last_start = match (r.try_get::<Option<i64>, _>(2)?, r.try_get::<Option<i64>, _>(3)?) {
+            (Some(id), Some(at)) => Some((id, at)),
+            _ => None,
+        };
+        Ok(KeySeen {
+            holder,
+            last_start,
+            now_ms: r.try_get(4)?,
+        })
+    }
+
+    async fn key_hand_over(&mut self, id: i64) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.key_hand_over)
+            .persistent(self.sql.persistent)
+            .bind(id)
+            .execute(&mut *self.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn key_replace(
+        &mut self,
+        id: i64,
+        task: &NewTask,
+        run_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query(&self.sql.key_replace)
+            .persistent(self.sql.persistent)
+            .bind(id)
+            .bind(&task.payload)
+            .bind(task.priority)
+            .bind(run_at_ms)
+            .bind(self.chan)
+            .fetch_optional(&mut *self.conn)
+            .await?
+            .is_some())
+    }
+
+    async fn key_insert(&mut self, task: &NewTask) -> Result<Enqueued, StoreError> {
+        insert_plain(self.conn, self.sql, self.chan, std::slice::from_ref(task), None)
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Backend("insert returned no result".into()))
+    }
+}
+
+/// [`insert_tasks`] for tasks without a policy.
+async fn insert_plain(
     conn: &mut PgConnection,
     sql: &InsertSql,
     chan: &str,

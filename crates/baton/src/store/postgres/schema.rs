@@ -51,7 +51,20 @@ const UPGRADES: &[Upgrade] = &[
     // 10 → 11: fair claiming: each queue's rotation cursor and the index
     // the fair claim finds each key's first pending task with.
     upgrade_fair,
+    // 11 → 12: debounce and throttle: the index a throttled enqueue finds
+    // its key's last start with.
+    upgrade_key_starts,
 ];
+
+/// The index `store::KeySeen::last_start` is read from: the tasks with a
+/// unique key that have started, by key and start.
+fn upgrade_key_starts(n: &Names) -> String {
+    let (p, t) = (&n.prefix, &n.tasks);
+    format!(
+        "CREATE INDEX IF NOT EXISTS \"{p}tasks_key_starts\" ON {t} (unique_key, started_at) \
+         WHERE unique_key IS NOT NULL AND started_at IS NOT NULL;"
+    )
+}
 
 /// The unique index's predicate before schema 10 (the base DDL creates it
 /// so; step 9 → 10 replaces it with [`UNIQUE_PRED`]).

@@ -148,7 +148,21 @@ const UPGRADES: &[Upgrade] = &[
     // 9 → 10: fair claiming: each queue's rotation cursor and the index
     // the fair claim finds each key's first pending task with.
     upgrade_fair,
+    // 10 → 11: debounce and throttle: the index a throttled enqueue finds
+    // its key's last start with.
+    upgrade_key_starts,
 ];
+
+/// The index `store::KeySeen::last_start` is read from: the tasks with a
+/// unique key that have started, by key and start.
+fn upgrade_key_starts(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE INDEX IF NOT EXISTS {} ON {} (unique_key, started_at) \
+         WHERE unique_key IS NOT NULL AND started_at IS NOT NULL",
+        t.index("tasks_key_starts"),
+        t.tasks
+    ))]
+}
 
 /// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):
 /// the column `unique_until_failed` (0 on every existing task, so each
