@@ -64,6 +64,7 @@ mod keyed;
 mod locks;
 mod rows;
 mod schema;
+mod key_policy;
 mod tasks;
 
 pub use tasks::enqueue_in;

@@ -59,8 +59,27 @@ pub async fn enqueue_in(
 /// statement) and its id read back by that mark, so no assumption about
 /// how the server numbers a multi-row insert is made; a task with a key goes in its own
 /// `INSERT`, and a duplicate key error (which rolls back only that
-/// statement) means the key is taken: its holder's id is returned.
+/// statement) means the key is taken: its holder's id is returned. A task
+/// with a debounce or throttle goes through `key_policy::insert_with_policies`.
 pub(super) async fn insert_tasks(
+    conn: &mut MySqlConnection,
+    n: &Names,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<(Vec<Enqueued>, Vec<Wake>), StoreError> {
+    if tasks.iter().all(|t| t.key_policy.is_none()) {
+        return insert_plain(conn, n, tasks, skipped).await;
+    }
+    if skipped.is_some() {
+        return Err(StoreError::Config(
+            "a skipped slot's task cannot be debounced or throttled".into(),
+        ));
+    }
+    super::key_policy::insert_with_policies(conn, n, tasks).await
+}
+
+/// [`insert_tasks`] for tasks without a policy.
+pub(super) async fn insert_plain(
     conn: &mut MySqlConnection,
     n: &Names,
     tasks: &[NewTask],
