@@ -106,6 +106,15 @@ enum Upgrade {
     /// version, so an older build (whose finish would free such a key)
     /// refuses the store.
     UniqueUntilFailed,
+    /// 12 → 13: debounce and throttle (issue 25): every claim of a task
+    /// with a unique key records the key's last start in `Q kstart`
+    /// (`<ms>:<id>` per key; a deleted task's entry goes with it), which a
+    /// throttled enqueue reads; the 15th script argument per task is the
+    /// policy. Nothing to convert (starts before it are not known, so a
+    /// key's first throttle after the upgrade is accepted); the step marks
+    /// the version, so an older build (whose claims would not record
+    /// starts) refuses the store.
+    KeyStarts,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -129,6 +138,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::UniqueScopes,
     Upgrade::RateLimits,
     Upgrade::UniqueUntilFailed,
+    Upgrade::KeyStarts,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -276,7 +286,8 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         | Upgrade::SlotTombstones
         | Upgrade::ConcurrencyKey
         | Upgrade::RateLimits
-        | Upgrade::UniqueUntilFailed => Ok(()),
+        | Upgrade::UniqueUntilFailed
+        | Upgrade::KeyStarts => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

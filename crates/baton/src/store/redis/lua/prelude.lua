@@ -148,6 +148,11 @@ local function forget(sid, h)
   if h[3] then
     local ukey = B .. 'uniq:' .. h[3]
     if redis.call('GET', ukey) == sid then redis.call('DEL', ukey) end
+    -- A deleted task's start no longer throttles its key (as on SQL).
+    local ls = redis.call('HGET', B .. 'kstart', h[3])
+    if ls and string.sub(ls, -(#sid + 1)) == ':' .. sid then
+      redis.call('HDEL', B .. 'kstart', h[3])
+    end
   end
   if h[4] then redis.call('SREM', B .. 'jobactive:' .. h[4], sid) end
 end
