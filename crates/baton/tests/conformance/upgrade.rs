@@ -528,14 +528,14 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// tasks' `traceparent`, version 6 slot tombstones and the jobs' `queue`,
 /// version 7 the tasks' `concurrency_key`, version 8 the unique keys
 /// rewritten into their default scope, version 9 rate limits' start logs,
-/// version 10 the until-failed hold. A fresh store records 10; a version-2 store (the
+/// version 10 the until-failed hold, version 11 the key-starts index. A fresh store records 11; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
 /// queues; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
-    assert_eq!(recorded_version(&ts, p).await, 10);
+    assert_eq!(recorded_version(&ts, p).await, 11);
     {
         let pool = mysql_pool(&ts).await;
         let b = ts.store.backend();
@@ -559,7 +559,7 @@ async fn mysql_versions(ts: TestStore) {
             ..StoreOptions::default()
         };
         let upgraded = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
-        assert_eq!(recorded_version(&ts, p).await, 10, "upgraded to 10");
+        assert_eq!(recorded_version(&ts, p).await, 11, "upgraded to 11");
         // Connecting again finds the column and changes nothing.
         Store::connect_with(&ts.url, opts).await.unwrap();
         let ub = upgraded.backend();
@@ -678,9 +678,9 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         // Schema 5's indexes (6 added the slot tombstones, 7 the
         // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
         // the until-failed hold's column and unique predicate, 11 fair
-        // claiming's `key_pending`), on the upgraded store and on a fresh
-        // one.
-        assert_eq!(recorded_version(&ts, &p).await, 11);
+        // claiming's `key_pending`, 12 throttle's `key_starts`), on the
+        // upgraded store and on a fresh one.
+        assert_eq!(recorded_version(&ts, &p).await, 12);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
             assert_eq!(
                 postgres_task_indexes(&ts, prefix).await,
@@ -688,6 +688,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
                     "claim btree WHERE pending",
                     "job btree",
                     "key_pending btree WHERE pending",
+                    "key_starts btree",
                     "pkey btree",
                     "prune btree",
                     "running btree WHERE running",
@@ -1064,12 +1065,12 @@ pub async fn unique_keys_are_rescoped_on_upgrade(ts: TestStore) {
         async move { s.backend().task_get(id).await.unwrap().unwrap().unique_key }
     };
     for round in 0..2 {
-        // Back to before the unique-scope step (rate limits' and the
-        // until-failed hold's came after it on every store, and fair
-        // claiming's on SQLite and PostgreSQL).
+        // Back to before the unique-scope step (rate limits', the
+        // until-failed hold's and the key starts' came after it on every
+        // store, and fair claiming's on SQLite and PostgreSQL).
         let after_scope = match ts.kind {
-            Kind::Sqlite | Kind::Postgres => 4,
-            _ => 3,
+            Kind::Sqlite | Kind::Postgres => 5,
+            _ => 4,
         };
         crate::harness::set_schema_version(&ts, &p, Some(expected - after_scope)).await;
         let store = Store::connect_with(&ts.url, opts.clone()).await.unwrap();
@@ -1178,11 +1179,11 @@ pub async fn unique_holds_survive_the_hold_upgrade(ts: TestStore) {
         exec_sql(&ts, sql).await;
     }
     let expected = b.schema_status().await.unwrap().expected;
-    // Back to before the hold's step (fair claiming's came after it on
-    // SQLite and PostgreSQL).
+    // Back to before the hold's step (the key starts' came after it on
+    // every store, and fair claiming's on SQLite and PostgreSQL).
     let after_hold = match ts.kind {
-        Kind::Sqlite | Kind::Postgres => 2,
-        _ => 1,
+        Kind::Sqlite | Kind::Postgres => 3,
+        _ => 2,
     };
     crate::harness::set_schema_version(&ts, &p, Some(expected - after_hold)).await;
     let opts = StoreOptions {
