@@ -6,6 +6,7 @@ mod chaos;
 mod child;
 mod command_task;
 mod config;
+mod enqueue_cmd;
 mod http_client;
 mod lock_cmd;
 #[cfg(feature = "otel")]
