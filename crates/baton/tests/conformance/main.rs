@@ -140,6 +140,7 @@ baton_testkit::per_backend! {
     debounce::debounce_leaves_a_running_task_alone,
     debounce::throttle_refuses_within_the_period_and_accepts_after,
     debounce::debounce_and_throttle_bad_input_is_refused,
+    debounce::typed_kind_debounces_its_key,
     unique::by_args_dedupes_equal_payloads_in_any_order,
     unique::period_keys_differ_across_buckets,
     unique::retry_refuses_a_taken_scoped_key,
