@@ -5,6 +5,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use baton::queue::{EnqueueOutcome, Queue, TaskBuilder, UniqueHold};
 use baton::store::{Enqueued, Finish, TaskState};
 use serde_json::json;
@@ -46,9 +48,7 @@ async fn pending(ts: &TestStore, queue: &str) -> Vec<baton::store::TaskInfo> {
 /// N racing debouncers of one key leave exactly one pending task: one
 /// enqueue inserts it, every other answers `Debounced` with its id; the
 /// task has one of the racers' payloads and a due time at least the
-/// debounce after the race began. Sequential changes replace the payload
-/// and priority and push the due time to the last change's now plus the
-/// debounce (the store's clock, moved by the test clock).
+/// debounce after the race began.
 pub async fn debounce_racing_enqueuers_leave_one_pending_task(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let d = Duration::from_secs(5);
@@ -80,8 +80,14 @@ pub async fn debounce_racing_enqueuers_leave_one_pending_task(ts: TestStore) {
     let n = p[0].payload["n"].as_i64().unwrap();
     assert!((0..16).contains(&n));
     assert!(p[0].run_at >= before + d, "{:?} vs {before:?}", p[0].run_at);
+}
 
-    // Sequential changes: the last payload and priority, the last due time.
+/// Sequential changes of a debounced key: the last payload and priority,
+/// due the debounce after the last change (the store's clock, moved by
+/// the test clock); not claimable before, claimed once after.
+pub async fn debounce_pushes_the_due_time_to_the_last_change(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let d = Duration::from_secs(5);
     let first = q.enqueue(debounced("db-seq", 1, d)).await.unwrap();
     assert_eq!(first.outcome, EnqueueOutcome::Inserted);
     baton_testkit::clock::advance(&ts, Duration::from_secs(3)).await;
@@ -161,44 +167,74 @@ pub async fn debounce_leaves_a_running_task_alone(ts: TestStore) {
     assert_eq!(info.payload, json!({"n": 4}));
 }
 
-/// Throttle: within the period after the key's last start an enqueue
-/// writes nothing and answers `Throttled { until }` (the start plus the
-/// period, store time) with the task that started; a pending task holding
-/// the key is answered as the unique key does (`Existing`); after the
-/// period (the test clock moved) the enqueue is accepted — by exactly one
-/// of 16 racing enqueuers.
-pub async fn throttle_refuses_within_the_period_and_accepts_after(ts: TestStore) {
-    let q = Queue::new(ts.store.clone());
-    let first = q.enqueue(throttled("th", 1)).await.unwrap();
+/// Run the key's first task (inserted, then `Existing` while pending) and
+/// answer the `until` a throttle of 1 h gives after its start.
+async fn throttle_first_run(ts: &TestStore, q: &Queue, queue: &str) -> (i64, DateTime<Utc>) {
+    let first = q.enqueue(throttled(queue, 1)).await.unwrap();
     assert_eq!(first.outcome, EnqueueOutcome::Inserted);
-    let dup = q.enqueue(throttled("th", 2)).await.unwrap();
+    let dup = q.enqueue(throttled(queue, 2)).await.unwrap();
     assert_eq!((dup.id, dup.outcome), (first.id, EnqueueOutcome::Existing));
-    let t = crate::unique::run_one(&ts.store, "th", Finish::Succeeded).await;
+    let t = crate::unique::run_one(&ts.store, queue, Finish::Succeeded).await;
     assert_eq!(t.id, first.id);
     let started = q.task(first.id).await.unwrap().unwrap().started_at.unwrap();
     // Store times are kept to the millisecond on every store.
-    let started = chrono::DateTime::from_timestamp_millis(started.timestamp_millis()).unwrap();
-    let until = started + chrono::Duration::hours(1);
-    for (step, wait) in [(0, 0u64), (1, 59 * 60)] {
-        baton_testkit::clock::advance(&ts, Duration::from_secs(wait)).await;
-        let e = q.enqueue(throttled("th", 3)).await.unwrap();
-        assert_eq!(
-            e,
-            Enqueued {
-                id: first.id,
-                inserted: false,
-                outcome: EnqueueOutcome::Throttled { until },
-            },
-            "step {step}"
-        );
-    }
+    let started = DateTime::from_timestamp_millis(started.timestamp_millis()).unwrap();
+    (first.id, started + chrono::Duration::hours(1))
+}
+
+/// Throttle: within the period after the key's last start an enqueue
+/// writes nothing and answers `Throttled { until }` (the start plus the
+/// period, store time) with the task that started; a pending task holding
+/// the key is answered as the unique key does (`Existing`), and a running
+/// one that started within the period throttles too.
+pub async fn throttle_refuses_within_the_period(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let (id, until) = throttle_first_run(&ts, &q, "th").await;
+    let e = q.enqueue(throttled("th", 3)).await.unwrap();
+    assert_eq!(
+        e,
+        Enqueued {
+            id,
+            inserted: false,
+            outcome: EnqueueOutcome::Throttled { until },
+        }
+    );
     assert!(pending(&ts, "th").await.is_empty(), "nothing written");
+    // Another key of the kind is not throttled; once running, it is.
+    let other = || {
+        TaskBuilder::new("digest", json!({}))
+            .queue("th")
+            .unique_key("user:2")
+            .throttle(Duration::from_secs(3600))
+    };
+    let o = q.enqueue(other()).await.unwrap();
+    assert_eq!(o.outcome, EnqueueOutcome::Inserted);
+    assert_eq!(crate::queue::claim(&ts.store, "th", 1, 30_000).await.len(), 1);
+    let e = q.enqueue(other()).await.unwrap();
+    assert!(
+        matches!(e.outcome, EnqueueOutcome::Throttled { .. }) && e.id == o.id,
+        "{e:?}"
+    );
+}
+
+/// Throttle by the store's clock: still refused just before the period
+/// ends, accepted after it — by exactly one of 16 racing enqueuers (the
+/// others get that task, `Existing`).
+pub async fn throttle_accepts_once_after_the_period(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let (id, until) = throttle_first_run(&ts, &q, "th2").await;
+    baton_testkit::clock::advance(&ts, Duration::from_secs(59 * 60)).await;
+    let e = q.enqueue(throttled("th2", 3)).await.unwrap();
+    assert_eq!(
+        (e.id, e.outcome),
+        (id, EnqueueOutcome::Throttled { until })
+    );
     baton_testkit::clock::advance(&ts, Duration::from_secs(61)).await;
     let mut racers = Vec::new();
     for n in 0..16 {
         let q = q.clone();
         racers.push(tokio::spawn(async move {
-            q.enqueue(throttled("th", 10 + n)).await.unwrap()
+            q.enqueue(throttled("th2", 10 + n)).await.unwrap()
         }));
     }
     let mut answers = Vec::new();
@@ -211,14 +247,7 @@ pub async fn throttle_refuses_within_the_period_and_accepts_after(ts: TestStore)
         .iter()
         .all(|e| e.id == new[0].id
             && (e.inserted || e.outcome == EnqueueOutcome::Existing)));
-    // A running task of the key that started within the period throttles.
-    let t = crate::queue::claim(&ts.store, "th", 1, 30_000).await;
-    assert_eq!(t.len(), 1);
-    let e = q.enqueue(throttled("th", 99)).await.unwrap();
-    assert!(
-        matches!(e.outcome, EnqueueOutcome::Throttled { .. }) && e.id == new[0].id,
-        "{e:?}"
-    );
+    assert_eq!(pending(&ts, "th2").await.len(), 1);
 }
 
 /// Bad input is refused where it enters, naming the field: a debounce or
