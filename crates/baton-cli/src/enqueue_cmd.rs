@@ -239,4 +239,3 @@ fn attempts_arg(s: &str) -> Result<u32, String> {
         )),
     }
 }
-

@@ -8,11 +8,11 @@ use baton::store::{CancelOutcome, TaskFilter, TaskInfo, TaskState};
 use baton::Error;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::enqueue_cmd::{enqueue, unique_args, EnqueueArgs};
 use crate::output::{self, Align, Table};
 use crate::runtime::shutdown_on_signals;
 use crate::values::duration_arg;
 use crate::{connect, note, outln, StoreArg, EXIT_NOT_FOUND};
-pub use crate::enqueue_cmd::{enqueue, unique_args, EnqueueArgs};
 
 /// A task's unique key as `tasks show` and `tasks list` print it: the
 /// caller's key and its scope (`42 [kind-in-queue]`), not the stored

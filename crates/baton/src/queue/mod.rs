@@ -23,8 +23,8 @@ use crate::error::{Error, InvalidInput};
 use crate::format_duration;
 use crate::names::validate_name;
 pub use crate::store::{
-    args_hash, canonical_json, DeleteOutcome, EnqueueOutcome, KeyPolicy, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod,
-    UniqueScope,
+    args_hash, canonical_json, DeleteOutcome, EnqueueOutcome, KeyPolicy, UniqueHold, UniqueKey,
+    UniqueOpts, UniquePeriod, UniqueScope,
 };
 use crate::store::{
     CancelOutcome, Enqueued, NewTask, QueueStats, RunAt, Store, TaskFilter, TaskInfo, TaskState,
@@ -32,8 +32,8 @@ use crate::store::{
 
 mod backoff;
 mod config;
-mod debounce;
 pub mod counters;
+mod debounce;
 pub mod hooks;
 mod outbox;
 mod rate;

@@ -18,8 +18,8 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{InvalidInput, StoreError};
@@ -371,7 +371,13 @@ mod tests {
         );
         assert_eq!(plan(t, seen(None, Some((2, -50_000)))), KeyPlan::Insert);
         // Exactly the period after the start is allowed again.
-        assert_eq!(plan(t, seen(None, Some((2, -50_000 + 1)))).answer().unwrap().map(|e| e.id), Some(2));
+        assert_eq!(
+            plan(t, seen(None, Some((2, -50_000 + 1))))
+                .answer()
+                .unwrap()
+                .map(|e| e.id),
+            Some(2)
+        );
         assert_eq!(
             plan(t, seen(Some((5, TaskState::Running)), Some((5, -60_000)))),
             KeyPlan::Existing(5)

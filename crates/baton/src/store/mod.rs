@@ -32,9 +32,9 @@ mod claim_types;
 pub(crate) mod fair;
 mod identity;
 mod inspect;
-mod key_policy;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod job_advance;
+mod key_policy;
 #[cfg(any(
     feature = "sqlite",
     feature = "postgres",

@@ -119,7 +119,10 @@ pub async fn debounce_pushes_the_due_time_to_the_last_change(ts: TestStore) {
     baton_testkit::clock::advance(&ts, Duration::from_secs(6)).await;
     let got = crate::queue::claim(&ts.store, "db-seq", 5, 30_000).await;
     assert_eq!(got.len(), 1);
-    assert_eq!((got[0].id, got[0].payload.clone()), (first.id, json!({"n": 3})));
+    assert_eq!(
+        (got[0].id, got[0].payload.clone()),
+        (first.id, json!({"n": 3}))
+    );
 }
 
 /// A debounced task that is already running is never changed: the next
@@ -209,7 +212,10 @@ pub async fn throttle_refuses_within_the_period(ts: TestStore) {
     };
     let o = q.enqueue(other()).await.unwrap();
     assert_eq!(o.outcome, EnqueueOutcome::Inserted);
-    assert_eq!(crate::queue::claim(&ts.store, "th", 1, 30_000).await.len(), 1);
+    assert_eq!(
+        crate::queue::claim(&ts.store, "th", 1, 30_000).await.len(),
+        1
+    );
     let e = q.enqueue(other()).await.unwrap();
     assert!(
         matches!(e.outcome, EnqueueOutcome::Throttled { .. }) && e.id == o.id,
@@ -225,10 +231,7 @@ pub async fn throttle_accepts_once_after_the_period(ts: TestStore) {
     let (id, until) = throttle_first_run(&ts, &q, "th2").await;
     baton_testkit::clock::advance(&ts, Duration::from_secs(59 * 60)).await;
     let e = q.enqueue(throttled("th2", 3)).await.unwrap();
-    assert_eq!(
-        (e.id, e.outcome),
-        (id, EnqueueOutcome::Throttled { until })
-    );
+    assert_eq!((e.id, e.outcome), (id, EnqueueOutcome::Throttled { until }));
     baton_testkit::clock::advance(&ts, Duration::from_secs(61)).await;
     let mut racers = Vec::new();
     for n in 0..16 {
@@ -245,8 +248,7 @@ pub async fn throttle_accepts_once_after_the_period(ts: TestStore) {
     assert_eq!(new.len(), 1, "{answers:?}");
     assert!(answers
         .iter()
-        .all(|e| e.id == new[0].id
-            && (e.inserted || e.outcome == EnqueueOutcome::Existing)));
+        .all(|e| e.id == new[0].id && (e.inserted || e.outcome == EnqueueOutcome::Existing)));
     assert_eq!(pending(&ts, "th2").await.len(), 1);
 }
 
@@ -255,13 +257,23 @@ pub async fn throttle_accepts_once_after_the_period(ts: TestStore) {
 /// other than unfinished, and a debounce with its own due time.
 pub async fn debounce_and_throttle_bad_input_is_refused(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
-    let base = || TaskBuilder::new("k", json!({})).queue("bad").unique_key("x");
+    let base = || {
+        TaskBuilder::new("k", json!({}))
+            .queue("bad")
+            .unique_key("x")
+    };
     let cases = [
         (base().debounce(Duration::ZERO), "debounce"),
-        (base().debounce(Duration::from_secs(31 * 86_400)), "debounce"),
+        (
+            base().debounce(Duration::from_secs(31 * 86_400)),
+            "debounce",
+        ),
         (base().throttle(Duration::ZERO), "throttle"),
         (base().throttle(Duration::from_millis(500)), "throttle"),
-        (base().throttle(Duration::from_secs(400 * 86_400)), "throttle"),
+        (
+            base().throttle(Duration::from_secs(400 * 86_400)),
+            "throttle",
+        ),
         (
             TaskBuilder::new("k", json!({})).debounce(Duration::from_secs(1)),
             "debounce",
@@ -321,7 +333,10 @@ pub async fn typed_kind_debounces_its_key(ts: TestStore) {
     let a = q.insert(&Reindex { doc: 1, rev: 1 }).await.unwrap();
     let b = q.insert(&Reindex { doc: 1, rev: 2 }).await.unwrap();
     let c = q.insert(&Reindex { doc: 2, rev: 1 }).await.unwrap();
-    assert_eq!((a.outcome, c.outcome), (EnqueueOutcome::Inserted, EnqueueOutcome::Inserted));
+    assert_eq!(
+        (a.outcome, c.outcome),
+        (EnqueueOutcome::Inserted, EnqueueOutcome::Inserted)
+    );
     assert_eq!((b.id, b.outcome), (a.id, EnqueueOutcome::Debounced));
     assert_ne!(c.id, a.id);
     let info = q.task(a.id).await.unwrap().unwrap();

@@ -251,10 +251,7 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
         .enqueue(task("f").unique_key("once").unique_forever(true))
         .await
         .unwrap();
-    assert_eq!(
-        f2,
-        baton::store::Enqueued::existing(f1.id)
-    );
+    assert_eq!(f2, baton::store::Enqueued::existing(f1.id));
 }
 
 pub async fn batch_enqueue_is_idempotent_per_key(ts: TestStore) {

@@ -1265,10 +1265,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
 
     // The same trigger, retried: the pruned run, nothing enqueued.
     let again = trigger(&ts.open().await, &job, s1).await.unwrap();
-    assert_eq!(
-        again,
-        Enqueued::existing(first.id)
-    );
+    assert_eq!(again, Enqueued::existing(first.id));
     // A batch with the slot's task and a plain one: only the plain one.
     let plain = baton::queue::TaskBuilder::new("other", serde_json::json!({}))
         .queue("pq")
@@ -1278,10 +1275,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
         .task_insert_many(&[job.task(s1, true).unwrap(), plain])
         .await
         .unwrap();
-    assert_eq!(
-        out[0],
-        Enqueued::existing(first.id)
-    );
+    assert_eq!(out[0], Enqueued::existing(first.id));
     assert!(out[1].inserted);
     // The scheduler reaching slot 1 (say, a second scheduler whose cursor
     // lags): the pruned run again, nothing recorded.

@@ -135,7 +135,8 @@ impl KeyTx for KeyedTx<'_> {
             key_policy: None,
             ..task.clone()
         };
-        let (mut e, w) = insert_plain(self.conn, self.n, std::slice::from_ref(&plain), None).await?;
+        let (mut e, w) =
+            insert_plain(self.conn, self.n, std::slice::from_ref(&plain), None).await?;
         self.wakes.extend(w);
         e.pop()
             .ok_or_else(|| StoreError::Backend("insert returned no result".into()))

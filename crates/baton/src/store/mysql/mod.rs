@@ -60,11 +60,11 @@ mod advance;
 mod backend;
 mod claim;
 mod jobs;
+mod key_policy;
 mod keyed;
 mod locks;
 mod rows;
 mod schema;
-mod key_policy;
 mod tasks;
 
 pub use tasks::enqueue_in;

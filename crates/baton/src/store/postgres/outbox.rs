@@ -89,11 +89,17 @@ impl KeyTx for KeyedTx<'_> {
             .bind(key)
             .fetch_one(&mut *self.conn)
             .await?;
-        let holder = match (r.try_get::<Option<i64>, _>(0)?, r.try_get::<Option<String>, _>(1)?) {
+        let holder = match (
+            r.try_get::<Option<i64>, _>(0)?,
+            r.try_get::<Option<String>, _>(1)?,
+        ) {
             (Some(id), Some(st)) => Some((id, st.parse::<TaskState>()?)),
             _ => None,
         };
-        let last_start = match (r.try_get::<Option<i64>, _>(2)?, r.try_get::<Option<i64>, _>(3)?) {
+        let last_start = match (
+            r.try_get::<Option<i64>, _>(2)?,
+            r.try_get::<Option<i64>, _>(3)?,
+        ) {
             (Some(id), Some(at)) => Some((id, at)),
             _ => None,
         };
@@ -132,10 +138,16 @@ impl KeyTx for KeyedTx<'_> {
     }
 
     async fn key_insert(&mut self, task: &NewTask) -> Result<Enqueued, StoreError> {
-        insert_plain(self.conn, self.sql, self.chan, std::slice::from_ref(task), None)
-            .await?
-            .pop()
-            .ok_or_else(|| StoreError::Backend("insert returned no result".into()))
+        insert_plain(
+            self.conn,
+            self.sql,
+            self.chan,
+            std::slice::from_ref(task),
+            None,
+        )
+        .await?
+        .pop()
+        .ok_or_else(|| StoreError::Backend("insert returned no result".into()))
     }
 }
 
@@ -280,9 +292,7 @@ async fn insert_plain(
         }
         for i in conflicted {
             match tasks[i].unique_key.as_deref().and_then(|k| holders.get(k)) {
-                Some(&id) => {
-                    out[i] = Some(Enqueued::existing(id))
-                }
+                Some(&id) => out[i] = Some(Enqueued::existing(id)),
                 None => todo.push(i),
             }
         }

@@ -10,7 +10,8 @@ use serde::Deserialize;
 use super::TASK_ARGS;
 use crate::error::StoreError;
 use crate::store::{
-    from_ms, ms, AttemptError, EnqueueOutcome, Enqueued, FencingToken, KeyPolicy, NewTask, RunAt, Task, TaskInfo, UniqueHold,
+    from_ms, ms, AttemptError, EnqueueOutcome, Enqueued, FencingToken, KeyPolicy, NewTask, RunAt,
+    Task, TaskInfo, UniqueHold,
 };
 
 pub(super) fn opt_arg(s: Option<&str>) -> String {

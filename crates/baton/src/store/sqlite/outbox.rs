@@ -92,11 +92,17 @@ impl crate::store::KeyTx for KeyedTx<'_> {
             .bind(key)
             .fetch_one(&mut *self.conn)
             .await?;
-        let holder = match (r.try_get::<Option<i64>, _>(0)?, r.try_get::<Option<String>, _>(1)?) {
+        let holder = match (
+            r.try_get::<Option<i64>, _>(0)?,
+            r.try_get::<Option<String>, _>(1)?,
+        ) {
             (Some(id), Some(st)) => Some((id, st.parse::<TaskState>()?)),
             _ => None,
         };
-        let last_start = match (r.try_get::<Option<i64>, _>(2)?, r.try_get::<Option<i64>, _>(3)?) {
+        let last_start = match (
+            r.try_get::<Option<i64>, _>(2)?,
+            r.try_get::<Option<i64>, _>(3)?,
+        ) {
             (Some(id), Some(at)) => Some((id, at)),
             _ => None,
         };
