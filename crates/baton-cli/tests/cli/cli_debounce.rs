@@ -7,8 +7,7 @@
 use crate::common;
 
 use baton::queue::Queue;
-use baton::store::{Finish, TaskClaim};
-use common::{stderr, stdout, Env};
+use common::{signal, stderr, stdout, wait_for, Env};
 
 per_backend! {
     enqueue_debounce_and_throttle,
@@ -20,19 +19,21 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 
 async fn enqueue_debounce_and_throttle(e: Env) {
     // Debounce: the first enqueue inserts, the second changes that task.
-    let first = e.run(&[
-        "enqueue",
-        "--queue",
-        "dq",
-        "--key",
-        "doc:7",
-        "--debounce",
-        "5s",
-        "--json",
-        "--",
-        "echo",
-        "v1",
-    ]);
+    let db = |extra: &[&str], word: &str| {
+        let mut a = vec![
+            "enqueue",
+            "--queue",
+            "dq",
+            "--key",
+            "doc:7",
+            "--debounce",
+            "5s",
+        ];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--", "echo", word]);
+        e.run(&a)
+    };
+    let first = db(&["--json"], "v1");
     assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
     let v = json(&first);
     assert_eq!(
@@ -41,18 +42,7 @@ async fn enqueue_debounce_and_throttle(e: Env) {
         "{v}"
     );
     let id = v["id"].as_i64().unwrap();
-    let second = e.run(&[
-        "enqueue",
-        "--queue",
-        "dq",
-        "--key",
-        "doc:7",
-        "--debounce",
-        "5s",
-        "--",
-        "echo",
-        "v2",
-    ]);
+    let second = db(&[], "v2");
     assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
     assert_eq!(stdout(&second).trim(), id.to_string());
     let err = stderr(&second);
@@ -67,19 +57,7 @@ async fn enqueue_debounce_and_throttle(e: Env) {
         serde_json::json!(["echo", "v2"]),
         "{t:?}"
     );
-    let third = e.run(&[
-        "enqueue",
-        "--queue",
-        "dq",
-        "--key",
-        "doc:7",
-        "--debounce",
-        "5s",
-        "--json",
-        "--",
-        "echo",
-        "v3",
-    ]);
+    let third = db(&["--json"], "v3");
     let v = json(&third);
     assert_eq!(
         (v["id"].as_i64(), v["outcome"].as_str()),
@@ -105,24 +83,24 @@ async fn enqueue_debounce_and_throttle(e: Env) {
     let out = th(&[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let tid: i64 = stdout(&out).trim().parse().unwrap();
-    let b = e.ts.store.backend();
-    let claimed = b
-        .task_claim(&TaskClaim {
-            queue: "tq",
-            worker: "cli-test",
-            limit: 1,
-            lease: std::time::Duration::from_secs(30),
-            max_running: None,
-            per_key_max_running: None,
-            buffered: 0,
-            fair: false,
-        })
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1);
-    b.task_finish_many(&[(claimed[0].claim(), Finish::Succeeded)])
-        .await
-        .unwrap();
+    // A worker runs it (the key's start).
+    let mut w = e.spawn_logged(&[
+        "work",
+        "--queue",
+        "tq",
+        "--poll",
+        "200ms",
+        "--shutdown-grace",
+        "500ms",
+        "--grace",
+        "500ms",
+    ]);
+    wait_for(30, "the throttled key's task to succeed", || {
+        let out = e.run(&["tasks", "show", &tid.to_string(), "--json"]);
+        json(&out)["state"] == "succeeded"
+    });
+    signal(&w, libc::SIGTERM);
+    w.wait().unwrap();
     let out = th(&["--json"]);
     assert_eq!(
         out.status.code(),

@@ -125,6 +125,28 @@ pub(crate) struct KeySeen {
     pub now_ms: i64,
 }
 
+impl KeySeen {
+    /// From the columns a SQL backend reads: the holder's id and state,
+    /// the last start's id and instant (ms), and now (ms).
+    pub(crate) fn from_columns(
+        holder: (Option<i64>, Option<&str>),
+        last_start: (Option<i64>, Option<i64>),
+        now_ms: i64,
+    ) -> Result<KeySeen, StoreError> {
+        Ok(KeySeen {
+            holder: match holder {
+                (Some(id), Some(st)) => Some((id, st.parse::<TaskState>()?)),
+                _ => None,
+            },
+            last_start: match last_start {
+                (Some(id), Some(at)) => Some((id, at)),
+                _ => None,
+            },
+            now_ms,
+        })
+    }
+}
+
 /// What the backend does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyPlan {

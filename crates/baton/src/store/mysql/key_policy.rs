@@ -12,7 +12,7 @@ use sqlx::{MySqlConnection, Row};
 use super::tasks::insert_plain;
 use super::Names;
 use crate::error::StoreError;
-use crate::store::{from_ms, Enqueued, KeySeen, KeyTx, NewTask, TaskState, Wake};
+use crate::store::{from_ms, Enqueued, KeySeen, KeyTx, NewTask, Wake};
 
 /// Insert `tasks`, some with a policy, in order on `conn` (inside the
 /// caller's transaction): each with a policy by `store::enqueue_keyed`,
@@ -58,36 +58,29 @@ impl KeyTx for KeyedTx<'_> {
         .bind(key)
         .fetch_optional(&mut *self.conn)
         .await?;
-        let holder = match holder {
-            Some(r) => Some((
-                r.try_get::<i64, _>(0)?,
-                String::from_utf8_lossy(&r.try_get_unchecked::<Vec<u8>, _>(1)?)
-                    .parse::<TaskState>()?,
-            )),
-            None => None,
+        let holder = match &holder {
+            Some(r) => (
+                Some(r.try_get::<i64, _>(0)?),
+                Some(String::from_utf8_lossy(&r.try_get_unchecked::<Vec<u8>, _>(1)?).into_owned()),
+            ),
+            None => (None, None),
         };
-        let last = sqlx::query(&format!(
+        // The key's last start (`tasks_key_starts`) and now.
+        let last: Option<(i64, DateTime<Utc>)> = sqlx::query_as(&format!(
             "SELECT id, started_at FROM {t} WHERE unique_key = ? AND started_at IS NOT NULL \
              ORDER BY started_at DESC LIMIT 1"
         ))
         .bind(key)
         .fetch_optional(&mut *self.conn)
         .await?;
-        let last_start = match last {
-            Some(r) => Some((
-                r.try_get::<i64, _>(0)?,
-                r.try_get::<DateTime<Utc>, _>(1)?.timestamp_millis(),
-            )),
-            None => None,
-        };
         let now: DateTime<Utc> = sqlx::query_scalar(&self.n.now_select)
             .fetch_one(&mut *self.conn)
             .await?;
-        Ok(KeySeen {
-            holder,
-            last_start,
-            now_ms: now.timestamp_millis(),
-        })
+        KeySeen::from_columns(
+            (holder.0, holder.1.as_deref()),
+            (last.map(|l| l.0), last.map(|l| l.1.timestamp_millis())),
+            now.timestamp_millis(),
+        )
     }
 
     async fn key_hand_over(&mut self, id: i64) -> Result<(), StoreError> {

@@ -10,7 +10,7 @@ use super::rows::json_text;
 use super::sql::InsertSql;
 use super::Tables;
 use crate::error::StoreError;
-use crate::store::{ms, Enqueued, KeySeen, KeyTx, NewTask, RunAt, TaskState, UniqueHold};
+use crate::store::{ms, Enqueued, KeySeen, KeyTx, NewTask, RunAt, UniqueHold};
 
 /// Rows per multi-row `INSERT` (18 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
@@ -92,25 +92,11 @@ impl crate::store::KeyTx for KeyedTx<'_> {
             .bind(key)
             .fetch_one(&mut *self.conn)
             .await?;
-        let holder = match (
-            r.try_get::<Option<i64>, _>(0)?,
-            r.try_get::<Option<String>, _>(1)?,
-        ) {
-            (Some(id), Some(st)) => Some((id, st.parse::<TaskState>()?)),
-            _ => None,
-        };
-        let last_start = match (
-            r.try_get::<Option<i64>, _>(2)?,
-            r.try_get::<Option<i64>, _>(3)?,
-        ) {
-            (Some(id), Some(at)) => Some((id, at)),
-            _ => None,
-        };
-        Ok(KeySeen {
-            holder,
-            last_start,
-            now_ms: r.try_get(4)?,
-        })
+        KeySeen::from_columns(
+            (r.try_get(0)?, r.try_get::<Option<String>, _>(1)?.as_deref()),
+            (r.try_get(2)?, r.try_get(3)?),
+            r.try_get(4)?,
+        )
     }
 
     async fn key_hand_over(&mut self, id: i64) -> Result<(), StoreError> {
