@@ -47,8 +47,8 @@ async fn pending(ts: &TestStore, queue: &str) -> Vec<baton::store::TaskInfo> {
 
 /// N racing debouncers of one key leave exactly one pending task: one
 /// enqueue inserts it, every other answers `Debounced` with its id; the
-/// task has one of the racers' payloads and a due time at least the
-/// debounce after the race began.
+/// task has one racer's payload and priority together (never parts of
+/// two) and a due time the debounce after a now within the race.
 pub async fn debounce_racing_enqueuers_leave_one_pending_task(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let d = Duration::from_secs(5);
@@ -79,7 +79,17 @@ pub async fn debounce_racing_enqueuers_leave_one_pending_task(ts: TestStore) {
     assert_eq!(p.len(), 1, "exactly one pending task: {p:?}");
     let n = p[0].payload["n"].as_i64().unwrap();
     assert!((0..16).contains(&n));
-    assert!(p[0].run_at >= before + d, "{:?} vs {before:?}", p[0].run_at);
+    assert_eq!(
+        i64::from(p[0].priority),
+        n,
+        "payload and priority come from one enqueue"
+    );
+    let after = ts.store.now().await.unwrap();
+    assert!(
+        p[0].run_at >= before + d && p[0].run_at <= after + d,
+        "due the debounce after the last change: {:?} in [{before:?}, {after:?}] + 5 s",
+        p[0].run_at
+    );
 }
 
 /// Sequential changes of a debounced key: the last payload and priority,
