@@ -43,6 +43,10 @@
 //!   (`UniqueScope`) may be at most its queue here: `Kind` and `Global`
 //!   are refused (the SQL stores hold them); the default, kind-in-queue,
 //!   and `Queue` are composed into `<key>` (schema 10 rewrote older keys).
+//! - `Q kstart` — hash unique key → `<ms>:<id>`, the key's last start,
+//!   written by every claim of a task with a key (schema 13) and dropped
+//!   with its task: what a throttled enqueue reads (`enqueue.lua`,
+//!   `store::key_policy`).
 //! - Jobs live in the tag of their *home queue* (the queue their runs go
 //!   to), so a slot advance and the task it enqueues are one script:
 //!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`;
