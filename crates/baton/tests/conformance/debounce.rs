@@ -90,6 +90,30 @@ pub async fn debounce_racing_enqueuers_leave_one_pending_task(ts: TestStore) {
         "due the debounce after the last change: {:?} in [{before:?}, {after:?}] + 5 s",
         p[0].run_at
     );
+
+    // In one batch, in order: the second debounces the first, a plain
+    // task between them is inserted as usual.
+    let got = q
+        .enqueue_many(vec![
+            debounced("db-batch", 1, d),
+            TaskBuilder::new("plain", json!({})).queue("db-batch"),
+            debounced("db-batch", 2, d),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter().map(|e| e.outcome).collect::<Vec<_>>(),
+        [
+            EnqueueOutcome::Inserted,
+            EnqueueOutcome::Inserted,
+            EnqueueOutcome::Debounced
+        ],
+        "{got:?}"
+    );
+    assert_eq!(got[2].id, got[0].id);
+    let t = q.task(got[0].id).await.unwrap().unwrap();
+    assert_eq!(t.payload, json!({"n": 2}));
+    assert_eq!(pending(&ts, "db-batch").await.len(), 2);
 }
 
 /// Sequential changes of a debounced key: the last payload and priority,
