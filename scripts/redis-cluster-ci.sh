@@ -76,8 +76,10 @@ clock_tests=(
   at_most_lapses_a_dropped_lease catch_up_all_runs_every_missed_slot_once
   catch_up_all_with_overlap_forbid catch_up_latest_runs_one_missed_slot
   claim_order_priority_run_at_id claim_tokens_rise_across_hand_back_rescue_and_retry
-  client_clock_skew_changes_nothing finish_is_compare_and_set
+  client_clock_skew_changes_nothing debounce_leaves_a_running_task_alone
+  debounce_pushes_the_due_time_to_the_last_change finish_is_compare_and_set
   rescue_out_of_attempts_fails_with_reason scheduler_joining_a_catch_up_runs_its_last_slot
+  throttle_accepts_once_after_the_period
 )
 skips=()
 for t in "${clock_tests[@]}"; do skips+=(--skip "redis::$t"); done

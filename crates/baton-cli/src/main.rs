@@ -7,6 +7,7 @@ mod chaos;
 mod child;
 mod command_task;
 mod config;
+mod enqueue_cmd;
 mod http_client;
 mod jobs_cmd;
 mod lock_cmd;

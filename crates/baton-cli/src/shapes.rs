@@ -84,10 +84,24 @@ pub fn unique_text(key: &baton::queue::UniqueKey, hold: baton::queue::UniqueHold
     }
 }
 
-/// The answer to an enqueue: the task's id and whether it was inserted
-/// (false when its unique key was taken).
+/// The answer to an enqueue: the task's id, whether it was inserted
+/// (false when its unique key was taken), and `outcome`: `inserted`,
+/// `existing` (the key's holder), `debounced` (the pending holder took the
+/// new payload and due time) or `throttled` (nothing written; `until`:
+/// when the key is accepted again).
 pub fn enqueued(e: &baton::store::Enqueued) -> Value {
-    json!({"id": e.id, "inserted": e.inserted})
+    use baton::store::EnqueueOutcome as O;
+    let (outcome, until) = match e.outcome {
+        O::Inserted => ("inserted", None),
+        O::Existing => ("existing", None),
+        O::Debounced => ("debounced", None),
+        O::Throttled { until } => ("throttled", Some(output::ts(until))),
+    };
+    let mut v = json!({"id": e.id, "inserted": e.inserted, "outcome": outcome});
+    if let Some(u) = until {
+        v["until"] = json!(u);
+    }
+    v
 }
 
 /// The answer to a trigger: the run's task, whether it was new, the job

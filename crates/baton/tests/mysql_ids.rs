@@ -37,6 +37,7 @@ fn task(w: usize, b: usize, k: usize) -> NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn task(queue: &str, key: Option<&str>) -> NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

@@ -74,6 +74,7 @@ fn task(queue: &str) -> NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

@@ -71,6 +71,7 @@ fn nt(queue: &str) -> NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

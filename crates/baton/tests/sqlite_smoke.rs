@@ -59,6 +59,7 @@ fn task(queue: &str) -> NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

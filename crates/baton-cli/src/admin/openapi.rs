@@ -218,11 +218,22 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                         "string",
                         "concurrency key, e.g. customer:42 (a queue's per_key_max_running caps it)",
                     ),
+                    (
+                        "debounce",
+                        "string",
+                        "with a key: run once, this long after the last enqueue, e.g. 5s (a pending task of the key takes the command: 200 outcome debounced)",
+                    ),
+                    (
+                        "throttle",
+                        "string",
+                        "with a key: at most one start per period, e.g. 1h (within it: 429 outcome throttled, until)",
+                    ),
                 ],
                 ..r(
                     "post",
                     "/api/v1/tasks",
-                    "Enqueue a command task: 201 {id, inserted} (200 when the key was taken). \
+                    "Enqueue a command task: 201 {id, inserted, outcome} (200 when the key was \
+                     taken or a pending task debounced, 429 when throttled, with until). \
                      A W3C `traceparent` request header is kept on the task; its attempts' \
                      spans link to it.",
                 )

@@ -748,6 +748,39 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
     assert_eq!(paused_flag("parked"), Some(json!(false)));
     let (code, body) = post(a, "/api/v1/queues/%01/pause", json!({}));
     assert_eq!((code, &body["field"]), (400, &json!("queue")), "{body}");
+
+    // Debounce: 201 inserted, then 200 debounced with the same id and the
+    // new command; bad periods are 400 naming the field.
+    let db =
+        |cmd: &str| json!({"command": ["echo", cmd], "queue": "dbq", "key": "d", "debounce": "5s"});
+    let (code, first) = post(a, "/api/v1/tasks", db("v1"));
+    assert_eq!(
+        (code, &first["outcome"]),
+        (201, &json!("inserted")),
+        "{first}"
+    );
+    let (code, again) = post(a, "/api/v1/tasks", db("v2"));
+    assert_eq!(
+        (code, &again["outcome"], &again["id"]),
+        (200, &json!("debounced"), &first["id"]),
+        "{again}"
+    );
+    let (_, t) = get(a, &format!("/api/v1/tasks/{}", first["id"]));
+    assert_eq!(t["payload"]["argv"], json!(["echo", "v2"]), "{t}");
+    for (body, field) in [
+        (
+            json!({"command": ["true"], "key": "d", "debounce": "0s"}),
+            "debounce",
+        ),
+        (json!({"command": ["true"], "throttle": "1h"}), "throttle"),
+        (
+            json!({"command": ["true"], "key": "d", "debounce": "1s", "throttle": "1h"}),
+            "debounce",
+        ),
+    ] {
+        let (code, b) = post(a, "/api/v1/tasks", body);
+        assert_eq!((code, &b["field"]), (400, &json!(field)), "{b}");
+    }
 }
 
 /// Every route in `/api/v1/openapi.json` is served (not the 404 fallback)

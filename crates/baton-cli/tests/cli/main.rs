@@ -12,6 +12,7 @@ mod cli_bad_input;
 mod cli_chaos;
 mod cli_checked_by;
 mod cli_cluster;
+mod cli_debounce;
 mod cli_edges;
 mod cli_first_hour;
 mod cli_fleet_budget;

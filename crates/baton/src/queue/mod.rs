@@ -23,8 +23,8 @@ use crate::error::{Error, InvalidInput};
 use crate::format_duration;
 use crate::names::validate_name;
 pub use crate::store::{
-    args_hash, canonical_json, DeleteOutcome, UniqueHold, UniqueKey, UniqueOpts, UniquePeriod,
-    UniqueScope,
+    args_hash, canonical_json, DeleteOutcome, EnqueueOutcome, KeyPolicy, UniqueHold, UniqueKey,
+    UniqueOpts, UniquePeriod, UniqueScope,
 };
 use crate::store::{
     CancelOutcome, Enqueued, NewTask, PauseNote, QueueStats, RunAt, Store, TaskFilter, TaskInfo,
@@ -34,6 +34,7 @@ use crate::store::{
 mod backoff;
 mod config;
 pub mod counters;
+mod debounce;
 pub mod hooks;
 mod outbox;
 mod rate;
@@ -159,6 +160,7 @@ impl TaskBuilder {
                 slot: None,
                 traceparent: None,
                 concurrency_key: None,
+                key_policy: None,
             },
             unique: UniqueOpts::default(),
         }
@@ -416,6 +418,7 @@ fn check(t: &NewTask) -> Result<(), InvalidInput> {
         validate_concurrency_key(k)?;
     }
     check_run_at(&t.run_at)?;
+    crate::store::check_key_policy(t)?;
     if let Some(k) = &t.unique_key {
         crate::store::validate_stored_unique_key(k)?;
         refuse_slot_form(t, k)?;

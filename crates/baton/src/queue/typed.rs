@@ -161,6 +161,11 @@ pub struct InsertOpts {
     /// [`TaskArgs::unique_key`] or [`TaskBuilder::unique_key`]; with
     /// `by_args` or a `period` every task of the kind has one.
     pub unique: Option<UniqueOpts>,
+    /// Debounce or throttle on this kind's unique key (default none; see
+    /// [`TaskBuilder::debounce`] and [`TaskBuilder::throttle`]): e.g.
+    /// `Some(KeyPolicy::Debounce(5 s))` runs a kind keyed by its document
+    /// once, 5 s after the document's last change.
+    pub key_policy: Option<crate::store::KeyPolicy>,
 }
 
 /// `args` as a task payload; [`InvalidInput`] (field `payload`) when it
@@ -203,6 +208,11 @@ impl TaskBuilder {
         }
         if let Some(k) = args.unique_key() {
             b = b.unique_key(k);
+        }
+        match opts.key_policy {
+            Some(crate::store::KeyPolicy::Debounce(d)) => b = b.debounce(d),
+            Some(crate::store::KeyPolicy::Throttle(p)) => b = b.throttle(p),
+            None => {}
         }
         Ok(b)
     }

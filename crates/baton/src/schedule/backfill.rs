@@ -250,10 +250,7 @@ async fn pruned_run(
     let Some(p) = store.backend().slot_get(&job.slot_key(slot)).await? else {
         return Ok(None);
     };
-    let e = crate::store::Enqueued {
-        id: p.task_id,
-        inserted: false,
-    };
+    let e = crate::store::Enqueued::existing(p.task_id);
     Ok(Some(slot_report(store, job, slot, e).await?))
 }
 

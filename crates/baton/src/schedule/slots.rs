@@ -206,16 +206,7 @@ pub async fn run_skipped(
     // Raced by another --run-skipped: the task is no longer cancelled, and
     // the report read again says what it is now.
     let retried = store.backend().task_retry(report.id).await?;
-    let mut again = slot_report(
-        store,
-        job,
-        slot,
-        Enqueued {
-            id: report.id,
-            inserted: false,
-        },
-    )
-    .await?;
+    let mut again = slot_report(store, job, slot, Enqueued::existing(report.id)).await?;
     again.rerun = retried;
     Ok(again)
 }

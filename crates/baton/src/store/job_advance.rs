@@ -146,10 +146,7 @@ pub(crate) async fn job_advance<T: SlotTx>(
     tx.set_cursor(adv).await?;
     let Some(task) = adv.task else {
         SlotTx::commit(tx, false).await?;
-        return Ok(Advanced::Enqueued(Enqueued {
-            id: 0,
-            inserted: false,
-        }));
+        return Ok(Advanced::Enqueued(Enqueued::existing(0)));
     };
     let birth = match adv.record {
         SlotRecord::Skip { reason } => Birth::Cancelled { reason },

@@ -35,6 +35,7 @@ mod identity;
 mod inspect;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod job_advance;
+mod key_policy;
 #[cfg(any(
     feature = "sqlite",
     feature = "postgres",
@@ -74,6 +75,8 @@ mod writable;
 pub use audit::{AuditAppend, AuditPage, AuditRecord, MAX_AUDIT_FIELD};
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
+pub(crate) use key_policy::{check_key_policy, enqueue_keyed, KeySeen, KeyTx};
+pub use key_policy::{EnqueueOutcome, Enqueued, KeyPolicy, MAX_DEBOUNCE, MAX_THROTTLE};
 pub use options::StoreOptions;
 pub use overlap::*;
 pub use params::*;

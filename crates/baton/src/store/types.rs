@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::Overlap;
+use super::{Enqueued, Overlap};
 use crate::error::StoreError;
 
 /// A fencing token: strictly greater than every earlier grant's for the same
@@ -182,15 +182,9 @@ pub struct NewTask {
     /// [`TaskClaim::per_key_max_running`](super::TaskClaim::per_key_max_running) starts at most that many tasks
     /// of one key at once, across the cluster. `None`: not limited per key.
     pub concurrency_key: Option<String>,
-}
-
-/// The result of enqueueing one [`NewTask`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Enqueued {
-    /// The task's id (the existing task's id when the key was taken).
-    pub id: i64,
-    /// False when a task with the same unique key already existed.
-    pub inserted: bool,
+    /// Debounce or throttle on the unique key (`queue::TaskBuilder`
+    /// checks it needs one), decided with the insert.
+    pub key_policy: Option<crate::store::KeyPolicy>,
 }
 
 /// A task leased to a worker by a claim.

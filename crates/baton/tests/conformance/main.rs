@@ -16,6 +16,7 @@
 //! `BATON_REQUIRE_BACKENDS=1`, which makes them fail.
 
 mod audit;
+mod debounce;
 mod delete;
 mod fair;
 mod identity;
@@ -145,6 +146,13 @@ baton_testkit::per_backend! {
     upgrade::remove_schema_leaves_nothing_of_the_prefix,
     upgrade::unique_keys_are_rescoped_on_upgrade,
     unique::scopes_compare_what_they_name,
+    debounce::debounce_racing_enqueuers_leave_one_pending_task,
+    debounce::debounce_pushes_the_due_time_to_the_last_change,
+    debounce::debounce_leaves_a_running_task_alone,
+    debounce::throttle_refuses_within_the_period,
+    debounce::throttle_accepts_once_after_the_period,
+    debounce::debounce_and_throttle_bad_input_is_refused,
+    debounce::typed_kind_debounces_its_key,
     unique::by_args_dedupes_equal_payloads_in_any_order,
     unique::period_keys_differ_across_buckets,
     unique::retry_refuses_a_taken_scoped_key,

@@ -906,6 +906,7 @@ impl Real<'_> {
                         slot: None,
                         traceparent: None,
                         concurrency_key: None,
+                        key_policy: None,
                     })
                     .collect();
                 let got = b

@@ -251,13 +251,7 @@ pub async fn unique_key_race_gives_one_task(ts: TestStore) {
         .enqueue(task("f").unique_key("once").unique_forever(true))
         .await
         .unwrap();
-    assert_eq!(
-        f2,
-        baton::store::Enqueued {
-            id: f1.id,
-            inserted: false
-        }
-    );
+    assert_eq!(f2, baton::store::Enqueued::existing(f1.id));
 }
 
 pub async fn batch_enqueue_is_idempotent_per_key(ts: TestStore) {
@@ -1592,6 +1586,7 @@ fn new_task(queue: &str) -> baton::store::NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 

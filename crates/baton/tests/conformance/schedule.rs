@@ -220,10 +220,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
     };
     assert_eq!(
         b.job_advance(&adv).await.unwrap(),
-        Advanced::Enqueued(baton::store::Enqueued {
-            id: a.id,
-            inserted: false
-        })
+        Advanced::Enqueued(baton::store::Enqueued::existing(a.id))
     );
     // Even after the run finished.
     let c = b
@@ -1268,13 +1265,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
 
     // The same trigger, retried: the pruned run, nothing enqueued.
     let again = trigger(&ts.open().await, &job, s1).await.unwrap();
-    assert_eq!(
-        again,
-        Enqueued {
-            id: first.id,
-            inserted: false
-        }
-    );
+    assert_eq!(again, Enqueued::existing(first.id));
     // A batch with the slot's task and a plain one: only the plain one.
     let plain = baton::queue::TaskBuilder::new("other", serde_json::json!({}))
         .queue("pq")
@@ -1284,13 +1275,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
         .task_insert_many(&[job.task(s1, true).unwrap(), plain])
         .await
         .unwrap();
-    assert_eq!(
-        out[0],
-        Enqueued {
-            id: first.id,
-            inserted: false
-        }
-    );
+    assert_eq!(out[0], Enqueued::existing(first.id));
     assert!(out[1].inserted);
     // The scheduler reaching slot 1 (say, a second scheduler whose cursor
     // lags): the pruned run again, nothing recorded.
@@ -1302,10 +1287,7 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
         })
         .await
         .unwrap(),
-        Advanced::Enqueued(Enqueued {
-            id: first.id,
-            inserted: false
-        })
+        Advanced::Enqueued(Enqueued::existing(first.id))
     );
     let runs = b
         .task_list(&baton::store::TaskFilter {

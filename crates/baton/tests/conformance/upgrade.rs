@@ -529,7 +529,7 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// version 7 the tasks' `concurrency_key`, version 8 the unique keys
 /// rewritten into their default scope, version 9 rate limits' start logs,
 /// version 10 the until-failed hold, version 11 the jobs' policies and the pause notes
-/// of jobs and queues, version 12 the audit log. A fresh
+/// of jobs and queues, version 12 the audit log, version 13 the key-starts index. A fresh
 /// store records the current version; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
 /// tasks, enqueues with the right ids, keeps trace contexts and pauses
@@ -664,6 +664,7 @@ fn task_for_upgrade(queue: &str) -> baton::store::NewTask {
         slot: None,
         traceparent: None,
         concurrency_key: None,
+        key_policy: None,
     }
 }
 
@@ -693,8 +694,8 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
         // concurrency key, 8 the unique keys' scopes, 9 rate limits, 10
         // the until-failed hold's column and unique predicate, 11 fair
         // claiming's `key_pending`, 12 the jobs' policies and pause notes, 13
-        // the audit log, its own table), on the upgraded store and on a
-        // fresh one.
+        // the audit log, its own table, 14 throttle's `key_starts`), on the
+        // upgraded store and on a fresh one.
         let current = ts.store.backend().schema_status().await.unwrap().expected;
         assert_eq!(recorded_version(&ts, &p).await, current);
         for prefix in [p.as_str(), ts.prefix.as_str()] {
@@ -704,6 +705,7 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
                     "claim btree WHERE pending",
                     "job btree",
                     "key_pending btree WHERE pending",
+                    "key_starts btree",
                     "pkey btree",
                     "prune btree",
                     "running btree WHERE running",

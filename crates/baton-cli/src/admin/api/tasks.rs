@@ -164,10 +164,12 @@ pub struct EnqueueBody {
     unique_by_args: bool,
     unique_period: Option<String>,
     concurrency_key: Option<String>,
+    debounce: Option<String>,
+    throttle: Option<String>,
 }
 
 impl Form for EnqueueBody {
-    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" (a unique key), "unique_scope" ("kind-in-queue", "queue", "kind" or "global"), "unique_hold" ("unfinished", "until-failed" or "forever"), "unique_by_args" and "key_forever" (true or false; key_forever is unique_hold "forever"), "unique_period" (e.g. "1h"), "concurrency_key" (e.g. "customer:42")"#;
+    const FORM: &'static str = r#"a JSON object {"command": ["echo", "hi"]} with optional "queue" (a name), "priority" (-100 to 100), "delay" (e.g. "30s") or "run_at" (RFC 3339), "max_attempts" (1 to 10000), "timeout" (e.g. "5m"), "key" (a unique key), "unique_scope" ("kind-in-queue", "queue", "kind" or "global"), "unique_hold" ("unfinished", "until-failed" or "forever"), "unique_by_args" and "key_forever" (true or false; key_forever is unique_hold "forever"), "unique_period" (e.g. "1h"), "concurrency_key" (e.g. "customer:42"), "debounce" (e.g. "5s", with a key; not with delay or run_at) or "throttle" (e.g. "1h", with a key)"#;
 }
 
 /// `POST /api/v1/tasks`: enqueue a command task. A `traceparent` request
@@ -231,6 +233,17 @@ pub async fn enqueue(
     if let Some(d) = &b.timeout {
         t = t.timeout(duration("timeout", d)?);
     }
+    match (&b.debounce, &b.throttle) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(
+                "debounce",
+                "give debounce or throttle, not both",
+            ));
+        }
+        (Some(d), None) => t = t.debounce(duration("debounce", d)?),
+        (None, Some(p)) => t = t.throttle(duration("throttle", p)?),
+        (None, None) => {}
+    }
     if let Some(tp) = headers.get("traceparent") {
         let tp = tp.to_str().map_err(|_| {
             ApiError::bad(
@@ -241,10 +254,11 @@ pub async fn enqueue(
         t = t.traceparent(tp);
     }
     let e = Queue::new(state.store.clone()).enqueue(t).await?;
-    let code = if e.inserted {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    let code = match e.outcome {
+        _ if e.inserted => StatusCode::CREATED,
+        // Throttled: nothing written; the body says until when.
+        baton::store::EnqueueOutcome::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
+        _ => StatusCode::OK,
     };
     Ok((code, Json(shapes::enqueued(&e))))
 }

@@ -275,12 +275,23 @@ pub(super) async fn lock_queue_row(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     queue: &str,
 ) -> Result<(), StoreError> {
+    lock_queue_row_on(tx, &b.names, queue).await
+}
+
+/// [`lock_queue_row`] on any connection (inside its transaction); also
+/// what serializes debounced and throttled enqueues of a queue
+/// (`key_policy.rs`).
+pub(super) async fn lock_queue_row_on(
+    conn: &mut sqlx::MySqlConnection,
+    n: &super::Names,
+    queue: &str,
+) -> Result<(), StoreError> {
     sqlx::query(&format!(
         "INSERT INTO {} (queue) VALUES (?) ON DUPLICATE KEY UPDATE queue = queue",
-        b.names.queues
+        n.queues
     ))
     .bind(queue)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     Ok(())
 }

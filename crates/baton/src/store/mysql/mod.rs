@@ -61,6 +61,7 @@ mod audit;
 mod backend;
 mod claim;
 mod jobs;
+mod key_policy;
 mod keyed;
 mod locks;
 mod rows;

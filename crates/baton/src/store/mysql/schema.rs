@@ -38,6 +38,7 @@ const UPGRADES: &[Upgrade] = &[
     add_unique_until_failed,
     add_pause_notes,
     add_audit,
+    add_key_starts,
 ];
 
 /// 10 → 11: each job's overlap policy (what a worker ending a run reads
@@ -78,6 +79,19 @@ fn add_audit(n: &Names) -> Vec<String> {
          ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
         n.audit
     )]
+}
+
+/// 12 → 13: debounce and throttle: the index a throttled enqueue finds its
+/// key's last start with (the tasks by unique key and start).
+fn add_key_starts(n: &Names) -> Vec<String> {
+    let name = format!("{}tasks", n.prefix);
+    ddl_unless(
+        &format!(
+            "information_schema.statistics WHERE table_schema = DATABASE() \
+             AND table_name = '{name}' AND index_name = 'tasks_key_starts'"
+        ),
+        &format!("CREATE INDEX tasks_key_starts ON `{name}` (unique_key, started_at)"),
+    )
 }
 
 /// 9 → 10: a third unique hold, `UniqueHold::UntilFailed` (a succeeded
@@ -186,13 +200,22 @@ fn add_column(n: &Names, table: &str, decl: &str) -> Vec<String> {
     // stand inside a string literal.
     let name = format!("{}{table}", n.prefix);
     let column = decl.split_whitespace().next().unwrap_or_default();
-    vec![
-        format!(
-            "SET @baton_ddl = IF((SELECT COUNT(*) FROM information_schema.columns \
-             WHERE table_schema = DATABASE() AND table_name = '{name}' \
-             AND column_name = '{column}') = 0, \
-             'ALTER TABLE `{name}` ADD COLUMN {decl}', 'DO 0')"
+    ddl_unless(
+        &format!(
+            "information_schema.columns WHERE table_schema = DATABASE() \
+             AND table_name = '{name}' AND column_name = '{column}'"
         ),
+        &format!("ALTER TABLE `{name}` ADD COLUMN {decl}"),
+    )
+}
+
+/// Run `ddl` (no single quotes in it) only when `SELECT COUNT(*) FROM
+/// {rows}` is 0: DDL made idempotent with a prepared statement, as MySQL
+/// has neither `ADD COLUMN IF NOT EXISTS` (MariaDB has) nor `CREATE INDEX
+/// IF NOT EXISTS`.
+fn ddl_unless(rows: &str, ddl: &str) -> Vec<String> {
+    vec![
+        format!("SET @baton_ddl = IF((SELECT COUNT(*) FROM {rows}) = 0, '{ddl}', 'DO 0')"),
         "PREPARE baton_ddl FROM @baton_ddl".to_string(),
         "EXECUTE baton_ddl".to_string(),
         "DEALLOCATE PREPARE baton_ddl".to_string(),

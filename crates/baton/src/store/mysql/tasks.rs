@@ -59,8 +59,27 @@ pub async fn enqueue_in(
 /// statement) and its id read back by that mark, so no assumption about
 /// how the server numbers a multi-row insert is made; a task with a key goes in its own
 /// `INSERT`, and a duplicate key error (which rolls back only that
-/// statement) means the key is taken: its holder's id is returned.
+/// statement) means the key is taken: its holder's id is returned. A task
+/// with a debounce or throttle goes through `key_policy::insert_with_policies`.
 pub(super) async fn insert_tasks(
+    conn: &mut MySqlConnection,
+    n: &Names,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<(Vec<Enqueued>, Vec<Wake>), StoreError> {
+    if tasks.iter().all(|t| t.key_policy.is_none()) {
+        return insert_plain(conn, n, tasks, skipped).await;
+    }
+    if skipped.is_some() {
+        return Err(StoreError::Config(
+            "a skipped slot's task cannot be debounced or throttled".into(),
+        ));
+    }
+    super::key_policy::insert_with_policies(conn, n, tasks).await
+}
+
+/// [`insert_tasks`] for tasks without a policy.
+pub(super) async fn insert_plain(
     conn: &mut MySqlConnection,
     n: &Names,
     tasks: &[NewTask],
@@ -178,7 +197,7 @@ pub(super) async fn insert_tasks(
                         found.len()
                     ))
                 })?;
-                out.push(Enqueued { id, inserted: true });
+                out.push(Enqueued::new(id));
             }
             i = end;
             continue;
@@ -196,7 +215,7 @@ pub(super) async fn insert_tasks(
                 Ok(r) => {
                     let id = i64::try_from(r.last_insert_id())
                         .map_err(|_| StoreError::Corrupt("enqueue: id out of range".into()))?;
-                    done = Some(Enqueued { id, inserted: true });
+                    done = Some(Enqueued::new(id));
                     if crate::store::tombstoned_kind(t) {
                         // A slot whose task was pruned keeps its key in a
                         // tombstone: take the insert back and answer with
@@ -212,10 +231,7 @@ pub(super) async fn insert_tasks(
                                 .bind(id)
                                 .execute(&mut *conn)
                                 .await?;
-                            done = Some(Enqueued {
-                                id: old,
-                                inserted: false,
-                            });
+                            done = Some(Enqueued::existing(old));
                         }
                     }
                     break;
@@ -228,10 +244,7 @@ pub(super) async fn insert_tasks(
                         .fetch_optional(&mut *conn)
                         .await?;
                     if let Some(id) = holder {
-                        done = Some(Enqueued {
-                            id,
-                            inserted: false,
-                        });
+                        done = Some(Enqueued::existing(id));
                         break;
                     }
                     // The holder finished between the two: insert again.

@@ -273,9 +273,11 @@ impl Backend for PgBackend {
         // of tasks without unique keys (no conflict, so no second round),
         // needs no transaction around it, which saves two round trips.
         // A slot's task takes a transaction: its insert may have to be
-        // taken back (a prune racing it; outbox.rs). (Behind a transaction
+        // taken back (a prune racing it; outbox.rs); so does a debounce or
+        // throttle (its read, locks and write, `store::enqueue_keyed`). (Behind a transaction
         // pooler a statement runs in a transaction anyway: see `exec`.)
         if self.begin_sql.is_none()
+            && tasks.iter().all(|t| t.key_policy.is_none())
             && ((tasks.len() == 1 && !crate::store::tombstoned_kind(&tasks[0]))
                 || (tasks.len() <= INSERT_CHUNK && tasks.iter().all(|t| t.unique_key.is_none())))
         {

@@ -9,7 +9,7 @@ use sqlx::{PgConnection, Row};
 use super::sql::InsertSql;
 use super::{dur, Names};
 use crate::error::StoreError;
-use crate::store::{Enqueued, NewTask, RunAt, UniqueHold};
+use crate::store::{Enqueued, KeySeen, KeyTx, NewTask, RunAt, UniqueHold};
 
 /// Rows per `INSERT … SELECT FROM UNNEST(…)` statement when enqueueing.
 pub(super) const INSERT_CHUNK: usize = 10_000;
@@ -40,8 +40,105 @@ pub async fn enqueue_in(
 /// tasks are inserted directly as `cancelled` with that reason.
 ///
 /// Returns one [`Enqueued`] per task. Due work is announced by the insert
-/// statement itself.
+/// statement itself. A task with a debounce or throttle
+/// (`NewTask::key_policy`) is decided by `store::enqueue_keyed`, on the
+/// same connection (the caller's transaction).
 pub(super) async fn insert_tasks(
+    conn: &mut PgConnection,
+    sql: &InsertSql,
+    chan: &str,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<Vec<Enqueued>, StoreError> {
+    if tasks.iter().all(|t| t.key_policy.is_none()) {
+        return insert_plain(conn, sql, chan, tasks, skipped).await;
+    }
+    if skipped.is_some() {
+        return Err(StoreError::Config(
+            "a skipped slot's task cannot be debounced or throttled".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let mut tx = KeyedTx {
+            conn: &mut *conn,
+            sql,
+            chan,
+        };
+        out.push(if task.key_policy.is_some() {
+            crate::store::enqueue_keyed(&mut tx, task).await?
+        } else {
+            tx.key_insert(task).await?
+        });
+    }
+    Ok(out)
+}
+
+/// One task of a batch with policies, on the batch's connection.
+struct KeyedTx<'a> {
+    conn: &'a mut PgConnection,
+    sql: &'a InsertSql,
+    chan: &'a str,
+}
+
+#[async_trait::async_trait]
+impl KeyTx for KeyedTx<'_> {
+    async fn key_seen(&mut self, key: &str) -> Result<KeySeen, StoreError> {
+        let r = sqlx::query(&self.sql.key_seen)
+            .persistent(self.sql.persistent)
+            .bind(key)
+            .fetch_one(&mut *self.conn)
+            .await?;
+        KeySeen::from_columns(
+            (r.try_get(0)?, r.try_get::<Option<String>, _>(1)?.as_deref()),
+            (r.try_get(2)?, r.try_get(3)?),
+            r.try_get(4)?,
+        )
+    }
+
+    async fn key_hand_over(&mut self, id: i64) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.key_hand_over)
+            .persistent(self.sql.persistent)
+            .bind(id)
+            .execute(&mut *self.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn key_replace(
+        &mut self,
+        id: i64,
+        task: &NewTask,
+        run_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query(&self.sql.key_replace)
+            .persistent(self.sql.persistent)
+            .bind(id)
+            .bind(&task.payload)
+            .bind(task.priority)
+            .bind(run_at_ms)
+            .bind(self.chan)
+            .fetch_optional(&mut *self.conn)
+            .await?
+            .is_some())
+    }
+
+    async fn key_insert(&mut self, task: &NewTask) -> Result<Enqueued, StoreError> {
+        insert_plain(
+            self.conn,
+            self.sql,
+            self.chan,
+            std::slice::from_ref(task),
+            None,
+        )
+        .await?
+        .pop()
+        .ok_or_else(|| StoreError::Backend("insert returned no result".into()))
+    }
+}
+
+/// [`insert_tasks`] for tasks without a policy.
+async fn insert_plain(
     conn: &mut PgConnection,
     sql: &InsertSql,
     chan: &str,
@@ -152,7 +249,7 @@ pub(super) async fn insert_tasks(
                 let id: i64 = row.try_get(0)?;
                 let inserted: bool = row.try_get(1)?;
                 if inserted {
-                    out[i] = Some(Enqueued { id, inserted: true });
+                    out[i] = Some(Enqueued::new(id));
                 } else {
                     conflicted.push(i);
                 }
@@ -181,12 +278,7 @@ pub(super) async fn insert_tasks(
         }
         for i in conflicted {
             match tasks[i].unique_key.as_deref().and_then(|k| holders.get(k)) {
-                Some(&id) => {
-                    out[i] = Some(Enqueued {
-                        id,
-                        inserted: false,
-                    })
-                }
+                Some(&id) => out[i] = Some(Enqueued::existing(id)),
                 None => todo.push(i),
             }
         }
@@ -217,10 +309,7 @@ pub(super) async fn insert_tasks(
                 if let (true, Some(e)) = (hit, out[i].as_mut()) {
                     if e.inserted {
                         undo.push(e.id);
-                        *e = Enqueued {
-                            id: old,
-                            inserted: false,
-                        };
+                        *e = Enqueued::existing(old);
                     }
                 }
             }

@@ -56,6 +56,9 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_pause_notes,
     // 12 → 13: the audit log (issue 27).
     upgrade_audit,
+    // 13 → 14: debounce and throttle: the index a throttled enqueue finds
+    // its key's last start with.
+    upgrade_key_starts,
 ];
 
 /// The jobs' `overlap` (what a worker ending a run reads to skip
@@ -83,6 +86,16 @@ fn upgrade_audit(n: &Names) -> String {
          CREATE INDEX IF NOT EXISTS \"{p}audit_at\" ON {t} (at);",
         t = n.audit,
         p = n.prefix
+    )
+}
+
+/// The index `store::KeySeen::last_start` is read from: the tasks with a
+/// unique key that have started, by key and start.
+fn upgrade_key_starts(n: &Names) -> String {
+    let (p, t) = (&n.prefix, &n.tasks);
+    format!(
+        "CREATE INDEX IF NOT EXISTS \"{p}tasks_key_starts\" ON {t} (unique_key, started_at) \
+         WHERE unique_key IS NOT NULL AND started_at IS NOT NULL;"
     )
 }
 

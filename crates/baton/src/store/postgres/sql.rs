@@ -121,6 +121,16 @@ pub(super) struct InsertSql {
     pub tombstones: String,
     /// `$1` ids → deleted (an insert taken back).
     pub delete_ids: String,
+    /// `$1` key → holder id, holder state (its row locked), id and
+    /// `started_at` (ms) of the key's last start, now (ms); one row
+    /// (`store::KeySeen`).
+    pub key_seen: String,
+    /// `$1` id: its unique key passes on (debounce's hand-over).
+    pub key_hand_over: String,
+    /// `$1` id, `$2` payload, `$3` priority, `$4` run_at (ms), `$5` the
+    /// wake-up channel: a pending task debounced, its new due time
+    /// announced → one row when it was pending.
+    pub key_replace: String,
     /// Whether the statements are prepared once per connection (false
     /// behind a transaction pooler: each is sent unnamed).
     pub persistent: bool,
@@ -141,6 +151,31 @@ impl InsertSql {
                 n.slots
             ),
             delete_ids: format!("DELETE FROM {} WHERE id = ANY($1)", n.tasks),
+            key_seen: format!(
+                "SELECT h.id, h.state, s.id, \
+                     floor(extract(epoch FROM s.started_at) * 1000)::int8, \
+                     floor(extract(epoch FROM {now}) * 1000)::int8 \
+                 FROM (SELECT 1) AS o \
+                 LEFT JOIN LATERAL (SELECT id, state FROM {t} \
+                     WHERE unique_key = $1 AND {UNIQUE_PRED} FOR UPDATE) AS h ON true \
+                 LEFT JOIN LATERAL (SELECT id, started_at FROM {t} \
+                     WHERE unique_key = $1 AND started_at IS NOT NULL \
+                     ORDER BY started_at DESC LIMIT 1) AS s ON true",
+                t = n.tasks,
+                now = n.now
+            ),
+            key_hand_over: format!(
+                "UPDATE {} SET unique_key = NULL, unique_forever = false, \
+                 unique_until_failed = false WHERE id = $1",
+                n.tasks
+            ),
+            key_replace: format!(
+                "WITH u AS (UPDATE {} SET payload = $2, priority = $3, \
+                     run_at = timestamptz 'epoch' + $4 * interval '1 millisecond' \
+                     WHERE id = $1 AND state = 'pending' RETURNING queue, run_at) \
+                 SELECT pg_notify($5, u.queue || chr(10) || {WAKE_AT}) FROM u",
+                n.tasks
+            ),
         }
     }
 }

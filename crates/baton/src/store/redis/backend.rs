@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
-use super::decode::{opt_ts, parse_i64, parse_u64, push_task_args, task_info};
+use super::decode::{decode_enqueued, opt_ts, parse_i64, parse_u64, push_task_args, task_info};
 use super::schema::LOCK_INDEX;
 use super::{forget, jobs, listener, schema, RedisBackend};
 use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
@@ -770,21 +770,15 @@ impl RedisBackend {
                 )));
             }
             for ((_, chunk), reply) in group.iter().zip(replies) {
-                if reply.len() != chunk.len() * 3 {
+                if reply.len() != chunk.len() * 4 {
                     return Err(StoreError::Corrupt(format!(
                         "enqueue: reply of {} values for {} tasks",
                         reply.len(),
                         chunk.len()
                     )));
                 }
-                for r in reply.chunks(3) {
-                    out.push((
-                        Enqueued {
-                            id: r[0],
-                            inserted: r[1] == 1,
-                        },
-                        r[2] == 1,
-                    ));
+                for r in reply.chunks(4) {
+                    out.push((decode_enqueued(r)?, r[2] == 1));
                 }
             }
         }

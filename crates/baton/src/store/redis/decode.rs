@@ -10,7 +10,8 @@ use serde::Deserialize;
 use super::TASK_ARGS;
 use crate::error::StoreError;
 use crate::store::{
-    from_ms, ms, AttemptError, FencingToken, NewTask, RunAt, Task, TaskInfo, UniqueHold,
+    from_ms, ms, AttemptError, EnqueueOutcome, Enqueued, FencingToken, KeyPolicy, NewTask, RunAt,
+    Task, TaskInfo, UniqueHold,
 };
 
 pub(super) fn opt_arg(s: Option<&str>) -> String {
@@ -48,7 +49,36 @@ pub(super) fn task_args(t: &NewTask) -> Result<[String; TASK_ARGS], StoreError> 
             .unwrap_or_default(),
         opt_arg(t.traceparent.as_deref()),
         opt_arg(t.concurrency_key.as_deref()),
+        match t.key_policy {
+            None => String::new(),
+            Some(KeyPolicy::Debounce(d)) => format!("d{}", ms(d)),
+            Some(KeyPolicy::Throttle(p)) => format!("t{}", ms(p)),
+        },
     ])
+}
+
+/// One task's answer of `enqueue.lua`: id, what happened (`1` inserted,
+/// `0` existing, `2` debounced, `3` throttled), due now, and the
+/// throttle's `until` (ms).
+pub(super) fn decode_enqueued(r: &[i64]) -> Result<Enqueued, StoreError> {
+    let id = r[0];
+    Ok(match r[1] {
+        1 => Enqueued::new(id),
+        0 => Enqueued::existing(id),
+        2 => Enqueued {
+            id,
+            inserted: false,
+            outcome: EnqueueOutcome::Debounced,
+        },
+        3 => Enqueued {
+            id,
+            inserted: false,
+            outcome: EnqueueOutcome::Throttled {
+                until: from_ms(r[3])?,
+            },
+        },
+        n => return Err(StoreError::Corrupt(format!("enqueue: outcome {n}"))),
+    })
 }
 
 pub(super) fn push_task_args(pipe: &mut redis::Pipeline, t: &NewTask) -> Result<(), StoreError> {

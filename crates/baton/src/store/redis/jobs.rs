@@ -204,18 +204,16 @@ pub(super) async fn job_advance(
             now: opt_ts(&val, "now")?
                 .ok_or_else(|| StoreError::Corrupt("job advance: no store time".into()))?,
         }),
-        "skipped" => Ok(Advanced::Skipped(Enqueued {
-            id: parse_i64(&val, "id")?,
-            inserted: true,
-        })),
-        "waiting" => Ok(Advanced::Waiting(Enqueued {
-            id: parse_i64(&val, "id")?,
-            inserted: true,
-        })),
-        "enqueued" => Ok(Advanced::Enqueued(Enqueued {
-            id: parse_i64(&val, "id")?,
-            inserted: ins == 1,
-        })),
+        "skipped" => Ok(Advanced::Skipped(Enqueued::new(parse_i64(&val, "id")?))),
+        "waiting" => Ok(Advanced::Waiting(Enqueued::new(parse_i64(&val, "id")?))),
+        "enqueued" => {
+            let id = parse_i64(&val, "id")?;
+            Ok(Advanced::Enqueued(if ins == 1 {
+                Enqueued::new(id)
+            } else {
+                Enqueued::existing(id)
+            }))
+        }
         other => Err(StoreError::Corrupt(format!(
             "job advance: unexpected reply {other:?}"
         ))),

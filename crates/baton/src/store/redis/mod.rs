@@ -45,6 +45,10 @@
 //!   (`UniqueScope`) may be at most its queue here: `Kind` and `Global`
 //!   are refused (the SQL stores hold them); the default, kind-in-queue,
 //!   and `Queue` are composed into `<key>` (schema 10 rewrote older keys).
+//! - `Q kstart` — hash unique key → `<ms>:<id>`, the key's last start,
+//!   written by every claim of a task with a key (schema 13) and dropped
+//!   with its task: what a throttled enqueue reads (`enqueue.lua`,
+//!   `store::key_policy`).
 //! - Jobs live in the tag of their *home queue* (the queue their runs go
 //!   to), so a slot advance and the task it enqueues are one script:
 //!   `Q job:<name>` — hash `last_slot` (ms), `paused`, `queue`, and
@@ -208,7 +212,7 @@ const BATCH: usize = 1000;
 /// Ids examined per listing script call.
 const LIST_SCAN: usize = 2000;
 /// Fields per task in the flattened enqueue arguments.
-const TASK_ARGS: usize = 14;
+const TASK_ARGS: usize = 15;
 
 /// The wake-up listener, started by the first `subscribe()`.
 struct Listener {

@@ -113,6 +113,15 @@ enum Upgrade {
     /// (`note`, `by`, `at`). Nothing to convert; the step marks the
     /// version (issue 26).
     PauseNotes,
+    /// 13 → 14: debounce and throttle (issue 25): every claim of a task
+    /// with a unique key records the key's last start in `Q kstart`
+    /// (`<ms>:<id>` per key; a deleted task's entry goes with it), which a
+    /// throttled enqueue reads; the 15th script argument per task is the
+    /// policy. Nothing to convert (starts before it are not known, so a
+    /// key's first throttle after the upgrade is accepted); the step marks
+    /// the version, so an older build (whose claims would not record
+    /// starts) refuses the store.
+    KeyStarts,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -137,6 +146,7 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::RateLimits,
     Upgrade::UniqueUntilFailed,
     Upgrade::PauseNotes,
+    Upgrade::KeyStarts,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -285,7 +295,8 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         | Upgrade::ConcurrencyKey
         | Upgrade::RateLimits
         | Upgrade::UniqueUntilFailed
-        | Upgrade::PauseNotes => Ok(()),
+        | Upgrade::PauseNotes
+        | Upgrade::KeyStarts => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }

@@ -10,7 +10,7 @@ use super::rows::json_text;
 use super::sql::InsertSql;
 use super::Tables;
 use crate::error::StoreError;
-use crate::store::{ms, Enqueued, NewTask, RunAt, UniqueHold};
+use crate::store::{ms, Enqueued, KeySeen, KeyTx, NewTask, RunAt, UniqueHold};
 
 /// Rows per multi-row `INSERT` (18 bound values each, well inside SQLite's
 /// limit of 32766 variables per statement).
@@ -29,8 +29,117 @@ pub(super) struct Inserted {
 /// key is taken yields the holder's id with `inserted = false`, and so does
 /// a slot's task whose slot was pruned (its tombstone keeps the key). With
 /// `skipped`, the tasks are born `cancelled` with that reason (a skipped
-/// schedule slot, `state::Op::AdvanceSkip`), else `pending`.
+/// schedule slot, `state::Op::AdvanceSkip`), else `pending`. A task with
+/// a debounce or throttle (`NewTask::key_policy`) is decided by
+/// `store::enqueue_keyed` in the same transaction.
 pub(super) async fn insert_tasks(
+    conn: &mut SqliteConnection,
+    sql: &InsertSql,
+    tasks: &[NewTask],
+    skipped: Option<&str>,
+) -> Result<Inserted, StoreError> {
+    if tasks.iter().all(|t| t.key_policy.is_none()) {
+        return insert_plain(conn, sql, tasks, skipped).await;
+    }
+    if skipped.is_some() {
+        return Err(StoreError::Config(
+            "a skipped slot's task cannot be debounced or throttled".into(),
+        ));
+    }
+    let mut out = Inserted {
+        results: Vec::with_capacity(tasks.len()),
+        due_queues: Vec::new(),
+        later: Vec::new(),
+    };
+    for (i, task) in tasks.iter().enumerate() {
+        let mut tx = KeyedTx {
+            conn: &mut *conn,
+            sql,
+            due: false,
+            later: None,
+        };
+        let e = if task.key_policy.is_some() {
+            crate::store::enqueue_keyed(&mut tx, task).await?
+        } else {
+            tx.key_insert(task).await?
+        };
+        if tx.due {
+            out.due_queues.push(i);
+        }
+        if let Some(at) = tx.later {
+            out.later.push((i, at));
+        }
+        out.results.push(e);
+    }
+    Ok(out)
+}
+
+/// One task of a batch with policies, on the batch's transaction, with
+/// its wake-up.
+struct KeyedTx<'a> {
+    conn: &'a mut SqliteConnection,
+    sql: &'a InsertSql,
+    /// Inserted due now.
+    due: bool,
+    /// Inserted or debounced, due then (ms).
+    later: Option<i64>,
+}
+
+#[async_trait::async_trait]
+impl crate::store::KeyTx for KeyedTx<'_> {
+    async fn key_seen(&mut self, key: &str) -> Result<KeySeen, StoreError> {
+        let r = sqlx::query(&self.sql.key_seen)
+            .bind(key)
+            .fetch_one(&mut *self.conn)
+            .await?;
+        KeySeen::from_columns(
+            (r.try_get(0)?, r.try_get::<Option<String>, _>(1)?.as_deref()),
+            (r.try_get(2)?, r.try_get(3)?),
+            r.try_get(4)?,
+        )
+    }
+
+    async fn key_hand_over(&mut self, id: i64) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.key_hand_over)
+            .bind(id)
+            .execute(&mut *self.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn key_replace(
+        &mut self,
+        id: i64,
+        task: &NewTask,
+        run_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql.key_replace)
+            .bind(id)
+            .bind(json_text(&task.payload)?)
+            .bind(i64::from(task.priority))
+            .bind(run_at_ms)
+            .fetch_optional(&mut *self.conn)
+            .await?
+            .is_some();
+        if done {
+            self.later = Some(run_at_ms);
+        }
+        Ok(done)
+    }
+
+    async fn key_insert(&mut self, task: &NewTask) -> Result<Enqueued, StoreError> {
+        let one = insert_plain(self.conn, self.sql, std::slice::from_ref(task), None).await?;
+        self.due = !one.due_queues.is_empty();
+        self.later = one.later.first().map(|&(_, at)| at);
+        one.results
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Backend("insert returned no result".into()))
+    }
+}
+
+/// [`insert_tasks`] for tasks without a policy.
+async fn insert_plain(
     conn: &mut SqliteConnection,
     sql: &InsertSql,
     tasks: &[NewTask],
@@ -149,7 +258,7 @@ async fn insert_live(
                 } else {
                     later.push((base + i, run_at));
                 }
-                results.push(Enqueued { id, inserted: true });
+                results.push(Enqueued::new(id));
             } else {
                 // The key is taken: by an existing task, or by an earlier
                 // task of this very batch. Look the holders up below.
@@ -157,10 +266,7 @@ async fn insert_live(
                     results.len(),
                     task.unique_key.as_deref().unwrap_or_default(),
                 ));
-                results.push(Enqueued {
-                    id: 0,
-                    inserted: false,
-                });
+                results.push(Enqueued::existing(0));
             }
         }
         if !taken.is_empty() {
@@ -258,10 +364,7 @@ impl Tombstoned {
                 .filter(|_| crate::store::tombstoned_kind(t))
                 .and_then(|k| found.get(k));
             match pruned {
-                Some(&id) => out.answers.push(Some(Enqueued {
-                    id,
-                    inserted: false,
-                })),
+                Some(&id) => out.answers.push(Some(Enqueued::existing(id))),
                 None => {
                     out.answers.push(None);
                     out.index.push(i);

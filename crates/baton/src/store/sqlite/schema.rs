@@ -153,6 +153,9 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_pause_notes,
     // 11 → 12: the audit log (issue 27).
     upgrade_audit,
+    // 12 → 13: debounce and throttle: the index a throttled enqueue finds
+    // its key's last start with.
+    upgrade_key_starts,
 ];
 
 /// The jobs' `overlap` (what a worker ending a run reads to skip
@@ -197,6 +200,17 @@ fn upgrade_audit(t: &Tables) -> Vec<Ddl> {
             t.audit
         )),
     ]
+}
+
+/// The index `store::KeySeen::last_start` is read from: the tasks with a
+/// unique key that have started, by key and start.
+fn upgrade_key_starts(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE INDEX IF NOT EXISTS {} ON {} (unique_key, started_at) \
+         WHERE unique_key IS NOT NULL AND started_at IS NOT NULL",
+        t.index("tasks_key_starts"),
+        t.tasks
+    ))]
 }
 
 /// The hold `UniqueHold::UntilFailed` (a succeeded task keeps its key):

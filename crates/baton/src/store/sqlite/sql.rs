@@ -127,6 +127,14 @@ pub(super) struct InsertSql {
     /// `?1` JSON array of keys → unique_key, task_id of the pruned slot
     /// tasks that held them (tombstones keep a slot's key taken).
     pub tombstones: String,
+    /// `?1` key → holder id, holder state, id and `started_at` of the
+    /// key's last start, now (one row; `store::KeySeen`).
+    pub key_seen: String,
+    /// `?1` id: its unique key passes on (debounce's hand-over).
+    pub key_hand_over: String,
+    /// `?1` id, `?2` payload, `?3` priority, `?4` run_at (ms): a pending
+    /// task debounced → id.
+    pub key_replace: String,
 }
 
 impl InsertSql {
@@ -156,6 +164,22 @@ impl InsertSql {
                 "SELECT unique_key, task_id FROM {} \
                  WHERE unique_key IN (SELECT value FROM json_each(?1))",
                 t.slots
+            ),
+            key_seen: format!(
+                "SELECT h.id, h.state, s.id, s.started_at, {NOW} FROM (SELECT 1) \
+                 LEFT JOIN (SELECT id, state FROM {tasks} \
+                     WHERE unique_key = ?1 AND {KEY_TAKEN}) h ON 1 \
+                 LEFT JOIN (SELECT id, started_at FROM {tasks} \
+                     WHERE unique_key = ?1 AND started_at IS NOT NULL \
+                     ORDER BY started_at DESC LIMIT 1) s ON 1"
+            ),
+            key_hand_over: format!(
+                "UPDATE {tasks} SET unique_key = NULL, unique_forever = 0, \
+                 unique_until_failed = 0 WHERE id = ?1"
+            ),
+            key_replace: format!(
+                "UPDATE {tasks} SET payload = ?2, priority = ?3, run_at = ?4 \
+                 WHERE id = ?1 AND state = 'pending' RETURNING id"
             ),
         }
     }

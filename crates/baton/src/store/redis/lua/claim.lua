@@ -102,6 +102,8 @@ while #out < limit and #skipped < 2 * limit and parked < PARK_MAX do
       for f, v in pairs(set) do h[#h + 1] = f; h[#h + 1] = v end
       zacc(B .. 'running', lu, p)
       key_claimed(f.concurrency_key)
+      -- The key's last start, for throttle (enqueue.lua).
+      if f.unique_key then redis.call('HSET', B .. 'kstart', f.unique_key, fmt(now) .. ':' .. sid) end
       cacc(queue, 'pending', -1)
       cacc(queue, 'running', 1)
       out[#out + 1] = h

@@ -8,7 +8,7 @@ local B = ARGV[1]
 -- not a key, and a publish reaches every node of a cluster.
 local WAKE = string.sub(B, 1, string.find(B, '{baton', 1, true) - 1) .. '{baton}:wake'
 local SHIFT = 8796093022208
-local NF = 14
+local NF = 15
 local function fmt(n) return string.format('%d', n) end
 local function pad(id) return string.format('%016d', tonumber(id)) end
 local function tkey(sid) return B .. 'task:' .. sid end
@@ -152,6 +152,11 @@ local function forget(sid, h)
   if h[3] then
     local ukey = B .. 'uniq:' .. h[3]
     if redis.call('GET', ukey) == sid then redis.call('DEL', ukey) end
+    -- A deleted task's start no longer throttles its key (as on SQL).
+    local ls = redis.call('HGET', B .. 'kstart', h[3])
+    if ls and string.sub(ls, -(#sid + 1)) == ':' .. sid then
+      redis.call('HDEL', B .. 'kstart', h[3])
+    end
   end
   if h[4] then redis.call('SREM', B .. 'jobactive:' .. h[4], sid) end
 end
