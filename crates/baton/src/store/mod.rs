@@ -35,6 +35,12 @@ mod identity;
 mod inspect;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod job_advance;
+// Its shared enqueue (`enqueue_keyed`, `KeySeen`, the plan) serves the
+// SQL backends; Redis decides in its script.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 mod key_policy;
 #[cfg(any(
     feature = "sqlite",
@@ -75,7 +81,9 @@ mod writable;
 pub use audit::{AuditAppend, AuditPage, AuditRecord, MAX_AUDIT_FIELD};
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
-pub(crate) use key_policy::{check_key_policy, enqueue_keyed, KeySeen, KeyTx};
+pub(crate) use key_policy::check_key_policy;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) use key_policy::{enqueue_keyed, KeySeen, KeyTx};
 pub use key_policy::{EnqueueOutcome, Enqueued, KeyPolicy, MAX_DEBOUNCE, MAX_THROTTLE};
 pub use options::StoreOptions;
 pub use overlap::*;
@@ -731,7 +739,6 @@ pub(crate) fn ms(d: Duration) -> i64 {
 }
 
 /// Milliseconds since the epoch to a timestamp.
-#[cfg(any(feature = "sqlite", feature = "redis"))]
 pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} ms out of range")))

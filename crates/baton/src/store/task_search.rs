@@ -10,6 +10,7 @@
 //! enqueue and state change), so one that matches little reads up to the
 //! whole table (docs/GUIDE.md, "Finding tasks").
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use chrono::{DateTime, Utc};
 
 use crate::error::InvalidInput;
@@ -19,6 +20,7 @@ use crate::store::TaskFilter;
 pub const MAX_SEARCH_TEXT: usize = 256;
 
 /// A value to bind, in placeholder order.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum SearchArg {
     Text(String),
@@ -27,6 +29,7 @@ pub(crate) enum SearchArg {
 }
 
 /// How a SQL dialect spells what the search needs.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) trait SearchDialect {
     /// The `n`th placeholder (1-based).
     fn ph(n: usize) -> String;
@@ -38,6 +41,7 @@ pub(crate) trait SearchDialect {
 }
 
 /// The `WHERE …` clause (empty when nothing is asked) and its arguments.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn where_clause<D: SearchDialect>(f: &TaskFilter) -> (String, Vec<SearchArg>) {
     let mut conds = Vec::new();
     let mut args = Vec::new();
@@ -107,6 +111,7 @@ pub(crate) fn where_clause<D: SearchDialect>(f: &TaskFilter) -> (String, Vec<Sea
 }
 
 /// The page size a filter asks for (0 means 100).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) fn page_size(f: &TaskFilter) -> u32 {
     if f.limit == 0 {
         100
@@ -180,7 +185,7 @@ impl TaskFilter {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 mod tests {
     use super::*;
 
