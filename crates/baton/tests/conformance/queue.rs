@@ -61,19 +61,7 @@ fn fast_config(queue: &str, concurrency: usize) -> WorkerConfig {
 
 /// Wait until the task reaches `state` (or panic after `secs`).
 async fn wait_state(q: &Queue, id: i64, state: TaskState, secs: u64) -> baton::store::TaskInfo {
-    let t0 = Instant::now();
-    loop {
-        let t = q.task(id).await.unwrap().expect("task exists");
-        if t.state == state {
-            return t;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(secs),
-            "task {id} is {:?}, expected {state:?}: {t:?}",
-            t.state
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::task_state(q, id, state, Duration::from_secs(secs)).await
 }
 
 pub async fn claim_order_priority_run_at_id(ts: TestStore) {
@@ -132,7 +120,7 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
     };
     // Failed once with a retry: attempt 1 of 2, due after the others; its
     // next attempt is its last.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    clock::advance(&ts, Duration::from_millis(5)).await;
     let failed = Finish::Failed {
         error: "once".into(),
         retry_in: Some(Duration::ZERO),
@@ -935,7 +923,7 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
     .await
     .map(|r| r == [true])
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    clock::advance(&ts, Duration::from_millis(30)).await;
     let st = q.stats().await.unwrap();
     assert_eq!(st.len(), 2);
     assert_eq!(

@@ -663,7 +663,8 @@ pub async fn run_and_skip_records(ts: TestStore) {
     else {
         panic!("the second run is taken")
     };
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // Its 300 ms lease lapses by the store's clock.
+    clock::advance(&ts, Duration::from_millis(1_200)).await;
     b.task_rescue_many().await.unwrap();
     let info = b.task_get(e2.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);
