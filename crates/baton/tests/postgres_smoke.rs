@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use baton::store::postgres;
-use baton::store::{Backend, Finish, NewTask, RunAt, TaskClaim, TaskFilter, TaskState};
+use baton::store::{Backend, Finish, NewTask, RunAt, TaskClaim, TaskState};
 use baton::{Store, StoreOptions};
 use sqlx::Connection;
 
@@ -90,40 +90,6 @@ fn claim_req<'a>(queue: &'a str, limit: u32, lease: Duration) -> TaskClaim<'a> {
 }
 
 const MIN: Duration = Duration::from_secs(60);
-
-#[tokio::test]
-async fn outbox_rolled_back_leaves_nothing() {
-    let Some(f) = setup().await else { return };
-    let mut conn = sqlx::PgConnection::connect(&url()).await.unwrap();
-    let mut tx = conn.begin().await.unwrap();
-    let r = postgres::enqueue_in(&mut tx, Some(&f.prefix), &[task("o"), task("o")])
-        .await
-        .unwrap();
-    assert_eq!(r.len(), 2);
-    tx.rollback().await.unwrap();
-    assert!(f.b().task_get(r[0].id).await.unwrap().is_none());
-    assert!(f
-        .b()
-        .task_list(&TaskFilter::default())
-        .await
-        .unwrap()
-        .is_empty());
-    // Committed, it is there and wakes subscribers at commit.
-    let mut rx = f.b().wake_subscribe().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await; // let LISTEN start
-    let mut tx = conn.begin().await.unwrap();
-    let r = postgres::enqueue_in(&mut tx, Some(&f.prefix), &[task("o")])
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert!(f.b().task_get(r[0].id).await.unwrap().is_some());
-    let q = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-        .await
-        .expect("notification within 5s")
-        .unwrap();
-    assert_eq!(q, baton::store::Wake::now("o"));
-    f.drop_tables().await;
-}
 
 #[tokio::test]
 async fn subscribe_gets_due_queues_once_per_batch() {
