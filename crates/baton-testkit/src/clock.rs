@@ -38,6 +38,16 @@ pub async fn advance(ts: &TestStore, by: Duration) {
     shift(ts, micros(by), false).await;
 }
 
+/// Move the store's clock forward to `at` (by the store's own `now`),
+/// unless it is there already: a test that waits for a slot or a `run_at`
+/// to fall due.
+pub async fn advance_to(ts: &TestStore, at: chrono::DateTime<chrono::Utc>) {
+    let now = ts.store.now().await.unwrap();
+    if let Ok(ahead) = (at - now).to_std() {
+        advance(ts, ahead).await;
+    }
+}
+
 /// Set the store's clock to its real time plus `offset_us` µs (negative:
 /// behind).
 pub async fn set_offset(ts: &TestStore, offset_us: i64) {
