@@ -771,15 +771,10 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
     let run = tokio::spawn(worker(runs.clone(), ts.open().await, N).run(stop.clone()));
     // Four handlers have started by about 3 s (0, 1, 2, 3 s): the last
     // buffered tasks have waited two leases by then.
-    let t0 = Instant::now();
-    while runs.lock().unwrap().len() < 4 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "stuck: {:?}",
-            runs.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    baton_testkit::wait::until_true(Duration::from_secs(20), "four handlers started", || async {
+        runs.lock().unwrap().len() >= 4
+    })
+    .await;
     stop.cancel();
     run.await.unwrap().unwrap();
     rescuing.cancel();
@@ -1098,18 +1093,14 @@ pub async fn worker_counters_count_outcomes(ts: TestStore) {
     wait_state(&q, ok, TaskState::Succeeded, 10).await;
     wait_state(&q, bad, TaskState::Failed, 10).await;
     // The counter is bumped right after the result is recorded.
-    let t0 = Instant::now();
-    let c = loop {
+    let c = baton_testkit::wait::until(Duration::from_secs(5), "two outcomes counted", || async {
         let c = counters
             .snapshot()
             .remove("default")
             .expect("queue registered");
-        if c.ended[&Outcome::Succeeded] + c.ended[&Outcome::Failed] == 2 {
-            break c;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "{c:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+        (c.ended[&Outcome::Succeeded] + c.ended[&Outcome::Failed] == 2).then_some(c)
+    })
+    .await;
     stop.cancel();
     run.await.unwrap().unwrap();
     assert_eq!(c.ended[&Outcome::Succeeded], 1, "{c:?}");

@@ -420,31 +420,26 @@ pub async fn a_running_scheduler_follows_the_store_clock(ts: TestStore) {
         .await
         .unwrap()
     };
-    let t0 = std::time::Instant::now();
-    while !b
-        .job_list()
-        .await
-        .unwrap()
-        .iter()
-        .any(|j| j.name == "hourly")
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10), "never registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::until_true(Duration::from_secs(10), "job registered", || async {
+        b.job_list()
+            .await
+            .unwrap()
+            .iter()
+            .any(|j| j.name == "hourly")
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         tasks().await.is_empty(),
         "no slot before the store's clock reaches it"
     );
     clock::advance(&ts, Duration::from_secs(3_601)).await;
-    let t0 = std::time::Instant::now();
-    while tasks().await.is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "the slot the store's clock passed never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::until_true(
+        Duration::from_secs(5),
+        "the slot the store's clock passed ran",
+        || async { !tasks().await.is_empty() },
+    )
+    .await;
     stop.cancel();
     run.await.unwrap().unwrap();
     assert_eq!(tasks().await.len(), 1, "one slot, once");
