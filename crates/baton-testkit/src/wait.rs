@@ -54,6 +54,28 @@ where
     .await
 }
 
+/// Call `call` every [`POLL`] until it succeeds, and return its value;
+/// panic naming `what` and the last error when `within` has passed first
+/// (a store coming back, a failover followed).
+pub async fn until_ok<T, E, F, Fut>(within: Duration, what: &str, mut call: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let t0 = Instant::now();
+    loop {
+        match call().await {
+            Ok(v) => return v,
+            Err(e) => assert!(
+                t0.elapsed() < within,
+                "not within {within:?}: {what}: still failing: {e}"
+            ),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// Wait until task `id` of `q` is in `state` (at most `within`), and
 /// return it; the panic shows the task as last read.
 pub async fn task_state(q: &Queue, id: i64, state: TaskState, within: Duration) -> TaskInfo {

@@ -379,17 +379,17 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, baton::StoreError>>,
 {
-    let start = Instant::now();
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if start.elapsed() < limit => {
+    baton_testkit::wait::until_ok(limit, "the store answers again", || {
+        let call = f();
+        async move {
+            let r = call.await;
+            if let Err(e) = &r {
                 assert!(e.is_retryable(), "unexpected error kind: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => panic!("still failing after {limit:?}: {e}"),
+            r
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test]
