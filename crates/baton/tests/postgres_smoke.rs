@@ -127,45 +127,6 @@ async fn subscribe_gets_due_queues_once_per_batch() {
 }
 
 #[tokio::test]
-async fn migrations_concurrent_and_idempotent() {
-    let prefix = format!("t{:08x}_", fastrand::u32(..));
-    let mut hs = Vec::new();
-    for _ in 0..8 {
-        let p = prefix.clone();
-        hs.push(tokio::spawn(async move {
-            Store::connect_with(
-                &url(),
-                StoreOptions {
-                    prefix: Some(p),
-                    max_connections: 2,
-                    migrate: true,
-                    ..Default::default()
-                },
-            )
-            .await
-        }));
-    }
-    let mut stores = Vec::new();
-    for h in hs {
-        match h.await.unwrap() {
-            Ok(s) => stores.push(s),
-            Err(e) if std::env::var("BATON_REQUIRE_BACKENDS").as_deref() != Ok("1") => {
-                eprintln!("SKIPPED postgres: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    stores[0].backend().migrate().await.unwrap();
-    Fixture {
-        store: stores[0].clone(),
-        prefix,
-    }
-    .drop_tables()
-    .await;
-}
-
-#[tokio::test]
 async fn unreachable_store_fails_fast() {
     let t = Instant::now();
     let r = Store::connect("postgres://postgres@127.0.0.1:1/test").await;
