@@ -24,6 +24,10 @@
 //! baton_testkit::clock::advance(&ts, Duration::from_secs(31)).await;
 //! ```
 //!
+//! [`advance_to`] moves the clock to a given store time (a slot, a
+//! `run_at`); a test that moves it often keeps a [`Mover`] (one
+//! connection, kept open) instead of a connection per move.
+//!
 //! [`advance`] and [`set_offset`] also tell this process's
 //! `baton::clock::StoreClock`s (schedulers, workers' timers) to recalibrate
 //! at once; `baton` processes of their own follow at their next
