@@ -65,24 +65,8 @@ if [ "${BATON_CLUSTER_SHELL:-}" = 1 ]; then
   # For a person: keep the cluster up and print its URL.
   echo "redis+cluster://$hosts"; wait
 fi
-# The tests that move the store's clock (baton-testkit's test clock) are
-# left out here: the clock's offset is one key, on one shard, and a
-# cluster's queue and lock scripts run on their own shards, where they
-# cannot read it (they see the real time). They run on single-node Redis
-# (and every other store) in the main suite. Named one by one, so a new
-# test is never left out unseen.
-clock_tests=(
-  a_running_scheduler_follows_the_store_clock at_least_is_honoured
-  at_most_lapses_a_dropped_lease catch_up_all_runs_every_missed_slot_once
-  catch_up_all_with_overlap_forbid catch_up_latest_runs_one_missed_slot
-  claim_order_priority_run_at_id claim_tokens_rise_across_hand_back_rescue_and_retry
-  client_clock_skew_changes_nothing debounce_leaves_a_running_task_alone
-  debounce_pushes_the_due_time_to_the_last_change finish_is_compare_and_set
-  rescue_out_of_attempts_fails_with_reason scheduler_joining_a_catch_up_runs_its_last_slot
-  throttle_accepts_once_after_the_period
-)
-skips=()
-for t in "${clock_tests[@]}"; do skips+=(--skip "redis::$t"); done
-echo "redis cluster: ${#clock_tests[@]} test-clock tests left out (they run on single-node Redis)"
+# Every conformance test runs here, the test clock's too: the client reads
+# the clock's offset and passes it with every script call (the scripts run
+# on their own shards, away from the offset's key).
 if [ $# -eq 0 ]; then set -- redis::; fi
-BATON_REQUIRE_BACKENDS=1 BATON_TEST_REDIS="redis+cluster://$hosts" cargo test -p baton --test conformance -- "$@" "${skips[@]}"
+BATON_REQUIRE_BACKENDS=1 BATON_TEST_REDIS="redis+cluster://$hosts" cargo test -p baton --test conformance -- "$@"

@@ -18,6 +18,7 @@
 //! - [`cluster`]: raw Redis connections, one node or a cluster, for tests
 //!   that read keys behind the store's back.
 //! - [`proxy`]: the fault proxy `baton chaos` uses (the `baton-proxy` crate).
+//! - [`wait`]: waiting on a condition with a deadline instead of sleeping.
 //!
 //! A dev-dependency only: nothing here ships.
 
@@ -30,6 +31,7 @@ pub mod private;
 pub mod process;
 pub mod redis_cluster;
 pub mod sentinel;
+pub mod wait;
 
 /// The fault proxy `baton chaos` uses (re-exported from `baton-proxy`).
 pub use baton_proxy as proxy;

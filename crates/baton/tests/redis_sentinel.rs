@@ -44,23 +44,13 @@ async fn connect(url: &str) -> Store {
     Store::connect_with(url, opts).await.unwrap()
 }
 
-/// Retry `f` until it succeeds (a store call across a failover), for at
-/// most `within`.
-async fn until_ok<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
+/// Retry `f` until it succeeds (a failover followed).
+async fn until_ok<T, F, Fut>(what: &str, within: Duration, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, baton::Error>>,
 {
-    let t0 = Instant::now();
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(t0.elapsed() < within, "{what}: still failing: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    baton_testkit::wait::until_ok(within, what, f).await
 }
 
 /// A little more than the connection's check interval (one second).

@@ -308,68 +308,6 @@ async fn subscribe_wakes_and_warnings() {
     cleanup(&p).await;
 }
 
-#[tokio::test]
-async fn bulk_enqueue_and_claim_timing() {
-    let p = new_prefix();
-    let Some(s) = open(Some(&p)).await else {
-        return;
-    };
-    let b = s.backend();
-    let n = 100_000;
-    let tasks: Vec<NewTask> = (0..n)
-        .map(|i| {
-            let mut t = nt("bulk");
-            t.payload = json!({"i": i});
-            t
-        })
-        .collect();
-    let s0 = eval_usec().await;
-    let t0 = Instant::now();
-    let r = b.task_insert_many(&tasks).await.unwrap();
-    let enq = t0.elapsed();
-    let s1 = eval_usec().await;
-    assert_eq!(r.len(), n);
-    assert!(r.windows(2).all(|w| w[0].id < w[1].id));
-    let t0 = Instant::now();
-    let mut claimed = 0;
-    loop {
-        let got = b.task_claim(&creq("bulk", 100, 60_000)).await.unwrap();
-        if got.is_empty() {
-            break;
-        }
-        claimed += got.len();
-    }
-    let cl = t0.elapsed();
-    let s2 = eval_usec().await;
-    assert_eq!(claimed, n);
-    println!(
-        "redis bulk: server script time (all clients) enqueue {:.1} µs/task, claim {:.1} µs/task",
-        (s1 - s0) as f64 / n as f64,
-        (s2 - s1) as f64 / n as f64
-    );
-    println!(
-        "redis bulk: enqueue {n} in {enq:?} ({:.0}/s); claim all in batches of 100 in {cl:?} ({:.0}/s)",
-        n as f64 / enq.as_secs_f64(),
-        n as f64 / cl.as_secs_f64()
-    );
-    cleanup(&p).await;
-}
-
-/// Total µs the server spent in EVALSHA so far (all clients).
-async fn eval_usec() -> u64 {
-    let mut c = raw().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await
-        .unwrap_or_default();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------
 // A private server that goes away and comes back.
 // ---------------------------------------------------------------------------
@@ -442,17 +380,17 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, baton::StoreError>>,
 {
-    let start = Instant::now();
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if start.elapsed() < limit => {
+    baton_testkit::wait::until_ok(limit, "the store answers again", || {
+        let call = f();
+        async move {
+            let r = call.await;
+            if let Err(e) = &r {
                 assert!(e.is_retryable(), "unexpected error kind: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => panic!("still failing after {limit:?}: {e}"),
+            r
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test]

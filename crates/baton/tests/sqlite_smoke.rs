@@ -6,10 +6,10 @@
 #![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton::store::sqlite::{enqueue_in, SqliteBackend};
-use baton::store::{Backend, Finish, NewTask, RunAt, TaskClaim, TaskFilter};
+use baton::store::{Backend, NewTask, RunAt, TaskClaim, TaskFilter};
 use baton::{Store, StoreOptions};
 use tempfile::TempDir;
 
@@ -161,25 +161,16 @@ async fn outbox_enqueue_in_caller_transaction() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
-async fn concurrent_first_connects_migrate_once() {
+/// The `sqlite:PATH` form (no `//`) connects too. (Concurrent first
+/// connects are the conformance suite's
+/// `upgrade::concurrent_first_connects_migrate_once`, on every store.)
+#[tokio::test]
+async fn sqlite_path_url_connects() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite:{}", dir.path().join("fresh.db").display());
-    let mut handles = Vec::new();
-    for _ in 0..12 {
-        let url = url.clone();
-        handles.push(tokio::spawn(async move {
-            let b = SqliteBackend::connect(&url, &StoreOptions::default()).await?;
-            b.migrate().await?;
-            b.task_insert_many(&[task("q")]).await
-        }));
-    }
-    for h in handles {
-        h.await.unwrap().unwrap();
-    }
-    // `sqlite:PATH` works through Store::connect too.
     let s = Store::connect(&url).await.unwrap();
-    assert_eq!(s.backend().queue_stats().await.unwrap()[0].pending, 12);
+    s.backend().task_insert_many(&[task("q")]).await.unwrap();
+    assert_eq!(s.backend().queue_stats().await.unwrap()[0].pending, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -259,125 +250,6 @@ async fn in_memory_stores_are_private_and_shared_by_clones() {
         pending(Queue::new(b)).await,
         0,
         "another connect, another database"
-    );
-}
-
-/// Measures (prints, does not assert) a 100k-task enqueue and claiming all
-/// of them in batches of 100.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bulk_100k_enqueue_and_claim_timing() {
-    let db = db().await;
-    let b = db.b();
-    let n = 100_000;
-    let ts: Vec<NewTask> = (0..n)
-        .map(|i| NewTask {
-            payload: serde_json::json!({"i": i}),
-            ..task("bulk")
-        })
-        .collect();
-    let t0 = Instant::now();
-    let r = b.task_insert_many(&ts).await.unwrap();
-    let enq = t0.elapsed();
-    assert_eq!(r.len(), n);
-    let t1 = Instant::now();
-    let mut claimed = 0;
-    loop {
-        let got = b.task_claim(&claim_req("bulk", 100, LONG)).await.unwrap();
-        if got.is_empty() {
-            break;
-        }
-        claimed += got.len();
-    }
-    let cl = t1.elapsed();
-    assert_eq!(claimed, n);
-    println!(
-        "sqlite bulk: enqueue {n} in {:.3}s ({:.0}/s); claim all in batches of 100 in {:.3}s ({:.0}/s)",
-        enq.as_secs_f64(),
-        n as f64 / enq.as_secs_f64(),
-        cl.as_secs_f64(),
-        n as f64 / cl.as_secs_f64()
-    );
-
-    // Unique-keyed bulk enqueue, for comparison.
-    let ts: Vec<NewTask> = (0..n)
-        .map(|i| NewTask {
-            unique_key: Some(format!("k{i}")),
-            ..task("bulk2")
-        })
-        .collect();
-    let t2 = Instant::now();
-    b.task_insert_many(&ts).await.unwrap();
-    let e2 = t2.elapsed();
-    let t3 = Instant::now();
-    let again = b.task_insert_many(&ts).await.unwrap();
-    let e3 = t3.elapsed();
-    assert!(again.iter().all(|e| !e.inserted));
-    println!(
-        "sqlite bulk keyed: enqueue {n} new keys in {:.3}s ({:.0}/s); all {n} taken in {:.3}s ({:.0}/s)",
-        e2.as_secs_f64(),
-        n as f64 / e2.as_secs_f64(),
-        e3.as_secs_f64(),
-        n as f64 / e3.as_secs_f64()
-    );
-}
-
-/// Measures (prints, does not assert) 8 concurrent workers on one handle,
-/// each claiming 10 at a time and finishing every task on its own: the shape
-/// of a worker pool, where in-process writers contend for SQLite's lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
-async fn concurrent_workers_timing() {
-    let db = db().await;
-    let n = 20_000;
-    let ts: Vec<NewTask> = (0..n).map(|_| task("cw")).collect();
-    db.b().task_insert_many(&ts).await.unwrap();
-    let t0 = Instant::now();
-    let mut handles = Vec::new();
-    for w in 0..8 {
-        let s = db.store.clone();
-        handles.push(tokio::spawn(async move {
-            let worker = format!("w{w}");
-            let mut done = 0usize;
-            loop {
-                let got = s
-                    .backend()
-                    .task_claim(&TaskClaim {
-                        queue: "cw",
-                        worker: &worker,
-                        limit: 10,
-                        lease: LONG,
-                        max_running: None,
-                        per_key_max_running: None,
-                        buffered: 0,
-                        fair: false,
-                    })
-                    .await
-                    .unwrap();
-                if got.is_empty() {
-                    return done;
-                }
-                for t in got {
-                    let c = t.claim();
-                    assert!(s
-                        .backend()
-                        .task_finish_many(&[(c, Finish::Succeeded)])
-                        .await
-                        .map(|r| r == [true])
-                        .unwrap());
-                    done += 1;
-                }
-            }
-        }));
-    }
-    let mut total = 0;
-    for h in handles {
-        total += h.await.unwrap();
-    }
-    let el = t0.elapsed();
-    assert_eq!(total, n);
-    println!(
-        "sqlite 8 workers: {n} tasks claimed (by 10) and finished one by one in {:.3}s ({:.0}/s)",
-        el.as_secs_f64(),
-        n as f64 / el.as_secs_f64()
     );
 }
 

@@ -77,14 +77,11 @@ fn worker(store: Store, ledger: Arc<Mutex<Ledger>>) -> Worker {
 }
 
 async fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(secs),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::until_true(Duration::from_secs(secs), what, || {
+        let v = f();
+        async move { v }
+    })
+    .await
 }
 
 /// How the test makes worker A's store path go dark.

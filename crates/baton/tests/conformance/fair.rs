@@ -5,8 +5,7 @@
 //! overshoot the per-key cap. A store without fair claiming refuses it
 //! (the claim, and a worker at start naming the field `fair`).
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton::queue::{Queue, TaskBuilder, Worker, WorkerConfig};
 use baton::store::{Finish, Task, TaskClaim, TaskState};
@@ -231,20 +230,9 @@ pub async fn fair_workers_run_a_small_key_past_a_backlog(ts: TestStore) {
     }
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut states: HashMap<i64, TaskState> = HashMap::new();
-    loop {
-        for id in &small {
-            states.insert(*id, q.task(*id).await.unwrap().unwrap().state);
-        }
-        if states.values().all(|s| *s == TaskState::Succeeded) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the small key's tasks not run: {states:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    for id in &small {
+        baton_testkit::wait::task_state(&q, *id, TaskState::Succeeded, Duration::from_secs(30))
+            .await;
     }
     stop.cancel();
     run.await.unwrap().unwrap();

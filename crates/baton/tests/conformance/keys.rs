@@ -319,15 +319,8 @@ pub async fn workers_run_one_per_key_and_start_the_next_at_once(ts: TestStore) {
     // Both workers start with a claim; after that only wake-ups start
     // tasks (the poll is 30 s away).
     for id in &ids {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let t = q.task(id.id).await.unwrap().unwrap();
-            if t.state == TaskState::Succeeded {
-                break;
-            }
-            assert!(Instant::now() < deadline, "task {} not run: {t:?}", id.id);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        baton_testkit::wait::task_state(&q, id.id, TaskState::Succeeded, Duration::from_secs(15))
+            .await;
     }
     let took = started.elapsed();
     stop.cancel();

@@ -668,7 +668,11 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
             .is_none(),
         "not granted again before the revoked lease ends"
     );
-    tokio::time::sleep((until - now).to_std().unwrap() + Duration::from_millis(150)).await;
+    clock::advance(
+        &ts,
+        (until - now).to_std().unwrap() + Duration::from_millis(150),
+    )
+    .await;
     let next = b
         .try_lock("revoked", &opts(10_000))
         .await

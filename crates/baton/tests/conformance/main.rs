@@ -144,6 +144,7 @@ baton_testkit::per_backend! {
     upgrade::v1_store_upgrades_in_place,
     upgrade::schema_status_reports_the_recorded_version,
     upgrade::remove_schema_leaves_nothing_of_the_prefix,
+    upgrade::concurrent_first_connects_migrate_once,
     upgrade::unique_keys_are_rescoped_on_upgrade,
     unique::scopes_compare_what_they_name,
     debounce::debounce_racing_enqueuers_leave_one_pending_task,

@@ -48,9 +48,11 @@ fn claim_of(t: &Task) -> Claim {
 const LONG: Duration = Duration::from_secs(600);
 const FUTURE: Duration = Duration::from_secs(3600);
 const TINY: Duration = Duration::from_millis(1);
-/// After an operation that may set `run_at = now` (SQLite keeps ms).
+/// The store's clock moves this much (the test clock) after an operation
+/// that may set `run_at = now` (SQLite keeps ms).
 const TICK: Duration = Duration::from_millis(3);
-/// After a 1 ms lease, before anything relies on it having lapsed.
+/// The store's clock moves this much after a 1 ms lease, before anything
+/// relies on it having lapsed.
 const LAPSE: Duration = Duration::from_millis(8);
 const QUEUES: [&str; 2] = ["q", "r"];
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
@@ -867,6 +869,8 @@ struct Real<'a> {
     /// Per lock, every granted token and its holder, in order.
     grants: Vec<Vec<(FencingToken, String)>>,
     holders: usize,
+    /// Moves the store's clock (the test clock) where time must pass.
+    clock: baton_testkit::clock::Mover,
 }
 
 fn err(what: &str, e: StoreError) -> String {
@@ -913,7 +917,7 @@ impl Real<'_> {
                     .task_insert_many(&tasks)
                     .await
                     .map_err(|e| err("enqueue", e))?;
-                tokio::time::sleep(TICK).await;
+                self.clock.advance(TICK).await;
                 let mut out = Vec::new();
                 for e in got {
                     let ix = match self.of_id.get(&e.id) {
@@ -972,7 +976,7 @@ impl Real<'_> {
                     })
                     .await
                     .map_err(|e| err("heartbeat", e))?;
-                tokio::time::sleep(LAPSE).await;
+                self.clock.advance(LAPSE).await;
                 Ans::Beats(got)
             }
             Step::Finish(c, f) => {
@@ -982,7 +986,7 @@ impl Real<'_> {
                     .await
                     .map(|r| r == [true])
                     .map_err(|e| err("finish", e))?;
-                tokio::time::sleep(TICK).await;
+                self.clock.advance(TICK).await;
                 Ans::Done(vec![ok])
             }
             Step::FinishMany(items) => {
@@ -995,7 +999,7 @@ impl Real<'_> {
                     .task_finish_many(&items)
                     .await
                     .map_err(|e| err("finish_many", e))?;
-                tokio::time::sleep(TICK).await;
+                self.clock.advance(TICK).await;
                 Ans::Done(ok)
             }
             Step::Progress(c) => Ans::Done(vec![b
@@ -1020,11 +1024,11 @@ impl Real<'_> {
                     Err(StoreError::Conflict(_)) => None,
                     Err(e) => return Err(err("retry", e)),
                 };
-                tokio::time::sleep(TICK).await;
+                self.clock.advance(TICK).await;
                 Ans::Retry(r)
             }
             Step::Prune => {
-                tokio::time::sleep(LAPSE).await;
+                self.clock.advance(LAPSE).await;
                 Ans::Pruned(
                     b.task_prune_many(Duration::ZERO)
                         .await
@@ -1093,7 +1097,7 @@ impl Real<'_> {
                         .is_some(),
                     None => false,
                 };
-                tokio::time::sleep(LAPSE).await;
+                self.clock.advance(LAPSE).await;
                 Ans::Done(vec![ok])
             }
         })
@@ -1251,6 +1255,7 @@ async fn replay(
         seen_claims: HashSet::new(),
         grants: vec![Vec::new(); LOCKS.len()],
         holders: 0,
+        clock: baton_testkit::clock::Mover::new(&ts).await,
     };
     let mut log = String::new();
     for (i, op) in ops.iter().enumerate() {

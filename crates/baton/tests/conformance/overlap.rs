@@ -13,6 +13,8 @@ use baton::store::{
 };
 use chrono::{DateTime, Utc};
 
+use baton_testkit::clock;
+
 use crate::TestStore;
 
 /// A job on a 1 s interval, registered; its first cursor.
@@ -98,15 +100,15 @@ fn skipped(a: Advanced) -> Enqueued {
 }
 
 /// The slots are in the future (1-4 s after registering): the first
-/// runs with `RunAt::At(slot)`; claim it once due.
+/// runs with `RunAt::At(slot)`; the store's clock is moved to it (the test
+/// clock) and it is claimed.
 async fn claim_first(ts: &TestStore, id: i64) -> Task {
-    for _ in 0..100 {
-        if let Some(t) = claim(ts).await.into_iter().find(|t| t.id == id) {
-            return t;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("task {id} never became claimable");
+    clock::advance_to(ts, state(ts, id).await.run_at).await;
+    claim(ts)
+        .await
+        .into_iter()
+        .find(|t| t.id == id)
+        .unwrap_or_else(|| panic!("task {id} not claimable at its run_at"))
 }
 
 pub async fn buffer_one_waits_for_the_running_run_and_keeps_one(ts: TestStore) {

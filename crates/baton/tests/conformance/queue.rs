@@ -61,19 +61,7 @@ fn fast_config(queue: &str, concurrency: usize) -> WorkerConfig {
 
 /// Wait until the task reaches `state` (or panic after `secs`).
 async fn wait_state(q: &Queue, id: i64, state: TaskState, secs: u64) -> baton::store::TaskInfo {
-    let t0 = Instant::now();
-    loop {
-        let t = q.task(id).await.unwrap().expect("task exists");
-        if t.state == state {
-            return t;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(secs),
-            "task {id} is {:?}, expected {state:?}: {t:?}",
-            t.state
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::task_state(q, id, state, Duration::from_secs(secs)).await
 }
 
 pub async fn claim_order_priority_run_at_id(ts: TestStore) {
@@ -132,7 +120,7 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
     };
     // Failed once with a retry: attempt 1 of 2, due after the others; its
     // next attempt is its last.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    clock::advance(&ts, Duration::from_millis(5)).await;
     let failed = Finish::Failed {
         error: "once".into(),
         retry_in: Some(Duration::ZERO),
@@ -794,15 +782,10 @@ pub async fn prefetched_tasks_heartbeated_handed_back_run_once(ts: TestStore) {
     let run = tokio::spawn(worker(runs.clone(), ts.open().await, N).run(stop.clone()));
     // Four handlers have started by about 3 s (0, 1, 2, 3 s): the last
     // buffered tasks have waited two leases by then.
-    let t0 = Instant::now();
-    while runs.lock().unwrap().len() < 4 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "stuck: {:?}",
-            runs.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    baton_testkit::wait::until_true(Duration::from_secs(20), "four handlers started", || async {
+        runs.lock().unwrap().len() >= 4
+    })
+    .await;
     stop.cancel();
     run.await.unwrap().unwrap();
     rescuing.cancel();
@@ -946,7 +929,7 @@ pub async fn inspect_list_stats_prune(ts: TestStore) {
     .await
     .map(|r| r == [true])
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    clock::advance(&ts, Duration::from_millis(30)).await;
     let st = q.stats().await.unwrap();
     assert_eq!(st.len(), 2);
     assert_eq!(
@@ -1121,18 +1104,14 @@ pub async fn worker_counters_count_outcomes(ts: TestStore) {
     wait_state(&q, ok, TaskState::Succeeded, 10).await;
     wait_state(&q, bad, TaskState::Failed, 10).await;
     // The counter is bumped right after the result is recorded.
-    let t0 = Instant::now();
-    let c = loop {
+    let c = baton_testkit::wait::until(Duration::from_secs(5), "two outcomes counted", || async {
         let c = counters
             .snapshot()
             .remove("default")
             .expect("queue registered");
-        if c.ended[&Outcome::Succeeded] + c.ended[&Outcome::Failed] == 2 {
-            break c;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "{c:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+        (c.ended[&Outcome::Succeeded] + c.ended[&Outcome::Failed] == 2).then_some(c)
+    })
+    .await;
     stop.cancel();
     run.await.unwrap().unwrap();
     assert_eq!(c.ended[&Outcome::Succeeded], 1, "{c:?}");

@@ -225,15 +225,8 @@ pub async fn workers_wait_for_the_next_allowed_start(ts: TestStore) {
     }
     let q = Queue::new(ts.store.clone());
     for id in &ids {
-        let deadline = started + Duration::from_secs(20);
-        loop {
-            let t = q.task(*id).await.unwrap().unwrap();
-            if t.state == TaskState::Succeeded {
-                break;
-            }
-            assert!(Instant::now() < deadline, "task {id} not run: {t:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        baton_testkit::wait::task_state(&q, *id, TaskState::Succeeded, Duration::from_secs(20))
+            .await;
     }
     let took = started.elapsed();
     stop.cancel();

@@ -417,31 +417,26 @@ pub async fn a_running_scheduler_follows_the_store_clock(ts: TestStore) {
         .await
         .unwrap()
     };
-    let t0 = std::time::Instant::now();
-    while !b
-        .job_list()
-        .await
-        .unwrap()
-        .iter()
-        .any(|j| j.name == "hourly")
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10), "never registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::until_true(Duration::from_secs(10), "job registered", || async {
+        b.job_list()
+            .await
+            .unwrap()
+            .iter()
+            .any(|j| j.name == "hourly")
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         tasks().await.is_empty(),
         "no slot before the store's clock reaches it"
     );
     clock::advance(&ts, Duration::from_secs(3_601)).await;
-    let t0 = std::time::Instant::now();
-    while tasks().await.is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "the slot the store's clock passed never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::until_true(
+        Duration::from_secs(5),
+        "the slot the store's clock passed ran",
+        || async { !tasks().await.is_empty() },
+    )
+    .await;
     stop.cancel();
     run.await.unwrap().unwrap();
     assert_eq!(tasks().await.len(), 1, "one slot, once");
@@ -660,7 +655,8 @@ pub async fn run_and_skip_records(ts: TestStore) {
     else {
         panic!("the second run is taken")
     };
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // Its 300 ms lease lapses by the store's clock.
+    clock::advance(&ts, Duration::from_millis(1_200)).await;
     b.task_rescue_many().await.unwrap();
     let info = b.task_get(e2.id).await.unwrap().unwrap();
     assert_eq!(info.state, TaskState::Failed);
@@ -754,9 +750,7 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
     let s1 = job.schedule.next_after(c0).unwrap();
     let (s2, s3) = (secs(s1, 1), secs(s1, 2));
     // Both s1 and s2 are due before anything is taken.
-    while ts.store.now().await.unwrap() < s2 + chrono::Duration::milliseconds(20) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    clock::advance_to(&ts, s2 + chrono::Duration::milliseconds(20)).await;
     let take = |expected, slot, task| JobAdvance {
         overlap: Overlap::Skip,
         due_only: true,
@@ -775,9 +769,7 @@ pub async fn task_created_after_the_slot_is_not_its_previous_run(ts: TestStore) 
         "s1's task was created after s2 fell due (one catch-up): {r:?}"
     );
     // s3 falls due after both tasks were created: they are its previous run.
-    while ts.store.now().await.unwrap() < s3 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    clock::advance_to(&ts, s3).await;
     let r = b.job_advance(&take(Some(s2), s3, &t3)).await.unwrap();
     assert!(matches!(r, Advanced::Skipped(_)), "{r:?}");
 }
@@ -798,14 +790,12 @@ pub async fn scheduler_joining_a_catch_up_runs_its_last_slot(ts: TestStore) {
         .unwrap();
     clock::advance(&ts, Duration::from_millis(2_000)).await;
     // Start just after a slot fell due, so the scheduler below plans before
-    // the next one (then the latest due slot is its only one).
-    let now = loop {
-        let now = ts.store.now().await.unwrap();
-        if now.timestamp_subsec_millis() % 500 < 100 {
-            break now;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    // the next one (then the latest due slot is its only one): the store's
+    // clock moved to 10 ms past the next 500 ms edge.
+    let now = ts.store.now().await.unwrap();
+    let to_edge = 500 - i64::from(now.timestamp_subsec_millis() % 500);
+    clock::advance_to(&ts, now + chrono::Duration::milliseconds(to_edge + 10)).await;
+    let now = ts.store.now().await.unwrap();
     let mut missed = Vec::new();
     let mut t = c0;
     while let Some(n) = job.schedule.next_after(t).filter(|n| *n <= now) {
@@ -1167,9 +1157,7 @@ pub async fn early_take_is_judged_by_the_store(ts: TestStore) {
     assert_eq!(tasks.len(), 1, "nothing recorded for s2: {tasks:?}");
     assert_eq!(tasks[0].state, TaskState::Pending);
     // At the slot (by the store's clock) the overlap rule applies: skipped.
-    while b.now().await.unwrap() < s2 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    clock::advance_to(&ts, s2).await;
     let Advanced::Skipped(skip) = b
         .job_advance(&early(Some(s1), s2, ms(-1_000), &t2))
         .await
@@ -1257,8 +1245,8 @@ pub async fn a_pruned_slot_is_never_run_again(ts: TestStore) {
     };
     assert!(b.slot_get(&job.slot_key(s1)).await.unwrap().is_none());
 
-    // Retention prunes both.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Retention prunes both (finished before the store's now).
+    clock::advance(&ts, Duration::from_millis(20)).await;
     assert!(b.task_prune_many(Duration::ZERO).await.unwrap() >= 2);
     assert!(b.task_get(first.id).await.unwrap().is_none());
     assert!(b.task_get(skipped.id).await.unwrap().is_none());

@@ -5,13 +5,15 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton::queue::{Backoff, Queue, TaskBuilder, TaskError, Worker, WorkerConfig};
 use baton::store::{Finish, TaskClaim, TaskState};
 use baton::Store;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+use baton_testkit::clock;
 
 use crate::TestStore;
 
@@ -84,7 +86,7 @@ pub async fn snoozed_task_is_pending_later_and_uncounted(ts: TestStore) {
     let wait = (info.run_at - ts.store.now().await.unwrap())
         .to_std()
         .unwrap_or_default();
-    tokio::time::sleep(wait + Duration::from_millis(50)).await;
+    clock::advance(&ts, wait + Duration::from_millis(50)).await;
     let again = claim(&ts.store, "default").await;
     assert_eq!(again.len(), 1, "due after the snooze");
     assert_eq!((again[0].id, again[0].attempt), (id, 1));
@@ -117,15 +119,7 @@ fn config() -> WorkerConfig {
 }
 
 async fn wait_state(q: &Queue, id: i64, state: TaskState) -> baton::store::TaskInfo {
-    let t0 = Instant::now();
-    loop {
-        let t = q.task(id).await.unwrap().expect("task exists");
-        if t.state == state {
-            return t;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "task {id}: {t:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::task_state(q, id, state, Duration::from_secs(15)).await
 }
 
 /// The worker half: a handler that snoozes twice on a one-attempt task

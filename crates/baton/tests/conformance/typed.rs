@@ -8,7 +8,6 @@ use std::time::Duration;
 use baton::queue::{InsertOpts, Queue, TaskArgs, TaskBuilder, TaskError, Worker, WorkerConfig};
 use baton::store::{TaskInfo, TaskState};
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::TestStore;
@@ -32,18 +31,15 @@ impl TaskArgs for Resize {
 }
 
 async fn wait_finished(q: &Queue, id: i64) -> TaskInfo {
-    let t0 = Instant::now();
-    loop {
-        let t = q.task(id).await.unwrap().expect("task exists");
-        if t.state.is_terminal() {
-            return t;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "task {id} unfinished: {t:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::wait::until(
+        Duration::from_secs(10),
+        &format!("task {id} finished"),
+        || async {
+            let t = q.task(id).await.unwrap().expect("task exists");
+            t.state.is_terminal().then_some(t)
+        },
+    )
+    .await
 }
 
 pub async fn typed_tasks_decode_or_fail_permanently(ts: TestStore) {

@@ -9,6 +9,8 @@ use baton::queue::{Queue, TaskBuilder, UniqueHold, UniqueKey, UniqueScope};
 use baton::store::{CancelOutcome, Enqueued, Finish, Task, TaskState};
 use serde_json::json;
 
+use baton_testkit::clock;
+
 use crate::harness::Kind;
 use crate::TestStore;
 
@@ -332,8 +334,8 @@ pub async fn until_failed_holds_through_success_only(ts: TestStore) {
     let dup = put(&q, hold("uf-cancel", "r")).await;
     assert_eq!((dup.id, dup.inserted), (running.id, false), "retried: held");
 
-    // A prune frees the succeeded task's key.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A prune frees the succeeded task's key (finished before now).
+    clock::advance(&ts, Duration::from_millis(20)).await;
     assert!(q.prune(Duration::ZERO).await.unwrap() > 0);
     assert!(b.task_get(done.id).await.unwrap().is_none());
     let fresh = put(&q, hold("uf-ok", "k")).await;

@@ -985,6 +985,45 @@ pub async fn schema_status_reports_the_recorded_version(ts: TestStore) {
     assert_eq!(st.found, None, "{st:?}");
 }
 
+/// Eight processes connecting to a new prefix at once all migrate it and
+/// agree on one schema (created once: each enqueues, and all eight tasks
+/// are there; the recorded version is the build's); a migration run
+/// again changes nothing.
+pub async fn concurrent_first_connects_migrate_once(ts: TestStore) {
+    use baton::queue::{Queue, TaskBuilder};
+    let fresh = match ts.kind {
+        Kind::Redis => format!("{}f:", ts.prefix),
+        _ => format!("{}f_", ts.prefix),
+    };
+    let mut connects = Vec::new();
+    for _ in 0..8 {
+        let (url, prefix) = (ts.url.clone(), fresh.clone());
+        connects.push(tokio::spawn(async move {
+            let opts = StoreOptions {
+                max_connections: 1,
+                ..StoreOptions::prefixed(prefix)
+            };
+            let s = Store::connect_with(&url, opts).await?;
+            Queue::new(s.clone())
+                .enqueue(TaskBuilder::new("k", serde_json::json!({})))
+                .await?;
+            Ok::<Store, baton::Error>(s)
+        }));
+    }
+    let mut stores = Vec::new();
+    for c in connects {
+        stores.push(c.await.unwrap().expect("a concurrent first connect"));
+    }
+    let s = &stores[0];
+    s.backend().migrate().await.unwrap();
+    let st = s.schema_status().await.unwrap();
+    assert_eq!(st.found, Some(st.expected), "{st:?}");
+    let stats = Queue::new(s.clone()).stats().await.unwrap();
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    assert_eq!(stats[0].pending, 8, "{stats:?}");
+    s.remove_schema().await.unwrap();
+}
+
 /// `Store::remove_schema` leaves nothing of the prefix — connecting again
 /// finds no version, and a new schema there is empty (no task, lock, job
 /// cursor or queue flag survived) — and nothing of a neighbouring prefix

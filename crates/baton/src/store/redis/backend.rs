@@ -83,19 +83,7 @@ impl Backend for RedisBackend {
                 .map_err(StoreError::from)
         })?;
         #[cfg(feature = "test-clock")]
-        let us = us + {
-            // The test clock's offset (see `scripts::test_clock`).
-            let key = self.key("test_clock");
-            let offset: Option<i64> = read_retry!({
-                let mut conn = self.conn.clone();
-                redis::cmd("GET")
-                    .arg(&key)
-                    .query_async::<Option<i64>>(&mut conn)
-                    .await
-                    .map_err(StoreError::from)
-            })?;
-            offset.unwrap_or(0)
-        };
+        let us = us + read_retry!(self.test_clock_offset().await.map_err(StoreError::from))?;
         from_ms(s * 1000 + us.div_euclid(1000))
     }
 
@@ -723,6 +711,10 @@ impl RedisBackend {
             .map(|(k, c)| (first + (k * ENQUEUE_CHUNK) as i64, c))
             .collect();
         let mut out = Vec::with_capacity(tasks.len());
+        // The test clock's argument, last in each script call (see
+        // `scripts::test_clock`; feature `test-clock`, tests only).
+        #[cfg(feature = "test-clock")]
+        let clock = self.test_clock_arg().await?;
         let mut conn = self.conn.clone();
         for group in chunks.chunks(ENQUEUE_PIPELINE) {
             let pipe = |load: bool| {
@@ -744,6 +736,8 @@ impl RedisBackend {
                     for t in *chunk {
                         push_task_args(&mut pipe, t)?;
                     }
+                    #[cfg(feature = "test-clock")]
+                    pipe.arg(&clock);
                 }
                 Ok::<_, StoreError>(pipe)
             };

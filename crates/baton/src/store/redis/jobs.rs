@@ -168,8 +168,7 @@ pub(super) async fn job_advance(
             .arg(OVERLAP_REPLACED)
             .arg(WAITING_RUN_AT_MS);
     }
-    let mut conn = b.conn.clone();
-    let reply: Result<(String, String, i64), redis::RedisError> = inv.invoke_async(&mut conn).await;
+    let reply: Result<(String, String, i64), redis::RedisError> = b.invoke(&mut inv).await;
     let (what, val, ins) = match reply {
         Ok(r) => r,
         Err(e) => {

@@ -399,8 +399,44 @@ impl RedisBackend {
         for a in args {
             inv.arg(a);
         }
+        Ok(self.invoke(&mut inv).await?)
+    }
+
+    /// Run a script invocation on the command connection: every script
+    /// call goes through here. With the feature `test-clock` (tests only)
+    /// the test clock's offset goes with it as its last argument (see
+    /// `scripts::test_clock`); without it this is the plain call.
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &mut redis::ScriptInvocation<'_>,
+    ) -> Result<T, redis::RedisError> {
+        #[cfg(feature = "test-clock")]
+        inv.arg(self.test_clock_arg().await?);
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        inv.invoke_async(&mut conn).await
+    }
+
+    /// The test clock's offset in µs (feature `test-clock`): the key
+    /// `P{baton}:test_clock`, 0 when missing. Read by the client, not by
+    /// the scripts, which on a cluster run on other shards than the key's.
+    #[cfg(feature = "test-clock")]
+    async fn test_clock_offset(&self) -> Result<i64, redis::RedisError> {
+        let mut conn = self.conn.clone();
+        let offset: Option<i64> = redis::cmd("GET")
+            .arg(self.key("test_clock"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(offset.unwrap_or(0))
+    }
+
+    /// The test clock's script argument: `baton-test-clock:<µs>`.
+    #[cfg(feature = "test-clock")]
+    async fn test_clock_arg(&self) -> Result<String, redis::RedisError> {
+        Ok(format!(
+            "{}{}",
+            scripts::TEST_CLOCK_MARK,
+            self.test_clock_offset().await?
+        ))
     }
 
     /// Every queue that ever had a task (`B queues`), sorted.
@@ -585,8 +621,7 @@ impl RedisBackend {
         for a in args {
             inv.arg(a);
         }
-        let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        Ok(self.invoke(&mut inv).await?)
     }
 
     /// Run a lock script on one lock key.
@@ -623,8 +658,7 @@ impl RedisBackend {
         for a in args {
             inv.arg(a);
         }
-        let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        Ok(self.invoke(&mut inv).await?)
     }
 
     /// The records of locks `names`: one script per lock (each lock has
@@ -643,12 +677,8 @@ impl RedisBackend {
 
     /// The record of lock `name`, if it has one baton wrote.
     async fn lock_record(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
-        let mut conn = self.conn.clone();
         let v: Vec<String> = self
-            .scripts
-            .lock_get
-            .key(self.lock_key(name))
-            .invoke_async(&mut conn)
+            .invoke(&mut self.scripts.lock_get.key(self.lock_key(name)))
             .await?;
         let now_ms = v
             .first()

@@ -414,8 +414,7 @@ async fn read_lock(
 ) -> Result<Option<Vec<String>>, StoreError> {
     let mut inv = b.scripts.lock_upgrade.key(key);
     inv.arg(if persist { "persist" } else { "read" });
-    let mut conn = b.conn.clone();
-    let v: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+    let v: Vec<redis::Value> = b.invoke(&mut inv).await?;
     let mine = v
         .first()
         .and_then(|x| redis::from_redis_value::<i64>(x).ok())

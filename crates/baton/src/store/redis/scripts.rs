@@ -85,10 +85,7 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
-        let (prelude, lock_prelude) = (
-            test_clock(PRELUDE, "ARGV[1]"),
-            test_clock(LOCK_PRELUDE, "KEYS[1]"),
-        );
+        let (prelude, lock_prelude) = (test_clock(PRELUDE), test_clock(LOCK_PRELUDE));
         let q = |body: &str| Script::new(&format!("{prelude}{body}"));
         let l = |body: &str| Script::new(&format!("{lock_prelude}{body}"));
         let enqueue_code = format!("{prelude}{ENQUEUE}");
@@ -132,29 +129,41 @@ impl Scripts {
 /// The prelude as it is: without the feature `test-clock` the scripts read
 /// the server's `TIME`, nothing else.
 #[cfg(not(feature = "test-clock"))]
-fn test_clock(prelude: &str, _base: &str) -> String {
+fn test_clock(prelude: &str) -> String {
     prelude.to_string()
 }
 
-/// The prelude with every `TIME` shifted by the test clock's offset
-/// (feature `test-clock`, tests only): µs in the key
-/// `<prefix>{baton}:test_clock`, the prefix read from `base` (a key or key
-/// base of the script, which holds `{baton`). In a Redis Cluster the queue
-/// scripts run on their queue's shard, where reading that key fails: they
-/// take no offset there (`redis.pcall`).
+/// What starts the test clock's argument, the last of every script call
+/// in a build with the feature `test-clock` (see [`test_clock`]).
 #[cfg(feature = "test-clock")]
-fn test_clock(prelude: &str, base: &str) -> String {
+pub(super) const TEST_CLOCK_MARK: &str = "baton-test-clock:";
+
+/// The prelude with every `TIME` shifted by the test clock's offset
+/// (feature `test-clock`, tests only). The client passes the offset (µs,
+/// read from `<prefix>{baton}:test_clock`) as every script's last
+/// argument, `baton-test-clock:<µs>` (`RedisBackend::invoke`); the
+/// prelude takes it off `ARGV` before the script reads its arguments, so
+/// the scripts walking `#ARGV` see theirs only. A script runs on its own
+/// shard of a Redis Cluster, where the key is not, so it could not read
+/// the offset itself. A call without the argument fails (it would
+/// otherwise eat a real one).
+#[cfg(feature = "test-clock")]
+fn test_clock(prelude: &str) -> String {
     let time = format!(
-        "local function baton_test_time()\n\
+        "local baton_test_offset = ARGV[#ARGV]\n\
+         if type(baton_test_offset) ~= 'string' or string.sub(baton_test_offset, 1, {n}) ~= '{TEST_CLOCK_MARK}' then\n\
+         \x20 return redis.error_reply('baton test clock: the offset argument is missing')\n\
+         end\n\
+         table.remove(ARGV)\n\
+         baton_test_offset = tonumber(string.sub(baton_test_offset, {m})) or 0\n\
+         local function baton_test_time()\n\
          \x20 local t = redis.call('TIME')\n\
-         \x20 local s = {base}\n\
-         \x20 local i = type(s) == 'string' and string.find(s, '{{baton', 1, true)\n\
-         \x20 local o = 0\n\
-         \x20 if i then o = tonumber(redis.pcall('GET', string.sub(s, 1, i - 1) .. '{{baton}}:test_clock')) or 0 end\n\
-         \x20 local us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + o\n\
+         \x20 local us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + baton_test_offset\n\
          \x20 local sec = math.floor(us / 1000000)\n\
          \x20 return {{sec, us - sec * 1000000}}\n\
-         end\n"
+         end\n",
+        n = TEST_CLOCK_MARK.len(),
+        m = TEST_CLOCK_MARK.len() + 1,
     );
     format!(
         "{time}{}",
