@@ -81,7 +81,7 @@ fn secs(t: DateTime<Utc>) -> f64 {
 }
 
 fn text(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// Run the scenario: `outage` makes the store unavailable and returns when

@@ -439,7 +439,7 @@ command = ["sh", "-c", "echo $BATON_SLOT >> ledger"]
     let mut missed = 0;
     while t + chrono::Duration::seconds(2) <= back {
         t += chrono::Duration::seconds(1);
-        let key = t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        let key = t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         assert_eq!(m.get(&key), Some(&1), "missed slot {key}: {m:?}");
         missed += 1;
     }
