@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub(crate) mod audit;
+mod bounded;
 mod claim_types;
 pub(crate) mod fair;
 mod identity;
@@ -79,6 +80,8 @@ mod wake;
 mod writable;
 
 pub use audit::{AuditAppend, AuditPage, AuditRecord, MAX_AUDIT_FIELD};
+pub use bounded::bounded;
+use bounded::Bounded;
 pub use claim_types::{RatedClaim, TaskClaim, TaskClaimRated};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub(crate) use key_policy::check_key_policy;
@@ -743,77 +746,6 @@ pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} ms out of range")))
 }
-
-/// Run a store call with a client-side deadline: a call that gets no answer
-/// within `limit` (a connection gone dark: no reply, no close) fails with
-/// the retryable [`StoreError::Unavailable`], saying it timed out.
-pub async fn bounded<T>(
-    limit: Duration,
-    what: &str,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(format!(
-            "{what} timed out after {} (no answer from the store)",
-            crate::format_duration(limit)
-        ))),
-    }
-}
-
-/// A backend whose every call has a client-side deadline (see
-/// [`StoreOptions::statement_timeout`]). [`Store::connect_with`] wraps each
-/// backend in one.
-struct Bounded {
-    inner: Arc<dyn Backend>,
-    limit: Duration,
-    /// Marked by every call that meets a read-only refusal.
-    writes: Arc<WriteWatch>,
-}
-
-impl Bounded {
-    /// After a call: a read-only refusal marks the store (logged once)
-    /// and recycles the pool's connections (see [`Backend::pool_recycle`]).
-    fn noted<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(e) = &r {
-            if e.is_read_only() {
-                self.writes.refused(self.inner.kind(), e);
-                self.inner.pool_recycle();
-            }
-        }
-        r
-    }
-}
-
-// Generated from the seam list, so every method is bounded the same way.
-macro_rules! bounded_backend {
-    ($($(#[$m:meta])* fn $name:ident($($arg:ident : $ty:ty),*) -> $out:ty;)*) => {
-        #[async_trait]
-        impl Backend for Bounded {
-            fn kind(&self) -> &'static str {
-                self.inner.kind()
-            }
-            fn pool_recycle(&self) {
-                self.inner.pool_recycle()
-            }
-            fn wakes_across_processes(&self) -> bool {
-                self.inner.wakes_across_processes()
-            }
-            $(
-                async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
-                    self.noted(bounded(
-                        self.limit,
-                        concat!("store call ", stringify!($name)),
-                        self.inner.$name($($arg),*),
-                    )
-                    .await)
-                }
-            )*
-        }
-    };
-}
-
-crate::seam_methods!(bounded_backend);
 
 #[cfg(test)]
 mod tests {
