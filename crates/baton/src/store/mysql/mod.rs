@@ -98,13 +98,19 @@ fn now_sql(prefix: &str) -> String {
 /// first statement that reads the clock.
 #[cfg(feature = "test-clock")]
 pub(crate) async fn create_test_clock(pool: &MySqlPool, prefix: &str) {
+    // One row, keyed, so processes connecting at once cannot each add one
+    // (the clock's subquery must see exactly one).
     let t = format!("`test_clock_{prefix}`");
-    let sql = format!(
-        "CREATE TABLE IF NOT EXISTS {t} (offset_us BIGINT NOT NULL); \
-         INSERT INTO {t} (offset_us) SELECT 0 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {t})"
-    );
-    if let Err(e) = sqlx::raw_sql(&sql).execute(pool).await {
-        tracing::debug!(error = %e, "creating the test clock's table");
+    for sql in [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} \
+             (id TINYINT NOT NULL PRIMARY KEY, offset_us BIGINT NOT NULL)"
+        ),
+        format!("INSERT IGNORE INTO {t} (id, offset_us) VALUES (1, 0)"),
+    ] {
+        if let Err(e) = sqlx::raw_sql(&sql).execute(pool).await {
+            tracing::debug!(error = %e, "creating the test clock's table");
+        }
     }
 }
 

@@ -276,13 +276,19 @@ mod test_clock {
     /// reads the clock.
     #[cfg(feature = "test-clock")]
     pub(super) async fn create(pool: &sqlx::PgPool, prefix: &str) {
+        // One row, keyed, so processes connecting at once cannot each add
+        // one (the clock's subquery must see exactly one).
         let t = format!("\"test_clock_{prefix}\"");
-        let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (offset_us int8 NOT NULL); \
-             INSERT INTO {t} (offset_us) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM {t})"
-        );
-        if let Err(e) = sqlx::raw_sql(&sql).execute(pool).await {
-            tracing::debug!(error = %e, "creating the test clock's table");
+        for sql in [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} \
+                 (id int2 PRIMARY KEY CHECK (id = 1), offset_us int8 NOT NULL)"
+            ),
+            format!("INSERT INTO {t} (id, offset_us) VALUES (1, 0) ON CONFLICT DO NOTHING"),
+        ] {
+            if let Err(e) = sqlx::raw_sql(&sql).execute(pool).await {
+                tracing::debug!(error = %e, "creating the test clock's table");
+            }
         }
     }
 }
