@@ -8,9 +8,6 @@ use baton::store::{AuditPage, AuditRecord};
 use crate::output::{self, Align, Table};
 use crate::{connect, StoreArg};
 
-/// The most records one `baton audit` page may hold.
-const MAX_AUDIT_PAGE: u32 = 10_000;
-
 /// Arguments of `baton audit`.
 #[derive(clap::Args, Debug)]
 pub struct AuditArgs {
@@ -20,7 +17,7 @@ pub struct AuditArgs {
     #[arg(long, value_name = "ID", value_parser = clap::value_parser!(i64).range(1..))]
     before: Option<i64>,
     /// At most this many records (1 to 10000).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=MAX_AUDIT_PAGE as i64))]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=crate::queue_cmd::MAX_LIMIT as i64))]
     limit: u32,
     /// Print a JSON array instead of a table.
     #[arg(long)]

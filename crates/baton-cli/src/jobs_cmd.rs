@@ -209,7 +209,7 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         let by = why.recorded_by();
         let note = pause_note(why, &by).map_err(Error::from)?;
         if schedule::set_paused_with(&store, job, paused, note).await? {
-            let who = why.by.clone().unwrap_or_else(crate::pause_args::default_by);
+            let who = why.who();
             let action = if paused { "jobs pause" } else { "jobs resume" };
             let target = format!("name={job}");
             crate::audit_cmd::record_cli(&store, Some(&who), action, &target, "done").await;

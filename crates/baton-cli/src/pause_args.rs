@@ -18,10 +18,14 @@ pub struct PauseNoteArgs {
 }
 
 impl PauseNoteArgs {
+    /// Who: `--by`, else [`default_by`].
+    pub fn who(&self) -> String {
+        self.by.clone().unwrap_or_else(default_by)
+    }
+
     /// The author as recorded: `NAME via cli`.
     pub fn recorded_by(&self) -> String {
-        let who = self.by.clone().unwrap_or_else(default_by);
-        format!("{who} via cli")
+        format!("{} via cli", self.who())
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn queues(a: QueuesArgs) -> anyhow::Result<u8> {
         q.resume_with(&queue, note).await?;
         outln!("queue {queue} resumed (by {by})");
     }
-    let who = why.by.clone().unwrap_or_else(crate::pause_args::default_by);
+    let who = why.who();
     let target = format!("name={queue}");
     crate::audit_cmd::record_cli(q.store(), Some(&who), action, &target, "done").await;
     Ok(0)

@@ -144,6 +144,9 @@ pub fn parse_tokens(text: &str) -> Result<Vec<Credential>, String> {
 #[derive(Debug)]
 struct TokenFile {
     path: PathBuf,
+    /// The fixed tokens' names, which the file may not use (the audit log
+    /// must tell the tokens apart).
+    taken: Vec<String>,
     state: Mutex<FileState>,
 }
 
@@ -158,10 +161,20 @@ struct FileState {
 const RECHECK: Duration = Duration::from_secs(1);
 
 impl TokenFile {
-    fn read(path: &Path) -> Result<(Option<SystemTime>, Vec<Credential>), String> {
+    fn read(
+        path: &Path,
+        taken: &[String],
+    ) -> Result<(Option<SystemTime>, Vec<Credential>), String> {
         let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let tokens = parse_tokens(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if let Some(c) = tokens.iter().find(|c| taken.contains(&c.name)) {
+            return Err(format!(
+                "{}: the name {:?} is the environment's or the config's token (BATON_ADMIN_TOKEN is \"admin\", BATON_ADMIN_READ_TOKEN \"read\"); give it another",
+                path.display(),
+                c.name
+            ));
+        }
         Ok((modified, tokens))
     }
 
@@ -174,7 +187,7 @@ impl TokenFile {
                 .and_then(|m| m.modified())
                 .ok();
             if modified != st.modified {
-                match TokenFile::read(&self.path) {
+                match TokenFile::read(&self.path, &self.taken) {
                     Ok((m, tokens)) => {
                         tracing::info!(file = %self.path.display(), tokens = tokens.len(), "admin tokens read again");
                         st.modified = m;
@@ -205,9 +218,11 @@ impl TokenSet {
     pub fn new(fixed: Vec<Credential>, file: Option<&Path>) -> Result<TokenSet, String> {
         let file = match file {
             Some(path) => {
-                let (modified, tokens) = TokenFile::read(path)?;
+                let taken: Vec<String> = fixed.iter().map(|c| c.name.clone()).collect();
+                let (modified, tokens) = TokenFile::read(path, &taken)?;
                 Some(TokenFile {
                     path: path.to_path_buf(),
+                    taken,
                     state: Mutex::new(FileState {
                         checked: Instant::now(),
                         modified,
@@ -313,6 +328,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(set.check("the-admin-secret").unwrap().name, "admin");
+        // A file token may not take a fixed token's name.
+        let twin = dir.join("twin");
+        std::fs::write(&twin, "admin operate another-secret-0001\n").unwrap();
+        let fixed = vec![Credential::new("admin", Role::Admin, "the-admin-secret")];
+        let e = TokenSet::new(fixed, Some(&twin)).unwrap_err();
+        assert!(e.contains("\"admin\" is the environment's"), "{e}");
         assert_eq!(set.check("alice-secret-0001").unwrap().role, Role::Operate);
         assert!(set.check("alice-secret-0002").is_none());
         assert!(set.check("").is_none());

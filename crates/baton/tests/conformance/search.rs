@@ -39,129 +39,39 @@ pub async fn search_by_kind_key_text_and_time(ts: TestStore) {
     let late = add(TaskBuilder::new("mail", json!({"to": "carol@example.com"})).queue("sb")).await;
 
     let f = TaskFilter::default;
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                kind: Some("mail".into()),
-                ..f()
-            }
-        )
-        .await,
-        [late, bob, alice]
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                kind: Some("sms".into()),
-                ..f()
-            }
-        )
-        .await,
-        [sms]
-    );
-    // The caller's key inside a scoped composite, exactly: not a prefix.
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                key: Some("order:7".into()),
-                ..f()
-            }
-        )
-        .await,
-        [bob]
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                key: Some("order:77".into()),
-                ..f()
-            }
-        )
-        .await,
-        [sms]
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                key: Some("order:".into()),
-                ..f()
-            }
-        )
-        .await,
-        Vec::<i64>::new()
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                key: Some("der:7".into()),
-                ..f()
-            }
-        )
-        .await,
-        Vec::<i64>::new()
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                key: Some("customer:42".into()),
-                ..f()
-            }
-        )
-        .await,
-        [sms]
-    );
-    // Payload text, taken literally (no pattern characters).
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                text: Some("alice@".into()),
-                ..f()
-            }
-        )
-        .await,
-        [sms, alice]
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                text: Some("0%".into()),
-                ..f()
-            }
-        )
-        .await,
-        [bob]
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                text: Some("%".into()),
-                ..f()
-            }
-        )
-        .await,
-        [bob]
-    );
-    assert_eq!(
-        ids(
-            &q,
-            TaskFilter {
-                text: Some("_".into()),
-                ..f()
-            }
-        )
-        .await,
-        Vec::<i64>::new()
-    );
+    let kind = |k: &str| TaskFilter {
+        kind: Some(k.into()),
+        ..f()
+    };
+    let key = |k: &str| TaskFilter {
+        key: Some(k.into()),
+        ..f()
+    };
+    let text = |t: &str| TaskFilter {
+        text: Some(t.into()),
+        ..f()
+    };
+    let none: &[i64] = &[];
+    for (what, filter, want) in [
+        ("kind mail", kind("mail"), &[late, bob, alice][..]),
+        ("kind sms", kind("sms"), &[sms]),
+        // The caller's key inside a scoped composite, exactly: not a
+        // prefix, not a tail of it.
+        ("key order:7", key("order:7"), &[bob]),
+        ("key order:77", key("order:77"), &[sms]),
+        ("key order:", key("order:"), none),
+        ("key der:7", key("der:7"), none),
+        ("concurrency key", key("customer:42"), &[sms]),
+        // Payload text, taken literally (no pattern characters).
+        ("text alice@", text("alice@"), &[sms, alice]),
+        ("text 0%", text("0%"), &[bob]),
+        ("text %", text("%"), &[bob]),
+        ("text _", text("_"), none),
+        // Case-sensitive, on every store.
+        ("text ALICE", text("ALICE"), none),
+    ] {
+        assert_eq!(ids(&q, filter).await, want, "{what}");
+    }
     // Combined with queue, and with state.
     let in_sa = TaskFilter {
         text: Some("alice".into()),
