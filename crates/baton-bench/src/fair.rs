@@ -38,21 +38,34 @@ pub(super) struct FairArgs {
     /// started).
     #[arg(long, default_value_t = 20)]
     pub(super) timeout: u64,
+    /// Cases to leave out (`empty`, `off`, `urgent`, `on`), e.g. `off`,
+    /// which waits out `--timeout` every repetition.
+    #[arg(long, value_delimiter = ',')]
+    pub(super) skip: Vec<String>,
     /// Tasks per `enqueue_many` call while pre-inserting.
     #[arg(long, default_value_t = 10_000)]
     pub(super) insert_batch: u64,
 }
 
-/// The three cases: `B` alone, behind the backlog in order, behind it fair.
-const CASES: [(&str, bool, bool); 3] = [
-    ("empty", false, false),
-    ("off", true, false),
-    ("on", true, true),
+/// A case: its name, whether `A`'s backlog is there, whether the queue is
+/// fair, and `B`'s priority.
+type Case = (&'static str, bool, bool, i32);
+
+/// The cases: `B` alone; behind the backlog in order; behind it with `B`
+/// urgent (priority -1, plain claims without prefetch, as a fair queue
+/// claims: each slot that frees goes to `B`, the floor of any scheduler
+/// while every slot is busy); behind it fair.
+const CASES: [Case; 4] = [
+    ("empty", false, false, 0),
+    ("off", true, false, 0),
+    ("urgent", true, false, -1),
+    ("on", true, true, 0),
 ];
 
 /// One case once: `B`'s start latencies (ms from its enqueue), sorted;
 /// fewer than `--small` when some did not start in time.
-async fn one(a: &FairArgs, ctx: &Ctx, queue: &str, backlog: bool, fair: bool) -> Result<Vec<f64>> {
+async fn one(a: &FairArgs, ctx: &Ctx, queue: &str, case: Case) -> Result<Vec<f64>> {
+    let (_, backlog, fair, priority) = case;
     let q = Queue::new(ctx.connect().await?);
     if backlog {
         let mut done = 0;
@@ -79,6 +92,8 @@ async fn one(a: &FairArgs, ctx: &Ctx, queue: &str, backlog: bool, fair: bool) ->
             .shutdown_grace(Duration::from_secs(2));
         if fair {
             cfg = cfg.fair(queue);
+        } else if priority < 0 {
+            cfg = cfg.prefetch(0);
         }
         let mut w = Worker::new(ctx.connect().await?, cfg)?;
         let pause = Duration::from_millis(a.task_ms);
@@ -105,6 +120,7 @@ async fn one(a: &FairArgs, ctx: &Ctx, queue: &str, backlog: bool, fair: bool) ->
             TaskBuilder::new("small", json!({ "i": i }))
                 .queue(queue)
                 .concurrency_key("B")
+                .priority(priority)
         })
         .collect();
     q.enqueue_many(small).await.context("enqueue_many")?;
@@ -144,22 +160,36 @@ pub(super) async fn fair_bench(a: FairArgs) -> Result<()> {
     // Per case: the median over the reps of B's median and last start.
     let mut out = Vec::new();
     let mut human = Vec::new();
-    for (name, backlog, fair) in CASES {
-        let (mut mids, mut lasts, mut missing) = (Vec::new(), Vec::new(), 0u64);
-        for rep in 0..a.reps {
-            let ms = one(&a, &ctx, &format!("fair-{name}-{rep}"), backlog, fair).await?;
-            missing += a.small - ms.len() as u64;
-            if ms.len() as u64 == a.small {
-                lasts.push(ms[ms.len() - 1]);
-            } else {
-                lasts.push(f64::INFINITY);
+    // The cases alternate within each repetition (side by side on a
+    // shared machine); per case, each rep's median and last start.
+    let mut runs: Vec<(Vec<f64>, Vec<f64>, u64)> = vec![Default::default(); CASES.len()];
+    let skip: Vec<&str> = a.skip.iter().map(String::as_str).collect();
+    for rep in 0..a.reps {
+        for (case, run) in CASES.iter().zip(runs.iter_mut()) {
+            if skip.contains(&case.0) {
+                continue;
             }
-            mids.push(ms.get(ms.len() / 2).copied().unwrap_or(f64::INFINITY));
+            let ms = one(&a, &ctx, &format!("fair-{}-{rep}", case.0), *case).await?;
+            run.2 += a.small - ms.len() as u64;
+            if ms.len() as u64 == a.small {
+                run.1.push(ms[ms.len() - 1]);
+            } else {
+                run.1.push(f64::INFINITY);
+            }
+            run.0
+                .push(ms.get(ms.len() / 2).copied().unwrap_or(f64::INFINITY));
         }
-        let (mid, last) = (median(mids), median(lasts));
+    }
+    for (case, (mids, lasts, missing)) in CASES.iter().zip(runs) {
+        let name = case.0;
+        if skip.contains(&name) {
+            continue;
+        }
+        let (mid, last) = (median(mids.clone()), median(lasts.clone()));
         out.push(json!({
             "case": name, "median_start_ms": round1(mid), "last_start_ms": round1(last),
-            "not_started": missing,
+            "not_started": missing, "rep_medians_ms": mids.iter().map(|x| round1(*x)).collect::<Vec<_>>(),
+            "rep_lasts_ms": lasts.iter().map(|x| round1(*x)).collect::<Vec<_>>(),
         }));
         let show = |x: f64| {
             if x.is_finite() {

@@ -129,6 +129,13 @@ impl Ctx {
                     .execute(&mut c)
                     .await?;
             }
+            // The fair claim's stored procedure (schema step 20 → 21).
+            sqlx::query(&format!(
+                "DROP PROCEDURE IF EXISTS `{}fair_claim`",
+                self.prefix
+            ))
+            .execute(&mut c)
+            .await?;
             return Ok(());
         }
         if self.url.starts_with("redis://") || self.url.starts_with("rediss://") {
@@ -148,6 +155,10 @@ impl Ctx {
                 .await?;
         }
         sqlx::query(&format!("DROP SEQUENCE IF EXISTS \"{p}tasks_id_seq\""))
+            .execute(&mut c)
+            .await?;
+        // The fair claim function (schema step 19 → 20).
+        sqlx::query(&format!("DROP FUNCTION IF EXISTS \"{p}fair_claim\""))
             .execute(&mut c)
             .await?;
         Ok(())
@@ -302,4 +313,26 @@ pub(super) async fn insert_keyed_jobs(
         done += k;
     }
     Ok(t0.elapsed().as_secs_f64())
+}
+
+/// This process's CPU time (user + system) so far in seconds, from
+/// `/proc/self/stat` (Linux; 10 ms ticks), or `None` elsewhere: a
+/// bench's client CPU is the difference across its measured phase.
+pub(super) fn cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command (which may hold spaces) in parentheses.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Client CPU µs per task across a phase that began at `cpu0` (from
+/// [`cpu_s`]) and finished `n` tasks; JSON null when unknown.
+pub(super) fn cpu_us_per_task(cpu0: Option<f64>, n: u64) -> Value {
+    match (cpu0, cpu_s()) {
+        (Some(a), Some(b)) if n > 0 => json!(round1((b - a) * 1e6 / n as f64)),
+        _ => Value::Null,
+    }
 }

@@ -77,6 +77,7 @@ pub(super) async fn lock_bench(a: LockArgs) -> Result<()> {
                                 name: &name,
                                 token,
                                 at_least: Duration::ZERO,
+                                record: false,
                             })
                             .await?
                         {

@@ -21,6 +21,8 @@ use serde_json::{json, Value};
 use sqlx::Connection;
 use tokio_util::sync::CancellationToken;
 
+mod ceiling;
+mod ceiling_redis;
 mod claim;
 mod fair;
 mod fleet;
@@ -66,6 +68,11 @@ enum Cmd {
     /// their start latency with fair claiming off and on, against the same
     /// tasks on an empty queue.
     FairLatency(fair::FairArgs),
+    /// The store's own ceiling for a no-op task's work (claim and finish
+    /// in batches with bare statements on baton's schema), to run beside
+    /// `queue-throughput` (PostgreSQL, MySQL, SQLite; Redis: baton's own
+    /// claim and finish scripts, pipelined).
+    Ceiling(ceiling::CeilingArgs),
 }
 
 fn main() -> Result<()> {
@@ -78,6 +85,7 @@ fn main() -> Result<()> {
         Cmd::SchedulePrecision(a) => &a.common,
         Cmd::Fleet(a) => &a.common,
         Cmd::FairLatency(a) => &a.common,
+        Cmd::Ceiling(a) => &a.common,
     };
     let rt = match common.runtime {
         Flavor::Multi => tokio::runtime::Builder::new_multi_thread(),
@@ -95,6 +103,7 @@ fn main() -> Result<()> {
             Cmd::SchedulePrecision(a) => precision_bench(a).await,
             Cmd::Fleet(a) => fleet::fleet_bench(a).await,
             Cmd::FairLatency(a) => fair::fair_bench(a).await,
+            Cmd::Ceiling(a) => ceiling::ceiling_bench(a).await,
         }
     })
 }

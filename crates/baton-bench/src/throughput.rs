@@ -58,6 +58,10 @@ pub(super) struct ThroughputArgs {
     /// (`WorkerConfig::per_key_max_running`; needs `--keys`).
     #[arg(long, requires = "keys")]
     pub(super) per_key_cap: Option<u32>,
+    /// Hold each key to this rate of starts, e.g. `1000/1s`
+    /// (`WorkerConfig::per_key_rate_limit`; needs `--keys`).
+    #[arg(long, requires = "keys")]
+    pub(super) per_key_rate: Option<baton::queue::RateLimit>,
     /// Claim fairly across the keys (`WorkerConfig::fair`).
     #[arg(long)]
     pub(super) fair: bool,
@@ -93,6 +97,9 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         if let Some(cap) = a.per_key_cap {
             cfg = cfg.per_key_max_running(queue.as_str(), cap);
         }
+        if let Some(rate) = a.per_key_rate {
+            cfg = cfg.per_key_rate_limit(queue.as_str(), rate);
+        }
         if a.fair {
             cfg = cfg.fair(queue.as_str());
         }
@@ -126,7 +133,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         workers.push(w);
     }
     let shutdown = CancellationToken::new();
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), cpu_s());
     let handles: Vec<_> = workers
         .into_iter()
         .map(|w| tokio::spawn(w.run(shutdown.clone())))
@@ -171,6 +178,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let drain_s = t0.elapsed().as_secs_f64();
+    let cpu = cpu_us_per_task(cpu0, a.jobs);
     shutdown.cancel();
     for h in handles {
         h.await.context("worker panicked")??;
@@ -183,9 +191,11 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "queues": queues.len(), "queue_names": queues, "cluster": ctx.url.contains("+cluster://"),
             "concurrency": a.concurrency, "pool": ctx.pool,
             "keys": a.keys, "per_key_cap": a.per_key_cap, "fair": a.fair,
+            "per_key_rate": a.per_key_rate.map(|r| r.to_string()),
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
             "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
+            "client_cpu_us_per_task": cpu,
             "delete_succeeded": ctx.delete_succeeded,
             "hold_slots": !used.free_slot_on_return_on(),
             "result_batches": used.result_batches(),
@@ -200,7 +210,11 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
                 (k, None) => format!(" ({k} keys, no cap)"),
                 (k, Some(c)) => format!(" ({k} keys, cap {c} per key)"),
             },
-            if a.fair { " fair" } else { "" },
+            match (a.fair, a.per_key_rate) {
+                (true, _) => " fair".to_string(),
+                (false, Some(r)) => format!(" rate {r} per key"),
+                (false, None) => String::new(),
+            },
             queues.len(),
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
             used.free_slot_on_return_on(), used.result_batches(),

@@ -16,6 +16,10 @@ pub const KIND: &str = "command";
 /// How much of a failed command's stderr is kept as the task's error.
 const TAIL: usize = 2000;
 
+/// How much of a failed command's stdout its error keeps (the last bytes),
+/// after the stderr tail.
+const STDOUT_TAIL: usize = 1000;
+
 /// The payload of a command task.
 pub fn payload(argv: &[String]) -> serde_json::Value {
     serde_json::json!({ "argv": argv })
@@ -153,7 +157,10 @@ pub async fn run_command(
     stop_by: Option<baton::lock::StopBy>,
 ) -> Result<(), TaskError> {
     let json = crate::output::json_logs();
-    let capture = if json {
+    // A task's stdout is read too (its tail goes into a failure's error)
+    // and written on to baton's stdout; other commands' stdout (`baton
+    // lock`, lock-mode runs) is theirs, passed through untouched.
+    let capture = if json || matches!(ran_for, RanFor::Task(_)) {
         child::Capture::Both
     } else {
         child::Capture::Stderr
@@ -176,8 +183,14 @@ pub async fn run_command(
         token,
     });
     let kept = Arc::new(Mutex::new(Vec::new()));
+    let kept_out = Arc::new(Mutex::new(Vec::new()));
     let mut tee = copy_output(proc.take_stderr(), Stream::Stderr, json, Some(kept.clone()));
-    let mut tee_out = copy_output(proc.take_stdout(), Stream::Stdout, json, None);
+    let mut tee_out = copy_output(
+        proc.take_stdout(),
+        Stream::Stdout,
+        json,
+        Some(kept_out.clone()),
+    );
     let status = tokio::select! {
         st = proc.wait() => st,
         g = stop => proc.stop(g).await,
@@ -193,17 +206,18 @@ pub async fn run_command(
         tee.abort();
         tee_out.abort();
     }
-    let kept = match kept.lock() {
+    let taken = |k: &Mutex<Vec<u8>>| match k.lock() {
         Ok(g) => g.clone(),
         Err(p) => p.into_inner().clone(),
     };
+    let (kept, kept_out) = (taken(&kept), taken(&kept_out));
     let code = i32::from(child::code_of(status));
     match ran_for {
         RanFor::Task(c) => c.set_exit_code(code),
         RanFor::Slot(r) => r.set_exit_code(code),
         RanFor::Nothing => {}
     }
-    outcome(status, kept)
+    outcome(status, kept, kept_out)
 }
 
 /// How long output is still copied after the command's tree is gone.
@@ -233,9 +247,9 @@ impl Stream {
 /// split by one. Under `--log-format json` each line becomes a log event
 /// of its own (target `baton::command`, field `stream`, in the task's
 /// span), so every line baton writes stays a JSON object; otherwise each
-/// line goes to baton's own stderr as it is (an unterminated last line
-/// gets its newline). A stderr reader keeps the tail (in `kept`) for the
-/// error message.
+/// line goes to baton's own stdout or stderr, as the command wrote it (an
+/// unterminated last line gets its newline). A reader given `kept` keeps the stream's tail
+/// there for the error message.
 fn copy_output(
     source: Option<impl tokio::io::AsyncRead + Unpin + Send + 'static>,
     stream: Stream,
@@ -280,11 +294,14 @@ async fn emit_line(stream: Stream, json: bool, line: &[u8]) {
         tracing::info!(target: "baton::command", stream = stream.name(), "{text}");
         return;
     }
-    let mut out = tokio::io::stderr();
-    let _ = if line.ends_with(b"\n") {
-        out.write_all(line).await
+    let whole = if line.ends_with(b"\n") {
+        std::borrow::Cow::Borrowed(line)
     } else {
-        out.write_all(&[line, b"\n"].concat()).await
+        std::borrow::Cow::Owned([line, b"\n"].concat())
+    };
+    let _ = match stream {
+        Stream::Stdout => tokio::io::stdout().write_all(&whole).await,
+        Stream::Stderr => tokio::io::stderr().write_all(&whole).await,
     };
 }
 
@@ -301,21 +318,40 @@ fn keep_tail(kept: &Mutex<Vec<u8>>, chunk: &[u8]) {
     }
 }
 
-/// Exit 0 is success; otherwise an error with the code and stderr's tail.
-fn outcome(status: std::process::ExitStatus, kept: Vec<u8>) -> Result<(), TaskError> {
+/// Exit 0 is success; otherwise an error with the code, stderr's tail
+/// (its last [`TAIL`] bytes) and, when the command wrote to stdout, a line
+/// `stdout: ` with its last [`STDOUT_TAIL`] bytes.
+fn outcome(
+    status: std::process::ExitStatus,
+    kept: Vec<u8>,
+    kept_out: Vec<u8>,
+) -> Result<(), TaskError> {
     if status.success() {
         return Ok(());
     }
-    let text = String::from_utf8_lossy(&kept);
+    let err = tail_text(&kept, TAIL);
+    let out = tail_text(&kept_out, STDOUT_TAIL);
+    let code = child::code_of(status);
+    let mut text = if err.is_empty() {
+        format!("exit {code}")
+    } else {
+        format!("exit {code}: {err}")
+    };
+    if !out.is_empty() {
+        text.push_str("\nstdout: ");
+        text.push_str(&out);
+    }
+    Err(TaskError::retry(text))
+}
+
+/// The last `max` bytes of `kept` as text (cut at a character boundary),
+/// trailing whitespace dropped.
+fn tail_text(kept: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(kept);
     let text = text.trim_end();
-    let start = text.len().saturating_sub(TAIL);
+    let start = text.len().saturating_sub(max);
     let start = (start..text.len())
         .find(|i| text.is_char_boundary(*i))
         .unwrap_or(text.len());
-    let code = child::code_of(status);
-    Err(TaskError::retry(if text.is_empty() {
-        format!("exit {code}")
-    } else {
-        format!("exit {code}: {}", &text[start..])
-    }))
+    text[start..].to_string()
 }

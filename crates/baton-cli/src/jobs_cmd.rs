@@ -8,6 +8,7 @@ use baton::Error;
 
 use crate::output::{self, Align, Table};
 use crate::pause_args::{pause_note, PauseNoteArgs};
+use crate::stored_jobs::Define;
 
 /// Arguments of `baton jobs`.
 #[derive(clap::Args, Debug)]
@@ -21,9 +22,40 @@ pub struct JobsArgs {
     pub json: bool,
 }
 
-/// `baton jobs pause|resume|show|next|backfill`.
+/// `baton jobs pause|resume|show|next|backfill|create|update|delete`.
 #[derive(clap::Subcommand, Debug)]
 pub enum JobsCmd {
+    /// Define a job in the store: every `baton serve`/`work` on the store
+    /// runs it within seconds (a config job of the same name gives way).
+    /// The fields are a `[[job]]` table's, as flags or `--file`; the
+    /// command after `--`.
+    Create {
+        /// The job's name.
+        job: String,
+        #[command(flatten)]
+        def: crate::stored_jobs::DefineArgs,
+    },
+    /// Replace a job's definition in the store (the whole of it), from its
+    /// next slot on. Refused unless --version is the version in the store,
+    /// so two operators cannot overwrite each other's change unseen.
+    Update {
+        /// The job's name.
+        job: String,
+        /// The version replaced (`baton jobs show JOB`).
+        #[arg(long)]
+        version: i64,
+        #[command(flatten)]
+        def: crate::stored_jobs::DefineArgs,
+    },
+    /// Delete a job's definition from the store: it stops everywhere
+    /// within seconds (a run in progress finishes).
+    Delete {
+        /// The job's name.
+        job: String,
+        /// Only if this is the version in the store.
+        #[arg(long)]
+        version: Option<i64>,
+    },
     /// Stop enqueueing a job's slots, cluster-wide.
     Pause {
         /// The job's name (as in the config file and `baton jobs`).
@@ -94,34 +126,37 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         baton::names::validate_name("JOB", job).map_err(Error::from)?;
     }
     if let Some(JobsCmd::Next { job, .. } | JobsCmd::Backfill { job, .. }) = &a.cmd {
-        let what = match &a.cmd {
-            Some(JobsCmd::Backfill { .. }) => "backfill",
-            _ => "next",
-        };
         baton::names::validate_name("JOB", job).map_err(Error::from)?;
-        if !cfg
-            .as_ref()
-            .is_some_and(|c| c.jobs.iter().any(|j| &j.name == job))
-        {
-            return Err(Error::from(baton::InvalidInput::new(
-                "JOB",
-                format!(
-                    "{job:?} is not a job of the config file{}; `baton jobs {what}` reads the \
-                     job's schedule from --config FILE (or env BATON_CONFIG)",
-                    if cfg.is_some() { "" } else { " (none given)" }
-                ),
-            ))
-            .into());
-        }
+    }
+    let write = match &a.cmd {
+        Some(JobsCmd::Create { job, def }) => Some((
+            job,
+            Define::Put {
+                args: def,
+                version: None,
+            },
+        )),
+        Some(JobsCmd::Update { job, version, def }) => Some((
+            job,
+            Define::Put {
+                args: def,
+                version: Some(*version),
+            },
+        )),
+        Some(JobsCmd::Delete { job, version }) => Some((job, Define::Delete { version: *version })),
+        _ => None,
+    };
+    if let Some((job, _)) = &write {
+        baton::names::validate_name("JOB", job).map_err(Error::from)?;
     }
     let store = crate::connect_resolved(&a.store.resolve(cfg.as_ref()), true)
         .await
         .context("connecting to the store")?;
+    if let Some((job, w)) = write {
+        return crate::stored_jobs::define(&store, job, w, a.json).await;
+    }
     if let Some(JobsCmd::Next { job, count }) = &a.cmd {
-        let j = cfg
-            .as_ref()
-            .and_then(|c| c.jobs.iter().find(|j| &j.name == job))
-            .context("the job vanished from the config")?;
+        let j = &job_named(&store, cfg.as_ref(), job, "next").await?;
         let now = store.now().await.map_err(Error::from)?;
         let lib = j.job();
         let fires = lib.next_fires(now, *count as usize);
@@ -174,10 +209,7 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         run_skipped,
     }) = &a.cmd
     {
-        let j = cfg
-            .as_ref()
-            .and_then(|c| c.jobs.iter().find(|j| &j.name == job))
-            .context("the job vanished from the config")?;
+        let j = &job_named(&store, cfg.as_ref(), job, "backfill").await?;
         let b = schedule::Backfill::new(*from, *to)
             .max(*max)
             .dry_run(*dry_run)
@@ -225,7 +257,15 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         return Ok(crate::EXIT_NOT_FOUND);
     }
     let now = store.now().await.map_err(Error::from)?;
-    let cfg_jobs = cfg.as_ref().map_or(&[][..], |c| &c.jobs[..]);
+    let own_jobs = cfg.as_ref().map_or(&[][..], |c| &c.jobs[..]);
+    // The store's definitions stand in for config jobs of the same name.
+    let defs = schedule::definitions::list(&store).await?;
+    let effective = crate::stored_jobs::effective_jobs(&defs, own_jobs);
+    let cfg_jobs = &effective[..];
+    let source = |s: &schedule::JobStatus| {
+        let registered = s.state.fingerprint.as_deref();
+        crate::stored_jobs::source_text(&s.state.name, &defs, own_jobs, registered)
+    };
     let mut statuses =
         crate::shapes::with_config_jobs(schedule::job_statuses(&store).await?, cfg_jobs);
     let cfg_of = |name: &str| cfg_jobs.iter().find(|j| j.name == name);
@@ -237,22 +277,31 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
         };
         let j = cfg_of(job);
         if a.json {
-            output::json(&crate::shapes::job(s, j, now))?;
+            output::json(&crate::stored_jobs::with_source(
+                crate::shapes::job(s, j, now),
+                &defs,
+                &source(s),
+            ))?;
         } else {
             print_show(s, j, now, cfg.is_some())?;
+            crate::outln!("{:<11}{}", "source:", source(s));
         }
         return Ok(0);
     }
     if a.json {
         let rows: Vec<_> = statuses
             .iter()
-            .map(|s| crate::shapes::job(s, cfg_of(&s.state.name), now))
+            .map(|s| {
+                let row = crate::shapes::job(s, cfg_of(&s.state.name), now);
+                crate::stored_jobs::with_source(row, &defs, &source(s))
+            })
             .collect();
         output::json(&serde_json::Value::Array(rows))?;
         return Ok(0);
     }
     let mut table = Table::new(&[
         ("JOB", Align::Left),
+        ("SOURCE", Align::Left),
         ("PAUSED", Align::Left),
         ("OVERLAP", Align::Left),
         ("MISFIRE", Align::Left),
@@ -273,6 +322,7 @@ pub async fn jobs(a: JobsArgs) -> anyhow::Result<u8> {
             .map_or_else(|| "-".to_string(), |o| o.to_string());
         table.row(vec![
             s.state.name.clone(),
+            source(&s),
             s.state.paused.to_string(),
             overlap,
             j.map_or_else(|| "-".to_string(), |j| j.misfire.to_string()),
@@ -429,4 +479,31 @@ fn print_backfill(
         }
     );
     Ok(())
+}
+
+/// The job `name` as `baton serve` runs it: the store's definition, else
+/// the config file's job; exit 2 naming `JOB` when neither has it.
+async fn job_named(
+    store: &baton::Store,
+    cfg: Option<&crate::config::Config>,
+    name: &str,
+    what: &str,
+) -> anyhow::Result<crate::config::JobConfig> {
+    let defs = schedule::definitions::list(store).await?;
+    let config = cfg.map(|c| c.jobs.as_slice()).unwrap_or_default();
+    crate::stored_jobs::effective_jobs(&defs, config)
+        .into_iter()
+        .find(|j| j.name == name)
+        .ok_or_else(|| {
+            Error::from(baton::InvalidInput::new(
+                "JOB",
+                format!(
+                    "{name:?} is not a job of the config file{} nor defined in the store; \
+                     `baton jobs {what}` reads the job's schedule from --config FILE (or env \
+                     BATON_CONFIG) or the store's definitions (`baton jobs create`)",
+                    if cfg.is_some() { "" } else { " (none given)" }
+                ),
+            ))
+            .into()
+        })
 }

@@ -20,6 +20,7 @@ mod queues_cmd;
 mod runtime;
 mod serve;
 mod shapes;
+mod stored_jobs;
 mod task_search;
 mod tasks_delete;
 mod tasks_view;

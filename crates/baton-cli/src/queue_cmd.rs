@@ -60,11 +60,18 @@ pub struct WorkArgs {
     /// counted [default: the config queue's `rate`, else none].
     #[arg(long, value_name = "[NAME=]N/PERIOD", value_parser = rate_arg)]
     pub rate: Option<(Option<String>, baton::queue::RateLimit)>,
+    /// Rate per concurrency key, per queue: at most N starts of one
+    /// `--concurrency-key` in any window of PERIOD of the store's clock,
+    /// across every `baton work`/`serve` that passes it (`10/1m`); a used-up
+    /// key's tasks wait pending, no attempt counted, while other keys'
+    /// run [default: the config queue's `per_key_rate`, else none].
+    #[arg(long, value_name = "N/PERIOD", value_parser = per_key_rate_arg)]
+    pub per_key_rate: Option<baton::queue::RateLimit>,
     /// Claim fairly across concurrency keys: each claim interleaves the
     /// keys with due tasks (the one with the fewest running first, ties
     /// round-robin), so one key's backlog does not hold back another key's
-    /// tasks; priority still wins. SQLite and PostgreSQL only [default:
-    /// the config queue's `fair`, else off].
+    /// tasks; priority still wins [default: the config queue's `fair`,
+    /// else off].
     #[arg(long)]
     pub fair: bool,
     /// Lease per attempt; heartbeats renew it every third of it (at least
@@ -110,6 +117,11 @@ fn lease_arg(s: &str) -> Result<Duration, String> {
 /// Parse `--rate`: `N/PERIOD` or `NAME=N/PERIOD`.
 fn rate_arg(s: &str) -> Result<(Option<String>, baton::queue::RateLimit), String> {
     baton::queue::RateLimit::parse_named("rate", s).map_err(|e| e.problem)
+}
+
+/// `--per-key-rate`: `N/PERIOD` (a rate per concurrency key has no name).
+fn per_key_rate_arg(s: &str) -> Result<baton::queue::RateLimit, String> {
+    baton::queue::RateLimit::parse("per_key_rate", s).map_err(|e| e.problem)
 }
 
 /// Parse `--poll`: a duration of at least 10ms.
@@ -162,6 +174,7 @@ fn work_queues(
                     .per_key_max_running
                     .or(from.and_then(|q| q.per_key_max_running)),
                 rate: a.rate.clone().or(from.and_then(|q| q.rate.clone())),
+                per_key_rate: a.per_key_rate.or(from.and_then(|q| q.per_key_rate)),
                 fair: a.fair || from.is_some_and(|q| q.fair),
                 name,
             }

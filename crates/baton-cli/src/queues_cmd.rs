@@ -1,5 +1,7 @@
 //! `baton queues`: list the queues (counts, paused, the last pause or
-//! resume with its note), pause or resume one cluster-wide with a note.
+//! resume with its note, the limits their workers declared), show the
+//! load of a queue's concurrency keys, pause or resume one cluster-wide
+//! with a note.
 
 use std::time::Duration;
 
@@ -41,6 +43,16 @@ pub enum QueuesCmd {
         #[command(flatten)]
         why: PauseNoteArgs,
     },
+    /// The load of the queue's concurrency keys: the busiest keys (most
+    /// running, then most pending) with their running and pending tasks,
+    /// against the queue's declared per-key cap.
+    Keys {
+        /// The queue's name.
+        queue: String,
+        /// How many keys to list (1 to 1000).
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
 }
 
 /// Run `baton queues …`: 0 done (also when the queue already was in that
@@ -52,6 +64,7 @@ pub async fn queues(a: QueuesArgs) -> anyhow::Result<u8> {
     let (queue, why, paused) = match cmd {
         QueuesCmd::Pause { queue, why } => (queue, why, true),
         QueuesCmd::Resume { queue, why } => (queue, why, false),
+        QueuesCmd::Keys { queue, limit } => return keys(&a.store, &queue, limit, a.json).await,
     };
     baton::names::validate_name("QUEUE", &queue).map_err(Error::from)?;
     let by = why.recorded_by();
@@ -103,6 +116,7 @@ pub fn print(stats: &[baton::store::QueueStats], json: bool) -> anyhow::Result<(
         ("CANCELLED", Align::Right),
         ("OLDEST_DUE", Align::Right),
         ("PAUSED", Align::Left),
+        ("LIMITS", Align::Left),
         ("PAUSE NOTE", Align::Left),
     ]);
     for s in stats {
@@ -119,9 +133,78 @@ pub fn print(stats: &[baton::store::QueueStats], json: bool) -> anyhow::Result<(
             s.cancelled.to_string(),
             age,
             if s.paused { "paused" } else { "-" }.into(),
+            s.limits
+                .as_ref()
+                .map(|d| d.limits.describe())
+                .unwrap_or_else(|| "-".into()),
             crate::shapes::pause_text(s.pause_change.as_ref()),
         ]);
     }
     t.print()?;
     Ok(())
+}
+
+/// `baton queues keys QUEUE`: a row a key, busiest first (under a rate
+/// per key also its starts in the window and its next allowed start),
+/// then the totals (exit 2 for a bad name or limit).
+async fn keys(store: &crate::StoreArg, queue: &str, limit: u32, json: bool) -> anyhow::Result<u8> {
+    let q = Queue::new(connect(store).await.context("connecting to the store")?);
+    let load = q.keys(queue, limit).await?;
+    if json {
+        output::json(&serde_json::to_value(&load)?)?;
+        return Ok(0);
+    }
+    let cap = load.per_key_max_running;
+    let mut cols = vec![
+        ("KEY", Align::Left),
+        ("RUNNING", Align::Right),
+        ("PENDING", Align::Right),
+        ("AT CAP", Align::Left),
+    ];
+    let rated = load.per_key_rate.is_some();
+    if rated {
+        cols.extend([("IN WINDOW", Align::Right), ("NEXT START", Align::Left)]);
+    }
+    let mut t = Table::new(&cols);
+    for k in &load.keys {
+        let at_cap = match cap {
+            Some(c) if k.running >= u64::from(c) => "yes",
+            Some(_) => "-",
+            None => "",
+        };
+        let mut row = vec![
+            k.key.clone(),
+            k.running.to_string(),
+            k.pending.to_string(),
+            at_cap.into(),
+        ];
+        if rated {
+            let (used, next) = crate::shapes::key_rate_text(k.rate.as_ref());
+            row.extend([used, next]);
+        }
+        t.row(row);
+    }
+    t.print()?;
+    let cap = cap.map_or_else(
+        || "no per-key cap declared".to_string(),
+        |c| format!("per-key cap {c}"),
+    );
+    let rate = match &load.per_key_rate {
+        Some(r) => format!(
+            "; rate per key {r}, {} listed key(s) held back by it",
+            load.keys_rate_held
+        ),
+        None => String::new(),
+    };
+    outln!(
+        "{} keys running, {} keys pending ({cap}{rate}){}",
+        load.keys_running,
+        load.keys_pending,
+        if load.truncated {
+            "; pending counted over the first 10000 pending tasks"
+        } else {
+            ""
+        }
+    );
+    Ok(0)
 }

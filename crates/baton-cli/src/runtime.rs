@@ -66,6 +66,9 @@ pub fn queue_workers(
         if q.fair {
             cfg = cfg.fair(q.name.clone());
         }
+        if let Some(limit) = q.per_key_rate {
+            cfg = cfg.per_key_rate_limit(q.name.clone(), limit);
+        }
         match &q.rate {
             Some((None, limit)) => cfg = cfg.rate_limit(q.name.clone(), *limit),
             Some((Some(name), limit)) => {

@@ -150,6 +150,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<u8> {
         }
     }
 
+    // Jobs defined in the store run too, in place of a config job of the
+    // same name (DESIGN.md D2).
+    scheduler.definitions(crate::stored_jobs::decoder(cfg.jobs.clone()));
+
     let mut tasks = tokio::task::JoinSet::new();
     let workers = runtime::queue_workers(
         &store,

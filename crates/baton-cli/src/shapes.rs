@@ -63,6 +63,41 @@ pub fn audit(records: &[baton::store::AuditRecord]) -> Result<Value, serde_json:
     Ok(v)
 }
 
+/// One bucket's counts with the averages a chart draws (`wait_avg_ms`,
+/// `run_avg_ms`; null without observations) and `finished` (succeeded +
+/// dead + cancelled: attempts that ended their task).
+fn counts(c: &baton::store::StatsCounts) -> Value {
+    let avg = |sum: i64, n: i64| (n > 0).then(|| sum / n);
+    json!({
+        "succeeded": c.succeeded, "failed": c.failed, "dead": c.dead,
+        "cancelled": c.cancelled, "finished": c.succeeded + c.dead + c.cancelled,
+        "started": c.wait_n, "wait_avg_ms": avg(c.wait_ms, c.wait_n),
+        "wait_max_ms": c.wait_max_ms, "ended": c.run_n,
+        "run_avg_ms": avg(c.run_ms, c.run_n), "run_max_ms": c.run_max_ms,
+    })
+}
+
+/// A rollup series (`GET /api/v1/stats/series`): `{range, step_secs, from,
+/// to, points: [{at, …counts}], totals, series: [{queue, kind, job,
+/// …counts}]}` (`job` null for tasks of no job), times in [`output::ts`]'s form.
+pub fn series(s: &baton::stats::Series) -> Value {
+    let with = |mut v: Value, extra: Value| {
+        if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+            m.extend(e);
+        }
+        v
+    };
+    json!({
+        "range": s.range.as_str(),
+        "step_secs": s.step_secs,
+        "from": output::ts(s.from),
+        "to": output::ts(s.to),
+        "points": s.points.iter().map(|p| with(counts(&p.counts), json!({"at": output::ts(p.at)}))).collect::<Vec<_>>(),
+        "totals": counts(&s.totals),
+        "series": s.series.iter().map(|t| with(counts(&t.counts), json!({"queue": t.queue, "kind": t.kind, "job": t.job}))).collect::<Vec<_>>(),
+    })
+}
+
 /// A decoded unique key: the caller's key, scope, args hash, period
 /// bucket, and `text` (what `tasks show` prints).
 pub fn unique(u: &baton::queue::UniqueKey) -> Value {
@@ -155,6 +190,15 @@ pub fn lock(l: &LockInfo) -> Value {
     })
 }
 
+/// A released lease (`GET /api/v1/locks/history`).
+pub fn lock_record(r: &baton::store::LockRecord) -> Value {
+    json!({
+        "name": r.name, "holder": r.holder, "token": r.token.0,
+        "acquired_at": output::ts(r.acquired_at), "released_at": output::ts(r.released_at),
+        "held_ms": (r.released_at - r.acquired_at).num_milliseconds(),
+    })
+}
+
 /// A job's next fire time after `now`, in the job's own time zone (with
 /// its offset) for cron jobs, UTC otherwise.
 pub fn next_fire(j: &JobConfig, now: DateTime<Utc>) -> Option<String> {
@@ -231,6 +275,18 @@ pub fn job(s: &JobStatus, cfg: Option<&JobConfig>, now: DateTime<Utc>) -> Value 
 pub fn queue(s: &baton::store::QueueStats) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or_default();
     v["pause_change"] = pause_change(s.pause_change.as_ref());
+    v["limits"] = limits(s.limits.as_ref());
+    v
+}
+
+/// A queue's declared limits: its fields, `summary` (as `baton queues`
+/// prints it), who declared them and when, or null.
+pub fn limits(d: Option<&baton::store::DeclaredLimits>) -> Value {
+    let Some(d) = d else { return Value::Null };
+    let mut v = serde_json::to_value(&d.limits).unwrap_or_default();
+    v["summary"] = d.limits.describe().into();
+    v["declared_by"] = d.by.clone().into();
+    v["declared_at"] = output::ts(d.at).into();
     v
 }
 
@@ -247,10 +303,24 @@ pub fn with_config_jobs(mut statuses: Vec<JobStatus>, jobs: &[JobConfig]) -> Vec
                     queue: Some(j.queue.clone()),
                     overlap: Some(j.overlap),
                     pause_change: None,
+                    fingerprint: None,
                 },
                 last_run: None,
             });
         }
     }
     statuses
+}
+
+/// A key's rate state as `baton queues keys` prints it: `used/max` starts
+/// in the window, and the next allowed start (`now` when it may start).
+pub fn key_rate_text(r: Option<&baton::store::KeyRateState>) -> (String, String) {
+    match r {
+        Some(r) => (
+            format!("{}/{}", r.started_in_window, r.max),
+            r.next_start_at
+                .map_or_else(|| "now".to_string(), output::ts),
+        ),
+        None => ("-".into(), "-".into()),
+    }
 }

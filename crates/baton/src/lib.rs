@@ -66,6 +66,7 @@ pub mod names;
 pub mod node;
 pub mod queue;
 pub mod schedule;
+pub mod stats;
 pub mod store;
 pub mod testing;
 mod timestamp;

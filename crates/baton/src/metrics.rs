@@ -267,6 +267,7 @@ async fn store_families(store: &Store) -> Result<Vec<Family>, crate::Error> {
             .iter()
             .map(|s| (vec![("queue", s.queue.as_str())], flag(s.paused))),
     );
+    key_families(&mut out, store, &stats).await?;
     gauge(
         &mut out,
         "baton_job_last_slot_timestamp_seconds",
@@ -322,6 +323,109 @@ async fn store_families(store: &Store) -> Result<Vec<Family>, crate::Error> {
     Ok(out.0)
 }
 
+/// The declared limits of each queue and, for the queues whose workers
+/// limit or interleave concurrency keys, how many keys have tasks running
+/// and pending and how many are at their cap (one `queue_keys` read a
+/// such queue; the keys at the cap counted among the 1000 busiest), and
+/// under a rate per key how many of those its rate holds back and the
+/// starts in the window of the (at most 10) keys with the most.
+async fn key_families(
+    out: &mut Families,
+    store: &Store,
+    stats: &[crate::store::QueueStats],
+) -> Result<(), crate::Error> {
+    let declared: Vec<_> = stats
+        .iter()
+        .filter_map(|s| Some((s.queue.as_str(), &s.limits.as_ref()?.limits)))
+        .collect();
+    gauge(
+        out,
+        "baton_queue_limit",
+        "A limit the queue's workers declared: max_running (whole queue) or per_key_max_running.",
+        declared.iter().flat_map(|(q, l)| {
+            [
+                ("max_running", l.max_running),
+                ("per_key_max_running", l.per_key_max_running),
+            ]
+            .into_iter()
+            .filter_map(move |(name, v)| {
+                Some((vec![("queue", *q), ("limit", name)], f64::from(v?)))
+            })
+        }),
+    );
+    // The declared cap is on the stats already: one `queue_keys` read a
+    // queue, not `Queue::keys` (which reads every declaration again).
+    let mut loads = Vec::new();
+    let mut now = None;
+    for (queue, l) in declared {
+        let rate = l
+            .per_key_rate
+            .as_deref()
+            .and_then(|r| crate::queue::RateLimit::parse("per_key_rate", r).ok());
+        if l.per_key_max_running.is_some() || l.fair || rate.is_some() {
+            let query = crate::store::QueueKeysQuery {
+                queue,
+                limit: crate::store::MAX_KEYS_PAGE,
+            };
+            let mut load = store.backend().queue_keys(&query).await?;
+            load.per_key_max_running = l.per_key_max_running;
+            if let Some(rate) = rate {
+                let at = match now {
+                    Some(at) => at,
+                    None => *now.insert(store.now().await?),
+                };
+                load.apply_rate(rate.max(), rate.per(), at);
+                load.per_key_rate = l.per_key_rate.clone();
+            }
+            loads.push(load);
+        }
+    }
+    gauge(
+        out,
+        "baton_queue_keys",
+        "Concurrency keys of the queue with tasks running or pending (queues with a per-key cap or fair claiming).",
+        loads.iter().flat_map(|k| {
+            [("running", k.keys_running), ("pending", k.keys_pending)]
+                .map(|(state, n)| (vec![("queue", k.queue.as_str()), ("state", state)], n as f64))
+        }),
+    );
+    gauge(
+        out,
+        "baton_queue_keys_at_cap",
+        "Concurrency keys of the queue running as many tasks as the per-key cap allows.",
+        loads.iter().filter_map(|k| {
+            let cap = u64::from(k.per_key_max_running?);
+            let n = k.keys.iter().filter(|x| x.running >= cap).count();
+            Some((vec![("queue", k.queue.as_str())], n as f64))
+        }),
+    );
+    let rated = || loads.iter().filter(|k| k.per_key_rate.is_some());
+    gauge(
+        out,
+        "baton_queue_keys_rate_held",
+        "Concurrency keys of the queue whose rate per key holds their next start back now (among the 1000 busiest).",
+        rated().map(|k| (vec![("queue", k.queue.as_str())], k.keys_rate_held as f64)),
+    );
+    gauge(
+        out,
+        "baton_queue_key_rate_starts",
+        "Starts in the current window of the queue's rate per key, for the keys with the most (at most 10 a queue).",
+        rated().flat_map(|k| {
+            let mut top: Vec<_> = k
+                .keys
+                .iter()
+                .filter_map(|x| Some((x.key.as_str(), x.rate?.started_in_window)))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            top.truncate(10);
+            top.into_iter()
+                .map(move |(key, n)| (vec![("queue", k.queue.as_str()), ("key", key)], f64::from(n)))
+        }),
+    );
+    Ok(())
+}
+
 /// This process's own metrics: its workers' counters, summed per queue,
 /// and what it knows of its store without asking it.
 fn worker_families(out: &mut Families, store: &Store, workers: &[WorkerCounters]) {
@@ -340,6 +444,7 @@ fn worker_families(out: &mut Families, store: &Store, workers: &[WorkerCounters]
             m.claim_latency.merge(&c.claim_latency);
             m.run_duration.merge(&c.run_duration);
             m.slot_lag.merge(&c.slot_lag);
+            m.trigger_lag.merge(&c.trigger_lag);
             m.lease_losses += c.lease_losses;
         }
         let t = w.totals();
@@ -391,8 +496,14 @@ fn worker_families(out: &mut Families, store: &Store, workers: &[WorkerCounters]
     histogram(
         out,
         "baton_worker_slot_lag_seconds",
-        "Scheduled tasks: from the task's due time (its slot plus jitter, or its trigger or retry) to the claim that started the attempt (store time), by queue.",
+        "Scheduled tasks the scheduler ran on time: from the task's due time (its slot plus jitter, or its retry) to the claim that started the attempt (store time), by queue.",
         mine.iter().map(|(q, c)| (q.as_str(), &c.slot_lag)),
+    );
+    histogram(
+        out,
+        "baton_worker_slot_trigger_lag_seconds",
+        "Scheduled tasks run by a trigger or backfill (due before their slot or over an hour after it): from the due time to the claim that started the attempt (store time), by queue.",
+        mine.iter().map(|(q, c)| (q.as_str(), &c.trigger_lag)),
     );
     counter(
         out,

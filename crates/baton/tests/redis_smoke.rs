@@ -218,6 +218,7 @@ async fn foreign_value_at_a_lock_key_is_held_by_something_else() {
                 name,
                 token: FencingToken(0),
                 at_least: Duration::ZERO,
+                record: false,
             })
             .await
             .unwrap();
@@ -420,7 +421,8 @@ async fn private_server_restart() {
         .lock_release(&baton::store::LockRelease {
             name: "daemon-runner",
             token: t1,
-            at_least: Duration::ZERO
+            at_least: Duration::ZERO,
+            record: false,
         })
         .await
         .unwrap());
@@ -463,7 +465,8 @@ async fn private_server_restart() {
         .lock_release(&baton::store::LockRelease {
             name: "daemon-runner",
             token: t2,
-            at_least: Duration::ZERO
+            at_least: Duration::ZERO,
+            record: false,
         })
         .await
         .unwrap());

@@ -98,6 +98,17 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
         .expect("enqueue")
         .id;
 
+    // A trigger of a slot three hours old: due when enqueued, so its lag
+    // is its own wait, kept apart from the on-time runs' slot lag.
+    let old_slot = chrono::Utc::now() - chrono::Duration::hours(3);
+    q.enqueue(
+        TaskBuilder::new("greet", serde_json::json!({}))
+            .queue("q")
+            .slot("nightly", old_slot),
+    )
+    .await
+    .expect("enqueue");
+
     let cfg = WorkerConfig::default()
         .queue("q", 2)
         .poll_interval(Duration::from_millis(50));
@@ -117,7 +128,7 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
     loop {
         let c = counters.snapshot();
         let ended: u64 = c.get("q").map_or(0, |c| c.ended.values().sum());
-        if ended == 2 {
+        if ended == 3 {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "tasks did not end");
@@ -125,6 +136,37 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
     }
     stop.cancel();
     run.await.expect("join").expect("worker");
+
+    // The worker's last flush (at shutdown) put every attempt in the
+    // store's rollup: per kind and job, the hour's totals (the slot task
+    // of job `nightly` apart from the plain `greet` task).
+    let hour = baton::stats::series(&store, baton::stats::Range::Hour, &Default::default())
+        .await
+        .expect("series");
+    type Row<'a> = (&'a str, Option<&'a str>, i64, i64, i64, i64);
+    let by_kind: Vec<Row<'_>> = hour
+        .series
+        .iter()
+        .map(|t| {
+            (
+                t.kind.as_str(),
+                t.job.as_deref(),
+                t.counts.succeeded,
+                t.counts.failed,
+                t.counts.dead,
+                t.counts.wait_n,
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_kind,
+        [
+            ("fail", Some("nightly"), 0, 1, 1, 1),
+            ("greet", None, 1, 0, 0, 1),
+            ("greet", Some("nightly"), 1, 0, 0, 1)
+        ]
+    );
+    assert!(hour.totals.wait_max_ms >= 1900, "{:?}", hour.totals);
 
     let seen = capture.0.lock().unwrap();
     let span_of = |id: i64| -> &(String, Fields) {
@@ -201,10 +243,12 @@ async fn each_attempt_runs_in_a_task_span_with_its_fields() {
     // enqueue; the lag counts from the due time, not the slot).
     let c = counters.snapshot()["q"].clone();
     assert!(c.claim_latency.count >= 1, "{:?}", c.claim_latency);
-    assert_eq!(c.run_duration.count, 2, "{:?}", c.run_duration);
+    assert_eq!(c.run_duration.count, 3, "{:?}", c.run_duration);
     assert_eq!(c.slot_lag.count, 1, "{:?}", c.slot_lag);
     assert!(c.slot_lag.sum >= 1.9, "{:?}", c.slot_lag);
+    assert_eq!(c.trigger_lag.count, 1, "{:?}", c.trigger_lag);
+    assert!(c.trigger_lag.sum < 60.0, "{:?}", c.trigger_lag);
     assert_eq!(c.lease_losses, 0);
     let cum = c.run_duration.cumulative();
-    assert_eq!(cum.last().map(|x| x.1), Some(2));
+    assert_eq!(cum.last().map(|x| x.1), Some(3));
 }

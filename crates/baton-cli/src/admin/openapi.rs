@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::routing::{delete, get, post, MethodRouter};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 
@@ -113,6 +113,47 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
                 "Jobs: schedule, overlap and misfire policies, pause flag with the last pause or resume (pause_change: note, by, at), last slot, next fire and the next 3 fire times in the job's zone, last run and outcome (as `baton jobs --json`).",
             ),
             get(api::jobs),
+        )
+        .add(
+            RouteDoc {
+                body: &[
+                    ("name", "string", "the job's name"),
+                    ("definition", "object", "a [[job]] table's fields (every or cron, tz, command, queue, overlap, misfire, max_attempts, timeout, jitter, priority, start_at, end_at, catch_up_window, grace, max_catch_up), without name; durable mode, command only"),
+                    ("by", "string", "who, as the caller says; recorded with the credential"),
+                ],
+                ..r(
+                    "post",
+                    "/api/v1/jobs",
+                    "Define a job in the store (version 1): every baton serve on the store runs it within seconds, in place of a config job of the same name. 409 when the name is defined already; 400 naming the field of a bad definition.",
+                )
+            },
+            post(api::job_create),
+        )
+        .add(
+            RouteDoc {
+                body: &[
+                    ("version", "integer", "the version replaced (GET /api/v1/jobs shows it)"),
+                    ("definition", "object", "the whole new definition, as for POST /api/v1/jobs"),
+                    ("by", "string", "who, as the caller says"),
+                ],
+                ..r(
+                    "put",
+                    "/api/v1/jobs/{name}",
+                    "Replace a job's definition in the store, from its next slot on (its cursor kept). 409 with the live version when version is not it; 404 when the store defines no such job.",
+                )
+            },
+            put(api::job_update),
+        )
+        .add(
+            RouteDoc {
+                query: &[("version", "only if this is the live version (409 otherwise)")],
+                ..r(
+                    "delete",
+                    "/api/v1/jobs/{name}",
+                    "Delete a job's definition from the store (admin): it stops everywhere within seconds, a run in progress finishes. 404 when the store defines no such job.",
+                )
+            },
+            delete(api::job_delete),
         )
         .add(
             RouteDoc {
@@ -316,7 +357,7 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             r(
                 "get",
                 "/api/v1/queues",
-                "Per queue: counts by state, oldest due pending age, paused flag with the last pause or resume (pause_change: note, by, at), tasks finished over the last hour.",
+                "Per queue: counts by state, oldest due pending age, paused flag with the last pause or resume (pause_change: note, by, at), the limits its workers declared (limits: max_running, per_key_max_running, rate, rate_name, per_key_rate, fair, summary, declared_by, declared_at; or null), tasks finished over the last hour.",
             ),
             get(api::queues),
         )
@@ -343,12 +384,39 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
             post(api::queue_resume),
         )
         .add(
+            RouteDoc {
+                query: &[("limit", "how many keys, 1 to 1000 (default 50)")],
+                ..r(
+                    "get",
+                    "/api/v1/queues/{name}/keys",
+                    "The load of the queue's concurrency keys: {queue, keys: [{key, running, pending, recent_starts?, rate?: {started_in_window, max, per_ms, next_start_at}}] busiest first, keys_running, keys_pending, truncated?, per_key_max_running, per_key_rate, keys_rate_held}. Under a rate per key (per_key_rate, e.g. 10/1m) each listed key's rate says its starts in the current window against max and when its next start is allowed (null: now); keys_rate_held counts the listed keys held back; start logs are read for the listed keys only.",
+                )
+            },
+            get(api::queue_keys),
+        )
+        .add(
             r(
                 "get",
                 "/api/v1/queues/history",
                 "The last hour of queue samples (pending, running, finished), every 30 s.",
             ),
             get(api::queue_history),
+        )
+        .add(
+            RouteDoc {
+                query: &[
+                    ("range", "1h (by minute, the default), 1d (by 15 minutes) or 1w (by hour)"),
+                    ("queue", "only this queue"),
+                    ("kind", "only this task kind"),
+                    ("job", "only this schedule job's tasks, whichever way it was defined (config, library or `baton jobs create`; a stored job's tasks have kind command)"),
+                ],
+                ..r(
+                    "get",
+                    "/api/v1/stats/series",
+                    "Throughput, failures and latency over the range from the store's rollup (the same on every instance, across restarts; workers add their counts every 10 s): {range, step_secs, from, to, points: [{at, succeeded, failed, dead, cancelled, finished, started, wait_avg_ms, wait_max_ms, ended, run_avg_ms, run_max_ms}], totals, series: [{queue, kind, job, …}]} (job null for tasks of no job). failed counts failed attempts, dead those that left their task failed; wait is due time to start, run is start to end.",
+                )
+            },
+            get(api::stats_series),
         )
         .add(
             RouteDoc {
@@ -367,6 +435,20 @@ pub fn routes() -> (Router<Arc<State>>, Vec<RouteDoc>) {
         .add(
             r("get", "/api/v1/locks", "Locks: holder, token, expiry (as `baton locks --json`)."),
             get(api::locks),
+        )
+        .add(
+            RouteDoc {
+                query: &[
+                    ("name", "only this lock"),
+                    ("limit", "at most this many, 1 to 1000 (default 50)"),
+                ],
+                ..r(
+                    "get",
+                    "/api/v1/locks/history",
+                    "Released leases, newest first, as {records: [{name, holder, token, acquired_at, released_at, held_ms}]}: who held which lock with which token, from the grant to the release (store time). Kept a day and at most 100 a lock; a lease that lapsed or was revoked has no release and no record.",
+                )
+            },
+            get(api::lock_history),
         )
         .add(
             RouteDoc {
@@ -404,7 +486,7 @@ pub fn document(docs: &[RouteDoc]) -> Value {
             })
             .collect();
         params.extend(d.query.iter().map(|(n, desc)| {
-            json!({"name": n, "in": "query", "required": false, "description": desc, "schema": {"type": if *n == "before" || *n == "limit" {"integer"} else {"string"}}})
+            json!({"name": n, "in": "query", "required": false, "description": desc, "schema": {"type": if *n == "before" || *n == "limit" || *n == "version" {"integer"} else {"string"}}})
         }));
         let mut op = json!({
             "summary": d.summary,

@@ -9,7 +9,13 @@ use baton::store::TaskInfo;
 use super::history::Record;
 
 /// The invariants checked, in report order.
-pub const INVARIANTS: [&str; 9] = ["L1", "L2", "T1", "T2", "T3", "T4", "T5", "T6", "S1"];
+///
+/// T8 is T6 per concurrency key (`--per-key-rate`): no key of the
+/// workload's queue has more than N `started_at` in any window `[t, t +
+/// P)` of the store's clock (`super::key_rate`).
+pub const INVARIANTS: [&str; 11] = [
+    "L1", "L2", "T1", "T2", "T3", "T4", "T5", "T6", "T8", "S1", "S2",
+];
 
 /// What a run asked of its workload's queue beyond the fixed invariants:
 /// the per-key cap (T5) and the rate limit (T6) the checker holds the
@@ -22,6 +28,12 @@ pub struct Limits {
     pub per_key_max_running: Option<u32>,
     /// At most N starts in any window of length P of the store's clock.
     pub rate: Option<RateLimit>,
+    /// At most N starts of one concurrency key in any window of length P.
+    pub per_key_rate: Option<RateLimit>,
+    /// Durable jobs whose overlap policy lets no two runs overlap (S2:
+    /// `skip`, `buffer_one`, `buffer_all`, `cancel_other`,
+    /// `terminate_other`).
+    pub exclusive_jobs: BTreeSet<String>,
 }
 
 /// What the checker found.
@@ -38,7 +50,7 @@ pub struct Report {
 }
 
 impl Report {
-    fn violation(&mut self, inv: &'static str, example: String) {
+    pub(super) fn violation(&mut self, inv: &'static str, example: String) {
         let e = self.violations.entry(inv).or_default();
         e.0 += 1;
         if e.1.len() < 3 {
@@ -46,7 +58,7 @@ impl Report {
         }
     }
 
-    fn op(&mut self, what: &str, n: u64) {
+    pub(super) fn op(&mut self, what: &str, n: u64) {
         *self.ops.entry(what.to_string()).or_default() += n;
     }
 
@@ -248,12 +260,7 @@ pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report 
             e.end = Some(killed.unwrap_or(e.begin));
         }
     }
-    let paused = |e: &Effect| {
-        let end = e.end.unwrap_or(e.begin);
-        pauses
-            .get(&e.proc)
-            .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && e.begin <= b))
-    };
+    let paused = |e: &Effect| frozen(e, &pauses);
     for e in &effects {
         r.op(&format!("effects: {}", e.kind), 1);
         if paused(e) {
@@ -439,6 +446,12 @@ pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report 
             r.unchecked.insert("T6", "no --rate");
         }
     }
+    match limits.per_key_rate {
+        Some(rate) => super::key_rate::per_key_rate(&mut r, tasks, &limits.queue, rate),
+        None => {
+            r.unchecked.insert("T8", "no --per-key-rate");
+        }
+    }
 
     // S1: each (job, slot) is enqueued at most once (one task; lock mode:
     // one run record), and runs as one task / one lock-mode run.
@@ -480,7 +493,78 @@ pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report 
             r.violation("S1", format!("{job} slot {slot} ran as {who:?}"));
         }
     }
+    job_overlap(&mut r, &effects, tasks, &limits.exclusive_jobs, &pauses);
     r
+}
+
+/// Whether `e`'s instance was paused (frozen with its commands, past its
+/// lease: its late writes are fenced) at some time while `e` ran.
+fn frozen(e: &Effect, pauses: &HashMap<String, Vec<(i64, i64)>>) -> bool {
+    let end = e.end.unwrap_or(e.begin);
+    pauses
+        .get(&e.proc)
+        .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && e.begin <= b))
+}
+
+/// S2: no two runs of a job whose overlap policy forbids it are ever under
+/// way at once — a slot that waits (`buffer_one`) starts after the running
+/// one ended, one that stops it (`cancel_other`) after it stopped — where
+/// the earlier run is the later one's *previous run* by S1's catch-up rule
+/// (its task existed before the later slot was due: a catch-up's tasks,
+/// created after the slots they run were due, are not each other's), and
+/// except an instance frozen past its lease (as T2).
+fn job_overlap(
+    r: &mut Report,
+    effects: &[Effect],
+    tasks: &[TaskInfo],
+    jobs: &BTreeSet<String>,
+    pauses: &HashMap<String, Vec<(i64, i64)>>,
+) {
+    if jobs.is_empty() {
+        r.unchecked
+            .insert("S2", "no job with an exclusive overlap policy");
+        return;
+    }
+    // Each run's task: (its slot, when it was created), store time, µs.
+    let of: HashMap<i64, (i64, i64)> = tasks
+        .iter()
+        .filter_map(|t| {
+            let slot = t.slot?.timestamp_micros();
+            Some((t.id, (slot, t.created_at.timestamp_micros())))
+        })
+        .collect();
+    let previous = |a: &Effect, b: &Effect| {
+        let (Some(&x), Some(&y)) = (
+            a.task.and_then(|t| of.get(&t)),
+            b.task.and_then(|t| of.get(&t)),
+        ) else {
+            // A task the store no longer holds: held to the rule.
+            return true;
+        };
+        let ((slot, created), later) = if x.0 <= y.0 { (x, y.0) } else { (y, x.0) };
+        slot < later && created < later
+    };
+    let paused = |e: &Effect| frozen(e, pauses);
+    for job in jobs {
+        let list: Vec<&Effect> = effects
+            .iter()
+            .filter(|e| e.kind == "job" && &e.name == job)
+            .collect();
+        r.op(&format!("S2: runs of {job}"), list.len() as u64);
+        for (a, b) in overlaps(list) {
+            if a.task == b.task {
+                continue;
+            }
+            if previous(a, b) && !paused(a) && !paused(b) {
+                r.violation(
+                    "S2",
+                    format!("{job}: {} overlaps {}", a.describe(), b.describe()),
+                );
+            } else {
+                r.op("S2: catch-up or frozen runs overlapping", 1);
+            }
+        }
+    }
 }
 
 /// T5: at no instant more than `cap` tasks of one concurrency key running.
@@ -561,15 +645,37 @@ fn per_key_cap(
 /// task's last start: a subset of the starts, and N + 1 of them within P
 /// is a violation whatever the rest were.
 fn rate_limit(r: &mut Report, tasks: &[TaskInfo], queue: &str, rate: RateLimit) {
-    let p = i64::try_from(rate.per().as_micros()).unwrap_or(i64::MAX);
-    let n = rate.max() as usize;
-    let mut starts: Vec<(i64, i64)> = tasks
+    let starts: Vec<(i64, i64)> = tasks
         .iter()
         .filter(|t| t.queue == queue)
         .filter_map(|t| Some((t.started_at?.timestamp_micros(), t.id)))
         .collect();
-    starts.sort_unstable();
     r.op("T6: starts (latest per task)", starts.len() as u64);
+    let (most, over) = crowded(starts, rate);
+    r.op("T6: most starts in one period", most as u64);
+    for (t, ids) in over {
+        r.violation(
+            "T6",
+            format!(
+                "queue {queue:?}: {} starts in [{}, +{}), limit {rate}: tasks {ids:?}",
+                ids.len(),
+                at(t),
+                baton::format_duration(rate.per())
+            ),
+        );
+    }
+}
+
+/// The starts `(µs, task id)` against `rate`: the most in one window of
+/// its period, and each window `[t, t + P)` beginning at a start that
+/// holds more than N of them (t and the tasks in it).
+pub(super) fn crowded(
+    mut starts: Vec<(i64, i64)>,
+    rate: RateLimit,
+) -> (usize, Vec<(i64, Vec<i64>)>) {
+    let p = i64::try_from(rate.per().as_micros()).unwrap_or(i64::MAX);
+    let n = rate.max() as usize;
+    starts.sort_unstable();
     let (mut most, mut lo) = (0, 0);
     for hi in 0..starts.len() {
         while starts[hi].0 - starts[lo].0 >= p {
@@ -577,7 +683,7 @@ fn rate_limit(r: &mut Report, tasks: &[TaskInfo], queue: &str, rate: RateLimit) 
         }
         most = most.max(hi - lo + 1);
     }
-    r.op("T6: most starts in one period", most as u64);
+    let mut over = Vec::new();
     for (i, w) in starts.windows(n + 1).enumerate() {
         let t = w[0].0;
         if w[n].0 - t < p {
@@ -586,21 +692,14 @@ fn rate_limit(r: &mut Report, tasks: &[TaskInfo], queue: &str, rate: RateLimit) 
                 .take_while(|s| s.0 - t < p)
                 .map(|s| s.1)
                 .collect();
-            r.violation(
-                "T6",
-                format!(
-                    "queue {queue:?}: {} starts in [{}, +{}), limit {rate}: tasks {ids:?}",
-                    ids.len(),
-                    at(t),
-                    baton::format_duration(rate.per())
-                ),
-            );
+            over.push((t, ids));
         }
     }
+    (most, over)
 }
 
 /// A history or store time (µs since the epoch) as RFC 3339.
-fn at(us: i64) -> String {
+pub(super) fn at(us: i64) -> String {
     chrono::DateTime::from_timestamp_micros(us).map_or_else(
         || format!("{us}µs"),
         |t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
@@ -655,6 +754,95 @@ mod tests {
             t,
             ..Default::default()
         }
+    }
+
+    /// S2: two runs of an exclusive job (different slots' tasks) under way
+    /// at once are a violation; back to back they are not, nor are two
+    /// runs of a job that allows overlap, nor attempts of one task (T2's).
+    #[test]
+    fn overlapping_runs_of_an_exclusive_job_are_an_s2_violation() {
+        let run = |effect: &str, job: &str, task: i64, t: i64| Record {
+            name: job.into(),
+            slot: format!("slot-{task}"),
+            ..begin(effect, "job", Some(task), t)
+        };
+        let limits = Limits {
+            exclusive_jobs: ["buffered".to_string()].into(),
+            ..Limits::default()
+        };
+        let s2 = |h: &[Record]| {
+            super::check(h, &[], &limits)
+                .violations
+                .get("S2")
+                .map(|v| v.0)
+        };
+        // Back to back: the second starts when the first ended.
+        let ok = vec![
+            run("a", "buffered", 1, 0),
+            end("a", 100),
+            run("b", "buffered", 2, 100),
+            end("b", 200),
+        ];
+        assert_eq!(s2(&ok), None);
+        // The second starts while the first runs.
+        let bad = vec![
+            run("a", "buffered", 1, 0),
+            run("b", "buffered", 2, 50),
+            end("a", 100),
+            end("b", 200),
+        ];
+        assert_eq!(
+            s2(&bad),
+            Some(1),
+            "{}",
+            super::check(&bad, &[], &limits).table()
+        );
+        // The same under a job that allows overlap: not S2's.
+        let allowed: Vec<Record> = bad
+            .iter()
+            .map(|r| Record {
+                name: if r.op == "begin" {
+                    "free".into()
+                } else {
+                    r.name.clone()
+                },
+                ..r.clone()
+            })
+            .collect();
+        assert_eq!(s2(&allowed), None);
+        // Two tasks of a catch-up (the earlier created once the later slot
+        // was due) are not each other's previous run: their overlap is
+        // allowed; created before it, it is not.
+        let slot_task = |id: i64, slot_ms: i64, created_ms: i64| {
+            let at = |ms: i64| {
+                chrono::DateTime::from_timestamp_millis(ms)
+                    .unwrap()
+                    .to_rfc3339()
+            };
+            let mut t = super::limits::task(id, None, slot_ms);
+            t.slot = chrono::DateTime::from_timestamp_millis(slot_ms);
+            t.created_at = chrono::DateTime::parse_from_rfc3339(&at(created_ms))
+                .unwrap()
+                .into();
+            t
+        };
+        let with = |tasks: &[TaskInfo]| {
+            super::check(&bad, tasks, &limits)
+                .violations
+                .get("S2")
+                .map(|v| v.0)
+        };
+        assert_eq!(
+            with(&[slot_task(1, 1000, 2500), slot_task(2, 2000, 2500)]),
+            None
+        );
+        assert_eq!(
+            with(&[slot_task(1, 1000, 900), slot_task(2, 2000, 1900)]),
+            Some(1)
+        );
+        // Without exclusive jobs the invariant is reported unexercised.
+        let r = check(&ok, &[]);
+        assert!(r.unchecked.contains_key("S2"), "{}", r.table());
     }
 
     #[test]
@@ -866,11 +1054,11 @@ mod tests {
 }
 
 #[cfg(test)]
-mod limits {
+pub(super) mod limits {
     use super::*;
 
     /// A succeeded task of the workload queue as the store lists it.
-    fn task(id: i64, key: Option<&str>, started_ms: i64) -> TaskInfo {
+    pub(in crate::chaos) fn task(id: i64, key: Option<&str>, started_ms: i64) -> TaskInfo {
         let at = |ms: i64| {
             chrono::DateTime::from_timestamp_millis(ms)
                 .unwrap()
@@ -911,6 +1099,7 @@ mod limits {
             queue: "chaos".into(),
             per_key_max_running: Some(c),
             rate: None,
+            ..Limits::default()
         }
     }
 
@@ -998,6 +1187,7 @@ mod limits {
             queue: "chaos".into(),
             per_key_max_running: None,
             rate: Some(RateLimit::new(n, std::time::Duration::from_secs(1)).unwrap()),
+            ..Limits::default()
         };
         // Starts at 0, 400, 999 ms: 3 in [0, 1 s).
         let tasks = [task(1, None, 0), task(2, None, 400), task(3, None, 999)];

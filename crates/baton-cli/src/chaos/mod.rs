@@ -1,15 +1,17 @@
 //! `baton chaos`: a Jepsen-style verifier users run against their own
 //! store. A workload of `baton` processes (workers, schedulers, lock
-//! loops) runs command tasks, a durable job, a lock-mode job and a
+//! loops) runs command tasks, durable jobs (two whose runs outlast their
+//! interval, under `buffer_one` and `cancel_other`), a lock-mode job and a
 //! contended lock whose commands record their effects in an append-only
 //! history ([`history`]) and write a fenced register; a seeded nemesis
 //! kills, freezes and cuts them off from the store; the checker
 //! ([`check`]) then reads the history and the store and counts violations
-//! of L1, L2, T1–T4 and S1, and with `--per-key-max-running` / `--rate`
+//! of L1, L2, T1–T4, S1 and S2, and with `--per-key-max-running` / `--rate`
 //! (the workers then run with that cap and limit) of T5 and T6.
 
 pub mod check;
 pub mod history;
+mod key_rate;
 mod nemesis;
 mod run;
 mod sentinel;
@@ -39,6 +41,9 @@ use workload::*;
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 /// The queue of the workload's tasks and the durable job.
 const QUEUE: &str = "chaos";
+/// The workload's durable jobs whose overlap policy lets no two runs
+/// overlap (every policy but `allow`): S2 holds their effects to it.
+pub(super) const EXCLUSIVE_JOBS: [&str; 3] = ["chaos-durable", "chaos-buffer", "chaos-cancel"];
 /// The contended lock's name.
 const LOCK: &str = "chaos-lock";
 /// Every fault kind, in the order `--faults` documents.
@@ -97,10 +102,16 @@ pub struct ChaosArgs {
     /// window of PERIOD of the store's clock, checked as T6.
     #[arg(long, value_name = "N/PERIOD", value_parser = rate_arg)]
     rate: Option<baton::queue::RateLimit>,
+    /// Run the workers with a rate per concurrency key (the run's
+    /// `[[queue]] per_key_rate`, e.g. `2/1s`): at most N starts of one key
+    /// in any window of PERIOD of the store's clock, checked as T8. Needs
+    /// --keys.
+    #[arg(long, value_name = "N/PERIOD", requires = "keys", value_parser = per_key_rate_arg)]
+    per_key_rate: Option<baton::queue::RateLimit>,
     /// Turn off fencing and compare-and-set in the workload (the register
     /// takes any token, lock loops skip the lock, tasks and jobs run twice,
     /// keys are not unique, and the workers run without the
-    /// --per-key-max-running cap and --rate limit the checker still holds
+    /// --per-key-max-running cap, --rate limit and --per-key-rate the checker still holds
     /// them to): the checker must report violations.
     #[arg(long = "unsafe")]
     unsafe_: bool,
@@ -118,6 +129,11 @@ pub struct ChaosArgs {
 /// Parse `--rate`: `N/PERIOD`, the workload queue's own limit.
 fn rate_arg(s: &str) -> Result<baton::queue::RateLimit, String> {
     baton::queue::RateLimit::parse("--rate", s).map_err(|e| e.problem)
+}
+
+/// Parse `--per-key-rate`: `N/PERIOD`.
+fn per_key_rate_arg(s: &str) -> Result<baton::queue::RateLimit, String> {
+    baton::queue::RateLimit::parse("--per-key-rate", s).map_err(|e| e.problem)
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -259,6 +275,8 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
         queue: QUEUE.to_string(),
         per_key_max_running: a.per_key_max_running,
         rate: a.rate,
+        per_key_rate: a.per_key_rate,
+        exclusive_jobs: EXCLUSIVE_JOBS.iter().map(|j| j.to_string()).collect(),
     };
     let mut shape = String::new();
     if let Some(k) = a.keys {
@@ -269,6 +287,9 @@ pub async fn chaos(a: ChaosArgs) -> anyhow::Result<u8> {
     }
     if let Some(r) = a.rate {
         shape += &format!(", rate {r}");
+    }
+    if let Some(r) = a.per_key_rate {
+        shape += &format!(", rate {r} per key");
     }
     crate::outln!(
         "baton chaos: {kind} store{}, prefix {prefix}, seed {}, {} of faults ({}), {} workers, {} schedulers{shape}{}; history in {}",
@@ -484,8 +505,11 @@ fn faults_of(a: &ChaosArgs) -> anyhow::Result<Vec<String>> {
 }
 
 /// The generated config: the workload's queue (with the run's per-key cap
-/// and rate limit, unless `--unsafe`), a 1-second durable job and a
-/// lock-mode job, both recording effects.
+/// and rate limit, unless `--unsafe`), 1-second durable jobs — one of
+/// short runs (overlap `skip`), two whose runs outlast the interval
+/// (`buffer_one`, `cancel_other`: S2) — and a lock-mode job, all
+/// recording effects. [`EXCLUSIVE_JOBS`] names the jobs whose runs must
+/// never overlap.
 fn config_text(run: &Run, limits: &check::Limits) -> String {
     let q = |s: String| serde_json::Value::String(s).to_string();
     let mut caps = String::new();
@@ -495,6 +519,9 @@ fn config_text(run: &Run, limits: &check::Limits) -> String {
         }
         if let Some(r) = limits.rate {
             caps += &format!("rate = {}\n", q(r.to_string()));
+        }
+        if let Some(r) = limits.per_key_rate {
+            caps += &format!("per_key_rate = {}\n", q(r.to_string()));
         }
     }
     format!(
@@ -512,6 +539,24 @@ max_attempts = 5
 command = ["sh", "-c", {durable}]
 
 [[job]]
+name = "chaos-buffer"
+every = "1s"
+mode = "durable"
+queue = "{QUEUE}"
+overlap = "{buffer_policy}"
+max_attempts = 5
+command = ["sh", "-c", {buffer}]
+
+[[job]]
+name = "chaos-cancel"
+every = "1s"
+mode = "durable"
+queue = "{QUEUE}"
+overlap = "{cancel_policy}"
+max_attempts = 5
+command = ["sh", "-c", {cancel}]
+
+[[job]]
 name = "chaos-lockjob"
 every = "2s"
 mode = "lock"
@@ -520,6 +565,14 @@ command = ["sh", "-c", {lockjob}]
 "#,
         durable = q(run.wrapper("job", "chaos-durable", 300)),
         lockjob = q(run.wrapper("lockjob", "chaos-lockjob", 300)),
+        // Runs longer than the interval: the next slot waits for the
+        // running one (buffer_one) or stops it first (cancel_other).
+        buffer = q(run.wrapper("job", "chaos-buffer", 1500)),
+        cancel = q(run.wrapper("job", "chaos-cancel", 1500)),
+        // `--unsafe` lets the runs overlap; the checker still holds them
+        // to S2.
+        buffer_policy = if run.unsafe_ { "allow" } else { "buffer_one" },
+        cancel_policy = if run.unsafe_ { "allow" } else { "cancel_other" },
     )
 }
 

@@ -24,13 +24,15 @@ pub enum Action {
     },
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHttp {
+    #[serde(skip_serializing_if = "Option::is_none")]
     method: Option<String>,
     url: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     headers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     body: Option<String>,
 }
 

@@ -7,7 +7,7 @@ use baton::schedule::spec::{Misfire, Schedule, DEFAULT_MAX_CATCH_UP};
 use baton::schedule::Job;
 use baton::store::{Overlap, OVERLAP_FORMS};
 use baton::InvalidInput;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::actions::{self, Action, RawHttp};
 use super::{
@@ -54,6 +54,11 @@ pub struct JobConfig {
     /// Lock mode only: run, then wait this long (ShedLock's `fixedDelay`)
     /// instead of firing at the schedule's slots.
     pub fixed_delay: Option<Duration>,
+    /// The `[[job]]` table as written, without its name, as JSON: the
+    /// form a definition kept in the store has (`baton jobs create`), so
+    /// a config job and the store's definition of it compare as equal
+    /// when they say the same.
+    pub doc: serde_json::Value,
 }
 
 impl JobConfig {
@@ -73,6 +78,7 @@ impl JobConfig {
         job.start_at = self.start_at;
         job.catch_up_window = self.catch_up_window;
         job.end_at = self.end_at;
+        job.definition = Some(self.doc.clone());
         if let Mode::Lock { at_most, at_least } = self.mode {
             job = job.lock_mode(at_most, at_least);
             job.fixed_delay = self.fixed_delay;
@@ -95,37 +101,58 @@ pub enum Mode {
     },
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum RawMode {
     Durable,
     Lock,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawJob {
     pub(super) name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     tz: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     every: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     fixed_delay: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     command: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     http: Option<RawHttp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     mode: Option<RawMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     at_most: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     at_least: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     misfire: Option<Misfire>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     max_catch_up: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     grace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     overlap: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     max_attempts: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     jitter: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     priority: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     start_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     end_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     catch_up_window: Option<String>,
 }
 
@@ -160,6 +187,7 @@ fn quartz_hint(owner: &str, expr: &str) -> Result<(), ConfigError> {
 }
 
 pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigError> {
+    let doc = doc_of(&j);
     let input = |e: InvalidInput| ConfigError::from_input(owner, e);
 
     let mut fixed_delay = None;
@@ -379,5 +407,53 @@ pub(super) fn validate_job(owner: &str, j: RawJob) -> Result<JobConfig, ConfigEr
         end_at,
         priority,
         fixed_delay,
+        doc,
     })
+}
+
+/// A `[[job]]` table as JSON, without its name (the store keys it).
+fn doc_of(j: &RawJob) -> serde_json::Value {
+    let mut doc = serde_json::to_value(j).unwrap_or_default();
+    if let Some(o) = doc.as_object_mut() {
+        o.remove("name");
+    }
+    doc
+}
+
+/// A job definition kept in the store (the `[[job]]` table's fields, as
+/// JSON, without `name`), validated as the config file's `[[job]]` is:
+/// one form for both, so they cannot drift. An error names the field.
+pub fn job_from_doc(name: &str, doc: &serde_json::Value) -> Result<JobConfig, InvalidInput> {
+    parse_doc(name, doc).map_err(|e| match e.kind {
+        ConfigErrorKind::Invalid { field, problem, .. } => {
+            InvalidInput::new(field.unwrap_or_else(|| "definition".into()), problem)
+        }
+        ConfigErrorKind::Syntax(m) => InvalidInput::new("definition", m),
+        ConfigErrorKind::Io(e) => InvalidInput::new("definition", e.to_string()),
+    })
+}
+
+fn parse_doc(name: &str, doc: &serde_json::Value) -> Result<JobConfig, ConfigError> {
+    let owner = format!("job {name:?}");
+    let Some(fields) = doc.as_object() else {
+        return Err(ConfigError::invalid(
+            &owner,
+            None,
+            "is not a table of fields; give the [[job]] table's fields (e.g. every = \"5m\", \
+             command = [\"true\"])",
+        ));
+    };
+    if fields.contains_key("name") {
+        return Err(ConfigError::invalid(
+            &owner,
+            Some("name"),
+            "is given by the job's name, not in its definition; leave it out",
+        ));
+    }
+    let mut fields = fields.clone();
+    fields.insert("name".into(), name.into());
+    let raw: RawJob = serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| ConfigError::invalid(&owner, None, e.to_string()))?;
+    super::check_name(&owner, name)?;
+    validate_job(&owner, raw)
 }

@@ -14,6 +14,7 @@
 //! # max_running = 5                  # cluster-wide cap, all instances together
 //! # per_key_max_running = 2          # cluster-wide cap per concurrency key
 //! # rate = "100/1m"                  # at most 100 starts a minute, all instances
+//! # per_key_rate = "10/1m"           # at most 10 starts a minute per concurrency key
 //! #                                  # (or "partner-api=10/1s": a named limit shared by queues)
 //! # fair = true                      # claims interleave concurrency keys (SQLite, PostgreSQL)
 //!
@@ -68,7 +69,7 @@ use baton::InvalidInput;
 use serde::Deserialize;
 
 pub use actions::Action;
-pub use jobs::{JobConfig, Mode};
+pub use jobs::{job_from_doc, JobConfig, Mode};
 pub use queues::QueueConfig;
 
 /// The queue a job uses when it names none; it exists even when undeclared.
@@ -415,6 +416,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
                 max_running: None,
                 per_key_max_running: None,
                 rate: None,
+                per_key_rate: None,
                 fair: false,
             });
         } else {

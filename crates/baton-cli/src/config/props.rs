@@ -70,6 +70,7 @@ const QUEUE_KEYS: &[&str] = &[
     "max_running",
     "per_key_max_running",
     "rate",
+    "per_key_rate",
     "fair",
     "bogus",
 ];

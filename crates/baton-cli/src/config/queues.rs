@@ -28,6 +28,9 @@ pub struct QueueConfig {
     /// queue's own limit (`None` name) or a named one shared by the queues
     /// that name it (`rate = "100/1m"` or `rate = "partner-api=10/1s"`).
     pub rate: Option<(Option<String>, baton::queue::RateLimit)>,
+    /// At most this many starts per period of each concurrency key across
+    /// every instance (`per_key_rate = "10/1m"`).
+    pub per_key_rate: Option<baton::queue::RateLimit>,
     /// Claims interleave the concurrency keys (`fair = true`), so one
     /// key's backlog does not hold back another's tasks.
     pub fair: bool,
@@ -42,6 +45,7 @@ pub(super) struct RawQueue {
     max_running: Option<i64>,
     per_key_max_running: Option<i64>,
     rate: Option<String>,
+    per_key_rate: Option<String>,
     /// Any TOML value, so that a wrong type is refused naming the field.
     fair: Option<toml::Value>,
 }
@@ -101,6 +105,32 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
                     .map_err(|e| ConfigError::from_input(&owner, e))
             })
             .transpose()?;
+        let per_key_rate = q
+            .per_key_rate
+            .as_deref()
+            .map(|r| {
+                baton::queue::RateLimit::parse("per_key_rate", r)
+                    .map_err(|e| ConfigError::from_input(&owner, e))
+            })
+            .transpose()?;
+        let fair = match q.fair {
+            None => false,
+            Some(toml::Value::Boolean(b)) => b,
+            Some(v) => {
+                return Err(ConfigError::invalid(
+                    &owner,
+                    Some("fair"),
+                    format!("{v} is not a boolean; use fair = true or fair = false"),
+                ))
+            }
+        };
+        if fair && per_key_rate.is_some() {
+            return Err(ConfigError::invalid(
+                &owner,
+                Some("per_key_rate"),
+                "cannot be combined with fair = true yet; drop one of the two",
+            ));
+        }
         queues.push(QueueConfig {
             name: q.name,
             concurrency,
@@ -108,17 +138,8 @@ pub(super) fn validate_queues(raw: Vec<RawQueue>) -> Result<Vec<QueueConfig>, Co
             max_running,
             per_key_max_running,
             rate,
-            fair: match q.fair {
-                None => false,
-                Some(toml::Value::Boolean(b)) => b,
-                Some(v) => {
-                    return Err(ConfigError::invalid(
-                        &owner,
-                        Some("fair"),
-                        format!("{v} is not a boolean; use fair = true or fair = false"),
-                    ))
-                }
-            },
+            per_key_rate,
+            fair,
         });
     }
 

@@ -14,6 +14,7 @@ store = "sqlite://baton.db"
 name = "default"
 concurrency = 2
 lease = "30s"
+per_key_rate = "10/1m"
 
 [[queue]]
 name = "slow"
@@ -84,6 +85,7 @@ fn parses_a_full_file() {
                 max_running: None,
                 per_key_max_running: None,
                 rate: None,
+                per_key_rate: Some("10/1m".parse().unwrap()),
                 fair: false,
             },
             QueueConfig {
@@ -93,6 +95,7 @@ fn parses_a_full_file() {
                 max_running: Some(3),
                 per_key_max_running: Some(2),
                 rate: None,
+                per_key_rate: None,
                 fair: true,
             },
         ]
@@ -257,6 +260,7 @@ fn empty_file_and_jobs_only() {
             max_running: None,
             per_key_max_running: None,
             rate: None,
+            per_key_rate: None,
             fair: false,
         }]
     );
@@ -424,6 +428,17 @@ fn range_errors() {
     assert_eq!(
         e.to_string(),
         "queue \"q\": per_key_max_running: 0 is out of range; use 1..=10000"
+    );
+    for bad in ["0/1m", "10/0s", "ten a minute", "api=10/1m"] {
+        let e = err(&format!(
+            "[[queue]]\nname = \"q\"\nper_key_rate = {bad:?}\n"
+        ));
+        assert!(e.starts_with("queue \"q\": per_key_rate: "), "{bad}: {e}");
+    }
+    let e = err("[[queue]]\nname = \"q\"\nper_key_rate = \"10/1m\"\nfair = true\n");
+    assert_eq!(
+        e,
+        "queue \"q\": per_key_rate: cannot be combined with fair = true yet; drop one of the two"
     );
     let e = err("[[queue]]\nname = \"q\"\nfair = \"yes\"\n");
     assert_eq!(

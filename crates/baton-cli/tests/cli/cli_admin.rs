@@ -26,6 +26,8 @@ const CONFIG: &str = r#"
 name = "default"
 concurrency = 2
 lease = "5s"
+per_key_max_running = 2
+per_key_rate = "1/1h"
 
 [[job]]
 name = "nightly"
@@ -318,6 +320,21 @@ async fn mutating_endpoints_act_and_get_shows_the_effect(e: Env) {
         (200, &json!("customer:42")),
         "{body}"
     );
+    // The queue's keys' load (issue 25 item 5): the pending key, no cap
+    // declared (no worker serves the queue); a bad limit names the field.
+    let (code, body) = get(a, "/api/v1/queues/keyed/keys");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        body["keys"],
+        json!([{"key": "customer:42", "running": 0, "pending": 1}]),
+        "{body}"
+    );
+    assert_eq!(
+        (&body["keys_pending"], &body["per_key_max_running"]),
+        (&json!(1), &json!(null))
+    );
+    let (code, body) = get(a, "/api/v1/queues/keyed/keys?limit=0");
+    assert_eq!((code, &body["field"]), (400, &json!("limit")), "{body}");
     // A unique hold is kept on the task and shown, with the key.
     let held =
         json!({"command": ["true"], "queue": "keyed", "key": "h", "unique_hold": "until-failed"});
@@ -806,6 +823,9 @@ async fn openapi_lists_every_route_served(e: Env) {
         "GET /stats",
         "GET /metrics",
         "GET /api/v1/jobs",
+        "POST /api/v1/jobs",
+        "PUT /api/v1/jobs/{name}",
+        "DELETE /api/v1/jobs/{name}",
         "POST /api/v1/jobs/{name}/pause",
         "POST /api/v1/jobs/{name}/resume",
         "POST /api/v1/jobs/{name}/trigger",
@@ -820,11 +840,14 @@ async fn openapi_lists_every_route_served(e: Env) {
         "POST /api/v1/tasks/delete",
         "GET /api/v1/queues",
         "GET /api/v1/queues/history",
+        "GET /api/v1/queues/{name}/keys",
         "POST /api/v1/queues/{name}/pause",
         "POST /api/v1/queues/{name}/resume",
         "GET /api/v1/locks",
+        "GET /api/v1/locks/history",
         "POST /api/v1/locks/{name}/release",
         "GET /api/v1/audit",
+        "GET /api/v1/stats/series",
         "GET /api/v1/openapi.json",
     ]
     .iter()
@@ -1046,6 +1069,71 @@ async fn metrics_pass_promtool_check() {
         )
         .is_some_and(|n| n >= 1.0)
     });
+    let (code, m) = metrics_text(a);
+    assert_eq!(code, 200, "{m}");
+    // The queue's declared limit and its keys (issue 25 item 5).
+    assert_eq!(
+        sample(
+            &m,
+            r#"baton_queue_limit{queue="default",limit="per_key_max_running"}"#
+        ),
+        Some(2.0),
+        "{m}"
+    );
+    for series in [
+        r#"baton_queue_keys{queue="default",state="running"}"#,
+        r#"baton_queue_keys{queue="default",state="pending"}"#,
+        r#"baton_queue_keys_at_cap{queue="default"}"#,
+        r#"baton_queue_keys_rate_held{queue="default"}"#,
+    ] {
+        assert_eq!(sample(&m, series), Some(0.0), "{series}: {m}");
+    }
+    // Under the rate per key (1/1h): two tasks of one key, the first
+    // starts, the second is held back until an hour after it — in the
+    // metrics, the API and `baton queues keys`.
+    for _ in 0..2 {
+        let (code, body) = post(
+            a,
+            "/api/v1/tasks",
+            json!({"command": ["true"], "concurrency_key": "acme"}),
+        );
+        assert!(code < 300, "{code} {body}");
+    }
+    wait_for(30, "the key held back by its rate", || {
+        let (_, m) = metrics_text(a);
+        sample(&m, r#"baton_queue_keys_rate_held{queue="default"}"#) == Some(1.0)
+            && sample(
+                &m,
+                r#"baton_queue_key_rate_starts{queue="default",key="acme"}"#,
+            ) == Some(1.0)
+    });
+    let (code, k) = get(a, "/api/v1/queues/default/keys");
+    assert_eq!(code, 200, "{k}");
+    assert_eq!(
+        (
+            &k["per_key_rate"],
+            &k["keys_rate_held"],
+            &k["keys"][0]["key"]
+        ),
+        (&json!("1/1h"), &json!(1), &json!("acme")),
+        "{k}"
+    );
+    let rate = &k["keys"][0]["rate"];
+    assert_eq!(
+        (&rate["started_in_window"], &rate["max"], &rate["per_ms"]),
+        (&json!(1), &json!(1), &json!(3_600_000)),
+        "{k}"
+    );
+    let next = rate["next_start_at"].as_str().expect("a next start");
+    let out = common::stdout(&e.run(&["queues", "keys", "default"]));
+    assert!(
+        out.contains("IN WINDOW") && out.contains("1/1") && out.contains(&next[..16]),
+        "{out}"
+    );
+    assert!(
+        out.contains("rate per key 1/1h, 1 listed key(s) held back"),
+        "{out}"
+    );
     let (code, m) = metrics_text(a);
     assert_eq!(code, 200, "{m}");
     let mut check = std::process::Command::new("promtool")
@@ -1325,16 +1413,23 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
     let Some(e) = Env::new(Kind::Sqlite).await else {
         return;
     };
-    let out = e.run(&[
-        "lock",
-        "nightly-report",
-        "--at-most",
-        "2h",
-        "--at-least",
-        "1h",
-        "--",
-        "true",
-    ]);
+    // The lock's release is recorded: its store URL turns the lock
+    // history on (off by default).
+    let sep = if e.ts.url.contains('?') { '&' } else { '?' };
+    let out = e
+        .cmd(&[
+            "lock",
+            "nightly-report",
+            "--at-most",
+            "2h",
+            "--at-least",
+            "1h",
+            "--",
+            "true",
+        ])
+        .env("BATON_STORE", format!("{}{sep}lock_history=on", e.ts.url))
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
     let srv = start(&e, None, &tokens());
     let a = srv.addr.clone();
@@ -1348,7 +1443,7 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
     let (_, failed) = post(
         &a,
         "/api/v1/tasks",
-        json!({"command": ["sh", "-c", "echo disk full >&2; exit 3"], "max_attempts": 1}),
+        json!({"command": ["sh", "-c", "echo copied 41 files; echo disk full >&2; exit 3"], "max_attempts": 1}),
     );
     let (_, parked) = post(
         &a,
@@ -1382,11 +1477,98 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
     }
     let state = format!(r#"document.querySelector('[data-task="{t}"] .task-state').textContent"#);
     assert_eq!(b.eval(&state), json!("cancelled"));
+    // The charts from the store's rollup: the failed attempt and the job's
+    // run counted (workers flush every 10 s; the page refreshes every 3 s),
+    // a point a minute over the hour, and the day's 96 once chosen.
+    let charted = r#"(() => { const t = document.getElementById('chart-totals').dataset; return [Number(t.succeeded) >= 1, t.failed, t.dead, document.getElementById('chart-throughput').dataset.points]; })()"#;
+    wait_for(40, "the charts to count the runs", || {
+        b.eval(charted) == json!([true, "1", "1", "60"])
+    });
+    assert!(
+        b.eval("document.getElementById('chart-totals').textContent")
+            .as_str()
+            .unwrap()
+            .contains("1 failed attempts (1 dead)"),
+        "{}",
+        b.eval("document.getElementById('chart-totals').textContent")
+    );
+    b.eval("const r = document.getElementById('c-range'); r.value = '1d'; r.dispatchEvent(new Event('change'))");
+    wait_for(20, "the day's chart", || {
+        b.eval("document.getElementById('chart-throughput').dataset.points") == json!("96")
+    });
+    assert_eq!(
+        b.eval("[...document.getElementById('c-queue').options].map((o) => o.value).includes('default')"),
+        json!(true)
+    );
+    // The job selector: the job's own series, without the failed task
+    // (not the job's); back to every job.
+    wait_for(20, "the job selector to offer the job", || {
+        b.eval(
+            "[...document.getElementById('c-job').options].map((o) => o.value).includes('nightly')",
+        ) == json!(true)
+    });
+    let pick_job = |job: &str| {
+        format!(
+            r#"(() => {{ const j = document.getElementById('c-job'); j.value = {job:?}; j.dispatchEvent(new Event('change')); }})()"#
+        )
+    };
+    let totals = r#"(() => { const t = document.getElementById('chart-totals').dataset; return [Number(t.succeeded) >= 1, t.failed]; })()"#;
+    b.eval(&pick_job("nightly"));
+    wait_for(20, "the job's own chart", || {
+        b.eval(totals) == json!([true, "0"])
+    });
+    b.eval(&pick_job(""));
+    wait_for(20, "every job's chart again", || {
+        b.eval(totals) == json!([true, "1"])
+    });
     assert_eq!(
         b.eval(
             r#"document.querySelector('[data-lock="nightly-report"]').textContent.includes('held')"#
         ),
         json!(true)
+    );
+    // The `baton lock` run above released its lease: the lock history
+    // has it, in the API and on the page.
+    let (code, hist) = get(&a, "/api/v1/locks/history?name=nightly-report");
+    assert_eq!(code, 200, "{hist}");
+    let recs = hist["records"].as_array().unwrap();
+    assert_eq!(recs.len(), 1, "{hist}");
+    assert!(
+        recs[0]["holder"].as_str().is_some_and(|h| !h.is_empty()),
+        "{hist}"
+    );
+    assert!(recs[0]["held_ms"].as_i64().unwrap() >= 0, "{hist}");
+    let release_row = format!(
+        r#"!!document.querySelector('[data-lock-release="nightly-report#{}"]')"#,
+        recs[0]["token"]
+    );
+    wait_for(20, "the release in the lock history table", || {
+        b.eval(&release_row) == json!(true)
+    });
+    let (code, body) = get(&a, "/api/v1/locks/history?limit=0");
+    assert_eq!((code, &body["field"]), (400, &json!("limit")), "{body}");
+    // The Keys panel under a rate per key (the default queue: 1/1h): the
+    // key's start in the window against the rate, and its next start.
+    for _ in 0..2 {
+        let (code, body) = post(
+            &a,
+            "/api/v1/tasks",
+            json!({"command": ["true"], "concurrency_key": "acme"}),
+        );
+        assert_eq!(code, 201, "{body}");
+    }
+    b.eval(r#"document.querySelector('[data-queue-keys="default"]').click()"#);
+    let key_row = r#"(() => { const r = document.querySelector('[data-key="acme"]'); if (!r) return null; return [r.querySelector('[data-window]').dataset.window, r.children[4].textContent, r.querySelector('[data-next]').dataset.next !== '']; })()"#;
+    wait_for(30, "the key's rate in the Keys panel", || {
+        b.eval(key_row) == json!(["1", "1/1", true])
+    });
+    assert!(
+        b.eval("document.getElementById('keys-title').textContent")
+            .as_str()
+            .unwrap_or_default()
+            .contains("rate per key 1/1h, 1 held back"),
+        "{}",
+        b.eval("document.getElementById('keys-title').textContent")
     );
     // The token went from the address into sessionStorage.
     assert_eq!(b.eval("location.hash"), json!(""));
@@ -1442,6 +1624,7 @@ async fn dashboard_in_chromium_shows_seeded_rows_and_retries() {
     assert!(!worker.is_empty() && worker != "–", "{shown}");
     for want in [
         "exit 3: disk full",
+        "stdout: copied 41 files",
         "echo disk full",
         "enqueued",
         "attempt 1 failed",

@@ -181,6 +181,18 @@ fn catalogue() -> Vec<Case> {
             &["--rate", "period must be at least 1ms", "STARTS/PERIOD"],
         ),
         case(
+            "zero per-key rate",
+            &["work", "--per-key-rate", "0/1m"],
+            2,
+            &["--per-key-rate", "\"0/1m\"", "out of range", "STARTS/PERIOD"],
+        ),
+        case(
+            "per-key rate period of zero",
+            &["work", "--per-key-rate", "10/0s"],
+            2,
+            &["--per-key-rate", "period must be at least 1ms"],
+        ),
+        case(
             "malformed rate",
             &["work", "--rate", "10 per minute"],
             2,

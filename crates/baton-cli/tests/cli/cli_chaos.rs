@@ -41,8 +41,14 @@ fn assert_clean(out: &Output, faults: &[&str]) {
         Some(0),
         "violations or an error:\n{text}"
     );
-    for inv in ["L1", "L2", "T1", "T2", "T3", "T4", "S1"] {
+    for inv in ["L1", "L2", "T1", "T2", "T3", "T4", "S1", "S2"] {
         assert_eq!(violations(&text, inv), 0, "{inv}:\n{text}");
+    }
+    // The jobs whose runs outlast their interval ran (S2 had runs to hold
+    // apart: buffer_one waits for the running one, cancel_other stops it).
+    for job in ["chaos-buffer", "chaos-cancel"] {
+        let n = op(&text, &format!("S2: runs of {job}"));
+        assert!(n >= 2, "{job} ran {n} times:\n{text}");
     }
     assert!(text.contains("TOTAL VIOLATIONS 0"), "{text}");
     for f in faults {
@@ -68,27 +74,35 @@ fn sqlite_safe_workload_has_no_violations() {
     assert_clean(&out, &["kill-9", "pause"]);
 }
 
-/// The per-key cap and rate limit of the keyed runs below.
-const LIMITS: [&str; 6] = [
+/// The per-key cap, rate limit and rate per key of the keyed runs below.
+const LIMITS: [&str; 8] = [
     "--keys",
     "3",
     "--per-key-max-running",
     "1",
     "--rate",
     "4/1s",
+    "--per-key-rate",
+    "2/1s",
 ];
 
-/// A keyed, rated run is clean, and the cap and limit were reached (the
+/// A keyed, rated run is clean, and the cap and limits were reached (the
 /// most of one key running at once is the cap; some period held the
-/// limit's 4 starts), so the checks had something to check.
+/// limit's 4 starts, and one key's 2), so the checks had something to
+/// check.
 fn assert_clean_keyed(out: &Output, faults: &[&str]) {
     assert_clean(out, faults);
     let text = stdout(out);
-    for inv in ["T5", "T6"] {
+    for inv in ["T5", "T6", "T8"] {
         assert_eq!(violations(&text, inv), 0, "{inv}:\n{text}");
     }
     assert_eq!(op(&text, "T5: most of one key running"), 1, "{text}");
     assert_eq!(op(&text, "T6: most starts in one period"), 4, "{text}");
+    assert_eq!(
+        op(&text, "T8: most starts of one key in one period"),
+        2,
+        "{text}"
+    );
 }
 
 /// The count of an OPERATIONS line.
@@ -156,6 +170,11 @@ fn bad_limit_flags_exit_2_naming_the_flag() {
             "--per-key-max-running",
         ),
         (&["--per-key-max-running", "1"][..], "--keys"),
+        (&["--per-key-rate", "2/1s"][..], "--keys"),
+        (
+            &["--keys", "2", "--per-key-rate", "0/1s"][..],
+            "--per-key-rate",
+        ),
     ] {
         let out = Command::new(BATON)
             .arg("chaos")
@@ -188,7 +207,7 @@ fn sqlite_unsafe_workload_is_caught() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("VIOLATIONS FOUND"), "{text}");
     // Each hole the unsafe workload opens is seen by its own check.
-    for inv in ["L1", "L2", "T2", "T4", "T5", "T6", "S1"] {
+    for inv in ["L1", "L2", "T2", "T4", "T5", "T6", "T8", "S1", "S2"] {
         assert!(violations(&text, inv) > 0, "{inv} not caught:\n{text}");
     }
 }

@@ -169,6 +169,7 @@ command = ["true"]
         let (_, x1) = db.sample(&node).await;
         let rate = (x1 - x0) as f64 / t0.elapsed().as_secs_f64();
         windows.push(format!("{most} connections, {rate:.2} transactions/s"));
+        eprintln!("idle serve window: {}", windows[windows.len() - 1]);
         if most <= 2 && rate <= 1.0 {
             within = true;
             break;

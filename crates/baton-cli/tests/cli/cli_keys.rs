@@ -19,10 +19,8 @@ per_backend! {
 /// `baton work --fair` (issue 25 item 4): 200 tasks of one key enqueued
 /// first, then 3 of another; one worker with 2 slots runs the 3 small ones
 /// among the first dozen tasks it starts (in plain order they would come
-/// last). On MySQL and Redis, which have no fair claim yet, `work --fair`
-/// exits 2 naming the field.
+/// last); on every store.
 async fn fair_work_runs_a_small_key_past_a_backlog(e: Env) {
-    use baton_testkit::harness::Kind;
     let args = [
         "work",
         "--fair",
@@ -35,17 +33,6 @@ async fn fair_work_runs_a_small_key_past_a_backlog(e: Env) {
         "--grace",
         "500ms",
     ];
-    if matches!(e.ts.kind, Kind::Mysql | Kind::Redis) {
-        let mut w = e.spawn(&args);
-        let code = common::exit_within(&mut w, 30, "work --fair to refuse");
-        let mut err = String::new();
-        if let Some(mut s) = w.stderr.take() {
-            std::io::Read::read_to_string(&mut s, &mut err).unwrap();
-        }
-        assert_eq!(code, Some(2), "{err}");
-        assert!(err.contains("fair"), "{err}");
-        return;
-    }
     let ledger = e.path("ledger");
     let script = format!("echo \"$0\" >> {}", ledger.display());
     let q = Queue::new(e.ts.store.clone());
@@ -193,6 +180,30 @@ async fn three_workers_never_run_more_than_the_cap_of_one_key(e: Env) {
         e.spawn_logged(&from_flags),
     ];
     let lines = || ledger_lines(&ledger);
+    // Item 5: the workers declared the cap, `baton queues` shows it, and
+    // `baton queues keys` shows the keys' load under it.
+    wait_for(30, "`baton queues` to show the declared cap", || {
+        stdout(&e.run(&["queues"]))
+            .lines()
+            .any(|l| l.starts_with("default") && l.contains("per key 2"))
+    });
+    let out = e.run(&["queues", "keys", "default", "--limit", "50", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let load: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(load["per_key_max_running"], 2, "{load}");
+    let keys = load["keys"].as_array().unwrap();
+    assert!(!keys.is_empty(), "{load}");
+    assert!(
+        keys.iter()
+            .all(|k| k["running"].as_u64() <= Some(CAP as u64)
+                && k["key"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("customer:"))),
+        "{load}"
+    );
+    let out = stdout(&e.run(&["queues", "keys", "default"]));
+    assert!(out.lines().next().unwrap().starts_with("KEY"), "{out}");
+    assert!(out.contains("(per-key cap 2)"), "{out}");
     wait_for(90, "every task to run", || lines().len() >= total);
     let took = started.elapsed();
     // A task run twice would add a line a little later.

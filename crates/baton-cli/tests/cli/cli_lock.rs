@@ -240,7 +240,8 @@ async fn lost_lease_stops_the_command(e: Env) {
         .lock_release(&baton::store::LockRelease {
             name: "lost",
             token: info.token,
-            at_least: Duration::ZERO
+            at_least: Duration::ZERO,
+            record: false,
         })
         .await
         .unwrap());

@@ -78,7 +78,7 @@ async fn text_logs_have_a_line_per_task_start_and_end() {
     for f in [
         "outcome=\"failed\"",
         "exit_code=3",
-        "error=\"exit 3: err-line\\nno newline\"",
+        "error=\"exit 3: err-line\\nno newline\\nstdout: out-line\"",
     ] {
         assert!(end.contains(f), "{f} in {end}");
     }

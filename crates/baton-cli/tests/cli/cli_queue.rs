@@ -324,15 +324,32 @@ async fn always_failing_ends_failed_with_stderr(e: Env) {
     let id = enqueue(
         &e,
         &["--max-attempts", "2"],
-        &["sh", "-c", "echo 'disk full on /exports' >&2; exit 4"],
+        &[
+            "sh",
+            "-c",
+            "seq 1 300 | sed 's/^/row /'; echo 'disk full on /exports' >&2; exit 4",
+        ],
     );
     let mut w = worker(&e, &[]);
     let t = wait_state(&e, id, "failed", 30);
     assert_eq!(t["attempt"], 2);
     let err = t["last_error"].as_str().unwrap();
+    // The stderr tail, then stdout's last 1,000 bytes (its end kept, its
+    // start cut).
+    let (head, out) = err
+        .split_once("\nstdout: ")
+        .unwrap_or_else(|| panic!("no stdout tail in {t}"));
+    assert_eq!(head, "exit 4: disk full on /exports", "{err}");
     assert!(
-        err.contains("disk full on /exports") && err.contains("exit 4"),
+        out.ends_with("row 300") && !out.contains("row 1\n"),
         "{err}"
+    );
+    assert!(out.len() <= 1000, "{}", out.len());
+    // `tasks show` prints it with the attempt.
+    let shown = stdout(&e.run(&["tasks", "show", &id.to_string()]));
+    assert!(
+        shown.contains("stdout: ") && shown.contains("row 300"),
+        "{shown}"
     );
     // The dead letter can be retried.
     let out = e.run(&["tasks", "retry", &id.to_string()]);

@@ -122,7 +122,8 @@ async fn lock_lost_lease_kills_the_whole_tree_at_once() {
         .lock_release(&baton::store::LockRelease {
             name: "tree-lost",
             token: info.token,
-            at_least: Duration::ZERO
+            at_least: Duration::ZERO,
+            record: false,
         })
         .await
         .unwrap());

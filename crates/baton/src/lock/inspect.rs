@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use super::{Locker, RELEASE_BOUND};
 use crate::error::Error;
 use crate::names::validate_name;
-use crate::store::{FencingToken, LockInfo, LockRevoke};
+use crate::store::{FencingToken, LockHistoryQuery, LockInfo, LockRecord, LockRevoke};
 
 impl Locker {
     /// Every lock the store has a record of, by name: held ones and
@@ -24,6 +24,36 @@ impl Locker {
     /// ```
     pub async fn list(&self) -> Result<Vec<LockInfo>, Error> {
         Ok(self.store.backend().lock_list().await?)
+    }
+
+    /// Released leases, newest first: one lock's (`q.name`) or every
+    /// lock's, at most `q.limit` (1 to 1000; 0 means 100). The store keeps
+    /// a day of them and at most
+    /// [`LOCK_HISTORY_PER_LOCK`](crate::store::LOCK_HISTORY_PER_LOCK) a
+    /// lock.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: baton::Store) -> Result<(), baton::Error> {
+    /// use baton::store::LockHistoryQuery;
+    /// let locker = baton::lock::Locker::new(store);
+    /// let q = LockHistoryQuery { name: Some("nightly-report".into()), limit: 10 };
+    /// for r in locker.history(&q).await? {
+    ///     println!("{} held it (token {}) {} to {}", r.holder, r.token.0, r.acquired_at, r.released_at);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn history(&self, q: &LockHistoryQuery) -> Result<Vec<LockRecord>, Error> {
+        if let Some(n) = &q.name {
+            validate_name("lock name", n)?;
+        }
+        if q.limit > 1000 {
+            return Err(crate::InvalidInput::new(
+                "limit",
+                format!("{} is too many; give 1 to 1000", q.limit),
+            )
+            .into());
+        }
+        Ok(self.store.backend().lock_history_list(q).await?)
     }
 
     /// One lock's record; `None` when the store has none for `name`.

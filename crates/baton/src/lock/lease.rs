@@ -342,6 +342,7 @@ impl Lease {
             name: self.name(),
             token: self.token(),
             at_least: self.opts.at_least,
+            record: self.store.lock_history(),
         };
         let release = self.store.backend().lock_release(&req);
         let ok = match tokio::time::timeout_at(self.handle.deadline(), release).await {

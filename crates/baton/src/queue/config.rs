@@ -51,6 +51,7 @@ pub struct WorkerConfig {
     pub(super) per_key_max_running: BTreeMap<String, u32>,
     pub(super) fair: BTreeSet<String>,
     pub(super) rates: BTreeMap<String, QueueRate>,
+    pub(super) per_key_rates: BTreeMap<String, RateLimit>,
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
     pub(super) prefetch: Option<Prefetch>,
@@ -109,6 +110,7 @@ impl Default for WorkerConfig {
             per_key_max_running: BTreeMap::new(),
             fair: BTreeSet::new(),
             rates: BTreeMap::new(),
+            per_key_rates: BTreeMap::new(),
             free_slot_on_return: None,
             result_batches_in_flight: None,
             prefetch: None,
@@ -361,6 +363,34 @@ impl WorkerConfig {
         self
     }
 
+    /// Start at most `limit` tasks of each concurrency key of `queue` per
+    /// window (e.g. `10/1m`: each customer at most 10 starts a minute),
+    /// exactly, in every window of the store's clock, counting every worker
+    /// of the cluster. A task whose key is used up stays pending (no
+    /// attempt counted) while tasks of other keys (and without a key) are
+    /// claimed; the claim answers when the earliest held-back key may start
+    /// again, and the queue claims again then (or on a wake-up), without
+    /// polling. Combines with [`per_key_max_running`](Self::per_key_max_running),
+    /// [`max_running`](Self::max_running) and the queue's
+    /// [`rate_limit`](Self::rate_limit) or
+    /// [`shared_rate_limit`](Self::shared_rate_limit); not (yet) with
+    /// [`fair`](Self::fair) (refused, field `per_key_rate`). Every worker
+    /// serving the queue should declare the same rate: a claimer without it
+    /// does not look at the keys' logs. Such queues never prefetch.
+    ///
+    /// ```
+    /// use baton::queue::{RateLimit, WorkerConfig};
+    /// let cfg = WorkerConfig::default()
+    ///     .queue("partner-calls", 8)
+    ///     .per_key_rate_limit("partner-calls", "10/1m".parse()?);
+    /// assert_eq!(cfg.per_key_rate_limit_of("partner-calls").unwrap().to_string(), "10/1m");
+    /// # Ok::<(), baton::InvalidInput>(())
+    /// ```
+    pub fn per_key_rate_limit(mut self, queue: impl Into<String>, limit: RateLimit) -> Self {
+        self.per_key_rates.insert(queue.into(), limit);
+        self
+    }
+
     /// Free a handler's slot as soon as it returns: its result is still
     /// being written, and the attempt stays leased and heartbeated until the
     /// store answers; at most `concurrency` plus the
@@ -516,6 +546,12 @@ impl WorkerConfig {
         self.rates.get(queue).map(|r| (r.name.as_deref(), r.limit))
     }
 
+    /// The rate each concurrency key of `queue` is held to, if any
+    /// ([`per_key_rate_limit`](Self::per_key_rate_limit)).
+    pub fn per_key_rate_limit_of(&self, queue: &str) -> Option<RateLimit> {
+        self.per_key_rates.get(queue).copied()
+    }
+
     /// Whether claims of `queue` are capped (whole queue or per key),
     /// rated or fair, so that a buffered task would hold a running place,
     /// have been counted as started too early, or wait ahead of other
@@ -524,6 +560,7 @@ impl WorkerConfig {
         self.max_running.contains_key(queue)
             || self.per_key_max_running.contains_key(queue)
             || self.rates.contains_key(queue)
+            || self.per_key_rates.contains_key(queue)
             || self.fair.contains(queue)
     }
 
@@ -611,6 +648,26 @@ impl WorkerConfig {
                         ),
                     ));
                 }
+            }
+        }
+        for q in self.per_key_rates.keys() {
+            if !self.queues.iter().any(|(served, _)| served == q) {
+                return Err(InvalidInput::new(
+                    "per_key_rate",
+                    format!(
+                        "queue {q:?}: this worker does not serve it; serve it with \
+                         .queue({q:?}, n) or drop the rate per key"
+                    ),
+                ));
+            }
+            if self.fair.contains(q) {
+                return Err(InvalidInput::new(
+                    "per_key_rate",
+                    format!(
+                        "queue {q:?}: a rate per concurrency key cannot be combined with \
+                         fair claiming yet; drop one of the two"
+                    ),
+                ));
             }
         }
         if self.lease < MIN_LEASE {

@@ -144,10 +144,36 @@ pub struct QueueCounters {
     /// retry fell due) to the claim that started the attempt, both by the
     /// store's clock.
     pub slot_lag: Histogram,
+    /// For scheduled tasks not run on time by the scheduler (see
+    /// [`ON_TIME_WINDOW`]: a trigger or backfill of a slot, a retry due
+    /// long after its slot): from the task's due time to the claim that
+    /// started the attempt. Kept apart so a backfill's backlog does not
+    /// read as schedules running late.
+    pub trigger_lag: Histogram,
     /// Attempts whose lease was lost (no heartbeat confirmed it in time,
     /// another claim took the task, or the result was refused): nothing
     /// was recorded, and the task is rescued.
     pub lease_losses: u64,
+}
+
+/// How long after its slot a scheduled task may fall due and still count
+/// as the scheduler's on-time run: the scheduler enqueues a slot due at
+/// the slot plus the job's jitter, while a trigger or a backfill is due
+/// when it is made (an older slot's long after it, a future slot's before
+/// it). A task due before its slot or more than this after it observes
+/// [`QueueCounters::trigger_lag`]; so does the on-time run of a job whose
+/// jitter exceeds this (an hour).
+pub const ON_TIME_WINDOW: Duration = Duration::from_secs(3600);
+
+/// Whether a scheduled task due at `run_at` for `slot` is the scheduler's
+/// on-time run ([`ON_TIME_WINDOW`]).
+pub(crate) fn on_time(
+    slot: chrono::DateTime<chrono::Utc>,
+    run_at: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    let after = run_at - slot;
+    after >= chrono::Duration::zero()
+        && after <= chrono::Duration::from_std(ON_TIME_WINDOW).unwrap_or(chrono::Duration::MAX)
 }
 
 /// Worker-wide counters (not per queue).
@@ -163,7 +189,7 @@ pub struct WorkerTotals {
 /// The store calls whose failures [`WorkerTotals::store_errors`] counts,
 /// by their names on the [`Backend`](crate::store::Backend) seam (a
 /// hand-back is a `task_finish_many`; reading the store's clock is `now`).
-pub const STORE_OPERATIONS: [&str; 7] = [
+pub const STORE_OPERATIONS: [&str; 12] = [
     "task_claim",
     "task_finish_many",
     "task_heartbeat_many",
@@ -171,6 +197,11 @@ pub const STORE_OPERATIONS: [&str; 7] = [
     "task_prune_many",
     "now",
     "store_identity",
+    "audit_prune_many",
+    "jobdef_prune_many",
+    "stats_add",
+    "stats_prune_many",
+    "lock_history_prune_many",
 ];
 
 #[derive(Debug, Default)]
@@ -220,8 +251,16 @@ impl WorkerCounters {
         self.update(queue, |q| q.claim_latency.observe(took));
     }
 
-    pub(crate) fn slot_lag(&self, queue: &str, lag: Duration) {
-        self.update(queue, |q| q.slot_lag.observe(lag));
+    /// A scheduled task's lag: into [`QueueCounters::slot_lag`] when
+    /// `on_time`, else [`QueueCounters::trigger_lag`].
+    pub(crate) fn slot_lag(&self, queue: &str, lag: Duration, on_time: bool) {
+        self.update(queue, |q| {
+            if on_time {
+                q.slot_lag.observe(lag)
+            } else {
+                q.trigger_lag.observe(lag)
+            }
+        });
     }
 
     pub(crate) fn lease_lost(&self, queue: &str) {
@@ -281,6 +320,7 @@ impl Default for QueueCounters {
             claim_latency: Histogram::default(),
             run_duration: Histogram::default(),
             slot_lag: Histogram::default(),
+            trigger_lag: Histogram::default(),
             lease_losses: 0,
         }
     }

@@ -41,6 +41,7 @@ mod rate;
 mod task_error;
 mod trace;
 mod typed;
+mod view;
 pub mod worker;
 
 pub use backoff::Backoff;
@@ -48,7 +49,8 @@ pub use config::{
     WorkerConfig, DEFAULT_POLL_INTERVAL, LISTENING_POLL_INTERVAL, MIN_LEASE, PREFETCH_HORIZON,
 };
 pub use counters::{
-    Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, STORE_OPERATIONS,
+    Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, ON_TIME_WINDOW,
+    STORE_OPERATIONS,
 };
 pub use hooks::{AttemptMiddleware, InsertMiddleware, Next, WorkerEvent};
 pub use outbox::{InsertFuture, OutboxConnection};
@@ -724,9 +726,14 @@ impl Queue {
             .await?)
     }
 
-    /// Counts per queue and state, with each queue's paused flag.
+    /// Counts per queue and state, with each queue's paused flag and the
+    /// limits its workers declared (a declared queue without tasks is
+    /// listed too).
     pub async fn stats(&self) -> Result<Vec<QueueStats>, Error> {
-        Ok(self.store.backend().queue_stats().await?)
+        let mut stats = self.store.backend().queue_stats().await?;
+        let declared = self.store.backend().queue_limits_list().await?;
+        crate::store::merge_limits(&mut stats, declared);
+        Ok(stats)
     }
 
     /// Delete finished tasks older than `retention` (default 7 days).

@@ -87,6 +87,10 @@ pub struct Job {
     /// No slot after this instant runs; once the store's clock passes it
     /// the job runs nothing more, not even slots it missed before it.
     pub end_at: Option<DateTime<Utc>>,
+    /// The document the job was defined from, when its runs depend on more
+    /// than the fields above (`baton`'s `[[job]]` table, whose command the
+    /// worker runs): counted in [`Job::fingerprint`].
+    pub definition: Option<serde_json::Value>,
 }
 
 /// The default [`Job::lead`].
@@ -117,6 +121,7 @@ impl Job {
             start_at: None,
             catch_up_window: None,
             end_at: None,
+            definition: None,
         }
     }
     /// A durable job whose slots run as typed tasks: kind `A::KIND`,
@@ -379,6 +384,45 @@ fn jitter_of(job: &str, slot: DateTime<Utc>, max: Duration) -> Duration {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     Duration::from_millis(h % span.saturating_add(1))
+}
+
+impl Job {
+    /// A fingerprint of this definition (16 hex digits): equal for jobs
+    /// that schedule and run alike, so that instances can tell, through
+    /// the job's record in the store, that they define one job two ways
+    /// (DESIGN.md D2). Its name, schedule, mode, policies, queue, kind,
+    /// payload (canonical JSON), limits and end count; `start_at` does not
+    /// (a scheduler raises it to when a definition in the store was written
+    /// or deleted, which a config file does not say).
+    pub fn fingerprint(&self) -> String {
+        let text = format!(
+            "{}\n{}\n{:?}\n{:?}\n{:?}\n{}\n{:?}\n{}\n{:?}\n{}\n{}\n{}\n{}\n{}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+            self.name,
+            self.schedule,
+            self.mode,
+            self.fixed_delay,
+            self.misfire,
+            self.max_catch_up,
+            self.misfire_grace,
+            self.overlap,
+            self.jitter,
+            self.queue,
+            self.kind,
+            crate::store::canonical_json(&self.payload),
+            self.priority,
+            self.max_attempts,
+            self.timeout,
+            self.lead,
+            self.catch_up_window,
+            self.end_at,
+            self.definition.as_ref().map(crate::store::canonical_json),
+        );
+        // FNV-1a, 64 bits: stable across builds and platforms.
+        let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        format!("{hash:016x}")
+    }
 }
 
 pub(super) fn random_upto(d: Duration) -> Duration {

@@ -16,7 +16,9 @@ use super::scheduler::{pause, read_cursor, StoreClock};
 use crate::error::Error;
 use crate::lock::{LeaseHandle, LockOptions, Locker};
 use crate::queue::{TaskAction, TaskError};
-use crate::store::{Advanced, Claim, Finish, Heartbeat, JobAdvance, SlotRecord, Store};
+use crate::store::{
+    Advanced, Claim, DefinitionSource, Finish, Heartbeat, JobAdvance, SlotRecord, Store,
+};
 
 /// A run in lock mode, as the job's function sees it.
 #[derive(Debug, Clone)]
@@ -326,6 +328,7 @@ pub(super) async fn fixed_delay_loop(
     job: Job,
     l: LockRun,
     delay: Duration,
+    source: Option<DefinitionSource>,
     stop: CancellationToken,
 ) {
     const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -368,6 +371,7 @@ pub(super) async fn fixed_delay_loop(
                 lease: l.opts.at_most_duration(),
             },
             due_only: true,
+            source,
             ..JobAdvance::new(&job.name, cursor, target, Some(&task))
         };
         match b.job_advance(&adv).await {
@@ -394,6 +398,16 @@ pub(super) async fn fixed_delay_loop(
                 }
             }
             Ok(Advanced::Paused) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(MAX_WAIT) => {}
+                    _ = stop.cancelled() => return,
+                }
+                fresh = false;
+            }
+            Ok(Advanced::Superseded) => {
+                // Another definition governs the run: wait for the reload
+                // to stop this loop.
+                tracing::debug!(job = %job.name, "another definition of the job governs its next run; waiting for the reload");
                 tokio::select! {
                     _ = tokio::time::sleep(MAX_WAIT) => {}
                     _ = stop.cancelled() => return,

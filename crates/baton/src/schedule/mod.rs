@@ -9,9 +9,11 @@
 //! slot once.
 
 mod backfill;
+pub mod definitions;
 mod job;
 mod lock_run;
 mod plan;
+mod reload;
 pub mod scheduler;
 mod slots;
 pub mod spec;
@@ -26,6 +28,6 @@ pub use backfill::{
 pub use scheduler::{
     is_lock_run_record, job_state, job_statuses, latest_slot, run_skipped, set_paused,
     set_paused_with, slot_report, trigger, trigger_slot, trigger_with, Job, JobMode, JobStatus,
-    Scheduler, SlotOutcome, SlotReport, SlotRun, StoreClock, LOCK_BUSY,
+    Scheduler, SlotOutcome, SlotReport, SlotRun, StoreClock, LOCK_BUSY, RELOAD_EVERY,
 };
 pub use spec::{Misfire, Schedule};

@@ -40,18 +40,19 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::job::random_upto;
+pub(super) use super::job::random_upto;
 pub use super::job::{Job, JobMode, DEFAULT_LEAD};
 use super::lock_run::{fixed_delay_loop, run_locked, LockRun, SlotFn, SlotFut};
 pub use super::lock_run::{is_lock_run_record, SlotRun, LOCK_BUSY};
 use super::plan::{CatchUp, Planner};
+use super::reload::Definitions;
 pub use super::slots::{
     latest_slot, run_skipped, slot_report, trigger, trigger_slot, trigger_with, SlotOutcome,
     SlotReport,
 };
 pub use super::status::{job_state, job_statuses, set_paused, set_paused_with, JobStatus};
 use crate::error::{Error, InvalidInput};
-use crate::store::{Advanced, JobAdvance, SlotRecord, Store, IDENTITY_CHECK};
+use crate::store::{Advanced, DefinitionSource, JobAdvance, SlotRecord, Store, IDENTITY_CHECK};
 
 pub use crate::clock::StoreClock;
 
@@ -59,6 +60,9 @@ pub use crate::clock::StoreClock;
 pub struct Scheduler {
     store: Store,
     jobs: Vec<(Job, Option<SlotFn>)>,
+    /// Also run the definitions kept in the store (see
+    /// [`Scheduler::definitions`]).
+    defs: Option<Definitions>,
 }
 
 impl Scheduler {
@@ -67,7 +71,61 @@ impl Scheduler {
         Scheduler {
             store,
             jobs: Vec::new(),
+            defs: None,
         }
+    }
+
+    /// Also run the jobs whose definitions are kept in the store
+    /// ([`definitions`](super::definitions)): when a definitions write is
+    /// announced on the store's wake-up channel (PostgreSQL's `NOTIFY`,
+    /// Redis pub/sub; on SQLite and MySQL writes through this process),
+    /// and on a timer — [`RELOAD_EVERY`] plus a little jitter, or 30 s
+    /// where announcements reach every process — the scheduler reads the
+    /// store's definition counter and, when it moved, the definitions,
+    /// turns each new version into a [`Job`] with `decode`, and runs
+    /// exactly the store's jobs plus those added here whose names the
+    /// store does not define (the store's definition wins; a job added
+    /// here comes back when the store's is deleted). A changed definition
+    /// applies from its job's next slot: the job's cursor is kept, and no
+    /// slot before the change's store time runs under it (DESIGN.md D2). A
+    /// deleted one stops (a run in progress finishes). A definition
+    /// `decode` refuses, or a lock-mode one, is logged once per version as
+    /// an error and does not run.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), baton::Error> {
+    /// use baton::schedule::{Job, Schedule, Scheduler};
+    /// let store = baton::Store::connect("sqlite://app.db").await?;
+    /// let mut s = Scheduler::new(store.clone());
+    /// s.definitions(|def| {
+    ///     let every = def.spec["every_secs"].as_u64().unwrap_or(60);
+    ///     let schedule = Schedule::every(std::time::Duration::from_secs(every))?;
+    ///     Ok(Job::new(def.name.clone(), schedule).kind("report"))
+    /// });
+    /// s.run(tokio_util::sync::CancellationToken::new()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn definitions<F>(&mut self, decode: F) -> &mut Self
+    where
+        F: Fn(&crate::store::JobDef) -> Result<Job, InvalidInput> + Send + Sync + 'static,
+    {
+        self.defs = Some(Definitions {
+            decode: Arc::new(decode),
+            every: RELOAD_EVERY,
+        });
+        self
+    }
+
+    /// How often the definitions are read again on the timer (default
+    /// [`RELOAD_EVERY`]); only with [`Scheduler::definitions`]. Where the
+    /// store announces definition writes to every process (PostgreSQL with
+    /// its `LISTEN`, Redis) a write is read at once and the timer is only a
+    /// safety net: at least 30 s, whatever is set here.
+    pub fn definitions_every(&mut self, every: Duration) -> &mut Self {
+        if let Some(d) = &mut self.defs {
+            d.every = every.max(Duration::from_millis(100));
+        }
+        self
     }
 
     /// Add a durable job (its runs are tasks of `job.kind`).
@@ -119,23 +177,22 @@ impl Scheduler {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let clock = StoreClock::new(self.store.clone()).await?;
         let mut set = tokio::task::JoinSet::new();
-        for (job, f) in self.jobs {
-            let (store, clock, stop) = (self.store.clone(), clock.clone(), shutdown.clone());
-            match f {
-                None => {
-                    if job.overlap.may_wait() {
-                        set.spawn(release_loop(store.clone(), job.name.clone(), stop.clone()));
+        match self.defs {
+            Some(defs) => {
+                set.spawn(super::reload::run(
+                    self.store.clone(),
+                    clock.clone(),
+                    self.jobs,
+                    defs,
+                    shutdown.clone(),
+                ));
+            }
+            None => {
+                for (job, f) in self.jobs {
+                    let (store, clock) = (self.store.clone(), clock.clone());
+                    if let Some(run) = job_loops(store, clock, job, f, None, shutdown.clone()) {
+                        set.spawn(run);
                     }
-                    set.spawn(slot_loop(store, clock, job, None, stop));
-                }
-                Some(f) => {
-                    let Some(l) = LockRun::new(&store, &job, f) else {
-                        continue;
-                    };
-                    match job.fixed_delay {
-                        Some(d) => set.spawn(fixed_delay_loop(store, clock, job, l, d, stop)),
-                        None => set.spawn(slot_loop(store, clock, job, Some(l), stop)),
-                    };
                 }
             }
         }
@@ -183,6 +240,50 @@ impl Scheduler {
     }
 }
 
+/// How often a scheduler with [`Scheduler::definitions`] reads the
+/// store's definition counter (plus up to 400 ms of jitter) where writes
+/// are not announced across processes (SQLite, MySQL, PostgreSQL behind a
+/// transaction pooler without a direct `LISTEN` connection).
+pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// The loops that run one job until `stop` fires: its slots (durable, on
+/// a schedule under a lock, or a fixed-delay loop) and, for a durable job
+/// whose overlap policy may leave a slot waiting, the poll that starts
+/// it. `None` for a lock-mode job without valid lease bounds (logged).
+pub(super) fn job_loops(
+    store: Store,
+    clock: StoreClock,
+    job: Job,
+    f: Option<SlotFn>,
+    source: Option<DefinitionSource>,
+    stop: CancellationToken,
+) -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> {
+    Some(match f {
+        None => {
+            let release = job
+                .overlap
+                .may_wait()
+                .then(|| release_loop(store.clone(), job.name.clone(), stop.clone()));
+            let slots = slot_loop(store, clock, job, None, source, stop);
+            Box::pin(async move {
+                match release {
+                    Some(r) => {
+                        tokio::join!(r, slots);
+                    }
+                    None => slots.await,
+                }
+            })
+        }
+        Some(f) => {
+            let l = LockRun::new(&store, &job, f)?;
+            match job.fixed_delay {
+                Some(d) => Box::pin(fixed_delay_loop(store, clock, job, l, d, source, stop)),
+                None => Box::pin(slot_loop(store, clock, job, Some(l), source, stop)),
+            }
+        }
+    })
+}
+
 /// How often a scheduler asks the store to start a job's waiting slot
 /// (overlap `buffer_one`, `buffer_all`, `cancel_other`), plus up to
 /// [`BEAT_JITTER`]. The worker that ends a slot's run asks at once; this
@@ -207,7 +308,7 @@ const RECALIBRATION: Duration = Duration::from_secs(30);
 
 /// Up to this much is added to each background period, so that those
 /// calls drift off the beat of a worker's polls.
-const BEAT_JITTER: Duration = Duration::from_millis(400);
+pub(super) const BEAT_JITTER: Duration = Duration::from_millis(400);
 
 /// The loop of a durable job, or of a lock-mode job on a cron/interval
 /// schedule (`lock` set). Each round re-plans from the cursor and the
@@ -220,6 +321,7 @@ async fn slot_loop(
     clock: StoreClock,
     job: Job,
     lock: Option<LockRun>,
+    source: Option<DefinitionSource>,
     stop: CancellationToken,
 ) {
     const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -287,6 +389,7 @@ async fn slot_loop(
                 due_only: !step.early,
                 until: step.until,
                 not_before: step.not_before,
+                source,
                 ..JobAdvance::new(&job.name, cursor, slot, Some(&task))
             };
             if step.early {
@@ -361,6 +464,18 @@ async fn slot_loop(
                     fresh = false;
                     continue 'outer;
                 }
+                Ok(Advanced::Superseded) => {
+                    // Another definition in the store governs the slot:
+                    // this loop's is out of date, and the reload stops it
+                    // when it reads the change.
+                    tracing::debug!(job = %job.name, slot = %crate::format_time(slot), "another definition of the job governs this slot; waiting for the reload");
+                    tokio::select! {
+                        _ = tokio::time::sleep(MAX_WAIT) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    fresh = false;
+                    continue 'outer;
+                }
                 Err(e) => {
                     // The call may or may not have happened: re-read the
                     // cursor and the store's clock before planning again.
@@ -390,9 +505,12 @@ pub(super) async fn read_cursor(
     stop: &CancellationToken,
     backoff: &mut Duration,
 ) -> Option<Option<DateTime<Utc>>> {
+    let fingerprint = job.fingerprint();
+    note_other_definition(b, job, &fingerprint).await;
     let reg = crate::store::JobRegister::new(&job.name)
         .queue(&job.queue)
-        .overlap(job.overlap);
+        .overlap(job.overlap)
+        .fingerprint(&fingerprint);
     let job = job.name.as_str();
     match b.job_register(&reg).await {
         Ok(st) => {
@@ -403,6 +521,17 @@ pub(super) async fn read_cursor(
             crate::store::warn_unless_read_only!(e, job, error = %crate::error::chain(&e), "cannot read the job's cursor; retrying");
             pause(stop, backoff).await;
             None
+        }
+    }
+}
+
+/// Warn when the job's record holds another instance's fingerprint of it:
+/// two instances define the job two ways (e.g. config files that differ),
+/// and its slots run whichever way the instance that takes each one says.
+async fn note_other_definition(b: &dyn crate::store::Backend, job: &Job, mine: &str) {
+    if let Ok(Some(st)) = b.job_get(&job.name).await {
+        if let Some(theirs) = st.fingerprint.filter(|f| f != mine) {
+            tracing::warn!(job = %job.name, registered = %theirs, this_instance = %mine, "another instance registered a different definition of this job; its slots run whichever way the instance taking each says: make the definitions agree, or define the job in the store");
         }
     }
 }

@@ -58,11 +58,16 @@ pub struct AuditPage {
 impl AuditPage {
     /// The page size asked for (0 means 100).
     pub(crate) fn size(&self) -> u32 {
-        if self.limit == 0 {
-            100
-        } else {
-            self.limit
-        }
+        page_size(self.limit)
+    }
+}
+
+/// A page size asked for as `limit`: 0 means 100.
+pub(crate) fn page_size(limit: u32) -> u32 {
+    if limit == 0 {
+        100
+    } else {
+        limit
     }
 }
 

@@ -66,6 +66,9 @@ macro_rules! bounded_backend {
             fn wakes_across_processes(&self) -> bool {
                 self.inner.wakes_across_processes()
             }
+            fn claims_carry_finishes(&self) -> bool {
+                self.inner.claims_carry_finishes()
+            }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
                     self.noted(bounded(

@@ -1,7 +1,8 @@
 //! The requests a claim makes of the store: [`TaskClaim`] (up to `limit`
 //! due tasks of one queue, under its caps) and [`TaskClaimRated`] (the same
-//! under a rate limit), and what a rated claim answers ([`RatedClaim`]).
-//! Re-exported from [`crate::store`].
+//! under a rate limit), [`TaskClaimKeyRated`] (under a rate per
+//! concurrency key, [`KeyRate`]), and what a rated claim answers
+//! ([`RatedClaim`]). Re-exported from [`crate::store`].
 
 use std::time::Duration;
 
@@ -98,4 +99,78 @@ pub struct RatedClaim {
     /// before it can start a task of this limit); `None`: a start is
     /// allowed now.
     pub next_start: Option<DateTime<Utc>>,
+    /// Under a rate per concurrency key
+    /// ([`Backend::task_claim_key_rated`](super::Backend::task_claim_key_rated)):
+    /// when the claim came back short, the earliest instant (store time) at
+    /// which a key with pending tasks that its rate holds back may start
+    /// again; `None` otherwise (and always for the other claims).
+    pub key_next: Option<DateTime<Utc>>,
+}
+
+/// A rate per concurrency key: each key of a queue starts at most `max`
+/// tasks in any window of `per` of the store's clock
+/// ([`WorkerConfig::per_key_rate_limit`](crate::queue::WorkerConfig::per_key_rate_limit)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRate {
+    /// Starts allowed per window, per key (≥ 1).
+    pub max: u32,
+    /// The window (≥ 1 ms).
+    pub per: Duration,
+}
+
+/// The queue's own or a named rate limit, applied to a
+/// [`TaskClaimKeyRated`] on top of its keys' rate (the fields of
+/// [`TaskClaimRated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueRateRef<'a> {
+    /// A named limit shared by the queues that name it; `None`: the
+    /// queue's own.
+    pub name: Option<&'a str>,
+    /// Starts allowed per window (≥ 1).
+    pub max: u32,
+    /// The window (≥ 1 ms).
+    pub per: Duration,
+}
+
+/// A claim under a rate per concurrency key
+/// ([`Backend::task_claim_key_rated`](super::Backend::task_claim_key_rated)):
+/// `claim` as [`Backend::task_claim`](super::Backend::task_claim) takes it
+/// (its caps and buffer share honoured), but no concurrency key starts more
+/// than `key_rate.max` tasks in any window of `key_rate.per` of the store's
+/// clock, counting every claimer's starts, decided atomically with the
+/// claim. A task whose key is used up stays pending and untouched (no
+/// attempt counted) while other keys' tasks (and those without a key) are
+/// claimed. With `rate`, the queue's (or a named) limit applies too, as in
+/// [`TaskClaimRated`]. Not with `claim.fair` (refused with
+/// [`StoreError::Config`](crate::StoreError::Config)).
+#[derive(Debug, Clone)]
+pub struct TaskClaimKeyRated<'a> {
+    /// The claim.
+    pub claim: TaskClaim<'a>,
+    /// The rate every concurrency key of the queue is held to.
+    pub key_rate: KeyRate,
+    /// A queue's or named rate limit on top, if any.
+    pub rate: Option<QueueRateRef<'a>>,
+}
+
+impl<'a> TaskClaimKeyRated<'a> {
+    /// The queue's (or named) limit as a [`TaskClaimRated`] of `claim`.
+    pub fn rated(&self) -> Option<TaskClaimRated<'a>> {
+        self.rate.map(|r| TaskClaimRated {
+            claim: self.claim.clone(),
+            name: r.name,
+            max: r.max,
+            per: r.per,
+        })
+    }
+}
+
+/// The refusal of a fair claim under a rate per key
+/// ([`TaskClaimKeyRated`]), on every store.
+pub(crate) fn key_rate_fair_refused() -> crate::StoreError {
+    crate::StoreError::Config(
+        "a rate per concurrency key (per_key_rate) cannot be combined with fair claiming \
+         (fair) yet; drop one of the two"
+            .into(),
+    )
 }

@@ -1,7 +1,8 @@
-//! The fair claim's plan (`TaskClaim::fair`), shared by the backends that
-//! read the candidates and write the claim: which groups (concurrency keys,
-//! and the tasks without a key as one group) a claim serves and which of
-//! their tasks it takes.
+//! The fair claim's plan (`TaskClaim::fair`) for a backend that reads the
+//! candidates and writes the claim itself (SQLite; PostgreSQL and MySQL run
+//! the same rule in a server-side function and procedure, Redis in its
+//! script): which groups (concurrency keys, and the tasks without a key as
+//! one group) a claim serves and which of their tasks it takes.
 //!
 //! The rule (DESIGN.md, "Fair claiming"): a candidate task ranks by
 //! `(priority, n + running, after cursor, group)`, where `n` is its place
@@ -17,40 +18,25 @@
 //! group can make the cut. The reads scale with the number of groups with
 //! pending tasks, not with the backlog of any of them.
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use std::collections::HashMap;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 use super::TaskClaim;
-#[cfg(any(feature = "mysql", feature = "redis"))]
-use crate::error::StoreError;
 
-/// The backends (`Backend::kind`) whose claims honour `TaskClaim::fair`.
-pub(crate) const FAIR_STORES: &[&str] = &["sqlite", "postgres"];
-
-/// The refusal of a fair claim by a backend without it.
-#[cfg(any(feature = "mysql", feature = "redis"))]
-pub(crate) fn unsupported(kind: &str) -> StoreError {
-    StoreError::Config(format!(
-        "fair claiming (TaskClaim::fair) is not supported on the {kind} store yet \
-         (only on {})",
-        FAIR_STORES.join(" and ")
-    ))
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 /// The name the group of tasks without a concurrency key goes by in the
 /// rotation (and in the stored cursor): the empty string, which no
 /// concurrency key can be (`queue::validate_concurrency_key`).
 pub(crate) const NO_KEY: &str = "";
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 /// The name of a task's group.
 pub(crate) fn group_of(key: Option<&str>) -> &str {
     key.unwrap_or(NO_KEY)
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// A group's first due task, as the backend read it.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
@@ -60,7 +46,7 @@ pub(crate) struct Head {
     pub(crate) priority: i32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// A due task of a chosen group, as the backend read it.
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {
@@ -76,7 +62,7 @@ pub(crate) struct Candidate {
     pub(crate) max_attempts: i32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 /// The queue's state a fair claim plans from.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Running {
@@ -86,7 +72,7 @@ pub(crate) struct Running {
     pub(crate) total: u32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl Running {
     /// From `(concurrency key, running count)` rows.
     pub(crate) fn from_rows(rows: impl IntoIterator<Item = (Option<String>, i64)>) -> Running {
@@ -101,12 +87,13 @@ impl Running {
         r
     }
 
+    #[cfg(feature = "sqlite")]
     fn of(&self, key: Option<&str>) -> u32 {
         self.by_group.get(group_of(key)).copied().unwrap_or(0)
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// A group chosen by [`choose`]: read up to `take` of its due tasks.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Chosen {
@@ -116,7 +103,7 @@ pub(crate) struct Chosen {
     pub(crate) take: u32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// What a fair claim takes: the ids in claim order, and the cursor to
 /// store (`None`: the claim took nothing; leave the cursor as it is).
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +114,7 @@ pub(crate) struct Plan {
     pub(crate) cursor: Option<String>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// The rank of a group's `n`-th candidate (1-based): smaller first.
 fn rank<'k>(
     priority: i32,
@@ -141,7 +128,7 @@ fn rank<'k>(
     (priority, n.saturating_add(running), !after, name)
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// Room left in a group under the per-key cap (the tasks without a key are
 /// not capped).
 fn room(req: &TaskClaim<'_>, key: Option<&str>, running: &Running) -> u32 {
@@ -151,7 +138,7 @@ fn room(req: &TaskClaim<'_>, key: Option<&str>, running: &Running) -> u32 {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// The claim's size: the limit, or under `max_running` what it leaves.
 pub(crate) fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
     match req.max_running {
@@ -160,7 +147,7 @@ pub(crate) fn total(req: &TaskClaim<'_>, running: &Running) -> u32 {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// The groups to read the candidates of, from every group's head: the
 /// at most `limit` groups whose heads rank first, leaving out the keys at
 /// their cap.
@@ -195,7 +182,7 @@ pub(crate) fn choose(
         .collect()
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 /// The tasks to claim among the chosen groups' candidates (each group's
 /// in `(priority, run_at, id)` order): by rank, the first `limit -
 /// buffered` at once, the rest only with an attempt to spare
@@ -243,7 +230,7 @@ pub(crate) fn pick(
 /// best and a later place in the rotation, so it ranks after each of the
 /// keys found: [`choose`] over the heads read is exact, and a claim reads
 /// about `limit` + running keys' heads, however many keys wait.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 #[derive(Debug)]
 pub(crate) struct KeyWalk {
     cursor: Option<String>,
@@ -257,7 +244,7 @@ pub(crate) struct KeyWalk {
     seen: std::collections::HashSet<String>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 impl KeyWalk {
     /// A walk for a claim of `req` with `running`, from the queue's
     /// `cursor`, its best due priority `best`, and the heads read apart
@@ -357,13 +344,13 @@ impl KeyWalk {
 
 /// The claimed tasks in the plan's order (best first), as the claim
 /// returns them.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 pub(crate) fn in_plan_order(mut tasks: Vec<super::Task>, ids: &[i64]) -> Vec<super::Task> {
     tasks.sort_by_key(|t| ids.iter().position(|&x| x == t.id));
     tasks
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 #[cfg(test)]
 mod tests {
     use super::*;

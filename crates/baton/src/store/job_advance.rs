@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::jobdefs::DefinitionMark;
 use super::state::{self, Facts, Op, Target};
 use super::{
     waiting_run_at, Advanced, CancelOutcome, Enqueued, JobAdvance, NewTask, Overlap, RunAt,
@@ -76,6 +77,9 @@ pub(crate) enum Birth<'a> {
 pub(crate) trait SlotTx: CancelTx {
     /// Lock the job's row and read it; `None` when there is no such job.
     async fn job_row(&mut self, adv: &JobAdvance<'_>) -> Result<Option<JobRow>, StoreError>;
+    /// The job's definition row in the store, if it has one (read only
+    /// when the advance gives its `source`).
+    async fn definition(&mut self, job: &str) -> Result<Option<DefinitionMark>, StoreError>;
     /// The job's unfinished previous runs, by id (the overlap rule, with
     /// `adv.batch_after` and the task's creation before the slot: see
     /// [`JobAdvance::batch_after`]); at most 100.
@@ -118,6 +122,15 @@ pub(crate) async fn job_advance<T: SlotTx>(
     if adv.refused_at(now) {
         SlotTx::rollback(tx).await?;
         return Ok(Advanced::NotDue { now });
+    }
+    if let Some(source) = adv.source {
+        // Read under the job row's lock: a definition written after this
+        // read is written after the advance's store time, so it governs
+        // only slots after this one's lead (DESIGN.md D2).
+        if source.superseded(tx.definition(adv.job).await?, adv.slot) {
+            SlotTx::rollback(tx).await?;
+            return Ok(Advanced::Superseded);
+        }
     }
     let mut previous = if adv.checks_overlap() {
         tx.previous_runs(adv).await?

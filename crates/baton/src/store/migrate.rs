@@ -57,8 +57,19 @@ pub(crate) trait Dialect: Send {
 /// The table names (after the prefix) of every SQL backend: what
 /// `schema_remove` drops. A backend that adds a table adds it here.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) const SQL_TABLES: [&str; 8] = [
-    "meta", "locks", "tasks", "jobs", "queues", "slots", "rates", "audit",
+pub(crate) const SQL_TABLES: [&str; 12] = [
+    "meta",
+    "locks",
+    "tasks",
+    "jobs",
+    "queues",
+    "slots",
+    "rates",
+    "audit",
+    "jobdefs",
+    "key_rates",
+    "rollup",
+    "lock_history",
 ];
 
 /// Every table of `prefix`, each quoted with `q`, comma-separated.

@@ -45,6 +45,16 @@ pub struct StoreOptions {
     /// unique key or a schedule job are kept either way: they hold their key
     /// and the job's run history.
     pub keep_succeeded: bool,
+    /// Record every lock release in the lock history (default true):
+    /// who held which lock, with which token, from when until when, kept a
+    /// day (`Locker::history`, `baton serve`'s `/api/v1/locks/history`
+    /// and dashboard). A store URL's `lock_history=on` (or `off`) wins
+    /// over it, so every process that takes locks can be told alike. The
+    /// record is written by the release's own statement (SQLite,
+    /// PostgreSQL), script (Redis) or round trip (MySQL), and a tight lock
+    /// loop runs about as fast with it as without (0.97–1.02 of it on the
+    /// four stores, docs/BENCHMARKS.md), so it is on unless turned off.
+    pub lock_history: bool,
 }
 
 impl Default for StoreOptions {
@@ -57,6 +67,7 @@ impl Default for StoreOptions {
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             keep_succeeded: true,
+            lock_history: true,
         }
     }
 }
@@ -113,4 +124,49 @@ impl StoreOptions {
     pub(super) fn call_deadline(&self) -> Duration {
         self.connect_timeout + self.statement_timeout + Duration::from_secs(1)
     }
+}
+
+/// The URL parameter that turns the lock history on or off
+/// ([`StoreOptions::lock_history`]).
+pub const LOCK_HISTORY_PARAM: &str = "lock_history";
+
+/// `url` without its `lock_history=on|off` parameter, and the value it
+/// gave (a bad value is [`StoreError::Config`] naming the parameter).
+///
+/// ```
+/// use baton::store::take_lock_history_param;
+/// let (url, on) = take_lock_history_param("sqlite://b.db?lock_history=on").unwrap();
+/// assert_eq!((url.as_str(), on), ("sqlite://b.db", Some(true)));
+/// let (url, on) = take_lock_history_param("postgres://h/db?pool_size=4&lock_history=off").unwrap();
+/// assert_eq!((url.as_str(), on), ("postgres://h/db?pool_size=4", Some(false)));
+/// assert_eq!(take_lock_history_param("redis://h").unwrap().1, None);
+/// assert!(take_lock_history_param("redis://h?lock_history=maybe").is_err());
+/// ```
+pub fn take_lock_history_param(url: &str) -> Result<(String, Option<bool>), StoreError> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_string(), None));
+    };
+    let mut found = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((LOCK_HISTORY_PARAM, v)) => {
+                found = Some(match v {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => {
+                        return Err(StoreError::Config(format!(
+                            "store URL {:?}: {LOCK_HISTORY_PARAM}={v:?}: use on or off",
+                            super::redact(url)
+                        )))
+                    }
+                })
+            }
+            _ => kept.push(pair),
+        }
+    }
+    Ok(match kept.is_empty() {
+        true => (base.to_string(), found),
+        false => (format!("{base}?{}", kept.join("&")), found),
+    })
 }

@@ -32,6 +32,10 @@ pub struct LockRelease<'a> {
     pub token: FencingToken,
     /// The lease is held at least this long after the grant.
     pub at_least: Duration,
+    /// Record the release in the lock history (the store's
+    /// [`StoreOptions::lock_history`](super::StoreOptions::lock_history),
+    /// on by default; written by the release's own statement or script).
+    pub record: bool,
 }
 
 /// Params of [`Backend::lock_revoke`](super::Backend::lock_revoke): an
@@ -114,15 +118,26 @@ pub struct JobRegister<'a> {
     /// the recorded policy may leave one waiting ([`Overlap::may_wait`](super::Overlap::may_wait)).
     /// `None` leaves a recorded policy as it is.
     pub overlap: Option<super::Overlap>,
+    /// A fingerprint of the registering instance's definition of the job
+    /// (`Job::fingerprint`), kept so that an instance can see that another
+    /// one defines the job otherwise. `None` leaves a recorded one as it is.
+    pub fingerprint: Option<&'a str>,
 }
 
 impl<'a> JobRegister<'a> {
+    /// Record `fingerprint` as the job's definition fingerprint.
+    pub fn fingerprint(mut self, fingerprint: &'a str) -> JobRegister<'a> {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
     /// Register `job` without naming its queue or policy.
     pub fn new(job: &'a str) -> JobRegister<'a> {
         JobRegister {
             job,
             queue: None,
             overlap: None,
+            fingerprint: None,
         }
     }
 

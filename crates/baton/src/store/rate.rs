@@ -46,16 +46,35 @@ impl StartLog {
             .join(" ")
     }
 
+    /// The logged instants (µs), latest first.
+    pub(crate) fn instants(&self) -> &[i64] {
+        &self.0
+    }
+
     /// Starts logged after `now - per`.
-    fn in_window(&self, now_us: i64, per_us: i64) -> usize {
+    pub(crate) fn in_window(&self, now_us: i64, per_us: i64) -> usize {
         self.0.iter().take_while(|&&t| t > now_us - per_us).count()
     }
 
     /// Add `starts` and keep the `max` latest.
-    fn record(&mut self, starts: &[i64], max: u32) {
+    pub(crate) fn record(&mut self, starts: &[i64], max: u32) {
         self.0.extend_from_slice(starts);
         self.0.sort_unstable_by(|a, b| b.cmp(a));
         self.0.truncate(max as usize);
+    }
+
+    /// The instant (µs) from which the log allows a start: its `max`-th
+    /// latest start + `per` (0 while it holds fewer than `max`).
+    pub(crate) fn free_at(&self, max: u32, per_us: i64) -> i64 {
+        match (max as usize).checked_sub(1).and_then(|i| self.0.get(i)) {
+            Some(nth) => nth.saturating_add(per_us),
+            None => 0,
+        }
+    }
+
+    /// The latest start logged (µs), if any.
+    pub(crate) fn latest(&self) -> Option<i64> {
+        self.0.first().copied()
     }
 
     /// When the limit next allows a start, if it is used up at `now`: the
@@ -120,12 +139,13 @@ pub(crate) fn finish(
             tasks,
             now: at(now_us)?,
             next_start,
+            key_next: None,
         },
     })
 }
 
 /// A store instant in µs as a time.
-fn at(now_us: i64) -> Result<DateTime<Utc>, StoreError> {
+pub(crate) fn at(now_us: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(now_us)
         .ok_or_else(|| StoreError::Corrupt(format!("store clock {now_us} µs")))
 }

@@ -29,7 +29,7 @@ pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt
 
 /// The columns of the jobs table read into a [`JobState`] by [`job_state`].
 pub(crate) const JOB_COLS: &str =
-    "name, last_slot, paused, queue, overlap, pause_note, pause_by, pause_at";
+    "name, last_slot, paused, queue, overlap, pause_note, pause_by, pause_at, fingerprint";
 
 /// The columns of the queues table read by [`queue_row`] (MySQL's table
 /// names its key `queue`: it reads `queue AS name`).
@@ -232,6 +232,7 @@ pub(crate) fn job_state(row: &impl SqlRow) -> Result<JobState, StoreError> {
         queue: row.opt_text("queue")?,
         overlap,
         pause_change: pause_change(row)?,
+        fingerprint: row.opt_text("fingerprint")?,
     })
 }
 
@@ -283,6 +284,8 @@ pub(crate) fn queue_stats(row: &impl SqlRow) -> Result<crate::store::QueueStats,
         // Set afterwards from the queues table (`mark_paused`).
         paused: false,
         pause_change: None,
+        // Set by `Queue::stats` from the declared limits.
+        limits: None,
     })
 }
 

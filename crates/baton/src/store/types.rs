@@ -479,6 +479,9 @@ pub struct QueueStats {
     /// (`None`: never paused or resumed since the store recorded them).
     #[serde(default)]
     pub pause_change: Option<super::PauseChange>,
+    /// The limits its workers declared (`None`: none declared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<super::DeclaredLimits>,
 }
 
 /// The schema version a store records at this prefix against the one this
@@ -603,6 +606,12 @@ pub struct JobAdvance<'a> {
     /// judged at the slot, not `lead` before it. Once the store's now has
     /// reached `slot` the take is an ordinary one. `None`: no early take.
     pub not_before: Option<DateTime<Utc>>,
+    /// Which definition of the job the caller runs: refuse
+    /// ([`Advanced::Superseded`]) a slot that another definition in the
+    /// store governs ([`DefinitionSource`](super::DefinitionSource)).
+    /// `None`: no check (a scheduler that does not run the store's
+    /// definitions).
+    pub source: Option<super::DefinitionSource>,
 }
 
 impl<'a> JobAdvance<'a> {
@@ -625,6 +634,7 @@ impl<'a> JobAdvance<'a> {
             due_only: false,
             until: None,
             not_before: None,
+            source: None,
         }
     }
 
@@ -709,6 +719,10 @@ pub enum Advanced {
     Paused,
     /// No such job (call `job_register` first).
     UnknownJob,
+    /// Another definition of the job in the store governs this slot
+    /// ([`JobAdvance::source`]): nothing changed; the caller runs an out
+    /// of date definition and should read the store's again.
+    Superseded,
 }
 
 /// The scheduler's per-job state in the store.
@@ -731,6 +745,9 @@ pub struct JobState {
     /// paused or resumed since the store recorded them).
     #[serde(default)]
     pub pause_change: Option<super::PauseChange>,
+    /// The definition's fingerprint as last registered ([`JobRegister`](super::JobRegister)).
+    #[serde(default)]
+    pub fingerprint: Option<String>,
 }
 
 /// What is kept of a slot's run once pruning deleted its task (the slot's
@@ -753,44 +770,4 @@ pub struct PrunedSlot {
     pub last_error: Option<String>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
-}
-
-/// A wake-up: `queue` has new pending work, due now (`due: None`) or at
-/// `due` (store time). Workers claim at once, or arm a timer for `due`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Wake {
-    /// The queue with new work.
-    pub queue: String,
-    /// When the earliest announced task becomes due, in store time; `None`
-    /// when it is due already.
-    pub due: Option<DateTime<Utc>>,
-}
-
-impl Wake {
-    /// Work in `queue` due now.
-    pub fn now(queue: impl Into<String>) -> Wake {
-        Wake {
-            queue: queue.into(),
-            due: None,
-        }
-    }
-
-    /// Parse a wake-up message as the PostgreSQL and Redis backends send it:
-    /// `queue` (due now) or `queue\n<run_at in µs since the epoch>`. Queue
-    /// names hold no control characters, so the newline is unambiguous; a
-    /// malformed time reads as "due now" (a wake-up is only a hint).
-    #[cfg(any(feature = "postgres", feature = "redis"))]
-    pub(crate) fn parse(payload: &str) -> Wake {
-        match payload.split_once('\n') {
-            None => Wake::now(payload),
-            Some((queue, at)) => Wake {
-                queue: queue.to_string(),
-                due: at
-                    .trim()
-                    .parse::<i64>()
-                    .ok()
-                    .and_then(DateTime::from_timestamp_micros),
-            },
-        }
-    }
 }

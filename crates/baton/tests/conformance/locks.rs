@@ -200,7 +200,8 @@ pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
         .lock_release(&baton::store::LockRelease {
             name: "lapse",
             token: old.token(),
-            at_least: Duration::ZERO
+            at_least: Duration::ZERO,
+            record: false,
         })
         .await
         .unwrap());
@@ -311,7 +312,8 @@ pub async fn keep_alive_extends_and_signals_loss(ts: TestStore) {
         .lock_release(&baton::store::LockRelease {
             name: "alive",
             token: handle.token(),
-            at_least: Duration::ZERO
+            at_least: Duration::ZERO,
+            record: false,
         })
         .await
         .unwrap());
@@ -654,7 +656,8 @@ pub async fn revoke_refuses_the_holder_and_frees_within_the_bound(ts: TestStore)
             .lock_release(&baton::store::LockRelease {
                 name: "revoked",
                 token,
-                at_least: Duration::ZERO
+                at_least: Duration::ZERO,
+                record: false,
             })
             .await
             .unwrap(),

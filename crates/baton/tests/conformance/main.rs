@@ -21,13 +21,18 @@ mod delete;
 mod fair;
 mod identity;
 mod idle;
+mod jobdefs;
+mod key_rate;
 mod keys;
+mod lock_history;
 mod locks;
 mod model;
 mod overlap;
 mod pause_notes;
 mod queue;
+mod queue_view;
 mod rate;
+mod rollup;
 mod schedule;
 mod search;
 mod snooze;
@@ -43,8 +48,15 @@ pub use harness::TestStore;
 baton_testkit::per_backend! {
     run: crate::harness::run, threads: 4;
     idle::idle_worker_makes_about_one_query_per_second,
+    idle::busy_worker_sends_its_results_with_its_claims,
     identity::a_store_that_forgot_is_noticed,
     identity::task_ids_never_repeat_after_a_restore,
+    jobdefs::definitions_are_versioned_compare_and_set,
+    jobdefs::stored_jobs_follow_changes_once_per_slot,
+    jobdefs::registration_keeps_the_definition_fingerprint,
+    jobdefs::a_definitions_write_is_heard_at_once,
+    jobdefs::old_tombstones_are_pruned_keeping_the_revision,
+    jobdefs::a_stale_definition_cannot_take_a_newer_ones_slot,
     locks::grant_busy_release,
     locks::tokens_strictly_increase,
     locks::mutual_exclusion_16_contenders,
@@ -74,6 +86,7 @@ baton_testkit::per_backend! {
     queue::traceparent_round_trips,
     queue::finish_is_compare_and_set,
     queue::finish_many_is_per_item_compare_and_set,
+    queue::finish_and_claim_is_per_item_compare_and_set,
     queue::rescue_out_of_attempts_fails_with_reason,
     queue::retries_with_backoff_then_succeeds,
     queue::out_of_attempts_is_dead_lettered_and_retryable,
@@ -90,19 +103,30 @@ baton_testkit::per_backend! {
     queue::inspect_list_stats_prune,
     search::search_by_kind_key_text_and_time,
     audit::audit_records_list_page_and_prune,
+    rollup::rollup_flushes_add_up_read_by_range_and_prune,
+    lock_history::releases_are_kept_listed_and_pruned,
     search::bad_search_terms_are_refused_by_name,
     queue::worker_counters_count_outcomes,
     queue::max_running_caps_the_whole_cluster,
     keys::per_key_cap_holds_under_16_racing_claimers,
     keys::saturated_key_does_not_hold_back_other_keys,
     keys::workers_run_one_per_key_and_start_the_next_at_once,
+    queue_view::key_load_counts_running_and_pending_per_key,
+    queue_view::declared_limits_are_kept_and_listed,
     fair::backlog_of_one_key_does_not_hold_back_the_others,
     fair::fair_claim_keeps_priority_first,
     fair::fair_claims_keep_the_per_key_cap_under_16_racing_claimers,
     fair::fair_workers_run_a_small_key_past_a_backlog,
+    fair::fair_claims_see_the_tasks_enqueued_before_the_fair_upgrade,
+    fair::fair_claims_see_every_due_task,
+    fair::fair_claims_serve_the_fewest_running_first,
+    fair::fair_claims_keep_the_rate_limit_and_max_running,
     rate::rate_limit_holds_in_every_window_under_racing_claimers,
     rate::shared_rate_limit_holds_across_two_queues,
     rate::workers_wait_for_the_next_allowed_start,
+    key_rate::key_rate_holds_in_every_window_under_16_racing_claimers,
+    key_rate::limited_key_does_not_hold_back_others_and_says_when,
+    key_rate::key_view_shows_each_keys_rate_state,
     queue::stale_claim_after_hand_back_is_refused,
     queue::resent_finish_many_changes_nothing,
     queue::cancel_requested_then_retryable_failure_cancels,

@@ -1081,6 +1081,7 @@ impl Real<'_> {
                     name: LOCKS[*l],
                     token: self.grants[*l][*g].0,
                     at_least: if *keep { LONG } else { Duration::ZERO },
+                    record: *keep,
                 })
                 .await
                 .map_err(|e| err("lock_release", e))?]),

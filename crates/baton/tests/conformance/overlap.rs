@@ -54,6 +54,7 @@ async fn take(ts: &TestStore, job: &Job, c0: DateTime<Utc>, n: i64, ov: Overlap)
             due_only: false,
             until: None,
             not_before: None,
+            source: None,
         })
         .await
         .unwrap()

@@ -614,7 +614,10 @@ pub async fn timeout_fails_the_attempt(ts: TestStore) {
         .await
         .unwrap()
         .id;
-    let mut w = Worker::new(ts.store.clone(), fast_config("default", 1)).unwrap();
+    // A lease far longer than the timeout: under a loaded machine a 600 ms
+    // lease can lapse first, and the test is of the timeout.
+    let cfg = fast_config("default", 1).lease(Duration::from_secs(5));
+    let mut w = Worker::new(ts.store.clone(), cfg).unwrap();
     w.handle("hang", |_| async move {
         tokio::time::sleep(Duration::from_secs(60)).await;
         Ok(())
@@ -622,7 +625,8 @@ pub async fn timeout_fails_the_attempt(ts: TestStore) {
     let stop = CancellationToken::new();
     let run = tokio::spawn(w.run(stop.clone()));
     let info = wait_state(&q, id, TaskState::Failed, 5).await;
-    assert!(info.last_error.unwrap().contains("timed out"));
+    let error = info.last_error.unwrap_or_default();
+    assert!(error.contains("timed out"), "last_error: {error:?}");
     stop.cancel();
     run.await.unwrap().unwrap();
 }
@@ -1010,52 +1014,14 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     let c = claim(&ts.store, "default", 5, 10_000).await;
     assert_eq!(c.len(), 5);
     let cl = |t: &baton::store::Task| t.claim();
-    // A claim that is already finished, and one with a stale attempt.
-    assert!(b
-        .task_finish_many(&[(cl(&c[4]), Finish::Succeeded)])
-        .await
-        .map(|r| r == [true])
-        .unwrap());
-    let stale = Claim {
-        token: FencingToken(c[3].token.0 - 1),
-        ..c[3].claim()
-    };
-    let items = vec![
-        (cl(&c[0]), Finish::Succeeded),
-        (
-            cl(&c[1]),
-            Finish::Failed {
-                error: "boom".into(),
-                retry_in: Some(Duration::from_secs(60)),
-            },
-        ),
-        (cl(&c[2]), Finish::HandBack),
-        (stale, Finish::Succeeded),
-        (cl(&c[4]), Finish::Succeeded),
-    ];
+    let items = every_kind_batch(b, &c).await;
     assert_eq!(
         b.task_finish_many(&items).await.unwrap(),
         [true, true, true, false, false]
     );
     let q = &q;
     let state = |id| async move { q.task(id).await.unwrap().unwrap() };
-    assert_eq!(state(c[0].id).await.state, TaskState::Succeeded);
-    let failed = state(c[1].id).await;
-    assert_eq!(
-        (failed.state, failed.last_error.as_deref()),
-        (TaskState::Pending, Some("boom"))
-    );
-    let back = state(c[2].id).await;
-    assert_eq!((back.state, back.attempt), (TaskState::Pending, 0));
-    assert_eq!(
-        back.run_at, c[2].run_at,
-        "a handed-back task keeps its place in line"
-    );
-    assert_eq!(
-        state(c[3].id).await.state,
-        TaskState::Running,
-        "stale attempt changed nothing"
-    );
+    check_every_kind_batch(q, &c).await;
     assert!(b.task_finish_many(&[]).await.unwrap().is_empty());
 
     // Only successes (the batched fast path): still per item.
@@ -1081,6 +1047,204 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     );
     assert_eq!(state(fresh.id).await.state, TaskState::Succeeded);
     assert_eq!(state(c[3].id).await.state, TaskState::Running);
+}
+
+/// Five claimed tasks' finishes of every kind: `c[0]` succeeded, `c[1]`
+/// failed with a retry in a minute, `c[2]` handed back, `c[3]` with a
+/// stale token, `c[4]` already finished (here, first): the per-item
+/// answer must be `[true, true, true, false, false]`.
+async fn every_kind_batch(
+    b: &dyn baton::store::Backend,
+    c: &[baton::store::Task],
+) -> Vec<(Claim, Finish)> {
+    let cl = |t: &baton::store::Task| t.claim();
+    assert_eq!(
+        b.task_finish_many(&[(cl(&c[4]), Finish::Succeeded)])
+            .await
+            .unwrap(),
+        [true]
+    );
+    let stale = Claim {
+        token: FencingToken(c[3].token.0 - 1),
+        ..c[3].claim()
+    };
+    vec![
+        (cl(&c[0]), Finish::Succeeded),
+        (
+            cl(&c[1]),
+            Finish::Failed {
+                error: "boom".into(),
+                retry_in: Some(Duration::from_secs(60)),
+            },
+        ),
+        (cl(&c[2]), Finish::HandBack),
+        (stale, Finish::Succeeded),
+        (cl(&c[4]), Finish::Succeeded),
+    ]
+}
+
+/// The end states [`every_kind_batch`] leaves: `c[3]`'s stale finish
+/// changed nothing.
+async fn check_every_kind_batch(q: &Queue, c: &[baton::store::Task]) {
+    let state = |id| async move { q.task(id).await.unwrap().unwrap() };
+    assert_eq!(state(c[0].id).await.state, TaskState::Succeeded);
+    let failed = state(c[1].id).await;
+    assert_eq!(
+        (failed.state, failed.last_error.as_deref()),
+        (TaskState::Pending, Some("boom"))
+    );
+    let back = state(c[2].id).await;
+    assert_eq!((back.state, back.attempt), (TaskState::Pending, 0));
+    assert_eq!(
+        back.run_at, c[2].run_at,
+        "a handed-back task keeps its place in line"
+    );
+    let kept = state(c[3].id).await;
+    assert_eq!(
+        (kept.state, kept.attempt),
+        (TaskState::Running, 1),
+        "a stale attempt changed nothing"
+    );
+}
+
+/// `task_finish_and_claim`: each finish the same per-item compare-and-set
+/// as `task_finish_many` (a stale token or a finished attempt refused and
+/// nothing changed), every kind of finish ending as it does there, and the
+/// claim as `task_claim` makes it (new fencing tokens, leases); under a
+/// cap the claim sees the finishes sent with it.
+pub async fn finish_and_claim_is_per_item_compare_and_set(ts: TestStore) {
+    use baton::store::{FinishedAndClaimed, TaskFinishAndClaim};
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    for i in 0..5 {
+        q.enqueue(task("held").queue("fc_held").priority(i))
+            .await
+            .unwrap();
+    }
+    let mut next = Vec::new();
+    for i in 0..3 {
+        next.push(
+            q.enqueue(task("next").queue("fc_next").priority(i))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let c = claim(&ts.store, "fc_held", 5, 10_000).await;
+    assert_eq!(c.len(), 5);
+    let cl = |t: &baton::store::Task| t.claim();
+    let items = every_kind_batch(b, &c).await;
+    let req = TaskClaim {
+        queue: "fc_next",
+        worker: "fc-worker",
+        limit: 10,
+        lease: Duration::from_secs(10),
+        max_running: None,
+        per_key_max_running: None,
+        buffered: 0,
+        fair: false,
+    };
+    let FinishedAndClaimed { finished, tasks } = b
+        .task_finish_and_claim(&TaskFinishAndClaim {
+            finish: &items,
+            claim: &req,
+        })
+        .await
+        .unwrap();
+    assert_eq!(finished, [true, true, true, false, false]);
+    assert_eq!(tasks.iter().map(|t| t.id).collect::<Vec<_>>(), next);
+    for t in &tasks {
+        assert_eq!((t.attempt, t.queue.as_str()), (1, "fc_next"));
+        assert!(t.token.0 > 0, "a fencing token: {t:?}");
+    }
+    let q = &q;
+    let state = |id| async move { q.task(id).await.unwrap().unwrap() };
+    check_every_kind_batch(q, &c).await;
+    for t in &tasks {
+        let info = state(t.id).await;
+        assert_eq!(info.state, TaskState::Running);
+        assert!(info.lease_until.is_some());
+    }
+
+    // Successes only (the bare finish): still per item, and an empty
+    // claim.
+    let items = vec![
+        (cl(&tasks[0]), Finish::Succeeded),
+        (
+            Claim {
+                token: FencingToken(tasks[1].token.0 + 1),
+                ..tasks[1].claim()
+            },
+            Finish::Succeeded,
+        ),
+        (cl(&c[3]), Finish::Succeeded),
+    ];
+    let r = b
+        .task_finish_and_claim(&TaskFinishAndClaim {
+            finish: &items,
+            claim: &req,
+        })
+        .await
+        .unwrap();
+    assert_eq!((r.finished, r.tasks.len()), (vec![true, false, true], 0));
+    assert_eq!(state(tasks[0].id).await.state, TaskState::Succeeded);
+    assert_eq!(state(tasks[1].id).await.state, TaskState::Running);
+    assert_eq!(state(c[3].id).await.state, TaskState::Succeeded);
+
+    // No finishes: the claim alone.
+    let more = q.enqueue(task("next").queue("fc_next")).await.unwrap().id;
+    let r = b
+        .task_finish_and_claim(&TaskFinishAndClaim {
+            finish: &[],
+            claim: &req,
+        })
+        .await
+        .unwrap();
+    assert!(r.finished.is_empty());
+    assert_eq!(r.tasks.iter().map(|t| t.id).collect::<Vec<_>>(), [more]);
+
+    // Under a cap of one running task, the claim counts the task finished
+    // with it as no longer running.
+    let capped = TaskClaim {
+        max_running: Some(1),
+        limit: 1,
+        ..req.clone()
+    };
+    let r = b
+        .task_finish_and_claim(&TaskFinishAndClaim {
+            finish: &[
+                (cl(&tasks[1]), Finish::Succeeded),
+                (cl(&tasks[2]), Finish::Succeeded),
+                (cl(&r.tasks[0]), Finish::Succeeded),
+            ],
+            claim: &TaskClaim {
+                queue: "fc_capped",
+                ..capped
+            },
+        })
+        .await
+        .unwrap();
+    assert_eq!((r.finished, r.tasks.len()), (vec![true, true, true], 0));
+    let one = q.enqueue(task("c").queue("fc_capped")).await.unwrap().id;
+    let two = q.enqueue(task("c").queue("fc_capped")).await.unwrap().id;
+    let first = claim(&ts.store, "fc_capped", 1, 10_000).await;
+    assert_eq!(first.iter().map(|t| t.id).collect::<Vec<_>>(), [one]);
+    let r = b
+        .task_finish_and_claim(&TaskFinishAndClaim {
+            finish: &[(cl(&first[0]), Finish::Succeeded)],
+            claim: &TaskClaim {
+                queue: "fc_capped",
+                ..capped
+            },
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.finished, [true]);
+    assert_eq!(
+        r.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [two],
+        "the capped claim saw the finish sent with it"
+    );
 }
 
 /// A worker's own counters: attempts by queue and outcome, running now,

@@ -53,6 +53,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
         due_only: false,
         until: None,
         not_before: None,
+        source: None,
     };
     let Advanced::Enqueued(e1) = b.job_advance(&adv(Some(c0), s1, &t1)).await.unwrap() else {
         panic!("first advance enqueues")
@@ -104,6 +105,7 @@ pub async fn cursor_is_compare_and_set(ts: TestStore) {
         due_only: false,
         until: None,
         not_before: None,
+        source: None,
     };
     assert_eq!(b.job_advance(&other).await.unwrap(), Advanced::UnknownJob);
     let jobs = b.job_list().await.unwrap();
@@ -146,6 +148,7 @@ pub async fn overlap_forbid_records_a_skip(ts: TestStore) {
         due_only: false,
         until: None,
         not_before: None,
+        source: None,
     };
     let Advanced::Enqueued(first) = b
         .job_advance(&adv(Some(c0), s1, &t1, Overlap::Skip))
@@ -217,6 +220,7 @@ pub async fn trigger_and_scheduler_share_a_slot(ts: TestStore) {
         due_only: false,
         until: None,
         not_before: None,
+        source: None,
     };
     assert_eq!(
         b.job_advance(&adv).await.unwrap(),

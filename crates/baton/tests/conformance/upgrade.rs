@@ -529,11 +529,15 @@ async fn mysql_pool(ts: &TestStore) -> sqlx::MySqlPool {
 /// version 7 the tasks' `concurrency_key`, version 8 the unique keys
 /// rewritten into their default scope, version 9 rate limits' start logs,
 /// version 10 the until-failed hold, version 11 the jobs' policies and the pause notes
-/// of jobs and queues, version 12 the audit log, version 13 the key-starts index. A fresh
+/// of jobs and queues, version 12 the audit log, version 13 the key-starts index,
+/// version 14 fair claiming's cursor and index, version 15 the queues'
+/// declared limits, version 16 job definitions, version 17 rates per key,
+/// version 18 the throughput rollup, version 19 lock history, version 20 the rollup per job,
+/// version 21 the fair claim procedure (dropped here too). A fresh
 /// store records the current version; a version-2 store (the
 /// columns dropped, the version set back) is upgraded in place, keeps its
-/// tasks, enqueues with the right ids, keeps trace contexts and pauses
-/// queues; a store recording a newer version
+/// tasks, enqueues with the right ids, keeps trace contexts, pauses
+/// queues and claims fairly; a store recording a newer version
 /// than this build's is refused, untouched.
 async fn mysql_versions(ts: TestStore) {
     let p = &ts.prefix;
@@ -550,6 +554,8 @@ async fn mysql_versions(ts: TestStore) {
             format!("ALTER TABLE `{p}tasks` DROP COLUMN enqueue_mark"),
             format!("ALTER TABLE `{p}queues` DROP COLUMN paused"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN traceparent"),
+            format!("DROP INDEX tasks_key_pending ON `{p}tasks`"),
+            format!("ALTER TABLE `{p}queues` DROP COLUMN fair_cursor"),
             format!("ALTER TABLE `{p}tasks` DROP COLUMN concurrency_key"),
             format!(
                 "ALTER TABLE `{p}jobs` DROP COLUMN overlap, DROP COLUMN pause_note, \
@@ -559,6 +565,7 @@ async fn mysql_versions(ts: TestStore) {
                 "ALTER TABLE `{p}queues` DROP COLUMN pause_note, DROP COLUMN pause_by, \
                  DROP COLUMN pause_at"
             ),
+            format!("DROP PROCEDURE `{p}fair_claim`"),
             format!("UPDATE `{p}meta` SET value = '2' WHERE `key` = 'schema_version'"),
         ] {
             sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -617,7 +624,12 @@ async fn mysql_versions(ts: TestStore) {
         };
         assert!(ub.task_claim(&req).await.unwrap().is_empty(), "paused");
         q.resume("new").await.unwrap();
-        assert_eq!(ub.task_claim(&req).await.unwrap().len(), 5, "resumed");
+        let fair = TaskClaim { fair: true, ..req };
+        assert_eq!(
+            ub.task_claim(&fair).await.unwrap().len(),
+            5,
+            "resumed, fair"
+        );
         pool.close().await;
     }
     // The durability check reads the server's settings (the test server
@@ -717,12 +729,61 @@ pub async fn v1_store_upgrades_in_place(ts: TestStore) {
     }
     let b = store.backend();
 
+    // The throughput rollup (SQLite 14, PostgreSQL 15, MySQL 14; Redis
+    // keys made by the first flush) takes and answers counts.
+    let bucket = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(
+        baton::store::stats::bucket_of(b.now().await.unwrap().timestamp_millis(), 60),
+    )
+    .unwrap();
+    let counted = baton::store::StatsCounts {
+        succeeded: 3,
+        ..Default::default()
+    };
+    // Keyed by job too (the last SQL step): a job's row and the kind's
+    // row of no job stay apart.
+    let stats_row = |job: Option<&str>| baton::store::StatsRow {
+        res_secs: 60,
+        bucket,
+        queue: "q".into(),
+        kind: "k".into(),
+        job: job.map(String::from),
+        counts: counted,
+    };
+    b.stats_add(&[stats_row(None), stats_row(Some("J"))])
+        .await
+        .unwrap();
+    let read = b
+        .stats_read(&baton::store::StatsQuery {
+            res_secs: 60,
+            since: bucket,
+            queue: None,
+            kind: None,
+            job: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 2, "{read:?}");
+    assert_eq!(read[0].counts, counted);
+    assert_eq!(read[1].job.as_deref(), Some("J"));
+
     // The data survived.
     let lock = b.lock_get("L").await.unwrap().expect("lock kept");
     assert_eq!((lock.holder.as_str(), lock.token.0), ("old-holder", 5));
     let jobs = b.job_list().await.unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].name, "J");
+    // The last step's definitions table (hash on Redis) is there.
+    let spec = serde_json::json!({"every": "1m"});
+    let put = baton::store::JobDefPut {
+        name: "J",
+        spec: &spec,
+        expected: None,
+        by: "t",
+    };
+    assert_eq!(
+        b.jobdef_put(&put).await.unwrap(),
+        baton::store::JobDefWrite::Written { version: 1 }
+    );
     assert_eq!(
         jobs[0].last_slot.map(|s| s.timestamp_millis()),
         Some(SLOT_MS)
@@ -1060,6 +1121,10 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
             .job_register(&baton::store::JobRegister::new("j"))
             .await
             .unwrap();
+        let spec = serde_json::json!({"every": "1m"});
+        baton::schedule::definitions::create(&s, "d", &spec, "t")
+            .await
+            .unwrap();
     };
     fill(ts.store.clone()).await;
     let other = open(neighbour.clone(), true).await;
@@ -1068,6 +1133,30 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
     ts.store.remove_schema().await.unwrap();
     assert_eq!(ts.store.schema_status().await.unwrap().found, None);
     ts.store.remove_schema().await.unwrap(); // nothing there: fine
+    if ts.kind == Kind::Mysql {
+        // The fair claim procedure goes with the tables; the neighbour's stays.
+        let pool = mysql_pool(&ts).await;
+        let count = |name: String| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT COUNT(*) FROM information_schema.routines \
+                     WHERE routine_schema = DATABASE() AND routine_name = ?",
+                )
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+            }
+        };
+        assert_eq!(
+            count(format!("{p}fair_claim")).await,
+            0,
+            "procedure dropped"
+        );
+        assert_eq!(count(format!("{neighbour}fair_claim")).await, 1);
+        pool.close().await;
+    }
 
     let again = open(p.clone(), true).await;
     let q = Queue::new(again.clone());
@@ -1078,6 +1167,8 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
         .await
         .unwrap()
         .is_empty());
+    assert!(again.backend().jobdef_list().await.unwrap().is_empty());
+    assert_eq!(again.backend().jobdef_revision().await.unwrap(), 0);
 
     // The neighbour kept everything.
     let q = Queue::new(other.clone());
@@ -1088,6 +1179,7 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
         baton::schedule::job_statuses(&other).await.unwrap().len(),
         1
     );
+    assert_eq!(other.backend().jobdef_list().await.unwrap().len(), 1);
     other.remove_schema().await.unwrap();
 }
 

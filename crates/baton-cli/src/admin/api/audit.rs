@@ -8,11 +8,7 @@ pub async fn audit(
     Extract(state): S,
     q: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Answer {
-    let Query(q) =
-        q.map_err(|e| ApiError::bad("query", format!("{}; use ?before=&limit=", e.body_text())))?;
-    if let Some(k) = q.keys().find(|k| !matches!(k.as_str(), "before" | "limit")) {
-        return Err(ApiError::bad(k, "unknown parameter; use before or limit"));
-    }
+    let q = params(q, &["before", "limit"])?;
     let (before_id, limit) = page_params(&q)?;
     let page = baton::store::AuditPage { before_id, limit };
     let records = baton::audit::list(&state.store, &page).await?;

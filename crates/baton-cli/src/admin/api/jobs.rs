@@ -2,17 +2,34 @@
 //! trigger one of its slots, backfill a range of them.
 
 use super::*;
+use crate::stored_jobs;
+
+/// The job `name` as this server runs it: the store's definition, else
+/// its config's job.
+async fn job_named(
+    state: &State,
+    name: &str,
+) -> Result<Option<crate::config::JobConfig>, ApiError> {
+    let defs = schedule::definitions::list(&state.store).await?;
+    Ok(stored_jobs::effective_jobs(&defs, &state.jobs)
+        .into_iter()
+        .find(|j| j.name == name))
+}
 
 /// `GET /api/v1/jobs`.
 pub async fn jobs(Extract(state): S) -> Answer {
     let now = state.store.now().await?;
-    let statuses =
-        shapes::with_config_jobs(schedule::job_statuses(&state.store).await?, &state.jobs);
+    // The store's definitions stand in for config jobs of the same name.
+    let defs = schedule::definitions::list(&state.store).await?;
+    let jobs = stored_jobs::effective_jobs(&defs, &state.jobs);
+    let statuses = shapes::with_config_jobs(schedule::job_statuses(&state.store).await?, &jobs);
     let rows: Vec<Value> = statuses
         .iter()
         .map(|s| {
-            let cfg = state.jobs.iter().find(|j| j.name == s.state.name);
-            shapes::job(s, cfg, now)
+            let cfg = jobs.iter().find(|j| j.name == s.state.name);
+            let registered = s.state.fingerprint.as_deref();
+            let source = stored_jobs::source_text(&s.state.name, &defs, &state.jobs, registered);
+            stored_jobs::with_source(shapes::job(s, cfg, now), &defs, &source)
         })
         .collect();
     Ok(Json(Value::Array(rows)))
@@ -75,9 +92,9 @@ pub async fn job_trigger(
     Body(b): Body<TriggerBody>,
 ) -> Answer {
     check_name("job", &name)?;
-    let Some(cfg) = state.jobs.iter().find(|j| j.name == name) else {
+    let Some(cfg) = job_named(&state, &name).await? else {
         return Err(ApiError::not_found(format!(
-            "no job {name:?} in this server's config (only configured jobs can be triggered here)"
+            "no job {name:?} in this server's config or the store's definitions"
         )));
     };
     let job = cfg.job();
@@ -133,9 +150,9 @@ pub async fn job_backfill(
     Body(b): Body<BackfillBody>,
 ) -> Answer {
     check_name("job", &name)?;
-    let Some(cfg) = state.jobs.iter().find(|j| j.name == name) else {
+    let Some(cfg) = job_named(&state, &name).await? else {
         return Err(ApiError::not_found(format!(
-            "no job {name:?} in this server's config (only configured jobs can be backfilled here)"
+            "no job {name:?} in this server's config or the store's definitions"
         )));
     };
     let range = schedule::Backfill::new(rfc3339("from", &b.from)?, rfc3339("to", &b.to)?)

@@ -8,6 +8,31 @@ pub async fn locks(Extract(state): S) -> Answer {
     Ok(Json(Value::Array(list.iter().map(shapes::lock).collect())))
 }
 
+/// `GET /api/v1/locks/history?name=&limit=`: released leases, newest
+/// first (`{records: [{name, holder, token, acquired_at, released_at}]}`).
+pub async fn lock_history(
+    Extract(state): S,
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Answer {
+    let q = params(q, &["name", "limit"])?;
+    let limit = match q.get("limit") {
+        None => 50,
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| ApiError::bad("limit", format!("{l:?} is not 1 to 1000")))?,
+    };
+    let query = baton::store::LockHistoryQuery {
+        name: q.get("name").filter(|n| !n.is_empty()).cloned(),
+        limit,
+    };
+    let records = Locker::new(state.store.clone()).history(&query).await?;
+    Ok(Json(
+        json!({"records": records.iter().map(shapes::lock_record).collect::<Vec<_>>()}),
+    ))
+}
+
 /// The body of a force-release: the token the caller saw.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -117,6 +117,28 @@ impl From<serde_json::Error> for ApiError {
 
 type Answer = Result<Json<Value>, ApiError>;
 
+/// A GET's query parameters, each one of `allowed`: a query that does not
+/// parse, or a parameter not allowed, is a 400 naming it with the form.
+fn params(
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    allowed: &[&str],
+) -> Result<HashMap<String, String>, ApiError> {
+    let form: Vec<String> = allowed.iter().map(|a| format!("{a}=")).collect();
+    let Query(q) = q.map_err(|e| {
+        ApiError::bad(
+            "query",
+            format!("{}; use ?{}", e.body_text(), form.join("&")),
+        )
+    })?;
+    if let Some(k) = q.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(ApiError::bad(
+            k,
+            format!("unknown parameter; use {}", allowed.join(", ")),
+        ));
+    }
+    Ok(q)
+}
+
 /// 404 for every path no route serves.
 pub async fn not_found() -> Response {
     error(
@@ -127,17 +149,23 @@ pub async fn not_found() -> Response {
 }
 
 mod audit;
+mod definitions;
 mod extract;
 mod jobs;
+mod keys;
 mod locks;
 mod probes;
 mod queues;
+mod stats;
 mod tasks;
 
 pub use audit::*;
+pub use definitions::*;
 pub use extract::*;
 pub use jobs::*;
+pub use keys::*;
 pub use locks::*;
 pub use probes::*;
 pub use queues::*;
+pub use stats::*;
 pub use tasks::*;

@@ -24,17 +24,6 @@ impl History {
         }
         self.samples.push_back(s);
     }
-
-    /// Tasks finished per queue over the samples kept (pruning can lower a
-    /// count; such a step counts as zero).
-    fn finished(&self, queue: &str) -> u64 {
-        let counts: Vec<u64> = self
-            .samples
-            .iter()
-            .filter_map(|s| s.queues.get(queue).map(|c| c[2]))
-            .collect();
-        counts.windows(2).map(|w| w[1].saturating_sub(w[0])).sum()
-    }
 }
 
 async fn sample(state: &State) -> Result<(), baton::Error> {
@@ -68,21 +57,27 @@ pub async fn sample_loop(state: Arc<State>) {
 }
 
 /// `GET /api/v1/queues`: per queue, the counts by state, the oldest due
-/// pending task's age, the paused flag and the tasks finished over the last hour (as
-/// sampled by this server since it started).
+/// pending task's age, the paused flag and the tasks finished over the
+/// last hour (succeeded, failed for good or cancelled by a worker: the
+/// store's rollup, the same on every instance).
 pub async fn queues(Extract(state): S) -> Answer {
     let stats = Queue::new(state.store.clone()).stats().await?;
-    let h = state
-        .history
-        .lock()
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "history poisoned"))?;
-    let since = h.samples.front().map(|s| output::ts(s.at));
+    let hour = baton::stats::series(
+        &state.store,
+        baton::stats::Range::Hour,
+        &baton::stats::SeriesFilter::default(),
+    )
+    .await?;
+    let mut finished: BTreeMap<&str, i64> = BTreeMap::new();
+    for t in &hour.series {
+        *finished.entry(t.queue.as_str()).or_default() +=
+            t.counts.succeeded + t.counts.dead + t.counts.cancelled;
+    }
     let rows: Vec<Value> = stats
         .iter()
         .map(|s| {
             let mut v = shapes::queue(s);
-            v["finished_last_hour"] = json!(h.finished(&s.queue));
-            v["sampled_since"] = json!(since);
+            v["finished_last_hour"] = json!(finished.get(s.queue.as_str()).copied().unwrap_or(0));
             v
         })
         .collect();

@@ -132,7 +132,9 @@ async function renderJobs() {
     }
     const last = j.last_run;
     return el("tr", { "data-job": j.name },
-      el("td", {}, el("strong", {}, j.name)),
+      el("td", {}, el("strong", {}, j.name), el("br"),
+        el("span", { class: "muted", "data-source": j.name },
+          j.source === "store" ? "store v" + j.version + (j.config_differs ? " (config differs)" : "") : (j.source || ""))),
       el("td", { class: "mono" }, j.schedule || "–"),
       el("td", { class: "mono", "data-policies": j.name },
         "overlap " + (j.overlap || "–"), el("br"), "misfire " + (j.misfire || "–")),
@@ -175,7 +177,7 @@ async function backfill(ev) {
 }
 
 async function renderQueues() {
-  const [queues, history] = await Promise.all([api("GET", "/api/v1/queues"), api("GET", "/api/v1/queues/history")]);
+  const queues = await api("GET", "/api/v1/queues");
   const rows = queues.map((q) => el("tr", { "data-queue": q.queue },
     el("td", {}, el("strong", {}, q.queue)),
     el("td", { class: "num" }, q.pending), el("td", { class: "num" }, q.running),
@@ -184,51 +186,112 @@ async function renderQueues() {
     el("td", { class: "num" }, q.finished_last_hour),
     el("td", {}, q.paused ? badge("paused") : el("span", { class: "muted" }, "claiming"),
       pauseNote(q.pause_change)),
+    el("td", { class: "limits" }, q.limits
+      ? el("span", { title: "declared by " + q.limits.declared_by + " at " + q.limits.declared_at }, q.limits.summary)
+      : el("span", { class: "muted" }, "none"),
+      " ", el("button", { "data-queue-keys": q.queue, onclick: () => showKeys(q.queue) }, "Keys")),
     el("td", {},
       q.paused
         ? el("button", { "data-queue-resume": q.queue, onclick: () => toggle("queue", q.queue, "resume") }, "Resume")
         : el("button", { "data-queue-pause": q.queue, onclick: () => toggle("queue", q.queue, "pause") }, "Pause"))));
-  replaceRows($("queues-body"), rows, "no tasks yet", 10);
-  drawChart(history.samples);
+  replaceRows($("queues-body"), rows, "no tasks yet", 11);
+  if (keysQueue) await showKeys(keysQueue);
 }
 
-// Pending depth (line) and tasks finished per sample (bars), all queues.
-function drawChart(samples) {
-  const c = $("chart");
-  // Draw at the size the page gives it (a phone's is narrower), so the
-  // text is not squeezed.
+// Keep a <select>'s options in step with `values` (the first option, "every
+// …", stays), keeping the choice.
+function syncOptions(select, values) {
+  const chosen = select.value;
+  const have = Array.from(select.options).slice(1).map((o) => o.value);
+  if (have.join("\n") === values.join("\n")) return;
+  select.replaceChildren(select.options[0], ...values.map((v) => el("option", { value: v }, v)));
+  select.value = values.includes(chosen) ? chosen : "";
+}
+
+function ms(v) {
+  if (v === null || v === undefined) return "-";
+  return v < 1000 ? v + " ms" : v < 60000 ? (v / 1000).toFixed(1) + " s" : Math.round(v / 1000) + " s";
+}
+
+// The charts from the store's rollup (GET /api/v1/stats/series): the same
+// on every instance and after a restart.
+async function renderCharts() {
+  const q = new URLSearchParams({ range: $("c-range").value });
+  if ($("c-queue").value) q.set("queue", $("c-queue").value);
+  if ($("c-kind").value) q.set("kind", $("c-kind").value);
+  if ($("c-job").value) q.set("job", $("c-job").value);
+  const s = await api("GET", "/api/v1/stats/series?" + q.toString());
+  syncOptions($("c-queue"), [...new Set(s.series.map((x) => x.queue))].sort());
+  syncOptions($("c-kind"), [...new Set(s.series.map((x) => x.kind))].sort());
+  syncOptions($("c-job"), [...new Set(s.series.map((x) => x.job).filter((j) => j))].sort());
+  const t = s.totals;
+  const totals = $("chart-totals");
+  totals.dataset.succeeded = t.succeeded;
+  totals.dataset.failed = t.failed;
+  totals.dataset.dead = t.dead;
+  totals.textContent = t.succeeded + " succeeded, " + t.failed + " failed attempts (" + t.dead + " dead), " +
+    t.cancelled + " cancelled; wait " + ms(t.wait_avg_ms) + " average (max " + ms(t.wait_max_ms) + "), run " +
+    ms(t.run_avg_ms) + " average (max " + ms(t.run_max_ms) + ") — per " + (s.step_secs >= 3600 ? "hour" : s.step_secs / 60 + " min");
+  drawSeries($("chart-throughput"), s.points, [
+    { key: "succeeded", color: "--ok", bars: true },
+    { key: "failed", color: "--warn", bars: true },
+    { key: "dead", color: "--bad", bars: true },
+    { key: "cancelled", color: "--muted", bars: true },
+  ], String);
+  drawSeries($("chart-latency"), s.points, [
+    { key: "wait_avg_ms", color: "--warn" },
+    { key: "run_avg_ms", color: "--run" },
+  ], ms);
+}
+
+// One chart of `points`: bars side by side per bucket, or lines; the
+// largest value and the range's ends labelled.
+function drawSeries(c, points, lines, label) {
   if (c.clientWidth > 0) { c.width = c.clientWidth; c.height = c.clientHeight; }
   const ctx = c.getContext("2d");
-  const w = c.width, h = c.height, pad = 24;
+  const w = c.width, h = c.height, pad = 28;
   ctx.clearRect(0, 0, w, h);
   ctx.font = "11px system-ui, sans-serif";
-  // The page's colours (light or dark, as the system says).
   const css = (v) => getComputedStyle(document.documentElement).getPropertyValue(v).trim();
-  ctx.fillStyle = css("--muted");
-  if (samples.length < 2) {
-    ctx.fillText("collecting samples (one every 30 s)…", pad, h / 2);
-    return;
-  }
-  const sum = (s, k) => Object.values(s.queues).reduce((a, q) => a + q[k], 0);
-  const pending = samples.map((s) => sum(s, "pending"));
-  const done = samples.map((s, i) => i === 0 ? 0 : Math.max(0, sum(s, "finished") - sum(samples[i - 1], "finished")));
-  const max = Math.max(1, ...pending, ...done);
-  const x = (i) => pad + (i * (w - 2 * pad)) / (samples.length - 1);
+  const val = (p, k) => p[k] === null || p[k] === undefined ? 0 : p[k];
+  const max = Math.max(1, ...points.flatMap((p) => lines.map((l) => val(p, l.key))));
+  c.dataset.max = max;
+  c.dataset.points = points.length;
+  const n = Math.max(1, points.length);
+  const slot = (w - 2 * pad) / n;
+  const x = (i) => pad + slot * (i + 0.5);
   const y = (v) => h - pad - (v * (h - 2 * pad)) / max;
-  const bw = Math.max(2, (w - 2 * pad) / samples.length - 2);
-  ctx.fillStyle = css("--ok");
-  done.forEach((v, i) => { if (v > 0) ctx.fillRect(x(i) - bw / 2, y(v), bw, h - pad - y(v)); });
-  ctx.strokeStyle = css("--warn");
-  ctx.lineWidth = 2;
-  ctx.beginPath();
-  pending.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
-  ctx.stroke();
+  const bars = lines.filter((l) => l.bars);
+  const bw = Math.max(1, slot / Math.max(1, bars.length) - 1);
+  bars.forEach((l, j) => {
+    ctx.fillStyle = css(l.color);
+    points.forEach((p, i) => {
+      const v = val(p, l.key);
+      if (v > 0) ctx.fillRect(x(i) - slot / 2 + j * bw, y(v), bw, h - pad - y(v));
+    });
+  });
+  for (const l of lines.filter((l) => !l.bars)) {
+    ctx.strokeStyle = css(l.color);
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    let open = false;
+    points.forEach((p, i) => {
+      if (p[l.key] === null || p[l.key] === undefined) { open = false; return; }
+      if (open) ctx.lineTo(x(i), y(p[l.key])); else ctx.moveTo(x(i), y(p[l.key]));
+      open = true;
+      ctx.fillStyle = css(l.color);
+      ctx.fillRect(x(i) - 1.5, y(p[l.key]) - 1.5, 3, 3);
+    });
+    ctx.stroke();
+  }
   ctx.fillStyle = css("--muted");
-  ctx.fillText(String(max), 2, pad);
+  ctx.fillText(label(max), 2, pad - 6);
   ctx.fillText("0", 2, h - pad);
-  ctx.fillText(when(samples[0].at), pad, h - 6);
-  const last = when(samples[samples.length - 1].at);
-  ctx.fillText(last, w - pad - ctx.measureText(last).width, h - 6);
+  if (points.length) {
+    ctx.fillText(when(points[0].at), pad, h - 6);
+    const last = when(points[points.length - 1].at);
+    ctx.fillText(last, w - pad - ctx.measureText(last).width, h - 6);
+  }
 }
 
 // The task filters and search terms, by API name (state last: a bulk
@@ -349,6 +412,12 @@ async function renderLocks() {
         } }, "Release")
       : null)));
   replaceRows($("locks-body"), rows, "no locks", 7);
+  // Who held what, when: the newest releases from the store.
+  const hist = await api("GET", "/api/v1/locks/history?limit=20");
+  replaceRows($("lock-history-body"), hist.records.map((r) => el("tr", { "data-lock-release": r.name + "#" + r.token },
+    el("td", {}, r.name), el("td", { class: "mono" }, r.holder), el("td", { class: "num mono" }, r.token),
+    el("td", { class: "mono" }, when(r.acquired_at)), el("td", { class: "mono" }, when(r.released_at)),
+    el("td", { class: "num" }, ms(r.held_ms)))), "no releases in the last day", 6);
 }
 
 // The audit log's newest records: who did what, from where, how it ended.
@@ -363,7 +432,7 @@ async function renderAudit() {
 async function refresh() {
   clearTimeout(timer);
   try {
-    await Promise.all([renderJobs(), renderQueues(), renderTasks(), renderLocks(), renderAudit()]);
+    await Promise.all([renderJobs(), renderQueues(), renderCharts(), renderTasks(), renderLocks(), renderAudit()]);
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
     showError("");
     timer = setTimeout(refresh, REFRESH_MS);
@@ -388,6 +457,7 @@ $("token-form").addEventListener("submit", (ev) => {
 });
 $("task-filter").addEventListener("submit", (ev) => { ev.preventDefault(); tasksBefore = null; refresh(); });
 $("backfill-form").addEventListener("submit", backfill);
+for (const id of ["c-range", "c-queue", "c-kind", "c-job"]) $(id).addEventListener("change", () => renderCharts().catch((e) => showError("charts: " + e.message)));
 $("older").addEventListener("click", () => { tasksBefore = nextBefore; refresh(); });
 $("newer").addEventListener("click", () => { tasksBefore = null; refresh(); });
 function scope(body) {
@@ -413,3 +483,27 @@ $("delete-finished").addEventListener("click", async () => {
 });
 
 refresh();
+
+// The load of one queue's concurrency keys, below the queues (refreshed
+// with them while shown).
+let keysQueue = null;
+async function showKeys(queue) {
+  keysQueue = queue;
+  const k = await api("GET", "/api/v1/queues/" + encodeURIComponent(queue) + "/keys?limit=20");
+  const cap = k.per_key_max_running;
+  const rows = k.keys.map((x) => el("tr", { "data-key": x.key },
+    el("td", {}, x.key), el("td", { class: "num" }, x.running), el("td", { class: "num" }, x.pending),
+    el("td", {}, cap != null && x.running >= cap ? badge("at cap") : ""),
+    // Under a rate per key: its starts in the current window against the
+    // rate's max, and when its next start is allowed.
+    el("td", { class: "num", "data-window": x.rate ? x.rate.started_in_window : "" },
+      x.rate ? x.rate.started_in_window + "/" + x.rate.max : "-"),
+    el("td", { "data-next": x.rate && x.rate.next_start_at ? x.rate.next_start_at : "" },
+      !x.rate ? "-" : x.rate.next_start_at ? when(x.rate.next_start_at) : "now")));
+  $("keys-title").textContent = "Keys of " + queue + ": " + k.keys_running + " running, " + k.keys_pending +
+    " pending" + (cap != null ? " (per-key cap " + cap + ")" : " (no per-key cap declared)") +
+    (k.per_key_rate ? "; rate per key " + k.per_key_rate + ", " + k.keys_rate_held + " held back" : "") +
+    (k.truncated ? "; pending counted over the first 10000 pending tasks" : "");
+  replaceRows($("keys-body"), rows, "no task of this queue has a concurrency key", 6);
+  $("keys").hidden = false;
+}

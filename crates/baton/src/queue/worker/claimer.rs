@@ -7,6 +7,13 @@ use super::*;
 /// (longer than a wake-up channel's longest reconnect backoff plus a claim's).
 pub(super) const RECOVERY_WINDOW: Duration = Duration::from_secs(15);
 
+/// The longest wait between claims that failed (from 50 ms, doubling): a
+/// store back from an outage is found within it. At 5 s a worker started
+/// the first slot after a 4 s Redis restart 3 s late, behind slots due
+/// meanwhile (`cli_outage::redis_restart_latest_due_slot_runs` on a
+/// loaded machine); one failed call a second is no load on a store.
+pub(super) const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(1);
+
 /// The claim period while recovering from a store error.
 pub(super) const RECOVERY_POLL: Duration = Duration::from_millis(100);
 
@@ -89,6 +96,16 @@ pub(super) async fn claim_into(
     let rated = shared.config.rates.get(queue).cloned();
     // When the queue's rate limit next allows a start, if it is used up.
     let mut rate_until: Option<Instant> = None;
+    let key_rate = shared.config.per_key_rate_limit_of(queue);
+    // Whether this queue's claims carry the results held for them (see
+    // `Ride`): uncapped, unrated, not fair, with slots freed as handlers
+    // return (a held result keeps no slot taken).
+    let carry =
+        rated.is_none() && key_rate.is_none() && !capped && !shared.config.fair_of(queue) && early;
+    let mut hot = Hot::new(&shared.ride);
+    // When the earliest key held back by its rate may start again (a
+    // reason to claim again, as a wake-up is).
+    let mut key_until: Option<Instant> = None;
     loop {
         if shared.stop_claiming.is_cancelled() {
             return;
@@ -148,9 +165,10 @@ pub(super) async fn claim_into(
                 fair: shared.config.fair_of(queue),
             };
             let sent = Instant::now();
-            match claim(shared, req, rated.as_ref()).await {
-                Ok((mut batch, until)) => {
+            match claim(shared, req, rated.as_ref(), key_rate, carry).await {
+                Ok((mut batch, until, key_next)) => {
                     rate_until = until;
+                    key_until = key_next;
                     shared.counters.claimed(queue, sent.elapsed());
                     backoff = Duration::from_millis(50);
                     let full = batch.len() == want;
@@ -161,6 +179,9 @@ pub(super) async fn claim_into(
                     // claim again when a slot frees, gathering a few.
                     filtered = !full && free > 0 && batch.len() >= free;
                     more = full || filtered;
+                    // A full claim: the backlog goes on, so another claim
+                    // is near, and results may wait for it.
+                    hot.set(carry && full);
                     // Tasks on their last attempt start at once (the store
                     // returns at most `free` of them): ahead of the rest.
                     batch.sort_by_key(|t| t.attempt < t.max_attempts);
@@ -195,6 +216,7 @@ pub(super) async fn claim_into(
                     }
                 }
                 Err(e) => {
+                    hot.set(false);
                     shared.counters.store_error("task_claim");
                     crate::store::warn_unless_read_only!(e, queue = %queue, error = %crate::error::chain(&e), "claim failed; backing off");
                     recovering_until = Some(Instant::now() + RECOVERY_WINDOW);
@@ -202,7 +224,7 @@ pub(super) async fn claim_into(
                         _ = tokio::time::sleep(backoff) => {}
                         _ = shared.stop_claiming.cancelled() => return,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff = (backoff * 2).min(MAX_CLAIM_BACKOFF);
                     continue;
                 }
             }
@@ -215,6 +237,10 @@ pub(super) async fn claim_into(
             _ = poke.notified() => more = true,
             _ = sleep_until_opt(rate_until), if !rate_open => {
                 rate_until = None;
+                more = true;
+            }
+            _ = sleep_until_opt(key_until), if key_until.is_some() => {
+                key_until = None;
                 more = true;
             }
             _ = tokio::time::sleep(RECOVERY_POLL), if recovering.is_some() => more = true,
@@ -231,31 +257,82 @@ pub(super) async fn claim_into(
     }
 }
 
-/// One claim, through the queue's rate limit if it has one: the tasks,
-/// and the local instant the limit next allows a start when it is used
-/// up (the store's answer, counted from the reply, so never early).
+/// One claim, through the queue's rate limit and its rate per key if it
+/// has them: the tasks, the local instant the limit next allows a start
+/// when it is used up, and the one at which the earliest key held back by
+/// its rate may start again (the store's answers, counted from the reply,
+/// so never early). With `carry`, the results held for a claim go with it
+/// (see [`Ride`]), each answered from the store's answer.
 async fn claim(
     shared: &Shared,
     req: TaskClaim<'_>,
     rated: Option<&QueueRate>,
-) -> Result<(Vec<Task>, Option<Instant>), StoreError> {
-    let Some(rate) = rated else {
-        return Ok((shared.store.backend().task_claim(&req).await?, None));
+    key_rate: Option<RateLimit>,
+    carry: bool,
+) -> Result<(Vec<Task>, Option<Instant>, Option<Instant>), StoreError> {
+    let backend = shared.store.backend();
+    let r = match (rated, key_rate) {
+        (None, None) => {
+            let carried = if carry && shared.ride.enabled {
+                shared.ride.take_for_claim()
+            } else {
+                Vec::new()
+            };
+            if carried.is_empty() {
+                return Ok((backend.task_claim(&req).await?, None, None));
+            }
+            let items: Vec<(Claim, Finish)> = carried
+                .iter()
+                .map(|c| (c.claim, c.finish.clone()))
+                .collect();
+            let r = backend
+                .task_finish_and_claim(&TaskFinishAndClaim {
+                    finish: &items,
+                    claim: &req,
+                })
+                .await;
+            return match r {
+                Ok(r) => {
+                    ride::answer(carried, Ok(&r.finished));
+                    Ok((r.tasks, None, None))
+                }
+                Err(e) => {
+                    ride::answer(carried, Err(&e));
+                    Err(e)
+                }
+            };
+        }
+        (Some(rate), None) => {
+            backend
+                .task_claim_rated(&TaskClaimRated {
+                    claim: req,
+                    name: rate.name.as_deref(),
+                    max: rate.limit.max(),
+                    per: rate.limit.per(),
+                })
+                .await?
+        }
+        (rate, Some(k)) => {
+            backend
+                .task_claim_key_rated(&TaskClaimKeyRated {
+                    claim: req,
+                    key_rate: KeyRate {
+                        max: k.max(),
+                        per: k.per(),
+                    },
+                    rate: rate.map(|r| QueueRateRef {
+                        name: r.name.as_deref(),
+                        max: r.limit.max(),
+                        per: r.limit.per(),
+                    }),
+                })
+                .await?
+        }
     };
-    let r = shared
-        .store
-        .backend()
-        .task_claim_rated(&TaskClaimRated {
-            claim: req,
-            name: rate.name.as_deref(),
-            max: rate.limit.max(),
-            per: rate.limit.per(),
-        })
-        .await?;
-    let until = r
-        .next_start
-        .map(|t| Instant::now() + (t - r.now).to_std().unwrap_or_default());
-    Ok((r.tasks, until))
+    let local = |t: chrono::DateTime<chrono::Utc>| {
+        Instant::now() + (t - r.now).to_std().unwrap_or_default()
+    };
+    Ok((r.tasks, r.next_start.map(local), r.key_next.map(local)))
 }
 
 /// A queue's recent pace (tasks started per second), which sizes an

@@ -8,17 +8,21 @@ use super::*;
 /// trip where the backend can), with up to `in_flight` batches written at
 /// once (see [`WorkerConfig::result_batches_in_flight`]), so a busy worker does not pay one commit per
 /// task, nor wait for one batch's commit before sending the next, and an
-/// idle one adds no delay.
+/// idle one adds no delay. While a claim is due soon (see [`Ride`]) the
+/// batch is held for it instead, at most [`RIDE_MAX`]; what no claim took
+/// is then written as usual.
 pub(super) async fn complete_loop(
     store: Store,
     lease: Duration,
     in_flight: usize,
+    ride: Arc<Ride>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Completion>,
 ) {
     const MAX_BATCH: usize = 256;
     let gate = Arc::new(Semaphore::new(in_flight.max(1)));
     let mut writes = JoinSet::new();
-    loop {
+    let mut open = true;
+    while open {
         // A free place first, then the batch: what queues up while every
         // place is taken joins the next batch.
         let Ok(place) = gate.clone().acquire_owned().await else {
@@ -28,16 +32,75 @@ pub(super) async fn complete_loop(
             break;
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(c) => batch.push(c),
-                Err(_) => break,
+        drain_into(&mut rx, &mut batch, usize::MAX);
+        if ride.holding() {
+            let deadline = Instant::now() + RIDE_MAX;
+            let mut held = ride.hold(batch);
+            // Until a claim took them all, no claim is due any more, the
+            // wait is over, or as many as may wait have gathered.
+            while held > 0 && held < ride.hold_max && ride.holding() {
+                tokio::select! {
+                    c = rx.recv() => match c {
+                        Some(c) => {
+                            let mut more = vec![c];
+                            drain_into(&mut rx, &mut more, usize::MAX);
+                            held = ride.hold(more);
+                        }
+                        None => {
+                            open = false;
+                            break;
+                        }
+                    },
+                    _ = ride.changed.notified() => held = ride.held(),
+                    _ = tokio::time::sleep_until(deadline) => break,
+                }
             }
+            batch = ride.take_all();
+            if batch.is_empty() {
+                continue;
+            }
+        } else {
+            drain_into(&mut rx, &mut batch, MAX_BATCH);
         }
         while writes.try_join_next().is_some() {}
-        writes.spawn(write_batch(store.clone(), lease, batch, place));
+        // A held batch may exceed a write's size: the first chunk takes
+        // the place, the others wait for places of their own.
+        let mut chunks = batch_chunks(batch, MAX_BATCH);
+        if let Some(first) = chunks.pop() {
+            writes.spawn(write_batch(store.clone(), lease, first, place));
+        }
+        for chunk in chunks {
+            let Ok(place) = gate.clone().acquire_owned().await else {
+                return;
+            };
+            writes.spawn(write_batch(store.clone(), lease, chunk, place));
+        }
     }
     while writes.join_next().await.is_some() {}
+}
+
+/// Move what is queued in `rx` into `batch`, up to `max` in all.
+fn drain_into(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Completion>,
+    batch: &mut Vec<Completion>,
+    max: usize,
+) {
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(c) => batch.push(c),
+            Err(_) => break,
+        }
+    }
+}
+
+/// `batch` in chunks of at most `size` (the last chunk first).
+fn batch_chunks(mut batch: Vec<Completion>, size: usize) -> Vec<Vec<Completion>> {
+    let mut chunks = Vec::new();
+    while batch.len() > size {
+        chunks.push(batch.split_off(batch.len() - size));
+    }
+    chunks.push(batch);
+    chunks
 }
 
 /// Write one batch of results and answer each waiter.
@@ -51,30 +114,8 @@ pub(super) async fn write_batch(
     // No batch waits past a lease: its waiters have given up by then.
     let call = crate::store::bounded(lease, "task_finish_many", store.task_finish_many(&items));
     match call.await {
-        Ok(answers) if answers.len() == batch.len() => {
-            for (c, ok) in batch.into_iter().zip(answers) {
-                let _ = c.reply.send(Ok(ok));
-            }
-        }
-        Ok(_) => {
-            for c in batch {
-                let _ = c.reply.send(Err(crate::StoreError::Corrupt(
-                    "finish_many answered the wrong number of items".into(),
-                )));
-            }
-        }
-        Err(e) => {
-            let msg = e.to_string();
-            let retryable = e.is_retryable();
-            for c in batch {
-                let err = if retryable {
-                    crate::StoreError::Unavailable(msg.clone())
-                } else {
-                    crate::StoreError::Backend(msg.clone())
-                };
-                let _ = c.reply.send(Err(err));
-            }
-        }
+        Ok(answers) => ride::answer(batch, Ok(&answers)),
+        Err(e) => ride::answer(batch, Err(&e)),
     }
 }
 

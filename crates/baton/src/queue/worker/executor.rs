@@ -1,6 +1,7 @@
 //! Running an attempt: the handler in its span, stopped before its lease
 //! could lapse, and its outcome turned into a [`Finish`].
 
+use super::rollup::millis;
 use super::*;
 
 /// Run a registered attempt in `slot`; `sent` is when its duration starts.
@@ -16,13 +17,19 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     // jitter; a trigger's or a retry's own time) to this claim, by the
     // store's clock (the claim set the lease to end `lease` after its own
     // now). A slot triggered long after it was due is not late.
-    let lag = task.slot.map(|_| {
-        let claimed_at =
-            task.lease_until - chrono::Duration::from_std(shared.config.lease).unwrap_or_default();
-        (claimed_at - task.run_at).to_std().unwrap_or_default()
-    });
-    if let Some(lag) = lag {
-        shared.counters.slot_lag(&queue, lag);
+    let claimed_at =
+        task.lease_until - chrono::Duration::from_std(shared.config.lease).unwrap_or_default();
+    let wait = (claimed_at - task.run_at).to_std().unwrap_or_default();
+    let claimed_ms = claimed_at.timestamp_millis();
+    shared.rollup.started(
+        super::rollup::Series::of(&queue, task),
+        claimed_ms,
+        millis(wait),
+    );
+    let lag = task.slot.map(|_| wait);
+    if let (Some(lag), Some(slot)) = (lag, task.slot) {
+        let on_time = crate::queue::counters::on_time(slot, task.run_at);
+        shared.counters.slot_lag(&queue, lag, on_time);
     }
     let slot_at = task.slot.map(crate::format_time);
     let span = tracing::info_span!(
@@ -103,7 +110,15 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             // A slot's run ended: a later slot of its job may be waiting for
             // it (overlap buffer_one, buffer_all, cancel_other); the store
             // starts it only if no run of the job is left unfinished.
-            release_waiting_slot(&shared, job);
+            // Awaited (one store call, only for jobs whose policy may
+            // leave a slot waiting) before the attempt counts as ended, so
+            // a worker shutting down right after the run does not drop the
+            // release: with no scheduler left to poll, the slot would
+            // wait forever (found by `baton chaos`, S2's jobs).
+            // Bounded: a store that does not answer in time leaves the
+            // release to the schedulers' poll, not the stop to wait.
+            let release = shared.waiting_jobs.release(&shared.store, job);
+            let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
         }
         if outcome != Outcome::Lost && shared.config.capped(&queue) {
             // Under a cap (whole queue or per key) the store now counts one
@@ -150,6 +165,13 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             shared.counters.lease_lost(&queue);
         }
         shared.counters.ended(&queue, outcome, took);
+        shared.rollup.ended(&super::rollup::Ended {
+            series: super::rollup::Series::of(&queue, t),
+            outcome,
+            dead: outcome == Outcome::Failed && retry_in.is_none(),
+            at_ms: claimed_ms.saturating_add(millis(took)),
+            run_ms: millis(took),
+        });
         let _ = shared.events.send(WorkerEvent::AttemptEnded {
             task: ctx.task_shared(),
             outcome,
@@ -162,13 +184,9 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     });
 }
 
-/// Ask the store to start `job`'s waiting slot, without holding up the
-/// worker (the schedulers poll for it too), when the job's overlap policy
-/// may leave one waiting ([`WaitingJobs`](crate::store::WaitingJobs)).
-fn release_waiting_slot(shared: &Arc<Shared>, job: &str) {
-    let (shared, job) = (shared.clone(), job.to_string());
-    tokio::spawn(async move { shared.waiting_jobs.release(&shared.store, &job).await });
-}
+/// How long an ending slot's run waits for the release of its job's
+/// waiting slot before leaving it to the schedulers' poll.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// Hand claimed tasks back unstarted (the attempt is not counted), in one
 /// call; a task that cannot be handed back is rescued after its lease.

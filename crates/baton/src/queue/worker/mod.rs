@@ -31,7 +31,8 @@
 //! Files, one service each: `ticker.rs` (the poll and wake-ups),
 //! `claimer.rs` (one claim loop per queue, prefetch), `executor.rs` (an
 //! attempt: the handler, its span, its stop), `heartbeat.rs`,
-//! `completer.rs` (batched finishes), `upkeep.rs` (rescue, prune, the
+//! `completer.rs` (batched finishes), `ride.rs` (results held for the
+//! next claim, which carries them in the same round trip), `upkeep.rs` (rescue, prune, the
 //! store clock), `shutdown.rs`; `context.rs` holds what a handler sees,
 //! `shared.rs` what the services share. This file wires them.
 //!
@@ -63,11 +64,12 @@ use tracing::Instrument;
 use super::config::{WorkerConfig, PREFETCH_HORIZON};
 use super::counters::{Outcome, WorkerCounters};
 use super::hooks::{AttemptMiddleware, WorkerEvent};
-use super::{QueueRate, TaskAction};
+use super::{QueueRate, RateLimit, TaskAction};
 use crate::clock::StoreClock;
 use crate::error::{Error, StoreError};
 use crate::store::{
-    Claim, Finish, Heartbeat, Store, Task, TaskClaim, TaskClaimRated, Wake, IDENTITY_CHECK,
+    Claim, Finish, Heartbeat, KeyRate, QueueRateRef, Store, Task, TaskClaim, TaskClaimKeyRated,
+    TaskClaimRated, TaskFinishAndClaim, Wake, IDENTITY_CHECK,
 };
 
 mod claimer;
@@ -75,6 +77,8 @@ mod completer;
 mod context;
 mod executor;
 mod heartbeat;
+mod ride;
+mod rollup;
 mod shared;
 mod shutdown;
 #[cfg(test)]
@@ -89,6 +93,7 @@ use context::ProgressSink;
 pub use context::{StopReason, TaskContext};
 use executor::*;
 use heartbeat::*;
+use ride::{Hot, Ride, RIDE_MAX};
 use shared::*;
 use shutdown::*;
 use ticker::*;
@@ -256,31 +261,32 @@ impl Worker {
         urgent: CancellationToken,
     ) -> Result<(), Error> {
         let kind = self.store.backend().kind();
-        if let Some(q) = self.config.fair.iter().next() {
-            if !crate::store::fair::FAIR_STORES.contains(&kind) {
-                return Err(crate::InvalidInput::new(
-                    "fair",
-                    format!(
-                        "queue {q:?}: fair claiming is not supported on the {kind} store yet \
-                         (only on {}); drop the fair setting",
-                        crate::store::fair::FAIR_STORES.join(" and ")
-                    ),
-                )
-                .into());
-            }
-        }
         self.config = std::mem::take(&mut self.config).with_store_defaults(kind);
         self.config.listening = self.store.backend().wakes_across_processes();
         let (completions, completion_rx) = tokio::sync::mpsc::unbounded_channel();
         let (due, due_rx) = tokio::sync::mpsc::unbounded_channel();
+        // Each queue's places for unacknowledged results (see `Slot`).
+        let places = self
+            .config
+            .queues
+            .iter()
+            .map(|(_, conc)| conc + self.config.prefetch_tasks())
+            .min()
+            .unwrap_or(0);
+        let ride = Arc::new(ride::Ride::new(
+            self.store.backend().claims_carry_finishes(),
+            places,
+        ));
         let completer = tokio::spawn(complete_loop(
             self.store.clone(),
             self.config.lease,
             self.config.result_batches(),
+            ride.clone(),
             completion_rx,
         ));
         let shared = Arc::new(Shared {
             completions,
+            ride,
             store: self.store.clone(),
             config: self.config.clone(),
             id: self.id.clone(),
@@ -303,6 +309,7 @@ impl Worker {
             urgent: urgent.clone(),
             abandon: CancellationToken::new(),
             waiting_jobs: crate::store::WaitingJobs::default(),
+            rollup: rollup::Rollup::default(),
             due,
             events: self.events.clone(),
         });
@@ -318,6 +325,11 @@ impl Worker {
         shared
             .counters
             .serve(self.config.queues.iter().map(|(q, _)| q.clone()));
+        tokio::spawn(super::view::declare_limits(
+            self.store.clone(),
+            self.config.clone(),
+            self.id.clone(),
+        ));
         let wake = match self.store.backend().wake_subscribe().await {
             Ok(rx) => Some(rx),
             Err(e) => {
@@ -378,6 +390,10 @@ impl Worker {
         let _ = shared.events.send(WorkerEvent::Stopping);
 
         drain(&shared, tasks, &urgent).await;
+        // The last counts go to the store, but never hold up a stop: a
+        // store that does not answer in time keeps them unsent (at most one
+        // flush interval of counts lost, as a crash loses).
+        let _ = tokio::time::timeout(rollup::FINAL_FLUSH, rollup::flush(&shared)).await;
         heart.abort();
         completer.abort();
         either.abort();

@@ -30,6 +30,8 @@ pub(super) struct Completion {
 
 pub(super) struct Shared {
     pub(super) completions: tokio::sync::mpsc::UnboundedSender<Completion>,
+    /// Results held for the next claim to carry (see [`Ride`]).
+    pub(super) ride: Arc<Ride>,
     pub(super) store: Store,
     pub(super) config: WorkerConfig,
     pub(super) id: String,
@@ -53,6 +55,8 @@ pub(super) struct Shared {
     /// The overlap policies of the jobs whose runs this worker ended:
     /// whether a run's end may start a waiting slot.
     pub(super) waiting_jobs: crate::store::WaitingJobs,
+    /// The throughput counts not yet flushed to the store.
+    pub(super) rollup: super::rollup::Rollup,
 }
 
 impl Shared {

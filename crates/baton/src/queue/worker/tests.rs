@@ -23,3 +23,68 @@ fn pace_sizes_the_buffer_to_the_horizon_and_forgets_idle_spells() {
     // An idle spell replaces the estimate: nothing buffered after it.
     assert_eq!(p.buffer(t0 + Duration::from_secs(5), 512), 0);
 }
+
+fn completion(
+    id: i64,
+) -> (
+    Completion,
+    tokio::sync::oneshot::Receiver<Result<bool, StoreError>>,
+) {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    let claim = Claim {
+        id,
+        attempt: 1,
+        token: crate::store::FencingToken(7),
+    };
+    (
+        Completion {
+            claim,
+            finish: Finish::Succeeded,
+            reply,
+        },
+        rx,
+    )
+}
+
+#[test]
+fn a_claim_carries_each_task_once_and_holding_follows_the_hot_queues() {
+    let ride = Ride::new(true, 536);
+    assert_eq!(ride.hold_max, 268);
+    assert!(!ride.holding(), "no queue with a backlog: nothing held");
+    let mut a = Hot::new(&ride);
+    let mut b = Hot::new(&ride);
+    a.set(true);
+    b.set(true);
+    a.set(true);
+    b.set(false);
+    assert!(ride.holding(), "one hot queue is enough");
+    // Results for tasks 1, 2, 1 (a lost claim's and its next claim's), 3:
+    // a claim takes 1 and 2 only; the second result for 1 and the one
+    // after it stay held for the next.
+    let mut rxs = Vec::new();
+    let held = ride.hold([1, 2, 1, 3].map(|id| {
+        let (c, rx) = completion(id);
+        rxs.push(rx);
+        c
+    }));
+    assert_eq!(held, 4);
+    let ids = |v: &[Completion]| v.iter().map(|c| c.claim.id).collect::<Vec<_>>();
+    let first = ride.take_for_claim();
+    assert_eq!(ids(&first), [1, 2]);
+    assert_eq!(ride.held(), 2);
+    ride::answer(first, Ok(&[true, false]));
+    assert!(matches!(rxs[0].try_recv(), Ok(Ok(true))));
+    assert!(matches!(rxs[1].try_recv(), Ok(Ok(false))));
+    let second = ride.take_for_claim();
+    assert_eq!(ids(&second), [1, 3]);
+    // A wrong number of answers fails every waiter, none is left hanging.
+    ride::answer(second, Ok(&[true]));
+    assert!(matches!(rxs[2].try_recv(), Ok(Err(StoreError::Corrupt(_)))));
+    assert!(matches!(rxs[3].try_recv(), Ok(Err(StoreError::Corrupt(_)))));
+    drop(a);
+    assert!(
+        !ride.holding(),
+        "the last hot queue gone: results go at once"
+    );
+    assert!(!Ride::new(false, 536).holding());
+}

@@ -1,6 +1,7 @@
 //! Upkeep: rescue of expired leases (with the store identity check),
-//! pruning past the retention and readings of the store's clock, each on a
-//! timer of its own.
+//! pruning (finished tasks past the retention, the rollup, lock history,
+//! the audit log), the throughput rollup's flush and readings
+//! of the store's clock, each on a timer of its own.
 
 use super::*;
 
@@ -31,6 +32,9 @@ pub(super) async fn upkeep_loop(
     rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut prune = tokio::time::interval_at(start + prune_every, prune_every);
     prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let flush_every = on_beat(cfg.upkeep_base() * super::rollup::FLUSH_EVERY);
+    let mut flush = tokio::time::interval_at(start + flush_every, flush_every);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first reading half a poll in; until one succeeds, retry each second.
     let mut recal = tokio::time::interval_at(start, CLOCK_RECALIBRATION);
     recal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -88,27 +92,34 @@ pub(super) async fn upkeep_loop(
                     }
                 }
             }
+            _ = flush.tick() => super::rollup::flush(&shared).await,
             _ = prune.tick() => {
                 if let Some(keep) = cfg.retention {
-                    match shared.upkeep(shared.store.backend().task_prune_many(keep)).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(pruned = n, "pruned finished tasks"),
-                        Err(e) => {
-                            shared.counters.store_error("task_prune_many");
-                            crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "prune failed")
-                        }
-                    }
+                    prune_step(&shared, "task_prune_many", "finished tasks", shared.store.backend().task_prune_many(keep)).await;
                 }
-                let audit = shared.store.backend().audit_prune_many(crate::audit::RETENTION);
-                match shared.upkeep(audit).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(pruned = n, "pruned audit records"),
-                    Err(e) => {
-                        shared.counters.store_error("audit_prune_many");
-                        crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "audit prune failed")
-                    }
-                }
+                prune_step(&shared, "stats_prune_many", "throughput rollup buckets", shared.store.backend().stats_prune_many()).await;
+                prune_step(&shared, "lock_history_prune_many", "lock releases", shared.store.backend().lock_history_prune_many()).await;
+                prune_step(&shared, "audit_prune_many", "audit records", shared.store.backend().audit_prune_many(crate::audit::RETENTION)).await;
+                prune_step(&shared, "jobdef_prune_many", "job definition tombstones", shared.store.backend().jobdef_prune_many(crate::store::jobdefs::TOMBSTONE_RETENTION)).await;
             }
+        }
+    }
+}
+
+/// One prune call of the prune tick: counted as upkeep, what it deleted
+/// logged, a failure counted under `operation` and logged.
+async fn prune_step(
+    shared: &Shared,
+    operation: &'static str,
+    what: &str,
+    call: impl std::future::Future<Output = Result<u64, StoreError>>,
+) {
+    match shared.upkeep(call).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(pruned = n, "pruned {what}"),
+        Err(e) => {
+            shared.counters.store_error(operation);
+            crate::store::warn_unless_read_only!(e, error = %crate::error::chain(&e), "pruning {what} failed")
         }
     }
 }

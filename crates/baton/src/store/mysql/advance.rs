@@ -13,6 +13,7 @@ use super::tasks::insert_tasks;
 use super::{us, MyBackend};
 use crate::error::StoreError;
 use crate::store::job_advance::{Birth, CancelTx, JobRow, PreviousRun, SlotTx};
+use crate::store::jobdefs::{mark_row, mark_sql, DefinitionMark};
 use crate::store::sql_row::corrupt;
 use crate::store::{
     waiting_run_at, Enqueued, JobAdvance, NewTask, TaskState, Wake, RUN_RECORD_TOKEN,
@@ -57,6 +58,15 @@ impl SlotTx for Tx<'_> {
             last_slot: row.try_get::<Option<DateTime<Utc>>, _>("last_slot")?,
             now: row.try_get("now")?,
         }))
+    }
+
+    async fn definition(&mut self, job: &str) -> Result<Option<DefinitionMark>, StoreError> {
+        let sql = mark_sql(&super::jobdefs::table(self.b), "?");
+        let row = sqlx::query(&sql)
+            .bind(job)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        row.as_ref().map(mark_row).transpose()
     }
 
     async fn previous_runs(

@@ -188,12 +188,7 @@ impl Backend for MyBackend {
         &self,
         params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
-        let crate::store::LockRelease {
-            name,
-            token,
-            at_least,
-        } = *params;
-        locks::lock_release(self, name, token, at_least).await
+        locks::lock_release(self, params).await
     }
 
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
@@ -211,9 +206,6 @@ impl Backend for MyBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
-        if req.fair {
-            return Err(crate::store::fair::unsupported("mysql"));
-        }
         claim::task_claim(self, req).await
     }
 
@@ -221,10 +213,14 @@ impl Backend for MyBackend {
         &self,
         req: &crate::store::TaskClaimRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
-        if req.claim.fair {
-            return Err(crate::store::fair::unsupported("mysql"));
-        }
         claim::task_claim_rated(self, req).await
+    }
+
+    async fn task_claim_key_rated(
+        &self,
+        req: &crate::store::TaskClaimKeyRated<'_>,
+    ) -> Result<crate::store::RatedClaim, StoreError> {
+        claim::task_claim_key_rated(self, req).await
     }
 
     async fn task_heartbeat_many(
@@ -237,6 +233,13 @@ impl Backend for MyBackend {
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
         tasks::task_finish_many(self, items).await
+    }
+
+    async fn task_finish_and_claim(
+        &self,
+        req: &crate::store::TaskFinishAndClaim<'_>,
+    ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
+        crate::store::finish_then_claim(self, req).await
     }
 
     async fn task_set_progress(
@@ -317,6 +320,24 @@ impl Backend for MyBackend {
         Ok(r.rows_affected())
     }
 
+    async fn queue_declare(
+        &self,
+        params: &crate::store::QueueDeclare<'_>,
+    ) -> Result<Option<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::declare(self, params).await
+    }
+
+    async fn queue_limits_list(&self) -> Result<Vec<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::list(self).await
+    }
+
+    async fn queue_keys(
+        &self,
+        query: &crate::store::QueueKeysQuery<'_>,
+    ) -> Result<crate::store::QueueKeys, StoreError> {
+        super::queue_view::keys(self, query).await
+    }
+
     async fn audit_append(&self, entry: &crate::store::AuditAppend<'_>) -> Result<(), StoreError> {
         super::audit::append(self, entry).await
     }
@@ -330,6 +351,58 @@ impl Backend for MyBackend {
 
     async fn audit_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         super::audit::prune(self, older_than).await
+    }
+
+    async fn jobdef_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
+        super::jobdefs::prune(self, older_than).await
+    }
+
+    async fn jobdef_put(
+        &self,
+        p: &crate::store::JobDefPut<'_>,
+    ) -> Result<crate::store::JobDefWrite, StoreError> {
+        crate::store::jobdefs::put(self, p).await
+    }
+
+    async fn jobdef_delete(
+        &self,
+        d: &crate::store::JobDefDelete<'_>,
+    ) -> Result<crate::store::JobDefWrite, StoreError> {
+        crate::store::jobdefs::delete(self, d).await
+    }
+
+    async fn jobdef_list(&self) -> Result<Vec<crate::store::JobDef>, StoreError> {
+        super::jobdefs::list(self).await
+    }
+
+    async fn jobdef_revision(&self) -> Result<i64, StoreError> {
+        super::jobdefs::revision(self).await
+    }
+
+    async fn stats_add(&self, rows: &[crate::store::StatsRow]) -> Result<(), StoreError> {
+        super::stats::add(self, rows).await
+    }
+
+    async fn stats_read(
+        &self,
+        q: &crate::store::StatsQuery,
+    ) -> Result<Vec<crate::store::StatsRow>, StoreError> {
+        super::stats::read(self, q).await
+    }
+
+    async fn stats_prune_many(&self) -> Result<u64, StoreError> {
+        super::stats::prune(self).await
+    }
+
+    async fn lock_history_list(
+        &self,
+        q: &crate::store::LockHistoryQuery,
+    ) -> Result<Vec<crate::store::LockRecord>, StoreError> {
+        super::lock_history::list(self, q).await
+    }
+
+    async fn lock_history_prune_many(&self) -> Result<u64, StoreError> {
+        super::lock_history::prune(self).await
     }
 
     async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {

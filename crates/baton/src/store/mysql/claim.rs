@@ -6,9 +6,10 @@ use sqlx::{Executor, Row};
 
 use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN};
 use crate::error::StoreError;
+use crate::store::key_rate;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
-use crate::store::{RatedClaim, Task, TaskClaim, TaskClaimRated};
+use crate::store::{KeyRate, RatedClaim, Task, TaskClaim, TaskClaimKeyRated, TaskClaimRated};
 
 impl MyBackend {
     /// An uncapped claim in two round trips: `BEGIN` with the locking
@@ -84,7 +85,7 @@ impl MyBackend {
 
     /// The update that starts the claimed attempts (`ids`: a list for
     /// `IN (…)`; `lease_us` and `worker`: a `?` each or literals).
-    fn claim_update(&self, ids: &str, lease_us: &str, worker: &str) -> String {
+    pub(super) fn claim_update(&self, ids: &str, lease_us: &str, worker: &str) -> String {
         let (now, now_us) = (&self.names.now, &self.names.now_us);
         format!(
             "UPDATE {} SET state = 'running', attempt = attempt + 1, \
@@ -97,7 +98,7 @@ impl MyBackend {
     }
 
     /// The claimed tasks read back in claim order.
-    fn claim_read(&self, ids: &str) -> String {
+    pub(super) fn claim_read(&self, ids: &str) -> String {
         format!(
             "SELECT {CLAIM_COLS} FROM {} WHERE id IN ({ids}) ORDER BY priority, run_at, id",
             self.names.tasks
@@ -134,6 +135,9 @@ pub(super) async fn task_claim(
     // With a buffer share the walk may step over as many tasks on their
     // last attempt (see `claim_pick`).
     let walk_extra = i64::from(req.buffered.min(req.limit));
+    if req.fair {
+        return super::fair::task_claim(b, req).await;
+    }
     // Uncapped (the common case): two round trips in all, each a batch
     // of statements sent as text (see `MyBackend::batch`).
     if let Some(per_key) = req.per_key_max_running {
@@ -203,25 +207,58 @@ pub(super) async fn task_claim_rated(
     b: &MyBackend,
     req: &TaskClaimRated<'_>,
 ) -> Result<RatedClaim, StoreError> {
+    let mut tx = b.begin().await?;
+    let answer = rated_in(b, &mut tx, req, None).await?;
+    tx.commit().await?;
+    Ok(answer)
+}
+
+/// A claim under a rate per concurrency key (and the queue's or a named
+/// limit when set), in one transaction (`key_rate.rs`).
+pub(super) async fn task_claim_key_rated(
+    b: &MyBackend,
+    req: &TaskClaimKeyRated<'_>,
+) -> Result<RatedClaim, StoreError> {
+    let mut tx = b.begin().await?;
+    let answer = match req.rated() {
+        Some(rated) => rated_in(b, &mut tx, &rated, Some(req.key_rate)).await?,
+        None => {
+            let now_us = super::key_rate::now_us_on(b, &mut tx).await?;
+            let (tasks, next) =
+                super::key_rate::claim_in(b, &mut tx, &req.claim, req.key_rate, now_us).await?;
+            key_rate::answer(tasks, now_us, next)?
+        }
+    };
+    tx.commit().await?;
+    Ok(answer)
+}
+
+/// [`task_claim_rated`] inside `tx`, committed by the caller; under a
+/// rate per key too when `key_rate` is set.
+async fn rated_in(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaimRated<'_>,
+    key_rate: Option<KeyRate>,
+) -> Result<RatedClaim, StoreError> {
     let now_us = &b.names.now_us;
     let key = req.key();
     let r = &b.names.rates;
     let lock = format!("SELECT starts, {now_us} FROM {r} WHERE name = ? FOR UPDATE");
-    let mut tx = b.begin().await?;
     let mut row: Option<(Vec<u8>, i64)> = sqlx::query_as(&lock)
         .bind(key.as_bytes())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await?;
     if row.is_none() {
         sqlx::query(&format!(
             "INSERT IGNORE INTO {r} (name, starts) VALUES (?, '')"
         ))
         .bind(key.as_bytes())
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
         row = sqlx::query_as(&lock)
             .bind(key.as_bytes())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await?;
     }
     let (starts, now_us) = row.ok_or_else(|| {
@@ -231,14 +268,21 @@ pub(super) async fn task_claim_rated(
         StoreError::Corrupt(format!("rate limit {key:?}: a start log not in ASCII"))
     })?;
     let log = StartLog::decode(&starts)?;
-    let tasks = match rate::plan(req, &log, now_us) {
-        None => Vec::new(),
-        Some(claim) => match claim.per_key_max_running {
+    let mut key_next = None;
+    let tasks = match (rate::plan(req, &log, now_us), key_rate) {
+        (None, _) => Vec::new(),
+        (Some(claim), Some(kr)) => {
+            let (tasks, next) = super::key_rate::claim_in(b, tx, &claim, kr, now_us).await?;
+            key_next = next;
+            tasks
+        }
+        (Some(claim), None) if claim.fair => super::fair::claim_in(tx, b, &claim).await?,
+        (Some(claim), None) => match claim.per_key_max_running {
             Some(per_key) => {
                 let walk = i64::from(claim.limit) + i64::from(claim.buffered.min(claim.limit));
-                super::keyed::claim_in(b, &mut tx, &claim, per_key, walk).await?
+                super::keyed::claim_in(b, tx, &claim, per_key, walk).await?
             }
-            None => capped_in(b, &mut tx, &claim, claim.max_running).await?,
+            None => capped_in(b, tx, &claim, claim.max_running).await?,
         },
     };
     let mut started = Vec::with_capacity(tasks.len());
@@ -253,17 +297,17 @@ pub(super) async fn task_claim_rated(
         for t in &tasks {
             q = q.bind(t.id);
         }
-        started = q.fetch_all(&mut *tx).await?;
+        started = q.fetch_all(&mut **tx).await?;
     }
-    let d = rate::finish(req, log, tasks, &started, now_us)?;
+    let mut d = rate::finish(req, log, tasks, &started, now_us)?;
     if let Some(text) = d.write {
         sqlx::query(&format!("UPDATE {r} SET starts = ? WHERE name = ?"))
             .bind(text)
             .bind(key.as_bytes())
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
     }
-    tx.commit().await?;
+    d.answer.key_next = key_rate::key_next_at(key_next, now_us)?;
     Ok(d.answer)
 }
 
@@ -332,9 +376,11 @@ pub(super) async fn claim_ids(
 /// tasks, and the next caller's statements on it would run inside it,
 /// uncommitted (an enqueue reported done, then lost when the connection
 /// closes).
-struct OpenTx {
-    conn: sqlx::pool::PoolConnection<sqlx::MySql>,
-    open: bool,
+pub(super) struct OpenTx {
+    /// The connection.
+    pub(super) conn: sqlx::pool::PoolConnection<sqlx::MySql>,
+    /// Whether its transaction may still be open (then a drop closes it).
+    pub(super) open: bool,
 }
 
 impl Drop for OpenTx {

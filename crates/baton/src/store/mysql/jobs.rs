@@ -13,13 +13,16 @@ pub(super) async fn job_register(
     let j = &b.names.jobs;
     let job = params.job;
     sqlx::query(&format!(
-        "INSERT INTO {j} (name, last_slot, paused, queue, overlap) VALUES (?, {now}, 0, ?, ?) \
+        "INSERT INTO {j} (name, last_slot, paused, queue, overlap, fingerprint) \
+         VALUES (?, {now}, 0, ?, ?, ?) \
          ON DUPLICATE KEY UPDATE queue = COALESCE(VALUES(queue), queue), \
-             overlap = COALESCE(VALUES(overlap), overlap)"
+             overlap = COALESCE(VALUES(overlap), overlap), \
+             fingerprint = COALESCE(VALUES(fingerprint), fingerprint)"
     ))
     .bind(job)
     .bind(params.queue.map(str::as_bytes))
     .bind(params.overlap.map(|o| o.as_str()))
+    .bind(params.fingerprint)
     .execute(&b.pool)
     .await?;
     let row = sqlx::query(&format!("SELECT {JOB_COLS} FROM {j} WHERE name = ?"))

@@ -9,7 +9,7 @@ use sqlx::mysql::MySqlRow;
 use super::{hex_lit, text_lit, us, MyBackend, BEGIN};
 use crate::error::StoreError;
 use crate::store::sql_row::{lock_info, token_arg, SqlRow};
-use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo};
+use crate::store::{Acquire, FencingToken, LockAcquire, LockInfo, LockRelease};
 
 /// The columns [`lock_info`] reads: the record and the store's `now`.
 fn lock_cols(now: &str) -> String {
@@ -148,25 +148,66 @@ pub(super) async fn lock_revoke(
     .await
 }
 
-pub(super) async fn lock_release(
-    b: &MyBackend,
-    name: &str,
-    token: FencingToken,
-    at_least: Duration,
-) -> Result<bool, StoreError> {
+pub(super) async fn lock_release(b: &MyBackend, p: &LockRelease<'_>) -> Result<bool, StoreError> {
     let now = &b.names.now;
-    let r = sqlx::query(&format!(
+    let release = format!(
         "UPDATE {} SET lock_until = GREATEST({now}, \
              locked_at + INTERVAL ? MICROSECOND) \
          WHERE name = ? AND token = ? AND lock_until > {now}",
         b.names.locks
-    ))
-    .bind(us(at_least))
-    .bind(name)
-    .bind(token_arg(token))
-    .execute(&b.pool)
-    .await?;
-    Ok(r.rows_affected() == 1)
+    );
+    let run = |q| {
+        sqlx::query(q)
+            .bind(us(p.at_least))
+            .bind(p.name)
+            .bind(token_arg(p.token))
+    };
+    if !p.record {
+        return Ok(run(release.as_str())
+            .execute(&b.pool)
+            .await?
+            .rows_affected()
+            == 1);
+    }
+    // The release and its lock-history record, in one transaction sent
+    // as one round trip (text protocol, several statements): the name as
+    // a hex literal (whatever it holds, whatever the SQL mode), token and
+    // times as numbers. The insert runs only when the update released
+    // (`@baton_released`); the affected rows add up to 2 then, 0 when the
+    // lease was not current.
+    let (name, token, at_least) = (
+        format!(
+            "CONVERT({} USING utf8mb4) COLLATE utf8mb4_bin",
+            super::hex_lit(p.name.as_bytes())
+        ),
+        token_arg(p.token),
+        us(p.at_least),
+    );
+    let (locks, hist) = (&b.names.locks, &b.names.lock_history);
+    let sql = format!(
+        "{begin}; \
+         UPDATE {locks} SET lock_until = GREATEST({now}, locked_at + INTERVAL {at_least} MICROSECOND) \
+             WHERE name = {name} AND token = {token} AND lock_until > {now}; \
+         SET @baton_released = ROW_COUNT(); \
+         INSERT INTO {hist} (name, holder, token, acquired_at, released_at) \
+             SELECT name, holder, token, locked_at, {now} FROM {locks} \
+             WHERE name = {name} AND token = {token} AND @baton_released = 1; \
+         COMMIT",
+        begin = super::BEGIN
+    );
+    // Until the batch has answered, the connection may be inside its
+    // transaction: dropped then (the future cancelled, or the batch stopped
+    // by an error part-way) it is closed, not handed back to the pool.
+    let mut open = super::claim::OpenTx {
+        conn: b.pool.acquire().await?,
+        open: true,
+    };
+    // A query without arguments goes by the text protocol, which takes
+    // several statements.
+    let done = sqlx::Executor::execute(&mut *open.conn, sql.as_str()).await?;
+    open.open = false;
+    // The update's row and the record's: 2; a lease not current: 0.
+    Ok(done.rows_affected() > 0)
 }
 
 /// One lock (`Some(name)`) or all of them, by name.

@@ -60,12 +60,18 @@ mod advance;
 mod audit;
 mod backend;
 mod claim;
+mod fair;
+mod jobdefs;
 mod jobs;
 mod key_policy;
+mod key_rate;
 mod keyed;
+mod lock_history;
 mod locks;
+mod queue_view;
 mod rows;
 mod schema;
+mod stats;
 mod tasks;
 
 pub use tasks::enqueue_in;
@@ -134,6 +140,13 @@ pub(crate) struct Names {
     rates: String,
     /// The audit log, schema 12.
     audit: String,
+    /// Start logs of the rates per concurrency key (`store::key_rate`),
+    /// schema 14.
+    key_rates: String,
+    /// The throughput rollup, schema 14.
+    rollup: String,
+    /// Lock history, schema 15.
+    lock_history: String,
     /// The store's clock (see [`now_sql`]).
     now: String,
     /// [`Names::now`] in µs since the epoch, independent of the session
@@ -160,6 +173,9 @@ impl Names {
             slots: format!("`{p}slots`"),
             rates: format!("`{p}rates`"),
             audit: format!("`{p}audit`"),
+            key_rates: format!("`{p}key_rates`"),
+            rollup: format!("`{p}rollup`"),
+            lock_history: format!("`{p}lock_history`"),
             now_us: format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {now})"),
             now_select: format!("SELECT {now}"),
             append_error: format!(

@@ -39,7 +39,121 @@ const UPGRADES: &[Upgrade] = &[
     add_pause_notes,
     add_audit,
     add_key_starts,
+    add_fair,
+    add_queue_limits,
+    add_jobdefs,
+    add_key_rates,
+    add_rollup,
+    add_lock_history,
+    add_rollup_job,
+    // 20 → 21: the fair claim in one call (issue 25): the stored
+    // procedure `<prefix>fair_claim`.
+    super::fair::procedure_sql,
 ];
+
+/// 19 → 20: the rollup keyed by job too (`''` for tasks of no job, and
+/// for the rows counted before), so a job defined in the store (kind
+/// `command`) has a series of its own; one `ALTER` adds the column and
+/// replaces the key. `VARBINARY(255)` (names are at most 255 bytes) keeps
+/// the key within InnoDB's 3072 bytes beside two `utf8mb4` names.
+fn add_rollup_job(n: &Names) -> Vec<String> {
+    add_column(
+        n,
+        "rollup",
+        "job VARBINARY(255) NOT NULL, DROP PRIMARY KEY, \
+         ADD PRIMARY KEY (res, bucket, queue, kind, job)",
+    )
+}
+
+/// 13 → 14: fair claiming (`store::fair`): each queue's rotation cursor
+/// (the group its previous fair claim served last) and the index the fair
+/// claim walks the distinct keys of a queue's pending tasks and finds each
+/// key's first due task on (MySQL has no partial index: the state is in
+/// the key, as in the `claim` index).
+fn add_fair(n: &Names) -> Vec<String> {
+    let mut out = add_column(n, "queues", "fair_cursor VARBINARY(255) NULL");
+    let name = format!("{}tasks", n.prefix);
+    out.extend(ddl_unless(
+        &format!(
+            "information_schema.statistics WHERE table_schema = DATABASE() \
+             AND table_name = '{name}' AND index_name = 'tasks_key_pending'"
+        ),
+        &format!(
+            "CREATE INDEX tasks_key_pending ON `{name}` \
+             (queue, state, concurrency_key, priority, run_at, id)"
+        ),
+    ));
+    out
+}
+
+/// 14 → 15: the limits a queue's workers declare (`store::QueueLimits`
+/// as JSON), who declared them and when (issue 25); nullable, nothing to
+/// convert.
+fn add_queue_limits(n: &Names) -> Vec<String> {
+    let mut out = add_column(
+        n,
+        "queues",
+        "limits TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    );
+    out.extend(add_column(
+        n,
+        "queues",
+        "limits_by VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+    ));
+    out.extend(add_column(n, "queues", "limits_at DATETIME(6) NULL"));
+    out
+}
+
+/// 15 → 16: job definitions kept in the store (issue 26): one row a name,
+/// a tombstone when deleted (so a name's version never repeats).
+fn add_jobdefs(n: &Names) -> Vec<String> {
+    let mut out = add_column(n, "jobs", "fingerprint VARCHAR(64) NULL");
+    out.push(format!(
+        "CREATE TABLE IF NOT EXISTS `{}jobdefs` ( \
+             name VARCHAR(255) NOT NULL PRIMARY KEY, \
+             version BIGINT NOT NULL, \
+             spec MEDIUMTEXT NOT NULL, \
+             deleted TINYINT(1) NOT NULL DEFAULT 0, \
+             created_at DATETIME(6) NOT NULL, \
+             updated_at DATETIME(6) NOT NULL, \
+             updated_by VARCHAR(1024) NOT NULL \
+         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+        n.prefix
+    ));
+    out
+}
+
+/// 18 → 19: lock history (issue 27): one row a release, pruned by
+/// `released_at` and per lock.
+fn add_lock_history(n: &Names) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             name VARCHAR(1024) NOT NULL, holder VARCHAR(1024) NOT NULL, \
+             token BIGINT NOT NULL, acquired_at DATETIME(6) NOT NULL, \
+             released_at DATETIME(6) NOT NULL, KEY released_idx (released_at) \
+         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+        n.lock_history
+    )]
+}
+
+/// 17 → 18: the throughput rollup (issue 27): one row a (resolution,
+/// bucket, queue, kind), counts added by each worker's flush, pruned by
+/// bucket.
+fn add_rollup(n: &Names) -> Vec<String> {
+    let counts = crate::store::stats_sql::COUNT_COLS
+        .iter()
+        .map(|c| format!("{c} BIGINT NOT NULL, "))
+        .collect::<String>();
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             res BIGINT NOT NULL, bucket BIGINT NOT NULL, \
+             queue VARCHAR(255) NOT NULL, kind VARCHAR(255) NOT NULL, {counts}\
+             PRIMARY KEY (res, bucket, queue, kind) \
+         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+        n.rollup
+    )]
+}
 
 /// 10 → 11: each job's overlap policy (what a worker ending a run reads
 /// to skip `job_release` under `skip`/`allow`), and the note, author and
@@ -78,6 +192,26 @@ fn add_audit(n: &Names) -> Vec<String> {
              KEY at_idx (at) \
          ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
         n.audit
+    )]
+}
+
+/// 16 → 17: rates per concurrency key (`store::key_rate`): one start log
+/// per (queue, key), found by `free_at` for the earliest held-back key and
+/// by `idle_at` for pruning (a held-back key's pending tasks are probed on
+/// `tasks_key_pending` of 13 → 14).
+fn add_key_rates(n: &Names) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             queue VARBINARY(255) NOT NULL, \
+             ckey VARBINARY(255) NOT NULL, \
+             starts MEDIUMTEXT CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+             free_at BIGINT NOT NULL DEFAULT 0, \
+             idle_at BIGINT NOT NULL DEFAULT 0, \
+             PRIMARY KEY (queue, ckey), \
+             KEY free_idx (queue, free_at), \
+             KEY idle_idx (queue, idle_at) \
+         ) ENGINE=InnoDB",
+        n.key_rates
     )]
 }
 
@@ -309,9 +443,10 @@ pub(super) async fn status(b: &MyBackend) -> Result<SchemaStatus, StoreError> {
     sql_row::schema_status(read, i64::from(SCHEMA_VERSION))
 }
 
-/// Drop every table of the prefix in one statement, under the migration's
-/// lock (a migration at that moment runs before or after). DDL commits on
-/// its own in MySQL: there is no transaction to roll back.
+/// Drop every table of the prefix in one statement, then its fair claim
+/// procedure, under the migration's lock (a migration at that moment runs
+/// before or after). DDL commits on its own in MySQL: there is no
+/// transaction to roll back.
 pub(super) async fn remove(b: &MyBackend) -> Result<(), StoreError> {
     let mut conn = b.pool.acquire().await?;
     let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
@@ -325,9 +460,15 @@ pub(super) async fn remove(b: &MyBackend) -> Result<(), StoreError> {
         )));
     }
     let tables = crate::store::migrate::quoted_tables(&b.names.prefix, '`');
-    let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {tables}"))
+    let mut dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {tables}"))
         .execute(&mut *conn)
         .await;
+    if dropped.is_ok() {
+        let procedure = super::fair::procedure_name(&b.names);
+        dropped = sqlx::query(&format!("DROP PROCEDURE IF EXISTS {procedure}"))
+            .execute(&mut *conn)
+            .await;
+    }
     let released = sqlx::query("SELECT RELEASE_LOCK(?)")
         .bind(lock_name(&b.names))
         .execute(&mut *conn)

@@ -12,6 +12,7 @@ use super::outbox::insert_tasks;
 use super::{dur, PgBackend};
 use crate::error::StoreError;
 use crate::store::job_advance::{Birth, CancelTx, JobRow, PreviousRun, SlotTx};
+use crate::store::jobdefs::{mark_row, mark_sql, DefinitionMark};
 use crate::store::{waiting_run_at, Enqueued, JobAdvance, NewTask, TaskState};
 
 /// One transaction of `job_advance` or `task_cancel`.
@@ -47,6 +48,17 @@ impl SlotTx for Tx<'_> {
             last_slot: row.try_get("last_slot")?,
             now: row.try_get("now")?,
         }))
+    }
+
+    async fn definition(&mut self, job: &str) -> Result<Option<DefinitionMark>, StoreError> {
+        let sql = mark_sql(&super::jobdefs::table(self.b), "$1");
+        let row = self
+            .b
+            .q(&sql)
+            .bind(job)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        row.as_ref().map(mark_row).transpose()
     }
 
     async fn previous_runs(

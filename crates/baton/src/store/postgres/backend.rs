@@ -1,7 +1,7 @@
 //! The [`Backend`] impl of the PostgreSQL backend: binds arguments to the
 //! statements of [`super::sql`] and reads the rows back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,9 +10,10 @@ use sqlx::Row;
 use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
-use super::sql::{Cap, FinishKind};
+use super::sql::Cap;
 use super::{dur, listener, schema, PgBackend, PoolMode};
 use crate::error::StoreError;
+use crate::store::key_rate;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
     claimed_task, job_state, lock_info, queue_row, queue_stats, task_info, token_arg, token_of,
@@ -23,9 +24,13 @@ use crate::store::SchemaStatus;
 use crate::store::{
     Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat, JobAdvance,
     JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim, TaskFilter,
-    TaskInfo, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
+    TaskInfo, Wake, LEASE_EXPIRED,
 };
-use crate::store::{RatedClaim, TaskClaimRated};
+use crate::store::{
+    AuditPage, AuditRecord, JobDef, JobDefDelete, JobDefPut, JobDefWrite, LockHistoryQuery,
+    LockRecord, StatsQuery, StatsRow,
+};
+use crate::store::{KeyRate, RatedClaim, TaskClaimKeyRated, TaskClaimRated};
 
 /// PostgreSQL's spelling of a task search (the payload as its JSON text).
 struct Search;
@@ -45,12 +50,12 @@ use sqlx::postgres::PgRow;
 
 /// The locking walk's bound: with a buffer share it may step over as many
 /// tasks on their last attempt (see `Sql::claim`).
-fn claim_walk(req: &TaskClaim<'_>) -> u32 {
+pub(super) fn claim_walk(req: &TaskClaim<'_>) -> u32 {
     req.limit.saturating_add(req.buffered.min(req.limit))
 }
 
 /// Claimed rows as tasks, in claim order.
-fn claimed(rows: &[PgRow]) -> Result<Vec<Task>, StoreError> {
+pub(super) fn claimed(rows: &[PgRow]) -> Result<Vec<Task>, StoreError> {
     let mut tasks = rows
         .iter()
         .map(claimed_task)
@@ -72,8 +77,8 @@ impl PgBackend {
             return Ok(Vec::new());
         }
         if req.fair {
-            self.lock_queue(tx, req.queue).await?;
-            return self.claim_fair(tx, req).await;
+            // The fair claim function takes the queue's lock itself.
+            return self.claim_fair(&mut *tx, req).await;
         }
         let walk = claim_walk(req);
         let (max, per_key) = (req.max_running, req.per_key_max_running);
@@ -102,9 +107,68 @@ impl PgBackend {
         claimed(&q.fetch_all(&mut *tx).await?)
     }
 
+    /// A claim under a rate limit inside `tx`, under a rate per key too
+    /// when `key_rate` is set.
+    async fn rated_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        req: &TaskClaimRated<'_>,
+        key_rate: Option<KeyRate>,
+    ) -> Result<RatedClaim, StoreError> {
+        // Claimers of one limit take turns on its row in `<p>rates`, then
+        // on the queue's advisory lock when capped (always in this order).
+        let key = req.key();
+        let (r, now_us) = (&self.names.rates, &self.names.now_us);
+        let lock = format!("SELECT starts, {now_us} FROM {r} WHERE name = $1 FOR UPDATE");
+        let read = |row: Option<PgRow>| -> Result<Option<(String, i64)>, StoreError> {
+            row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        };
+        let mut row = read(self.q(&lock).bind(&key).fetch_optional(&mut *tx).await?)?;
+        if row.is_none() {
+            self.q(&format!(
+                "INSERT INTO {r} (name) VALUES ($1) ON CONFLICT DO NOTHING"
+            ))
+            .bind(&key)
+            .execute(&mut *tx)
+            .await?;
+            row = read(self.q(&lock).bind(&key).fetch_optional(&mut *tx).await?)?;
+        }
+        let (starts, now_us) = row.ok_or_else(|| {
+            StoreError::Corrupt(format!("rate limit {key:?}: no row after its insert"))
+        })?;
+        let log = StartLog::decode(&starts)?;
+        let mut key_next = None;
+        let tasks = match (rate::plan(req, &log, now_us), key_rate) {
+            (Some(claim), Some(kr)) => {
+                let (tasks, next) = self.claim_keys_in(tx, &claim, kr, now_us).await?;
+                key_next = next;
+                tasks
+            }
+            (Some(claim), None) => self.claim_in(tx, &claim).await?,
+            (None, _) => Vec::new(),
+        };
+        // Every task of the claim started at `now()`: the transaction's
+        // start, the instant read with the row.
+        let started = vec![now_us; tasks.len()];
+        let mut d = rate::finish(req, log, tasks, &started, now_us)?;
+        if let Some(text) = d.write {
+            self.q(&format!("UPDATE {r} SET starts = $2 WHERE name = $1"))
+                .bind(&key)
+                .bind(text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        d.answer.key_next = key_rate::key_next_at(key_next, now_us)?;
+        Ok(d.answer)
+    }
+
     /// Take the queue's advisory lock (transaction-scoped): capped and
     /// fair claimers of a queue take turns on it.
-    async fn lock_queue(&self, tx: &mut sqlx::PgConnection, queue: &str) -> Result<(), StoreError> {
+    pub(super) async fn lock_queue(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        queue: &str,
+    ) -> Result<(), StoreError> {
         self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
             .bind(format!("{}:{}", self.names.chan, queue))
             .execute(&mut *tx)
@@ -149,6 +213,10 @@ impl Backend for PgBackend {
 
     fn pool_recycle(&self) {
         self.recycle.mark();
+    }
+
+    fn claims_carry_finishes(&self) -> bool {
+        true
     }
 
     fn wakes_across_processes(&self) -> bool {
@@ -229,7 +297,12 @@ impl Backend for PgBackend {
             name,
             token,
             at_least,
+            record,
         } = *params;
+        let sql = match record {
+            true => &self.sql.lock_release_recorded,
+            false => &self.sql.lock_release,
+        };
         // The release commits without waiting for its WAL flush
         // (`synchronous_commit = off` for this one transaction). That is
         // safe: a release lost in a server crash leaves the row as granted
@@ -240,7 +313,7 @@ impl Backend for PgBackend {
         // and extensions stay synchronous: losing one would let a second
         // holder in (or reissue a token) after a crash.
         let r = self
-            .q(&self.sql.lock_release)
+            .q(sql)
             .bind(name)
             .bind(token_arg(token))
             .bind(dur(at_least))
@@ -307,6 +380,11 @@ impl Backend for PgBackend {
                 .await?;
             return claimed(&rows);
         }
+        if req.fair {
+            // One statement (the fair claim function), in its own
+            // transaction.
+            return self.claim_fair(self.exec(), req).await;
+        }
         let mut tx = self.begin().await?;
         let tasks = self.claim_in(&mut tx, req).await?;
         tx.commit().await?;
@@ -314,46 +392,29 @@ impl Backend for PgBackend {
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
-        // Claimers of one limit take turns on its row in `<p>rates`, then
-        // on the queue's advisory lock when capped (always in this order).
-        let key = req.key();
-        let (r, now_us) = (&self.names.rates, &self.names.now_us);
-        let lock = format!("SELECT starts, {now_us} FROM {r} WHERE name = $1 FOR UPDATE");
         let mut tx = self.begin().await?;
-        let read = |row: Option<PgRow>| -> Result<Option<(String, i64)>, StoreError> {
-            row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
-        };
-        let mut row = read(self.q(&lock).bind(&key).fetch_optional(&mut *tx).await?)?;
-        if row.is_none() {
-            self.q(&format!(
-                "INSERT INTO {r} (name) VALUES ($1) ON CONFLICT DO NOTHING"
-            ))
-            .bind(&key)
-            .execute(&mut *tx)
-            .await?;
-            row = read(self.q(&lock).bind(&key).fetch_optional(&mut *tx).await?)?;
-        }
-        let (starts, now_us) = row.ok_or_else(|| {
-            StoreError::Corrupt(format!("rate limit {key:?}: no row after its insert"))
-        })?;
-        let log = StartLog::decode(&starts)?;
-        let tasks = match rate::plan(req, &log, now_us) {
-            Some(claim) => self.claim_in(&mut tx, &claim).await?,
-            None => Vec::new(),
-        };
-        // Every task of the claim started at `now()`: the transaction's
-        // start, the instant read with the row.
-        let started = vec![now_us; tasks.len()];
-        let d = rate::finish(req, log, tasks, &started, now_us)?;
-        if let Some(text) = d.write {
-            self.q(&format!("UPDATE {r} SET starts = $2 WHERE name = $1"))
-                .bind(&key)
-                .bind(text)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let answer = self.rated_in(&mut tx, req, None).await?;
         tx.commit().await?;
-        Ok(d.answer)
+        Ok(answer)
+    }
+
+    async fn task_claim_key_rated(
+        &self,
+        req: &TaskClaimKeyRated<'_>,
+    ) -> Result<RatedClaim, StoreError> {
+        let mut tx = self.begin().await?;
+        let answer = match req.rated() {
+            Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
+            None => {
+                let now_us = self.now_us_on(&mut tx).await?;
+                let (tasks, next) = self
+                    .claim_keys_in(&mut tx, &req.claim, req.key_rate, now_us)
+                    .await?;
+                key_rate::answer(tasks, now_us, next)?
+            }
+        };
+        tx.commit().await?;
+        Ok(answer)
     }
 
     async fn task_heartbeat_many(
@@ -389,55 +450,14 @@ impl Backend for PgBackend {
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-        // Every kind of finish in one statement and one commit.
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = items.len();
-        let (mut ids, mut tokens) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut kinds, mut texts, mut retries) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for (claim, finish) in items {
-            ids.push(claim.id);
-            tokens.push(token_arg(claim.token));
-            let (kind, text, retry) = match finish {
-                Finish::Succeeded => (FinishKind::Succeeded, None, None),
-                Finish::Failed { error, retry_in } => {
-                    (FinishKind::Failed, Some(error.as_str()), retry_in.map(dur))
-                }
-                Finish::Cancelled { reason } => {
-                    (FinishKind::Cancelled, Some(reason.as_str()), None)
-                }
-                Finish::HandBack => (FinishKind::HandBack, None, None),
-                Finish::Snoozed { run_in } => (FinishKind::HandBack, None, Some(dur(*run_in))),
-            };
-            kinds.push(kind.code());
-            texts.push(text);
-            retries.push(retry);
-        }
-        let rows = self
-            .q(&self.sql.finish_many)
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(&kinds)
-            .bind(&texts)
-            .bind(&retries)
-            .bind(&self.names.chan)
-            .bind(CANCEL_REQUESTED)
-            .fetch_all(self.exec())
-            .await?;
-        let mut done = HashSet::with_capacity(rows.len());
-        for row in rows {
-            done.insert((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?));
-        }
-        Ok(ids
-            .iter()
-            .zip(&tokens)
-            .map(|(&id, &token)| done.contains(&(id, token)))
-            .collect())
+        self.finish_many(items).await
+    }
+
+    async fn task_finish_and_claim(
+        &self,
+        req: &crate::store::TaskFinishAndClaim<'_>,
+    ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
+        self.finish_and_claim(req).await
     }
 
     async fn task_set_progress(
@@ -560,19 +580,74 @@ impl Backend for PgBackend {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    async fn queue_declare(
+        &self,
+        params: &crate::store::QueueDeclare<'_>,
+    ) -> Result<Option<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::declare(self, params).await
+    }
+
+    async fn queue_limits_list(&self) -> Result<Vec<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::list(self).await
+    }
+
+    async fn queue_keys(
+        &self,
+        query: &crate::store::QueueKeysQuery<'_>,
+    ) -> Result<crate::store::QueueKeys, StoreError> {
+        super::queue_view::keys(self, query).await
+    }
+
     async fn audit_append(&self, entry: &crate::store::AuditAppend<'_>) -> Result<(), StoreError> {
         super::audit::append(self, entry).await
     }
 
-    async fn audit_list(
-        &self,
-        page: &crate::store::AuditPage,
-    ) -> Result<Vec<crate::store::AuditRecord>, StoreError> {
+    async fn audit_list(&self, page: &AuditPage) -> Result<Vec<AuditRecord>, StoreError> {
         super::audit::list(self, page).await
     }
 
     async fn audit_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         super::audit::prune(self, older_than).await
+    }
+
+    async fn jobdef_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
+        super::jobdefs::prune(self, older_than).await
+    }
+
+    async fn jobdef_put(&self, p: &JobDefPut<'_>) -> Result<JobDefWrite, StoreError> {
+        crate::store::jobdefs::put(self, p).await
+    }
+
+    async fn jobdef_delete(&self, d: &JobDefDelete<'_>) -> Result<JobDefWrite, StoreError> {
+        crate::store::jobdefs::delete(self, d).await
+    }
+
+    async fn jobdef_list(&self) -> Result<Vec<JobDef>, StoreError> {
+        super::jobdefs::list(self).await
+    }
+
+    async fn jobdef_revision(&self) -> Result<i64, StoreError> {
+        super::jobdefs::revision(self).await
+    }
+
+    async fn stats_add(&self, rows: &[StatsRow]) -> Result<(), StoreError> {
+        super::stats::add(self, rows).await
+    }
+
+    async fn stats_read(&self, q: &StatsQuery) -> Result<Vec<StatsRow>, StoreError> {
+        super::stats::read(self, q).await
+    }
+
+    async fn stats_prune_many(&self) -> Result<u64, StoreError> {
+        super::stats::prune(self).await
+    }
+
+    async fn lock_history_list(&self, q: &LockHistoryQuery) -> Result<Vec<LockRecord>, StoreError> {
+        super::lock_history::list(self, q).await
+    }
+
+    async fn lock_history_prune_many(&self) -> Result<u64, StoreError> {
+        super::lock_history::prune(self).await
     }
 
     async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
@@ -601,6 +676,7 @@ impl Backend for PgBackend {
             .bind(params.job)
             .bind(params.queue)
             .bind(params.overlap.map(|o| o.as_str()))
+            .bind(params.fingerprint)
             .fetch_one(self.exec())
             .await?;
         job_state(&row)

@@ -1,204 +1,217 @@
-//! The fair claim of the PostgreSQL backend (`TaskClaim::fair`, planned by
-//! `store::fair`): inside the claim's transaction and under the queue's
-//! advisory lock, it reads in one round trip the queue's paused flag and
-//! cursor, its running tasks per key, its best due priority and the heads
-//! of the group without a key and of the keys running; then the other
-//! keys' heads in rotation order, a page at a time, until enough are found
-//! (`fair::KeyWalk`: a loose index scan over the distinct keys of the
-//! pending tasks, on `tasks_key_pending`), usually one page; then the
-//! first tasks of the chosen keys; then in one statement it claims the
-//! planned ones and moves the cursor.
+//! The fair claim of the PostgreSQL backend (`TaskClaim::fair`, the rule of
+//! `store::fair`), made by one statement: a call of the PL/pgSQL function
+//! `<prefix>fair_claim` the schema step 19 → 20 creates ([`function_sql`]).
+//!
+//! Inside the function, in the caller's transaction (a claim of its own
+//! runs in the statement's implicit one): the queue's advisory lock (the
+//! one capped claimers take, so fair claimers take turns and each reads the
+//! running tasks after the previous one committed: a volatile function's
+//! every statement reads a fresh snapshot), the queue's paused flag and
+//! cursor, its running tasks per group, its best due priority, the heads of
+//! the group without a key and of the keys running, then a walk over the
+//! other keys in rotation order from the cursor (`fair::KeyWalk`'s rule:
+//! one index probe a key on `tasks_key_pending`, stopping once it has found
+//! as many keys as the claim takes whose head is at the best priority with
+//! nothing running), then one statement that ranks the chosen groups'
+//! first tasks (`fair::choose` and `fair::pick`), and one that claims them
+//! and moves the cursor. The lock is held for the server's time only, not
+//! for round trips: five round trips before (four of them under the lock),
+//! one now.
 
-use sqlx::Row;
-
-use super::{dur, PgBackend};
+use super::PgBackend;
+use super::{dur, Names};
 use crate::error::StoreError;
-use crate::store::fair::{self, Candidate, Head, KeyWalk, Running};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{Task, TaskClaim};
 
+/// The rows the fair claim function returns ([`CLAIM_COLS`] with their
+/// types): a record, not the tasks table's row type, so the function
+/// depends on no table (a table dropped on its own is not held back).
+const RETURNS: &str = "id bigint, queue text, kind text, payload jsonb, priority integer, \
+     attempt integer, claim_token bigint, max_attempts integer, timeout_ms bigint, \
+     run_at timestamptz, lease_until timestamptz, job text, slot timestamptz, traceparent text";
+
+/// The fair claim function's quoted name.
+pub(super) fn function_name(n: &Names) -> String {
+    format!("\"{}fair_claim\"", n.prefix)
+}
+
+/// `CREATE OR REPLACE FUNCTION <prefix>fair_claim(…)`: the whole fair
+/// claim in one call. Arguments: the queue, the worker, the lease in ms,
+/// the limit, `max_running` (NULL: none), the per-key cap (NULL: none),
+/// `buffered`, the advisory lock's text key (hashed as the capped claims
+/// hash it), and the store's clock (the caller's `now`, so the test clock
+/// is honoured). Returns the claimed rows ([`RETURNS`]) in plan order
+/// (best first).
+///
+/// The group without a key goes by `''` (`fair::NO_KEY`), which no
+/// concurrency key can be; keys compare in the column's collation, the
+/// order the walk reads them in.
+pub(super) fn function_sql(n: &Names) -> String {
+    let (t, q, f) = (&n.tasks, &n.queues, function_name(n));
+    let due = "state = 'pending' AND queue = p_queue AND run_at <= p_now AND NOT cancel_requested";
+    let order = "ORDER BY concurrency_key, priority, run_at, id";
+    let ret = CLAIM_COLS
+        .split(", ")
+        .map(|c| format!("t.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"CREATE OR REPLACE FUNCTION {f}(p_queue text, p_worker text, p_lease_ms int8,
+    p_limit int8, p_max_running int8, p_per_key int8, p_buffered int8, p_lock text,
+    p_now timestamptz)
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_paused boolean;
+    v_cur text;
+    v_rk text[];
+    v_rn int8[];
+    v_running int8;
+    v_total int8;
+    v_best int4;
+    v_hk text[] := '{{}}';
+    v_hp int4[] := '{{}}';
+    v_p int4;
+    v_k text;
+    v_next text;
+    v_wrapped boolean := false;
+    v_found int8 := 0;
+    v_ids int8[];
+    v_last text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
+    SELECT paused, fair_cursor INTO v_paused, v_cur FROM {q} WHERE name = p_queue;
+    IF coalesce(v_paused, false) THEN RETURN; END IF;
+    v_cur := coalesce(v_cur, '');
+    SELECT coalesce(array_agg(g), '{{}}'), coalesce(array_agg(c), '{{}}'), coalesce(sum(c), 0)
+        INTO v_rk, v_rn, v_running
+        FROM (SELECT coalesce(concurrency_key, '') AS g, count(*) AS c FROM {t}
+              WHERE state = 'running' AND queue = p_queue GROUP BY 1) r;
+    v_total := p_limit;
+    IF p_max_running IS NOT NULL THEN
+        v_total := least(v_total, p_max_running - v_running);
+    END IF;
+    IF v_total <= 0 THEN RETURN; END IF;
+    SELECT priority INTO v_best FROM {t} WHERE {due} ORDER BY priority, run_at, id LIMIT 1;
+    IF v_best IS NULL THEN RETURN; END IF;
+    -- The heads read apart: the group without a key, the keys running.
+    SELECT priority INTO v_p FROM {t} WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1;
+    IF v_p IS NOT NULL THEN
+        v_hk := v_hk || ''::text; v_hp := v_hp || v_p;
+    END IF;
+    FOREACH v_k IN ARRAY v_rk LOOP
+        CONTINUE WHEN v_k = '';
+        v_p := NULL;
+        SELECT priority INTO v_p FROM {t} WHERE {due} AND concurrency_key = v_k {order} LIMIT 1;
+        IF v_p IS NOT NULL THEN
+            v_hk := v_hk || v_k; v_hp := v_hp || v_p;
+        END IF;
+    END LOOP;
+    -- The walk: the keys after the cursor, then from the first key up to
+    -- the cursor, until enough keys at the best priority with nothing
+    -- running are found (every key not walked ranks after them).
+    v_k := v_cur;
+    LOOP
+        v_next := NULL;
+        SELECT concurrency_key INTO v_next FROM {t}
+            WHERE state = 'pending' AND queue = p_queue AND concurrency_key > v_k
+            ORDER BY concurrency_key LIMIT 1;
+        IF v_next IS NULL THEN
+            EXIT WHEN v_wrapped OR v_cur = '';
+            v_wrapped := true;
+            v_k := '';
+            CONTINUE;
+        END IF;
+        EXIT WHEN v_wrapped AND v_next > v_cur;
+        v_k := v_next;
+        CONTINUE WHEN v_k = ANY(v_hk);
+        v_p := NULL;
+        SELECT priority INTO v_p FROM {t} WHERE {due} AND concurrency_key = v_k {order} LIMIT 1;
+        CONTINUE WHEN v_p IS NULL;
+        v_hk := v_hk || v_k; v_hp := v_hp || v_p;
+        IF v_p = v_best AND NOT (v_k = ANY(v_rk)) THEN
+            v_found := v_found + 1;
+            EXIT WHEN v_found >= v_total;
+        END IF;
+    END LOOP;
+    -- Choose the groups (their heads' rank, room under the per-key cap),
+    -- read their first tasks, rank them all, take the claim's share.
+    WITH r AS (SELECT * FROM unnest(v_rk, v_rn) AS r(g, n)),
+    h AS (SELECT h.g, h.p, coalesce(r.n, 0) AS run,
+                 CASE WHEN h.g <> '' AND p_per_key IS NOT NULL
+                      THEN p_per_key - coalesce(r.n, 0) END AS room
+          FROM unnest(v_hk, v_hp) AS h(g, p) LEFT JOIN r ON r.g = h.g),
+    chosen AS (SELECT g, run,
+                      least(coalesce(room, v_total + least(p_buffered, p_limit)),
+                            v_total + least(p_buffered, p_limit)) AS take
+               FROM h WHERE room IS NULL OR room > 0
+               ORDER BY p, 1 + run, NOT (g > v_cur), g LIMIT v_total),
+    cand AS (SELECT c.id, c.priority, c.attempt, c.max_attempts, chosen.g, chosen.run,
+                    row_number() OVER (PARTITION BY chosen.g
+                                       ORDER BY c.priority, c.run_at, c.id) AS n
+             FROM chosen CROSS JOIN LATERAL (
+                 (SELECT id, priority, run_at, attempt, max_attempts FROM {t}
+                  WHERE {due} AND chosen.g <> '' AND concurrency_key = chosen.g
+                  {order} LIMIT chosen.take)
+                 UNION ALL
+                 (SELECT id, priority, run_at, attempt, max_attempts FROM {t}
+                  WHERE {due} AND chosen.g = '' AND concurrency_key IS NULL
+                  {order} LIMIT chosen.take)) AS c),
+    ranked AS (SELECT id, g, attempt, max_attempts,
+                      row_number() OVER (ORDER BY priority, n + run, NOT (g > v_cur), g) AS i
+               FROM cand),
+    taken AS (SELECT id, g, i FROM ranked
+              WHERE i <= p_limit - p_buffered OR attempt + 1 < max_attempts
+              ORDER BY i LIMIT v_total)
+    SELECT array_agg(id ORDER BY i), (array_agg(g ORDER BY i DESC))[1]
+        INTO v_ids, v_last FROM taken;
+    IF v_ids IS NULL THEN RETURN; END IF;
+    INSERT INTO {q} (name, fair_cursor) VALUES (p_queue, v_last)
+        ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor;
+    RETURN QUERY WITH u AS (
+        UPDATE {t} AS t SET state = 'running', attempt = t.attempt + 1, started_at = p_now,
+            lease_until = p_now + p_lease_ms * interval '1 millisecond', worker = p_worker,
+            claim_token = greatest(t.claim_token + 1,
+                                   floor(extract(epoch FROM p_now) * 1000000)::bigint)
+        -- Only the primary key can serve this (the other terms are
+        -- expressions): with no statistics the planner took the pending
+        -- index and walked the queue's whole backlog for the ids.
+        WHERE t.id = ANY(v_ids) AND t.state || '' = 'pending' AND t.queue || '' = p_queue
+        RETURNING {ret})
+    SELECT * FROM u ORDER BY array_position(v_ids, u.id);
+END
+$fn$;"#
+    )
+}
+
 impl PgBackend {
-    /// A fair claim inside `tx`; the caller holds the queue's advisory lock.
-    pub(super) async fn claim_fair(
+    /// A fair claim on `conn` (in a transaction or not): one call of the
+    /// fair claim function, which takes the queue's advisory lock itself.
+    pub(super) async fn claim_fair<'c, E>(
         &self,
-        tx: &mut sqlx::PgConnection,
+        conn: E,
         req: &TaskClaim<'_>,
-    ) -> Result<Vec<Task>, StoreError> {
-        let (t, q) = (&self.names.tasks, &self.names.queues);
-        let (now, now_us) = (&self.names.now, &self.names.now_us);
-        let due = format!(
-            "state = 'pending' AND queue = $1 AND run_at <= {now} AND NOT cancel_requested"
-        );
-        // Within one group (an equality on the key), the order of the
-        // index `tasks_key_pending`: spelled with the key so the planner
-        // walks that index, not the claim index filtering on the key
-        // (which steps over every other key's backlog).
-        let order = "ORDER BY concurrency_key, priority, run_at, id";
-        // One round trip: the queue's row (`q`: paused as 1, the cursor),
-        // its running tasks per key (`r`), its best due priority (`b`) and
-        // the heads (`h`) of the group without a key and of the keys with
-        // running tasks; the other keys' heads come from the walk below.
-        // The casts to int8 stay outside the ordered selects: inside, the
-        // ORDER BY would sort by the cast expression instead of walking an
-        // index (a sort of every key's backlog).
-        let head = format!(
-            "(SELECT priority FROM {t} WHERE {due} AND concurrency_key = k.k {order} LIMIT 1)::int8"
+    ) -> Result<Vec<Task>, StoreError>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+    {
+        let sql = format!(
+            "SELECT {CLAIM_COLS} FROM {}($1, $2, $3, $4, $5, $6, $7, $8, {}) AS f({RETURNS})",
+            function_name(&self.names),
+            self.names.now
         );
         let rows = self
-            .q(&format!(
-                "SELECT 'q', fair_cursor, paused::int4::int8 FROM {q} WHERE name = $1 \
-                 UNION ALL \
-                 SELECT 'r', concurrency_key, count(*) FROM {t} \
-                     WHERE state = 'running' AND queue = $1 GROUP BY concurrency_key \
-                 UNION ALL \
-                 SELECT 'b', NULL, (SELECT priority FROM {t} WHERE {due} \
-                     ORDER BY priority, run_at, id LIMIT 1)::int8 \
-                 UNION ALL \
-                 SELECT 'h', NULL, (SELECT priority FROM {t} \
-                     WHERE {due} AND concurrency_key IS NULL {order} LIMIT 1)::int8 \
-                 UNION ALL \
-                 SELECT 'h', k.k, {head} FROM (SELECT DISTINCT concurrency_key AS k FROM {t} \
-                     WHERE state = 'running' AND queue = $1 AND concurrency_key IS NOT NULL) AS k"
-            ))
-            .bind(req.queue)
-            .fetch_all(&mut *tx)
-            .await?;
-        let (mut cursor, mut running, mut heads, mut best) = (None, Vec::new(), Vec::new(), None);
-        for r in &rows {
-            let (tag, key, n): (String, Option<String>, Option<i64>) =
-                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-            let priority = || {
-                n.map(|n| {
-                    i32::try_from(n)
-                        .map_err(|_| StoreError::Corrupt(format!("task priority {n} out of range")))
-                })
-                .transpose()
-            };
-            match tag.as_str() {
-                "q" if n != Some(0) => return Ok(Vec::new()),
-                "q" => cursor = key,
-                "r" => running.push((key, n.unwrap_or(0))),
-                "b" => best = priority()?,
-                _ => {
-                    if let Some(priority) = priority()? {
-                        heads.push(Head { key, priority });
-                    }
-                }
-            }
-        }
-        let Some(best) = best else {
-            return Ok(Vec::new());
-        };
-        let running = Running::from_rows(running);
-        // The keys in rotation order, a page at a time (a loose index scan
-        // over the distinct keys of the pending tasks, on
-        // `tasks_key_pending`), until enough are found.
-        // Part 1: at most $3 keys after $2; part 2 (the wrap): at most $4
-        // keys from the first.
-        let page = format!(
-            "WITH RECURSIVE k(k, n, part) AS ( \
-                 (SELECT concurrency_key, 1, 1 FROM {t} WHERE state = 'pending' \
-                     AND queue = $1 AND concurrency_key > $2 \
-                     ORDER BY concurrency_key LIMIT 1) \
-                 UNION ALL \
-                 (SELECT concurrency_key, 1, 2 FROM {t} WHERE state = 'pending' \
-                     AND queue = $1 AND concurrency_key IS NOT NULL AND $4 > 0 \
-                     ORDER BY concurrency_key LIMIT 1) \
-                 UNION ALL \
-                 SELECT (SELECT concurrency_key FROM {t} WHERE state = 'pending' \
-                         AND queue = $1 AND concurrency_key > k.k \
-                         ORDER BY concurrency_key LIMIT 1), n + 1, part \
-                 FROM k WHERE k.k IS NOT NULL \
-                     AND n < CASE part WHEN 1 THEN $3 ELSE $4 END) \
-             SELECT k.k, {head}, part FROM k WHERE k.k IS NOT NULL ORDER BY part, n"
-        );
-        let mut walk = KeyWalk::new(req, &running, cursor.as_deref(), best, &heads);
-        while let Some((from, n, wrap)) = walk.next_page() {
-            let (mut after, mut first) = (Vec::new(), Vec::new());
-            for r in self
-                .q(&page)
-                .bind(req.queue)
-                .bind(from)
-                .bind(i64::from(n))
-                .bind(i64::from(wrap))
-                .fetch_all(&mut *tx)
-                .await?
-            {
-                let p: Option<i64> = r.try_get(1)?;
-                let row = (r.try_get(0)?, p.and_then(|p| i32::try_from(p).ok()));
-                match r.try_get::<i32, _>(2)? {
-                    1 => after.push(row),
-                    _ => first.push(row),
-                }
-            }
-            walk.take(after, first, &mut heads, &running);
-        }
-        let chosen = fair::choose(req, &heads, &running, cursor.as_deref());
-        if chosen.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (mut keys, mut takes, mut no_key) = (Vec::new(), Vec::new(), 0i64);
-        for c in &chosen {
-            match &c.key {
-                Some(k) => {
-                    keys.push(k.as_str());
-                    takes.push(i64::from(c.take));
-                }
-                None => no_key = i64::from(c.take),
-            }
-        }
-        let cols = "id, concurrency_key, priority, attempt, max_attempts, run_at";
-        let candidates = self
-            .q(&format!(
-                "SELECT * FROM ( \
-                     SELECT c.* FROM unnest($2::text[], $3::int8[]) AS g(k, m) \
-                         CROSS JOIN LATERAL (SELECT {cols} FROM {t} \
-                             WHERE {due} AND concurrency_key = g.k {order} LIMIT g.m) AS c \
-                     UNION ALL \
-                     (SELECT {cols} FROM {t} WHERE {due} AND concurrency_key IS NULL \
-                         {order} LIMIT $4)) AS c \
-                 ORDER BY concurrency_key NULLS FIRST, priority, run_at, id"
-            ))
-            .bind(req.queue)
-            .bind(&keys)
-            .bind(&takes)
-            .bind(no_key)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(Candidate {
-                    id: r.try_get(0)?,
-                    key: r.try_get(1)?,
-                    priority: r.try_get(2)?,
-                    attempt: r.try_get(3)?,
-                    max_attempts: r.try_get(4)?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let plan = fair::pick(req, &candidates, &running, cursor.as_deref());
-        let Some(cursor) = plan.cursor else {
-            return Ok(Vec::new());
-        };
-        // The claim and the cursor's move, in one statement.
-        let rows = self
-            .q(&format!(
-                "WITH c AS (INSERT INTO {q} (name, fair_cursor) VALUES ($1, $5) \
-                     ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor) \
-                 UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = {now}, \
-                     lease_until = {now} + $3 * interval '1 millisecond', worker = $2, \
-                     claim_token = greatest(claim_token + 1, {now_us}) \
-                 WHERE id = ANY($4::int8[]) AND state = 'pending' AND queue = $1 \
-                 RETURNING {CLAIM_COLS}"
-            ))
+            .q(&sql)
             .bind(req.queue)
             .bind(req.worker)
             .bind(dur(req.lease))
-            .bind(&plan.ids)
-            .bind(cursor)
-            .fetch_all(&mut *tx)
+            .bind(i64::from(req.limit))
+            .bind(req.max_running.map(i64::from))
+            .bind(req.per_key_max_running.map(i64::from))
+            .bind(i64::from(req.buffered))
+            .bind(format!("{}:{}", self.names.chan, req.queue))
+            .fetch_all(conn)
             .await?;
-        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
-        Ok(fair::in_plan_order(tasks, &plan.ids))
+        rows.iter().map(claimed_task).collect()
     }
 }

@@ -62,11 +62,19 @@ mod audit;
 mod backend;
 mod exec;
 mod fair;
+mod finish;
+mod finish_claim;
+mod finish_sql;
+mod jobdefs;
+mod key_rate;
 mod listener;
+mod lock_history;
 mod outbox;
+mod queue_view;
 mod rows;
 mod schema;
 mod sql;
+mod stats;
 
 pub use outbox::enqueue_in;
 use sql::Sql;
@@ -208,6 +216,13 @@ struct Names {
     rates: String,
     /// The audit log, schema 13.
     audit: String,
+    /// Start logs of the rates per concurrency key (`store::key_rate`),
+    /// schema 15.
+    key_rates: String,
+    /// The throughput rollup, schema 15.
+    rollup: String,
+    /// Lock history, schema 16.
+    lock_history: String,
     /// The task id sequence, as a quoted identifier inside a string literal
     /// (for `nextval('…')`).
     seq_lit: String,
@@ -233,6 +248,9 @@ impl Names {
             slots: format!("\"{p}slots\""),
             rates: format!("\"{p}rates\""),
             audit: format!("\"{p}audit\""),
+            key_rates: format!("\"{p}key_rates\""),
+            rollup: format!("\"{p}rollup\""),
+            lock_history: format!("\"{p}lock_history\""),
             seq_lit: format!("'\"{p}tasks_id_seq\"'"),
             chan: format!("{p}tasks"),
             now: test_clock::now(&p),

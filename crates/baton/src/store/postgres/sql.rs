@@ -4,9 +4,11 @@
 //! Parameters are `$1`, `$2`, …; each statement's comment says what they
 //! are. Durations travel as milliseconds (`$n * interval '1 millisecond'`).
 
+use std::sync::OnceLock;
+
+use super::finish_sql::{self, FinishParts};
 use super::Names;
 use crate::store::sql_row::{CLAIM_COLS, JOB_COLS, QUEUE_COLS, TASK_COLS};
-use crate::store::CANCEL_REQUESTED;
 
 /// The partial-index predicate under which a unique key is taken (its
 /// `UniqueHold`: `unique_forever`, `unique_until_failed` or neither; the
@@ -17,7 +19,7 @@ pub(super) const UNIQUE_PRED: &str = "unique_key IS NOT NULL AND (unique_forever
 /// A wake-up's due time for a row's `run_at` (see [`crate::store::Wake`]):
 /// microseconds since the epoch, rounded up so a timer armed for it never
 /// fires before the row is due.
-const WAKE_AT: &str = "ceil(extract(epoch FROM run_at) * 1000000)::int8";
+pub(super) const WAKE_AT: &str = "ceil(extract(epoch FROM run_at) * 1000000)::int8";
 
 /// The statements of one table prefix.
 #[derive(Debug)]
@@ -28,6 +30,9 @@ pub(super) struct Sql {
     pub lock_extend: String,
     /// `$1` name, `$2` token, `$3` at_least ms (committed asynchronously).
     pub lock_release: String,
+    /// `lock_release` recording the release in the lock history, in the
+    /// same statement (`StoreOptions::lock_history`).
+    pub lock_release_recorded: String,
     /// Revoke a lease (operator's force-release).
     pub lock_revoke: String,
     /// `$1` name → the lock row.
@@ -41,6 +46,13 @@ pub(super) struct Sql {
     /// The claim statements by limit bucket (see [`Sql::claim`]):
     /// uncapped, capped and capped per key, for limits up to `1 << i`.
     claims: Vec<[String; 3]>,
+    /// The finishes a combined statement runs beside a claim
+    /// ([`Sql::finish_claim`]): every kind, then successes only, their
+    /// parameters from `$6`.
+    finish_parts: [FinishParts; 2],
+    /// The combined statements, built on first use, by limit bucket and
+    /// finish (as `finish_parts`).
+    finish_claims: Vec<[OnceLock<String>; 2]>,
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -53,6 +65,11 @@ pub(super) struct Sql {
     /// the task instead when the backend does not keep succeeded tasks
     /// (see [`Sql::new`]).
     pub finish_many: String,
+    /// A batch of successes only: `$1` ids, `$2` tokens → (id,
+    /// claim_token) of the attempts it finished; the same compare-and-set
+    /// and end state as [`finish_many`](Self::finish_many)'s `s` rows,
+    /// without its other kinds' work (see [`finish_succeeded_sql`](finish_sql::finish_succeeded_sql)).
+    pub finish_succeeded: String,
     /// `$1` id, `$2` token, `$3` progress.
     pub progress: String,
     /// `$1` error text, `$2` channel → requeued, failed, cancelled.
@@ -183,7 +200,7 @@ impl InsertSql {
 /// The SQL fragment that appends `{attempt, at, error, worker,
 /// started_at}` (error text in `$e`) to `errors`, with the times as RFC
 /// 3339 UTC.
-fn append_error(now: &str, e: &str) -> String {
+pub(super) fn append_error(now: &str, e: &str) -> String {
     let rfc3339 =
         |t: &str| format!("to_char({t} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')");
     format!(
@@ -240,11 +257,24 @@ impl Sql {
             ),
             // Committed with `synchronous_commit = off` for this one
             // transaction: see `lock_release` for why that is safe.
+            // The release records itself in the lock history in the same
+            // statement (the insert's row count is the release's).
             lock_release: format!(
                 "UPDATE {l} AS l \
                  SET lock_until = greatest({now}, l.locked_at + $3 * interval '1 millisecond') \
                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
                  WHERE l.name = $1 AND l.token = $2 AND l.lock_until > {now}"
+            ),
+            lock_release_recorded: format!(
+                "WITH r AS ( \
+                     UPDATE {l} AS l \
+                     SET lock_until = greatest({now}, l.locked_at + $3 * interval '1 millisecond') \
+                     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+                     WHERE l.name = $1 AND l.token = $2 AND l.lock_until > {now} \
+                     RETURNING l.name, l.holder, l.token, l.locked_at) \
+                 INSERT INTO {h} (name, holder, token, acquired_at, released_at) \
+                 SELECT name, holder, token, locked_at, {now} FROM r",
+                h = n.lock_history
             ),
             lock_revoke: format!(
                 "UPDATE {l} SET token = token + 1, holder = 'revoked:' || holder, \
@@ -256,6 +286,11 @@ impl Sql {
             now: format!("SELECT {now}"),
             insert: InsertSql::new(n),
             claims: (0..=u32::BITS).map(|i| claim_sqls(n, 1u64 << i)).collect(),
+            finish_parts: [
+                finish_sql::finish_many_parts(t, now, keep_succeeded, CLAIM_PARAMS),
+                finish_sql::finish_succeeded_parts(t, now, keep_succeeded, CLAIM_PARAMS),
+            ],
+            finish_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
             heartbeat: format!(
                 "UPDATE {t} AS t SET lease_until = {now} + $3 * interval '1 millisecond' \
                  FROM (SELECT DISTINCT id, token \
@@ -263,7 +298,8 @@ impl Sql {
                  WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
                  RETURNING t.id, t.claim_token, t.cancel_requested"
             ),
-            finish_many: finish_many_sql(t, now, keep_succeeded),
+            finish_many: finish_sql::finish_many_sql(t, now, keep_succeeded),
+            finish_succeeded: finish_sql::finish_succeeded_sql(t, now, keep_succeeded),
             progress: format!(
                 "UPDATE {t} SET progress = $3 \
                  WHERE id = $1 AND claim_token = $2 AND state = 'running'"
@@ -344,10 +380,11 @@ impl Sql {
                 n.slots
             ),
             job_insert: format!(
-                "INSERT INTO {j} (name, last_slot, paused, queue, overlap) \
-                 VALUES ($1, {now}, false, $2, $3) \
+                "INSERT INTO {j} (name, last_slot, paused, queue, overlap, fingerprint) \
+                 VALUES ($1, {now}, false, $2, $3, $4) \
                  ON CONFLICT (name) DO UPDATE SET queue = COALESCE($2, {j}.queue), \
-                     overlap = COALESCE($3, {j}.overlap) \
+                     overlap = COALESCE($3, {j}.overlap), \
+                     fingerprint = COALESCE($4, {j}.fingerprint) \
                  RETURNING {JOB_COLS}"
             ),
             job_lock: format!(
@@ -398,18 +435,34 @@ impl Sql {
     /// the row locks, which are taken as rows are pulled, so no more rows
     /// are locked than `$4` and those the buffer's share stepped over.
     pub(super) fn claim(&self, walk: u32, cap: Cap) -> &str {
-        // Bucket i serves limits up to 2^i; the last (2^32) anything
-        // above 2^31.
-        let i = walk
-            .max(1)
-            .checked_next_power_of_two()
-            .map_or(u32::BITS, u32::trailing_zeros) as usize;
-        let [plain, capped, keyed] = &self.claims[i.min(self.claims.len() - 1)];
+        let [plain, capped, keyed] = &self.claims[self.bucket(walk)];
         match cap {
             Cap::None => plain,
             Cap::Queue => capped,
             Cap::Key => keyed,
         }
+    }
+
+    /// The uncapped claim ([`Sql::claim`] with [`Cap::None`], `$1`–`$5`)
+    /// and a finish of a batch (`$6` on: every kind as
+    /// [`Sql::finish_many`] binds them from `$1`, or with `succeeded`
+    /// the ids and tokens of a batch of successes) in one statement; see
+    /// [`finish_claim_sql`].
+    pub(super) fn finish_claim(&self, walk: u32, succeeded: bool) -> &str {
+        let i = self.bucket(walk);
+        let k = usize::from(succeeded);
+        self.finish_claims[i][k]
+            .get_or_init(|| finish_claim_sql(&self.claims[i][0], &self.finish_parts[k]))
+    }
+
+    /// The limit bucket of a walk: bucket i serves limits up to 2^i; the
+    /// last (2^32) anything above 2^31.
+    fn bucket(&self, walk: u32) -> usize {
+        let i = walk
+            .max(1)
+            .checked_next_power_of_two()
+            .map_or(u32::BITS, u32::trailing_zeros) as usize;
+        i.min(self.claims.len() - 1)
     }
 }
 
@@ -422,6 +475,29 @@ pub(super) enum Cap {
     Queue,
     /// `TaskClaim::per_key_max_running`, with or without `max_running`.
     Key,
+}
+
+/// How many parameters the uncapped claim takes (`$1`–`$5`).
+const CLAIM_PARAMS: usize = 5;
+
+/// The uncapped claim `claim` and the finish `fin` in one statement (one
+/// round trip, one commit). The finish's rows are `running` rows this
+/// worker holds and the claim takes `pending` ones, so the two never touch
+/// one row; the claim does not see the finish (one snapshot), so a
+/// finished task is not counted out nor claimed again by it, which an
+/// uncapped claim does not need. Rows: each claimed task's
+/// [`CLAIM_COLS`] with `done` NULL, then one row per attempt finished:
+/// its id, NULLs, and its claim token as `done`.
+fn finish_claim_sql(claim: &str, fin: &FinishParts) -> String {
+    // The claim's other columns, NULL in a finished row (their types come
+    // from the claim's rows).
+    let nulls = vec!["NULL"; CLAIM_COLS.split(',').count() - 1].join(", ");
+    format!(
+        "WITH {}, cl AS ({claim}) \
+         SELECT {CLAIM_COLS}, NULL::int8 AS done FROM cl \
+         UNION ALL SELECT f.id, {nulls}, f.token FROM ({}) AS f",
+        fin.ctes, fin.answer
+    )
 }
 
 /// The claim statements (uncapped, capped, capped per key) of one limit
@@ -510,98 +586,6 @@ fn claim_keyed(n: &Names, bucket: u64) -> String {
              LIMIT greatest(0, least($4, coalesce($5::int8 - \
                  (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1), $4)))) \
          RETURNING {CLAIM_COLS}"
-    )
-}
-
-/// The kind of one finish in [`Sql::finish_many`]'s `$3`.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum FinishKind {
-    Succeeded,
-    Failed,
-    Cancelled,
-    HandBack,
-}
-
-impl FinishKind {
-    /// The code bound for this kind.
-    pub(super) fn code(self) -> &'static str {
-        match self {
-            FinishKind::Succeeded => "s",
-            FinishKind::Failed => "f",
-            FinishKind::Cancelled => "c",
-            FinishKind::HandBack => "h",
-        }
-    }
-}
-
-/// The one statement that finishes a batch of attempts of any kinds (see
-/// [`Sql::finish_many`]). Each row is a fenced compare-and-set on its
-/// claim token. A failure with a retry and attempts left goes back to
-/// pending after its delay (and is announced with its due time, so a
-/// worker starts it when the backoff ends rather than at a later poll),
-/// unless its cancel was requested; a hand-back goes back to pending now
-/// without counting the attempt (announced), or is cancelled when its
-/// cancel was requested; a snooze (kind `h` with a `retry_ms`) is a
-/// hand-back due `retry_ms` after now (announced with its due time). With `keep_succeeded: false` a success deletes
-/// the task, except rows that hold a unique key or a job's run history,
-/// which are kept as succeeded.
-fn finish_many_sql(t: &str, now: &str, keep_succeeded: bool) -> String {
-    // A retry whose cancellation was requested is not retried.
-    let again = "(c.kind = 'f' AND c.retry_ms IS NOT NULL AND t.attempt < t.max_attempts \
-                  AND NOT t.cancel_requested)";
-    let stop = "(c.kind = 'f' AND c.retry_ms IS NOT NULL AND t.attempt < t.max_attempts \
-                 AND t.cancel_requested)";
-    // A snooze is a hand-back with a delay.
-    let snooze = "(c.kind = 'h' AND c.retry_ms IS NOT NULL AND NOT t.cancel_requested)";
-    let errs = append_error(now, "c.msg");
-    let deleted = "c.kind = 's' AND t.unique_key IS NULL AND t.job IS NULL";
-    let (delete, kept) = if keep_succeeded {
-        (
-            "d AS (SELECT NULL::int8 AS id, NULL::int8 AS token WHERE false)".to_string(),
-            String::new(),
-        )
-    } else {
-        (
-            format!(
-                "d AS (DELETE FROM {t} AS t USING c \
-                     WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running' \
-                         AND {deleted} \
-                     RETURNING t.id, t.claim_token AS token)"
-            ),
-            format!(" AND NOT ({deleted})"),
-        )
-    };
-    format!(
-        "WITH c AS (SELECT DISTINCT ON (id) * \
-             FROM UNNEST($1::int8[], $2::int8[], $3::text[], $4::text[], $5::int8[]) \
-                 AS c(id, token, kind, msg, retry_ms)), \
-         {delete}, \
-         u AS (UPDATE {t} AS t SET \
-             state = CASE c.kind WHEN 's' THEN 'succeeded' WHEN 'c' THEN 'cancelled' \
-                 WHEN 'h' THEN CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'pending' END \
-                 ELSE CASE WHEN {again} THEN 'pending' WHEN {stop} THEN 'cancelled' \
-                     ELSE 'failed' END END, \
-             finished_at = CASE c.kind WHEN 'h' THEN CASE WHEN t.cancel_requested THEN {now} END \
-                 WHEN 'f' THEN CASE WHEN {again} THEN NULL ELSE {now} END \
-                 ELSE {now} END, \
-             lease_until = NULL, \
-             last_error = CASE c.kind WHEN 's' THEN t.last_error WHEN 'c' THEN c.msg \
-                 WHEN 'h' THEN CASE WHEN t.cancel_requested THEN $7 ELSE t.last_error END \
-                 ELSE CASE WHEN {stop} THEN '{CANCEL_REQUESTED}: ' || c.msg ELSE c.msg END END, \
-             errors = CASE WHEN c.kind = 'f' THEN {errs} ELSE t.errors END, \
-             run_at = CASE WHEN {again} OR {snooze} \
-                 THEN {now} + c.retry_ms * interval '1 millisecond' ELSE t.run_at END, \
-             attempt = CASE WHEN c.kind = 'h' THEN t.attempt - 1 ELSE t.attempt END \
-         FROM c \
-         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running'{kept} \
-         RETURNING t.id, t.claim_token AS token, t.queue, t.state, t.run_at, c.kind, \
-             c.retry_ms), \
-         n AS (SELECT count(pg_notify($6, CASE WHEN u.kind = 'h' AND u.retry_ms IS NULL \
-                 THEN u.queue \
-                 ELSE u.queue || chr(10) || {WAKE_AT} END)) AS n \
-             FROM u WHERE u.state = 'pending') \
-         SELECT r.id, r.token FROM (SELECT id, token FROM d UNION ALL SELECT id, token FROM u) \
-             AS r CROSS JOIN n"
     )
 }
 

@@ -1,17 +1,17 @@
 //! The [`Backend`] impl of the Redis backend: each call is one script (see
 //! `lua/`), with its arguments built and its reply read in [`super::decode`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
-use super::decode::{decode_enqueued, opt_ts, parse_i64, parse_u64, push_task_args, task_info};
+use super::decode::{opt_ts, parse_i64, parse_u64, task_info, token_u64};
 use super::schema::LOCK_INDEX;
 use super::{forget, jobs, listener, schema, RedisBackend};
-use super::{BATCH, ENQUEUE_CHUNK, ENQUEUE_PIPELINE, FINISH_CHUNK};
+use super::{BATCH, ENQUEUE_CHUNK, FINISH_CHUNK};
 use crate::error::StoreError;
 use crate::store::SchemaStatus;
 use crate::store::{
@@ -19,6 +19,7 @@ use crate::store::{
     Heartbeat, JobAdvance, JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task,
     TaskClaim, TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
 };
+use crate::store::{AuditAppend, AuditPage, AuditRecord, StatsQuery, StatsRow};
 use crate::store::{RatedClaim, TaskClaimRated};
 
 #[async_trait]
@@ -250,19 +251,7 @@ impl Backend for RedisBackend {
         &self,
         params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
-        let crate::store::LockRelease {
-            name,
-            token,
-            at_least,
-        } = *params;
-        let v: i64 = self
-            .l(
-                &self.scripts.lock_release,
-                name,
-                sargs![token.0.to_string(), ms(at_least)],
-            )
-            .await?;
-        Ok(v == 1)
+        super::lock_history::release(self, params).await
     }
 
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
@@ -364,21 +353,22 @@ impl Backend for RedisBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
-        if req.fair {
-            return Err(crate::store::fair::unsupported("redis"));
-        }
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let maps = self.claim_script(req, None).await?;
+        let maps = self.claim_script(req, None, None).await?;
         self.claimed(req.queue, &maps)
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
-        if req.claim.fair {
-            return Err(crate::store::fair::unsupported("redis"));
-        }
-        self.claim_rated(req).await
+        self.claim_rated(req, None).await
+    }
+
+    async fn task_claim_key_rated(
+        &self,
+        req: &crate::store::TaskClaimKeyRated<'_>,
+    ) -> Result<RatedClaim, StoreError> {
+        self.claim_key_rated(req).await
     }
 
     async fn task_heartbeat_many(
@@ -448,6 +438,13 @@ impl Backend for RedisBackend {
             }
         }
         Ok(out)
+    }
+
+    async fn task_finish_and_claim(
+        &self,
+        req: &crate::store::TaskFinishAndClaim<'_>,
+    ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
+        crate::store::finish_then_claim(self, req).await
     }
 
     async fn task_set_progress(
@@ -546,26 +543,7 @@ impl Backend for RedisBackend {
         &self,
         params: &crate::store::QueueSetPaused<'_>,
     ) -> Result<(), StoreError> {
-        let (queue, paused, note) = (params.queue, params.paused, params.note);
-        // The queue's flag (what its claims read), then the index of
-        // paused queues (what the stats list); a resume in the other order.
-        let index = || {
-            let mut cmd = redis::cmd(if paused { "SADD" } else { "SREM" });
-            cmd.arg(self.key("paused")).arg(queue);
-            cmd
-        };
-        let mut conn = self.conn.clone();
-        if !paused {
-            index().query_async::<()>(&mut conn).await?;
-        }
-        let mut args = vec![queue.to_string()];
-        args.extend(jobs::pause_args(paused, &note));
-        self.qs::<i64>(queue, &self.scripts.queue_set_paused, args)
-            .await?;
-        if paused {
-            index().query_async::<()>(&mut conn).await?;
-        }
-        Ok(())
+        jobs::queue_set_paused(self, params).await
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
@@ -612,6 +590,7 @@ impl Backend for RedisBackend {
                 paused,
                 pause_change,
                 queue,
+                limits: None,
             };
             if paused || st.pending + st.running + st.succeeded + st.failed + st.cancelled > 0 {
                 out.push(st);
@@ -624,19 +603,83 @@ impl Backend for RedisBackend {
         forget::prune_many(self, older_than).await
     }
 
-    async fn audit_append(&self, entry: &crate::store::AuditAppend<'_>) -> Result<(), StoreError> {
+    async fn queue_declare(
+        &self,
+        params: &crate::store::QueueDeclare<'_>,
+    ) -> Result<Option<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::declare(self, params).await
+    }
+
+    async fn queue_limits_list(&self) -> Result<Vec<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::list(self).await
+    }
+
+    async fn queue_keys(
+        &self,
+        query: &crate::store::QueueKeysQuery<'_>,
+    ) -> Result<crate::store::QueueKeys, StoreError> {
+        super::queue_view::keys(self, query).await
+    }
+
+    async fn audit_append(&self, entry: &AuditAppend<'_>) -> Result<(), StoreError> {
         super::audit::append(self, entry).await
     }
 
-    async fn audit_list(
-        &self,
-        page: &crate::store::AuditPage,
-    ) -> Result<Vec<crate::store::AuditRecord>, StoreError> {
+    async fn audit_list(&self, page: &AuditPage) -> Result<Vec<AuditRecord>, StoreError> {
         super::audit::list(self, page).await
     }
 
     async fn audit_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         super::audit::prune(self, older_than).await
+    }
+
+    async fn jobdef_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
+        super::jobdefs::prune(self, older_than).await
+    }
+
+    async fn jobdef_put(
+        &self,
+        p: &crate::store::JobDefPut<'_>,
+    ) -> Result<crate::store::JobDefWrite, StoreError> {
+        super::jobdefs::put(self, p).await
+    }
+
+    async fn jobdef_delete(
+        &self,
+        d: &crate::store::JobDefDelete<'_>,
+    ) -> Result<crate::store::JobDefWrite, StoreError> {
+        super::jobdefs::delete(self, d).await
+    }
+
+    async fn jobdef_list(&self) -> Result<Vec<crate::store::JobDef>, StoreError> {
+        super::jobdefs::list(self).await
+    }
+
+    async fn jobdef_revision(&self) -> Result<i64, StoreError> {
+        super::jobdefs::revision(self).await
+    }
+
+    async fn stats_add(&self, rows: &[StatsRow]) -> Result<(), StoreError> {
+        super::stats::add(self, rows).await
+    }
+
+    async fn stats_read(&self, q: &StatsQuery) -> Result<Vec<StatsRow>, StoreError> {
+        super::stats::read(self, q).await
+    }
+
+    async fn stats_prune_many(&self) -> Result<u64, StoreError> {
+        super::stats::prune(self).await
+    }
+
+    async fn lock_history_list(
+        &self,
+        q: &crate::store::LockHistoryQuery,
+    ) -> Result<Vec<crate::store::LockRecord>, StoreError> {
+        super::lock_history::list(self, q).await
+    }
+
+    async fn lock_history_prune_many(&self) -> Result<u64, StoreError> {
+        super::lock_history::prune(self).await
     }
 
     async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
@@ -681,116 +724,5 @@ impl Backend for RedisBackend {
 
     async fn job_get(&self, job: &str) -> Result<Option<JobState>, StoreError> {
         jobs::job_get(self, job).await
-    }
-}
-
-/// A fencing token from a script's integer reply.
-fn token_u64(n: i64) -> Result<u64, StoreError> {
-    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("lock token: negative: {n}")))
-}
-
-impl RedisBackend {
-    /// Enqueue `tasks`, all of `queue`, whose reserved ids start at
-    /// `first`: one script per [`ENQUEUE_CHUNK`], pipelined
-    /// [`ENQUEUE_PIPELINE`] at a time (a pipeline stays on the queue's
-    /// shard). Answers (enqueued, due now) per task; `publish`: the script
-    /// announces the due queue itself.
-    async fn enqueue_queue(
-        &self,
-        queue: &str,
-        tasks: &[&NewTask],
-        first: i64,
-        publish: bool,
-    ) -> Result<Vec<(Enqueued, bool)>, StoreError> {
-        let base = self.qbase(queue);
-        let route = format!("{base}counts");
-        let hash = self.scripts.enqueue.get_hash().to_string();
-        let chunks: Vec<(i64, &[&NewTask])> = tasks
-            .chunks(ENQUEUE_CHUNK)
-            .enumerate()
-            .map(|(k, c)| (first + (k * ENQUEUE_CHUNK) as i64, c))
-            .collect();
-        let mut out = Vec::with_capacity(tasks.len());
-        // The test clock's argument, last in each script call (see
-        // `scripts::test_clock`; feature `test-clock`, tests only).
-        #[cfg(feature = "test-clock")]
-        let clock = self.test_clock_arg().await?;
-        let mut conn = self.conn.clone();
-        for group in chunks.chunks(ENQUEUE_PIPELINE) {
-            let pipe = |load: bool| {
-                let mut pipe = redis::pipe();
-                if load {
-                    pipe.cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(&self.scripts.enqueue_code)
-                        .ignore();
-                }
-                for (first, chunk) in group {
-                    pipe.cmd("EVALSHA")
-                        .arg(&hash)
-                        .arg(1)
-                        .arg(&route)
-                        .arg(&base)
-                        .arg(if publish { "1" } else { "0" })
-                        .arg(*first);
-                    for t in *chunk {
-                        push_task_args(&mut pipe, t)?;
-                    }
-                    #[cfg(feature = "test-clock")]
-                    pipe.arg(&clock);
-                }
-                Ok::<_, StoreError>(pipe)
-            };
-            // One script call goes alone (the script is ~8 KB: loading it
-            // each time cost more than the insert); a NOSCRIPT answer means
-            // it did nothing, so it is loaded and sent again. Several go
-            // after a load in the same pipeline, as a NOSCRIPT among them
-            // would leave unknown which ones ran.
-            let replies: Vec<Vec<i64>> = if group.len() == 1 {
-                match pipe(false)?.query_async(&mut conn).await {
-                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                        pipe(true)?.query_async(&mut conn).await?
-                    }
-                    r => r?,
-                }
-            } else {
-                pipe(true)?.query_async(&mut conn).await?
-            };
-            if replies.len() != group.len() {
-                return Err(StoreError::Corrupt(format!(
-                    "enqueue: {} replies for {} scripts",
-                    replies.len(),
-                    group.len()
-                )));
-            }
-            for ((_, chunk), reply) in group.iter().zip(replies) {
-                if reply.len() != chunk.len() * 4 {
-                    return Err(StoreError::Corrupt(format!(
-                        "enqueue: reply of {} values for {} tasks",
-                        reply.len(),
-                        chunk.len()
-                    )));
-                }
-                for r in reply.chunks(4) {
-                    out.push((decode_enqueued(r)?, r[2] == 1));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The positions of `ids` grouped by their tasks' queue (ids of no
-    /// known queue left out).
-    async fn by_queue(
-        &self,
-        ids: impl Iterator<Item = i64>,
-    ) -> Result<BTreeMap<String, Vec<usize>>, StoreError> {
-        let mut by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        for (i, id) in ids.enumerate() {
-            if let Some(q) = self.queue_of(id).await? {
-                by.entry(q).or_default().push(i);
-            }
-        }
-        Ok(by)
     }
 }

@@ -7,19 +7,33 @@ use super::cluster::Conn;
 use super::decode::task;
 use super::RedisBackend;
 use crate::error::StoreError;
-use crate::store::{from_ms, ms, RatedClaim, Task, TaskClaim, TaskClaimRated, CANCEL_REQUESTED};
+use crate::store::{
+    from_ms, ms, KeyRate, RatedClaim, Task, TaskClaim, TaskClaimKeyRated, TaskClaimRated,
+    CANCEL_REQUESTED,
+};
 
 impl RedisBackend {
-    /// The claim script; with a rate limit `(key, max, per ms)` its
-    /// answer starts with `{now, next}` (ms; `next` 0 when a start is
-    /// allowed now).
+    /// The claim script (fair or not: `TaskClaim::fair`, `lua/fair.lua`);
+    /// with a rate limit `(key, max, per ms)` or a rate per key `(max, per
+    /// ms)` its answer starts with `{now, next, knext}` (ms; `next` 0 when
+    /// a start is allowed now, `knext` 0 when no key waits for its rate).
     pub(super) async fn claim_script(
         &self,
         req: &TaskClaim<'_>,
         rate: Option<(String, u32, i64)>,
+        key_rate: Option<KeyRate>,
     ) -> Result<Vec<HashMap<String, String>>, StoreError> {
         let (rkey, rmax, rper) = match rate {
             Some((k, m, p)) => (k, m.to_string(), p.to_string()),
+            None => Default::default(),
+        };
+        let (kmax, kper) = match key_rate {
+            Some(r) => (
+                r.max.to_string(),
+                i64::try_from(r.per.as_millis())
+                    .unwrap_or(i64::MAX)
+                    .to_string(),
+            ),
             None => Default::default(),
         };
         self.qs(
@@ -38,7 +52,10 @@ impl RedisBackend {
                     .unwrap_or_default(),
                 rkey,
                 rmax,
-                rper
+                rper,
+                if req.fair { "1" } else { "" },
+                kmax,
+                kper
             ],
         )
         .await
@@ -57,10 +74,32 @@ impl RedisBackend {
         Ok(tasks)
     }
 
-    /// A claim under a rate limit (`Backend::task_claim_rated`).
+    /// A claim under a rate per concurrency key, and the queue's or a
+    /// named limit when set (`Backend::task_claim_key_rated`).
+    pub(super) async fn claim_key_rated(
+        &self,
+        req: &TaskClaimKeyRated<'_>,
+    ) -> Result<RatedClaim, StoreError> {
+        if req.claim.fair {
+            return Err(crate::store::key_rate_fair_refused());
+        }
+        match req.rated() {
+            Some(rated) => self.claim_rated(&rated, Some(req.key_rate)).await,
+            None => {
+                let maps = self
+                    .claim_script(&req.claim, None, Some(req.key_rate))
+                    .await?;
+                self.rated_answer(req.claim.queue, maps)
+            }
+        }
+    }
+
+    /// A claim under a rate limit (`Backend::task_claim_rated`), and a rate
+    /// per key when `key_rate` is set.
     pub(super) async fn claim_rated(
         &self,
         req: &TaskClaimRated<'_>,
+        key_rate: Option<KeyRate>,
     ) -> Result<RatedClaim, StoreError> {
         // A queue's own limit lives under the queue's hash tag; a named
         // one under the index tag, which on a cluster is another slot than
@@ -78,9 +117,19 @@ impl RedisBackend {
             Some(name) => self.key(&format!("rate:{name}")),
         };
         let per = i64::try_from(req.per.as_millis()).unwrap_or(i64::MAX);
-        let mut maps = self
-            .claim_script(&req.claim, Some((key, req.max, per)))
+        let maps = self
+            .claim_script(&req.claim, Some((key, req.max, per)), key_rate)
             .await?;
+        self.rated_answer(req.claim.queue, maps)
+    }
+
+    /// A rated claim's answer: its first record `{now, next, knext}`, then
+    /// the tasks.
+    fn rated_answer(
+        &self,
+        queue: &str,
+        mut maps: Vec<HashMap<String, String>>,
+    ) -> Result<RatedClaim, StoreError> {
         if maps.is_empty() {
             return Err(StoreError::Corrupt("rated claim: no answer".into()));
         }
@@ -90,15 +139,13 @@ impl RedisBackend {
                 .and_then(|v| v.parse().ok())
                 .ok_or_else(|| StoreError::Corrupt(format!("rated claim: {f}")))
         };
-        let (now, next) = (num("now")?, num("next")?);
+        let (now, next, knext) = (num("now")?, num("next")?, num("knext")?);
+        let after = |t: i64| (t > now).then(|| from_ms(t)).transpose();
         Ok(RatedClaim {
-            tasks: self.claimed(req.claim.queue, &maps)?,
+            tasks: self.claimed(queue, &maps)?,
             now: from_ms(now)?,
-            next_start: if next > now {
-                Some(from_ms(next)?)
-            } else {
-                None
-            },
+            next_start: after(next)?,
+            key_next: after(knext)?,
         })
     }
 }

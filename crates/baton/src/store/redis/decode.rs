@@ -237,3 +237,8 @@ pub(super) fn task_info(m: &HashMap<String, String>) -> Result<TaskInfo, StoreEr
         concurrency_key: f.opt_string("concurrency_key"),
     })
 }
+
+/// A fencing token from a script's integer reply.
+pub(super) fn token_u64(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("lock token: negative: {n}")))
+}

@@ -29,7 +29,8 @@ pub(super) async fn job_register(
             sargs![
                 job,
                 params.queue.unwrap_or_default(),
-                params.overlap.map(|o| o.as_str()).unwrap_or_default()
+                params.overlap.map(|o| o.as_str()).unwrap_or_default(),
+                params.fingerprint.unwrap_or_default()
             ],
         )
         .await?;
@@ -38,9 +39,9 @@ pub(super) async fn job_register(
 
 /// A job's state from its hash fields as `job_list.lua` answers them
 /// (after the name): `last_slot, paused, queue, overlap, pause_note,
-/// pause_by, pause_at`, each `None` when absent.
+/// pause_by, pause_at, fingerprint`, each `None` when absent.
 fn job_state(name: String, f: &[Option<String>]) -> Result<JobState, StoreError> {
-    let [slot, paused, queue, overlap, note, by, at] = f else {
+    let [slot, paused, queue, overlap, note, by, at, fingerprint] = f else {
         return Err(StoreError::Corrupt(format!(
             "job {name:?}: {} fields",
             f.len()
@@ -60,6 +61,7 @@ fn job_state(name: String, f: &[Option<String>]) -> Result<JobState, StoreError>
         queue: text(queue),
         overlap,
         pause_change: PauseChange::from_parts(text(note), text(by), ts(at, "pause_at")?),
+        fingerprint: text(fingerprint),
         name,
     })
 }
@@ -122,6 +124,15 @@ pub(super) async fn job_advance(
         SlotRecord::Run { worker, lease } => ("r", ms(lease), worker, OVERLAP_SKIPPED),
         SlotRecord::Skip { reason } => ("s", 0, "", reason),
     };
+    // The definition lives in the index's tag, the job in its queue's: it
+    // is read just before the script (a definition written in between is
+    // written after this call began, so it governs only slots after this
+    // one's lead: DESIGN.md D2).
+    if let Some(source) = adv.source {
+        if source.superseded(super::jobdefs::mark(b, adv.job).await?, adv.slot) {
+            return Ok(Advanced::Superseded);
+        }
+    }
     // The job's keys live in its queue's tag, so the slot and its
     // task are one script; a task of another queue moves the job.
     let home = match adv.task {
@@ -293,4 +304,31 @@ async fn jobs_at(
             job_state(name, row.get(1..).unwrap_or_default())
         })
         .collect()
+}
+
+/// Pause or resume a queue: its flag (what its claims read), then the
+/// index of paused queues (what the stats list); a resume in the other
+/// order.
+pub(super) async fn queue_set_paused(
+    b: &RedisBackend,
+    params: &crate::store::QueueSetPaused<'_>,
+) -> Result<(), StoreError> {
+    let (queue, paused, note) = (params.queue, params.paused, params.note);
+    let index = || {
+        let mut cmd = redis::cmd(if paused { "SADD" } else { "SREM" });
+        cmd.arg(b.key("paused")).arg(queue);
+        cmd
+    };
+    let mut conn = b.conn.clone();
+    if !paused {
+        index().query_async::<()>(&mut conn).await?;
+    }
+    let mut args = vec![queue.to_string()];
+    args.extend(pause_args(paused, &note));
+    b.qs::<i64>(queue, &b.scripts.queue_set_paused, args)
+        .await?;
+    if paused {
+        index().query_async::<()>(&mut conn).await?;
+    }
+    Ok(())
 }

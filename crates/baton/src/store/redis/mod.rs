@@ -28,6 +28,11 @@
 //! - `Q ready` — zset of due pending tasks, score
 //!   `(priority + 128) · 2⁴³ + run_at` (exact in a double: < 2⁵¹), members
 //!   zero-padded ids so equal scores order by id.
+//! - `Q fk:<key>` — zset of the due pending tasks of one concurrency key
+//!   (`Q fk:` those without a key), scored as in `ready`; `Q fkeys` — zset
+//!   (score 0) of the keys with a task there; `Q fcursor` — the group the
+//!   queue's previous fair claim served last (schema 15: fair claiming,
+//!   `lua/fair.lua`). A task enters and leaves its group with `ready`.
 //! - `Q running` — zset of running tasks, score `lease_until` (rescue).
 //! - `Q done` — zset of terminal tasks, score `finished_at` (prune).
 //! - `Q ids` — zset of the queue's task ids (listing, newest first).
@@ -184,12 +189,17 @@ mod claim;
 mod cluster;
 mod conn;
 mod decode;
+mod enqueue;
 mod forget;
+mod jobdefs;
 mod jobs;
 mod listener;
+mod lock_history;
+mod queue_view;
 mod schema;
 mod scripts;
 mod sentinel;
+mod stats;
 mod tls;
 
 use conn::MasterConn;

@@ -122,6 +122,23 @@ enum Upgrade {
     /// the version, so an older build (whose claims would not record
     /// starts) refuses the store.
     KeyStarts,
+    /// 14 → 15: fair claiming (`TaskClaim::fair`, `lua/fair.lua`): each
+    /// queue's due tasks are indexed by group, `Q fk:<key>` (`Q fk:` for
+    /// the tasks without a key) a zset scored as `Q ready`, and `Q fkeys`
+    /// the keys with a task there (score 0, in key order); `Q fcursor` is
+    /// the group the queue's previous fair claim served last. Every
+    /// script that moves a task into or out of `ready` keeps the index.
+    /// The step indexes each queue's `ready` with one script per queue
+    /// (`lua/fair_upgrade.lua`, atomic and idempotent). An older process
+    /// still running would not keep the index (a task it makes due is
+    /// claimed by plain claims, but a fair claim does not see it): stop
+    /// older processes first, as the version check makes them stop after.
+    FairGroups,
+    /// 15 → 16: job definitions kept in the store (the hash `B jobdefs`,
+    /// issue 26). Nothing to convert; the step marks the version, so an
+    /// older build (which would run its config's jobs however the store
+    /// defines them) refuses the store.
+    JobDefs,
 }
 
 /// The store's identity: the key `B store_id`, a random id set once.
@@ -147,6 +164,8 @@ const UPGRADES: &[Upgrade] = &[
     Upgrade::UniqueUntilFailed,
     Upgrade::PauseNotes,
     Upgrade::KeyStarts,
+    Upgrade::FairGroups,
+    Upgrade::JobDefs,
 ];
 
 /// The first version with one hash tag per queue (step 7 → 8), whose
@@ -296,13 +315,30 @@ async fn upgrade(b: &RedisBackend, step: Upgrade) -> Result<(), StoreError> {
         | Upgrade::RateLimits
         | Upgrade::UniqueUntilFailed
         | Upgrade::PauseNotes
-        | Upgrade::KeyStarts => Ok(()),
+        | Upgrade::KeyStarts
+        | Upgrade::JobDefs => Ok(()),
         Upgrade::PersistLocks | Upgrade::LockIndex | Upgrade::OwnLockKeys => {
             legacy_locks(b, step).await
         }
         Upgrade::ClusterLayout => cluster_layout(b).await,
         Upgrade::UniqueScopes => unique_scopes(b).await,
+        Upgrade::FairGroups => fair_groups(b).await,
     }
+}
+
+/// Step 14 → 15 (see [`Upgrade::FairGroups`]): each queue's `ready`
+/// through `fair_upgrade.lua`.
+async fn fair_groups(b: &RedisBackend) -> Result<(), StoreError> {
+    let mut indexed = 0i64;
+    for queue in b.queues().await? {
+        indexed += b
+            .qs::<i64>(&queue, &b.scripts.fair_upgrade, Vec::new())
+            .await?;
+    }
+    if indexed > 0 {
+        tracing::info!(prefix = %b.prefix, indexed, "redis: due tasks indexed for fair claiming");
+    }
+    Ok(())
 }
 
 /// Step 9 → 10 (see [`Upgrade::UniqueScopes`]): each queue's tasks, 500

@@ -9,6 +9,8 @@ use redis::Script;
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 const ENQUEUE: &str = include_str!("lua/enqueue.lua");
 const CLAIM: &str = include_str!("lua/claim.lua");
+/// The fair claim's plan, which the claim script starts with.
+const FAIR: &str = include_str!("lua/fair.lua");
 const HEARTBEAT: &str = include_str!("lua/heartbeat.lua");
 const FINISH: &str = include_str!("lua/finish.lua");
 const PROGRESS: &str = include_str!("lua/progress.lua");
@@ -17,6 +19,9 @@ const CANCEL: &str = include_str!("lua/cancel.lua");
 const RETRY: &str = include_str!("lua/retry.lua");
 const LIST: &str = include_str!("lua/list.lua");
 const AUDIT: &str = include_str!("lua/audit.lua");
+const QUEUE_VIEW: &str = include_str!("lua/queue_view.lua");
+const JOBDEFS: &str = include_str!("lua/jobdefs.lua");
+const ROLLUP: &str = include_str!("lua/rollup.lua");
 const STATS: &str = include_str!("lua/stats.lua");
 const QUEUE_SET_PAUSED: &str = include_str!("lua/queue_set_paused.lua");
 const PRUNE: &str = include_str!("lua/prune.lua");
@@ -32,6 +37,7 @@ const IDS: &str = include_str!("lua/ids.lua");
 const JOB_IMPORT: &str = include_str!("lua/job_import.lua");
 const TASK_IMPORT: &str = include_str!("lua/task_import.lua");
 const UNIQUE_UPGRADE: &str = include_str!("lua/unique_upgrade.lua");
+const FAIR_UPGRADE: &str = include_str!("lua/fair_upgrade.lua");
 const LOCK_PRELUDE: &str = include_str!("lua/lock_prelude.lua");
 const LOCK_ACQUIRE: &str = include_str!("lua/lock_acquire.lua");
 const LOCK_EXTEND: &str = include_str!("lua/lock_extend.lua");
@@ -54,6 +60,12 @@ pub(super) struct Scripts {
     pub retry: Script,
     pub list: Script,
     pub audit: Script,
+    /// Declared queue limits (index base) and a queue's keys' load.
+    pub queue_view: Script,
+    /// Job definitions (an index script).
+    pub jobdefs: Script,
+    /// The throughput rollup (an index script).
+    pub rollup: Script,
     pub stats: Script,
     pub queue_set_paused: Script,
     pub prune: Script,
@@ -74,6 +86,8 @@ pub(super) struct Scripts {
     pub task_import: Script,
     /// Schema step 9 -> 10: unique keys into the default scope.
     pub unique_upgrade: Script,
+    /// Schema step 14 -> 15: a queue's `ready` into fair claiming's index.
+    pub fair_upgrade: Script,
     pub lock_acquire: Script,
     pub lock_extend: Script,
     pub lock_release: Script,
@@ -92,7 +106,7 @@ impl Scripts {
         Scripts {
             enqueue: Script::new(&enqueue_code),
             enqueue_code,
-            claim: q(CLAIM),
+            claim: q(&format!("{FAIR}{CLAIM}")),
             heartbeat: q(HEARTBEAT),
             finish: q(FINISH),
             progress: q(PROGRESS),
@@ -101,6 +115,9 @@ impl Scripts {
             retry: q(RETRY),
             list: q(LIST),
             audit: q(AUDIT),
+            queue_view: q(QUEUE_VIEW),
+            jobdefs: q(JOBDEFS),
+            rollup: q(ROLLUP),
             stats: q(STATS),
             queue_set_paused: q(QUEUE_SET_PAUSED),
             prune: q(PRUNE),
@@ -116,6 +133,7 @@ impl Scripts {
             job_import: q(JOB_IMPORT),
             task_import: q(TASK_IMPORT),
             unique_upgrade: q(UNIQUE_UPGRADE),
+            fair_upgrade: q(FAIR_UPGRADE),
             lock_acquire: l(LOCK_ACQUIRE),
             lock_extend: l(LOCK_EXTEND),
             lock_release: l(LOCK_RELEASE),

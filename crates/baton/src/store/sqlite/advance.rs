@@ -12,6 +12,7 @@ use super::rows::opt_time;
 use super::SqliteBackend;
 use crate::error::StoreError;
 use crate::store::job_advance::{Birth, CancelTx, JobRow, PreviousRun, SlotTx};
+use crate::store::jobdefs::{mark_row, mark_sql, DefinitionMark};
 use crate::store::{from_ms, ms, Enqueued, JobAdvance, NewTask, TaskState, WAITING_RUN_AT_MS};
 
 /// One transaction of `job_advance` or `task_cancel`.
@@ -52,6 +53,15 @@ impl SlotTx for Tx<'_> {
             last_slot: opt_time(last)?,
             now: from_ms(row.try_get("now")?)?,
         }))
+    }
+
+    async fn definition(&mut self, job: &str) -> Result<Option<DefinitionMark>, StoreError> {
+        let sql = mark_sql(&super::jobdefs::table(self.b), "?1");
+        let row = sqlx::query(&sql)
+            .bind(job)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        row.as_ref().map(mark_row).transpose()
     }
 
     async fn previous_runs(

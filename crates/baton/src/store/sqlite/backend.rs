@@ -1,7 +1,7 @@
 //! The [`Backend`] impl of the SQLite backend: binds arguments to the
 //! statements of [`super::sql`], reads the rows back, and sends wake-ups.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use super::outbox::insert_tasks;
 use super::rows::{json_text, opt_time};
 use super::{schema, SqliteBackend, NOW_US};
 use crate::error::StoreError;
+use crate::store::key_rate;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
     claimed_task, corrupt, count_of, job_state, lock_info, queue_row, task_info, token_arg,
@@ -24,9 +25,13 @@ use crate::store::SchemaStatus;
 use crate::store::{
     from_ms, ms, Acquire, Advanced, Backend, CancelOutcome, Claim, Enqueued, Finish, Heartbeat,
     JobAdvance, JobState, LockAcquire, LockInfo, NewTask, QueueStats, Rescued, Task, TaskClaim,
-    TaskFilter, TaskInfo, TaskState, Wake, CANCEL_REQUESTED, LEASE_EXPIRED,
+    TaskFilter, TaskInfo, TaskState, Wake, LEASE_EXPIRED,
 };
-use crate::store::{RatedClaim, TaskClaimRated};
+use crate::store::{
+    AuditPage, AuditRecord, JobDef, JobDefDelete, JobDefPut, JobDefWrite, LockHistoryQuery,
+    LockRecord, StatsQuery, StatsRow,
+};
+use crate::store::{KeyRate, RatedClaim, TaskClaimKeyRated, TaskClaimRated};
 
 /// SQLite's spelling of a task search.
 struct Search;
@@ -75,49 +80,58 @@ impl SqliteBackend {
         Ok(claimed)
     }
 
-    /// The compare-and-set UPDATE that ends an attempt, and its `?3`/`?4`
-    /// arguments (error text, retry delay in ms); `?1`/`?2` are id and claim
-    /// token. The transitions are DESIGN.md's task state table.
-    fn finish_sql<'f>(&self, finish: &'f Finish) -> (&str, Option<&'f str>, Option<i64>) {
-        let f = &self.sql.finish;
-        match finish {
-            Finish::Succeeded => (&f.succeeded, None, None),
-            Finish::Failed { error, retry_in } => {
-                (&f.failed, Some(error.as_str()), retry_in.map(ms))
+    /// A claim under a rate limit on `tx` (inside `BEGIN IMMEDIATE`),
+    /// under a rate per key too when `key_rate` is set.
+    async fn rated_in(
+        &self,
+        tx: &mut sqlx::SqliteConnection,
+        req: &TaskClaimRated<'_>,
+        key_rate: Option<KeyRate>,
+    ) -> Result<RatedClaim, StoreError> {
+        let key = req.key();
+        let r = &self.t.rates;
+        let (starts, now_us): (Option<String>, i64) = sqlx::query_as(&format!(
+            "SELECT (SELECT starts FROM {r} WHERE name = ?1), {NOW_US}"
+        ))
+        .bind(&key)
+        .fetch_one(&mut *tx)
+        .await?;
+        let log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
+        let mut key_next = None;
+        let tasks = match (rate::plan(req, &log, now_us), key_rate) {
+            (Some(claim), Some(kr)) => {
+                let (tasks, next) = self.claim_keys_in(tx, &claim, kr, now_us).await?;
+                key_next = next;
+                tasks
             }
-            Finish::Cancelled { reason } => (&f.cancelled, Some(reason.as_str()), None),
-            Finish::HandBack => (&f.hand_back, Some(CANCEL_REQUESTED), None),
-            Finish::Snoozed { run_in } => (&f.hand_back, Some(CANCEL_REQUESTED), Some(ms(*run_in))),
-        }
-    }
-
-    /// One finish that is not a success, as its own statement (a batch of
-    /// one needs no transaction).
-    async fn finish_one(&self, claim: Claim, finish: &Finish) -> Result<bool, StoreError> {
-        let (sql, text, retry_in) = self.finish_sql(finish);
-        let q = sqlx::query(sql)
-            .bind(claim.id)
-            .bind(token_arg(claim.token))
-            .bind(text)
-            .bind(retry_in);
-        let Some(row) = q.fetch_optional(&*self.pool).await? else {
-            return Ok(false);
+            (Some(claim), None) if claim.fair => self.claim_fair(tx, &claim).await?,
+            (Some(claim), None) => self.claim_on(&mut *tx, &claim).await?,
+            (None, _) => Vec::new(),
         };
-        match finish {
-            Finish::HandBack if row.try_get::<String, _>("state")? == "pending" => {
-                let queue: String = row.try_get("queue")?;
-                self.wake([queue.as_str()]);
-            }
-            Finish::Failed { .. } | Finish::Snoozed { .. }
-                if row.try_get::<String, _>("state")? == "pending" =>
-            {
-                // A retry: announce when its backoff ends.
-                let queue: String = row.try_get("queue")?;
-                self.wake_later([(queue.as_str(), row.try_get::<i64, _>("run_at")?)]);
-            }
-            _ => {}
+        let mut started = Vec::with_capacity(tasks.len());
+        if !tasks.is_empty() {
+            let ids = serde_json::Value::from(tasks.iter().map(|t| t.id).collect::<Vec<_>>());
+            started = sqlx::query_scalar(&format!(
+                "SELECT started_at * 1000 FROM {} WHERE id IN (SELECT value FROM json_each(?1))",
+                self.t.tasks
+            ))
+            .bind(json_text(&ids)?)
+            .fetch_all(&mut *tx)
+            .await?;
         }
-        Ok(true)
+        let mut d = rate::finish(req, log, tasks, &started, now_us)?;
+        if let Some(text) = d.write {
+            sqlx::query(&format!(
+                "INSERT INTO {r} (name, starts) VALUES (?1, ?2) \
+                 ON CONFLICT (name) DO UPDATE SET starts = excluded.starts"
+            ))
+            .bind(&key)
+            .bind(text)
+            .execute(&mut *tx)
+            .await?;
+        }
+        d.answer.key_next = key_rate::key_next_at(key_next, now_us)?;
+        Ok(d.answer)
     }
 }
 
@@ -217,18 +231,7 @@ impl Backend for SqliteBackend {
         &self,
         params: &crate::store::LockRelease<'_>,
     ) -> Result<bool, StoreError> {
-        let crate::store::LockRelease {
-            name,
-            token,
-            at_least,
-        } = *params;
-        let done = sqlx::query(&self.sql.lock_release)
-            .bind(name)
-            .bind(token_arg(token))
-            .bind(ms(at_least))
-            .execute(&*self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        super::lock_history::release(self, params).await
     }
 
     async fn lock_get(&self, name: &str) -> Result<Option<LockInfo>, StoreError> {
@@ -282,45 +285,29 @@ impl Backend for SqliteBackend {
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
         // One `BEGIN IMMEDIATE`: the log, the claim and the log's update
         // cannot interleave with another claim.
-        let key = req.key();
-        let r = &self.t.rates;
         let mut tx = self.immediate().await?;
-        let (starts, now_us): (Option<String>, i64) = sqlx::query_as(&format!(
-            "SELECT (SELECT starts FROM {r} WHERE name = ?1), {NOW_US}"
-        ))
-        .bind(&key)
-        .fetch_one(&mut *tx)
-        .await?;
-        let log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
-        let tasks = match rate::plan(req, &log, now_us) {
-            Some(claim) if claim.fair => self.claim_fair(&mut tx, &claim).await?,
-            Some(claim) => self.claim_on(&mut *tx, &claim).await?,
-            None => Vec::new(),
-        };
-        let mut started = Vec::with_capacity(tasks.len());
-        if !tasks.is_empty() {
-            let ids = serde_json::Value::from(tasks.iter().map(|t| t.id).collect::<Vec<_>>());
-            started = sqlx::query_scalar(&format!(
-                "SELECT started_at * 1000 FROM {} WHERE id IN (SELECT value FROM json_each(?1))",
-                self.t.tasks
-            ))
-            .bind(json_text(&ids)?)
-            .fetch_all(&mut *tx)
-            .await?;
-        }
-        let d = rate::finish(req, log, tasks, &started, now_us)?;
-        if let Some(text) = d.write {
-            sqlx::query(&format!(
-                "INSERT INTO {r} (name, starts) VALUES (?1, ?2) \
-                 ON CONFLICT (name) DO UPDATE SET starts = excluded.starts"
-            ))
-            .bind(&key)
-            .bind(text)
-            .execute(&mut *tx)
-            .await?;
-        }
+        let answer = self.rated_in(&mut tx, req, None).await?;
         tx.commit().await?;
-        Ok(d.answer)
+        Ok(answer)
+    }
+
+    async fn task_claim_key_rated(
+        &self,
+        req: &TaskClaimKeyRated<'_>,
+    ) -> Result<RatedClaim, StoreError> {
+        let mut tx = self.immediate().await?;
+        let answer = match req.rated() {
+            Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
+            None => {
+                let now_us = self.now_us_on(&mut tx).await?;
+                let (tasks, next) = self
+                    .claim_keys_in(&mut tx, &req.claim, req.key_rate, now_us)
+                    .await?;
+                key_rate::answer(tasks, now_us, next)?
+            }
+        };
+        tx.commit().await?;
+        Ok(answer)
     }
 
     async fn task_heartbeat_many(
@@ -360,84 +347,14 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_finish_many(&self, items: &[(Claim, Finish)]) -> Result<Vec<bool>, StoreError> {
-        // Successes (the common case) in one statement; the rest one by one.
-        // Each statement is a hand-off to the connection's thread, so a
-        // batch of successes is one hand-off, one write lock, one commit.
-        if let [(claim, finish)] = items {
-            if !matches!(finish, Finish::Succeeded) {
-                return Ok(vec![self.finish_one(*claim, finish).await?]);
-            }
-        }
-        let mut out = vec![false; items.len()];
-        let ok: Vec<serde_json::Value> = items
-            .iter()
-            .filter(|(_, f)| matches!(f, Finish::Succeeded))
-            .map(|(c, _)| serde_json::json!([c.id, token_arg(c.token)]))
-            .collect();
-        let rest = items.len() - ok.len();
-        let succeed = &self.sql.succeed_many;
-        let list = json_text(&serde_json::Value::Array(ok))?;
-        let mut woken: Vec<String> = Vec::new();
-        let mut retried: Vec<(String, i64)> = Vec::new();
-        let done: HashSet<i64> = if rest == 0 {
-            // One statement is atomic on its own.
-            sqlx::query_scalar(succeed)
-                .bind(&list)
-                .fetch_all(&*self.pool)
-                .await?
-                .into_iter()
-                .collect()
-        } else {
-            // Mixed outcomes: one IMMEDIATE transaction, one commit.
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let done: HashSet<i64> = if rest < items.len() {
-                sqlx::query_scalar(succeed)
-                    .bind(&list)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .collect()
-            } else {
-                HashSet::new()
-            };
-            for (i, (claim, finish)) in items.iter().enumerate() {
-                if matches!(finish, Finish::Succeeded) {
-                    continue;
-                }
-                let (sql, text, retry_in) = self.finish_sql(finish);
-                let row = sqlx::query(sql)
-                    .bind(claim.id)
-                    .bind(token_arg(claim.token))
-                    .bind(text)
-                    .bind(retry_in)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                match (&row, finish) {
-                    (Some(row), Finish::HandBack)
-                        if row.try_get::<String, _>("state")? == "pending" =>
-                    {
-                        woken.push(row.try_get("queue")?)
-                    }
-                    (Some(row), Finish::Failed { .. } | Finish::Snoozed { .. })
-                        if row.try_get::<String, _>("state")? == "pending" =>
-                    {
-                        retried.push((row.try_get("queue")?, row.try_get("run_at")?));
-                    }
-                    _ => {}
-                }
-                out[i] = row.is_some();
-            }
-            tx.commit().await?;
-            done
-        };
-        for (i, (claim, finish)) in items.iter().enumerate() {
-            if matches!(finish, Finish::Succeeded) {
-                out[i] = done.contains(&claim.id);
-            }
-        }
-        self.wake(woken.iter().map(String::as_str));
-        self.wake_later(retried.iter().map(|(q, at)| (q.as_str(), *at)));
-        Ok(out)
+        super::finish::finish_many(self, items).await
+    }
+
+    async fn task_finish_and_claim(
+        &self,
+        req: &crate::store::TaskFinishAndClaim<'_>,
+    ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
+        crate::store::finish_then_claim(self, req).await
     }
 
     async fn task_set_progress(
@@ -615,19 +532,74 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected())
     }
 
+    async fn queue_declare(
+        &self,
+        params: &crate::store::QueueDeclare<'_>,
+    ) -> Result<Option<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::declare(self, params).await
+    }
+
+    async fn queue_limits_list(&self) -> Result<Vec<crate::store::DeclaredLimits>, StoreError> {
+        super::queue_view::list(self).await
+    }
+
+    async fn queue_keys(
+        &self,
+        query: &crate::store::QueueKeysQuery<'_>,
+    ) -> Result<crate::store::QueueKeys, StoreError> {
+        super::queue_view::keys(self, query).await
+    }
+
     async fn audit_append(&self, entry: &crate::store::AuditAppend<'_>) -> Result<(), StoreError> {
         super::audit::append(self, entry).await
     }
 
-    async fn audit_list(
-        &self,
-        page: &crate::store::AuditPage,
-    ) -> Result<Vec<crate::store::AuditRecord>, StoreError> {
+    async fn audit_list(&self, page: &AuditPage) -> Result<Vec<AuditRecord>, StoreError> {
         super::audit::list(self, page).await
     }
 
     async fn audit_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
         super::audit::prune(self, older_than).await
+    }
+
+    async fn jobdef_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
+        super::jobdefs::prune(self, older_than).await
+    }
+
+    async fn jobdef_put(&self, p: &JobDefPut<'_>) -> Result<JobDefWrite, StoreError> {
+        crate::store::jobdefs::put(self, p).await
+    }
+
+    async fn jobdef_delete(&self, d: &JobDefDelete<'_>) -> Result<JobDefWrite, StoreError> {
+        crate::store::jobdefs::delete(self, d).await
+    }
+
+    async fn jobdef_list(&self) -> Result<Vec<JobDef>, StoreError> {
+        super::jobdefs::list(self).await
+    }
+
+    async fn jobdef_revision(&self) -> Result<i64, StoreError> {
+        super::jobdefs::revision(self).await
+    }
+
+    async fn stats_add(&self, rows: &[StatsRow]) -> Result<(), StoreError> {
+        super::stats::add(self, rows).await
+    }
+
+    async fn stats_read(&self, q: &StatsQuery) -> Result<Vec<StatsRow>, StoreError> {
+        super::stats::read(self, q).await
+    }
+
+    async fn stats_prune_many(&self) -> Result<u64, StoreError> {
+        super::stats::prune(self).await
+    }
+
+    async fn lock_history_list(&self, q: &LockHistoryQuery) -> Result<Vec<LockRecord>, StoreError> {
+        super::lock_history::list(self, q).await
+    }
+
+    async fn lock_history_prune_many(&self) -> Result<u64, StoreError> {
+        super::lock_history::prune(self).await
     }
 
     async fn task_delete_many(&self, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
@@ -662,6 +634,7 @@ impl Backend for SqliteBackend {
             .bind(params.job)
             .bind(params.queue)
             .bind(params.overlap.map(|o| o.as_str()))
+            .bind(params.fingerprint)
             .fetch_one(&*self.pool)
             .await?;
         job_state(&row)

@@ -41,10 +41,16 @@ mod advance;
 mod audit;
 mod backend;
 mod fair;
+mod finish;
+mod jobdefs;
+mod key_rate;
+mod lock_history;
 mod outbox;
+mod queue_view;
 mod rows;
 mod schema;
 mod sql;
+mod stats;
 mod step;
 
 pub use outbox::enqueue_in;
@@ -100,6 +106,10 @@ struct Tables {
     slots: String,
     rates: String,
     audit: String,
+    /// Start logs of the rates per concurrency key (`store::key_rate`).
+    key_rates: String,
+    rollup: String,
+    lock_history: String,
 }
 
 impl Tables {
@@ -117,6 +127,9 @@ impl Tables {
             slots: q("slots"),
             rates: q("rates"),
             audit: q("audit"),
+            key_rates: q("key_rates"),
+            rollup: q("rollup"),
+            lock_history: q("lock_history"),
         })
     }
 

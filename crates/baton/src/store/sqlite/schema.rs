@@ -156,7 +156,136 @@ const UPGRADES: &[Upgrade] = &[
     // 12 → 13: debounce and throttle: the index a throttled enqueue finds
     // its key's last start with.
     upgrade_key_starts,
+    // 13 → 14: the limits each queue's workers declare (issue 25).
+    upgrade_queue_limits,
+    // 14 → 15: job definitions kept in the store (issue 26).
+    upgrade_jobdefs,
+    // 15 → 16: rates per concurrency key: each key's start log.
+    upgrade_key_rates,
+    // 16 → 17: the throughput rollup (issue 27).
+    upgrade_rollup,
+    // 17 → 18: lock history (issue 27).
+    upgrade_lock_history,
+    // 18 → 19: the rollup per schedule job (issue 27).
+    upgrade_rollup_job,
+    // 19 → 20: a release recorded in one statement (issue 27).
+    upgrade_lock_history_release,
 ];
+
+/// A release with lock history in one statement: the record is inserted
+/// from the lock's row with the lease's new end (`release_to`), and a
+/// trigger on the insert sets it on the lock, in the same statement (no
+/// `BEGIN IMMEDIATE` of two statements). `release_to` is `NULL` on rows
+/// no release wrote (none yet).
+fn upgrade_lock_history_release(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::AddColumn {
+            table: format!("{}lock_history", t.prefix),
+            column: "release_to",
+            decl: "INTEGER",
+        },
+        Ddl::Sql(format!(
+            "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} \
+             WHEN NEW.release_to IS NOT NULL BEGIN \
+               UPDATE {} SET lock_until = NEW.release_to \
+               WHERE name = NEW.name AND token = NEW.token; \
+             END",
+            t.index("lock_history_release"),
+            t.lock_history,
+            t.locks
+        )),
+    ]
+}
+
+/// The rollup keyed by job too (`''` for tasks of no job), so a job
+/// defined in the store (kind `command`) has a series of its own. SQLite
+/// cannot change a primary key: the table is copied into one with the new
+/// key (rows counted before belong to no job), in the migration's
+/// transaction.
+fn upgrade_rollup_job(t: &Tables) -> Vec<Ddl> {
+    let cols = format!(
+        "res, bucket, queue, kind, {}",
+        crate::store::stats_sql::COUNT_COLS.join(", ")
+    );
+    let next = format!("\"{}rollup_next\"", t.prefix);
+    vec![
+        Ddl::Sql(format!("DROP TABLE IF EXISTS {next}")),
+        Ddl::Sql(format!(
+            "CREATE TABLE {next} ( \
+             res INTEGER NOT NULL, bucket INTEGER NOT NULL, \
+             queue TEXT NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL DEFAULT '', \
+             succeeded INTEGER NOT NULL, failed INTEGER NOT NULL, \
+             dead INTEGER NOT NULL, cancelled INTEGER NOT NULL, \
+             wait_n INTEGER NOT NULL, wait_ms INTEGER NOT NULL, wait_max_ms INTEGER NOT NULL, \
+             run_n INTEGER NOT NULL, run_ms INTEGER NOT NULL, run_max_ms INTEGER NOT NULL, \
+             PRIMARY KEY (res, bucket, queue, kind, job) \
+         )"
+        )),
+        Ddl::Sql(format!(
+            "INSERT INTO {next} ({cols}) SELECT {cols} FROM {}",
+            t.rollup
+        )),
+        Ddl::Sql(format!("DROP TABLE {}", t.rollup)),
+        Ddl::Sql(format!(
+            "ALTER TABLE {next} RENAME TO \"{}rollup\"",
+            t.prefix
+        )),
+    ]
+}
+
+/// Job definitions kept in the store: one row a name, a tombstone when
+/// deleted (so a name's version never repeats).
+fn upgrade_jobdefs(t: &Tables) -> Vec<Ddl> {
+    let fingerprint = Ddl::AddColumn {
+        table: format!("{}jobs", t.prefix),
+        column: "fingerprint",
+        decl: "TEXT",
+    };
+    vec![
+        fingerprint,
+        Ddl::Sql(format!(
+            "CREATE TABLE IF NOT EXISTS \"{}jobdefs\" ( \
+             name       TEXT PRIMARY KEY, \
+             version    INTEGER NOT NULL, \
+             spec       TEXT NOT NULL, \
+             deleted    INTEGER NOT NULL DEFAULT 0, \
+             created_at INTEGER NOT NULL, \
+             updated_at INTEGER NOT NULL, \
+             updated_by TEXT NOT NULL \
+         )",
+            t.prefix
+        )),
+    ]
+}
+
+/// Lock history: one row a release, pruned by `released_at` and per lock.
+fn upgrade_lock_history(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, \
+             holder TEXT NOT NULL, token INTEGER NOT NULL, \
+             acquired_at INTEGER NOT NULL, released_at INTEGER NOT NULL \
+         )",
+        t.lock_history
+    ))]
+}
+
+/// The throughput rollup: one row a (resolution, bucket, queue, kind),
+/// counts added by each worker's flush, pruned by bucket.
+fn upgrade_rollup(t: &Tables) -> Vec<Ddl> {
+    vec![Ddl::Sql(format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             res INTEGER NOT NULL, bucket INTEGER NOT NULL, \
+             queue TEXT NOT NULL, kind TEXT NOT NULL, \
+             succeeded INTEGER NOT NULL, failed INTEGER NOT NULL, \
+             dead INTEGER NOT NULL, cancelled INTEGER NOT NULL, \
+             wait_n INTEGER NOT NULL, wait_ms INTEGER NOT NULL, wait_max_ms INTEGER NOT NULL, \
+             run_n INTEGER NOT NULL, run_ms INTEGER NOT NULL, run_max_ms INTEGER NOT NULL, \
+             PRIMARY KEY (res, bucket, queue, kind) \
+         )",
+        t.rollup
+    ))]
+}
 
 /// The jobs' `overlap` (what a worker ending a run reads to skip
 /// `job_release` under `skip`/`allow`) and the pause records of jobs and
@@ -199,6 +328,21 @@ fn upgrade_audit(t: &Tables) -> Vec<Ddl> {
             t.index("audit_at"),
             t.audit
         )),
+    ]
+}
+
+/// The limits a queue's workers declare (`store::QueueLimits` as JSON),
+/// who declared them and when: nullable, nothing to convert.
+fn upgrade_queue_limits(t: &Tables) -> Vec<Ddl> {
+    let col = |column: &'static str, decl: &'static str| Ddl::AddColumn {
+        table: format!("{}queues", t.prefix),
+        column,
+        decl,
+    };
+    vec![
+        col("limits", "TEXT"),
+        col("limits_by", "TEXT"),
+        col("limits_at", "INTEGER"),
     ]
 }
 
@@ -272,6 +416,35 @@ fn upgrade_unique_scope(t: &Tables) -> Vec<Ddl> {
         tasks = t.tasks,
         max = crate::store::MAX_STORED_KEY_LEN,
     ))]
+}
+
+/// Rates per concurrency key (`store::key_rate`): one start log per
+/// (queue, key), found by `free_at` for the earliest held-back key and by
+/// `idle_at` for pruning.
+fn upgrade_key_rates(t: &Tables) -> Vec<Ddl> {
+    vec![
+        Ddl::Sql(format!(
+            "CREATE TABLE IF NOT EXISTS {} ( \
+                 queue   TEXT NOT NULL, \
+                 ckey    TEXT NOT NULL, \
+                 starts  TEXT NOT NULL DEFAULT '', \
+                 free_at INTEGER NOT NULL DEFAULT 0, \
+                 idle_at INTEGER NOT NULL DEFAULT 0, \
+                 PRIMARY KEY (queue, ckey) \
+             )",
+            t.key_rates
+        )),
+        Ddl::Sql(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (queue, free_at)",
+            t.index("key_rates_free"),
+            t.key_rates
+        )),
+        Ddl::Sql(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (queue, idle_at)",
+            t.index("key_rates_idle"),
+            t.key_rates
+        )),
+    ]
 }
 
 fn upgrade_rates(t: &Tables) -> Vec<Ddl> {

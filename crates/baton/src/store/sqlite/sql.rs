@@ -28,6 +28,9 @@ pub(super) struct Sql {
     pub lock_extend: String,
     /// `?1` name, `?2` token, `?3` at_least ms.
     pub lock_release: String,
+    /// [`Sql::lock_release`] recording the release in lock history: an
+    /// insert from the lock's row whose trigger ends the lease.
+    pub lock_release_recorded: String,
     /// Revoke a lease (operator's force-release).
     pub lock_revoke: String,
     /// The tasks' inserts (shared with [`super::enqueue_in`]).
@@ -279,6 +282,12 @@ impl Sql {
                 "UPDATE {locks} SET lock_until = MAX({NOW}, locked_at + ?3) \
                  WHERE name = ?1 AND token = ?2 AND lock_until > {NOW}"
             ),
+            lock_release_recorded: format!(
+                "INSERT INTO {} (name, holder, token, acquired_at, released_at, release_to) \
+                 SELECT name, holder, token, locked_at, {NOW}, MAX({NOW}, locked_at + ?3) \
+                 FROM {locks} WHERE name = ?1 AND token = ?2 AND lock_until > {NOW}",
+                t.lock_history
+            ),
             insert: InsertSql::new(t),
             claim: {
                 let due = format!(
@@ -396,10 +405,11 @@ impl Sql {
             // The no-op DO UPDATE makes RETURNING answer for an existing row
             // too.
             job_register: format!(
-                "INSERT INTO {jobs} (name, last_slot, paused, queue, overlap) \
-                 VALUES (?1, {NOW}, 0, ?2, ?3) \
+                "INSERT INTO {jobs} (name, last_slot, paused, queue, overlap, fingerprint) \
+                 VALUES (?1, {NOW}, 0, ?2, ?3, ?4) \
                  ON CONFLICT (name) DO UPDATE SET queue = COALESCE(?2, {jobs}.queue), \
-                     overlap = COALESCE(?3, {jobs}.overlap) \
+                     overlap = COALESCE(?3, {jobs}.overlap), \
+                     fingerprint = COALESCE(?4, {jobs}.fingerprint) \
                  RETURNING {JOB_COLS}"
             ),
             job_get: format!("SELECT last_slot, paused, {NOW} AS now FROM {jobs} WHERE name = ?1"),

@@ -11,7 +11,7 @@ local h = redis.call('HMGET', tkey(sid), 'state', 'queue', 'unique_key', 'unique
 if not h[1] then return {'notfound', ''} end
 if h[1] == 'pending' then
   local p = pad(sid)
-  redis.call('ZREM', qkey(h[2], 'ready'), p)
+  ready_del(p, h[6])
   redis.call('ZREM', qkey(h[2], 'sched'), p)
   if h[6] then redis.call('ZREM', B .. 'kpark:' .. h[6], p) end
   terminal(sid, h[2], 'pending', 'cancelled', now, h[3], h[4], h[5])

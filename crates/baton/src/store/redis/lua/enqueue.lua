@@ -26,7 +26,7 @@ local function keyed(now, i, policy)
       local run_at = now + p_ms
       local ck = redis.call('HGET', k, 'concurrency_key')
       redis.call('HSET', k, 'payload', ARGV[i + 2], 'priority', ARGV[i + 3], 'run_at', fmt(run_at))
-      redis.call('ZREM', B .. 'ready', p)
+      ready_del(p, ck)
       redis.call('ZREM', B .. 'sched', p)
       if ck then redis.call('ZREM', B .. 'kpark:' .. ck, p) end
       place(hid, ARGV[i], tonumber(ARGV[i + 3]), run_at, now)

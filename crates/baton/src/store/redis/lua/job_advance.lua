@@ -99,7 +99,7 @@ if ins == 1 and ov == 'c' and busy then
       local h = redis.call('HMGET', tkey(psid), 'queue', 'unique_key', 'unique_forever', 'job',
         'concurrency_key')
       local pp = pad(psid)
-      redis.call('ZREM', qkey(h[1], 'ready'), pp)
+      ready_del(pp, h[5])
       redis.call('ZREM', qkey(h[1], 'sched'), pp)
       if h[5] then redis.call('ZREM', B .. 'kpark:' .. h[5], pp) end
       redis.call('HSET', tkey(psid), 'last_error', ARGV[T + NF + 1])
@@ -115,12 +115,13 @@ if rec == 'r' and ins == 1 then
   local p = pad(sid)
   local queue = ARGV[T]
   local lu = now + tonumber(ARGV[8])
-  redis.call('ZREM', qkey(queue, 'ready'), p)
+  local ck = redis.call('HGET', tkey(sid), 'concurrency_key')
+  ready_del(p, ck)
   redis.call('ZREM', qkey(queue, 'sched'), p)
   redis.call('HSET', tkey(sid), 'state', 'running', 'attempt', '1', 'started_at', fmt(now),
     'lease_until', fmt(lu), 'worker', ARGV[9], 'claim_token', '1')
   redis.call('ZADD', B .. 'running', lu, p)
-  key_claimed(redis.call('HGET', tkey(sid), 'concurrency_key'))
+  key_claimed(ck)
   count(queue, 'pending', -1)
   count(queue, 'running', 1)
   return {'enqueued', sid, 1}

@@ -1,5 +1,5 @@
 -- ARGV: B, job, queue ('' = leave as recorded), overlap ('' = leave as
--- recorded). Returns the job's fields as job_list.lua does (without the
+-- recorded), fingerprint ('' = leave as recorded). Returns the job's fields as job_list.lua does (without the
 -- name).
 local now = now_ms()
 local k = B .. 'job:' .. ARGV[2]
@@ -8,5 +8,6 @@ if redis.call('EXISTS', k) == 0 then
 end
 if ARGV[3] ~= '' then redis.call('HSET', k, 'queue', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', k, 'overlap', ARGV[4]) end
+if ARGV[5] ~= '' then redis.call('HSET', k, 'fingerprint', ARGV[5]) end
 return redis.call('HMGET', k, 'last_slot', 'paused', 'queue', 'overlap', 'pause_note',
-  'pause_by', 'pause_at')
+  'pause_by', 'pause_at', 'fingerprint')

@@ -18,10 +18,10 @@ for _, sid in ipairs(redis.call('SMEMBERS', akey)) do
   end
 end
 if not first then return '' end
-local h = redis.call('HMGET', tkey(first), 'queue', 'priority')
+local h = redis.call('HMGET', tkey(first), 'queue', 'priority', 'concurrency_key')
 local p = pad(first)
 redis.call('HSET', tkey(first), 'run_at', fmt(now))
 redis.call('ZREM', qkey(h[1], 'sched'), p)
-redis.call('ZADD', qkey(h[1], 'ready'), rscore(tonumber(h[2]), now), p)
+ready_add(rscore(tonumber(h[2]), now), p, h[3])
 redis.call('PUBLISH', WAKE, h[1])
 return first

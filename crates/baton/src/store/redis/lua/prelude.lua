@@ -51,9 +51,31 @@ local function append_error(sid, attempt, now, err)
   end
   redis.call('HSET', k, 'errors', v, 'last_error', err)
 end
+-- Fair claiming's index (`TaskClaim::fair`, schema 15): `B fk:<key>`
+-- holds each concurrency key's tasks of `ready` with their `ready` score
+-- (`B fk:` those without a key: no key is empty), and `B fkeys` the keys
+-- with a task there (score 0: in key order for ZRANGEBYLEX). A task
+-- enters and leaves its group's set with `ready`: through `ready_add`
+-- and `ready_del`, or `group_del` once it is out of `ready`.
+local function group_key(ck) return B .. 'fk:' .. (ck or '') end
+local function ready_add(score, p, ck)
+  redis.call('ZADD', B .. 'ready', score, p)
+  redis.call('ZADD', group_key(ck), score, p)
+  if ck then redis.call('ZADD', B .. 'fkeys', 0, ck) end
+end
+local function group_del(p, ck)
+  local g = group_key(ck)
+  if redis.call('ZREM', g, p) == 1 and ck and redis.call('EXISTS', g) == 0 then
+    redis.call('ZREM', B .. 'fkeys', ck)
+  end
+end
+local function ready_del(p, ck)
+  redis.call('ZREM', B .. 'ready', p)
+  group_del(p, ck)
+end
 local function place(sid, queue, prio, run_at, now)
   if run_at <= now then
-    redis.call('ZADD', qkey(queue, 'ready'), rscore(prio, run_at), pad(sid))
+    ready_add(rscore(prio, run_at), pad(sid), redis.call('HGET', tkey(sid), 'concurrency_key'))
     return 1
   end
   redis.call('ZADD', qkey(queue, 'sched'), run_at, pad(sid))
@@ -116,7 +138,7 @@ local function key_left(sid, from)
     redis.call('HDEL', B .. 'krun', ck)
   end
   local m = redis.call('ZPOPMIN', B .. 'kpark:' .. ck)
-  if #m > 0 then redis.call('ZADD', B .. 'ready', m[2], m[1]) end
+  if #m > 0 then ready_add(m[2], m[1], ck) end
 end
 local function terminal(sid, queue, from, state, now, uk, forever, job)
   key_left(sid, from)
@@ -242,6 +264,8 @@ local function insert(now, i, skipped)
   else
     if run_at <= now then
       zacc(qkey(queue, 'ready'), rscore(prio, run_at), p)
+      zacc(group_key(ck), rscore(prio, run_at), p)
+      if ck then zacc(B .. 'fkeys', 0, ck) end
       due = 1
     else
       zacc(qkey(queue, 'sched'), run_at, p)

@@ -1,0 +1,293 @@
+//! `baton-bench ceiling`: what the store itself can do for the work a
+//! worker's no-op task costs it (issue 28 item 1), with baton's own schema
+//! and backlog and no baton client in the way: `--clients` connections
+//! each claim a batch of pending tasks in the claim index's order with
+//! `FOR UPDATE SKIP LOCKED` (setting `running`, the attempt, `started_at`,
+//! `lease_until`, `worker` and a new claim token) and commit, then finish
+//! them with a compare-and-set on (id, claim token, `running`) setting
+//! `succeeded` and `finished_at` and commit: the two transitions a worker
+//! makes per task, two commits per batch. SQLite runs the same statements
+//! from one process (one writer). Run it beside `queue-throughput` on the
+//! same store to read baton's throughput as a share of the ceiling. Redis
+//! runs baton's own claim and finish scripts, pipelined (`ceiling_redis`).
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct CeilingArgs {
+    #[command(flatten)]
+    pub(super) common: Common,
+    /// Tasks pre-inserted (through baton, into its own schema).
+    #[arg(long, default_value_t = 200_000)]
+    pub(super) jobs: u64,
+    /// Connections claiming and finishing at once (SQLite: 1 writer).
+    #[arg(long, default_value_t = 4)]
+    pub(super) clients: usize,
+    /// Tasks per claim.
+    #[arg(long, default_value_t = 500)]
+    pub(super) batch: u32,
+    /// Tasks per `enqueue_many` call while pre-inserting.
+    #[arg(long, default_value_t = 10_000)]
+    pub(super) insert_batch: u64,
+    /// PostgreSQL: finish the batch held and claim the next in one
+    /// statement (one round trip and one commit a batch instead of two).
+    #[arg(long)]
+    pub(super) combined: bool,
+}
+
+/// The queue the ceiling's tasks are in.
+const QUEUE: &str = "bench";
+
+pub(super) async fn ceiling_bench(a: CeilingArgs) -> Result<()> {
+    if a.batch == 0 || a.clients == 0 {
+        bail!("--batch and --clients: at least 1");
+    }
+    let ctx = Ctx::new(&a.common);
+    if a.combined && !ctx.is_postgres() {
+        bail!("--combined: PostgreSQL only (the Redis ceiling pipelines its two scripts)");
+    }
+    let store = ctx.connect().await?;
+    let kind = store.backend().kind();
+    let q = Queue::new(store.clone());
+    insert_keyed_jobs(&q, QUEUE, a.jobs, a.insert_batch, 0).await?;
+    let done = Arc::new(AtomicU64::new(0));
+    let (t0, cpu0) = (Instant::now(), cpu_s());
+    let mut clients = tokio::task::JoinSet::new();
+    let clients_n = if kind == "sqlite" { 1 } else { a.clients };
+    for i in 0..clients_n {
+        let (url, table, done) = (ctx.url.clone(), ctx.tasks_table(), done.clone());
+        let prefix = ctx.prefix.clone();
+        let (batch, worker, combined) = (a.batch, format!("ceiling-{i}"), a.combined);
+        clients.spawn(async move {
+            match kind {
+                "postgres" if combined => pg_combined(&url, &table, batch, &worker, &done).await,
+                "postgres" => pg_client(&url, &table, batch, &worker, &done).await,
+                "mysql" => my_client(&url, &table, batch, &worker, &done).await,
+                "sqlite" => lite_client(&url, &table, batch, &worker, &done).await,
+                "redis" => {
+                    crate::ceiling_redis::redis_client(&url, &prefix, QUEUE, batch, &worker, &done)
+                        .await
+                }
+                other => bail!("no ceiling for the {other} store"),
+            }
+        });
+    }
+    while let Some(r) = clients.join_next().await {
+        r.context("a ceiling client panicked")??;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    if n != a.jobs {
+        bail!("the clients finished {n} of {} tasks", a.jobs);
+    }
+    let jobs_per_s = n as f64 / secs;
+    let cpu = cpu_us_per_task(cpu0, n);
+    emit(
+        json!({
+            "bench": "ceiling", "store": kind, "jobs": n, "clients": clients_n,
+            "batch": a.batch, "combined": a.combined, "drain_s": round3(secs), "jobs_per_s": round1(jobs_per_s),
+            "prefix": ctx.prefix, "client_cpu_us_per_task": cpu,
+        }),
+        format!(
+            "ceiling {kind}: {n} tasks claimed and finished by {clients_n} client(s) in batches of {}: {jobs_per_s:.0} jobs/s ({secs:.2} s)",
+            a.batch
+        ),
+    );
+    ctx.cleanup().await
+}
+
+/// PostgreSQL: one autocommit statement per transition.
+async fn pg_client(
+    url: &str,
+    table: &str,
+    batch: u32,
+    worker: &str,
+    done: &AtomicU64,
+) -> Result<()> {
+    let mut c = sqlx::PgConnection::connect(url).await?;
+    let t = format!("\"{table}\"");
+    let (claim, finish) = (pg_claim(&t), pg_finish(&t, "$1", "$2"));
+    loop {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(&claim)
+            .bind(QUEUE)
+            .bind(worker)
+            .bind(i64::from(batch))
+            .fetch_all(&mut c)
+            .await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (ids, tokens): (Vec<i64>, Vec<i64>) = rows.into_iter().unzip();
+        let r = sqlx::query(&finish)
+            .bind(&ids)
+            .bind(&tokens)
+            .execute(&mut c)
+            .await?;
+        done.fetch_add(r.rows_affected(), Ordering::Relaxed);
+    }
+}
+
+/// PostgreSQL's bare claim of table `t`: `$1` queue, `$2` worker, `$3`
+/// limit → (id, claim_token).
+fn pg_claim(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = now(), \
+             lease_until = now() + interval '30 seconds', worker = $2, \
+             claim_token = claim_token + 1 \
+         WHERE id IN (SELECT id FROM {t} \
+             WHERE state = 'pending' AND queue = $1 AND run_at <= now() \
+             ORDER BY priority, run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+         RETURNING id, claim_token"
+    )
+}
+
+/// PostgreSQL's bare finish of table `t` (alias `t`): the compare-and-set
+/// on (id, claim token, `running`) of the pairs in the arrays `ids` and
+/// `tokens` (parameter names).
+fn pg_finish(t: &str, ids: &str, tokens: &str) -> String {
+    format!(
+        "UPDATE {t} AS t SET state = 'succeeded', finished_at = now() \
+         FROM UNNEST({ids}::int8[], {tokens}::int8[]) AS c(id, token) \
+         WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'running'"
+    )
+}
+
+/// PostgreSQL, `--combined`: one statement a batch finishes the batch
+/// held (the same compare-and-set) and claims the next; its rows are the
+/// claimed (id, token) pairs and one row (-1, finished count).
+async fn pg_combined(
+    url: &str,
+    table: &str,
+    batch: u32,
+    worker: &str,
+    done: &AtomicU64,
+) -> Result<()> {
+    let mut c = sqlx::PgConnection::connect(url).await?;
+    let t = format!("\"{table}\"");
+    let sql = format!(
+        "WITH f AS ({} RETURNING t.id), cl AS ({}) \
+         SELECT id, claim_token FROM cl UNION ALL SELECT -1, count(*) FROM f",
+        pg_finish(&t, "$4", "$5"),
+        pg_claim(&t)
+    );
+    let (mut ids, mut tokens): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+    loop {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(&sql)
+            .bind(QUEUE)
+            .bind(worker)
+            .bind(i64::from(batch))
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(&mut c)
+            .await?;
+        let n = rows.iter().find(|r| r.0 == -1).map_or(0, |r| r.1);
+        if n != ids.len() as i64 {
+            bail!("finish: {n} of {} compare-and-sets held", ids.len());
+        }
+        done.fetch_add(n as u64, Ordering::Relaxed);
+        (ids, tokens) = rows.into_iter().filter(|r| r.0 != -1).unzip();
+        if ids.is_empty() {
+            return Ok(());
+        }
+    }
+}
+
+/// MySQL/MariaDB: the claim reads the batch `FOR UPDATE SKIP LOCKED` and
+/// updates it in one transaction; the finish is one autocommit statement
+/// on (id, worker, `running`).
+async fn my_client(
+    url: &str,
+    table: &str,
+    batch: u32,
+    worker: &str,
+    done: &AtomicU64,
+) -> Result<()> {
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let mut c = sqlx::MySqlConnection::connect(&url).await?;
+    let t = format!("`{table}`");
+    let pick = format!(
+        "SELECT id FROM {t} WHERE state = 'pending' AND queue = ? AND run_at <= NOW(6) \
+         ORDER BY priority, run_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+    );
+    loop {
+        let mut tx = c.begin().await?;
+        let ids: Vec<i64> = sqlx::query_scalar(&pick)
+            .bind(QUEUE)
+            .bind(i64::from(batch))
+            .fetch_all(&mut *tx)
+            .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(());
+        }
+        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        sqlx::query(&format!(
+            "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = NOW(6), \
+                 lease_until = NOW(6) + INTERVAL 30 SECOND, worker = ?, \
+                 claim_token = claim_token + 1 WHERE id IN ({list})"
+        ))
+        .bind(worker)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let r = sqlx::query(&format!(
+            "UPDATE {t} SET state = 'succeeded', finished_at = NOW(6) \
+             WHERE id IN ({list}) AND worker = ? AND state = 'running'"
+        ))
+        .bind(worker)
+        .execute(&mut c)
+        .await?;
+        done.fetch_add(r.rows_affected(), Ordering::Relaxed);
+    }
+}
+
+/// SQLite: one writer; each transition one `BEGIN IMMEDIATE` transaction
+/// and one statement.
+async fn lite_client(
+    url: &str,
+    table: &str,
+    batch: u32,
+    worker: &str,
+    done: &AtomicU64,
+) -> Result<()> {
+    let mut c = sqlx::SqliteConnection::connect(url).await?;
+    let t = format!("\"{table}\"");
+    let now = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+    let claim = format!(
+        "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = {now}, \
+             lease_until = {now} + 30000, worker = ?2, claim_token = claim_token + 1 \
+         WHERE id IN (SELECT id FROM {t} \
+             WHERE state = 'pending' AND queue = ?1 AND run_at <= {now} \
+             ORDER BY priority, run_at, id LIMIT ?3) \
+         RETURNING id, claim_token"
+    );
+    // One set-based finish a batch (as baton's own finish is): the
+    // claimed (id, token) pairs as a JSON array.
+    let finish = format!(
+        "UPDATE {t} SET state = 'succeeded', finished_at = {now} \
+         WHERE state = 'running' AND (id, claim_token) IN \
+             (SELECT value ->> 0, value ->> 1 FROM json_each(?1))"
+    );
+    loop {
+        let mut tx = c.begin_with("BEGIN IMMEDIATE").await?;
+        let rows: Vec<(i64, i64)> = sqlx::query_as(&claim)
+            .bind(QUEUE)
+            .bind(worker)
+            .bind(i64::from(batch))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let pairs = serde_json::to_string(&rows)?;
+        let mut tx = c.begin_with("BEGIN IMMEDIATE").await?;
+        let n = sqlx::query(&finish)
+            .bind(pairs)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        done.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,124 @@
+//! Finishing attempts on PostgreSQL (`Backend::task_finish_many`): one
+//! statement and one commit a batch, each row a fenced compare-and-set on
+//! (id, claim token, `running`). A batch of successes only — a worker's
+//! common batch — takes the bare statement ([`Sql::finish_succeeded`]);
+//! any other batch the statement that handles every kind
+//! ([`Sql::finish_many`]).
+//!
+//! [`Sql::finish_succeeded`]: super::sql::Sql::finish_succeeded
+//! [`Sql::finish_many`]: super::sql::Sql::finish_many
+
+use std::collections::HashSet;
+
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+use super::finish_sql::FinishKind;
+use super::{dur, PgBackend};
+use crate::error::StoreError;
+use crate::store::sql_row::token_arg;
+use crate::store::{Claim, Finish, CANCEL_REQUESTED};
+
+impl PgBackend {
+    /// Finish `items`, answering per item whether its claim was current.
+    pub(super) async fn finish_many(
+        &self,
+        items: &[(Claim, Finish)],
+    ) -> Result<Vec<bool>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
+        let tokens: Vec<i64> = items.iter().map(|(c, _)| token_arg(c.token)).collect();
+        let rows = if items.iter().all(|(_, f)| matches!(f, Finish::Succeeded)) {
+            self.q(&self.sql.finish_succeeded)
+                .bind(&ids)
+                .bind(&tokens)
+                .fetch_all(self.exec())
+                .await?
+        } else {
+            self.finish_kinds(items, &ids, &tokens).await?
+        };
+        finished(&ids, &tokens, rows)
+    }
+
+    /// A batch with other kinds than successes: every kind in one
+    /// statement.
+    async fn finish_kinds(
+        &self,
+        items: &[(Claim, Finish)],
+        ids: &[i64],
+        tokens: &[i64],
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let query = self.q(&self.sql.finish_many).bind(ids).bind(tokens);
+        Ok(self.bind_kinds(query, items).fetch_all(self.exec()).await?)
+    }
+
+    /// Bind the every-kind finish's arguments after its ids and tokens:
+    /// each item's kind, text and delay ([`kind_args`]), the channel, and
+    /// the reason a requested cancel ends a hand-back.
+    pub(super) fn bind_kinds<'q>(
+        &self,
+        query: PgQuery<'q>,
+        items: &'q [(Claim, Finish)],
+    ) -> PgQuery<'q> {
+        let (kinds, texts, retries) = kind_args(items);
+        query
+            .bind(kinds)
+            .bind(texts)
+            .bind(retries)
+            .bind(self.names.chan.clone())
+            .bind(CANCEL_REQUESTED)
+    }
+}
+
+/// A statement with its arguments bound so far.
+pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The per-item arguments of [`Sql::finish_many`](super::sql::Sql::finish_many)
+/// after the ids and tokens: each item's kind code, text (a failure's
+/// error, a cancel's reason) and delay ms (a retry's or a snooze's).
+fn kind_args(
+    items: &[(Claim, Finish)],
+) -> (Vec<&'static str>, Vec<Option<&str>>, Vec<Option<i64>>) {
+    let n = items.len();
+    let (mut kinds, mut texts, mut retries) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (_, finish) in items {
+        let (kind, text, retry) = match finish {
+            Finish::Succeeded => (FinishKind::Succeeded, None, None),
+            Finish::Failed { error, retry_in } => {
+                (FinishKind::Failed, Some(error.as_str()), retry_in.map(dur))
+            }
+            Finish::Cancelled { reason } => (FinishKind::Cancelled, Some(reason.as_str()), None),
+            Finish::HandBack => (FinishKind::HandBack, None, None),
+            Finish::Snoozed { run_in } => (FinishKind::HandBack, None, Some(dur(*run_in))),
+        };
+        kinds.push(kind.code());
+        texts.push(text);
+        retries.push(retry);
+    }
+    (kinds, texts, retries)
+}
+
+/// Per item, whether the statement's answer `rows` (id, claim token of
+/// each attempt it finished) holds its (id, token).
+fn finished(ids: &[i64], tokens: &[i64], rows: Vec<PgRow>) -> Result<Vec<bool>, StoreError> {
+    let done = rows
+        .iter()
+        .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
+        .collect::<Result<HashSet<_>, StoreError>>()?;
+    Ok(answered(ids, tokens, &done))
+}
+
+/// Per item, whether `done` (the (id, token) pairs a statement finished)
+/// holds its (id, token).
+pub(super) fn answered(ids: &[i64], tokens: &[i64], done: &HashSet<(i64, i64)>) -> Vec<bool> {
+    ids.iter()
+        .zip(tokens)
+        .map(|(&id, &token)| done.contains(&(id, token)))
+        .collect()
+}

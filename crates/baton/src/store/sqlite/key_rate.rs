@@ -1,0 +1,149 @@
+//! The claim under a rate per concurrency key on SQLite
+//! (`Backend::task_claim_key_rated`, planned by `store::key_rate`): inside
+//! one `BEGIN IMMEDIATE` transaction (so no other claim interleaves), read
+//! the walk of due candidates past used-up and capped keys, the logs of
+//! their keys, claim the picked ones and write their keys' logs.
+
+use std::collections::HashMap;
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row;
+
+use super::rows::json_text;
+use super::{SqliteBackend, NOW, NOW_US};
+use crate::error::StoreError;
+use crate::store::key_rate::{self, Running};
+use crate::store::sql_row::claimed_task;
+use crate::store::{KeyRate, Task, TaskClaim};
+
+impl SqliteBackend {
+    /// The store's clock in µs, inside `tx`.
+    pub(super) async fn now_us_on(&self, tx: &mut SqliteConnection) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(&format!("SELECT {NOW_US}"))
+            .fetch_one(&mut *tx)
+            .await?)
+    }
+
+    /// A claim under `rate` per key on `tx` (inside `BEGIN IMMEDIATE`) at
+    /// store time `now_us`: the tasks, and when the claim came back short
+    /// the earliest `free_at` (µs) of a used-up key with pending tasks.
+    pub(super) async fn claim_keys_in(
+        &self,
+        tx: &mut SqliteConnection,
+        req: &TaskClaim<'_>,
+        rate: KeyRate,
+        now_us: i64,
+    ) -> Result<(Vec<Task>, Option<i64>), StoreError> {
+        if req.fair {
+            return Err(crate::store::key_rate_fair_refused());
+        }
+        let (t, q, kr) = (&self.t.tasks, &self.t.queues, &self.t.key_rates);
+        let mut tasks = Vec::new();
+        if req.limit > 0 {
+            let running = if req.max_running.is_some() || req.per_key_max_running.is_some() {
+                Running::from_rows(
+                    sqlx::query(&format!(
+                        "SELECT concurrency_key, count(*) FROM {t} \
+                         WHERE state = 'running' AND queue = ?1 GROUP BY concurrency_key"
+                    ))
+                    .bind(req.queue)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                    .collect::<Result<Vec<_>, StoreError>>()?,
+                )
+            } else {
+                Running::default()
+            };
+            let full = json_text(&serde_json::Value::from(key_rate::full_keys(&running, req)))?;
+            let cands = sqlx::query(&format!(
+                "SELECT id, concurrency_key, attempt + 1 < max_attempts AS spare FROM {t} \
+                 WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
+                     AND NOT cancel_requested \
+                     AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = ?1 AND paused) \
+                     AND (concurrency_key IS NULL OR ( \
+                         NOT EXISTS (SELECT 1 FROM {kr} WHERE {kr}.queue = ?1 \
+                             AND {kr}.ckey = {t}.concurrency_key AND {kr}.free_at > ?2) \
+                         AND concurrency_key NOT IN (SELECT value FROM json_each(?3)))) \
+                 ORDER BY priority, run_at, id LIMIT ?4"
+            ))
+            .bind(req.queue)
+            .bind(now_us)
+            .bind(full)
+            .bind(key_rate::walk_len(req))
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(key_rate::candidate)
+            .collect::<Result<Vec<_>, StoreError>>()?;
+            let keys = json_text(&serde_json::Value::from(key_rate::keys_of(&cands)))?;
+            let logs = sqlx::query(&format!(
+                "SELECT ckey, starts FROM {kr} \
+                 WHERE queue = ?1 AND ckey IN (SELECT value FROM json_each(?2))"
+            ))
+            .bind(req.queue)
+            .bind(keys)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(key_rate::key_log)
+            .collect::<Result<HashMap<_, _>, StoreError>>()?;
+            let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
+            if !ids.is_empty() {
+                let ids = json_text(&serde_json::Value::from(ids))?;
+                let rows =
+                    super::fair::claim_ids(tx, t, req, ids, ", started_at * 1000 AS started_us")
+                        .await?;
+                let keys = key_rate::key_by_id(&cands);
+                let mut started = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let task = claimed_task(r)?;
+                    if let Some(k) = keys.get(&task.id) {
+                        started.push((k.clone(), r.try_get::<i64, _>("started_us")?));
+                    }
+                    tasks.push(task);
+                }
+                tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+                for w in key_rate::logs_after(rate, logs, started) {
+                    sqlx::query(&format!(
+                        "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?5) \
+                         ON CONFLICT (queue, ckey) DO UPDATE SET starts = excluded.starts, \
+                             free_at = excluded.free_at, idle_at = excluded.idle_at"
+                    ))
+                    .bind(req.queue)
+                    .bind(&w.key)
+                    .bind(&w.starts)
+                    .bind(w.free_at)
+                    .bind(w.idle_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
+        sqlx::query(&format!(
+            "DELETE FROM {kr} WHERE rowid IN (SELECT rowid FROM {kr} \
+             WHERE queue = ?1 AND idle_at < ?2 LIMIT ?3)"
+        ))
+        .bind(req.queue)
+        .bind(now_us)
+        .bind(key_rate::PRUNE_BATCH)
+        .execute(&mut *tx)
+        .await?;
+        if tasks.len() >= req.limit as usize {
+            return Ok((tasks, None));
+        }
+        let next: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT free_at FROM {kr} WHERE queue = ?1 AND free_at > ?2 \
+                 AND EXISTS (SELECT 1 FROM {t} WHERE state = 'pending' AND queue = ?1 \
+                     AND concurrency_key = {kr}.ckey) \
+             ORDER BY free_at LIMIT 1"
+        ))
+        .bind(req.queue)
+        .bind(now_us)
+        .fetch_optional(&mut *tx)
+        .await?;
+        Ok((tasks, next))
+    }
+}

@@ -1,0 +1,44 @@
+//! The wake-up a store's channel carries ([`Backend::wake_subscribe`](super::Backend::wake_subscribe)):
+//! a queue with new work, due now or later.
+
+use chrono::{DateTime, Utc};
+
+/// A wake-up: `queue` has new pending work, due now (`due: None`) or at
+/// `due` (store time). Workers claim at once, or arm a timer for `due`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    /// The queue with new work.
+    pub queue: String,
+    /// When the earliest announced task becomes due, in store time; `None`
+    /// when it is due already.
+    pub due: Option<DateTime<Utc>>,
+}
+
+impl Wake {
+    /// Work in `queue` due now.
+    pub fn now(queue: impl Into<String>) -> Wake {
+        Wake {
+            queue: queue.into(),
+            due: None,
+        }
+    }
+
+    /// Parse a wake-up message as the PostgreSQL and Redis backends send it:
+    /// `queue` (due now) or `queue\n<run_at in µs since the epoch>`. Queue
+    /// names hold no control characters, so the newline is unambiguous; a
+    /// malformed time reads as "due now" (a wake-up is only a hint).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn parse(payload: &str) -> Wake {
+        match payload.split_once('\n') {
+            None => Wake::now(payload),
+            Some((queue, at)) => Wake {
+                queue: queue.to_string(),
+                due: at
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(DateTime::from_timestamp_micros),
+            },
+        }
+    }
+}

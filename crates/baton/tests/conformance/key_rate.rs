@@ -1,0 +1,371 @@
+//! Rates per concurrency key (`Backend::task_claim_key_rated`,
+//! `WorkerConfig::per_key_rate_limit`): racing claimers never start more
+//! than N tasks of one key in any window of the store's clock (judged by
+//! the tasks' `started_at`), a used-up key's tasks stay pending with no
+//! attempt counted while other keys' are claimed, the claim says when the
+//! earliest held-back key may start again, and an idle key's start log is
+//! pruned.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton::queue::{Queue, TaskBuilder};
+use baton::store::{Finish, KeyRate, QueueRateRef, TaskClaim, TaskClaimKeyRated, TaskState};
+use baton::Store;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use crate::harness::{exec_sql, Kind};
+use crate::TestStore;
+
+/// Enqueue `n` tasks of `key` (or none) on `queue`; their ids.
+async fn fill(store: &Store, queue: &str, key: Option<&str>, n: usize) -> Vec<i64> {
+    let batch = (0..n)
+        .map(|i| {
+            let b = TaskBuilder::new("keyed", json!({ "i": i })).queue(queue);
+            match key {
+                Some(k) => b.concurrency_key(k),
+                None => b,
+            }
+        })
+        .collect();
+    let ids = Queue::new(store.clone()).enqueue_many(batch).await.unwrap();
+    ids.iter().map(|e| e.id).collect()
+}
+
+/// A claim of up to `limit` tasks of `queue` under `max` starts per key
+/// per `per`.
+fn claim<'a>(
+    queue: &'a str,
+    worker: &'a str,
+    limit: u32,
+    max: u32,
+    per: Duration,
+) -> TaskClaimKeyRated<'a> {
+    TaskClaimKeyRated {
+        claim: TaskClaim {
+            queue,
+            worker,
+            limit,
+            lease: Duration::from_secs(30),
+            max_running: None,
+            per_key_max_running: None,
+            buffered: 0,
+            fair: false,
+        },
+        key_rate: KeyRate { max, per },
+        rate: None,
+    }
+}
+
+/// Each task's key and start, by the store's clock; each succeeded on its
+/// first attempt (the rate never counted or failed one).
+async fn starts_by_key(store: &Store, ids: &[i64]) -> BTreeMap<Option<String>, Vec<DateTime<Utc>>> {
+    let q = Queue::new(store.clone());
+    let mut out: BTreeMap<Option<String>, Vec<DateTime<Utc>>> = BTreeMap::new();
+    for id in ids {
+        let t = q.task(*id).await.unwrap().unwrap();
+        assert_eq!(t.state, TaskState::Succeeded, "{t:?}");
+        assert_eq!(t.attempt, 1, "the rate counted an attempt: {t:?}");
+        out.entry(t.concurrency_key.clone())
+            .or_default()
+            .push(t.started_at.unwrap());
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
+/// 16 claimers on their own connections race for 8 keys × 9 tasks and 8
+/// tasks without a key under 3 starts per key per second (each key about
+/// 3 s of starts): by the stores' `started_at`, no key ever has 4 starts
+/// within one second, some key did reach 3, each task is claimed once on
+/// its first attempt, and every `key_next` lies after the store's now and
+/// within a window of it.
+pub async fn key_rate_holds_in_every_window_under_16_racing_claimers(ts: TestStore) {
+    const MAX: u32 = 3;
+    const PER: Duration = Duration::from_secs(1);
+    let mut ids = Vec::new();
+    for k in 0..8 {
+        ids.extend(fill(&ts.store, "kr", Some(&format!("tenant-{k}")), 9).await);
+    }
+    ids.extend(fill(&ts.store, "kr", None, 8).await);
+    let total = ids.len();
+    let claimed = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut claimers = Vec::new();
+    for c in 0..16u32 {
+        let store = ts.open().await;
+        let claimed = claimed.clone();
+        claimers.push(tokio::spawn(async move {
+            let worker = format!("claimer-{c}");
+            loop {
+                if claimed.lock().unwrap().len() >= total {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "not all claimed in 60 s");
+                let r = store
+                    .backend()
+                    .task_claim_key_rated(&claim("kr", &worker, 1 + c % 4, MAX, PER))
+                    .await
+                    .unwrap();
+                assert!(r.next_start.is_none(), "{r:?}");
+                if let Some(next) = r.key_next {
+                    assert!(next > r.now, "key_next {next} not after now {}", r.now);
+                    assert!(
+                        next <= r.now + chrono::Duration::from_std(PER).unwrap(),
+                        "key_next {next} more than a window after now {}",
+                        r.now
+                    );
+                }
+                for t in &r.tasks {
+                    claimed.lock().unwrap().push(t.id);
+                    let ok = store
+                        .backend()
+                        .task_finish_many(&[(t.claim(), Finish::Succeeded)])
+                        .await
+                        .unwrap();
+                    assert_eq!(ok, vec![true]);
+                }
+                if r.tasks.is_empty() {
+                    let wait = r
+                        .key_next
+                        .map(|n| (n - r.now).to_std().unwrap_or_default())
+                        .unwrap_or(Duration::from_millis(20));
+                    tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
+                }
+            }
+        }));
+    }
+    for c in claimers {
+        c.await.unwrap();
+    }
+    let claimed = claimed.lock().unwrap().clone();
+    assert_eq!(claimed.len(), total, "a task was claimed twice");
+    assert_eq!(claimed.iter().collect::<HashSet<_>>().len(), total);
+    let per = chrono::Duration::from_std(PER).unwrap();
+    let n = MAX as usize;
+    let by_key = starts_by_key(&ts.store, &ids).await;
+    let mut pressed = false;
+    for (key, s) in &by_key {
+        let Some(key) = key else { continue };
+        for w in s.windows(n + 1) {
+            assert!(
+                w[n] - w[0] >= per,
+                "key {key}: {} starts within {:?} (from {} to {}): over {MAX}/{PER:?}",
+                n + 1,
+                (w[n] - w[0]).to_std().unwrap_or_default(),
+                w[0],
+                w[n]
+            );
+        }
+        pressed |= s.windows(n).any(|w| w[n - 1] - w[0] < per);
+    }
+    assert!(pressed, "no key ever reached its rate");
+}
+
+/// A key with a backlog at the head of the queue, used up by its rate (2
+/// per 10 s), stays pending (no attempt counted) while the other keys' and
+/// keyless tasks are claimed; once only it is left, the claim comes back
+/// empty saying when it may start again (its first start + 10 s), and at
+/// that instant of the store's clock it gets 2 more. With the queue's own
+/// limit on top, both hold. A key idle past its window (and the grace) has
+/// its log pruned.
+pub async fn limited_key_does_not_hold_back_others_and_says_when(ts: TestStore) {
+    const PER: Duration = Duration::from_secs(10);
+    let q = Queue::new(ts.store.clone());
+    let hot = fill(&ts.store, "kh", Some("hot"), 6).await;
+    let mut cold = Vec::new();
+    for k in 0..4 {
+        cold.extend(fill(&ts.store, "kh", Some(&format!("cold-{k}")), 1).await);
+    }
+    cold.extend(fill(&ts.store, "kh", None, 2).await);
+    let b = ts.store.backend();
+    // The first claim takes hot's two and then the others, in claim order.
+    let r = b
+        .task_claim_key_rated(&claim("kh", "w", 4, 2, PER))
+        .await
+        .unwrap();
+    let got: Vec<i64> = r.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(got, vec![hot[0], hot[1], cold[0], cold[1]], "{r:?}");
+    assert_eq!(r.key_next, None, "a full claim says nothing of keys: {r:?}");
+    let first_start = r.now;
+    // Hot is used up: the next claim steps over its backlog.
+    let r = b
+        .task_claim_key_rated(&claim("kh", "w", 10, 2, PER))
+        .await
+        .unwrap();
+    let got: HashSet<i64> = r.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(got, cold[2..].iter().copied().collect(), "{r:?}");
+    let next = r.key_next.expect("a held-back key: when it may start");
+    assert!(next > r.now, "{r:?}");
+    let expect = first_start + chrono::Duration::from_std(PER).unwrap();
+    assert!(
+        (next - expect).num_milliseconds().abs() <= 1000,
+        "key_next {next}, expected about {expect} (first start + {PER:?})"
+    );
+    // Nothing else: empty, with the same answer.
+    let r = b
+        .task_claim_key_rated(&claim("kh", "w", 10, 2, PER))
+        .await
+        .unwrap();
+    assert!(r.tasks.is_empty(), "{r:?}");
+    assert_eq!(r.key_next, Some(next));
+    for id in &hot[2..] {
+        let t = q.task(*id).await.unwrap().unwrap();
+        assert_eq!((t.state, t.attempt), (TaskState::Pending, 0), "{t:?}");
+    }
+    // At `next` by the store's clock, hot gets two more — and under a
+    // queue limit of 1 per window on top, only one.
+    let now = ts.store.now().await.unwrap();
+    let by = (next - now).to_std().unwrap_or_default() + Duration::from_millis(5);
+    baton_testkit::clock::advance(&ts, by).await;
+    let mut both = claim("kh", "w", 10, 2, PER);
+    both.rate = Some(QueueRateRef {
+        name: None,
+        max: 1,
+        per: PER,
+    });
+    let r = b.task_claim_key_rated(&both).await.unwrap();
+    let got: Vec<i64> = r.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(got, vec![hot[2]], "{r:?}");
+    assert!(r.next_start.is_some(), "the queue limit is used up: {r:?}");
+    let r = b
+        .task_claim_key_rated(&claim("kh", "w", 10, 2, PER))
+        .await
+        .unwrap();
+    let got: Vec<i64> = r.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(got, vec![hot[3]], "{r:?}");
+    assert!(r.key_next.is_some(), "{r:?}");
+    // With a per-key cap of 1 too, the cap binds first: one task of `c`
+    // runs, the next waits for it (not for the rate: no `key_next`).
+    let capped = fill(&ts.store, "kc", Some("c"), 3).await;
+    let mut both = claim("kc", "w", 10, 5, PER);
+    both.claim.per_key_max_running = Some(1);
+    let r = b.task_claim_key_rated(&both).await.unwrap();
+    assert_eq!(
+        r.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![capped[0]]
+    );
+    let again = b.task_claim_key_rated(&both).await.unwrap();
+    assert!(
+        again.tasks.is_empty() && again.key_next.is_none(),
+        "{again:?}"
+    );
+    let ok = b
+        .task_finish_many(&[(r.tasks[0].claim(), Finish::Succeeded)])
+        .await
+        .unwrap();
+    assert_eq!(ok, vec![true]);
+    let r = b.task_claim_key_rated(&both).await.unwrap();
+    assert_eq!(
+        r.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![capped[1]]
+    );
+    // Idle keys' logs are pruned: `cold-0` started long ago by now.
+    match ts.kind {
+        Kind::Redis => {
+            let mut c = crate::upgrade::redis_conn(&ts).await;
+            let log = format!("{}{{baton:q:kh}}:krate:cold-0", ts.prefix);
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&log)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert!(
+                ttl == -2 || (0..=PER.as_millis() as i64).contains(&ttl),
+                "the log of an idle key lives {ttl} ms"
+            );
+        }
+        _ => {
+            baton_testkit::clock::advance(&ts, PER + Duration::from_secs(61)).await;
+            b.task_claim_key_rated(&claim("kh", "w", 1, 2, PER))
+                .await
+                .unwrap();
+            // The row is gone: inserting it again does not conflict.
+            exec_sql(
+                &ts,
+                &format!(
+                    "INSERT INTO {p}key_rates (queue, ckey, starts) VALUES ('kh', 'cold-0', ''); \
+                     DELETE FROM {p}key_rates WHERE queue = 'kh' AND ckey = 'cold-0'",
+                    p = ts.prefix
+                ),
+            )
+            .await;
+        }
+    }
+}
+
+/// Issue 25 item 5: the key view shows each listed key's rate state — its
+/// starts in the current window against the declared rate, and when its
+/// next start is allowed — from the start logs the store reads for the
+/// listed keys only; a window later the key is free again.
+pub async fn key_view_shows_each_keys_rate_state(ts: TestStore) {
+    const PER: Duration = Duration::from_secs(10);
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    fill(&ts.store, "kv", Some("hot"), 3).await;
+    fill(&ts.store, "kv", Some("cold"), 1).await;
+    let limits = baton::store::QueueLimits {
+        per_key_rate: Some("2/10s".into()),
+        ..Default::default()
+    };
+    b.queue_declare(&baton::store::QueueDeclare {
+        queue: "kv",
+        limits: &limits,
+        by: "w",
+    })
+    .await
+    .unwrap();
+    let r = b
+        .task_claim_key_rated(&claim("kv", "w", 10, 2, PER))
+        .await
+        .unwrap();
+    assert_eq!(r.tasks.len(), 3, "hot's two and cold's one: {r:?}");
+    let view = q.keys("kv", 10).await.unwrap();
+    assert_eq!(view.per_key_rate.as_deref(), Some("2/10s"));
+    let state = |v: &baton::store::QueueKeys, key: &str| {
+        let k = v.keys.iter().find(|k| k.key == key).unwrap();
+        (k.recent_starts.len(), k.rate.unwrap())
+    };
+    let (logged, hot) = state(&view, "hot");
+    assert_eq!(
+        (logged, hot.started_in_window, hot.max, hot.per_ms),
+        (2, 2, 2, 10_000)
+    );
+    let next = hot
+        .next_start_at
+        .expect("hot is used up: when it may start");
+    let expect = r.now + chrono::Duration::from_std(PER).unwrap();
+    assert!(
+        (next - expect).num_milliseconds().abs() <= 1000,
+        "next start {next}, expected about {expect}"
+    );
+    let (logged, cold) = state(&view, "cold");
+    assert_eq!(
+        (logged, cold.started_in_window, cold.next_start_at),
+        (1, 1, None)
+    );
+    assert_eq!(view.keys_rate_held, 1, "{view:?}");
+    // The store's own read carries the logs, for the listed keys only.
+    let raw = b
+        .queue_keys(&baton::store::QueueKeysQuery {
+            queue: "kv",
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(raw.keys.len(), 1);
+    assert_eq!(
+        (raw.keys[0].key.as_str(), raw.keys[0].recent_starts.len()),
+        ("hot", 2)
+    );
+    // A window later by the store's clock: free again.
+    baton_testkit::clock::advance(&ts, PER + Duration::from_millis(50)).await;
+    let later = q.keys("kv", 10).await.unwrap();
+    let (_, hot) = state(&later, "hot");
+    assert_eq!((hot.started_in_window, hot.next_start_at), (0, None));
+    assert_eq!(later.keys_rate_held, 0);
+}
