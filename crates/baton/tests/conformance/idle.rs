@@ -115,14 +115,21 @@ pub async fn idle_worker_makes_about_one_query_per_second(ts: TestStore) {
     // Nothing else: no prune (every 300 ticks), no clock reading (once a
     // minute; the first ones happen at start, before the window).
     // Each rescue tick also reads the store's identity (a store that
-    // forgot is noticed), paid for by a skipped poll as well.
+    // forgot is noticed), paid for by a skipped poll as well; so is the
+    // waiting-slot sweep's job listing every 15 ticks (two in the
+    // window; no job, so no release).
     assert!(
         n("store_identity") <= n("task_rescue_many") + 1,
         "identity checks: {end:?}"
     );
+    assert!(
+        (1..=3).contains(&n("job_list")),
+        "{} waiting-slot sweeps in 30 idle ticks (expected 2): {end:?}",
+        n("job_list")
+    );
     assert_eq!(
         total,
-        n("task_claim") + n("task_rescue_many") + n("store_identity"),
+        n("task_claim") + n("task_rescue_many") + n("store_identity") + n("job_list"),
         "unexpected store calls: {start:?} -> {end:?}"
     );
 }

@@ -145,6 +145,7 @@ baton_testkit::per_backend! {
     overlap::racing_releases_start_a_waiting_slot_once,
     overlap::a_worker_releases_only_for_jobs_that_may_wait,
     overlap::schedulers_poll_releases_only_for_waiting_policies,
+    overlap::a_workers_sweep_starts_a_slot_no_one_released,
     pause_notes::job_records_its_policy_and_pause_notes,
     pause_notes::queue_pause_notes_are_kept_and_shown,
     schedule::trigger_and_scheduler_share_a_slot,

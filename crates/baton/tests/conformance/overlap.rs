@@ -375,3 +375,46 @@ pub async fn schedulers_poll_releases_only_for_waiting_policies(ts: TestStore) {
     assert_eq!(policy("poll-skip").await, Some(Overlap::Skip));
     assert_eq!(policy("poll-b1").await, Some(Overlap::BufferOne));
 }
+
+/// A slot left waiting after its previous run ended with no release asked
+/// (the ending worker's ask lost, no scheduler of the job polling: a
+/// drain, a job gone from the config) is started by a worker's sweep
+/// (every 15 polls) and runs.
+pub async fn a_workers_sweep_starts_a_slot_no_one_released(ts: TestStore) {
+    use baton::queue::{Worker, WorkerConfig};
+    let name = "sweep-b1";
+    let (job, c0) = register(
+        &ts,
+        name,
+        JobRegister::new(name).overlap(Overlap::BufferOne),
+    )
+    .await;
+    let first = enqueued(take(&ts, &job, c0, 1, Overlap::BufferOne).await);
+    let running = claim_first(&ts, first.id).await;
+    let second = waiting(take(&ts, &job, c0, 2, Overlap::BufferOne).await);
+    // The run ends; nobody asks the store to start the waiting slot.
+    finish(&ts, &running, Finish::Succeeded).await;
+    assert!(is_waiting(state(&ts, second.id).await.run_at));
+    let mut w = Worker::new(
+        ts.store.clone(),
+        WorkerConfig::default()
+            .queue("default", 2)
+            .poll_interval(Duration::from_millis(100)),
+    )
+    .unwrap();
+    w.handle_any(|_| async { Ok(()) });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    // The sweep's first round is 1.5 s in (15 polls of 100 ms).
+    let mut ended = false;
+    for _ in 0..150 {
+        if state(&ts, second.id).await.state == TaskState::Succeeded {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert!(ended, "the waiting slot {} never ran", second.id);
+}

@@ -9,7 +9,8 @@
 //! (each queue in turn), or in place of one an upkeep call — a rescue every
 //! `rescue_interval` (default 5 s), a check of the store's identity
 //! every 10 s (at a rescue tick; shared with every clone of the store), a
-//! prune of finished tasks past the retention every 300 polls, three
+//! prune of finished tasks past the retention every 300 polls, a sweep for
+//! waiting slots of its queues' jobs every 15 (`release_sweep.rs`), three
 //! readings of the store's clock (the best one is kept) once a minute —
 //! each on a timer of its own, half a poll off the ticker's beat; the poll
 //! after an upkeep call is skipped, never two in a row, so a wake-up the
@@ -33,7 +34,8 @@
 //! attempt: the handler, its span, its stop), `heartbeat.rs`,
 //! `completer.rs` (batched finishes), `ride.rs` (results held for the
 //! next claim, which carries them in the same round trip), `upkeep.rs` (rescue, prune, the
-//! store clock), `shutdown.rs`; `context.rs` holds what a handler sees,
+//! store clock), `release_sweep.rs` (waiting slots no one else starts),
+//! `shutdown.rs`; `context.rs` holds what a handler sees,
 //! `shared.rs` what the services share. This file wires them.
 //!
 //! ```no_run
@@ -77,6 +79,7 @@ mod completer;
 mod context;
 mod executor;
 mod heartbeat;
+mod release_sweep;
 mod ride;
 mod rollup;
 mod shared;

@@ -1,7 +1,8 @@
 //! Upkeep: rescue of expired leases (with the store identity check),
 //! pruning (finished tasks past the retention, the rollup, lock history,
-//! the audit log), the throughput rollup's flush and readings
-//! of the store's clock, each on a timer of its own.
+//! the audit log), the throughput rollup's flush, the waiting-slot sweep
+//! (`release_sweep.rs`) and readings of the store's clock, each on a timer
+//! of its own.
 
 use super::*;
 
@@ -35,6 +36,9 @@ pub(super) async fn upkeep_loop(
     let flush_every = on_beat(cfg.upkeep_base() * super::rollup::FLUSH_EVERY);
     let mut flush = tokio::time::interval_at(start + flush_every, flush_every);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let sweep_every = on_beat(cfg.upkeep_base() * super::release_sweep::SWEEP_POLLS);
+    let mut sweep = tokio::time::interval_at(start + sweep_every, sweep_every);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first reading half a poll in; until one succeeds, retry each second.
     let mut recal = tokio::time::interval_at(start, CLOCK_RECALIBRATION);
     recal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -93,6 +97,7 @@ pub(super) async fn upkeep_loop(
                 }
             }
             _ = flush.tick() => super::rollup::flush(&shared).await,
+            _ = sweep.tick() => super::release_sweep::sweep(&shared).await,
             _ = prune.tick() => {
                 if let Some(keep) = cfg.retention {
                     prune_step(&shared, "task_prune_many", "finished tasks", shared.store.backend().task_prune_many(keep)).await;

@@ -63,15 +63,22 @@ impl RedisBackend {
             };
             // One script call goes alone (the script is ~8 KB: loading it
             // each time cost more than the insert); a NOSCRIPT answer means
-            // it did nothing, so it is loaded and sent again. Several go
+            // it did nothing, so it is loaded and sent again (and again, a
+            // few times, when the cache was emptied in between). Several go
             // after a load in the same pipeline, as a NOSCRIPT among them
             // would leave unknown which ones ran.
             let replies: Vec<Vec<i64>> = if group.len() == 1 {
-                match pipe(false)?.query_async(&mut conn).await {
-                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                        pipe(true)?.query_async(&mut conn).await?
+                let mut tries = 1;
+                loop {
+                    match pipe(tries > 1)?.query_async(&mut conn).await {
+                        Err(e)
+                            if e.kind() == redis::ErrorKind::NoScriptError
+                                && tries < super::NOSCRIPT_TRIES =>
+                        {
+                            tries += 1;
+                        }
+                        r => break r?,
                     }
-                    r => r?,
                 }
             } else {
                 pipe(true)?.query_async(&mut conn).await?

@@ -223,6 +223,9 @@ const BATCH: usize = 1000;
 const LIST_SCAN: usize = 2000;
 /// Fields per task in the flattened enqueue arguments.
 const TASK_ARGS: usize = 15;
+/// Script sends (each after a load) before a `NOSCRIPT` answer is an
+/// error (see `RedisBackend::invoke`).
+const NOSCRIPT_TRIES: u32 = 4;
 
 /// The wake-up listener, started by the first `subscribe()`.
 struct Listener {
@@ -416,6 +419,12 @@ impl RedisBackend {
     /// call goes through here. With the feature `test-clock` (tests only)
     /// the test clock's offset goes with it as its last argument (see
     /// `scripts::test_clock`); without it this is the plain call.
+    ///
+    /// `EVALSHA` answered `NOSCRIPT` did nothing; redis-rs then loads the
+    /// script and sends it once more, which a script cache emptied again
+    /// in between (`SCRIPT FLUSH` by another client, a failover to a
+    /// replica that never saw the load) answers `NOSCRIPT` again. Such an
+    /// answer is tried again here, up to [`NOSCRIPT_TRIES`] times in all.
     async fn invoke<T: FromRedisValue>(
         &self,
         inv: &mut redis::ScriptInvocation<'_>,
@@ -423,7 +432,15 @@ impl RedisBackend {
         #[cfg(feature = "test-clock")]
         inv.arg(self.test_clock_arg().await?);
         let mut conn = self.conn.clone();
-        inv.invoke_async(&mut conn).await
+        let mut tries = 1;
+        loop {
+            match inv.invoke_async(&mut conn).await {
+                Err(e) if e.kind() == redis::ErrorKind::NoScriptError && tries < NOSCRIPT_TRIES => {
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// The test clock's offset in µs (feature `test-clock`): the key
