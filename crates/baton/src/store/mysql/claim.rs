@@ -207,6 +207,10 @@ pub(super) async fn task_claim_rated(
     b: &MyBackend,
     req: &TaskClaimRated<'_>,
 ) -> Result<RatedClaim, StoreError> {
+    if req.claim.fair {
+        // The procedure is made outside the transaction (DDL commits).
+        super::fair::ready(b).await?;
+    }
     let mut tx = b.begin().await?;
     let answer = rated_in(b, &mut tx, req, None).await?;
     tx.commit().await?;

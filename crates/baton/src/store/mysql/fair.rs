@@ -1,7 +1,15 @@
 //! The fair claim of the MySQL / MariaDB backend (`TaskClaim::fair`, the
 //! rule of `store::fair`), made by one round trip: `BEGIN`, a `CALL` of the
-//! stored procedure `<prefix>fair_claim` the schema step 20 → 21 creates
-//! ([`procedure_sql`]) and `COMMIT`, sent as one batch.
+//! stored procedure `<prefix>fair_claim` ([`procedure_sql`]) and `COMMIT`,
+//! sent as one batch.
+//!
+//! The procedure is created by a handle's first fair claim ([`ready`]), not
+//! by the migration: creating it needs `CREATE ROUTINE`, which a user that
+//! never claims fairly need not have. A user without it gets a fair claim
+//! error naming the grant; once any user with it has made one fair claim,
+//! the others (with `EXECUTE`) call it. A build whose procedure body
+//! changes drops the old one in a schema step, and the next fair claim
+//! creates the new one.
 //!
 //! Inside the procedure, in the caller's transaction: the queue's row in
 //! `<p>queues` locked (the turn lock capped claims take, so fair claimers
@@ -74,10 +82,8 @@ pub(super) fn procedure_sql(n: &Names) -> Vec<String> {
         head("concurrency_key = v_k"),
         head("concurrency_key = r.g"),
     );
-    vec![
-        format!("DROP PROCEDURE IF EXISTS {f}"),
-        format!(
-            r#"CREATE PROCEDURE {f}(p_queue VARBINARY(255),
+    vec![format!(
+        r#"CREATE PROCEDURE {f}(p_queue VARBINARY(255),
     p_worker VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, p_lease_us BIGINT,
     p_limit BIGINT, p_max_running BIGINT, p_per_key BIGINT, p_buffered BIGINT,
     p_now DATETIME(6))
@@ -210,8 +216,67 @@ fc: BEGIN
                 TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', p_now));
     SELECT {cols} FROM {take} k STRAIGHT_JOIN {t} t ON t.id = k.id ORDER BY k.i;
 END fc"#
-        ),
-    ]
+    )]
+}
+
+/// MySQL's "already exists" for a stored routine (`ER_SP_ALREADY_EXISTS`).
+const SP_ALREADY_EXISTS: u16 = 1304;
+/// MySQL's "does not exist" for a stored routine (`ER_SP_DOES_NOT_EXIST`).
+const SP_DOES_NOT_EXIST: u16 = 1305;
+
+/// The MySQL error number of `e`, if the server answered one.
+fn server_error(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()?
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|m| m.number())
+}
+
+/// Make sure `<prefix>fair_claim` exists before this handle's first fair
+/// claim: `CREATE PROCEDURE` (not inside a transaction: DDL commits it),
+/// "already exists" being as good (another process made it first). A
+/// refusal (no `CREATE ROUTINE`) is left for the `CALL` to tell: the
+/// procedure may exist all the same, made by a user who may.
+pub(super) async fn ready(b: &MyBackend) -> Result<(), StoreError> {
+    use std::sync::atomic::Ordering;
+    if b.fair_ready.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut conn = b.pool.acquire().await?;
+    for stmt in procedure_sql(&b.names) {
+        match conn.execute(stmt.as_str()).await {
+            Ok(_) => {}
+            Err(e) if server_error(&e) == Some(SP_ALREADY_EXISTS) => {}
+            Err(e) if server_error(&e).is_some() => {
+                tracing::debug!(error = %e, "creating the fair claim procedure failed; calling it all the same");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    b.fair_ready.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A fair claim's error: a missing procedure (this user could not create
+/// it, or a schema removal dropped it) says which grant makes it, and the
+/// next fair claim tries to create it again.
+fn call_error(b: &MyBackend, e: StoreError) -> StoreError {
+    let missing = match &e {
+        StoreError::Driver { source, .. } => source
+            .downcast_ref::<sqlx::Error>()
+            .is_some_and(|e| server_error(e) == Some(SP_DOES_NOT_EXIST)),
+        _ => false,
+    };
+    if !missing {
+        return e;
+    }
+    b.fair_ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    StoreError::Config(format!(
+        "fair claims on MySQL/MariaDB call the stored procedure {}, which is missing \
+         and this user could not create: grant it CREATE ROUTINE (the first fair claim \
+         creates the procedure; after that EXECUTE is enough)",
+        procedure_name(&b.names)
+    ))
 }
 
 /// The procedure's `CALL` for `req`, every value a literal.
@@ -239,18 +304,22 @@ pub(super) async fn task_claim(
     b: &MyBackend,
     req: &TaskClaim<'_>,
 ) -> Result<Vec<Task>, StoreError> {
+    ready(b).await?;
     let mut open = OpenTx {
         conn: b.pool.acquire().await?,
         open: true,
     };
     let sql = format!("{BEGIN}; {}; COMMIT", call_sql(b, req));
-    let rows = batch_on(&mut open.conn, &sql).await?;
+    let rows = batch_on(&mut open.conn, &sql)
+        .await
+        .map_err(|e| call_error(b, e))?;
     open.open = false;
     rows.iter().map(claimed_task).collect()
 }
 
 /// A fair claim inside `tx` (a claim under a rate limit), committed by the
-/// caller: the procedure's `CALL`.
+/// caller: the procedure's `CALL` (the caller made it [`ready`] before
+/// the transaction began).
 pub(super) async fn claim_in(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     b: &MyBackend,
@@ -261,6 +330,7 @@ pub(super) async fn claim_in(
     }
     let rows = (&mut **tx)
         .fetch_all(sqlx::raw_sql(&call_sql(b, req)))
-        .await?;
+        .await
+        .map_err(|e| call_error(b, e.into()))?;
     rows.iter().map(claimed_task).collect()
 }

@@ -201,6 +201,9 @@ pub(crate) struct MyBackend {
     /// `Backend::pool_recycle`); a pool the application owns keeps its
     /// connections.
     recycle: Arc<crate::store::Recycle>,
+    /// The fair claim procedure was created (or found) by this handle
+    /// (see `fair::ready`); cleared when a `CALL` finds it missing.
+    fair_ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
@@ -319,6 +322,7 @@ impl MyBackend {
             wake: crate::store::wake::channel(key),
             names: Arc::new(names),
             recycle: Arc::new(crate::store::Recycle::default()),
+            fair_ready: Arc::default(),
         }
     }
 

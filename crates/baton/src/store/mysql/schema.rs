@@ -46,10 +46,17 @@ const UPGRADES: &[Upgrade] = &[
     add_rollup,
     add_lock_history,
     add_rollup_job,
-    // 20 → 21: the fair claim in one call (issue 25): the stored
-    // procedure `<prefix>fair_claim`.
-    super::fair::procedure_sql,
+    // 20 → 21: nothing. It created the fair claim's stored procedure
+    // `<prefix>fair_claim` before that moved to the first fair claim
+    // (`fair::ready`), so that a user without `CREATE ROUTINE` can
+    // migrate; kept so the versions stay the same.
+    no_step,
 ];
+
+/// A step that changes nothing (see its place in [`UPGRADES`]).
+fn no_step(_: &Names) -> Vec<String> {
+    Vec::new()
+}
 
 /// 19 → 20: the rollup keyed by job too (`''` for tasks of no job, and
 /// for the rows counted before), so a job defined in the store (kind
