@@ -189,7 +189,7 @@ pub struct WorkerTotals {
 /// The store calls whose failures [`WorkerTotals::store_errors`] counts,
 /// by their names on the [`Backend`](crate::store::Backend) seam (a
 /// hand-back is a `task_finish_many`; reading the store's clock is `now`).
-pub const STORE_OPERATIONS: [&str; 12] = [
+pub const STORE_OPERATIONS: [&str; 13] = [
     "task_claim",
     "task_finish_many",
     "task_heartbeat_many",
@@ -202,6 +202,7 @@ pub const STORE_OPERATIONS: [&str; 12] = [
     "stats_add",
     "stats_prune_many",
     "lock_history_prune_many",
+    "job_list",
 ];
 
 #[derive(Debug, Default)]
