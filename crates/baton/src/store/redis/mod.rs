@@ -1,7 +1,8 @@
 //! The Redis backend.
 //!
-//! Every operation is one Lua script (`redis::Script`; `EVALSHA` with a
-//! fallback on `NOSCRIPT`), so each is atomic on the server, and every "now"
+//! Every operation is one Lua script (`redis::Script`; `EVALSHA`, and on
+//! `NOSCRIPT` a `SCRIPT LOAD` and the send again, up to four sends), so
+//! each is atomic on the server, and every "now"
 //! is `redis.call('TIME')` inside the script — the client clock is never
 //! read for an expiry or due-time decision (DESIGN.md C1).
 //!

@@ -1,8 +1,9 @@
 //! The Lua scripts, one file each under `lua/` (comments at the head say
 //! their `KEYS`, `ARGV` and reply). The queue and job scripts start with
 //! `prelude.lua` (key helpers, the clock, task encoding), the lock scripts
-//! with `lock_prelude.lua`. Each runs with `EVALSHA` (falling back to
-//! `EVAL` on `NOSCRIPT`), so it is atomic on the server.
+//! with `lock_prelude.lua`. Each runs with `EVALSHA` (on `NOSCRIPT`
+//! loaded and sent again: `RedisBackend::invoke`), so it is atomic on the
+//! server.
 
 use redis::Script;
 
