@@ -99,14 +99,19 @@ local function key_started(sid, ck, buffered)
   claimed_keys[ck] = true
 end
 -- Write each started key's log: its new starts, trimmed to the latest
--- krmax, expiring krper after its latest start.
+-- krmax, expiring krper after its latest start (now, or later for a
+-- buffered start).
 local function keys_logged()
   for ck in pairs(claimed_keys) do
     local lk = B .. 'krate:' .. ck
     local t = klogs[ck].new
     for j = 1, #t, 1000 do redis.call('ZADD', lk, unpack(t, j, math.min(j + 999, #t))) end
     redis.call('ZREMRANGEBYRANK', lk, 0, -(krmax + 1))
-    redis.call('PEXPIRE', lk, krper + krhold)
+    -- Until a window past its latest start (a buffered one's lies ahead).
+    local top = redis.call('ZRANGE', lk, -1, -1, 'WITHSCORES')
+    local latest = now
+    if #top == 2 and tonumber(top[2]) > now then latest = tonumber(top[2]) end
+    redis.call('PEXPIRE', lk, latest - now + krper)
   end
 end
 -- A cap per concurrency key: each key's running count, read once per key
