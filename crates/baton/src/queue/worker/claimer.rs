@@ -76,8 +76,8 @@ pub(super) async fn claim_into(
     let early = shared.config.free_slot_on_return_on();
     let capped = shared.config.capped(queue);
     // A buffered task counts as running against a cluster-wide cap: capped
-    // queues claim only for free slots. Limited per key only, a queue
-    // prefetches, each buffered task held to start within
+    // queues claim only for free slots. Limited by a rate per key only, a
+    // queue prefetches, each buffered task held to start within
     // `key_rate::BUFFER_HOLD` of its claim's send (the store logs its
     // start at the claim plus the hold) or be handed back.
     let held = shared.config.prefetch_held(queue);
