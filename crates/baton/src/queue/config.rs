@@ -573,7 +573,7 @@ impl WorkerConfig {
     /// Whether `queue` prefetches with a hold: limited by a rate per key
     /// only (no cap per key or cluster-wide, no queue rate, not fair), so
     /// a buffered task is logged as starting at the claim plus
-    /// `key_rate::BUFFER_HOLD` and must start by then or go back. Not
+    /// `store::BUFFER_HOLD` and must start by then or go back. Not
     /// under a cap per key: buffered tasks count as running there, and a
     /// capped claim counts the running tasks per key, so a buffer made
     /// every claim count it (SQLite: cap ÷ off fell from ~45 % to ~13–25 %,

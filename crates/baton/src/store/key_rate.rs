@@ -44,15 +44,7 @@ pub(crate) const PRUNE_GRACE: Duration = Duration::from_secs(60);
 /// Rows a claim prunes at most (the others wait for the next claims).
 pub(crate) const PRUNE_BATCH: i64 = 100;
 
-/// How long a task claimed into a worker's prefetch buffer under a rate
-/// per key may wait there: its start is logged in its key's log at the
-/// claim's now plus this hold (not at the claim's now), and the worker
-/// starts it before the hold has passed since it sent the claim, or
-/// hands it back unstarted. So each buffered task's real start lies
-/// between the claim and its logged start by the store's clock, and
-/// every claim that a later real start could share a window with counts
-/// it (see DESIGN "A rate per key with prefetch").
-pub const BUFFER_HOLD: Duration = Duration::from_millis(250);
+pub(crate) use crate::store::BUFFER_HOLD;
 
 /// Whether the `i`-th id [`pick`] returned (in claim order) goes to the
 /// worker's prefetch buffer: the first `limit - buffered` start at once.

@@ -53,7 +53,7 @@ async fn hand_back_buffered(shared: &Shared, ctxs: &[TaskContext]) {
 fn overdue(shared: &Shared, buffer: &mut VecDeque<TaskContext>, now: Instant) -> Vec<TaskContext> {
     let mut out = Vec::new();
     while let Some(ctx) = buffer.front() {
-        if !shared.start_by(ctx.claim()).is_some_and(|by| by <= now) {
+        if shared.start_by(ctx.claim()).is_none_or(|by| by > now) {
             break;
         }
         if let Some(ctx) = buffer.pop_front() {
@@ -78,7 +78,7 @@ pub(super) async fn claim_into(
     // A buffered task counts as running against a cluster-wide cap: capped
     // queues claim only for free slots. Limited by a rate per key only, a
     // queue prefetches, each buffered task held to start within
-    // `key_rate::BUFFER_HOLD` of its claim's send (the store logs its
+    // `store::BUFFER_HOLD` of its claim's send (the store logs its
     // start at the claim plus the hold) or be handed back.
     let held = shared.config.prefetch_held(queue);
     let max_prefetch = if capped && !held {
@@ -234,7 +234,7 @@ pub(super) async fn claim_into(
                         more = true;
                         continue;
                     }
-                    let start_by = held.then(|| sent + crate::store::key_rate::BUFFER_HOLD);
+                    let start_by = held.then(|| sent + crate::store::BUFFER_HOLD);
                     for task in batch {
                         let ctx = register(shared, task, sent);
                         match slots.clone().try_acquire_owned() {

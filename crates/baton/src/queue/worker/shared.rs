@@ -21,7 +21,7 @@ pub(super) struct Running {
     pub(super) started: bool,
     /// For a task buffered under a rate or cap per key: the instant its
     /// handler must have started by (the claim's send plus
-    /// `key_rate::BUFFER_HOLD`), else it is handed back unstarted.
+    /// `store::BUFFER_HOLD`), else it is handed back unstarted.
     pub(super) start_by: Option<Instant>,
 }
 

@@ -18,7 +18,7 @@ impl RedisBackend {
     /// ms)` its answer starts with `{now, next, knext}` (ms; `next` 0 when
     /// a start is allowed now, `knext` 0 when no key waits for its rate).
     /// A task claimed into the worker's buffer under a rate per key is
-    /// logged at the claim's now plus `key_rate::BUFFER_HOLD`.
+    /// logged at the claim's now plus `store::BUFFER_HOLD`.
     pub(super) async fn claim_script(
         &self,
         req: &TaskClaim<'_>,
@@ -58,7 +58,7 @@ impl RedisBackend {
                 if req.fair { "1" } else { "" },
                 kmax,
                 kper,
-                ms(crate::store::key_rate::BUFFER_HOLD)
+                ms(crate::store::BUFFER_HOLD)
             ],
         )
         .await

@@ -45,7 +45,7 @@ end
 -- started_at in ms, member ms:id), expiring ARGV[15] ms after its latest
 -- start (then it holds no start in any window to come). A task claimed
 -- beyond the first `now_share` waits in the worker's prefetch buffer: its
--- start is logged at now + ARGV[16] ms (`key_rate::BUFFER_HOLD`), the
+-- start is logged at now + ARGV[16] ms (`store::BUFFER_HOLD`), the
 -- latest it may start (the worker hands it back unstarted after that). A due task whose
 -- key has ARGV[14] starts after now - ARGV[15] is parked in `kpark:<key>`
 -- (the per-key cap's set) and the key entered in `B krwait`, scored by
