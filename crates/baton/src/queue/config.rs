@@ -421,9 +421,15 @@ impl WorkerConfig {
     /// not started once its lease is too close to its end to run (it is
     /// handed back instead), and on shutdown it is handed back unstarted
     /// (the attempt is not counted). Queues under a cluster-wide
-    /// [`max_running`](Self::max_running) or
-    /// [`per_key_max_running`](Self::per_key_max_running) cap never prefetch (a buffered
-    /// task counts as running). Default: an adaptive buffer of at most
+    /// [`max_running`](Self::max_running) cap, a queue
+    /// [`rate_limit`](Self::rate_limit) or [`fair`](Self::fair) claiming
+    /// never prefetch (a buffered task counts as running), nor do queues
+    /// under a [`per_key_max_running`](Self::per_key_max_running) cap.
+    /// Queues limited by a [`per_key_rate_limit`](Self::per_key_rate_limit)
+    /// only prefetch with a hold: a buffered task's start is logged in its key's rate log at
+    /// the claim plus 250 ms, and a task not started within 250 ms of
+    /// its claim's send is handed back unstarted, so the rate holds for
+    /// the handlers' real starts. Default: an adaptive buffer of at most
     /// 512 ([`prefetch_up_to`](Self::prefetch_up_to)).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(Prefetch::Fixed(n));
@@ -562,6 +568,22 @@ impl WorkerConfig {
             || self.rates.contains_key(queue)
             || self.per_key_rates.contains_key(queue)
             || self.fair.contains(queue)
+    }
+
+    /// Whether `queue` prefetches with a hold: limited by a rate per key
+    /// only (no cap per key or cluster-wide, no queue rate, not fair), so
+    /// a buffered task is logged as starting at the claim plus
+    /// `store::BUFFER_HOLD` and must start by then or go back. Not
+    /// under a cap per key: buffered tasks count as running there, and a
+    /// capped claim counts the running tasks per key, so a buffer made
+    /// every claim count it (SQLite: cap ÷ off fell from ~45 % to ~13–25 %,
+    /// docs/BENCHMARKS.md session 24).
+    pub(super) fn prefetch_held(&self, queue: &str) -> bool {
+        self.per_key_rates.contains_key(queue)
+            && !self.per_key_max_running.contains_key(queue)
+            && !self.max_running.contains_key(queue)
+            && !self.rates.contains_key(queue)
+            && !self.fair.contains(queue)
     }
 
     /// Check every field (queues, concurrency, caps, lease, intervals);

@@ -10,6 +10,16 @@ use chrono::{DateTime, Utc};
 
 use super::Task;
 
+/// How long a task claimed into a worker's prefetch buffer under a rate
+/// per key may wait there: its start is logged in its key's log at the
+/// claim's now plus this hold (not at the claim's now), and the worker
+/// starts it before the hold has passed since it sent the claim, or
+/// hands it back unstarted. So each buffered task's real start lies
+/// between the claim and its logged start by the store's clock, and
+/// every claim that a later real start could share a window with counts
+/// it (see DESIGN "A rate per key with prefetch").
+pub(crate) const BUFFER_HOLD: Duration = Duration::from_millis(250);
+
 /// A claim request: lease up to `limit` due tasks of one queue.
 #[derive(Debug, Clone)]
 pub struct TaskClaim<'a> {

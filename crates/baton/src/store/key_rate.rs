@@ -44,6 +44,25 @@ pub(crate) const PRUNE_GRACE: Duration = Duration::from_secs(60);
 /// Rows a claim prunes at most (the others wait for the next claims).
 pub(crate) const PRUNE_BATCH: i64 = 100;
 
+pub(crate) use crate::store::BUFFER_HOLD;
+
+/// Whether the `i`-th id [`pick`] returned (in claim order) goes to the
+/// worker's prefetch buffer: the first `limit - buffered` start at once.
+pub(crate) fn is_buffered(req: &TaskClaim<'_>, i: usize) -> bool {
+    i >= (req.limit - req.buffered.min(req.limit)) as usize
+}
+
+/// The start to log for the `i`-th id [`pick`] returned, claimed at
+/// `now_us`: the claim's now, or for a buffered task now plus
+/// [`BUFFER_HOLD`].
+pub(crate) fn logged_start(req: &TaskClaim<'_>, i: usize, now_us: i64) -> i64 {
+    if is_buffered(req, i) {
+        now_us.saturating_add(us(BUFFER_HOLD))
+    } else {
+        now_us
+    }
+}
+
 /// A due task the walk read: id, concurrency key, and whether it has an
 /// attempt to spare after this one (`TaskClaim::buffered`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +233,15 @@ pub(crate) fn key_by_id(cands: &[Candidate]) -> HashMap<i64, String> {
     cands
         .iter()
         .filter_map(|c| c.key.clone().map(|k| (c.id, k)))
+        .collect()
+}
+
+/// The start to log for each id [`pick`] returned (`ids`, in claim
+/// order), claimed at `now_us` ([`logged_start`]), by id.
+pub(crate) fn logged_starts(req: &TaskClaim<'_>, ids: &[i64], now_us: i64) -> HashMap<i64, i64> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| (id, logged_start(req, i, now_us)))
         .collect()
 }
 

@@ -369,3 +369,101 @@ pub async fn key_view_shows_each_keys_rate_state(ts: TestStore) {
     assert_eq!((hot.started_in_window, hot.next_start_at), (0, None));
     assert_eq!(later.keys_rate_held, 0);
 }
+
+/// A task claimed into a worker's prefetch buffer under a rate per key
+/// (`TaskClaim::buffered`) is logged as starting at the claim plus the
+/// buffer's hold (250 ms: the latest its handler may start), not at the
+/// claim: 100 ms past one window after the claim only the task started
+/// at once has left the key's window (2 per 10 s: one more start, not
+/// two), and past the hold's end the buffered one has left too.
+pub async fn buffered_start_is_logged_at_its_holds_end(ts: TestStore) {
+    const PER: Duration = Duration::from_secs(10);
+    let b = ts.store.backend();
+    fill(&ts.store, "kb", Some("k"), 5).await;
+    let mut first = claim("kb", "w", 2, 2, PER);
+    first.claim.buffered = 1;
+    let r = b.task_claim_key_rated(&first).await.unwrap();
+    assert_eq!(r.tasks.len(), 2, "one at once, one buffered: {r:?}");
+    let at = r.now;
+    // Used up: the key's 2nd latest start (the one at once) frees it.
+    let r = b
+        .task_claim_key_rated(&claim("kb", "w", 2, 2, PER))
+        .await
+        .unwrap();
+    assert!(r.tasks.is_empty(), "{r:?}");
+    let per = chrono::Duration::from_std(PER).unwrap();
+    baton_testkit::clock::advance_to(&ts, at + per + chrono::Duration::milliseconds(100)).await;
+    let r = b
+        .task_claim_key_rated(&claim("kb", "w", 2, 2, PER))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.tasks.len(),
+        1,
+        "the buffered start still counts until its hold's end + the window: {r:?}"
+    );
+    baton_testkit::clock::advance_to(&ts, at + per + chrono::Duration::milliseconds(300)).await;
+    let r = b
+        .task_claim_key_rated(&claim("kb", "w", 2, 2, PER))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.tasks.len(),
+        1,
+        "the buffered start has left the window: {r:?}"
+    );
+}
+
+/// A worker limited per key prefetches, and a buffered task whose
+/// handler has not started within the hold (250 ms of its claim) goes
+/// back unstarted: with one slot, handlers of 500 ms and a buffer of 8,
+/// every handler starts within the hold of its claim by the store's
+/// clock (slack: the store's clock is read from the handler), each task
+/// succeeds once on its first counted attempt.
+pub async fn buffered_task_starts_within_its_hold_or_goes_back(ts: TestStore) {
+    use baton::queue::{RateLimit, Worker, WorkerConfig};
+    use tokio_util::sync::CancellationToken;
+    let lease = Duration::from_secs(5);
+    let ids = fill(&ts.store, "kw", Some("k"), 4).await;
+    let cfg = WorkerConfig::default()
+        .queue("kw", 1)
+        .prefetch(8)
+        .lease(lease)
+        .poll_interval(Duration::from_millis(100))
+        .per_key_rate_limit("kw", RateLimit::new(1000, Duration::from_secs(10)).unwrap());
+    let delays = Arc::new(Mutex::new(Vec::<(i64, Duration)>::new()));
+    let mut w = Worker::new(ts.open().await, cfg).unwrap();
+    {
+        let (delays, store) = (delays.clone(), ts.store.clone());
+        w.handle("keyed", move |ctx| {
+            let (delays, store) = (delays.clone(), store.clone());
+            async move {
+                let now = store.now().await.unwrap();
+                let t = ctx.task();
+                let claimed = t.lease_until - chrono::Duration::from_std(lease).unwrap();
+                let d = (now - claimed).to_std().unwrap_or_default();
+                delays.lock().unwrap().push((t.id, d));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok(())
+            }
+        });
+    }
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let q = Queue::new(ts.store.clone());
+    for id in &ids {
+        baton_testkit::wait::task_state(&q, *id, TaskState::Succeeded, Duration::from_secs(30))
+            .await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    starts_by_key(&ts.store, &ids).await;
+    let delays = delays.lock().unwrap().clone();
+    assert_eq!(delays.len(), ids.len(), "each task ran once: {delays:?}");
+    for (id, d) in &delays {
+        assert!(
+            *d < Duration::from_millis(350),
+            "task {id} started {d:?} after its claim: past the 250 ms hold"
+        );
+    }
+}

@@ -127,6 +127,8 @@ baton_testkit::per_backend! {
     key_rate::key_rate_holds_in_every_window_under_16_racing_claimers,
     key_rate::limited_key_does_not_hold_back_others_and_says_when,
     key_rate::key_view_shows_each_keys_rate_state,
+    key_rate::buffered_start_is_logged_at_its_holds_end,
+    key_rate::buffered_task_starts_within_its_hold_or_goes_back,
     queue::stale_claim_after_hand_back_is_refused,
     queue::resent_finish_many_changes_nothing,
     queue::cancel_requested_then_retryable_failure_cancels,

@@ -31,15 +31,36 @@ pub(super) async fn claim_loop(
     claim_into(&shared, &queue, concurrency, &poke, &mut buffer).await;
     // Stopped: what waits in the prefetch buffer goes back unstarted.
     if !buffer.is_empty() {
-        let tasks: Vec<Task> = buffer.iter().map(|c| c.task().clone()).collect();
-        hand_back(&shared, &tasks).await;
-        let mut running = lock(&shared.running);
-        for ctx in &buffer {
-            running.remove(&ctx.claim());
-        }
-        drop(running);
+        let all: Vec<TaskContext> = buffer.drain(..).collect();
+        hand_back_buffered(&shared, &all).await;
         shared.drained.notify_waiters();
     }
+}
+
+/// Hand back tasks from the prefetch buffer unstarted, and forget them.
+async fn hand_back_buffered(shared: &Shared, ctxs: &[TaskContext]) {
+    let tasks: Vec<Task> = ctxs.iter().map(|c| c.task().clone()).collect();
+    hand_back(shared, &tasks).await;
+    let mut running = lock(&shared.running);
+    for ctx in ctxs {
+        running.remove(&ctx.claim());
+    }
+}
+
+/// The buffered tasks at the front of `buffer` whose hold has passed at
+/// `now` (`Running::start_by`; buffered in claim order, so their holds
+/// rise from front to back), taken out.
+fn overdue(shared: &Shared, buffer: &mut VecDeque<TaskContext>, now: Instant) -> Vec<TaskContext> {
+    let mut out = Vec::new();
+    while let Some(ctx) = buffer.front() {
+        if shared.start_by(ctx.claim()).is_none_or(|by| by > now) {
+            break;
+        }
+        if let Some(ctx) = buffer.pop_front() {
+            out.push(ctx);
+        }
+    }
+    out
 }
 
 /// The claim loop proper: returns when claiming stops, leaving in `buffer`
@@ -55,8 +76,12 @@ pub(super) async fn claim_into(
     let early = shared.config.free_slot_on_return_on();
     let capped = shared.config.capped(queue);
     // A buffered task counts as running against a cluster-wide cap: capped
-    // queues claim only for free slots.
-    let max_prefetch = if capped {
+    // queues claim only for free slots. Limited by a rate per key only, a
+    // queue prefetches, each buffered task held to start within
+    // `store::BUFFER_HOLD` of its claim's send (the store logs its
+    // start at the claim plus the hold) or be handed back.
+    let held = shared.config.prefetch_held(queue);
+    let max_prefetch = if capped && !held {
         0
     } else {
         shared.config.prefetch_tasks()
@@ -109,6 +134,18 @@ pub(super) async fn claim_into(
     loop {
         if shared.stop_claiming.is_cancelled() {
             return;
+        }
+        // Buffered tasks past their hold go back unstarted (the store
+        // logged their starts at the hold's end; they may not start later).
+        if held {
+            let late = overdue(shared, buffer, Instant::now());
+            if !late.is_empty() {
+                tracing::debug!(queue = %queue, tasks = late.len(), "buffered tasks not started within their hold; handing them back");
+                hand_back_buffered(shared, &late).await;
+                // With every slot busy, claim again when one frees (not
+                // at once, to buffer tasks that would go back again).
+                more = slots.available_permits() > 0;
+            }
         }
         // Buffered tasks take the free slots first, without a round trip.
         while !buffer.is_empty() {
@@ -197,6 +234,7 @@ pub(super) async fn claim_into(
                         more = true;
                         continue;
                     }
+                    let start_by = held.then(|| sent + crate::store::BUFFER_HOLD);
                     for task in batch {
                         let ctx = register(shared, task, sent);
                         match slots.clone().try_acquire_owned() {
@@ -207,8 +245,15 @@ pub(super) async fn claim_into(
                                 }
                             }
                             // Beyond the free slots: into the buffer (heartbeated
-                            // from now on, like the running ones).
-                            Err(_) => buffer.push_back(ctx),
+                            // from now on, like the running ones), held to
+                            // start by `start_by` when the queue is limited
+                            // per key (the store logged its start then).
+                            Err(_) => {
+                                if let Some(r) = lock(&shared.running).get_mut(&ctx.claim()) {
+                                    r.start_by = start_by;
+                                }
+                                buffer.push_back(ctx);
+                            }
                         }
                     }
                     if full {
@@ -243,6 +288,9 @@ pub(super) async fn claim_into(
                 key_until = None;
                 more = true;
             }
+            // The front buffered task's hold ends: hand it back (above).
+            _ = sleep_until_opt(buffer.front().and_then(|c| shared.start_by(c.claim()))),
+                if held && !buffer.is_empty() => {}
             _ = tokio::time::sleep(RECOVERY_POLL), if recovering.is_some() => more = true,
             _ = freed.notified(), if more || capped || !buffer.is_empty() => {
                 more = more || capped;
@@ -445,6 +493,7 @@ pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContex
             ctx: ctx.clone(),
             deadline: sent + shared.config.lease,
             started: false,
+            start_by: None,
         },
     );
     ctx

@@ -261,8 +261,23 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
         });
     };
     // The handler runs in its own task so a panic is caught as a failure,
-    // inside the attempt's `task` span.
-    let mut join = AbortOnDrop(tokio::spawn(handler(ctx.clone()).in_current_span()));
+    // inside the attempt's `task` span. A task that waited in the buffer
+    // under a hold (`Running::start_by`) runs only if its handler is
+    // called before the hold ends (checked there, as it is called: the
+    // store logged its start at the hold's end); else it goes back.
+    let start_by = shared.start_by(claim);
+    let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attempt = {
+        let (ctx, late) = (ctx.clone(), late.clone());
+        async move {
+            if start_by.is_some_and(|by| Instant::now() >= by) {
+                late.store(true, std::sync::atomic::Ordering::SeqCst);
+                return Ok(());
+            }
+            handler(ctx).await
+        }
+    };
+    let mut join = AbortOnDrop(tokio::spawn(attempt.in_current_span()));
     let timeout = async {
         match task.timeout {
             Some(t) => tokio::time::sleep(t).await,
@@ -279,6 +294,14 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             None
         }
     };
+    if late.load(std::sync::atomic::Ordering::SeqCst) {
+        tracing::debug!(
+            task = task.id,
+            attempt = task.attempt,
+            "buffered past its hold before its handler started; handing the task back"
+        );
+        return Some(Finish::HandBack);
+    }
     let mut expired = false;
     let result = match result {
         Some(r) => r,

@@ -19,6 +19,10 @@ pub(super) struct Running {
     pub(super) deadline: Instant,
     /// False while the task waits in its queue's prefetch buffer.
     pub(super) started: bool,
+    /// For a task buffered under a rate or cap per key: the instant its
+    /// handler must have started by (the claim's send plus
+    /// `store::BUFFER_HOLD`), else it is handed back unstarted.
+    pub(super) start_by: Option<Instant>,
 }
 
 /// A finished attempt waiting to be written, with where to send the answer.
@@ -80,6 +84,12 @@ impl Shared {
     /// The local bound on a running attempt's lease, if it still runs.
     pub(super) fn deadline(&self, claim: Claim) -> Option<Instant> {
         lock(&self.running).get(&claim).map(|r| r.deadline)
+    }
+
+    /// The instant a buffered attempt's handler must start by, if held
+    /// to one ([`Running::start_by`]).
+    pub(super) fn start_by(&self, claim: Claim) -> Option<Instant> {
+        lock(&self.running).get(&claim).and_then(|r| r.start_by)
     }
 
     /// How long before its lease's end an unconfirmed attempt is stopped.

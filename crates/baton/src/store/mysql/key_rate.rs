@@ -14,6 +14,10 @@ use crate::store::key_rate::{self, Candidate, Running};
 use crate::store::rate::StartLog;
 use crate::store::{KeyRate, Task, TaskClaim};
 
+/// Key logs written per `INSERT` (5 parameters each, well under the
+/// server's 65,535).
+const LOG_ROWS: usize = 1000;
+
 /// A key read as bytes (the column is binary), as text.
 fn text(b: Vec<u8>) -> Result<String, StoreError> {
     String::from_utf8(b)
@@ -117,6 +121,7 @@ pub(super) async fn claim_in(
             }
         }
         let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
+        let hold = key_rate::logged_starts(req, &ids, 0);
         tasks = claim_ids(b, tx, req, &ids).await?;
         if !tasks.is_empty() {
             let keys = key_rate::key_by_id(&cands);
@@ -130,23 +135,29 @@ pub(super) async fn claim_in(
                 s = s.bind(task.id);
             }
             let started: Vec<(i64, i64)> = s.fetch_all(&mut **tx).await?;
-            let started = started
-                .into_iter()
-                .filter_map(|(id, at)| keys.get(&id).map(|k| (k.clone(), at)));
-            for w in key_rate::logs_after(rate, logs, started) {
-                sqlx::query(&format!(
-                    "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
-                     VALUES (?, ?, ?, ?, ?) \
+            let started = started.into_iter().filter_map(|(id, at)| {
+                // A buffered task's start is logged at its hold's end.
+                let held = hold.get(&id).copied().unwrap_or(0);
+                keys.get(&id).map(|k| (k.clone(), at.saturating_add(held)))
+            });
+            // Every key's log in one statement (was one per key).
+            for chunk in key_rate::logs_after(rate, logs, started).chunks(LOG_ROWS) {
+                let rows = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+                let sql = format!(
+                    "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) VALUES {rows} \
                      ON DUPLICATE KEY UPDATE starts = VALUES(starts), \
                          free_at = VALUES(free_at), idle_at = VALUES(idle_at)"
-                ))
-                .bind(req.queue.as_bytes())
-                .bind(w.key.as_bytes())
-                .bind(&w.starts)
-                .bind(w.free_at)
-                .bind(w.idle_at)
-                .execute(&mut **tx)
-                .await?;
+                );
+                let mut q = sqlx::query(&sql);
+                for w in chunk {
+                    q = q
+                        .bind(req.queue.as_bytes())
+                        .bind(w.key.as_bytes())
+                        .bind(&w.starts)
+                        .bind(w.free_at)
+                        .bind(w.idle_at);
+                }
+                q.execute(&mut **tx).await?;
             }
         }
     }

@@ -117,16 +117,19 @@ impl PgBackend {
                     .fetch_all(&mut *tx)
                     .await?;
                 let keys = key_rate::key_by_id(&cands);
+                let logged = key_rate::logged_starts(req, &ids, now_us);
                 tasks = rows
                     .iter()
                     .map(claimed_task)
                     .collect::<Result<Vec<_>, _>>()?;
                 tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
                 // Every task of the claim started at `now()`: the
-                // transaction's start, the instant `now_us` was read at.
-                let started = tasks
-                    .iter()
-                    .filter_map(|t| keys.get(&t.id).map(|k| (k.clone(), now_us)));
+                // transaction's start, the instant `now_us` was read at; a
+                // buffered one is logged at its hold's end.
+                let started = tasks.iter().filter_map(|t| {
+                    let at = logged.get(&t.id).copied().unwrap_or(now_us);
+                    keys.get(&t.id).map(|k| (k.clone(), at))
+                });
                 let writes = key_rate::logs_after(rate, logs, started);
                 let cols = |f: fn(&key_rate::LogWrite) -> String| -> Vec<String> {
                     writes.iter().map(f).collect()

@@ -17,6 +17,8 @@ impl RedisBackend {
     /// with a rate limit `(key, max, per ms)` or a rate per key `(max, per
     /// ms)` its answer starts with `{now, next, knext}` (ms; `next` 0 when
     /// a start is allowed now, `knext` 0 when no key waits for its rate).
+    /// A task claimed into the worker's buffer under a rate per key is
+    /// logged at the claim's now plus `store::BUFFER_HOLD`.
     pub(super) async fn claim_script(
         &self,
         req: &TaskClaim<'_>,
@@ -55,7 +57,8 @@ impl RedisBackend {
                 rper,
                 if req.fair { "1" } else { "" },
                 kmax,
-                kper
+                kper,
+                ms(crate::store::BUFFER_HOLD)
             ],
         )
         .await

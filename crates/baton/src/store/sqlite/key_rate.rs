@@ -91,6 +91,7 @@ impl SqliteBackend {
             .collect::<Result<HashMap<_, _>, StoreError>>()?;
             let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
             if !ids.is_empty() {
+                let hold = key_rate::logged_starts(req, &ids, 0);
                 let ids = json_text(&serde_json::Value::from(ids))?;
                 let rows =
                     super::fair::claim_ids(tx, t, req, ids, ", started_at * 1000 AS started_us")
@@ -100,7 +101,10 @@ impl SqliteBackend {
                 for r in &rows {
                     let task = claimed_task(r)?;
                     if let Some(k) = keys.get(&task.id) {
-                        started.push((k.clone(), r.try_get::<i64, _>("started_us")?));
+                        // A buffered task's start is logged at its hold's end.
+                        let at = r.try_get::<i64, _>("started_us")?;
+                        let held = hold.get(&task.id).copied().unwrap_or(0);
+                        started.push((k.clone(), at.saturating_add(held)));
                     }
                     tasks.push(task);
                 }

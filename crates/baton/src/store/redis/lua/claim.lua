@@ -43,12 +43,16 @@ end
 -- A rate per concurrency key (ARGV[14], '' for none): `B krate:<key>` is
 -- the key's log, a sorted set of its latest ARGV[14] starts (score:
 -- started_at in ms, member ms:id), expiring ARGV[15] ms after its latest
--- start (then it holds no start in any window to come). A due task whose
+-- start (then it holds no start in any window to come). A task claimed
+-- beyond the first `now_share` waits in the worker's prefetch buffer: its
+-- start is logged at now + ARGV[16] ms (`store::BUFFER_HOLD`), the
+-- latest it may start (the worker hands it back unstarted after that). A due task whose
 -- key has ARGV[14] starts after now - ARGV[15] is parked in `kpark:<key>`
 -- (the per-key cap's set) and the key entered in `B krwait`, scored by
 -- when it may start again; a claim from then on moves up to ARGV[14] of
 -- its parked tasks back to `ready`.
 local krmax, krper = tonumber(ARGV[14]), tonumber(ARGV[15])
+local krhold = tonumber(ARGV[16]) or 0
 local krwait = B .. 'krwait'
 -- Each key's log as this claim sees it, read once per key (`now` is the
 -- claim's one instant): `used` its starts after now - krper, this
@@ -82,24 +86,32 @@ end
 -- The keys this claim started tasks of, or parked tasks of, under a rate
 -- per key.
 local claimed_keys, parked_keys = {}, {}
--- Log a start of key `ck` (task `sid`) under the rate per key.
-local function key_started(sid, ck)
+-- Log a start of key `ck` (task `sid`) under the rate per key: at now,
+-- or at now + krhold when `buffered`.
+local function key_started(sid, ck, buffered)
   if not (krmax and ck) then return end
   local l = key_log(ck)
+  local at = now
+  if buffered then at = now + krhold end
   l.used = l.used + 1
-  l.new[#l.new + 1] = now
-  l.new[#l.new + 1] = fmt(now) .. ':' .. sid
+  l.new[#l.new + 1] = at
+  l.new[#l.new + 1] = fmt(at) .. ':' .. sid
   claimed_keys[ck] = true
 end
 -- Write each started key's log: its new starts, trimmed to the latest
--- krmax, expiring krper after its latest start.
+-- krmax, expiring krper after its latest start (now, or later for a
+-- buffered start).
 local function keys_logged()
   for ck in pairs(claimed_keys) do
     local lk = B .. 'krate:' .. ck
     local t = klogs[ck].new
     for j = 1, #t, 1000 do redis.call('ZADD', lk, unpack(t, j, math.min(j + 999, #t))) end
     redis.call('ZREMRANGEBYRANK', lk, 0, -(krmax + 1))
-    redis.call('PEXPIRE', lk, krper)
+    -- Until a window past its latest start (a buffered one's lies ahead).
+    local top = redis.call('ZRANGE', lk, -1, -1, 'WITHSCORES')
+    local latest = now
+    if #top == 2 and tonumber(top[2]) > now then latest = tonumber(top[2]) end
+    redis.call('PEXPIRE', lk, latest - now + krper)
   end
 end
 -- A cap per concurrency key: each key's running count, read once per key
@@ -223,7 +235,7 @@ while #out < limit and #skipped < 2 * limit and parked < PARK_MAX do
       pos = pos + 1
       group_del(p, f.concurrency_key)
       start(p, k, h, f)
-      key_started(sid, f.concurrency_key)
+      key_started(sid, f.concurrency_key, pos > now_share)
     else
       group_del(p, f.concurrency_key)
     end
