@@ -95,6 +95,7 @@ baton_testkit::per_backend! {
     queue::shutdown_lets_short_handlers_finish,
     queue::heartbeats_keep_a_long_task_alive,
     queue::timeout_fails_the_attempt,
+    queue::panicking_and_stuck_handlers_fail_and_are_dropped,
     queue::wake_up_without_waiting_for_a_poll,
     queue::many_tasks_four_workers_all_succeed,
     queue::pipelined_workers_run_each_task_once,

@@ -631,6 +631,68 @@ pub async fn timeout_fails_the_attempt(ts: TestStore) {
     run.await.unwrap().unwrap();
 }
 
+/// A handler runs inside its attempt (no task of its own): a panic is
+/// caught as a failed attempt (the worker goes on), and a handler that
+/// ignores its stop is dropped after the grace (its future, and whatever
+/// it owns, with it).
+pub async fn panicking_and_stuck_handlers_fail_and_are_dropped(ts: TestStore) {
+    struct OnDrop(Arc<AtomicUsize>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let q = Queue::new(ts.store.clone());
+    let boom = q.enqueue(task("boom").max_attempts(1)).await.unwrap().id;
+    let stuck = q
+        .enqueue(
+            task("stuck")
+                .timeout(Duration::from_millis(100))
+                .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .id;
+    let after = q.enqueue(task("ok")).await.unwrap().id;
+    let cfg = fast_config("default", 1).lease(Duration::from_secs(5));
+    let mut w = Worker::new(ts.store.clone(), cfg).unwrap();
+    w.handle("boom", |ctx| async move {
+        assert!(ctx.task().id < 0, "boom");
+        Ok(())
+    });
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    w.handle("stuck", move |_| {
+        let guard = OnDrop(d.clone());
+        async move {
+            let _guard = guard;
+            // Ignores its stop: only dropping it ends it.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(())
+        }
+    });
+    w.handle("ok", |_| async move { Ok(()) });
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let info = wait_state(&q, boom, TaskState::Failed, 5).await;
+    let error = info.last_error.unwrap_or_default();
+    assert!(
+        error.contains("handler panicked: boom"),
+        "last_error: {error:?}"
+    );
+    let info = wait_state(&q, stuck, TaskState::Failed, 5).await;
+    let error = info.last_error.unwrap_or_default();
+    assert!(error.contains("timed out"), "last_error: {error:?}");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the stuck handler was dropped when its grace ran out"
+    );
+    wait_state(&q, after, TaskState::Succeeded, 5).await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
 pub async fn wake_up_without_waiting_for_a_poll(ts: TestStore) {
     let q = Queue::new(ts.store.clone());
     let cfg = fast_config("default", 1).poll_interval(Duration::from_secs(30));

@@ -8,6 +8,7 @@ use baton::store::{StatsCounts, StatsQuery, StatsRow};
 use chrono::{DateTime, Utc};
 
 use crate::TestStore;
+use baton_testkit::clock;
 
 fn row(res: u32, at_ms: i64, queue: &str, kind: &str, counts: StatsCounts) -> StatsRow {
     StatsRow {
@@ -47,6 +48,15 @@ fn counts(f: i64, i: i64) -> StatsCounts {
 
 pub async fn rollup_flushes_add_up_read_by_range_and_prune(ts: TestStore) {
     let b = ts.store.backend();
+    // The store's clock moved to 1 s into a minute: the test's minute
+    // buckets (the 2 h edge below) stay the current ones until its end
+    // (a minute turning between `now` and the prune moved the edge out).
+    let next_minute = (b.now().await.unwrap().timestamp_millis() / 60_000 + 1) * 60_000;
+    clock::advance_to(
+        &ts,
+        DateTime::from_timestamp_millis(next_minute + 1_000).unwrap(),
+    )
+    .await;
     let now = b.now().await.unwrap().timestamp_millis();
     // 8 flushers at once, 12 calls each, every call one row of each of
     // two series in the same bucket at every resolution, plus a row twice

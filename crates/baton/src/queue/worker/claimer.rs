@@ -481,10 +481,8 @@ pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContex
     let ctx = TaskContext {
         task: Arc::new(task),
         stop: CancellationToken::new(),
-        reason: Arc::default(),
-        exit_code: Arc::default(),
+        state: AttemptState::new(sent + shared.config.lease),
         progress: ProgressSink::Store(shared.store.clone()),
-        lease_bound: Arc::new(tokio::sync::watch::Sender::new(sent + shared.config.lease)),
         margin: crate::lease::stop_margin(shared.config.lease),
     };
     lock(&shared.running).insert(

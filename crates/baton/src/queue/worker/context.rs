@@ -57,18 +57,38 @@ pub(super) enum ProgressSink {
     Recorded(Arc<Mutex<Vec<serde_json::Value>>>),
 }
 
+/// An attempt's mutable state, shared by its [`TaskContext`]'s clones.
+pub(super) struct AttemptState {
+    /// Why the attempt was asked to stop (the first reason wins).
+    pub(super) reason: Mutex<Option<StopReason>>,
+    /// A command handler's exit code, for the attempt's span and log line.
+    pub(super) exit_code: Mutex<Option<i32>>,
+    /// The attempt's local lease bound (last confirmed heartbeat's send
+    /// time + lease), as the heartbeat loop moves it.
+    pub(super) lease_bound: tokio::sync::watch::Sender<Instant>,
+}
+
+impl AttemptState {
+    /// A fresh attempt's state, its lease bound `bound`.
+    pub(super) fn new(bound: Instant) -> Arc<AttemptState> {
+        Arc::new(AttemptState {
+            reason: Mutex::new(None),
+            exit_code: Mutex::new(None),
+            lease_bound: tokio::sync::watch::Sender::new(bound),
+        })
+    }
+}
+
 /// What a handler gets: the task, a stop signal, progress reporting.
 #[derive(Clone)]
 pub struct TaskContext {
     pub(super) task: Arc<Task>,
     pub(super) stop: CancellationToken,
-    pub(super) reason: Arc<Mutex<Option<StopReason>>>,
-    pub(super) exit_code: Arc<Mutex<Option<i32>>>,
+    /// Why it was stopped, its exit code and its lease bound: one
+    /// allocation per attempt, shared by the context's clones.
+    pub(super) state: Arc<AttemptState>,
     /// Where progress goes: the store, or a test context's list.
     pub(super) progress: ProgressSink,
-    /// The attempt's local lease bound (last confirmed heartbeat's send
-    /// time + lease), as the heartbeat loop moves it.
-    pub(super) lease_bound: Arc<tokio::sync::watch::Sender<Instant>>,
     /// [`crate::lease::stop_margin`] of the queue's lease.
     pub(super) margin: Duration,
 }
@@ -104,23 +124,23 @@ impl TaskContext {
     /// killed by then too, even if this process is frozen (see
     /// [`TaskContext::watch_stop_by`]).
     pub fn stop_by(&self) -> Instant {
-        let bound = *self.lease_bound.borrow();
+        let bound = *self.state.lease_bound.borrow();
         bound.checked_sub(self.margin).unwrap_or(bound)
     }
     /// Follow [`TaskContext::stop_by`] as heartbeats move it: for a
     /// watchdog outside this process (`baton work` sends each new value to
     /// its command's supervisor, which kills the command there by itself).
     pub fn watch_stop_by(&self) -> crate::lock::StopBy {
-        crate::lock::StopBy::new(self.lease_bound.subscribe(), self.margin)
+        crate::lock::StopBy::new(self.state.lease_bound.subscribe(), self.margin)
     }
     /// Why the handler was asked to stop, if it was.
     pub fn stop_reason(&self) -> Option<StopReason> {
-        lock(&self.reason).as_ref().copied()
+        lock(&self.state.reason).as_ref().copied()
     }
     /// For handlers that run a process: its exit code, shown on the
     /// attempt's `task ended` line and recorded on its `task` span.
     pub fn set_exit_code(&self, code: i32) {
-        *lock(&self.exit_code) = Some(code);
+        *lock(&self.state.exit_code) = Some(code);
     }
     /// A context for running a handler in a test, without a worker or a
     /// store: the task as given (see [`crate::testing::task`]), never
@@ -143,10 +163,8 @@ impl TaskContext {
         TaskContext {
             task: Arc::new(task),
             stop: CancellationToken::new(),
-            reason: Arc::default(),
-            exit_code: Arc::default(),
+            state: AttemptState::new(Instant::now() + lease),
             progress: ProgressSink::Recorded(Arc::default()),
-            lease_bound: Arc::new(tokio::sync::watch::Sender::new(Instant::now() + lease)),
             margin: crate::lease::stop_margin(lease),
         }
     }
@@ -163,7 +181,7 @@ impl TaskContext {
 
     /// The exit code a handler set ([`TaskContext::set_exit_code`]).
     pub fn exit_code(&self) -> Option<i32> {
-        *lock(&self.exit_code)
+        *lock(&self.state.exit_code)
     }
 
     /// Record progress on the task (any JSON). Fails with
@@ -190,7 +208,7 @@ impl TaskContext {
         }
     }
     pub(crate) fn stop_with(&self, why: StopReason) {
-        let mut r = lock(&self.reason);
+        let mut r = lock(&self.state.reason);
         if r.is_none() {
             *r = Some(why);
         }

@@ -1,6 +1,8 @@
 //! Running an attempt: the handler in its span, stopped before its lease
 //! could lapse, and its outcome turned into a [`Finish`].
 
+use futures_util::FutureExt as _;
+
 use super::rollup::millis;
 use super::*;
 
@@ -11,8 +13,8 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         r.started = true;
     }
     let task = ctx.task();
-    let queue = task.queue.clone();
-    shared.counters.started(&queue);
+    let queue = task.queue.as_str();
+    shared.counters.started(queue);
     // The slot's lag: from the slot task's due time (the slot plus its
     // jitter; a trigger's or a retry's own time) to this claim, by the
     // store's clock (the claim set the lease to end `lease` after its own
@@ -22,14 +24,14 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     let wait = (claimed_at - task.run_at).to_std().unwrap_or_default();
     let claimed_ms = claimed_at.timestamp_millis();
     shared.rollup.started(
-        super::rollup::Series::of(&queue, task),
+        super::rollup::Series::of(queue, task),
         claimed_ms,
         millis(wait),
     );
     let lag = task.slot.map(|_| wait);
     if let (Some(lag), Some(slot)) = (lag, task.slot) {
         let on_time = crate::queue::counters::on_time(slot, task.run_at);
-        shared.counters.slot_lag(&queue, lag, on_time);
+        shared.counters.slot_lag(queue, lag, on_time);
     }
     let slot_at = task.slot.map(crate::format_time);
     let span = tracing::info_span!(
@@ -65,6 +67,8 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         task: ctx.task_shared(),
     });
     tokio::spawn(async move {
+        let task = ctx.task_shared();
+        let queue = task.queue.as_str();
         let attempt = async {
             let result = execute(&shared, ctx.clone()).await;
             let error = match &result {
@@ -104,7 +108,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             _ = shared.abandon.cancelled() => (Outcome::Lost, None, None),
         };
         if let (Some(d), Outcome::Failed | Outcome::Snoozed) = (retry_in, &outcome) {
-            let _ = shared.due.send((queue.clone(), Instant::now() + d));
+            let _ = shared.due.send((queue.to_string(), Instant::now() + d));
         }
         if let (Some(job), true) = (&ctx.task().job, outcome != Outcome::Lost) {
             // A slot's run ended: a later slot of its job may be waiting for
@@ -120,17 +124,17 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             let release = shared.waiting_jobs.release(&shared.store, job);
             let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
         }
-        if outcome != Outcome::Lost && shared.config.capped(&queue) {
+        if outcome != Outcome::Lost && shared.config.capped(queue) {
             // Under a cap (whole queue or per key) the store now counts one
             // running task less (a retry or a snooze too: it is pending
             // again): a task waiting on this one's place can start, so
             // claim now rather than at the next poll (a slot freed when
             // the handler returned was claimed for before the store had
             // the result).
-            let _ = shared.due.send((queue.clone(), Instant::now()));
+            let _ = shared.due.send((queue.to_string(), Instant::now()));
         }
         let took = sent.elapsed();
-        let exit_code = *lock(&ctx.exit_code);
+        let exit_code = *lock(&ctx.state.exit_code);
         span.record("outcome", outcome.as_str());
         span.record("duration_ms", ms(took));
         if let Some(code) = exit_code {
@@ -162,11 +166,11 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             Outcome::Failed | Outcome::Lost => ended!(warn),
         }
         if outcome == Outcome::Lost {
-            shared.counters.lease_lost(&queue);
+            shared.counters.lease_lost(queue);
         }
-        shared.counters.ended(&queue, outcome, took);
+        shared.counters.ended(queue, outcome, took);
         shared.rollup.ended(&super::rollup::Ended {
-            series: super::rollup::Series::of(&queue, t),
+            series: super::rollup::Series::of(queue, t),
             outcome,
             dead: outcome == Outcome::Failed && retry_in.is_none(),
             at_ms: claimed_ms.saturating_add(millis(took)),
@@ -223,7 +227,7 @@ pub(super) fn ms(d: Duration) -> u64 {
 /// Run the handler to an outcome; `None` when the lease was lost (nothing
 /// may be written for this attempt any more).
 pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish> {
-    let task = ctx.task().clone();
+    let task = ctx.task_shared();
     let handler = shared
         .handlers
         .get(&task.kind)
@@ -260,32 +264,38 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             retry_in: Some(shared.retry_delay(&task)),
         });
     };
-    // The handler runs in its own task so a panic is caught as a failure,
-    // inside the attempt's `task` span. A task that waited in the buffer
-    // under a hold (`Running::start_by`) runs only if its handler is
-    // called before the hold ends (checked there, as it is called: the
-    // store logged its start at the hold's end); else it goes back.
-    let start_by = shared.start_by(claim);
-    let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let attempt = {
-        let (ctx, late) = (ctx.clone(), late.clone());
-        async move {
-            if start_by.is_some_and(|by| Instant::now() >= by) {
-                late.store(true, std::sync::atomic::Ordering::SeqCst);
-                return Ok(());
-            }
-            handler(ctx).await
-        }
-    };
-    let mut join = AbortOnDrop(tokio::spawn(attempt.in_current_span()));
+    // A task that waited in the buffer under a hold (`Running::start_by`)
+    // runs only if its handler is called before the hold ends (checked
+    // here, with no await before the handler's first poll below: the store
+    // logged its start at the hold's end); else it goes back.
+    if shared
+        .start_by(claim)
+        .is_some_and(|by| Instant::now() >= by)
+    {
+        tracing::debug!(
+            task = task.id,
+            attempt = task.attempt,
+            "buffered past its hold before its handler started; handing the task back"
+        );
+        return Some(Finish::HandBack);
+    }
+    // The handler runs inside the attempt's own task (and so inside its
+    // `task` span), a panic caught as a failure; dropping the attempt drops
+    // (stops) the handler. No second spawned task per attempt.
+    let mut run = std::panic::AssertUnwindSafe(handler(ctx.clone())).catch_unwind();
     let timeout = async {
         match task.timeout {
             Some(t) => tokio::time::sleep(t).await,
             None => std::future::pending().await,
         }
     };
+    // The handler first: one that is done at its first poll (a short task)
+    // never arms the lease and timeout timers. Work that completed is
+    // recorded as done whatever stop came with it (below), so a finished
+    // handler may win a tie.
     let result = tokio::select! {
-        r = &mut join.0 => Some(r),
+        biased;
+        r = &mut run => Some(r),
         _ = ctx.stopped() => None,
         _ = timeout => { ctx.stop_with(StopReason::TimedOut); None }
         _ = shared.lease_end(claim, shared.guard()) => {
@@ -294,14 +304,6 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             None
         }
     };
-    if late.load(std::sync::atomic::Ordering::SeqCst) {
-        tracing::debug!(
-            task = task.id,
-            attempt = task.attempt,
-            "buffered past its hold before its handler started; handing the task back"
-        );
-        return Some(Finish::HandBack);
-    }
     let mut expired = false;
     let result = match result {
         Some(r) => r,
@@ -309,7 +311,7 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             // Asked to stop: give the handler its grace to return, but never
             // past its lease's end (nor long after an urgent shutdown).
             let why = tokio::select! {
-                r = &mut join.0 => Ok(r),
+                r = &mut run => Ok(r),
                 _ = tokio::time::sleep(shared.config.stop_grace) => Err("the grace period"),
                 _ = shared.lease_end(claim, crate::lease::stop_margin(shared.config.lease)) => {
                     expired = true;
@@ -320,11 +322,8 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             match why {
                 Ok(r) => r,
                 Err(when) => {
-                    join.0.abort();
-                    // Wait until it is really dropped (a command's child is
-                    // killed on drop), briefly: a handler that blocks its
-                    // thread cannot be stopped anyway.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), &mut join.0).await;
+                    // Dropped here (a command's child is killed on drop).
+                    drop(run);
                     tracing::warn!(
                         task = task.id,
                         attempt = task.attempt,
@@ -388,15 +387,13 @@ pub(super) async fn execute(shared: &Shared, ctx: TaskContext) -> Option<Finish>
             },
             TaskAction::Snooze { after } => Finish::Snoozed { run_in: after },
         }),
-        (None, Err(join_err)) if join_err.is_panic() => {
-            let msg = join_err
-                .into_panic()
+        (None, Err(panic)) => {
+            let msg = panic
                 .downcast::<String>()
                 .map(|s| *s)
                 .or_else(|p| p.downcast::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|_| "panic".into());
             Some(attempt_error(format!("handler panicked: {msg}"), true))
         }
-        (None, Err(_)) => Some(attempt_error("handler was aborted".into(), true)),
     }
 }

@@ -92,7 +92,7 @@ mod upkeep;
 pub use super::task_error::TaskError;
 use claimer::*;
 use completer::*;
-use context::ProgressSink;
+use context::{AttemptState, ProgressSink};
 pub use context::{StopReason, TaskContext};
 use executor::*;
 use heartbeat::*;

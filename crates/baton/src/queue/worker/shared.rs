@@ -112,12 +112,3 @@ impl Shared {
         }
     }
 }
-
-/// Aborts the handler's task when the attempt is dropped (e.g. abandoned).
-pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<Result<(), TaskError>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
