@@ -12,7 +12,8 @@
 #
 # Worker instances are `queue-throughput --workers N` (each its own store
 # handle and pool, all in the bench's one process); the ceiling's
-# `--clients` follows N on the workers curve. Keep runs short on a shared
+# `--clients` follows N on the workers curve; an empty WORKERS, CONC or
+# BACKLOGS skips that curve. Keep runs short on a shared
 # machine: every point is a full insert and drain.
 set -euo pipefail
 BIN=${BIN:-target/release/baton-bench}
@@ -20,9 +21,9 @@ OUT=${OUT:-target/bench/scaling-$(date +%Y%m%d-%H%M%S)}
 STORES=${STORES:-postgres://postgres@127.0.0.1:5432/test}
 REPS=${REPS:-3}
 JOBS=${JOBS:-50000}
-WORKERS=${WORKERS:-"1 2 4 8"}
-CONC=${CONC:-"6 12 24 48"}
-BACKLOGS=${BACKLOGS:-"10000 1000000"}
+WORKERS=${WORKERS-"1 2 4 8"}
+CONC=${CONC-"6 12 24 48"}
+BACKLOGS=${BACKLOGS-"10000 1000000"}
 mkdir -p "$OUT"
 RES="$OUT/results.jsonl"
 
