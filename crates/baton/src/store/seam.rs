@@ -349,9 +349,10 @@ macro_rules! backend_trait {
             }
 
             /// Whether [`task_finish_and_claim`](Backend::task_finish_and_claim)
-            /// takes one round trip for an uncapped claim, so a busy worker
-            /// gains by holding its results for its next claim. The default:
-            /// no (it is [`finish_then_claim`], two calls).
+            /// writes the finishes within an uncapped claim's own round trips
+            /// (PostgreSQL: one statement; MySQL: the claim's two batches), so
+            /// a busy worker gains by holding its results for its next claim.
+            /// The default: no (it is [`finish_then_claim`], two calls).
             fn claims_carry_finishes(&self) -> bool {
                 false
             }

@@ -239,7 +239,11 @@ impl Backend for MyBackend {
         &self,
         req: &crate::store::TaskFinishAndClaim<'_>,
     ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
-        crate::store::finish_then_claim(self, req).await
+        self.finish_and_claim(req).await
+    }
+
+    fn claims_carry_finishes(&self) -> bool {
+        true
     }
 
     async fn task_set_progress(

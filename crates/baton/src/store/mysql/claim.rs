@@ -2,25 +2,31 @@
 //! running tasks counted) and under a rate limit (the limit's row locked
 //! first), each one transaction.
 
-use sqlx::{Executor, Row};
+use sqlx::{Column, Executor, Row};
 
 use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN};
 use crate::error::StoreError;
 use crate::store::key_rate;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
-use crate::store::{KeyRate, RatedClaim, Task, TaskClaim, TaskClaimKeyRated, TaskClaimRated};
+use crate::store::{
+    Claim, KeyRate, RatedClaim, Task, TaskClaim, TaskClaimKeyRated, TaskClaimRated,
+};
 
 impl MyBackend {
     /// An uncapped claim in two round trips: `BEGIN` with the locking
     /// select, then the update, the read-back and `COMMIT` (was five:
     /// `BEGIN`, select, update, read, `COMMIT`). Nothing due: the select's
-    /// batch and a `ROLLBACK`.
-    async fn claim_in_two_batches(
+    /// batch and a `ROLLBACK`. With `finish` (successes a worker carries,
+    /// see `finish_ok.rs`), their compare-and-set goes first in the same
+    /// transaction (and then nothing due ends in `COMMIT`); the answer
+    /// per finish item comes first.
+    pub(super) async fn claim_in_two_batches(
         &self,
         req: &TaskClaim<'_>,
         walk: i64,
-    ) -> Result<Vec<Task>, StoreError> {
+        finish: &[Claim],
+    ) -> Result<(Vec<bool>, Vec<Task>), StoreError> {
         let queue = hex_lit(req.queue.as_bytes());
         let mut open = OpenTx {
             conn: self.pool.acquire().await?,
@@ -29,24 +35,50 @@ impl MyBackend {
         let conn = &mut open.conn;
         let rows = batch_on(
             conn,
-            &format!("{BEGIN}; {}", self.claim_select(walk, &queue, &queue)),
+            &format!(
+                "{BEGIN}; {}{}",
+                self.successes_sql(finish),
+                self.claim_select(walk, &queue, &queue)
+            ),
         )
         .await?;
-        let ids = rows
+        // The finish's locking read names its second column `claim_token`;
+        // the claim's select does not.
+        let (done, cands): (Vec<_>, Vec<_>) = rows.iter().partition(|r| {
+            r.columns()
+                .get(1)
+                .is_some_and(|c| c.name() == "claim_token")
+        });
+        let finished = super::finish_ok::answer_rows(finish, &done)?;
+        let ids = cands
             .iter()
             .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map(|rows| claim_pick(rows, req, req.limit));
         let ids = match ids {
-            Ok(ids) if !ids.is_empty() => ids,
-            other => {
+            Ok(ids) => ids,
+            Err(e) => {
                 if (&mut **conn).execute("ROLLBACK").await.is_ok() {
                     open.open = false;
                 }
-                other?;
-                return Ok(Vec::new());
+                return Err(e.into());
             }
         };
+        if ids.is_empty() {
+            // Nothing to claim: the carried finishes are written alone.
+            let end = if finish.is_empty() {
+                "ROLLBACK"
+            } else {
+                "COMMIT"
+            };
+            match (&mut **conn).execute(end).await {
+                Ok(_) => open.open = false,
+                // Their commit is not known to have happened.
+                Err(e) if !finish.is_empty() => return Err(e.into()),
+                Err(_) => {}
+            }
+            return Ok((finished, Vec::new()));
+        }
         let list = ids
             .iter()
             .map(i64::to_string)
@@ -62,7 +94,8 @@ impl MyBackend {
         )
         .await?;
         open.open = false;
-        rows.iter().map(claimed_task).collect()
+        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
+        Ok((finished, tasks))
     }
 
     /// The locking select of a claim: the queue's due tasks in claim order,
@@ -106,6 +139,13 @@ impl MyBackend {
     }
 }
 
+/// How many candidates an uncapped claim's locking select walks: its
+/// size, and as many again as its buffer share (that share may step over
+/// tasks on their last attempt, see [`claim_pick`]).
+pub(super) fn plain_walk(req: &TaskClaim<'_>) -> i64 {
+    i64::from(req.limit) + i64::from(req.buffered.min(req.limit))
+}
+
 /// The claimed ids among the locked candidates `(id, spare)` (in claim
 /// order), at most `limit`: the first `req.limit - req.buffered` start at
 /// once, the later ones only with an attempt to spare
@@ -131,20 +171,17 @@ pub(super) async fn task_claim(
     if req.limit == 0 {
         return Ok(Vec::new());
     }
-    let limit = i64::from(req.limit);
-    // With a buffer share the walk may step over as many tasks on their
-    // last attempt (see `claim_pick`).
-    let walk_extra = i64::from(req.buffered.min(req.limit));
     if req.fair {
         return super::fair::task_claim(b, req).await;
     }
     // Uncapped (the common case): two round trips in all, each a batch
     // of statements sent as text (see `MyBackend::batch`).
     if let Some(per_key) = req.per_key_max_running {
-        return super::keyed::task_claim(b, req, per_key, limit + walk_extra).await;
+        return super::keyed::task_claim(b, req, per_key, plain_walk(req)).await;
     }
     let Some(max) = req.max_running else {
-        return b.claim_in_two_batches(req, limit + walk_extra).await;
+        let (_, tasks) = b.claim_in_two_batches(req, plain_walk(req), &[]).await?;
+        return Ok(tasks);
     };
     let mut tx = b.begin().await?;
     let tasks = capped_in(b, &mut tx, req, Some(max)).await?;

@@ -61,6 +61,7 @@ mod audit;
 mod backend;
 mod claim;
 mod fair;
+mod finish_ok;
 mod jobdefs;
 mod jobs;
 mod key_policy;

@@ -351,7 +351,7 @@ pub(super) async fn task_heartbeat_many(
         let cond =
             format!("id IN ({ids}) AND (id, claim_token) IN ({pairs}) AND state = 'running'");
         let sql = format!(
-            "UPDATE {t} SET lease_until = {now} + INTERVAL ? MICROSECOND \
+            "UPDATE {t} FORCE INDEX (PRIMARY) SET lease_until = {now} + INTERVAL ? MICROSECOND \
              WHERE {cond}"
         );
         let mut u = sqlx::query(&sql).bind(us(lease));
@@ -362,7 +362,9 @@ pub(super) async fn task_heartbeat_many(
             u = u.bind(c.id).bind(token_arg(c.token));
         }
         u.execute(&mut *tx).await?;
-        let sql = format!("SELECT id, claim_token, cancel_requested FROM {t} WHERE {cond}");
+        let sql = format!(
+            "SELECT id, claim_token, cancel_requested FROM {t} FORCE INDEX (PRIMARY) WHERE {cond}"
+        );
         let mut s = sqlx::query(&sql);
         for c in chunk {
             s = s.bind(c.id);
@@ -400,6 +402,9 @@ pub(super) async fn task_finish_many(
     if items.is_empty() {
         return Ok(Vec::new());
     }
+    if let Some(claims) = super::finish_ok::successes(items) {
+        return b.finish_successes(&claims).await;
+    }
     let t = &b.names.tasks;
     let mut out = vec![false; items.len()];
     let mut wakes = Vec::new();
@@ -412,7 +417,8 @@ pub(super) async fn task_finish_many(
     for chunk in ids.chunks(ID_CHUNK) {
         let sql = format!(
             "SELECT id, claim_token, cancel_requested, attempt, max_attempts, queue \
-             FROM {t} WHERE id IN ({}) AND state = 'running' ORDER BY id FOR UPDATE",
+             FROM {t} FORCE INDEX (PRIMARY) WHERE id IN ({}) AND state = 'running' \
+             ORDER BY id FOR UPDATE",
             marks(chunk.len())
         );
         let mut s = sqlx::query(&sql);
