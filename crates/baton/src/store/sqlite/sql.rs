@@ -4,8 +4,9 @@
 //! Parameters are numbered (`?1`, `?2`, …); each statement's comment says
 //! what they are. Every "now" is [`NOW`] inside the statement.
 
+use super::rows::PACKED_CLAIM_COLS;
 use super::{Tables, NOW, NOW_US};
-use crate::store::sql_row::{CLAIM_COLS, JOB_COLS, QUEUE_COLS, TASK_COLS};
+use crate::store::sql_row::{JOB_COLS, QUEUE_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
 /// The condition under which a task's unique key is taken (its
@@ -337,7 +338,7 @@ impl Sql {
                                  AND id NOT IN (SELECT id FROM now_share) \
                              ORDER BY priority, run_at, id \
                              LIMIT {total} - (SELECT count(*) FROM now_share))) \
-                     RETURNING {CLAIM_COLS}"
+                     RETURNING {PACKED_CLAIM_COLS}"
                 )
             },
             claim_keyed,
@@ -492,7 +493,7 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
          WHERE id IN (SELECT id FROM ok \
              WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
              ORDER BY priority, run_at, id LIMIT {total}) \
-         RETURNING {CLAIM_COLS}"
+         RETURNING {PACKED_CLAIM_COLS}"
     )
 }
 
