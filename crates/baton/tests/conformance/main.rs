@@ -86,6 +86,7 @@ baton_testkit::per_backend! {
     queue::traceparent_round_trips,
     queue::finish_is_compare_and_set,
     queue::finish_many_is_per_item_compare_and_set,
+    queue::finish_many_of_successes_refuses_only_the_stale,
     queue::finish_and_claim_is_per_item_compare_and_set,
     queue::rescue_out_of_attempts_fails_with_reason,
     queue::retries_with_backoff_then_succeeds,

@@ -1111,6 +1111,50 @@ pub async fn finish_many_is_per_item_compare_and_set(ts: TestStore) {
     assert_eq!(state(c[3].id).await.state, TaskState::Running);
 }
 
+/// A batch of only successes, one of them stale (a rescued attempt's
+/// claim, placed first, in the middle, and last): every other task
+/// succeeds and is reported so, the stale one is refused and its task
+/// left as it was. (SQLite writes an all-valid batch without a row per
+/// task and falls back to telling them apart when one does not hold:
+/// neither path may drop or half-write a batch.)
+pub async fn finish_many_of_successes_refuses_only_the_stale(ts: TestStore) {
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    for at in [0, 20, 39] {
+        let batch: Vec<_> = (0..40).map(|i| task("s").priority(i)).collect();
+        let ids = q.enqueue_many(batch).await.unwrap();
+        assert_eq!(ids.len(), 40);
+        let c = claim(&ts.store, "default", 40, 10_000).await;
+        assert_eq!(c.len(), 40);
+        let mut items: Vec<(Claim, Finish)> =
+            c.iter().map(|t| (t.claim(), Finish::Succeeded)).collect();
+        items[at].0.token = FencingToken(c[at].token.0 + 1);
+        let mut want = vec![true; 40];
+        want[at] = false;
+        assert_eq!(
+            b.task_finish_many(&items).await.unwrap(),
+            want,
+            "stale at {at}"
+        );
+        for (i, t) in c.iter().enumerate() {
+            let info = q.task(t.id).await.unwrap().unwrap();
+            let state = if i == at {
+                TaskState::Running
+            } else {
+                TaskState::Succeeded
+            };
+            assert_eq!(info.state, state, "task {i} of a batch stale at {at}");
+        }
+        // The stale task's real claim still finishes it, alone.
+        assert_eq!(
+            b.task_finish_many(&[(c[at].claim(), Finish::Succeeded)])
+                .await
+                .unwrap(),
+            [true]
+        );
+    }
+}
+
 /// Five claimed tasks' finishes of every kind: `c[0]` succeeded, `c[1]`
 /// failed with a retry in a minute, `c[2]` handed back, `c[3]` with a
 /// stale token, `c[4]` already finished (here, first): the per-item

@@ -11,14 +11,13 @@ use sqlx::Row;
 use tokio::sync::broadcast;
 
 use super::outbox::insert_tasks;
-use super::rows::{json_text, opt_time};
+use super::rows::{json_text, opt_time, packed_claim};
 use super::{schema, SqliteBackend, NOW_US};
 use crate::error::StoreError;
 use crate::store::key_rate;
 use crate::store::rate::{self, StartLog};
 use crate::store::sql_row::{
-    claimed_task, corrupt, count_of, job_state, lock_info, queue_row, task_info, token_arg,
-    token_of, SqlRow,
+    corrupt, count_of, job_state, lock_info, queue_row, task_info, token_arg, token_of, SqlRow,
 };
 use crate::store::task_search::{self, SearchArg, SearchDialect};
 use crate::store::SchemaStatus;
@@ -74,7 +73,7 @@ impl SqliteBackend {
         let rows = q.fetch_all(on).await?;
         let mut claimed = rows
             .iter()
-            .map(claimed_task)
+            .map(|row| packed_claim(row, req.queue))
             .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by_key(|t| (t.priority, t.run_at, t.id));
         Ok(claimed)

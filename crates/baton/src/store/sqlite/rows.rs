@@ -8,8 +8,71 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use crate::error::StoreError;
-use crate::store::sql_row::{decoded_columns, json_of, SqlRow};
-use crate::store::{from_ms, AttemptError};
+use crate::store::sql_row::{
+    decoded_columns, json_of, to_duration, to_i32, to_u32, token_of, SqlRow,
+};
+use crate::store::{from_ms, AttemptError, Task};
+
+/// What SQLite's claims ([`super::sql::Sql::claim`] and `claim_keyed`)
+/// return per task, read by [`packed_claim`]: the payload, and every other
+/// column a claimed [`Task`] needs packed into one JSON array. sqlx copies
+/// each column of each row out of SQLite (a value copy and an allocation
+/// or two per column), so two columns cost a claimed task far less than
+/// fourteen (docs/BENCHMARKS.md, session 25). The queue is the claim's own.
+pub(super) const PACKED_CLAIM_COLS: &str = "payload, json_array(id, kind, priority, attempt, \
+     claim_token, max_attempts, timeout_ms, run_at, lease_until, job, slot, traceparent) AS task";
+
+/// The `task` column of [`PACKED_CLAIM_COLS`], in its order.
+type Packed = (
+    i64,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    i64,
+    i64,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// A task claimed from `queue`, from a row of [`PACKED_CLAIM_COLS`].
+pub(super) fn packed_claim(row: &SqliteRow, queue: &str) -> Result<Task, StoreError> {
+    let text: &str = row.try_get("task")?;
+    let (
+        id,
+        kind,
+        priority,
+        attempt,
+        token,
+        max_attempts,
+        timeout_ms,
+        run_at,
+        lease_until,
+        job,
+        slot,
+        traceparent,
+    ): Packed = serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("claimed task: {e}")))?;
+    Ok(Task {
+        id,
+        queue: queue.to_string(),
+        kind,
+        payload: json_of(row.try_get("payload")?, "payload")?,
+        priority: to_i32(priority, "priority")?,
+        attempt: to_u32(attempt, "attempt")?,
+        token: token_of(token, "claim token")?,
+        max_attempts: to_u32(max_attempts, "max_attempts")?,
+        timeout: to_duration(timeout_ms, "timeout")?,
+        run_at: from_ms(run_at)?,
+        lease_until: from_ms(lease_until)?,
+        job,
+        slot: opt_time(slot)?,
+        traceparent,
+    })
+}
 
 impl SqlRow for SqliteRow {
     decoded_columns! {

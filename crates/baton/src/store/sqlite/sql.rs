@@ -4,8 +4,9 @@
 //! Parameters are numbered (`?1`, `?2`, …); each statement's comment says
 //! what they are. Every "now" is [`NOW`] inside the statement.
 
+use super::rows::PACKED_CLAIM_COLS;
 use super::{Tables, NOW, NOW_US};
-use crate::store::sql_row::{CLAIM_COLS, JOB_COLS, QUEUE_COLS, TASK_COLS};
+use crate::store::sql_row::{JOB_COLS, QUEUE_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
 
 /// The condition under which a task's unique key is taken (its
@@ -45,6 +46,12 @@ pub(super) struct Sql {
     pub heartbeat: String,
     /// `?1` JSON `[[id, token], …]` → the ids that succeeded.
     pub succeed_many: String,
+    /// [`Sql::succeed_many`] all or nothing, without a row per task: `?1`
+    /// JSON `[[id, token], …]` of distinct ids; every pair's task succeeds
+    /// if every pair names a running task with that claim token, else none
+    /// does (0 rows changed). The count is a non-correlated subquery,
+    /// evaluated once, at the first row's test, before any row is written.
+    pub succeed_all: String,
     /// The compare-and-set UPDATEs that end an attempt: `?1` id, `?2` claim
     /// token, `?3` error text, `?4` retry delay ms → queue, state, run_at.
     pub finish: FinishSql,
@@ -252,6 +259,14 @@ impl Sql {
         } = t;
         let lock_cols = format!("name, holder, token, locked_at, lock_until, {NOW} AS now");
         let ends = "cancel_requested OR attempt >= max_attempts";
+        // The compare-and-set that ends attempts with success, for the
+        // (id, claim token) pairs of the JSON array `?1`.
+        let succeed = format!(
+            "UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
+             FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
+             WHERE {tasks}.id = c.cid AND {tasks}.claim_token = c.ctok \
+                 AND {tasks}.state = 'running'"
+        );
         // Written by `claim`'s block, from the same conditions.
         let claim_keyed;
         Sql {
@@ -323,7 +338,7 @@ impl Sql {
                                  AND id NOT IN (SELECT id FROM now_share) \
                              ORDER BY priority, run_at, id \
                              LIMIT {total} - (SELECT count(*) FROM now_share))) \
-                     RETURNING {CLAIM_COLS}"
+                     RETURNING {PACKED_CLAIM_COLS}"
                 )
             },
             claim_keyed,
@@ -334,12 +349,11 @@ impl Sql {
                      AND {tasks}.state = 'running' \
                  RETURNING {tasks}.id, {tasks}.claim_token, {tasks}.cancel_requested"
             ),
-            succeed_many: format!(
-                "UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
-                 FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
-                 WHERE {tasks}.id = c.cid AND {tasks}.claim_token = c.ctok \
-                     AND {tasks}.state = 'running' \
-                 RETURNING {tasks}.id"
+            succeed_many: format!("{succeed} RETURNING {tasks}.id"),
+            succeed_all: format!(
+                "{succeed} AND (SELECT count(*) FROM {tasks} AS t, json_each(?1) AS c \
+                     WHERE t.id = c.value ->> 0 AND t.claim_token = c.value ->> 1 \
+                         AND t.state = 'running') = json_array_length(?1)"
             ),
             finish: FinishSql::new(t),
             progress: format!(
@@ -479,7 +493,7 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
          WHERE id IN (SELECT id FROM ok \
              WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
              ORDER BY priority, run_at, id LIMIT {total}) \
-         RETURNING {CLAIM_COLS}"
+         RETURNING {PACKED_CLAIM_COLS}"
     )
 }
 
