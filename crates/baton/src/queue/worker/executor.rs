@@ -192,8 +192,16 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
 /// waiting slot before leaving it to the schedulers' poll.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
+/// Sends of a hand-back that fails with an error worth retrying (the
+/// store briefly unavailable, a deadlock victim) before its tasks are
+/// left to the rescue, which counts their attempt.
+const HAND_BACK_SENDS: u32 = 3;
+
 /// Hand claimed tasks back unstarted (the attempt is not counted), in one
-/// call; a task that cannot be handed back is rescued after its lease.
+/// call, sent again (up to [`HAND_BACK_SENDS`] in all, 100 ms apart and
+/// more) while the store answers with a retryable error: a compare-and-set,
+/// so a send whose answer was lost is refused the second time, nothing
+/// more. A task that cannot be handed back is rescued after its lease.
 pub(super) async fn hand_back(shared: &Shared, tasks: &[Task]) {
     if tasks.is_empty() {
         return;
@@ -202,19 +210,30 @@ pub(super) async fn hand_back(shared: &Shared, tasks: &[Task]) {
         .iter()
         .map(|t| (t.claim(), Finish::HandBack))
         .collect();
-    match shared.store.task_finish_many(&items).await {
-        Ok(answers) => {
-            for (task, ok) in tasks.iter().zip(answers) {
-                if ok {
-                    tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
-                } else {
-                    tracing::warn!(task = task.id, queue = %task.queue, attempt = task.attempt, "handing the task back was refused: its claim was lost")
+    let mut sends = 1;
+    loop {
+        match shared.store.task_finish_many(&items).await {
+            Ok(answers) => {
+                for (task, ok) in tasks.iter().zip(answers) {
+                    if ok {
+                        tracing::info!(task = task.id, queue = %task.queue, attempt = task.attempt, "task handed back unstarted")
+                    } else {
+                        tracing::warn!(task = task.id, queue = %task.queue, attempt = task.attempt, "handing the task back was refused: its claim was lost")
+                    }
                 }
+                return;
             }
-        }
-        Err(e) => {
-            shared.counters.store_error("task_finish_many");
-            tracing::warn!(tasks = tasks.len(), error = %crate::error::chain(&e), "handing tasks back failed; they are rescued after their lease");
+            Err(e) => {
+                shared.counters.store_error("task_finish_many");
+                if sends < HAND_BACK_SENDS && e.is_retryable() {
+                    tracing::debug!(tasks = tasks.len(), error = %crate::error::chain(&e), "handing tasks back failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(100) * sends).await;
+                    sends += 1;
+                    continue;
+                }
+                tracing::warn!(tasks = tasks.len(), error = %crate::error::chain(&e), "handing tasks back failed; they are rescued after their lease");
+                return;
+            }
         }
     }
 }
