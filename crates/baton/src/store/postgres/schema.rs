@@ -74,7 +74,21 @@ const UPGRADES: &[Upgrade] = &[
     // 20 → 21: the fair claim in one call (issue 25): the function
     // `<prefix>fair_claim`.
     super::fair::function_sql,
+    // 21 → 22: the capped claim and the claim under a rate per key in one
+    // call each (issue 25): the functions `<prefix>capped_claim` and
+    // `<prefix>key_rated_claim`.
+    upgrade_claim_functions,
 ];
+
+/// The capped claim and the claim under a rate per key as functions
+/// (`capped.rs`, `key_rate_fn.rs`), created or replaced.
+fn upgrade_claim_functions(n: &Names) -> String {
+    format!(
+        "{}\n{}",
+        super::capped::function_sql(n),
+        super::key_rate_fn::function_sql(n)
+    )
+}
 
 /// The rollup keyed by job too (`''` for tasks of no job, and for the
 /// rows counted before), so a job defined in the store (kind `command`)
@@ -409,9 +423,11 @@ pub(super) async fn remove(b: &PgBackend) -> Result<(), StoreError> {
         .execute(&mut *tx)
         .await?;
     let drop = format!(
-        "DROP FUNCTION IF EXISTS {}; \
+        "DROP FUNCTION IF EXISTS {}, {}, {}; \
          DROP TABLE IF EXISTS {} CASCADE; DROP SEQUENCE IF EXISTS \"{}tasks_id_seq\"",
         super::fair::function_name(n),
+        super::capped::function_name(n),
+        super::key_rate_fn::function_name(n),
         quoted_tables(&n.prefix, '"'),
         n.prefix
     );
