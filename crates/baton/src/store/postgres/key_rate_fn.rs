@@ -12,13 +12,13 @@
 //! 1. with a cap, the queue's running tasks per key;
 //! 2. the walk of due candidates in claim order (`FOR UPDATE SKIP
 //!    LOCKED`), past keys whose log says they are used up (`free_at >
-//!    now`) and keys at their cap;
-//! 3. the start logs of the candidates' keys, counted in the window;
-//! 4. `key_rate::pick`'s rule in a loop over the candidates;
-//! 5. one statement that claims the picked tasks and upserts their keys'
+//!    now`) and keys at their cap, each with its key's logged starts in
+//!    the window;
+//! 3. `key_rate::pick`'s rule in a loop over the candidates;
+//! 4. one statement that claims the picked tasks and upserts their keys'
 //!    logs with `key_rate::logs_after`'s rule (the `max` latest starts, a
 //!    buffered task logged at now + the hold, `free_at`, `idle_at`);
-//! 6. the prune of idle logs and, when the claim came back short, the
+//! 5. the prune of idle logs and, when the claim came back short, the
 //!    earliest `free_at` of a used-up key with pending tasks.
 //!
 //! The logs stay in the text of `store::rate::StartLog` (µs, separated by
@@ -80,8 +80,7 @@ DECLARE
     v_cid int8[];
     v_ckey text[];
     v_cspare boolean[];
-    v_lk text[];
-    v_lu int8[];
+    v_cused int8[];
     v_tk text[] := '{{}}';
     v_tn int8[] := '{{}}';
     v_ids int8[] := '{{}}';
@@ -109,10 +108,17 @@ BEGIN
         IF p_max_running IS NOT NULL THEN
             v_size := least(v_size, greatest(0, p_max_running - v_running));
         END IF;
+        -- Each candidate with its key's starts in the window (its log read
+        -- by its primary key: a generic plan of `ckey = ANY(…)` cached
+        -- while the table was empty scanned it whole).
         SELECT array_agg(id ORDER BY priority, run_at, id),
                array_agg(concurrency_key ORDER BY priority, run_at, id),
-               array_agg(attempt + 1 < max_attempts ORDER BY priority, run_at, id)
-            INTO v_cid, v_ckey, v_cspare
+               array_agg(attempt + 1 < max_attempts ORDER BY priority, run_at, id),
+               array_agg(coalesce((SELECT count(*)
+                   FROM {kr} AS r, unnest(string_to_array(r.starts, ' ')) AS s(x)
+                   WHERE r.queue = p_queue AND r.ckey = c.concurrency_key AND x <> ''
+                       AND x::int8 > v_now - p_rate_per), 0) ORDER BY priority, run_at, id)
+            INTO v_cid, v_ckey, v_cspare, v_cused
             FROM (SELECT w.id, w.concurrency_key, w.attempt, w.max_attempts, w.priority,
                          w.run_at
                   FROM {t} AS w
@@ -125,11 +131,6 @@ BEGIN
                           AND w.concurrency_key <> ALL(v_full)))
                   ORDER BY w.priority, w.run_at, w.id
                   LIMIT p_walk FOR UPDATE SKIP LOCKED) AS c;
-        SELECT coalesce(array_agg(ckey), '{{}}'),
-               coalesce(array_agg((SELECT count(*) FROM unnest(string_to_array(starts, ' ')) AS s(x)
-                                   WHERE x <> '' AND x::int8 > v_now - p_rate_per)), '{{}}')
-            INTO v_lk, v_lu
-            FROM {kr} WHERE queue = p_queue AND ckey = ANY(v_ckey);
         -- `key_rate::pick`: each key while its log and its cap leave room,
         -- at most the claim's size; past the first `limit - buffered`
         -- places only tasks with an attempt to spare.
@@ -140,8 +141,7 @@ BEGIN
             IF v_k IS NOT NULL THEN
                 v_j := array_position(v_tk, v_k);
                 v_took := coalesce(v_tn[v_j], 0);
-                CONTINUE WHEN coalesce(v_lu[array_position(v_lk, v_k)], 0) + v_took
-                    >= p_rate_max;
+                CONTINUE WHEN v_cused[i] + v_took >= p_rate_max;
                 CONTINUE WHEN p_per_key IS NOT NULL
                     AND coalesce(v_rn[array_position(v_rk, v_k)], 0) + v_took >= p_per_key;
             END IF;
