@@ -76,15 +76,31 @@ const UPGRADES: &[Upgrade] = &[
     super::fair::function_sql,
     // 21 → 22: the capped claim and the claim under a rate per key in one
     // call each (issue 25): the functions `<prefix>capped_claim` and
-    // `<prefix>key_rated_claim`.
+    // `<prefix>key_rated_claim`, and each key's log as `int8[]`.
     upgrade_claim_functions,
 ];
 
 /// The capped claim and the claim under a rate per key as functions
-/// (`capped.rs`, `key_rate_fn.rs`), created or replaced.
+/// (`capped.rs`, `key_rate_fn.rs`), created or replaced, and each key's
+/// start log in `<p>key_rates` as the array `log` (µs, latest first) the
+/// function reads: the text column `starts` converted, then dropped (a
+/// re-run finds it gone and converts nothing).
 fn upgrade_claim_functions(n: &Names) -> String {
+    let kr = &n.key_rates;
+    let lit = kr.replace('\'', "''");
     format!(
-        "{}\n{}",
+        "ALTER TABLE {kr} ADD COLUMN IF NOT EXISTS log int8[] NOT NULL DEFAULT '{{}}';\n\
+         DO $step$ BEGIN\n\
+             IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{lit}'::regclass\n\
+                        AND attname = 'starts' AND NOT attisdropped) THEN\n\
+                 UPDATE {kr} SET log = ARRAY(\n\
+                     SELECT x::int8 FROM unnest(string_to_array(starts, ' ')) AS s(x)\n\
+                     WHERE x <> '' ORDER BY 1 DESC)\n\
+                 WHERE starts <> '';\n\
+                 ALTER TABLE {kr} DROP COLUMN starts;\n\
+             END IF;\n\
+         END $step$;\n\
+         {}\n{}",
         super::capped::function_sql(n),
         super::key_rate_fn::function_sql(n)
     )
