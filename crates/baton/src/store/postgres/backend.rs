@@ -154,6 +154,25 @@ impl PgBackend {
         Ok(d.answer)
     }
 
+    /// `sql` (a call of a claim function) with the claim's first seven
+    /// arguments bound, in the order the functions take them: the queue,
+    /// the worker, the lease in ms, the limit, `max_running`, the per-key
+    /// cap (NULL: none) and `buffered`.
+    pub(super) fn claim_call<'q>(
+        &self,
+        sql: &'q str,
+        req: &TaskClaim<'q>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        self.q(sql)
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(dur(req.lease))
+            .bind(i64::from(req.limit))
+            .bind(req.max_running.map(i64::from))
+            .bind(req.per_key_max_running.map(i64::from))
+            .bind(i64::from(req.buffered))
+    }
+
     /// The text key of the queue's advisory lock (transaction-scoped),
     /// hashed by `hashtextextended(key, 0)`: capped, fair and
     /// rated-per-key claimers of a queue take turns on it.

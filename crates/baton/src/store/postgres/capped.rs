@@ -16,7 +16,7 @@
 
 use super::fair::RETURNS;
 use super::sql::{claim_stmt, ClaimArgs};
-use super::{dur, Names, PgBackend};
+use super::{Names, PgBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::CLAIM_COLS;
 use crate::store::{Task, TaskClaim};
@@ -28,8 +28,8 @@ pub(super) fn function_name(n: &Names) -> String {
 
 /// `CREATE OR REPLACE FUNCTION <prefix>capped_claim(…)`: the capped claim
 /// in one call. Arguments: the queue, the worker, the lease in ms, the
-/// limit, `max_running` (NULL: none), `buffered`, the per-key cap (NULL:
-/// none), the locking walk's length, the advisory lock's text key (hashed
+/// limit, `max_running` (NULL: none), the per-key cap (NULL: none),
+/// `buffered`, the locking walk's length, the advisory lock's text key (hashed
 /// as every claimer of the queue hashes it), and the store's clock (the
 /// caller's `now`, so the test clock is honoured). Returns the claimed
 /// rows ([`RETURNS`], the fair claim's).
@@ -58,7 +58,7 @@ pub(super) fn function_sql(n: &Names) -> String {
     let key_capped = keyed(n, now_us);
     format!(
         r#"CREATE OR REPLACE FUNCTION {f}(p_queue text, p_worker text, p_lease_ms int8,
-    p_limit int8, p_max_running int8, p_buffered int8, p_per_key int8, p_walk int8,
+    p_limit int8, p_max_running int8, p_per_key int8, p_buffered int8, p_walk int8,
     p_lock text, p_now timestamptz)
 RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
@@ -142,14 +142,7 @@ impl PgBackend {
             self.names.now
         );
         let rows = self
-            .q(&sql)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(dur(req.lease))
-            .bind(i64::from(req.limit))
-            .bind(req.max_running.map(i64::from))
-            .bind(i64::from(req.buffered))
-            .bind(req.per_key_max_running.map(i64::from))
+            .claim_call(&sql, req)
             .bind(i64::from(walk))
             .bind(self.lock_key(req.queue))
             .fetch_all(conn)

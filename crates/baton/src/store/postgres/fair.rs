@@ -18,8 +18,8 @@
 //! for round trips: five round trips before (four of them under the lock),
 //! one now.
 
+use super::Names;
 use super::PgBackend;
-use super::{dur, Names};
 use crate::error::StoreError;
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{Task, TaskClaim};
@@ -202,14 +202,7 @@ impl PgBackend {
             self.names.now
         );
         let rows = self
-            .q(&sql)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(dur(req.lease))
-            .bind(i64::from(req.limit))
-            .bind(req.max_running.map(i64::from))
-            .bind(req.per_key_max_running.map(i64::from))
-            .bind(i64::from(req.buffered))
+            .claim_call(&sql, req)
             .bind(self.lock_key(req.queue))
             .fetch_all(conn)
             .await?;

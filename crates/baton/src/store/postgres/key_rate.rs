@@ -13,7 +13,7 @@
 use sqlx::Row;
 
 use super::key_rate_fn::{function_name, returns};
-use super::{dur, PgBackend, MAX_MS};
+use super::{PgBackend, MAX_MS};
 use crate::error::StoreError;
 use crate::store::key_rate::{self, BUFFER_HOLD, PRUNE_BATCH, PRUNE_GRACE};
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
@@ -56,14 +56,7 @@ impl PgBackend {
         // `per` clamped as durations are (so the sums stay in range).
         let per = key_rate::us(rate.per).min(MAX_MS.saturating_mul(1000));
         let rows = self
-            .q(&sql)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(dur(req.lease))
-            .bind(i64::from(req.limit))
-            .bind(req.max_running.map(i64::from))
-            .bind(req.per_key_max_running.map(i64::from))
-            .bind(i64::from(req.buffered))
+            .claim_call(&sql, req)
             .bind(key_rate::walk_len(req))
             .bind(i64::from(rate.max))
             .bind(per)
