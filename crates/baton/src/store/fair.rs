@@ -30,7 +30,7 @@ use super::TaskClaim;
 /// concurrency key can be (`queue::validate_concurrency_key`).
 pub(crate) const NO_KEY: &str = "";
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// The name of a task's group.
 pub(crate) fn group_of(key: Option<&str>) -> &str {
     key.unwrap_or(NO_KEY)
@@ -72,7 +72,7 @@ pub(crate) struct Running {
     pub(crate) total: u32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 impl Running {
     /// From `(concurrency key, running count)` rows.
     pub(crate) fn from_rows(rows: impl IntoIterator<Item = (Option<String>, i64)>) -> Running {

@@ -2,7 +2,9 @@
 //! ([`TaskClaimKeyRated`]), decided once here and carried out by each
 //! backend inside one transaction that holds the queue's claim turn
 //! (SQLite `BEGIN IMMEDIATE`, PostgreSQL the queue's advisory lock, MySQL
-//! the queue's row in `<p>queues`):
+//! the queue's row in `<p>queues`). PostgreSQL runs the same rules in
+//! PL/pgSQL, one function call a claim (`postgres/key_rate_fn.rs`: keep
+//! the two in step):
 //!
 //! 1. read the store's now (µs) and, with a cap, the queue's running tasks
 //!    per key;

@@ -284,11 +284,16 @@ pub async fn limited_key_does_not_hold_back_others_and_says_when(ts: TestStore) 
             b.task_claim_key_rated(&claim("kh", "w", 1, 2, PER))
                 .await
                 .unwrap();
-            // The row is gone: inserting it again does not conflict.
+            // The row is gone: inserting it again does not conflict
+            // (PostgreSQL keeps the log in `log int8[]`, defaulted).
+            let cols = match ts.kind {
+                Kind::Postgres => "(queue, ckey) VALUES ('kh', 'cold-0')",
+                _ => "(queue, ckey, starts) VALUES ('kh', 'cold-0', '')",
+            };
             exec_sql(
                 &ts,
                 &format!(
-                    "INSERT INTO {p}key_rates (queue, ckey, starts) VALUES ('kh', 'cold-0', ''); \
+                    "INSERT INTO {p}key_rates {cols}; \
                      DELETE FROM {p}key_rates WHERE queue = 'kh' AND ckey = 'cold-0'",
                     p = ts.prefix
                 ),
@@ -466,4 +471,65 @@ pub async fn buffered_task_starts_within_its_hold_or_goes_back(ts: TestStore) {
             "task {id} started {d:?} after its claim: past the 250 ms hold"
         );
     }
+}
+
+/// PostgreSQL's schema step 21 → 22 turns each key's start log from text
+/// (`starts`) into the array the claim function reads (`log`): a key
+/// used up by its converted log stays held back after the upgrade, and
+/// its starts come back in the key view, latest first. Other stores keep
+/// the text: nothing to upgrade.
+pub async fn key_logs_survive_the_array_upgrade(ts: TestStore) {
+    if ts.kind != Kind::Postgres {
+        return;
+    }
+    const PER: Duration = Duration::from_secs(3600);
+    let p = ts.prefix.clone();
+    let kr = format!("\"{p}key_rates\"");
+    let now = ts.store.backend().now().await.unwrap();
+    let us = now.timestamp_micros();
+    // Two starts of `a` within the hour, stored as schema 21 stored them
+    // (text, unsorted); the claim functions of 22 gone with the version.
+    let (older, newer) = (us - 2_000_000, us - 1_000_000);
+    for sql in [
+        format!("ALTER TABLE {kr} DROP COLUMN log"),
+        format!("ALTER TABLE {kr} ADD COLUMN starts text NOT NULL DEFAULT ''"),
+        format!(
+            "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
+             VALUES ('ku', 'a', '{older} {newer}', {older} + 3600000000, \
+                     {newer} + 3660000000)"
+        ),
+        format!("DROP FUNCTION \"{p}capped_claim\""),
+        format!("DROP FUNCTION \"{p}key_rated_claim\""),
+    ] {
+        exec_sql(&ts, &sql).await;
+    }
+    crate::harness::set_schema_version(&ts, &p, Some(21)).await;
+    let opts = baton::StoreOptions {
+        prefix: Some(p.clone()),
+        max_connections: 2,
+        ..baton::StoreOptions::default()
+    };
+    let store = Store::connect_with(&ts.url, opts).await.unwrap();
+    let expected = store.backend().schema_status().await.unwrap().expected;
+    assert_eq!(
+        store.backend().schema_status().await.unwrap().found,
+        Some(expected)
+    );
+    fill(&store, "ku", Some("a"), 2).await;
+    let b_ids = fill(&store, "ku", Some("b"), 1).await;
+    let r = store
+        .backend()
+        .task_claim_key_rated(&claim("ku", "w", 10, 2, PER))
+        .await
+        .unwrap();
+    let got: Vec<i64> = r.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(got, b_ids, "`a` used up by its converted log: {r:?}");
+    let view = Queue::new(store.clone()).keys("ku", 10).await.unwrap();
+    let a = view.keys.iter().find(|k| k.key == "a").unwrap();
+    let starts: Vec<i64> = a
+        .recent_starts
+        .iter()
+        .map(|t| t.timestamp_micros())
+        .collect();
+    assert_eq!(starts, vec![newer, older]);
 }

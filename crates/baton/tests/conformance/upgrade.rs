@@ -1172,6 +1172,27 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
         assert_eq!(count(format!("{neighbour}fair_claim")).await, 1);
         pool.close().await;
     }
+    if ts.kind == Kind::Postgres {
+        // The claim functions go with the tables; the neighbour's stay.
+        let pool = sqlx::PgPool::connect(&ts.url).await.unwrap();
+        let count = |prefix: &str| {
+            let (pool, prefix) = (pool.clone(), prefix.to_string());
+            async move {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_proc WHERE proname = ANY($1)")
+                    .bind(
+                        ["fair_claim", "capped_claim", "key_rated_claim"]
+                            .map(|f| format!("{prefix}{f}"))
+                            .to_vec(),
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(count(&p).await, 0, "functions dropped");
+        assert_eq!(count(&neighbour).await, 3);
+        pool.close().await;
+    }
 
     let again = open(p.clone(), true).await;
     let q = Queue::new(again.clone());

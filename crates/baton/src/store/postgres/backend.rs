@@ -10,7 +10,6 @@ use sqlx::Row;
 use tokio::sync::broadcast;
 
 use super::outbox::{insert_tasks, INSERT_CHUNK};
-use super::sql::Cap;
 use super::{dur, listener, schema, PgBackend, PoolMode};
 use crate::error::StoreError;
 use crate::store::key_rate;
@@ -65,8 +64,9 @@ pub(super) fn claimed(rows: &[PgRow]) -> Result<Vec<Task>, StoreError> {
 }
 
 impl PgBackend {
-    /// A claim inside `tx`: capped claimers of a queue take turns (a
-    /// transaction-scoped advisory lock per queue), so each one counts the
+    /// A claim inside `tx`: capped and fair claims are one call of a
+    /// function that takes the queue's advisory lock itself (held to the
+    /// commit), so claimers of the queue take turns and each counts the
     /// running tasks after the previous one committed.
     async fn claim_in(
         &self,
@@ -77,34 +77,25 @@ impl PgBackend {
             return Ok(Vec::new());
         }
         if req.fair {
-            // The fair claim function takes the queue's lock itself.
             return self.claim_fair(&mut *tx, req).await;
         }
-        let walk = claim_walk(req);
-        let (max, per_key) = (req.max_running, req.per_key_max_running);
-        let sql = match (max, per_key) {
-            (None, None) => self.sql.claim(walk, Cap::None),
-            // Under a per-key cap the walk takes four times as many rows:
-            // keys with one place left must not fill it on their own.
-            (_, Some(_)) => self.sql.claim(walk.saturating_mul(4), Cap::Key),
-            (Some(_), None) => self.sql.claim(walk, Cap::Queue),
-        };
-        let mut q = self
-            .q(sql)
+        if req.max_running.is_some() || req.per_key_max_running.is_some() {
+            return self.claim_capped(&mut *tx, req).await;
+        }
+        claimed(&self.plain_claim(req).fetch_all(&mut *tx).await?)
+    }
+
+    /// The uncapped claim's query, bound.
+    fn plain_claim<'q>(
+        &'q self,
+        req: &TaskClaim<'q>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        self.q(self.sql.claim(claim_walk(req)))
             .bind(req.queue)
             .bind(req.worker)
             .bind(dur(req.lease))
-            .bind(i64::from(req.limit));
-        if max.is_none() && per_key.is_none() {
-            q = q.bind(i64::from(req.buffered));
-        } else {
-            self.lock_queue(tx, req.queue).await?;
-            q = q.bind(max.map(i64::from)).bind(i64::from(req.buffered));
-            if let Some(per_key) = per_key {
-                q = q.bind(i64::from(per_key));
-            }
-        }
-        claimed(&q.fetch_all(&mut *tx).await?)
+            .bind(i64::from(req.limit))
+            .bind(i64::from(req.buffered))
     }
 
     /// A claim under a rate limit inside `tx`, under a rate per key too
@@ -140,9 +131,10 @@ impl PgBackend {
         let mut key_next = None;
         let tasks = match (rate::plan(req, &log, now_us), key_rate) {
             (Some(claim), Some(kr)) => {
-                let (tasks, next) = self.claim_keys_in(tx, &claim, kr, now_us).await?;
-                key_next = next;
-                tasks
+                // The function reads the transaction's `now()` too.
+                let got = self.claim_keys(&mut *tx, &claim, kr).await?;
+                key_next = got.key_next;
+                got.tasks
             }
             (Some(claim), None) => self.claim_in(tx, &claim).await?,
             (None, _) => Vec::new(),
@@ -162,18 +154,30 @@ impl PgBackend {
         Ok(d.answer)
     }
 
-    /// Take the queue's advisory lock (transaction-scoped): capped and
-    /// fair claimers of a queue take turns on it.
-    pub(super) async fn lock_queue(
+    /// `sql` (a call of a claim function) with the claim's first seven
+    /// arguments bound, in the order the functions take them: the queue,
+    /// the worker, the lease in ms, the limit, `max_running`, the per-key
+    /// cap (NULL: none) and `buffered`.
+    pub(super) fn claim_call<'q>(
         &self,
-        tx: &mut sqlx::PgConnection,
-        queue: &str,
-    ) -> Result<(), StoreError> {
-        self.q("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("{}:{}", self.names.chan, queue))
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
+        sql: &'q str,
+        req: &TaskClaim<'q>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        self.q(sql)
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(dur(req.lease))
+            .bind(i64::from(req.limit))
+            .bind(req.max_running.map(i64::from))
+            .bind(req.per_key_max_running.map(i64::from))
+            .bind(i64::from(req.buffered))
+    }
+
+    /// The text key of the queue's advisory lock (transaction-scoped),
+    /// hashed by `hashtextextended(key, 0)`: capped, fair and
+    /// rated-per-key claimers of a queue take turns on it.
+    pub(super) fn lock_key(&self, queue: &str) -> String {
+        format!("{}:{}", self.names.chan, queue)
     }
 }
 
@@ -367,28 +371,15 @@ impl Backend for PgBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        if req.max_running.is_none() && req.per_key_max_running.is_none() && !req.fair {
-            let walk = claim_walk(req);
-            let rows = self
-                .q(self.sql.claim(walk, Cap::None))
-                .bind(req.queue)
-                .bind(req.worker)
-                .bind(dur(req.lease))
-                .bind(i64::from(req.limit))
-                .bind(i64::from(req.buffered))
-                .fetch_all(self.exec())
-                .await?;
-            return claimed(&rows);
-        }
+        // One statement each, in autocommit: uncapped, fair (a function)
+        // or capped (a function).
         if req.fair {
-            // One statement (the fair claim function), in its own
-            // transaction.
             return self.claim_fair(self.exec(), req).await;
         }
-        let mut tx = self.begin().await?;
-        let tasks = self.claim_in(&mut tx, req).await?;
-        tx.commit().await?;
-        Ok(tasks)
+        if req.max_running.is_some() || req.per_key_max_running.is_some() {
+            return self.claim_capped(self.exec(), req).await;
+        }
+        claimed(&self.plain_claim(req).fetch_all(self.exec()).await?)
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
@@ -402,19 +393,22 @@ impl Backend for PgBackend {
         &self,
         req: &TaskClaimKeyRated<'_>,
     ) -> Result<RatedClaim, StoreError> {
-        let mut tx = self.begin().await?;
-        let answer = match req.rated() {
-            Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
-            None => {
-                let now_us = self.now_us_on(&mut tx).await?;
-                let (tasks, next) = self
-                    .claim_keys_in(&mut tx, &req.claim, req.key_rate, now_us)
-                    .await?;
-                key_rate::answer(tasks, now_us, next)?
+        match req.rated() {
+            Some(rated) => {
+                let mut tx = self.begin().await?;
+                let answer = self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?;
+                tx.commit().await?;
+                Ok(answer)
             }
-        };
-        tx.commit().await?;
-        Ok(answer)
+            None => {
+                // One statement (the key rated claim function), in its own
+                // transaction.
+                let got = self
+                    .claim_keys(self.exec(), &req.claim, req.key_rate)
+                    .await?;
+                key_rate::answer(got.tasks, got.now_us, got.key_next)
+            }
+        }
     }
 
     async fn task_heartbeat_many(

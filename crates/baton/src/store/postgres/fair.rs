@@ -18,8 +18,8 @@
 //! for round trips: five round trips before (four of them under the lock),
 //! one now.
 
+use super::Names;
 use super::PgBackend;
-use super::{dur, Names};
 use crate::error::StoreError;
 use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{Task, TaskClaim};
@@ -27,7 +27,8 @@ use crate::store::{Task, TaskClaim};
 /// The rows the fair claim function returns ([`CLAIM_COLS`] with their
 /// types): a record, not the tasks table's row type, so the function
 /// depends on no table (a table dropped on its own is not held back).
-const RETURNS: &str = "id bigint, queue text, kind text, payload jsonb, priority integer, \
+pub(super) const RETURNS: &str =
+    "id bigint, queue text, kind text, payload jsonb, priority integer, \
      attempt integer, claim_token bigint, max_attempts integer, timeout_ms bigint, \
      run_at timestamptz, lease_until timestamptz, job text, slot timestamptz, traceparent text";
 
@@ -201,15 +202,8 @@ impl PgBackend {
             self.names.now
         );
         let rows = self
-            .q(&sql)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(dur(req.lease))
-            .bind(i64::from(req.limit))
-            .bind(req.max_running.map(i64::from))
-            .bind(req.per_key_max_running.map(i64::from))
-            .bind(i64::from(req.buffered))
-            .bind(format!("{}:{}", self.names.chan, req.queue))
+            .claim_call(&sql, req)
+            .bind(self.lock_key(req.queue))
             .fetch_all(conn)
             .await?;
         rows.iter().map(claimed_task).collect()

@@ -60,6 +60,7 @@ use crate::error::StoreError;
 mod advance;
 mod audit;
 mod backend;
+mod capped;
 mod exec;
 mod fair;
 mod finish;
@@ -67,6 +68,7 @@ mod finish_claim;
 mod finish_sql;
 mod jobdefs;
 mod key_rate;
+mod key_rate_fn;
 mod listener;
 mod lock_history;
 mod outbox;
@@ -89,7 +91,7 @@ const DEFAULT_PREFIX: &str = "baton_";
 
 /// Durations are clamped to this (about 100 years) so `now() + d` never
 /// leaves the timestamp range.
-const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
+pub(super) const MAX_MS: i64 = 100 * 366 * 24 * 3_600 * 1_000;
 
 /// How long connecting (or waiting for a pooled connection) may take before
 /// the store counts as unavailable.
@@ -566,7 +568,7 @@ pub async fn explain_claim(
         &mut *tx,
         format!(
             "PREPARE baton_explain_claim(text, text, int8, int8, int8) AS {}",
-            Sql::new(&Names::new(prefix), true).claim(limit, sql::Cap::None)
+            Sql::new(&Names::new(prefix), true).claim(limit)
         )
         .as_str(),
     )

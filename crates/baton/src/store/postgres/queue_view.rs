@@ -63,7 +63,8 @@ pub(super) async fn keys(b: &PgBackend, q: &QueueKeysQuery<'_>) -> Result<QueueK
         let listed: Vec<String> = out.keys.iter().map(|k| k.key.clone()).collect();
         let logs = b
             .q(&format!(
-                "SELECT ckey, starts FROM {} WHERE queue = $1 AND ckey = ANY($2)",
+                "SELECT ckey, array_to_string(log, ' ') AS starts FROM {} \
+                 WHERE queue = $1 AND ckey = ANY($2)",
                 b.names.key_rates
             ))
             .bind(q.queue)

@@ -74,7 +74,37 @@ const UPGRADES: &[Upgrade] = &[
     // 20 → 21: the fair claim in one call (issue 25): the function
     // `<prefix>fair_claim`.
     super::fair::function_sql,
+    // 21 → 22: the capped claim and the claim under a rate per key in one
+    // call each (issue 25): the functions `<prefix>capped_claim` and
+    // `<prefix>key_rated_claim`, and each key's log as `int8[]`.
+    upgrade_claim_functions,
 ];
+
+/// The capped claim and the claim under a rate per key as functions
+/// (`capped.rs`, `key_rate_fn.rs`), created or replaced, and each key's
+/// start log in `<p>key_rates` as the array `log` (µs, latest first) the
+/// function reads: the text column `starts` converted, then dropped (a
+/// re-run finds it gone and converts nothing).
+fn upgrade_claim_functions(n: &Names) -> String {
+    let kr = &n.key_rates;
+    let lit = kr.replace('\'', "''");
+    format!(
+        "ALTER TABLE {kr} ADD COLUMN IF NOT EXISTS log int8[] NOT NULL DEFAULT '{{}}';\n\
+         DO $step$ BEGIN\n\
+             IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{lit}'::regclass\n\
+                        AND attname = 'starts' AND NOT attisdropped) THEN\n\
+                 UPDATE {kr} SET log = ARRAY(\n\
+                     SELECT x::int8 FROM unnest(string_to_array(starts, ' ')) AS s(x)\n\
+                     WHERE x <> '' ORDER BY 1 DESC)\n\
+                 WHERE starts <> '';\n\
+                 ALTER TABLE {kr} DROP COLUMN starts;\n\
+             END IF;\n\
+         END $step$;\n\
+         {}\n{}",
+        super::capped::function_sql(n),
+        super::key_rate_fn::function_sql(n)
+    )
+}
 
 /// The rollup keyed by job too (`''` for tasks of no job, and for the
 /// rows counted before), so a job defined in the store (kind `command`)
@@ -409,9 +439,11 @@ pub(super) async fn remove(b: &PgBackend) -> Result<(), StoreError> {
         .execute(&mut *tx)
         .await?;
     let drop = format!(
-        "DROP FUNCTION IF EXISTS {}; \
+        "DROP FUNCTION IF EXISTS {}, {}, {}; \
          DROP TABLE IF EXISTS {} CASCADE; DROP SEQUENCE IF EXISTS \"{}tasks_id_seq\"",
         super::fair::function_name(n),
+        super::capped::function_name(n),
+        super::key_rate_fn::function_name(n),
         quoted_tables(&n.prefix, '"'),
         n.prefix
     );

@@ -43,9 +43,10 @@ pub(super) struct Sql {
     pub now: String,
     /// The inserts of tasks (shared with [`super::enqueue_in`]).
     pub insert: InsertSql,
-    /// The claim statements by limit bucket (see [`Sql::claim`]):
-    /// uncapped, capped and capped per key, for limits up to `1 << i`.
-    claims: Vec<[String; 3]>,
+    /// The uncapped claim statements by limit bucket (see
+    /// [`Sql::claim`]), for limits up to `1 << i`. Capped claims are one
+    /// call of a function (`capped.rs`).
+    claims: Vec<String>,
     /// The finishes a combined statement runs beside a claim
     /// ([`Sql::finish_claim`]): every kind, then successes only, their
     /// parameters from `$6`.
@@ -285,7 +286,7 @@ impl Sql {
             lock_list: format!("SELECT {lock_cols} FROM {l} ORDER BY name"),
             now: format!("SELECT {now}"),
             insert: InsertSql::new(n),
-            claims: (0..=u32::BITS).map(|i| claim_sqls(n, 1u64 << i)).collect(),
+            claims: (0..=u32::BITS).map(|i| claim_sql(n, 1u64 << i)).collect(),
             finish_parts: [
                 finish_sql::finish_many_parts(t, now, keep_succeeded, CLAIM_PARAMS),
                 finish_sql::finish_succeeded_parts(t, now, keep_succeeded, CLAIM_PARAMS),
@@ -417,13 +418,8 @@ impl Sql {
         }
     }
 
-    /// The claim statement: `$1` queue, `$2` worker, `$3` lease ms, `$4`
-    /// the limit, then `buffered` (`TaskClaim::buffered`) as `$5`, or
-    /// with `cap` [`Cap::Queue`] the queue's cluster-wide cap on running tasks as `$5`
-    /// (the caller holds the queue's advisory lock) and `buffered` as `$6`,
-    /// or with [`Cap::Key`] the queue's cap (or NULL) as `$5`, `buffered`
-    /// as `$6` and the cap per concurrency key as `$7` (the caller holds
-    /// the queue's advisory lock; see [`claim_keyed`]).
+    /// The uncapped claim statement: `$1` queue, `$2` worker, `$3` lease
+    /// ms, `$4` the limit, `$5` `buffered` (`TaskClaim::buffered`).
     ///
     /// `walk` is how many rows the locking walk may pull: the limit, plus
     /// as many more as a buffer share may step over. The text depends on it
@@ -434,16 +430,11 @@ impl Sql {
     /// sequential scan plus sort. The exact limit `$4` is applied above
     /// the row locks, which are taken as rows are pulled, so no more rows
     /// are locked than `$4` and those the buffer's share stepped over.
-    pub(super) fn claim(&self, walk: u32, cap: Cap) -> &str {
-        let [plain, capped, keyed] = &self.claims[self.bucket(walk)];
-        match cap {
-            Cap::None => plain,
-            Cap::Queue => capped,
-            Cap::Key => keyed,
-        }
+    pub(super) fn claim(&self, walk: u32) -> &str {
+        &self.claims[self.bucket(walk)]
     }
 
-    /// The uncapped claim ([`Sql::claim`] with [`Cap::None`], `$1`–`$5`)
+    /// The uncapped claim ([`Sql::claim`], `$1`–`$5`)
     /// and a finish of a batch (`$6` on: every kind as
     /// [`Sql::finish_many`] binds them from `$1`, or with `succeeded`
     /// the ids and tokens of a batch of successes) in one statement; see
@@ -452,7 +443,7 @@ impl Sql {
         let i = self.bucket(walk);
         let k = usize::from(succeeded);
         self.finish_claims[i][k]
-            .get_or_init(|| finish_claim_sql(&self.claims[i][0], &self.finish_parts[k]))
+            .get_or_init(|| finish_claim_sql(&self.claims[i], &self.finish_parts[k]))
     }
 
     /// The limit bucket of a walk: bucket i serves limits up to 2^i; the
@@ -464,17 +455,6 @@ impl Sql {
             .map_or(u32::BITS, u32::trailing_zeros) as usize;
         i.min(self.claims.len() - 1)
     }
-}
-
-/// Which claim statement: by the caps of the claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cap {
-    /// No cap.
-    None,
-    /// `TaskClaim::max_running` only.
-    Queue,
-    /// `TaskClaim::per_key_max_running`, with or without `max_running`.
-    Key,
 }
 
 /// How many parameters the uncapped claim takes (`$1`–`$5`).
@@ -500,91 +480,77 @@ fn finish_claim_sql(claim: &str, fin: &FinishParts) -> String {
     )
 }
 
-/// The claim statements (uncapped, capped, capped per key) of one limit
-/// bucket.
-fn claim_sqls(n: &Names, bucket: u64) -> [String; 3] {
-    let (t, q) = (&n.tasks, &n.queues);
-    let (now, now_us) = (&n.now, &n.now_us);
-    // `buffered`: the parameter holding `TaskClaim::buffered`. The rows
-    // are numbered as the locking walk yields them: the first `$4 -
-    // buffered` start at once, the later ones only with an attempt to
-    // spare. Rows stepped over stay locked (unchanged) until the commit.
-    let stmt = |limit: &str, buffered: &str| {
-        format!(
-            "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-                 started_at = {now}, \
-                 lease_until = {now} + $3 * interval '1 millisecond', worker = $2, \
-                 claim_token = greatest(claim_token + 1, {now_us}) \
-             WHERE id IN ( \
-                 SELECT id FROM ( \
-                     SELECT id, attempt + 1 < max_attempts AS spare, \
-                         row_number() OVER () AS n \
-                     FROM ( \
-                         SELECT id, attempt, max_attempts FROM {t} \
-                         WHERE state = 'pending' AND queue = $1 AND run_at <= {now} \
-                             AND NOT cancel_requested \
-                             AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
-                         ORDER BY priority, run_at, id \
-                         LIMIT {bucket} FOR UPDATE SKIP LOCKED) AS c) AS d \
-                 WHERE spare OR n <= $4 - {buffered} \
-                 LIMIT {limit}) \
-             RETURNING {CLAIM_COLS}"
-        )
+/// The uncapped claim statement of one limit bucket ([`Sql::claim`]).
+fn claim_sql(n: &Names, bucket: u64) -> String {
+    let args = ClaimArgs {
+        queue: "$1",
+        worker: "$2",
+        lease_ms: "$3",
+        limit: "$4",
+        buffered: "$5",
+        walk: &bucket.to_string(),
+        now: &n.now,
+        now_us: &n.now_us,
     };
-    [
-        stmt("$4", "$5"),
-        stmt(
-            &format!(
-                "greatest(0, least($4, $5 - \
-                     (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1)))"
-            ),
-            "$6",
-        ),
-        claim_keyed(n, bucket),
-    ]
+    claim_stmt(n, &args, "$4")
 }
 
-/// The claim under a cap per concurrency key (`$7`), run while the caller
-/// holds the queue's advisory lock, so the running tasks it counts are
-/// every claim's that committed before it. The keys already at the cap are
-/// left out of the locking walk (a saturated key's backlog is stepped over
-/// by the index walk, never locked); among the walked rows the `n`-th of a
-/// key in claim order is taken only while `n` plus the key's running tasks
-/// stays within the cap. The running tasks are counted from the
-/// `tasks_running` index (the queue's running set, bounded by the
-/// workers' slots). `$5` is the queue's cap or NULL.
-fn claim_keyed(n: &Names, bucket: u64) -> String {
+/// How a claim statement spells its inputs: a prepared statement's
+/// placeholders ([`Sql::claim`]) or a claim function's parameters
+/// (`capped.rs`).
+pub(super) struct ClaimArgs<'a> {
+    /// The queue.
+    pub(super) queue: &'a str,
+    /// The worker's name.
+    pub(super) worker: &'a str,
+    /// The lease in ms.
+    pub(super) lease_ms: &'a str,
+    /// `TaskClaim::limit`.
+    pub(super) limit: &'a str,
+    /// `TaskClaim::buffered`.
+    pub(super) buffered: &'a str,
+    /// How many rows the locking walk may pull.
+    pub(super) walk: &'a str,
+    /// The store's clock.
+    pub(super) now: &'a str,
+    /// The store's clock in µs.
+    pub(super) now_us: &'a str,
+}
+
+/// A claim of at most `take` tasks (an expression). The rows are numbered
+/// as the locking walk yields them: the first `limit - buffered` start at
+/// once, the later ones only with an attempt to spare. Rows stepped over
+/// stay locked (unchanged) until the commit.
+pub(super) fn claim_stmt(n: &Names, a: &ClaimArgs<'_>, take: &str) -> String {
     let (t, q) = (&n.tasks, &n.queues);
-    let (now, now_us) = (&n.now, &n.now_us);
+    let ClaimArgs {
+        queue,
+        worker,
+        lease_ms,
+        limit,
+        buffered,
+        walk,
+        now,
+        now_us,
+    } = a;
     format!(
-        "WITH run AS MATERIALIZED ( \
-             SELECT concurrency_key AS k, count(*) AS r FROM {t} \
-             WHERE state = 'running' AND queue = $1 AND concurrency_key IS NOT NULL \
-             GROUP BY concurrency_key), \
-         walk AS ( \
-             SELECT id, attempt, max_attempts, priority, run_at, concurrency_key FROM {t} \
-             WHERE state = 'pending' AND queue = $1 AND run_at <= {now} \
-                 AND NOT cancel_requested \
-                 AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = $1 AND paused) \
-                 AND (concurrency_key IS NULL \
-                     OR concurrency_key NOT IN (SELECT k FROM run WHERE r >= $7)) \
-             ORDER BY priority, run_at, id \
-             LIMIT {bucket} FOR UPDATE SKIP LOCKED), \
-         ok AS ( \
-             SELECT w.id, w.attempt + 1 < w.max_attempts AS spare, \
-                 row_number() OVER (ORDER BY w.priority, w.run_at, w.id) AS n \
-             FROM (SELECT walk.*, row_number() OVER (PARTITION BY concurrency_key \
-                       ORDER BY priority, run_at, id) AS kn FROM walk) AS w \
-                 LEFT JOIN run ON run.k = w.concurrency_key \
-             WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= $7) \
-         UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+        "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
              started_at = {now}, \
-             lease_until = {now} + $3 * interval '1 millisecond', worker = $2, \
+             lease_until = {now} + {lease_ms} * interval '1 millisecond', worker = {worker}, \
              claim_token = greatest(claim_token + 1, {now_us}) \
          WHERE id IN ( \
-             SELECT id FROM ok WHERE spare OR n <= $4 - $6 ORDER BY n \
-             LIMIT greatest(0, least($4, coalesce($5::int8 - \
-                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = $1), $4)))) \
+             SELECT id FROM ( \
+                 SELECT id, attempt + 1 < max_attempts AS spare, \
+                     row_number() OVER () AS n \
+                 FROM ( \
+                     SELECT id, attempt, max_attempts FROM {t} \
+                     WHERE state = 'pending' AND queue = {queue} AND run_at <= {now} \
+                         AND NOT cancel_requested \
+                         AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = {queue} AND paused) \
+                     ORDER BY priority, run_at, id \
+                     LIMIT {walk} FOR UPDATE SKIP LOCKED) AS c) AS d \
+             WHERE spare OR n <= {limit} - {buffered} \
+             LIMIT {take}) \
          RETURNING {CLAIM_COLS}"
     )
 }

@@ -1,0 +1,152 @@
+//! The capped claim of the PostgreSQL backend (`TaskClaim::max_running`
+//! and/or `per_key_max_running`, not fair), made by one statement: a call
+//! of the PL/pgSQL function `<prefix>capped_claim` the schema step 21 → 22
+//! creates ([`function_sql`]).
+//!
+//! Inside the function, in the caller's transaction (a claim of its own
+//! runs in the statement's implicit one): the queue's advisory lock (the
+//! one fair and rated-per-key claimers take, so capped claimers take
+//! turns), then one claim statement that counts the queue's running
+//! tasks (per key under a per-key cap) and claims within the caps. A
+//! volatile function's every statement reads a fresh snapshot, so the
+//! statement run after the lock counts every claim that committed before
+//! it. The lock is held for the server's time only: the claim was
+//! `BEGIN`, the lock, the statement, `COMMIT` (4 round trips, 3 of them
+//! under the lock), and is one call now.
+
+use super::fair::RETURNS;
+use super::sql::{claim_stmt, ClaimArgs};
+use super::{Names, PgBackend};
+use crate::error::StoreError;
+use crate::store::sql_row::CLAIM_COLS;
+use crate::store::{Task, TaskClaim};
+
+/// The capped claim function's quoted name.
+pub(super) fn function_name(n: &Names) -> String {
+    format!("\"{}capped_claim\"", n.prefix)
+}
+
+/// `CREATE OR REPLACE FUNCTION <prefix>capped_claim(…)`: the capped claim
+/// in one call. Arguments: the queue, the worker, the lease in ms, the
+/// limit, `max_running` (NULL: none), the per-key cap (NULL: none),
+/// `buffered`, the locking walk's length, the advisory lock's text key (hashed
+/// as every claimer of the queue hashes it), and the store's clock (the
+/// caller's `now`, so the test clock is honoured). Returns the claimed
+/// rows ([`RETURNS`], the fair claim's).
+pub(super) fn function_sql(n: &Names) -> String {
+    let f = function_name(n);
+    let now_us = "floor(extract(epoch FROM p_now) * 1000000)::bigint";
+    let args = ClaimArgs {
+        queue: "p_queue",
+        worker: "p_worker",
+        lease_ms: "p_lease_ms",
+        limit: "p_limit",
+        buffered: "p_buffered",
+        walk: "p_walk",
+        now: "p_now",
+        now_us,
+    };
+    let t = &n.tasks;
+    let queue_capped = claim_stmt(
+        n,
+        &args,
+        &format!(
+            "greatest(0, least(p_limit, p_max_running - \
+                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = p_queue)))"
+        ),
+    );
+    let key_capped = keyed(n, now_us);
+    format!(
+        r#"CREATE OR REPLACE FUNCTION {f}(p_queue text, p_worker text, p_lease_ms int8,
+    p_limit int8, p_max_running int8, p_per_key int8, p_buffered int8, p_walk int8,
+    p_lock text, p_now timestamptz)
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
+    IF p_per_key IS NULL THEN
+        RETURN QUERY WITH u AS ({queue_capped}) SELECT * FROM u;
+    ELSE
+        RETURN QUERY WITH u AS ({key_capped}) SELECT * FROM u;
+    END IF;
+END
+$fn$;"#
+    )
+}
+
+/// The claim under a cap per concurrency key (`p_per_key`), run under the
+/// queue's advisory lock, so the running tasks it counts are every
+/// claim's that committed before it. The keys already at the cap are
+/// left out of the locking walk (a saturated key's backlog is stepped
+/// over by the index walk, never locked); among the walked rows the
+/// `n`-th of a key in claim order is taken only while `n` plus the key's
+/// running tasks stays within the cap. The running tasks are counted from
+/// the `tasks_running` index (the queue's running set, bounded by the
+/// workers' slots). `p_max_running` is the queue's cap or NULL.
+fn keyed(n: &Names, now_us: &str) -> String {
+    let (t, q) = (&n.tasks, &n.queues);
+    format!(
+        "WITH run AS MATERIALIZED ( \
+             SELECT concurrency_key AS k, count(*) AS r FROM {t} \
+             WHERE state = 'running' AND queue = p_queue AND concurrency_key IS NOT NULL \
+             GROUP BY concurrency_key), \
+         walk AS ( \
+             SELECT id, attempt, max_attempts, priority, run_at, concurrency_key FROM {t} \
+             WHERE state = 'pending' AND queue = p_queue AND run_at <= p_now \
+                 AND NOT cancel_requested \
+                 AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = p_queue AND paused) \
+                 AND (concurrency_key IS NULL \
+                     OR concurrency_key NOT IN (SELECT k FROM run WHERE r >= p_per_key)) \
+             ORDER BY priority, run_at, id \
+             LIMIT p_walk FOR UPDATE SKIP LOCKED), \
+         ok AS ( \
+             SELECT w.id, w.attempt + 1 < w.max_attempts AS spare, \
+                 row_number() OVER (ORDER BY w.priority, w.run_at, w.id) AS n \
+             FROM (SELECT walk.*, row_number() OVER (PARTITION BY concurrency_key \
+                       ORDER BY priority, run_at, id) AS kn FROM walk) AS w \
+                 LEFT JOIN run ON run.k = w.concurrency_key \
+             WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= p_per_key) \
+         UPDATE {t} SET state = 'running', attempt = attempt + 1, \
+             started_at = p_now, \
+             lease_until = p_now + p_lease_ms * interval '1 millisecond', worker = p_worker, \
+             claim_token = greatest(claim_token + 1, {now_us}) \
+         WHERE id IN ( \
+             SELECT id FROM ok WHERE spare OR n <= p_limit - p_buffered ORDER BY n \
+             LIMIT greatest(0, least(p_limit, coalesce(p_max_running - \
+                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = p_queue), \
+                 p_limit)))) \
+         RETURNING {CLAIM_COLS}"
+    )
+}
+
+impl PgBackend {
+    /// A capped claim on `conn` (in a transaction or not): one call of the
+    /// capped claim function, which takes the queue's advisory lock itself.
+    pub(super) async fn claim_capped<'c, E>(
+        &self,
+        conn: E,
+        req: &TaskClaim<'_>,
+    ) -> Result<Vec<Task>, StoreError>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+    {
+        let walk = super::backend::claim_walk(req);
+        // Under a per-key cap the walk takes four times as many rows: keys
+        // with one place left must not fill it on their own.
+        let walk = match req.per_key_max_running {
+            Some(_) => walk.saturating_mul(4),
+            None => walk,
+        };
+        let sql = format!(
+            "SELECT {CLAIM_COLS} FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, {}) AS f({RETURNS})",
+            function_name(&self.names),
+            self.names.now
+        );
+        let rows = self
+            .claim_call(&sql, req)
+            .bind(i64::from(walk))
+            .bind(self.lock_key(req.queue))
+            .fetch_all(conn)
+            .await?;
+        super::backend::claimed(&rows)
+    }
+}
