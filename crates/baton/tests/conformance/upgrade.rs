@@ -1174,23 +1174,24 @@ pub async fn remove_schema_leaves_nothing_of_the_prefix(ts: TestStore) {
     }
     if ts.kind == Kind::Postgres {
         // The claim functions go with the tables; the neighbour's stay.
-        let pool = sqlx::PgPool::connect(&ts.url).await.unwrap();
-        let count = |prefix: &str| {
-            let (pool, prefix) = (pool.clone(), prefix.to_string());
-            async move {
-                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_proc WHERE proname = ANY($1)")
-                    .bind(
-                        ["fair_claim", "capped_claim", "key_rated_claim"]
-                            .map(|f| format!("{prefix}{f}"))
-                            .to_vec(),
-                    )
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap()
-            }
+        // (Connected as baton connects, in a transaction, unnamed
+        // statements: also behind a transaction pooler.)
+        let (pool, mut tx) = crate::harness::pg_tx(&ts).await;
+        let mut count = async |prefix: &str| -> i64 {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_proc WHERE proname = ANY($1)")
+                .persistent(false)
+                .bind(
+                    ["fair_claim", "capped_claim", "key_rated_claim"]
+                        .map(|f| format!("{prefix}{f}"))
+                        .to_vec(),
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap()
         };
         assert_eq!(count(&p).await, 0, "functions dropped");
         assert_eq!(count(&neighbour).await, 3);
+        tx.rollback().await.unwrap();
         pool.close().await;
     }
 
