@@ -449,7 +449,8 @@ impl WorkerConfig {
 
     /// Like [`prefetch`](Self::prefetch), but the buffer adapts to the
     /// queue's pace: it holds what the queue started in the last
-    /// [`PREFETCH_HORIZON`] (100 ms) at its recent rate, at most `max`
+    /// [`prefetch_horizon`](Self::prefetch_horizon) (100 ms; 300 ms on
+    /// MySQL) at its recent rate, at most `max`
     /// tasks. Short tasks arriving in bulk get large claims (few round
     /// trips and commits per task), while a queue of long handlers
     /// buffers next to nothing, so its tasks are not held back from idle
@@ -481,8 +482,8 @@ impl WorkerConfig {
     /// PostgreSQL 1.6× with the buffer alone and 1.6× again once results
     /// could queue up as far as the buffer reaches. Each claim and each
     /// result batch is a commit (or a script call), and bulk work wants few,
-    /// large ones. The buffer sizes itself to 100 ms of work, so long
-    /// handlers buffer next to nothing.
+    /// large ones. The buffer sizes itself to 100 ms of work (300 ms on
+    /// MySQL), so long handlers buffer next to nothing.
     ///
     /// [`Worker::run`](super::Worker::run) does this with its store; knobs
     /// set explicitly are kept.
