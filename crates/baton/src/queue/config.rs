@@ -55,6 +55,9 @@ pub struct WorkerConfig {
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
     pub(super) prefetch: Option<Prefetch>,
+    /// The adaptive buffer's horizon (unset: [`PREFETCH_HORIZON`]; set by
+    /// [`WorkerConfig::with_store_defaults`]).
+    pub(super) prefetch_horizon: Option<Duration>,
 }
 
 /// How a queue's prefetch buffer is sized (see [`WorkerConfig::prefetch`]
@@ -81,6 +84,13 @@ pub const LISTENING_POLL_INTERVAL: Duration = Duration::from_secs(2);
 /// An adaptive prefetch buffer ([`WorkerConfig::prefetch_up_to`]) holds
 /// what its queue starts in this long, at the queue's recent rate.
 pub const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
+
+/// The adaptive buffer's horizon on MySQL: each claim there walks the
+/// claim index's entries for the tasks claimed since InnoDB last purged
+/// it, a cost per claim, not per task, so claims are made fewer and
+/// larger (docs/BENCHMARKS.md, session 25, "MySQL's claims walk
+/// unpurged entries").
+pub const MYSQL_PREFETCH_HORIZON: Duration = Duration::from_millis(300);
 
 /// The adaptive buffer's bound by default
 /// ([`WorkerConfig::with_store_defaults`]).
@@ -114,6 +124,7 @@ impl Default for WorkerConfig {
             free_slot_on_return: None,
             result_batches_in_flight: None,
             prefetch: None,
+            prefetch_horizon: None,
         }
     }
 }
@@ -438,7 +449,8 @@ impl WorkerConfig {
 
     /// Like [`prefetch`](Self::prefetch), but the buffer adapts to the
     /// queue's pace: it holds what the queue started in the last
-    /// [`PREFETCH_HORIZON`] (100 ms) at its recent rate, at most `max`
+    /// [`prefetch_horizon`](Self::prefetch_horizon) (100 ms; 300 ms on
+    /// MySQL) at its recent rate, at most `max`
     /// tasks. Short tasks arriving in bulk get large claims (few round
     /// trips and commits per task), while a queue of long handlers
     /// buffers next to nothing, so its tasks are not held back from idle
@@ -456,11 +468,13 @@ impl WorkerConfig {
     }
 
     /// Fill the pipeline knobs left unset with the defaults, the same on
-    /// every store (`kind`, a [`Backend::kind`](crate::store::Backend::kind)
-    /// name, is kept for knobs that come to differ): slots free as
-    /// handlers return, 2 result batches in flight, and an adaptive
-    /// prefetch buffer of at most 512 tasks
-    /// ([`prefetch_up_to`](Self::prefetch_up_to)).
+    /// every store but one (`kind`, a [`Backend::kind`](crate::store::Backend::kind)
+    /// name): slots free as handlers return, 2 result batches in flight,
+    /// and an adaptive prefetch buffer of at most 512 tasks
+    /// ([`prefetch_up_to`](Self::prefetch_up_to)) holding
+    /// [`PREFETCH_HORIZON`] of work — on MySQL
+    /// [`MYSQL_PREFETCH_HORIZON`], as each claim there costs a walk over
+    /// the entries InnoDB has not purged yet.
     ///
     /// Measured side by side (docs/BENCHMARKS.md 4k), 100k no-op tasks, 4
     /// workers × 24: the three together against none took the queue 1.3–1.5×
@@ -468,8 +482,8 @@ impl WorkerConfig {
     /// PostgreSQL 1.6× with the buffer alone and 1.6× again once results
     /// could queue up as far as the buffer reaches. Each claim and each
     /// result batch is a commit (or a script call), and bulk work wants few,
-    /// large ones. The buffer sizes itself to 100 ms of work, so long
-    /// handlers buffer next to nothing.
+    /// large ones. The buffer sizes itself to 100 ms of work (300 ms on
+    /// MySQL), so long handlers buffer next to nothing.
     ///
     /// [`Worker::run`](super::Worker::run) does this with its store; knobs
     /// set explicitly are kept.
@@ -483,7 +497,12 @@ impl WorkerConfig {
     /// assert_eq!((lite.free_slot_on_return_on(), lite.result_batches(), lite.prefetch_tasks()), (true, 2, 4));
     /// assert!(!lite.prefetch_adaptive());
     /// ```
-    pub fn with_store_defaults(mut self, _kind: &str) -> Self {
+    pub fn with_store_defaults(mut self, kind: &str) -> Self {
+        self.prefetch_horizon.get_or_insert(if kind == "mysql" {
+            MYSQL_PREFETCH_HORIZON
+        } else {
+            PREFETCH_HORIZON
+        });
         self.free_slot_on_return.get_or_insert(true);
         self.result_batches_in_flight.get_or_insert(2);
         self.prefetch
@@ -517,6 +536,22 @@ impl WorkerConfig {
     /// ([`prefetch_up_to`](Self::prefetch_up_to)).
     pub fn prefetch_adaptive(&self) -> bool {
         matches!(self.prefetch, Some(Prefetch::UpTo(_)))
+    }
+
+    /// How much work an adaptive prefetch buffer holds, at its queue's
+    /// recent rate: [`PREFETCH_HORIZON`], or the store's own after
+    /// [`with_store_defaults`](Self::with_store_defaults) (MySQL:
+    /// [`MYSQL_PREFETCH_HORIZON`]).
+    ///
+    /// ```
+    /// use baton::queue::{WorkerConfig, MYSQL_PREFETCH_HORIZON, PREFETCH_HORIZON};
+    /// let cfg = WorkerConfig::new().queue("q", 8);
+    /// assert_eq!(cfg.clone().prefetch_horizon(), PREFETCH_HORIZON);
+    /// assert_eq!(cfg.clone().with_store_defaults("postgres").prefetch_horizon(), PREFETCH_HORIZON);
+    /// assert_eq!(cfg.with_store_defaults("mysql").prefetch_horizon(), MYSQL_PREFETCH_HORIZON);
+    /// ```
+    pub fn prefetch_horizon(&self) -> Duration {
+        self.prefetch_horizon.unwrap_or(PREFETCH_HORIZON)
     }
 
     /// The queues served and their concurrency, in the order named.

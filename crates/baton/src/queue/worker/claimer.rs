@@ -109,7 +109,7 @@ pub(super) async fn claim_into(
     let mut pace = shared
         .config
         .prefetch_adaptive()
-        .then(|| Pace::new(Instant::now()));
+        .then(|| Pace::new(Instant::now(), shared.config.prefetch_horizon()));
     // The last claim came back short of its buffer share only (see below).
     let mut filtered = false;
     let mut backoff = Duration::from_millis(50);
@@ -384,7 +384,8 @@ async fn claim(
 }
 
 /// A queue's recent pace (tasks started per second), which sizes an
-/// adaptive prefetch buffer to [`PREFETCH_HORIZON`] of work.
+/// adaptive prefetch buffer to its horizon of work
+/// ([`WorkerConfig::prefetch_horizon`](crate::queue::WorkerConfig::prefetch_horizon)).
 pub(super) struct Pace {
     /// Start of the current window.
     pub(super) since: Instant,
@@ -392,6 +393,8 @@ pub(super) struct Pace {
     pub(super) count: u32,
     /// The estimate: each finished window averaged with the one before.
     pub(super) per_sec: f64,
+    /// How much work the buffer holds at that rate.
+    pub(super) horizon: Duration,
 }
 
 impl Pace {
@@ -399,11 +402,12 @@ impl Pace {
     /// estimate.
     const WINDOW: Duration = Duration::from_millis(50);
 
-    pub(super) fn new(now: Instant) -> Pace {
+    pub(super) fn new(now: Instant, horizon: Duration) -> Pace {
         Pace {
             since: now,
             count: 0,
             per_sec: 0.0,
+            horizon,
         }
     }
 
@@ -411,7 +415,7 @@ impl Pace {
         self.count = self.count.saturating_add(n);
     }
 
-    /// The buffer to keep now: the estimate times the horizon, at most
+    /// The buffer to keep now: the estimate times `horizon`, at most
     /// `max`. A window that ended updates the estimate first; a long quiet
     /// spell (many windows without a look) replaces it, so a queue that
     /// went idle starts again from its free slots.
@@ -428,7 +432,7 @@ impl Pace {
             self.count = 0;
         }
         // Saturating float-to-int: a huge rate is `max`.
-        ((self.per_sec * PREFETCH_HORIZON.as_secs_f64()) as usize).min(max)
+        ((self.per_sec * self.horizon.as_secs_f64()) as usize).min(max)
     }
 }
 

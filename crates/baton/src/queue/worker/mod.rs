@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::config::{WorkerConfig, PREFETCH_HORIZON};
+use super::config::WorkerConfig;
 use super::counters::{Outcome, WorkerCounters};
 use super::hooks::{AttemptMiddleware, WorkerEvent};
 use super::{QueueRate, RateLimit, TaskAction};

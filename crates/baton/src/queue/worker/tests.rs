@@ -3,7 +3,7 @@ use super::*;
 #[test]
 fn pace_sizes_the_buffer_to_the_horizon_and_forgets_idle_spells() {
     let t0 = Instant::now();
-    let mut p = Pace::new(t0);
+    let mut p = Pace::new(t0, crate::queue::PREFETCH_HORIZON);
     assert_eq!(p.buffer(t0, 512), 0, "no pace known yet: free slots only");
     // 200 starts in 50 ms: 4000/s, averaged with the unknown 0 → 2000/s
     // → 200 tasks in 100 ms.
@@ -17,11 +17,30 @@ fn pace_sizes_the_buffer_to_the_horizon_and_forgets_idle_spells() {
     // Bounded by `max`.
     assert_eq!(p.buffer(t0 + Duration::from_millis(160), 100), 100);
     // Long handlers: 24 starts a second buffer next to nothing.
-    let mut slow = Pace::new(t0);
+    let mut slow = Pace::new(t0, crate::queue::PREFETCH_HORIZON);
     slow.started(24);
     assert_eq!(slow.buffer(t0 + Duration::from_secs(1), 512), 2);
     // An idle spell replaces the estimate: nothing buffered after it.
     assert_eq!(p.buffer(t0 + Duration::from_secs(5), 512), 0);
+}
+
+#[test]
+fn pace_holds_its_horizon_of_work() {
+    // MySQL's longer horizon: the same pace, three times the buffer (and
+    // so claims about three times as large, a third as many).
+    let t0 = Instant::now();
+    let mut short = Pace::new(t0, crate::queue::PREFETCH_HORIZON);
+    let mut long = Pace::new(t0, crate::queue::MYSQL_PREFETCH_HORIZON);
+    for p in [&mut short, &mut long] {
+        p.started(100);
+        p.buffer(t0 + Duration::from_millis(50), 10_000);
+        p.started(100);
+    }
+    // 2000/s averaged with the unknown 0, then 2000/s again: 1500/s.
+    let at = t0 + Duration::from_millis(100);
+    assert_eq!(short.buffer(at, 10_000), 150);
+    assert_eq!(long.buffer(at, 10_000), 450);
+    assert_eq!(long.buffer(at, 400), 400, "still bounded by `max`");
 }
 
 fn completion(
