@@ -1227,14 +1227,27 @@ pub async fn finish_and_claim_is_per_item_compare_and_set(ts: TestStore) {
             .await
             .unwrap();
     }
+    // The claimed tasks differ in every column a claim returns, so a
+    // column read from the wrong task (or the wrong column) shows.
     let mut next = Vec::new();
+    let slot = chrono::DateTime::parse_from_rfc3339("2026-03-01T06:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
     for i in 0..3 {
-        next.push(
-            q.enqueue(task("next").queue("fc_next").priority(i))
-                .await
-                .unwrap()
-                .id,
-        );
+        let mut t = TaskBuilder::new(
+            format!("next{i}"),
+            json!({"n": i, "s": "x".repeat(i as usize)}),
+        )
+        .queue("fc_next")
+        .priority(i)
+        .max_attempts(3 + i as u32);
+        if i == 1 {
+            t = t
+                .timeout(Duration::from_millis(1500))
+                .slot("fc_job", slot)
+                .traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        }
+        next.push(q.enqueue(t).await.unwrap().id);
     }
     let c = claim(&ts.store, "fc_held", 5, 10_000).await;
     assert_eq!(c.len(), 5);
@@ -1269,8 +1282,33 @@ pub async fn finish_and_claim_is_per_item_compare_and_set(ts: TestStore) {
     for t in &tasks {
         let info = state(t.id).await;
         assert_eq!(info.state, TaskState::Running);
-        assert!(info.lease_until.is_some());
+        assert_eq!(info.lease_until, Some(t.lease_until), "task {}", t.id);
+        let stored = (
+            &info.kind,
+            &info.payload,
+            info.priority,
+            info.max_attempts,
+            info.timeout,
+            info.run_at,
+            &info.job,
+            info.slot,
+            &info.traceparent,
+        );
+        let claimed = (
+            &t.kind,
+            &t.payload,
+            t.priority,
+            t.max_attempts,
+            t.timeout,
+            t.run_at,
+            &t.job,
+            t.slot,
+            &t.traceparent,
+        );
+        assert_eq!(claimed, stored, "task {} as claimed and as stored", t.id);
     }
+    assert_eq!(tasks[1].job.as_deref(), Some("fc_job"));
+    assert_eq!(tasks[1].timeout, Some(Duration::from_millis(1500)));
 
     // Successes only (the bare finish): still per item, and an empty
     // claim.

@@ -65,7 +65,16 @@ pub(super) struct AttemptState {
     pub(super) exit_code: Mutex<Option<i32>>,
     /// The attempt's local lease bound (last confirmed heartbeat's send
     /// time + lease), as the heartbeat loop moves it.
-    pub(super) lease_bound: tokio::sync::watch::Sender<Instant>,
+    lease_bound: Mutex<LeaseBound>,
+}
+
+/// An attempt's lease bound, and the watch that follows it once someone
+/// asked to ([`TaskContext::watch_stop_by`]): made on demand, since most
+/// attempts are never watched and a watch channel costs an allocation and
+/// a wake-up list per attempt.
+struct LeaseBound {
+    at: Instant,
+    watch: Option<tokio::sync::watch::Sender<Instant>>,
 }
 
 impl AttemptState {
@@ -74,8 +83,35 @@ impl AttemptState {
         Arc::new(AttemptState {
             reason: Mutex::new(None),
             exit_code: Mutex::new(None),
-            lease_bound: tokio::sync::watch::Sender::new(bound),
+            lease_bound: Mutex::new(LeaseBound {
+                at: bound,
+                watch: None,
+            }),
         })
+    }
+
+    /// Move the lease bound (a confirmed heartbeat), telling a watcher.
+    pub(super) fn set_lease_bound(&self, at: Instant) {
+        let mut b = lock(&self.lease_bound);
+        b.at = at;
+        if let Some(w) = &b.watch {
+            w.send_replace(at);
+        }
+    }
+
+    /// The lease bound now.
+    fn lease_bound(&self) -> Instant {
+        lock(&self.lease_bound).at
+    }
+
+    /// A receiver that follows the lease bound (the watch made on first
+    /// use); it sees the sender gone once the attempt's state is dropped.
+    fn watch_lease_bound(&self) -> tokio::sync::watch::Receiver<Instant> {
+        let mut b = lock(&self.lease_bound);
+        let at = b.at;
+        b.watch
+            .get_or_insert_with(|| tokio::sync::watch::Sender::new(at))
+            .subscribe()
     }
 }
 
@@ -124,14 +160,14 @@ impl TaskContext {
     /// killed by then too, even if this process is frozen (see
     /// [`TaskContext::watch_stop_by`]).
     pub fn stop_by(&self) -> Instant {
-        let bound = *self.state.lease_bound.borrow();
+        let bound = self.state.lease_bound();
         bound.checked_sub(self.margin).unwrap_or(bound)
     }
     /// Follow [`TaskContext::stop_by`] as heartbeats move it: for a
     /// watchdog outside this process (`baton work` sends each new value to
     /// its command's supervisor, which kills the command there by itself).
     pub fn watch_stop_by(&self) -> crate::lock::StopBy {
-        crate::lock::StopBy::new(self.state.lease_bound.subscribe(), self.margin)
+        crate::lock::StopBy::new(self.state.watch_lease_bound(), self.margin)
     }
     /// Why the handler was asked to stop, if it was.
     pub fn stop_reason(&self) -> Option<StopReason> {

@@ -104,6 +104,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         }
         .instrument(span.clone());
         let (outcome, retry_in, error) = tokio::select! {
+            biased;
             o = attempt => o,
             _ = shared.abandon.cancelled() => (Outcome::Lost, None, None),
         };

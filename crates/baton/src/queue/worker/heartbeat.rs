@@ -33,11 +33,11 @@ pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {
                     match answer {
                         Heartbeat::Extended => {
                             r.deadline = sent + lease;
-                            r.ctx.state.lease_bound.send_replace(r.deadline);
+                            r.ctx.state.set_lease_bound(r.deadline);
                         }
                         Heartbeat::CancelRequested => {
                             r.deadline = sent + lease;
-                            r.ctx.state.lease_bound.send_replace(r.deadline);
+                            r.ctx.state.set_lease_bound(r.deadline);
                             if !r.ctx.is_stopped() {
                                 tracing::info!(
                                     task = claim.id,

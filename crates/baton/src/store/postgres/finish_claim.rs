@@ -4,14 +4,16 @@
 //! worker pays one round trip and one commit for both. Each finish is the
 //! same compare-and-set on (id, claim token, `running`) that
 //! `task_finish_many` makes, answered per item; a claim under a cap or
-//! fair goes after its finishes, as two calls (it must see them).
+//! fair goes after its finishes, as two calls (it must see them). The
+//! statement answers in one row of arrays (see `Sql::finish_claim`).
 
 use std::collections::HashSet;
 
 use sqlx::Row;
 
-use super::backend::{claim_walk, claimed};
+use super::backend::claim_walk;
 use super::finish::answered;
+use super::rows::packed_tasks;
 use super::{dur, PgBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::token_arg;
@@ -46,21 +48,19 @@ impl PgBackend {
         } else {
             self.bind_kinds(query, items)
         };
-        let rows = query.fetch_all(self.exec()).await?;
-        // A finished attempt's row carries its token in `done`.
-        let mut done = HashSet::new();
-        let mut claims = Vec::with_capacity(rows.len());
-        for row in rows {
-            match row.try_get::<Option<i64>, _>("done")? {
-                Some(token) => {
-                    done.insert((row.try_get::<i64, _>("id")?, token));
-                }
-                None => claims.push(row),
-            }
-        }
+        let row = query.fetch_one(self.exec()).await?;
+        let done_ids: Vec<i64> = row
+            .try_get::<Option<Vec<i64>>, _>("done_ids")?
+            .unwrap_or_default();
+        let done_tokens: Vec<i64> = row
+            .try_get::<Option<Vec<i64>>, _>("done_tokens")?
+            .unwrap_or_default();
+        let done: HashSet<(i64, i64)> = done_ids.into_iter().zip(done_tokens).collect();
+        let mut tasks = packed_tasks(&row, claim.queue)?;
+        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
         Ok(FinishedAndClaimed {
             finished: answered(&ids, &tokens, &done),
-            tasks: claimed(&claims)?,
+            tasks,
         })
     }
 }

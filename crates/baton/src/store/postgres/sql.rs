@@ -465,20 +465,30 @@ const CLAIM_PARAMS: usize = 5;
 /// worker holds and the claim takes `pending` ones, so the two never touch
 /// one row; the claim does not see the finish (one snapshot), so a
 /// finished task is not counted out nor claimed again by it, which an
-/// uncapped claim does not need. Rows: each claimed task's
-/// [`CLAIM_COLS`] with `done` NULL, then one row per attempt finished:
-/// its id, NULLs, and its claim token as `done`.
+/// uncapped claim does not need. One row: the claimed tasks' columns as
+/// arrays ([`PACKED_CLAIM`], read by `rows::packed_tasks`), then the
+/// finished attempts' ids and claim tokens (`done_ids`, `done_tokens`).
+/// One row of arrays instead of a row per task: the client reads each
+/// column's type once, and no row framing or column lookup per task
+/// (the largest share of a worker's CPU per task, measured).
 fn finish_claim_sql(claim: &str, fin: &FinishParts) -> String {
-    // The claim's other columns, NULL in a finished row (their types come
-    // from the claim's rows).
-    let nulls = vec!["NULL"; CLAIM_COLS.split(',').count() - 1].join(", ");
     format!(
-        "WITH {}, cl AS ({claim}) \
-         SELECT {CLAIM_COLS}, NULL::int8 AS done FROM cl \
-         UNION ALL SELECT f.id, {nulls}, f.token FROM ({}) AS f",
+        "WITH {}, cl AS ({claim}), f AS ({}) \
+         SELECT c.*, d.* FROM (SELECT {PACKED_CLAIM} FROM cl) AS c, \
+           (SELECT array_agg(id) AS done_ids, array_agg(token) AS done_tokens FROM f) AS d",
         fin.ctes, fin.answer
     )
 }
+
+/// The claimed rows' [`CLAIM_COLS`] as one array each, in one order (every
+/// aggregate of one query level sees the rows in the same order); `queue`
+/// is left out (the claim's own). NULL arrays when nothing was claimed.
+pub(super) const PACKED_CLAIM: &str = "array_agg(id) AS ids, array_agg(kind) AS kinds, \
+     array_agg(payload::text) AS payloads, array_agg(priority) AS priorities, \
+     array_agg(attempt) AS attempts, array_agg(claim_token) AS tokens, \
+     array_agg(max_attempts) AS max_attempts, array_agg(timeout_ms) AS timeouts, \
+     array_agg(run_at) AS run_ats, array_agg(lease_until) AS lease_untils, \
+     array_agg(job) AS jobs, array_agg(slot) AS slots, array_agg(traceparent) AS traceparents";
 
 /// The uncapped claim statement of one limit bucket ([`Sql::claim`]).
 fn claim_sql(n: &Names, bucket: u64) -> String {
