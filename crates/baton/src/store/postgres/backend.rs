@@ -59,8 +59,13 @@ pub(super) fn claimed(rows: &[PgRow]) -> Result<Vec<Task>, StoreError> {
         .iter()
         .map(claimed_task)
         .collect::<Result<Vec<_>, _>>()?;
-    tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+    claim_order(&mut tasks);
     Ok(tasks)
+}
+
+/// Claimed tasks in claim order: priority, then due time, then id.
+pub(super) fn claim_order(tasks: &mut [Task]) {
+    tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
 }
 
 impl PgBackend {
@@ -82,20 +87,27 @@ impl PgBackend {
         if req.max_running.is_some() || req.per_key_max_running.is_some() {
             return self.claim_capped(&mut *tx, req).await;
         }
-        claimed(&self.plain_claim(req).fetch_all(&mut *tx).await?)
+        self.plain_claim(&mut *tx, req).await
     }
 
-    /// The uncapped claim's query, bound.
-    fn plain_claim<'q>(
-        &'q self,
-        req: &TaskClaim<'q>,
-    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        self.q(self.sql.claim(claim_walk(req)))
+    /// The uncapped claim, sent on `ex`: its tasks in claim order (the
+    /// statement answers in one row of arrays, see [`Sql::claim_packed`]).
+    async fn plain_claim<'e, E>(&self, ex: E, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+    {
+        let row = self
+            .q(self.sql.claim_packed(claim_walk(req)))
             .bind(req.queue)
             .bind(req.worker)
             .bind(dur(req.lease))
             .bind(i64::from(req.limit))
             .bind(i64::from(req.buffered))
+            .fetch_one(ex)
+            .await?;
+        let mut tasks = super::rows::packed_tasks(&row, req.queue)?;
+        claim_order(&mut tasks);
+        Ok(tasks)
     }
 
     /// A claim under a rate limit inside `tx`, under a rate per key too
@@ -379,7 +391,7 @@ impl Backend for PgBackend {
         if req.max_running.is_some() || req.per_key_max_running.is_some() {
             return self.claim_capped(self.exec(), req).await;
         }
-        claimed(&self.plain_claim(req).fetch_all(self.exec()).await?)
+        self.plain_claim(self.exec(), req).await
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {

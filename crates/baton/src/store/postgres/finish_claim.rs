@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use sqlx::Row;
 
-use super::backend::claim_walk;
+use super::backend::{claim_order, claim_walk};
 use super::finish::answered;
 use super::rows::packed_tasks;
 use super::{dur, PgBackend};
@@ -57,7 +57,7 @@ impl PgBackend {
             .unwrap_or_default();
         let done: HashSet<(i64, i64)> = done_ids.into_iter().zip(done_tokens).collect();
         let mut tasks = packed_tasks(&row, claim.queue)?;
-        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+        claim_order(&mut tasks);
         Ok(FinishedAndClaimed {
             finished: answered(&ids, &tokens, &done),
             tasks,

@@ -54,6 +54,9 @@ pub(super) struct Sql {
     /// The combined statements, built on first use, by limit bucket and
     /// finish (as `finish_parts`).
     finish_claims: Vec<[OnceLock<String>; 2]>,
+    /// The claims answering in one row of arrays ([`Sql::claim_packed`]),
+    /// built on first use, by limit bucket.
+    packed_claims: Vec<OnceLock<String>>,
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -292,6 +295,7 @@ impl Sql {
                 finish_sql::finish_succeeded_parts(t, now, keep_succeeded, CLAIM_PARAMS),
             ],
             finish_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
+            packed_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
             heartbeat: format!(
                 "UPDATE {t} AS t SET lease_until = {now} + $3 * interval '1 millisecond' \
                  FROM (SELECT DISTINCT id, token \
@@ -432,6 +436,18 @@ impl Sql {
     /// are locked than `$4` and those the buffer's share stepped over.
     pub(super) fn claim(&self, walk: u32) -> &str {
         &self.claims[self.bucket(walk)]
+    }
+
+    /// The uncapped claim ([`Sql::claim`], `$1`–`$5`) answering in one
+    /// row of arrays ([`PACKED_CLAIM`]).
+    pub(super) fn claim_packed(&self, walk: u32) -> &str {
+        let i = self.bucket(walk);
+        self.packed_claims[i].get_or_init(|| {
+            format!(
+                "WITH cl AS ({}) SELECT {PACKED_CLAIM} FROM cl",
+                self.claims[i]
+            )
+        })
     }
 
     /// The uncapped claim ([`Sql::claim`], `$1`–`$5`)
