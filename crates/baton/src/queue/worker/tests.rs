@@ -107,3 +107,35 @@ fn a_claim_carries_each_task_once_and_holding_follows_the_hot_queues() {
     );
     assert!(!Ride::new(false, 536).holding());
 }
+
+#[tokio::test]
+async fn stop_by_follows_the_lease_bound_whenever_watched() {
+    let task = crate::testing::task_of(crate::queue::TaskBuilder::new(
+        "watched",
+        serde_json::json!({}),
+    ))
+    .unwrap();
+    let ctx = TaskContext::for_test(task);
+    let margin = ctx.margin;
+    let first = Instant::now() + Duration::from_secs(60);
+    // Moved before anyone watches: the watch made later starts there.
+    ctx.state.set_lease_bound(first);
+    assert_eq!(ctx.stop_by(), first - margin);
+    let mut watch = ctx.watch_stop_by();
+    assert_eq!(watch.get(), first - margin);
+    // Moved while watched: the watch hears it, and a second watch shares it.
+    let mut second = ctx.watch_stop_by();
+    let later = first + Duration::from_secs(30);
+    ctx.state.set_lease_bound(later);
+    let heard = |w: &mut crate::lock::StopBy| {
+        let mut w = w.clone();
+        async move { tokio::time::timeout(Duration::from_secs(5), w.changed()).await }
+    };
+    assert_eq!(heard(&mut watch).await, Ok(Some(later - margin)));
+    assert_eq!(heard(&mut second).await, Ok(Some(later - margin)));
+    assert_eq!(ctx.stop_by(), later - margin);
+    // The attempt gone (every context dropped): nothing moves it any more.
+    drop(ctx);
+    watch.get();
+    assert_eq!(heard(&mut watch).await, Ok(None));
+}
