@@ -51,7 +51,7 @@ async fn open(url: &str, prefix: &str) -> Store {
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+    .unwrap_or_else(|e| panic!("connect {url}: {}", baton::error::chain(&e)))
 }
 
 /// `WRITERS` handles enqueue batches at once; every returned id must be
