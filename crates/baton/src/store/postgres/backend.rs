@@ -185,6 +185,20 @@ impl PgBackend {
             .bind(i64::from(req.buffered))
     }
 
+    /// A call of a claim function returning [`RETURNS`](super::fair::RETURNS)
+    /// rows (the capped and fair claims): `function($1…$params, now)`,
+    /// its rows' [`CLAIM_COLS`](crate::store::sql_row::CLAIM_COLS).
+    pub(super) fn claim_function_call(&self, function: &str, params: usize) -> String {
+        let args: Vec<String> = (1..=params).map(|i| format!("${i}")).collect();
+        format!(
+            "SELECT {} FROM {function}({}, {}) AS f({})",
+            crate::store::sql_row::CLAIM_COLS,
+            args.join(", "),
+            self.names.now,
+            super::fair::RETURNS
+        )
+    }
+
     /// The text key of the queue's advisory lock (transaction-scoped),
     /// hashed by `hashtextextended(key, 0)`: capped, fair and
     /// rated-per-key claimers of a queue take turns on it.

@@ -14,7 +14,6 @@
 //! `BEGIN`, the lock, the statement, `COMMIT` (4 round trips, 3 of them
 //! under the lock), and is one call now.
 
-use super::fair::RETURNS;
 use super::sql::{claim_stmt, ClaimArgs};
 use super::{Names, PgBackend};
 use crate::error::StoreError;
@@ -136,11 +135,7 @@ impl PgBackend {
             Some(_) => walk.saturating_mul(4),
             None => walk,
         };
-        let sql = format!(
-            "SELECT {CLAIM_COLS} FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, {}) AS f({RETURNS})",
-            function_name(&self.names),
-            self.names.now
-        );
+        let sql = self.claim_function_call(&function_name(&self.names), 9);
         let rows = self
             .claim_call(&sql, req)
             .bind(i64::from(walk))

@@ -196,11 +196,7 @@ impl PgBackend {
     where
         E: sqlx::Executor<'c, Database = sqlx::Postgres>,
     {
-        let sql = format!(
-            "SELECT {CLAIM_COLS} FROM {}($1, $2, $3, $4, $5, $6, $7, $8, {}) AS f({RETURNS})",
-            function_name(&self.names),
-            self.names.now
-        );
+        let sql = self.claim_function_call(&function_name(&self.names), 8);
         let rows = self
             .claim_call(&sql, req)
             .bind(self.lock_key(req.queue))
