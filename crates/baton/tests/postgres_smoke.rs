@@ -199,6 +199,38 @@ async fn claim_plan_is_an_index_walk() {
     f.drop_tables().await;
 }
 
+/// A large claim from a small, analyzed table still updates its rows by
+/// the primary key: with the picked ids as `id IN (…)`, the custom plan of
+/// a 512-task claim over 20,000 pending tasks hashed the ids and scanned
+/// the whole table (25 ms of 35, measured with `EXPLAIN ANALYZE`).
+#[tokio::test]
+async fn large_claim_from_a_small_table_updates_by_primary_key() {
+    let Some(f) = setup().await else { return };
+    let b = f.b();
+    let mut conn = sqlx::PgConnection::connect(&url()).await.unwrap();
+    let batch: Vec<NewTask> = (0..20_000).map(|_| task("small")).collect();
+    assert_eq!(b.task_insert_many(&batch).await.unwrap().len(), 20_000);
+    sqlx::Executor::execute(&mut conn, format!("ANALYZE \"{}tasks\"", f.prefix).as_str())
+        .await
+        .unwrap();
+    let p = Some(f.prefix.as_str());
+    for generic in [false, true] {
+        let plan = postgres::explain_claim(&mut conn, p, "small", 512, generic, false)
+            .await
+            .unwrap();
+        println!("--- generic: {generic}\n{plan}");
+        let task_scan = plan
+            .lines()
+            .any(|l| l.contains("Seq Scan") && !l.contains("test_clock_"));
+        assert!(!task_scan, "generic: {generic}: seq scan:\n{plan}");
+        assert!(
+            plan.contains("tasks_pkey"),
+            "generic: {generic}: no primary key:\n{plan}"
+        );
+    }
+    f.drop_tables().await;
+}
+
 #[tokio::test]
 async fn listener_reconnects_after_its_connection_is_killed() {
     let Some(f) = setup().await else { return };

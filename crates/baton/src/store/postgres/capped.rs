@@ -108,11 +108,11 @@ fn keyed(n: &Names, now_us: &str) -> String {
              started_at = p_now, \
              lease_until = p_now + p_lease_ms * interval '1 millisecond', worker = p_worker, \
              claim_token = greatest(claim_token + 1, {now_us}) \
-         WHERE id IN ( \
+         WHERE id = ANY(ARRAY( \
              SELECT id FROM ok WHERE spare OR n <= p_limit - p_buffered ORDER BY n \
              LIMIT greatest(0, least(p_limit, coalesce(p_max_running - \
                  (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = p_queue), \
-                 p_limit)))) \
+                 p_limit))))) \
          RETURNING {CLAIM_COLS}"
     )
 }

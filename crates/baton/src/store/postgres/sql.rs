@@ -546,7 +546,10 @@ pub(super) struct ClaimArgs<'a> {
 /// A claim of at most `take` tasks (an expression). The rows are numbered
 /// as the locking walk yields them: the first `limit - buffered` start at
 /// once, the later ones only with an attempt to spare. Rows stepped over
-/// stay locked (unchanged) until the commit.
+/// stay locked (unchanged) until the commit. The picked ids are updated as
+/// an array (`id = ANY(ARRAY(…))`), found by the primary key: as
+/// `id IN (…)` a custom plan could hash the picked ids and scan the whole
+/// table for them (20,000 rows: 25 ms of a 400-task claim's 35).
 pub(super) fn claim_stmt(n: &Names, a: &ClaimArgs<'_>, take: &str) -> String {
     let (t, q) = (&n.tasks, &n.queues);
     let ClaimArgs {
@@ -564,7 +567,7 @@ pub(super) fn claim_stmt(n: &Names, a: &ClaimArgs<'_>, take: &str) -> String {
              started_at = {now}, \
              lease_until = {now} + {lease_ms} * interval '1 millisecond', worker = {worker}, \
              claim_token = greatest(claim_token + 1, {now_us}) \
-         WHERE id IN ( \
+         WHERE id = ANY(ARRAY( \
              SELECT id FROM ( \
                  SELECT id, attempt + 1 < max_attempts AS spare, \
                      row_number() OVER () AS n \
@@ -576,7 +579,7 @@ pub(super) fn claim_stmt(n: &Names, a: &ClaimArgs<'_>, take: &str) -> String {
                      ORDER BY priority, run_at, id \
                      LIMIT {walk} FOR UPDATE SKIP LOCKED) AS c) AS d \
              WHERE spare OR n <= {limit} - {buffered} \
-             LIMIT {take}) \
+             LIMIT {take})) \
          RETURNING {CLAIM_COLS}"
     )
 }
