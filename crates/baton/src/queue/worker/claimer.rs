@@ -123,10 +123,14 @@ pub(super) async fn claim_into(
     let mut rate_until: Option<Instant> = None;
     let key_rate = shared.config.per_key_rate_limit_of(queue);
     // Whether this queue's claims carry the results held for them (see
-    // `Ride`): uncapped, unrated, not fair, with slots freed as handlers
-    // return (a held result keeps no slot taken).
-    let carry =
-        rated.is_none() && key_rate.is_none() && !capped && !shared.config.fair_of(queue) && early;
+    // `Ride`): unrated, not fair, with slots freed as handlers return (a
+    // held result keeps no slot taken). Capped too: its results are
+    // written before its claim counts the running tasks (one call where
+    // the store can, else the finish then the claim), so a capped queue
+    // sends a few large finishes with its claims instead of many small
+    // ones between them (PostgreSQL, 10 keys capped at 10: 7.6–8.5k →
+    // 10.1–10.5k jobs/s, docs/BENCHMARKS.md session 27).
+    let carry = rated.is_none() && key_rate.is_none() && !shared.config.fair_of(queue) && early;
     let mut hot = Hot::new(&shared.ride);
     // When the earliest key held back by its rate may start again (a
     // reason to claim again, as a wake-up is).
