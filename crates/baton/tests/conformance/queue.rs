@@ -1389,6 +1389,45 @@ pub async fn finish_and_claim_is_per_item_compare_and_set(ts: TestStore) {
         [two],
         "the capped claim saw the finish sent with it"
     );
+
+    // Under a cap of one running task per key, the same: a stale finish
+    // refused, the key's place freed by the finish sent with the claim
+    // and taken by its next task only (the cap still holds).
+    let keyed = TaskClaim {
+        queue: "fc_keyed",
+        per_key_max_running: Some(1),
+        limit: 3,
+        ..req.clone()
+    };
+    let mut key_a = Vec::new();
+    for _ in 0..3 {
+        let t = task("k").queue("fc_keyed").concurrency_key("a");
+        key_a.push(q.enqueue(t).await.unwrap().id);
+    }
+    let first = b.task_claim(&keyed).await.unwrap();
+    assert_eq!(first.iter().map(|t| t.id).collect::<Vec<_>>(), [key_a[0]]);
+    let stale = Claim {
+        token: FencingToken(first[0].token.0 + 1),
+        ..first[0].claim()
+    };
+    let r = b
+        .task_finish_and_claim(&TaskFinishAndClaim {
+            finish: &[
+                (stale, Finish::Succeeded),
+                (cl(&first[0]), Finish::Succeeded),
+            ],
+            claim: &keyed,
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.finished, [false, true]);
+    assert_eq!(
+        r.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [key_a[1]],
+        "the key's place freed by the finish sent with the claim, once"
+    );
+    assert_eq!(state(key_a[0]).await.state, TaskState::Succeeded);
+    assert_eq!(state(key_a[2]).await.state, TaskState::Pending);
 }
 
 /// A worker's own counters: attempts by queue and outcome, running now,

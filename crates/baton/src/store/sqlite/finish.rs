@@ -119,12 +119,15 @@ pub(super) async fn finish_many(
     let list = json_text(&serde_json::Value::Array(ok))?;
     let mut woken: Vec<String> = Vec::new();
     let mut retried: Vec<(String, i64)> = Vec::new();
-    let done: HashSet<i64> = if rest == 0 {
+    // The (id, claim token) pairs that succeeded: an item is answered by
+    // its own pair, so a stale attempt's success sent beside its task's
+    // current one is refused, not answered as the other was.
+    let done: HashSet<(i64, i64)> = if rest == 0 {
         if let Some(all) = succeed_all(b, items, &list).await? {
             return Ok(all);
         }
         // One statement is atomic on its own.
-        sqlx::query_scalar(succeed)
+        sqlx::query_as(succeed)
             .bind(&list)
             .fetch_all(&*b.pool)
             .await?
@@ -133,8 +136,8 @@ pub(super) async fn finish_many(
     } else {
         // Mixed outcomes: one IMMEDIATE transaction, one commit.
         let mut tx = b.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done: HashSet<i64> = if rest < items.len() {
-            sqlx::query_scalar(succeed)
+        let done: HashSet<(i64, i64)> = if rest < items.len() {
+            sqlx::query_as(succeed)
                 .bind(&list)
                 .fetch_all(&mut *tx)
                 .await?
@@ -175,7 +178,7 @@ pub(super) async fn finish_many(
     };
     for (i, (claim, finish)) in items.iter().enumerate() {
         if matches!(finish, Finish::Succeeded) {
-            out[i] = done.contains(&claim.id);
+            out[i] = done.contains(&(claim.id, token_arg(claim.token)));
         }
     }
     b.wake(woken.iter().map(String::as_str));

@@ -44,7 +44,8 @@ pub(super) struct Sql {
     /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
-    /// `?1` JSON `[[id, token], …]` → the ids that succeeded.
+    /// `?1` JSON `[[id, token], …]` → (id, claim_token) of each that
+    /// succeeded.
     pub succeed_many: String,
     /// [`Sql::succeed_many`] all or nothing, without a row per task: `?1`
     /// JSON `[[id, token], …]` of distinct ids; every pair's task succeeds
@@ -349,7 +350,7 @@ impl Sql {
                      AND {tasks}.state = 'running' \
                  RETURNING {tasks}.id, {tasks}.claim_token, {tasks}.cancel_requested"
             ),
-            succeed_many: format!("{succeed} RETURNING {tasks}.id"),
+            succeed_many: format!("{succeed} RETURNING {tasks}.id, {tasks}.claim_token"),
             succeed_all: format!(
                 "{succeed} AND (SELECT count(*) FROM {tasks} AS t, json_each(?1) AS c \
                      WHERE t.id = c.value ->> 0 AND t.claim_token = c.value ->> 1 \
