@@ -123,14 +123,15 @@ pub(super) async fn claim_into(
     let mut rate_until: Option<Instant> = None;
     let key_rate = shared.config.per_key_rate_limit_of(queue);
     // Whether this queue's claims carry the results held for them (see
-    // `Ride`): unrated, not fair, with slots freed as handlers return (a
-    // held result keeps no slot taken). Capped too: its results are
-    // written before its claim counts the running tasks (one call where
-    // the store can, else the finish then the claim), so a capped queue
-    // sends a few large finishes with its claims instead of many small
-    // ones between them (PostgreSQL, 10 keys capped at 10: 7.6–8.5k →
-    // 10.1–10.5k jobs/s, docs/BENCHMARKS.md session 27).
-    let carry = rated.is_none() && key_rate.is_none() && !shared.config.fair_of(queue) && early;
+    // `Ride`): not fair, with slots freed as handlers return (a held
+    // result keeps no slot taken). Capped and rated queues too: their
+    // results are written before their claim counts running tasks or
+    // starts (one call where the store can, else the finish then the
+    // claim), so they send a few large finishes with their claims instead
+    // of many small ones between them (PostgreSQL, 10 keys capped at 10:
+    // 7.6–8.5k → 10.1–10.5k jobs/s; a rate per key +12–15 %;
+    // docs/BENCHMARKS.md session 27). Fair claims measured no better.
+    let carry = early && !shared.config.fair_of(queue);
     let mut hot = Hot::new(&shared.ride);
     // When the earliest key held back by its rate may start again (a
     // reason to claim again, as a wake-up is).
@@ -323,37 +324,48 @@ async fn claim(
     carry: bool,
 ) -> Result<(Vec<Task>, Option<Instant>, Option<Instant>), StoreError> {
     let backend = shared.store.backend();
-    let r = match (rated, key_rate) {
-        (None, None) => {
-            let carried = if carry && shared.ride.enabled {
-                shared.ride.take_for_claim()
-            } else {
-                Vec::new()
-            };
-            if carried.is_empty() {
-                return Ok((backend.task_claim(&req).await?, None, None));
-            }
-            let items: Vec<(Claim, Finish)> = carried
-                .iter()
-                .map(|c| (c.claim, c.finish.clone()))
-                .collect();
-            let r = backend
-                .task_finish_and_claim(&TaskFinishAndClaim {
-                    finish: &items,
-                    claim: &req,
-                })
-                .await;
-            return match r {
-                Ok(r) => {
-                    ride::answer(carried, Ok(&r.finished));
-                    Ok((r.tasks, None, None))
-                }
-                Err(e) => {
-                    ride::answer(carried, Err(&e));
-                    Err(e)
-                }
-            };
+    let carried = if carry && shared.ride.enabled {
+        shared.ride.take_for_claim()
+    } else {
+        Vec::new()
+    };
+    let items: Vec<(Claim, Finish)> = carried
+        .iter()
+        .map(|c| (c.claim, c.finish.clone()))
+        .collect();
+    if rated.is_none() && key_rate.is_none() {
+        if items.is_empty() {
+            return Ok((backend.task_claim(&req).await?, None, None));
         }
+        let r = backend
+            .task_finish_and_claim(&TaskFinishAndClaim {
+                finish: &items,
+                claim: &req,
+            })
+            .await;
+        return match r {
+            Ok(r) => {
+                ride::answer(carried, Ok(&r.finished));
+                Ok((r.tasks, None, None))
+            }
+            Err(e) => {
+                ride::answer(carried, Err(&e));
+                Err(e)
+            }
+        };
+    }
+    if !items.is_empty() {
+        // A rated claim carries its results as a finish sent first: the
+        // limits' claims are calls of their own, after it.
+        match backend.task_finish_many(&items).await {
+            Ok(done) => ride::answer(carried, Ok(&done)),
+            Err(e) => {
+                ride::answer(carried, Err(&e));
+                return Err(e);
+            }
+        }
+    }
+    let r = match (rated, key_rate) {
         (Some(rate), None) => {
             backend
                 .task_claim_rated(&TaskClaimRated {
@@ -380,6 +392,8 @@ async fn claim(
                 })
                 .await?
         }
+        // (Answered above; a plain claim if it were not.)
+        (None, None) => return Ok((backend.task_claim(&req).await?, None, None)),
     };
     let local = |t: chrono::DateTime<chrono::Utc>| {
         Instant::now() + (t - r.now).to_std().unwrap_or_default()
