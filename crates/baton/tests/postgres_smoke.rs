@@ -231,6 +231,50 @@ async fn large_claim_from_a_small_table_updates_by_primary_key() {
     f.drop_tables().await;
 }
 
+/// How many times the table was analyzed (by `ANALYZE`, not autovacuum).
+async fn analyze_count(conn: &mut sqlx::PgConnection, query: &str) -> i64 {
+    sqlx::query_scalar(query).fetch_one(conn).await.unwrap()
+}
+
+/// The statement a slow limited claim (fair, capped, rated per key) sends
+/// (`store/postgres/statistics.rs`): it analyzes a tasks table that was
+/// never analyzed, and only such a table. Without statistics the fair
+/// claim function's plans read the whole pending set at each step of its
+/// key walk (a fair queue of 10 keys and 20,000 tasks drained at ~550
+/// tasks/s; ~4,500 once analyzed, docs/BENCHMARKS.md session 27).
+#[tokio::test]
+async fn a_never_analyzed_tasks_table_is_analyzed_once() {
+    let Some(f) = setup().await else { return };
+    let b = f.b();
+    let mut conn = sqlx::PgConnection::connect(&url()).await.unwrap();
+    let batch: Vec<NewTask> = (0..1_000).map(|_| task("stats")).collect();
+    b.task_insert_many(&batch).await.unwrap();
+    let count = format!(
+        "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = '{}tasks'",
+        f.prefix
+    );
+    assert_eq!(analyze_count(&mut conn, &count).await, 0);
+    let sql = postgres::analyze_if_never_sql(Some(&f.prefix));
+    sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&sql))
+        .await
+        .unwrap();
+    assert_eq!(analyze_count(&mut conn, &count).await, 1, "analyzed");
+    let reltuples: f32 = sqlx::query_scalar(&format!(
+        "SELECT reltuples FROM pg_class WHERE relname = '{}tasks'",
+        f.prefix
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(reltuples, 1000.0);
+    // Analyzed once: the next slow claim's statement does nothing.
+    sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&sql))
+        .await
+        .unwrap();
+    assert_eq!(analyze_count(&mut conn, &count).await, 1, "analyzed again");
+    f.drop_tables().await;
+}
+
 #[tokio::test]
 async fn listener_reconnects_after_its_connection_is_killed() {
     let Some(f) = setup().await else { return };

@@ -136,12 +136,14 @@ impl PgBackend {
             None => walk,
         };
         let sql = self.claim_function_call(&function_name(&self.names), 9);
+        let sent = tokio::time::Instant::now();
         let rows = self
             .claim_call(&sql, req)
             .bind(i64::from(walk))
             .bind(self.lock_key(req.queue))
             .fetch_all(conn)
             .await?;
+        self.claim_took(sent.elapsed());
         super::backend::claimed(&rows)
     }
 }

@@ -197,11 +197,13 @@ impl PgBackend {
         E: sqlx::Executor<'c, Database = sqlx::Postgres>,
     {
         let sql = self.claim_function_call(&function_name(&self.names), 8);
+        let sent = tokio::time::Instant::now();
         let rows = self
             .claim_call(&sql, req)
             .bind(self.lock_key(req.queue))
             .fetch_all(conn)
             .await?;
+        self.claim_took(sent.elapsed());
         rows.iter().map(claimed_task).collect()
     }
 }

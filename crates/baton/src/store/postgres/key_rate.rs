@@ -55,6 +55,7 @@ impl PgBackend {
         );
         // `per` clamped as durations are (so the sums stay in range).
         let per = key_rate::us(rate.per).min(MAX_MS.saturating_mul(1000));
+        let sent = tokio::time::Instant::now();
         let rows = self
             .claim_call(&sql, req)
             .bind(key_rate::walk_len(req))
@@ -66,6 +67,7 @@ impl PgBackend {
             .bind(self.lock_key(req.queue))
             .fetch_all(conn)
             .await?;
+        self.claim_took(sent.elapsed());
         let mut tasks = Vec::with_capacity(rows.len());
         let mut last = None;
         for row in &rows {

@@ -76,10 +76,13 @@ mod queue_view;
 mod rows;
 mod schema;
 mod sql;
+mod statistics;
 mod stats;
 
 pub use outbox::enqueue_in;
 use sql::Sql;
+#[doc(hidden)]
+pub use statistics::analyze_if_never_sql;
 
 /// The store's clock in microseconds since the epoch: the floor of every
 /// fencing token.
@@ -339,6 +342,9 @@ struct PgBackend {
     /// `Backend::pool_recycle`); a pool the application owns keeps its
     /// connections.
     recycle: Arc<crate::store::Recycle>,
+    /// When the tasks table's planner statistics were last checked
+    /// (`statistics.rs`).
+    stats: statistics::Statistics,
 }
 
 impl Drop for PgBackend {
@@ -456,6 +462,7 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
         listener: OnceLock::new(),
         shutdown: CancellationToken::new(),
         recycle,
+        stats: Default::default(),
     }))
 }
 
@@ -535,6 +542,7 @@ pub(crate) fn from_pool(
         listener: OnceLock::new(),
         shutdown: CancellationToken::new(),
         recycle: Arc::new(crate::store::Recycle::default()),
+        stats: Default::default(),
     }))
 }
 
