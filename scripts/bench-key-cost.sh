@@ -3,8 +3,11 @@
 # throughput with keyed tasks, off / cap / rate, with 10 and 10,000
 # distinct keys, on each store, for one or two builds (OLD and NEW), every
 # configuration interleaved in each round so they are measured side by
-# side. Caps and rates are chosen not to bind on their own (10 keys: cap
-# 10, 1000/100ms; 10,000 keys: cap 1, 10/1s) against 4 workers x 24 slots.
+# side. Caps and rates are chosen not to bind against 4 workers x 24
+# slots (10 keys: cap 10, 1000/100ms; 10,000 keys: cap 1, 10/1s). "Off"
+# also buffers claimed tasks (the prefetch, up to 512 a worker), which a
+# capped queue does not: 10 keys x cap 10 is 100 places, so against
+# "off" that cap does bind by Little's law (docs/BENCHMARKS.md session 27).
 #
 #   OLD=/tmp/bb-old NEW=target/release/baton-bench REPS=3 scripts/bench-key-cost.sh
 #   OUT=... scripts/bench-key-cost.sh summary
