@@ -123,15 +123,15 @@ pub(super) async fn claim_into(
     let mut rate_until: Option<Instant> = None;
     let key_rate = shared.config.per_key_rate_limit_of(queue);
     // Whether this queue's claims carry the results held for them (see
-    // `Ride`): not fair, with slots freed as handlers return (a held
-    // result keeps no slot taken). Capped and rated queues too: their
-    // results are written before their claim counts running tasks or
-    // starts (one call where the store can, else the finish then the
-    // claim), so they send a few large finishes with their claims instead
-    // of many small ones between them (PostgreSQL, 10 keys capped at 10:
-    // 7.6–8.5k → 10.1–10.5k jobs/s; a rate per key +12–15 %;
-    // docs/BENCHMARKS.md session 27). Fair claims measured no better.
-    let carry = early && !shared.config.fair_of(queue);
+    // `Ride`): with slots freed as handlers return (a held result keeps
+    // no slot taken). Capped, rated and fair queues too: their results
+    // are written before their claim counts running tasks or starts (one
+    // call where the store can, else the finish then the claim), so they
+    // send a few large finishes with their claims instead of many small
+    // ones between them (PostgreSQL, 10 keys capped at 10: 7.6–8.5k →
+    // 10.1–10.5k jobs/s; a rate per key +12–15 %; fair +21 %;
+    // docs/BENCHMARKS.md session 27).
+    let carry = early;
     let mut hot = Hot::new(&shared.ride);
     // When the earliest key held back by its rate may start again (a
     // reason to claim again, as a wake-up is).

@@ -33,7 +33,7 @@ pub(super) struct Ride {
     /// The results held, oldest first.
     held: Mutex<Vec<Completion>>,
     /// Claim loops whose queue has a backlog and whose claims may carry
-    /// results (not fair).
+    /// results.
     hot: AtomicUsize,
     /// Told when held results are taken or `hot` changes.
     pub(super) changed: Notify,
