@@ -97,8 +97,9 @@ pub(crate) struct Shrink<DB: Database> {
     peaks: Mutex<Peaks>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked holding it.
+/// `m` locked: a poisoned lock only means another thread panicked
+/// holding it.
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

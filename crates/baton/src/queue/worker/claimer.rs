@@ -333,10 +333,35 @@ async fn claim(
         .iter()
         .map(|c| (c.claim, c.finish.clone()))
         .collect();
-    if rated.is_none() && key_rate.is_none() {
-        if items.is_empty() {
-            return Ok((backend.task_claim(&req).await?, None, None));
-        }
+    let r = if let Some(k) = key_rate {
+        finish_first(backend, carried, &items).await?;
+        backend
+            .task_claim_key_rated(&TaskClaimKeyRated {
+                claim: req,
+                key_rate: KeyRate {
+                    max: k.max(),
+                    per: k.per(),
+                },
+                rate: rated.map(|r| QueueRateRef {
+                    name: r.name.as_deref(),
+                    max: r.limit.max(),
+                    per: r.limit.per(),
+                }),
+            })
+            .await?
+    } else if let Some(rate) = rated {
+        finish_first(backend, carried, &items).await?;
+        backend
+            .task_claim_rated(&TaskClaimRated {
+                claim: req,
+                name: rate.name.as_deref(),
+                max: rate.limit.max(),
+                per: rate.limit.per(),
+            })
+            .await?
+    } else if items.is_empty() {
+        return Ok((backend.task_claim(&req).await?, None, None));
+    } else {
         let r = backend
             .task_finish_and_claim(&TaskFinishAndClaim {
                 finish: &items,
@@ -353,52 +378,34 @@ async fn claim(
                 Err(e)
             }
         };
-    }
-    if !items.is_empty() {
-        // A rated claim carries its results as a finish sent first: the
-        // limits' claims are calls of their own, after it.
-        match backend.task_finish_many(&items).await {
-            Ok(done) => ride::answer(carried, Ok(&done)),
-            Err(e) => {
-                ride::answer(carried, Err(&e));
-                return Err(e);
-            }
-        }
-    }
-    let r = match (rated, key_rate) {
-        (Some(rate), None) => {
-            backend
-                .task_claim_rated(&TaskClaimRated {
-                    claim: req,
-                    name: rate.name.as_deref(),
-                    max: rate.limit.max(),
-                    per: rate.limit.per(),
-                })
-                .await?
-        }
-        (rate, Some(k)) => {
-            backend
-                .task_claim_key_rated(&TaskClaimKeyRated {
-                    claim: req,
-                    key_rate: KeyRate {
-                        max: k.max(),
-                        per: k.per(),
-                    },
-                    rate: rate.map(|r| QueueRateRef {
-                        name: r.name.as_deref(),
-                        max: r.limit.max(),
-                        per: r.limit.per(),
-                    }),
-                })
-                .await?
-        }
-        // (Answered above; a plain claim if it were not.)
-        (None, None) => return Ok((backend.task_claim(&req).await?, None, None)),
     };
     let local = |t: chrono::DateTime<chrono::Utc>| {
         Instant::now() + (t - r.now).to_std().unwrap_or_default()
     };
     Ok((r.tasks, r.next_start.map(local), r.key_next.map(local)))
+}
+
+/// The results a rated claim carries (`items`, from `carried`), written
+/// before it: the limits' claims are calls of their own, after the
+/// finish. Each result is answered from the store's answer.
+async fn finish_first(
+    backend: &dyn crate::store::Backend,
+    carried: Vec<Completion>,
+    items: &[(Claim, Finish)],
+) -> Result<(), StoreError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    match backend.task_finish_many(items).await {
+        Ok(done) => {
+            ride::answer(carried, Ok(&done));
+            Ok(())
+        }
+        Err(e) => {
+            ride::answer(carried, Err(&e));
+            Err(e)
+        }
+    }
 }
 
 /// A queue's recent pace (tasks started per second), which sizes an

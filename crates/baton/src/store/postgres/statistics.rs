@@ -36,10 +36,7 @@ pub(super) struct Statistics {
 impl Statistics {
     /// Whether a check is due now (and, if so, it is counted as made).
     fn due(&self) -> bool {
-        let mut checked = match self.checked.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut checked = crate::store::sizing::lock(&self.checked);
         if checked.is_some_and(|t| t.elapsed() < RECHECK) {
             return false;
         }
