@@ -96,3 +96,21 @@ fn analyze_sql(tasks: &str) -> String {
 pub fn analyze_if_never_sql(prefix: Option<&str>) -> String {
     analyze_sql(&super::Names::new(prefix).tasks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check is made at most once a [`RECHECK`]: a slow claim finds it
+    /// due, the next one not, and one after the interval due again.
+    #[test]
+    fn a_check_is_due_at_most_once_a_recheck() {
+        let s = Statistics::default();
+        assert!(s.due(), "never checked: due");
+        assert!(!s.due(), "checked just now: not due");
+        let long_ago = Instant::now().checked_sub(RECHECK + Duration::from_secs(1));
+        *crate::store::sizing::lock(&s.checked) = long_ago;
+        assert!(s.due(), "checked more than RECHECK ago: due");
+        assert!(!s.due(), "and counted as made");
+    }
+}
