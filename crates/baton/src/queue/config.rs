@@ -605,17 +605,21 @@ impl WorkerConfig {
             || self.fair.contains(queue)
     }
 
-    /// Whether `queue` prefetches with a hold: limited by a rate per key
-    /// only (no cap per key or cluster-wide, no queue rate, not fair), so
-    /// a buffered task is logged as starting at the claim plus
-    /// `store::BUFFER_HOLD` and must start by then or go back. Not
-    /// under a cap per key: buffered tasks count as running there, and a
-    /// capped claim counts the running tasks per key, so a buffer made
-    /// every claim count it (SQLite: cap ÷ off fell from ~45 % to ~13–25 %,
+    /// Whether `queue` prefetches with a hold, each buffered task started
+    /// within `store::BUFFER_HOLD` of its claim or handed back: limited by
+    /// a rate per key only (the store logs a buffered task's start at the
+    /// claim plus the hold), or by a cap per key only where the store's
+    /// claim grants a buffer only among keys with places to spare
+    /// (`spare_places`: `Backend::key_capped_claims_spare_places`; a
+    /// buffered task holds its key's place, at most for the hold). No
+    /// cluster-wide cap, queue rate or fair claiming. Elsewhere a buffer
+    /// under a cap per key took the few places from other workers' free
+    /// slots (SQLite: cap ÷ off fell from ~45 % to ~13–25 %,
     /// docs/BENCHMARKS.md session 24).
-    pub(super) fn prefetch_held(&self, queue: &str) -> bool {
-        self.per_key_rates.contains_key(queue)
-            && !self.per_key_max_running.contains_key(queue)
+    pub(super) fn prefetch_held(&self, queue: &str, spare_places: bool) -> bool {
+        let rate = self.per_key_rates.contains_key(queue);
+        let cap = self.per_key_max_running.contains_key(queue);
+        (rate != cap && (rate || spare_places))
             && !self.max_running.contains_key(queue)
             && !self.rates.contains_key(queue)
             && !self.fair.contains(queue)

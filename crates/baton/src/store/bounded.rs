@@ -69,6 +69,9 @@ macro_rules! bounded_backend {
             fn claims_carry_finishes(&self) -> bool {
                 self.inner.claims_carry_finishes()
             }
+            fn key_capped_claims_spare_places(&self) -> bool {
+                self.inner.key_capped_claims_spare_places()
+            }
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
                     self.noted(bounded(

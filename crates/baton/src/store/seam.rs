@@ -356,6 +356,18 @@ macro_rules! backend_trait {
             fn claims_carry_finishes(&self) -> bool {
                 false
             }
+
+            /// Whether a claim under a cap per concurrency key (and no other
+            /// limit) grants its [`buffered`](crate::store::TaskClaim::buffered)
+            /// share only where the keys it walked have places to spare (at
+            /// least twice the claim's limit), so a worker may prefetch under
+            /// such a cap: where places are scarce the claim takes the free
+            /// slots' share only, and buffered tasks never hold places other
+            /// workers' free slots could run. The default: no (a capped
+            /// worker then buffers nothing).
+            fn key_capped_claims_spare_places(&self) -> bool {
+                false
+            }
             $(
                 $(#[$m])*
                 async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError>;

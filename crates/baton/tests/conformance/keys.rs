@@ -31,6 +31,18 @@ pub(crate) async fn claim_capped(
     limit: u32,
     fair: bool,
 ) -> Vec<Task> {
+    claim_buffering(store, queue, worker, limit, 0, fair).await
+}
+
+/// [`claim_capped`] with `buffered` of its `limit` for a worker's buffer.
+async fn claim_buffering(
+    store: &Store,
+    queue: &str,
+    worker: &str,
+    limit: u32,
+    buffered: u32,
+    fair: bool,
+) -> Vec<Task> {
     store
         .backend()
         .task_claim(&TaskClaim {
@@ -40,7 +52,7 @@ pub(crate) async fn claim_capped(
             lease: Duration::from_secs(30),
             max_running: None,
             per_key_max_running: Some(CAP),
-            buffered: 0,
+            buffered,
             fair,
         })
         .await
@@ -63,6 +75,50 @@ struct Seen {
     running: HashMap<String, u32>,
     peak: HashMap<String, u32>,
     claimed: Vec<i64>,
+}
+
+/// A claim's buffer share under a cap per key, on a store that grants it
+/// only where places are spare (`Backend::key_capped_claims_spare_places`):
+/// over 3 keys of 10 tasks each (6 places under the cap of 2) a claim of 10
+/// with 8 for the buffer takes the free slots' 2 only; over 40 keys of one
+/// task each (80 places) the same claim takes all 10. On every store the
+/// claims keep the cap.
+pub async fn key_capped_buffer_only_where_places_spare(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let mut scarce = Vec::new();
+    for i in 0..10 {
+        for k in 0..3 {
+            scarce.push(
+                TaskBuilder::new("keyed", json!({ "k": k, "i": i }))
+                    .queue("scarce")
+                    .concurrency_key(format!("s:{k}")),
+            );
+        }
+    }
+    let mut spare = Vec::new();
+    for k in 0..40 {
+        spare.push(
+            TaskBuilder::new("keyed", json!({ "k": k }))
+                .queue("spare")
+                .concurrency_key(format!("p:{k}")),
+        );
+    }
+    q.enqueue_many(scarce).await.unwrap();
+    q.enqueue_many(spare).await.unwrap();
+    let grants = ts.store.backend().key_capped_claims_spare_places();
+    let got = claim_buffering(&ts.store, "scarce", "w", 10, 8, false).await;
+    let mut per_key: HashMap<i64, u32> = HashMap::new();
+    for t in &got {
+        *per_key.entry(t.payload["k"].as_i64().unwrap()).or_default() += 1;
+    }
+    assert!(per_key.values().all(|n| *n <= CAP), "cap kept: {per_key:?}");
+    if grants {
+        assert_eq!(got.len(), 2, "scarce places: the free slots' share only");
+    }
+    let got = claim_buffering(&ts.store, "spare", "w", 10, 8, false).await;
+    if grants {
+        assert_eq!(got.len(), 10, "spare places: the buffer granted too");
+    }
 }
 
 /// 16 claimers on their own connections race for 12 keys × 10 tasks with
@@ -123,7 +179,18 @@ pub(crate) async fn per_key_cap_holds_under_racing_claimers(ts: TestStore, fair:
                     Instant::now() < deadline,
                     "the tasks were not all run in 60 s"
                 );
-                let got = claim_capped(&store, "keys", &worker, 1 + c % 4, fair).await;
+                // Half the claimers ask for a buffer share as well: buffered
+                // tasks hold their keys' places like running ones.
+                let buffered = if c % 2 == 1 { 3 } else { 0 };
+                let got = claim_buffering(
+                    &store,
+                    "keys",
+                    &worker,
+                    1 + c % 4 + buffered,
+                    buffered,
+                    fair,
+                )
+                .await;
                 if got.is_empty() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;

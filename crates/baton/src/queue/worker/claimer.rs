@@ -37,6 +37,10 @@ pub(super) async fn claim_loop(
     }
 }
 
+/// How long a worker under a cap per key asks for no buffer after a claim
+/// that was granted none (the keys' places were scarce).
+const PLACES_SHORT: Duration = Duration::from_secs(1);
+
 /// Hand back tasks from the prefetch buffer unstarted, and forget them.
 async fn hand_back_buffered(shared: &Shared, ctxs: &[TaskContext]) {
     let tasks: Vec<Task> = ctxs.iter().map(|c| c.task().clone()).collect();
@@ -80,7 +84,10 @@ pub(super) async fn claim_into(
     // queue prefetches, each buffered task held to start within
     // `store::BUFFER_HOLD` of its claim's send (the store logs its
     // start at the claim plus the hold) or be handed back.
-    let held = shared.config.prefetch_held(queue);
+    let held = shared.config.prefetch_held(
+        queue,
+        shared.store.backend().key_capped_claims_spare_places(),
+    );
     let max_prefetch = if capped && !held {
         0
     } else {
@@ -112,6 +119,12 @@ pub(super) async fn claim_into(
         .then(|| Pace::new(Instant::now(), shared.config.prefetch_horizon()));
     // The last claim came back short of its buffer share only (see below).
     let mut filtered = false;
+    // Under a cap per key the store grants a buffer only where the walked
+    // keys have places to spare (twice the claim); when it granted none,
+    // ask for none for a while: a claim's walk grows with what it asks
+    // for, and the places are scarce.
+    let key_capped = shared.config.per_key_max_running_of(queue).is_some();
+    let mut places_short: Option<Instant> = None;
     let mut backoff = Duration::from_millis(50);
     // After a failed claim the store may have restarted, and the wake-ups
     // sent while the wake-up channel reconnects (with a backoff of its own,
@@ -168,6 +181,11 @@ pub(super) async fn claim_into(
             Some(p) => p.buffer(Instant::now(), max_prefetch),
             None => max_prefetch,
         };
+        let prefetch = if places_short.is_some_and(|t| t > Instant::now()) {
+            0
+        } else {
+            prefetch
+        };
         let low_water = prefetch / 2;
         let mut free = slots.available_permits();
         if free > 0
@@ -214,6 +232,9 @@ pub(super) async fn claim_into(
                     shared.counters.claimed(queue, sent.elapsed());
                     backoff = Duration::from_millis(50);
                     let full = batch.len() == want;
+                    if key_capped && want > free && batch.len() <= free {
+                        places_short = Some(Instant::now() + PLACES_SHORT);
+                    }
                     // The buffer's share is taken only among tasks with an
                     // attempt to spare (see `TaskClaim::buffered`), so a
                     // claim that filled the free slots but not the buffer

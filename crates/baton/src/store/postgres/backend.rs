@@ -249,6 +249,10 @@ impl Backend for PgBackend {
         true
     }
 
+    fn key_capped_claims_spare_places(&self) -> bool {
+        true
+    }
+
     fn wakes_across_processes(&self) -> bool {
         // Behind a transaction pooler without a direct URL there is no
         // LISTEN session (see `listener::subscribe`).

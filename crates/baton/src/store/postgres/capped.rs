@@ -81,6 +81,14 @@ $fn$;"#
 /// running tasks stays within the cap. The running tasks are counted from
 /// the `tasks_running` index (the queue's running set, bounded by the
 /// workers' slots). `p_max_running` is the queue's cap or NULL.
+///
+/// The buffer's share (`p_buffered`, tasks the worker holds unstarted for
+/// at most `store::BUFFER_HOLD`) is granted only when the walked keys have
+/// places to spare, at least twice `p_limit` (`room`: each distinct walked
+/// key's cap less its running tasks, a task of no key one place): where
+/// places are scarce a buffered task would hold one that another worker's
+/// free slot could run, so the claim takes the free slots' share only
+/// (`Backend::key_capped_claims_spare_places`).
 fn keyed(n: &Names, now_us: &str) -> String {
     let (t, q) = (&n.tasks, &n.queues);
     format!(
@@ -103,16 +111,25 @@ fn keyed(n: &Names, now_us: &str) -> String {
              FROM (SELECT walk.*, row_number() OVER (PARTITION BY concurrency_key \
                        ORDER BY priority, run_at, id) AS kn FROM walk) AS w \
                  LEFT JOIN run ON run.k = w.concurrency_key \
-             WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= p_per_key) \
+             WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= p_per_key), \
+         room AS ( \
+             SELECT count(*) FILTER (WHERE w.concurrency_key IS NULL) \
+                 + coalesce(sum(greatest(0, p_per_key - coalesce(run.r, 0))) \
+                     FILTER (WHERE w.concurrency_key IS NOT NULL), 0) AS places \
+             FROM (SELECT DISTINCT ON (coalesce(concurrency_key, id::text)) concurrency_key \
+                   FROM walk) AS w LEFT JOIN run ON run.k = w.concurrency_key) \
          UPDATE {t} SET state = 'running', attempt = attempt + 1, \
              started_at = p_now, \
              lease_until = p_now + p_lease_ms * interval '1 millisecond', worker = p_worker, \
              claim_token = greatest(claim_token + 1, {now_us}) \
          WHERE id = ANY(ARRAY( \
              SELECT id FROM ok WHERE spare OR n <= p_limit - p_buffered ORDER BY n \
-             LIMIT greatest(0, least(p_limit, coalesce(p_max_running - \
-                 (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = p_queue), \
-                 p_limit))))) \
+             LIMIT greatest(0, least( \
+                 CASE WHEN (SELECT places FROM room) >= 2 * p_limit THEN p_limit \
+                     ELSE p_limit - p_buffered END, \
+                 CASE WHEN p_max_running IS NULL THEN p_limit ELSE p_max_running - \
+                     (SELECT count(*) FROM {t} WHERE state = 'running' AND queue = p_queue) \
+                 END)))) \
          RETURNING {CLAIM_COLS}"
     )
 }

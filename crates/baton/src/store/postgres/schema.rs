@@ -78,6 +78,10 @@ const UPGRADES: &[Upgrade] = &[
     // call each (issue 25): the functions `<prefix>capped_claim` and
     // `<prefix>key_rated_claim`, and each key's log as `int8[]`.
     upgrade_claim_functions,
+    // 22 → 23: the capped claim grants a buffer under a cap per key only
+    // where the walked keys have places to spare (issue 25): the function
+    // `<prefix>capped_claim` replaced.
+    super::capped::function_sql,
 ];
 
 /// The capped claim and the claim under a rate per key as functions
