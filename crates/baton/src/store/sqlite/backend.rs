@@ -136,6 +136,10 @@ impl SqliteBackend {
 
 #[async_trait]
 impl Backend for SqliteBackend {
+    fn key_capped_claims_spare_places(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &'static str {
         "sqlite"
     }

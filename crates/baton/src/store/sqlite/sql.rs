@@ -466,7 +466,10 @@ impl Sql {
 /// rows); among the walked rows, the `n`-th of a key in claim order is
 /// taken only while `n` plus the key's running tasks stays within the cap.
 /// The walk takes four times the claim's bound, so keys with one place
-/// left do not fill it on their own.
+/// left do not fill it on their own. The buffer's share (`?6`) is granted
+/// only when the walked keys have places to spare, at least twice the
+/// limit (`room`, as PostgreSQL's capped claim counts it;
+/// `Backend::key_capped_claims_spare_places`).
 fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
     format!(
         "WITH run AS MATERIALIZED ( \
@@ -487,13 +490,21 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
              SELECT id, attempt, max_attempts, priority, run_at, \
                  row_number() OVER (ORDER BY priority, run_at, id) AS n \
              FROM walk LEFT JOIN run ON run.k = walk.concurrency_key \
-             WHERE walk.concurrency_key IS NULL OR kn + coalesce(run.r, 0) <= ?7) \
+             WHERE walk.concurrency_key IS NULL OR kn + coalesce(run.r, 0) <= ?7), \
+         room AS ( \
+             SELECT (SELECT count(*) FROM walk WHERE concurrency_key IS NULL) \
+                 + coalesce((SELECT sum(max(0, ?7 - coalesce(run.r, 0))) \
+                     FROM (SELECT DISTINCT concurrency_key AS k FROM walk \
+                           WHERE concurrency_key IS NOT NULL) AS d \
+                     LEFT JOIN run ON run.k = d.k), 0) AS places) \
          UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
              started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
              claim_token = MAX(claim_token + 1, {NOW_US}) \
          WHERE id IN (SELECT id FROM ok \
              WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
-             ORDER BY priority, run_at, id LIMIT {total}) \
+             ORDER BY priority, run_at, id \
+             LIMIT min({total}, CASE WHEN (SELECT places FROM room) >= 2 * ?4 THEN ?4 \
+                 ELSE max(0, ?4 - ?6) END)) \
          RETURNING {PACKED_CLAIM_COLS}"
     )
 }
