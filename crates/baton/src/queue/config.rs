@@ -276,8 +276,11 @@ impl WorkerConfig {
     /// `customer:42`) run at once; the rest wait pending, no attempt
     /// counted, while tasks of other keys (and tasks without a key) are
     /// claimed as usual. Every worker serving the queue should declare the
-    /// same cap: a claimer without it does not look at keys. Such queues
-    /// never prefetch (a buffered task counts as running).
+    /// same cap: a claimer without it does not look at keys. A buffered
+    /// task counts as running, so such a queue prefetches (with a 250 ms
+    /// hold) only on PostgreSQL and SQLite, and only where the keys a claim
+    /// walks have places to spare, twice the claim; elsewhere, with
+    /// `max_running`, a rate or fair claiming it never prefetches.
     ///
     /// ```
     /// use baton::queue::WorkerConfig;
