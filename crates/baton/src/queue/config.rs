@@ -278,7 +278,7 @@ impl WorkerConfig {
     /// claimed as usual. Every worker serving the queue should declare the
     /// same cap: a claimer without it does not look at keys. A buffered
     /// task counts as running, so such a queue prefetches (with a 250 ms
-    /// hold) only on PostgreSQL and SQLite, and only where the keys a claim
+    /// hold) only on PostgreSQL, SQLite and MySQL, and only where the keys a claim
     /// walks have places to spare, twice the claim; elsewhere, with
     /// `max_running`, a rate or fair claiming it never prefetches.
     ///

@@ -20,6 +20,22 @@ use super::Task;
 /// it (see DESIGN "A rate per key with prefetch").
 pub(crate) const BUFFER_HOLD: Duration = Duration::from_millis(250);
 
+/// How many tasks a claim under a cap per concurrency key takes at most,
+/// given the `places` the keys it walked have to spare (each distinct
+/// key's cap less its running tasks, a task of no key one place): the
+/// whole `limit` when the places are at least twice it, else only the
+/// free slots' share (`limit - buffered`), so a worker's buffered tasks
+/// never take the few places another worker's free slots could run
+/// (`Backend::key_capped_claims_spare_places`; MySQL's keyed claim calls
+/// it, PostgreSQL and SQLite apply the same rule in their statements).
+pub(crate) fn key_capped_take(places: i64, limit: u32, buffered: u32) -> u32 {
+    if places >= 2 * i64::from(limit) {
+        limit
+    } else {
+        limit.saturating_sub(buffered)
+    }
+}
+
 /// A claim request: lease up to `limit` due tasks of one queue.
 #[derive(Debug, Clone)]
 pub struct TaskClaim<'a> {
@@ -183,4 +199,25 @@ pub(crate) fn key_rate_fair_refused() -> crate::StoreError {
          (fair) yet; drop one of the two"
             .into(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_capped_take;
+
+    #[test]
+    fn a_buffer_is_granted_only_where_places_are_twice_the_claim() {
+        assert_eq!(
+            key_capped_take(6, 10, 8),
+            2,
+            "scarce: the free slots' share"
+        );
+        assert_eq!(key_capped_take(19, 10, 8), 2, "just short of twice");
+        assert_eq!(key_capped_take(20, 10, 8), 10, "twice: the buffer too");
+        assert_eq!(
+            key_capped_take(0, 4, 4),
+            0,
+            "a buffer-only claim, no places"
+        );
+    }
 }

@@ -246,6 +246,10 @@ impl Backend for MyBackend {
         true
     }
 
+    fn key_capped_claims_spare_places(&self) -> bool {
+        true
+    }
+
     async fn task_set_progress(
         &self,
         params: &crate::store::TaskSetProgress<'_>,

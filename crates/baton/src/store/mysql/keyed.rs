@@ -5,7 +5,7 @@
 //! `FOR UPDATE SKIP LOCKED`, and keep in claim order each key's first
 //! tasks while they fit under the cap.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::claim::{claim_ids, claim_pick, finish_claim, lock_queue_row};
 use super::{marks, MyBackend};
@@ -16,7 +16,8 @@ use crate::store::{Task, TaskClaim};
 /// queue's and) each key's running tasks, lock the candidates, claim the
 /// ones that fit, read them back. `walk` is the plain claim's walk bound;
 /// this one walks four times as far, so keys with one place left do not
-/// fill it on their own.
+/// fill it on their own. The buffer's share is granted only where the
+/// walked keys have places to spare ([`crate::store::key_capped_take`]).
 pub(super) async fn task_claim(
     b: &MyBackend,
     req: &TaskClaim<'_>,
@@ -91,6 +92,24 @@ pub(super) async fn claim_in(
         s = s.bind(k.as_slice());
     }
     let rows: Vec<(i64, i64, Option<Vec<u8>>)> = s.fetch_all(&mut **tx).await?;
+    // The places the walked keys have to spare: the buffer's share is
+    // granted only when they are plenty (`store::key_capped_take`).
+    let mut walked = HashSet::new();
+    let places: i64 = rows
+        .iter()
+        .map(|(_, _, key)| match key {
+            None => 1,
+            Some(k) if walked.insert(k) => {
+                room.get(k).copied().unwrap_or(i64::from(per_key)).max(0)
+            }
+            Some(_) => 0,
+        })
+        .sum();
+    let limit = limit.min(i64::from(crate::store::key_capped_take(
+        places,
+        req.limit,
+        req.buffered,
+    )));
     // Each key's tasks in claim order, while they fit under its cap.
     let fits: Vec<(i64, i64)> = rows
         .into_iter()
