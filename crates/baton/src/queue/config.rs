@@ -278,9 +278,9 @@ impl WorkerConfig {
     /// claimed as usual. Every worker serving the queue should declare the
     /// same cap: a claimer without it does not look at keys. A buffered
     /// task counts as running, so such a queue prefetches (with a 250 ms
-    /// hold) only on PostgreSQL, SQLite and MySQL, and only where the keys a claim
-    /// walks have places to spare, twice the claim; elsewhere, with
-    /// `max_running`, a rate or fair claiming it never prefetches.
+    /// hold) only where the keys a claim walks have places to spare, twice
+    /// the claim; with `max_running`, a rate or fair claiming as well it
+    /// never prefetches.
     ///
     /// ```
     /// use baton::queue::WorkerConfig;

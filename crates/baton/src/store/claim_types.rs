@@ -27,7 +27,8 @@ pub(crate) const BUFFER_HOLD: Duration = Duration::from_millis(250);
 /// free slots' share (`limit - buffered`), so a worker's buffered tasks
 /// never take the few places another worker's free slots could run
 /// (`Backend::key_capped_claims_spare_places`; MySQL's keyed claim calls
-/// it, PostgreSQL and SQLite apply the same rule in their statements).
+/// it, PostgreSQL and SQLite apply the same rule in their statements,
+/// Redis in `claim.lua`).
 pub(crate) fn key_capped_take(places: i64, limit: u32, buffered: u32) -> u32 {
     if places >= 2 * i64::from(limit) {
         limit

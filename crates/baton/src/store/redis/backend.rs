@@ -24,6 +24,10 @@ use crate::store::{RatedClaim, TaskClaimRated};
 
 #[async_trait]
 impl Backend for RedisBackend {
+    fn key_capped_claims_spare_places(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }

@@ -187,6 +187,28 @@ local function read(p)
   for j = 1, #h - 1, 2 do f[h[j]] = h[j + 1] end
   return k, h, f
 end
+-- Under a cap per key, the buffer's share (beyond `now_share`) is granted
+-- only where the keys of the next due tasks have places to spare, at
+-- least twice the claim (each distinct key's cap less its running tasks,
+-- a task of no key one place; `store::key_capped_take`, as the SQL
+-- stores): else a buffered task would hold a place another worker's free
+-- slot could run. The next 4 x limit tasks are looked at, stopping once
+-- the places suffice.
+if per_key and now_share < limit and ARGV[13] ~= '1' then
+  local need = 2 * tonumber(ARGV[4])
+  local places, seen = 0, {}
+  for _, p in ipairs(redis.call('ZRANGE', ready, 0, 4 * tonumber(ARGV[4]) - 1)) do
+    local ck = redis.call('HGET', tkey(fmt(tonumber(p))), 'concurrency_key')
+    if not ck then
+      places = places + 1
+    elseif not seen[ck] then
+      seen[ck] = true
+      places = places + math.max(0, per_key - key_running(ck))
+    end
+    if places >= need then break end
+  end
+  if places < need and now_share < limit then limit = now_share end
+end
 -- Tasks on their last attempt met beyond the first `now_share`: put back
 -- (score, member) after the walk, which steps over at most `limit` of them.
 local skipped = {}
