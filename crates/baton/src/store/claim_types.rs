@@ -29,6 +29,7 @@ pub(crate) const BUFFER_HOLD: Duration = Duration::from_millis(250);
 /// (`Backend::key_capped_claims_spare_places`; MySQL's keyed claim calls
 /// it, PostgreSQL and SQLite apply the same rule in their statements,
 /// Redis in `claim.lua`).
+#[cfg(feature = "mysql")]
 pub(crate) fn key_capped_take(places: i64, limit: u32, buffered: u32) -> u32 {
     if places >= 2 * i64::from(limit) {
         limit
@@ -202,7 +203,7 @@ pub(crate) fn key_rate_fair_refused() -> crate::StoreError {
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "mysql"))]
 mod tests {
     use super::key_capped_take;
 

@@ -98,8 +98,10 @@ mod writable;
 pub use audit::{AuditAppend, AuditPage, AuditRecord, MAX_AUDIT_FIELD};
 pub use bounded::bounded;
 use bounded::Bounded;
+#[cfg(feature = "mysql")]
+pub(crate) use claim_types::key_capped_take;
 pub(crate) use claim_types::key_rate_fair_refused;
-pub(crate) use claim_types::{key_capped_take, BUFFER_HOLD};
+pub(crate) use claim_types::BUFFER_HOLD;
 pub use claim_types::{
     KeyRate, QueueRateRef, RatedClaim, TaskClaim, TaskClaimKeyRated, TaskClaimRated,
 };
