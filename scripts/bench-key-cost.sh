@@ -6,8 +6,10 @@
 # side. Caps and rates are chosen not to bind against 4 workers x 24
 # slots (10 keys: cap 10, 1000/100ms; 10,000 keys: cap 1, 10/1s). "Off"
 # also buffers claimed tasks (the prefetch, up to 512 a worker), which a
-# capped queue does not: 10 keys x cap 10 is 100 places, so against
-# "off" that cap does bind by Little's law (docs/BENCHMARKS.md session 27).
+# capped queue buffers only where its keys have places to spare: 10 keys x
+# cap 10 is 100 places, so against "off" that cap does bind by Little's law
+# (docs/BENCHMARKS.md session 27); "wide" is 10 keys capped at 1000, a cap
+# that does not (session 29). With 10,000 keys "wide" is the same as "cap".
 #
 #   OLD=/tmp/bb-old NEW=target/release/baton-bench REPS=3 scripts/bench-key-cost.sh
 #   OUT=... scripts/bench-key-cost.sh summary
@@ -27,15 +29,15 @@ for line in open(sys.argv[1]):
 order = ["sqlite", "postgres", "mysql", "redis"]
 stores = sorted({k[0] for k in runs}, key=order.index)
 sides = sorted({k[1] for k in runs}, key=["old", "new"].index)
-print("| store | build | keys | off | cap | rate | cap ÷ off | rate ÷ off |")
-print("|---|---|---|---|---|---|---|---|")
+print("| store | build | keys | off | cap | wide cap | rate | cap ÷ off | wide ÷ off | rate ÷ off |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for s in stores:
     for keys in ["10", "10000"]:
         for side in sides:
-            med = {c: statistics.median(runs[(s, side, keys, c)]) for c in ["off", "cap", "rate"] if runs[(s, side, keys, c)]}
+            med = {c: statistics.median(runs[(s, side, keys, c)]) for c in ["off", "cap", "wide", "rate"] if runs[(s, side, keys, c)]}
             cell = lambda c: "{:,.0f}".format(med[c]) if c in med else "–"
             ratio = lambda c: "%.0f %%" % (100 * med[c] / med["off"]) if c in med and "off" in med else "–"
-            print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (s, side, "{:,}".format(int(keys)), cell("off"), cell("cap"), cell("rate"), ratio("cap"), ratio("rate")))
+            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (s, side, "{:,}".format(int(keys)), cell("off"), cell("cap"), cell("wide"), cell("rate"), ratio("cap"), ratio("wide"), ratio("rate")))
 PY
 fi
 mkdir -p "$(dirname "$OUT")"
@@ -52,10 +54,12 @@ for rep in $(seq 1 "$REPS"); do
   for store in ${STORES:-sqlite postgres mysql redis}; do
     for keys in 10 10000; do
       if [ "$keys" = 10 ]; then cap=10; rate=1000/100ms; else cap=1; rate=10/1s; fi
-      for cfg in off cap rate; do
+      cfgs="off cap rate"
+      [ "$keys" = 10 ] && cfgs="off cap wide rate"
+      for cfg in $cfgs; do
         for side in $SIDES; do
           args=(--keys "$keys")
-          case $cfg in cap) args+=(--per-key-cap "$cap");; rate) args+=(--per-key-rate "$rate");; esac
+          case $cfg in cap) args+=(--per-key-cap "$cap");; wide) args+=(--per-key-cap 1000);; rate) args+=(--per-key-rate "$rate");; esac
           rm -f /tmp/baton-bench-keycost.db*
           line=$(timeout 600 "${BIN[$side]}" queue-throughput --store "${URL[$store]}" --jobs "$JOBS" --pool 20 "${args[@]}" 2>/dev/null | grep '^{' | tail -1)
           echo "{\"rep\":$rep,\"store\":\"$store\",\"side\":\"$side\",\"keys\":\"$keys\",\"config\":\"$cfg\",\"result\":${line:-null}}" >> "$OUT"
