@@ -15,9 +15,10 @@ use crate::store::{Task, TaskClaim};
 /// One transaction: lock the queue's row, count (with `max_running`, the
 /// queue's and) each key's running tasks, lock the candidates, claim the
 /// ones that fit, read them back. `walk` is the plain claim's walk bound;
-/// this one walks four times as far, so keys with one place left do not
-/// fill it on their own. The buffer's share is granted only where the
-/// walked keys have places to spare ([`crate::store::key_capped_take`]).
+/// this one walks three times the free slots' share further, so keys with
+/// one place left do not fill it on their own (the buffer's share walks
+/// once). The buffer's share is granted only where the walked keys have
+/// places to spare ([`crate::store::key_capped_take`]).
 pub(super) async fn task_claim(
     b: &MyBackend,
     req: &TaskClaim<'_>,
@@ -83,7 +84,8 @@ pub(super) async fn claim_in(
              AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ? AND paused = 1) {skip} \
          ORDER BY priority, run_at, id LIMIT {n} FOR UPDATE SKIP LOCKED",
         q = b.names.queues,
-        n = walk.saturating_mul(4),
+        n = walk
+            .saturating_add(i64::from(req.limit.saturating_sub(req.buffered)).saturating_mul(3)),
     );
     let mut s = sqlx::query_as(&select)
         .bind(req.queue.as_bytes())

@@ -146,10 +146,15 @@ impl PgBackend {
         E: sqlx::Executor<'c, Database = sqlx::Postgres>,
     {
         let walk = super::backend::claim_walk(req);
-        // Under a per-key cap the walk takes four times as many rows: keys
-        // with one place left must not fill it on their own.
+        // Under a per-key cap the walk takes four times the free slots'
+        // share more: keys with one place left must not fill it on their
+        // own. The buffer's share (granted only where places are spare)
+        // walks once, as the plain claim's does: four times the whole claim
+        // locked ~8 rows a buffered task.
         let walk = match req.per_key_max_running {
-            Some(_) => walk.saturating_mul(4),
+            Some(_) => {
+                walk.saturating_add(req.limit.saturating_sub(req.buffered).saturating_mul(3))
+            }
             None => walk,
         };
         let sql = self.claim_function_call(&function_name(&self.names), 9);

@@ -465,8 +465,10 @@ impl Sql {
 /// backlog of one saturated key is stepped over, not taken as the walk's
 /// rows); among the walked rows, the `n`-th of a key in claim order is
 /// taken only while `n` plus the key's running tasks stays within the cap.
-/// The walk takes four times the claim's bound, so keys with one place
-/// left do not fill it on their own. The buffer's share (`?6`) is granted
+/// The walk takes the claim's bound and three times the free slots' share
+/// more, so keys with one place left do not fill it on their own (the
+/// buffer's share walks once: four times the whole claim cost ~8 rows
+/// walked a buffered task, docs/BENCHMARKS.md session 29). The buffer's share (`?6`) is granted
 /// only when the walked keys have places to spare, at least twice the
 /// limit (`room`, as PostgreSQL's capped claim counts it;
 /// `Backend::key_capped_claims_spare_places`).
@@ -485,7 +487,7 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
                      AND (concurrency_key IS NULL OR concurrency_key NOT IN \
                          (SELECT k FROM run WHERE r >= ?7)) \
                  ORDER BY priority, run_at, id \
-                 LIMIT 4 * ({total} + min(?6, ?4)))), \
+                 LIMIT {total} + min(?6, ?4) + 3 * max(0, {total} - ?6))), \
          ok AS MATERIALIZED ( \
              SELECT id, attempt, max_attempts, priority, run_at, \
                  row_number() OVER (ORDER BY priority, run_at, id) AS n \
