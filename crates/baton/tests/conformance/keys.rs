@@ -121,6 +121,86 @@ pub async fn key_capped_buffer_only_where_places_spare(ts: TestStore) {
     }
 }
 
+/// A worker under a cap per key buffers where places are spare, on a store
+/// whose claims grant it (`Backend::key_capped_claims_spare_places`): 200
+/// keys of 2 tasks each under a cap of 1, one worker of 2 slots, 10 ms
+/// handlers. Some claim takes more tasks than the worker has slots (the
+/// tasks of one claim share its `lease_until`; without a buffer a claim
+/// takes at most the free slots), and no key ever runs twice at once in
+/// the handlers.
+pub async fn key_capped_worker_prefetches_where_places_spare(ts: TestStore) {
+    const KEYS: usize = 200;
+    let q = Queue::new(ts.store.clone());
+    let mut batch = Vec::new();
+    for i in 0..2 {
+        for k in 0..KEYS {
+            batch.push(
+                TaskBuilder::new("one", json!({ "k": k, "i": i }))
+                    .queue("spare")
+                    .concurrency_key(format!("k{k}")),
+            );
+        }
+    }
+    let total = q.enqueue_many(batch).await.unwrap().len() as u64;
+    let cfg = WorkerConfig::default()
+        .queue("spare", 2)
+        .per_key_max_running("spare", 1)
+        .lease(Duration::from_secs(10));
+    let mut w = Worker::new(ts.open().await, cfg).unwrap();
+    let running: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
+    let claims: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let twice = Arc::new(AtomicUsize::new(0));
+    {
+        let (running, claims, twice) = (running.clone(), claims.clone(), twice.clone());
+        w.handle("one", move |ctx| {
+            let (running, claims, twice) = (running.clone(), claims.clone(), twice.clone());
+            async move {
+                let k = ctx.task().payload["k"].as_i64().unwrap_or(-1);
+                *claims
+                    .lock()
+                    .unwrap()
+                    .entry(ctx.task().lease_until.to_rfc3339())
+                    .or_default() += 1;
+                {
+                    let mut r = running.lock().unwrap();
+                    let n = r.entry(k).or_default();
+                    *n += 1;
+                    if *n > 1 {
+                        twice.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                *running.lock().unwrap().get_mut(&k).unwrap() -= 1;
+                Ok(())
+            }
+        });
+    }
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(w.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = q.stats().await.unwrap();
+        if stats
+            .iter()
+            .any(|s| s.queue == "spare" && s.succeeded == total)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tasks were not all run in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(twice.load(Ordering::SeqCst), 0, "a key ran twice at once");
+    let largest = claims.lock().unwrap().values().copied().max().unwrap_or(0);
+    if ts.store.backend().key_capped_claims_spare_places() {
+        assert!(largest > 2, "no task buffered: claims of at most {largest}");
+    }
+}
+
 /// 16 claimers on their own connections race for 12 keys × 10 tasks with
 /// a cap of 2 per key, plus 20 tasks without a key. The test counts a
 /// task running from its claim's answer to just before its finish is sent
