@@ -35,6 +35,15 @@ fn violations(out: &str, inv: &str) -> u64 {
 }
 
 fn assert_clean(out: &Output, faults: &[&str]) {
+    assert_clean_with_runs(out, faults, 2)
+}
+
+/// [`assert_clean`], with each job whose runs outlast their interval run
+/// at least `runs` times. The 8-second keyed runs below check T5/T6/T8 and
+/// ask one run (under their faults a 1-run `chaos-cancel` came in ~1 of 4
+/// runs, before and after session 29's change alike); the longer runs
+/// (here and CI's 60-second chaos step) hold S2 to two.
+fn assert_clean_with_runs(out: &Output, faults: &[&str], runs: u64) {
     let text = stdout(out);
     assert_eq!(
         out.status.code(),
@@ -48,7 +57,7 @@ fn assert_clean(out: &Output, faults: &[&str]) {
     // apart: buffer_one waits for the running one, cancel_other stops it).
     for job in ["chaos-buffer", "chaos-cancel"] {
         let n = op(&text, &format!("S2: runs of {job}"));
-        assert!(n >= 2, "{job} ran {n} times:\n{text}");
+        assert!(n >= runs, "{job} ran {n} times:\n{text}");
     }
     assert!(text.contains("TOTAL VIOLATIONS 0"), "{text}");
     for f in faults {
@@ -91,7 +100,7 @@ const LIMITS: [&str; 8] = [
 /// limit's 4 starts, and one key's 2), so the checks had something to
 /// check.
 fn assert_clean_keyed(out: &Output, faults: &[&str]) {
-    assert_clean(out, faults);
+    assert_clean_with_runs(out, faults, 1);
     let text = stdout(out);
     for inv in ["T5", "T6", "T8"] {
         assert_eq!(violations(&text, inv), 0, "{inv}:\n{text}");
