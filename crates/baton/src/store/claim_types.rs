@@ -86,6 +86,20 @@ pub struct TaskClaim<'a> {
     pub fair: bool,
 }
 
+impl TaskClaim<'_> {
+    /// How far a claim under a cap per key walks, given the plain claim's
+    /// walk (its limit and buffer share): three times the free slots' share
+    /// further, so keys with one place left do not fill it on their own;
+    /// the buffer's share, granted only where places are spare, walks once
+    /// (four times the whole claim walked ~8 rows a buffered task,
+    /// docs/BENCHMARKS.md session 29). PostgreSQL and MySQL; SQLite writes
+    /// the same bound in its statement.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn key_capped_walk(&self, plain: u32) -> u32 {
+        plain.saturating_add(self.limit.saturating_sub(self.buffered).saturating_mul(3))
+    }
+}
+
 /// A claim under a rate limit ([`Backend::task_claim_rated`](super::Backend::task_claim_rated)):
 /// `claim` as [`Backend::task_claim`](super::Backend::task_claim) takes it,
 /// but at most `max` starts (claims) of the limit in any window of `per`

@@ -84,8 +84,7 @@ pub(super) async fn claim_in(
              AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ? AND paused = 1) {skip} \
          ORDER BY priority, run_at, id LIMIT {n} FOR UPDATE SKIP LOCKED",
         q = b.names.queues,
-        n = walk
-            .saturating_add(i64::from(req.limit.saturating_sub(req.buffered)).saturating_mul(3)),
+        n = req.key_capped_walk(u32::try_from(walk).unwrap_or(u32::MAX)),
     );
     let mut s = sqlx::query_as(&select)
         .bind(req.queue.as_bytes())

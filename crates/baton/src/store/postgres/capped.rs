@@ -113,11 +113,11 @@ fn keyed(n: &Names, now_us: &str) -> String {
                  LEFT JOIN run ON run.k = w.concurrency_key \
              WHERE w.concurrency_key IS NULL OR w.kn + coalesce(run.r, 0) <= p_per_key), \
          room AS ( \
-             SELECT count(*) FILTER (WHERE w.concurrency_key IS NULL) \
-                 + coalesce(sum(greatest(0, p_per_key - coalesce(run.r, 0))) \
-                     FILTER (WHERE w.concurrency_key IS NOT NULL), 0) AS places \
-             FROM (SELECT DISTINCT ON (coalesce(concurrency_key, id::text)) concurrency_key \
-                   FROM walk) AS w LEFT JOIN run ON run.k = w.concurrency_key) \
+             SELECT (SELECT count(*) FROM walk WHERE concurrency_key IS NULL) \
+                 + coalesce((SELECT sum(greatest(0, p_per_key - coalesce(run.r, 0))) \
+                     FROM (SELECT DISTINCT concurrency_key AS k FROM walk \
+                           WHERE concurrency_key IS NOT NULL) AS d \
+                     LEFT JOIN run ON run.k = d.k), 0) AS places) \
          UPDATE {t} SET state = 'running', attempt = attempt + 1, \
              started_at = p_now, \
              lease_until = p_now + p_lease_ms * interval '1 millisecond', worker = p_worker, \
@@ -146,15 +146,8 @@ impl PgBackend {
         E: sqlx::Executor<'c, Database = sqlx::Postgres>,
     {
         let walk = super::backend::claim_walk(req);
-        // Under a per-key cap the walk takes four times the free slots'
-        // share more: keys with one place left must not fill it on their
-        // own. The buffer's share (granted only where places are spare)
-        // walks once, as the plain claim's does: four times the whole claim
-        // locked ~8 rows a buffered task.
         let walk = match req.per_key_max_running {
-            Some(_) => {
-                walk.saturating_add(req.limit.saturating_sub(req.buffered).saturating_mul(3))
-            }
+            Some(_) => req.key_capped_walk(walk),
             None => walk,
         };
         let sql = self.claim_function_call(&function_name(&self.names), 9);

@@ -466,9 +466,8 @@ impl Sql {
 /// rows); among the walked rows, the `n`-th of a key in claim order is
 /// taken only while `n` plus the key's running tasks stays within the cap.
 /// The walk takes the claim's bound and three times the free slots' share
-/// more, so keys with one place left do not fill it on their own (the
-/// buffer's share walks once: four times the whole claim cost ~8 rows
-/// walked a buffered task, docs/BENCHMARKS.md session 29). The buffer's share (`?6`) is granted
+/// more, so keys with one place left do not fill it on their own
+/// (`TaskClaim::key_capped_walk`). The buffer's share (`?6`) is granted
 /// only when the walked keys have places to spare, at least twice the
 /// limit (`room`, as PostgreSQL's capped claim counts it;
 /// `Backend::key_capped_claims_spare_places`).

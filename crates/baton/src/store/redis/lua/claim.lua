@@ -207,7 +207,7 @@ if per_key and now_share < limit and ARGV[13] ~= '1' then
     end
     if places >= need then break end
   end
-  if places < need and now_share < limit then limit = now_share end
+  if places < need then limit = now_share end
 end
 -- Tasks on their last attempt met beyond the first `now_share`: put back
 -- (score, member) after the walk, which steps over at most `limit` of them.
