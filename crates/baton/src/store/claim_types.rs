@@ -87,15 +87,16 @@ pub struct TaskClaim<'a> {
 }
 
 impl TaskClaim<'_> {
-    /// How far a claim under a cap per key walks, given the plain claim's
-    /// walk (its limit and buffer share): three times the free slots' share
-    /// further, so keys with one place left do not fill it on their own;
-    /// the buffer's share, granted only where places are spare, walks once
-    /// (four times the whole claim walked ~8 rows a buffered task,
-    /// docs/BENCHMARKS.md session 29). PostgreSQL and MySQL; SQLite writes
-    /// the same bound in its statement.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn key_capped_walk(&self, plain: u32) -> u32 {
+    /// How far a claim limited per key (a cap or a rate per key) walks,
+    /// given the plain claim's walk (its limit and buffer share): three
+    /// times the free slots' share further, so keys with one place left do
+    /// not fill it on their own; the buffer's share walks once (four times
+    /// the whole claim walked ~8 rows a buffered task, docs/BENCHMARKS.md
+    /// sessions 29 and 30). PostgreSQL and MySQL, and every SQL store's
+    /// claim under a rate per key (`store::key_rate::walk_len`); SQLite's
+    /// capped statement writes the same bound.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    pub(crate) fn key_limited_walk(&self, plain: u32) -> u32 {
         plain.saturating_add(self.limit.saturating_sub(self.buffered).saturating_mul(3))
     }
 }

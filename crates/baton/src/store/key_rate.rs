@@ -112,11 +112,14 @@ pub(crate) fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// How many candidates the walk reads: four times the claim's bound, so
-/// keys with one place left do not fill it on their own (as the per-key
-/// cap's walk).
+/// How many candidates the walk reads: the plain claim's bound (its limit
+/// and buffer share) and three times the free slots' share more, so keys
+/// with one place left do not fill it on their own, as the per-key cap's
+/// walk ([`TaskClaim::key_limited_walk`]; it was four times the whole
+/// claim, ~8 rows walked a buffered task).
 pub(crate) fn walk_len(req: &TaskClaim<'_>) -> i64 {
-    4 * (i64::from(req.limit) + i64::from(req.buffered.min(req.limit)))
+    let plain = req.limit.saturating_add(req.buffered.min(req.limit));
+    i64::from(req.key_limited_walk(plain))
 }
 
 /// The queue's running tasks per key and in all (the fair claim's
@@ -217,17 +220,29 @@ pub(crate) fn logs_after(
         log.record(&at, rate.max);
         out.push(LogWrite {
             free_at: log.free_at(rate.max, per),
-            idle_at: log
-                .latest()
-                .unwrap_or(0)
-                .saturating_add(per)
-                .saturating_add(us(PRUNE_GRACE)),
+            idle_at: idle_at(log.latest().unwrap_or(0), per),
             starts: log.encode(),
             key,
         });
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
     out
+}
+
+/// When a key's log may be pruned, its latest start at `latest_us`: past
+/// that start's window and [`PRUNE_GRACE`], rounded up to a whole grace,
+/// so the key's further starts within it leave the column (and its index)
+/// unchanged: PostgreSQL then rewrites the row in place without new index
+/// entries (heap-only), SQLite and MySQL leave the index alone. Later, not
+/// earlier: a row is kept at most one grace longer.
+pub(crate) fn idle_at(latest_us: i64, per_us: i64) -> i64 {
+    let grace = us(PRUNE_GRACE);
+    latest_us
+        .saturating_add(per_us)
+        .saturating_add(grace)
+        .div_euclid(grace)
+        .saturating_add(1)
+        .saturating_mul(grace)
 }
 
 /// The keys of `cands` by id, to pair the claimed tasks with.
@@ -374,7 +389,14 @@ mod tests {
         // Free once the 2nd latest (200) leaves the window; idle after
         // the latest's window and the grace.
         assert_eq!(w[0].free_at, 1_000_200);
-        assert_eq!(w[0].idle_at, 300 + 1_000_000 + us(PRUNE_GRACE));
+        assert_eq!(w[0].idle_at, idle_at(300, 1_000_000));
+        // Idle past the window and the grace, rounded up to a whole grace:
+        // a later start in the same grace leaves it as it was.
+        let g = us(PRUNE_GRACE);
+        assert_eq!(idle_at(300, 1_000_000), 2 * g);
+        assert_eq!(idle_at(g - 1_000_300, 1_000_000), 2 * g);
+        assert_eq!(idle_at(g - 1_000_000, 1_000_000), 3 * g);
+        assert!(idle_at(5 * g + 17, 1_000_000) >= 6 * g + 1_000_017);
         // One start of a max of 2: free now.
         assert_eq!((w[1].key.as_str(), w[1].free_at), ("b", 0));
     }

@@ -84,7 +84,7 @@ pub(super) async fn claim_in(
              AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ? AND paused = 1) {skip} \
          ORDER BY priority, run_at, id LIMIT {n} FOR UPDATE SKIP LOCKED",
         q = b.names.queues,
-        n = req.key_capped_walk(u32::try_from(walk).unwrap_or(u32::MAX)),
+        n = req.key_limited_walk(u32::try_from(walk).unwrap_or(u32::MAX)),
     );
     let mut s = sqlx::query_as(&select)
         .bind(req.queue.as_bytes())

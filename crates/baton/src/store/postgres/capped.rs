@@ -147,7 +147,7 @@ impl PgBackend {
     {
         let walk = super::backend::claim_walk(req);
         let walk = match req.per_key_max_running {
-            Some(_) => req.key_capped_walk(walk),
+            Some(_) => req.key_limited_walk(walk),
             None => walk,
         };
         let sql = self.claim_function_call(&function_name(&self.names), 9);

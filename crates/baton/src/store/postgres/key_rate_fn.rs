@@ -81,18 +81,15 @@ DECLARE
     v_size int8 := p_limit;
     v_full text[] := '{{}}';
     v_cid int8[];
-    v_ckey text[];
+    v_ckx int8[];
     v_cspare boolean[];
-    v_lk text[];
     v_lu int8[];
-    v_tk text[] := '{{}}';
-    v_tn int8[] := '{{}}';
+    v_kn int8[];
+    v_tn int8[];
     v_ids int8[] := '{{}}';
     v_at int8[] := '{{}}';
     v_pos int8 := 0;
-    v_k text;
-    v_j int4;
-    v_took int8;
+    v_x int8;
     v_n int8 := 0;
     v_next int8;
 BEGIN
@@ -112,65 +109,69 @@ BEGIN
         IF p_max_running IS NOT NULL THEN
             v_size := least(v_size, greatest(0, p_max_running - v_running));
         END IF;
-        SELECT array_agg(id ORDER BY priority, run_at, id),
-               array_agg(concurrency_key ORDER BY priority, run_at, id),
-               array_agg(attempt + 1 < max_attempts ORDER BY priority, run_at, id)
-            INTO v_cid, v_ckey, v_cspare
-            FROM (SELECT w.id, w.concurrency_key, w.attempt, w.max_attempts, w.priority,
-                         w.run_at
-                  FROM {t} AS w
-                  WHERE w.state = 'pending' AND w.queue = p_queue AND w.run_at <= p_now
-                      AND NOT w.cancel_requested
-                      AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = p_queue AND paused)
-                      AND (w.concurrency_key IS NULL OR (
-                          NOT EXISTS (SELECT 1 FROM {kr} AS r WHERE r.queue = p_queue
-                              AND r.ckey = w.concurrency_key AND r.free_at > v_now)
-                          AND w.concurrency_key <> ALL(v_full)))
-                  ORDER BY w.priority, w.run_at, w.id
-                  LIMIT p_walk FOR UPDATE SKIP LOCKED) AS c;
-        -- Each candidate key's starts in the window, its log read once by
-        -- its primary key (a generic plan of `ckey = ANY(…)`, cached while
-        -- the table was empty, scanned it whole).
-        SELECT coalesce(array_agg(d.k), '{{}}'),
-               coalesce(array_agg((SELECT count(*) FROM {kr} AS r, unnest(r.log) AS s(x)
-                   WHERE r.queue = p_queue AND r.ckey = d.k AND x > v_now - p_rate_per)),
-                   '{{}}')
-            INTO v_lk, v_lu
-            FROM (SELECT DISTINCT k FROM unnest(v_ckey) AS u(k) WHERE k IS NOT NULL) AS d;
+        -- The walk, each candidate with its key's index (`v_ckx`, 1-based,
+        -- NULL for a task of no key) into the walked keys' arrays: the
+        -- starts each key's log has in the window (its log read once by
+        -- its primary key: a generic plan of `ckey = ANY(…)`, cached while
+        -- the table was empty, scanned it whole) and, with a cap, its
+        -- running tasks. The loop below reads them by index (looking each
+        -- key up by value cost O(keys) a candidate).
+        WITH c AS (
+            SELECT w.id, w.concurrency_key, w.attempt, w.max_attempts, w.priority, w.run_at
+            FROM {t} AS w
+            WHERE w.state = 'pending' AND w.queue = p_queue AND w.run_at <= p_now
+                AND NOT w.cancel_requested
+                AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = p_queue AND paused)
+                AND (w.concurrency_key IS NULL OR (
+                    NOT EXISTS (SELECT 1 FROM {kr} AS r WHERE r.queue = p_queue
+                        AND r.ckey = w.concurrency_key AND r.free_at > 0
+                        AND r.free_at > v_now)
+                    AND w.concurrency_key <> ALL(v_full)))
+            ORDER BY w.priority, w.run_at, w.id
+            LIMIT p_walk FOR UPDATE SKIP LOCKED),
+        k AS (
+            SELECT d.k, row_number() OVER (ORDER BY d.k) AS x
+            FROM (SELECT DISTINCT concurrency_key AS k FROM c
+                  WHERE concurrency_key IS NOT NULL) AS d)
+        SELECT array_agg(c.id ORDER BY c.priority, c.run_at, c.id),
+               array_agg(k.x ORDER BY c.priority, c.run_at, c.id),
+               array_agg(c.attempt + 1 < c.max_attempts ORDER BY c.priority, c.run_at, c.id),
+               (SELECT coalesce(array_agg((SELECT count(*) FROM {kr} AS r, unnest(r.log) AS s(y)
+                    WHERE r.queue = p_queue AND r.ckey = k.k AND y > v_now - p_rate_per)
+                    ORDER BY k.x), '{{}}') FROM k),
+               (SELECT coalesce(array_agg(coalesce(r.c, 0) ORDER BY k.x), '{{}}')
+                    FROM k LEFT JOIN unnest(v_rk, v_rn) AS r(k, c) ON r.k = k.k)
+            INTO v_cid, v_ckx, v_cspare, v_lu, v_kn
+            FROM c LEFT JOIN k ON k.k = c.concurrency_key;
+        v_tn := array_fill(0::int8, ARRAY[cardinality(v_lu)]);
         -- `key_rate::pick`: each key while its log and its cap leave room,
         -- at most the claim's size; past the first `limit - buffered`
         -- places only tasks with an attempt to spare.
         FOR i IN 1 .. coalesce(array_length(v_cid, 1), 0) LOOP
             EXIT WHEN v_n >= v_size;
-            v_k := v_ckey[i];
-            v_j := NULL;
-            IF v_k IS NOT NULL THEN
-                v_j := array_position(v_tk, v_k);
-                v_took := coalesce(v_tn[v_j], 0);
-                CONTINUE WHEN coalesce(v_lu[array_position(v_lk, v_k)], 0) + v_took
-                    >= p_rate_max;
-                CONTINUE WHEN p_per_key IS NOT NULL
-                    AND coalesce(v_rn[array_position(v_rk, v_k)], 0) + v_took >= p_per_key;
+            v_x := v_ckx[i];
+            IF v_x IS NOT NULL THEN
+                CONTINUE WHEN v_lu[v_x] + v_tn[v_x] >= p_rate_max;
+                CONTINUE WHEN p_per_key IS NOT NULL AND v_kn[v_x] + v_tn[v_x] >= p_per_key;
             END IF;
             v_pos := v_pos + 1;
             CONTINUE WHEN v_pos > v_at_once AND NOT v_cspare[i];
-            IF v_k IS NOT NULL THEN
-                IF v_j IS NULL THEN
-                    v_tk := v_tk || v_k;
-                    v_tn := v_tn || 1::int8;
-                ELSE
-                    v_tn[v_j] := v_tn[v_j] + 1;
-                END IF;
+            IF v_x IS NOT NULL THEN
+                v_tn[v_x] := v_tn[v_x] + 1;
             END IF;
-            v_ids := v_ids || v_cid[i];
+            -- `array_append` grows the array in place (`v := v || x`
+            -- copied it whole each time: 1.5 ms for 536 ids, 0.3 ms so).
+            v_ids := array_append(v_ids, v_cid[i]);
             -- `key_rate::logged_start`: a buffered task at its hold's end.
-            v_at := v_at || CASE WHEN v_n >= v_at_once THEN v_now + p_hold ELSE v_now END;
+            v_at := array_append(v_at,
+                CASE WHEN v_n >= v_at_once THEN v_now + p_hold ELSE v_now END);
             v_n := v_n + 1;
         END LOOP;
         IF v_n > 0 THEN
             -- Claim, then `key_rate::logs_after`: each claimed key's log
             -- keeps its `max` latest starts, is free from its `max`-th
-            -- latest + `per`, idle from its latest + `per` + the grace.
+            -- latest + `per`, idle from its latest + `per` + the grace
+            -- rounded up to a whole grace (`key_rate::idle_at`).
             -- Only the primary key can serve the UPDATE (`|| ''` hides
             -- the other columns from the planner).
             RETURN QUERY WITH u AS (
@@ -182,15 +183,18 @@ BEGIN
             s AS (SELECT u.ckey AS k, array_agg(p.at) AS news
                   FROM u JOIN unnest(v_ids, v_at) AS p(id, at) ON p.id = u.id
                   WHERE u.ckey IS NOT NULL GROUP BY u.ckey),
+            -- Each key's old log read by its primary key (a join let the
+            -- planner scan the queue's every log, ~10,000 rows a claim).
             l AS (SELECT s.k, ARRAY(
-                      SELECT x FROM unnest(s.news || coalesce(o.log, '{{}}')) AS x
+                      SELECT x FROM unnest(s.news || coalesce((SELECT o.log FROM {kr} AS o
+                          WHERE o.queue = p_queue AND o.ckey = s.k), '{{}}')) AS x
                       ORDER BY x DESC LIMIT p_rate_max) AS log
-                  FROM s LEFT JOIN {kr} AS o ON o.queue = p_queue AND o.ckey = s.k),
+                  FROM s),
             w AS (INSERT INTO {kr} (queue, ckey, log, free_at, idle_at)
                   SELECT p_queue, k, log,
                          CASE WHEN cardinality(log) >= p_rate_max
                               THEN log[cardinality(log)] + p_rate_per ELSE 0 END,
-                         log[1] + p_rate_per + p_grace
+                         ((log[1] + p_rate_per + p_grace) / p_grace + 1) * p_grace
                   FROM l
                   ON CONFLICT (queue, ckey) DO UPDATE SET log = excluded.log,
                       free_at = excluded.free_at, idle_at = excluded.idle_at)
@@ -202,7 +206,7 @@ BEGIN
         WHERE queue = p_queue AND idle_at < v_now LIMIT p_prune);
     IF v_n < p_limit THEN
         SELECT r.free_at INTO v_next FROM {kr} AS r
-            WHERE r.queue = p_queue AND r.free_at > v_now
+            WHERE r.queue = p_queue AND r.free_at > 0 AND r.free_at > v_now
                 AND EXISTS (SELECT 1 FROM {t} WHERE state = 'pending' AND queue = p_queue
                     AND concurrency_key = r.ckey)
             ORDER BY r.free_at LIMIT 1;

@@ -82,6 +82,10 @@ const UPGRADES: &[Upgrade] = &[
     // where the walked keys have places to spare (issue 25): the function
     // `<prefix>capped_claim` replaced.
     super::capped::function_sql,
+    // 23 → 24: the claim under a rate per key does less under the queue's
+    // lock (issue 25): the function `<prefix>key_rated_claim` replaced,
+    // and its log writes made cheaper.
+    upgrade_key_rated_claim,
 ];
 
 /// The capped claim and the claim under a rate per key as functions
@@ -203,6 +207,24 @@ fn upgrade_audit(n: &Names) -> String {
          CREATE INDEX IF NOT EXISTS \"{p}audit_at\" ON {t} (at);",
         t = n.audit,
         p = n.prefix
+    )
+}
+
+/// The claim under a rate per key, replaced (`key_rate_fn.rs`: each walked
+/// key's log count read by index, arrays grown in place, each old log read
+/// by its primary key), and each key's log rewritten more cheaply: the
+/// index by `free_at` keeps only used-up keys (`free_at > 0`; a key under
+/// its rate, the usual case, adds no entry), and the table leaves a fifth
+/// of each page free, so a log rewrite that changes no indexed column
+/// (`idle_at` is rounded up to a whole grace, `store::key_rate::idle_at`)
+/// stays on its page without new index entries (heap-only).
+fn upgrade_key_rated_claim(n: &Names) -> String {
+    let (p, kr) = (&n.prefix, &n.key_rates);
+    format!(
+        "DROP INDEX IF EXISTS \"{p}key_rates_free\"; \
+         CREATE INDEX \"{p}key_rates_free\" ON {kr} (queue, free_at) WHERE free_at > 0; \
+         ALTER TABLE {kr} SET (fillfactor = 80); {}",
+        super::key_rate_fn::function_sql(n)
     )
 }
 

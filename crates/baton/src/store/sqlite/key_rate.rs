@@ -109,18 +109,22 @@ impl SqliteBackend {
                     tasks.push(task);
                 }
                 tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
-                for w in key_rate::logs_after(rate, logs, started) {
+                // Every claimed key's log in one statement (one per key
+                // cost a statement's hand-off to SQLite's thread each).
+                let writes: Vec<serde_json::Value> = key_rate::logs_after(rate, logs, started)
+                    .into_iter()
+                    .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
+                    .collect();
+                if !writes.is_empty() {
                     sqlx::query(&format!(
                         "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
-                         VALUES (?1, ?2, ?3, ?4, ?5) \
+                         SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3 \
+                         FROM json_each(?2) WHERE true \
                          ON CONFLICT (queue, ckey) DO UPDATE SET starts = excluded.starts, \
                              free_at = excluded.free_at, idle_at = excluded.idle_at"
                     ))
                     .bind(req.queue)
-                    .bind(&w.key)
-                    .bind(&w.starts)
-                    .bind(w.free_at)
-                    .bind(w.idle_at)
+                    .bind(json_text(&serde_json::Value::from(writes))?)
                     .execute(&mut *tx)
                     .await?;
                 }

@@ -467,7 +467,7 @@ impl Sql {
 /// taken only while `n` plus the key's running tasks stays within the cap.
 /// The walk takes the claim's bound and three times the free slots' share
 /// more, so keys with one place left do not fill it on their own
-/// (`TaskClaim::key_capped_walk`). The buffer's share (`?6`) is granted
+/// (`TaskClaim::key_limited_walk`). The buffer's share (`?6`) is granted
 /// only when the walked keys have places to spare, at least twice the
 /// limit (`room`, as PostgreSQL's capped claim counts it;
 /// `Backend::key_capped_claims_spare_places`).
