@@ -390,7 +390,7 @@ pub(crate) mod sql {
         rows.iter()
             .map(|r| {
                 let log = crate::store::rate::StartLog::decode(&r.text("starts")?)?;
-                Ok((r.text("ckey")?, log.instants().to_vec()))
+                Ok((r.text("ckey")?, log.instants()))
             })
             .collect()
     }

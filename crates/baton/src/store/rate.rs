@@ -6,7 +6,7 @@
 //! limits"). Redis keeps the same log in a sorted set (`lua/claim.lua`).
 //!
 //! The log keeps the `max` latest start instants (µs of the store's
-//! clock), latest first. A claim at `now` counts the logged starts later
+//! clock), latest first, as runs of equal instants ([`StartLog`]). A claim at `now` counts the logged starts later
 //! than `now - per`, with no upper bound: on PostgreSQL `now()` is the
 //! transaction's start, so a claim that waited for the row may see starts
 //! logged after its own `now`. Keeping the `max` latest (rather than only
@@ -19,54 +19,115 @@ use crate::error::StoreError;
 use crate::store::{RatedClaim, Task, TaskClaim, TaskClaimRated};
 
 /// The latest start instants of one limit (µs), latest first, at most
-/// `max`.
+/// `max` in all, kept as runs: an instant and how many starts it holds (a
+/// claim logs all its tasks at its one `now`, so a log of 1,000 starts from
+/// claims of ~100 is ~10 runs, not 1,000 numbers to read and write).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct StartLog(Vec<i64>);
+pub(crate) struct StartLog(Vec<(i64, u32)>);
 
 impl StartLog {
-    /// The stored text: instants in µs, separated by spaces.
+    /// The stored text: runs separated by spaces, each an instant in µs,
+    /// followed by `*` and its count when it holds more than one start
+    /// (`"1700000000000000*12 1699999999000000"`). Plain instants, the form
+    /// before runs, read as runs of one.
     pub(crate) fn decode(text: &str) -> Result<StartLog, StoreError> {
-        let mut v = text
-            .split_ascii_whitespace()
-            .map(|t| {
-                t.parse::<i64>()
-                    .map_err(|_| StoreError::Corrupt(format!("rate limit start log: {t:?}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        Ok(StartLog(v))
+        let bad = |t: &str| StoreError::Corrupt(format!("rate limit start log: {t:?}"));
+        let mut log = StartLog::default();
+        for t in text.split_ascii_whitespace() {
+            let (at, n) = match t.split_once('*') {
+                Some((at, n)) => (at, n.parse::<u32>().map_err(|_| bad(t))?),
+                None => (t, 1),
+            };
+            let at = at.parse::<i64>().map_err(|_| bad(t))?;
+            if n == 0 {
+                return Err(bad(t));
+            }
+            log.0.push((at, n));
+        }
+        log.normalize();
+        Ok(log)
     }
 
     /// The text [`decode`](Self::decode) reads.
     pub(crate) fn encode(&self) -> String {
-        self.0
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(" ")
+        let mut out = String::with_capacity(self.0.len() * 20);
+        for (i, &(at, n)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(' ');
+            }
+            out.push_str(&at.to_string());
+            if n > 1 {
+                out.push('*');
+                out.push_str(&n.to_string());
+            }
+        }
+        out
     }
 
-    /// The logged instants (µs), latest first.
-    pub(crate) fn instants(&self) -> &[i64] {
-        &self.0
+    /// Every logged start (µs), latest first, an instant as often as it
+    /// holds starts.
+    pub(crate) fn instants(&self) -> Vec<i64> {
+        self.0
+            .iter()
+            .flat_map(|&(at, n)| std::iter::repeat_n(at, n as usize))
+            .collect()
     }
 
     /// Starts logged after `now - per`.
     pub(crate) fn in_window(&self, now_us: i64, per_us: i64) -> usize {
-        self.0.iter().take_while(|&&t| t > now_us - per_us).count()
+        self.0
+            .iter()
+            .take_while(|&&(t, _)| t > now_us - per_us)
+            .map(|&(_, n)| n as usize)
+            .sum()
     }
 
     /// Add `starts` and keep the `max` latest.
     pub(crate) fn record(&mut self, starts: &[i64], max: u32) {
-        self.0.extend_from_slice(starts);
-        self.0.sort_unstable_by(|a, b| b.cmp(a));
-        self.0.truncate(max as usize);
+        self.0.extend(starts.iter().map(|&at| (at, 1)));
+        self.normalize();
+        let mut left = max;
+        let mut keep = 0;
+        for run in &mut self.0 {
+            if left == 0 {
+                break;
+            }
+            run.1 = run.1.min(left);
+            left -= run.1;
+            keep += 1;
+        }
+        self.0.truncate(keep);
+    }
+
+    /// Latest first, one run per instant.
+    fn normalize(&mut self) {
+        self.0.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
+        self.0.dedup_by(|later, kept| {
+            if later.0 == kept.0 {
+                kept.1 = kept.1.saturating_add(later.1);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The `max`-th latest start (µs), if the log holds that many.
+    fn nth(&self, max: u32) -> Option<i64> {
+        let mut seen = 0u32;
+        for &(at, n) in &self.0 {
+            seen = seen.saturating_add(n);
+            if seen >= max {
+                return Some(at);
+            }
+        }
+        None
     }
 
     /// The instant (µs) from which the log allows a start: its `max`-th
     /// latest start + `per` (0 while it holds fewer than `max`).
     pub(crate) fn free_at(&self, max: u32, per_us: i64) -> i64 {
-        match (max as usize).checked_sub(1).and_then(|i| self.0.get(i)) {
+        match self.nth(max.max(1)) {
             Some(nth) => nth.saturating_add(per_us),
             None => 0,
         }
@@ -74,13 +135,16 @@ impl StartLog {
 
     /// The latest start logged (µs), if any.
     pub(crate) fn latest(&self) -> Option<i64> {
-        self.0.first().copied()
+        self.0.first().map(|&(at, _)| at)
     }
 
     /// When the limit next allows a start, if it is used up at `now`: the
     /// `max`-th latest start leaves the window at its instant + `per`.
     fn next_start(&self, now_us: i64, max: u32, per_us: i64) -> Option<i64> {
-        let nth = *self.0.get((max as usize).checked_sub(1)?)?;
+        if max == 0 {
+            return None;
+        }
+        let nth = self.nth(max)?;
         (nth + per_us > now_us).then_some(nth + per_us)
     }
 }
@@ -195,6 +259,33 @@ mod tests {
         assert_eq!(log.encode(), "2000000 1900000 1800000");
         assert!(plan(&r, &log, 1_500_000).is_none());
         assert!(StartLog::decode("12 x").is_err());
+        assert!(StartLog::decode("12*0").is_err());
+        assert!(StartLog::decode("12*x").is_err());
+    }
+
+    #[test]
+    fn runs_hold_a_claims_starts_and_count_as_many() {
+        // A claim of 5 at one instant is one run of 5.
+        let mut log = StartLog::default();
+        log.record(&[100, 100, 100, 100, 100], 8);
+        assert_eq!(log.encode(), "100*5");
+        // Plain instants and repeated ones (the old form) merge into runs.
+        let old = StartLog::decode("300 100 300 200").unwrap();
+        assert_eq!(old.encode(), "300*2 200 100");
+        assert_eq!(old.instants(), vec![300, 300, 200, 100]);
+        // Keeping the latest 8 cuts into the oldest run.
+        log.record(&[300, 300, 300, 200], 8);
+        assert_eq!(log.encode(), "300*3 200 100*4");
+        assert_eq!(log.in_window(300, 150), 4);
+        assert_eq!(log.in_window(300, 250), 8);
+        // The 8th latest is at 100: free from 100 + per; not used up below 8.
+        assert_eq!(log.free_at(8, 1000), 1100);
+        assert_eq!(log.free_at(9, 1000), 0);
+        assert_eq!(log.next_start(500, 8, 1000), Some(1100));
+        assert_eq!(log.next_start(500, 4, 1000), Some(1200));
+        assert_eq!(log.next_start(1300, 4, 1000), None);
+        // Decoded again, the same log.
+        assert_eq!(StartLog::decode(&log.encode()).unwrap(), log);
     }
 
     #[test]

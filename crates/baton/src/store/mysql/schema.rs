@@ -51,6 +51,12 @@ const UPGRADES: &[Upgrade] = &[
     // (`fair::ready`), so that a user without `CREATE ROUTINE` can
     // migrate; kept so the versions stay the same.
     no_step,
+    // 21 → 22: nothing to convert. Rate limits' start logs (`<p>rates`,
+    // `<p>key_rates`) are written as runs (`instant*count`,
+    // `store::rate::StartLog`), which older builds cannot read; plain
+    // instants still read as runs of one. The version keeps older builds
+    // from connecting to a store this one has written.
+    no_step,
 ];
 
 /// A step that changes nothing (see its place in [`UPGRADES`]).

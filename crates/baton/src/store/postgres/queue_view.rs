@@ -63,7 +63,9 @@ pub(super) async fn keys(b: &PgBackend, q: &QueueKeysQuery<'_>) -> Result<QueueK
         let listed: Vec<String> = out.keys.iter().map(|k| k.key.clone()).collect();
         let logs = b
             .q(&format!(
-                "SELECT ckey, array_to_string(log, ' ') AS starts FROM {} \
+                "SELECT ckey, (SELECT coalesce(string_agg(CASE WHEN log[i + 1] = 1 \
+                     THEN log[i]::text ELSE log[i] || '*' || log[i + 1] END, ' ' ORDER BY i), '') \
+                     FROM generate_series(1, cardinality(log), 2) AS i) AS starts FROM {} \
                  WHERE queue = $1 AND ckey = ANY($2)",
                 b.names.key_rates
             ))

@@ -212,7 +212,8 @@ fn upgrade_audit(n: &Names) -> String {
 
 /// The claim under a rate per key, replaced (`key_rate_fn.rs`: each walked
 /// key's log count read by index, arrays grown in place, each old log read
-/// by its primary key), and each key's log rewritten more cheaply: the
+/// by its primary key), each key's log turned from instants into runs
+/// (instant, count; `store::rate::StartLog`), and rewritten more cheaply: the
 /// index by `free_at` keeps only used-up keys (`free_at > 0`; a key under
 /// its rate, the usual case, adds no entry), and the table leaves a fifth
 /// of each page free, so a log rewrite that changes no indexed column
@@ -221,7 +222,10 @@ fn upgrade_audit(n: &Names) -> String {
 fn upgrade_key_rated_claim(n: &Names) -> String {
     let (p, kr) = (&n.prefix, &n.key_rates);
     format!(
-        "DROP INDEX IF EXISTS \"{p}key_rates_free\"; \
+        "UPDATE {kr} SET log = (SELECT coalesce(array_agg(e.v ORDER BY g.t DESC, e.j), '{{}}') \
+             FROM (SELECT s.t, count(*) AS c FROM unnest(log) AS s(t) GROUP BY s.t) AS g \
+             CROSS JOIN LATERAL (VALUES (1, g.t), (2, g.c)) AS e(j, v)); \
+         DROP INDEX IF EXISTS \"{p}key_rates_free\"; \
          CREATE INDEX \"{p}key_rates_free\" ON {kr} (queue, free_at) WHERE free_at > 0; \
          ALTER TABLE {kr} SET (fillfactor = 80); {}",
         super::key_rate_fn::function_sql(n)

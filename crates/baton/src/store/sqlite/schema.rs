@@ -170,7 +170,18 @@ const UPGRADES: &[Upgrade] = &[
     upgrade_rollup_job,
     // 19 → 20: a release recorded in one statement (issue 27).
     upgrade_lock_history_release,
+    // 20 → 21: start logs written as runs (issue 25).
+    start_log_runs,
 ];
+
+/// Nothing to convert: rate limits' start logs (`<p>rates`,
+/// `<p>key_rates`) are written as runs from this version on (`instant*count`,
+/// `store::rate::StartLog`), which older builds cannot read; plain instants
+/// still read as runs of one. The version keeps older builds from opening
+/// a database this one has written.
+fn start_log_runs(_: &Tables) -> Vec<Ddl> {
+    Vec::new()
+}
 
 /// A release with lock history in one statement: the record is inserted
 /// from the lock's row with the lease's new end (`release_to`), and a
