@@ -101,7 +101,8 @@ impl StartLog {
 
     /// Latest first, one run per instant.
     fn normalize(&mut self) {
-        self.0.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
+        self.0
+            .sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
         self.0.dedup_by(|later, kept| {
             if later.0 == kept.0 {
                 kept.1 = kept.1.saturating_add(later.1);

@@ -87,6 +87,7 @@ DECLARE
     v_cspare boolean[];
     v_lu int8[];
     v_kn int8[];
+    v_keys text[];
     v_tn int8[];
     v_ids int8[] := '{{}}';
     v_at int8[] := '{{}}';
@@ -95,7 +96,13 @@ DECLARE
     v_n int8 := 0;
     v_next int8;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
+    -- A cap or `max_running` counts the queue's running tasks: the
+    -- queue's turn (the lock capped and fair claimers take). A rate per
+    -- key alone needs no turn of the queue: each key's advisory lock,
+    -- below, orders the claims that start its tasks.
+    IF p_max_running IS NOT NULL OR p_per_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_lock, 0));
+    END IF;
     IF p_limit > 0 THEN
         IF p_max_running IS NOT NULL OR p_per_key IS NOT NULL THEN
             SELECT coalesce(array_agg(k), '{{}}'), coalesce(array_agg(c), '{{}}'),
@@ -113,11 +120,9 @@ BEGIN
         END IF;
         -- The walk, each candidate with its key's index (`v_ckx`, 1-based,
         -- NULL for a task of no key) into the walked keys' arrays: the
-        -- starts each key's log has in the window (its log read once by
-        -- its primary key: a generic plan of `ckey = ANY(…)`, cached while
-        -- the table was empty, scanned it whole) and, with a cap, its
-        -- running tasks. The loop below reads them by index (looking each
-        -- key up by value cost O(keys) a candidate).
+        -- keys, with a cap their running tasks, and (below) the starts
+        -- each key's log has in the window. The loop below reads them by
+        -- index (looking each key up by value cost O(keys) a candidate).
         WITH c AS (
             SELECT w.id, w.concurrency_key, w.attempt, w.max_attempts, w.priority, w.run_at
             FROM {t} AS w
@@ -138,14 +143,34 @@ BEGIN
         SELECT array_agg(c.id ORDER BY c.priority, c.run_at, c.id),
                array_agg(k.x ORDER BY c.priority, c.run_at, c.id),
                array_agg(c.attempt + 1 < c.max_attempts ORDER BY c.priority, c.run_at, c.id),
-               (SELECT coalesce(array_agg((SELECT coalesce(sum(r.log[i + 1]), 0)::int8
-                    FROM {kr} AS r, generate_series(1, cardinality(r.log), 2) AS i
-                    WHERE r.queue = p_queue AND r.ckey = k.k AND r.log[i] > v_now - p_rate_per)
-                    ORDER BY k.x), '{{}}') FROM k),
+               (SELECT coalesce(array_agg(k.k ORDER BY k.x), '{{}}') FROM k),
                (SELECT coalesce(array_agg(coalesce(r.c, 0) ORDER BY k.x), '{{}}')
                     FROM k LEFT JOIN unnest(v_rk, v_rn) AS r(k, c) ON r.k = k.k)
-            INTO v_cid, v_ckx, v_cspare, v_lu, v_kn
+            INTO v_cid, v_ckx, v_cspare, v_keys, v_kn
             FROM c LEFT JOIN k ON k.k = c.concurrency_key;
+        -- Each walked key's own lock (its text: the queue's, a unit
+        -- separator, the key), held to the commit, so the claims that
+        -- start a key's tasks take turns, each reading the log the one
+        -- before wrote: T6's argument, per key. Taken in the order of the
+        -- locks' ids, as every claim takes them, so claims that wait for
+        -- each other's keys cannot wait in a circle (one waiting for the
+        -- queue's turn holds no key). Tried without waiting instead,
+        -- claims of few keys left each other's keys out: 10 keys ran 20 %
+        -- slower than under the queue's turn (docs/BENCHMARKS.md session
+        -- 30).
+        PERFORM pg_advisory_xact_lock(o.h)
+            FROM (SELECT DISTINCT hashtextextended(p_lock || chr(31) || u.k, 0) AS h
+                  FROM unnest(v_keys) AS u(k) ORDER BY 1) AS o;
+        -- A statement after the locks, so its snapshot holds every claim
+        -- of these keys that committed before: each key's starts in the
+        -- window (its log read by its primary key: a generic plan of
+        -- `ckey = ANY(…)`, cached while the table was empty, scanned it
+        -- whole).
+        SELECT coalesce(array_agg((SELECT coalesce(sum(r.log[i + 1]), 0)::int8
+                    FROM {kr} AS r, generate_series(1, cardinality(r.log), 2) AS i
+                    WHERE r.queue = p_queue AND r.ckey = u.k AND r.log[i] > v_now - p_rate_per)
+                   ORDER BY u.x), '{{}}')
+            INTO v_lu FROM unnest(v_keys) WITH ORDINALITY AS u(k, x);
         v_tn := array_fill(0::int8, ARRAY[cardinality(v_lu)]);
         -- `key_rate::pick`: each key while its log and its cap leave room,
         -- at most the claim's size; past the first `limit - buffered`
@@ -224,8 +249,13 @@ BEGIN
             GET DIAGNOSTICS v_n = ROW_COUNT;
         END IF;
     END IF;
-    DELETE FROM {kr} WHERE (queue, ckey) IN (SELECT queue, ckey FROM {kr}
-        WHERE queue = p_queue AND idle_at < v_now LIMIT p_prune);
+    -- Claims of one queue may prune at once (a rate per key alone takes
+    -- no turn of the queue): rows another holds are skipped, not waited
+    -- for, and a row a claim rewrote since is no longer idle (rechecked
+    -- on its latest version).
+    DELETE FROM {kr} WHERE queue = p_queue AND idle_at < v_now AND ckey IN (
+        SELECT ckey FROM {kr} WHERE queue = p_queue AND idle_at < v_now
+        LIMIT p_prune FOR UPDATE SKIP LOCKED);
     IF v_n < p_limit THEN
         SELECT r.free_at INTO v_next FROM {kr} AS r
             WHERE r.queue = p_queue AND r.free_at > 0 AND r.free_at > v_now
