@@ -4,21 +4,23 @@
 //! `key_rate.rs`.
 //!
 //! Inside the function, in the caller's transaction (a claim of its own
-//! runs in the statement's implicit one), with the queue's advisory lock
-//! held (the one capped and fair claimers take), each statement reading a
-//! fresh snapshot (a volatile function), so it sees every claim that
-//! committed before it took the lock:
+//! runs in the statement's implicit one), each statement reading a fresh
+//! snapshot (a volatile function):
 //!
-//! 1. with a cap, the queue's running tasks per key;
+//! 1. with a cap or `max_running`, the queue's advisory lock (the one
+//!    capped and fair claimers take) and the queue's running tasks per key;
 //! 2. the walk of due candidates in claim order (`FOR UPDATE SKIP
 //!    LOCKED`), past keys whose log says they are used up (`free_at >
-//!    now`) and keys at their cap, then each candidate key's logged
-//!    starts in the window;
-//! 3. `key_rate::pick`'s rule in a loop over the candidates;
-//! 4. one statement that claims the picked tasks and upserts their keys'
+//!    now`) and keys at their cap;
+//! 3. each walked key's advisory lock, in the locks' order, held to commit
+//!    (the claims that start a key's tasks take turns; claims of other
+//!    keys run at once), then, in a statement after them, each key's
+//!    logged starts in the window;
+//! 4. `key_rate::pick`'s rule in a loop over the candidates;
+//! 5. one statement that claims the picked tasks and upserts their keys'
 //!    logs with `key_rate::logs_after`'s rule (the `max` latest starts, a
 //!    buffered task logged at now + the hold, `free_at`, `idle_at`);
-//! 5. the prune of idle logs and, when the claim came back short, the
+//! 6. the prune of idle logs and, when the claim came back short, the
 //!    earliest `free_at` of a used-up key with pending tasks.
 //!
 //! A key's log is the column `log int8[]`: runs of `store::rate::StartLog`
