@@ -186,15 +186,21 @@ async fn sentinel_failover_is_followed() {
     // Every task succeeds on the new master (a result written during the
     // failover may still be being retried: wait for it) ...
     let t0 = Instant::now();
-    for id in &ids {
+    for (i, id) in ids.iter().enumerate() {
         loop {
-            let t = q.task(*id).await.ok().flatten();
-            if t.as_ref().is_some_and(|t| t.state == TaskState::Succeeded) {
+            // The read's error, if any, is kept for the message (a task
+            // gone and a read that fails are different failures).
+            let t = q.task(*id).await;
+            if t.as_ref()
+                .is_ok_and(|t| t.as_ref().is_some_and(|t| t.state == TaskState::Succeeded))
+            {
                 break;
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
-                "task {id} did not succeed: {t:?}"
+                "task {id} (#{i} of {}: {BEFORE} before the failover, {DURING} during, \
+                 then the probe) did not succeed: {t:?}",
+                ids.len()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
