@@ -86,18 +86,27 @@ pub struct TaskClaim<'a> {
     pub fair: bool,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl TaskClaim<'_> {
-    /// How far a claim limited per key (a cap or a rate per key) walks,
-    /// given the plain claim's walk (its limit and buffer share): three
-    /// times the free slots' share further, so keys with one place left do
-    /// not fill it on their own; the buffer's share walks once (four times
-    /// the whole claim walked ~8 rows a buffered task, docs/BENCHMARKS.md
-    /// sessions 29 and 30). PostgreSQL and MySQL, and every SQL store's
-    /// claim under a rate per key (`store::key_rate::walk_len`); SQLite's
-    /// capped statement writes the same bound.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub(crate) fn key_limited_walk(&self, plain: u32) -> u32 {
-        plain.saturating_add(self.limit.saturating_sub(self.buffered).saturating_mul(3))
+    /// How many candidates a plain claim's locking walk reads: its limit,
+    /// and as many again as its buffer share (that share may step over
+    /// tasks on their last attempt). PostgreSQL and MySQL; SQLite's
+    /// statements write the same bound.
+    pub(crate) fn plain_walk(&self) -> u32 {
+        self.limit.saturating_add(self.buffered.min(self.limit))
+    }
+
+    /// How far a claim limited per key (a cap or a rate per key) walks:
+    /// the [plain walk](Self::plain_walk) and three times the free slots'
+    /// share further, so keys with one place left do not fill it on their
+    /// own; the buffer's share walks once (four times the whole claim
+    /// walked ~8 rows a buffered task, docs/BENCHMARKS.md sessions 29 and
+    /// 30). Every SQL store's claim under a rate per key, PostgreSQL's and
+    /// MySQL's under a cap per key; SQLite's capped statement writes the
+    /// same bound.
+    pub(crate) fn key_limited_walk(&self) -> u32 {
+        self.plain_walk()
+            .saturating_add(self.limit.saturating_sub(self.buffered).saturating_mul(3))
     }
 }
 

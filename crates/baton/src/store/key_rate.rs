@@ -112,14 +112,11 @@ pub(crate) fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// How many candidates the walk reads: the plain claim's bound (its limit
-/// and buffer share) and three times the free slots' share more, so keys
-/// with one place left do not fill it on their own, as the per-key cap's
-/// walk ([`TaskClaim::key_limited_walk`]; it was four times the whole
-/// claim, ~8 rows walked a buffered task).
+/// How many candidates the walk reads: as far as the per-key cap's walk
+/// ([`TaskClaim::key_limited_walk`]), so keys with one place left do not
+/// fill it on their own.
 pub(crate) fn walk_len(req: &TaskClaim<'_>) -> i64 {
-    let plain = req.limit.saturating_add(req.buffered.min(req.limit));
-    i64::from(req.key_limited_walk(plain))
+    i64::from(req.key_limited_walk())
 }
 
 /// The queue's running tasks per key and in all (the fair claim's

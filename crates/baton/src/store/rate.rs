@@ -6,10 +6,10 @@
 //! limits"). Redis keeps the same log in a sorted set (`lua/claim.lua`).
 //!
 //! The log keeps the `max` latest start instants (µs of the store's
-//! clock), latest first, as runs of equal instants ([`StartLog`]). A claim at `now` counts the logged starts later
-//! than `now - per`, with no upper bound: on PostgreSQL `now()` is the
-//! transaction's start, so a claim that waited for the row may see starts
-//! logged after its own `now`. Keeping the `max` latest (rather than only
+//! clock), latest first, as runs of equal instants ([`StartLog`]). A claim
+//! at `now` counts the logged starts later than `now - per`, with no upper
+//! bound: on PostgreSQL `now()` is the transaction's start, so a claim that
+//! waited for the row may see starts logged after its own `now`. Keeping the `max` latest (rather than only
 //! those in the window) keeps that exact: whenever `max` starts fall after
 //! `now - per`, the `max` latest do.
 
@@ -50,16 +50,15 @@ impl StartLog {
 
     /// The text [`decode`](Self::decode) reads.
     pub(crate) fn encode(&self) -> String {
+        use std::fmt::Write as _;
         let mut out = String::with_capacity(self.0.len() * 20);
         for (i, &(at, n)) in self.0.iter().enumerate() {
-            if i > 0 {
-                out.push(' ');
-            }
-            out.push_str(&at.to_string());
-            if n > 1 {
-                out.push('*');
-                out.push_str(&n.to_string());
-            }
+            let sep = if i > 0 { " " } else { "" };
+            // Writing to a `String` cannot fail.
+            let _ = match n {
+                1 => write!(out, "{sep}{at}"),
+                _ => write!(out, "{sep}{at}*{n}"),
+            };
         }
         out
     }

@@ -139,11 +139,11 @@ impl MyBackend {
     }
 }
 
-/// How many candidates an uncapped claim's locking select walks: its
-/// size, and as many again as its buffer share (that share may step over
-/// tasks on their last attempt, see [`claim_pick`]).
+/// How many candidates an uncapped claim's locking select walks
+/// ([`TaskClaim::plain_walk`]: its buffer share may step over tasks on
+/// their last attempt, see [`claim_pick`]).
 pub(super) fn plain_walk(req: &TaskClaim<'_>) -> i64 {
-    i64::from(req.limit) + i64::from(req.buffered.min(req.limit))
+    i64::from(req.plain_walk())
 }
 
 /// The claimed ids among the locked candidates `(id, spare)` (in claim
@@ -177,7 +177,7 @@ pub(super) async fn task_claim(
     // Uncapped (the common case): two round trips in all, each a batch
     // of statements sent as text (see `MyBackend::batch`).
     if let Some(per_key) = req.per_key_max_running {
-        return super::keyed::task_claim(b, req, per_key, plain_walk(req)).await;
+        return super::keyed::task_claim(b, req, per_key).await;
     }
     let Some(max) = req.max_running else {
         let (_, tasks) = b.claim_in_two_batches(req, plain_walk(req), &[]).await?;
@@ -319,10 +319,7 @@ async fn rated_in(
         }
         (Some(claim), None) if claim.fair => super::fair::claim_in(tx, b, &claim).await?,
         (Some(claim), None) => match claim.per_key_max_running {
-            Some(per_key) => {
-                let walk = i64::from(claim.limit) + i64::from(claim.buffered.min(claim.limit));
-                super::keyed::claim_in(b, tx, &claim, per_key, walk).await?
-            }
+            Some(per_key) => super::keyed::claim_in(b, tx, &claim, per_key).await?,
             None => capped_in(b, tx, &claim, claim.max_running).await?,
         },
     };

@@ -14,19 +14,18 @@ use crate::store::{Task, TaskClaim};
 
 /// One transaction: lock the queue's row, count (with `max_running`, the
 /// queue's and) each key's running tasks, lock the candidates, claim the
-/// ones that fit, read them back. `walk` is the plain claim's walk bound;
-/// this one walks three times the free slots' share further, so keys with
-/// one place left do not fill it on their own (the buffer's share walks
-/// once). The buffer's share is granted only where the walked keys have
-/// places to spare ([`crate::store::key_capped_take`]).
+/// ones that fit, read them back. The walk goes three times the free
+/// slots' share past the plain claim's ([`TaskClaim::key_limited_walk`]),
+/// so keys with one place left do not fill it on their own. The buffer's
+/// share is granted only where the walked keys have places to spare
+/// ([`crate::store::key_capped_take`]).
 pub(super) async fn task_claim(
     b: &MyBackend,
     req: &TaskClaim<'_>,
     per_key: u32,
-    walk: i64,
 ) -> Result<Vec<Task>, StoreError> {
     let mut tx = b.begin().await?;
-    let tasks = claim_in(b, &mut tx, req, per_key, walk).await?;
+    let tasks = claim_in(b, &mut tx, req, per_key).await?;
     finish_claim(tx, tasks).await
 }
 
@@ -36,7 +35,6 @@ pub(super) async fn claim_in(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     req: &TaskClaim<'_>,
     per_key: u32,
-    walk: i64,
 ) -> Result<Vec<Task>, StoreError> {
     let now = &b.names.now;
     let t = &b.names.tasks;
@@ -84,7 +82,7 @@ pub(super) async fn claim_in(
              AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = ? AND paused = 1) {skip} \
          ORDER BY priority, run_at, id LIMIT {n} FOR UPDATE SKIP LOCKED",
         q = b.names.queues,
-        n = req.key_limited_walk(u32::try_from(walk).unwrap_or(u32::MAX)),
+        n = req.key_limited_walk(),
     );
     let mut s = sqlx::query_as(&select)
         .bind(req.queue.as_bytes())

@@ -47,12 +47,6 @@ impl SearchDialect for Search {
 }
 use sqlx::postgres::PgRow;
 
-/// The locking walk's bound: with a buffer share it may step over as many
-/// tasks on their last attempt (see `Sql::claim`).
-pub(super) fn claim_walk(req: &TaskClaim<'_>) -> u32 {
-    req.limit.saturating_add(req.buffered.min(req.limit))
-}
-
 /// Claimed rows as tasks, in claim order.
 pub(super) fn claimed(rows: &[PgRow]) -> Result<Vec<Task>, StoreError> {
     let mut tasks = rows
@@ -97,7 +91,7 @@ impl PgBackend {
         E: sqlx::Executor<'e, Database = sqlx::Postgres>,
     {
         let row = self
-            .q(self.sql.claim_packed(claim_walk(req)))
+            .q(self.sql.claim_packed(req.plain_walk()))
             .bind(req.queue)
             .bind(req.worker)
             .bind(dur(req.lease))

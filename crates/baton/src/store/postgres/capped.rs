@@ -145,10 +145,9 @@ impl PgBackend {
     where
         E: sqlx::Executor<'c, Database = sqlx::Postgres>,
     {
-        let walk = super::backend::claim_walk(req);
         let walk = match req.per_key_max_running {
-            Some(_) => req.key_limited_walk(walk),
-            None => walk,
+            Some(_) => req.key_limited_walk(),
+            None => req.plain_walk(),
         };
         let sql = self.claim_function_call(&function_name(&self.names), 9);
         let sent = tokio::time::Instant::now();

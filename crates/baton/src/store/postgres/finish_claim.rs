@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use sqlx::Row;
 
-use super::backend::{claim_order, claim_walk};
+use super::backend::claim_order;
 use super::finish::answered;
 use super::rows::packed_tasks;
 use super::{dur, PgBackend};
@@ -35,7 +35,7 @@ impl PgBackend {
         let tokens: Vec<i64> = items.iter().map(|(c, _)| token_arg(c.token)).collect();
         let succeeded = items.iter().all(|(_, f)| matches!(f, Finish::Succeeded));
         let query = self
-            .q(self.sql.finish_claim(claim_walk(claim), succeeded))
+            .q(self.sql.finish_claim(claim.plain_walk(), succeeded))
             .bind(claim.queue)
             .bind(claim.worker)
             .bind(dur(claim.lease))
