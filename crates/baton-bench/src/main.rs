@@ -7,6 +7,11 @@
 //! own ceilings live in `scripts/bench.sh`; results are in
 //! `docs/BENCHMARKS.md`.
 
+/// The `baton` binary's allocator (see its `main.rs`), so a run measures
+/// the queue as it runs there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

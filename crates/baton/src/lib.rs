@@ -58,6 +58,7 @@ pub mod audit;
 pub mod clock;
 pub mod duration;
 pub mod error;
+mod fast_hash;
 pub mod lease;
 pub mod lock;
 #[cfg(feature = "prometheus")]

@@ -399,7 +399,7 @@ impl Store {
         let mut out = Vec::with_capacity(items.len());
         let mut start = 0;
         while start < items.len() {
-            let mut seen = std::collections::HashSet::new();
+            let mut seen = crate::fast_hash::set_with_capacity(items.len() - start);
             let end = start
                 + items[start..]
                     .iter()

@@ -82,7 +82,7 @@ impl Ride {
         if held.is_empty() {
             return Vec::new();
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = crate::fast_hash::set_with_capacity(held.len().min(RIDE_BATCH));
         let n = held
             .iter()
             .take(RIDE_BATCH)

@@ -8,8 +8,10 @@
 //! last flush (at most one flush interval); a failed flush keeps its
 //! counts for the next one, up to [`MAX_HELD`] series-minutes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
+
+use crate::fast_hash::FastMap;
 
 use crate::store::stats::bucket_of;
 use crate::store::{from_ms, StatsCounts, StatsRow, STATS_RESOLUTIONS};
@@ -47,13 +49,13 @@ pub(super) async fn flush(shared: &super::Shared) {
 type Minutes = BTreeMap<i64, StatsCounts>;
 
 /// One series' minutes by job (`""` for tasks of no job).
-type Jobs = HashMap<String, Minutes>;
+type Jobs = FastMap<String, Minutes>;
 
 /// The counts not yet flushed: queue → kind → job → minute → counts.
 #[derive(Debug, Default)]
-pub(super) struct Rollup(Mutex<HashMap<String, HashMap<String, Jobs>>>);
+pub(super) struct Rollup(Mutex<FastMap<String, FastMap<String, Jobs>>>);
 
-/// `$map[$key]` of a `HashMap<String, _>`, inserted empty first when
+/// `$map[$key]` of a `FastMap<String, _>`, inserted empty first when
 /// missing (the key allocated only then).
 macro_rules! slot {
     ($map:expr, $key:expr) => {

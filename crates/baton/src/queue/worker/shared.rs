@@ -79,7 +79,7 @@ pub(super) struct Shared {
     pub(super) store: Store,
     pub(super) config: WorkerConfig,
     pub(super) id: String,
-    pub(super) handlers: HashMap<String, HandlerFn>,
+    pub(super) handlers: crate::fast_hash::FastMap<String, HandlerFn>,
     pub(super) fallback: Option<HandlerFn>,
     /// Retry schedules of kinds that have their own.
     pub(super) backoffs: HashMap<String, super::super::Backoff>,

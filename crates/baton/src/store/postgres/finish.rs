@@ -8,7 +8,7 @@
 //! [`Sql::finish_succeeded`]: super::sql::Sql::finish_succeeded
 //! [`Sql::finish_many`]: super::sql::Sql::finish_many
 
-use std::collections::HashSet;
+use crate::fast_hash::FastSet;
 
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -110,13 +110,13 @@ fn finished(ids: &[i64], tokens: &[i64], rows: Vec<PgRow>) -> Result<Vec<bool>, 
     let done = rows
         .iter()
         .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
-        .collect::<Result<HashSet<_>, StoreError>>()?;
+        .collect::<Result<FastSet<_>, StoreError>>()?;
     Ok(answered(ids, tokens, &done))
 }
 
 /// Per item, whether `done` (the (id, token) pairs a statement finished)
 /// holds its (id, token).
-pub(super) fn answered(ids: &[i64], tokens: &[i64], done: &HashSet<(i64, i64)>) -> Vec<bool> {
+pub(super) fn answered(ids: &[i64], tokens: &[i64], done: &FastSet<(i64, i64)>) -> Vec<bool> {
     ids.iter()
         .zip(tokens)
         .map(|(&id, &token)| done.contains(&(id, token)))

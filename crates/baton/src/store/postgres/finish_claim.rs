@@ -7,7 +7,7 @@
 //! fair goes after its finishes, as two calls (it must see them). The
 //! statement answers in one row of arrays (see `Sql::finish_claim`).
 
-use std::collections::HashSet;
+use crate::fast_hash::FastSet;
 
 use sqlx::Row;
 
@@ -55,7 +55,7 @@ impl PgBackend {
         let done_tokens: Vec<i64> = row
             .try_get::<Option<Vec<i64>>, _>("done_tokens")?
             .unwrap_or_default();
-        let done: HashSet<(i64, i64)> = done_ids.into_iter().zip(done_tokens).collect();
+        let done: FastSet<(i64, i64)> = done_ids.into_iter().zip(done_tokens).collect();
         let mut tasks = packed_tasks(&row, claim.queue)?;
         claim_order(&mut tasks);
         Ok(FinishedAndClaimed {

@@ -3,7 +3,7 @@
 //! outcomes as compare-and-set UPDATEs, mixed batches in one `IMMEDIATE`
 //! transaction; then the wake-ups for tasks pending again.
 
-use std::collections::HashSet;
+use crate::fast_hash::{set_with_capacity, FastSet};
 
 use sqlx::Row;
 
@@ -75,7 +75,7 @@ async fn succeed_all(
     if items.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let mut ids = HashSet::with_capacity(items.len());
+    let mut ids = set_with_capacity(items.len());
     if !items.iter().all(|(c, _)| ids.insert(c.id)) {
         return Ok(None);
     }
@@ -122,7 +122,7 @@ pub(super) async fn finish_many(
     // The (id, claim token) pairs that succeeded: an item is answered by
     // its own pair, so a stale attempt's success sent beside its task's
     // current one is refused, not answered as the other was.
-    let done: HashSet<(i64, i64)> = if rest == 0 {
+    let done: FastSet<(i64, i64)> = if rest == 0 {
         if let Some(all) = succeed_all(b, items, &list).await? {
             return Ok(all);
         }
@@ -136,7 +136,7 @@ pub(super) async fn finish_many(
     } else {
         // Mixed outcomes: one IMMEDIATE transaction, one commit.
         let mut tx = b.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done: HashSet<(i64, i64)> = if rest < items.len() {
+        let done: FastSet<(i64, i64)> = if rest < items.len() {
             sqlx::query_as(succeed)
                 .bind(&list)
                 .fetch_all(&mut *tx)
@@ -144,7 +144,7 @@ pub(super) async fn finish_many(
                 .into_iter()
                 .collect()
         } else {
-            HashSet::new()
+            FastSet::default()
         };
         for (i, (claim, finish)) in items.iter().enumerate() {
             if matches!(finish, Finish::Succeeded) {
