@@ -1,10 +1,12 @@
-//! Hash sets and maps for the per-task path: foldhash, seeded per process,
-//! instead of the standard library's SipHash (a task's claim, start, end
-//! and result went through ~20 SipHash lookups, ~1.5k instructions).
+//! Hash sets and maps for the per-task path (the running attempts, the
+//! answers of a batch of results, the throughput rollup, the handlers by
+//! kind): foldhash, seeded per process, instead of the standard library's
+//! SipHash, which took ~2k of a task's ~38k instructions on PostgreSQL
+//! (docs/BENCHMARKS.md, session 31).
 //!
 //! Their keys are the store's own ids and tokens, or queue, kind and job
-//! names a worker serves; foldhash's per-process seed keeps collisions
-//! from being chosen in advance.
+//! names; the per-process seed keeps collisions from being chosen in
+//! advance.
 
 use std::collections::{HashMap, HashSet};
 

@@ -305,7 +305,7 @@ impl Worker {
                 self.fallback.map(|h| super::hooks::wrap(h, &chain))
             },
             backoffs: self.backoffs,
-            running: Mutex::new(HashMap::with_hasher(shared::ClaimHash)),
+            running: Mutex::new(crate::fast_hash::FastMap::default()),
             stop_claiming: CancellationToken::new(),
             drained: Notify::new(),
             counters: self.counters.clone(),

@@ -12,46 +12,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 pub(super) use crate::queue::hooks::{AttemptFuture as BoxFut, HandlerFn};
 
-/// Hashes a [`Claim`] for the running attempts' map, which every attempt
-/// reads and writes several times: a multiply-and-rotate of its few
-/// integers instead of SipHash. The claims come from the store (ids and
-/// tokens it assigned), not from input that could be chosen to collide.
-#[derive(Clone, Copy, Default)]
-pub(super) struct ClaimHash;
-
-impl std::hash::BuildHasher for ClaimHash {
-    type Hasher = ClaimHasher;
-    fn build_hasher(&self) -> ClaimHasher {
-        ClaimHasher(0)
-    }
-}
-
-/// The hasher [`ClaimHash`] builds (integers only; bytes are folded in
-/// eight at a time).
-pub(super) struct ClaimHasher(u64);
-
-impl std::hash::Hasher for ClaimHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(b));
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(u64::from(v));
-    }
-    fn write_i64(&mut self, v: i64) {
-        self.write_u64(v as u64);
-    }
-}
-
 /// A running attempt, as the heartbeat loop sees it.
 pub(super) struct Running {
     pub(super) ctx: TaskContext,
@@ -83,7 +43,7 @@ pub(super) struct Shared {
     pub(super) fallback: Option<HandlerFn>,
     /// Retry schedules of kinds that have their own.
     pub(super) backoffs: HashMap<String, super::super::Backoff>,
-    pub(super) running: Mutex<HashMap<Claim, Running, ClaimHash>>,
+    pub(super) running: Mutex<crate::fast_hash::FastMap<Claim, Running>>,
     pub(super) stop_claiming: CancellationToken,
     pub(super) drained: Notify,
     pub(super) counters: WorkerCounters,
