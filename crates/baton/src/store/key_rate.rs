@@ -16,16 +16,17 @@
 //! 4. [`pick`] the tasks in claim order while each key has room under its
 //!    rate and cap, and the claim under its size and `max_running`;
 //! 5. claim them, then write each claimed key's log ([`logs_after`]): the
-//!    latest `max` starts, `free_at` (the `max`-th latest + `per`: no start
-//!    of the key before it) and `idle_at` (the latest + `per` +
-//!    [`PRUNE_GRACE`]);
+//!    latest `max` starts less those `per` before the store's clock read
+//!    in the turn, `free_at` (the `max`-th latest + `per`: no start of the
+//!    key before it) and `idle_at` (the latest + `per` + [`PRUNE_GRACE`]);
 //! 6. prune up to [`PRUNE_BATCH`] of the queue's rows idle since before
 //!    now, and, when the claim came back short, read the earliest
 //!    `free_at` of a used-up key with pending tasks (`RatedClaim::key_next`).
 //!
 //! Exact for the reason the queue's limit is (`store::rate`): claims of the
 //! queue take turns, each counts its key's logged starts later than its
-//! `now - per` with no upper bound, and keeps the latest `max`. A pruned
+//! `now - per` with no upper bound, and keeps the latest `max` of those a
+//! later claim could count (DESIGN T6, "a key's log holds a period"). A pruned
 //! row held no start later than `now - per - PRUNE_GRACE`; the grace covers
 //! PostgreSQL's `now()` (the transaction's start) lagging behind the claim
 //! that pruned, so a pruned start could not have counted for any claim.
@@ -200,11 +201,21 @@ pub(crate) fn pick(
 }
 
 /// The logs to write after a claim that started the tasks `started`
-/// (each task's key and `started_at` in µs, as the store wrote it).
+/// (each task's key and `started_at` in µs, as the store wrote it): each
+/// key's `max` latest starts, less those a period before `turn_us`.
+///
+/// `turn_us` is the store's clock read once the claim held its turn (the
+/// queue's lock, SQLite's write lock), so the claims of a queue read
+/// non-decreasing instants and every later claim counts its window from
+/// `turn_us` or after: a start a period before it is in no later window.
+/// A log then holds a period's starts, not `max` (PostgreSQL's function
+/// does the same; a log of `1000/100ms` kept 1,000 starts, read and
+/// rewritten by every claim of its key). `None` keeps the `max` latest.
 pub(crate) fn logs_after(
     rate: KeyRate,
     mut logs: HashMap<String, StartLog>,
     started: impl IntoIterator<Item = (String, i64)>,
+    turn_us: Option<i64>,
 ) -> Vec<LogWrite> {
     let per = us(rate.per);
     let mut starts: HashMap<String, Vec<i64>> = HashMap::new();
@@ -215,6 +226,9 @@ pub(crate) fn logs_after(
     for (key, at) in starts {
         let mut log = logs.remove(&key).unwrap_or_default();
         log.record(&at, rate.max);
+        if let Some(turn) = turn_us {
+            log.forget_until(turn.saturating_sub(per));
+        }
         out.push(LogWrite {
             free_at: log.free_at(rate.max, per),
             idle_at: idle_at(log.latest().unwrap_or(0), per),
@@ -380,7 +394,12 @@ mod tests {
         };
         let mut logs = HashMap::new();
         logs.insert("a".to_string(), StartLog::decode("100 200").unwrap());
-        let w = logs_after(rate, logs, [("a".to_string(), 300), ("b".to_string(), 50)]);
+        let w = logs_after(
+            rate,
+            logs,
+            [("a".to_string(), 300), ("b".to_string(), 50)],
+            None,
+        );
         assert_eq!(w.len(), 2);
         assert_eq!((w[0].key.as_str(), w[0].starts.as_str()), ("a", "300 200"));
         // Free once the 2nd latest (200) leaves the window; idle after

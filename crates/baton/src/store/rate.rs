@@ -98,6 +98,11 @@ impl StartLog {
         self.0.truncate(keep);
     }
 
+    /// Drop the starts at or before `cutoff_us` (µs).
+    pub(crate) fn forget_until(&mut self, cutoff_us: i64) {
+        self.0.retain(|&(at, _)| at > cutoff_us);
+    }
+
     /// Latest first, one run per instant.
     fn normalize(&mut self) {
         self.0

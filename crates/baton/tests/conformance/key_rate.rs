@@ -535,3 +535,54 @@ pub async fn key_logs_survive_the_array_upgrade(ts: TestStore) {
         .collect();
     assert_eq!(starts, vec![newer, older]);
 }
+
+/// A key's log keeps one period's starts on the SQL stores, however large
+/// `max` is: a claim a period after a start drops it (each claim reads
+/// its instant once it holds its turn, so no later claim counts from an
+/// earlier one). Kept, a generous rate's log held `max` starts that every
+/// claim of the key read and rewrote (PostgreSQL drained 185 tasks a
+/// second). Redis keeps its sorted set's `max` latest (a read of its
+/// window costs a range count there).
+pub async fn key_log_keeps_one_period(ts: TestStore) {
+    if ts.kind == Kind::Redis {
+        return;
+    }
+    const PER: Duration = Duration::from_secs(10);
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    fill(&ts.store, "kp", Some("a"), 3).await;
+    let logged = |v: &baton::store::QueueKeys| {
+        v.keys
+            .iter()
+            .find(|k| k.key == "a")
+            .map_or(0, |k| k.recent_starts.len())
+    };
+    let first = b
+        .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
+        .await
+        .unwrap();
+    assert_eq!(first.tasks.len(), 1, "{first:?}");
+    baton_testkit::clock::advance(&ts, Duration::from_secs(4)).await;
+    let second = b
+        .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
+        .await
+        .unwrap();
+    assert_eq!(second.tasks.len(), 1, "{second:?}");
+    assert_eq!(
+        logged(&q.keys("kp", 10).await.unwrap()),
+        2,
+        "both in the window"
+    );
+    // The first start a period old, the second not yet.
+    baton_testkit::clock::advance(&ts, Duration::from_secs(7)).await;
+    let third = b
+        .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
+        .await
+        .unwrap();
+    assert_eq!(third.tasks.len(), 1, "{third:?}");
+    assert_eq!(
+        logged(&q.keys("kp", 10).await.unwrap()),
+        2,
+        "the second and third starts, the first dropped"
+    );
+}

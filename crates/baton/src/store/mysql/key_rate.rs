@@ -106,18 +106,24 @@ pub(super) async fn claim_in(
             .collect::<Result<Vec<_>, StoreError>>()?;
         let keys = key_rate::keys_of(&cands);
         let mut logs = HashMap::new();
+        // The store's clock in a statement after the queue row's lock
+        // (`now_us` was read before it): `logs_after`'s turn, read with
+        // the logs it prunes (no log read, nothing to prune).
+        let mut turn_us = None;
         if !keys.is_empty() {
             let sql = format!(
-                "SELECT ckey, starts FROM {kr} WHERE queue = ? AND ckey IN ({})",
+                "SELECT ckey, starts, {} FROM {kr} WHERE queue = ? AND ckey IN ({})",
+                n.now_us,
                 marks(keys.len())
             );
             let mut s = sqlx::query_as(&sql).bind(req.queue.as_bytes());
             for k in &keys {
                 s = s.bind(k.as_bytes());
             }
-            let rows: Vec<(Vec<u8>, Vec<u8>)> = s.fetch_all(&mut **tx).await?;
-            for (k, starts) in rows {
+            let rows: Vec<(Vec<u8>, Vec<u8>, i64)> = s.fetch_all(&mut **tx).await?;
+            for (k, starts, turn) in rows {
                 logs.insert(text(k)?, StartLog::decode(&text(starts)?)?);
+                turn_us = Some(turn);
             }
         }
         let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
@@ -141,7 +147,7 @@ pub(super) async fn claim_in(
                 keys.get(&id).map(|k| (k.clone(), at.saturating_add(held)))
             });
             // Every key's log in one statement (was one per key).
-            for chunk in key_rate::logs_after(rate, logs, started).chunks(LOG_ROWS) {
+            for chunk in key_rate::logs_after(rate, logs, started, turn_us).chunks(LOG_ROWS) {
                 let rows = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
                 let sql = format!(
                     "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) VALUES {rows} \

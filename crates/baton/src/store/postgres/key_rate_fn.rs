@@ -19,7 +19,15 @@
 //! 4. `key_rate::pick`'s rule in a loop over the candidates;
 //! 5. one statement that claims the picked tasks and upserts their keys'
 //!    logs with `key_rate::logs_after`'s rule (the `max` latest starts, a
-//!    buffered task logged at now + the hold, `free_at`, `idle_at`);
+//!    buffered task logged at now + the hold, `free_at`, `idle_at`), less
+//!    the starts a period older than the claim's instant: that instant
+//!    is read after the keys' locks (3), so a key's claims take
+//!    non-decreasing instants and such a start counts in no later
+//!    claim's window. A log holds a period's starts, not `max` (a log of
+//!    `1000/100ms` kept 1,000 starts as ~300 runs when claims were small,
+//!    and every claim of the key read and rewrote it: a 20,000-task drain
+//!    fell from ~15k to 185 tasks a second, docs/BENCHMARKS.md session
+//!    31);
 //! 6. the prune of idle logs and, when the claim came back short, the
 //!    earliest `free_at` of a used-up key with pending tasks.
 //!
@@ -78,6 +86,7 @@ pub(super) fn function_sql(n: &Names) -> String {
 RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     v_now int8 := floor(extract(epoch FROM p_now) * 1000000)::bigint;
+    v_ts timestamptz := p_now;
     v_at_once int8 := p_limit - least(p_buffered, p_limit);
     v_rk text[] := '{{}}';
     v_rn int8[] := '{{}}';
@@ -163,6 +172,15 @@ BEGIN
         PERFORM pg_advisory_xact_lock(o.h)
             FROM (SELECT DISTINCT hashtextextended(p_lock || chr(31) || u.k, 0) AS h
                   FROM unnest(v_keys) AS u(k) ORDER BY 1) AS o;
+        -- The claim's instant, read once its keys' locks are held (the
+        -- store's clock, moved by the test clock's offset as `p_now` is):
+        -- the claims of a key take their instants in the order they take
+        -- its lock, so no later claim of the key counts from an earlier
+        -- instant, and a start a period before this instant is in no
+        -- later claim's window. Its tasks start, and its starts are
+        -- logged, at this instant.
+        v_ts := p_now + (clock_timestamp() - now());
+        v_now := floor(extract(epoch FROM v_ts) * 1000000)::bigint;
         -- A statement after the locks, so its snapshot holds every claim
         -- of these keys that committed before: each key's starts in the
         -- window (its log read by its primary key: a generic plan of
@@ -205,7 +223,7 @@ BEGIN
             -- Only the primary key can serve the UPDATE (`|| ''` hides
             -- the other columns from the planner).
             RETURN QUERY WITH u AS (
-                UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = p_now,
+                UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = v_ts,
                     lease_until = p_now + p_lease_ms * interval '1 millisecond',
                     worker = p_worker, claim_token = greatest(claim_token + 1, v_now)
                 WHERE id = ANY(v_ids) AND state || '' = 'pending' AND queue || '' = p_queue
@@ -214,8 +232,9 @@ BEGIN
             -- and a buffered task's hold's end), merged with the key's old
             -- runs (its log read by its primary key: a join let the
             -- planner scan the queue's every log), latest first; the runs
-            -- kept while the count before them is under `max`, the last
-            -- cut to what is left.
+            -- in the window kept while the count before them is under
+            -- `max`, the last cut to what is left (a run a period old
+            -- counts in no later claim's window, see `v_ts`).
             n AS (SELECT u.ckey AS k, p.at AS t, count(*) AS c
                   FROM u JOIN unnest(v_ids, v_at) AS p(id, at) ON p.id = u.id
                   WHERE u.ckey IS NOT NULL GROUP BY u.ckey, p.at),
@@ -233,7 +252,7 @@ BEGIN
                       0)::int8 AS before
                   FROM m),
             kept AS (SELECT r.k, r.t, least(r.c, p_rate_max - r.before) AS c FROM r
-                     WHERE r.before < p_rate_max),
+                     WHERE r.before < p_rate_max AND r.t > v_now - p_rate_per),
             agg AS (SELECT kept.k, sum(kept.c) AS total, min(kept.t) AS oldest,
                            max(kept.t) AS latest
                     FROM kept GROUP BY kept.k),

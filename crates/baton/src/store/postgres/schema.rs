@@ -86,6 +86,10 @@ const UPGRADES: &[Upgrade] = &[
     // lock (issue 25): the function `<prefix>key_rated_claim` replaced,
     // and its log writes made cheaper.
     upgrade_key_rated_claim,
+    // 24 → 25: the claim under a rate per key takes its instant after its
+    // keys' locks and keeps a period's starts in each key's log, not
+    // `max` (issue 25): the function `<prefix>key_rated_claim` replaced.
+    super::key_rate_fn::function_sql,
 ];
 
 /// The capped claim and the claim under a rate per key as functions

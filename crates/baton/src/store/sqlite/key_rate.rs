@@ -111,10 +111,11 @@ impl SqliteBackend {
                 tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
                 // Every claimed key's log in one statement (one per key
                 // cost a statement's hand-off to SQLite's thread each).
-                let writes: Vec<serde_json::Value> = key_rate::logs_after(rate, logs, started)
-                    .into_iter()
-                    .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
-                    .collect();
+                let writes: Vec<serde_json::Value> =
+                    key_rate::logs_after(rate, logs, started, Some(now_us))
+                        .into_iter()
+                        .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
+                        .collect();
                 if !writes.is_empty() {
                     sqlx::query(&format!(
                         "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
