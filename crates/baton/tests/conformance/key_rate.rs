@@ -549,39 +549,30 @@ pub async fn key_log_keeps_one_period(ts: TestStore) {
     }
     const PER: Duration = Duration::from_secs(10);
     let q = Queue::new(ts.store.clone());
-    let b = ts.store.backend();
     fill(&ts.store, "kp", Some("a"), 3).await;
-    let logged = |v: &baton::store::QueueKeys| {
-        v.keys
+    // Claim one task of `a` under 1,000 starts per 10 s; the starts its
+    // log then holds.
+    let claim_one = || async {
+        let r = ts
+            .store
+            .backend()
+            .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
+            .await
+            .unwrap();
+        assert_eq!(r.tasks.len(), 1, "{r:?}");
+        let view = q.keys("kp", 10).await.unwrap();
+        view.keys
             .iter()
             .find(|k| k.key == "a")
             .map_or(0, |k| k.recent_starts.len())
     };
-    let first = b
-        .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
-        .await
-        .unwrap();
-    assert_eq!(first.tasks.len(), 1, "{first:?}");
+    assert_eq!(claim_one().await, 1);
     baton_testkit::clock::advance(&ts, Duration::from_secs(4)).await;
-    let second = b
-        .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
-        .await
-        .unwrap();
-    assert_eq!(second.tasks.len(), 1, "{second:?}");
-    assert_eq!(
-        logged(&q.keys("kp", 10).await.unwrap()),
-        2,
-        "both in the window"
-    );
+    assert_eq!(claim_one().await, 2, "both in the window");
     // The first start a period old, the second not yet.
     baton_testkit::clock::advance(&ts, Duration::from_secs(7)).await;
-    let third = b
-        .task_claim_key_rated(&claim("kp", "w", 1, 1000, PER))
-        .await
-        .unwrap();
-    assert_eq!(third.tasks.len(), 1, "{third:?}");
     assert_eq!(
-        logged(&q.keys("kp", 10).await.unwrap()),
+        claim_one().await,
         2,
         "the second and third starts, the first dropped"
     );
