@@ -135,19 +135,23 @@ impl PgBackend {
         })?;
         let log = StartLog::decode(&starts)?;
         let mut key_next = None;
-        let tasks = match (rate::plan(req, &log, now_us), key_rate) {
+        // Every task of the claim started at one instant: `now()`, the
+        // transaction's start read with the row, or, under a rate per key,
+        // the instant the function read once it held its keys' locks
+        // (`key_rate_fn.rs`), later than `now()`. The log holds the tasks'
+        // `started_at` either way; counting from the earlier `now_us`
+        // keeps T6's argument (a start in a window with this claim's is
+        // later than this claim's start - P, so later than `now_us` - P).
+        let (tasks, at) = match (rate::plan(req, &log, now_us), key_rate) {
             (Some(claim), Some(kr)) => {
-                // The function reads the transaction's `now()` too.
                 let got = self.claim_keys(&mut *tx, &claim, kr).await?;
                 key_next = got.key_next;
-                got.tasks
+                (got.tasks, got.now_us)
             }
-            (Some(claim), None) => self.claim_in(tx, &claim).await?,
-            (None, _) => Vec::new(),
+            (Some(claim), None) => (self.claim_in(tx, &claim).await?, now_us),
+            (None, _) => (Vec::new(), now_us),
         };
-        // Every task of the claim started at `now()`: the transaction's
-        // start, the instant read with the row.
-        let started = vec![now_us; tasks.len()];
+        let started = vec![at; tasks.len()];
         let mut d = rate::finish(req, log, tasks, &started, now_us)?;
         if let Some(text) = d.write {
             self.q(&format!("UPDATE {r} SET starts = $2 WHERE name = $1"))

@@ -26,7 +26,8 @@ pub(super) struct KeyClaimed {
     /// When the claim came back short, the earliest `free_at` (µs) of a
     /// used-up key with pending tasks.
     pub(super) key_next: Option<i64>,
-    /// The claim's now (µs of the store's clock).
+    /// The claim's instant (µs of the store's clock), read once the
+    /// function held its keys' locks: its tasks' `started_at`.
     pub(super) now_us: i64,
 }
 
