@@ -9,9 +9,10 @@
 //! clock), latest first, as runs of equal instants ([`StartLog`]). A claim
 //! at `now` counts the logged starts later than `now - per`, with no upper
 //! bound: on PostgreSQL `now()` is the transaction's start, so a claim that
-//! waited for the row may see starts logged after its own `now`. Keeping the `max` latest (rather than only
-//! those in the window) keeps that exact: whenever `max` starts fall after
-//! `now - per`, the `max` latest do.
+//! waited for the row may see starts logged after its own `now`. Keeping
+//! the `max` latest (rather than only those in the window) keeps that
+//! exact: whenever `max` starts fall after `now - per`, the `max` latest
+//! do.
 
 use chrono::{DateTime, Utc};
 
