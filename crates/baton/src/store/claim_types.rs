@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::Task;
+use super::{Claim, Finish, Task};
 
 /// How long a task claimed into a worker's prefetch buffer under a rate
 /// per key may wait there: its start is logged in its key's log at the
@@ -127,6 +127,13 @@ pub struct TaskClaimRated<'a> {
     pub max: u32,
     /// The window (≥ 1 ms).
     pub per: Duration,
+    /// Attempts to finish before the claim, each the compare-and-set
+    /// [`Backend::task_finish_many`](super::Backend::task_finish_many)
+    /// makes and answered in [`RatedClaim::finished`]; each task at most
+    /// once. A busy worker sends the results it holds with its next claim
+    /// (one round trip where the store can; a rate counts starts, so the
+    /// claim need not see them). Empty: the claim alone.
+    pub finish: &'a [(Claim, Finish)],
 }
 
 impl TaskClaimRated<'_> {
@@ -143,6 +150,10 @@ impl TaskClaimRated<'_> {
 /// What a rated claim took, and when the limit next allows a start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RatedClaim {
+    /// Per item of the request's `finish`, in order, whether its claim was
+    /// current (as [`Backend::task_finish_many`](super::Backend::task_finish_many)
+    /// answers); empty when it had none.
+    pub finished: Vec<bool>,
     /// The tasks claimed, as [`Backend::task_claim`](super::Backend::task_claim) returns them.
     pub tasks: Vec<Task>,
     /// The store's clock at the claim.
@@ -203,6 +214,8 @@ pub struct TaskClaimKeyRated<'a> {
     pub key_rate: KeyRate,
     /// A queue's or named rate limit on top, if any.
     pub rate: Option<QueueRateRef<'a>>,
+    /// Attempts to finish before the claim, as [`TaskClaimRated::finish`].
+    pub finish: &'a [(Claim, Finish)],
 }
 
 impl<'a> TaskClaimKeyRated<'a> {
@@ -213,6 +226,7 @@ impl<'a> TaskClaimKeyRated<'a> {
             name: r.name,
             max: r.max,
             per: r.per,
+            finish: self.finish,
         })
     }
 }

@@ -37,18 +37,30 @@ pub async fn finish_then_claim<B: Backend + ?Sized>(
     backend: &B,
     req: &TaskFinishAndClaim<'_>,
 ) -> Result<FinishedAndClaimed, StoreError> {
-    let finished = if req.finish.is_empty() {
-        Vec::new()
-    } else {
-        backend.task_finish_many(req.finish).await?
-    };
-    if finished.len() != req.finish.len() {
+    let finished = finish_ahead(backend, req.finish).await?;
+    let tasks = backend.task_claim(req.claim).await?;
+    Ok(FinishedAndClaimed { finished, tasks })
+}
+
+/// The finishes a claim carries, written as a call of their own before it
+/// ([`Backend::task_finish_many`]), answered per item; none: no call. The
+/// two-call form of a rated claim's `finish`
+/// ([`TaskClaimRated::finish`](super::TaskClaimRated::finish)) on a store
+/// that does not write them within the claim's own round trips.
+pub async fn finish_ahead<B: Backend + ?Sized>(
+    backend: &B,
+    finish: &[(Claim, Finish)],
+) -> Result<Vec<bool>, StoreError> {
+    if finish.is_empty() {
+        return Ok(Vec::new());
+    }
+    let finished = backend.task_finish_many(finish).await?;
+    if finished.len() != finish.len() {
         return Err(StoreError::Corrupt(format!(
             "task_finish_many answered {} of {} items",
             finished.len(),
-            req.finish.len()
+            finish.len()
         )));
     }
-    let tasks = backend.task_claim(req.claim).await?;
-    Ok(FinishedAndClaimed { finished, tasks })
+    Ok(finished)
 }

@@ -280,6 +280,7 @@ pub(crate) fn answer(
     key_next: Option<i64>,
 ) -> Result<RatedClaim, StoreError> {
     Ok(RatedClaim {
+        finished: Vec::new(),
         tasks,
         now: rate::at(now_us)?,
         next_start: None,

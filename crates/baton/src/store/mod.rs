@@ -105,7 +105,7 @@ pub(crate) use claim_types::BUFFER_HOLD;
 pub use claim_types::{
     KeyRate, QueueRateRef, RatedClaim, TaskClaim, TaskClaimKeyRated, TaskClaimRated,
 };
-pub use finish_claim::{finish_then_claim, FinishedAndClaimed, TaskFinishAndClaim};
+pub use finish_claim::{finish_ahead, finish_then_claim, FinishedAndClaimed, TaskFinishAndClaim};
 pub use identity::{IdentityWatch, IDENTITY_CHECK};
 pub use jobdefs::{
     DefinitionSource, JobDef, JobDefDelete, JobDefPut, JobDefWrite, MAX_JOBDEF_BYTES,

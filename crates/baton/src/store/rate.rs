@@ -206,6 +206,7 @@ pub(crate) fn finish(
     Ok(Decided {
         write: (!started.is_empty()).then(|| log.encode()),
         answer: RatedClaim {
+            finished: Vec::new(),
             tasks,
             now: at(now_us)?,
             next_start,
@@ -240,6 +241,7 @@ mod tests {
             name: None,
             max,
             per: Duration::from_millis(per_ms),
+            finish: &[],
         }
     }
 

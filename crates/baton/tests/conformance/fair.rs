@@ -384,6 +384,7 @@ pub async fn fair_claims_keep_the_rate_limit_and_max_running(ts: TestStore) {
         name: None,
         max: 3,
         per: Duration::from_secs(60),
+        finish: &[],
     };
     let got = b.task_claim_rated(&rated(10)).await.unwrap();
     let ids: Vec<i64> = got.tasks.iter().map(|t| t.id).collect();

@@ -56,6 +56,7 @@ fn claim<'a>(
         },
         key_rate: KeyRate { max, per },
         rate: None,
+        finish: &[],
     }
 }
 
@@ -576,4 +577,98 @@ pub async fn key_log_keeps_one_period(ts: TestStore) {
         2,
         "the second and third starts, the first dropped"
     );
+}
+
+/// A rated claim writes the results it carries (`finish`), each the
+/// compare-and-set `task_finish_many` makes and answered per item in
+/// order (a stale token and an attempt already finished refused, their
+/// tasks left alone), then claims: under a rate per key alone (PostgreSQL
+/// sends both in one statement), with a queue limit on top, and under a
+/// queue limit alone.
+pub async fn rated_claims_carry_finishes(ts: TestStore) {
+    const PER: Duration = Duration::from_secs(60);
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    fill(&ts.store, "kf", Some("k"), 25).await;
+    let limit = Some(QueueRateRef {
+        name: None,
+        max: 1_000,
+        per: PER,
+    });
+    for form in ["key rate", "key rate and queue limit", "queue limit"] {
+        let c = b
+            .task_claim_key_rated(&claim("kf", "w", 5, 1_000, PER))
+            .await
+            .unwrap()
+            .tasks;
+        assert_eq!(c.len(), 5, "{form}");
+        let items = crate::queue::every_kind_batch(b, &c).await;
+        let mut req = claim("kf", "w", 2, 1_000, PER);
+        req.finish = &items;
+        let r = match form {
+            "key rate" => b.task_claim_key_rated(&req).await.unwrap(),
+            "key rate and queue limit" => {
+                req.rate = limit;
+                b.task_claim_key_rated(&req).await.unwrap()
+            }
+            _ => {
+                req.rate = limit;
+                let rated = req.rated().unwrap();
+                assert_eq!(rated.finish.len(), 5);
+                b.task_claim_rated(&rated).await.unwrap()
+            }
+        };
+        assert_eq!(
+            r.finished,
+            [true, true, true, false, false],
+            "{form}: each finish answered in order"
+        );
+        assert_eq!(r.tasks.len(), 2, "{form}: and the claim made: {r:?}");
+        let state = |id| {
+            let q = &q;
+            async move { q.task(id).await.unwrap().unwrap() }
+        };
+        assert_eq!(state(c[0].id).await.state, TaskState::Succeeded, "{form}");
+        let failed = state(c[1].id).await;
+        assert_eq!(
+            (failed.state, failed.last_error.as_deref()),
+            (TaskState::Pending, Some("boom")),
+            "{form}"
+        );
+        // The handed-back task is first in line again: this claim may take
+        // it (it ran after the finish), but its first attempt never counted.
+        let back = state(c[2].id).await;
+        let expect = if r.tasks.iter().any(|t| t.id == c[2].id) {
+            (TaskState::Running, 1)
+        } else {
+            (TaskState::Pending, 0)
+        };
+        assert_eq!((back.state, back.attempt), expect, "{form}");
+        let kept = state(c[3].id).await;
+        assert_eq!(
+            (kept.state, kept.attempt),
+            (TaskState::Running, 1),
+            "{form}: a stale finish changed nothing"
+        );
+        assert_eq!(state(c[4].id).await.state, TaskState::Succeeded, "{form}");
+        for t in &r.tasks {
+            let now = state(t.id).await;
+            assert_eq!(
+                (now.state, now.attempt),
+                (TaskState::Running, t.attempt),
+                "{form}"
+            );
+        }
+        // The kept attempt and the claimed ones, out of the next form's way.
+        let done: Vec<_> = std::iter::once(c[3].claim())
+            .chain(r.tasks.iter().map(|t| t.claim()))
+            .map(|c| (c, Finish::Succeeded))
+            .collect();
+        assert!(b
+            .task_finish_many(&done)
+            .await
+            .unwrap()
+            .iter()
+            .all(|ok| *ok));
+    }
 }

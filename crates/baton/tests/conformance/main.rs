@@ -135,6 +135,7 @@ baton_testkit::per_backend! {
     key_rate::buffered_task_starts_within_its_hold_or_goes_back,
     key_rate::key_logs_survive_the_array_upgrade,
     key_rate::key_log_keeps_one_period,
+    key_rate::rated_claims_carry_finishes,
     queue::stale_claim_after_hand_back_is_refused,
     queue::resent_finish_many_changes_nothing,
     queue::cancel_requested_then_retryable_failure_cancels,

@@ -1162,7 +1162,7 @@ pub async fn finish_many_of_successes_refuses_only_the_stale(ts: TestStore) {
 /// failed with a retry in a minute, `c[2]` handed back, `c[3]` with a
 /// stale token, `c[4]` already finished (here, first): the per-item
 /// answer must be `[true, true, true, false, false]`.
-async fn every_kind_batch(
+pub(crate) async fn every_kind_batch(
     b: &dyn baton::store::Backend,
     c: &[baton::store::Task],
 ) -> Vec<(Claim, Finish)> {

@@ -53,6 +53,7 @@ fn rated<'a>(
         name,
         max: MAX,
         per: PER,
+        finish: &[],
     }
 }
 

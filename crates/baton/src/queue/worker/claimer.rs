@@ -355,7 +355,6 @@ async fn claim(
         .map(|c| (c.claim, c.finish.clone()))
         .collect();
     let r = if let Some(k) = key_rate {
-        finish_first(backend, carried, &items).await?;
         backend
             .task_claim_key_rated(&TaskClaimKeyRated {
                 claim: req,
@@ -368,18 +367,19 @@ async fn claim(
                     max: r.limit.max(),
                     per: r.limit.per(),
                 }),
+                finish: &items,
             })
-            .await?
+            .await
     } else if let Some(rate) = rated {
-        finish_first(backend, carried, &items).await?;
         backend
             .task_claim_rated(&TaskClaimRated {
                 claim: req,
                 name: rate.name.as_deref(),
                 max: rate.limit.max(),
                 per: rate.limit.per(),
+                finish: &items,
             })
-            .await?
+            .await
     } else if items.is_empty() {
         return Ok((backend.task_claim(&req).await?, None, None));
     } else {
@@ -400,33 +400,22 @@ async fn claim(
             }
         };
     };
+    // A rated claim writes the results it carries before it claims (in
+    // its own round trips where the store can).
+    let r = match r {
+        Ok(r) => {
+            ride::answer(carried, Ok(&r.finished));
+            r
+        }
+        Err(e) => {
+            ride::answer(carried, Err(&e));
+            return Err(e);
+        }
+    };
     let local = |t: chrono::DateTime<chrono::Utc>| {
         Instant::now() + (t - r.now).to_std().unwrap_or_default()
     };
     Ok((r.tasks, r.next_start.map(local), r.key_next.map(local)))
-}
-
-/// The results a rated claim carries (`items`, from `carried`), written
-/// before it: the limits' claims are calls of their own, after the
-/// finish. Each result is answered from the store's answer.
-async fn finish_first(
-    backend: &dyn crate::store::Backend,
-    carried: Vec<Completion>,
-    items: &[(Claim, Finish)],
-) -> Result<(), StoreError> {
-    if items.is_empty() {
-        return Ok(());
-    }
-    match backend.task_finish_many(items).await {
-        Ok(done) => {
-            ride::answer(carried, Ok(&done));
-            Ok(())
-        }
-        Err(e) => {
-            ride::answer(carried, Err(&e));
-            Err(e)
-        }
-    }
 }
 
 /// A queue's recent pace (tasks started per second), which sizes an

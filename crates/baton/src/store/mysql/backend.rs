@@ -213,14 +213,19 @@ impl Backend for MyBackend {
         &self,
         req: &crate::store::TaskClaimRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
-        claim::task_claim_rated(self, req).await
+        // The finishes first, a call of their own; the claim sees them.
+        let finished = crate::store::finish_ahead(self, req.finish).await?;
+        let answer = claim::task_claim_rated(self, req).await?;
+        Ok(crate::store::RatedClaim { finished, ..answer })
     }
 
     async fn task_claim_key_rated(
         &self,
         req: &crate::store::TaskClaimKeyRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
-        claim::task_claim_key_rated(self, req).await
+        let finished = crate::store::finish_ahead(self, req.finish).await?;
+        let answer = claim::task_claim_key_rated(self, req).await?;
+        Ok(crate::store::RatedClaim { finished, ..answer })
     }
 
     async fn task_heartbeat_many(

@@ -411,10 +411,13 @@ impl Backend for PgBackend {
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
+        // The finishes first, in the claim's transaction (one commit for
+        // both), before it waits for the limit's row.
         let mut tx = self.begin().await?;
+        let finished = self.finish_many_on(&mut *tx, req.finish).await?;
         let answer = self.rated_in(&mut tx, req, None).await?;
         tx.commit().await?;
-        Ok(answer)
+        Ok(RatedClaim { finished, ..answer })
     }
 
     async fn task_claim_key_rated(
@@ -424,17 +427,26 @@ impl Backend for PgBackend {
         match req.rated() {
             Some(rated) => {
                 let mut tx = self.begin().await?;
+                let finished = self.finish_many_on(&mut *tx, req.finish).await?;
                 let answer = self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?;
                 tx.commit().await?;
-                Ok(answer)
+                Ok(RatedClaim { finished, ..answer })
             }
-            None => {
+            None if req.finish.is_empty() => {
                 // One statement (the key rated claim function), in its own
                 // transaction.
                 let got = self
                     .claim_keys(self.exec(), &req.claim, req.key_rate)
                     .await?;
                 key_rate::answer(got.tasks, got.now_us, got.key_next)
+            }
+            None => {
+                // The finishes and the claim in one statement.
+                let (finished, got) = self
+                    .finish_and_claim_keys(req.finish, &req.claim, req.key_rate)
+                    .await?;
+                let answer = key_rate::answer(got.tasks, got.now_us, got.key_next)?;
+                Ok(RatedClaim { finished, ..answer })
             }
         }
     }

@@ -25,6 +25,19 @@ impl PgBackend {
         &self,
         items: &[(Claim, Finish)],
     ) -> Result<Vec<bool>, StoreError> {
+        self.finish_many_on(self.exec(), items).await
+    }
+
+    /// [`finish_many`](Self::finish_many) on `ex` (a transaction's
+    /// connection, or the pool); nothing is sent for no items.
+    pub(super) async fn finish_many_on<'e, E>(
+        &self,
+        ex: E,
+        items: &[(Claim, Finish)],
+    ) -> Result<Vec<bool>, StoreError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+    {
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -34,24 +47,15 @@ impl PgBackend {
             self.q(&self.sql.finish_succeeded)
                 .bind(&ids)
                 .bind(&tokens)
-                .fetch_all(self.exec())
+                .fetch_all(ex)
                 .await?
         } else {
-            self.finish_kinds(items, &ids, &tokens).await?
+            // A batch with other kinds than successes: every kind in one
+            // statement.
+            let query = self.q(&self.sql.finish_many).bind(&ids).bind(&tokens);
+            self.bind_kinds(query, items).fetch_all(ex).await?
         };
         finished(&ids, &tokens, rows)
-    }
-
-    /// A batch with other kinds than successes: every kind in one
-    /// statement.
-    async fn finish_kinds(
-        &self,
-        items: &[(Claim, Finish)],
-        ids: &[i64],
-        tokens: &[i64],
-    ) -> Result<Vec<PgRow>, StoreError> {
-        let query = self.q(&self.sql.finish_many).bind(ids).bind(tokens);
-        Ok(self.bind_kinds(query, items).fetch_all(self.exec()).await?)
     }
 
     /// Bind the every-kind finish's arguments after its ids and tokens:

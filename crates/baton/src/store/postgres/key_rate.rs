@@ -10,14 +10,23 @@
 //!
 //! [`key_rate_fn`]: super::key_rate_fn
 
+use sqlx::postgres::PgRow;
 use sqlx::Row;
 
+use super::finish::{answered, PgQuery};
+use super::finish_sql::FinishParts;
 use super::key_rate_fn::{function_name, returns};
-use super::{PgBackend, MAX_MS};
+use super::{Names, PgBackend, MAX_MS};
 use crate::error::StoreError;
+use crate::fast_hash::FastSet;
 use crate::store::key_rate::{self, BUFFER_HOLD, PRUNE_BATCH, PRUNE_GRACE};
-use crate::store::sql_row::{claimed_task, CLAIM_COLS};
-use crate::store::{KeyRate, Task, TaskClaim};
+use crate::store::sql_row::{claimed_task, token_arg, CLAIM_COLS};
+use crate::store::{Claim, Finish, KeyRate, Task, TaskClaim};
+
+/// How many parameters the key rated claim's call takes (`$1`–`$14`, as
+/// [`PgBackend::claim_keys`] binds them); a finish beside it takes the
+/// ones after.
+pub(super) const KEY_CLAIM_PARAMS: usize = 14;
 
 /// What a claim under a rate per key answers.
 pub(super) struct KeyClaimed {
@@ -29,6 +38,46 @@ pub(super) struct KeyClaimed {
     /// The claim's instant (µs of the store's clock), read once the
     /// function held its keys' locks: its tasks' `started_at`.
     pub(super) now_us: i64,
+}
+
+/// The key rated claim's call, its arguments `$1`–`$14` and the store's
+/// clock, then `extra` columns.
+fn call_sql(n: &Names, from: &str, walk: &str, extra: &str) -> String {
+    format!(
+        "SELECT {CLAIM_COLS}, key_next, now_us{extra} FROM {from}{}($1, $2, $3, $4, $5, $6, $7, \
+             {walk}, $9, $10, $11, $12, $13, $14, {}) AS f({})",
+        function_name(n),
+        n.now,
+        returns()
+    )
+}
+
+/// The key rated claim and a batch's finishes `fin` (its parameters after
+/// [`KEY_CLAIM_PARAMS`]) in one statement: one round trip and one commit
+/// for both. The finishes run first: the claim's call takes, as its walk's
+/// length, `$8` plus nothing times the number finished, so it runs after
+/// them and they are not written while the function holds its keys'
+/// locks. A rate counts starts, so a finish changes no count the claim
+/// makes; a cap the function also enforces may see the finished tasks as
+/// running or not (a volatile function sees its statement's earlier
+/// writes), which only claims less. The function's closing row (every
+/// task column NULL) carries the finished attempts' ids and tokens
+/// (`done_ids`, `done_tokens`).
+pub(super) fn finish_claim_keys_sql(n: &Names, fin: &FinishParts) -> String {
+    format!(
+        "WITH {}, fa AS ({}), \
+             fd AS (SELECT count(*) AS done_n, array_agg(id) AS done_ids, \
+                 array_agg(token) AS done_tokens FROM fa) {}",
+        fin.ctes,
+        fin.answer,
+        call_sql(
+            n,
+            "fd, LATERAL ",
+            "$8 + 0 * fd.done_n",
+            ", CASE WHEN id IS NULL THEN fd.done_ids END AS done_ids, \
+             CASE WHEN id IS NULL THEN fd.done_tokens END AS done_tokens"
+        )
+    )
 }
 
 impl PgBackend {
@@ -47,18 +96,63 @@ impl PgBackend {
         if req.fair {
             return Err(crate::store::key_rate_fair_refused());
         }
-        let sql = format!(
-            "SELECT {CLAIM_COLS}, key_next, now_us FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, \
-                 $10, $11, $12, $13, $14, {}) AS f({})",
-            function_name(&self.names),
-            self.names.now,
-            returns()
-        );
+        let sql = call_sql(&self.names, "", "$8", "");
+        let sent = tokio::time::Instant::now();
+        let rows = self.bind_key_claim(&sql, req, rate).fetch_all(conn).await?;
+        self.claim_took(sent.elapsed());
+        key_claimed(&rows)
+    }
+
+    /// [`claim_keys`](Self::claim_keys) carrying `finish` (each the
+    /// compare-and-set `task_finish_many` makes, answered per item), in
+    /// one statement ([`finish_claim_keys_sql`]), outside a transaction.
+    pub(super) async fn finish_and_claim_keys(
+        &self,
+        finish: &[(Claim, Finish)],
+        req: &TaskClaim<'_>,
+        rate: KeyRate,
+    ) -> Result<(Vec<bool>, KeyClaimed), StoreError> {
+        if req.fair {
+            return Err(crate::store::key_rate_fair_refused());
+        }
+        let ids: Vec<i64> = finish.iter().map(|(c, _)| c.id).collect();
+        let tokens: Vec<i64> = finish.iter().map(|(c, _)| token_arg(c.token)).collect();
+        let succeeded = finish.iter().all(|(_, f)| matches!(f, Finish::Succeeded));
+        let query = self
+            .bind_key_claim(self.sql.finish_key_claim(succeeded), req, rate)
+            .bind(&ids)
+            .bind(&tokens);
+        let query = if succeeded {
+            query
+        } else {
+            self.bind_kinds(query, finish)
+        };
+        let sent = tokio::time::Instant::now();
+        let rows = query.fetch_all(self.exec()).await?;
+        self.claim_took(sent.elapsed());
+        let closing = rows
+            .iter()
+            .rev()
+            .find(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(None)));
+        let mut done = FastSet::default();
+        if let Some(row) = closing {
+            let done_ids: Vec<i64> = row
+                .try_get::<Option<Vec<i64>>, _>("done_ids")?
+                .unwrap_or_default();
+            let done_tokens: Vec<i64> = row
+                .try_get::<Option<Vec<i64>>, _>("done_tokens")?
+                .unwrap_or_default();
+            done = done_ids.into_iter().zip(done_tokens).collect();
+        }
+        Ok((answered(&ids, &tokens, &done), key_claimed(&rows)?))
+    }
+
+    /// `sql` (a call of the key rated claim function) with its arguments
+    /// `$1`–`$14` bound.
+    fn bind_key_claim<'q>(&self, sql: &'q str, req: &TaskClaim<'q>, rate: KeyRate) -> PgQuery<'q> {
         // `per` clamped as durations are (so the sums stay in range).
         let per = key_rate::us(rate.per).min(MAX_MS.saturating_mul(1000));
-        let sent = tokio::time::Instant::now();
-        let rows = self
-            .claim_call(&sql, req)
+        self.claim_call(sql, req)
             .bind(key_rate::walk_len(req))
             .bind(i64::from(rate.max))
             .bind(per)
@@ -66,29 +160,31 @@ impl PgBackend {
             .bind(key_rate::us(PRUNE_GRACE))
             .bind(PRUNE_BATCH)
             .bind(self.lock_key(req.queue))
-            .fetch_all(conn)
-            .await?;
-        self.claim_took(sent.elapsed());
-        let mut tasks = Vec::with_capacity(rows.len());
-        let mut last = None;
-        for row in &rows {
-            if row.try_get::<Option<i64>, _>("id")?.is_some() {
-                tasks.push(claimed_task(row)?);
-            } else {
-                last = Some((
-                    row.try_get::<Option<i64>, _>("key_next")?,
-                    row.try_get::<i64, _>("now_us")?,
-                ));
-            }
-        }
-        let (key_next, now_us) = last.ok_or_else(|| {
-            StoreError::Corrupt("the key rated claim function returned no closing row".into())
-        })?;
-        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
-        Ok(KeyClaimed {
-            tasks,
-            key_next,
-            now_us,
-        })
     }
+}
+
+/// The key rated claim function's rows: the claimed tasks, in claim
+/// order, then its closing row's `key_next` and `now_us`.
+fn key_claimed(rows: &[PgRow]) -> Result<KeyClaimed, StoreError> {
+    let mut tasks = Vec::with_capacity(rows.len());
+    let mut last = None;
+    for row in rows {
+        if row.try_get::<Option<i64>, _>("id")?.is_some() {
+            tasks.push(claimed_task(row)?);
+        } else {
+            last = Some((
+                row.try_get::<Option<i64>, _>("key_next")?,
+                row.try_get::<i64, _>("now_us")?,
+            ));
+        }
+    }
+    let (key_next, now_us) = last.ok_or_else(|| {
+        StoreError::Corrupt("the key rated claim function returned no closing row".into())
+    })?;
+    tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+    Ok(KeyClaimed {
+        tasks,
+        key_next,
+        now_us,
+    })
 }

@@ -57,6 +57,9 @@ pub(super) struct Sql {
     /// The claims answering in one row of arrays ([`Sql::claim_packed`]),
     /// built on first use, by limit bucket.
     packed_claims: Vec<OnceLock<String>>,
+    /// The claim under a rate per key carrying a batch's finishes
+    /// ([`Sql::finish_key_claim`]): every kind, then successes only.
+    finish_key_claims: [String; 2],
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -295,6 +298,15 @@ impl Sql {
                 finish_sql::finish_succeeded_parts(t, now, keep_succeeded, CLAIM_PARAMS),
             ],
             finish_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
+            finish_key_claims: [false, true].map(|succeeded| {
+                let base = super::key_rate::KEY_CLAIM_PARAMS;
+                let fin = if succeeded {
+                    finish_sql::finish_succeeded_parts(t, now, keep_succeeded, base)
+                } else {
+                    finish_sql::finish_many_parts(t, now, keep_succeeded, base)
+                };
+                super::key_rate::finish_claim_keys_sql(n, &fin)
+            }),
             packed_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
             heartbeat: format!(
                 "UPDATE {t} AS t SET lease_until = {now} + $3 * interval '1 millisecond' \
@@ -460,6 +472,15 @@ impl Sql {
         let k = usize::from(succeeded);
         self.finish_claims[i][k]
             .get_or_init(|| finish_claim_sql(&self.claims[i], &self.finish_parts[k]))
+    }
+
+    /// The claim under a rate per key (`$1`–`$14`, as
+    /// `key_rate::claim_keys` binds them) and a finish of a batch (`$15`
+    /// on: every kind as [`Sql::finish_many`] binds them from `$1`, or
+    /// with `succeeded` the ids and tokens of a batch of successes) in one
+    /// statement; see `key_rate::finish_claim_keys_sql`.
+    pub(super) fn finish_key_claim(&self, succeeded: bool) -> &str {
+        &self.finish_key_claims[usize::from(succeeded)]
     }
 
     /// The limit bucket of a walk: bucket i serves limits up to 2^i; the

@@ -365,14 +365,20 @@ impl Backend for RedisBackend {
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
-        self.claim_rated(req, None).await
+        // The finishes first, a call of their own (a queue's finishes are
+        // one script call per queue; the claim another).
+        let finished = crate::store::finish_ahead(self, req.finish).await?;
+        let answer = self.claim_rated(req, None).await?;
+        Ok(RatedClaim { finished, ..answer })
     }
 
     async fn task_claim_key_rated(
         &self,
         req: &crate::store::TaskClaimKeyRated<'_>,
     ) -> Result<RatedClaim, StoreError> {
-        self.claim_key_rated(req).await
+        let finished = crate::store::finish_ahead(self, req.finish).await?;
+        let answer = self.claim_key_rated(req).await?;
+        Ok(RatedClaim { finished, ..answer })
     }
 
     async fn task_heartbeat_many(

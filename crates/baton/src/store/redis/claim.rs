@@ -145,6 +145,7 @@ impl RedisBackend {
         let (now, next, knext) = (num("now")?, num("next")?, num("knext")?);
         let after = |t: i64| (t > now).then(|| from_ms(t)).transpose();
         Ok(RatedClaim {
+            finished: Vec::new(),
             tasks: self.claimed(queue, &maps)?,
             now: from_ms(now)?,
             next_start: after(next)?,

@@ -286,18 +286,22 @@ impl Backend for SqliteBackend {
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
-        // One `BEGIN IMMEDIATE`: the log, the claim and the log's update
-        // cannot interleave with another claim.
+        // The finishes first, a call of their own (SQLite's finish has its
+        // own statements and transaction); then one `BEGIN IMMEDIATE`: the
+        // log, the claim and the log's update cannot interleave with
+        // another claim.
+        let finished = crate::store::finish_ahead(self, req.finish).await?;
         let mut tx = self.immediate().await?;
         let answer = self.rated_in(&mut tx, req, None).await?;
         tx.commit().await?;
-        Ok(answer)
+        Ok(RatedClaim { finished, ..answer })
     }
 
     async fn task_claim_key_rated(
         &self,
         req: &TaskClaimKeyRated<'_>,
     ) -> Result<RatedClaim, StoreError> {
+        let finished = crate::store::finish_ahead(self, req.finish).await?;
         let mut tx = self.immediate().await?;
         let answer = match req.rated() {
             Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
@@ -310,7 +314,7 @@ impl Backend for SqliteBackend {
             }
         };
         tx.commit().await?;
-        Ok(answer)
+        Ok(RatedClaim { finished, ..answer })
     }
 
     async fn task_heartbeat_many(
