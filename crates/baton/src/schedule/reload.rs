@@ -38,7 +38,8 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 const ANNOUNCED_EVERY: Duration = Duration::from_secs(30);
 
 /// Until a definitions change is announced on the wake-up channel (never,
-/// without one; a lagging receiver counts as one: it may have missed it).
+/// without one; a lagging receiver, or a channel back after a gap, counts
+/// as one: it may have missed it).
 async fn announced(heard: &mut Option<tokio::sync::broadcast::Receiver<crate::store::Wake>>) {
     use tokio::sync::broadcast::error::RecvError;
     let Some(rx) = heard else {
@@ -46,7 +47,7 @@ async fn announced(heard: &mut Option<tokio::sync::broadcast::Receiver<crate::st
     };
     loop {
         match rx.recv().await {
-            Ok(w) if w.queue == crate::store::jobdefs::DEFINITIONS_WAKE => return,
+            Ok(w) if w.queue == crate::store::jobdefs::DEFINITIONS_WAKE || w.is_resync() => return,
             Ok(_) => {}
             Err(RecvError::Lagged(_)) => return,
             Err(RecvError::Closed) => {

@@ -14,7 +14,27 @@ pub struct Wake {
     pub due: Option<DateTime<Utc>>,
 }
 
+/// The [`Wake`] "queue" a backend sends when its wake-up channel is back
+/// after a gap (a `LISTEN` session or a pub/sub subscription lost and
+/// made again): wake-ups sent in the gap were missed, so whoever waits
+/// for them looks again now (workers claim on every queue, a scheduler
+/// reads the definitions' counter). A control character leads it, so no
+/// queue can have this name.
+pub(crate) const RESYNC_WAKE: &str = "\u{1}resync";
+
 impl Wake {
+    /// The wake-up that says wake-ups may have been missed
+    /// ([`RESYNC_WAKE`]).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn resync() -> Wake {
+        Wake::now(RESYNC_WAKE)
+    }
+
+    /// Whether this is the [`RESYNC_WAKE`].
+    pub(crate) fn is_resync(&self) -> bool {
+        self.queue == RESYNC_WAKE
+    }
+
     /// Work in `queue` due now.
     pub fn now(queue: impl Into<String>) -> Wake {
         Wake {

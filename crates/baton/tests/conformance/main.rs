@@ -98,6 +98,7 @@ baton_testkit::per_backend! {
     queue::timeout_fails_the_attempt,
     queue::panicking_and_stuck_handlers_fail_and_are_dropped,
     queue::wake_up_without_waiting_for_a_poll,
+    queue::a_wake_up_sent_right_after_subscribing_is_heard,
     queue::many_tasks_four_workers_all_succeed,
     queue::pipelined_workers_run_each_task_once,
     queue::prefetched_tasks_heartbeated_handed_back_run_once,

@@ -60,6 +60,12 @@ pub(super) async fn ticker(
                 }
             }
             msg = recv_wake(&mut wake) => match msg {
+                // The channel is back after a gap: look at every queue.
+                Some(w) if w.is_resync() => {
+                    for p in pokes {
+                        p.notify_one();
+                    }
+                }
                 Some(w) => {
                     for (i, (queue, _)) in shared.config.queues.iter().enumerate() {
                         if *queue != w.queue {

@@ -69,11 +69,13 @@ async fn listen(
     ready: watch::Sender<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
+    let mut subscribed_before = false;
     loop {
         let res = tokio::select! {
             _ = stop.cancelled() => return,
-            r = listen_once(&conn, &channel, &tx, &ready, &mut backoff) => r,
+            r = listen_once(&conn, &channel, &tx, &ready, &mut backoff, subscribed_before) => r,
         };
+        subscribed_before = subscribed_before || res.is_ok();
         ready.send_replace(false);
         match res {
             Ok(true) => {
@@ -104,6 +106,7 @@ async fn listen_once(
     tx: &broadcast::Sender<Wake>,
     ready: &watch::Sender<bool>,
     backoff: &mut Duration,
+    again: bool,
 ) -> Result<bool, redis::RedisError> {
     let (client, mut moved) = match conn {
         Source::Fixed(client) => (client.clone(), None),
@@ -128,6 +131,10 @@ async fn listen_once(
         })??;
     pubsub.subscribe(channel).await?;
     ready.send_replace(true);
+    if again {
+        // Back after a gap: what was published meanwhile was missed.
+        let _ = tx.send(Wake::resync());
+    }
     *backoff = Duration::from_millis(100);
     let mut stream = pubsub.on_message();
     loop {
