@@ -86,7 +86,20 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     line
 }
 
+/// How a MySQL/MariaDB deadlock victim's error begins (InnoDB rolled its
+/// whole transaction back; see [`StoreError::is_deadlock_victim`]).
+#[cfg(feature = "mysql")]
+const DEADLOCK_VICTIM: &str = "deadlock victim (the transaction was rolled back)";
+
 impl StoreError {
+    /// Whether InnoDB chose this call's transaction as a deadlock's victim
+    /// and rolled it back whole, so running the transaction again is the
+    /// same as running it once.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn is_deadlock_victim(&self) -> bool {
+        matches!(self, StoreError::Unavailable(m) if m.starts_with(DEADLOCK_VICTIM))
+    }
+
     /// Whether retrying the operation later can succeed (the store was down
     /// or the connection broke).
     pub fn is_retryable(&self) -> bool {
@@ -170,7 +183,8 @@ impl From<sqlx::Error> for StoreError {
                                 "timed out (the store's lock wait or statement limit): {e}"
                             ))
                         }
-                        1213 | 1040 | 1053 | 1927 => return StoreError::Unavailable(e.to_string()),
+                        1213 => return StoreError::Unavailable(format!("{DEADLOCK_VICTIM}: {e}")),
+                        1040 | 1053 | 1927 => return StoreError::Unavailable(e.to_string()),
                         _ => {}
                     }
                 }

@@ -206,7 +206,7 @@ impl Backend for MyBackend {
     }
 
     async fn task_claim(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
-        claim::task_claim(self, req).await
+        super::again_if_deadlocked(|| claim::task_claim(self, req)).await
     }
 
     async fn task_claim_rated(
@@ -215,7 +215,7 @@ impl Backend for MyBackend {
     ) -> Result<crate::store::RatedClaim, StoreError> {
         // The finishes first, a call of their own; the claim sees them.
         let finished = crate::store::finish_ahead(self, req.finish).await?;
-        let answer = claim::task_claim_rated(self, req).await?;
+        let answer = super::again_if_deadlocked(|| claim::task_claim_rated(self, req)).await?;
         Ok(crate::store::RatedClaim { finished, ..answer })
     }
 
@@ -224,7 +224,7 @@ impl Backend for MyBackend {
         req: &crate::store::TaskClaimKeyRated<'_>,
     ) -> Result<crate::store::RatedClaim, StoreError> {
         let finished = crate::store::finish_ahead(self, req.finish).await?;
-        let answer = claim::task_claim_key_rated(self, req).await?;
+        let answer = super::again_if_deadlocked(|| claim::task_claim_key_rated(self, req)).await?;
         Ok(crate::store::RatedClaim { finished, ..answer })
     }
 
@@ -367,7 +367,7 @@ impl Backend for MyBackend {
     }
 
     async fn jobdef_prune_many(&self, older_than: Duration) -> Result<u64, StoreError> {
-        super::jobdefs::prune(self, older_than).await
+        super::again_if_deadlocked(|| super::jobdefs::prune(self, older_than)).await
     }
 
     async fn jobdef_put(

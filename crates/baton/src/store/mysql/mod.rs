@@ -413,3 +413,34 @@ async fn batch_on(
         }
     }
 }
+
+/// How many times a transaction runs again after InnoDB chose it as a
+/// deadlock's victim.
+const DEADLOCK_RETRIES: u32 = 3;
+
+/// Run `op` (one transaction) again, at most [`DEADLOCK_RETRIES`] times,
+/// while InnoDB chooses it as a deadlock's victim: the transaction was
+/// rolled back whole, so running it again is running it once. Claims lock
+/// the queue's candidates, a limit's row and the rows they update while
+/// finishes lock the rows they end, and racing prunes lock ranges and
+/// insert into them; under contention InnoDB's next-key and
+/// secondary-index locks can make a cycle (seen with six claimers racing
+/// under one rate limit on a loaded machine), and a worker would
+/// otherwise log a failed claim and wait its backoff.
+pub(super) async fn again_if_deadlocked<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut left = DEADLOCK_RETRIES;
+    loop {
+        match op().await {
+            Err(e) if left > 0 && e.is_deadlock_victim() => {
+                left -= 1;
+                tracing::debug!(error = %e, "chosen as a deadlock's victim; running the transaction again");
+                tokio::time::sleep(std::time::Duration::from_millis(fastrand::u64(1..=10))).await;
+            }
+            r => return r,
+        }
+    }
+}
