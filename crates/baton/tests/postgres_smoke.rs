@@ -98,7 +98,13 @@ async fn subscribe_gets_due_queues_once_per_batch() {
     let b = f.b();
     let mut rx = b.wake_subscribe().await.unwrap();
     let mut rx2 = b.wake_subscribe().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The session listens once it says so.
+    let resync = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the listener did not start")
+        .unwrap();
+    assert!(resync.is_resync(), "{resync:?}");
+    assert!(rx2.recv().await.unwrap().is_resync());
     let mut later = task("later");
     later.run_at = RunAt::Delay(Duration::from_secs(60));
     b.task_insert_many(&[task("a"), task("a"), later, task("b")])
@@ -280,6 +286,12 @@ async fn listener_reconnects_after_its_connection_is_killed() {
     let Some(f) = setup().await else { return };
     let b = f.b();
     let mut rx = b.wake_subscribe().await.unwrap();
+    // Once it listens it says so (what was sent before was missed).
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the listener did not start")
+        .unwrap();
+    assert!(first.is_resync(), "{first:?}");
     let mut admin = sqlx::PgConnection::connect(&url()).await.unwrap();
     let listening = format!("LISTEN \"{}tasks\"", f.prefix);
     let find = format!(
@@ -305,10 +317,7 @@ async fn listener_reconnects_after_its_connection_is_killed() {
         .await
         .expect("listener did not come back")
         .unwrap();
-    assert!(
-        back.queue.starts_with('\u{1}') && back.queue.ends_with("resync"),
-        "{back:?}"
-    );
+    assert!(back.is_resync(), "{back:?}");
     // And it listens: the next enqueue is heard.
     b.task_insert_many(&[task("again")]).await.unwrap();
     let q = tokio::time::timeout(Duration::from_secs(5), rx.recv())
@@ -349,7 +358,12 @@ async fn from_pool_and_enqueue_in_share_the_pool() {
     assert!(f.b().task_get(r[0].id).await.unwrap().is_none());
 
     let mut rx = f.b().wake_subscribe().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await; // let LISTEN start
+    // LISTEN has started once the session says so.
+    let resync = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the listener did not start")
+        .unwrap();
+    assert!(resync.is_resync(), "{resync:?}");
     let mut tx = pool.begin().await.unwrap();
     let r = postgres::enqueue_in(&mut tx, Some(&prefix), &[task("o")])
         .await

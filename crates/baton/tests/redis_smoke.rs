@@ -588,3 +588,44 @@ async fn script_calls_survive_a_script_cache_flushed_under_them() {
     let flushes = flusher.await.unwrap();
     assert!(flushes > 10, "the cache was flushed {flushes} times");
 }
+
+/// The wake-up subscription, lost (its connection killed) and made again,
+/// says so with a resync wake-up (what was published in the gap was
+/// missed, so workers and schedulers look again), then hears the next
+/// enqueue. A private server: killing pub/sub clients on the shared one
+/// would cut other tests' subscriptions.
+#[tokio::test]
+async fn subscription_back_after_a_gap_sends_a_resync() {
+    if !baton_testkit::need("redis resubscribe test", &["redis-server", "redis-cli"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let srv = start_server(port, dir.path());
+    srv.wait_ready().await;
+    let s = Store::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let b = s.backend();
+    let mut rx = b.wake_subscribe().await.unwrap();
+    let killed = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "client", "kill", "type", "pubsub"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&killed.stdout).trim(),
+        "1",
+        "one pub/sub client killed"
+    );
+    let back = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the subscription did not come back")
+        .unwrap();
+    assert!(back.is_resync(), "{back:?}");
+    b.task_insert_many(&[nt("after")]).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("the enqueue after the resubscribe was not heard")
+        .unwrap();
+    assert_eq!(got.queue, "after");
+}

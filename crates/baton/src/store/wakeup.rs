@@ -14,12 +14,13 @@ pub struct Wake {
     pub due: Option<DateTime<Utc>>,
 }
 
-/// The [`Wake`] "queue" a backend sends when its wake-up channel is back
-/// after a gap (a `LISTEN` session or a pub/sub subscription lost and
-/// made again): wake-ups sent in the gap were missed, so whoever waits
-/// for them looks again now (workers claim on every queue, a scheduler
-/// reads the definitions' counter). A control character leads it, so no
-/// queue can have this name.
+/// The [`Wake`] "queue" a backend sends when its wake-up channel listens
+/// after a gap (PostgreSQL's `LISTEN` session once it listens, at first
+/// and after a reconnect; a Redis subscription made again): wake-ups
+/// sent before were missed, so whoever waits for them looks again now
+/// (workers claim on every queue, a scheduler reads the definitions'
+/// counter). A control character leads it, so no queue can have this
+/// name.
 pub(crate) const RESYNC_WAKE: &str = "\u{1}resync";
 
 impl Wake {
@@ -30,8 +31,10 @@ impl Wake {
         Wake::now(RESYNC_WAKE)
     }
 
-    /// Whether this is the [`RESYNC_WAKE`].
-    pub(crate) fn is_resync(&self) -> bool {
+    /// Whether this is a resync: the channel listens again after a gap
+    /// (or for the first time), and wake-ups sent before were missed, so
+    /// whoever waits for them should look again now.
+    pub fn is_resync(&self) -> bool {
         self.queue == RESYNC_WAKE
     }
 

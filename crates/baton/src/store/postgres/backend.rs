@@ -696,7 +696,7 @@ impl Backend for PgBackend {
     }
 
     async fn wake_subscribe(&self) -> Result<broadcast::Receiver<Wake>, StoreError> {
-        Ok(listener::subscribe(self).await)
+        Ok(listener::subscribe(self))
     }
 
     // ---- schedules ---------------------------------------------------------

@@ -76,6 +76,57 @@ impl PgBackend {
     }
 }
 
+/// The arguments a batch of finishes binds beside a claim in one
+/// statement (`finish_claim.rs`, `key_rate.rs`): each item's id and token,
+/// and whether every item is a success (the successes-only statement).
+pub(super) struct FinishArgs {
+    pub(super) ids: Vec<i64>,
+    pub(super) tokens: Vec<i64>,
+    pub(super) succeeded: bool,
+}
+
+impl FinishArgs {
+    pub(super) fn new(items: &[(Claim, Finish)]) -> FinishArgs {
+        FinishArgs {
+            ids: items.iter().map(|(c, _)| c.id).collect(),
+            tokens: items.iter().map(|(c, _)| token_arg(c.token)).collect(),
+            succeeded: items.iter().all(|(_, f)| matches!(f, Finish::Succeeded)),
+        }
+    }
+
+    /// Per item, whether `row`'s `done_ids` and `done_tokens` (the
+    /// attempts the statement finished) hold its (id, token).
+    pub(super) fn answered(&self, row: &PgRow) -> Result<Vec<bool>, StoreError> {
+        let done_ids: Vec<i64> = row
+            .try_get::<Option<Vec<i64>>, _>("done_ids")?
+            .unwrap_or_default();
+        let done_tokens: Vec<i64> = row
+            .try_get::<Option<Vec<i64>>, _>("done_tokens")?
+            .unwrap_or_default();
+        let done: FastSet<(i64, i64)> = done_ids.into_iter().zip(done_tokens).collect();
+        Ok(answered(&self.ids, &self.tokens, &done))
+    }
+}
+
+impl PgBackend {
+    /// Bind a batch's finish after a claim's arguments: the ids and
+    /// tokens, and for a batch that is not all successes each item's kind,
+    /// text and delay ([`PgBackend::bind_kinds`]).
+    pub(super) fn bind_finish<'q>(
+        &self,
+        query: PgQuery<'q>,
+        args: &'q FinishArgs,
+        items: &'q [(Claim, Finish)],
+    ) -> PgQuery<'q> {
+        let query = query.bind(&args.ids).bind(&args.tokens);
+        if args.succeeded {
+            query
+        } else {
+            self.bind_kinds(query, items)
+        }
+    }
+}
+
 /// A statement with its arguments bound so far.
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 

@@ -7,17 +7,12 @@
 //! fair goes after its finishes, as two calls (it must see them). The
 //! statement answers in one row of arrays (see `Sql::finish_claim`).
 
-use crate::fast_hash::FastSet;
-
-use sqlx::Row;
-
 use super::backend::claim_order;
-use super::finish::answered;
+use super::finish::FinishArgs;
 use super::rows::packed_tasks;
 use super::{dur, PgBackend};
 use crate::error::StoreError;
-use crate::store::sql_row::token_arg;
-use crate::store::{finish_then_claim, Finish, FinishedAndClaimed, TaskFinishAndClaim};
+use crate::store::{finish_then_claim, FinishedAndClaimed, TaskFinishAndClaim};
 
 impl PgBackend {
     /// See [`Backend::task_finish_and_claim`](crate::store::Backend::task_finish_and_claim).
@@ -31,35 +26,22 @@ impl PgBackend {
         if items.is_empty() || claim.limit == 0 || !uncapped {
             return finish_then_claim(self, req).await;
         }
-        let ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
-        let tokens: Vec<i64> = items.iter().map(|(c, _)| token_arg(c.token)).collect();
-        let succeeded = items.iter().all(|(_, f)| matches!(f, Finish::Succeeded));
+        let args = FinishArgs::new(items);
         let query = self
-            .q(self.sql.finish_claim(claim.plain_walk(), succeeded))
+            .q(self.sql.finish_claim(claim.plain_walk(), args.succeeded))
             .bind(claim.queue)
             .bind(claim.worker)
             .bind(dur(claim.lease))
             .bind(i64::from(claim.limit))
-            .bind(i64::from(claim.buffered))
-            .bind(&ids)
-            .bind(&tokens);
-        let query = if succeeded {
-            query
-        } else {
-            self.bind_kinds(query, items)
-        };
-        let row = query.fetch_one(self.exec()).await?;
-        let done_ids: Vec<i64> = row
-            .try_get::<Option<Vec<i64>>, _>("done_ids")?
-            .unwrap_or_default();
-        let done_tokens: Vec<i64> = row
-            .try_get::<Option<Vec<i64>>, _>("done_tokens")?
-            .unwrap_or_default();
-        let done: FastSet<(i64, i64)> = done_ids.into_iter().zip(done_tokens).collect();
+            .bind(i64::from(claim.buffered));
+        let row = self
+            .bind_finish(query, &args, items)
+            .fetch_one(self.exec())
+            .await?;
         let mut tasks = packed_tasks(&row, claim.queue)?;
         claim_order(&mut tasks);
         Ok(FinishedAndClaimed {
-            finished: answered(&ids, &tokens, &done),
+            finished: args.answered(&row)?,
             tasks,
         })
     }

@@ -13,14 +13,13 @@
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::finish::{answered, PgQuery};
+use super::finish::{FinishArgs, PgQuery};
 use super::finish_sql::FinishParts;
 use super::key_rate_fn::{function_name, returns};
 use super::{Names, PgBackend, MAX_MS};
 use crate::error::StoreError;
-use crate::fast_hash::FastSet;
 use crate::store::key_rate::{self, BUFFER_HOLD, PRUNE_BATCH, PRUNE_GRACE};
-use crate::store::sql_row::{claimed_task, token_arg, CLAIM_COLS};
+use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{Claim, Finish, KeyRate, Task, TaskClaim};
 
 /// How many parameters the key rated claim's call takes (`$1`–`$14`, as
@@ -115,36 +114,23 @@ impl PgBackend {
         if req.fair {
             return Err(crate::store::key_rate_fair_refused());
         }
-        let ids: Vec<i64> = finish.iter().map(|(c, _)| c.id).collect();
-        let tokens: Vec<i64> = finish.iter().map(|(c, _)| token_arg(c.token)).collect();
-        let succeeded = finish.iter().all(|(_, f)| matches!(f, Finish::Succeeded));
-        let query = self
-            .bind_key_claim(self.sql.finish_key_claim(succeeded), req, rate)
-            .bind(&ids)
-            .bind(&tokens);
-        let query = if succeeded {
-            query
-        } else {
-            self.bind_kinds(query, finish)
-        };
+        let args = FinishArgs::new(finish);
+        let query = self.bind_key_claim(self.sql.finish_key_claim(args.succeeded), req, rate);
         let sent = tokio::time::Instant::now();
-        let rows = query.fetch_all(self.exec()).await?;
+        let rows = self
+            .bind_finish(query, &args, finish)
+            .fetch_all(self.exec())
+            .await?;
         self.claim_took(sent.elapsed());
+        // The function's closing row carries the finished attempts.
         let closing = rows
             .iter()
             .rev()
-            .find(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(None)));
-        let mut done = FastSet::default();
-        if let Some(row) = closing {
-            let done_ids: Vec<i64> = row
-                .try_get::<Option<Vec<i64>>, _>("done_ids")?
-                .unwrap_or_default();
-            let done_tokens: Vec<i64> = row
-                .try_get::<Option<Vec<i64>>, _>("done_tokens")?
-                .unwrap_or_default();
-            done = done_ids.into_iter().zip(done_tokens).collect();
-        }
-        Ok((answered(&ids, &tokens, &done), key_claimed(&rows)?))
+            .find(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(None)))
+            .ok_or_else(|| {
+                StoreError::Corrupt("the key rated claim function returned no closing row".into())
+            })?;
+        Ok((args.answered(closing)?, key_claimed(&rows)?))
     }
 
     /// `sql` (a call of the key rated claim function) with its arguments

@@ -5,22 +5,21 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::{PgBackend, PoolMode, CONNECT_TIMEOUT};
 use crate::store::Wake;
 
 /// A receiver of the backend's wake-ups; the first call starts the
-/// listener. Each call waits (at most [`CONNECT_TIMEOUT`]) until the
-/// session listens, so a wake-up sent right after it returns is not
-/// missed (a definitions write made just after a scheduler started would
-/// wait for its 30 s timer, a task for the next poll); it is only a hint
-/// either way.
-pub(super) async fn subscribe(b: &PgBackend) -> broadcast::Receiver<Wake> {
+/// listener. It returns at once: wake-ups sent before the session listens
+/// are missed, so once it listens (the first time, and again after a
+/// gap) it sends a resync wake-up ([`Wake::resync`]) and whoever waits
+/// looks again (a definitions write made just after a scheduler started
+/// waited for its 30 s timer before).
+pub(super) fn subscribe(b: &PgBackend) -> broadcast::Receiver<Wake> {
     let rx = b.wake.subscribe();
-    let ready = b.listener.get_or_init(|| {
-        let (ready_tx, ready_rx) = watch::channel(false);
+    b.listener.get_or_init(|| {
         // Behind a transaction pooler a LISTEN session cannot live: listen
         // on the direct connection the URL names, or not at all (workers
         // poll; their poll interval is the wake-up latency then).
@@ -29,8 +28,7 @@ pub(super) async fn subscribe(b: &PgBackend) -> broadcast::Receiver<Wake> {
                 Some(direct) => direct.clone(),
                 None => {
                     tracing::info!(channel = %b.names.chan, "behind a transaction pooler without listen_host/listen_port: no LISTEN, workers poll");
-                    ready_tx.send_replace(true);
-                    return ready_rx;
+                    return;
                 }
             },
             PoolMode::Direct | PoolMode::Session => b.connect.clone(),
@@ -46,12 +44,8 @@ pub(super) async fn subscribe(b: &PgBackend) -> broadcast::Receiver<Wake> {
             b.names.chan.clone(),
             b.wake.clone(),
             b.shutdown.clone(),
-            ready_tx,
         ));
-        ready_rx
     });
-    let mut ready = ready.clone();
-    let _ = tokio::time::timeout(CONNECT_TIMEOUT, ready.wait_for(|r| *r)).await;
     rx
 }
 
@@ -60,11 +54,9 @@ async fn listen_loop(
     chan: String,
     wake: broadcast::Sender<Wake>,
     shutdown: CancellationToken,
-    ready: watch::Sender<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
     let max_backoff = Duration::from_secs(10);
-    let mut first = true;
     loop {
         let attempt = async {
             let mut l = PgListener::connect_with(&pool).await?;
@@ -88,11 +80,9 @@ async fn listen_loop(
             }
         };
         tracing::debug!(channel = %chan, "postgres LISTEN established");
-        ready.send_replace(true);
-        if !std::mem::replace(&mut first, false) {
-            // Back after a gap: what was announced meanwhile was missed.
-            let _ = wake.send(Wake::resync());
-        }
+        // What was announced before it listened (at its start, or in a
+        // gap) was missed: its subscribers look again.
+        let _ = wake.send(Wake::resync());
         backoff = Duration::from_millis(100);
         loop {
             let r = tokio::select! {
@@ -120,7 +110,6 @@ async fn listen_loop(
             }
         }
         drop(listener);
-        ready.send_replace(false);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}

@@ -336,8 +336,7 @@ struct PgBackend {
     /// Every statement, formatted once for this prefix.
     sql: Arc<Sql>,
     wake: broadcast::Sender<Wake>,
-    /// The `LISTEN` session, once started: whether it listens now.
-    listener: OnceLock<tokio::sync::watch::Receiver<bool>>,
+    listener: OnceLock<()>,
     shutdown: CancellationToken,
     /// Connections to drop after a read-only refusal (see
     /// `Backend::pool_recycle`); a pool the application owns keeps its
