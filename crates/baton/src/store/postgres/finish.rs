@@ -41,21 +41,19 @@ impl PgBackend {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<i64> = items.iter().map(|(c, _)| c.id).collect();
-        let tokens: Vec<i64> = items.iter().map(|(c, _)| token_arg(c.token)).collect();
-        let rows = if items.iter().all(|(_, f)| matches!(f, Finish::Succeeded)) {
-            self.q(&self.sql.finish_succeeded)
-                .bind(&ids)
-                .bind(&tokens)
-                .fetch_all(ex)
-                .await?
+        // A batch of successes only (a worker's usual batch) takes the bare
+        // statement; any other the one that handles every kind.
+        let args = FinishArgs::new(items);
+        let sql = if args.succeeded {
+            &self.sql.finish_succeeded
         } else {
-            // A batch with other kinds than successes: every kind in one
-            // statement.
-            let query = self.q(&self.sql.finish_many).bind(&ids).bind(&tokens);
-            self.bind_kinds(query, items).fetch_all(ex).await?
+            &self.sql.finish_many
         };
-        finished(&ids, &tokens, rows)
+        let rows = self
+            .bind_finish(self.q(sql), &args, items)
+            .fetch_all(ex)
+            .await?;
+        finished(&args.ids, &args.tokens, rows)
     }
 
     /// Bind the every-kind finish's arguments after its ids and tokens:
@@ -76,9 +74,10 @@ impl PgBackend {
     }
 }
 
-/// The arguments a batch of finishes binds beside a claim in one
-/// statement (`finish_claim.rs`, `key_rate.rs`): each item's id and token,
-/// and whether every item is a success (the successes-only statement).
+/// The arguments a batch of finishes binds, alone or beside a claim in
+/// one statement (`finish_claim.rs`, `key_rate.rs`): each item's id and
+/// token, and whether every item is a success (the successes-only
+/// statement).
 pub(super) struct FinishArgs {
     pub(super) ids: Vec<i64>,
     pub(super) tokens: Vec<i64>,
@@ -109,9 +108,9 @@ impl FinishArgs {
 }
 
 impl PgBackend {
-    /// Bind a batch's finish after a claim's arguments: the ids and
-    /// tokens, and for a batch that is not all successes each item's kind,
-    /// text and delay ([`PgBackend::bind_kinds`]).
+    /// Bind a batch's finish (after a claim's arguments, or alone): the
+    /// ids and tokens, and for a batch that is not all successes each
+    /// item's kind, text and delay ([`PgBackend::bind_kinds`]).
     pub(super) fn bind_finish<'q>(
         &self,
         query: PgQuery<'q>,

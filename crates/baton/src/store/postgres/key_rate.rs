@@ -99,7 +99,7 @@ impl PgBackend {
         let sent = tokio::time::Instant::now();
         let rows = self.bind_key_claim(&sql, req, rate).fetch_all(conn).await?;
         self.claim_took(sent.elapsed());
-        key_claimed(&rows)
+        Ok(key_claimed(&rows)?.0)
     }
 
     /// [`claim_keys`](Self::claim_keys) carrying `finish` (each the
@@ -123,14 +123,8 @@ impl PgBackend {
             .await?;
         self.claim_took(sent.elapsed());
         // The function's closing row carries the finished attempts.
-        let closing = rows
-            .iter()
-            .rev()
-            .find(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(None)))
-            .ok_or_else(|| {
-                StoreError::Corrupt("the key rated claim function returned no closing row".into())
-            })?;
-        Ok((args.answered(closing)?, key_claimed(&rows)?))
+        let (claimed, closing) = key_claimed(&rows)?;
+        Ok((args.answered(closing)?, claimed))
     }
 
     /// `sql` (a call of the key rated claim function) with its arguments
@@ -150,27 +144,26 @@ impl PgBackend {
 }
 
 /// The key rated claim function's rows: the claimed tasks, in claim
-/// order, then its closing row's `key_next` and `now_us`.
-fn key_claimed(rows: &[PgRow]) -> Result<KeyClaimed, StoreError> {
+/// order, and its closing row (every task column NULL) with its
+/// `key_next` and `now_us`.
+fn key_claimed(rows: &[PgRow]) -> Result<(KeyClaimed, &PgRow), StoreError> {
     let mut tasks = Vec::with_capacity(rows.len());
     let mut last = None;
     for row in rows {
         if row.try_get::<Option<i64>, _>("id")?.is_some() {
             tasks.push(claimed_task(row)?);
         } else {
-            last = Some((
-                row.try_get::<Option<i64>, _>("key_next")?,
-                row.try_get::<i64, _>("now_us")?,
-            ));
+            last = Some(row);
         }
     }
-    let (key_next, now_us) = last.ok_or_else(|| {
+    let closing = last.ok_or_else(|| {
         StoreError::Corrupt("the key rated claim function returned no closing row".into())
     })?;
     tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
-    Ok(KeyClaimed {
+    let claimed = KeyClaimed {
         tasks,
-        key_next,
-        now_us,
-    })
+        key_next: closing.try_get::<Option<i64>, _>("key_next")?,
+        now_us: closing.try_get::<i64, _>("now_us")?,
+    };
+    Ok((claimed, closing))
 }
