@@ -629,3 +629,61 @@ async fn subscription_back_after_a_gap_sends_a_resync() {
         .unwrap();
     assert_eq!(got.queue, "after");
 }
+
+/// A scheduler started while its store is down (or this process is out of
+/// file descriptors) waits for the store instead of returning an error:
+/// `baton serve` ended when its scheduler's first clock reading failed.
+/// Here the store is a private server stopped before the scheduler starts
+/// and started again 2 s later; the job's runs start once it is back.
+#[tokio::test]
+async fn scheduler_started_while_the_store_is_down_waits_for_it() {
+    use baton::schedule::{Job, Schedule, Scheduler};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    if !baton_testkit::need("scheduler start test", &["redis-server", "redis-cli"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut srv = start_server(port, dir.path());
+    srv.wait_ready().await;
+    let store = Store::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    srv.stop();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut s = Scheduler::new(store);
+    let job = Job::new("tick", Schedule::every(Duration::from_secs(1)).unwrap())
+        .lock_mode(Duration::from_secs(5), Duration::ZERO);
+    let r = runs.clone();
+    s.add_locked(job, move |_| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    })
+    .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(s.run(stop.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !run.is_finished(),
+        "the scheduler ended while the store was down: {:?}",
+        run.await
+    );
+    let mut srv = start_server(port, dir.path());
+    srv.wait_ready().await;
+    baton_testkit::wait::until(
+        Duration::from_secs(15),
+        "a run once the store is back",
+        || {
+            let n = runs.load(Ordering::SeqCst);
+            async move { (n > 0).then_some(()) }
+        },
+    )
+    .await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    srv.stop();
+}

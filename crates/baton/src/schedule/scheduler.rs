@@ -174,8 +174,15 @@ impl Scheduler {
 
     /// Run every job until `shutdown` fires. Lock-mode runs in progress are
     /// awaited (and their leases released) before returning.
+    ///
+    /// The store's clock is read first; while it cannot be (the store is
+    /// down, stalls, or this process is out of file descriptors), the
+    /// scheduler logs it and tries again, each second, until it can or
+    /// `shutdown` fires (then it returns at once, `Ok`).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
-        let clock = StoreClock::new(self.store.clone()).await?;
+        let Some(clock) = calibrated(&self.store, &shutdown).await else {
+            return Ok(());
+        };
         let mut set = tokio::task::JoinSet::new();
         match self.defs {
             Some(defs) => {
@@ -237,6 +244,31 @@ impl Scheduler {
         calib.abort();
         identity.abort();
         Ok(())
+    }
+}
+
+/// How long a scheduler waits before reading the store's clock again
+/// after it could not ([`Scheduler::run`]'s start).
+const CALIBRATION_RETRY: Duration = Duration::from_secs(1);
+
+/// The store's clock, read again each [`CALIBRATION_RETRY`] until a
+/// reading succeeds; `None` once `stop` fires first.
+async fn calibrated(store: &Store, stop: &CancellationToken) -> Option<StoreClock> {
+    loop {
+        let read = tokio::select! {
+            c = StoreClock::new(store.clone()) => c,
+            _ = stop.cancelled() => return None,
+        };
+        match read {
+            Ok(c) => return Some(c),
+            Err(e) => {
+                tracing::warn!(error = %crate::error::chain(&e), "scheduler: reading the store's clock failed; retrying in 1s");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(CALIBRATION_RETRY) => {}
+            _ = stop.cancelled() => return None,
+        }
     }
 }
 
