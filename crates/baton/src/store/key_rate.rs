@@ -89,12 +89,6 @@ pub(crate) fn candidate(row: &impl SqlRow) -> Result<Candidate, StoreError> {
     })
 }
 
-/// A row of `<p>key_rates` read as `ckey, starts`: the key and its log.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn key_log(row: &impl SqlRow) -> Result<(String, StartLog), StoreError> {
-    Ok((row.text("ckey")?, StartLog::decode(&row.text("starts")?)?))
-}
-
 /// A key's log after a claim, to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LogWrite {

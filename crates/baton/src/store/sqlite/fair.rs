@@ -11,15 +11,16 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Row;
 
+use super::rows::{packed_claim, PACKED_CLAIM_COLS};
 use super::{SqliteBackend, NOW, NOW_US};
 use crate::error::StoreError;
 use crate::store::fair::{self, Candidate, Head, KeyWalk, Running};
-use crate::store::sql_row::{claimed_task, CLAIM_COLS};
 use crate::store::{ms, Task, TaskClaim};
 
 /// The claim of the planned ids (`?4`, a JSON array) in queue `?1` by
-/// worker `?2` with a lease of `?3` ms, returning [`CLAIM_COLS`] and
-/// `returning` (the fair claim's and the per-key rated claim's). Only the
+/// worker `?2` with a lease of `?3` ms, returning [`PACKED_CLAIM_COLS`]
+/// (read with [`packed_claim`]) and `returning` (the fair claim's and the
+/// per-key rated claim's). Only the
 /// primary key can serve it (`+` makes the state and queue terms
 /// unindexable): SQLite took `tasks_key_pending` on the queue and walked
 /// its whole backlog for the ids (22 ms a fair claim behind 100,000 tasks,
@@ -31,7 +32,7 @@ fn claim_sql(t: &str, returning: &str) -> String {
              claim_token = MAX(claim_token + 1, {NOW_US}) \
          WHERE id IN (SELECT value FROM json_each(?4)) AND +state = 'pending' \
              AND +queue = ?1 \
-         RETURNING {CLAIM_COLS}{returning}"
+         RETURNING {PACKED_CLAIM_COLS}{returning}"
     )
 }
 
@@ -200,7 +201,10 @@ impl SqliteBackend {
         .bind(cursor)
         .execute(&mut *tx)
         .await?;
-        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
+        let tasks = rows
+            .iter()
+            .map(|r| packed_claim(r, req.queue))
+            .collect::<Result<_, _>>()?;
         Ok(fair::in_plan_order(tasks, &plan.ids))
     }
 }

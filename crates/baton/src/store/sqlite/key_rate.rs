@@ -13,7 +13,7 @@ use super::rows::json_text;
 use super::{SqliteBackend, NOW, NOW_US};
 use crate::error::StoreError;
 use crate::store::key_rate::{self, Running};
-use crate::store::sql_row::claimed_task;
+use crate::store::rate::StartLog;
 use crate::store::{KeyRate, Task, TaskClaim};
 
 impl SqliteBackend {
@@ -57,38 +57,40 @@ impl SqliteBackend {
                 Running::default()
             };
             let full = json_text(&serde_json::Value::from(key_rate::full_keys(&running, req)))?;
-            let cands = sqlx::query(&format!(
-                "SELECT id, concurrency_key, attempt + 1 < max_attempts AS spare FROM {t} \
-                 WHERE state = 'pending' AND queue = ?1 AND run_at <= {NOW} \
-                     AND NOT cancel_requested \
+            // The walk reads each candidate's log with it (one probe of
+            // the key's row: its `free_at` leaves used-up keys out, its
+            // `starts` are the log the pick counts).
+            let rows = sqlx::query(&format!(
+                "SELECT {t}.id, {t}.concurrency_key, \
+                     {t}.attempt + 1 < {t}.max_attempts AS spare, {kr}.starts FROM {t} \
+                 LEFT JOIN {kr} ON {kr}.queue = ?1 AND {kr}.ckey = {t}.concurrency_key \
+                 WHERE {t}.state = 'pending' AND {t}.queue = ?1 AND {t}.run_at <= {NOW} \
+                     AND NOT {t}.cancel_requested \
                      AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = ?1 AND paused) \
-                     AND (concurrency_key IS NULL OR ( \
-                         NOT EXISTS (SELECT 1 FROM {kr} WHERE {kr}.queue = ?1 \
-                             AND {kr}.ckey = {t}.concurrency_key AND {kr}.free_at > ?2) \
-                         AND concurrency_key NOT IN (SELECT value FROM json_each(?3)))) \
-                 ORDER BY priority, run_at, id LIMIT ?4"
+                     AND ({t}.concurrency_key IS NULL OR ( \
+                         coalesce({kr}.free_at, 0) <= ?2 \
+                         AND {t}.concurrency_key NOT IN (SELECT value FROM json_each(?3)))) \
+                 ORDER BY {t}.priority, {t}.run_at, {t}.id LIMIT ?4"
             ))
             .bind(req.queue)
             .bind(now_us)
             .bind(full)
             .bind(key_rate::walk_len(req))
             .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(key_rate::candidate)
-            .collect::<Result<Vec<_>, StoreError>>()?;
-            let keys = json_text(&serde_json::Value::from(key_rate::keys_of(&cands)))?;
-            let logs = sqlx::query(&format!(
-                "SELECT ckey, starts FROM {kr} \
-                 WHERE queue = ?1 AND ckey IN (SELECT value FROM json_each(?2))"
-            ))
-            .bind(req.queue)
-            .bind(keys)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(key_rate::key_log)
-            .collect::<Result<HashMap<_, _>, StoreError>>()?;
+            .await?;
+            let mut cands = Vec::with_capacity(rows.len());
+            let mut logs = HashMap::new();
+            for row in &rows {
+                let c = key_rate::candidate(row)?;
+                if let Some(k) = &c.key {
+                    if !logs.contains_key(k) {
+                        if let Some(starts) = row.try_get::<Option<String>, _>("starts")? {
+                            logs.insert(k.clone(), StartLog::decode(&starts)?);
+                        }
+                    }
+                }
+                cands.push(c);
+            }
             let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
             if !ids.is_empty() {
                 let hold = key_rate::logged_starts(req, &ids, 0);
@@ -99,7 +101,7 @@ impl SqliteBackend {
                 let keys = key_rate::key_by_id(&cands);
                 let mut started = Vec::with_capacity(rows.len());
                 for r in &rows {
-                    let task = claimed_task(r)?;
+                    let task = super::rows::packed_claim(r, req.queue)?;
                     if let Some(k) = keys.get(&task.id) {
                         // A buffered task's start is logged at its hold's end.
                         let at = r.try_get::<i64, _>("started_us")?;
