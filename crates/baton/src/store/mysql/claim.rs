@@ -132,8 +132,15 @@ impl MyBackend {
 
     /// The claimed tasks read back in claim order.
     pub(super) fn claim_read(&self, ids: &str) -> String {
+        self.claim_read_with(ids, "")
+    }
+
+    /// [`claim_read`](Self::claim_read) with more columns (`extra`, each
+    /// after a comma).
+    fn claim_read_with(&self, ids: &str, extra: &str) -> String {
         format!(
-            "SELECT {CLAIM_COLS} FROM {} WHERE id IN ({ids}) ORDER BY priority, run_at, id",
+            "SELECT {CLAIM_COLS}{extra} FROM {} WHERE id IN ({ids}) \
+             ORDER BY priority, run_at, id",
             self.names.tasks
         )
     }
@@ -386,6 +393,20 @@ pub(super) async fn claim_ids(
     req: &TaskClaim<'_>,
     ids: &[i64],
 ) -> Result<Vec<Task>, StoreError> {
+    let rows = claim_ids_with(b, tx, req, ids, "").await?;
+    rows.iter().map(claimed_task).collect()
+}
+
+/// Claim `ids` for `req` in `tx` (the update, then the tasks read back in
+/// claim order), the rows carrying `extra` columns too (each after a
+/// comma; the rate per key's claim reads each task's `started_at` so).
+pub(super) async fn claim_ids_with(
+    b: &MyBackend,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    req: &TaskClaim<'_>,
+    ids: &[i64],
+    extra: &str,
+) -> Result<Vec<sqlx::mysql::MySqlRow>, StoreError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -396,13 +417,12 @@ pub(super) async fn claim_ids(
         u = u.bind(id);
     }
     u.execute(&mut **tx).await?;
-    let read = b.claim_read(&list);
+    let read = b.claim_read_with(&list, extra);
     let mut s = sqlx::query(&read);
     for id in ids {
         s = s.bind(id);
     }
-    let rows = s.fetch_all(&mut **tx).await?;
-    rows.iter().map(claimed_task).collect()
+    Ok(s.fetch_all(&mut **tx).await?)
 }
 
 /// A pooled connection inside a transaction that spans round trips

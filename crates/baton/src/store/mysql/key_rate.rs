@@ -7,11 +7,14 @@
 
 use std::collections::HashMap;
 
-use super::claim::{claim_ids, lock_queue_row};
+use sqlx::Row;
+
+use super::claim::{claim_ids_with, lock_queue_row};
 use super::{marks, MyBackend};
 use crate::error::StoreError;
 use crate::store::key_rate::{self, Candidate, Running};
 use crate::store::rate::StartLog;
+use crate::store::sql_row::claimed_task;
 use crate::store::{KeyRate, Task, TaskClaim};
 
 /// Key logs written per `INSERT` (5 parameters each, well under the
@@ -128,24 +131,27 @@ pub(super) async fn claim_in(
         }
         let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
         let hold = key_rate::logged_starts(req, &ids, 0);
-        tasks = claim_ids(b, tx, req, &ids).await?;
-        if !tasks.is_empty() {
+        let rows = claim_ids_with(
+            b,
+            tx,
+            req,
+            &ids,
+            ", TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', started_at) AS started_us",
+        )
+        .await?;
+        if !rows.is_empty() {
             let keys = key_rate::key_by_id(&cands);
-            let sql = format!(
-                "SELECT id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', started_at) \
-                 FROM {t} WHERE id IN ({})",
-                marks(tasks.len())
-            );
-            let mut s = sqlx::query_as(&sql);
-            for task in &tasks {
-                s = s.bind(task.id);
+            let mut started = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let task = claimed_task(r)?;
+                if let Some(k) = keys.get(&task.id) {
+                    // A buffered task's start is logged at its hold's end.
+                    let at: i64 = r.try_get("started_us")?;
+                    let held = hold.get(&task.id).copied().unwrap_or(0);
+                    started.push((k.clone(), at.saturating_add(held)));
+                }
+                tasks.push(task);
             }
-            let started: Vec<(i64, i64)> = s.fetch_all(&mut **tx).await?;
-            let started = started.into_iter().filter_map(|(id, at)| {
-                // A buffered task's start is logged at its hold's end.
-                let held = hold.get(&id).copied().unwrap_or(0);
-                keys.get(&id).map(|k| (k.clone(), at.saturating_add(held)))
-            });
             // Every key's log in one statement (was one per key).
             for chunk in key_rate::logs_after(rate, logs, started, turn_us).chunks(LOG_ROWS) {
                 let rows = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
