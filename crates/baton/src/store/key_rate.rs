@@ -132,7 +132,9 @@ pub(crate) fn full_keys(running: &Running, req: &TaskClaim<'_>) -> Vec<String> {
         .collect()
 }
 
-/// The distinct keys of `cands` (whose logs to read).
+/// The distinct keys of `cands` (whose logs to read; MySQL's claim reads
+/// them in a statement of their own).
+#[cfg(feature = "mysql")]
 pub(crate) fn keys_of(cands: &[Candidate]) -> Vec<String> {
     let mut keys: Vec<String> = cands.iter().filter_map(|c| c.key.clone()).collect();
     keys.sort_unstable();

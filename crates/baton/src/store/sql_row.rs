@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{AttemptError, FencingToken, JobState, LockInfo, Task, TaskInfo, TaskState};
+use super::{AttemptError, FencingToken, JobState, LockInfo, TaskInfo, TaskState};
 use crate::error::StoreError;
 
 /// The columns of the tasks table read into a [`TaskInfo`], in the order
@@ -23,7 +23,9 @@ pub(crate) const TASK_COLS: &str = "id, queue, kind, payload, state, priority, a
      worker, unique_key, unique_forever, unique_until_failed, cancel_requested, last_error, \
      errors, progress, job, slot, traceparent, concurrency_key";
 
-/// The columns a claim returns, read into a [`Task`] by [`claimed_task`].
+/// The columns a claim returns, read into a [`Task`] by [`claimed_task`]
+/// (PostgreSQL's and MySQL's; SQLite's claims return them packed).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const CLAIM_COLS: &str = "id, queue, kind, payload, priority, attempt, claim_token, \
      max_attempts, timeout_ms, run_at, lease_until, job, slot, traceparent";
 
@@ -168,8 +170,9 @@ pub(crate) fn task_info(row: &impl SqlRow) -> Result<TaskInfo, StoreError> {
 }
 
 /// A row of [`CLAIM_COLS`]: a task just claimed.
-pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<Task, StoreError> {
-    Ok(Task {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<super::Task, StoreError> {
+    Ok(super::Task {
         id: row.big("id")?,
         queue: row.text("queue")?,
         kind: row.text("kind")?,

@@ -57,6 +57,7 @@ impl SqliteBackend {
             return Ok(Vec::new());
         }
         let sql = match req.per_key_max_running {
+            Some(cap) if cap <= super::sql::KEY_PROBE_MAX => &self.sql.claim_keyed_probe,
             Some(_) => &self.sql.claim_keyed,
             None => &self.sql.claim,
         };

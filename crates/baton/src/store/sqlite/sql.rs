@@ -39,8 +39,12 @@ pub(super) struct Sql {
     /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running,
     /// `?6` buffered. Claims nothing while the queue is paused.
     pub claim: String,
-    /// [`Sql::claim`] under a per-key cap, `?7` (`TaskClaim::per_key_max_running`).
+    /// [`Sql::claim`] under a per-key cap, `?7` (`TaskClaim::per_key_max_running`),
+    /// counting the queue's running tasks per key once.
     pub claim_keyed: String,
+    /// [`Sql::claim_keyed`] for a cap of at most [`KEY_PROBE_MAX`]: each
+    /// walked task's key's running tasks counted by a bounded probe.
+    pub claim_keyed_probe: String,
     /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -270,6 +274,7 @@ impl Sql {
         );
         // Written by `claim`'s block, from the same conditions.
         let claim_keyed;
+        let claim_keyed_probe;
         Sql {
             lock_acquire: format!(
                 "INSERT INTO {locks} (name, holder, token, locked_at, lock_until) \
@@ -323,6 +328,7 @@ impl Sql {
                 // over at most as many as the buffer's share.
                 let now_share = format!("min({total}, max(0, ?4 - ?6))");
                 claim_keyed = claim_keyed_sql(tasks, &due, &total);
+                claim_keyed_probe = claim_keyed_probe_sql(tasks, &due, &total);
                 format!(
                     "WITH now_share AS MATERIALIZED (SELECT id FROM {tasks} WHERE {due} \
                          ORDER BY priority, run_at, id LIMIT {now_share}) \
@@ -343,6 +349,7 @@ impl Sql {
                 )
             },
             claim_keyed,
+            claim_keyed_probe,
             heartbeat: format!(
                 "UPDATE {tasks} SET lease_until = {NOW} + ?2 \
                  FROM (SELECT value ->> 0 AS cid, value ->> 1 AS ctok FROM json_each(?1)) AS c \
@@ -498,6 +505,60 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
                      FROM (SELECT DISTINCT concurrency_key AS k FROM walk \
                            WHERE concurrency_key IS NOT NULL) AS d \
                      LEFT JOIN run ON run.k = d.k), 0) AS places) \
+         UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+             claim_token = MAX(claim_token + 1, {NOW_US}) \
+         WHERE id IN (SELECT id FROM ok \
+             WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
+             ORDER BY priority, run_at, id \
+             LIMIT min({total}, CASE WHEN (SELECT places FROM room) >= 2 * ?4 THEN ?4 \
+                 ELSE max(0, ?4 - ?6) END)) \
+         RETURNING {PACKED_CLAIM_COLS}"
+    )
+}
+
+/// The largest per-key cap [`Sql::claim_keyed_probe`] serves: its probe
+/// of a walked task's key steps over the key's running tasks (at most
+/// the cap), so a walk of ~550 rows costs at most ~4,400 index steps; a
+/// larger cap is better served by counting the running set once
+/// ([`Sql::claim_keyed`]: 10 keys at cap 1000 fell from 41k to 23k jobs/s
+/// with the probe).
+pub(super) const KEY_PROBE_MAX: u32 = 8;
+
+/// [`claim_keyed_sql`]'s rule with each walked task's key's running tasks
+/// counted where the walk meets it: a probe of `tasks_key_running`, which
+/// steps over the key's running tasks, at most the cap unless the cap was
+/// lowered under them (bounding the count with a `LIMIT` subquery cost
+/// more than it saved). For small caps: counting the queue's whole
+/// running set by key and joining it cost ~2 ms a claim behind 2,000
+/// running tasks (10,000 keys at cap 1, docs/BENCHMARKS.md session 33),
+/// ten times the walk; with a large cap and few keys the probe would
+/// step over each key's many running tasks for every walked row.
+fn claim_keyed_probe_sql(tasks: &str, due: &str, total: &str) -> String {
+    let running = format!(
+        "(SELECT count(*) FROM {tasks} AS r WHERE r.state = 'running' AND r.queue = ?1 \
+             AND r.concurrency_key = w.concurrency_key)"
+    );
+    format!(
+        "WITH walk AS MATERIALIZED ( \
+             SELECT id, attempt, max_attempts, priority, run_at, concurrency_key, rn, \
+                 row_number() OVER (PARTITION BY concurrency_key \
+                     ORDER BY priority, run_at, id) AS kn \
+             FROM (SELECT id, attempt, max_attempts, priority, run_at, concurrency_key, \
+                     CASE WHEN concurrency_key IS NULL THEN 0 ELSE {running} END AS rn \
+                 FROM {tasks} AS w WHERE {due} \
+                     AND (concurrency_key IS NULL OR {running} < ?7) \
+                 ORDER BY priority, run_at, id \
+                 LIMIT {total} + min(?6, ?4) + 3 * max(0, {total} - ?6))), \
+         ok AS MATERIALIZED ( \
+             SELECT id, attempt, max_attempts, priority, run_at, \
+                 row_number() OVER (ORDER BY priority, run_at, id) AS n \
+             FROM walk WHERE concurrency_key IS NULL OR kn + rn <= ?7), \
+         room AS ( \
+             SELECT (SELECT count(*) FROM walk WHERE concurrency_key IS NULL) \
+                 + coalesce((SELECT sum(max(0, ?7 - rn)) \
+                     FROM (SELECT DISTINCT concurrency_key, rn FROM walk \
+                           WHERE concurrency_key IS NOT NULL)), 0) AS places) \
          UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
              started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
              claim_token = MAX(claim_token + 1, {NOW_US}) \
