@@ -375,6 +375,17 @@ impl Drop for Server {
 
 use baton_testkit::free_port;
 
+/// A private server on a free port with its data in a new directory,
+/// ready, and a store connected to it.
+async fn private_store() -> (tempfile::TempDir, Server, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start_server(free_port(), dir.path());
+    srv.wait_ready().await;
+    let url = format!("redis://127.0.0.1:{}", srv.port);
+    let s = Store::connect(&url).await.unwrap();
+    (dir, srv, s)
+}
+
 /// Retry `f` until it succeeds or `limit` passes.
 async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
 where
@@ -399,12 +410,8 @@ async fn private_server_restart() {
     if !baton_testkit::need("redis restart test", &["redis-server", "redis-cli"]) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut srv = start_server(port, dir.path());
-    srv.wait_ready().await;
-    let url = format!("redis://127.0.0.1:{port}");
-    let s = Store::connect(&url).await.unwrap();
+    let (dir, mut srv, s) = private_store().await;
+    let port = srv.port;
     let b = s.backend();
     assert!(b.warnings().await.unwrap().is_empty(), "AOF is on");
     let t1 = granted(
@@ -536,12 +543,8 @@ async fn script_calls_survive_a_script_cache_flushed_under_them() {
     if !baton_testkit::need("script flush test", &["redis-server", "redis-cli"]) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let srv = start_server(port, dir.path());
-    srv.wait_ready().await;
-    let url = format!("redis://127.0.0.1:{port}");
-    let s = Store::connect(&url).await.unwrap();
+    let (_dir, srv, s) = private_store().await;
+    let url = format!("redis://127.0.0.1:{}", srv.port);
     let b = s.backend();
     let stop = tokio_util::sync::CancellationToken::new();
     let flusher = {
@@ -599,13 +602,8 @@ async fn subscription_back_after_a_gap_sends_a_resync() {
     if !baton_testkit::need("redis resubscribe test", &["redis-server", "redis-cli"]) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let srv = start_server(port, dir.path());
-    srv.wait_ready().await;
-    let s = Store::connect(&format!("redis://127.0.0.1:{port}"))
-        .await
-        .unwrap();
+    let (_dir, srv, s) = private_store().await;
+    let port = srv.port;
     let b = s.backend();
     let mut rx = b.wake_subscribe().await.unwrap();
     let killed = std::process::Command::new("redis-cli")
@@ -643,13 +641,8 @@ async fn scheduler_started_while_the_store_is_down_waits_for_it() {
     if !baton_testkit::need("scheduler start test", &["redis-server", "redis-cli"]) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut srv = start_server(port, dir.path());
-    srv.wait_ready().await;
-    let store = Store::connect(&format!("redis://127.0.0.1:{port}"))
-        .await
-        .unwrap();
+    let (dir, mut srv, store) = private_store().await;
+    let port = srv.port;
     srv.stop();
     let runs = Arc::new(AtomicUsize::new(0));
     let mut s = Scheduler::new(store);

@@ -31,28 +31,15 @@ pub(crate) async fn claim_capped(
     limit: u32,
     fair: bool,
 ) -> Vec<Task> {
-    claim_buffering(store, queue, worker, limit, 0, fair).await
+    claim_buffering(store, queue, (worker, limit, 0), fair, CAP).await
 }
 
-/// [`claim_capped`] with `buffered` of its `limit` for a worker's buffer.
+/// [`claim_capped`] with `buffered` of its `limit` for a worker's buffer,
+/// under a per-key cap of `cap`.
 async fn claim_buffering(
     store: &Store,
     queue: &str,
-    worker: &str,
-    limit: u32,
-    buffered: u32,
-    fair: bool,
-) -> Vec<Task> {
-    claim_under(store, queue, worker, limit, buffered, fair, CAP).await
-}
-
-/// [`claim_buffering`] under a per-key cap of `cap`.
-async fn claim_under(
-    store: &Store,
-    queue: &str,
-    worker: &str,
-    limit: u32,
-    buffered: u32,
+    (worker, limit, buffered): (&str, u32, u32),
     fair: bool,
     cap: u32,
 ) -> Vec<Task> {
@@ -119,7 +106,7 @@ pub async fn key_capped_buffer_only_where_places_spare(ts: TestStore) {
     q.enqueue_many(scarce).await.unwrap();
     q.enqueue_many(spare).await.unwrap();
     let grants = ts.store.backend().key_capped_claims_spare_places();
-    let got = claim_buffering(&ts.store, "scarce", "w", 10, 8, false).await;
+    let got = claim_buffering(&ts.store, "scarce", ("w", 10, 8), false, CAP).await;
     let mut per_key: HashMap<i64, u32> = HashMap::new();
     for t in &got {
         *per_key.entry(t.payload["k"].as_i64().unwrap()).or_default() += 1;
@@ -128,7 +115,7 @@ pub async fn key_capped_buffer_only_where_places_spare(ts: TestStore) {
     if grants {
         assert_eq!(got.len(), 2, "scarce places: the free slots' share only");
     }
-    let got = claim_buffering(&ts.store, "spare", "w", 10, 8, false).await;
+    let got = claim_buffering(&ts.store, "spare", ("w", 10, 8), false, CAP).await;
     if grants {
         assert_eq!(got.len(), 10, "spare places: the buffer granted too");
     }
@@ -297,12 +284,10 @@ async fn racing_claimers_under(
                 // Half the claimers ask for a buffer share as well: buffered
                 // tasks hold their keys' places like running ones.
                 let buffered = if c % 2 == 1 { 3 } else { 0 };
-                let got = claim_under(
+                let got = claim_buffering(
                     &store,
                     "keys",
-                    &worker,
-                    1 + c % 4 + buffered,
-                    buffered,
+                    (&worker, 1 + c % 4 + buffered, buffered),
                     fair,
                     cap,
                 )
