@@ -14,11 +14,18 @@
 //! `BEGIN`, the lock, the statement, `COMMIT` (4 round trips, 3 of them
 //! under the lock), and is one call now.
 
-use super::sql::{claim_stmt, ClaimArgs};
+use super::finish::FinishArgs;
+use super::finish_sql::FinishParts;
+use super::sql::{claim_stmt, ClaimArgs, PACKED_CLAIM};
 use super::{Names, PgBackend};
 use crate::error::StoreError;
 use crate::store::sql_row::CLAIM_COLS;
-use crate::store::{Task, TaskClaim};
+use crate::store::{Claim, Finish, Task, TaskClaim};
+
+/// How many parameters the capped claim's call takes (`$1`–`$9`, as
+/// [`PgBackend::claim_capped`] binds them); a finish beside it takes the
+/// ones after.
+pub(super) const CAPPED_PARAMS: usize = 9;
 
 /// The capped claim function's quoted name.
 pub(super) fn function_name(n: &Names) -> String {
@@ -134,7 +141,57 @@ fn keyed(n: &Names, now_us: &str) -> String {
     )
 }
 
+/// The capped claim and a batch's finishes `fin` (its parameters after
+/// [`CAPPED_PARAMS`]) in one statement: one round trip and one commit for
+/// both, where they were two of each. The finishes run first: the
+/// function takes, as its walk's length, `$8` plus nothing times the
+/// number finished, so it is called after them, and a volatile function's
+/// statements see their statement's earlier writes, so the caps count the
+/// finished tasks as no longer running (conformance
+/// `finish_and_claim_is_per_item_compare_and_set`). One row: the claimed
+/// tasks as arrays ([`PACKED_CLAIM`]), then the finished attempts' ids and
+/// tokens (`done_ids`, `done_tokens`), even when nothing was claimed.
+pub(super) fn finish_claim_capped_sql(n: &Names, fin: &FinishParts) -> String {
+    format!(
+        "WITH {}, fa AS ({}), \
+             fd AS (SELECT count(*) AS done_n, array_agg(id) AS done_ids, \
+                 array_agg(token) AS done_tokens FROM fa) \
+         SELECT c.*, fd.done_ids, fd.done_tokens FROM fd, \
+             LATERAL (SELECT {PACKED_CLAIM} FROM {}($1, $2, $3, $4, $5, $6, $7, \
+                 $8 + 0 * fd.done_n, $9, {}) AS f({})) AS c",
+        fin.ctes,
+        fin.answer,
+        function_name(n),
+        n.now,
+        super::fair::RETURNS
+    )
+}
+
 impl PgBackend {
+    /// [`claim_capped`](Self::claim_capped) carrying `finish` (each the
+    /// compare-and-set `task_finish_many` makes, answered per item), in one
+    /// statement ([`finish_claim_capped_sql`]), outside a transaction.
+    pub(super) async fn finish_and_claim_capped(
+        &self,
+        finish: &[(Claim, Finish)],
+        req: &TaskClaim<'_>,
+    ) -> Result<(Vec<bool>, Vec<Task>), StoreError> {
+        let args = FinishArgs::new(finish);
+        let query = self
+            .claim_call(self.sql.finish_capped_claim(args.succeeded), req)
+            .bind(i64::from(capped_walk(req)))
+            .bind(self.lock_key(req.queue));
+        let sent = tokio::time::Instant::now();
+        let row = self
+            .bind_finish(query, &args, finish)
+            .fetch_one(self.exec())
+            .await?;
+        self.claim_took(sent.elapsed());
+        let mut tasks = super::rows::packed_tasks(&row, req.queue)?;
+        super::backend::claim_order(&mut tasks);
+        Ok((args.answered(&row)?, tasks))
+    }
+
     /// A capped claim on `conn` (in a transaction or not): one call of the
     /// capped claim function, which takes the queue's advisory lock itself.
     pub(super) async fn claim_capped<'c, E>(
@@ -145,19 +202,24 @@ impl PgBackend {
     where
         E: sqlx::Executor<'c, Database = sqlx::Postgres>,
     {
-        let walk = match req.per_key_max_running {
-            Some(_) => req.key_limited_walk(),
-            None => req.plain_walk(),
-        };
-        let sql = self.claim_function_call(&function_name(&self.names), 9);
+        let sql = self.claim_function_call(&function_name(&self.names), CAPPED_PARAMS);
         let sent = tokio::time::Instant::now();
         let rows = self
             .claim_call(&sql, req)
-            .bind(i64::from(walk))
+            .bind(i64::from(capped_walk(req)))
             .bind(self.lock_key(req.queue))
             .fetch_all(conn)
             .await?;
         self.claim_took(sent.elapsed());
         super::backend::claimed(&rows)
+    }
+}
+
+/// How far a capped claim walks: under a cap per key the
+/// [key-limited walk](TaskClaim::key_limited_walk), else the plain one.
+fn capped_walk(req: &TaskClaim<'_>) -> u32 {
+    match req.per_key_max_running {
+        Some(_) => req.key_limited_walk(),
+        None => req.plain_walk(),
     }
 }

@@ -3,8 +3,10 @@
 //! ([`Sql::finish_claim`](super::sql::Sql::finish_claim)), so a busy
 //! worker pays one round trip and one commit for both. Each finish is the
 //! same compare-and-set on (id, claim token, `running`) that
-//! `task_finish_many` makes, answered per item; a claim under a cap or
-//! fair goes after its finishes, as two calls (it must see them). The
+//! `task_finish_many` makes, answered per item; a capped claim and its
+//! finishes are one statement too (`capped::finish_claim_capped_sql`, the
+//! function called after the finishes, which it sees), a fair claim goes
+//! after its finishes, as two calls (it must see them). The
 //! statement answers in one row of arrays (see `Sql::finish_claim`).
 
 use super::backend::claim_order;
@@ -23,8 +25,12 @@ impl PgBackend {
         let (items, claim) = (req.finish, req.claim);
         let uncapped =
             claim.max_running.is_none() && claim.per_key_max_running.is_none() && !claim.fair;
-        if items.is_empty() || claim.limit == 0 || !uncapped {
+        if items.is_empty() || claim.limit == 0 || claim.fair {
             return finish_then_claim(self, req).await;
+        }
+        if !uncapped {
+            let (finished, tasks) = self.finish_and_claim_capped(items, claim).await?;
+            return Ok(FinishedAndClaimed { finished, tasks });
         }
         let args = FinishArgs::new(items);
         let query = self

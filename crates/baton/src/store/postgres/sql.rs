@@ -60,6 +60,9 @@ pub(super) struct Sql {
     /// The claim under a rate per key carrying a batch's finishes
     /// ([`Sql::finish_key_claim`]): every kind, then successes only.
     finish_key_claims: [String; 2],
+    /// The capped claim and a finish ([`Sql::finish_capped_claim`]):
+    /// every kind, then successes only.
+    finish_capped_claims: [String; 2],
     /// `$1` ids, `$2` tokens, `$3` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -307,6 +310,15 @@ impl Sql {
                 };
                 super::key_rate::finish_claim_keys_sql(n, &fin)
             }),
+            finish_capped_claims: [false, true].map(|succeeded| {
+                let base = super::capped::CAPPED_PARAMS;
+                let fin = if succeeded {
+                    finish_sql::finish_succeeded_parts(t, now, keep_succeeded, base)
+                } else {
+                    finish_sql::finish_many_parts(t, now, keep_succeeded, base)
+                };
+                super::capped::finish_claim_capped_sql(n, &fin)
+            }),
             packed_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
             heartbeat: format!(
                 "UPDATE {t} AS t SET lease_until = {now} + $3 * interval '1 millisecond' \
@@ -481,6 +493,13 @@ impl Sql {
     /// statement; see `key_rate::finish_claim_keys_sql`.
     pub(super) fn finish_key_claim(&self, succeeded: bool) -> &str {
         &self.finish_key_claims[usize::from(succeeded)]
+    }
+
+    /// The capped claim (`$1`–`$9`, as `capped::claim_capped` binds them)
+    /// and a finish of a batch (`$10` on, as [`Sql::finish_key_claim`]'s)
+    /// in one statement; see `capped::finish_claim_capped_sql`.
+    pub(super) fn finish_capped_claim(&self, succeeded: bool) -> &str {
+        &self.finish_capped_claims[usize::from(succeeded)]
     }
 
     /// The limit bucket of a walk: bucket i serves limits up to 2^i; the
