@@ -181,15 +181,13 @@ impl PgBackend {
             .claim_call(self.sql.finish_capped_claim(args.succeeded), req)
             .bind(i64::from(capped_walk(req)))
             .bind(self.lock_key(req.queue));
-        let sent = tokio::time::Instant::now();
-        let row = self
-            .bind_finish(query, &args, finish)
-            .fetch_one(self.exec())
-            .await?;
-        self.claim_took(sent.elapsed());
-        let mut tasks = super::rows::packed_tasks(&row, req.queue)?;
+        let rows = self.claim_with_finish(query, &args, finish).await?;
+        let row = rows.first().ok_or_else(|| {
+            StoreError::Corrupt("the capped claim with finishes answered no row".into())
+        })?;
+        let mut tasks = super::rows::packed_tasks(row, req.queue)?;
         super::backend::claim_order(&mut tasks);
-        Ok((args.answered(&row)?, tasks))
+        Ok((args.answered(row)?, tasks))
     }
 
     /// A capped claim on `conn` (in a transaction or not): one call of the

@@ -126,6 +126,25 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// A claim function's call `query` with a batch's finish bound after
+    /// its arguments, sent on the pool, its time noted as a claim's.
+    pub(super) async fn claim_with_finish<'q>(
+        &self,
+        query: PgQuery<'q>,
+        args: &'q FinishArgs,
+        items: &'q [(Claim, Finish)],
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let sent = tokio::time::Instant::now();
+        let rows = self
+            .bind_finish(query, args, items)
+            .fetch_all(self.exec())
+            .await?;
+        self.claim_took(sent.elapsed());
+        Ok(rows)
+    }
+}
+
 /// A statement with its arguments bound so far.
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 

@@ -24,6 +24,23 @@ impl FinishParts {
     }
 }
 
+/// A batch's finish whose parameters start after `$base`: every kind
+/// ([`finish_many_parts`]), or with `succeeded` successes only
+/// ([`finish_succeeded_parts`]).
+pub(super) fn finish_parts(
+    t: &str,
+    now: &str,
+    keep_succeeded: bool,
+    base: usize,
+    succeeded: bool,
+) -> FinishParts {
+    if succeeded {
+        finish_succeeded_parts(t, now, keep_succeeded, base)
+    } else {
+        finish_many_parts(t, now, keep_succeeded, base)
+    }
+}
+
 /// The kind of one finish in [`Sql::finish_many`](super::sql::Sql::finish_many)'s `$3`.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum FinishKind {

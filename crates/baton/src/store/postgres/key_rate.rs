@@ -116,12 +116,7 @@ impl PgBackend {
         }
         let args = FinishArgs::new(finish);
         let query = self.bind_key_claim(self.sql.finish_key_claim(args.succeeded), req, rate);
-        let sent = tokio::time::Instant::now();
-        let rows = self
-            .bind_finish(query, &args, finish)
-            .fetch_all(self.exec())
-            .await?;
-        self.claim_took(sent.elapsed());
+        let rows = self.claim_with_finish(query, &args, finish).await?;
         // The function's closing row carries the finished attempts.
         let (claimed, closing) = key_claimed(&rows)?;
         Ok((args.answered(closing)?, claimed))

@@ -296,27 +296,17 @@ impl Sql {
             now: format!("SELECT {now}"),
             insert: InsertSql::new(n),
             claims: (0..=u32::BITS).map(|i| claim_sql(n, 1u64 << i)).collect(),
-            finish_parts: [
-                finish_sql::finish_many_parts(t, now, keep_succeeded, CLAIM_PARAMS),
-                finish_sql::finish_succeeded_parts(t, now, keep_succeeded, CLAIM_PARAMS),
-            ],
+            finish_parts: [false, true]
+                .map(|ok| finish_sql::finish_parts(t, now, keep_succeeded, CLAIM_PARAMS, ok)),
             finish_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
-            finish_key_claims: [false, true].map(|succeeded| {
+            finish_key_claims: [false, true].map(|ok| {
                 let base = super::key_rate::KEY_CLAIM_PARAMS;
-                let fin = if succeeded {
-                    finish_sql::finish_succeeded_parts(t, now, keep_succeeded, base)
-                } else {
-                    finish_sql::finish_many_parts(t, now, keep_succeeded, base)
-                };
+                let fin = finish_sql::finish_parts(t, now, keep_succeeded, base, ok);
                 super::key_rate::finish_claim_keys_sql(n, &fin)
             }),
-            finish_capped_claims: [false, true].map(|succeeded| {
+            finish_capped_claims: [false, true].map(|ok| {
                 let base = super::capped::CAPPED_PARAMS;
-                let fin = if succeeded {
-                    finish_sql::finish_succeeded_parts(t, now, keep_succeeded, base)
-                } else {
-                    finish_sql::finish_many_parts(t, now, keep_succeeded, base)
-                };
+                let fin = finish_sql::finish_parts(t, now, keep_succeeded, base, ok);
                 super::capped::finish_claim_capped_sql(n, &fin)
             }),
             packed_claims: (0..=u32::BITS).map(|_| Default::default()).collect(),
