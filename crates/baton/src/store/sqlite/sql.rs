@@ -479,13 +479,13 @@ impl Sql {
 /// limit (`room`, as PostgreSQL's capped claim counts it;
 /// `Backend::key_capped_claims_spare_places`).
 fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
-    format!(
-        "WITH run AS MATERIALIZED ( \
+    let walk = format!(
+        "run AS MATERIALIZED ( \
              SELECT concurrency_key AS k, count(*) AS r FROM {tasks} \
              WHERE state = 'running' AND queue = ?1 AND concurrency_key IS NOT NULL \
              GROUP BY concurrency_key), \
          walk AS MATERIALIZED ( \
-             SELECT id, attempt, max_attempts, priority, run_at, concurrency_key, \
+             SELECT w.*, coalesce(run.r, 0) AS rn, \
                  row_number() OVER (PARTITION BY concurrency_key \
                      ORDER BY priority, run_at, id) AS kn \
              FROM (SELECT id, attempt, max_attempts, priority, run_at, concurrency_key \
@@ -493,28 +493,10 @@ fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
                      AND (concurrency_key IS NULL OR concurrency_key NOT IN \
                          (SELECT k FROM run WHERE r >= ?7)) \
                  ORDER BY priority, run_at, id \
-                 LIMIT {total} + min(?6, ?4) + 3 * max(0, {total} - ?6))), \
-         ok AS MATERIALIZED ( \
-             SELECT id, attempt, max_attempts, priority, run_at, \
-                 row_number() OVER (ORDER BY priority, run_at, id) AS n \
-             FROM walk LEFT JOIN run ON run.k = walk.concurrency_key \
-             WHERE walk.concurrency_key IS NULL OR kn + coalesce(run.r, 0) <= ?7), \
-         room AS ( \
-             SELECT (SELECT count(*) FROM walk WHERE concurrency_key IS NULL) \
-                 + coalesce((SELECT sum(max(0, ?7 - coalesce(run.r, 0))) \
-                     FROM (SELECT DISTINCT concurrency_key AS k FROM walk \
-                           WHERE concurrency_key IS NOT NULL) AS d \
-                     LEFT JOIN run ON run.k = d.k), 0) AS places) \
-         UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
-             claim_token = MAX(claim_token + 1, {NOW_US}) \
-         WHERE id IN (SELECT id FROM ok \
-             WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
-             ORDER BY priority, run_at, id \
-             LIMIT min({total}, CASE WHEN (SELECT places FROM room) >= 2 * ?4 THEN ?4 \
-                 ELSE max(0, ?4 - ?6) END)) \
-         RETURNING {PACKED_CLAIM_COLS}"
-    )
+                 LIMIT {total} + min(?6, ?4) + 3 * max(0, {total} - ?6)) AS w \
+             LEFT JOIN run ON run.k = w.concurrency_key)"
+    );
+    claim_walked_sql(tasks, total, &walk)
 }
 
 /// The largest per-key cap [`Sql::claim_keyed_probe`] serves: its probe
@@ -539,8 +521,8 @@ fn claim_keyed_probe_sql(tasks: &str, due: &str, total: &str) -> String {
         "(SELECT count(*) FROM {tasks} AS r WHERE r.state = 'running' AND r.queue = ?1 \
              AND r.concurrency_key = w.concurrency_key)"
     );
-    format!(
-        "WITH walk AS MATERIALIZED ( \
+    let walk = format!(
+        "walk AS MATERIALIZED ( \
              SELECT id, attempt, max_attempts, priority, run_at, concurrency_key, rn, \
                  row_number() OVER (PARTITION BY concurrency_key \
                      ORDER BY priority, run_at, id) AS kn \
@@ -549,7 +531,20 @@ fn claim_keyed_probe_sql(tasks: &str, due: &str, total: &str) -> String {
                  FROM {tasks} AS w WHERE {due} \
                      AND (concurrency_key IS NULL OR {running} < ?7) \
                  ORDER BY priority, run_at, id \
-                 LIMIT {total} + min(?6, ?4) + 3 * max(0, {total} - ?6))), \
+                 LIMIT {total} + min(?6, ?4) + 3 * max(0, {total} - ?6)))"
+    );
+    claim_walked_sql(tasks, total, &walk)
+}
+
+/// The claim under a per-key cap (`?7`) after `walk`, CTEs ending in
+/// `walk`: the walked due tasks in claim order, each with its key's
+/// running tasks (`rn`) and its place among its key's walked tasks
+/// (`kn`). A task is taken while `kn + rn` stays within the cap; the
+/// buffer's share only where the walked keys have places to spare
+/// (`room`).
+fn claim_walked_sql(tasks: &str, total: &str, walk: &str) -> String {
+    format!(
+        "WITH {walk}, \
          ok AS MATERIALIZED ( \
              SELECT id, attempt, max_attempts, priority, run_at, \
                  row_number() OVER (ORDER BY priority, run_at, id) AS n \
