@@ -153,14 +153,10 @@ fn keyed(n: &Names, now_us: &str) -> String {
 /// tokens (`done_ids`, `done_tokens`), even when nothing was claimed.
 pub(super) fn finish_claim_capped_sql(n: &Names, fin: &FinishParts) -> String {
     format!(
-        "WITH {}, fa AS ({}), \
-             fd AS (SELECT count(*) AS done_n, array_agg(id) AS done_ids, \
-                 array_agg(token) AS done_tokens FROM fa) \
-         SELECT c.*, fd.done_ids, fd.done_tokens FROM fd, \
+        "{} SELECT c.*, fd.done_ids, fd.done_tokens FROM fd, \
              LATERAL (SELECT {PACKED_CLAIM} FROM {}($1, $2, $3, $4, $5, $6, $7, \
                  $8 + 0 * fd.done_n, $9, {}) AS f({})) AS c",
-        fin.ctes,
-        fin.answer,
+        fin.counted(),
         function_name(n),
         n.now,
         super::fair::RETURNS

@@ -124,9 +124,7 @@ impl PgBackend {
             self.bind_kinds(query, items)
         }
     }
-}
 
-impl PgBackend {
     /// A claim function's call `query` with a batch's finish bound after
     /// its arguments, sent on the pool, its time noted as a claim's.
     pub(super) async fn claim_with_finish<'q>(

@@ -22,6 +22,19 @@ impl FinishParts {
     pub(super) fn statement(&self) -> String {
         format!("WITH {} {}", self.ctes, self.answer)
     }
+
+    /// The parts as the `WITH` of a statement that calls a claim
+    /// function after them: `fd` is one row, the attempts finished
+    /// (`done_n`, `done_ids`, `done_tokens`); a function called `LATERAL`
+    /// on `fd.done_n` runs after the finishes and sees them.
+    pub(super) fn counted(&self) -> String {
+        format!(
+            "WITH {}, fa AS ({}), \
+                 fd AS (SELECT count(*) AS done_n, array_agg(id) AS done_ids, \
+                     array_agg(token) AS done_tokens FROM fa)",
+            self.ctes, self.answer
+        )
+    }
 }
 
 /// A batch's finish whose parameters start after `$base`: every kind

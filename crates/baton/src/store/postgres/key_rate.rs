@@ -64,11 +64,8 @@ fn call_sql(n: &Names, from: &str, walk: &str, extra: &str) -> String {
 /// (`done_ids`, `done_tokens`).
 pub(super) fn finish_claim_keys_sql(n: &Names, fin: &FinishParts) -> String {
     format!(
-        "WITH {}, fa AS ({}), \
-             fd AS (SELECT count(*) AS done_n, array_agg(id) AS done_ids, \
-                 array_agg(token) AS done_tokens FROM fa) {}",
-        fin.ctes,
-        fin.answer,
+        "{} {}",
+        fin.counted(),
         call_sql(
             n,
             "fd, LATERAL ",

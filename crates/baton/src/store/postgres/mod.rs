@@ -336,6 +336,8 @@ struct PgBackend {
     /// Every statement, formatted once for this prefix.
     sql: Arc<Sql>,
     wake: broadcast::Sender<Wake>,
+    /// Set once the `LISTEN` session's task is started (the first
+    /// `wake_subscribe`).
     listener: OnceLock<()>,
     shutdown: CancellationToken,
     /// Connections to drop after a read-only refusal (see
