@@ -252,21 +252,39 @@ pub(crate) fn idle_at(latest_us: i64, per_us: i64) -> i64 {
         .saturating_mul(grace)
 }
 
-/// The keys of `cands` by id, to pair the claimed tasks with.
-pub(crate) fn key_by_id(cands: &[Candidate]) -> HashMap<i64, String> {
-    cands
-        .iter()
-        .filter_map(|c| c.key.clone().map(|k| (c.id, k)))
-        .collect()
+/// The starts a claim logs (SQLite's and MySQL's, which read each claimed
+/// task's `started_at` back): each picked task's key, and how far past
+/// its start it is logged (a buffered task at its hold's end,
+/// [`logged_start`]).
+pub(crate) struct StartsToLog {
+    keys: HashMap<i64, String>,
+    hold: HashMap<i64, i64>,
 }
 
-/// The start to log for each id [`pick`] returned (`ids`, in claim
-/// order), claimed at `now_us` ([`logged_start`]), by id.
-pub(crate) fn logged_starts(req: &TaskClaim<'_>, ids: &[i64], now_us: i64) -> HashMap<i64, i64> {
-    ids.iter()
-        .enumerate()
-        .map(|(i, &id)| (id, logged_start(req, i, now_us)))
-        .collect()
+impl StartsToLog {
+    /// For the ids [`pick`] returned (`ids`, in claim order) among
+    /// `cands`.
+    pub(crate) fn new(req: &TaskClaim<'_>, cands: &[Candidate], ids: &[i64]) -> StartsToLog {
+        StartsToLog {
+            keys: cands
+                .iter()
+                .filter_map(|c| c.key.clone().map(|k| (c.id, k)))
+                .collect(),
+            hold: ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (id, logged_start(req, i, 0)))
+                .collect(),
+        }
+    }
+
+    /// The start to log for task `id` that started at `started_us`: its
+    /// key and instant, or `None` for a task of no key.
+    pub(crate) fn of(&self, id: i64, started_us: i64) -> Option<(String, i64)> {
+        let key = self.keys.get(&id)?;
+        let held = self.hold.get(&id).copied().unwrap_or(0);
+        Some((key.clone(), started_us.saturating_add(held)))
+    }
 }
 
 /// The answer of a claim under a key rate alone.

@@ -130,7 +130,7 @@ pub(super) async fn claim_in(
             }
         }
         let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
-        let hold = key_rate::logged_starts(req, &ids, 0);
+        let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
         let rows = claim_ids_with(
             b,
             tx,
@@ -140,16 +140,10 @@ pub(super) async fn claim_in(
         )
         .await?;
         if !rows.is_empty() {
-            let keys = key_rate::key_by_id(&cands);
             let mut started = Vec::with_capacity(rows.len());
             for r in &rows {
                 let task = claimed_task(r)?;
-                if let Some(k) = keys.get(&task.id) {
-                    // A buffered task's start is logged at its hold's end.
-                    let at: i64 = r.try_get("started_us")?;
-                    let held = hold.get(&task.id).copied().unwrap_or(0);
-                    started.push((k.clone(), at.saturating_add(held)));
-                }
+                started.extend(to_log.of(task.id, r.try_get("started_us")?));
                 tasks.push(task);
             }
             // Every key's log in one statement (was one per key).

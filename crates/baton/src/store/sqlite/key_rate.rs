@@ -93,21 +93,15 @@ impl SqliteBackend {
             }
             let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
             if !ids.is_empty() {
-                let hold = key_rate::logged_starts(req, &ids, 0);
+                let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
                 let ids = json_text(&serde_json::Value::from(ids))?;
                 let rows =
                     super::fair::claim_ids(tx, t, req, ids, ", started_at * 1000 AS started_us")
                         .await?;
-                let keys = key_rate::key_by_id(&cands);
                 let mut started = Vec::with_capacity(rows.len());
                 for r in &rows {
                     let task = super::rows::packed_claim(r, req.queue)?;
-                    if let Some(k) = keys.get(&task.id) {
-                        // A buffered task's start is logged at its hold's end.
-                        let at = r.try_get::<i64, _>("started_us")?;
-                        let held = hold.get(&task.id).copied().unwrap_or(0);
-                        started.push((k.clone(), at.saturating_add(held)));
-                    }
+                    started.extend(to_log.of(task.id, r.try_get("started_us")?));
                     tasks.push(task);
                 }
                 tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
