@@ -353,3 +353,58 @@ async fn from_pool_shares_the_pool_and_the_wake_ups() {
             .unwrap();
     assert_eq!(tables, 0, "migrate = false created tables");
 }
+
+/// A writer that meets the write lock held by another connection waits
+/// in baton's busy handler: it goes on as soon as the lock is let go (it
+/// tries again every 50 µs at first, where SQLite's own handler sleeps a
+/// millisecond and more), and it gives up, retryably, once it has waited
+/// the store's statement timeout, not before and not much after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_waits_for_the_write_lock_up_to_the_statement_timeout() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let timeout = Duration::from_millis(400);
+    let store = Store::connect_with(
+        &url,
+        StoreOptions {
+            statement_timeout: timeout,
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .expect("connect");
+    let q = baton::queue::Queue::new(store.clone());
+    let task = || baton::queue::TaskBuilder::new("t", serde_json::json!({}));
+    q.enqueue(task()).await.expect("a first task");
+
+    let mut holder = sqlx::SqliteConnection::connect(&url).await.expect("holder");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .expect("the write lock");
+    let started = std::time::Instant::now();
+    let err = q.enqueue(task()).await.expect_err("the lock is held");
+    let waited = started.elapsed();
+    assert!(
+        matches!(&err, baton::Error::Store(e) if e.is_retryable()),
+        "busy is retryable: {err}"
+    );
+    assert!(
+        waited >= timeout && waited < timeout + Duration::from_millis(600),
+        "gave up after {waited:?}, the timeout being {timeout:?}"
+    );
+
+    // Let go 150 ms after the writer starts waiting: it goes on.
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        sqlx::query("COMMIT")
+            .execute(&mut holder)
+            .await
+            .expect("let go");
+    });
+    q.enqueue(task())
+        .await
+        .expect("written once the lock is free");
+    release.await.expect("released");
+}
