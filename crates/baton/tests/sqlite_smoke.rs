@@ -354,11 +354,11 @@ async fn from_pool_shares_the_pool_and_the_wake_ups() {
     assert_eq!(tables, 0, "migrate = false created tables");
 }
 
-/// A writer that meets the write lock held by another connection waits
-/// in baton's busy handler: it goes on as soon as the lock is let go (it
-/// tries again every 50 µs at first, where SQLite's own handler sleeps a
-/// millisecond and more), and it gives up, retryably, once it has waited
-/// the store's statement timeout, not before and not much after.
+/// A writer that meets the write lock held by another connection (another
+/// process's, here a raw connection's) waits for it: it goes on once the
+/// lock is let go, and gives up, retryably (`StoreError::Unavailable`),
+/// once it has waited the store's statement timeout, not before and not
+/// much after (`sqlite::connect`'s busy timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_writer_waits_for_the_write_lock_up_to_the_statement_timeout() {
     use sqlx::Connection as _;

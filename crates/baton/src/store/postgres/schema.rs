@@ -90,10 +90,6 @@ const UPGRADES: &[Upgrade] = &[
     // keys' locks and keeps a period's starts in each key's log, not
     // `max` (issue 25): the function `<prefix>key_rated_claim` replaced.
     super::key_rate_fn::function_sql,
-    // 25 → 26: the claim under a rate per key builds its keys' logs
-    // without a sort per key (issue 25): the function
-    // `<prefix>key_rated_claim` replaced.
-    super::key_rate_fn::function_sql,
 ];
 
 /// The capped claim and the claim under a rate per key as functions

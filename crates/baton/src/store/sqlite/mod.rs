@@ -40,7 +40,6 @@ use crate::error::StoreError;
 mod advance;
 mod audit;
 mod backend;
-mod busy;
 mod fair;
 mod finish;
 mod jobdefs;
@@ -148,11 +147,9 @@ fn wake_for(path: &Path, prefix: &str) -> broadcast::Sender<Wake> {
 
 /// Connections that write, per database file in this process. SQLite runs
 /// one writer at a time: more writer connections only meet in its busy
-/// handler; writers of one process wait for each other in the pool
-/// instead. Two, not one, so that one connection's statement runs while
-/// the other's result is being handled; when both write at once, the
-/// second waits in [`busy`]'s handler, which tries again every 50 µs at
-/// first (SQLite's own sleeps a millisecond and more).
+/// handler (which sleeps in steps of up to 100 ms); writers of one process
+/// wait for each other in the pool instead. Two, not one, so that one
+/// connection's statement runs while the other's result is being handled.
 const WRITERS: u32 = 2;
 
 /// One writer pool and one reader pool per database file in this process,
@@ -265,12 +262,10 @@ impl SqliteBackend {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(opts.statement_timeout)
             .foreign_keys(false);
-        let timeout = opts.statement_timeout;
         let pool = Arc::new(
             SqlitePoolOptions::new()
                 .max_connections(WRITERS.min(opts.max_connections.max(1)))
                 .test_before_acquire(false)
-                .after_connect(move |conn, _| Box::pin(busy::install(conn, timeout)))
                 .connect_with(options.clone())
                 .await?,
         );
