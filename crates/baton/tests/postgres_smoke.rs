@@ -459,3 +459,78 @@ async fn delete_on_success_is_fenced_and_keeps_keyed_tasks() {
         .unwrap());
     f.drop_tables().await;
 }
+
+/// A claim under a cap per key alone, while the queue runs tasks of 32
+/// keys or more, takes each planned key's own turn (`capped.rs`): a claim
+/// of a key still in flight in another transaction (that key's lock held,
+/// its task running but not committed, as the first claim leaves it)
+/// makes it wait, and once that claim commits it counts the task and
+/// claims nothing over the cap. Without the key's turn it would count the
+/// uncommitted claim as nothing and start a second task of the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_capped_claim_waits_for_the_keys_claim_in_flight() {
+    let Some(f) = setup().await else { return };
+    let b = f.b();
+    let capped = |worker| TaskClaim {
+        worker,
+        per_key_max_running: Some(1),
+        ..claim_req("kc", 40, MIN)
+    };
+    // 32 keys running, so the next claims take the keys' turns.
+    let mut batch: Vec<NewTask> = (0..32)
+        .map(|i| {
+            let mut t = task("kc");
+            t.concurrency_key = Some(format!("filler:{i}"));
+            t
+        })
+        .collect();
+    for _ in 0..2 {
+        let mut t = task("kc");
+        t.concurrency_key = Some("hot".into());
+        t.priority = 1;
+        batch.push(t);
+    }
+    let ids = b.task_insert_many(&batch).await.unwrap();
+    let first = b
+        .task_claim(&TaskClaim {
+            limit: 32,
+            ..capped("w0")
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 32, "the fillers, one of each key");
+    let hot = ids[32].id;
+
+    // A claim of `hot` in flight: its key's lock held and its first task
+    // made running, not committed.
+    let mut a = sqlx::PgConnection::connect(&url()).await.unwrap();
+    let p = &f.prefix;
+    sqlx::Executor::execute(&mut a, "BEGIN").await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("{p}tasks:kc\u{1f}hot"))
+        .execute(&mut a)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE \"{p}tasks\" SET state = 'running', attempt = attempt + 1, \
+             claim_token = claim_token + 1, worker = 'a', started_at = now(), \
+             lease_until = now() + interval '1 minute' WHERE id = $1"
+    ))
+    .bind(hot)
+    .execute(&mut a)
+    .await
+    .unwrap();
+
+    let store = f.store.clone();
+    let b_claim = tokio::spawn(async move { store.backend().task_claim(&capped("w1")).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b_claim.is_finished(), "the claim waits for the key's turn");
+    sqlx::Executor::execute(&mut a, "COMMIT").await.unwrap();
+    let got = b_claim.await.unwrap().unwrap();
+    assert!(
+        got.is_empty(),
+        "nothing over the cap of 1: claimed {:?}",
+        got.iter().map(|t| t.id).collect::<Vec<_>>()
+    );
+    f.drop_tables().await;
+}

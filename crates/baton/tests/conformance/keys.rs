@@ -31,16 +31,36 @@ pub(crate) async fn claim_capped(
     limit: u32,
     fair: bool,
 ) -> Vec<Task> {
-    claim_buffering(store, queue, (worker, limit, 0), fair, CAP).await
+    let how = if fair {
+        Claiming::Fair
+    } else {
+        Claiming::Plain
+    };
+    claim_buffering(store, queue, (worker, limit, 0), how, CAP).await
+}
+
+/// How a claimer under a per-key cap claims: each way is a different
+/// statement, function or script on the SQL stores (on PostgreSQL a cap
+/// per key alone takes its keys' turns while many keys run, a fair claim
+/// or one with `max_running` the queue's whole turn), and all of them
+/// must keep one key's cap together.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Claiming {
+    /// Under the per-key cap alone.
+    Plain,
+    /// Fair across keys.
+    Fair,
+    /// With a `max_running` (wide enough never to bind) besides.
+    QueueCapped,
 }
 
 /// [`claim_capped`] with `buffered` of its `limit` for a worker's buffer,
-/// under a per-key cap of `cap`.
+/// under a per-key cap of `cap`, claimed `how`.
 async fn claim_buffering(
     store: &Store,
     queue: &str,
     (worker, limit, buffered): (&str, u32, u32),
-    fair: bool,
+    how: Claiming,
     cap: u32,
 ) -> Vec<Task> {
     store
@@ -50,10 +70,10 @@ async fn claim_buffering(
             worker,
             limit,
             lease: Duration::from_secs(30),
-            max_running: None,
+            max_running: (how == Claiming::QueueCapped).then_some(10_000),
             per_key_max_running: Some(cap),
             buffered,
-            fair,
+            fair: how == Claiming::Fair,
         })
         .await
         .unwrap()
@@ -106,7 +126,7 @@ pub async fn key_capped_buffer_only_where_places_spare(ts: TestStore) {
     q.enqueue_many(scarce).await.unwrap();
     q.enqueue_many(spare).await.unwrap();
     let grants = ts.store.backend().key_capped_claims_spare_places();
-    let got = claim_buffering(&ts.store, "scarce", ("w", 10, 8), false, CAP).await;
+    let got = claim_buffering(&ts.store, "scarce", ("w", 10, 8), Claiming::Plain, CAP).await;
     let mut per_key: HashMap<i64, u32> = HashMap::new();
     for t in &got {
         *per_key.entry(t.payload["k"].as_i64().unwrap()).or_default() += 1;
@@ -115,7 +135,7 @@ pub async fn key_capped_buffer_only_where_places_spare(ts: TestStore) {
     if grants {
         assert_eq!(got.len(), 2, "scarce places: the free slots' share only");
     }
-    let got = claim_buffering(&ts.store, "spare", ("w", 10, 8), false, CAP).await;
+    let got = claim_buffering(&ts.store, "spare", ("w", 10, 8), Claiming::Plain, CAP).await;
     if grants {
         assert_eq!(got.len(), 10, "spare places: the buffer granted too");
     }
@@ -211,6 +231,18 @@ pub async fn per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
     per_key_cap_holds_under_racing_claimers(ts, false).await
 }
 
+/// 16 racing claimers claiming three ways at once on one queue (as
+/// workers configured apart, or a deploy changing a queue's settings,
+/// claim it): under the per-key cap alone, fair, and with a
+/// `max_running` besides, over 48 keys of 6 tasks, each key's claimed
+/// together (by priority), capped at 2. PostgreSQL decides
+/// the first by each key's own turn once 32 keys or more run
+/// (`capped::BY_KEY_FROM`), else and for the others by the queue's whole
+/// turn; no key runs three at once.
+pub async fn claims_of_every_kind_keep_one_per_key_cap(ts: TestStore) {
+    racing_claimers_under(ts, Racing::Mixed, (CAP, 40), 48, 6, 1).await
+}
+
 /// [`per_key_cap_holds_under_16_racing_claimers`] with a cap of 12 over 4
 /// keys: SQLite counts a key's running tasks one way for caps up to 8 and
 /// another above, and every store is held to both. How many keys reach a
@@ -219,22 +251,46 @@ pub async fn per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
 /// their tasks longer (a loaded PostgreSQL's peaks stayed at 9–11 with
 /// the 80–120 ms holds of the cap of 2).
 pub async fn wide_per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
-    racing_claimers_under(ts, false, (12, 250), 4, 60, 1).await
+    racing_claimers_under(ts, Racing::All(Claiming::Plain), (12, 250), 4, 60, 1).await
 }
 
 /// The 16 racing claimers of [`per_key_cap_holds_under_16_racing_claimers`],
 /// fair across keys or not.
 pub(crate) async fn per_key_cap_holds_under_racing_claimers(ts: TestStore, fair: bool) {
-    racing_claimers_under(ts, fair, (CAP, 80), 12, 10, 6).await
+    let how = if fair {
+        Claiming::Fair
+    } else {
+        Claiming::Plain
+    };
+    racing_claimers_under(ts, Racing::All(how), (CAP, 80), 12, 10, 6).await
+}
+
+/// How the racing claimers claim: all one way, or half of them under the
+/// cap alone, a quarter fair and a quarter queue capped.
+#[derive(Clone, Copy)]
+enum Racing {
+    All(Claiming),
+    Mixed,
+}
+
+impl Racing {
+    fn of(self, c: u32) -> Claiming {
+        match (self, c % 4) {
+            (Racing::All(how), _) => how,
+            (Racing::Mixed, 0 | 1) => Claiming::Plain,
+            (Racing::Mixed, 2) => Claiming::Fair,
+            (Racing::Mixed, _) => Claiming::QueueCapped,
+        }
+    }
 }
 
 /// 16 racing claimers over `keys` keys of `per_key` tasks each, capped at
 /// `cap` a key, each holding what it claimed `hold_ms` (plus 0–40 ms), and
 /// 20 tasks of no key: no key over its cap, the cap reached by
-/// `at_cap_min` keys at least (unless fair), every task claimed once.
+/// `at_cap_min` keys at least (unless all fair), every task claimed once.
 async fn racing_claimers_under(
     ts: TestStore,
-    fair: bool,
+    racing: Racing,
     (cap, hold_ms): (u32, u64),
     keys: usize,
     per_key: usize,
@@ -243,12 +299,17 @@ async fn racing_claimers_under(
     const FREE: usize = 20;
     let q = Queue::new(ts.store.clone());
     let mut batch = Vec::new();
+    // The mixed race claims each key's tasks together (its key's number
+    // as their priority), so claimers meet one key's tasks at once often.
+    let key_major = matches!(racing, Racing::Mixed);
     for i in 0..per_key {
         for k in 0..keys {
+            let priority = if key_major { k as i32 } else { 0 };
             batch.push(
                 TaskBuilder::new("keyed", json!({"k": k, "i": i}))
                     .queue("keys")
-                    .concurrency_key(format!("customer:{k}")),
+                    .concurrency_key(format!("customer:{k}"))
+                    .priority(priority),
             );
         }
     }
@@ -290,7 +351,7 @@ async fn racing_claimers_under(
                     &store,
                     "keys",
                     (&worker, 1 + c % 4 + buffered, buffered),
-                    fair,
+                    racing.of(c),
                     cap,
                 )
                 .await;
@@ -341,6 +402,7 @@ async fn racing_claimers_under(
         // group has one: how often a key reaches the cap then depends on
         // timing, and only the bound is checked.
         let at_cap = s.peak.values().filter(|p| **p == cap).count();
+        let fair = matches!(racing, Racing::All(Claiming::Fair));
         assert!(
             fair || at_cap >= at_cap_min,
             "the cap is reached, not undershot: peaks {:?}",

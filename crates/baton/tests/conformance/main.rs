@@ -113,6 +113,7 @@ baton_testkit::per_backend! {
     queue::max_running_caps_the_whole_cluster,
     keys::per_key_cap_holds_under_16_racing_claimers,
     keys::wide_per_key_cap_holds_under_16_racing_claimers,
+    keys::claims_of_every_kind_keep_one_per_key_cap,
     keys::key_capped_buffer_only_where_places_spare,
     keys::key_capped_worker_prefetches_where_places_spare,
     keys::saturated_key_does_not_hold_back_other_keys,

@@ -90,6 +90,11 @@ const UPGRADES: &[Upgrade] = &[
     // keys' locks and keeps a period's starts in each key's log, not
     // `max` (issue 25): the function `<prefix>key_rated_claim` replaced.
     super::key_rate_fn::function_sql,
+    // 25 → 26: a claim under a cap per key alone, while the queue runs
+    // tasks of many keys, takes the queue's lock shared and its keys'
+    // locks, so claims of other keys run at once (issue 25): the function
+    // `<prefix>capped_claim` replaced.
+    super::capped::function_sql,
 ];
 
 /// The capped claim and the claim under a rate per key as functions

@@ -584,19 +584,14 @@ pub(super) fn claim_stmt(n: &Names, a: &ClaimArgs<'_>, take: &str) -> String {
     let (t, q) = (&n.tasks, &n.queues);
     let ClaimArgs {
         queue,
-        worker,
-        lease_ms,
         limit,
         buffered,
         walk,
         now,
-        now_us,
+        ..
     } = a;
     format!(
-        "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-             started_at = {now}, \
-             lease_until = {now} + {lease_ms} * interval '1 millisecond', worker = {worker}, \
-             claim_token = greatest(claim_token + 1, {now_us}) \
+        "UPDATE {t} {} \
          WHERE id = ANY(ARRAY( \
              SELECT id FROM ( \
                  SELECT id, attempt + 1 < max_attempts AS spare, \
@@ -610,7 +605,26 @@ pub(super) fn claim_stmt(n: &Names, a: &ClaimArgs<'_>, take: &str) -> String {
                      LIMIT {walk} FOR UPDATE SKIP LOCKED) AS c) AS d \
              WHERE spare OR n <= {limit} - {buffered} \
              LIMIT {take})) \
-         RETURNING {CLAIM_COLS}"
+         RETURNING {CLAIM_COLS}",
+        claim_set(a)
+    )
+}
+
+/// The `SET` of every claim statement: running, an attempt counted,
+/// started and leased now, held by the worker, a new claim token (at least
+/// the store's clock in µs, above the task's last).
+pub(super) fn claim_set(a: &ClaimArgs<'_>) -> String {
+    let ClaimArgs {
+        worker,
+        lease_ms,
+        now,
+        now_us,
+        ..
+    } = a;
+    format!(
+        "SET state = 'running', attempt = attempt + 1, started_at = {now}, \
+             lease_until = {now} + {lease_ms} * interval '1 millisecond', worker = {worker}, \
+             claim_token = greatest(claim_token + 1, {now_us})"
     )
 }
 
