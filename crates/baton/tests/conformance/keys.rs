@@ -31,12 +31,7 @@ pub(crate) async fn claim_capped(
     limit: u32,
     fair: bool,
 ) -> Vec<Task> {
-    let how = if fair {
-        Claiming::Fair
-    } else {
-        Claiming::Plain
-    };
-    claim_buffering(store, queue, (worker, limit, 0), how, CAP).await
+    claim_buffering(store, queue, (worker, limit, 0), Claiming::fair(fair), CAP).await
 }
 
 /// How a claimer under a per-key cap claims: each way is a different
@@ -52,6 +47,17 @@ pub(crate) enum Claiming {
     Fair,
     /// With a `max_running` (wide enough never to bind) besides.
     QueueCapped,
+}
+
+impl Claiming {
+    /// Fair, or under the per-key cap alone.
+    fn fair(fair: bool) -> Claiming {
+        if fair {
+            Claiming::Fair
+        } else {
+            Claiming::Plain
+        }
+    }
 }
 
 /// [`claim_capped`] with `buffered` of its `limit` for a worker's buffer,
@@ -257,12 +263,7 @@ pub async fn wide_per_key_cap_holds_under_16_racing_claimers(ts: TestStore) {
 /// The 16 racing claimers of [`per_key_cap_holds_under_16_racing_claimers`],
 /// fair across keys or not.
 pub(crate) async fn per_key_cap_holds_under_racing_claimers(ts: TestStore, fair: bool) {
-    let how = if fair {
-        Claiming::Fair
-    } else {
-        Claiming::Plain
-    };
-    racing_claimers_under(ts, Racing::All(how), (CAP, 80), 12, 10, 6).await
+    racing_claimers_under(ts, Racing::All(Claiming::fair(fair)), (CAP, 80), 12, 10, 6).await
 }
 
 /// How the racing claimers claim: all one way, or half of them under the

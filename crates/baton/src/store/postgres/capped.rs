@@ -4,15 +4,17 @@
 //! creates ([`function_sql`]).
 //!
 //! Inside the function, in the caller's transaction (a claim of its own
-//! runs in the statement's implicit one): the queue's advisory lock (the
-//! one fair and rated-per-key claimers take, so capped claimers take
-//! turns), then one claim statement that counts the queue's running
-//! tasks (per key under a per-key cap) and claims within the caps. A
-//! volatile function's every statement reads a fresh snapshot, so the
-//! statement run after the lock counts every claim that committed before
-//! it. The lock is held for the server's time only: the claim was
-//! `BEGIN`, the lock, the statement, `COMMIT` (4 round trips, 3 of them
-//! under the lock), and is one call now.
+//! runs in the statement's implicit one), one of two turns
+//! ([`function_sql`]): the queue's advisory lock, exclusive (the one fair
+//! and rated-per-key claimers take), then one claim statement that counts
+//! the queue's running tasks (per key under a per-key cap) and claims
+//! within the caps; or, under a per-key cap alone while many keys run,
+//! the queue's lock shared and each planned key's own lock. A volatile
+//! function's every statement reads a fresh snapshot, so a statement run
+//! after the locks counts every claim that committed before it. The locks
+//! are held for the server's time only: the claim was `BEGIN`, the lock,
+//! the statement, `COMMIT` (4 round trips, 3 of them under the lock), and
+//! is one call now.
 
 use super::finish::FinishArgs;
 use super::finish_sql::FinishParts;
@@ -125,7 +127,7 @@ $fn$;"#
 /// How many distinct keys the queue's running tasks must have for a claim
 /// under a per-key cap alone to take the keys' turns rather than the
 /// queue's ([`function_sql`]).
-pub(super) const BY_KEY_FROM: i64 = 32;
+const BY_KEY_FROM: i64 = 32;
 
 /// The function's parameters as its claim statements spell them.
 const ARGS: ClaimArgs<'static> = ClaimArgs {
@@ -200,8 +202,8 @@ fn key_take(max_room: &str) -> String {
 }
 
 /// The claim under a cap per concurrency key and `max_running`
-/// (`p_max_running`, or NULL: a rated or fair claim's caller may still
-/// send one here), run under the queue's exclusive advisory lock, so the
+/// (`p_max_running`, or NULL: a per-key cap alone over fewer than
+/// [`BY_KEY_FROM`] running keys), run under the queue's exclusive advisory lock, so the
 /// running tasks it counts are every claim's that committed before it:
 /// [`keyed_walk`], then the update of [`key_take`]'s ids.
 fn keyed(n: &Names) -> String {
