@@ -408,3 +408,79 @@ async fn a_writer_waits_for_the_write_lock_up_to_the_statement_timeout() {
         .expect("written once the lock is free");
     release.await.expect("released");
 }
+
+/// A claim is its own write transaction (`BEGIN IMMEDIATE` … `COMMIT`,
+/// answered in one row): a caller that stops waiting for it part-way (a
+/// timeout, a shutdown) must not leave that transaction open on a pooled
+/// connection, where it would hold SQLite's write lock and turn the
+/// connection's next `BEGIN` into an error. Claims abandoned at every
+/// point along the way, then every later claim and finish still works and
+/// every task is claimed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_abandoned_part_way_leaves_no_transaction_open() {
+    let db = db().await;
+    let b = db.b();
+    let n = 900;
+    let ts: Vec<NewTask> = (0..n).map(|_| task("abandon")).collect();
+    b.task_insert_many(&ts).await.unwrap();
+    let mut claimed = std::collections::HashSet::new();
+    // Abandon claims after 0, 10, 20, … µs: some before the connection
+    // is had, some inside the statements, some after.
+    for i in 0..200u64 {
+        let req = claim_req("abandon", 3, LONG);
+        if let Ok(done) =
+            tokio::time::timeout(Duration::from_micros(i * 10 % 2000), b.task_claim(&req)).await
+        {
+            for t in done.expect("claim") {
+                assert!(claimed.insert(t.id), "task {} claimed twice", t.id);
+            }
+        }
+    }
+    // The tasks an abandoned claim took are running under its lease; the
+    // rest are claimable, by claims that neither fail nor hang.
+    let mut more = 0;
+    loop {
+        let req = claim_req("abandon", 50, LONG);
+        let got = tokio::time::timeout(Duration::from_secs(10), b.task_claim(&req))
+            .await
+            .expect("a claim after the abandoned ones hung")
+            .expect("a claim after the abandoned ones failed");
+        if got.is_empty() {
+            break;
+        }
+        let items: Vec<_> = got
+            .iter()
+            .map(|t| (t.claim(), baton::store::Finish::Succeeded))
+            .collect();
+        let done = b.task_finish_many(&items).await.expect("finish");
+        assert!(
+            done.iter().all(|d| *d),
+            "a fresh claim's finish was refused"
+        );
+        for t in got {
+            assert!(claimed.insert(t.id), "task {} claimed twice", t.id);
+            more += 1;
+        }
+    }
+    let stats = b.queue_stats().await.unwrap();
+    let q = stats
+        .iter()
+        .find(|s| s.queue == "abandon")
+        .expect("the queue's stats");
+    let unseen = n - claimed.len();
+    eprintln!("abandoned claims took {unseen} tasks; {more} claimed after");
+    assert!(
+        more > 0,
+        "nothing was left to claim after the abandoned claims"
+    );
+    assert_eq!(q.pending, 0, "every task claimed");
+    assert_eq!(
+        q.succeeded, more as u64,
+        "every later claim's task finished"
+    );
+    assert_eq!(
+        q.running,
+        (n - more) as u64,
+        "the earlier claims' tasks, abandoned ones' too, are running"
+    );
+}

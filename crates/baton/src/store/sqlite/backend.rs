@@ -11,7 +11,7 @@ use sqlx::Row;
 use tokio::sync::broadcast;
 
 use super::outbox::insert_tasks;
-use super::rows::{json_text, opt_time, packed_claim};
+use super::rows::{claim_answer, json_text, opt_time};
 use super::{schema, SqliteBackend, NOW_US};
 use crate::error::StoreError;
 use crate::store::key_rate;
@@ -48,36 +48,61 @@ impl SearchDialect for Search {
 }
 
 impl SqliteBackend {
-    /// The claim's one statement, on the pool or inside a transaction.
-    async fn claim_on<'c, E>(&self, on: E, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError>
-    where
-        E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
-    {
-        if req.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let sql = match req.per_key_max_running {
+    /// The statements of `req`'s claim ([`super::sql::ClaimSql`]).
+    fn claim_sql(&self, req: &TaskClaim<'_>) -> &super::sql::ClaimSql {
+        match req.per_key_max_running {
             Some(cap) if cap <= super::sql::KEY_PROBE_MAX => &self.sql.claim_keyed_probe,
             Some(_) => &self.sql.claim_keyed,
             None => &self.sql.claim,
-        };
-        let mut q = sqlx::query(sql)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(ms(req.lease))
-            .bind(i64::from(req.limit))
-            .bind(req.max_running.map(i64::from))
-            .bind(i64::from(req.buffered));
-        if let Some(per_key) = req.per_key_max_running {
-            q = q.bind(i64::from(per_key));
         }
-        let rows = q.fetch_all(on).await?;
-        let mut claimed = rows
-            .iter()
-            .map(|row| packed_claim(row, req.queue))
-            .collect::<Result<Vec<_>, _>>()?;
-        claimed.sort_by_key(|t| (t.priority, t.run_at, t.id));
-        Ok(claimed)
+    }
+
+    /// A claim in a write transaction of its own, answered in one row.
+    ///
+    /// The statements run on a task of their own, to their end whether or
+    /// not this call is still awaited: they open the transaction, and only
+    /// their own `COMMIT` or the `ROLLBACK` after an error closes it. A
+    /// connection whose transaction could not be rolled back is closed,
+    /// not returned to the pool.
+    async fn claim_alone(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = self.claim_sql(req).alone.clone();
+        let args = ClaimArgs::of(req);
+        let mut conn = self.pool.acquire().await?;
+        let rows = tokio::spawn(async move {
+            let res = args.query(&sql).fetch_all(&mut *conn).await;
+            if res.is_err() {
+                if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
+                    if !e.to_string().contains("no transaction is active") {
+                        tracing::warn!(error = %e, "a failed claim's transaction could not be rolled back; closing its connection");
+                        conn.close_on_drop();
+                    }
+                }
+            }
+            res
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("claim: its task ended early: {e}")))??;
+        claimed(&rows, req.queue)
+    }
+
+    /// A claim inside the caller's write transaction `tx`.
+    async fn claim_within(
+        &self,
+        tx: &mut sqlx::SqliteConnection,
+        req: &TaskClaim<'_>,
+    ) -> Result<Vec<Task>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let args = ClaimArgs::of(req);
+        let rows = args
+            .query(&self.claim_sql(req).within)
+            .fetch_all(&mut *tx)
+            .await?;
+        claimed(&rows, req.queue)
     }
 
     /// A claim under a rate limit on `tx` (inside `BEGIN IMMEDIATE`),
@@ -105,7 +130,7 @@ impl SqliteBackend {
                 tasks
             }
             (Some(claim), None) if claim.fair => self.claim_fair(tx, &claim).await?,
-            (Some(claim), None) => self.claim_on(&mut *tx, &claim).await?,
+            (Some(claim), None) => self.claim_within(tx, &claim).await?,
             (None, _) => Vec::new(),
         };
         let mut started = Vec::with_capacity(tasks.len());
@@ -283,7 +308,7 @@ impl Backend for SqliteBackend {
             tx.commit().await?;
             return Ok(tasks);
         }
-        self.claim_on(&*self.pool, req).await
+        self.claim_alone(req).await
     }
 
     async fn task_claim_rated(&self, req: &TaskClaimRated<'_>) -> Result<RatedClaim, StoreError> {
@@ -720,4 +745,61 @@ impl SqliteBackend {
             .await?;
         opt_time(until)
     }
+}
+
+/// A claim's arguments, owned (a claim's statements may outlive the call;
+/// see `SqliteBackend::claim_alone`): `?1` queue, `?2` worker, `?3` lease
+/// ms, `?4` limit, `?5` max_running, `?6` buffered, `?7` the per-key cap.
+struct ClaimArgs {
+    queue: String,
+    worker: String,
+    lease_ms: i64,
+    limit: i64,
+    max_running: Option<i64>,
+    buffered: i64,
+    per_key: Option<i64>,
+}
+
+impl ClaimArgs {
+    fn of(req: &TaskClaim<'_>) -> ClaimArgs {
+        ClaimArgs {
+            queue: req.queue.to_string(),
+            worker: req.worker.to_string(),
+            lease_ms: ms(req.lease),
+            limit: i64::from(req.limit),
+            max_running: req.max_running.map(i64::from),
+            buffered: i64::from(req.buffered),
+            per_key: req.per_key_max_running.map(i64::from),
+        }
+    }
+
+    fn query<'q>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+        let q = sqlx::query(sql)
+            .bind(self.queue.clone())
+            .bind(self.worker.clone())
+            .bind(self.lease_ms)
+            .bind(self.limit)
+            .bind(self.max_running)
+            .bind(self.buffered);
+        match self.per_key {
+            Some(cap) => q.bind(cap),
+            None => q,
+        }
+    }
+}
+
+/// The tasks of a claim's one answer row, in claim order.
+fn claimed(rows: &[sqlx::sqlite::SqliteRow], queue: &str) -> Result<Vec<Task>, StoreError> {
+    let [row] = rows else {
+        return Err(StoreError::Backend(format!(
+            "a claim answered {} rows, not one",
+            rows.len()
+        )));
+    };
+    let mut tasks = claim_answer(row, queue)?;
+    tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+    Ok(tasks)
 }

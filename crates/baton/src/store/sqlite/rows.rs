@@ -13,7 +13,7 @@ use crate::store::sql_row::{
 };
 use crate::store::{from_ms, AttemptError, Task};
 
-/// What SQLite's claims ([`super::sql::Sql::claim`] and `claim_keyed`)
+/// What SQLite's fair and key-rated claims (`fair.rs`, `key_rate.rs`)
 /// return per task, read by [`packed_claim`]: the payload, and every other
 /// column a claimed [`Task`] needs packed into one JSON array. sqlx copies
 /// each column of each row out of SQLite (a value copy and an allocation
@@ -22,7 +22,22 @@ use crate::store::{from_ms, AttemptError, Task};
 pub(super) const PACKED_CLAIM_COLS: &str = "payload, json_array(id, kind, priority, attempt, \
      claim_token, max_attempts, timeout_ms, run_at, lease_until, job, slot, traceparent) AS task";
 
-/// The `task` column of [`PACKED_CLAIM_COLS`], in its order.
+/// The one row a claim answers ([`super::sql::ClaimSql`]), read by
+/// [`claim_answer`]: `tasks`, a JSON array of each claimed task's
+/// [`Packed`] columns, and `payloads`, their payloads in the same order
+/// joined by the record separator U+001E (JSON text cannot hold that
+/// character unescaped, so it cannot occur inside a payload), NULL when
+/// nothing was claimed. Both aggregates see the rows in one pass, in one
+/// order.
+pub(super) const CLAIM_ANSWER_COLS: &str = "json_group_array(json_array(id, kind, priority, \
+     attempt, claim_token, max_attempts, timeout_ms, run_at, lease_until, job, slot, \
+     traceparent)) AS tasks, group_concat(payload, char(30)) AS payloads";
+
+/// The separator of [`CLAIM_ANSWER_COLS`]'s payloads.
+const PAYLOAD_SEPARATOR: char = '\u{1e}';
+
+/// The `task` column of [`PACKED_CLAIM_COLS`], and each element of
+/// [`CLAIM_ANSWER_COLS`]'s `tasks`, in its order.
 type Packed = (
     i64,
     String,
@@ -40,7 +55,34 @@ type Packed = (
 
 /// A task claimed from `queue`, from a row of [`PACKED_CLAIM_COLS`].
 pub(super) fn packed_claim(row: &SqliteRow, queue: &str) -> Result<Task, StoreError> {
-    let text: &str = row.try_get("task")?;
+    let packed: Packed = serde_json::from_str(row.try_get("task")?)
+        .map_err(|e| StoreError::Corrupt(format!("claimed task: {e}")))?;
+    task_of(packed, row.try_get("payload")?, queue)
+}
+
+/// The tasks claimed from `queue`, from the row of [`CLAIM_ANSWER_COLS`].
+pub(super) fn claim_answer(row: &SqliteRow, queue: &str) -> Result<Vec<Task>, StoreError> {
+    let packed: Vec<Packed> = serde_json::from_str(row.try_get("tasks")?)
+        .map_err(|e| StoreError::Corrupt(format!("claimed tasks: {e}")))?;
+    let payloads: Option<&str> = row.try_get("payloads")?;
+    let mut payloads = payloads.map(|p| p.split(PAYLOAD_SEPARATOR));
+    let mut tasks = Vec::with_capacity(packed.len());
+    for p in packed {
+        let payload = payloads.as_mut().and_then(Iterator::next).ok_or_else(|| {
+            StoreError::Corrupt("claimed tasks: fewer payloads than tasks".into())
+        })?;
+        tasks.push(task_of(p, payload, queue)?);
+    }
+    if payloads.as_mut().and_then(Iterator::next).is_some() {
+        return Err(StoreError::Corrupt(
+            "claimed tasks: more payloads than tasks".into(),
+        ));
+    }
+    Ok(tasks)
+}
+
+/// A claimed task from its packed columns and its payload's text.
+fn task_of(packed: Packed, payload: &str, queue: &str) -> Result<Task, StoreError> {
     let (
         id,
         kind,
@@ -54,13 +96,12 @@ pub(super) fn packed_claim(row: &SqliteRow, queue: &str) -> Result<Task, StoreEr
         job,
         slot,
         traceparent,
-    ): Packed = serde_json::from_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("claimed task: {e}")))?;
+    ) = packed;
     Ok(Task {
         id,
         queue: queue.to_string(),
         kind,
-        payload: json_of(row.try_get("payload")?, "payload")?,
+        payload: json_of(payload, "payload")?,
         priority: to_i32(priority, "priority")?,
         attempt: to_u32(attempt, "attempt")?,
         token: token_of(token, "claim token")?,

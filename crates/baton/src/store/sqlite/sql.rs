@@ -4,7 +4,7 @@
 //! Parameters are numbered (`?1`, `?2`, …); each statement's comment says
 //! what they are. Every "now" is [`NOW`] inside the statement.
 
-use super::rows::PACKED_CLAIM_COLS;
+use super::rows::CLAIM_ANSWER_COLS;
 use super::{Tables, NOW, NOW_US};
 use crate::store::sql_row::{JOB_COLS, QUEUE_COLS, TASK_COLS};
 use crate::store::CANCEL_REQUESTED;
@@ -38,13 +38,13 @@ pub(super) struct Sql {
     pub insert: InsertSql,
     /// `?1` queue, `?2` worker, `?3` lease ms, `?4` limit, `?5` max_running,
     /// `?6` buffered. Claims nothing while the queue is paused.
-    pub claim: String,
+    pub claim: ClaimSql,
     /// [`Sql::claim`] under a per-key cap, `?7` (`TaskClaim::per_key_max_running`),
     /// counting the queue's running tasks per key once.
-    pub claim_keyed: String,
+    pub claim_keyed: ClaimSql,
     /// [`Sql::claim_keyed`] for a cap of at most [`KEY_PROBE_MAX`]: each
     /// walked task's key's running tasks counted by a bounded probe.
-    pub claim_keyed_probe: String,
+    pub claim_keyed_probe: ClaimSql,
     /// `?1` JSON `[[id, token], …]`, `?2` lease ms → id, claim_token,
     /// cancel_requested.
     pub heartbeat: String,
@@ -329,13 +329,14 @@ impl Sql {
                 let now_share = format!("min({total}, max(0, ?4 - ?6))");
                 claim_keyed = claim_keyed_sql(tasks, &due, &total);
                 claim_keyed_probe = claim_keyed_probe_sql(tasks, &due, &total);
-                format!(
-                    "WITH now_share AS MATERIALIZED (SELECT id FROM {tasks} WHERE {due} \
-                         ORDER BY priority, run_at, id LIMIT {now_share}) \
-                     UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-                         started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
-                         claim_token = MAX(claim_token + 1, {NOW_US}) \
-                     WHERE id IN (SELECT id FROM now_share UNION ALL \
+                claim_sql(
+                    tasks,
+                    &format!(
+                        "now_share AS MATERIALIZED (SELECT id FROM {tasks} WHERE {due} \
+                             ORDER BY priority, run_at, id LIMIT {now_share})"
+                    ),
+                    &format!(
+                        "SELECT id FROM now_share UNION ALL \
                          SELECT id FROM (SELECT id FROM ( \
                                  SELECT id, attempt, max_attempts, priority, run_at \
                                  FROM {tasks} WHERE {due} \
@@ -344,8 +345,8 @@ impl Sql {
                              WHERE attempt + 1 < max_attempts \
                                  AND id NOT IN (SELECT id FROM now_share) \
                              ORDER BY priority, run_at, id \
-                             LIMIT {total} - (SELECT count(*) FROM now_share))) \
-                     RETURNING {PACKED_CLAIM_COLS}"
+                             LIMIT {total} - (SELECT count(*) FROM now_share))"
+                    ),
                 )
             },
             claim_keyed,
@@ -478,7 +479,7 @@ impl Sql {
 /// only when the walked keys have places to spare, at least twice the
 /// limit (`room`, as PostgreSQL's capped claim counts it;
 /// `Backend::key_capped_claims_spare_places`).
-fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> String {
+fn claim_keyed_sql(tasks: &str, due: &str, total: &str) -> ClaimSql {
     let walk = format!(
         "run AS MATERIALIZED ( \
              SELECT concurrency_key AS k, count(*) AS r FROM {tasks} \
@@ -516,7 +517,7 @@ pub(super) const KEY_PROBE_MAX: u32 = 8;
 /// running tasks (10,000 keys at cap 1, docs/BENCHMARKS.md session 33),
 /// ten times the walk; with a large cap and few keys the probe would
 /// step over each key's many running tasks for every walked row.
-fn claim_keyed_probe_sql(tasks: &str, due: &str, total: &str) -> String {
+fn claim_keyed_probe_sql(tasks: &str, due: &str, total: &str) -> ClaimSql {
     let running = format!(
         "(SELECT count(*) FROM {tasks} AS r WHERE r.state = 'running' AND r.queue = ?1 \
              AND r.concurrency_key = w.concurrency_key)"
@@ -542,28 +543,67 @@ fn claim_keyed_probe_sql(tasks: &str, due: &str, total: &str) -> String {
 /// (`kn`). A task is taken while `kn + rn` stays within the cap; the
 /// buffer's share only where the walked keys have places to spare
 /// (`room`).
-fn claim_walked_sql(tasks: &str, total: &str, walk: &str) -> String {
-    format!(
-        "WITH {walk}, \
-         ok AS MATERIALIZED ( \
-             SELECT id, attempt, max_attempts, priority, run_at, \
-                 row_number() OVER (ORDER BY priority, run_at, id) AS n \
-             FROM walk WHERE concurrency_key IS NULL OR kn + rn <= ?7), \
-         room AS ( \
-             SELECT (SELECT count(*) FROM walk WHERE concurrency_key IS NULL) \
-                 + coalesce((SELECT sum(max(0, ?7 - rn)) \
-                     FROM (SELECT DISTINCT concurrency_key, rn FROM walk \
-                           WHERE concurrency_key IS NOT NULL)), 0) AS places) \
-         UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
-             claim_token = MAX(claim_token + 1, {NOW_US}) \
-         WHERE id IN (SELECT id FROM ok \
+fn claim_walked_sql(tasks: &str, total: &str, walk: &str) -> ClaimSql {
+    claim_sql(
+        tasks,
+        &format!(
+            "{walk}, \
+             ok AS MATERIALIZED ( \
+                 SELECT id, attempt, max_attempts, priority, run_at, \
+                     row_number() OVER (ORDER BY priority, run_at, id) AS n \
+                 FROM walk WHERE concurrency_key IS NULL OR kn + rn <= ?7), \
+             room AS ( \
+                 SELECT (SELECT count(*) FROM walk WHERE concurrency_key IS NULL) \
+                     + coalesce((SELECT sum(max(0, ?7 - rn)) \
+                         FROM (SELECT DISTINCT concurrency_key, rn FROM walk \
+                               WHERE concurrency_key IS NOT NULL)), 0) AS places)"
+        ),
+        &format!(
+            "SELECT id FROM ok \
              WHERE n <= max(0, ?4 - ?6) OR attempt + 1 < max_attempts \
              ORDER BY priority, run_at, id \
              LIMIT min({total}, CASE WHEN (SELECT places FROM room) >= 2 * ?4 THEN ?4 \
-                 ELSE max(0, ?4 - ?6) END)) \
-         RETURNING {PACKED_CLAIM_COLS}"
+                 ELSE max(0, ?4 - ?6) END)"
+        ),
     )
+}
+
+/// A claim's statements, from `with` (CTEs) and `ids` (the SELECT of the
+/// ids it claims, which may use them), answering in one row
+/// ([`CLAIM_ANSWER_COLS`]) rather than a row per task: each row is a
+/// hand-off from SQLite's thread to the caller's, and an `UPDATE …
+/// RETURNING` holds the write lock until its last row is taken. The picked
+/// ids go through a temporary table of the connection's own
+/// (`temp.baton_claimed`, emptied first); SQLite has no `UPDATE` inside a
+/// `WITH`, and `RETURNING` takes no aggregate. Run them inside one write
+/// transaction: [`ClaimSql::alone`] is its own, [`ClaimSql::within`]
+/// joins the caller's.
+fn claim_sql(tasks: &str, with: &str, ids: &str) -> ClaimSql {
+    let within = format!(
+        "CREATE TEMP TABLE IF NOT EXISTS baton_claimed (id INTEGER PRIMARY KEY); \
+         DELETE FROM temp.baton_claimed; \
+         WITH {with} INSERT OR IGNORE INTO temp.baton_claimed (id) {ids}; \
+         UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+             claim_token = MAX(claim_token + 1, {NOW_US}) \
+         WHERE id IN (SELECT id FROM temp.baton_claimed); \
+         SELECT {CLAIM_ANSWER_COLS} FROM {tasks} \
+         WHERE id IN (SELECT id FROM temp.baton_claimed)"
+    );
+    ClaimSql {
+        alone: format!("BEGIN IMMEDIATE; {within}; COMMIT"),
+        within,
+    }
+}
+
+/// A claim's statements ([`claim_sql`]).
+#[derive(Debug)]
+pub(super) struct ClaimSql {
+    /// In a write transaction of their own (`BEGIN IMMEDIATE` … `COMMIT`),
+    /// for a connection outside any.
+    pub alone: String,
+    /// Inside the caller's write transaction.
+    pub within: String,
 }
 
 /// A finished task (the tasks [`Sql::prune`] and [`Sql::delete`] may take).
