@@ -58,18 +58,57 @@ impl SqliteBackend {
     }
 
     /// A claim in a write transaction of its own, answered in one row.
-    ///
-    /// The statements run on a task of their own, to their end whether or
-    /// not this call is still awaited: they open the transaction, and only
-    /// their own `COMMIT` or the `ROLLBACK` after an error closes it. A
-    /// connection whose transaction could not be rolled back is closed,
-    /// not returned to the pool.
     async fn claim_alone(&self, req: &TaskClaim<'_>) -> Result<Vec<Task>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
         let sql = self.claim_sql(req).alone.clone();
-        let args = ClaimArgs::of(req);
+        let rows = self
+            .in_own_transaction(sql, ClaimArgs::of(req, None))
+            .await?;
+        claimed(&rows, req.queue)
+    }
+
+    /// Attempts ended with success, then a claim, in one write transaction
+    /// answered in one row: per finish, whether its claim held.
+    async fn succeed_and_claim(
+        &self,
+        finish: &[(Claim, Finish)],
+        req: &TaskClaim<'_>,
+    ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
+        let pairs: Vec<(i64, i64)> = finish
+            .iter()
+            .map(|(c, _)| (c.id, token_arg(c.token)))
+            .collect();
+        let list = serde_json::to_string(&pairs)
+            .map_err(|e| StoreError::Backend(format!("cannot encode JSON: {e}")))?;
+        let sql = self.claim_sql(req).after_successes.clone();
+        let rows = self
+            .in_own_transaction(sql, ClaimArgs::of(req, Some(list)))
+            .await?;
+        let tasks = claimed(&rows, req.queue)?;
+        let done: String = rows[0].try_get("done")?;
+        let done: crate::fast_hash::FastSet<(i64, i64)> = serde_json::from_str(&done)
+            .map_err(|e| StoreError::Corrupt(format!("finished tasks: {e}")))?;
+        Ok(crate::store::FinishedAndClaimed {
+            finished: pairs.iter().map(|p| done.contains(p)).collect(),
+            tasks,
+        })
+    }
+
+    /// Statements that open a write transaction and close it (`sql`,
+    /// [`super::sql::ClaimSql`]), on a writer connection; their rows.
+    ///
+    /// They run on a task of their own, to their end whether or not this
+    /// call is still awaited: only their own `COMMIT`, or the `ROLLBACK`
+    /// here after an error, closes the transaction. A connection whose
+    /// transaction could not be rolled back is closed, not returned to the
+    /// pool.
+    async fn in_own_transaction(
+        &self,
+        sql: String,
+        args: ClaimArgs,
+    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let rows = tokio::spawn(async move {
             let res = args.query(&sql).fetch_all(&mut *conn).await;
@@ -85,7 +124,7 @@ impl SqliteBackend {
         })
         .await
         .map_err(|e| StoreError::Backend(format!("claim: its task ended early: {e}")))??;
-        claimed(&rows, req.queue)
+        Ok(rows)
     }
 
     /// A claim inside the caller's write transaction `tx`.
@@ -97,7 +136,7 @@ impl SqliteBackend {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let args = ClaimArgs::of(req);
+        let args = ClaimArgs::of(req, None);
         let rows = args
             .query(&self.claim_sql(req).within)
             .fetch_all(&mut *tx)
@@ -387,7 +426,20 @@ impl Backend for SqliteBackend {
         &self,
         req: &crate::store::TaskFinishAndClaim<'_>,
     ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
-        crate::store::finish_then_claim(self, req).await
+        // Successes (the common case) and an unfair claim share one write
+        // transaction; anything else is the finishes, then the claim.
+        let successes = req
+            .finish
+            .iter()
+            .all(|(_, f)| matches!(f, Finish::Succeeded));
+        if req.finish.is_empty() || !successes || req.claim.fair {
+            return crate::store::finish_then_claim(self, req).await;
+        }
+        self.succeed_and_claim(req.finish, req.claim).await
+    }
+
+    fn claims_carry_finishes(&self) -> bool {
+        true
     }
 
     async fn task_set_progress(
@@ -747,9 +799,13 @@ impl SqliteBackend {
     }
 }
 
+/// Spare arguments after a claim's own (see `ClaimArgs::query`).
+const SKIPPED_PARAMS: usize = 16;
+
 /// A claim's arguments, owned (a claim's statements may outlive the call;
 /// see `SqliteBackend::claim_alone`): `?1` queue, `?2` worker, `?3` lease
-/// ms, `?4` limit, `?5` max_running, `?6` buffered, `?7` the per-key cap.
+/// ms, `?4` limit, `?5` max_running, `?6` buffered, `?7` the per-key cap,
+/// `?8` the successes a claim follows ([`super::sql::ClaimSql::after_successes`]).
 struct ClaimArgs {
     queue: String,
     worker: String,
@@ -758,10 +814,11 @@ struct ClaimArgs {
     max_running: Option<i64>,
     buffered: i64,
     per_key: Option<i64>,
+    successes: Option<String>,
 }
 
 impl ClaimArgs {
-    fn of(req: &TaskClaim<'_>) -> ClaimArgs {
+    fn of(req: &TaskClaim<'_>, successes: Option<String>) -> ClaimArgs {
         ClaimArgs {
             queue: req.queue.to_string(),
             worker: req.worker.to_string(),
@@ -770,6 +827,7 @@ impl ClaimArgs {
             max_running: req.max_running.map(i64::from),
             buffered: i64::from(req.buffered),
             per_key: req.per_key_max_running.map(i64::from),
+            successes,
         }
     }
 
@@ -784,10 +842,21 @@ impl ClaimArgs {
             .bind(self.limit)
             .bind(self.max_running)
             .bind(self.buffered);
-        match self.per_key {
-            Some(cap) => q.bind(cap),
-            None => q,
+        let mut q = match (self.per_key, &self.successes) {
+            (per_key, Some(list)) => q.bind(per_key).bind(list.clone()),
+            (Some(cap), None) => q.bind(cap),
+            (None, None) => q,
+        };
+        // sqlx binds a numbered parameter by its number, but an index a
+        // statement skips (`?4` used, `?2` not) to the next argument in
+        // turn, counted across the statements of one query, and stops
+        // binding that statement at the first it has no argument for,
+        // leaving its later numbered parameters NULL. Spare NULLs at the
+        // end take those turns (a claim's statements skip at most 10).
+        for _ in 0..SKIPPED_PARAMS {
+            q = q.bind(None::<i64>);
         }
+        q
     }
 }
 

@@ -579,19 +579,43 @@ fn claim_walked_sql(tasks: &str, total: &str, walk: &str) -> ClaimSql {
 /// transaction: [`ClaimSql::alone`] is its own, [`ClaimSql::within`]
 /// joins the caller's.
 fn claim_sql(tasks: &str, with: &str, ids: &str) -> ClaimSql {
-    let within = format!(
+    let pick = format!(
         "CREATE TEMP TABLE IF NOT EXISTS baton_claimed (id INTEGER PRIMARY KEY); \
          DELETE FROM temp.baton_claimed; \
          WITH {with} INSERT OR IGNORE INTO temp.baton_claimed (id) {ids}; \
          UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
              started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
              claim_token = MAX(claim_token + 1, {NOW_US}) \
-         WHERE id IN (SELECT id FROM temp.baton_claimed); \
-         SELECT {CLAIM_ANSWER_COLS} FROM {tasks} \
          WHERE id IN (SELECT id FROM temp.baton_claimed)"
+    );
+    let answer = |more: &str| {
+        format!(
+            "SELECT {CLAIM_ANSWER_COLS}{more} FROM {tasks} \
+             WHERE id IN (SELECT id FROM temp.baton_claimed)"
+        )
+    };
+    let within = format!("{pick}; {}", answer(""));
+    // The successes' compare-and-set, by (id, claim token) pairs of `?8`:
+    // the pairs that hold are kept, so the answer tells each apart.
+    let succeed = format!(
+        "CREATE TEMP TABLE IF NOT EXISTS baton_done \
+             (id INTEGER PRIMARY KEY, token INTEGER NOT NULL); \
+         DELETE FROM temp.baton_done; \
+         INSERT OR IGNORE INTO temp.baton_done (id, token) \
+             SELECT t.id, t.claim_token FROM json_each(?8) AS c, {tasks} AS t \
+             WHERE t.id = c.value ->> 0 AND t.claim_token = c.value ->> 1 \
+                 AND t.state = 'running'; \
+         UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
+         WHERE id IN (SELECT id FROM temp.baton_done)"
     );
     ClaimSql {
         alone: format!("BEGIN IMMEDIATE; {within}; COMMIT"),
+        after_successes: format!(
+            "BEGIN IMMEDIATE; {succeed}; {pick}; {}; COMMIT",
+            answer(
+                ", (SELECT json_group_array(json_array(id, token)) FROM temp.baton_done) AS done"
+            )
+        ),
         within,
     }
 }
@@ -604,6 +628,11 @@ pub(super) struct ClaimSql {
     pub alone: String,
     /// Inside the caller's write transaction.
     pub within: String,
+    /// [`ClaimSql::alone`] after ending attempts with success in the same
+    /// transaction (one write lock and one commit for both): `?8` JSON
+    /// `[[id, token], …]`, each task at most once; the answer's `done`
+    /// column is the JSON `[[id, token], …]` of those that held.
+    pub after_successes: String,
 }
 
 /// A finished task (the tasks [`Sql::prune`] and [`Sql::delete`] may take).
