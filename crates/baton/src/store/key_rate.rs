@@ -36,8 +36,6 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::store::rate::{self, StartLog};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::store::sql_row::SqlRow;
 use crate::store::{KeyRate, RatedClaim, Task, TaskClaim};
 
 /// How long past its window a key's log is kept before a claim may prune
@@ -76,17 +74,6 @@ pub(crate) struct Candidate {
     pub(crate) key: Option<String>,
     /// `attempt + 1 < max_attempts`.
     pub(crate) spare: bool,
-}
-
-/// A candidate row of the walk: `id`, `concurrency_key`, `spare`
-/// (SQLite and PostgreSQL; MySQL reads its binary key itself).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn candidate(row: &impl SqlRow) -> Result<Candidate, StoreError> {
-    Ok(Candidate {
-        id: row.big("id")?,
-        key: row.opt_text("concurrency_key")?,
-        spare: row.flag("spare")?,
-    })
 }
 
 /// A key's log after a claim, to write.

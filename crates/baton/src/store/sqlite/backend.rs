@@ -799,9 +799,6 @@ impl SqliteBackend {
     }
 }
 
-/// Spare arguments after a claim's own (see `ClaimArgs::query`).
-const SKIPPED_PARAMS: usize = 16;
-
 /// A claim's arguments, owned (a claim's statements may outlive the call;
 /// see `SqliteBackend::claim_alone`): `?1` queue, `?2` worker, `?3` lease
 /// ms, `?4` limit, `?5` max_running, `?6` buffered, `?7` the per-key cap,
@@ -842,21 +839,12 @@ impl ClaimArgs {
             .bind(self.limit)
             .bind(self.max_running)
             .bind(self.buffered);
-        let mut q = match (self.per_key, &self.successes) {
+        let q = match (self.per_key, &self.successes) {
             (per_key, Some(list)) => q.bind(per_key).bind(list.clone()),
             (Some(cap), None) => q.bind(cap),
             (None, None) => q,
         };
-        // sqlx binds a numbered parameter by its number, but an index a
-        // statement skips (`?4` used, `?2` not) to the next argument in
-        // turn, counted across the statements of one query, and stops
-        // binding that statement at the first it has no argument for,
-        // leaving its later numbered parameters NULL. Spare NULLs at the
-        // end take those turns (a claim's statements skip at most 10).
-        for _ in 0..SKIPPED_PARAMS {
-            q = q.bind(None::<i64>);
-        }
-        q
+        super::sql::spare_params(q)
     }
 }
 

@@ -11,46 +11,65 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Row;
 
-use super::rows::{packed_claim, PACKED_CLAIM_COLS};
-use super::{SqliteBackend, NOW, NOW_US};
+use super::rows::claim_answer as claim_answer_row;
+use super::sql::{claim_answer, claim_update, spare_params, CLAIMED_RESET};
+use super::{SqliteBackend, NOW};
 use crate::error::StoreError;
 use crate::store::fair::{self, Candidate, Head, KeyWalk, Running};
 use crate::store::{ms, Task, TaskClaim};
 
-/// The claim of the planned ids (`?4`, a JSON array) in queue `?1` by
-/// worker `?2` with a lease of `?3` ms, returning [`PACKED_CLAIM_COLS`]
-/// (read with [`packed_claim`]) and `returning` (the fair claim's and the
-/// per-key rated claim's). Only the
+/// The pick of the planned ids (`?4`, a JSON array) still pending in
+/// queue `?1`, into the connection's `temp.baton_claimed`. Only the
 /// primary key can serve it (`+` makes the state and queue terms
 /// unindexable): SQLite took `tasks_key_pending` on the queue and walked
 /// its whole backlog for the ids (22 ms a fair claim behind 100,000 tasks,
 /// against under 1 ms by id).
-fn claim_sql(t: &str, returning: &str) -> String {
+fn pick_sql(t: &str) -> String {
     format!(
-        "UPDATE {t} SET state = 'running', attempt = attempt + 1, \
-             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
-             claim_token = MAX(claim_token + 1, {NOW_US}) \
+        "INSERT OR IGNORE INTO temp.baton_claimed (id) SELECT id FROM {t} \
          WHERE id IN (SELECT value FROM json_each(?4)) AND +state = 'pending' \
-             AND +queue = ?1 \
-         RETURNING {PACKED_CLAIM_COLS}{returning}"
+             AND +queue = ?1"
     )
 }
 
-/// Claim `ids` (a JSON array) for `req` on `tx` with [`claim_sql`].
+/// The claim of the planned ids (`?4`) in queue `?1` by worker `?2` with
+/// a lease of `?3` ms, answered in one row as every SQLite claim is
+/// ([`super::sql::ClaimSql`]), with `started_us`: the claim's start (one
+/// statement's clock, the same for every task it claimed).
+fn claim_sql(t: &str) -> String {
+    format!(
+        "{CLAIMED_RESET}; {}; {}; {}",
+        pick_sql(t),
+        claim_update(t),
+        claim_answer(t, ", max(started_at) * 1000 AS started_us")
+    )
+}
+
+/// Claim `ids` (a JSON array) for `req` on `tx` with [`claim_sql`]: the
+/// tasks, and their start (µs; `None` when none was claimed).
 pub(super) async fn claim_ids(
     tx: &mut SqliteConnection,
     t: &str,
     req: &TaskClaim<'_>,
     ids: String,
-    returning: &str,
-) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
-    Ok(sqlx::query(&claim_sql(t, returning))
+) -> Result<(Vec<Task>, Option<i64>), StoreError> {
+    let sql = claim_sql(t);
+    let q = sqlx::query(&sql)
         .bind(req.queue)
         .bind(req.worker)
         .bind(ms(req.lease))
-        .bind(ids)
-        .fetch_all(&mut *tx)
-        .await?)
+        .bind(ids);
+    let rows = spare_params(q).fetch_all(&mut *tx).await?;
+    let [row] = rows.as_slice() else {
+        return Err(StoreError::Backend(format!(
+            "a claim answered {} rows, not one",
+            rows.len()
+        )));
+    };
+    Ok((
+        claim_answer_row(row, req.queue)?,
+        row.try_get("started_us")?,
+    ))
 }
 
 impl SqliteBackend {
@@ -192,7 +211,7 @@ impl SqliteBackend {
             return Ok(Vec::new());
         };
         let ids = serde_json::Value::from(plan.ids.clone()).to_string();
-        let rows = claim_ids(tx, t, req, ids, "").await?;
+        let (tasks, _) = claim_ids(tx, t, req, ids).await?;
         sqlx::query(&format!(
             "INSERT INTO {q} (name, fair_cursor) VALUES (?1, ?2) \
              ON CONFLICT (name) DO UPDATE SET fair_cursor = excluded.fair_cursor"
@@ -201,10 +220,6 @@ impl SqliteBackend {
         .bind(cursor)
         .execute(&mut *tx)
         .await?;
-        let tasks = rows
-            .iter()
-            .map(|r| packed_claim(r, req.queue))
-            .collect::<Result<_, _>>()?;
         Ok(fair::in_plan_order(tasks, &plan.ids))
     }
 }
@@ -213,20 +228,24 @@ impl SqliteBackend {
 mod tests {
     use sqlx::Row;
 
-    use super::{claim_sql, SqliteBackend};
+    use super::{pick_sql, SqliteBackend, CLAIMED_RESET};
     use crate::store::{Backend, StoreOptions};
 
-    /// The claim's `UPDATE` finds its rows by id, so its cost does not
+    /// The claim's pick finds its rows by id, so its cost does not
     /// grow with the queue's backlog (mutation: without the `+` SQLite
     /// plans it on `tasks_key_pending`).
     #[tokio::test]
-    async fn the_claim_update_takes_its_rows_by_id() {
+    async fn the_claim_pick_takes_its_rows_by_id() {
         let b = SqliteBackend::connect("sqlite::memory:", &StoreOptions::default())
             .await
             .unwrap();
         b.migrate().await.unwrap();
+        sqlx::raw_sql(CLAIMED_RESET)
+            .execute(&*b.pool)
+            .await
+            .unwrap();
         let plan: Vec<String> =
-            sqlx::query(&format!("EXPLAIN QUERY PLAN {}", claim_sql(&b.t.tasks, "")))
+            sqlx::query(&format!("EXPLAIN QUERY PLAN {}", pick_sql(&b.t.tasks)))
                 .bind("q")
                 .bind("w")
                 .bind(1000_i64)

@@ -59,9 +59,13 @@ impl SqliteBackend {
             let full = json_text(&serde_json::Value::from(key_rate::full_keys(&running, req)))?;
             // The walk reads each candidate's log with it (one probe of
             // the key's row: its `free_at` leaves used-up keys out, its
-            // `starts` are the log the pick counts).
-            let rows = sqlx::query(&format!(
-                "SELECT {t}.id, {t}.concurrency_key, \
+            // `starts` are the log the pick counts), answered in one row
+            // (a row each would be a hand-off from SQLite's thread each,
+            // with the write lock held).
+            let walked: Option<String> = sqlx::query_scalar(&format!(
+                "SELECT json_group_array(json_array(id, concurrency_key, spare, starts) \
+                     ORDER BY priority, run_at, id) FROM ( \
+                 SELECT {t}.id, {t}.concurrency_key, {t}.priority, {t}.run_at, \
                      {t}.attempt + 1 < {t}.max_attempts AS spare, {kr}.starts FROM {t} \
                  LEFT JOIN {kr} ON {kr}.queue = ?1 AND {kr}.ckey = {t}.concurrency_key \
                  WHERE {t}.state = 'pending' AND {t}.queue = ?1 AND {t}.run_at <= {NOW} \
@@ -70,38 +74,41 @@ impl SqliteBackend {
                      AND ({t}.concurrency_key IS NULL OR ( \
                          coalesce({kr}.free_at, 0) <= ?2 \
                          AND {t}.concurrency_key NOT IN (SELECT value FROM json_each(?3)))) \
-                 ORDER BY {t}.priority, {t}.run_at, {t}.id LIMIT ?4"
+                 ORDER BY {t}.priority, {t}.run_at, {t}.id LIMIT ?4)"
             ))
             .bind(req.queue)
             .bind(now_us)
             .bind(full)
             .bind(key_rate::walk_len(req))
-            .fetch_all(&mut *tx)
+            .fetch_one(&mut *tx)
             .await?;
-            let mut cands = Vec::with_capacity(rows.len());
+            let walked: Vec<(i64, Option<String>, i64, Option<String>)> =
+                serde_json::from_str(walked.as_deref().unwrap_or("[]"))
+                    .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
+            let mut cands = Vec::with_capacity(walked.len());
             let mut logs = HashMap::new();
-            for row in &rows {
-                let c = key_rate::candidate(row)?;
-                if let Some(k) = &c.key {
+            for (id, key, spare, starts) in walked {
+                if let (Some(k), Some(starts)) = (&key, starts) {
                     if !logs.contains_key(k) {
-                        if let Some(starts) = row.try_get::<Option<String>, _>("starts")? {
-                            logs.insert(k.clone(), StartLog::decode(&starts)?);
-                        }
+                        logs.insert(k.clone(), StartLog::decode(&starts)?);
                     }
                 }
-                cands.push(c);
+                cands.push(key_rate::Candidate {
+                    id,
+                    key,
+                    spare: spare != 0,
+                });
             }
             let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
             if !ids.is_empty() {
                 let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
                 let ids = json_text(&serde_json::Value::from(ids))?;
-                let rows =
-                    super::fair::claim_ids(tx, t, req, ids, ", started_at * 1000 AS started_us")
-                        .await?;
-                let mut started = Vec::with_capacity(rows.len());
-                for r in &rows {
-                    let task = super::rows::packed_claim(r, req.queue)?;
-                    started.extend(to_log.of(task.id, r.try_get("started_us")?));
+                let (claimed, started_us) = super::fair::claim_ids(tx, t, req, ids).await?;
+                let mut started = Vec::with_capacity(claimed.len());
+                for task in claimed {
+                    if let Some(at) = started_us {
+                        started.extend(to_log.of(task.id, at));
+                    }
                     tasks.push(task);
                 }
                 tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));

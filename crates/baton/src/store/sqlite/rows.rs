@@ -13,15 +13,6 @@ use crate::store::sql_row::{
 };
 use crate::store::{from_ms, AttemptError, Task};
 
-/// What SQLite's fair and key-rated claims (`fair.rs`, `key_rate.rs`)
-/// return per task, read by [`packed_claim`]: the payload, and every other
-/// column a claimed [`Task`] needs packed into one JSON array. sqlx copies
-/// each column of each row out of SQLite (a value copy and an allocation
-/// or two per column), so two columns cost a claimed task far less than
-/// fourteen (docs/BENCHMARKS.md, session 25). The queue is the claim's own.
-pub(super) const PACKED_CLAIM_COLS: &str = "payload, json_array(id, kind, priority, attempt, \
-     claim_token, max_attempts, timeout_ms, run_at, lease_until, job, slot, traceparent) AS task";
-
 /// The one row a claim answers ([`super::sql::ClaimSql`]), read by
 /// [`claim_answer`]: `tasks`, a JSON array of each claimed task's
 /// [`Packed`] columns, and `payloads`, their payloads in the same order
@@ -36,8 +27,12 @@ pub(super) const CLAIM_ANSWER_COLS: &str = "json_group_array(json_array(id, kind
 /// The separator of [`CLAIM_ANSWER_COLS`]'s payloads.
 const PAYLOAD_SEPARATOR: char = '\u{1e}';
 
-/// The `task` column of [`PACKED_CLAIM_COLS`], and each element of
-/// [`CLAIM_ANSWER_COLS`]'s `tasks`, in its order.
+/// Each element of [`CLAIM_ANSWER_COLS`]'s `tasks`: every column a
+/// claimed [`Task`] needs but its payload, packed into one JSON array.
+/// sqlx copies each column of each row out of SQLite (a value copy and an
+/// allocation or two per column), so two columns cost far less than
+/// fourteen (docs/BENCHMARKS.md, session 25). The queue is the claim's
+/// own.
 type Packed = (
     i64,
     String,
@@ -52,13 +47,6 @@ type Packed = (
     Option<i64>,
     Option<String>,
 );
-
-/// A task claimed from `queue`, from a row of [`PACKED_CLAIM_COLS`].
-pub(super) fn packed_claim(row: &SqliteRow, queue: &str) -> Result<Task, StoreError> {
-    let packed: Packed = serde_json::from_str(row.try_get("task")?)
-        .map_err(|e| StoreError::Corrupt(format!("claimed task: {e}")))?;
-    task_of(packed, row.try_get("payload")?, queue)
-}
 
 /// The tasks claimed from `queue`, from the row of [`CLAIM_ANSWER_COLS`].
 pub(super) fn claim_answer(row: &SqliteRow, queue: &str) -> Result<Vec<Task>, StoreError> {

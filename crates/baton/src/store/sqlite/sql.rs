@@ -580,20 +580,12 @@ fn claim_walked_sql(tasks: &str, total: &str, walk: &str) -> ClaimSql {
 /// joins the caller's.
 fn claim_sql(tasks: &str, with: &str, ids: &str) -> ClaimSql {
     let pick = format!(
-        "CREATE TEMP TABLE IF NOT EXISTS baton_claimed (id INTEGER PRIMARY KEY); \
-         DELETE FROM temp.baton_claimed; \
+        "{CLAIMED_RESET}; \
          WITH {with} INSERT OR IGNORE INTO temp.baton_claimed (id) {ids}; \
-         UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
-             claim_token = MAX(claim_token + 1, {NOW_US}) \
-         WHERE id IN (SELECT id FROM temp.baton_claimed)"
+         {}",
+        claim_update(tasks)
     );
-    let answer = |more: &str| {
-        format!(
-            "SELECT {CLAIM_ANSWER_COLS}{more} FROM {tasks} \
-             WHERE id IN (SELECT id FROM temp.baton_claimed)"
-        )
-    };
+    let answer = |more: &str| claim_answer(tasks, more);
     let within = format!("{pick}; {}", answer(""));
     // The successes' compare-and-set, by (id, claim token) pairs of `?8`:
     // the pairs that hold are kept, so the answer tells each apart.
@@ -618,6 +610,50 @@ fn claim_sql(tasks: &str, with: &str, ids: &str) -> ClaimSql {
         ),
         within,
     }
+}
+
+/// Spare arguments after a claim's own (see [`spare_params`]).
+const SKIPPED_PARAMS: usize = 16;
+
+/// `q` with spare NULL arguments after its own, for a query of several
+/// statements ([`claim_sql`]). sqlx binds a numbered parameter by its
+/// number, but an index a statement skips (`?4` used, `?2` not) to the
+/// next argument in turn, counted across the statements of one query,
+/// and stops binding that statement at the first it has no argument for,
+/// leaving its later numbered parameters NULL. The spare NULLs take those
+/// turns (a claim's statements skip at most 10).
+pub(super) fn spare_params<'q>(
+    mut q: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+    for _ in 0..SKIPPED_PARAMS {
+        q = q.bind(None::<i64>);
+    }
+    q
+}
+
+/// Creates the connection's temporary table of a claim's picked ids
+/// ([`claim_sql`]) if need be, and empties it.
+pub(super) const CLAIMED_RESET: &str =
+    "CREATE TEMP TABLE IF NOT EXISTS baton_claimed (id INTEGER PRIMARY KEY); \
+     DELETE FROM temp.baton_claimed";
+
+/// Claims the tasks picked into `temp.baton_claimed` for worker `?2`
+/// with a lease of `?3` ms: new attempt, fencing token and lease.
+pub(super) fn claim_update(tasks: &str) -> String {
+    format!(
+        "UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+             claim_token = MAX(claim_token + 1, {NOW_US}) \
+         WHERE id IN (SELECT id FROM temp.baton_claimed)"
+    )
+}
+
+/// The one row answering a claim ([`CLAIM_ANSWER_COLS`], then `more`).
+pub(super) fn claim_answer(tasks: &str, more: &str) -> String {
+    format!(
+        "SELECT {CLAIM_ANSWER_COLS}{more} FROM {tasks} \
+         WHERE id IN (SELECT id FROM temp.baton_claimed)"
+    )
 }
 
 /// A claim's statements ([`claim_sql`]).
