@@ -131,6 +131,7 @@ baton_testkit::per_backend! {
     rate::rate_limit_holds_in_every_window_under_racing_claimers,
     rate::shared_rate_limit_holds_across_two_queues,
     rate::workers_wait_for_the_next_allowed_start,
+    rate::rated_claims_answer_each_finish_they_carry,
     key_rate::key_rate_holds_in_every_window_under_16_racing_claimers,
     key_rate::limited_key_does_not_hold_back_others_and_says_when,
     key_rate::key_view_shows_each_keys_rate_state,

@@ -263,3 +263,78 @@ pub async fn workers_wait_for_the_next_allowed_start(ts: TestStore) {
     .unwrap();
     assert_eq!(e.field, "rate", "{e}");
 }
+
+/// The finishes a rated claim carries (`TaskClaimRated::finish`,
+/// `TaskClaimKeyRated::finish`) are each the compare-and-set
+/// `task_finish_many` makes, answered per item: a stale token's success
+/// is refused and changes nothing, the current one's is written, in the
+/// same call as the claim, for successes alone and for a batch with
+/// other outcomes.
+pub async fn rated_claims_answer_each_finish_they_carry(ts: TestStore) {
+    use baton::store::{Claim, FencingToken, KeyRate, TaskClaimKeyRated};
+    let b = ts.store.backend();
+    let q = Queue::new(ts.store.clone());
+    fill(&ts.store, "rf_held", 4).await;
+    fill(&ts.store, "rf_next", 6).await;
+    let held = b
+        .task_claim(&rated("rf_held", "w", 4, None).claim)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 4);
+    let stale = |t: &baton::store::Task| Claim {
+        token: FencingToken(t.token.0 + 1),
+        ..t.claim()
+    };
+    // Successes alone, with a queue rate.
+    let finish = [
+        (stale(&held[0]), Finish::Succeeded),
+        (held[1].claim(), Finish::Succeeded),
+    ];
+    let r = b
+        .task_claim_rated(&TaskClaimRated {
+            finish: &finish,
+            ..rated("rf_next", "w", 2, Some("rf_rate"))
+        })
+        .await
+        .unwrap();
+    assert_eq!((r.finished, r.tasks.len()), (vec![false, true], 2));
+    let state = |id| {
+        let q = &q;
+        async move { q.task(id).await.unwrap().unwrap().state }
+    };
+    assert_eq!(state(held[0].id).await, TaskState::Running);
+    assert_eq!(state(held[1].id).await, TaskState::Succeeded);
+    // With a rate per key: successes alone, then a mixed batch.
+    let key_rated = |finish| TaskClaimKeyRated {
+        claim: rated("rf_next", "w", 2, None).claim,
+        key_rate: KeyRate {
+            max: 100,
+            per: Duration::from_secs(1),
+        },
+        rate: None,
+        finish,
+    };
+    let finish = [
+        (held[0].claim(), Finish::Succeeded),
+        (stale(&held[2]), Finish::Succeeded),
+    ];
+    let r = b.task_claim_key_rated(&key_rated(&finish)).await.unwrap();
+    assert_eq!((r.finished, r.tasks.len()), (vec![true, false], 2));
+    assert_eq!(state(held[0].id).await, TaskState::Succeeded);
+    assert_eq!(state(held[2].id).await, TaskState::Running);
+    let finish = [
+        (held[2].claim(), Finish::Succeeded),
+        (
+            held[3].claim(),
+            Finish::Failed {
+                error: "boom".into(),
+                retry_in: None,
+            },
+        ),
+        (stale(&held[3]), Finish::Succeeded),
+    ];
+    let r = b.task_claim_key_rated(&key_rated(&finish)).await.unwrap();
+    assert_eq!((r.finished, r.tasks.len()), (vec![true, true, false], 2));
+    assert_eq!(state(held[2].id).await, TaskState::Succeeded);
+    assert_ne!(state(held[3].id).await, TaskState::Running);
+}

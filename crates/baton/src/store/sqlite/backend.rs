@@ -76,24 +76,52 @@ impl SqliteBackend {
         finish: &[(Claim, Finish)],
         req: &TaskClaim<'_>,
     ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
-        let pairs: Vec<(i64, i64)> = finish
-            .iter()
-            .map(|(c, _)| (c.id, token_arg(c.token)))
-            .collect();
-        let list = serde_json::to_string(&pairs)
-            .map_err(|e| StoreError::Backend(format!("cannot encode JSON: {e}")))?;
+        let (pairs, list) = success_pairs(finish)?;
         let sql = self.claim_sql(req).after_successes.clone();
         let rows = self
             .in_own_transaction(sql, ClaimArgs::of(req, Some(list)))
             .await?;
         let tasks = claimed(&rows, req.queue)?;
-        let done: String = rows[0].try_get("done")?;
-        let done: crate::fast_hash::FastSet<(i64, i64)> = serde_json::from_str(&done)
-            .map_err(|e| StoreError::Corrupt(format!("finished tasks: {e}")))?;
         Ok(crate::store::FinishedAndClaimed {
-            finished: pairs.iter().map(|p| done.contains(p)).collect(),
+            finished: held(&pairs, rows[0].try_get("done")?)?,
             tasks,
         })
+    }
+
+    /// Attempts ended with success inside the caller's write transaction
+    /// `tx`: per finish, whether its claim held.
+    async fn succeed_in(
+        &self,
+        tx: &mut sqlx::SqliteConnection,
+        finish: &[(Claim, Finish)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (pairs, list) = success_pairs(finish)?;
+        let sql = format!(
+            "{}; SELECT {} AS done",
+            super::sql::succeed_sql(&self.t.tasks, "?1"),
+            super::sql::SUCCEEDED_PAIRS
+        );
+        let done: String = sqlx::query_scalar(&sql)
+            .bind(list)
+            .fetch_one(&mut *tx)
+            .await?;
+        held(&pairs, &done)
+    }
+
+    /// The finishes ahead of a rated claim, and its write transaction:
+    /// successes (the common case) inside that transaction, anything else
+    /// in calls of their own first.
+    async fn finish_then_immediate(
+        &self,
+        finish: &[(Claim, Finish)],
+    ) -> Result<(Vec<bool>, sqlx::Transaction<'static, sqlx::Sqlite>), StoreError> {
+        if finish.is_empty() || !finish.iter().all(|(_, f)| matches!(f, Finish::Succeeded)) {
+            let finished = crate::store::finish_ahead(self, finish).await?;
+            return Ok((finished, self.immediate().await?));
+        }
+        let mut tx = self.immediate().await?;
+        let finished = self.succeed_in(&mut tx, finish).await?;
+        Ok((finished, tx))
     }
 
     /// Statements that open a write transaction and close it (`sql`,
@@ -355,8 +383,7 @@ impl Backend for SqliteBackend {
         // own statements and transaction); then one `BEGIN IMMEDIATE`: the
         // log, the claim and the log's update cannot interleave with
         // another claim.
-        let finished = crate::store::finish_ahead(self, req.finish).await?;
-        let mut tx = self.immediate().await?;
+        let (finished, mut tx) = self.finish_then_immediate(req.finish).await?;
         let answer = self.rated_in(&mut tx, req, None).await?;
         tx.commit().await?;
         Ok(RatedClaim { finished, ..answer })
@@ -366,8 +393,7 @@ impl Backend for SqliteBackend {
         &self,
         req: &TaskClaimKeyRated<'_>,
     ) -> Result<RatedClaim, StoreError> {
-        let finished = crate::store::finish_ahead(self, req.finish).await?;
-        let mut tx = self.immediate().await?;
+        let (finished, mut tx) = self.finish_then_immediate(req.finish).await?;
         let answer = match req.rated() {
             Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
             None => {
@@ -846,6 +872,24 @@ impl ClaimArgs {
         };
         super::sql::spare_params(q)
     }
+}
+
+/// The (id, claim token) pairs of successes, and their JSON text.
+fn success_pairs(finish: &[(Claim, Finish)]) -> Result<(Vec<(i64, i64)>, String), StoreError> {
+    let pairs: Vec<(i64, i64)> = finish
+        .iter()
+        .map(|(c, _)| (c.id, token_arg(c.token)))
+        .collect();
+    let list = serde_json::to_string(&pairs)
+        .map_err(|e| StoreError::Backend(format!("cannot encode JSON: {e}")))?;
+    Ok((pairs, list))
+}
+
+/// Per pair, whether it is among `done` ([`super::sql::SUCCEEDED_PAIRS`]).
+fn held(pairs: &[(i64, i64)], done: &str) -> Result<Vec<bool>, StoreError> {
+    let done: crate::fast_hash::FastSet<(i64, i64)> = serde_json::from_str(done)
+        .map_err(|e| StoreError::Corrupt(format!("finished tasks: {e}")))?;
+    Ok(pairs.iter().map(|p| done.contains(p)).collect())
 }
 
 /// The tasks of a claim's one answer row, in claim order.

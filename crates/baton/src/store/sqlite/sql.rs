@@ -587,26 +587,12 @@ fn claim_sql(tasks: &str, with: &str, ids: &str) -> ClaimSql {
     );
     let answer = |more: &str| claim_answer(tasks, more);
     let within = format!("{pick}; {}", answer(""));
-    // The successes' compare-and-set, by (id, claim token) pairs of `?8`:
-    // the pairs that hold are kept, so the answer tells each apart.
-    let succeed = format!(
-        "CREATE TEMP TABLE IF NOT EXISTS baton_done \
-             (id INTEGER PRIMARY KEY, token INTEGER NOT NULL); \
-         DELETE FROM temp.baton_done; \
-         INSERT OR IGNORE INTO temp.baton_done (id, token) \
-             SELECT t.id, t.claim_token FROM json_each(?8) AS c, {tasks} AS t \
-             WHERE t.id = c.value ->> 0 AND t.claim_token = c.value ->> 1 \
-                 AND t.state = 'running'; \
-         UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
-         WHERE id IN (SELECT id FROM temp.baton_done)"
-    );
+    let succeed = succeed_sql(tasks, "?8");
     ClaimSql {
         alone: format!("BEGIN IMMEDIATE; {within}; COMMIT"),
         after_successes: format!(
             "BEGIN IMMEDIATE; {succeed}; {pick}; {}; COMMIT",
-            answer(
-                ", (SELECT json_group_array(json_array(id, token)) FROM temp.baton_done) AS done"
-            )
+            answer(&format!(", {SUCCEEDED_PAIRS} AS done"))
         ),
         within,
     }
@@ -655,6 +641,29 @@ pub(super) fn claim_answer(tasks: &str, more: &str) -> String {
          WHERE id IN (SELECT id FROM temp.baton_claimed)"
     )
 }
+
+/// The compare-and-set that ends attempts with success, for the
+/// (id, claim token) pairs of the JSON array `list` (a parameter), each
+/// task at most once: the pairs that hold go into the connection's
+/// `temp.baton_done` (emptied first), so an answer can tell each apart
+/// ([`SUCCEEDED_PAIRS`]).
+pub(super) fn succeed_sql(tasks: &str, list: &str) -> String {
+    format!(
+        "CREATE TEMP TABLE IF NOT EXISTS baton_done \
+             (id INTEGER PRIMARY KEY, token INTEGER NOT NULL); \
+         DELETE FROM temp.baton_done; \
+         INSERT OR IGNORE INTO temp.baton_done (id, token) \
+             SELECT t.id, t.claim_token FROM json_each({list}) AS c, {tasks} AS t \
+             WHERE t.id = c.value ->> 0 AND t.claim_token = c.value ->> 1 \
+                 AND t.state = 'running'; \
+         UPDATE {tasks} SET state = 'succeeded', finished_at = {NOW}, lease_until = NULL \
+         WHERE id IN (SELECT id FROM temp.baton_done)"
+    )
+}
+
+/// The JSON `[[id, token], …]` of the pairs [`succeed_sql`] ended.
+pub(super) const SUCCEEDED_PAIRS: &str =
+    "(SELECT json_group_array(json_array(id, token)) FROM temp.baton_done)";
 
 /// A claim's statements ([`claim_sql`]).
 #[derive(Debug)]
