@@ -463,9 +463,8 @@ impl Sql {
 }
 
 /// The claim under a per-key cap (`?7`): the claim's rule of
-/// `TaskClaim::per_key_max_running`, in one statement (so inside the
-/// write lock SQLite gives each statement: racing claimers cannot
-/// overshoot). `due` is the claimable condition and `total` the claim's
+/// `TaskClaim::per_key_max_running`, in the claim's one write
+/// transaction ([`claim_sql`]: racing claimers cannot overshoot). `due` is the claimable condition and `total` the claim's
 /// size (the limit, or under `max_running` what it leaves), as in
 /// [`Sql::claim`].
 ///
