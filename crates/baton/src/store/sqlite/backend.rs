@@ -96,12 +96,7 @@ impl SqliteBackend {
         finish: &[(Claim, Finish)],
     ) -> Result<Vec<bool>, StoreError> {
         let (pairs, list) = success_pairs(finish)?;
-        let sql = format!(
-            "{}; SELECT {} AS done",
-            super::sql::succeed_sql(&self.t.tasks, "?1"),
-            super::sql::SUCCEEDED_PAIRS
-        );
-        let done: String = sqlx::query_scalar(&sql)
+        let done: String = sqlx::query_scalar(&self.sql.succeed_answered)
             .bind(list)
             .fetch_one(&mut *tx)
             .await?;
@@ -115,7 +110,7 @@ impl SqliteBackend {
         &self,
         finish: &[(Claim, Finish)],
     ) -> Result<(Vec<bool>, sqlx::Transaction<'static, sqlx::Sqlite>), StoreError> {
-        if finish.is_empty() || !finish.iter().all(|(_, f)| matches!(f, Finish::Succeeded)) {
+        if !all_successes(finish) {
             let finished = crate::store::finish_ahead(self, finish).await?;
             return Ok((finished, self.immediate().await?));
         }
@@ -454,11 +449,7 @@ impl Backend for SqliteBackend {
     ) -> Result<crate::store::FinishedAndClaimed, StoreError> {
         // Successes (the common case) and an unfair claim share one write
         // transaction; anything else is the finishes, then the claim.
-        let successes = req
-            .finish
-            .iter()
-            .all(|(_, f)| matches!(f, Finish::Succeeded));
-        if req.finish.is_empty() || !successes || req.claim.fair {
+        if !all_successes(req.finish) || req.claim.fair {
             return crate::store::finish_then_claim(self, req).await;
         }
         self.succeed_and_claim(req.finish, req.claim).await
@@ -872,6 +863,12 @@ impl ClaimArgs {
         };
         super::sql::spare_params(q)
     }
+}
+
+/// Whether `finish` is a non-empty batch of successes only (what one
+/// write transaction ends beside a claim; `sqlite::sql::succeed_sql`).
+fn all_successes(finish: &[(Claim, Finish)]) -> bool {
+    !finish.is_empty() && finish.iter().all(|(_, f)| matches!(f, Finish::Succeeded))
 }
 
 /// The (id, claim token) pairs of successes, and their JSON text.

@@ -57,6 +57,10 @@ pub(super) struct Sql {
     /// does (0 rows changed). The count is a non-correlated subquery,
     /// evaluated once, at the first row's test, before any row is written.
     pub succeed_all: String,
+    /// [`succeed_sql`] for `?1`, then one row: `done`, the JSON
+    /// `[[id, token], …]` of the pairs that held ([`SUCCEEDED_PAIRS`]).
+    /// Inside the caller's write transaction.
+    pub succeed_answered: String,
     /// The compare-and-set UPDATEs that end an attempt: `?1` id, `?2` claim
     /// token, `?3` error text, `?4` retry delay ms → queue, state, run_at.
     pub finish: FinishSql,
@@ -363,6 +367,10 @@ impl Sql {
                 "{succeed} AND (SELECT count(*) FROM {tasks} AS t, json_each(?1) AS c \
                      WHERE t.id = c.value ->> 0 AND t.claim_token = c.value ->> 1 \
                          AND t.state = 'running') = json_array_length(?1)"
+            ),
+            succeed_answered: format!(
+                "{}; SELECT {SUCCEEDED_PAIRS} AS done",
+                succeed_sql(tasks, "?1")
             ),
             finish: FinishSql::new(t),
             progress: format!(
