@@ -185,18 +185,21 @@ impl SqliteBackend {
         .await?;
         let log = StartLog::decode(starts.as_deref().unwrap_or(""))?;
         let mut key_next = None;
+        // Each task's start (µs), when the claim says it.
+        let mut started = None;
         let tasks = match (rate::plan(req, &log, now_us), key_rate) {
             (Some(claim), Some(kr)) => {
-                let (tasks, next) = self.claim_keys_in(tx, &claim, kr, now_us).await?;
-                key_next = next;
-                tasks
+                let claimed = self.claim_keys_in(tx, &claim, kr, Some(now_us)).await?;
+                key_next = claimed.next;
+                started = Some(vec![claimed.now_us; claimed.tasks.len()]);
+                claimed.tasks
             }
             (Some(claim), None) if claim.fair => self.claim_fair(tx, &claim).await?,
             (Some(claim), None) => self.claim_within(tx, &claim).await?,
             (None, _) => Vec::new(),
         };
-        let mut started = Vec::with_capacity(tasks.len());
-        if !tasks.is_empty() {
+        let mut started = started.unwrap_or_default();
+        if started.len() != tasks.len() {
             let ids = serde_json::Value::from(tasks.iter().map(|t| t.id).collect::<Vec<_>>());
             started = sqlx::query_scalar(&format!(
                 "SELECT started_at * 1000 FROM {} WHERE id IN (SELECT value FROM json_each(?1))",
@@ -392,11 +395,10 @@ impl Backend for SqliteBackend {
         let answer = match req.rated() {
             Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
             None => {
-                let now_us = self.now_us_on(&mut tx).await?;
-                let (tasks, next) = self
-                    .claim_keys_in(&mut tx, &req.claim, req.key_rate, now_us)
+                let claimed = self
+                    .claim_keys_in(&mut tx, &req.claim, req.key_rate, None)
                     .await?;
-                key_rate::answer(tasks, now_us, next)?
+                key_rate::answer(claimed.tasks, claimed.now_us, claimed.next)?
             }
         };
         tx.commit().await?;

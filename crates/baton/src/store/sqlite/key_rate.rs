@@ -1,161 +1,214 @@
 //! The claim under a rate per concurrency key on SQLite
 //! (`Backend::task_claim_key_rated`, planned by `store::key_rate`): inside
-//! one `BEGIN IMMEDIATE` transaction (so no other claim interleaves), read
-//! the walk of due candidates past used-up and capped keys, the logs of
-//! their keys, claim the picked ones and write their keys' logs.
+//! one `BEGIN IMMEDIATE` transaction (so no other claim interleaves), two
+//! calls to SQLite's thread ([`KeyRatedSql`]): the store's clock, the
+//! queue's running tasks per key and the walk of due candidates past
+//! used-up and capped keys with their keys' logs, in one row; then, after
+//! the pick, the claim, the claimed keys' logs, the prune and the answer
+//! with the next free instant, in one query of several statements.
 
 use std::collections::HashMap;
 
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Row;
 
-use super::rows::json_text;
-use super::{SqliteBackend, NOW, NOW_US};
+use super::rows::{claim_answer as claim_answer_row, json_text, CLAIM_ANSWER_COLS};
+use super::sql::{spare_params, CLAIMED_RESET};
+use super::{SqliteBackend, Tables, NOW, NOW_US};
 use crate::error::StoreError;
 use crate::store::key_rate::{self, Running};
 use crate::store::rate::StartLog;
-use crate::store::{KeyRate, Task, TaskClaim};
+use crate::store::{ms, KeyRate, Task, TaskClaim};
+
+/// The two statements of a claim under a rate per key, formatted once.
+#[derive(Debug)]
+pub(super) struct KeyRatedSql {
+    /// `?1` queue, `?2` whether to count the running tasks (a cap), `?3`
+    /// the per-key cap or NULL, `?4` the walk's length, `?5` the store's
+    /// clock (µs) already read in the transaction, or NULL to read it →
+    /// one row: `now` (µs), `running` (JSON `[[key, count], …]`, the key
+    /// NULL for tasks without one) and `walked` (JSON `[[id, key, spare,
+    /// starts], …]` in claim order). Each candidate's log comes with it
+    /// (one probe of the key's row: its `free_at` leaves used-up keys out,
+    /// its `starts` are the log the pick counts), and keys at the cap are
+    /// left out; one row, since a row each would be a hand-off from
+    /// SQLite's thread each, with the write lock held.
+    pub walk: String,
+    /// `?1` queue, `?2` worker, `?3` lease ms, `?4` the picked ids (JSON
+    /// array), `?5` the walk's `now` (µs: the claim's `started_at`, so the
+    /// logs hold the very starts the tasks record), `?6` the keys' logs to
+    /// write (JSON `[[key, starts, free_at, idle_at], …]`), `?7` the
+    /// claim's limit → one row: [`CLAIM_ANSWER_COLS`], `n` (the tasks
+    /// claimed) and `next`: when `n` is short of the limit, the earliest
+    /// `free_at` after now of a used-up key with pending tasks. Prunes up
+    /// to [`key_rate::PRUNE_BATCH`] idle logs on the way.
+    pub claim: String,
+}
+
+impl KeyRatedSql {
+    pub(super) fn new(t: &Tables) -> KeyRatedSql {
+        let (tasks, q, kr) = (&t.tasks, &t.queues, &t.key_rates);
+        let walk = format!(
+            "WITH n(now) AS MATERIALIZED (SELECT coalesce(?5, {NOW_US})), \
+             run(k, c) AS MATERIALIZED (SELECT concurrency_key, count(*) FROM {tasks} \
+                 WHERE ?2 AND state = 'running' AND queue = ?1 GROUP BY concurrency_key) \
+             SELECT (SELECT now FROM n) AS now, \
+                 (SELECT json_group_array(json_array(k, c)) FROM run) AS running, \
+                 (SELECT json_group_array(json_array(id, concurrency_key, spare, starts) \
+                     ORDER BY priority, run_at, id) FROM ( \
+                 SELECT {tasks}.id, {tasks}.concurrency_key, {tasks}.priority, {tasks}.run_at, \
+                     {tasks}.attempt + 1 < {tasks}.max_attempts AS spare, {kr}.starts \
+                 FROM {tasks} \
+                 LEFT JOIN {kr} ON {kr}.queue = ?1 AND {kr}.ckey = {tasks}.concurrency_key \
+                 WHERE {tasks}.state = 'pending' AND {tasks}.queue = ?1 \
+                     AND {tasks}.run_at <= {NOW} AND NOT {tasks}.cancel_requested \
+                     AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = ?1 AND paused) \
+                     AND ({tasks}.concurrency_key IS NULL OR ( \
+                         coalesce({kr}.free_at, 0) <= (SELECT now FROM n) \
+                         AND {tasks}.concurrency_key NOT IN \
+                             (SELECT k FROM run WHERE k IS NOT NULL AND c >= ?3))) \
+                 ORDER BY {tasks}.priority, {tasks}.run_at, {tasks}.id LIMIT ?4)) AS walked"
+        );
+        let claim = format!(
+            "{CLAIMED_RESET}; \
+             INSERT OR IGNORE INTO temp.baton_claimed (id) SELECT id FROM {tasks} \
+                 WHERE id IN (SELECT value FROM json_each(?4)) AND +state = 'pending' \
+                 AND +queue = ?1; \
+             UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
+                 started_at = ?5 / 1000, lease_until = {NOW} + ?3, worker = ?2, \
+                 claim_token = MAX(claim_token + 1, {NOW_US}) \
+             WHERE id IN (SELECT id FROM temp.baton_claimed); \
+             INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
+                 SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3 \
+                 FROM json_each(?6) WHERE true \
+                 ON CONFLICT (queue, ckey) DO UPDATE SET starts = excluded.starts, \
+                     free_at = excluded.free_at, idle_at = excluded.idle_at; \
+             DELETE FROM {kr} WHERE rowid IN (SELECT rowid FROM {kr} \
+                 WHERE queue = ?1 AND idle_at < ?5 LIMIT {batch}); \
+             SELECT {CLAIM_ANSWER_COLS}, count(*) AS n, \
+                 CASE WHEN count(*) >= ?7 THEN NULL ELSE ( \
+                     SELECT free_at FROM {kr} WHERE queue = ?1 AND free_at > ?5 \
+                         AND EXISTS (SELECT 1 FROM {tasks} WHERE state = 'pending' \
+                             AND queue = ?1 AND concurrency_key = {kr}.ckey) \
+                     ORDER BY free_at LIMIT 1) END AS next \
+             FROM {tasks} WHERE id IN (SELECT id FROM temp.baton_claimed)",
+            batch = key_rate::PRUNE_BATCH
+        );
+        KeyRatedSql { walk, claim }
+    }
+}
 
 impl SqliteBackend {
-    /// The store's clock in µs, inside `tx`.
-    pub(super) async fn now_us_on(&self, tx: &mut SqliteConnection) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(&format!("SELECT {NOW_US}"))
-            .fetch_one(&mut *tx)
-            .await?)
-    }
-
     /// A claim under `rate` per key on `tx` (inside `BEGIN IMMEDIATE`) at
-    /// store time `now_us`: the tasks, and when the claim came back short
-    /// the earliest `free_at` (µs) of a used-up key with pending tasks.
+    /// store time `now_us` (read by the walk when `None`): the tasks, the
+    /// store time the claim ran at, and when the claim came back short the
+    /// earliest `free_at` (µs) of a used-up key with pending tasks.
     pub(super) async fn claim_keys_in(
         &self,
         tx: &mut SqliteConnection,
         req: &TaskClaim<'_>,
         rate: KeyRate,
-        now_us: i64,
-    ) -> Result<(Vec<Task>, Option<i64>), StoreError> {
+        now_us: Option<i64>,
+    ) -> Result<KeyRated, StoreError> {
         if req.fair {
             return Err(crate::store::key_rate_fair_refused());
         }
-        let (t, q, kr) = (&self.t.tasks, &self.t.queues, &self.t.key_rates);
-        let mut tasks = Vec::new();
-        if req.limit > 0 {
-            let running = if req.max_running.is_some() || req.per_key_max_running.is_some() {
-                Running::from_rows(
-                    sqlx::query(&format!(
-                        "SELECT concurrency_key, count(*) FROM {t} \
-                         WHERE state = 'running' AND queue = ?1 GROUP BY concurrency_key"
-                    ))
-                    .bind(req.queue)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .iter()
-                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-                    .collect::<Result<Vec<_>, StoreError>>()?,
-                )
-            } else {
-                Running::default()
-            };
-            let full = json_text(&serde_json::Value::from(key_rate::full_keys(&running, req)))?;
-            // The walk reads each candidate's log with it (one probe of
-            // the key's row: its `free_at` leaves used-up keys out, its
-            // `starts` are the log the pick counts), answered in one row
-            // (a row each would be a hand-off from SQLite's thread each,
-            // with the write lock held).
-            let walked: Option<String> = sqlx::query_scalar(&format!(
-                "SELECT json_group_array(json_array(id, concurrency_key, spare, starts) \
-                     ORDER BY priority, run_at, id) FROM ( \
-                 SELECT {t}.id, {t}.concurrency_key, {t}.priority, {t}.run_at, \
-                     {t}.attempt + 1 < {t}.max_attempts AS spare, {kr}.starts FROM {t} \
-                 LEFT JOIN {kr} ON {kr}.queue = ?1 AND {kr}.ckey = {t}.concurrency_key \
-                 WHERE {t}.state = 'pending' AND {t}.queue = ?1 AND {t}.run_at <= {NOW} \
-                     AND NOT {t}.cancel_requested \
-                     AND NOT EXISTS (SELECT 1 FROM {q} WHERE name = ?1 AND paused) \
-                     AND ({t}.concurrency_key IS NULL OR ( \
-                         coalesce({kr}.free_at, 0) <= ?2 \
-                         AND {t}.concurrency_key NOT IN (SELECT value FROM json_each(?3)))) \
-                 ORDER BY {t}.priority, {t}.run_at, {t}.id LIMIT ?4)"
-            ))
+        let sql = &self.sql.key_rated;
+        let counted = req.max_running.is_some() || req.per_key_max_running.is_some();
+        let row = sqlx::query(&sql.walk)
             .bind(req.queue)
+            .bind(counted)
+            .bind(req.per_key_max_running.map(i64::from))
+            .bind(if req.limit == 0 {
+                0
+            } else {
+                key_rate::walk_len(req)
+            })
             .bind(now_us)
-            .bind(full)
-            .bind(key_rate::walk_len(req))
             .fetch_one(&mut *tx)
             .await?;
-            let walked: Vec<(i64, Option<String>, i64, Option<String>)> =
-                serde_json::from_str(walked.as_deref().unwrap_or("[]"))
-                    .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
-            let mut cands = Vec::with_capacity(walked.len());
-            let mut logs = HashMap::new();
-            for (id, key, spare, starts) in walked {
-                if let (Some(k), Some(starts)) = (&key, starts) {
-                    if !logs.contains_key(k) {
-                        logs.insert(k.clone(), StartLog::decode(&starts)?);
-                    }
-                }
-                cands.push(key_rate::Candidate {
-                    id,
-                    key,
-                    spare: spare != 0,
-                });
-            }
-            let ids = key_rate::pick(req, rate, &cands, &logs, &running, now_us);
-            if !ids.is_empty() {
-                let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
-                let ids = json_text(&serde_json::Value::from(ids))?;
-                let (claimed, started_us) = super::fair::claim_ids(tx, t, req, ids).await?;
-                let mut started = Vec::with_capacity(claimed.len());
-                for task in claimed {
-                    if let Some(at) = started_us {
-                        started.extend(to_log.of(task.id, at));
-                    }
-                    tasks.push(task);
-                }
-                tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
-                // Every claimed key's log in one statement (one per key
-                // cost a statement's hand-off to SQLite's thread each).
-                let writes: Vec<serde_json::Value> =
-                    key_rate::logs_after(rate, logs, started, Some(now_us))
-                        .into_iter()
-                        .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
-                        .collect();
-                if !writes.is_empty() {
-                    sqlx::query(&format!(
-                        "INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
-                         SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3 \
-                         FROM json_each(?2) WHERE true \
-                         ON CONFLICT (queue, ckey) DO UPDATE SET starts = excluded.starts, \
-                             free_at = excluded.free_at, idle_at = excluded.idle_at"
-                    ))
-                    .bind(req.queue)
-                    .bind(json_text(&serde_json::Value::from(writes))?)
-                    .execute(&mut *tx)
-                    .await?;
+        let now_us: i64 = row.try_get("now")?;
+        let running: Option<&str> = row.try_get("running")?;
+        let running: Vec<(Option<String>, i64)> = serde_json::from_str(running.unwrap_or("[]"))
+            .map_err(|e| StoreError::Corrupt(format!("running tasks per key: {e}")))?;
+        let running = Running::from_rows(running);
+        let walked: Option<&str> = row.try_get("walked")?;
+        let walked: Vec<(i64, Option<String>, i64, Option<String>)> =
+            serde_json::from_str(walked.unwrap_or("[]"))
+                .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
+        let mut cands = Vec::with_capacity(walked.len());
+        let mut logs = HashMap::new();
+        for (id, key, spare, starts) in walked {
+            if let (Some(k), Some(starts)) = (&key, starts) {
+                if !logs.contains_key(k) {
+                    logs.insert(k.clone(), StartLog::decode(&starts)?);
                 }
             }
+            cands.push(key_rate::Candidate {
+                id,
+                key,
+                spare: spare != 0,
+            });
         }
-        sqlx::query(&format!(
-            "DELETE FROM {kr} WHERE rowid IN (SELECT rowid FROM {kr} \
-             WHERE queue = ?1 AND idle_at < ?2 LIMIT ?3)"
-        ))
-        .bind(req.queue)
-        .bind(now_us)
-        .bind(key_rate::PRUNE_BATCH)
-        .execute(&mut *tx)
-        .await?;
-        if tasks.len() >= req.limit as usize {
-            return Ok((tasks, None));
+        let ids = if req.limit == 0 {
+            Vec::new()
+        } else {
+            key_rate::pick(req, rate, &cands, &logs, &running, now_us)
+        };
+        // Inside the write transaction nothing else changes the walked
+        // rows: every picked task is claimed, at `now_us`, so the logs are
+        // written from the pick, in the same call as the claim.
+        let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
+        let started: Vec<(String, i64)> =
+            ids.iter().filter_map(|&id| to_log.of(id, now_us)).collect();
+        let writes: Vec<serde_json::Value> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            key_rate::logs_after(rate, logs, started, Some(now_us))
+                .into_iter()
+                .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
+                .collect()
+        };
+        let q = sqlx::query(&sql.claim)
+            .bind(req.queue)
+            .bind(req.worker)
+            .bind(ms(req.lease))
+            .bind(json_text(&serde_json::Value::from(ids.clone()))?)
+            .bind(now_us)
+            .bind(json_text(&serde_json::Value::from(writes))?)
+            .bind(i64::from(req.limit));
+        let rows = spare_params(q).fetch_all(&mut *tx).await?;
+        let [row] = rows.as_slice() else {
+            return Err(StoreError::Backend(format!(
+                "a claim under a rate per key answered {} rows, not one",
+                rows.len()
+            )));
+        };
+        let mut tasks = claim_answer_row(row, req.queue)?;
+        if tasks.len() != ids.len() {
+            // Its logs were written for the pick: let the transaction go.
+            return Err(StoreError::Backend(format!(
+                "a claim under a rate per key claimed {} of the {} tasks it picked",
+                tasks.len(),
+                ids.len()
+            )));
         }
-        let next: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT free_at FROM {kr} WHERE queue = ?1 AND free_at > ?2 \
-                 AND EXISTS (SELECT 1 FROM {t} WHERE state = 'pending' AND queue = ?1 \
-                     AND concurrency_key = {kr}.ckey) \
-             ORDER BY free_at LIMIT 1"
-        ))
-        .bind(req.queue)
-        .bind(now_us)
-        .fetch_optional(&mut *tx)
-        .await?;
-        Ok((tasks, next))
+        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+        Ok(KeyRated {
+            tasks,
+            now_us,
+            next: row.try_get("next")?,
+        })
     }
+}
+
+/// What [`SqliteBackend::claim_keys_in`] answers.
+pub(super) struct KeyRated {
+    /// The tasks claimed, in claim order.
+    pub tasks: Vec<Task>,
+    /// The store's clock (µs) the claim ran at: every task's `started_at`.
+    pub now_us: i64,
+    /// When the claim came back short, the earliest `free_at` (µs) of a
+    /// used-up key with pending tasks.
+    pub next: Option<i64>,
 }

@@ -121,6 +121,8 @@ pub(super) struct Sql {
     pub job_one: String,
     /// The store's clock.
     pub now: String,
+    /// The claim under a rate per concurrency key.
+    pub key_rated: super::key_rate::KeyRatedSql,
 }
 
 /// The statements that end an attempt, one per [`crate::store::Finish`].
@@ -466,6 +468,7 @@ impl Sql {
             job_list: format!("SELECT {JOB_COLS} FROM {jobs} ORDER BY name"),
             job_one: format!("SELECT {JOB_COLS} FROM {jobs} WHERE name = ?1"),
             now: format!("SELECT {NOW}"),
+            key_rated: super::key_rate::KeyRatedSql::new(t),
         }
     }
 }
