@@ -120,21 +120,41 @@ impl SqliteBackend {
     }
 
     /// Statements that open a write transaction and close it (`sql`,
-    /// [`super::sql::ClaimSql`]), on a writer connection; their rows.
-    ///
-    /// They run on a task of their own, to their end whether or not this
-    /// call is still awaited: only their own `COMMIT`, or the `ROLLBACK`
-    /// here after an error, closes the transaction. A connection whose
-    /// transaction could not be rolled back is closed, not returned to the
-    /// pool.
+    /// [`super::sql::ClaimSql`]), on a writer connection; their rows
+    /// ([`SqliteBackend::in_own_write`]).
     async fn in_own_transaction(
         &self,
         sql: String,
         args: ClaimArgs,
     ) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
+        self.in_own_write(move |conn| {
+            Box::pin(async move { Ok(args.query(&sql).fetch_all(&mut *conn).await?) })
+        })
+        .await
+    }
+
+    /// `work` on a writer connection: calls that open a write transaction
+    /// (`BEGIN IMMEDIATE`) and close it (`COMMIT`) in their own statements.
+    ///
+    /// It runs on a task of its own, to its end whether or not this call
+    /// is still awaited: only its own `COMMIT`, or the `ROLLBACK` here
+    /// after an error, closes the transaction, so a caller that stops
+    /// waiting cannot leave one open on a pooled connection. A connection
+    /// whose transaction could not be rolled back is closed, not returned
+    /// to the pool.
+    pub(super) async fn in_own_write<T, W>(&self, work: W) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        W: for<'c> FnOnce(
+                &'c mut sqlx::SqliteConnection,
+            )
+                -> futures_util::future::BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
         let mut conn = self.pool.acquire().await?;
-        let rows = tokio::spawn(async move {
-            let res = args.query(&sql).fetch_all(&mut *conn).await;
+        tokio::spawn(async move {
+            let res = work(&mut conn).await;
             if res.is_err() {
                 if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
                     if !e.to_string().contains("no transaction is active") {
@@ -146,8 +166,7 @@ impl SqliteBackend {
             res
         })
         .await
-        .map_err(|e| StoreError::Backend(format!("claim: its task ended early: {e}")))??;
-        Ok(rows)
+        .map_err(|e| StoreError::Backend(format!("claim: its task ended early: {e}")))?
     }
 
     /// A claim inside the caller's write transaction `tx`.
@@ -391,16 +410,11 @@ impl Backend for SqliteBackend {
         &self,
         req: &TaskClaimKeyRated<'_>,
     ) -> Result<RatedClaim, StoreError> {
-        let (finished, mut tx) = self.finish_then_immediate(req.finish).await?;
-        let answer = match req.rated() {
-            Some(rated) => self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?,
-            None => {
-                let claimed = self
-                    .claim_keys_in(&mut tx, &req.claim, req.key_rate, None)
-                    .await?;
-                key_rate::answer(claimed.tasks, claimed.now_us, claimed.next)?
-            }
+        let Some(rated) = req.rated() else {
+            return self.key_rated_alone(req).await;
         };
+        let (finished, mut tx) = self.finish_then_immediate(req.finish).await?;
+        let answer = self.rated_in(&mut tx, &rated, Some(req.key_rate)).await?;
         tx.commit().await?;
         Ok(RatedClaim { finished, ..answer })
     }
@@ -869,12 +883,14 @@ impl ClaimArgs {
 
 /// Whether `finish` is a non-empty batch of successes only (what one
 /// write transaction ends beside a claim; `sqlite::sql::succeed_sql`).
-fn all_successes(finish: &[(Claim, Finish)]) -> bool {
+pub(super) fn all_successes(finish: &[(Claim, Finish)]) -> bool {
     !finish.is_empty() && finish.iter().all(|(_, f)| matches!(f, Finish::Succeeded))
 }
 
 /// The (id, claim token) pairs of successes, and their JSON text.
-fn success_pairs(finish: &[(Claim, Finish)]) -> Result<(Vec<(i64, i64)>, String), StoreError> {
+pub(super) fn success_pairs(
+    finish: &[(Claim, Finish)],
+) -> Result<(Vec<(i64, i64)>, String), StoreError> {
     let pairs: Vec<(i64, i64)> = finish
         .iter()
         .map(|(c, _)| (c.id, token_arg(c.token)))
@@ -885,7 +901,7 @@ fn success_pairs(finish: &[(Claim, Finish)]) -> Result<(Vec<(i64, i64)>, String)
 }
 
 /// Per pair, whether it is among `done` ([`super::sql::SUCCEEDED_PAIRS`]).
-fn held(pairs: &[(i64, i64)], done: &str) -> Result<Vec<bool>, StoreError> {
+pub(super) fn held(pairs: &[(i64, i64)], done: &str) -> Result<Vec<bool>, StoreError> {
     let done: crate::fast_hash::FastSet<(i64, i64)> = serde_json::from_str(done)
         .map_err(|e| StoreError::Corrupt(format!("finished tasks: {e}")))?;
     Ok(pairs.iter().map(|p| done.contains(p)).collect())

@@ -5,20 +5,23 @@
 //! queue's running tasks per key and the walk of due candidates past
 //! used-up and capped keys with their keys' logs, in one row; then, after
 //! the pick, the claim, the claimed keys' logs, the prune and the answer
-//! with the next free instant, in one query of several statements.
+//! with the next free instant, in one query of several statements. Alone
+//! (no queue rate on top), the first call also opens the transaction and
+//! ends the worker's successes in it, and the second commits.
 
 use std::collections::HashMap;
 
-use sqlx::sqlite::SqliteConnection;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
+use super::backend::{all_successes, held, success_pairs};
 use super::rows::{claim_answer as claim_answer_row, json_text, CLAIM_ANSWER_COLS};
-use super::sql::{spare_params, CLAIMED_RESET};
+use super::sql::{spare_params, succeed_sql, CLAIMED_RESET, SUCCEEDED_PAIRS};
 use super::{SqliteBackend, Tables, NOW, NOW_US};
 use crate::error::StoreError;
 use crate::store::key_rate::{self, Running};
 use crate::store::rate::StartLog;
-use crate::store::{ms, KeyRate, Task, TaskClaim};
+use crate::store::{ms, KeyRate, RatedClaim, Task, TaskClaim, TaskClaimKeyRated};
 
 /// The two statements of a claim under a rate per key, formatted once.
 #[derive(Debug)]
@@ -43,6 +46,14 @@ pub(super) struct KeyRatedSql {
     /// `free_at` after now of a used-up key with pending tasks. Prunes up
     /// to [`key_rate::PRUNE_BATCH`] idle logs on the way.
     pub claim: String,
+    /// `BEGIN IMMEDIATE`, then [`KeyRatedSql::walk`].
+    pub walk_alone: String,
+    /// `BEGIN IMMEDIATE`, the successes of `?6` (JSON `[[id, token], …]`,
+    /// [`succeed_sql`]), then [`KeyRatedSql::walk`] with `done`: the
+    /// pairs that held ([`SUCCEEDED_PAIRS`]).
+    pub walk_after_successes: String,
+    /// [`KeyRatedSql::claim`], then `COMMIT`.
+    pub claim_alone: String,
 }
 
 impl KeyRatedSql {
@@ -94,7 +105,165 @@ impl KeyRatedSql {
              FROM {tasks} WHERE id IN (SELECT id FROM temp.baton_claimed)",
             batch = key_rate::PRUNE_BATCH
         );
-        KeyRatedSql { walk, claim }
+        let walk_done = format!("{walk}, {SUCCEEDED_PAIRS} AS done");
+        KeyRatedSql {
+            walk_alone: format!("BEGIN IMMEDIATE; {walk}"),
+            walk_after_successes: format!(
+                "BEGIN IMMEDIATE; {}; {walk_done}",
+                succeed_sql(tasks, "?6")
+            ),
+            claim_alone: format!("{claim}; COMMIT"),
+            walk,
+            claim,
+        }
+    }
+}
+
+type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// [`KeyRatedSql::walk`]'s arguments `?1`–`?5` for `req`.
+fn bind_walk<'q>(q: Query<'q>, req: &TaskClaim<'_>, now_us: Option<i64>) -> Query<'q> {
+    let counted = req.max_running.is_some() || req.per_key_max_running.is_some();
+    q.bind(req.queue.to_string())
+        .bind(counted)
+        .bind(req.per_key_max_running.map(i64::from))
+        .bind(if req.limit == 0 {
+            0
+        } else {
+            key_rate::walk_len(req)
+        })
+        .bind(now_us)
+}
+
+/// What a claim under a rate per key takes, from its walk's row.
+struct Plan {
+    /// The store's clock the walk read (µs).
+    now_us: i64,
+    /// The ids picked, in claim order.
+    ids: Vec<i64>,
+    /// The keys' logs to write (JSON `[[key, starts, free_at, idle_at], …]`).
+    writes: String,
+}
+
+/// The pick among the walk's row ([`KeyRatedSql::walk`]).
+fn plan(row: &SqliteRow, req: &TaskClaim<'_>, rate: KeyRate) -> Result<Plan, StoreError> {
+    let now_us: i64 = row.try_get("now")?;
+    let running: Option<&str> = row.try_get("running")?;
+    let running: Vec<(Option<String>, i64)> = serde_json::from_str(running.unwrap_or("[]"))
+        .map_err(|e| StoreError::Corrupt(format!("running tasks per key: {e}")))?;
+    let running = Running::from_rows(running);
+    let walked: Option<&str> = row.try_get("walked")?;
+    let walked: Vec<(i64, Option<String>, i64, Option<String>)> =
+        serde_json::from_str(walked.unwrap_or("[]"))
+            .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
+    let mut cands = Vec::with_capacity(walked.len());
+    let mut logs = HashMap::new();
+    for (id, key, spare, starts) in walked {
+        if let (Some(k), Some(starts)) = (&key, starts) {
+            if !logs.contains_key(k) {
+                logs.insert(k.clone(), StartLog::decode(&starts)?);
+            }
+        }
+        cands.push(key_rate::Candidate {
+            id,
+            key,
+            spare: spare != 0,
+        });
+    }
+    let ids = if req.limit == 0 {
+        Vec::new()
+    } else {
+        key_rate::pick(req, rate, &cands, &logs, &running, now_us)
+    };
+    // Inside the write transaction nothing else changes the walked rows:
+    // every picked task is claimed, at `now_us`, so the logs are written
+    // from the pick, in the same call as the claim.
+    let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
+    let started: Vec<(String, i64)> = ids.iter().filter_map(|&id| to_log.of(id, now_us)).collect();
+    let writes: Vec<serde_json::Value> = if ids.is_empty() {
+        Vec::new()
+    } else {
+        key_rate::logs_after(rate, logs, started, Some(now_us))
+            .into_iter()
+            .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
+            .collect()
+    };
+    Ok(Plan {
+        now_us,
+        ids,
+        writes: json_text(&serde_json::Value::from(writes))?,
+    })
+}
+
+/// [`KeyRatedSql::claim`]'s arguments for `plan`.
+fn bind_claim<'q>(q: Query<'q>, req: &TaskClaim<'_>, plan: &Plan) -> Result<Query<'q>, StoreError> {
+    let q = q
+        .bind(req.queue.to_string())
+        .bind(req.worker.to_string())
+        .bind(ms(req.lease))
+        .bind(json_text(&serde_json::Value::from(plan.ids.clone()))?)
+        .bind(plan.now_us)
+        .bind(plan.writes.clone())
+        .bind(i64::from(req.limit));
+    Ok(spare_params(q))
+}
+
+/// The claim's answer ([`KeyRatedSql::claim`]'s row) for `plan`.
+fn claimed(rows: &[SqliteRow], req: &TaskClaim<'_>, plan: &Plan) -> Result<KeyRated, StoreError> {
+    let [row] = rows else {
+        return Err(StoreError::Backend(format!(
+            "a claim under a rate per key answered {} rows, not one",
+            rows.len()
+        )));
+    };
+    let mut tasks = claim_answer_row(row, req.queue)?;
+    if tasks.len() != plan.ids.len() {
+        // Its logs were written for the pick: let the transaction go.
+        return Err(StoreError::Backend(format!(
+            "a claim under a rate per key claimed {} of the {} tasks it picked",
+            tasks.len(),
+            plan.ids.len()
+        )));
+    }
+    tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
+    Ok(KeyRated {
+        tasks,
+        now_us: plan.now_us,
+        next: row.try_get("next")?,
+    })
+}
+
+/// A claim's fields, owned (the claim runs on a task of its own).
+struct OwnedClaim {
+    queue: String,
+    worker: String,
+    claim: TaskClaim<'static>,
+}
+
+impl OwnedClaim {
+    fn of(req: &TaskClaim<'_>) -> OwnedClaim {
+        OwnedClaim {
+            queue: req.queue.to_string(),
+            worker: req.worker.to_string(),
+            claim: TaskClaim {
+                queue: "",
+                worker: "",
+                limit: req.limit,
+                lease: req.lease,
+                max_running: req.max_running,
+                per_key_max_running: req.per_key_max_running,
+                buffered: req.buffered,
+                fair: req.fair,
+            },
+        }
+    }
+
+    fn get(&self) -> TaskClaim<'_> {
+        TaskClaim {
+            queue: &self.queue,
+            worker: &self.worker,
+            ..self.claim.clone()
+        }
     }
 }
 
@@ -114,90 +283,78 @@ impl SqliteBackend {
             return Err(crate::store::key_rate_fair_refused());
         }
         let sql = &self.sql.key_rated;
-        let counted = req.max_running.is_some() || req.per_key_max_running.is_some();
-        let row = sqlx::query(&sql.walk)
-            .bind(req.queue)
-            .bind(counted)
-            .bind(req.per_key_max_running.map(i64::from))
-            .bind(if req.limit == 0 {
-                0
-            } else {
-                key_rate::walk_len(req)
-            })
-            .bind(now_us)
+        let row = bind_walk(sqlx::query(&sql.walk), req, now_us)
             .fetch_one(&mut *tx)
             .await?;
-        let now_us: i64 = row.try_get("now")?;
-        let running: Option<&str> = row.try_get("running")?;
-        let running: Vec<(Option<String>, i64)> = serde_json::from_str(running.unwrap_or("[]"))
-            .map_err(|e| StoreError::Corrupt(format!("running tasks per key: {e}")))?;
-        let running = Running::from_rows(running);
-        let walked: Option<&str> = row.try_get("walked")?;
-        let walked: Vec<(i64, Option<String>, i64, Option<String>)> =
-            serde_json::from_str(walked.unwrap_or("[]"))
-                .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
-        let mut cands = Vec::with_capacity(walked.len());
-        let mut logs = HashMap::new();
-        for (id, key, spare, starts) in walked {
-            if let (Some(k), Some(starts)) = (&key, starts) {
-                if !logs.contains_key(k) {
-                    logs.insert(k.clone(), StartLog::decode(&starts)?);
-                }
+        let plan = plan(&row, req, rate)?;
+        let rows = bind_claim(sqlx::query(&sql.claim), req, &plan)?
+            .fetch_all(&mut *tx)
+            .await?;
+        claimed(&rows, req, &plan)
+    }
+
+    /// A claim under a rate per key alone (no queue rate on top) in a
+    /// write transaction of its own, two calls: the first opens it, ends
+    /// the worker's successes (when `req.finish` holds only those; other
+    /// finishes go first, in calls of their own) and walks; the second
+    /// claims and commits.
+    pub(super) async fn key_rated_alone(
+        &self,
+        req: &TaskClaimKeyRated<'_>,
+    ) -> Result<RatedClaim, StoreError> {
+        if req.claim.fair {
+            return Err(crate::store::key_rate_fair_refused());
+        }
+        let (ahead, successes) = if all_successes(req.finish) {
+            (None, Some(success_pairs(req.finish)?))
+        } else {
+            (
+                Some(crate::store::finish_ahead(self, req.finish).await?),
+                None,
+            )
+        };
+        let sql = self.sql.clone();
+        let owned = OwnedClaim::of(&req.claim);
+        let rate = req.key_rate;
+        let list = successes.as_ref().map(|(_, list)| list.clone());
+        let (claimed_now, done) = self
+            .in_own_write(move |conn| {
+                Box::pin(async move {
+                    let req = owned.get();
+                    let k = &sql.key_rated;
+                    let row = match list {
+                        Some(list) => {
+                            let q = bind_walk(sqlx::query(&k.walk_after_successes), &req, None);
+                            spare_params(q.bind(list)).fetch_one(&mut *conn).await?
+                        }
+                        None => {
+                            bind_walk(sqlx::query(&k.walk_alone), &req, None)
+                                .fetch_one(&mut *conn)
+                                .await?
+                        }
+                    };
+                    let done: Option<String> = row.try_get("done").ok();
+                    let plan = plan(&row, &req, rate)?;
+                    let rows = bind_claim(sqlx::query(&k.claim_alone), &req, &plan)?
+                        .fetch_all(&mut *conn)
+                        .await?;
+                    Ok((claimed(&rows, &req, &plan)?, done))
+                })
+            })
+            .await?;
+        let finished = match (ahead, successes, done) {
+            (Some(finished), _, _) => finished,
+            (None, Some((pairs, _)), Some(done)) => held(&pairs, &done)?,
+            (None, Some(_), None) => {
+                return Err(StoreError::Backend(
+                    "a claim under a rate per key did not answer its successes".into(),
+                ))
             }
-            cands.push(key_rate::Candidate {
-                id,
-                key,
-                spare: spare != 0,
-            });
-        }
-        let ids = if req.limit == 0 {
-            Vec::new()
-        } else {
-            key_rate::pick(req, rate, &cands, &logs, &running, now_us)
+            (None, None, _) => Vec::new(),
         };
-        // Inside the write transaction nothing else changes the walked
-        // rows: every picked task is claimed, at `now_us`, so the logs are
-        // written from the pick, in the same call as the claim.
-        let to_log = key_rate::StartsToLog::new(req, &cands, &ids);
-        let started: Vec<(String, i64)> =
-            ids.iter().filter_map(|&id| to_log.of(id, now_us)).collect();
-        let writes: Vec<serde_json::Value> = if ids.is_empty() {
-            Vec::new()
-        } else {
-            key_rate::logs_after(rate, logs, started, Some(now_us))
-                .into_iter()
-                .map(|w| serde_json::json!([w.key, w.starts, w.free_at, w.idle_at]))
-                .collect()
-        };
-        let q = sqlx::query(&sql.claim)
-            .bind(req.queue)
-            .bind(req.worker)
-            .bind(ms(req.lease))
-            .bind(json_text(&serde_json::Value::from(ids.clone()))?)
-            .bind(now_us)
-            .bind(json_text(&serde_json::Value::from(writes))?)
-            .bind(i64::from(req.limit));
-        let rows = spare_params(q).fetch_all(&mut *tx).await?;
-        let [row] = rows.as_slice() else {
-            return Err(StoreError::Backend(format!(
-                "a claim under a rate per key answered {} rows, not one",
-                rows.len()
-            )));
-        };
-        let mut tasks = claim_answer_row(row, req.queue)?;
-        if tasks.len() != ids.len() {
-            // Its logs were written for the pick: let the transaction go.
-            return Err(StoreError::Backend(format!(
-                "a claim under a rate per key claimed {} of the {} tasks it picked",
-                tasks.len(),
-                ids.len()
-            )));
-        }
-        tasks.sort_by_key(|t| (t.priority, t.run_at, t.id));
-        Ok(KeyRated {
-            tasks,
-            now_us,
-            next: row.try_get("next")?,
+        Ok(RatedClaim {
+            finished,
+            ..key_rate::answer(claimed_now.tasks, claimed_now.now_us, claimed_now.next)?
         })
     }
 }
