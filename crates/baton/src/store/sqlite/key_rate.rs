@@ -30,12 +30,15 @@ pub(super) struct KeyRatedSql {
     /// the per-key cap or NULL, `?4` the walk's length, `?5` the store's
     /// clock (µs) already read in the transaction, or NULL to read it →
     /// one row: `now` (µs), `running` (JSON `[[key, count], …]`, the key
-    /// NULL for tasks without one) and `walked` (JSON `[[id, key, spare,
-    /// starts], …]` in claim order). Each candidate's log comes with it
-    /// (one probe of the key's row: its `free_at` leaves used-up keys out,
-    /// its `starts` are the log the pick counts), and keys at the cap are
-    /// left out; one row, since a row each would be a hand-off from
-    /// SQLite's thread each, with the write lock held.
+    /// NULL for tasks without one), `walked` (JSON `[[id, key, spare],
+    /// …]` in claim order) and `logs` (JSON `{key: starts}`, the start log
+    /// of each walked key that has one). The walk probes each candidate's
+    /// key row (its `free_at` leaves used-up keys out) and leaves keys at
+    /// the cap out; each key's log comes once, not with each of its
+    /// candidates (10 keys' logs of a few hundred starts each, copied into
+    /// every walked row, were most of the answer). One row, since a row
+    /// each would be a hand-off from SQLite's thread each, with the write
+    /// lock held.
     pub walk: String,
     /// `?1` queue, `?2` worker, `?3` lease ms, `?4` the picked ids (JSON
     /// array), `?5` the walk's `now` (µs: the claim's `started_at`, so the
@@ -62,13 +65,10 @@ impl KeyRatedSql {
         let walk = format!(
             "WITH n(now) AS MATERIALIZED (SELECT coalesce(?5, {NOW_US})), \
              run(k, c) AS MATERIALIZED (SELECT concurrency_key, count(*) FROM {tasks} \
-                 WHERE ?2 AND state = 'running' AND queue = ?1 GROUP BY concurrency_key) \
-             SELECT (SELECT now FROM n) AS now, \
-                 (SELECT json_group_array(json_array(k, c)) FROM run) AS running, \
-                 (SELECT json_group_array(json_array(id, concurrency_key, spare, starts) \
-                     ORDER BY priority, run_at, id) FROM ( \
-                 SELECT {tasks}.id, {tasks}.concurrency_key, {tasks}.priority, {tasks}.run_at, \
-                     {tasks}.attempt + 1 < {tasks}.max_attempts AS spare, {kr}.starts \
+                 WHERE ?2 AND state = 'running' AND queue = ?1 GROUP BY concurrency_key), \
+             w AS MATERIALIZED ( \
+                 SELECT {tasks}.id, {tasks}.concurrency_key AS k, {tasks}.priority, \
+                     {tasks}.run_at, {tasks}.attempt + 1 < {tasks}.max_attempts AS spare \
                  FROM {tasks} \
                  LEFT JOIN {kr} ON {kr}.queue = ?1 AND {kr}.ckey = {tasks}.concurrency_key \
                  WHERE {tasks}.state = 'pending' AND {tasks}.queue = ?1 \
@@ -78,7 +78,13 @@ impl KeyRatedSql {
                          coalesce({kr}.free_at, 0) <= (SELECT now FROM n) \
                          AND {tasks}.concurrency_key NOT IN \
                              (SELECT k FROM run WHERE k IS NOT NULL AND c >= ?3))) \
-                 ORDER BY {tasks}.priority, {tasks}.run_at, {tasks}.id LIMIT ?4)) AS walked"
+                 ORDER BY {tasks}.priority, {tasks}.run_at, {tasks}.id LIMIT ?4) \
+             SELECT (SELECT now FROM n) AS now, \
+                 (SELECT json_group_array(json_array(k, c)) FROM run) AS running, \
+                 (SELECT json_group_array(json_array(id, k, spare) \
+                     ORDER BY priority, run_at, id) FROM w) AS walked, \
+                 (SELECT json_group_object(ckey, starts) FROM {kr} WHERE queue = ?1 \
+                     AND ckey IN (SELECT k FROM w WHERE k IS NOT NULL)) AS logs"
         );
         let claim = format!(
             "{CLAIMED_RESET}; \
@@ -153,22 +159,24 @@ fn plan(row: &SqliteRow, req: &TaskClaim<'_>, rate: KeyRate) -> Result<Plan, Sto
         .map_err(|e| StoreError::Corrupt(format!("running tasks per key: {e}")))?;
     let running = Running::from_rows(running);
     let walked: Option<&str> = row.try_get("walked")?;
-    let walked: Vec<(i64, Option<String>, i64, Option<String>)> =
-        serde_json::from_str(walked.unwrap_or("[]"))
-            .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
-    let mut cands = Vec::with_capacity(walked.len());
-    let mut logs = HashMap::new();
-    for (id, key, spare, starts) in walked {
-        if let (Some(k), Some(starts)) = (&key, starts) {
-            if !logs.contains_key(k) {
-                logs.insert(k.clone(), StartLog::decode(&starts)?);
-            }
-        }
-        cands.push(key_rate::Candidate {
+    let walked: Vec<(i64, Option<String>, i64)> = serde_json::from_str(walked.unwrap_or("[]"))
+        .map_err(|e| StoreError::Corrupt(format!("walked tasks: {e}")))?;
+    let cands: Vec<key_rate::Candidate> = walked
+        .into_iter()
+        .map(|(id, key, spare)| key_rate::Candidate {
             id,
             key,
             spare: spare != 0,
-        });
+        })
+        .collect();
+    let texts: Option<&str> = row.try_get("logs")?;
+    let texts: HashMap<String, Option<String>> = serde_json::from_str(texts.unwrap_or("{}"))
+        .map_err(|e| StoreError::Corrupt(format!("start logs per key: {e}")))?;
+    let mut logs = HashMap::with_capacity(texts.len());
+    for (key, text) in texts {
+        if let Some(text) = text {
+            logs.insert(key, StartLog::decode(&text)?);
+        }
     }
     let ids = if req.limit == 0 {
         Vec::new()
