@@ -4,7 +4,9 @@
 //! path between a client and the store pass, go *dark* (connections stay
 //! open but no byte passes either way until it heals: a stall, not a
 //! close), be *cut* (every connection closed, new ones refused), or slow
-//! (latency added to every chunk).
+//! (latency added to every chunk), or lose the reply to one request
+//! ([`Proxy::lose_reply_to`]: the server runs it, the client sees its
+//! connection drop).
 //!
 //! It runs on a thread of its own with its own runtime, so a test can use
 //! it from sync or async code, and a `baton` child process can connect to
@@ -22,6 +24,7 @@
 //! ```
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +48,8 @@ pub enum Mode {
 struct State {
     mode: Mode,
     latency: Duration,
+    /// Lose the reply to the next request carrying these bytes.
+    lose_reply: Option<Vec<u8>>,
 }
 
 /// A running proxy. Dropping it stops it and closes every connection.
@@ -76,6 +81,7 @@ impl Proxy {
         let state = Arc::new(Mutex::new(State {
             mode: Mode::Pass,
             latency: Duration::ZERO,
+            lose_reply: None,
         }));
         let (changed, rx) = watch::channel(0u64);
         let (stop, stop_rx) = tokio::sync::oneshot::channel();
@@ -133,6 +139,17 @@ impl Proxy {
     pub fn latency(&self, latency: Duration) {
         lock(&self.state).latency = latency;
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Lose the reply to the next request that carries `marker` (once):
+    /// the chunk with it reaches the server, which runs the request; the
+    /// next bytes the server sends on that connection (its reply) are
+    /// dropped and the connection is closed both ways. The client sees
+    /// what a connection lost after its request left looks like: an
+    /// error, for a request that took effect.
+    pub fn lose_reply_to(&self, marker: &[u8]) {
+        assert!(!marker.is_empty(), "an empty marker would match anything");
+        lock(&self.state).lose_reply = Some(marker.to_vec());
     }
 }
 
@@ -196,13 +213,30 @@ async fn accept_loop(
             let _ = server.set_nodelay(true);
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
+            // Set once a request whose reply is to be lost has gone up.
+            let deaf = Arc::new(AtomicBool::new(false));
             // Either direction ending (or a cut) ends both.
             tokio::select! {
-                _ = pump(cr, sw, st.clone(), ch.clone()) => {}
-                _ = pump(sr, cw, st, ch) => {}
+                _ = pump(cr, sw, st.clone(), ch.clone(), Dir::Up(deaf.clone())) => {}
+                _ = pump(sr, cw, st, ch, Dir::Down(deaf)) => {}
             }
         });
     }
+}
+
+/// Which way a [`pump`] copies, with the connection's "lose the next
+/// reply" flag.
+enum Dir {
+    /// Client to server: sets the flag after sending a marked request.
+    Up(Arc<AtomicBool>),
+    /// Server to client: with the flag set, drops what it reads and ends
+    /// the connection.
+    Down(Arc<AtomicBool>),
+}
+
+/// Whether `chunk` contains `marker`.
+fn carries(chunk: &[u8], marker: &[u8]) -> bool {
+    chunk.windows(marker.len()).any(|w| w == marker)
 }
 
 /// Copy `from` to `to` chunk by chunk, as the mode says; returns on EOF,
@@ -212,6 +246,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<Mutex<State>>,
     mut changed: watch::Receiver<u64>,
+    dir: Dir,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -242,8 +277,31 @@ async fn pump(
                 continue; // re-check for a cut
             }
         };
+        // A marked request: it goes up, and the reply is lost (the flag is
+        // set right after the write, before this single-threaded runtime
+        // can run the other direction, so no earlier reply is taken for
+        // it).
+        let mut marked = false;
         let (mode, latency) = {
-            let s = lock(&state);
+            let mut s = lock(&state);
+            match &dir {
+                Dir::Up(_) => {
+                    if s.lose_reply
+                        .as_deref()
+                        .is_some_and(|m| carries(&buf[..n], m))
+                    {
+                        s.lose_reply = None;
+                        marked = true;
+                    }
+                }
+                Dir::Down(deaf) => {
+                    if deaf.load(Ordering::SeqCst) {
+                        // The reply (the server ran the request): dropped,
+                        // and the connection with it.
+                        return;
+                    }
+                }
+            }
             (s.mode, s.latency)
         };
         match mode {
@@ -255,6 +313,9 @@ async fn pump(
                 }
                 if to.write_all(&buf[..n]).await.is_err() {
                     return;
+                }
+                if let (true, Dir::Up(deaf)) = (marked, &dir) {
+                    deaf.store(true, Ordering::SeqCst);
                 }
             }
         }
