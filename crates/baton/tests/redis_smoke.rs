@@ -680,3 +680,107 @@ async fn scheduler_started_while_the_store_is_down_waits_for_it() {
     run.await.unwrap().unwrap();
     srv.stop();
 }
+
+/// An enqueue whose reply is lost after its insert reached the server (a
+/// connection dropped mid-call, a response timeout, or, with
+/// `wait_replicas`, a `WAIT` the replica promoted by a failover did not
+/// answer in time) fails, but its tasks may exist: their ids stay
+/// findable (`B where`, written with the reservation). With a unique key
+/// the retry answers the first call's task, which a read by id then finds
+/// (the sentinel failover test once saw it answer `None`); a batch's
+/// earlier script calls, which did insert, stay findable too. The fault
+/// proxy passes the request carrying a marker to the server and loses the
+/// reply.
+#[tokio::test]
+async fn enqueue_whose_reply_is_lost_keeps_its_tasks_findable() {
+    use baton::queue::{Queue, TaskBuilder};
+    use baton::store::TaskFilter;
+    use baton_testkit::proxy::{host_port, Proxy};
+
+    let prefix = new_prefix();
+    let Some(direct) = open(Some(&prefix)).await else {
+        return;
+    };
+    let proxy = Proxy::start(&host_port(&redis_url()));
+    let opts = StoreOptions {
+        prefix: Some(prefix.clone()),
+        ..StoreOptions::default()
+    };
+    let s = Store::connect_with(&proxy.url(&redis_url()), opts)
+        .await
+        .unwrap();
+
+    // One task with a unique key: the lost call inserted it, and the
+    // retry answers it.
+    let q = Queue::new(s.clone());
+    let task = || {
+        TaskBuilder::new("k", json!("lost-reply-one"))
+            .queue("lr")
+            .unique_key("once")
+            .unique_forever(true)
+    };
+    proxy.lose_reply_to(b"lost-reply-one");
+    let lost = q.enqueue(task()).await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    let again = baton_testkit::wait::until_ok(Duration::from_secs(10), "the enqueue again", || {
+        q.enqueue(task())
+    })
+    .await;
+    assert!(
+        !again.inserted,
+        "the lost call inserted the task: {again:?}"
+    );
+    let found = Queue::new(direct.clone()).task(again.id).await.unwrap();
+    assert!(
+        found.is_some(),
+        "task {} answered by the retry is not found by its id",
+        again.id
+    );
+
+    // A batch of two pipelined round trips whose second's reply is lost:
+    // every task exists, and each is found by its id.
+    let n = 4001;
+    let many: Vec<NewTask> = (0..n)
+        .map(|i| {
+            let mut t = nt("lr2");
+            if i == n - 1 {
+                t.payload = json!("lost-reply-many");
+            }
+            t
+        })
+        .collect();
+    proxy.lose_reply_to(b"lost-reply-many");
+    let lost = s.backend().task_insert_many(&many).await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    let b = direct.backend();
+    let mut ids = Vec::new();
+    let mut before = None;
+    loop {
+        let page = b
+            .task_list(&TaskFilter {
+                queue: Some("lr2".into()),
+                before_id: before,
+                limit: 1000,
+                ..TaskFilter::default()
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        ids.extend(page.iter().map(|t| t.id));
+    }
+    assert_eq!(ids.len(), n, "every task of the batch was inserted");
+    let mut missing = Vec::new();
+    for id in &ids {
+        if b.task_get(*id).await.unwrap().is_none() {
+            missing.push(*id);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of the batch's {n} tasks are not found by their id (e.g. {:?})",
+        missing.len(),
+        missing.first()
+    );
+    cleanup(&prefix).await;
+}

@@ -311,14 +311,17 @@ impl Backend for RedisBackend {
             let replies = match replies {
                 Ok(r) => r,
                 Err(e) => {
-                    // The ids of this group and the next are unused (those
-                    // of earlier groups are taken).
-                    self.unreserve(
-                        &(pos..tasks.len())
-                            .map(|j| first + j as i64)
-                            .collect::<Vec<_>>(),
-                    )
-                    .await;
+                    // This group's tasks may exist though the call failed:
+                    // its earlier round trips inserted theirs, and the one
+                    // that failed may have run (its reply lost with the
+                    // connection, or its `WAIT` cut short by a failover
+                    // that promoted a replica which had the write). Their
+                    // ids stay in `B where`: an entry of an id no task
+                    // took is harmless, a task without one is not found by
+                    // its id (which the retry of a keyed enqueue answers).
+                    // The next groups' ids were never sent.
+                    unused.extend((pos + group.len()..tasks.len()).map(|j| first + j as i64));
+                    self.unreserve(&unused).await;
                     return Err(e);
                 }
             };

@@ -79,7 +79,9 @@
 //!   find the queue's shard; finish, heartbeat and progress use what this
 //!   process's claim returned and ask `B where` only when it forgot.
 //!   Entries of unused ids and pruned tasks are deleted (a missed delete
-//!   only points at a queue without such a task).
+//!   only points at a queue without such a task). An insert that failed
+//!   keeps its entries: it may have run (its reply lost, its `WAIT`
+//!   unanswered), and a task without one is not found by its id.
 //! - `B queues` — set of every queue: stats, listings, rescue and prune
 //!   fan out over it, one script per queue. `B paused` — set of paused
 //!   queues (listed by the stats even without tasks).
@@ -489,8 +491,10 @@ impl RedisBackend {
     }
 
     /// Forget reserved ids no task took (the enqueue found its unique key
-    /// held, or the slot advance recorded nothing). A failure leaves
-    /// entries pointing at a queue without such a task: harmless.
+    /// held, or the slot advance recorded nothing): only ids known to be
+    /// unused, never those of a call that failed (it may have inserted).
+    /// A failure leaves entries pointing at a queue without such a task:
+    /// harmless.
     async fn unreserve(&self, ids: &[i64]) {
         if ids.is_empty() {
             return;
