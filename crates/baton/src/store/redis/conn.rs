@@ -468,10 +468,28 @@ async fn with_wait(
         .arg(wait.timeout_ms);
     let mut replies = conn.req_packed_commands(&p, 0, 2).await?.into_iter();
     let reply = replies.next().unwrap_or(Value::Nil).extract_error()?;
-    let acked = replies
-        .next()
-        .and_then(|v| redis::from_redis_value::<i64>(&v).ok())
-        .unwrap_or(0);
+    let wait_reply = replies.next().unwrap_or(Value::Nil);
+    let acked = match redis::from_redis_value::<i64>(&wait_reply) {
+        Ok(n) => n,
+        Err(_) => {
+            // An error instead of a count: the server left the WAIT, e.g.
+            // `UNBLOCKED` when it was made a replica meanwhile (a
+            // failover). The write ran; whether a replica has it is
+            // unknown.
+            let why = match wait_reply.extract_error() {
+                Err(e) => e.to_string(),
+                Ok(v) => format!("{v:?}"),
+            };
+            return Err(RedisError::from((
+                ErrorKind::ReadOnly,
+                "redis",
+                format!(
+                    "the WAIT after the write answered {why:?}, not how many replicas have \
+                     it ({WAIT_PARAM}); it is on the server but a failover may lose it"
+                ),
+            )));
+        }
+    };
     if acked < i64::from(wait.replicas) {
         return Err(RedisError::from((
             ErrorKind::ReadOnly,
