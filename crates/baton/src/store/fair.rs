@@ -24,7 +24,7 @@ use std::collections::HashMap;
 #[cfg(feature = "sqlite")]
 use super::TaskClaim;
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// The name the group of tasks without a concurrency key goes by in the
 /// rotation (and in the stored cursor): the empty string, which no
 /// concurrency key can be (`queue::validate_concurrency_key`).
