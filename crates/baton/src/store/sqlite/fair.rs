@@ -24,7 +24,7 @@ use crate::store::{ms, Task, TaskClaim};
 /// unindexable): SQLite took `tasks_key_pending` on the queue and walked
 /// its whole backlog for the ids (22 ms a fair claim behind 100,000 tasks,
 /// against under 1 ms by id).
-fn pick_sql(t: &str) -> String {
+pub(super) fn pick_sql(t: &str) -> String {
     format!(
         "INSERT OR IGNORE INTO temp.baton_claimed (id) SELECT id FROM {t} \
          WHERE id IN (SELECT value FROM json_each(?4)) AND +state = 'pending' \

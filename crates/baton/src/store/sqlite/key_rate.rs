@@ -15,8 +15,10 @@ use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
 use super::backend::{all_successes, held, success_pairs};
-use super::rows::{claim_answer as claim_answer_row, json_text, CLAIM_ANSWER_COLS};
-use super::sql::{spare_params, succeed_sql, CLAIMED_RESET, SUCCEEDED_PAIRS};
+use super::rows::{claim_answer as claim_answer_row, json_text};
+use super::sql::{
+    claim_answer, claim_update_at, spare_params, succeed_sql, CLAIMED_RESET, SUCCEEDED_PAIRS,
+};
 use super::{SqliteBackend, Tables, NOW, NOW_US};
 use crate::error::StoreError;
 use crate::store::key_rate::{self, Running};
@@ -44,8 +46,8 @@ pub(super) struct KeyRatedSql {
     /// array), `?5` the walk's `now` (µs: the claim's `started_at`, so the
     /// logs hold the very starts the tasks record), `?6` the keys' logs to
     /// write (JSON `[[key, starts, free_at, idle_at], …]`), `?7` the
-    /// claim's limit → one row: [`CLAIM_ANSWER_COLS`], `n` (the tasks
-    /// claimed) and `next`: when `n` is short of the limit, the earliest
+    /// claim's limit → one row: [`super::rows::CLAIM_ANSWER_COLS`] and `next`: when
+    /// the claim is short of the limit, the earliest
     /// `free_at` after now of a used-up key with pending tasks. Prunes up
     /// to [`key_rate::PRUNE_BATCH`] idle logs on the way.
     pub claim: String,
@@ -87,14 +89,7 @@ impl KeyRatedSql {
                      AND ckey IN (SELECT k FROM w WHERE k IS NOT NULL)) AS logs"
         );
         let claim = format!(
-            "{CLAIMED_RESET}; \
-             INSERT OR IGNORE INTO temp.baton_claimed (id) SELECT id FROM {tasks} \
-                 WHERE id IN (SELECT value FROM json_each(?4)) AND +state = 'pending' \
-                 AND +queue = ?1; \
-             UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-                 started_at = ?5 / 1000, lease_until = {NOW} + ?3, worker = ?2, \
-                 claim_token = MAX(claim_token + 1, {NOW_US}) \
-             WHERE id IN (SELECT id FROM temp.baton_claimed); \
+            "{CLAIMED_RESET}; {}; {}; \
              INSERT INTO {kr} (queue, ckey, starts, free_at, idle_at) \
                  SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3 \
                  FROM json_each(?6) WHERE true \
@@ -102,13 +97,19 @@ impl KeyRatedSql {
                      free_at = excluded.free_at, idle_at = excluded.idle_at; \
              DELETE FROM {kr} WHERE rowid IN (SELECT rowid FROM {kr} \
                  WHERE queue = ?1 AND idle_at < ?5 LIMIT {batch}); \
-             SELECT {CLAIM_ANSWER_COLS}, count(*) AS n, \
-                 CASE WHEN count(*) >= ?7 THEN NULL ELSE ( \
-                     SELECT free_at FROM {kr} WHERE queue = ?1 AND free_at > ?5 \
-                         AND EXISTS (SELECT 1 FROM {tasks} WHERE state = 'pending' \
-                             AND queue = ?1 AND concurrency_key = {kr}.ckey) \
-                     ORDER BY free_at LIMIT 1) END AS next \
-             FROM {tasks} WHERE id IN (SELECT id FROM temp.baton_claimed)",
+             {}",
+            super::fair::pick_sql(tasks),
+            claim_update_at(tasks, "?5 / 1000"),
+            claim_answer(
+                tasks,
+                &format!(
+                    ", CASE WHEN count(*) >= ?7 THEN NULL ELSE ( \
+                         SELECT free_at FROM {kr} WHERE queue = ?1 AND free_at > ?5 \
+                             AND EXISTS (SELECT 1 FROM {tasks} WHERE state = 'pending' \
+                                 AND queue = ?1 AND concurrency_key = {kr}.ckey) \
+                         ORDER BY free_at LIMIT 1) END AS next"
+                )
+            ),
             batch = key_rate::PRUNE_BATCH
         );
         let walk_done = format!("{walk}, {SUCCEEDED_PAIRS} AS done");

@@ -145,12 +145,17 @@ fn wake_for(path: &Path, prefix: &str) -> broadcast::Sender<Wake> {
     crate::store::wake::channel(format!("{}\0{prefix}", path.display()))
 }
 
-/// Connections that write, per database file in this process. SQLite runs
-/// one writer at a time: more writer connections only meet in its busy
-/// handler (which sleeps in steps of up to 100 ms); writers of one process
-/// wait for each other in the pool instead. Two, not one, so that one
-/// connection's statement runs while the other's result is being handled.
-const WRITERS: u32 = 2;
+/// Connections that write, per database file in this process: one.
+/// SQLite runs one writer at a time, and writers that meet in its busy
+/// handler sleep in steps of 1, 2, 5, 10, 15, 20, 25 … up to 100 ms,
+/// retrying while the lock is free between another connection's
+/// transactions: a writer of a busy file starves there, for up to ~180 ms
+/// (with two writer connections, a 50,000-task drain made 237 such sleeps;
+/// 17 reached 25 ms). Writers of one process wait for each other in the
+/// pool instead, woken as soon as the connection is back, for up to the
+/// statement timeout as in the busy handler (docs/BENCHMARKS.md session
+/// 36). Writers of other processes still meet in the busy handler.
+const WRITERS: u32 = 1;
 
 /// One writer pool and one reader pool per database file in this process,
 /// shared by every handle on it. Weak, so a file's pools close with its
@@ -265,6 +270,7 @@ impl SqliteBackend {
         let pool = Arc::new(
             SqlitePoolOptions::new()
                 .max_connections(WRITERS.min(opts.max_connections.max(1)))
+                .acquire_timeout(opts.statement_timeout)
                 .test_before_acquire(false)
                 .connect_with(options.clone())
                 .await?,
@@ -352,10 +358,13 @@ impl SqliteBackend {
         })
     }
 
-    /// The writer pool (two connections per file and process), for
+    /// The writer pool (one connection per file and process), for
     /// applications that want to run their own transactions with
     /// [`enqueue_in`]. Keep such transactions short: baton's own writes in
-    /// this process share these connections.
+    /// this process wait for this connection, and a write through the
+    /// store made while the same task holds such a transaction waits for
+    /// it too (up to the statement timeout, then fails retryably): inside
+    /// it, enqueue with [`enqueue_in`] on the transaction.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }

@@ -636,9 +636,14 @@ pub(super) const CLAIMED_RESET: &str =
 /// Claims the tasks picked into `temp.baton_claimed` for worker `?2`
 /// with a lease of `?3` ms: new attempt, fencing token and lease.
 pub(super) fn claim_update(tasks: &str) -> String {
+    claim_update_at(tasks, NOW)
+}
+
+/// [`claim_update`] with `started_at` (ms) the SQL expression `started`.
+pub(super) fn claim_update_at(tasks: &str, started: &str) -> String {
     format!(
         "UPDATE {tasks} SET state = 'running', attempt = attempt + 1, \
-             started_at = {NOW}, lease_until = {NOW} + ?3, worker = ?2, \
+             started_at = {started}, lease_until = {NOW} + ?3, worker = ?2, \
              claim_token = MAX(claim_token + 1, {NOW_US}) \
          WHERE id IN (SELECT id FROM temp.baton_claimed)"
     )
