@@ -409,6 +409,49 @@ async fn a_writer_waits_for_the_write_lock_up_to_the_statement_timeout() {
     release.await.expect("released");
 }
 
+/// The process's writers share one writer connection: a write made
+/// while the application's own transaction holds it (`SqliteBackend::pool`,
+/// the outbox's way) waits for it up to the statement timeout, as a write
+/// waits for another process's lock, then fails retryably; once the
+/// transaction ends, writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_waits_for_the_processs_writer_connection_up_to_the_statement_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let timeout = Duration::from_millis(400);
+    let opts = StoreOptions {
+        statement_timeout: timeout,
+        ..StoreOptions::default()
+    };
+    let backend = Arc::new(SqliteBackend::connect(&url, &opts).await.expect("connect"));
+    backend.migrate().await.expect("migrate");
+    let b: &dyn Backend = &*backend;
+    b.task_insert_many(&[task("own")])
+        .await
+        .expect("a first task");
+
+    let tx = backend
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("the application's transaction");
+    let started = std::time::Instant::now();
+    let err = b
+        .task_insert_many(&[task("own")])
+        .await
+        .expect_err("the writer connection is held");
+    let waited = started.elapsed();
+    assert!(err.is_retryable(), "waiting is retryable: {err}");
+    assert!(
+        waited >= timeout && waited < timeout + Duration::from_millis(600),
+        "gave up after {waited:?}, the timeout being {timeout:?}"
+    );
+    tx.commit().await.expect("the application's commit");
+    b.task_insert_many(&[task("own")])
+        .await
+        .expect("written once the connection is back");
+}
+
 /// A claim is its own write transaction (`BEGIN IMMEDIATE` … `COMMIT`,
 /// answered in one row): a caller that stops waiting for it part-way (a
 /// timeout, a shutdown) must not leave that transaction open on a pooled

@@ -331,18 +331,19 @@ impl SqliteBackend {
                 Box::pin(async move {
                     let req = owned.get();
                     let k = &sql.key_rated;
-                    let row = match list {
+                    // The walk's row, and with successes the pairs that held.
+                    let (row, done) = match list {
                         Some(list) => {
                             let q = bind_walk(sqlx::query(&k.walk_after_successes), &req, None);
-                            spare_params(q.bind(list)).fetch_one(&mut *conn).await?
+                            let row = spare_params(q.bind(list)).fetch_one(&mut *conn).await?;
+                            let done: String = row.try_get("done")?;
+                            (row, Some(done))
                         }
                         None => {
-                            bind_walk(sqlx::query(&k.walk_alone), &req, None)
-                                .fetch_one(&mut *conn)
-                                .await?
+                            let q = bind_walk(sqlx::query(&k.walk_alone), &req, None);
+                            (q.fetch_one(&mut *conn).await?, None)
                         }
                     };
-                    let done: Option<String> = row.try_get("done").ok();
                     let plan = plan(&row, &req, rate)?;
                     let rows = bind_claim(sqlx::query(&k.claim_alone), &req, &plan)?
                         .fetch_all(&mut *conn)
@@ -354,12 +355,9 @@ impl SqliteBackend {
         let finished = match (ahead, successes, done) {
             (Some(finished), _, _) => finished,
             (None, Some((pairs, _)), Some(done)) => held(&pairs, &done)?,
-            (None, Some(_), None) => {
-                return Err(StoreError::Backend(
-                    "a claim under a rate per key did not answer its successes".into(),
-                ))
-            }
-            (None, None, _) => Vec::new(),
+            // No finishes at all (`done` is read exactly when there are
+            // successes).
+            _ => Vec::new(),
         };
         Ok(RatedClaim {
             finished,
