@@ -566,4 +566,17 @@ async fn abandon_claims(key_rated: bool) {
         q.succeeded >= more as u64,
         "every later claim's task finished"
     );
+    if !key_rated {
+        // No claim carried successes: exactly the later claims' tasks
+        // succeeded, and every abandoned claim's task is still running.
+        assert_eq!(
+            q.succeeded, more as u64,
+            "every later claim's task finished"
+        );
+        assert_eq!(
+            q.running,
+            (n - more) as u64,
+            "the earlier claims' tasks, abandoned ones' too, are running"
+        );
+    }
 }
