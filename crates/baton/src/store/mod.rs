@@ -377,6 +377,12 @@ impl Store {
         &*self.backend
     }
 
+    /// The backend, shared: one reference count where a [`Store`] clone
+    /// takes six (a worker's attempt keeps it for its progress reports).
+    pub(crate) fn backend_shared(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+
     /// The URL, with any password hidden.
     pub fn url(&self) -> String {
         redact(&self.url)

@@ -521,7 +521,7 @@ pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContex
         task: Arc::new(task),
         stop: CancellationToken::new(),
         state: AttemptState::new(sent + shared.config.lease),
-        progress: ProgressSink::Store(shared.store.clone()),
+        progress: ProgressSink::Store(shared.store.backend_shared()),
         margin: crate::lease::stop_margin(shared.config.lease),
     };
     lock(&shared.running).insert(

@@ -51,8 +51,8 @@ impl std::fmt::Display for StopReason {
 /// Where a context's progress reports go.
 #[derive(Clone)]
 pub(super) enum ProgressSink {
-    /// A worker's attempt: the store, fenced on the claim.
-    Store(Store),
+    /// A worker's attempt: the store's backend, fenced on the claim.
+    Store(Arc<dyn crate::store::Backend>),
     /// A test context ([`TaskContext::for_test`]): kept in order.
     Recorded(Arc<Mutex<Vec<serde_json::Value>>>),
 }
@@ -223,15 +223,14 @@ impl TaskContext {
     /// Record progress on the task (any JSON). Fails with
     /// [`Error::LeaseLost`] when the claim is no longer this worker's.
     pub async fn progress(&self, value: serde_json::Value) -> Result<(), Error> {
-        let store = match &self.progress {
-            ProgressSink::Store(store) => store,
+        let backend = match &self.progress {
+            ProgressSink::Store(backend) => backend,
             ProgressSink::Recorded(list) => {
                 lock(list).push(value);
                 return Ok(());
             }
         };
-        if store
-            .backend()
+        if backend
             .task_set_progress(&crate::store::TaskSetProgress {
                 claim: self.claim(),
                 progress: &value,

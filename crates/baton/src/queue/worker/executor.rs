@@ -66,7 +66,12 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     let _ = shared.events.send(WorkerEvent::AttemptStarted {
         task: ctx.task_shared(),
     });
-    tokio::spawn(async move {
+    // Boxed: the attempt's future is large (the handler's, the result's
+    // write with its retries, the release), and tokio moves a spawned
+    // future into its task cell and writes the output over it; a box
+    // makes those moves a pointer's (a memcpy of the whole future was
+    // ~6 % of a busy worker's CPU, docs/BENCHMARKS.md session 37).
+    tokio::spawn(Box::pin(async move {
         let task = ctx.task_shared();
         let queue = task.queue.as_str();
         let attempt = async {
@@ -186,7 +191,7 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         lock(&shared.running).remove(&claim);
         drop(slot);
         shared.drained.notify_waiters();
-    });
+    }));
 }
 
 /// How long an ending slot's run waits for the release of its job's

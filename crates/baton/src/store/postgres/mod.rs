@@ -58,6 +58,7 @@ use super::{ms, Backend, StoreOptions, Wake};
 use crate::error::StoreError;
 
 mod advance;
+mod array;
 mod audit;
 mod backend;
 mod capped;

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
+use super::array;
 use crate::error::StoreError;
 use crate::store::sql_row::{corrupt, decoded_columns, to_duration, to_u32, token_of, SqlRow};
 use crate::store::{AttemptError, Task};
@@ -33,56 +34,75 @@ impl SqlRow for PgRow {
 }
 
 /// One column of a packed claim ([`PACKED_CLAIM`](super::sql::PACKED_CLAIM)):
-/// its array, empty when nothing was claimed (`array_agg` of no rows is
-/// NULL), refused when its length differs from the ids'.
-fn packed<T>(row: &PgRow, col: &str, n: usize) -> Result<Vec<T>, StoreError>
-where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-    Vec<T>: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    let v: Vec<T> = row.try_get::<Option<Vec<T>>, _>(col)?.unwrap_or_default();
-    if v.len() == n {
-        Ok(v)
-    } else {
-        Err(StoreError::Corrupt(format!(
+/// its array of `oid` elements, each read by `read` (given `None` for a
+/// NULL element; answering `None` refuses it), empty when nothing was
+/// claimed (`array_agg` of no rows is NULL), refused when its length
+/// differs from the ids' (`n`).
+fn packed<'r, T>(
+    row: &'r PgRow,
+    col: &str,
+    oid: u32,
+    n: usize,
+    read: impl Fn(Option<&'r [u8]>) -> Option<T>,
+) -> Result<Vec<T>, StoreError> {
+    let elements = array::elements(row, col, oid)?;
+    if elements.len() != n {
+        return Err(StoreError::Corrupt(format!(
             "claimed tasks: column {col} has {} values for {n} tasks",
-            v.len()
-        )))
+            elements.len()
+        )));
+    }
+    elements
+        .into_iter()
+        .map(|e| {
+            read(e).ok_or_else(|| {
+                StoreError::Corrupt(format!("claimed tasks: column {col}: an unreadable value"))
+            })
+        })
+        .collect()
+}
+
+/// `read` for a column that may hold NULLs.
+fn or_null<'r, T>(
+    read: impl Fn(&'r [u8]) -> Option<T>,
+) -> impl Fn(Option<&'r [u8]>) -> Option<Option<T>> {
+    move |e| match e {
+        None => Some(None),
+        Some(b) => read(b).map(Some),
     }
 }
 
 /// The tasks of a packed claim's row ([`PACKED_CLAIM`](super::sql::PACKED_CLAIM)),
 /// claimed from `queue`, in the order the store returned them.
 pub(super) fn packed_tasks(row: &PgRow, queue: &str) -> Result<Vec<Task>, StoreError> {
-    let ids: Vec<i64> = row
-        .try_get::<Option<Vec<i64>>, _>("ids")?
-        .unwrap_or_default();
-    let n = ids.len();
-    let kinds = packed::<String>(row, "kinds", n)?;
-    let payloads = packed::<String>(row, "payloads", n)?;
-    let priorities = packed::<i32>(row, "priorities", n)?;
-    let attempts = packed::<i32>(row, "attempts", n)?;
-    let tokens = packed::<i64>(row, "tokens", n)?;
-    let max_attempts = packed::<i32>(row, "max_attempts", n)?;
-    let timeouts = packed::<Option<i64>>(row, "timeouts", n)?;
-    let run_ats = packed::<DateTime<Utc>>(row, "run_ats", n)?;
-    let lease_untils = packed::<DateTime<Utc>>(row, "lease_untils", n)?;
-    let jobs = packed::<Option<String>>(row, "jobs", n)?;
-    let slots = packed::<Option<DateTime<Utc>>>(row, "slots", n)?;
-    let traceparents = packed::<Option<String>>(row, "traceparents", n)?;
-    let mut tasks = Vec::with_capacity(n);
-    let columns = kinds
+    use array::{int4, int8, text, timestamptz, INT4, INT8, TEXT, TIMESTAMPTZ};
+    let ids: Vec<i64> = array::elements(row, "ids", INT8)?
         .into_iter()
-        .zip(payloads)
-        .zip(jobs)
-        .zip(traceparents)
-        .enumerate();
-    for (i, (((kind, payload), job), traceparent)) in columns {
+        .map(|e| e.and_then(int8))
+        .collect::<Option<_>>()
+        .ok_or_else(|| StoreError::Corrupt("claimed tasks: an unreadable id".into()))?;
+    let n = ids.len();
+    let kinds = packed(row, "kinds", TEXT, n, |e| e.and_then(text))?;
+    let payloads = packed(row, "payloads", TEXT, n, |e| e)?;
+    let priorities = packed(row, "priorities", INT4, n, |e| e.and_then(int4))?;
+    let attempts = packed(row, "attempts", INT4, n, |e| e.and_then(int4))?;
+    let tokens = packed(row, "tokens", INT8, n, |e| e.and_then(int8))?;
+    let max_attempts = packed(row, "max_attempts", INT4, n, |e| e.and_then(int4))?;
+    let timeouts = packed(row, "timeouts", INT8, n, or_null(int8))?;
+    let run_ats = packed(row, "run_ats", TIMESTAMPTZ, n, |e| e.and_then(timestamptz))?;
+    let lease_untils = packed(row, "lease_untils", TIMESTAMPTZ, n, |e| {
+        e.and_then(timestamptz)
+    })?;
+    let jobs = packed(row, "jobs", TEXT, n, or_null(text))?;
+    let slots = packed(row, "slots", TIMESTAMPTZ, n, or_null(timestamptz))?;
+    let traceparents = packed(row, "traceparents", TEXT, n, or_null(text))?;
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
         tasks.push(Task {
             id: ids[i],
             queue: queue.to_string(),
-            kind,
-            payload: serde_json::from_str(&payload).map_err(|e| corrupt("task payload", e))?,
+            kind: kinds[i].to_string(),
+            payload: serde_json::from_slice(payloads[i]).map_err(|e| corrupt("task payload", e))?,
             priority: priorities[i],
             attempt: to_u32(i64::from(attempts[i]), "attempt")?,
             token: token_of(tokens[i], "claim token")?,
@@ -90,9 +110,9 @@ pub(super) fn packed_tasks(row: &PgRow, queue: &str) -> Result<Vec<Task>, StoreE
             timeout: to_duration(timeouts[i], "timeout")?,
             run_at: run_ats[i],
             lease_until: lease_untils[i],
-            job,
+            job: jobs[i].map(str::to_string),
             slot: slots[i],
-            traceparent,
+            traceparent: traceparents[i].map(str::to_string),
         });
     }
     Ok(tasks)
