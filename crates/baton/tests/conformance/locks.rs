@@ -154,6 +154,9 @@ fn fastrand_like(seed: usize) -> u64 {
 pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
     let a = Locker::new(ts.store.clone());
     let b = Locker::new(ts.open().await);
+    // From before the request: the lease's local bound counts from its
+    // send (a slow answer on a loaded machine must not read as early).
+    let t0 = Instant::now();
     let old = a
         .try_lock("lapse", &opts(300).keep_alive(false))
         .await
@@ -162,7 +165,6 @@ pub async fn lapsed_holder_cannot_extend_or_release(ts: TestStore) {
     assert!(!old.is_lost(), "a fresh lease is not lost");
     // Nothing runs beside a lease without keep-alive: `lost()` itself
     // resolves when at_most has passed.
-    let t0 = Instant::now();
     tokio::time::timeout(Duration::from_secs(3), old.lost())
         .await
         .expect("lost() resolves once at_most has passed");
