@@ -199,7 +199,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "delete_succeeded": ctx.delete_succeeded,
             "hold_slots": !used.free_slot_on_return_on(),
             "result_batches": used.result_batches(),
-            "prefetch": used.prefetch_tasks(),
+            "prefetch": queues.first().map_or(used.prefetch_tasks(), |q| used.prefetch_tasks_of(q)),
             "prefetch_adaptive": used.prefetch_adaptive(),
         }),
         format!(

@@ -55,6 +55,11 @@ pub struct WorkerConfig {
     pub(super) free_slot_on_return: Option<bool>,
     pub(super) result_batches_in_flight: Option<usize>,
     pub(super) prefetch: Option<Prefetch>,
+    /// The store's larger default bound for queues with no limit per
+    /// key (set by [`WorkerConfig::with_store_defaults`] on PostgreSQL and
+    /// MySQL when no prefetch was chosen; see
+    /// [`WorkerConfig::prefetch_tasks_of`]).
+    pub(super) plain_prefetch: Option<usize>,
     /// The adaptive buffer's horizon (unset: [`PREFETCH_HORIZON`]; set by
     /// [`WorkerConfig::with_store_defaults`]).
     pub(super) prefetch_horizon: Option<Duration>,
@@ -96,14 +101,16 @@ pub const MYSQL_PREFETCH_HORIZON: Duration = Duration::from_millis(300);
 /// ([`WorkerConfig::with_store_defaults`]).
 const DEFAULT_PREFETCH: usize = 512;
 
-/// The adaptive buffer's bound by default on PostgreSQL and MySQL: each
-/// claim there is a commit with a cost of its own (on MySQL a walk over
-/// the claim index's unpurged entries), so a fast queue's claims are made
-/// larger. 200,000 no-op tasks, 4 workers x 24, side by side against 512:
-/// PostgreSQL +8 %, MariaDB +15 %; SQLite and Redis gained nothing, and
+/// The adaptive buffer's bound by default on PostgreSQL and MySQL for a
+/// queue with no limit per key: each claim there is a commit with a cost
+/// of its own (on MySQL a walk over the claim index's unpurged entries),
+/// so a fast queue's claims are made larger. No-op tasks, 4 workers x 24,
+/// side by side against 512: PostgreSQL +8 %, MariaDB +15 %; SQLite and
+/// Redis gained nothing, and MySQL's queues under a cap or rate per key
+/// lost 20-30 % (their walks grow with what a claim asks for), so those
 /// keep 512 (docs/BENCHMARKS.md, session 37). The buffer still holds only
 /// its horizon of work at the queue's pace.
-const SERVER_SQL_PREFETCH: usize = 2048;
+const PLAIN_SERVER_SQL_PREFETCH: usize = 2048;
 
 impl Default for WorkerConfig {
     /// No queues (name at least one with [`WorkerConfig::queue`]), a 30 s
@@ -133,6 +140,7 @@ impl Default for WorkerConfig {
             free_slot_on_return: None,
             result_batches_in_flight: None,
             prefetch: None,
+            plain_prefetch: None,
             prefetch_horizon: None,
         }
     }
@@ -453,7 +461,8 @@ impl WorkerConfig {
     /// the claim plus 250 ms, and a task not started within 250 ms of
     /// its claim's send is handed back unstarted, so the rate holds for
     /// the handlers' real starts. Default: an adaptive buffer of at most
-    /// 512, 2,048 on PostgreSQL and MySQL ([`prefetch_up_to`](Self::prefetch_up_to)).
+    /// 512, on PostgreSQL and MySQL 2,048 for a queue with no limit per key
+    /// ([`prefetch_up_to`](Self::prefetch_up_to), [`prefetch_tasks_of`](Self::prefetch_tasks_of)).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(Prefetch::Fixed(n));
         self
@@ -482,8 +491,9 @@ impl WorkerConfig {
     /// Fill the pipeline knobs left unset with the defaults, the same on
     /// every store but one (`kind`, a [`Backend::kind`](crate::store::Backend::kind)
     /// name): slots free as handlers return, 2 result batches in flight,
-    /// and an adaptive prefetch buffer of at most 512 tasks (2,048 on
-    /// PostgreSQL and MySQL, where each claim costs a commit and more;
+    /// and an adaptive prefetch buffer of at most 512 tasks (on
+    /// PostgreSQL and MySQL 2,048 for a queue with no limit per key, where
+    /// each claim costs a commit and more; [`prefetch_tasks_of`](Self::prefetch_tasks_of),
     /// [`prefetch_up_to`](Self::prefetch_up_to)) holding
     /// [`PREFETCH_HORIZON`] of work — on MySQL
     /// [`MYSQL_PREFETCH_HORIZON`], as each claim there costs a walk over
@@ -504,10 +514,9 @@ impl WorkerConfig {
     /// ```
     /// use baton::queue::WorkerConfig;
     /// let pg = WorkerConfig::new().queue("q", 8).with_store_defaults("postgres");
-    /// assert_eq!((pg.free_slot_on_return_on(), pg.result_batches(), pg.prefetch_tasks()), (true, 2, 2048));
+    /// assert_eq!((pg.free_slot_on_return_on(), pg.result_batches(), pg.prefetch_tasks()), (true, 2, 512));
     /// assert!(pg.prefetch_adaptive());
-    /// let redis = WorkerConfig::new().queue("q", 8).with_store_defaults("redis");
-    /// assert_eq!(redis.prefetch_tasks(), 512);
+    /// assert_eq!(pg.prefetch_tasks_of("q"), 2048);
     /// let lite = WorkerConfig::new().queue("q", 8).prefetch(4).with_store_defaults("sqlite");
     /// assert_eq!((lite.free_slot_on_return_on(), lite.result_batches(), lite.prefetch_tasks()), (true, 2, 4));
     /// assert!(!lite.prefetch_adaptive());
@@ -520,12 +529,11 @@ impl WorkerConfig {
         });
         self.free_slot_on_return.get_or_insert(true);
         self.result_batches_in_flight.get_or_insert(2);
+        if self.prefetch.is_none() && matches!(kind, "postgres" | "mysql") {
+            self.plain_prefetch = Some(PLAIN_SERVER_SQL_PREFETCH);
+        }
         self.prefetch
-            .get_or_insert(Prefetch::UpTo(if matches!(kind, "postgres" | "mysql") {
-                SERVER_SQL_PREFETCH
-            } else {
-                DEFAULT_PREFETCH
-            }));
+            .get_or_insert(Prefetch::UpTo(DEFAULT_PREFETCH));
         self
     }
 
@@ -548,6 +556,32 @@ impl WorkerConfig {
         match self.prefetch {
             None => 0,
             Some(Prefetch::Fixed(n) | Prefetch::UpTo(n)) => n,
+        }
+    }
+
+    /// The prefetch bound of `queue`: [`prefetch_tasks`](Self::prefetch_tasks),
+    /// or, left to the store's defaults on PostgreSQL and MySQL, 2,048
+    /// for a queue with no [cap](Self::per_key_max_running) or
+    /// [rate](Self::per_key_rate_limit) per key.
+    ///
+    /// ```
+    /// use baton::queue::{RateLimit, WorkerConfig};
+    /// let pg = WorkerConfig::new()
+    ///     .queue("plain", 8)
+    ///     .queue("keyed", 8)
+    ///     .per_key_rate_limit("keyed", "100/1s".parse::<RateLimit>()?)
+    ///     .with_store_defaults("postgres");
+    /// assert_eq!((pg.prefetch_tasks_of("plain"), pg.prefetch_tasks_of("keyed")), (2048, 512));
+    /// let chosen = WorkerConfig::new().queue("plain", 8).prefetch_up_to(100);
+    /// assert_eq!(chosen.with_store_defaults("postgres").prefetch_tasks_of("plain"), 100);
+    /// # Ok::<(), baton::InvalidInput>(())
+    /// ```
+    pub fn prefetch_tasks_of(&self, queue: &str) -> usize {
+        let keyed =
+            self.per_key_max_running.contains_key(queue) || self.per_key_rates.contains_key(queue);
+        match self.plain_prefetch {
+            Some(n) if !keyed => n,
+            _ => self.prefetch_tasks(),
         }
     }
 

@@ -91,7 +91,7 @@ pub(super) async fn claim_into(
     let max_prefetch = if capped && !held {
         0
     } else {
-        shared.config.prefetch_tasks()
+        shared.config.prefetch_tasks_of(queue)
     };
     // Attempts whose handler has returned but whose result the store has
     // not acknowledged yet, beyond the running ones: at most `concurrency`

@@ -273,7 +273,7 @@ impl Worker {
             .config
             .queues
             .iter()
-            .map(|(_, conc)| conc + self.config.prefetch_tasks())
+            .map(|(q, conc)| conc + self.config.prefetch_tasks_of(q))
             .min()
             .unwrap_or(0);
         let ride = Arc::new(ride::Ride::new(
