@@ -84,6 +84,7 @@ baton_testkit::per_backend! {
     queue::batch_enqueue_is_idempotent_per_key,
     queue::payload_limit_is_enforced,
     queue::traceparent_round_trips,
+    queue::claim_answers_every_field_as_stored,
     queue::finish_is_compare_and_set,
     queue::finish_many_is_per_item_compare_and_set,
     queue::finish_many_of_successes_refuses_only_the_stale,

@@ -2139,6 +2139,74 @@ pub async fn pause_leaves_running_tasks_alone(ts: TestStore) {
 /// (one enqueue alone, and a batch with and without unique keys); a task
 /// enqueued without one has none; a malformed one is refused naming the
 /// field, and nothing is written.
+/// A claim answers each task as the store holds it, every field, with
+/// set and unset optional fields mixed in one claim (PostgreSQL reads its
+/// claim's packed arrays itself, MySQL its text-protocol dates: a
+/// misread field or a NULL read as a value shows here).
+pub async fn claim_answers_every_field_as_stored(ts: TestStore) {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let q = Queue::new(ts.store.clone());
+    let b = ts.store.backend();
+    let past = b.now().await.unwrap() - chrono::Duration::microseconds(1_234_567);
+    let ids = q
+        .enqueue_many(vec![
+            TaskBuilder::new("ünïcode", json!({"s": "é\u{1e}\"x\"", "n": [1, 2.5, null]}))
+                .queue("fields")
+                .priority(-3)
+                .max_attempts(7)
+                .timeout(Duration::from_millis(1500))
+                .run_at(past)
+                .traceparent(TP),
+            TaskBuilder::new("plain", json!(null))
+                .queue("fields")
+                .run_at(past),
+            TaskBuilder::new("big", json!({"big": i64::MAX, "neg": -1}))
+                .queue("fields")
+                .priority(100)
+                .max_attempts(1)
+                .run_at(past),
+        ])
+        .await
+        .unwrap();
+    let claimed = claim(&ts.store, "fields", 10, 30_000).await;
+    assert_eq!(claimed.len(), 3, "every task claimed");
+    for id in ids.iter().map(|t| t.id) {
+        let t = claimed.iter().find(|t| t.id == id).unwrap();
+        let info = b.task_get(id).await.unwrap().unwrap();
+        assert_eq!(t.queue, "fields");
+        assert_eq!(t.kind, info.kind, "kind of {id}");
+        assert_eq!(t.payload, info.payload, "payload of {id}");
+        assert_eq!(t.priority, info.priority, "priority of {id}");
+        assert_eq!(t.attempt, info.attempt, "attempt of {id}");
+        assert_eq!(t.attempt, 1, "attempt of {id}");
+        assert_eq!(t.max_attempts, info.max_attempts, "max_attempts of {id}");
+        assert_eq!(t.timeout, info.timeout, "timeout of {id}");
+        assert_eq!(t.run_at, info.run_at, "run_at of {id}");
+        assert_eq!(Some(t.lease_until), info.lease_until, "lease_until of {id}");
+        assert_eq!(t.job, info.job, "job of {id}");
+        assert_eq!(t.slot, info.slot, "slot of {id}");
+        assert_eq!(t.traceparent, info.traceparent, "traceparent of {id}");
+    }
+    let first = claimed.iter().find(|t| t.id == ids[0].id).unwrap();
+    assert_eq!(
+        (
+            first.priority,
+            first.max_attempts,
+            first.timeout,
+            first.traceparent.as_deref()
+        ),
+        (-3, 7, Some(Duration::from_millis(1500)), Some(TP))
+    );
+    assert_eq!(first.kind, "ünïcode");
+    assert_eq!(
+        first.payload,
+        json!({"s": "é\u{1e}\"x\"", "n": [1, 2.5, null]})
+    );
+    let plain = claimed.iter().find(|t| t.id == ids[1].id).unwrap();
+    assert_eq!((plain.timeout, plain.traceparent.as_deref()), (None, None));
+    assert_eq!(plain.payload, json!(null));
+}
+
 pub async fn traceparent_round_trips(ts: TestStore) {
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     const TP2: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
