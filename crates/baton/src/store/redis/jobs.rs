@@ -180,16 +180,12 @@ pub(super) async fn job_advance(
             .arg(WAITING_RUN_AT_MS);
     }
     let reply: Result<(String, String, i64), redis::RedisError> = b.invoke(&mut inv).await;
-    let (what, val, ins) = match reply {
-        Ok(r) => r,
-        Err(e) => {
-            let e = StoreError::from(e);
-            if !e.is_retryable() {
-                b.unreserve(&reserved.into_iter().collect::<Vec<_>>()).await;
-            }
-            return Err(e);
-        }
-    };
+    // A failed call keeps its reserved id's entry in `B where`, whatever
+    // the error: the script may have run (its reply lost, or a script
+    // error after its writes, which Redis does not undo), and an entry no
+    // task took is harmless where a slot's task without one is not found
+    // by its id (as a failed enqueue keeps its ids, `task_insert_many`).
+    let (what, val, ins) = reply.map_err(StoreError::from)?;
     let id = matches!(what.as_str(), "enqueued" | "skipped" | "waiting")
         .then(|| parse_i64(&val, "id"))
         .transpose()?;
