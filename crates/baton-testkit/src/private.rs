@@ -175,13 +175,29 @@ impl Private {
             }
         }
         let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while !self.answers() {
             assert!(
                 t0.elapsed() < Duration::from_secs(20),
                 "server did not start"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the server takes a connection, and a plain Redis answers
+    /// `PING` with `+PONG` on it (one that accepts while it still loads,
+    /// or another test's server on a port reused, does not).
+    fn answers(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        if self.kind != Kind::Redis || self.tls {
+            return true;
+        }
+        let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut buf = [0u8; 7];
+        c.write_all(b"PING\r\n").is_ok() && c.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 
     /// The pid of a private `redis-server` while it runs (to SIGSTOP it).

@@ -17,13 +17,19 @@ use baton::{Error, Store, StoreOptions};
 use support::{Kind, Private};
 use tokio_util::sync::CancellationToken;
 
+/// The first connect to a server just started: retried while it fails
+/// (a fresh server can accept a connection and drop it while it loads);
+/// the restarts these tests make come after it.
 async fn connect(url: &str) -> Store {
     let opts = StoreOptions {
         prefix: Some("chaos_".into()),
         max_connections: 8,
         ..Default::default()
     };
-    Store::connect_with(url, opts).await.unwrap()
+    support::wait::until_ok(Duration::from_secs(20), "the first connect", || {
+        Store::connect_with(url, opts.clone())
+    })
+    .await
 }
 
 async fn locks_survive_a_restart(kind: Kind) {
