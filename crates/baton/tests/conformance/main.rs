@@ -80,6 +80,7 @@ baton_testkit::per_backend! {
     snooze::handler_snooze_cancel_and_retry_delays,
     queue::claim_order_priority_run_at_id,
     queue::claim_buffer_share_skips_last_attempts,
+    queue::claim_buffer_share_takes_the_first_in_order,
     queue::unique_key_race_gives_one_task,
     queue::batch_enqueue_is_idempotent_per_key,
     queue::payload_limit_is_enforced,

@@ -185,6 +185,47 @@ pub async fn claim_buffer_share_skips_last_attempts(ts: TestStore) {
     );
 }
 
+/// The buffer's share of a claim takes the first tasks in claim order
+/// (priority, run_at, id), not any: more spare-attempt tasks are due than
+/// the share, their priorities against their ids' order.
+pub async fn claim_buffer_share_takes_the_first_in_order(ts: TestStore) {
+    let q = Queue::new(ts.store.clone());
+    let mut by_priority = Vec::new();
+    // Enqueued lowest priority first: id order is the reverse of claim order.
+    for p in (0..8).rev() {
+        let id = q
+            .enqueue(task("o").queue("share").priority(p).max_attempts(3))
+            .await
+            .unwrap()
+            .id;
+        by_priority.push((p, id));
+    }
+    by_priority.sort_unstable();
+    let claimed = ts
+        .store
+        .backend()
+        .task_claim(&TaskClaim {
+            queue: "share",
+            worker: "test-worker",
+            limit: 4,
+            lease: Duration::from_secs(10),
+            max_running: None,
+            per_key_max_running: None,
+            buffered: 3,
+            fair: false,
+        })
+        .await
+        .unwrap();
+    let mut got: Vec<i64> = claimed.iter().map(|t| t.id).collect();
+    got.sort_unstable();
+    let mut want: Vec<i64> = by_priority[..4].iter().map(|&(_, id)| id).collect();
+    want.sort_unstable();
+    assert_eq!(
+        got, want,
+        "the four first by priority (one at once, three for the buffer)"
+    );
+}
+
 pub async fn unique_key_race_gives_one_task(ts: TestStore) {
     let mut stores = vec![ts.store.clone()];
     for _ in 0..3 {

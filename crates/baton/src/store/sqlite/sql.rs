@@ -331,7 +331,13 @@ impl Sql {
                 // The first tasks in order start at once; the buffer's
                 // share comes after them, among tasks with an attempt to
                 // spare (`TaskClaim::buffered`), in a walk that steps
-                // over at most as many as the buffer's share.
+                // over at most as many as the buffer's share. The share
+                // takes the walk's first rows as the walk yields them (a
+                // subquery with a LIMIT keeps its ORDER BY, and its
+                // co-routine yields in it): sorting them again cost a
+                // temporary B-tree a claim, ~6 % of a drain (conformance
+                // `claim_buffer_share_takes_the_first_in_order`;
+                // docs/BENCHMARKS.md session 37).
                 let now_share = format!("min({total}, max(0, ?4 - ?6))");
                 claim_keyed = claim_keyed_sql(tasks, &due, &total);
                 claim_keyed_probe = claim_keyed_probe_sql(tasks, &due, &total);
@@ -350,7 +356,6 @@ impl Sql {
                                  LIMIT {total} + min(?6, ?4)) \
                              WHERE attempt + 1 < max_attempts \
                                  AND id NOT IN (SELECT id FROM now_share) \
-                             ORDER BY priority, run_at, id \
                              LIMIT {total} - (SELECT count(*) FROM now_share))"
                     ),
                 )
