@@ -577,8 +577,8 @@ impl WorkerConfig {
     /// # Ok::<(), baton::InvalidInput>(())
     /// ```
     pub fn prefetch_tasks_of(&self, queue: &str) -> usize {
-        let keyed =
-            self.per_key_max_running.contains_key(queue) || self.per_key_rates.contains_key(queue);
+        let keyed = self.per_key_max_running_of(queue).is_some()
+            || self.per_key_rate_limit_of(queue).is_some();
         match self.plain_prefetch {
             Some(n) if !keyed => n,
             _ => self.prefetch_tasks(),
