@@ -19,13 +19,17 @@
 //! - watches a pipe whose only write end is held by baton (`O_CLOEXEC`, so
 //!   no other child inherits it): EOF means baton died, even by `kill -9`,
 //!   and it then SIGTERMs the tree and SIGKILLs it after the grace;
-//! - holds a **deadline** of its own (a dead man's switch): baton writes
-//!   the lease's stop-by instant to the lifeline each time it moves (see
-//!   [`Proc::follow`]), and when that instant passes with no later one the
-//!   supervisor SIGKILLs the whole tree (group and adopted orphans) by
-//!   itself — so a frozen baton (SIGSTOP, starvation) never lets its
-//!   command outlive the lease; a supervisor that never got a deadline
-//!   waits for the command or EOF only;
+//! - holds a **deadline** of its own (a dead man's switch): the lease's
+//!   stop-by instant comes on its command line (`--stop-by NS`), read
+//!   before the command starts, and baton writes each later one to the
+//!   lifeline as the lease moves (see [`spawn`]); when that instant
+//!   passes with no later one the supervisor SIGKILLs the whole tree
+//!   (group and adopted orphans) by itself — so a frozen baton (SIGSTOP,
+//!   starvation) never lets its command outlive the lease. A supervisor
+//!   whose first deadline has already passed when it starts (baton was
+//!   frozen between deciding to run the command and starting it) does not
+//!   start the command at all; one started with no deadline waits for the
+//!   command or EOF only;
 //! - when the command exits, SIGTERMs what remains of the tree, SIGKILLs it
 //!   after the grace, reaps it, and exits with the command's status (its
 //!   code, or 128+signal) — so a command ends when it exits, whatever its
@@ -100,6 +104,14 @@ pub type DeadlineKillHook = fn(libc::pid_t);
 /// The supervisor's flag for "call the [`DeadlineKillHook`]".
 const DATE_KILLS: &str = "--date-kills";
 
+/// The supervisor's option carrying its first deadline (an absolute
+/// `CLOCK_MONOTONIC` instant in nanoseconds, as the lifeline's messages).
+const STOP_BY: &str = "--stop-by";
+
+/// The supervisor's exit code when its first deadline had passed before
+/// the command could start (the command never ran).
+pub const NOT_STARTED: u8 = 125;
+
 /// Set this process's [`StopHook`]; `false` if one was set already (the
 /// first stays).
 pub fn set_stop_hook(hook: StopHook) -> bool {
@@ -120,7 +132,7 @@ pub struct Proc {
     lifeline: Arc<OwnedFd>,
     /// Run when a group baton stopped is confirmed gone.
     on_gone: Option<OnGone>,
-    /// Sends the supervisor each new deadline ([`Proc::follow`]).
+    /// Sends the supervisor each later deadline (see [`spawn`]).
     follower: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -141,11 +153,20 @@ pub enum Capture {
 /// Spawn `argv` with extra environment under a supervisor (see the module
 /// docs). After the command exits, leftovers of its tree get SIGTERM, then
 /// SIGKILL after `grace`; the same happens if baton dies.
+///
+/// With `stop_by` (a lease's or an attempt's) the supervisor's dead man's
+/// switch is armed from its start: its first deadline is read here, before
+/// the supervisor is spawned, and goes on its command line, so a baton
+/// frozen at any point after this call cannot leave the command running
+/// past it (and a supervisor that starts after it does not start the
+/// command: exit [`NOT_STARTED`]); each later instant is sent as the lease
+/// is extended.
 pub fn spawn(
     argv: &[String],
     env: &[(&str, String)],
     capture: Capture,
     grace: Duration,
+    mut stop_by: Option<baton::lock::StopBy>,
 ) -> anyhow::Result<Proc> {
     let (prog, _) = argv.split_first().context("no command given after --")?;
     let mut fds = [0 as RawFd; 2];
@@ -176,6 +197,9 @@ pub fn spawn(
     // supervisor date the kills it makes by itself, too.
     if STOP_HOOK.get().is_some() {
         cmd.arg(DATE_KILLS);
+    }
+    if let Some(s) = stop_by.as_mut() {
+        cmd.arg(STOP_BY).arg(monotonic_ns(s.get()).to_string());
     }
     cmd.arg("--").args(argv);
     for (k, v) in env {
@@ -214,13 +238,17 @@ pub fn spawn(
     let pgid = child
         .id()
         .context("the supervisor exited before it was seen")? as libc::pid_t;
-    Ok(Proc {
+    let mut proc = Proc {
         child,
         pgid,
         lifeline: Arc::new(write),
         on_gone: None,
         follower: None,
-    })
+    };
+    if let Some(s) = stop_by {
+        proc.follow(s);
+    }
+    Ok(proc)
 }
 
 /// `at` as an absolute `CLOCK_MONOTONIC` instant in nanoseconds. The raw
@@ -267,16 +295,14 @@ fn send_deadline(fd: &OwnedFd, at: tokio::time::Instant) {
 }
 
 impl Proc {
-    /// Arm the supervisor's dead man's switch: it gets `stop_by`'s current
-    /// instant now and each later one as the lease is extended, and
+    /// Keep the supervisor's dead man's switch on `stop_by`: each instant
+    /// after the one last read from it (its first went on the supervisor's
+    /// command line) is sent as the lease is extended, and the supervisor
     /// SIGKILLs the whole tree by itself once the latest one passes —
     /// whether or not this process is still scheduled.
-    pub fn follow(&mut self, mut stop_by: baton::lock::StopBy) {
-        send_deadline(&self.lifeline, stop_by.get());
+    fn follow(&mut self, mut stop_by: baton::lock::StopBy) {
+        // A move between the first read and now is seen as a change.
         let fd = Arc::downgrade(&self.lifeline);
-        if let Some(old) = self.follower.take() {
-            old.abort();
-        }
         self.follower = Some(tokio::spawn(async move {
             while let Some(at) = stop_by.changed().await {
                 let Some(fd) = fd.upgrade() else { return };
@@ -503,17 +529,11 @@ extern "C" fn wake(_: libc::c_int) {}
 /// `on_deadline_kill` is called only when the process that started it has
 /// a [`StopHook`] (see [`DeadlineKillHook`]).
 pub fn supervise_if_asked(on_deadline_kill: DeadlineKillHook) -> Option<u8> {
-    let mut args: Vec<OsString> = std::env::args_os().collect();
+    let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).map(OsString::as_os_str) != Some(OsStr::new(SUPERVISE)) {
         return None;
     }
-    let hook = if args.get(4).map(OsString::as_os_str) == Some(OsStr::new(DATE_KILLS)) {
-        args.remove(4);
-        Some(on_deadline_kill)
-    } else {
-        None
-    };
-    Some(match supervise(&args[2..], hook) {
+    Some(match supervise(&args[2..], on_deadline_kill) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("baton: supervisor: {e}");
@@ -522,21 +542,59 @@ pub fn supervise_if_asked(on_deadline_kill: DeadlineKillHook) -> Option<u8> {
     })
 }
 
-fn supervise(args: &[OsString], on_deadline_kill: Option<DeadlineKillHook>) -> Result<u8, String> {
-    const USAGE: &str = "internal use: baton __supervise FD GRACE_MS -- CMD...";
-    let fd: RawFd = args
-        .first()
-        .and_then(|a| a.to_str()?.parse().ok())
-        .ok_or(USAGE)?;
-    let grace = args
-        .get(1)
-        .and_then(|a| a.to_str()?.parse().ok())
-        .map(Duration::from_millis)
-        .ok_or(USAGE)?;
-    if args.get(2).map(OsString::as_os_str) != Some(OsStr::new("--")) || args.len() < 4 {
-        return Err(USAGE.into());
+/// The supervisor's command line after `__supervise`.
+struct SuperviseArgs<'a> {
+    fd: RawFd,
+    grace: Duration,
+    date_kills: bool,
+    /// The first deadline (`CLOCK_MONOTONIC` ns), if baton gave one.
+    stop_by: Option<u64>,
+    prog: &'a OsString,
+    rest: &'a [OsString],
+}
+
+/// Parse `FD GRACE_MS [--date-kills] [--stop-by NS] -- CMD...`.
+fn supervise_args(args: &[OsString]) -> Option<SuperviseArgs<'_>> {
+    let num = |a: &OsString| a.to_str()?.parse::<u64>().ok();
+    let fd = RawFd::try_from(num(args.first()?)?).ok()?;
+    let grace = Duration::from_millis(num(args.get(1)?)?);
+    let (mut date_kills, mut stop_by) = (false, None);
+    let mut i = 2;
+    loop {
+        match args.get(i)?.to_str()? {
+            "--" => break,
+            DATE_KILLS => date_kills = true,
+            STOP_BY => {
+                i += 1;
+                stop_by = Some(num(args.get(i)?)?);
+            }
+            _ => return None,
+        }
+        i += 1;
     }
-    let (prog, rest) = (&args[3], &args[4..]);
+    let (prog, rest) = args[i + 1..].split_first()?;
+    Some(SuperviseArgs {
+        fd,
+        grace,
+        date_kills,
+        stop_by,
+        prog,
+        rest,
+    })
+}
+
+fn supervise(args: &[OsString], on_deadline_kill: DeadlineKillHook) -> Result<u8, String> {
+    const USAGE: &str =
+        "internal use: baton __supervise FD GRACE_MS [--date-kills] [--stop-by NS] -- CMD...";
+    let SuperviseArgs {
+        fd,
+        grace,
+        date_kills,
+        stop_by,
+        prog,
+        rest,
+    } = supervise_args(args).ok_or(USAGE)?;
+    let on_deadline_kill = date_kills.then_some(on_deadline_kill);
     // SAFETY: process-wide setup of this single-threaded process: signal
     // handlers (a no-op function: it only interrupts ppoll), the
     // subreaper flag, close-on-exec on the lifeline.
@@ -559,6 +617,15 @@ fn supervise(args: &[OsString], on_deadline_kill: Option<DeadlineKillHook>) -> R
         libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
     }
     let me = std::process::id() as libc::pid_t;
+    // Started after its first deadline (baton was frozen or starved
+    // between deciding to run the command and starting this process): the
+    // lease may be gone, so the command must not start at all.
+    if stop_by.is_some_and(|d| monotonic_now() >= d) {
+        eprintln!(
+            "baton: supervisor: the lease's stop-by deadline passed before the command could start; not starting it"
+        );
+        return Ok(NOT_STARTED);
+    }
     // Our handlers reset to the default on exec; the blocked mask would
     // not, so the command gets an empty one.
     let mut command = std::process::Command::new(prog);
@@ -587,8 +654,8 @@ fn supervise(args: &[OsString], on_deadline_kill: Option<DeadlineKillHook>) -> R
     };
     let pid = child.id() as libc::pid_t;
     let mut status: Option<libc::c_int> = None;
-    // The deadline baton sent last (CLOCK_MONOTONIC ns), if any.
-    let mut deadline: Option<u64> = None;
+    // The deadline baton gave last (CLOCK_MONOTONIC ns), if any.
+    let mut deadline: Option<u64> = stop_by;
     let mut pending = Vec::new();
     let mut expired = false;
     // Wait for the command, for baton's death, or for the deadline.

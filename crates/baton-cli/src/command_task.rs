@@ -165,11 +165,8 @@ pub async fn run_command(
     } else {
         child::Capture::Stderr
     };
-    let mut proc =
-        child::spawn(argv, env, capture, grace).map_err(|e| TaskError::retry(format!("{e:#}")))?;
-    if let Some(s) = stop_by {
-        proc.follow(s);
-    }
+    let mut proc = child::spawn(argv, env, capture, grace, stop_by)
+        .map_err(|e| TaskError::retry(format!("{e:#}")))?;
     // Tell the process's stop hook (set under `baton chaos` only).
     let token = env
         .iter()

@@ -161,17 +161,22 @@ pub async fn lock(a: LockArgs) -> anyhow::Result<u8> {
         ("BATON_FENCING_TOKEN", lease.token().to_string()),
         ("BATON_LOCK_HOLDER", lease.holder().to_string()),
     ];
-    let mut cmd = match child::spawn(&a.command, &env, child::Capture::Nothing, grace) {
+    // The dead man's switch: the supervisor kills the tree at the lease's
+    // stop-by instant by itself unless an extension moved it on, so even a
+    // frozen baton never lets the command outlive the lease.
+    let mut cmd = match child::spawn(
+        &a.command,
+        &env,
+        child::Capture::Nothing,
+        grace,
+        Some(lease.watch_stop_by()),
+    ) {
         Ok(c) => c,
         Err(e) => {
             let _ = lease.release().await;
             return Err(e);
         }
     };
-    // The dead man's switch: the supervisor kills the tree at the lease's
-    // stop-by instant by itself unless an extension moved it on, so even a
-    // frozen baton never lets the command outlive the lease.
-    cmd.follow(lease.watch_stop_by());
     cmd.report_stop(crate::child::RanFor {
         task: None,
         token: i64::try_from(lease.token().0).ok(),

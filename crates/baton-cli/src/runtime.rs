@@ -170,7 +170,7 @@ pub fn slot_text(t: chrono::DateTime<chrono::Utc>) -> String {
 /// Run a job's action once. `env` carries BATON_JOB, BATON_SLOT and the
 /// rest; `stop` asks a command to end (SIGTERM, then SIGKILL after the
 /// grace it resolves with). A command's supervisor follows `stop_by`, the
-/// lease's (see `child::Proc::follow`).
+/// lease's (see `child::spawn`).
 pub async fn run_action(
     action: &Action,
     env: Vec<(&'static str, String)>,

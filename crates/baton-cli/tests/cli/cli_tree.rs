@@ -486,3 +486,41 @@ async fn work_records_killed_once_the_group_is_gone() {
     signal(&w, libc::SIGKILL);
     let _ = w.wait();
 }
+
+/// A supervisor started after its first deadline (baton froze between
+/// deciding to run a command and starting it, so the lease may be gone)
+/// does not start the command at all; one started before it does. The
+/// deadline is the supervisor's own argument, so no later freeze of baton
+/// can leave the command unbounded.
+#[test]
+fn supervisor_past_its_first_deadline_does_not_start_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |stop_by: &str, file: &str| {
+        // The lifeline is the supervisor's stdin: a pipe this test holds
+        // open until the supervisor exits (EOF would mean "baton died").
+        let mut child = Command::new(common::BATON)
+            .args(["__supervise", "0", "1000", "--stop-by", stop_by, "--"])
+            .args(["sh", "-c", &format!("touch {file}")])
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lifeline = child.stdin.take();
+        let status = child.wait().unwrap();
+        drop(lifeline);
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    };
+    // 1 ns after boot: long past.
+    let late = run("1", "late");
+    assert_eq!(late.0.code(), Some(125), "{late:?}");
+    assert!(late.1.contains("not starting it"), "{late:?}");
+    assert!(!dir.path().join("late").exists(), "the command ran");
+    // Far ahead: the command runs.
+    let early = run("9000000000000000000", "early");
+    assert_eq!(early.0.code(), Some(0), "{early:?}");
+    assert!(dir.path().join("early").exists(), "the command did not run");
+}
