@@ -534,3 +534,89 @@ async fn a_key_capped_claim_waits_for_the_keys_claim_in_flight() {
     );
     f.drop_tables().await;
 }
+
+/// A connect that waited for another process's migration lock reads the
+/// version that process committed, and so runs no DDL. PostgreSQL's
+/// catalog cache keeps a backend's earlier "no such table" through an
+/// advisory lock's wait (the lock processes no catalog invalidations), so
+/// a `to_regclass` read under the lock said "absent" and the base DDL ran
+/// on the live schema (its `CREATE INDEX` locks deadlocked with workers
+/// behind PgBouncer, whose server connections carry such earlier looks).
+/// Here the pool's one connection looked first; the other process records
+/// the current version and creates no other table, so a connect that ran
+/// the DDL leaves a tasks table behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_waited_for_the_migration_lock_reads_the_committed_version() {
+    let Some(f) = setup().await else { return };
+    let version = f.store.schema_status().await.unwrap().expected;
+    let p = format!("w{:08x}_", fastrand::u32(..));
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+        .unwrap();
+    let absent: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NULL")
+        .bind(format!("\"{p}meta\""))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(absent);
+    let mut other = sqlx::PgConnection::connect(&url()).await.unwrap();
+    sqlx::Executor::execute(&mut other, "BEGIN").await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("baton-migrate:{p}"))
+        .execute(&mut other)
+        .await
+        .unwrap();
+    sqlx::Executor::execute(
+        &mut other,
+        format!(
+            "CREATE TABLE \"{p}meta\" (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+             INSERT INTO \"{p}meta\" VALUES ('schema_version', '{version}')"
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    let opts = StoreOptions::prefixed(p.clone());
+    let connect = tokio::spawn(Store::from_pg_pool(pool, opts));
+    // Until the connect waits for the lock (after its look for the schema).
+    let mut admin = sqlx::PgConnection::connect(&url()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the connect never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sqlx::Executor::execute(&mut other, "COMMIT").await.unwrap();
+    let store = connect.await.unwrap();
+    let tasks: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("\"{p}tasks\""))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    if let Ok(s) = store {
+        let _ = s.remove_schema().await;
+    }
+    let _ = sqlx::Executor::execute(
+        &mut admin,
+        format!("DROP TABLE IF EXISTS \"{p}meta\" CASCADE").as_str(),
+    )
+    .await;
+    assert!(
+        !tasks,
+        "the connect ran the base DDL on a schema recorded at version {version}"
+    );
+    f.drop_tables().await;
+}

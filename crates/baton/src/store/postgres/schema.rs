@@ -552,11 +552,20 @@ impl Dialect for Migration<'_> {
         Ok(())
     }
 
+    /// Read under the migration's lock, from `pg_class` itself (this
+    /// statement's snapshot), not through `to_regclass`: a name lookup
+    /// that takes no lock reads the backend's catalog cache, which still
+    /// says "absent" when this backend looked before the lock (`peek_version`)
+    /// and another process created the schema while it waited (an advisory
+    /// lock processes no catalog invalidations). Running the base DDL on a
+    /// live schema then takes table locks that deadlock with its workers.
     async fn recorded_version(&mut self) -> Result<Option<i64>, StoreError> {
         let b = self.b;
         let has_meta: bool = b
-            .qs("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&b.names.meta)
+            .qs("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
+                 JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace \
+                 WHERE c.relname = $1 AND s.nspname = ANY (current_schemas(false)))")
+            .bind(format!("{}meta", b.names.prefix))
             .fetch_one(self.tx()?)
             .await?;
         if !has_meta {
