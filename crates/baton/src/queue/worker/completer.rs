@@ -128,7 +128,7 @@ pub(super) async fn finish_once(
     let sent = shared.completions.send(Completion {
         claim,
         finish: finish.clone(),
-        reply,
+        reply: Reply::Waiter(reply),
     });
     if sent.is_err() {
         // The completer is gone (shutdown): write directly.
@@ -152,19 +152,81 @@ pub(super) async fn finish_once(
 /// lasts; whether it was recorded. No call outlives the lease: past it the
 /// result is unknown or refused, and the task is rescued.
 pub(super) async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &Finish) -> bool {
-    let mut backoff = Duration::from_millis(20);
+    finish_with_retries_from(shared, claim, finish, FIRST_BACKOFF).await
+}
+
+/// The first wait before a failed result write is sent again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Whether the result of `claim` may still be written: its lease is
+/// known and has not ended (else the task is rescued).
+pub(super) fn may_write(shared: &Shared, claim: Claim) -> bool {
+    let Some(deadline) = shared.deadline(claim) else {
+        return false;
+    };
+    if Instant::now() >= deadline {
+        tracing::warn!(
+            task = claim.id,
+            attempt = claim.attempt,
+            "lease lost: it ended before the result was recorded; the task will be rescued"
+        );
+        return false;
+    }
+    true
+}
+
+/// After a write of `claim`'s result failed with `e`: how long to wait
+/// before sending it again, or `None` when the lease would end first.
+fn wait_after_error(
+    shared: &Shared,
+    claim: Claim,
+    e: &crate::StoreError,
+    backoff: Duration,
+) -> Option<Duration> {
+    shared.counters.store_error("task_finish_many");
+    let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
+    if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
+        tracing::warn!(task = claim.id, error = %crate::error::chain(e), "could not record the result before the lease ends; the task will be rescued and run again");
+        return None;
+    }
+    crate::store::warn_unless_read_only!(e, task = claim.id, error = %crate::error::chain(e), "finish failed; retrying");
+    Some(backoff)
+}
+
+/// [`finish_with_retries`] for a result whose first write (handed to the
+/// completer by an attempt that did not wait) failed with `e`.
+pub(super) async fn finish_after_error(
+    shared: &Shared,
+    claim: Claim,
+    finish: &Finish,
+    e: &crate::StoreError,
+) -> bool {
+    let Some(wait) = wait_after_error(shared, claim, e, FIRST_BACKOFF) else {
+        return false;
+    };
+    tokio::time::sleep(wait).await;
+    finish_with_retries_from(
+        shared,
+        claim,
+        finish,
+        (wait * 2).min(Duration::from_secs(1)),
+    )
+    .await
+}
+
+async fn finish_with_retries_from(
+    shared: &Shared,
+    claim: Claim,
+    finish: &Finish,
+    mut backoff: Duration,
+) -> bool {
     loop {
+        if !may_write(shared, claim) {
+            return false;
+        }
         let Some(deadline) = shared.deadline(claim) else {
             return false;
         };
-        if Instant::now() >= deadline {
-            tracing::warn!(
-                task = claim.id,
-                attempt = claim.attempt,
-                "lease lost: it ended before the result was recorded; the task will be rescued"
-            );
-            return false;
-        }
         let answer = match tokio::time::timeout_at(deadline, finish_once(shared, claim, finish))
             .await
         {
@@ -197,14 +259,10 @@ pub(super) async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &
                 return false;
             }
             Err(e) => {
-                shared.counters.store_error("task_finish_many");
-                let deadline = lock(&shared.running).get(&claim).map(|r| r.deadline);
-                if deadline.is_none_or(|d| Instant::now() + backoff >= d) {
-                    tracing::warn!(task = claim.id, error = %crate::error::chain(&e), "could not record the result before the lease ends; the task will be rescued and run again");
+                let Some(wait) = wait_after_error(shared, claim, &e, backoff) else {
                     return false;
-                }
-                crate::store::warn_unless_read_only!(e, task = claim.id, error = %crate::error::chain(&e), "finish failed; retrying");
-                tokio::time::sleep(backoff).await;
+                };
+                tokio::time::sleep(wait).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         }

@@ -71,64 +71,148 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
     // future into its task cell and writes the output over it; a box
     // makes those moves a pointer's (a memcpy of the whole future was
     // ~6 % of a busy worker's CPU, docs/BENCHMARKS.md session 37).
+    let end = End {
+        shared,
+        ctx,
+        span,
+        sent,
+        claimed_ms,
+    };
     tokio::spawn(Box::pin(async move {
-        let task = ctx.task_shared();
-        let queue = task.queue.as_str();
-        let attempt = async {
-            let result = execute(&shared, ctx.clone()).await;
-            let error = match &result {
-                Some(Finish::Failed { error, .. }) => Some(error.clone()),
-                _ => None,
-            };
-            // A retry (or a snooze) we write falls due `retry_in` after the
-            // store's now at the write, which is no later than our now when
-            // the write returns.
-            let retry_in = match &result {
-                Some(Finish::Failed {
-                    retry_in: Some(d), ..
-                }) if ctx.task().attempt < ctx.task().max_attempts => Some(*d),
-                Some(Finish::Snoozed { run_in }) => Some(*run_in),
-                _ => None,
-            };
-            if result.is_some() {
-                slot.handler_returned();
-            }
-            let outcome = match result {
-                Some(finish) if finish_with_retries(&shared, claim, &finish).await => {
-                    match finish {
-                        Finish::Succeeded => Outcome::Succeeded,
-                        Finish::Failed { .. } => Outcome::Failed,
-                        Finish::Cancelled { .. } => Outcome::Cancelled,
-                        Finish::HandBack => Outcome::HandedBack,
-                        Finish::Snoozed { .. } => Outcome::Snoozed,
-                    }
+        let attempt = {
+            let (shared, ctx) = (end.shared.clone(), end.ctx.clone());
+            async move {
+                let result = execute(&shared, ctx.clone()).await;
+                let error = match &result {
+                    Some(Finish::Failed { error, .. }) => Some(error.clone()),
+                    _ => None,
+                };
+                // A retry (or a snooze) we write falls due `retry_in` after
+                // the store's now at the write, which is no later than our
+                // now when the write returns.
+                let retry_in = match &result {
+                    Some(Finish::Failed {
+                        retry_in: Some(d), ..
+                    }) if ctx.task().attempt < ctx.task().max_attempts => Some(*d),
+                    Some(Finish::Snoozed { run_in }) => Some(*run_in),
+                    _ => None,
+                };
+                if result.is_some() {
+                    slot.handler_returned();
                 }
-                _ => Outcome::Lost,
-            };
-            (outcome, retry_in, error)
-        }
-        .instrument(span.clone());
-        let (outcome, retry_in, error) = tokio::select! {
+                let Some(finish) = result else {
+                    return Attempted::Ended(Outcome::Lost, retry_in, error, Some(slot));
+                };
+                if ctx.task().job.is_none() {
+                    // Nothing left to await after the write: hand the
+                    // result over and end here; the completer ends the
+                    // attempt where the write is answered.
+                    return Attempted::HandedOff(finish, retry_in, error, slot);
+                }
+                let outcome = if finish_with_retries(&shared, claim, &finish).await {
+                    outcome_of(&finish)
+                } else {
+                    Outcome::Lost
+                };
+                Attempted::Ended(outcome, retry_in, error, Some(slot))
+            }
+            .instrument(end.span.clone())
+        };
+        let attempted = tokio::select! {
             biased;
             o = attempt => o,
-            _ = shared.abandon.cancelled() => (Outcome::Lost, None, None),
+            _ = end.shared.abandon.cancelled() => Attempted::Ended(Outcome::Lost, None, None, None),
         };
+        match attempted {
+            Attempted::HandedOff(finish, retry_in, error, slot) => {
+                let ending = Ending {
+                    parts: Some(EndingParts {
+                        end,
+                        slot,
+                        retry_in,
+                        error,
+                        finish,
+                    }),
+                };
+                ending.hand_off(claim);
+            }
+            Attempted::Ended(outcome, retry_in, error, slot) => {
+                if let (Some(job), true) = (&end.ctx.task().job, outcome != Outcome::Lost) {
+                    // A slot's run ended: a later slot of its job may be
+                    // waiting for it (overlap buffer_one, buffer_all,
+                    // cancel_other); the store starts it only if no run of
+                    // the job is left unfinished. Awaited (one store call,
+                    // only for jobs whose policy may leave a slot waiting)
+                    // before the attempt counts as ended, so a worker
+                    // shutting down right after the run does not drop the
+                    // release: with no scheduler left to poll, the slot
+                    // would wait forever (found by `baton chaos`, S2's
+                    // jobs). Bounded: a store that does not answer in time
+                    // leaves the release to the schedulers' poll, not the
+                    // stop to wait.
+                    let release = end.shared.waiting_jobs.release(&end.shared.store, job);
+                    let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
+                }
+                end.finish(slot, outcome, retry_in, error);
+            }
+        }
+    }));
+}
+
+/// The outcome of an attempt whose result `finish` was recorded.
+fn outcome_of(finish: &Finish) -> Outcome {
+    match finish {
+        Finish::Succeeded => Outcome::Succeeded,
+        Finish::Failed { .. } => Outcome::Failed,
+        Finish::Cancelled { .. } => Outcome::Cancelled,
+        Finish::HandBack => Outcome::HandedBack,
+        Finish::Snoozed { .. } => Outcome::Snoozed,
+    }
+}
+
+/// How an attempt's task left it.
+enum Attempted {
+    /// Its result is to be written by the completer, which ends it
+    /// ([`Ending`]).
+    HandedOff(Finish, Option<Duration>, Option<String>, Slot),
+    /// Its outcome is known (the result written, refused or lost), with
+    /// the retry's delay, the error, and the slot (`None` once dropped).
+    Ended(Outcome, Option<Duration>, Option<String>, Option<Slot>),
+}
+
+/// What ending an attempt needs once its outcome is known.
+pub(super) struct End {
+    shared: Arc<Shared>,
+    ctx: TaskContext,
+    span: tracing::Span,
+    /// When its duration started.
+    sent: Instant,
+    /// When the store claimed it (ms, the store's clock).
+    claimed_ms: i64,
+}
+
+impl End {
+    /// The attempt ended with `outcome`: say so (log, span, counters,
+    /// rollup, events), leave the running set and free the slot.
+    fn finish(
+        self,
+        slot: Option<Slot>,
+        outcome: Outcome,
+        retry_in: Option<Duration>,
+        error: Option<String>,
+    ) {
+        let End {
+            shared,
+            ctx,
+            span,
+            sent,
+            claimed_ms,
+        } = self;
+        let claim = ctx.claim();
+        let t = ctx.task();
+        let queue = t.queue.as_str();
         if let (Some(d), Outcome::Failed | Outcome::Snoozed) = (retry_in, &outcome) {
             let _ = shared.due.send((queue.to_string(), Instant::now() + d));
-        }
-        if let (Some(job), true) = (&ctx.task().job, outcome != Outcome::Lost) {
-            // A slot's run ended: a later slot of its job may be waiting for
-            // it (overlap buffer_one, buffer_all, cancel_other); the store
-            // starts it only if no run of the job is left unfinished.
-            // Awaited (one store call, only for jobs whose policy may
-            // leave a slot waiting) before the attempt counts as ended, so
-            // a worker shutting down right after the run does not drop the
-            // release: with no scheduler left to poll, the slot would
-            // wait forever (found by `baton chaos`, S2's jobs).
-            // Bounded: a store that does not answer in time leaves the
-            // release to the schedulers' poll, not the stop to wait.
-            let release = shared.waiting_jobs.release(&shared.store, job);
-            let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
         }
         if outcome != Outcome::Lost && shared.config.capped(queue) {
             // Under a cap (whole queue or per key) the store now counts one
@@ -147,7 +231,6 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
             span.record("exit_code", code);
         }
         drop(span);
-        let t = ctx.task();
         macro_rules! ended {
             ($level:ident) => {
                 tracing::$level!(
@@ -191,7 +274,129 @@ pub(super) fn start_task(shared: Arc<Shared>, ctx: TaskContext, sent: Instant, m
         lock(&shared.running).remove(&claim);
         drop(slot);
         shared.drained.notify_waiters();
-    }));
+    }
+}
+
+/// The rest of an attempt whose task handed its result to the completer
+/// and ended: it ends where the write is answered ([`Reply::Ending`]),
+/// with no task of its own to wake for it.
+pub(super) struct Ending {
+    /// `None` once ended.
+    parts: Option<EndingParts>,
+}
+
+struct EndingParts {
+    end: End,
+    slot: Slot,
+    retry_in: Option<Duration>,
+    error: Option<String>,
+    /// The result being written (kept for a retry after a failed write).
+    finish: Finish,
+}
+
+impl Ending {
+    /// Send the result to the completer, unless the lease already ended.
+    fn hand_off(self, claim: Claim) {
+        let Some(p) = &self.parts else { return };
+        let (shared, finish) = (p.end.shared.clone(), p.finish.clone());
+        if !super::completer::may_write(&shared, claim) {
+            return self.end_as(Outcome::Lost);
+        }
+        let sent = shared.completions.send(Completion {
+            claim,
+            finish,
+            reply: Reply::Ending(Box::new(self)),
+        });
+        if let Err(unsent) = sent {
+            // The completer is gone (shutdown): the write waits in a task
+            // (`finish_with_retries` writes directly then).
+            if let Reply::Ending(ending) = unsent.0.reply {
+                ending.retry(None);
+            }
+        }
+    }
+
+    /// The completer's answer for the result.
+    pub(super) fn answered(self: Box<Self>, r: Result<bool, StoreError>) {
+        match r {
+            Ok(true) => {
+                let outcome = self
+                    .parts
+                    .as_ref()
+                    .map_or(Outcome::Lost, |p| outcome_of(&p.finish));
+                self.end_as(outcome);
+            }
+            Ok(false) => {
+                if let Some(p) = &self.parts {
+                    let claim = p.end.ctx.claim();
+                    tracing::warn!(
+                        task = claim.id,
+                        attempt = claim.attempt,
+                        "result refused: the claim was lost"
+                    );
+                }
+                self.end_as(Outcome::Lost);
+            }
+            // Rare (the store failed the batch): the retries wait in a
+            // task of their own.
+            Err(e) => self.retry(Some(e)),
+        }
+    }
+
+    /// Write the result again from a task of its own (after the error
+    /// `e` of the first write, if any), then end.
+    fn retry(mut self: Box<Self>, e: Option<StoreError>) {
+        if let Some(p) = self.parts.take() {
+            write_again(p, e);
+        }
+    }
+
+    /// End the attempt with `outcome`.
+    fn end_as(mut self, outcome: Outcome) {
+        if let Some(p) = self.parts.take() {
+            p.end.finish(Some(p.slot), outcome, p.retry_in, p.error);
+        }
+    }
+}
+
+/// Dropped unanswered (a claim that carried the result was aborted, the
+/// completer stopped): the result is written from a task of its own, as a
+/// waiting attempt would have.
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if let Some(p) = self.parts.take() {
+            write_again(p, None);
+        }
+    }
+}
+
+/// Write an attempt's result again from a task of its own (after the
+/// error `e` of its first write, if any; the completer's, or directly
+/// when it is gone), then end it. Once the worker abandoned its attempts,
+/// or with no runtime left, it ends as lost (the task is rescued).
+fn write_again(p: EndingParts, e: Option<StoreError>) {
+    let rt = tokio::runtime::Handle::try_current();
+    let Some(rt) = rt.ok().filter(|_| !p.end.shared.abandon.is_cancelled()) else {
+        // Abandoned (a shutdown the store did not answer in time) or no
+        // runtime left: nothing more is written; the task is rescued.
+        return p
+            .end
+            .finish(Some(p.slot), Outcome::Lost, p.retry_in, p.error);
+    };
+    rt.spawn(async move {
+        let shared = p.end.shared.clone();
+        let claim = p.end.ctx.claim();
+        let written = match &e {
+            Some(e) => super::completer::finish_after_error(&shared, claim, &p.finish, e).await,
+            None => finish_with_retries(&shared, claim, &p.finish).await,
+        };
+        let outcome = if written {
+            outcome_of(&p.finish)
+        } else {
+            Outcome::Lost
+        };
+        p.end.finish(Some(p.slot), outcome, p.retry_in, p.error);
+    });
 }
 
 /// How long an ending slot's run waits for the release of its job's

@@ -31,7 +31,10 @@
 //!
 //! Files, one service each: `ticker.rs` (the poll and wake-ups),
 //! `claimer.rs` (one claim loop per queue, prefetch), `executor.rs` (an
-//! attempt: the handler, its span, its stop), `heartbeat.rs`,
+//! attempt: the handler, its span, its stop; an attempt with nothing to
+//! await after its result's write hands the result to the completer and
+//! its task ends there, the attempt ending where the write is answered,
+//! with no wake of a task per result), `heartbeat.rs`,
 //! `completer.rs` (batched finishes), `ride.rs` (results held for the
 //! next claim, which carries them in the same round trip), `upkeep.rs` (rescue, prune, the
 //! store clock), `release_sweep.rs` (waiting slots no one else starts),

@@ -135,7 +135,7 @@ pub(super) fn answer(carried: Vec<Completion>, r: Result<&[bool], &crate::StoreE
     match r {
         Ok(answers) if answers.len() == carried.len() => {
             for (c, ok) in carried.into_iter().zip(answers) {
-                let _ = c.reply.send(Ok(*ok));
+                c.reply.answer(Ok(*ok));
             }
         }
         Ok(_) => fail_all(
@@ -162,6 +162,6 @@ pub(super) fn fail_all(batch: Vec<Completion>, e: &crate::StoreError) {
         } else {
             crate::StoreError::Backend(msg.clone())
         };
-        let _ = c.reply.send(Err(err));
+        c.reply.answer(Err(err));
     }
 }

@@ -29,7 +29,29 @@ pub(super) struct Running {
 pub(super) struct Completion {
     pub(super) claim: Claim,
     pub(super) finish: Finish,
-    pub(super) reply: tokio::sync::oneshot::Sender<Result<bool, crate::StoreError>>,
+    pub(super) reply: Reply,
+}
+
+/// Where a [`Completion`]'s answer goes.
+pub(super) enum Reply {
+    /// To an attempt's task that waits for it.
+    Waiter(tokio::sync::oneshot::Sender<Result<bool, crate::StoreError>>),
+    /// To the rest of an attempt that did not wait (its task ended when it
+    /// handed the result over): ended where the answer comes, with no wake
+    /// of a task of its own (see [`super::executor::Ending`]).
+    Ending(Box<super::executor::Ending>),
+}
+
+impl Reply {
+    /// Deliver the answer: whether the result was recorded, or the error.
+    pub(super) fn answer(self, r: Result<bool, crate::StoreError>) {
+        match self {
+            Reply::Waiter(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Ending(e) => e.answered(r),
+        }
+    }
 }
 
 pub(super) struct Shared {

@@ -59,7 +59,7 @@ fn completion(
         Completion {
             claim,
             finish: Finish::Succeeded,
-            reply,
+            reply: Reply::Waiter(reply),
         },
         rx,
     )
