@@ -519,7 +519,6 @@ impl Drop for Slot {
 pub(super) fn register(shared: &Shared, task: Task, sent: Instant) -> TaskContext {
     let ctx = TaskContext {
         task: Arc::new(task),
-        stop: CancellationToken::new(),
         state: AttemptState::new(sent + shared.config.lease),
         progress: ProgressSink::Store(shared.store.backend_shared()),
         margin: crate::lease::stop_margin(shared.config.lease),

@@ -59,6 +59,9 @@ pub(super) enum ProgressSink {
 
 /// An attempt's mutable state, shared by its [`TaskContext`]'s clones.
 pub(super) struct AttemptState {
+    /// Fired when the handler should stop. Here, not on each context
+    /// clone: a token's clone and drop lock its node in the token tree.
+    pub(super) stop: CancellationToken,
     /// Why the attempt was asked to stop (the first reason wins).
     pub(super) reason: Mutex<Option<StopReason>>,
     /// A command handler's exit code, for the attempt's span and log line.
@@ -81,6 +84,7 @@ impl AttemptState {
     /// A fresh attempt's state, its lease bound `bound`.
     pub(super) fn new(bound: Instant) -> Arc<AttemptState> {
         Arc::new(AttemptState {
+            stop: CancellationToken::new(),
             reason: Mutex::new(None),
             exit_code: Mutex::new(None),
             lease_bound: Mutex::new(LeaseBound {
@@ -119,8 +123,7 @@ impl AttemptState {
 #[derive(Clone)]
 pub struct TaskContext {
     pub(super) task: Arc<Task>,
-    pub(super) stop: CancellationToken,
-    /// Why it was stopped, its exit code and its lease bound: one
+    /// Its stop signal, why it was stopped, its exit code and its lease bound: one
     /// allocation per attempt, shared by the context's clones.
     pub(super) state: Arc<AttemptState>,
     /// Where progress goes: the store, or a test context's list.
@@ -146,11 +149,11 @@ impl TaskContext {
     /// shutdown after the grace period, timeout). After it fires the handler
     /// has the worker's grace period to return before it is dropped.
     pub async fn stopped(&self) {
-        self.stop.cancelled().await
+        self.state.stop.cancelled().await
     }
     /// Whether the handler was asked to stop.
     pub fn is_stopped(&self) -> bool {
-        self.stop.is_cancelled()
+        self.state.stop.is_cancelled()
     }
     /// The instant by which this attempt's work must be gone: its local
     /// lease bound (the last confirmed heartbeat's send time + the lease,
@@ -198,7 +201,6 @@ impl TaskContext {
         let lease = Duration::from_secs(3600);
         TaskContext {
             task: Arc::new(task),
-            stop: CancellationToken::new(),
             state: AttemptState::new(Instant::now() + lease),
             progress: ProgressSink::Recorded(Arc::default()),
             margin: crate::lease::stop_margin(lease),
@@ -248,6 +250,6 @@ impl TaskContext {
             *r = Some(why);
         }
         drop(r);
-        self.stop.cancel();
+        self.state.stop.cancel();
     }
 }
