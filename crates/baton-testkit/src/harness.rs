@@ -112,7 +112,7 @@ pub async fn connect(kind: Kind) -> Option<TestStore> {
             eprintln!("SKIPPED {kind:?}: {url} does not answer ({e}); set BATON_REQUIRE_BACKENDS=1 to fail instead");
             None
         }
-        Err(e) => panic!("{kind:?} store at {url}: {e}"),
+        Err(e) => panic!("{kind:?} store at {url}: {}", baton::error::chain(&e)),
     }
 }
 
