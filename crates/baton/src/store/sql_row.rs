@@ -172,6 +172,15 @@ pub(crate) fn task_info(row: &impl SqlRow) -> Result<TaskInfo, StoreError> {
 /// A row of [`CLAIM_COLS`]: a task just claimed.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<super::Task, StoreError> {
+    claimed_task_leased(row, row.time("lease_until")?)
+}
+
+/// [`claimed_task`] with its lease ending at `lease_until` (not read from
+/// the row: a pending row read before the update that claims it).
+pub(crate) fn claimed_task_leased(
+    row: &impl SqlRow,
+    lease_until: chrono::DateTime<chrono::Utc>,
+) -> Result<super::Task, StoreError> {
     Ok(super::Task {
         id: row.big("id")?,
         queue: row.text("queue")?,
@@ -183,7 +192,7 @@ pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<super::Task, StoreError>
         max_attempts: to_u32(row.int("max_attempts")?, "max_attempts")?,
         timeout: to_duration(row.opt_big("timeout_ms")?, "timeout")?,
         run_at: row.time("run_at")?,
-        lease_until: row.time("lease_until")?,
+        lease_until,
         job: row.opt_text("job")?,
         slot: row.opt_time("slot")?,
         traceparent: row.opt_text("traceparent")?,

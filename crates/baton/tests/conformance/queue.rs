@@ -2227,6 +2227,13 @@ pub async fn claim_answers_every_field_as_stored(ts: TestStore) {
         assert_eq!(t.job, info.job, "job of {id}");
         assert_eq!(t.slot, info.slot, "slot of {id}");
         assert_eq!(t.traceparent, info.traceparent, "traceparent of {id}");
+        // The fencing token is the stored one: a write under it holds.
+        let progress = json!({"at": 1});
+        let set = baton::store::TaskSetProgress {
+            claim: t.claim(),
+            progress: &progress,
+        };
+        assert!(b.task_set_progress(&set).await.unwrap(), "token of {id}");
     }
     let first = claimed.iter().find(|t| t.id == ids[0].id).unwrap();
     assert_eq!(

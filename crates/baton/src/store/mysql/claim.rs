@@ -14,13 +14,18 @@ use crate::store::{
 };
 
 impl MyBackend {
-    /// An uncapped claim in two round trips: `BEGIN` with the locking
-    /// select, then the update, the read-back and `COMMIT` (was five:
-    /// `BEGIN`, select, update, read, `COMMIT`). Nothing due: the select's
-    /// batch and a `ROLLBACK`. With `finish` (successes a worker carries,
-    /// see `finish_ok.rs`), their compare-and-set goes first in the same
-    /// transaction (and then nothing due ends in `COMMIT`); the answer
-    /// per finish item comes first.
+    /// An uncapped claim in two round trips: `BEGIN`, the store's now in
+    /// `@baton_t` and the locking select of the candidates' whole rows,
+    /// then the update and `COMMIT` (was five: `BEGIN`, select, update,
+    /// read, `COMMIT`). The update starts each attempt at `@baton_t`, so
+    /// every value it writes (attempt, fencing token, lease) follows from
+    /// the locked row and that instant: the tasks are built from the
+    /// select's rows, with no read-back (one statement and a primary-key
+    /// read a task fewer on the server). Nothing due: the select's batch
+    /// and a `ROLLBACK`. With `finish` (successes a worker carries, see
+    /// `finish_ok.rs`), their compare-and-set goes first in the same
+    /// transaction (and then nothing due ends in `COMMIT`); the answer per
+    /// finish item comes first.
     pub(super) async fn claim_in_two_batches(
         &self,
         req: &TaskClaim<'_>,
@@ -36,9 +41,10 @@ impl MyBackend {
         let rows = batch_on(
             conn,
             &format!(
-                "{BEGIN}; {}{}",
+                "{BEGIN}; {}SET @baton_t = {}; {}",
                 self.successes_sql(finish),
-                self.claim_select(walk, &queue, &queue)
+                self.names.now,
+                self.claim_select_rows(walk, &queue)
             ),
         )
         .await?;
@@ -52,7 +58,7 @@ impl MyBackend {
         let finished = super::finish_ok::answer_rows(finish, &done)?;
         let ids = cands
             .iter()
-            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .map(|r| Ok((r.try_get::<i64, _>("id")?, r.try_get::<i64, _>("spare")?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map(|rows| claim_pick(rows, req, req.limit));
         let ids = match ids {
@@ -79,23 +85,65 @@ impl MyBackend {
             }
             return Ok((finished, Vec::new()));
         }
+        // The picked candidates' rows, in claim order (the select's).
+        let picked: crate::fast_hash::FastSet<i64> = ids.iter().copied().collect();
+        let lease_us = us(req.lease);
+        let tasks = cands
+            .iter()
+            .filter(|r| {
+                r.try_get::<i64, _>("id")
+                    .is_ok_and(|id| picked.contains(&id))
+            })
+            .map(|r| started_task(r, lease_us))
+            .collect::<Result<Vec<_>, _>>();
+        let tasks = match tasks {
+            Ok(t) if t.len() == ids.len() => t,
+            Ok(_) | Err(_) => {
+                if (&mut **conn).execute("ROLLBACK").await.is_ok() {
+                    open.open = false;
+                }
+                return Err(tasks.err().unwrap_or_else(|| {
+                    StoreError::Corrupt("claimed candidates: an id read twice".into())
+                }));
+            }
+        };
         let list = ids
             .iter()
             .map(i64::to_string)
             .collect::<Vec<_>>()
             .join(", ");
-        let rows = batch_on(
+        batch_on(
             conn,
             &format!(
-                "{}; {}; COMMIT",
-                self.claim_update(&list, &us(req.lease).to_string(), &text_lit(req.worker)),
-                self.claim_read(&list)
+                "{}; COMMIT",
+                self.claim_update_at(
+                    &list,
+                    &lease_us.to_string(),
+                    &text_lit(req.worker),
+                    "@baton_t"
+                )
             ),
         )
         .await?;
         open.open = false;
-        let tasks = rows.iter().map(claimed_task).collect::<Result<_, _>>()?;
         Ok((finished, tasks))
+    }
+
+    /// [`claim_select`](Self::claim_select) with the candidates' whole
+    /// rows ([`CLAIM_COLS`]) and `spare` (whether an attempt is left after
+    /// this one), and `@baton_t` as `claimed_at`.
+    fn claim_select_rows(&self, limit: i64, queue: &str) -> String {
+        let now = &self.names.now;
+        format!(
+            "SELECT {CLAIM_COLS}, CAST(attempt + 1 < max_attempts AS SIGNED) AS spare, \
+                 @baton_t AS claimed_at FROM {t} \
+             WHERE queue = {queue} AND state = 'pending' \
+                 AND run_at <= {now} AND cancel_requested = 0 \
+                 AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = {queue} AND paused = 1) \
+             ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            t = self.names.tasks,
+            q = self.names.queues
+        )
     }
 
     /// The locking select of a claim: the queue's due tasks in claim order,
@@ -119,24 +167,26 @@ impl MyBackend {
     /// The update that starts the claimed attempts (`ids`: a list for
     /// `IN (…)`; `lease_us` and `worker`: a `?` each or literals).
     pub(super) fn claim_update(&self, ids: &str, lease_us: &str, worker: &str) -> String {
-        let (now, now_us) = (&self.names.now, &self.names.now_us);
+        self.claim_update_at(ids, lease_us, worker, &self.names.now)
+    }
+
+    /// [`claim_update`](Self::claim_update) starting the attempts at the
+    /// instant `now` (an SQL expression): the fencing token is
+    /// `GREATEST(claim_token + 1, now in µs)` ([`started_task`]).
+    fn claim_update_at(&self, ids: &str, lease_us: &str, worker: &str, now: &str) -> String {
         format!(
             "UPDATE {} SET state = 'running', attempt = attempt + 1, \
                  started_at = {now}, \
                  lease_until = {now} + INTERVAL {lease_us} MICROSECOND, \
-                 worker = {worker}, claim_token = GREATEST(claim_token + 1, {now_us}) \
+                 worker = {worker}, claim_token = GREATEST(claim_token + 1, {}) \
              WHERE id IN ({ids})",
-            self.names.tasks
+            self.names.tasks,
+            super::micros_of(now)
         )
     }
 
-    /// The claimed tasks read back in claim order.
-    pub(super) fn claim_read(&self, ids: &str) -> String {
-        self.claim_read_with(ids, "")
-    }
-
-    /// [`claim_read`](Self::claim_read) with more columns (`extra`, each
-    /// after a comma).
+    /// The claimed tasks read back in claim order, with more columns
+    /// (`extra`, each after a comma).
     fn claim_read_with(&self, ids: &str, extra: &str) -> String {
         format!(
             "SELECT {CLAIM_COLS}{extra} FROM {} WHERE id IN ({ids}) \
@@ -166,6 +216,26 @@ pub(super) fn claim_pick(rows: Vec<(i64, i64)>, req: &TaskClaim<'_>, limit: u32)
         .map(|(_, (id, _))| id)
         .take(limit as usize)
         .collect()
+}
+
+/// The task a candidate row of [`MyBackend::claim_select_rows`] becomes
+/// once the update started its attempt at `claimed_at` with a lease of
+/// `lease_us`: what the update writes, computed from the locked row as
+/// the server computes it (attempt + 1, fencing token
+/// `max(token + 1, claimed_at in µs)`, lease `claimed_at + lease_us`).
+fn started_task(row: &sqlx::mysql::MySqlRow, lease_us: i64) -> Result<Task, StoreError> {
+    use crate::store::sql_row::SqlRow;
+    let at = row.time("claimed_at")?;
+    let at_us = at.timestamp_micros();
+    let lease_until = at + chrono::Duration::microseconds(lease_us);
+    let mut task = crate::store::sql_row::claimed_task_leased(row, lease_until)?;
+    task.attempt = task
+        .attempt
+        .checked_add(1)
+        .ok_or_else(|| StoreError::Corrupt("attempt: out of range".into()))?;
+    let token = row.big("claim_token")?.saturating_add(1).max(at_us);
+    task.token = crate::store::sql_row::token_of(token, "claim token")?;
+    Ok(task)
 }
 
 /// One transaction: (with a cap, lock the queue's row in `<p>queues`

@@ -122,6 +122,12 @@ pub(crate) async fn create_test_clock(pool: &MySqlPool, prefix: &str) {
 }
 
 /// A duration as clamped microseconds for `INTERVAL ? MICROSECOND`.
+/// The SQL for the instant `t` (an SQL `DATETIME(6)` expression) in
+/// microseconds since the epoch.
+fn micros_of(t: &str) -> String {
+    format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {t})")
+}
+
 fn us(d: Duration) -> i64 {
     ms(d).min(MAX_MS) * 1000
 }
@@ -177,7 +183,7 @@ impl Names {
             key_rates: format!("`{p}key_rates`"),
             rollup: format!("`{p}rollup`"),
             lock_history: format!("`{p}lock_history`"),
-            now_us: format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {now})"),
+            now_us: micros_of(&now),
             now_select: format!("SELECT {now}"),
             append_error: format!(
                 "JSON_ARRAY_APPEND(errors, '$', JSON_OBJECT('attempt', \
