@@ -185,6 +185,11 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     }
     let jobs_per_s = a.jobs as f64 / drain_s;
     let insert_per_s = a.jobs as f64 / insert_s;
+    // The first queue's bound (a plain queue's is larger on PostgreSQL and
+    // MySQL: `WorkerConfig::prefetch_tasks_of`).
+    let prefetch = queues
+        .first()
+        .map_or(used.prefetch_tasks(), |q| used.prefetch_tasks_of(q));
     emit(
         json!({
             "bench": "queue-throughput", "store": kind, "jobs": a.jobs, "workers": a.workers,
@@ -199,7 +204,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "delete_succeeded": ctx.delete_succeeded,
             "hold_slots": !used.free_slot_on_return_on(),
             "result_batches": used.result_batches(),
-            "prefetch": queues.first().map_or(used.prefetch_tasks(), |q| used.prefetch_tasks_of(q)),
+            "prefetch": prefetch,
             "prefetch_adaptive": used.prefetch_adaptive(),
         }),
         format!(
@@ -218,7 +223,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             queues.len(),
             insert_per_s, jobs_per_s, a.workers, a.concurrency,
             used.free_slot_on_return_on(), used.result_batches(),
-            if used.prefetch_adaptive() { "up to " } else { "" }, used.prefetch_tasks()
+            if used.prefetch_adaptive() { "up to " } else { "" }, prefetch
         ),
     );
     ctx.cleanup().await
