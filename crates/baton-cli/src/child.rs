@@ -586,15 +586,9 @@ fn supervise_args(args: &[OsString]) -> Option<SuperviseArgs<'_>> {
 fn supervise(args: &[OsString], on_deadline_kill: DeadlineKillHook) -> Result<u8, String> {
     const USAGE: &str =
         "internal use: baton __supervise FD GRACE_MS [--date-kills] [--stop-by NS] -- CMD...";
-    let SuperviseArgs {
-        fd,
-        grace,
-        date_kills,
-        stop_by,
-        prog,
-        rest,
-    } = supervise_args(args).ok_or(USAGE)?;
-    let on_deadline_kill = date_kills.then_some(on_deadline_kill);
+    let a = supervise_args(args).ok_or(USAGE)?;
+    let (fd, grace, stop_by, prog, rest) = (a.fd, a.grace, a.stop_by, a.prog, a.rest);
+    let on_deadline_kill = a.date_kills.then_some(on_deadline_kill);
     // SAFETY: process-wide setup of this single-threaded process: signal
     // handlers (a no-op function: it only interrupts ppoll), the
     // subreaper flag, close-on-exec on the lifeline.

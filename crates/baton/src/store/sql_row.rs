@@ -177,6 +177,7 @@ pub(crate) fn claimed_task(row: &impl SqlRow) -> Result<super::Task, StoreError>
 
 /// [`claimed_task`] with its lease ending at `lease_until` (not read from
 /// the row: a pending row read before the update that claims it).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn claimed_task_leased(
     row: &impl SqlRow,
     lease_until: chrono::DateTime<chrono::Utc>,

@@ -129,32 +129,36 @@ impl MyBackend {
         Ok((finished, tasks))
     }
 
-    /// [`claim_select`](Self::claim_select) with the candidates' whole
-    /// rows ([`CLAIM_COLS`]) and `spare` (whether an attempt is left after
-    /// this one), and `@baton_t` as `claimed_at`.
-    fn claim_select_rows(&self, limit: i64, queue: &str) -> String {
-        let now = &self.names.now;
-        format!(
-            "SELECT {CLAIM_COLS}, CAST(attempt + 1 < max_attempts AS SIGNED) AS spare, \
-                 @baton_t AS claimed_at FROM {t} \
-             WHERE queue = {queue} AND state = 'pending' \
-                 AND run_at <= {now} AND cancel_requested = 0 \
-                 AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = {queue} AND paused = 1) \
-             ORDER BY priority, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
-            t = self.names.tasks,
-            q = self.names.queues
-        )
-    }
-
     /// The locking select of a claim: the queue's due tasks in claim order,
     /// `limit` of them, skipping those other claimers hold. A paused queue
     /// claims nothing: its flag is read in the same statement that locks
     /// the rows. `queue` and `queue_again` are the queue's name (a `?` or a
     /// literal) for the tasks and the queues table.
     fn claim_select(&self, limit: i64, queue: &str, queue_again: &str) -> String {
+        self.claim_select_of(
+            "id, CAST(attempt + 1 < max_attempts AS SIGNED)",
+            limit,
+            queue,
+            queue_again,
+        )
+    }
+
+    /// [`claim_select`](Self::claim_select) with the candidates' whole
+    /// rows ([`CLAIM_COLS`]) and `spare` (whether an attempt is left after
+    /// this one), and `@baton_t` as `claimed_at`.
+    fn claim_select_rows(&self, limit: i64, queue: &str) -> String {
+        let cols = format!(
+            "{CLAIM_COLS}, CAST(attempt + 1 < max_attempts AS SIGNED) AS spare, \
+             @baton_t AS claimed_at"
+        );
+        self.claim_select_of(&cols, limit, queue, queue)
+    }
+
+    /// A claim's locking select of `cols`.
+    fn claim_select_of(&self, cols: &str, limit: i64, queue: &str, queue_again: &str) -> String {
         let now = &self.names.now;
         format!(
-            "SELECT id, CAST(attempt + 1 < max_attempts AS SIGNED) FROM {t} \
+            "SELECT {cols} FROM {t} \
              WHERE queue = {queue} AND state = 'pending' \
                  AND run_at <= {now} AND cancel_requested = 0 \
                  AND NOT EXISTS (SELECT 1 FROM {q} WHERE queue = {queue_again} AND paused = 1) \
