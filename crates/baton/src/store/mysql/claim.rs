@@ -2,7 +2,7 @@
 //! running tasks counted) and under a rate limit (the limit's row locked
 //! first), each one transaction.
 
-use sqlx::{Column, Executor, Row};
+use sqlx::{Executor, Row};
 
 use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN};
 use crate::error::StoreError;
@@ -48,13 +48,9 @@ impl MyBackend {
             ),
         )
         .await?;
-        // The finish's locking read names its second column `claim_token`;
-        // the claim's select does not.
-        let (done, cands): (Vec<_>, Vec<_>) = rows.iter().partition(|r| {
-            r.columns()
-                .get(1)
-                .is_some_and(|c| c.name() == "claim_token")
-        });
+        // The finish's answers first, then the claim's candidates.
+        let (done, cands): (Vec<_>, Vec<_>) =
+            rows.iter().partition(|r| super::finish_ok::is_answer(r));
         let finished = super::finish_ok::answer_rows(finish, &done)?;
         let ids = cands
             .iter()

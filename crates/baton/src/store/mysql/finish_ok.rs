@@ -1,15 +1,16 @@
 //! Successes finished in one round trip on MySQL, alone or carried by a
 //! claim. The worker's usual finish batch (every attempt succeeded) is one
-//! text batch — `BEGIN`, the named running rows read and locked, the
-//! current ones set `succeeded` by `(id, claim_token)`, `COMMIT` — instead
-//! of four round trips (`BEGIN`, the locking read, the update, `COMMIT`);
+//! text batch — `BEGIN`, the current running rows set `succeeded` by
+//! `(id, claim_token)`, how many it changed, `COMMIT` — instead of four
+//! round trips (`BEGIN`, a locking read, the update, `COMMIT`);
 //! carried by an uncapped claim (`task_finish_and_claim`), the same two
 //! statements open the claim's first batch, so the claim and its
 //! finishes share a transaction and its commit. The same compare-and-set
 //! as `task_finish_many`'s general path: an item counts when its claim
-//! token is the row's current one and the row is running, read under the
-//! row's lock in the transaction that updates it; a claim named twice
-//! counts once.
+//! token is the row's current one and the row is running, decided by the
+//! update itself (which locks the row); a claim named twice counts once.
+//! When every claim counted (the update changed one row a claim) no row
+//! is read back; else the rows it changed are, by their `finished_at`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -33,8 +34,14 @@ pub(super) fn successes(items: &[(Claim, Finish)]) -> Option<Vec<Claim>> {
 }
 
 impl MyBackend {
-    /// The locking read and the update that finish `claims` as
-    /// successes, each statement ended by `; ` (empty for no claims).
+    /// The statements that finish `claims` as successes, each ended by
+    /// `; ` (empty for no claims): the update by `(id, claim_token)` of
+    /// the running rows, with `finished_at` the store's now held in
+    /// `@baton_f`; then one row, `finished_n`, the rows it changed; then,
+    /// only when that is not one a claim (some claim was not current, or
+    /// a claim is named twice), the rows it changed, `(id, claim_token)`,
+    /// told apart by their `finished_at`. The common case reads no row
+    /// per task (the locking read of every named row it replaced did).
     /// Only integers are spliced into the text: ids and tokens.
     pub(super) fn successes_sql(&self, claims: &[Claim]) -> String {
         if claims.is_empty() {
@@ -53,13 +60,18 @@ impl MyBackend {
                 .iter()
                 .map(|c| format!("({}, {})", c.id, token_arg(c.token))),
         );
+        let n = claims.len();
         format!(
-            "SELECT id, claim_token FROM {t} FORCE INDEX (PRIMARY) \
-                 WHERE id IN ({id_list}) AND state = 'running' ORDER BY id FOR UPDATE; \
+            "SET @baton_f = {now}; \
              UPDATE {t} FORCE INDEX (PRIMARY) \
-                 SET state = 'succeeded', finished_at = {now}, lease_until = NULL \
+                 SET state = 'succeeded', finished_at = @baton_f, lease_until = NULL \
                  WHERE id IN ({id_list}) AND state = 'running' \
-                     AND (id, claim_token) IN ({pairs}); "
+                     AND (id, claim_token) IN ({pairs}); \
+             SET @baton_n = ROW_COUNT(); \
+             SELECT @baton_n AS finished_n; \
+             SELECT id, claim_token FROM {t} FORCE INDEX (PRIMARY) \
+                 WHERE @baton_n <> {n} AND id IN ({id_list}) \
+                     AND state = 'succeeded' AND finished_at = @baton_f; "
         )
     }
 
@@ -92,15 +104,34 @@ impl MyBackend {
     }
 }
 
-/// Per claim, in order, from the locking read's rows `(id, claim_token)`:
-/// whether its token is its row's current one, the first time that id is
+/// Per claim, in order, from [`MyBackend::successes_sql`]'s rows: every
+/// claim when the update changed one row a claim, else whether its
+/// `(id, token)` is among the rows it changed, the first time that id is
 /// named.
 pub(super) fn answer_rows(claims: &[Claim], rows: &[&MySqlRow]) -> Result<Vec<bool>, StoreError> {
-    let current = rows
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some((first, changed)) = rows.split_first() else {
+        return Err(StoreError::Corrupt("finished successes: no answer".into()));
+    };
+    let n: i64 = first.try_get("finished_n")?;
+    if usize::try_from(n).ok() == Some(claims.len()) {
+        return Ok(vec![true; claims.len()]);
+    }
+    let current = changed
         .iter()
         .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
         .collect::<Result<HashMap<i64, i64>, sqlx::Error>>()?;
     Ok(answer(claims, &current))
+}
+
+/// Whether `row` is one of [`MyBackend::successes_sql`]'s answers (not a
+/// claim's candidate).
+pub(super) fn is_answer(row: &MySqlRow) -> bool {
+    use sqlx::Column;
+    let col = |i: usize| row.columns().get(i).map(|c| c.name());
+    col(0) == Some("finished_n") || col(1) == Some("claim_token")
 }
 
 /// Per claim, in order: whether its token is `current`'s for its id, the
