@@ -580,13 +580,16 @@ async fn a_connect_that_waited_for_the_migration_lock_reads_the_committed_versio
     .unwrap();
     let opts = StoreOptions::prefixed(p.clone());
     let connect = tokio::spawn(Store::from_pg_pool(pool, opts));
-    // Until the connect waits for the lock (after its look for the schema).
+    // Until the connect waits for this prefix's migration lock (after its
+    // look for the schema); other tests' advisory locks do not count.
     let mut admin = sqlx::PgConnection::connect(&url()).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND ((classid::int8 << 32) | objid::int8) = hashtextextended($1, 0)",
         )
+        .bind(format!("baton-migrate:{p}"))
         .fetch_one(&mut admin)
         .await
         .unwrap();

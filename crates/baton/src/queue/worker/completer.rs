@@ -158,21 +158,20 @@ pub(super) async fn finish_with_retries(shared: &Shared, claim: Claim, finish: &
 /// The first wait before a failed result write is sent again.
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 
-/// Whether the result of `claim` may still be written: its lease is
-/// known and has not ended (else the task is rescued).
-pub(super) fn may_write(shared: &Shared, claim: Claim) -> bool {
-    let Some(deadline) = shared.deadline(claim) else {
-        return false;
-    };
+/// The local end of `claim`'s lease while its result may still be
+/// written: `None` when the lease is unknown or has ended (the task is
+/// rescued).
+pub(super) fn write_deadline(shared: &Shared, claim: Claim) -> Option<Instant> {
+    let deadline = shared.deadline(claim)?;
     if Instant::now() >= deadline {
         tracing::warn!(
             task = claim.id,
             attempt = claim.attempt,
             "lease lost: it ended before the result was recorded; the task will be rescued"
         );
-        return false;
+        return None;
     }
-    true
+    Some(deadline)
 }
 
 /// After a write of `claim`'s result failed with `e`: how long to wait
@@ -221,10 +220,7 @@ async fn finish_with_retries_from(
     mut backoff: Duration,
 ) -> bool {
     loop {
-        if !may_write(shared, claim) {
-            return false;
-        }
-        let Some(deadline) = shared.deadline(claim) else {
+        let Some(deadline) = write_deadline(shared, claim) else {
             return false;
         };
         let answer = match tokio::time::timeout_at(deadline, finish_once(shared, claim, finish))

@@ -299,7 +299,7 @@ impl Ending {
     fn hand_off(self, claim: Claim) {
         let Some(p) = &self.parts else { return };
         let (shared, finish) = (p.end.shared.clone(), p.finish.clone());
-        if !super::completer::may_write(&shared, claim) {
+        if super::completer::write_deadline(&shared, claim).is_none() {
             return self.end_as(Outcome::Lost);
         }
         let sent = shared.completions.send(Completion {
