@@ -90,12 +90,14 @@ pub const LISTENING_POLL_INTERVAL: Duration = Duration::from_secs(2);
 /// what its queue starts in this long, at the queue's recent rate.
 pub const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
 
-/// The adaptive buffer's horizon on MySQL: each claim there walks the
-/// claim index's entries for the tasks claimed since InnoDB last purged
-/// it, a cost per claim, not per task, so claims are made fewer and
+/// The adaptive buffer's horizon on PostgreSQL and MySQL: each claim
+/// there walks the claim index's entries for the tasks claimed lately
+/// (InnoDB's not yet purged; PostgreSQL's not yet dead to every snapshot,
+/// each a heap fetch) and steps over the rows other workers' claims hold
+/// locked, a cost per claim, not per task, so claims are made fewer and
 /// larger (docs/BENCHMARKS.md, session 25, "MySQL's claims walk
-/// unpurged entries").
-pub const MYSQL_PREFETCH_HORIZON: Duration = Duration::from_millis(300);
+/// unpurged entries"; session 39 for PostgreSQL).
+pub const SERVER_SQL_PREFETCH_HORIZON: Duration = Duration::from_millis(300);
 
 /// The adaptive buffer's bound by default
 /// ([`WorkerConfig::with_store_defaults`]).
@@ -495,9 +497,10 @@ impl WorkerConfig {
     /// PostgreSQL and MySQL 2,048 for a queue with no limit per key, where
     /// each claim costs a commit and more; [`prefetch_tasks_of`](Self::prefetch_tasks_of),
     /// [`prefetch_up_to`](Self::prefetch_up_to)) holding
-    /// [`PREFETCH_HORIZON`] of work — on MySQL
-    /// [`MYSQL_PREFETCH_HORIZON`], as each claim there costs a walk over
-    /// the entries InnoDB has not purged yet.
+    /// [`PREFETCH_HORIZON`] of work — on PostgreSQL and MySQL
+    /// [`SERVER_SQL_PREFETCH_HORIZON`], as each claim there costs a walk
+    /// over the entries of tasks claimed lately and the rows other claims
+    /// hold.
     ///
     /// Measured side by side (docs/BENCHMARKS.md 4k), 100k no-op tasks, 4
     /// workers × 24: the three together against none took the queue 1.3–1.5×
@@ -506,7 +509,7 @@ impl WorkerConfig {
     /// could queue up as far as the buffer reaches. Each claim and each
     /// result batch is a commit (or a script call), and bulk work wants few,
     /// large ones. The buffer sizes itself to 100 ms of work (300 ms on
-    /// MySQL), so long handlers buffer next to nothing.
+    /// PostgreSQL and MySQL), so long handlers buffer next to nothing.
     ///
     /// [`Worker::run`](super::Worker::run) does this with its store; knobs
     /// set explicitly are kept.
@@ -522,11 +525,12 @@ impl WorkerConfig {
     /// assert!(!lite.prefetch_adaptive());
     /// ```
     pub fn with_store_defaults(mut self, kind: &str) -> Self {
-        self.prefetch_horizon.get_or_insert(if kind == "mysql" {
-            MYSQL_PREFETCH_HORIZON
-        } else {
-            PREFETCH_HORIZON
-        });
+        self.prefetch_horizon
+            .get_or_insert(if matches!(kind, "postgres" | "mysql") {
+                SERVER_SQL_PREFETCH_HORIZON
+            } else {
+                PREFETCH_HORIZON
+            });
         self.free_slot_on_return.get_or_insert(true);
         self.result_batches_in_flight.get_or_insert(2);
         if self.prefetch.is_none() && matches!(kind, "postgres" | "mysql") {
@@ -593,15 +597,16 @@ impl WorkerConfig {
 
     /// How much work an adaptive prefetch buffer holds, at its queue's
     /// recent rate: [`PREFETCH_HORIZON`], or the store's own after
-    /// [`with_store_defaults`](Self::with_store_defaults) (MySQL:
-    /// [`MYSQL_PREFETCH_HORIZON`]).
+    /// [`with_store_defaults`](Self::with_store_defaults) (PostgreSQL and
+    /// MySQL: [`SERVER_SQL_PREFETCH_HORIZON`]).
     ///
     /// ```
-    /// use baton::queue::{WorkerConfig, MYSQL_PREFETCH_HORIZON, PREFETCH_HORIZON};
+    /// use baton::queue::{WorkerConfig, PREFETCH_HORIZON, SERVER_SQL_PREFETCH_HORIZON};
     /// let cfg = WorkerConfig::new().queue("q", 8);
     /// assert_eq!(cfg.clone().prefetch_horizon(), PREFETCH_HORIZON);
-    /// assert_eq!(cfg.clone().with_store_defaults("postgres").prefetch_horizon(), PREFETCH_HORIZON);
-    /// assert_eq!(cfg.with_store_defaults("mysql").prefetch_horizon(), MYSQL_PREFETCH_HORIZON);
+    /// assert_eq!(cfg.clone().with_store_defaults("sqlite").prefetch_horizon(), PREFETCH_HORIZON);
+    /// assert_eq!(cfg.clone().with_store_defaults("postgres").prefetch_horizon(), SERVER_SQL_PREFETCH_HORIZON);
+    /// assert_eq!(cfg.with_store_defaults("mysql").prefetch_horizon(), SERVER_SQL_PREFETCH_HORIZON);
     /// ```
     pub fn prefetch_horizon(&self) -> Duration {
         self.prefetch_horizon.unwrap_or(PREFETCH_HORIZON)

@@ -46,8 +46,8 @@ pub mod worker;
 
 pub use backoff::Backoff;
 pub use config::{
-    WorkerConfig, DEFAULT_POLL_INTERVAL, LISTENING_POLL_INTERVAL, MIN_LEASE,
-    MYSQL_PREFETCH_HORIZON, PREFETCH_HORIZON,
+    WorkerConfig, DEFAULT_POLL_INTERVAL, LISTENING_POLL_INTERVAL, MIN_LEASE, PREFETCH_HORIZON,
+    SERVER_SQL_PREFETCH_HORIZON,
 };
 pub use counters::{
     Histogram, Outcome, QueueCounters, WorkerCounters, WorkerTotals, ON_TIME_WINDOW,

@@ -26,11 +26,11 @@ fn pace_sizes_the_buffer_to_the_horizon_and_forgets_idle_spells() {
 
 #[test]
 fn pace_holds_its_horizon_of_work() {
-    // MySQL's longer horizon: the same pace, three times the buffer (and
+    // PostgreSQL's and MySQL's longer horizon: the same pace, three times the buffer (and
     // so claims about three times as large, a third as many).
     let t0 = Instant::now();
     let mut short = Pace::new(t0, crate::queue::PREFETCH_HORIZON);
-    let mut long = Pace::new(t0, crate::queue::MYSQL_PREFETCH_HORIZON);
+    let mut long = Pace::new(t0, crate::queue::SERVER_SQL_PREFETCH_HORIZON);
     for p in [&mut short, &mut long] {
         p.started(100);
         p.buffer(t0 + Duration::from_millis(50), 10_000);

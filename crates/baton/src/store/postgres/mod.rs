@@ -10,7 +10,7 @@
 //! - `<p>locks`: one row per lock name; never deleted, so tokens keep rising.
 //! - `<p>tasks`: the queue. A partial index on the pending set
 //!   `(queue, priority, run_at, id) WHERE state = 'pending'` serves the claim,
-//!   which is an `UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))`
+//!   which is an `UPDATE … WHERE ctid = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))`
 //!   whose index walk has a literal `LIMIT` (the request's limit rounded up
 //!   to a power of two, so each connection prepares a few claim statements
 //!   once) and whose exact limit is a parameter above the row locks. The
