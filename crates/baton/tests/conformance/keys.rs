@@ -334,6 +334,9 @@ async fn racing_claimers_under(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let finished = Arc::new(AtomicUsize::new(0));
     let deadline = Instant::now() + Duration::from_secs(60);
+    // Fair claims spread the places over the keys and need not fill one
+    // (see the check below).
+    let wants_cap = !matches!(racing, Racing::All(Claiming::Fair));
     let mut claimers = Vec::new();
     for c in 0..16u32 {
         let store = ts.open().await;
@@ -373,7 +376,27 @@ async fn racing_claimers_under(
                         }
                     }
                 }
+                // Hold what was claimed; while fewer than `at_cap_min`
+                // keys have reached the cap, hold on (up to four times as
+                // long), so that on a loaded machine, where claims come
+                // slowly, the holds still overlap enough for a key to fill:
+                // a claim that never grants a key's last place still fails
+                // the check below.
+                let held = Instant::now();
                 tokio::time::sleep(Duration::from_millis(hold_ms + u64::from(c % 3) * 20)).await;
+                while wants_cap
+                    && held.elapsed() < Duration::from_millis(4 * hold_ms)
+                    && seen
+                        .lock()
+                        .unwrap()
+                        .peak
+                        .values()
+                        .filter(|p| **p == cap)
+                        .count()
+                        < at_cap_min
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 for t in &got {
                     if let Some(k) = &key_of[&t.id] {
                         *seen.lock().unwrap().running.get_mut(k).unwrap() -= 1;
