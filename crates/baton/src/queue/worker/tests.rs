@@ -26,8 +26,9 @@ fn pace_sizes_the_buffer_to_the_horizon_and_forgets_idle_spells() {
 
 #[test]
 fn pace_holds_its_horizon_of_work() {
-    // PostgreSQL's and MySQL's longer horizon: the same pace, three times the buffer (and
-    // so claims about three times as large, a third as many).
+    // PostgreSQL's and MySQL's longer horizon: the same pace, three times
+    // the buffer (and so claims about three times as large, a third as
+    // many).
     let t0 = Instant::now();
     let mut short = Pace::new(t0, crate::queue::PREFETCH_HORIZON);
     let mut long = Pace::new(t0, crate::queue::SERVER_SQL_PREFETCH_HORIZON);
