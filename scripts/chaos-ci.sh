@@ -7,6 +7,7 @@
 #
 #   scripts/chaos-ci.sh                 # 60 s of faults per store (CI)
 #   CHAOS_DURATION=10m scripts/chaos-ci.sh
+#   BATON_BIN=target/debug/baton scripts/chaos-ci.sh   # this binary, no build
 #   scripts/chaos-ci.sh --unsafe        # extra arguments go to every run:
 #                                       # this one must fail (exit 1)
 #
@@ -22,8 +23,14 @@ mkdir -p "$out"
 # A private PostgreSQL runs as the `postgres` user (initdb refuses root): it
 # must be able to reach its directory under this one (mktemp makes it 0700).
 chmod 755 "$out"
-cargo build -q -p baton-cli --bin baton
-bin=$(pwd)/target/debug/baton
+# BATON_BIN: a baton binary already built (CI passes the one its tests
+# built, so nothing is built or relinked here); else build it.
+if [ -n "${BATON_BIN:-}" ]; then
+  bin=$BATON_BIN
+else
+  cargo build -q -p baton-cli --bin baton
+  bin=$(pwd)/target/debug/baton
+fi
 
 # store seed faults
 runs=(

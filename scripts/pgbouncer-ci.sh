@@ -51,4 +51,4 @@ for _ in $(seq 1 50); do
 done
 echo "pgbouncer $(pgbouncer --version | head -n1) on 127.0.0.1:$listen (transaction mode) in front of $host:$port/$db"
 BATON_TEST_POSTGRES="postgres://$user@127.0.0.1:$listen/$db?pool_mode=transaction&listen_port=$port" \
-  cargo test -p baton --test conformance "${@:-postgres::}"
+  cargo test --workspace --test conformance "${@:-postgres::}"

@@ -69,4 +69,4 @@ fi
 # the clock's offset and passes it with every script call (the scripts run
 # on their own shards, away from the offset's key).
 if [ $# -eq 0 ]; then set -- redis::; fi
-BATON_REQUIRE_BACKENDS=1 BATON_TEST_REDIS="redis+cluster://$hosts" cargo test -p baton --test conformance -- "$@"
+BATON_REQUIRE_BACKENDS=1 BATON_TEST_REDIS="redis+cluster://$hosts" cargo test --workspace --test conformance -- "$@"
