@@ -15,10 +15,12 @@
 # on this machine (the URL's port) each line also says the server's CPU a
 # task (the postmaster's reaped children's user + system ticks, which
 # count a backend's time once it exits: the bench's connections close at
-# its end), and the WAL it wrote (bytes and full-page images a task) and
+# its end; on MySQL/MariaDB the server process's own), and the WAL it wrote (bytes and full-page images a task) and
 # the checkpoints that began during the run, from `pg_stat_wal` and
 # `pg_stat_bgwriter`: a checkpoint inside a run makes the pages it touches
-# next write whole images to the WAL.
+# next write whole images to the WAL. PG_CHECKPOINT=1 runs `CHECKPOINT`
+# before each run, so no run pays for the WAL of the one before it (with
+# max_wal_size's default 1 GB a checkpoint starts every ~2 runs of 200k).
 set -u
 OUT=${OUT:-target/bench/ceiling-ab.jsonl}
 if [ "${1:-}" = summary ]; then
@@ -26,7 +28,10 @@ if [ "${1:-}" = summary ]; then
 import json, statistics, sys, collections
 rounds = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    d = json.loads(line)
+    try:
+        d = json.loads(line)
+    except ValueError:
+        continue
     if d.get("jobs_per_s"):
         rounds[d["round"]][d["name"]] = d
 names = []
@@ -43,7 +48,12 @@ for n in names:
     print("| %s | %d | %.0f | %.2f | %s |" % (n, len(js), statistics.median(js), statistics.median(ratios) if ratios else 0, rng))
 PY
 fi
-STORE=${STORE:?STORE: the store URL}
+STORE=${STORE:?STORE: the store URL (sqlite: a fresh file under /tmp each run)}
+sqlite_file=""
+if [ "$STORE" = sqlite ]; then
+  sqlite_file=/tmp/baton-bench-ab.db
+  STORE=sqlite://$sqlite_file
+fi
 JOBS=${JOBS:-200000}
 ROUNDS=${ROUNDS:-4}
 BB_DIR=${BB_DIR:-/tmp}
@@ -62,8 +72,16 @@ case $STORE in
     [ -z "$pm" ] && pm=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
     pg=1
     ;;
+  mysql://*)
+    # MariaDB/MySQL: one process, its threads' time is its own.
+    pm=$(pgrep -o -x mariadbd 2>/dev/null || pgrep -o -x mysqld 2>/dev/null || true)
+    ;;
 esac
-ticks() { awk '{print $16 + $17}' "/proc/$pm/stat"; }
+# A server's CPU ticks: PostgreSQL's exited backends (reaped children),
+# MySQL's own threads.
+ticks() {
+  if [ -n "$pg" ]; then awk '{print $16 + $17}' "/proc/$pm/stat"; else awk '{print $14 + $15}' "/proc/$pm/stat"; fi
+}
 stats() {
   psql "$STORE" -tAc "SELECT w.wal_bytes, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req
     FROM pg_stat_wal w, pg_stat_bgwriter b" 2>/dev/null | tr '|' ' '
@@ -73,21 +91,32 @@ for round in $(seq 1 "$ROUNDS"); do
   for spec in "$@"; do
     name=${spec%%|*}
     extra=${spec#*|}
+    [ "$extra" = "$spec" ] && extra=""
     if [ "$name" = ceiling ]; then
       cmd=("$BB_DIR/bb-$first/baton-bench" ceiling --store "$STORE" --jobs "$JOBS")
     else
       # shellcheck disable=SC2206
       cmd=("$BB_DIR/bb-$name/baton-bench" queue-throughput --store "$STORE" --jobs "$JOBS" $extra)
     fi
-    if [ -n "$pg" ] && [ -n "$pm" ]; then t0=$(ticks); read -r wb0 fpi0 ck0 <<<"$(stats)"; fi
+    if [ -n "$pg" ] && [ "${PG_CHECKPOINT:-}" = 1 ]; then psql "$STORE" -qtAc CHECKPOINT; fi
+    if [ -n "${pm:-}" ]; then t0=$(ticks); fi
+    if [ -n "$pg" ] && [ -n "$pm" ]; then read -r wb0 fpi0 ck0 <<<"$(stats)"; fi
+    [ -n "$sqlite_file" ] && rm -f "$sqlite_file"*
     line=$(/usr/bin/time -f '%U %S' -o /tmp/bench-ab.time "${cmd[@]}" 2>/dev/null | grep '^{' | tail -1)
     jps=$(printf '%s' "$line" | python3 -c 'import json,sys; t=sys.stdin.read(); print(json.loads(t)["jobs_per_s"] if t else 0)')
-    read -r cu cs < /tmp/bench-ab.time
+    read -r cu cs <<<"$(tail -n1 /tmp/bench-ab.time)"
+    if [ -z "$line" ]; then
+      echo "$round $name failed: ${cmd[*]}"
+      continue
+    fi
     client=$(python3 -c "print(round(($cu + $cs) * 1e6 / $JOBS, 1))")
     srv=null wal=null fpi=null ck=null
-    if [ -n "$pg" ] && [ -n "$pm" ]; then
-      t1=$(ticks); read -r wb1 fpi1 ck1 <<<"$(stats)"
+    if [ -n "${pm:-}" ]; then
+      t1=$(ticks)
       srv=$(python3 -c "print(round(($t1 - $t0) / $hz * 1e6 / $JOBS, 1))")
+    fi
+    if [ -n "$pg" ] && [ -n "$pm" ]; then
+      read -r wb1 fpi1 ck1 <<<"$(stats)"
       wal=$(python3 -c "print(round(($wb1 - $wb0) / $JOBS))")
       fpi=$(python3 -c "print(round(($fpi1 - $fpi0) / $JOBS, 3))")
       ck=$((ck1 - ck0))
