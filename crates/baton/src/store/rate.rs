@@ -199,6 +199,13 @@ pub(crate) fn finish(
     now_us: i64,
 ) -> Result<Decided, StoreError> {
     log.record(started, req.max);
+    // The answer is dated no earlier than the latest start in the log. A
+    // claimer whose transaction began after this one's (`now_us` may be
+    // its start) can take the limit's row first and log its starts at
+    // its own later instant; the plan counted them (a window from the
+    // earlier instant holds them too), but an answer dated before them
+    // would put the next start more than a window after its `now`.
+    let now_us = log.latest().map_or(now_us, |latest| latest.max(now_us));
     let next_start = log
         .next_start(now_us, req.max, per_us(req))
         .map(at)
@@ -243,6 +250,26 @@ mod tests {
             per: Duration::from_millis(per_ms),
             finish: &[],
         }
+    }
+
+    #[test]
+    fn the_answer_is_dated_no_earlier_than_a_start_logged_after_its_instant() {
+        // Another claimer, whose transaction began 10 ms after this one's,
+        // took the limit's row first and logged its start at its instant.
+        let r = req(1, 1000, 10, 0);
+        let log = StartLog::decode("1010000").unwrap();
+        assert!(plan(&r, &log, 1_000_000).is_none(), "used up");
+        let d = finish(&r, log, Vec::new(), &[], 1_000_000).unwrap();
+        let (now, next) = (d.answer.now, d.answer.next_start.expect("used up"));
+        assert_eq!(now, at(1_010_000).unwrap());
+        assert_eq!(next, at(2_010_000).unwrap(), "a window after that start");
+        assert!(next > now && next <= now + chrono::Duration::seconds(1));
+        // A log that reaches back past a window from the latest start: at
+        // the answer's instant the window has room again.
+        let r = req(2, 1000, 10, 0);
+        let log = StartLog::decode("1010000 9000").unwrap();
+        let d = finish(&r, log, Vec::new(), &[], 1_000_000).unwrap();
+        assert_eq!(d.answer.next_start, None);
     }
 
     #[test]
