@@ -15,9 +15,9 @@
 # on this machine (the URL's port) each line also says the server's CPU a
 # task (the postmaster's reaped children's user + system ticks, which
 # count a backend's time once it exits: the bench's connections close at
-# its end; on MySQL/MariaDB the server process's own), and the WAL it wrote (bytes and full-page images a task) and
-# the checkpoints that began during the run, from `pg_stat_wal` and
-# `pg_stat_bgwriter`: a checkpoint inside a run makes the pages it touches
+# its end; on MySQL/MariaDB the server process's own), and the WAL it
+# wrote (bytes and full-page images a task) and the checkpoints that began
+# during the run, from `pg_stat_wal` and `pg_stat_bgwriter`: a checkpoint inside a run makes the pages it touches
 # next write whole images to the WAL. PG_CHECKPOINT=1 runs `CHECKPOINT`
 # before each run, so no run pays for the WAL of the one before it (with
 # max_wal_size's default 1 GB a checkpoint starts every ~2 runs of 200k).

@@ -239,7 +239,7 @@ impl SqliteBackend {
             .execute(&mut *tx)
             .await?;
         }
-        d.answer.key_next = key_rate::key_next_at(key_next, now_us)?;
+        d.answer.key_next = key_rate::key_next_at(key_next, d.answer.now.timestamp_micros())?;
         Ok(d.answer)
     }
 }
