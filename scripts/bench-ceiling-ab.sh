@@ -10,7 +10,9 @@
 #   OUT=... scripts/bench-ceiling-ab.sh summary
 #
 # Each argument is `name|extra arguments`: `ceiling` runs the ceiling (with
-# the first build's binary), any other name runs /tmp/bb-NAME/baton-bench
+# the first build's binary; a name starting `ceiling`, e.g.
+# `ceiling-rc|--shape rc`, runs it with its extra arguments: ratios are
+# to the one named `ceiling`), any other name runs /tmp/bb-NAME/baton-bench
 # (BB_DIR overrides /tmp) with the extra arguments. On a PostgreSQL server
 # on this machine (the URL's port) each line also says the server's CPU a
 # task (the postmaster's reaped children's user + system ticks, which
@@ -61,7 +63,7 @@ mkdir -p "$(dirname "$OUT")"
 first=""
 for spec in "$@"; do
   n=${spec%%|*}
-  [ "$n" != ceiling ] && [ -z "$first" ] && first=$n
+  [[ "$n" != ceiling* ]] && [ -z "$first" ] && first=$n
 done
 pg=""
 case $STORE in
@@ -92,8 +94,9 @@ for round in $(seq 1 "$ROUNDS"); do
     name=${spec%%|*}
     extra=${spec#*|}
     [ "$extra" = "$spec" ] && extra=""
-    if [ "$name" = ceiling ]; then
-      cmd=("$BB_DIR/bb-$first/baton-bench" ceiling --store "$STORE" --jobs "$JOBS")
+    if [[ "$name" == ceiling* ]]; then
+      # shellcheck disable=SC2206
+      cmd=("$BB_DIR/bb-$first/baton-bench" ceiling --store "$STORE" --jobs "$JOBS" $extra)
     else
       # shellcheck disable=SC2206
       cmd=("$BB_DIR/bb-$name/baton-bench" queue-throughput --store "$STORE" --jobs "$JOBS" $extra)

@@ -33,6 +33,33 @@ pub(super) struct CeilingArgs {
     /// statement (one round trip and one commit a batch instead of two).
     #[arg(long)]
     pub(super) combined: bool,
+    /// MySQL: the ceiling's statements moved toward baton's own, one
+    /// difference at a time, to find which of them costs the server
+    /// (comma-separated; any of them sends text batches, as baton does):
+    /// `text` (text batches with literal values, nothing else changed),
+    /// `rc` (`READ COMMITTED`), `walk2` (the locking select walks twice the
+    /// batch, the claim takes the first half), `rows` (the select reads
+    /// the candidates' whole rows), `token` (the claim's instant in a
+    /// session variable, the fencing token `GREATEST(token + 1, now µs)`),
+    /// `paused` (the select checks the queue's paused flag and
+    /// `cancel_requested`), `cas` (the finish by (id, claim token) pairs,
+    /// `lease_until` cleared, its changed-row count read), `ride` (the
+    /// finish of the batch held opens the next claim's transaction).
+    #[arg(long, value_delimiter = ',')]
+    pub(super) shape: Vec<MyShape>,
+}
+
+/// One of [`CeilingArgs::shape`]'s differences.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub(super) enum MyShape {
+    Text,
+    Rc,
+    Walk2,
+    Rows,
+    Token,
+    Paused,
+    Cas,
+    Ride,
 }
 
 /// The queue the ceiling's tasks are in.
@@ -43,6 +70,9 @@ pub(super) async fn ceiling_bench(a: CeilingArgs) -> Result<()> {
         bail!("--batch and --clients: at least 1");
     }
     let ctx = Ctx::new(&a.common);
+    if !a.shape.is_empty() && !ctx.url.starts_with("mysql") && !ctx.url.starts_with("mariadb") {
+        bail!("--shape: MySQL and MariaDB only");
+    }
     if a.combined && !ctx.is_postgres() {
         bail!("--combined: PostgreSQL only (the Redis ceiling pipelines its two scripts)");
     }
@@ -58,10 +88,14 @@ pub(super) async fn ceiling_bench(a: CeilingArgs) -> Result<()> {
         let (url, table, done) = (ctx.url.clone(), ctx.tasks_table(), done.clone());
         let prefix = ctx.prefix.clone();
         let (batch, worker, combined) = (a.batch, format!("ceiling-{i}"), a.combined);
+        let shape = a.shape.clone();
         clients.spawn(async move {
             match kind {
                 "postgres" if combined => pg_combined(&url, &table, batch, &worker, &done).await,
                 "postgres" => pg_client(&url, &table, batch, &worker, &done).await,
+                "mysql" if !shape.is_empty() => {
+                    my_shaped(&url, &table, batch, &worker, &done, &shape).await
+                }
                 "mysql" => my_client(&url, &table, batch, &worker, &done).await,
                 "sqlite" => lite_client(&url, &table, batch, &worker, &done).await,
                 "redis" => {
@@ -85,7 +119,9 @@ pub(super) async fn ceiling_bench(a: CeilingArgs) -> Result<()> {
     emit(
         json!({
             "bench": "ceiling", "store": kind, "jobs": n, "clients": clients_n,
-            "batch": a.batch, "combined": a.combined, "drain_s": round3(secs), "jobs_per_s": round1(jobs_per_s),
+            "batch": a.batch, "combined": a.combined,
+            "shape": a.shape.iter().map(|s| format!("{s:?}").to_lowercase()).collect::<Vec<_>>(),
+            "drain_s": round3(secs), "jobs_per_s": round1(jobs_per_s),
             "prefix": ctx.prefix, "client_cpu_us_per_task": cpu,
         }),
         format!(
@@ -238,6 +274,162 @@ async fn my_client(
         .execute(&mut c)
         .await?;
         done.fetch_add(r.rows_affected(), Ordering::Relaxed);
+    }
+}
+
+/// MySQL in text batches, with [`CeilingArgs::shape`]'s differences from
+/// [`my_client`] (each one of baton's own statements' traits).
+async fn my_shaped(
+    url: &str,
+    table: &str,
+    batch: u32,
+    worker: &str,
+    done: &AtomicU64,
+    shape: &[MyShape],
+) -> Result<()> {
+    use sqlx::{Executor, Row};
+    let on = |s: MyShape| shape.contains(&s);
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let mut c = sqlx::MySqlConnection::connect(&url).await?;
+    let t = format!("`{table}`");
+    let begin = if on(MyShape::Rc) {
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+    } else {
+        "START TRANSACTION"
+    };
+    let now = if on(MyShape::Token) { "@bt" } else { "NOW(6)" };
+    let set_t = if on(MyShape::Token) {
+        "SET @bt = NOW(6); "
+    } else {
+        ""
+    };
+    let t_us = if on(MyShape::Token) {
+        ", TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', @bt) AS t_us"
+    } else {
+        ""
+    };
+    let cols = if on(MyShape::Rows) {
+        "id, claim_token, queue, kind, payload, priority, attempt, max_attempts, timeout_ms, \
+         run_at, lease_until, job, slot, traceparent, CAST(attempt + 1 < max_attempts AS SIGNED) AS spare"
+    } else {
+        "id, claim_token"
+    };
+    let paused = if on(MyShape::Paused) {
+        format!(
+            " AND cancel_requested = 0 AND NOT EXISTS (SELECT 1 FROM `{}queues` \
+             WHERE queue = '{QUEUE}' AND paused = 1)",
+            table.trim_end_matches("tasks")
+        )
+    } else {
+        String::new()
+    };
+    let walk = if on(MyShape::Walk2) { 2 * batch } else { batch };
+    let token_set = if on(MyShape::Token) {
+        "GREATEST(claim_token + 1, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', @bt))"
+    } else {
+        "claim_token + 1"
+    };
+    // The batch held (id, its new token), finished next.
+    let mut held: Vec<(i64, i64)> = Vec::new();
+    let finish_sql = |held: &[(i64, i64)]| -> String {
+        let ids = held
+            .iter()
+            .map(|(i, _)| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        if on(MyShape::Cas) {
+            let pairs = held
+                .iter()
+                .map(|(i, k)| format!("({i}, {k})"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "SET @bf = NOW(6); UPDATE {t} FORCE INDEX (PRIMARY) SET state = 'succeeded', \
+                     finished_at = @bf, lease_until = NULL \
+                 WHERE id IN ({ids}) AND state = 'running' AND (id, claim_token) IN ({pairs}); \
+                 SELECT ROW_COUNT() AS finished_n; "
+            )
+        } else {
+            format!(
+                "UPDATE {t} SET state = 'succeeded', finished_at = NOW(6) \
+                 WHERE id IN ({ids}) AND worker = '{worker}' AND state = 'running'; \
+                 SELECT ROW_COUNT() AS finished_n; "
+            )
+        }
+    };
+    let count = |rows: &[sqlx::mysql::MySqlRow]| -> Result<u64> {
+        let mut n = 0;
+        for r in rows {
+            if r.columns().first().map(sqlx::Column::name) == Some("finished_n") {
+                n += u64::try_from(r.try_get::<i64, _>(0)?)?;
+            }
+        }
+        Ok(n)
+    };
+    loop {
+        let ride = if on(MyShape::Ride) && !held.is_empty() {
+            finish_sql(&held)
+        } else {
+            String::new()
+        };
+        let rows = c
+            .fetch_all(sqlx::raw_sql(&format!(
+                "{begin}; {ride}{set_t}SELECT {cols}{t_us} FROM {t} WHERE state = 'pending' \
+                     AND queue = '{QUEUE}' AND run_at <= NOW(6){paused} \
+                 ORDER BY priority, run_at, id LIMIT {walk} FOR UPDATE SKIP LOCKED"
+            )))
+            .await?;
+        if !ride.is_empty() {
+            done.fetch_add(count(&rows)?, Ordering::Relaxed);
+            held.clear();
+        }
+        let mut picked = Vec::new();
+        for r in rows
+            .iter()
+            .filter(|r| r.columns().first().map(sqlx::Column::name) == Some("id"))
+        {
+            if picked.len() < batch as usize {
+                let token = r.try_get::<i64, _>("claim_token")? + 1;
+                // Baton computes the new token from the row and the instant.
+                let token = if on(MyShape::Token) {
+                    token.max(r.try_get::<i64, _>("t_us")?)
+                } else {
+                    token
+                };
+                picked.push((r.try_get::<i64, _>("id")?, token));
+            }
+        }
+        if picked.is_empty() {
+            c.execute("COMMIT").await?;
+            return Ok(());
+        }
+        let ids = picked
+            .iter()
+            .map(|(i, _)| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let lease = if on(MyShape::Token) {
+            "@bt + INTERVAL 30000000 MICROSECOND"
+        } else {
+            "NOW(6) + INTERVAL 30 SECOND"
+        };
+        c.execute(sqlx::raw_sql(&format!(
+            "UPDATE {t} SET state = 'running', attempt = attempt + 1, started_at = {now}, \
+                 lease_until = {lease}, worker = '{worker}', claim_token = {token_set} \
+             WHERE id IN ({ids}); COMMIT"
+        )))
+        .await?;
+        held = picked;
+        if !on(MyShape::Ride) {
+            let rows = c
+                .fetch_all(sqlx::raw_sql(&format!(
+                    "{begin}; {}COMMIT",
+                    finish_sql(&held)
+                )))
+                .await?;
+            done.fetch_add(count(&rows)?, Ordering::Relaxed);
+            held.clear();
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 //! running tasks counted) and under a rate limit (the limit's row locked
 //! first), each one transaction.
 
+use std::sync::Mutex;
+
 use sqlx::{Executor, Row};
 
 use super::{batch_on, hex_lit, marks, text_lit, us, MyBackend, BEGIN};
@@ -33,6 +35,11 @@ impl MyBackend {
         finish: &[Claim],
     ) -> Result<(Vec<bool>, Vec<Task>), StoreError> {
         let queue = hex_lit(req.queue.as_bytes());
+        let begin = if self.backlog.holds(req.queue) {
+            BEGIN_IN_BACKLOG
+        } else {
+            BEGIN
+        };
         let mut open = OpenTx {
             conn: self.pool.acquire().await?,
             open: true,
@@ -41,7 +48,7 @@ impl MyBackend {
         let rows = batch_on(
             conn,
             &format!(
-                "{BEGIN}; {}SET @baton_t = {}; {}",
+                "{begin}; {}SET @baton_t = {}; {}",
                 self.successes_sql(finish),
                 self.names.now,
                 self.claim_select_rows(walk, &queue)
@@ -51,6 +58,10 @@ impl MyBackend {
         // The finish's answers first, then the claim's candidates.
         let (done, cands): (Vec<_>, Vec<_>) =
             rows.iter().partition(|r| super::finish_ok::is_answer(r));
+        self.backlog.set(
+            req.queue,
+            i64::try_from(cands.len()).is_ok_and(|n| n >= walk),
+        );
         let finished = super::finish_ok::answer_rows(finish, &done)?;
         let ids = cands
             .iter()
@@ -193,6 +204,56 @@ impl MyBackend {
              ORDER BY priority, run_at, id",
             self.names.tasks
         )
+    }
+}
+
+/// How an uncapped claim into a backlog begins: at `REPEATABLE READ`, the
+/// one exception to baton's `READ COMMITTED` on MySQL.
+///
+/// InnoDB at `READ COMMITTED` cost MariaDB 10.11 about a fifth more server
+/// CPU a task than `REPEATABLE READ` for the same claims and finishes
+/// (docs/BENCHMARKS.md session 41: `baton-bench ceiling --shape`, with
+/// and without `rc`). What `REPEATABLE READ` adds is gap locks: each row
+/// the claim's walk locks is locked with the gap before it in the claim
+/// index, and a walk that reaches the end of the due tasks locks the
+/// record after them too, until the claim commits. An insert into a
+/// locked gap (an enqueue, a rescue, a claimed row's entry in the index's
+/// `running` part) waits for that claim, and two claims that each reached
+/// the end can deadlock over their own rows' entries. A walk that stops
+/// at its limit, in a backlog longer than it, locks no such end: the
+/// gaps it holds are between due tasks, where only a task that sorts
+/// before the backlog's last (a higher priority, an earlier `run_at`)
+/// is inserted. So a claim runs at `REPEATABLE READ` only while the
+/// queue's last such claim from this handle walked as far as it asked
+/// ([`Backlog`]); one that comes back short makes the next begin at
+/// `READ COMMITTED` again, and a deadlock's victim runs again whole
+/// (`again_if_deadlocked`).
+pub(super) const BEGIN_IN_BACKLOG: &str =
+    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION";
+
+/// The queues whose last uncapped claim from this handle walked as far as
+/// it asked: there is a backlog beyond the walk, so the next claim begins
+/// with [`BEGIN_IN_BACKLOG`].
+#[derive(Debug, Default)]
+pub(super) struct Backlog(Mutex<crate::fast_hash::FastSet<String>>);
+
+impl Backlog {
+    /// Whether `queue`'s last claim walked as far as it asked.
+    fn holds(&self, queue: &str) -> bool {
+        self.0.lock().is_ok_and(|s| s.contains(queue))
+    }
+
+    /// Record whether `queue`'s claim walked as far as it asked.
+    fn set(&self, queue: &str, full: bool) {
+        if let Ok(mut s) = self.0.lock() {
+            if full {
+                if !s.contains(queue) {
+                    s.insert(queue.to_owned());
+                }
+            } else {
+                s.remove(queue);
+            }
+        }
     }
 }
 
@@ -516,5 +577,23 @@ impl Drop for OpenTx {
         if self.open {
             self.conn.close_on_drop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backlog;
+
+    #[test]
+    fn a_queue_is_in_backlog_from_a_full_walk_to_a_short_one() {
+        let b = Backlog::default();
+        assert!(!b.holds("a"), "a queue starts at READ COMMITTED");
+        b.set("a", true);
+        assert!(b.holds("a"));
+        assert!(!b.holds("b"), "per queue");
+        b.set("a", true);
+        assert!(b.holds("a"));
+        b.set("a", false);
+        assert!(!b.holds("a"), "a short walk ends the backlog");
     }
 }

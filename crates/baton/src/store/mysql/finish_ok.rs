@@ -96,7 +96,11 @@ impl MyBackend {
         match successes(req.finish) {
             Some(claims) if uncapped && claim.limit > 0 && !claims.is_empty() => {
                 let walk = super::claim::plain_walk(claim);
-                let (finished, tasks) = self.claim_in_two_batches(claim, walk, &claims).await?;
+                // A deadlock's victim was rolled back whole, its finishes
+                // with it: running it again runs both once.
+                let (finished, tasks) =
+                    super::again_if_deadlocked(|| self.claim_in_two_batches(claim, walk, &claims))
+                        .await?;
                 Ok(FinishedAndClaimed { finished, tasks })
             }
             _ => finish_then_claim(self, req).await,

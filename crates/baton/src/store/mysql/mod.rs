@@ -10,7 +10,8 @@
 //! literals), so they cost one round trip and one commit.
 //! Every session runs at `READ COMMITTED` (no gap locks, so `SKIP LOCKED`
 //! claimers and inserters do not block each other, and every statement
-//! sees the latest commits), with `time_zone = '+00:00'`, and every "now"
+//! sees the latest commits; one exception: an uncapped claim into a
+//! backlog, `claim::Backlog`), with `time_zone = '+00:00'`, and every "now"
 //! is `UTC_TIMESTAMP(6)` inside the statement (DESIGN.md C1), so the
 //! session time zone never matters. Times are `DATETIME(6)` in UTC.
 //!
@@ -211,6 +212,10 @@ pub(crate) struct MyBackend {
     /// The fair claim procedure was created (or found) by this handle
     /// (see `fair::ready`); cleared when a `CALL` finds it missing.
     fair_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The queues whose last uncapped claim by this handle walked as far
+    /// as it asked (a backlog beyond it): their next such claim runs at
+    /// `REPEATABLE READ` (see `claim::Backlog`).
+    backlog: Arc<claim::Backlog>,
 }
 
 /// Connect to MySQL or MariaDB and return the backend. The URL is
@@ -330,6 +335,7 @@ impl MyBackend {
             names: Arc::new(names),
             recycle: Arc::new(crate::store::Recycle::default()),
             fair_ready: Arc::default(),
+            backlog: Arc::default(),
         }
     }
 
