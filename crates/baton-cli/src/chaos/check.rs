@@ -114,6 +114,9 @@ struct Effect {
     slot: String,
     group: Option<i64>,
     begin: i64,
+    /// When its command's process started, if recorded (at or before
+    /// `begin`).
+    spawned: Option<i64>,
     end: Option<i64>,
     /// The place of its `begin` record in the history file.
     begin_at: usize,
@@ -197,6 +200,7 @@ pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report 
                         slot: rec.slot.clone(),
                         group: rec.group,
                         begin: rec.t,
+                        spawned: rec.spawned,
                         end: None,
                         begin_at: at,
                         dead_at: None,
@@ -498,12 +502,15 @@ pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report 
 }
 
 /// Whether `e`'s instance was paused (frozen with its commands, past its
-/// lease: its late writes are fenced) at some time while `e` ran.
+/// lease: its late writes are fenced) at some time while `e` ran, from its
+/// command's start: a command the pause froze on its way to recording
+/// `begin` records it only after the pause, its lease perhaps gone.
 fn frozen(e: &Effect, pauses: &HashMap<String, Vec<(i64, i64)>>) -> bool {
     let end = e.end.unwrap_or(e.begin);
+    let start = e.spawned.map_or(e.begin, |s| s.min(e.begin));
     pauses
         .get(&e.proc)
-        .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && e.begin <= b))
+        .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && start <= b))
 }
 
 /// S2: no two runs of a job whose overlap policy forbids it are ever under
@@ -872,6 +879,51 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(check(&h2, &[]).total(), 0);
+    }
+
+    #[test]
+    fn a_command_frozen_before_its_begin_is_excused_by_its_pause() {
+        // "b" held an older lease; its instance and its command, started at
+        // 40, were paused from 45 to 95, past the lease: the command
+        // recorded its begin only at 96, inside "a"'s hold.
+        let pause = Record {
+            op: "fault".into(),
+            kind: "pause".into(),
+            proc: "w1.0".into(),
+            t: 45,
+            until: Some(95),
+            ..Default::default()
+        };
+        let b = |spawned| Record {
+            spawned,
+            ..begin("b", "lock", None, 96)
+        };
+        let h = |spawned| {
+            vec![
+                Record {
+                    proc: "w2.0".into(),
+                    ..begin("a", "lock", None, 50)
+                },
+                b(spawned),
+                end("b", 120),
+                end("a", 150),
+                pause.clone(),
+            ]
+        };
+        let l1 = |h: &[Record]| check(h, &[]).violations.get("L1").map(|v| v.0);
+        assert_eq!(l1(&h(Some(40))), None, "started before the pause");
+        assert_eq!(l1(&h(None)), Some(1), "no start recorded: its begin alone");
+        assert_eq!(l1(&h(Some(96))), Some(1), "started after the pause");
+    }
+
+    #[test]
+    fn the_process_start_is_read_and_precedes_now() {
+        use crate::chaos::history::{now_us, process_started_us};
+        let started = process_started_us().expect("/proc/self/stat");
+        let now = now_us();
+        assert!(started <= now + 20_000, "{started} after {now}");
+        // This test process started within the last hour.
+        assert!(now - started < 3_600_000_000, "{started} long before {now}");
     }
 
     #[test]

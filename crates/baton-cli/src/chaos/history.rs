@@ -88,6 +88,12 @@ pub struct Record {
     /// Free text (a fault's target, an effect stopped by a signal).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// An effect's `begin`: when its command's process started (µs since
+    /// the epoch, real clock, to the kernel's 10 ms tick), which may be
+    /// well before it could record `begin` (a pause that froze it on its
+    /// way there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned: Option<i64>,
 }
 
 /// Microseconds since the Unix epoch, now.
@@ -96,6 +102,40 @@ pub fn now_us() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
         .unwrap_or(0)
+}
+
+/// When this process started (µs since the epoch, real clock): its start
+/// in clock ticks after boot (`/proc/self/stat`, field 22) against
+/// `CLOCK_BOOTTIME` now. `None` where `/proc` does not say.
+pub fn process_started_us() -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may hold spaces): state is
+    // field 3, so starttime (22) is the 20th of them.
+    let ticks: i64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf and clock_gettime only read; the timespec is local.
+    let (hz, boot_us) = unsafe {
+        let hz = libc::sysconf(libc::_SC_CLK_TCK);
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if hz <= 0 || libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) != 0 {
+            return None;
+        }
+        // `time_t` and `c_long` are not `i64` on every target.
+        #[allow(clippy::unnecessary_cast)]
+        (
+            hz as i64,
+            ts.tv_sec as i64 * 1_000_000 + ts.tv_nsec as i64 / 1_000,
+        )
+    };
+    Some(now_us() - (boot_us - ticks * 1_000_000 / hz))
 }
 
 /// An open history file (O_APPEND).
@@ -268,6 +308,7 @@ pub async fn effect(a: EffectArgs) -> anyhow::Result<u8> {
     h.append(&Record {
         op: "begin".into(),
         t: now_us(),
+        spawned: process_started_us(),
         ..base.clone()
     })?;
     let write = |h: &mut History| -> anyhow::Result<()> {
