@@ -132,6 +132,21 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         });
         workers.push(w);
     }
+    // Each worker's counters: an attempt counts as ended once the store
+    // answered its result's write.
+    let counters: Vec<_> = workers.iter().map(Worker::counters).collect();
+    let succeeded_answered = || -> u64 {
+        counters
+            .iter()
+            .flat_map(|c| c.snapshot().into_values())
+            .map(|q| {
+                q.ended
+                    .get(&baton::queue::Outcome::Succeeded)
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
     let shutdown = CancellationToken::new();
     let (t0, cpu0) = (Instant::now(), cpu_s());
     let handles: Vec<_> = workers
@@ -151,6 +166,44 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let handlers_done = t0.elapsed().as_secs_f64();
+    // The drain ends when the store has answered every success's write
+    // (the ceiling's end: its last finish's changed rows), counted by the
+    // workers in memory; polling `Queue::stats()` here instead, a scan of
+    // the whole tasks table each time (55 ms for 100,000 rows on SQLite),
+    // cost the drain's tail 60-190 ms (docs/BENCHMARKS.md session 41).
+    // The store's own counts are checked after the clock stops.
+    let mut next_check = Instant::now() + Duration::from_millis(500);
+    while succeeded_answered() < a.jobs {
+        // A task that failed or was cancelled never counts: look at the
+        // store now and then, as the loop below does.
+        if Instant::now() > next_check {
+            next_check = Instant::now() + Duration::from_millis(500);
+            let bad: u64 = q
+                .stats()
+                .await?
+                .iter()
+                .filter(|s| queues.contains(&s.queue))
+                .map(|s| s.failed + s.cancelled)
+                .sum();
+            if bad > 0 {
+                shutdown.cancel();
+                bail!("{bad} tasks failed or were cancelled");
+            }
+        }
+        if Instant::now() > deadline {
+            shutdown.cancel();
+            bail!(
+                "timed out: {} of {} successes answered",
+                succeeded_answered(),
+                a.jobs
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let drain_s = t0.elapsed().as_secs_f64();
+    let cpu = cpu_us_per_task(cpu0, a.jobs);
+    // How long after that the store's own counts agreed (0 but for the
+    // stats call itself: an answer comes after the commit).
     loop {
         let st = q.stats().await?;
         let (succeeded, left, bad) =
@@ -177,8 +230,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let drain_s = t0.elapsed().as_secs_f64();
-    let cpu = cpu_us_per_task(cpu0, a.jobs);
+    let store_agreed_s = t0.elapsed().as_secs_f64() - drain_s;
     shutdown.cancel();
     for h in handles {
         h.await.context("worker panicked")??;
@@ -199,6 +251,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
             "per_key_rate": a.per_key_rate.map(|r| r.to_string()),
             "insert_s": round3(insert_s), "insert_per_s": round1(insert_per_s),
             "drain_s": round3(drain_s), "handlers_done_s": round3(handlers_done),
+            "store_agreed_after_s": round3(store_agreed_s),
             "jobs_per_s": round1(jobs_per_s), "prefix": ctx.prefix,
             "client_cpu_us_per_task": cpu,
             "delete_succeeded": ctx.delete_succeeded,
