@@ -434,7 +434,7 @@ async fn my_shaped(
 }
 
 /// SQLite: one writer; each transition one `BEGIN IMMEDIATE` transaction
-/// and one statement.
+/// and one statement, at baton's `synchronous = NORMAL`.
 async fn lite_client(
     url: &str,
     table: &str,
@@ -442,7 +442,12 @@ async fn lite_client(
     worker: &str,
     done: &AtomicU64,
 ) -> Result<()> {
-    let mut c = sqlx::SqliteConnection::connect(url).await?;
+    // Baton's own durability setting (`synchronous = NORMAL` in WAL mode,
+    // `store::sqlite`): sqlx's default is FULL, an fsync of the WAL at
+    // every commit, which baton does not pay.
+    let opts = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(url)?
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
+    let mut c = sqlx::SqliteConnection::connect_with(&opts).await?;
     let t = format!("\"{table}\"");
     let now = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
     let claim = format!(
