@@ -178,13 +178,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         // store now and then, as the loop below does.
         if Instant::now() > next_check {
             next_check = Instant::now() + Duration::from_millis(500);
-            let bad: u64 = q
-                .stats()
-                .await?
-                .iter()
-                .filter(|s| queues.contains(&s.queue))
-                .map(|s| s.failed + s.cancelled)
-                .sum();
+            let (_, _, bad) = store_counts(&q, &queues).await?;
             if bad > 0 {
                 shutdown.cancel();
                 bail!("{bad} tasks failed or were cancelled");
@@ -205,17 +199,7 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
     // How long after that the store's own counts agreed (0 but for the
     // stats call itself: an answer comes after the commit).
     loop {
-        let st = q.stats().await?;
-        let (succeeded, left, bad) =
-            st.iter()
-                .filter(|s| queues.contains(&s.queue))
-                .fold((0, 0, 0), |(d, l, b), s| {
-                    (
-                        d + s.succeeded,
-                        l + s.pending + s.running,
-                        b + s.failed + s.cancelled,
-                    )
-                });
+        let (succeeded, left, bad) = store_counts(&q, &queues).await?;
         if bad > 0 {
             shutdown.cancel();
             bail!("{bad} tasks failed or were cancelled");
@@ -280,4 +264,20 @@ pub(super) async fn throughput_bench(a: ThroughputArgs) -> Result<()> {
         ),
     );
     ctx.cleanup().await
+}
+
+/// The store's counts over `queues` (one `Queue::stats()` call): tasks
+/// succeeded, left to run (pending or running), failed or cancelled.
+async fn store_counts(q: &Queue, queues: &[String]) -> Result<(u64, u64, u64)> {
+    Ok(q.stats()
+        .await?
+        .iter()
+        .filter(|s| queues.contains(&s.queue))
+        .fold((0, 0, 0), |(d, l, b), s| {
+            (
+                d + s.succeeded,
+                l + s.pending + s.running,
+                b + s.failed + s.cancelled,
+            )
+        }))
 }

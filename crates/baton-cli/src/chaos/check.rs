@@ -127,6 +127,14 @@ struct Effect {
 }
 
 impl Effect {
+    /// When its command began to exist: its process's start where the
+    /// `begin` record carries it, else that record's time. A pause that
+    /// froze the command on its way to recording `begin` falls between
+    /// the two.
+    fn start(&self) -> i64 {
+        self.spawned.map_or(self.begin, |s| s.min(self.begin))
+    }
+
     /// Whether `killed` (a `killed` record for this effect's process group)
     /// is the death of this effect's command: recorded by its instance, for
     /// its task and attempt, or, not being a task's, for its fencing token.
@@ -506,8 +514,7 @@ pub fn check(history: &[Record], tasks: &[TaskInfo], limits: &Limits) -> Report 
 /// command's start: a command the pause froze on its way to recording
 /// `begin` records it only after the pause, its lease perhaps gone.
 fn frozen(e: &Effect, pauses: &HashMap<String, Vec<(i64, i64)>>) -> bool {
-    let end = e.end.unwrap_or(e.begin);
-    let start = e.spawned.map_or(e.begin, |s| s.min(e.begin));
+    let (start, end) = (e.start(), e.end.unwrap_or(e.begin));
     pauses
         .get(&e.proc)
         .is_some_and(|p| p.iter().any(|&(a, b)| a <= end && start <= b))
@@ -587,8 +594,9 @@ fn job_overlap(
 /// PostgreSQL dates a claim at its transaction's start, before the lock
 /// wait that orders it after the finish it saw.) The count is taken at
 /// each begin, where the most are alive. An effect whose instance was
-/// paused (it and its commands frozen) between its begin and that instant
-/// is not counted: its lease may have lapsed and the store rescued its
+/// paused (it and its commands frozen) between its command's start
+/// ([`Effect::start`], which may precede its recorded begin) and that
+/// instant is not counted: its lease may have lapsed and the store rescued its
 /// task, which is then not running though the frozen command wakes later
 /// (fenced, as for T2). A baton frozen alone is not excused: its commands'
 /// supervisor kills them by the lease's end.
@@ -615,12 +623,17 @@ fn per_key_cap(
     let rescuable = |a: &Effect, at: i64| {
         pauses
             .get(&a.proc)
-            .is_some_and(|p| p.iter().any(|&(from, to)| from <= at && a.begin <= to))
+            .is_some_and(|p| p.iter().any(|&(from, to)| from <= at && a.start() <= to))
     };
     let mut most = 0;
     for (key, mut list) in by_key {
         list.sort_by_key(|e| (e.begin, e.begin_at));
         for (j, b) in list.iter().enumerate() {
+            // Its command was paused on its way to recording its begin:
+            // its task may have been rescued meanwhile (fenced, as above).
+            if rescuable(b, b.begin) {
+                continue;
+            }
             let mut running: BTreeSet<i64> = b.task.into_iter().collect();
             for a in &list[..j] {
                 if a.task != b.task && !a.ended_before(b) && !rescuable(a, b.begin) {
@@ -1231,6 +1244,34 @@ pub(super) mod limits {
         // A baton frozen alone is not excused (its supervisor kills).
         h.last_mut().unwrap().kind = "freeze".into();
         assert_eq!(t5(&h, &tasks, &cap(1)), Some(1));
+    }
+
+    #[test]
+    fn a_command_paused_before_its_begin_is_not_running_once_its_task_may_be_rescued() {
+        let tasks = [task(1, Some("a"), 0), task(2, Some("a"), 0)];
+        // w1's command started at 500 and was frozen with w1 from 1 000 to
+        // 8 000 before it recorded its begin (at 8 001); task 2 of the key
+        // began at 5 000 after task 1 was rescued, and runs to 9 000.
+        let pause = Record {
+            op: "fault".into(),
+            kind: "pause".into(),
+            proc: "w1.0".into(),
+            t: 1_000,
+            until: Some(8_000),
+            ..Default::default()
+        };
+        let h = |spawned| {
+            let mut e1 = effect("e1", "w1.0", 1, 8_001, Some(8_500));
+            e1[0].spawned = spawned;
+            [
+                e1,
+                effect("e2", "w2.0", 2, 5_000, Some(9_000)),
+                vec![pause.clone()],
+            ]
+            .concat()
+        };
+        assert_eq!(t5(&h(Some(500)), &tasks, &cap(1)), None);
+        assert_eq!(t5(&h(None), &tasks, &cap(1)), Some(1), "its begin alone");
     }
 
     #[test]

@@ -108,7 +108,8 @@ impl Store {
     /// The pool's sessions keep their own settings (baton sets no session
     /// variables; every call is bounded on the client), and each of baton's
     /// own transactions runs at `READ COMMITTED` whatever the sessions'
-    /// default. Enqueue inside a transaction of the same pool with
+    /// default (but an uncapped claim into a backlog, at `REPEATABLE
+    /// READ`: docs/BENCHMARKS.md session 41). Enqueue inside a transaction of the same pool with
     /// [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in); MySQL has
     /// no notifications, so workers find such tasks at their next poll.
     ///

@@ -224,7 +224,8 @@ pub(crate) struct MyBackend {
 /// `opts.max_connections` connections, opened as calls need them and
 /// closed again when idle (`opts.idle_timeout`); an
 /// unreachable server fails within `opts.connect_timeout` with
-/// [`StoreError::Unavailable`]. Every session runs at `READ COMMITTED`,
+/// [`StoreError::Unavailable`]. Every session runs at `READ COMMITTED`
+/// (one kind of claim asks for `REPEATABLE READ`, `claim::BEGIN_IN_BACKLOG`),
 /// with `time_zone = '+00:00'`, `innodb_lock_wait_timeout` and the
 /// statement limit (`max_statement_time` on MariaDB, `max_execution_time`
 /// for SELECTs on MySQL) from `opts.statement_timeout`.
@@ -272,7 +273,7 @@ pub async fn connect(url: &str, opts: &StoreOptions) -> Result<Arc<dyn Backend>,
 /// settings: baton sets no session variables on them (its calls are
 /// bounded on the client instead), and each of its transactions runs at
 /// `READ COMMITTED` whatever the session's default (see
-/// [`MyBackend::begin`]).
+/// [`MyBackend::begin`]; the one exception is `claim::BEGIN_IN_BACKLOG`).
 pub(crate) fn from_pool(
     pool: MySqlPool,
     prefix: Option<&str>,
@@ -283,7 +284,8 @@ pub(crate) fn from_pool(
     Ok(Arc::new(MyBackend::on_pool(pool, prefix)))
 }
 
-/// How every one of baton's transactions starts, in one round trip:
+/// How baton's transactions start (all but `claim::BEGIN_IN_BACKLOG`'s),
+/// in one round trip:
 /// `READ COMMITTED` whatever the session's default (an application's own
 /// pool, see [`crate::Store::from_mysql_pool`]), then the transaction.
 pub(crate) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
