@@ -458,3 +458,91 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use sqlx::Executor;
+
+    use super::again_if_deadlocked;
+    use crate::error::StoreError;
+
+    /// A transaction InnoDB chooses as a deadlock's victim runs again
+    /// (and only then returns): provoked for real on the test server, the
+    /// op's first run updates one row and then another that a heavier
+    /// transaction holds while it waits for the first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deadlocks_victim_runs_again() {
+        let Some(ts) = baton_testkit::harness::connect(baton_testkit::harness::Kind::Mysql).await
+        else {
+            return;
+        };
+        let pool = sqlx::MySqlPool::connect(&ts.url).await.unwrap();
+        let t = format!("`{}deadlock`", ts.prefix);
+        pool.execute(
+            format!(
+                "CREATE TABLE {t} (id INT PRIMARY KEY, v INT NOT NULL) ENGINE = InnoDB; \
+                 INSERT INTO {t} VALUES (1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0)"
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+        let runs = AtomicU32::new(0);
+        let answer = again_if_deadlocked(|| {
+            let (pool, t, runs) = (pool.clone(), t.clone(), &runs);
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut tx = pool.begin().await?;
+                sqlx::query(&format!("UPDATE {t} SET v = v + 1 WHERE id = 1"))
+                    .execute(&mut *tx)
+                    .await?;
+                if run == 1 {
+                    // The other transaction: heavier (five rows changed
+                    // against one), so InnoDB rolls this one back.
+                    let mut other = pool.begin().await?;
+                    sqlx::query(&format!("UPDATE {t} SET v = v + 1 WHERE id >= 2"))
+                        .execute(&mut *other)
+                        .await?;
+                    let t2 = t.clone();
+                    let waiter = tokio::spawn(async move {
+                        sqlx::query(&format!("UPDATE {t2} SET v = v + 1 WHERE id = 1"))
+                            .execute(&mut *other)
+                            .await?;
+                        other.commit().await
+                    });
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let r = sqlx::query(&format!("UPDATE {t} SET v = v + 1 WHERE id = 2"))
+                        .execute(&mut *tx)
+                        .await;
+                    drop(tx);
+                    waiter.await.unwrap()?;
+                    r?;
+                    return Err(StoreError::Backend(
+                        "the first run was not a deadlock's victim".into(),
+                    ));
+                }
+                tx.commit().await?;
+                Ok::<u32, StoreError>(run)
+            }
+        })
+        .await;
+        assert_eq!(
+            answer.map_err(|e| e.to_string()),
+            Ok(2),
+            "the victim's run failed, then ran again"
+        );
+        // The victim's first run left nothing: row 1 has the other
+        // transaction's update and the second run's.
+        let v: i32 = sqlx::query_scalar(&format!("SELECT v FROM {t} WHERE id = 1"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(v, 2);
+        pool.execute(format!("DROP TABLE {t}").as_str())
+            .await
+            .unwrap();
+    }
+}
