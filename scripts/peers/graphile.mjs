@@ -1,4 +1,4 @@
-// graphile-worker side of scripts/bench.sh (Node 20, installed in $PEER_DIR).
+// graphile-worker side of scripts/bench.sh (Node 22, installed in $PEER_DIR).
 // insert N | work : 24 concurrent jobs, localQueue 500, batched completion.
 import { createRequire } from "node:module";
 import { waitForGo, onTerm } from "./common.mjs";
