@@ -45,6 +45,9 @@ pub(super) struct CeilingArgs {
     /// `cancel_requested`), `cas` (the finish by (id, claim token) pairs,
     /// `lease_until` cleared, its changed-row count read), `ride` (the
     /// finish of the batch held opens the next claim's transaction).
+    /// SQLite takes `rows` only: the claim answers every column a worker
+    /// needs to run the task (kind, payload, attempt, …), not only the id
+    /// and token.
     #[arg(long, value_delimiter = ',')]
     pub(super) shape: Vec<MyShape>,
 }
@@ -70,8 +73,10 @@ pub(super) async fn ceiling_bench(a: CeilingArgs) -> Result<()> {
         bail!("--batch and --clients: at least 1");
     }
     let ctx = Ctx::new(&a.common);
-    if !a.shape.is_empty() && !ctx.url.starts_with("mysql") && !ctx.url.starts_with("mariadb") {
-        bail!("--shape: MySQL and MariaDB only");
+    let mysql = ctx.url.starts_with("mysql") || ctx.url.starts_with("mariadb");
+    let lite_rows = ctx.url.starts_with("sqlite") && a.shape == [MyShape::Rows];
+    if !a.shape.is_empty() && !mysql && !lite_rows {
+        bail!("--shape: MySQL and MariaDB (any), SQLite (`rows` only)");
     }
     if a.combined && !ctx.is_postgres() {
         bail!("--combined: PostgreSQL only (the Redis ceiling pipelines its two scripts)");
@@ -97,7 +102,10 @@ pub(super) async fn ceiling_bench(a: CeilingArgs) -> Result<()> {
                     my_shaped(&url, &table, batch, &worker, &done, &shape).await
                 }
                 "mysql" => my_client(&url, &table, batch, &worker, &done).await,
-                "sqlite" => lite_client(&url, &table, batch, &worker, &done).await,
+                "sqlite" => {
+                    let rows = shape.contains(&MyShape::Rows);
+                    lite_client(&url, &table, batch, &worker, &done, rows).await
+                }
                 "redis" => {
                     crate::ceiling_redis::redis_client(&url, &prefix, QUEUE, batch, &worker, &done)
                         .await
@@ -434,13 +442,15 @@ async fn my_shaped(
 }
 
 /// SQLite: one writer; each transition one `BEGIN IMMEDIATE` transaction
-/// and one statement, at baton's `synchronous = NORMAL`.
+/// and one statement, at baton's `synchronous = NORMAL`. With `rows` the
+/// claim answers each task's whole row, every column read.
 async fn lite_client(
     url: &str,
     table: &str,
     batch: u32,
     worker: &str,
     done: &AtomicU64,
+    rows: bool,
 ) -> Result<()> {
     // Baton's own durability setting (`synchronous = NORMAL` in WAL mode,
     // `store::sqlite`): sqlx's default is FULL, an fsync of the WAL at
@@ -456,7 +466,13 @@ async fn lite_client(
          WHERE id IN (SELECT id FROM {t} \
              WHERE state = 'pending' AND queue = ?1 AND run_at <= {now} \
              ORDER BY priority, run_at, id LIMIT ?3) \
-         RETURNING id, claim_token"
+         RETURNING id, claim_token{}",
+        if rows {
+            ", queue, kind, payload, priority, attempt, max_attempts, timeout_ms, run_at, \
+             lease_until, job, slot, traceparent"
+        } else {
+            ""
+        }
     );
     // One set-based finish a batch (as baton's own finish is): the
     // claimed (id, token) pairs as a JSON array.
@@ -467,13 +483,17 @@ async fn lite_client(
     );
     loop {
         let mut tx = c.begin_with("BEGIN IMMEDIATE").await?;
-        let rows: Vec<(i64, i64)> = sqlx::query_as(&claim)
+        let answer = sqlx::query(&claim)
             .bind(QUEUE)
             .bind(worker)
             .bind(i64::from(batch))
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
+        let rows = answer
+            .iter()
+            .map(|r| lite_claimed(r, rows))
+            .collect::<Result<Vec<(i64, i64)>>>()?;
         if rows.is_empty() {
             return Ok(());
         }
@@ -487,4 +507,36 @@ async fn lite_client(
         tx.commit().await?;
         done.fetch_add(n, Ordering::Relaxed);
     }
+}
+
+/// A task the SQLite ceiling claimed: its (id, claim token), with `rows`
+/// after reading every other column as a worker would.
+fn lite_claimed(r: &sqlx::sqlite::SqliteRow, rows: bool) -> Result<(i64, i64)> {
+    use sqlx::Row;
+    if rows {
+        let _: (String, String, String, i64, i64, i64) = (
+            r.try_get("queue")?,
+            r.try_get("kind")?,
+            r.try_get("payload")?,
+            r.try_get("priority")?,
+            r.try_get("attempt")?,
+            r.try_get("max_attempts")?,
+        );
+        let _: (
+            Option<i64>,
+            i64,
+            i64,
+            Option<String>,
+            Option<i64>,
+            Option<String>,
+        ) = (
+            r.try_get("timeout_ms")?,
+            r.try_get("run_at")?,
+            r.try_get("lease_until")?,
+            r.try_get("job")?,
+            r.try_get("slot")?,
+            r.try_get("traceparent")?,
+        );
+    }
+    Ok((r.try_get("id")?, r.try_get("claim_token")?))
 }
