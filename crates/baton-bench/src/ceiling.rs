@@ -466,10 +466,10 @@ async fn lite_client(
          WHERE id IN (SELECT id FROM {t} \
              WHERE state = 'pending' AND queue = ?1 AND run_at <= {now} \
              ORDER BY priority, run_at, id LIMIT ?3) \
-         RETURNING id, claim_token{}",
+         RETURNING {}id, claim_token",
         if rows {
-            ", queue, kind, payload, priority, attempt, max_attempts, timeout_ms, run_at, \
-             lease_until, job, slot, traceparent"
+            "queue, kind, payload, priority, attempt, max_attempts, timeout_ms, run_at, \
+             lease_until, job, slot, traceparent, "
         } else {
             ""
         }
@@ -509,34 +509,30 @@ async fn lite_client(
     }
 }
 
+/// The columns besides (id, claim token) a worker needs to run a task,
+/// as the SQLite ceiling's claim answers them with `--shape rows`.
+type LiteRow = (
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    i64,
+    i64,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
 /// A task the SQLite ceiling claimed: its (id, claim token), with `rows`
-/// after reading every other column as a worker would.
+/// after reading every other column (the answer's first ones) as a worker
+/// would.
 fn lite_claimed(r: &sqlx::sqlite::SqliteRow, rows: bool) -> Result<(i64, i64)> {
-    use sqlx::Row;
+    use sqlx::{FromRow, Row};
     if rows {
-        let _: (String, String, String, i64, i64, i64) = (
-            r.try_get("queue")?,
-            r.try_get("kind")?,
-            r.try_get("payload")?,
-            r.try_get("priority")?,
-            r.try_get("attempt")?,
-            r.try_get("max_attempts")?,
-        );
-        let _: (
-            Option<i64>,
-            i64,
-            i64,
-            Option<String>,
-            Option<i64>,
-            Option<String>,
-        ) = (
-            r.try_get("timeout_ms")?,
-            r.try_get("run_at")?,
-            r.try_get("lease_until")?,
-            r.try_get("job")?,
-            r.try_get("slot")?,
-            r.try_get("traceparent")?,
-        );
+        let _: LiteRow = FromRow::from_row(r)?;
     }
     Ok((r.try_get("id")?, r.try_get("claim_token")?))
 }
