@@ -207,8 +207,9 @@ impl MyBackend {
     }
 }
 
-/// How an uncapped claim into a backlog begins: at `REPEATABLE READ`, the
-/// one exception to baton's `READ COMMITTED` on MySQL.
+/// How a claim into a backlog begins, uncapped or under a cap per key
+/// (`keyed::task_claim`, which says why its count holds): at `REPEATABLE
+/// READ`, the one exception to baton's `READ COMMITTED` on MySQL.
 ///
 /// InnoDB at `READ COMMITTED` cost MariaDB 10.11 about a fifth more server
 /// CPU a task than `REPEATABLE READ` for the same claims and finishes
@@ -231,20 +232,20 @@ impl MyBackend {
 pub(super) const BEGIN_IN_BACKLOG: &str =
     "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION";
 
-/// The queues whose last uncapped claim from this handle walked as far as
-/// it asked: there is a backlog beyond the walk, so the next claim begins
-/// with [`BEGIN_IN_BACKLOG`].
+/// The queues whose last claim from this handle (uncapped, or under a cap
+/// per key) walked as far as it asked: there is a backlog beyond the
+/// walk, so the next claim begins with [`BEGIN_IN_BACKLOG`].
 #[derive(Debug, Default)]
 pub(super) struct Backlog(Mutex<crate::fast_hash::FastSet<String>>);
 
 impl Backlog {
     /// Whether `queue`'s last claim walked as far as it asked.
-    fn holds(&self, queue: &str) -> bool {
+    pub(super) fn holds(&self, queue: &str) -> bool {
         self.0.lock().is_ok_and(|s| s.contains(queue))
     }
 
     /// Record whether `queue`'s claim walked as far as it asked.
-    fn set(&self, queue: &str, full: bool) {
+    pub(super) fn set(&self, queue: &str, full: bool) {
         if let Ok(mut s) = self.0.lock() {
             if full {
                 if !s.contains(queue) {

@@ -7,8 +7,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::claim::{claim_ids, claim_pick, finish_claim, lock_queue_row};
-use super::{marks, MyBackend};
+use super::claim::{claim_ids, claim_pick, finish_claim, lock_queue_row, BEGIN_IN_BACKLOG};
+use super::{marks, MyBackend, BEGIN};
 use crate::error::StoreError;
 use crate::store::{Task, TaskClaim};
 
@@ -19,12 +19,26 @@ use crate::store::{Task, TaskClaim};
 /// so keys with one place left do not fill it on their own. The buffer's
 /// share is granted only where the walked keys have places to spare
 /// ([`crate::store::key_capped_take`]).
+///
+/// Into a backlog (the queue's last such claim walked as far as it asked)
+/// it runs at `REPEATABLE READ`, as an uncapped claim does
+/// ([`BEGIN_IN_BACKLOG`]), and counts right all the same: the row lock on
+/// the queue is taken by a write, which takes no snapshot, so the running
+/// tasks' count is the transaction's first consistent read and its
+/// snapshot, taken after the lock, holds every claim committed before it
+/// (claimers of the queue take turns on that row). A finish committed
+/// after the snapshot counts as running still, which only claims less.
 pub(super) async fn task_claim(
     b: &MyBackend,
     req: &TaskClaim<'_>,
     per_key: u32,
 ) -> Result<Vec<Task>, StoreError> {
-    let mut tx = b.begin().await?;
+    let begin = if b.backlog.holds(req.queue) {
+        BEGIN_IN_BACKLOG
+    } else {
+        BEGIN
+    };
+    let mut tx = b.pool.begin_with(begin).await?;
     let tasks = claim_in(b, &mut tx, req, per_key).await?;
     finish_claim(tx, tasks).await
 }
@@ -91,6 +105,10 @@ pub(super) async fn claim_in(
         s = s.bind(k.as_slice());
     }
     let rows: Vec<(i64, i64, Option<Vec<u8>>)> = s.fetch_all(&mut **tx).await?;
+    b.backlog.set(
+        req.queue,
+        i64::try_from(rows.len()).is_ok_and(|n| n >= i64::from(req.key_limited_walk())),
+    );
     // The places the walked keys have to spare: the buffer's share is
     // granted only when they are plenty (`store::key_capped_take`).
     let mut walked = HashSet::new();

@@ -212,9 +212,9 @@ pub(crate) struct MyBackend {
     /// The fair claim procedure was created (or found) by this handle
     /// (see `fair::ready`); cleared when a `CALL` finds it missing.
     fair_ready: Arc<std::sync::atomic::AtomicBool>,
-    /// The queues whose last uncapped claim by this handle walked as far
-    /// as it asked (a backlog beyond it): their next such claim runs at
-    /// `REPEATABLE READ` (see `claim::Backlog`).
+    /// The queues whose last claim by this handle (uncapped, or under a
+    /// cap per key) walked as far as it asked (a backlog beyond it): their
+    /// next such claim runs at `REPEATABLE READ` (see `claim::Backlog`).
     backlog: Arc<claim::Backlog>,
 }
 
@@ -225,7 +225,7 @@ pub(crate) struct MyBackend {
 /// closed again when idle (`opts.idle_timeout`); an
 /// unreachable server fails within `opts.connect_timeout` with
 /// [`StoreError::Unavailable`]. Every session runs at `READ COMMITTED`
-/// (one kind of claim asks for `REPEATABLE READ`, `claim::BEGIN_IN_BACKLOG`),
+/// (claims into a backlog ask for `REPEATABLE READ`, `claim::BEGIN_IN_BACKLOG`),
 /// with `time_zone = '+00:00'`, `innodb_lock_wait_timeout` and the
 /// statement limit (`max_statement_time` on MariaDB, `max_execution_time`
 /// for SELECTs on MySQL) from `opts.statement_timeout`.
