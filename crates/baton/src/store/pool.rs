@@ -108,8 +108,9 @@ impl Store {
     /// The pool's sessions keep their own settings (baton sets no session
     /// variables; every call is bounded on the client), and each of baton's
     /// own transactions runs at `READ COMMITTED` whatever the sessions'
-    /// default (but an uncapped claim into a backlog, at `REPEATABLE
-    /// READ`: docs/BENCHMARKS.md session 41). Enqueue inside a transaction of the same pool with
+    /// default (but a claim into a backlog, uncapped or under a cap per
+    /// key, at `REPEATABLE READ`: docs/BENCHMARKS.md sessions 41 and 42).
+    /// Enqueue inside a transaction of the same pool with
     /// [`Queue::enqueue_in`](crate::queue::Queue::enqueue_in); MySQL has
     /// no notifications, so workers find such tasks at their next poll.
     ///
